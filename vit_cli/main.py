@@ -1,0 +1,46 @@
+"""Entry point of the `vit` command: dispatches to one module per subcommand.
+
+Exit codes: 0 success, 1 a check failed (e.g. parity beyond tolerance), 2 bad usage or input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> module; each module imports only argparse/stdlib/vit_common at top level.
+COMMANDS = {
+    "info": "vit_cli.info",
+}
+
+
+class UsageError(Exception):
+    """Bad usage or input: printed without a traceback, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vit", description="One Vision Transformer in JAX and PyTorch, proven equal."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module in COMMANDS.items():
+        importlib.import_module(module).add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (UsageError, ValueError, FileNotFoundError) as e:
+        print(f"vit {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

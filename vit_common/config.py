@@ -1,0 +1,352 @@
+"""The one ViT configuration and variant table, shared by both twins (numpy + stdlib only).
+
+Shape alphabet used throughout the project: B batch, H/W image height/width (pixels), C input channels,
+P patch size, L sequence length (prefix tokens + patches), D width, N attention heads, K classes,
+F MLP hidden width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from vit_common.posemb import METHODS
+
+# One row per width/depth/MLP/heads. Sources: big_vision `models/vit.py` decode_variant, ViT paper
+# (Dosovitskiy et al. 2021) Table 1, So400m from Alabdulmohsin et al. 2023 ("Getting ViT in shape").
+VARIANTS: dict[str, dict[str, int]] = {
+    "mu": dict(width=32, depth=1, mlp_dim=128, num_heads=2),
+    "Ti": dict(width=192, depth=12, mlp_dim=768, num_heads=3),
+    "S": dict(width=384, depth=12, mlp_dim=1536, num_heads=6),
+    "M": dict(width=512, depth=12, mlp_dim=2048, num_heads=8),
+    "B": dict(width=768, depth=12, mlp_dim=3072, num_heads=12),
+    "L": dict(width=1024, depth=24, mlp_dim=4096, num_heads=16),
+    "So400m": dict(width=1152, depth=27, mlp_dim=4304, num_heads=16),
+    "H": dict(width=1280, depth=32, mlp_dim=5120, num_heads=16),
+    "g": dict(width=1408, depth=40, mlp_dim=6144, num_heads=16),
+    "G": dict(width=1664, depth=48, mlp_dim=8192, num_heads=16),
+}
+
+_CHOICES = {
+    "gelu": ("exact", "tanh"),
+    "pool": ("token", "gap", "map", "none"),
+    "posemb": ("learn", "sincos2d", "none"),
+    "attn_impl": ("fused", "explicit"),
+    "dtype": ("float32", "float64", "bfloat16", "float16"),
+    "param_dtype": ("float32", "float64", "bfloat16", "float16"),
+}
+
+
+def _pair(v: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
+    if isinstance(v, bool):
+        raise ValueError(f"{name}={v!r}: expected a positive int or (H, W) pair")
+    if isinstance(v, int):
+        v = (v, v)
+    v = tuple(v)
+    if len(v) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
+        raise ValueError(f"{name}={v!r}: expected a positive int or (H, W) pair of positive ints")
+    return v  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Every architectural choice of a ViT, as timm, big_vision and the original ViT need them.
+
+    Defaults are timm's ``vit_base_patch16_224`` (exact GELU, LayerNorm eps 1e-6, class-token pooling).
+    Derived values (``grid``, ``num_patches``, ``num_prefix_tokens``, ``seq_len``, ``head_dim``) are
+    properties. An invalid combination raises ``ValueError`` naming the values.
+
+    Fields:
+        image_size: int or (H, W) in pixels; an int means square.
+        patch_size: P, int or (P_h, P_w); the patch embedding is a stride-P convolution with VALID padding.
+        in_chans: C.
+        num_classes: K; 0 means backbone only (no head, logits are the pre-logits features).
+        width, depth, num_heads, mlp_dim: D, number of blocks, N, F.
+        qkv_bias: bias on the fused qkv projection (timm default True).
+        qk_norm: LayerNorm over head_dim on q and k (timm ``qk_norm``).
+        ln_eps: epsilon of every LayerNorm (timm/big_vision 1e-6, HF ViT 1e-12, torch default 1e-5).
+        gelu: 'exact' (erf; timm, HF, torch default) or 'tanh' (big_vision, original ViT, jax default).
+        pool: 'token' (class token), 'gap' (mean over patch tokens), 'map' (attention-pooling head),
+            'none' (every token; the head, if any, is applied per token).
+        class_token: prepend a learned class token.
+        reg_tokens: number of register tokens (Darcet et al. 2024), after the class token.
+        posemb: 'learn' (a ``pos_embed`` parameter), 'sincos2d' (fixed, big_vision
+            ``posemb_sincos_2d``), 'none'.
+        posemb_prefix: ``pos_embed`` has rows for the prefix (class and register) tokens, added after
+            they are prepended (timm default, original ViT). False: rows for patches only, added before
+            the prefix tokens are prepended (timm ``no_embed_class``, big_vision, DeiT III).
+        fc_norm: LayerNorm after pooling instead of before it (timm ``fc_norm``; MAE/BEiT-style gap).
+        rep_size: width of the pre-logits dense + tanh layer (original ViT ``representation_size``,
+            HF ``ViTModel`` pooler); 0 means none.
+        layer_scale: LayerScale initial value (``ls1.gamma``/``ls2.gamma``); None means no LayerScale.
+        dropout: dropout rate after position embedding, attention projection, MLP layers and before
+            the head.
+        attn_dropout: dropout rate on attention probabilities.
+        drop_path: stochastic-depth rate of the last block; block i uses ``drop_path * i / (depth-1)``
+            (timm). Active in training mode only.
+        dynamic_img_size: accept image sizes other than ``image_size``; the position embedding is
+            resampled to the new grid with ``posemb_resample`` (see ``vit_common.posemb``).
+        dynamic_img_pad: zero-pad images on the bottom/right to a multiple of the patch size.
+        posemb_resample: resampling method name from ``vit_common.posemb.METHODS``.
+        attn_impl: 'fused' (jax.nn.dot_product_attention / torch scaled_dot_product_attention) or
+            'explicit' (softmax written out; the only path that can return attention probabilities).
+        attn_backend: JAX only, passed to ``jax.nn.dot_product_attention(implementation=...)``:
+            None (let JAX choose), 'xla' or 'cudnn'. The torch twin lets SDPA choose.
+        dtype: compute dtype. Attention logits, softmax and LayerNorm statistics are always computed
+            in at least float32.
+        param_dtype: dtype of stored parameters.
+    """
+
+    image_size: int | tuple[int, int] = 224
+    patch_size: int | tuple[int, int] = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    width: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_dim: int = 3072
+    qkv_bias: bool = True
+    qk_norm: bool = False
+    ln_eps: float = 1e-6
+    gelu: str = "exact"
+    pool: str = "token"
+    class_token: bool = True
+    reg_tokens: int = 0
+    posemb: str = "learn"
+    posemb_prefix: bool = True
+    fc_norm: bool = False
+    rep_size: int = 0
+    layer_scale: float | None = None
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    drop_path: float = 0.0
+    dynamic_img_size: bool = False
+    dynamic_img_pad: bool = False
+    posemb_resample: str = "bicubic_aa"
+    attn_impl: str = "fused"
+    attn_backend: str | None = None
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        # Normalise sizes to tuples so that equal configs compare (and hash) equal.
+        object.__setattr__(self, "image_size", _pair(self.image_size, "image_size"))
+        object.__setattr__(self, "patch_size", _pair(self.patch_size, "patch_size"))
+        self._validate()
+
+    def _validate(self) -> None:
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected one of {allowed}")
+        for name in ("in_chans", "width", "depth", "num_heads", "mlp_dim"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name}={v!r}: expected a positive int")
+        for name in ("num_classes", "reg_tokens", "rep_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name}={v!r}: expected an int >= 0")
+        if self.width % self.num_heads:
+            raise ValueError(f"width={self.width} is not divisible by num_heads={self.num_heads}")
+        if not self.ln_eps > 0:
+            raise ValueError(f"ln_eps={self.ln_eps!r}: expected a positive float")
+        for name in ("dropout", "attn_dropout", "drop_path"):
+            v = getattr(self, name)
+            if not 0.0 <= v < 1.0:
+                raise ValueError(f"{name}={v!r}: expected a rate in [0, 1)")
+        if self.layer_scale is not None and not self.layer_scale > 0:
+            raise ValueError(f"layer_scale={self.layer_scale!r}: expected None or a positive float")
+        if self.pool == "token" and not self.class_token:
+            raise ValueError("pool='token' needs class_token=True; use pool='gap', 'map' or 'none'")
+        if self.posemb == "sincos2d":
+            if self.posemb_prefix and self.num_prefix_tokens:
+                raise ValueError(
+                    "posemb='sincos2d' has no rows for prefix tokens: set posemb_prefix=False "
+                    f"(class_token={self.class_token}, reg_tokens={self.reg_tokens})"
+                )
+            if self.width % 4:
+                raise ValueError(f"posemb='sincos2d' needs width divisible by 4, got width={self.width}")
+        if self.attn_backend not in (None, "xla", "cudnn"):
+            raise ValueError(f"attn_backend={self.attn_backend!r}: expected None, 'xla' or 'cudnn'")
+        if self.posemb_resample not in METHODS:
+            raise ValueError(f"posemb_resample={self.posemb_resample!r}: expected one of {tuple(METHODS)}")
+        (h, w), (ph, pw) = self.image_size, self.patch_size
+        if (h % ph or w % pw) and not (self.dynamic_img_pad or self.dynamic_img_size):
+            raise ValueError(
+                f"image_size={self.image_size} is not a multiple of patch_size={self.patch_size}; "
+                "set dynamic_img_pad=True to pad or dynamic_img_size=True to floor"
+            )
+        if min(h // ph, w // pw) < 1 and not self.dynamic_img_pad:
+            raise ValueError(f"image_size={self.image_size} is smaller than patch_size={self.patch_size}")
+
+    # ----------------------------------------------------------------------------------- derived
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """Patch grid (H/P, W/P) at ``image_size`` (rounded up when dynamic_img_pad is on)."""
+        return self.grid_for(self.image_size)
+
+    def grid_for(self, hw: tuple[int, int]) -> tuple[int, int]:
+        """Patch grid for an (H, W) image under this config's rules.
+
+        Raises:
+            ValueError: if H or W is not a multiple of P and neither dynamic_img_pad nor
+                dynamic_img_size allows it, or if (H, W) differs from image_size without
+                dynamic_img_size.
+        """
+        h, w = int(hw[0]), int(hw[1])
+        ph, pw = self.patch_size
+        if self.dynamic_img_pad:
+            return -(-h // ph), -(-w // pw)
+        if (h, w) != tuple(self.image_size) and not self.dynamic_img_size:
+            msg = f"image size ({h}, {w}) differs from the config's image_size {tuple(self.image_size)}"
+            if h % ph or w % pw:
+                msg += f" and is not a multiple of patch_size {tuple(self.patch_size)}"
+            raise ValueError(msg + "; set dynamic_img_size=True to resample the position embedding")
+        if h % ph or w % pw:
+            if not self.dynamic_img_size:
+                raise ValueError(f"image size ({h}, {w}) is not a multiple of patch_size {self.patch_size}")
+            # dynamic size without padding: VALID (floor) semantics, as torch's conv and timm
+        return h // ph, w // pw
+
+    @property
+    def num_patches(self) -> int:
+        gh, gw = self.grid
+        return gh * gw
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return int(self.class_token) + self.reg_tokens
+
+    @property
+    def seq_len(self) -> int:
+        """L = prefix tokens + patches."""
+        return self.num_prefix_tokens + self.num_patches
+
+    @property
+    def posemb_len(self) -> int:
+        """Rows of the learned ``pos_embed`` (prefix rows included when posemb_prefix)."""
+        return self.num_patches + (self.num_prefix_tokens if self.posemb_prefix else 0)
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.num_heads
+
+    @property
+    def features_dim(self) -> int:
+        """Width of the head's input (pre-logits)."""
+        return self.rep_size or self.width
+
+    # ------------------------------------------------------------------------------- constructors
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> ViTConfig:
+        """Build a config from a variant string such as ``"B/16"``, ``"So400m/14"`` or ``"Ti/16"``.
+
+        The part before ``/`` is a VARIANTS row, the part after is the patch size. Keyword overrides
+        replace any field (``num_classes=10``, ``image_size=384``, ...).
+
+        Raises:
+            ValueError: unknown variant, malformed string, or an invalid override.
+        """
+        m = re.fullmatch(r"\s*([A-Za-z0-9]+)\s*/\s*(\d+)\s*", name)
+        if not m:
+            raise ValueError(f"variant {name!r}: expected 'NAME/PATCH' such as 'B/16'")
+        row, patch = m.group(1), int(m.group(2))
+        if row not in VARIANTS:
+            raise ValueError(f"variant {name!r}: unknown name {row!r}; known: {', '.join(VARIANTS)}")
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown ViTConfig field(s): {sorted(unknown)}")
+        return cls(**{**VARIANTS[row], "patch_size": patch, **overrides})
+
+    def replace(self, **changes: Any) -> ViTConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["image_size"], d["patch_size"] = list(self.image_size), list(self.patch_size)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
+        """Inverse of ``to_dict``; unknown keys raise ValueError naming them."""
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown ViTConfig field(s): {sorted(unknown)}")
+        d = dict(d)
+        for k in ("image_size", "patch_size"):
+            if isinstance(d.get(k), list):
+                d[k] = tuple(d[k])
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, s: str) -> ViTConfig:
+        return cls.from_dict(json.loads(s))
+
+    @property
+    def variant(self) -> str | None:
+        """The VARIANTS name whose width/depth/mlp/heads match, or None."""
+        for name, row in VARIANTS.items():
+            if all(getattr(self, k) == v for k, v in row.items()):
+                return name
+        return None
+
+    # ------------------------------------------------------------------------------ accounting
+    def param_count(self) -> int:
+        """Number of trainable parameters, counted from the architecture (matches both twins)."""
+        d, f, k = self.width, self.mlp_dim, self.num_classes
+        ph, pw = self.patch_size
+        ln = 2 * d
+        linear = lambda i, o, bias=True: i * o + (o if bias else 0)  # noqa: E731
+        n = linear(self.in_chans * ph * pw, d)  # patch_embed.proj
+        n += d * self.num_prefix_tokens  # cls_token, reg_token
+        if self.posemb == "learn":
+            n += self.posemb_len * d
+        block = ln + linear(d, 3 * d, self.qkv_bias) + linear(d, d) + ln + linear(d, f) + linear(f, d)
+        if self.qk_norm:
+            block += 2 * 2 * self.head_dim
+        if self.layer_scale is not None:
+            block += 2 * d
+        n += self.depth * block
+        n += ln  # norm or fc_norm
+        if self.pool == "map":  # latent, q, kv, proj, norm, mlp (timm AttentionPoolLatent)
+            n += d + linear(d, d) + linear(d, 2 * d) + linear(d, d) + ln + linear(d, f) + linear(f, d)
+        if self.rep_size:
+            n += linear(d, self.rep_size)
+        if k:
+            n += linear(self.features_dim, k)
+        return n
+
+    def flops(self, image_size: tuple[int, int] | int | None = None) -> int:
+        """Forward FLOPs per image, counting 2 per multiply-accumulate of every matmul and conv.
+
+        Formula (L tokens, D width, F mlp_dim, N' patches, K classes, P patch):
+            patch embedding 2 N' C P^2 D
+            per block       2 L (3D^2 + D^2 + 2 D F)  (qkv, proj, mlp) + 4 L^2 D (q k^T and attn v)
+            MAP head        2 D^2 + 2 L D (2D) + 4 L D + 2 D^2 + 4 D F  (q, kv, attention, proj, mlp)
+            pre-logits      2 D R;  head 2 R K  (per token when pool='none')
+        Elementwise work (LayerNorm, GELU, softmax, residual adds) is left out, as in the ViT, DeiT and
+        timm/fvcore conventions; it is under 1% of the total for B/16 at 224.
+        """
+        hw = self.image_size if image_size is None else _pair(image_size, "image_size")
+        gh, gw = self.grid_for(hw)
+        n_patch = gh * gw
+        seq = n_patch + self.num_prefix_tokens
+        d, f = self.width, self.mlp_dim
+        ph, pw = self.patch_size
+        total = 2 * n_patch * self.in_chans * ph * pw * d
+        total += self.depth * (2 * seq * (4 * d * d + 2 * d * f) + 4 * seq * seq * d)
+        if self.pool == "map":
+            total += 2 * d * d + 2 * seq * d * 2 * d + 4 * seq * d + 2 * d * d + 4 * d * f
+        rows = seq if self.pool == "none" else 1
+        if self.rep_size:
+            total += rows * 2 * d * self.rep_size
+        if self.num_classes:
+            total += rows * 2 * self.features_dim * self.num_classes
+        return total

@@ -1,0 +1,81 @@
+"""Our own file: the canonical state as safetensors, with the ViTConfig in the header metadata."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
+
+from vit_common.config import ViTConfig
+from vit_common.state import canonical_shapes, check_state
+
+FORMAT_TAG = "vit-twins/canonical/1"
+
+
+def atomic_write(path: str | os.PathLike, write) -> None:
+    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it into place.
+
+    Nothing is left at ``path`` (or beside it) if ``write`` raises.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save_safetensors(path: str | os.PathLike, state: Mapping[str, np.ndarray],
+                     metadata: Mapping[str, str] | None = None) -> None:
+    """Write ``state`` as safetensors atomically; tensors are made contiguous first (K10)."""
+    tensors = {k: np.ascontiguousarray(v) for k, v in state.items()}
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=dict(metadata or {})))
+
+
+def save_canonical(path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> None:
+    """Write our own file: canonical tensors plus ``cfg`` as JSON in the metadata.
+
+    Raises:
+        StateMismatchError: if ``state`` does not fit ``cfg`` (nothing is written).
+    """
+    check_state(canonical_shapes(cfg), state)
+    save_safetensors(path, state, {"format": FORMAT_TAG, "vit_config": cfg.to_json()})
+
+
+def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """(tensors, metadata) of a safetensors file.
+
+    Raises:
+        ValueError: the file is missing, truncated or not safetensors; the message names the path.
+    """
+    try:
+        with safe_open(str(path), framework="np") as f:
+            meta = dict(f.metadata() or {})
+            return {k: f.get_tensor(k) for k in f.keys()}, meta
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{path}: not a readable safetensors file ({e})") from e
+
+
+def load_canonical(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, np.ndarray]]:
+    """Read our own file back: (config, canonical state), checked against each other.
+
+    Raises:
+        ValueError: not our file (no stored config) or unreadable; StateMismatchError if the tensors
+            do not fit the stored config.
+    """
+    state, meta = read_safetensors(path)
+    if meta.get("format") != FORMAT_TAG or "vit_config" not in meta:
+        raise ValueError(f"{path}: safetensors without a stored ViTConfig (format tag {meta.get('format')!r})")
+    cfg = ViTConfig.from_json(meta["vit_config"])
+    check_state(canonical_shapes(cfg), state, context=str(path))
+    return cfg, state

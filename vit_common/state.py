@@ -1,0 +1,106 @@
+"""The canonical weight state: a flat dict of numpy arrays in timm's names and PyTorch layouts.
+
+``canonical_shapes(cfg)`` is the single description of which tensors a config has; both twins'
+``to_numpy`` produce exactly these keys and shapes, and every reader and writer checks against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from vit_common.config import ViTConfig
+
+
+class StateMismatchError(ValueError):
+    """A state does not fit a config: lists missing, unexpected and wrong-shape tensors together."""
+
+    def __init__(self, missing: list[str], unexpected: list[str], shape: list[str], context: str = ""):
+        self.missing, self.unexpected, self.shape = missing, unexpected, shape
+        lines = [f"state does not match the config{': ' + context if context else ''}"]
+        lines += [f"  missing: {k}" for k in missing]
+        lines += [f"  unexpected: {k}" for k in unexpected]
+        lines += [f"  shape: {k}" for k in shape]
+        super().__init__("\n".join(lines))
+
+
+def _linear(prefix: str, d_in: int, d_out: int, bias: bool = True) -> dict[str, tuple[int, ...]]:
+    out = {f"{prefix}.weight": (d_out, d_in)}
+    if bias:
+        out[f"{prefix}.bias"] = (d_out,)
+    return out
+
+
+def _norm(prefix: str, d: int) -> dict[str, tuple[int, ...]]:
+    return {f"{prefix}.weight": (d,), f"{prefix}.bias": (d,)}
+
+
+def _mlp(prefix: str, d: int, f: int) -> dict[str, tuple[int, ...]]:
+    return {**_linear(f"{prefix}.fc1", d, f), **_linear(f"{prefix}.fc2", f, d)}
+
+
+def canonical_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the canonical state for ``cfg``, name -> shape, in timm state_dict order."""
+    d, f, hd = cfg.width, cfg.mlp_dim, cfg.head_dim
+    ph, pw = cfg.patch_size
+    s: dict[str, tuple[int, ...]] = {}  # in torch state_dict order: own parameters, then children
+    if cfg.class_token:
+        s["cls_token"] = (1, 1, d)
+    if cfg.reg_tokens:
+        s["reg_token"] = (1, cfg.reg_tokens, d)
+    if cfg.posemb == "learn":
+        s["pos_embed"] = (1, cfg.posemb_len, d)
+    s["patch_embed.proj.weight"] = (d, cfg.in_chans, ph, pw)  # (D, C, P, P) OIHW
+    s["patch_embed.proj.bias"] = (d,)
+    for i in range(cfg.depth):
+        b = f"blocks.{i}"
+        s.update(_norm(f"{b}.norm1", d))
+        s.update(_linear(f"{b}.attn.qkv", d, 3 * d, cfg.qkv_bias))  # rows [q; k; v], head-major
+        if cfg.qk_norm:
+            s.update(_norm(f"{b}.attn.q_norm", hd))
+            s.update(_norm(f"{b}.attn.k_norm", hd))
+        s.update(_linear(f"{b}.attn.proj", d, d))
+        if cfg.layer_scale is not None:
+            s[f"{b}.ls1.gamma"] = (d,)
+        s.update(_norm(f"{b}.norm2", d))
+        s.update(_mlp(f"{b}.mlp", d, f))
+        if cfg.layer_scale is not None:
+            s[f"{b}.ls2.gamma"] = (d,)
+    if not cfg.fc_norm:
+        s.update(_norm("norm", d))
+    if cfg.pool == "map":  # timm AttentionPoolLatent
+        s["attn_pool.latent"] = (1, 1, d)
+        s.update(_linear("attn_pool.q", d, d))
+        s.update(_linear("attn_pool.kv", d, 2 * d))
+        s.update(_linear("attn_pool.proj", d, d))
+        s.update(_norm("attn_pool.norm", d))
+        s.update(_mlp("attn_pool.mlp", d, f))
+    if cfg.fc_norm:
+        s.update(_norm("fc_norm", d))
+    if cfg.rep_size:
+        s.update(_linear("pre_logits.fc", d, cfg.rep_size))
+    if cfg.num_classes:
+        s.update(_linear("head", cfg.features_dim, cfg.num_classes))
+    return s
+
+
+def check_state(
+    expected: Mapping[str, tuple[int, ...]], state: Mapping[str, object], context: str = ""
+) -> None:
+    """Raise StateMismatchError unless ``state`` has exactly the keys and shapes of ``expected``."""
+    missing = [k for k in expected if k not in state]
+    unexpected = sorted(k for k in state if k not in expected)
+    shape = [
+        f"{k} has {tuple(np.shape(state[k]))}, expected {tuple(v)}"
+        for k, v in expected.items()
+        if k in state and tuple(np.shape(state[k])) != tuple(v)
+    ]
+    if missing or unexpected or shape:
+        raise StateMismatchError(missing, unexpected, shape, context)
+
+
+def nonfinite(state: Mapping[str, np.ndarray]) -> list[str]:
+    """Names of tensors holding NaN or Inf."""
+    return [k for k, v in state.items() if np.issubdtype(np.asarray(v).dtype, np.floating)
+            and not np.isfinite(np.asarray(v)).all()]

@@ -1,0 +1,7 @@
+"""The Flax NNX twin: images [B, H, W, C]."""
+
+from vit_common.config import VARIANTS, ViTConfig
+from vit_jax.model import VisionTransformer
+from vit_jax.weights import from_numpy, load_model, to_numpy
+
+__all__ = ["VARIANTS", "ViTConfig", "VisionTransformer", "from_numpy", "load_model", "to_numpy"]

@@ -1,0 +1,319 @@
+"""Vision Transformer in Flax NNX; module paths are timm's so weights convert by leaf kind.
+
+Images are [B, H, W, C] (channels last). Shape alphabet: B batch, H/W pixels, C channels, P patch,
+L tokens, D width, N heads, K classes, F MLP width. The PyTorch twin is ``vit_torch/model.py``: same
+classes, same forward order, same intermediates.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vit_common.config import ViTConfig
+from vit_common.posemb import resample_matrices, sincos2d
+
+_trunc02 = nnx.initializers.truncated_normal(stddev=0.02)
+
+
+def _dtypes(cfg: ViTConfig) -> dict:
+    return dict(dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))
+
+
+def _acc(dtype) -> jnp.dtype:
+    """Accumulation dtype for softmax and norm statistics: at least float32."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def _layer_norm(cfg: ViTConfig, dim: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    # use_fast_variance=False: flax's default E[x^2]-E[x]^2 differs from torch's two-pass variance.
+    return nnx.LayerNorm(dim, epsilon=cfg.ln_eps, use_fast_variance=False, rngs=rngs, **_dtypes(cfg))
+
+
+def _linear(cfg: ViTConfig, d_in: int, d_out: int, rngs: nnx.Rngs, bias: bool = True) -> nnx.Linear:
+    return nnx.Linear(d_in, d_out, use_bias=bias, kernel_init=_trunc02, rngs=rngs, **_dtypes(cfg))
+
+
+def _dropout(rate: float, rngs: nnx.Rngs) -> nnx.Dropout:
+    # Only a live dropout holds an RNG stream, so rate-0 models carry no RNG state.
+    return nnx.Dropout(rate, rngs=rngs if rate > 0 else None)
+
+
+class PatchEmbed(nnx.Module):
+    """Stride-P convolution with VALID padding: [B, H, W, C] -> [B, H/P, W/P, D]."""
+
+    def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
+        self.proj = nnx.Conv(
+            cfg.in_chans, cfg.width, kernel_size=cfg.patch_size, strides=cfg.patch_size, padding="VALID",
+            kernel_init=nnx.initializers.lecun_normal(), rngs=rngs, **_dtypes(cfg),
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.proj(x)
+
+
+class Attention(nnx.Module):
+    """Multi-head self-attention with a fused qkv projection (rows [q; k; v], head-major).
+
+    Two paths: fused (``jax.nn.dot_product_attention``, ``cfg.attn_backend`` picks 'xla' or 'cudnn')
+    and explicit (logits and softmax written out), which alone returns probabilities. Both compute
+    logits and softmax in at least float32.
+    """
+
+    def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.fused = cfg.attn_impl == "fused"
+        self.backend = cfg.attn_backend
+        self.qkv = _linear(cfg, cfg.width, 3 * cfg.width, rngs, bias=cfg.qkv_bias)
+        self.q_norm = _layer_norm(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
+        self.k_norm = _layer_norm(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
+        self.attn_drop = _dropout(cfg.attn_dropout, rngs)
+        self.proj = _linear(cfg, cfg.width, cfg.width, rngs)
+        self.proj_drop = _dropout(cfg.dropout, rngs)
+
+    def __call__(self, x: jax.Array, *, return_attn: bool = False) -> tuple[jax.Array, jax.Array | None]:
+        """x [B, L, D] -> ([B, L, D], probabilities [B, N, L, L] or None).
+
+        ``return_attn=True`` takes the explicit path; so does training with attention dropout, which
+        the fused op does not implement.
+        """
+        b, l, d = x.shape
+        qkv = self.qkv(x).reshape(b, l, 3, self.num_heads, self.head_dim)  # [B, L, 3, N, D/N]
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each [B, L, N, D/N]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        scale = self.head_dim**-0.5
+        live_drop = self.attn_drop.rate > 0 and not self.attn_drop.deterministic
+        if self.fused and not return_attn and not live_drop:
+            out = jax.nn.dot_product_attention(q, k, v, scale=scale, implementation=self.backend)
+            probs = None
+        else:
+            acc = _acc(x.dtype)
+            logits = jnp.einsum("blnh,bmnh->bnlm", q.astype(acc), k.astype(acc)) * scale  # [B, N, L, L]
+            probs = jax.nn.softmax(logits, axis=-1)
+            out = jnp.einsum("bnlm,bmnh->blnh", self.attn_drop(probs), v.astype(acc)).astype(x.dtype)
+        x = self.proj_drop(self.proj(out.reshape(b, l, d)))  # [B, L, N, D/N] -> [B, L, D]
+        return x, probs
+
+
+class Mlp(nnx.Module):
+    """fc1 -> GELU (cfg.gelu: 'exact' erf or 'tanh') -> dropout -> fc2 -> dropout."""
+
+    def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
+        self.approximate = cfg.gelu == "tanh"
+        self.fc1 = _linear(cfg, cfg.width, cfg.mlp_dim, rngs)
+        self.drop1 = _dropout(cfg.dropout, rngs)
+        self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width, rngs)
+        self.drop2 = _dropout(cfg.dropout, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.drop2(self.fc2(self.drop1(jax.nn.gelu(self.fc1(x), approximate=self.approximate))))
+
+
+class LayerScale(nnx.Module):
+    """Per-channel scale ``gamma`` [D] initialised to cfg.layer_scale (Touvron et al. 2021, CaiT)."""
+
+    def __init__(self, cfg: ViTConfig):
+        pd = jnp.dtype(cfg.param_dtype)
+        self.gamma = nnx.Param(jnp.full((cfg.width,), cfg.layer_scale, pd))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x * self.gamma[...].astype(x.dtype)
+
+
+class DropPath(nnx.Module):
+    """Stochastic depth: zero a sample's residual branch with probability ``rate`` in training."""
+
+    def __init__(self, rate: float, *, rngs: nnx.Rngs):
+        self.rate = rate
+        self.deterministic = False
+        self.rngs = rngs["dropout"].fork() if rate > 0 else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if self.rate == 0 or self.deterministic:
+            return x
+        keep = 1.0 - self.rate
+        mask = jax.random.bernoulli(self.rngs(), keep, (x.shape[0],) + (1,) * (x.ndim - 1))
+        return jnp.where(mask, x / keep, jnp.zeros_like(x))
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer block: x + drop_path(ls1(attn(norm1(x)))), then the same for the MLP."""
+
+    def __init__(self, cfg: ViTConfig, drop_path: float, *, rngs: nnx.Rngs):
+        self.norm1 = _layer_norm(cfg, cfg.width, rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.ls1 = LayerScale(cfg) if cfg.layer_scale is not None else None
+        self.drop_path1 = DropPath(drop_path, rngs=rngs)
+        self.norm2 = _layer_norm(cfg, cfg.width, rngs)
+        self.mlp = Mlp(cfg, rngs=rngs)
+        self.ls2 = LayerScale(cfg) if cfg.layer_scale is not None else None
+        self.drop_path2 = DropPath(drop_path, rngs=rngs)
+
+    def __call__(self, x: jax.Array, *, return_attn: bool = False) -> tuple[jax.Array, jax.Array | None]:
+        y, probs = self.attn(self.norm1(x), return_attn=return_attn)
+        x = x + self.drop_path1(self.ls1(y) if self.ls1 is not None else y)
+        y = self.mlp(self.norm2(x))
+        x = x + self.drop_path2(self.ls2(y) if self.ls2 is not None else y)
+        return x, probs
+
+
+class MAPHead(nnx.Module):
+    """Multihead attention pooling (big_vision ``MAPHead``, timm ``AttentionPoolLatent``).
+
+    A learned probe ``latent`` [1, 1, D] attends over all tokens; then x + mlp(norm(x)).
+    [B, L, D] -> ([B, D], probe attention [B, N, 1, L] or None).
+    """
+
+    def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        pd = jnp.dtype(cfg.param_dtype)
+        self.latent = nnx.Param(_trunc02(rngs.params(), (1, 1, cfg.width), pd))
+        self.q = _linear(cfg, cfg.width, cfg.width, rngs)
+        self.kv = _linear(cfg, cfg.width, 2 * cfg.width, rngs)
+        self.proj = _linear(cfg, cfg.width, cfg.width, rngs)
+        self.norm = _layer_norm(cfg, cfg.width, rngs)
+        self.mlp = Mlp(cfg, rngs=rngs)
+        self.fused = cfg.attn_impl == "fused"
+
+    def __call__(self, x: jax.Array, *, return_attn: bool = False) -> tuple[jax.Array, jax.Array | None]:
+        b, l, d = x.shape
+        nh, hd = self.num_heads, self.head_dim
+        q = self.q(jnp.broadcast_to(self.latent[...].astype(x.dtype), (b, 1, d))).reshape(b, 1, nh, hd)
+        kv = self.kv(x).reshape(b, l, 2, nh, hd)  # [B, L, 2, N, D/N]
+        k, v = kv[:, :, 0], kv[:, :, 1]
+        if self.fused and not return_attn:
+            out, probs = jax.nn.dot_product_attention(q, k, v, scale=hd**-0.5), None
+        else:
+            acc = _acc(x.dtype)
+            logits = jnp.einsum("bqnh,bmnh->bnqm", q.astype(acc), k.astype(acc)) * hd**-0.5  # [B,N,1,L]
+            probs = jax.nn.softmax(logits, axis=-1)
+            out = jnp.einsum("bnqm,bmnh->bqnh", probs, v.astype(acc)).astype(x.dtype)
+        x = self.proj(out.reshape(b, 1, d))
+        x = x + self.mlp(self.norm(x))
+        return x[:, 0], probs
+
+
+class PreLogits(nnx.Module):
+    """Dense + tanh before the head (original ViT ``pre_logits``, HF ``ViTModel`` pooler)."""
+
+    def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
+        self.fc = _linear(cfg, cfg.width, cfg.rep_size, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jnp.tanh(self.fc(x))
+
+
+class VisionTransformer(nnx.Module):
+    """ViT (Dosovitskiy et al. 2021) for images [B, H, W, C]; every option comes from ``cfg``.
+
+    ``model(images)`` gives logits [B, K] ([B, L, K] with pool='none'; features when K=0).
+    ``forward_intermediates(images)`` gives (logits, dict of named tensors), attention included.
+    Freshly built modules are in training mode (NNX convention); call ``.eval()`` for inference.
+    """
+
+    def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        pd = jnp.dtype(cfg.param_dtype)
+        self.patch_embed = PatchEmbed(cfg, rngs=rngs)
+        self.cls_token = nnx.Param(1e-6 * jax.random.normal(rngs.params(), (1, 1, cfg.width), pd)) \
+            if cfg.class_token else None
+        self.reg_token = nnx.Param(1e-6 * jax.random.normal(rngs.params(), (1, cfg.reg_tokens, cfg.width), pd)) \
+            if cfg.reg_tokens else None
+        self.pos_embed = nnx.Param(_trunc02(rngs.params(), (1, cfg.posemb_len, cfg.width), pd)) \
+            if cfg.posemb == "learn" else None
+        self.pos_drop = _dropout(cfg.dropout, rngs)
+        rates = np.linspace(0.0, cfg.drop_path, cfg.depth) if cfg.depth > 1 else [cfg.drop_path]
+        self.blocks = nnx.List([Block(cfg, float(r), rngs=rngs) for r in rates])
+        self.norm = _layer_norm(cfg, cfg.width, rngs) if not cfg.fc_norm else None
+        self.attn_pool = MAPHead(cfg, rngs=rngs) if cfg.pool == "map" else None
+        self.fc_norm = _layer_norm(cfg, cfg.width, rngs) if cfg.fc_norm else None
+        self.pre_logits = PreLogits(cfg, rngs=rngs) if cfg.rep_size else None
+        self.head_drop = _dropout(cfg.dropout, rngs)
+        self.head = _linear(cfg, cfg.features_dim, cfg.num_classes, rngs) if cfg.num_classes else None
+
+    def _embed(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Images [B, H, W, C] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D])."""
+        cfg = self.cfg
+        if x.ndim != 4 or x.shape[-1] != cfg.in_chans:
+            raise ValueError(f"images of shape {x.shape}: expected [B, H, W, C={cfg.in_chans}] (channels last)")
+        gh, gw = cfg.grid_for(x.shape[1:3])  # raises ValueError on a size the config does not allow
+        ph, pw = cfg.patch_size
+        x = x.astype(cfg.dtype)
+        if cfg.dynamic_img_pad:  # zero-pad bottom/right to a multiple of the patch, as timm
+            x = jnp.pad(x, ((0, 0), (0, gh * ph - x.shape[1]), (0, gw * pw - x.shape[2]), (0, 0)))
+        b = x.shape[0]
+        patches = self.patch_embed(x).reshape(b, gh * gw, cfg.width)  # [B, h, w, D] -> [B, h*w, D]
+        prefix = [p[...].astype(cfg.dtype) for p in (self.cls_token, self.reg_token) if p is not None]
+        prefix = [jnp.broadcast_to(p, (b,) + p.shape[1:]) for p in prefix]
+        npt = cfg.num_prefix_tokens
+        if cfg.posemb == "learn":
+            pe = self.pos_embed[...].astype(cfg.dtype)
+            pe_prefix, pe_grid = (pe[:, :npt], pe[:, npt:]) if cfg.posemb_prefix else (None, pe)
+            if (gh, gw) != cfg.grid:  # dynamic image size: the same matrices as vit_common.posemb
+                wh, ww = (jnp.asarray(m, cfg.dtype) for m in
+                          resample_matrices(cfg.grid, (gh, gw), cfg.posemb_resample))
+                grid = pe_grid.reshape(*cfg.grid, cfg.width)  # [h0, w0, D]
+                pe_grid = jnp.einsum("yh,hwd,xw->yxd", wh, grid, ww).reshape(1, gh * gw, cfg.width)
+        elif cfg.posemb == "sincos2d":
+            pe_prefix, pe_grid = None, jnp.asarray(sincos2d((gh, gw), cfg.width)[None], cfg.dtype)
+        else:
+            pe_prefix, pe_grid = None, None
+        if pe_prefix is not None:  # timm default / original ViT: concatenate, then add
+            tokens = jnp.concatenate(prefix + [patches], axis=1) + jnp.concatenate([pe_prefix, pe_grid], 1)
+        else:  # no_embed_class / big_vision: add to patches, then concatenate
+            tokens = jnp.concatenate(prefix + [patches + pe_grid if pe_grid is not None else patches], 1)
+        return patches, self.pos_drop(tokens)
+
+    def _forward(self, x: jax.Array, out: dict | None) -> jax.Array:
+        """The one forward pass; records named intermediates into ``out`` when it is a dict."""
+        cfg = self.cfg
+        record = out is not None
+        patches, x = self._embed(x)
+        if record:
+            out["patch_embed"], out["pos_embed"] = patches, x
+        for i, block in enumerate(self.blocks):
+            x, probs = block(x, return_attn=record)
+            if record:
+                out[f"block{i:02d}"], out[f"attn{i:02d}"] = x, probs
+        if self.norm is not None:
+            x = self.norm(x)
+        if record:
+            out["norm"] = x
+        if cfg.pool == "token":
+            x = x[:, 0]
+        elif cfg.pool == "gap":
+            x = x[:, cfg.num_prefix_tokens:].mean(axis=1)
+        elif cfg.pool == "map":
+            x, probs = self.attn_pool(x, return_attn=record)
+            if record:
+                out["attn_pool"] = probs
+        if self.fc_norm is not None:
+            x = self.fc_norm(x)
+        if self.pre_logits is not None:
+            x = self.pre_logits(x)
+        if record:
+            out["pre_logits"] = x
+        x = self.head_drop(x)
+        if self.head is not None:
+            x = self.head(x)
+        if record:
+            out["logits"] = x
+        return x
+
+    def __call__(self, images: jax.Array) -> jax.Array:
+        """Images [B, H, W, C] -> logits [B, K] (features [B, D'] when num_classes=0)."""
+        return self._forward(images, None)
+
+    def forward_intermediates(self, images: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """Logits and every named intermediate; attention always takes the explicit path.
+
+        Keys: 'patch_embed' [B, h*w, D], 'pos_embed' (block input) [B, L, D], 'blockNN' [B, L, D],
+        'attnNN' [B, N, L, L] (rows sum to 1), 'norm' [B, L, D], 'attn_pool' [B, N, 1, L] (MAP only),
+        'pre_logits' [B, D'], 'logits' [B, K]. The same keys as the torch twin.
+        """
+        out: dict[str, jax.Array] = {}
+        logits = self._forward(images, out)
+        return logits, out

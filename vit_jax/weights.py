@@ -1,0 +1,105 @@
+"""The JAX twin <-> the canonical state (flat numpy dict, timm names, PyTorch layouts).
+
+NNX module paths are timm's, so conversion is one rule per leaf kind:
+Linear ``kernel`` (in, out) <-> ``weight`` (out, in); Conv ``kernel`` HWIO <-> ``weight`` OIHW;
+LayerNorm ``scale`` <-> ``weight``; every other parameter keeps its name and layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vit_common.config import ViTConfig
+from vit_common.convert import read_checkpoint
+from vit_common.state import canonical_shapes, check_state
+from vit_jax.model import VisionTransformer
+
+
+def _canonical_name(path: tuple) -> tuple[str, str]:
+    """NNX path -> (canonical name, leaf kind)."""
+    *mods, leaf = (str(p) for p in path)
+    kind = {"kernel": "kernel", "scale": "scale"}.get(leaf, "plain")
+    return ".".join(mods + ["weight" if kind != "plain" else leaf]), kind
+
+
+def _to_canonical(arr: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "kernel":
+        arr = arr.T if arr.ndim == 2 else arr.transpose(3, 2, 0, 1)  # (in, out) | HWIO -> OIHW
+    return np.ascontiguousarray(arr)
+
+
+def _from_canonical(arr: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "kernel":
+        arr = arr.T if arr.ndim == 2 else arr.transpose(2, 3, 1, 0)  # (out, in) | OIHW -> HWIO
+    return arr
+
+
+def _param_paths(state: nnx.State) -> list[tuple[tuple, object]]:
+    return list(nnx.to_flat_state(state))
+
+
+def to_numpy(model: VisionTransformer) -> dict[str, np.ndarray]:
+    """The canonical state of ``model``: {timm name: numpy array in PyTorch layout}, contiguous.
+
+    Arrays keep the parameter dtype (bfloat16 as ml_dtypes.bfloat16).
+    """
+    out = {}
+    for path, var in _param_paths(nnx.state(model, nnx.Param)):
+        name, kind = _canonical_name(path)
+        out[name] = _to_canonical(np.asarray(jax.device_get(var[...])), kind)
+    order = canonical_shapes(model.cfg)
+    return {k: out[k] for k in order if k in out} | {k: v for k, v in out.items() if k not in order}
+
+
+def check_float64(cfg: ViTConfig) -> None:
+    """Raise ValueError if cfg asks for float64 while jax_enable_x64 is off (JAX would silently use 32)."""
+    if "float64" in (cfg.dtype, cfg.param_dtype) and not jax.config.jax_enable_x64:
+        raise ValueError(
+            f"dtype={cfg.dtype!r}, param_dtype={cfg.param_dtype!r} need float64, but jax_enable_x64 is off; "
+            "call jax.config.update('jax_enable_x64', True) first"
+        )
+
+
+def from_numpy(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, seed: int = 0) -> VisionTransformer:
+    """Build a VisionTransformer for ``cfg`` holding exactly the tensors of ``state``, in eval mode.
+
+    The model is built abstractly (``nnx.eval_shape``), so no random parameters are drawn; each
+    parameter is filled from its canonical tensor and cast to ``cfg.param_dtype``. ``seed`` seeds the
+    dropout/drop-path RNG streams only.
+
+    Raises:
+        StateMismatchError: lists every missing, unexpected and wrong-shape tensor together.
+        ValueError: float64 requested while jax_enable_x64 is off.
+    """
+    check_float64(cfg)
+    check_state(canonical_shapes(cfg), state)
+    graphdef, params, rest = nnx.split(
+        nnx.eval_shape(lambda: VisionTransformer(cfg, rngs=nnx.Rngs(seed))), nnx.Param, ...
+    )
+    pd = jnp.dtype(cfg.param_dtype)
+    flat = []
+    for path, var in _param_paths(params):
+        name, kind = _canonical_name(path)
+        flat.append((path, var.replace(jnp.asarray(_from_canonical(np.asarray(state[name]), kind), pd))))
+    params = nnx.from_flat_state(flat)
+    # RNG streams: build the model under jit and keep only the non-parameter state, so XLA drops the
+    # random parameter initialisation as dead code.
+    rest = jax.jit(lambda: nnx.state(VisionTransformer(cfg, rngs=nnx.Rngs(seed)), nnx.Not(nnx.Param)))() \
+        if len(nnx.to_flat_state(rest)) else rest
+    model = nnx.merge(graphdef, params, rest)
+    model.eval()
+    return model
+
+
+def load_model(path, **overrides) -> VisionTransformer:
+    """Load any supported checkpoint (see ``vit_common.convert``) into the JAX twin, in eval mode.
+
+    ``overrides`` replace config fields (e.g. ``dtype="bfloat16"``, ``attn_impl="explicit"``).
+    """
+    cfg, state = read_checkpoint(path, **overrides)
+    return from_numpy(cfg, state)

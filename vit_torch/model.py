@@ -1,0 +1,357 @@
+"""Vision Transformer in PyTorch; its state_dict is timm's ``VisionTransformer``'s.
+
+Images are [B, C, H, W] (channels first). Shape alphabet: B batch, H/W pixels, C channels, P patch,
+L tokens, D width, N heads, K classes, F MLP width. The JAX twin is ``vit_jax/model.py``: same classes,
+same forward order, same intermediates. Layers compute in ``cfg.dtype`` whatever ``cfg.param_dtype``
+is (flax's ``dtype``/``param_dtype`` semantics), instead of relying on autocast, whose op lists differ
+between CPU and CUDA.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vit_common.config import ViTConfig
+from vit_common.posemb import resample_matrices, sincos2d
+
+
+def _dt(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype for softmax and norm statistics: at least float32."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+class Linear(nn.Linear):
+    """nn.Linear that computes in ``dtype``; parameters stay in ``param_dtype``.
+
+    Initialised as timm: weight trunc-normal(std 0.02), bias zero.
+    """
+
+    def __init__(self, d_in: int, d_out: int, bias: bool = True, *, dtype: str, param_dtype: str):
+        super().__init__(d_in, d_out, bias=bias, dtype=_dt(param_dtype))
+        self.compute_dtype = _dt(dtype)
+        if not self.weight.is_meta:
+            nn.init.trunc_normal_(self.weight, std=0.02)
+            if self.bias is not None:
+                nn.init.zeros_(self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cd = self.compute_dtype
+        return F.linear(x.to(cd), self.weight.to(cd), None if self.bias is None else self.bias.to(cd))
+
+
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm with statistics in at least float32 and output in ``dtype``; eps always explicit."""
+
+    def __init__(self, dim: int, *, eps: float, dtype: str, param_dtype: str):
+        super().__init__(dim, eps=eps, dtype=_dt(param_dtype))
+        self.compute_dtype = _dt(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        acc = _acc(self.compute_dtype)
+        y = F.layer_norm(x.to(acc), self.normalized_shape, self.weight.to(acc), self.bias.to(acc), self.eps)
+        return y.to(self.compute_dtype)
+
+
+def _layer_norm(cfg: ViTConfig, dim: int) -> LayerNorm:
+    return LayerNorm(dim, eps=cfg.ln_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+
+
+def _linear(cfg: ViTConfig, d_in: int, d_out: int, bias: bool = True) -> Linear:
+    return Linear(d_in, d_out, bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+
+
+class PatchEmbed(nn.Module):
+    """Stride-P convolution, no padding (VALID): [B, C, H, W] -> [B, D, H/P, W/P]."""
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.proj = nn.Conv2d(cfg.in_chans, cfg.width, cfg.patch_size, stride=cfg.patch_size, padding=0,
+                              dtype=_dt(cfg.param_dtype))
+        self.compute_dtype = _dt(cfg.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cd = self.compute_dtype
+        return F.conv2d(x.to(cd), self.proj.weight.to(cd), self.proj.bias.to(cd), stride=self.proj.stride)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with a fused qkv projection (rows [q; k; v], head-major).
+
+    Two paths: fused (``F.scaled_dot_product_attention``) and explicit (logits and softmax written
+    out), which alone returns probabilities. Both compute logits and softmax in at least float32.
+    """
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.fused = cfg.attn_impl == "fused"
+        self.qkv = _linear(cfg, cfg.width, 3 * cfg.width, bias=cfg.qkv_bias)
+        self.q_norm = _layer_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = _layer_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+        self.attn_drop = nn.Dropout(cfg.attn_dropout)
+        self.proj = _linear(cfg, cfg.width, cfg.width)
+        self.proj_drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, *, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [B, L, D] -> ([B, L, D], probabilities [B, N, L, L] or None)."""
+        b, l, d = x.shape
+        qkv = self.qkv(x).reshape(b, l, 3, self.num_heads, self.head_dim)  # [B, L, 3, N, D/N]
+        q, k, v = qkv.unbind(2)  # each [B, L, N, D/N]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        scale = self.head_dim**-0.5
+        if self.fused and not return_attn:
+            p = self.attn_drop.p if self.training else 0.0
+            out = F.scaled_dot_product_attention(  # takes [B, N, L, D/N]
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=p, scale=scale
+            ).transpose(1, 2)
+            probs = None
+        else:
+            acc = _acc(x.dtype)
+            logits = torch.einsum("blnh,bmnh->bnlm", q.to(acc), k.to(acc)) * scale  # [B, N, L, L]
+            probs = logits.softmax(dim=-1)
+            out = torch.einsum("bnlm,bmnh->blnh", self.attn_drop(probs), v.to(acc)).to(x.dtype)
+        x = self.proj_drop(self.proj(out.reshape(b, l, d)))  # [B, L, N, D/N] -> [B, L, D]
+        return x, probs
+
+
+class Mlp(nn.Module):
+    """fc1 -> GELU (cfg.gelu: 'exact' erf or 'tanh') -> dropout -> fc2 -> dropout."""
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.approximate = "tanh" if cfg.gelu == "tanh" else "none"
+        self.fc1 = _linear(cfg, cfg.width, cfg.mlp_dim)
+        self.drop1 = nn.Dropout(cfg.dropout)
+        self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width)
+        self.drop2 = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(F.gelu(self.fc1(x), approximate=self.approximate))))
+
+
+class LayerScale(nn.Module):
+    """Per-channel scale ``gamma`` [D] initialised to cfg.layer_scale (Touvron et al. 2021, CaiT)."""
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((cfg.width,), cfg.layer_scale, dtype=_dt(cfg.param_dtype)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma.to(x.dtype)
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: zero a sample's residual branch with probability ``rate`` in training."""
+
+    def __init__(self, rate: float):
+        super().__init__()
+        self.rate = rate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rate == 0 or not self.training:
+            return x
+        keep = 1.0 - self.rate
+        mask = torch.empty((x.shape[0],) + (1,) * (x.ndim - 1), device=x.device).bernoulli_(keep)
+        return torch.where(mask.bool(), x / keep, torch.zeros_like(x))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + drop_path(ls1(attn(norm1(x)))), then the same for the MLP."""
+
+    def __init__(self, cfg: ViTConfig, drop_path: float):
+        super().__init__()
+        self.norm1 = _layer_norm(cfg, cfg.width)
+        self.attn = Attention(cfg)
+        self.ls1 = LayerScale(cfg) if cfg.layer_scale is not None else None
+        self.drop_path1 = DropPath(drop_path)
+        self.norm2 = _layer_norm(cfg, cfg.width)
+        self.mlp = Mlp(cfg)
+        self.ls2 = LayerScale(cfg) if cfg.layer_scale is not None else None
+        self.drop_path2 = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor, *, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        y, probs = self.attn(self.norm1(x), return_attn=return_attn)
+        x = x + self.drop_path1(self.ls1(y) if self.ls1 is not None else y)
+        y = self.mlp(self.norm2(x))
+        x = x + self.drop_path2(self.ls2(y) if self.ls2 is not None else y)
+        return x, probs
+
+
+class MAPHead(nn.Module):
+    """Multihead attention pooling (big_vision ``MAPHead``, timm ``AttentionPoolLatent``).
+
+    A learned probe ``latent`` [1, 1, D] attends over all tokens; then x + mlp(norm(x)).
+    [B, L, D] -> ([B, D], probe attention [B, N, 1, L] or None).
+    """
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.latent = nn.Parameter(torch.empty(1, 1, cfg.width, dtype=_dt(cfg.param_dtype)))
+        if not self.latent.is_meta:
+            nn.init.trunc_normal_(self.latent, std=0.02)
+        self.q = _linear(cfg, cfg.width, cfg.width)
+        self.kv = _linear(cfg, cfg.width, 2 * cfg.width)
+        self.proj = _linear(cfg, cfg.width, cfg.width)
+        self.norm = _layer_norm(cfg, cfg.width)
+        self.mlp = Mlp(cfg)
+        self.fused = cfg.attn_impl == "fused"
+
+    def forward(self, x: torch.Tensor, *, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        b, l, d = x.shape
+        nh, hd = self.num_heads, self.head_dim
+        q = self.q(self.latent.to(x.dtype).expand(b, 1, d)).reshape(b, 1, nh, hd)
+        k, v = self.kv(x).reshape(b, l, 2, nh, hd).unbind(2)  # each [B, L, N, D/N]
+        if self.fused and not return_attn:
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=hd**-0.5
+            ).transpose(1, 2)
+            probs = None
+        else:
+            acc = _acc(x.dtype)
+            logits = torch.einsum("bqnh,bmnh->bnqm", q.to(acc), k.to(acc)) * hd**-0.5  # [B, N, 1, L]
+            probs = logits.softmax(dim=-1)
+            out = torch.einsum("bnqm,bmnh->bqnh", probs, v.to(acc)).to(x.dtype)
+        x = self.proj(out.reshape(b, 1, d))
+        x = x + self.mlp(self.norm(x))
+        return x[:, 0], probs
+
+
+class PreLogits(nn.Module):
+    """Dense + tanh before the head (original ViT ``pre_logits``, HF ``ViTModel`` pooler)."""
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.fc = _linear(cfg, cfg.width, cfg.rep_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(x))
+
+
+class VisionTransformer(nn.Module):
+    """ViT (Dosovitskiy et al. 2021) for images [B, C, H, W]; every option comes from ``cfg``.
+
+    ``model(images)`` gives logits [B, K] ([B, L, K] with pool='none'; features when K=0).
+    ``forward_intermediates(images)`` gives (logits, dict of named tensors), attention included.
+    Freshly built modules are in training mode (torch convention); call ``.eval()`` for inference.
+    """
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.cfg = cfg
+        pd = _dt(cfg.param_dtype)
+        self.patch_embed = PatchEmbed(cfg)
+        self.cls_token = nn.Parameter(torch.empty(1, 1, cfg.width, dtype=pd)) if cfg.class_token else None
+        self.reg_token = nn.Parameter(torch.empty(1, cfg.reg_tokens, cfg.width, dtype=pd)) \
+            if cfg.reg_tokens else None
+        self.pos_embed = nn.Parameter(torch.empty(1, cfg.posemb_len, cfg.width, dtype=pd)) \
+            if cfg.posemb == "learn" else None
+        self.pos_drop = nn.Dropout(cfg.dropout)
+        rates = np.linspace(0.0, cfg.drop_path, cfg.depth) if cfg.depth > 1 else [cfg.drop_path]
+        self.blocks = nn.ModuleList([Block(cfg, float(r)) for r in rates])
+        self.norm = _layer_norm(cfg, cfg.width) if not cfg.fc_norm else None
+        self.attn_pool = MAPHead(cfg) if cfg.pool == "map" else None
+        self.fc_norm = _layer_norm(cfg, cfg.width) if cfg.fc_norm else None
+        self.pre_logits = PreLogits(cfg) if cfg.rep_size else None
+        self.head_drop = nn.Dropout(cfg.dropout)
+        self.head = _linear(cfg, cfg.features_dim, cfg.num_classes) if cfg.num_classes else None
+        for p in (self.cls_token, self.reg_token):
+            if p is not None and not p.is_meta:
+                nn.init.normal_(p, std=1e-6)
+        if self.pos_embed is not None and not self.pos_embed.is_meta:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+
+    def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images [B, C, H, W] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D])."""
+        cfg = self.cfg
+        if x.ndim != 4 or x.shape[1] != cfg.in_chans:
+            raise ValueError(
+                f"images of shape {tuple(x.shape)}: expected [B, C={cfg.in_chans}, H, W] (channels first)"
+            )
+        gh, gw = cfg.grid_for(x.shape[2:4])  # raises ValueError on a size the config does not allow
+        ph, pw = cfg.patch_size
+        cd = _dt(cfg.dtype)
+        x = x.to(cd)
+        if cfg.dynamic_img_pad:  # zero-pad bottom/right to a multiple of the patch, as timm
+            x = F.pad(x, (0, gw * pw - x.shape[3], 0, gh * ph - x.shape[2]))
+        b = x.shape[0]
+        patches = self.patch_embed(x).flatten(2).transpose(1, 2)  # [B, D, h, w] -> [B, h*w, D]
+        prefix = [p.to(cd).expand(b, -1, -1) for p in (self.cls_token, self.reg_token) if p is not None]
+        npt = cfg.num_prefix_tokens
+        if cfg.posemb == "learn":
+            pe = self.pos_embed.to(cd)
+            pe_prefix, pe_grid = (pe[:, :npt], pe[:, npt:]) if cfg.posemb_prefix else (None, pe)
+            if (gh, gw) != cfg.grid:  # dynamic image size: the same matrices as vit_common.posemb
+                wh, ww = (torch.as_tensor(m, dtype=cd, device=x.device) for m in
+                          resample_matrices(cfg.grid, (gh, gw), cfg.posemb_resample))
+                grid = pe_grid.reshape(*cfg.grid, cfg.width)  # [h0, w0, D]
+                pe_grid = torch.einsum("yh,hwd,xw->yxd", wh, grid, ww).reshape(1, gh * gw, cfg.width)
+        elif cfg.posemb == "sincos2d":
+            table = sincos2d((gh, gw), cfg.width)[None]
+            pe_prefix, pe_grid = None, torch.as_tensor(table, dtype=cd, device=x.device)
+        else:
+            pe_prefix, pe_grid = None, None
+        if pe_prefix is not None:  # timm default / original ViT: concatenate, then add
+            tokens = torch.cat(prefix + [patches], dim=1) + torch.cat([pe_prefix, pe_grid], dim=1)
+        else:  # no_embed_class / big_vision: add to patches, then concatenate
+            tokens = torch.cat(prefix + [patches + pe_grid if pe_grid is not None else patches], dim=1)
+        return patches, self.pos_drop(tokens)
+
+    def _forward(self, x: torch.Tensor, out: dict | None) -> torch.Tensor:
+        """The one forward pass; records named intermediates into ``out`` when it is a dict."""
+        cfg = self.cfg
+        record = out is not None
+        patches, x = self._embed(x)
+        if record:
+            out["patch_embed"], out["pos_embed"] = patches, x
+        for i, block in enumerate(self.blocks):
+            x, probs = block(x, return_attn=record)
+            if record:
+                out[f"block{i:02d}"], out[f"attn{i:02d}"] = x, probs
+        if self.norm is not None:
+            x = self.norm(x)
+        if record:
+            out["norm"] = x
+        if cfg.pool == "token":
+            x = x[:, 0]
+        elif cfg.pool == "gap":
+            x = x[:, cfg.num_prefix_tokens:].mean(dim=1)
+        elif cfg.pool == "map":
+            x, probs = self.attn_pool(x, return_attn=record)
+            if record:
+                out["attn_pool"] = probs
+        if self.fc_norm is not None:
+            x = self.fc_norm(x)
+        if self.pre_logits is not None:
+            x = self.pre_logits(x)
+        if record:
+            out["pre_logits"] = x
+        x = self.head_drop(x)
+        if self.head is not None:
+            x = self.head(x)
+        if record:
+            out["logits"] = x
+        return x
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Images [B, C, H, W] -> logits [B, K] (features [B, D'] when num_classes=0)."""
+        return self._forward(images, None)
+
+    def forward_intermediates(self, images: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Logits and every named intermediate; attention always takes the explicit path.
+
+        Keys: 'patch_embed' [B, h*w, D], 'pos_embed' (block input) [B, L, D], 'blockNN' [B, L, D],
+        'attnNN' [B, N, L, L] (rows sum to 1), 'norm' [B, L, D], 'attn_pool' [B, N, 1, L] (MAP only),
+        'pre_logits' [B, D'], 'logits' [B, K]. The same keys as the JAX twin.
+        """
+        out: dict[str, torch.Tensor] = {}
+        logits = self._forward(images, out)
+        return logits, out
