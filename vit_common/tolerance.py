@@ -1,0 +1,65 @@
+"""The one tolerance table (DESIGN.md) and the comparison every parity check uses.
+
+A comparison reports ``max_abs`` = max |a - b| and ``rel`` = max_abs / max |reference|; a bound is
+either relative ("rel") or absolute ("abs"). Float32 bounds assume full-precision matmuls
+(``jax_default_matmul_precision="highest"``, TF32 off in torch) on GPU; CPU is always full precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# (what, dtype) -> (kind, bound)
+TOLERANCES: dict[tuple[str, str], tuple[str, float]] = {
+    ("tensor", "float64"): ("rel", 1e-10),  # logits and every intermediate
+    ("tensor", "float32"): ("rel", 1e-5),
+    ("attention", "float64"): ("abs", 1e-12),
+    ("attention", "float32"): ("abs", 1e-6),  # probabilities are in [0, 1]
+    ("gradient", "float64"): ("rel", 1e-9),
+    ("gradient", "float32"): ("rel", 1e-4),
+    ("tensor", "bfloat16"): ("rel", 2e-2),  # bf16 compute against a float64 reference
+}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    name: str
+    max_abs: float
+    rel: float
+    kind: str
+    bound: float
+
+    @property
+    def ok(self) -> bool:
+        return (self.rel if self.kind == "rel" else self.max_abs) <= self.bound
+
+    def __str__(self) -> str:
+        return (f"{self.name}: max_abs={self.max_abs:.3e} rel={self.rel:.3e} "
+                f"({self.kind} bound {self.bound:.0e}) {'ok' if self.ok else 'FAIL'}")
+
+
+def tolerance(what: str, dtype: str) -> tuple[str, float]:
+    """(kind, bound) for comparing ``what`` ('tensor', 'attention', 'gradient') computed in ``dtype``.
+
+    Raises:
+        KeyError: no bound is defined for the pair.
+    """
+    return TOLERANCES[(what, dtype)]
+
+
+def compare(name: str, a, b, what: str, dtype: str) -> Comparison:
+    """Compare ``a`` against the reference ``b`` under the table's bound for (what, dtype).
+
+    Raises:
+        ValueError: shapes differ.
+    """
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a64.shape != b64.shape:
+        raise ValueError(f"{name}: shapes differ, {a64.shape} vs {b64.shape}")
+    max_abs = float(np.max(np.abs(a64 - b64))) if a64.size else 0.0
+    scale = float(np.max(np.abs(b64))) if b64.size else 0.0
+    rel = max_abs / scale if scale > 0 else max_abs
+    kind, bound = tolerance(what, dtype)
+    return Comparison(name, max_abs, rel, kind, bound)
