@@ -12,6 +12,8 @@ import sys
 # subcommand -> module; each module imports only argparse/stdlib/vit_common at top level.
 COMMANDS = {
     "info": "vit_cli.info",
+    "convert": "vit_cli.convert",
+    "parity": "vit_cli.parity",
 }
 
 

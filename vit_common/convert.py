@@ -40,7 +40,7 @@ from vit_common.config import ViTConfig
 from vit_common.formats import canonical, hf, npz, timm
 from vit_common.formats.base import Decoded, FormatError, Report, check_canonical
 from vit_common.posemb import resample_pos_embed
-from vit_common.state import nonfinite
+from vit_common.state import canonical_shapes, nonfinite
 
 FORMATS = {
     "canonical": "our safetensors file: timm names, ViTConfig in the metadata",
@@ -311,8 +311,9 @@ def load_checkpoint(path: str | os.PathLike, *, fmt: str | None = None,
         cfg = _new_head(cfg, state, num_classes, report)
     if image_size is not None:
         cfg = _resample(cfg, state, image_size, report)
-    report.warnings += [f"{k} holds NaN or Inf" for k in nonfinite(state)]
     check_canonical(cfg, state, str(path))
+    state = {k: state[k] for k in canonical_shapes(cfg)}  # timm state_dict order
+    report.warnings += [f"{k} holds NaN or Inf" for k in nonfinite(state)]
     report.config = cfg
     return Checkpoint(cfg, state, report)
 

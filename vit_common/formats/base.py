@@ -157,6 +157,13 @@ def from_canonical(rules: list[Rule], state: Mapping[str, np.ndarray]) -> dict[s
 # ------------------------------------------------------------------------------- config inference
 
 
+def positive_dims(shape: tuple[int, ...], name: str, context: str) -> tuple[int, ...]:
+    """``shape`` if every dimension is positive; FormatError naming the tensor otherwise."""
+    if not all(int(n) > 0 for n in shape):
+        raise FormatError(f"{context}: {name} has shape {tuple(shape)} with an empty dimension")
+    return tuple(int(n) for n in shape)
+
+
 def common_float_dtype(tensors: Mapping[str, np.ndarray]) -> str | None:
     """The one floating dtype name all float tensors share, or None if they are mixed or absent."""
     names = {np.dtype(np.asarray(v).dtype).name for v in tensors.values()
@@ -201,6 +208,8 @@ def posemb_layout(rows: int, num_prefix: int, grid: tuple[int, int] | None, name
         FormatError: no square (or given) grid fits; the message names the tensor and what to pass.
     """
     without = grid_of(rows, 0, grid)
+    if without is not None and not num_prefix:
+        return without, True  # nothing to place: ViTConfig's default
     with_prefix = grid_of(rows, num_prefix, grid) if num_prefix else None
     if without is not None and (with_prefix is None or grid is None):
         return without, False

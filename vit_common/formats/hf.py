@@ -43,6 +43,7 @@ from vit_common.formats.base import (
     from_canonical,
     guess_num_heads,
     materialize_posemb,
+    positive_dims,
     posemb_layout,
     to_canonical,
     unsupported,
@@ -66,11 +67,17 @@ def is_hf(keys) -> bool:
 
 
 def _pair(v: Any, name: str, context: str) -> tuple[int, int]:
-    if isinstance(v, int) and not isinstance(v, bool):
-        return v, v
-    if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, int) for x in v):
-        return int(v[0]), int(v[1])
-    raise FormatError(f"{context}: config.json {name}={v!r} is not an int or [H, W]")
+    pair = [v, v] if not isinstance(v, (list, tuple)) else list(v)
+    if len(pair) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in pair):
+        return pair[0], pair[1]
+    raise FormatError(f"{context}: config.json {name}={v!r} is not a positive int or [H, W]")
+
+
+def _get(config: Mapping[str, Any], key: str, default: Any, types: tuple, context: str) -> Any:
+    v = config.get(key, default)
+    if not isinstance(v, types) or isinstance(v, bool) and bool not in types:
+        raise FormatError(f"{context}: config.json {key}={v!r} is not a {' or '.join(t.__name__ for t in types)}")
+    return v
 
 
 def rules(cfg: ViTConfig, spelling: str = "v4", prefix: str = "") -> list[Rule]:
@@ -119,7 +126,7 @@ def read(tensors: Mapping[str, np.ndarray], config: Mapping[str, Any] | None, *,
     if prefix + _PATCH_KEY not in tensors or np.ndim(tensors[prefix + _PATCH_KEY]) != 4:
         raise FormatError(f"{context}: no 4-D {prefix + _PATCH_KEY}, so not a transformers ViT")
     spelling = "v5" if f"{prefix}layers.0.layernorm_before.weight" in tensors else "v4"
-    d, c, ph, pw = np.shape(tensors[prefix + _PATCH_KEY])
+    d, c, ph, pw = positive_dims(np.shape(tensors[prefix + _PATCH_KEY]), prefix + _PATCH_KEY, context)
     grid = (source_image_size[0] // ph, source_image_size[1] // pw) if source_image_size else None
     layer = prefix + _NAMES[spelling][0]
     depth = 0
@@ -139,19 +146,21 @@ def read(tensors: Mapping[str, np.ndarray], config: Mapping[str, Any] | None, *,
     if config is not None:
         if config.get("model_type", "vit") != "vit":
             raise FormatError(f"{context}: config.json model_type={config.get('model_type')!r}, expected 'vit'")
-        act = config.get("hidden_act", "gelu")
+        act = _get(config, "hidden_act", "gelu", (str,), context)
         if act not in _ACT_TO_GELU:
             raise FormatError(f"{context}: config.json hidden_act={act!r}; expected one of {tuple(_ACT_TO_GELU)}")
-        f["gelu"], f["ln_eps"] = _ACT_TO_GELU[act], config.get("layer_norm_eps", 1e-12)
+        f["gelu"], f["ln_eps"] = _ACT_TO_GELU[act], _get(config, "layer_norm_eps", 1e-12, (float, int), context)
         inferred["gelu"] = f"config.json hidden_act={act!r}"
         inferred["ln_eps"] = "config.json layer_norm_eps"
         if "num_heads" not in overrides:
-            f["num_heads"], inferred["num_heads"] = config.get("num_attention_heads", 12), src
+            f["num_heads"] = _get(config, "num_attention_heads", 12, (int,), context)
+            inferred["num_heads"] = src
         ih = _pair(config.get("image_size", 224), "image_size", context)
         cp = _pair(config.get("patch_size", 16), "patch_size", context)
         grid = grid or (ih[0] // cp[0], ih[1] // cp[1])
         labels = config.get("id2label")
         n_labels = len(labels) if isinstance(labels, dict) else config.get("num_labels")
+        n_labels = n_labels if isinstance(n_labels, int) else None
     else:
         f["gelu"], f["ln_eps"] = "exact", 1e-12
         inferred["gelu"] = inferred["ln_eps"] = "format default (no config.json): transformers ViTConfig"

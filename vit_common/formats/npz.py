@@ -50,6 +50,7 @@ from vit_common.formats.base import (
     from_canonical,
     linear_kernel,
     materialize_posemb,
+    positive_dims,
     posemb_layout,
     stack_layers,
     to_canonical,
@@ -219,7 +220,7 @@ def read(tensors: Mapping[str, np.ndarray], *, source_image_size: tuple[int, int
         raise FormatError(f"{context}: no 4-D embedding/kernel under any of the prefixes {PREFIXES}")
     dropped = [(k, _DROPPED_OUTSIDE[prefix]) for k in tensors if not k.startswith(prefix)]
     t = {k: v for k, v in tensors.items() if k.startswith(prefix)}
-    ph, pw, c, d = np.shape(t[prefix + "embedding/kernel"])
+    ph, pw, c, d = positive_dims(np.shape(t[prefix + "embedding/kernel"]), prefix + "embedding/kernel", context)
     grid = (source_image_size[0] // ph, source_image_size[1] // pw) if source_image_size else None
     tr = prefix + "Transformer/"
     scan = tr + "encoderblock/LayerNorm_0/scale" in t

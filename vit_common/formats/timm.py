@@ -27,6 +27,7 @@ from vit_common.formats.base import (
     copy,
     guess_num_heads,
     materialize_posemb,
+    positive_dims,
     posemb_layout,
     to_canonical,
     unsupported,
@@ -72,7 +73,7 @@ def read(tensors: Mapping[str, np.ndarray], *, source_image_size: tuple[int, int
     overrides = dict(overrides)
     if "patch_embed.proj.weight" not in t or np.ndim(t["patch_embed.proj.weight"]) != 4:
         raise FormatError(f"{context}: no 4-D patch_embed.proj.weight, so not a timm VisionTransformer")
-    d, c, ph, pw = np.shape(t["patch_embed.proj.weight"])
+    d, c, ph, pw = positive_dims(np.shape(t["patch_embed.proj.weight"]), "patch_embed.proj.weight", context)
     grid = (source_image_size[0] // ph, source_image_size[1] // pw) if source_image_size else None
     depth = 0
     while f"blocks.{depth}.norm1.weight" in t:
