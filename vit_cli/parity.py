@@ -26,15 +26,17 @@ class Row:
 
     ``name``: intermediate key of ``forward_intermediates`` ('patch_embed', 'pos_embed', 'blockNN',
     'attnNN', 'norm', 'attn_pool', 'pre_logits', 'logits'); ``what``: 'tensor' or 'attention' (which
-    tolerance applies); ``twins``: JAX twin vs torch twin (torch is the reference); ``mean_abs``: mean
-    |JAX - torch|; ``against``: the --against library vs the torch twin, or None where that library
-    exposes no such tensor.
+    tolerance applies); ``dtype`` of the run; ``twins``: JAX twin vs torch twin (torch is the
+    reference); ``mean_abs``: mean |JAX - torch|; ``scale``: max |torch|; ``against``: the --against
+    library vs the torch twin, or None where that library exposes no such tensor.
     """
 
     name: str
     what: str
+    dtype: str
     twins: Comparison
     mean_abs: float
+    scale: float
     against: Comparison | None = None
 
     @property
@@ -42,11 +44,12 @@ class Row:
         return self.twins.ok and (self.against is None or self.against.ok)
 
     def to_dict(self) -> dict[str, Any]:
-        def cmp(c: Comparison | None):
-            return None if c is None else {"max_abs": c.max_abs, "rel": c.rel, "kind": c.kind,
-                                           "bound": c.bound, "ok": c.ok}
-        return {"name": self.name, "what": self.what, "mean_abs": self.mean_abs, "twins": cmp(self.twins),
-                "against": cmp(self.against), "ok": self.ok}
+        """Flat JSON-able row: name, what, dtype, max_abs, mean_abs, scale (max |torch|), kind, bound,
+        rel, ok (JAX vs torch; ``ok`` covers --against too) and against (None or its max_abs, rel, ok)."""
+        t, a = self.twins, self.against
+        return {"name": self.name, "what": self.what, "dtype": self.dtype, "max_abs": t.max_abs,
+                "mean_abs": self.mean_abs, "scale": self.scale, "kind": t.kind, "bound": t.bound, "rel": t.rel,
+                "ok": self.ok, "against": None if a is None else {"max_abs": a.max_abs, "rel": a.rel, "ok": a.ok}}
 
 
 @dataclass
@@ -226,8 +229,9 @@ def run_parity(checkpoint: str | Path, *, dtype: str = "float32", images: np.nda
     for name, ref in out_t.items():
         what = "attention" if name.startswith("attn") else "tensor"
         a = out_a.get(name) if out_a else None
-        rows.append(Row(name, what, compare(name, out_j[name], ref, what, dtype),
-                        float(np.mean(np.abs(out_j[name].astype(np.float64) - ref))),
+        diff = np.abs(out_j[name].astype(np.float64) - ref)
+        rows.append(Row(name, what, dtype, compare(name, out_j[name], ref, what, dtype),
+                        float(diff.mean()) if diff.size else 0.0, float(np.abs(ref).max()) if ref.size else 0.0,
                         None if a is None else compare(name, a, ref, what, dtype)))
     outputs = None
     if keep_outputs:

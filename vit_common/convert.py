@@ -200,7 +200,8 @@ def _family(src: _Source, tensors: Mapping[str, np.ndarray], meta: Mapping[str, 
                       "(embeddings.patch_embeddings.projection.weight), our file (stored config)")
 
 
-def _decode(path: Path, fmt: str | None, readers, source_image_size, overrides) -> tuple[Decoded, str, int]:
+def _decode(path: Path, fmt: str | None, readers, source_image_size, overrides, keep_zero_head: bool
+            ) -> tuple[Decoded, str, int]:
     src = _sniff(path)
     ctx = str(path)
     meta: dict[str, str] = {}
@@ -224,6 +225,8 @@ def _decode(path: Path, fmt: str | None, readers, source_image_size, overrides) 
         tensors.update(part)
     family = fmt or _family(src, tensors, meta, path)
     kw = dict(source_image_size=source_image_size, overrides=overrides, context=ctx)
+    if family in ("original_vit", "big_vision"):
+        kw["keep_zero_head"] = keep_zero_head
     if family == "canonical":
         dec = canonical.decode(canonical.stored_config(meta, ctx), tensors, "safetensors, config in metadata", ctx)
         dec.cfg = dec.cfg.replace(**overrides) if overrides else dec.cfg
@@ -280,7 +283,8 @@ def load_checkpoint(path: str | os.PathLike, *, fmt: str | None = None,
         image_size: target image size; the position embedding is resampled to its grid with the config's
             ``posemb_resample`` (the format's default, or an override).
         num_classes: target class count; a different count replaces the head with a zero-initialised one
-            (0 drops it). Also resolves files whose stored config disagrees with their head.
+            (0 drops it). Also resolves files whose stored config disagrees with their head, and keeps an
+            all-zero .npz head that is otherwise dropped.
         source_image_size: the size the file was trained at, for files that store none and whose grid is
             not square (timm, .npz).
         readers: {'torch': fn, 'orbax': fn} from the framework adapters, for those containers.
@@ -299,7 +303,7 @@ def load_checkpoint(path: str | os.PathLike, *, fmt: str | None = None,
         overrides.pop(key, None)
     if source_image_size is not None:
         source_image_size = ViTConfig(image_size=source_image_size, patch_size=1).image_size
-    dec, family, n = _decode(path, fmt, readers, source_image_size, overrides)
+    dec, family, n = _decode(path, fmt, readers, source_image_size, overrides, num_classes is not None)
     if dec.conflicts and num_classes is None:
         k = dec.cfg.num_classes
         raise FormatError(f"{path}: {'; '.join(dec.conflicts)}. Pass num_classes={k} (vit convert --num-classes "
@@ -363,7 +367,7 @@ def _read_back(fmt: str, cfg: ViTConfig, state: Mapping[str, np.ndarray], tensor
     elif fmt == "hf":
         dec = hf.read(tensors, config, **kw)
     else:
-        dec = npz.read(tensors, **kw)
+        dec = npz.read(tensors, keep_zero_head=True, **kw)
     bad = [k for k, v in state.items() if k not in dec.state or np.asarray(v).dtype != dec.state[k].dtype
            or not np.array_equal(np.asarray(v), dec.state[k])]
     if bad or set(dec.state) != set(state):

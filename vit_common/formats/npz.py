@@ -207,8 +207,11 @@ def rules(cfg: ViTConfig, layout: Layout) -> list[Rule]:
 
 
 def read(tensors: Mapping[str, np.ndarray], *, source_image_size: tuple[int, int] | None = None,
-         overrides: Mapping[str, Any] = (), context: str = ".npz file") -> Decoded:
+         overrides: Mapping[str, Any] = (), context: str = ".npz file", keep_zero_head: bool = False) -> Decoded:
     """Canonical state and inferred config of an original-ViT or big_vision .npz (as a dict).
+
+    An all-zero head is dropped (reported) unless ``keep_zero_head``: the ImageNet-21k releases of the
+    original ViT ship one, and it makes every logit zero.
 
     Raises:
         FormatError: not a ViT .npz, or an invalid inferred config.
@@ -267,9 +270,10 @@ def read(tensors: Mapping[str, np.ndarray], *, source_image_size: tuple[int, int
     f["rep_size"] = np.shape(t[prefix + "pre_logits/kernel"])[-1] if prefix + "pre_logits/kernel" in t else 0
     f["num_classes"] = np.shape(t[prefix + "head/kernel"])[-1] if prefix + "head/kernel" in t else 0
     inferred["num_classes"] = "head shape"
-    if f["num_classes"] and not any(np.any(np.asarray(t[prefix + f"head/{w}"])) for w in ("kernel", "bias")
+    if f["num_classes"] and not keep_zero_head and not any(np.any(np.asarray(t[prefix + f"head/{w}"])) for w in ("kernel", "bias")
                                     if prefix + f"head/{w}" in t):
-        why = f"all zeros ({f['num_classes']}-class head zeroed in the release, e.g. ImageNet-21k ViT): dropped"
+        why = (f"all zeros ({f['num_classes']}-class head zeroed in the release, e.g. ImageNet-21k ViT): dropped; "
+               f"pass num_classes={f['num_classes']} to keep it")
         dropped += [(prefix + f"head/{w}", why) for w in ("kernel", "bias") if prefix + f"head/{w}" in t]
         t = {k: v for k, v in t.items() if not k.startswith(prefix + "head/")}
         f["num_classes"] = 0
@@ -306,6 +310,8 @@ def prepare(cfg: ViTConfig, state: Mapping[str, np.ndarray], family: str
         "posemb='none' (a file without position embedding reads as sincos2d)": cfg.posemb == "none",
     })
     notes = []
+    if cfg.num_classes and not any(np.any(np.asarray(state[k])) for k in ("head.weight", "head.bias")):
+        notes.append("the head is all zeros: readers drop it unless given num_classes (--num-classes)")
     if family == "original_vit":
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=True)
     state = dict(state)
