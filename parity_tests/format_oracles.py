@@ -9,13 +9,18 @@ from flax import nnx
 
 import vit_jax
 import vit_torch
+from vit_common.convert import load_checkpoint
 from vit_common.tolerance import compare
+from vit_jax.formats import READERS as JAX_READERS
+from vit_torch.formats import READERS as TORCH_READERS
 
 
 def twin_logits(path, images_nchw: np.ndarray, **load_options) -> tuple[np.ndarray, np.ndarray]:
-    """(JAX twin logits, torch twin logits) of the checkpoint at ``path`` (any format)."""
-    mj = vit_jax.load_model(path, **load_options)
-    mt = vit_torch.load_model(path, **load_options)
+    """(JAX twin logits, torch twin logits) of the checkpoint at ``path`` (any format: read once with
+    both frameworks' readers, since vit_jax.load_model cannot read .pth nor vit_torch.load_model orbax)."""
+    ckpt = load_checkpoint(path, readers={**TORCH_READERS, **JAX_READERS}, **load_options)
+    mj = vit_jax.from_numpy(ckpt.cfg, ckpt.state)
+    mt = vit_torch.from_numpy(ckpt.cfg, ckpt.state)
     lj = np.asarray(nnx.jit(lambda m, x: m(x))(mj, jnp.asarray(images_nchw.transpose(0, 2, 3, 1))))
     with torch.no_grad():
         lt = mt(torch.from_numpy(images_nchw)).numpy()

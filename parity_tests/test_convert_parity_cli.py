@@ -78,19 +78,23 @@ def test_convert_imports_a_framework_only_when_the_format_needs_it(tmp_path):
     assert out.stdout.strip().splitlines()[-1] == "0 False False"
 
 
-def test_run_parity_result_structure_float32_and_float64(tmp_path):
-    save_checkpoint(tmp_path / "m.safetensors", CFG.replace(pool="map", class_token=False), _state(
-        CFG.replace(pool="map", class_token=False)))
-    for dtype in ("float32", "float64"):
-        res = run_parity(tmp_path / "m.safetensors", dtype=dtype, num_generated=2, keep_outputs=True)
-        assert res.ok and res.agreement == 1.0 and res.dtype == dtype and res.images == ["generated-0", "generated-1"]
-        names = [r.name for r in res.rows]
-        assert names == ["patch_embed", "pos_embed", "block00", "attn00", "block01", "attn01", "norm", "attn_pool",
-                         "pre_logits", "logits"]
-        attn = res.rows[3]
-        assert attn.what == "attention" and attn.twins.kind == "abs" and res.rows[-1].twins.kind == "rel"
-        assert res.outputs["jax"]["attn01"].shape == res.outputs["torch"]["attn01"].shape == (2, 2, 16, 16)  # no class token
-        json.dumps(res.to_dict())
+def test_run_parity_result_structure_float64(tmp_path):
+    """float64 run (float32 runs in the CLI tests below): every intermediate, the float64 bounds."""
+    cfg = CFG.replace(pool="map", class_token=False)
+    save_checkpoint(tmp_path / "m.safetensors", cfg, _state(cfg))
+    res = run_parity(tmp_path / "m.safetensors", dtype="float64", num_generated=2, keep_outputs=True)
+    assert res.ok and res.agreement == 1.0 and res.dtype == "float64" and res.images == ["generated-0", "generated-1"]
+    names = [r.name for r in res.rows]
+    assert names == ["patch_embed", "pos_embed", "block00", "attn00", "block01", "attn01", "norm", "attn_pool",
+                     "pre_logits", "logits"]
+    attn, logits = res.rows[3], res.rows[-1]
+    assert (attn.what, attn.twins.kind, attn.twins.bound) == ("attention", "abs", 1e-12)
+    assert (logits.twins.kind, logits.twins.bound) == ("rel", 1e-10) and logits.twins.rel < 1e-12
+    assert res.outputs["jax"]["attn01"].shape == res.outputs["torch"]["attn01"].shape == (2, 2, 16, 16)  # no cls
+    assert res.outputs["jax"]["logits"].dtype == np.float64
+    row = json.loads(json.dumps(res.to_dict()))["rows"][-1]
+    assert set(row) == {"name", "what", "dtype", "max_abs", "mean_abs", "scale", "kind", "bound", "rel", "ok",
+                        "against"}
 
 
 @pytest.mark.parametrize("against", ["timm", "transformers"])

@@ -26,8 +26,8 @@ def _hf_out(model, x: np.ndarray) -> np.ndarray:
     return (out.logits if hasattr(out, "logits") else out.pooler_output).numpy()
 
 
-@pytest.mark.parametrize("arch, act", [("classify", "gelu"), ("classify", "gelu_pytorch_tanh"), ("pooler", "gelu")])
-@pytest.mark.parametrize("spelling", ["v4", "v5"])
+@pytest.mark.parametrize("arch, act, spelling", [("classify", "gelu", "v4"), ("classify", "gelu_pytorch_tanh", "v5"),
+                                                 ("pooler", "gelu", "v4"), ("pooler", "gelu_pytorch_tanh", "v5")])
 def test_hf_both_ways(tmp_path, arch, act, spelling):
     """A transformers folder (published v4 key names, or transformers-5 module names) loads into both
     twins with transformers' outputs; our export loads with from_pretrained (no missing, unexpected or

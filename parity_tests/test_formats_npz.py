@@ -19,9 +19,7 @@ BASE = ViTConfig(image_size=32, patch_size=8, width=64, depth=2, num_heads=4, ml
 
 
 @pytest.mark.parametrize("fmt, write, kw, timm_kw", [
-    ("original_vit", {}, {}, {}),
     ("original_vit", {"prefix": "opt/target/"}, {}, {}),
-    ("big_vision", {}, dict(posemb_prefix=False), dict(no_embed_class=True)),
     ("big_vision", {"prefix": "params/img/", "scan": True}, dict(posemb_prefix=False), dict(no_embed_class=True)),
     ("big_vision", {"scan": True}, dict(pool="map", class_token=False), dict(global_pool="map", class_token=False)),
     ("big_vision", {}, dict(pool="gap", class_token=False), dict(global_pool="avg", class_token=False, fc_norm=False)),

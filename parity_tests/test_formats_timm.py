@@ -23,8 +23,9 @@ def _logits(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
         return model(torch.from_numpy(x)).numpy()
 
 
-@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"])
-def test_timm_variants_both_ways(tmp_path, name):
+@pytest.mark.parametrize("name, variant", [("vit_tiny_patch16_224", "Ti/16"), ("vit_small_patch16_224", "S/16"),
+                                           ("vit_base_patch16_224", "B/16")])
+def test_timm_variants_both_ways(tmp_path, name, variant):
     """A timm file loads into both twins with timm's logits (1e-5 relative), and our export loads into
     timm.create_model(name) with strict=True and gives timm's logits exactly."""
     tm = perturb_(timm.create_model(name, pretrained=False))
@@ -33,9 +34,9 @@ def test_timm_variants_both_ways(tmp_path, name):
     ref = _logits(tm, x)
     assert_twins_match(tmp_path / "timm.safetensors", x, ref)
     ckpt = load_checkpoint(tmp_path / "timm.safetensors")
-    assert ckpt.report.variant == {"vit_tiny": "Ti/16", "vit_small": "S/16", "vit_base": "B/16"}[name[:8].rstrip("_")]
+    assert ckpt.report.variant == variant
     save_checkpoint(tmp_path / "ours.pth", ckpt.cfg, ckpt.state, writers=WRITERS)
-    fresh = timm.create_model(name, pretrained=False)
+    fresh = timm.create_model(name, pretrained=False, weight_init="skip")  # every weight is loaded next
     fresh.load_state_dict(torch.load(tmp_path / "ours.pth", weights_only=True), strict=True)
     assert np.array_equal(_logits(fresh.eval(), x), ref)
 
