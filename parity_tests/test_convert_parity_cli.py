@@ -34,8 +34,15 @@ def _state(cfg: ViTConfig = CFG, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def test_round_trips_between_every_pair_including_pth_and_orbax(tmp_path):
-    targets = [("canonical", "a.safetensors"), ("timm", "b.pth"), ("timm", "c.safetensors"), ("hf", "d"),
-               ("original_vit", "e.npz"), ("big_vision", "f.npz"), ("orbax", "g")]
+    targets = [
+        ("canonical", "a.safetensors"),
+        ("timm", "b.pth"),
+        ("timm", "c.safetensors"),
+        ("hf", "d"),
+        ("original_vit", "e.npz"),
+        ("big_vision", "f.npz"),
+        ("orbax", "g"),
+    ]
     state = _state()
     for fa, na in targets:
         save_checkpoint(tmp_path / na, CFG, state, fa, writers=WRITERS)
@@ -43,19 +50,39 @@ def test_round_trips_between_every_pair_including_pth_and_orbax(tmp_path):
         for fb, nb in targets:
             save_checkpoint(tmp_path / f"{na}-{nb}", first.cfg, first.state, fb, writers=WRITERS)
             back = load_checkpoint(tmp_path / f"{na}-{nb}", readers=READERS).state
-            assert back.keys() == state.keys() and all(back[k].tobytes() == state[k].tobytes() for k in state), \
-                (fa, fb)
+            assert back.keys() == state.keys() and all(
+                back[k].tobytes() == state[k].tobytes() for k in state
+            ), (fa, fb)
 
 
 def test_convert_cli_prints_the_report_and_exit_codes(tmp_path, capsys):
     save_checkpoint(tmp_path / "m.pth", CFG.replace(num_heads=8), _state(), writers=TORCH_WRITERS)
-    rc = main(["convert", str(tmp_path / "m.pth"), str(tmp_path / "hf"), "--to", "hf", "--image-size", "48",
-               "--num-classes", "3", "--set", "num_heads=8"])
+    rc = main(
+        [
+            "convert",
+            str(tmp_path / "m.pth"),
+            str(tmp_path / "hf"),
+            "--to",
+            "hf",
+            "--image-size",
+            "48",
+            "--num-classes",
+            "3",
+            "--set",
+            "num_heads=8",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
-    for needle in ("format   timm", "custom (width 32", "params   ", "num_heads = 8 (override)",
-                   "resampled pos_embed grid 4x4 -> 6x6 with bicubic_aa", "dropped  head.weight: --num-classes 3",
-                   "wrote    "):
+    for needle in (
+        "format   timm",
+        "custom (width 32",
+        "params   ",
+        "num_heads = 8 (override)",
+        "resampled pos_embed grid 4x4 -> 6x6 with bicubic_aa",
+        "dropped  head.weight: --num-classes 3",
+        "wrote    ",
+    ):
         assert needle in out, needle
     cfg = load_checkpoint(tmp_path / "hf").cfg
     assert (cfg.image_size, cfg.num_classes, cfg.num_heads) == ((48, 48), 3, 8)
@@ -70,10 +97,12 @@ def test_convert_cli_prints_the_report_and_exit_codes(tmp_path, capsys):
 
 def test_convert_imports_a_framework_only_when_the_format_needs_it(tmp_path):
     save_checkpoint(tmp_path / "m.safetensors", CFG, _state())
-    code = ("import sys; from vit_cli.main import main; "
-            f"rc = main(['convert', {str(tmp_path / 'm.safetensors')!r}, {str(tmp_path / 'm.npz')!r}]); "
-            f"rc += main(['convert', {str(tmp_path / 'm.npz')!r}, {str(tmp_path / 'hf')!r}, '--to', 'hf']); "
-            "print(rc, 'jax' in sys.modules, 'torch' in sys.modules)")
+    code = (
+        "import sys; from vit_cli.main import main; "
+        f"rc = main(['convert', {str(tmp_path / 'm.safetensors')!r}, {str(tmp_path / 'm.npz')!r}]); "
+        f"rc += main(['convert', {str(tmp_path / 'm.npz')!r}, {str(tmp_path / 'hf')!r}, '--to', 'hf']); "
+        "print(rc, 'jax' in sys.modules, 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip().splitlines()[-1] == "0 False False"
 
@@ -83,18 +112,46 @@ def test_run_parity_result_structure_float64(tmp_path):
     cfg = CFG.replace(pool="map", class_token=False)
     save_checkpoint(tmp_path / "m.safetensors", cfg, _state(cfg))
     res = run_parity(tmp_path / "m.safetensors", dtype="float64", num_generated=2, keep_outputs=True)
-    assert res.ok and res.agreement == 1.0 and res.dtype == "float64" and res.images == ["generated-0", "generated-1"]
+    assert (
+        res.ok
+        and res.agreement == 1.0
+        and res.dtype == "float64"
+        and res.images == ["generated-0", "generated-1"]
+    )
     names = [r.name for r in res.rows]
-    assert names == ["patch_embed", "pos_embed", "block00", "attn00", "block01", "attn01", "norm", "attn_pool",
-                     "pre_logits", "logits"]
+    assert names == [
+        "patch_embed",
+        "pos_embed",
+        "block00",
+        "attn00",
+        "block01",
+        "attn01",
+        "norm",
+        "attn_pool",
+        "pre_logits",
+        "logits",
+    ]
     attn, logits = res.rows[3], res.rows[-1]
     assert (attn.what, attn.twins.kind, attn.twins.bound) == ("attention", "abs", 1e-12)
     assert (logits.twins.kind, logits.twins.bound) == ("rel", 1e-10) and logits.twins.rel < 1e-12
-    assert res.outputs["jax"]["attn01"].shape == res.outputs["torch"]["attn01"].shape == (2, 2, 16, 16)  # no cls
+    assert (
+        res.outputs["jax"]["attn01"].shape == res.outputs["torch"]["attn01"].shape == (2, 2, 16, 16)
+    )  # no cls
     assert res.outputs["jax"]["logits"].dtype == np.float64
     row = json.loads(json.dumps(res.to_dict()))["rows"][-1]
-    assert set(row) == {"name", "what", "dtype", "max_abs", "mean_abs", "scale", "kind", "bound", "rel", "ok",
-                        "against"}
+    assert set(row) == {
+        "name",
+        "what",
+        "dtype",
+        "max_abs",
+        "mean_abs",
+        "scale",
+        "kind",
+        "bound",
+        "rel",
+        "ok",
+        "against",
+    }
 
 
 @pytest.mark.parametrize("against", ["timm", "transformers"])
@@ -104,8 +161,18 @@ def test_parity_cli_against_a_library_with_images(tmp_path, capsys, against):
     rng = np.random.default_rng(0)
     for i, size in enumerate([(40, 50), (32, 32), (64, 20)]):
         Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(tmp_path / "img" / f"{i}.png")
-    rc = main(["parity", str(tmp_path / "m.safetensors"), "--images", str(tmp_path / "img"), "--against", against,
-               "--json", str(tmp_path / "r.json")])
+    rc = main(
+        [
+            "parity",
+            str(tmp_path / "m.safetensors"),
+            "--images",
+            str(tmp_path / "img"),
+            "--against",
+            against,
+            "--json",
+            str(tmp_path / "r.json"),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "PASS" in out and f"{against} max abs" in out
     res = json.loads((tmp_path / "r.json").read_text())

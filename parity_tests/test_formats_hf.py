@@ -16,8 +16,14 @@ from vit_common.convert import load_checkpoint
 from vit_common.tolerance import compare
 from vit_torch.oracles import hf_model
 
-HF_SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                image_size=32, patch_size=8)
+HF_SMALL = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+    image_size=32,
+    patch_size=8,
+)
 
 
 def _hf_out(model, x: np.ndarray) -> np.ndarray:
@@ -26,15 +32,24 @@ def _hf_out(model, x: np.ndarray) -> np.ndarray:
     return (out.logits if hasattr(out, "logits") else out.pooler_output).numpy()
 
 
-@pytest.mark.parametrize("arch, act, spelling", [("classify", "gelu", "v4"), ("classify", "gelu_pytorch_tanh", "v5"),
-                                                 ("pooler", "gelu", "v4"), ("pooler", "gelu_pytorch_tanh", "v5")])
+@pytest.mark.parametrize(
+    "arch, act, spelling",
+    [
+        ("classify", "gelu", "v4"),
+        ("classify", "gelu_pytorch_tanh", "v5"),
+        ("pooler", "gelu", "v4"),
+        ("pooler", "gelu_pytorch_tanh", "v5"),
+    ],
+)
 def test_hf_both_ways(tmp_path, arch, act, spelling):
     """A transformers folder (published v4 key names, or transformers-5 module names) loads into both
     twins with transformers' outputs; our export loads with from_pretrained (no missing, unexpected or
     mismatched key) and gives the same outputs."""
     cfg = transformers.ViTConfig(**HF_SMALL, hidden_act=act, num_labels=7, pooler_output_size=48)
     torch.manual_seed(0)
-    model = perturb_(transformers.ViTForImageClassification(cfg) if arch == "classify" else transformers.ViTModel(cfg))
+    model = perturb_(
+        transformers.ViTForImageClassification(cfg) if arch == "classify" else transformers.ViTModel(cfg)
+    )
     folder = tmp_path / "hf"
     if spelling == "v4":
         model.save_pretrained(folder)  # transformers 5 writes the v4 names to disk

@@ -23,8 +23,10 @@ def _logits(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
         return model(torch.from_numpy(x)).numpy()
 
 
-@pytest.mark.parametrize("name, variant", [("vit_tiny_patch16_224", "Ti/16"), ("vit_small_patch16_224", "S/16"),
-                                           ("vit_base_patch16_224", "B/16")])
+@pytest.mark.parametrize(
+    "name, variant",
+    [("vit_tiny_patch16_224", "Ti/16"), ("vit_small_patch16_224", "S/16"), ("vit_base_patch16_224", "B/16")],
+)
 def test_timm_variants_both_ways(tmp_path, name, variant):
     """A timm file loads into both twins with timm's logits (1e-5 relative), and our export loads into
     timm.create_model(name) with strict=True and gives timm's logits exactly."""
@@ -41,12 +43,15 @@ def test_timm_variants_both_ways(tmp_path, name, variant):
     assert np.array_equal(_logits(fresh.eval(), x), ref)
 
 
-@pytest.mark.parametrize("kw", [
-    dict(reg_tokens=4, no_embed_class=True),  # register tokens (timm vit_*_reg4)
-    dict(init_values=1e-5),  # LayerScale
-    dict(global_pool="map", class_token=False),  # MAP head (SigLIP-style)
-    dict(global_pool="avg", fc_norm=True, qk_norm=True, qkv_bias=False),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(reg_tokens=4, no_embed_class=True),  # register tokens (timm vit_*_reg4)
+        dict(init_values=1e-5),  # LayerScale
+        dict(global_pool="map", class_token=False),  # MAP head (SigLIP-style)
+        dict(global_pool="avg", fc_norm=True, qk_norm=True, qkv_bias=False),
+    ],
+)
 def test_timm_features_both_ways(tmp_path, kw):
     tm = perturb_(VisionTransformer(**SMALL_TIMM, **kw))
     torch.save(tm.state_dict(), tmp_path / "timm.pth")
@@ -59,7 +64,10 @@ def test_timm_features_both_ways(tmp_path, kw):
 
 def test_deit3_gamma_spelling_loads(tmp_path):
     tm = perturb_(VisionTransformer(**SMALL_TIMM, init_values=1e-6, no_embed_class=True))
-    sd = {k.replace("ls1.gamma", "gamma_1").replace("ls2.gamma", "gamma_2"): v for k, v in tm.state_dict().items()}
+    sd = {
+        k.replace("ls1.gamma", "gamma_1").replace("ls2.gamma", "gamma_2"): v
+        for k, v in tm.state_dict().items()
+    }
     assert "blocks.0.gamma_1" in sd
     torch.save({"model": sd}, tmp_path / "deit3.pth")  # DeiT III checkpoints wrap the weights in 'model'
     x = images_nchw(2, (32, 32))

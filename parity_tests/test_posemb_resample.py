@@ -20,9 +20,13 @@ import vit_torch
 from vit_common.posemb import resample_matrices, resample_pos_embed
 from vit_common.tolerance import compare
 
-TORCH = {"bicubic_aa": dict(mode="bicubic", antialias=True), "bicubic": dict(mode="bicubic", antialias=False),
-         "bilinear_aa": dict(mode="bilinear", antialias=True), "bilinear": dict(mode="bilinear", antialias=False),
-         "bilinear_corners": dict(mode="bilinear", align_corners=True)}
+TORCH = {
+    "bicubic_aa": dict(mode="bicubic", antialias=True),
+    "bicubic": dict(mode="bicubic", antialias=False),
+    "bilinear_aa": dict(mode="bilinear", antialias=True),
+    "bilinear": dict(mode="bilinear", antialias=False),
+    "bilinear_corners": dict(mode="bilinear", align_corners=True),
+}
 JAX = {"bicubic_aa": ("cubic", True), "bilinear_aa": ("linear", True), "bilinear": ("linear", False)}
 GRIDS = [((14, 14), (24, 24)), ((14, 14), (7, 7)), ((5, 9), (11, 4)), ((2, 8), (4, 4)), ((7, 7), (3, 5))]
 
@@ -49,8 +53,14 @@ def _rel(a: np.ndarray, ref: np.ndarray) -> float:
 # Bounds on max |ours - library| / max |library|. float64: the same arithmetic up to rounding, which proves
 # the method is the library's. float32: the library's own float32 rounding; torch computes source
 # coordinates in float32 (area_pixel_compute_source_index), about 1e-6 relative when upsampling 14 -> 24.
-BOUND = {("float64", "torch"): 1e-12, ("float64", "jax"): 1e-12, ("float64", "scipy"): 1e-12,
-         ("float32", "torch"): 2e-6, ("float32", "jax"): 1e-6, ("float32", "scipy"): 1e-6}
+BOUND = {
+    ("float64", "torch"): 1e-12,
+    ("float64", "jax"): 1e-12,
+    ("float64", "scipy"): 1e-12,
+    ("float32", "torch"): 2e-6,
+    ("float32", "jax"): 1e-6,
+    ("float32", "scipy"): 1e-6,
+}
 
 
 @pytest.mark.parametrize("src, dst", GRIDS)
@@ -75,8 +85,11 @@ def test_k03_bicubic_flavours_on_a_b16_pos_embed(dst, x64):
     grid = pe[0, 1:].reshape(14, 14, 768)
     torch_bicubic, jax_cubic = _torch(grid, dst, "bicubic"), _jax(grid, dst, "bicubic_aa")
     assert np.abs(torch_bicubic - jax_cubic).max() > 0.1  # the fault: two different methods
-    for method, ref, lib in (("bicubic", torch_bicubic, "torch"), ("bicubic_aa", jax_cubic, "jax"),
-                             ("bicubic_aa", _torch(grid, dst, "bicubic_aa"), "torch")):
+    for method, ref, lib in (
+        ("bicubic", torch_bicubic, "torch"),
+        ("bicubic_aa", jax_cubic, "jax"),
+        ("bicubic_aa", _torch(grid, dst, "bicubic_aa"), "torch"),
+    ):
         out = resample_pos_embed(pe, (14, 14), dst, num_prefix_tokens=1, method=method)
         assert out.shape == (1, 1 + dst[0] * dst[1], 768) and out.dtype == np.float32
         assert out[0, 0].tobytes() == pe[0, 0].tobytes()
@@ -95,8 +108,18 @@ def test_same_token_count_still_resamples_and_prefix_rows_are_kept():
 def test_run_time_equals_load_time_equals_timm_dynamic(tmp_path, hw):
     """A dynamic_img_size model given another image size resamples at run time with the same matrices
     as load-time resampling, and equals timm's dynamic_img_size model (bicubic, antialias)."""
-    tm = perturb_(VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10,
-                                    reg_tokens=1, dynamic_img_size=True))
+    tm = perturb_(
+        VisionTransformer(
+            img_size=32,
+            patch_size=8,
+            embed_dim=64,
+            depth=2,
+            num_heads=4,
+            num_classes=10,
+            reg_tokens=1,
+            dynamic_img_size=True,
+        )
+    )
     save_file({k: v.contiguous() for k, v in tm.state_dict().items()}, tmp_path / "t.safetensors")
     x = images_nchw(2, hw)
     with torch.no_grad():
@@ -110,7 +133,9 @@ def test_run_time_equals_load_time_equals_timm_dynamic(tmp_path, hw):
 
 
 def test_load_time_resampling_equal_in_both_twins(tmp_path):
-    tm = perturb_(VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4, num_classes=3))
+    tm = perturb_(
+        VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4, num_classes=3)
+    )
     save_file({k: v.contiguous() for k, v in tm.state_dict().items()}, tmp_path / "t.safetensors")
     mj = vit_jax.load_model(tmp_path / "t.safetensors", image_size=(16, 64), num_heads=4)
     mt = vit_torch.load_model(tmp_path / "t.safetensors", image_size=(16, 64), num_heads=4)

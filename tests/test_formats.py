@@ -59,14 +59,17 @@ def test_dtypes_round_trip_exactly(tmp_path, dtype):
     assert all(np.array_equal(back[k].astype(np.float64), np.asarray(state[k], np.float64)) for k in state)
 
 
-@pytest.mark.parametrize("kw", [
-    dict(reg_tokens=4, posemb_prefix=False, layer_scale=1e-5),
-    dict(pool="map", class_token=False, qk_norm=True),
-    dict(pool="gap", fc_norm=True, qkv_bias=False, num_classes=0),
-    dict(posemb="none", image_size=(32, 64)),
-    dict(gelu="tanh", ln_eps=1e-12, rep_size=16),
-    dict(image_size=(24, 40), num_heads=4),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(reg_tokens=4, posemb_prefix=False, layer_scale=1e-5),
+        dict(pool="map", class_token=False, qk_norm=True),
+        dict(pool="gap", fc_norm=True, qkv_bias=False, num_classes=0),
+        dict(posemb="none", image_size=(32, 64)),
+        dict(gelu="tanh", ln_eps=1e-12, rep_size=16),
+        dict(image_size=(24, 40), num_heads=4),
+    ],
+)
 def test_canonical_file_keeps_every_config_field(tmp_path, kw):
     cfg = SMALL.replace(**kw)
     state = random_state(cfg)
@@ -76,12 +79,15 @@ def test_canonical_file_keeps_every_config_field(tmp_path, kw):
     assert_same_state(ckpt.state, state)
 
 
-@pytest.mark.parametrize("kw, timm_needs", [
-    (dict(reg_tokens=4, posemb_prefix=False, layer_scale=1e-5), {}),
-    (dict(pool="map", class_token=False, qk_norm=True), {}),
-    (dict(pool="gap", fc_norm=True, qkv_bias=False, num_classes=0), {}),
-    (dict(image_size=(24, 40)), {"source_image_size": (24, 40)}),
-])
+@pytest.mark.parametrize(
+    "kw, timm_needs",
+    [
+        (dict(reg_tokens=4, posemb_prefix=False, layer_scale=1e-5), {}),
+        (dict(pool="map", class_token=False, qk_norm=True), {}),
+        (dict(pool="gap", fc_norm=True, qkv_bias=False, num_classes=0), {}),
+        (dict(image_size=(24, 40)), {"source_image_size": (24, 40)}),
+    ],
+)
 def test_timm_file_infers_the_config_from_shapes(tmp_path, kw, timm_needs):
     cfg = SMALL.replace(**kw)
     state = random_state(cfg)
@@ -96,8 +102,10 @@ def test_deit3_layer_scale_spelling_and_ddp_prefix(tmp_path):
 
     cfg = SMALL.replace(layer_scale=1e-6)
     state = random_state(cfg)
-    renamed = {"module." + k.replace(".ls1.gamma", ".gamma_1").replace(".ls2.gamma", ".gamma_2"): v
-               for k, v in state.items()}
+    renamed = {
+        "module." + k.replace(".ls1.gamma", ".gamma_1").replace(".ls2.gamma", ".gamma_2"): v
+        for k, v in state.items()
+    }
     assert "module.blocks.0.gamma_1" in renamed
     save_safetensors(tmp_path / "deit3.safetensors", renamed)
     ckpt = load_checkpoint(tmp_path / "deit3.safetensors")
@@ -130,13 +138,20 @@ def test_hf_vitmodel_pooler_is_pre_logits(tmp_path):
 
 def test_writers_refuse_what_a_format_cannot_hold(tmp_path):
     with pytest.raises(ValueError, match="reg_tokens=4.*LayerScale"):
-        save_checkpoint(tmp_path / "x", SMALL.replace(reg_tokens=4, layer_scale=1e-5),
-                        random_state(SMALL.replace(reg_tokens=4, layer_scale=1e-5)), "hf")
+        save_checkpoint(
+            tmp_path / "x",
+            SMALL.replace(reg_tokens=4, layer_scale=1e-5),
+            random_state(SMALL.replace(reg_tokens=4, layer_scale=1e-5)),
+            "hf",
+        )
     with pytest.raises(ValueError, match="rep_size=16"):
-        save_checkpoint(tmp_path / "x.pth", SMALL.replace(rep_size=16), random_state(SMALL.replace(rep_size=16)),
-                        "timm")
+        save_checkpoint(
+            tmp_path / "x.pth", SMALL.replace(rep_size=16), random_state(SMALL.replace(rep_size=16)), "timm"
+        )
     with pytest.raises(ValueError, match="qk_norm"):
-        save_checkpoint(tmp_path / "x.npz", SMALL.replace(qk_norm=True), random_state(SMALL.replace(qk_norm=True)))
+        save_checkpoint(
+            tmp_path / "x.npz", SMALL.replace(qk_norm=True), random_state(SMALL.replace(qk_norm=True))
+        )
     assert not list(tmp_path.iterdir())
 
 
@@ -206,11 +221,23 @@ def test_original_vit_imagenet21k_zero_head_is_dropped(tmp_path):
     assert fresh.state["head.weight"].shape == (10, 32) and not fresh.state["head.weight"].any()
 
 
-@pytest.mark.parametrize("prefix, scan, pool", [("params/", False, "token"), ("params/img/", True, "map"),
-                                                ("", True, "gap"), ("params/", True, "token")])
+@pytest.mark.parametrize(
+    "prefix, scan, pool",
+    [
+        ("params/", False, "token"),
+        ("params/img/", True, "map"),
+        ("", True, "gap"),
+        ("params/", True, "token"),
+    ],
+)
 def test_big_vision_layouts(tmp_path, prefix, scan, pool):
-    cfg = SMALL.replace(gelu="tanh", posemb_prefix=pool != "token", pool=pool, class_token=pool == "token",
-                        posemb_resample="bilinear_corners")  # (posemb_prefix means nothing without a cls)
+    cfg = SMALL.replace(
+        gelu="tanh",
+        posemb_prefix=pool != "token",
+        pool=pool,
+        class_token=pool == "token",
+        posemb_resample="bilinear_corners",
+    )  # (posemb_prefix means nothing without a cls)
     state = random_state(cfg)
     extra = {"params/txt/Embed_0/embedding": np.ones((5, 4), np.float32)} if prefix == "params/img/" else {}
     write_layout(tmp_path / "x.npz", cfg, state, layout="big_vision", prefix=prefix, scan=scan, extra=extra)
@@ -225,12 +252,20 @@ def test_big_vision_old_combined_cls_posemb_and_sincos(tmp_path):
     cfg = SMALL.replace(gelu="tanh", posemb_resample="bilinear_corners")  # pos_embedding with a class row
     state, ckpt = _npz_case(tmp_path, cfg, layout="big_vision", prefix="params/")
     assert ckpt.cfg.posemb_prefix and ckpt.cfg == cfg
-    cfg = SMALL.replace(gelu="tanh", posemb="sincos2d", posemb_prefix=False, pool="gap", class_token=False,
-                        posemb_resample="bilinear_corners")
+    cfg = SMALL.replace(
+        gelu="tanh",
+        posemb="sincos2d",
+        posemb_prefix=False,
+        pool="gap",
+        class_token=False,
+        posemb_resample="bilinear_corners",
+    )
     state, ckpt = _npz_case(tmp_path, cfg, layout="big_vision", prefix="params/")
     assert ckpt.cfg == cfg.replace(image_size=224) and "pos_embed" not in ckpt.state  # size not stored
     assert "224 assumed" in ckpt.report.inferred["image_size"]
-    state, ckpt = _npz_case(tmp_path, cfg, read=dict(source_image_size=32), layout="big_vision", prefix="params/")
+    state, ckpt = _npz_case(
+        tmp_path, cfg, read=dict(source_image_size=32), layout="big_vision", prefix="params/"
+    )
     assert ckpt.cfg == cfg
     cfg = SMALL.replace(gelu="tanh", posemb_prefix=False, posemb_resample="bilinear_corners")
     state, ckpt = _npz_case(tmp_path, cfg, layout="big_vision", posemb_key="Transformer/pos_embedding")
@@ -245,8 +280,10 @@ def test_writer_layouts_equal_the_helper(tmp_path):
 
     cfg = SMALL.replace(pool="map", class_token=False, posemb_prefix=False, rep_size=16)
     state = random_state(cfg)
-    for fam, layout, prefix, scan in [("big_vision", "big_vision", "params/", True),
-                                      ("original_vit", "vit", "opt/target/", False)]:
+    for fam, layout, prefix, scan in [
+        ("big_vision", "big_vision", "params/", True),
+        ("original_vit", "vit", "opt/target/", False),
+    ]:
         mine = npz.write(cfg, state, fam, prefix=prefix, scan=scan)
         helper = layout_arrays(cfg, state, layout=layout, prefix=prefix, scan=scan)
         assert_same_state(mine, helper)
@@ -267,8 +304,12 @@ def test_load_time_resampling_keeps_prefix_rows_and_reports(tmp_path):
     assert np.array_equal(pe[:, :3], state["pos_embed"][:, :3])
     assert np.array_equal(pe, resample_pos_embed(state["pos_embed"], (2, 8), (4, 4), 3, "bicubic_aa"))
     assert ckpt.cfg.image_size == (32, 32) and "2x8 -> 4x4" in ckpt.report.resampled[0]
-    assert load_checkpoint(tmp_path / "m.safetensors", image_size=32, posemb_resample="bilinear").cfg \
-        .posemb_resample == "bilinear"
+    assert (
+        load_checkpoint(
+            tmp_path / "m.safetensors", image_size=32, posemb_resample="bilinear"
+        ).cfg.posemb_resample
+        == "bilinear"
+    )
 
 
 def test_npz_files_resample_with_corner_aligned_bilinear(tmp_path):
@@ -278,7 +319,9 @@ def test_npz_files_resample_with_corner_aligned_bilinear(tmp_path):
     state = random_state(cfg)
     write_layout(tmp_path / "x.npz", cfg, state, layout="big_vision", prefix="params/")
     pe = load_checkpoint(tmp_path / "x.npz", image_size=56).state["pos_embed"]  # 4x4 -> 7x7
-    ref = scipy.ndimage.zoom(state["pos_embed"][0].astype(np.float64).reshape(4, 4, -1), (7 / 4, 7 / 4, 1), order=1)
+    ref = scipy.ndimage.zoom(
+        state["pos_embed"][0].astype(np.float64).reshape(4, 4, -1), (7 / 4, 7 / 4, 1), order=1
+    )
     np.testing.assert_allclose(pe[0], ref.reshape(49, -1), rtol=0, atol=1e-6)
 
 
@@ -324,9 +367,16 @@ def test_k10_non_contiguous_tensors_are_written(tmp_path):
     state["blocks.0.mlp.fc1.weight"] = np.ascontiguousarray(state["blocks.0.mlp.fc1.weight"].T).T
     state["patch_embed.proj.weight"] = state["patch_embed.proj.weight"][:, ::-1][:, ::-1]
     assert not state["blocks.0.mlp.fc1.weight"].flags.c_contiguous
-    for fmt, name in (("canonical", "a.safetensors"), ("timm", "b.safetensors"), ("hf", "c"), ("big_vision", "d.npz")):
+    for fmt, name in (
+        ("canonical", "a.safetensors"),
+        ("timm", "b.safetensors"),
+        ("hf", "c"),
+        ("big_vision", "d.npz"),
+    ):
         save_checkpoint(tmp_path / name, SMALL, state, fmt)
-        assert_same_state(load_checkpoint(tmp_path / name).state, {k: np.ascontiguousarray(v) for k, v in state.items()})
+        assert_same_state(
+            load_checkpoint(tmp_path / name).state, {k: np.ascontiguousarray(v) for k, v in state.items()}
+        )
 
 
 def test_head_conflict_names_the_counts_and_offers_num_classes(tmp_path):
@@ -349,11 +399,14 @@ def test_nonfinite_tensors_are_warned_by_name(tmp_path):
     assert warnings == ["cls_token holds NaN or Inf", "blocks.1.norm2.bias holds NaN or Inf"]
 
 
-@pytest.mark.parametrize("content, match", [
-    (b"hello, I am not a checkpoint", "not a checkpoint format"),
-    (b"PK\x03\x04broken zip", "damaged zip"),
-    (b"", "not a checkpoint format"),
-])
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"hello, I am not a checkpoint", "not a checkpoint format"),
+        (b"PK\x03\x04broken zip", "damaged zip"),
+        (b"", "not a checkpoint format"),
+    ],
+)
 def test_unknown_and_damaged_files_are_named(tmp_path, content, match):
     (tmp_path / "x.bin").write_bytes(content)
     with pytest.raises(FormatError, match=match):
@@ -375,8 +428,12 @@ def test_missing_path_and_frameworks_the_caller_did_not_give(tmp_path):
 
 
 def test_output_format_from_suffix():
-    assert [output_format(p) for p in ("a.safetensors", "b.pth", "c.bin", "d.npz")] == \
-        ["canonical", "timm", "timm", "big_vision"]
+    assert [output_format(p) for p in ("a.safetensors", "b.pth", "c.bin", "d.npz")] == [
+        "canonical",
+        "timm",
+        "timm",
+        "big_vision",
+    ]
     with pytest.raises(ValueError, match="hf or orbax"):
         output_format("some_folder")
     assert set(FORMATS) == {"canonical", "timm", "hf", "original_vit", "big_vision", "orbax"}

@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from vit_common.convert import convert, load_checkpoint, save_checkpoint
 from vit_common.formats.canonical import save_safetensors
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def _expect_documented(path: Path, out_dir: Path) -> None:
@@ -64,8 +66,11 @@ def test_random_bytes(data):
 
 
 @SETTINGS
-@given(which=st.sampled_from(FILES), cut=st.floats(0, 1, exclude_max=True),
-       flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), max_size=4))
+@given(
+    which=st.sampled_from(FILES),
+    cut=st.floats(0, 1, exclude_max=True),
+    flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), max_size=4),
+)
 def test_truncated_and_corrupted_files(which, cut, flips):
     originals = _originals(ROOT)
     work = Path(tempfile.mkdtemp())
@@ -86,15 +91,30 @@ def test_truncated_and_corrupted_files(which, cut, flips):
         shutil.rmtree(work)
 
 
-KEYS = ["patch_embed.proj.weight", "cls_token", "pos_embed", "blocks.0.norm1.weight", "blocks.0.mlp.fc1.weight",
-        "blocks.0.attn.qkv.weight", "blocks.0.attn.q_norm.weight", "reg_token", "head.weight", "norm.weight",
-        "embeddings.patch_embeddings.projection.weight", "vit.embeddings.position_embeddings",
-        "encoder.layer.0.layernorm_before.weight", "encoder.layer.0.intermediate.dense.weight"]
+KEYS = [
+    "patch_embed.proj.weight",
+    "cls_token",
+    "pos_embed",
+    "blocks.0.norm1.weight",
+    "blocks.0.mlp.fc1.weight",
+    "blocks.0.attn.qkv.weight",
+    "blocks.0.attn.q_norm.weight",
+    "reg_token",
+    "head.weight",
+    "norm.weight",
+    "embeddings.patch_embeddings.projection.weight",
+    "vit.embeddings.position_embeddings",
+    "encoder.layer.0.layernorm_before.weight",
+    "encoder.layer.0.intermediate.dense.weight",
+]
 
 
 @SETTINGS
-@given(spec=st.dictionaries(st.sampled_from(KEYS), st.lists(st.integers(0, 6), min_size=0, max_size=4),
-                            min_size=1, max_size=8))
+@given(
+    spec=st.dictionaries(
+        st.sampled_from(KEYS), st.lists(st.integers(0, 6), min_size=0, max_size=4), min_size=1, max_size=8
+    )
+)
 def test_random_tensor_sets(spec):
     work = Path(tempfile.mkdtemp())
     try:
@@ -106,11 +126,32 @@ def test_random_tensor_sets(spec):
 
 
 @SETTINGS
-@given(edits=st.dictionaries(st.sampled_from(["hidden_size", "num_attention_heads", "image_size", "patch_size",
-                                              "layer_norm_eps", "hidden_act", "id2label", "model_type",
-                                              "qkv_bias", "num_hidden_layers"]),
-                             st.one_of(st.none(), st.integers(-3, 300), st.text(max_size=4), st.floats(),
-                                       st.lists(st.integers(0, 64), max_size=3)), min_size=1))
+@given(
+    edits=st.dictionaries(
+        st.sampled_from(
+            [
+                "hidden_size",
+                "num_attention_heads",
+                "image_size",
+                "patch_size",
+                "layer_norm_eps",
+                "hidden_act",
+                "id2label",
+                "model_type",
+                "qkv_bias",
+                "num_hidden_layers",
+            ]
+        ),
+        st.one_of(
+            st.none(),
+            st.integers(-3, 300),
+            st.text(max_size=4),
+            st.floats(),
+            st.lists(st.integers(0, 64), max_size=3),
+        ),
+        min_size=1,
+    )
+)
 def test_corrupted_hf_config(edits):
     originals = _originals(ROOT)
     work = Path(tempfile.mkdtemp())
@@ -126,16 +167,25 @@ def test_corrupted_hf_config(edits):
 
 
 @SETTINGS
-@given(meta=st.one_of(st.text(max_size=30), st.dictionaries(st.sampled_from(["width", "depth", "image_size",
-                                                                             "ln_eps", "gelu", "bogus"]),
-                                                            st.one_of(st.integers(-2, 99), st.text(max_size=3),
-                                                                      st.none()), min_size=1)))
+@given(
+    meta=st.one_of(
+        st.text(max_size=30),
+        st.dictionaries(
+            st.sampled_from(["width", "depth", "image_size", "ln_eps", "gelu", "bogus"]),
+            st.one_of(st.integers(-2, 99), st.text(max_size=3), st.none()),
+            min_size=1,
+        ),
+    )
+)
 def test_corrupted_stored_config(meta):
     work = Path(tempfile.mkdtemp())
     try:
         stored = json.dumps({**SMALL.to_dict(), **meta}) if isinstance(meta, dict) else meta
-        save_safetensors(work / "in.safetensors", random_state(SMALL),
-                         {"format": "vit-twins/canonical/1", "vit_config": stored})
+        save_safetensors(
+            work / "in.safetensors",
+            random_state(SMALL),
+            {"format": "vit-twins/canonical/1", "vit_config": stored},
+        )
         (work / "out").mkdir()
         _expect_documented(work / "in.safetensors", work / "out")
     finally:

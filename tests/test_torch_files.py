@@ -33,8 +33,16 @@ def test_pth_round_trip_bit_exact(tmp_path, dtype):
 def test_training_checkpoint_entries_are_reported(tmp_path):
     state = random_state(SMALL)
     sd = {k: torch.from_numpy(v) for k, v in state.items()}
-    torch.save({"epoch": 3, "arch": "vit", "state_dict": sd, "optimizer": {"state": {}},
-                "args": argparse.Namespace(lr=1e-3)}, tmp_path / "train.pth.tar")
+    torch.save(
+        {
+            "epoch": 3,
+            "arch": "vit",
+            "state_dict": sd,
+            "optimizer": {"state": {}},
+            "args": argparse.Namespace(lr=1e-3),
+        },
+        tmp_path / "train.pth.tar",
+    )
     ckpt = load_checkpoint(tmp_path / "train.pth.tar", readers=READERS)
     assert_same_state(ckpt.state, state)
     assert sorted(k for k, _ in ckpt.report.dropped) == ["arch", "args", "epoch", "optimizer"]
@@ -42,11 +50,15 @@ def test_training_checkpoint_entries_are_reported(tmp_path):
 
 def test_legacy_torch_save_format_and_hf_bin(tmp_path):
     state = random_state(SMALL)
-    torch.save({k: torch.from_numpy(v) for k, v in state.items()}, tmp_path / "old.pth",
-               _use_new_zipfile_serialization=False)
+    torch.save(
+        {k: torch.from_numpy(v) for k, v in state.items()},
+        tmp_path / "old.pth",
+        _use_new_zipfile_serialization=False,
+    )
     assert_same_state(load_checkpoint(tmp_path / "old.pth", readers=READERS).state, state)
     save_checkpoint(tmp_path / "hf", SMALL, state, "hf")  # same folder with pytorch_model.bin instead
     from safetensors.numpy import load_file
+
     tensors = load_file(tmp_path / "hf" / "model.safetensors")
     torch.save({k: torch.from_numpy(v) for k, v in tensors.items()}, tmp_path / "hf" / "pytorch_model.bin")
     (tmp_path / "hf" / "model.safetensors").unlink()
@@ -77,8 +89,10 @@ _VALID = Path(tempfile.mkdtemp(prefix="vit-pth-")) / "m.pth"
 
 
 @settings(max_examples=25, deadline=None)
-@given(cut=st.floats(0, 1, exclude_max=True), flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True),
-                                                                       st.integers(1, 255)), max_size=3))
+@given(
+    cut=st.floats(0, 1, exclude_max=True),
+    flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), max_size=3),
+)
 def test_corrupted_pth_raises_only_documented_errors(cut, flips):
     if not _VALID.exists():
         save_checkpoint(_VALID, SMALL, random_state(SMALL), writers=WRITERS)

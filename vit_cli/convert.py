@@ -35,28 +35,58 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     formats = ", ".join(FORMATS)
     p = sub.add_parser(
-        "convert", help="convert a checkpoint between timm, Hugging Face, big_vision, original ViT, orbax, ours",
+        "convert",
+        help="convert a checkpoint between timm, Hugging Face, big_vision, original ViT, orbax, ours",
         description="Read SRC (format detected from its contents) and write DST. Prints what was read "
         "(format, variant, parameter count), what the config was inferred from, and what was dropped or "
         f"resampled and why. Formats: {formats}. Nothing is written unless the whole conversion succeeds.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("src", help="checkpoint file or folder to read")
-    p.add_argument("dst", help="file or folder to write (.safetensors = our file, .pth/.bin = timm, "
-                   ".npz = big_vision; folders need --to hf or --to orbax)")
+    p.add_argument(
+        "dst",
+        help="file or folder to write (.safetensors = our file, .pth/.bin = timm, "
+        ".npz = big_vision; folders need --to hf or --to orbax)",
+    )
     p.add_argument("--from", dest="from_fmt", choices=tuple(FORMATS), help="force the input format")
-    p.add_argument("--to", dest="to_fmt", choices=tuple(FORMATS), help="output format (default: from DST's suffix)")
-    p.add_argument("--image-size", type=_size, help="resample the position embedding to this image size (S or HxW)")
-    p.add_argument("--num-classes", type=int, help="keep a head of this size; another size gets a new zero head")
-    p.add_argument("--source-image-size", type=_size,
-                   help="size SRC was trained at, for files that store none and have a non-square grid")
-    p.add_argument("--set", dest="settings", type=_setting, action="append", default=[], metavar="FIELD=VALUE",
-                   help="override an inferred config field (repeatable), e.g. --set num_heads=16 --set gelu=tanh")
-    p.add_argument("--hf-spelling", choices=("v4", "v5"), default="v4",
-                   help="HF key names to write: v4 (what save_pretrained writes; loads in transformers 4 and 5) "
-                   "or v5 (transformers 5 module names)")
-    p.add_argument("--npz-prefix", choices=("", "opt/target/", "params/", "params/img/"),
-                   help="key prefix of a written .npz (default '' for original_vit, 'params/' for big_vision)")
-    p.add_argument("--scan", action="store_true", help="write .npz blocks scan-stacked (big_vision scan=True)")
+    p.add_argument(
+        "--to", dest="to_fmt", choices=tuple(FORMATS), help="output format (default: from DST's suffix)"
+    )
+    p.add_argument(
+        "--image-size", type=_size, help="resample the position embedding to this image size (S or HxW)"
+    )
+    p.add_argument(
+        "--num-classes", type=int, help="keep a head of this size; another size gets a new zero head"
+    )
+    p.add_argument(
+        "--source-image-size",
+        type=_size,
+        help="size SRC was trained at, for files that store none and have a non-square grid",
+    )
+    p.add_argument(
+        "--set",
+        dest="settings",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override an inferred config field (repeatable), e.g. --set num_heads=16 --set gelu=tanh",
+    )
+    p.add_argument(
+        "--hf-spelling",
+        choices=("v4", "v5"),
+        default="v4",
+        help="HF key names to write: v4 (what save_pretrained writes; loads in transformers 4 and 5) "
+        "or v5 (transformers 5 module names)",
+    )
+    p.add_argument(
+        "--npz-prefix",
+        choices=("", "opt/target/", "params/", "params/img/"),
+        help="key prefix of a written .npz (default '' for original_vit, 'params/' for big_vision)",
+    )
+    p.add_argument(
+        "--scan", action="store_true", help="write .npz blocks scan-stacked (big_vision scan=True)"
+    )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=run)
 
@@ -77,9 +107,17 @@ def run(args: argparse.Namespace) -> int:
     readers = _adapters(needs(args.src, args.from_fmt), "READERS")
     writers = _adapters(needs(args.dst, args.to_fmt, writing=True), "WRITERS")
     report = convert(
-        args.src, args.dst, from_fmt=args.from_fmt, to_fmt=args.to_fmt, readers=readers, writers=writers,
+        args.src,
+        args.dst,
+        from_fmt=args.from_fmt,
+        to_fmt=args.to_fmt,
+        readers=readers,
+        writers=writers,
         write_options=dict(spelling=args.hf_spelling, prefix=args.npz_prefix, scan=args.scan),
-        image_size=args.image_size, num_classes=args.num_classes, source_image_size=args.source_image_size,
-        **dict(args.settings))
+        image_size=args.image_size,
+        num_classes=args.num_classes,
+        source_image_size=args.source_image_size,
+        **dict(args.settings),
+    )
     print(json.dumps(report.to_dict()) if args.json else report)
     return 0

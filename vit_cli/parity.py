@@ -47,9 +47,19 @@ class Row:
         """Flat JSON-able row: name, what, dtype, max_abs, mean_abs, scale (max |torch|), kind, bound,
         rel, ok (JAX vs torch; ``ok`` covers --against too) and against (None or its max_abs, rel, ok)."""
         t, a = self.twins, self.against
-        return {"name": self.name, "what": self.what, "dtype": self.dtype, "max_abs": t.max_abs,
-                "mean_abs": self.mean_abs, "scale": self.scale, "kind": t.kind, "bound": t.bound, "rel": t.rel,
-                "ok": self.ok, "against": None if a is None else {"max_abs": a.max_abs, "rel": a.rel, "ok": a.ok}}
+        return {
+            "name": self.name,
+            "what": self.what,
+            "dtype": self.dtype,
+            "max_abs": t.max_abs,
+            "mean_abs": self.mean_abs,
+            "scale": self.scale,
+            "kind": t.kind,
+            "bound": t.bound,
+            "rel": t.rel,
+            "ok": self.ok,
+            "against": None if a is None else {"max_abs": a.max_abs, "rel": a.rel, "ok": a.ok},
+        }
 
 
 @dataclass
@@ -82,10 +92,19 @@ class ParityResult:
         return all(r.ok for r in self.rows)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"checkpoint": self.checkpoint, "format": self.format, "variant": self.variant,
-                "dtype": self.dtype, "images": self.images, "ok": self.ok, "agreement": self.agreement,
-                "against": self.against, "against_agreement": self.against_agreement,
-                "rows": [r.to_dict() for r in self.rows], "conversion": self.conversion}
+        return {
+            "checkpoint": self.checkpoint,
+            "format": self.format,
+            "variant": self.variant,
+            "dtype": self.dtype,
+            "images": self.images,
+            "ok": self.ok,
+            "agreement": self.agreement,
+            "against": self.against,
+            "against_agreement": self.against_agreement,
+            "rows": [r.to_dict() for r in self.rows],
+            "conversion": self.conversion,
+        }
 
 
 def load_images(folder: str | Path, image_size: tuple[int, int], chans: int) -> tuple[np.ndarray, list[str]]:
@@ -110,8 +129,10 @@ def load_images(folder: str | Path, image_size: tuple[int, int], chans: int) -> 
             with Image.open(p) as im:
                 im = im.convert("L" if chans == 1 else "RGB")
                 scale = max(h / im.height, w / im.width)
-                im = im.resize((max(w, round(im.width * scale)), max(h, round(im.height * scale))),
-                               Image.Resampling.BICUBIC)
+                im = im.resize(
+                    (max(w, round(im.width * scale)), max(h, round(im.height * scale))),
+                    Image.Resampling.BICUBIC,
+                )
                 left, top = (im.width - w) // 2, (im.height - h) // 2
                 arr = np.asarray(im.crop((left, top, left + w, top + h)), np.float32)
         except (OSError, UnidentifiedImageError, ValueError) as e:
@@ -138,10 +159,13 @@ def _against_timm(cfg, state, x, dtype):
     cfg_t, state_t, _ = timm_format.prepare(cfg, state)
     model = timm_model(cfg_t.replace(param_dtype=dtype), state_t).to(getattr(torch, dtype))
     with torch.no_grad():
-        final, inter = model.forward_intermediates(torch.from_numpy(x), return_prefix_tokens=True,
-                                                   output_fmt="NLC")
-        out = {f"block{i:02d}": torch.cat([pre, tok], dim=1) if pre is not None else tok
-               for i, (tok, pre) in enumerate(inter)}
+        final, inter = model.forward_intermediates(
+            torch.from_numpy(x), return_prefix_tokens=True, output_fmt="NLC"
+        )
+        out = {
+            f"block{i:02d}": torch.cat([pre, tok], dim=1) if pre is not None else tok
+            for i, (tok, pre) in enumerate(inter)
+        }
         out["norm"] = final
         out["logits"] = model.forward_head(final)
     return {k: v.numpy() for k, v in out.items()}
@@ -152,7 +176,9 @@ def _against_transformers(cfg, state, x, dtype):
 
     from vit_torch.oracles import hf_model
 
-    model = hf_model(cfg.replace(param_dtype=dtype), {k: np.asarray(v).astype(dtype) for k, v in state.items()})
+    model = hf_model(
+        cfg.replace(param_dtype=dtype), {k: np.asarray(v).astype(dtype) for k, v in state.items()}
+    )
     with torch.no_grad():
         res = model(torch.from_numpy(x), output_hidden_states=True, output_attentions=True)
     out = {"pos_embed": res.hidden_states[0]}
@@ -167,9 +193,16 @@ def _against_transformers(cfg, state, x, dtype):
     return {k: v.numpy() for k, v in out.items()}
 
 
-def run_parity(checkpoint: str | Path, *, dtype: str = "float32", images: np.ndarray | str | Path | None = None,
-               num_generated: int = 4, against: str | None = None, keep_outputs: bool = False,
-               **load_options: Any) -> ParityResult:
+def run_parity(
+    checkpoint: str | Path,
+    *,
+    dtype: str = "float32",
+    images: np.ndarray | str | Path | None = None,
+    num_generated: int = 4,
+    against: str | None = None,
+    keep_outputs: bool = False,
+    **load_options: Any,
+) -> ParityResult:
     """Load ``checkpoint`` into both twins (and ``against`` 'timm' | 'transformers'), run ``images`` with
     full matmul precision (no TF32) and compare every intermediate.
 
@@ -230,19 +263,35 @@ def run_parity(checkpoint: str | Path, *, dtype: str = "float32", images: np.nda
         what = "attention" if name.startswith("attn") else "tensor"
         a = out_a.get(name) if out_a else None
         diff = np.abs(out_j[name].astype(np.float64) - ref)
-        rows.append(Row(name, what, dtype, compare(name, out_j[name], ref, what, dtype),
-                        float(diff.mean()) if diff.size else 0.0, float(np.abs(ref).max()) if ref.size else 0.0,
-                        None if a is None else compare(name, a, ref, what, dtype)))
+        rows.append(
+            Row(
+                name,
+                what,
+                dtype,
+                compare(name, out_j[name], ref, what, dtype),
+                float(diff.mean()) if diff.size else 0.0,
+                float(np.abs(ref).max()) if ref.size else 0.0,
+                None if a is None else compare(name, a, ref, what, dtype),
+            )
+        )
     outputs = None
     if keep_outputs:
         outputs = {"jax": out_j, "torch": out_t} | ({against: out_a} if out_a else {})
     return ParityResult(
-        checkpoint=str(checkpoint), format=ckpt.report.format, variant=ckpt.report.variant, dtype=dtype,
-        images=image_names, rows=rows,
-        agreement=_top1_agreement(out_j["logits"], out_t["logits"]), against=against,
-        against_agreement=_top1_agreement(out_a["logits"], out_t["logits"]) if out_a and "logits" in out_a
+        checkpoint=str(checkpoint),
+        format=ckpt.report.format,
+        variant=ckpt.report.variant,
+        dtype=dtype,
+        images=image_names,
+        rows=rows,
+        agreement=_top1_agreement(out_j["logits"], out_t["logits"]),
+        against=against,
+        against_agreement=_top1_agreement(out_a["logits"], out_t["logits"])
+        if out_a and "logits" in out_a
         else None,
-        conversion=ckpt.report.to_dict(), outputs=outputs)
+        conversion=ckpt.report.to_dict(),
+        outputs=outputs,
+    )
 
 
 def format_table(result: ParityResult) -> str:
@@ -251,46 +300,71 @@ def format_table(result: ParityResult) -> str:
     head = f"{'tensor':<12}{'max abs':>11}{'rel':>11}{'mean abs':>11}{'bound':>12}  ok"
     if lib:
         head += f"   | {lib + ' max abs':>20}{'rel':>11}  ok"
-    lines = [f"parity of {result.checkpoint} ({result.format}, {result.variant}), {result.dtype}, "
-             f"{len(result.images)} image(s): JAX twin vs torch twin" + (f", and {lib} vs torch twin" if lib else ""),
-             head, "-" * len(head)]
+    lines = [
+        f"parity of {result.checkpoint} ({result.format}, {result.variant}), {result.dtype}, "
+        f"{len(result.images)} image(s): JAX twin vs torch twin"
+        + (f", and {lib} vs torch twin" if lib else ""),
+        head,
+        "-" * len(head),
+    ]
     for r in result.rows:
         t = r.twins
-        line = (f"{r.name:<12}{t.max_abs:>11.2e}{t.rel:>11.2e}{r.mean_abs:>11.2e}"
-                f"{t.kind + ' ' + format(t.bound, '.0e'):>12}  {'ok' if t.ok else 'FAIL'}")
+        line = (
+            f"{r.name:<12}{t.max_abs:>11.2e}{t.rel:>11.2e}{r.mean_abs:>11.2e}"
+            f"{t.kind + ' ' + format(t.bound, '.0e'):>12}  {'ok' if t.ok else 'FAIL'}"
+        )
         if lib:
             a = r.against
-            line += "   | " + (f"{a.max_abs:>20.2e}{a.rel:>11.2e}  {'ok' if a.ok else 'FAIL'}" if a else f"{'-':>20}")
+            line += "   | " + (
+                f"{a.max_abs:>20.2e}{a.rel:>11.2e}  {'ok' if a.ok else 'FAIL'}" if a else f"{'-':>20}"
+            )
         lines.append(line)
     if result.agreement is not None:
-        lines.append(f"top-1 agreement JAX vs torch: {result.agreement:.0%}"
-                     + (f"; {lib} vs torch: {result.against_agreement:.0%}" if result.against_agreement is not None
-                        else ""))
-    lines.append("PASS: every tensor within its tolerance" if result.ok else
-                 "FAIL: " + ", ".join(r.name for r in result.rows if not r.ok) + " beyond tolerance")
+        lines.append(
+            f"top-1 agreement JAX vs torch: {result.agreement:.0%}"
+            + (
+                f"; {lib} vs torch: {result.against_agreement:.0%}"
+                if result.against_agreement is not None
+                else ""
+            )
+        )
+    lines.append(
+        "PASS: every tensor within its tolerance"
+        if result.ok
+        else "FAIL: " + ", ".join(r.name for r in result.rows if not r.ok) + " beyond tolerance"
+    )
     return "\n".join(lines)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "parity", help="prove a checkpoint gives the same numbers in the JAX and torch twins",
+        "parity",
+        help="prove a checkpoint gives the same numbers in the JAX and torch twins",
         description="Load CHECKPOINT (any format `vit convert` reads) into both twins, run the same images "
         "through each with full matmul precision and compare every intermediate (patch embedding, every "
         "block and attention map, final norm, pooling, logits) under the tolerance table of "
-        "vit_common.tolerance. Exit code 1 if anything is beyond tolerance.")
+        "vit_common.tolerance. Exit code 1 if anything is beyond tolerance.",
+    )
     p.add_argument("checkpoint", help="checkpoint file or folder")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="compute dtype (default float32)")
+    p.add_argument(
+        "--dtype", choices=("float32", "float64"), default="float32", help="compute dtype (default float32)"
+    )
     p.add_argument("--images", metavar="DIR", help="folder of images to run (default: 4 generated ones)")
     p.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
-    p.add_argument("--against", choices=("timm", "transformers"),
-                   help="add that library's own model, loaded from the same weights, as a third column")
+    p.add_argument(
+        "--against",
+        choices=("timm", "transformers"),
+        help="add that library's own model, loaded from the same weights, as a third column",
+    )
     p.add_argument("--image-size", type=int, help="resample the position embedding to this size first")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     options = {"image_size": args.image_size} if args.image_size else {}
-    result = run_parity(args.checkpoint, dtype=args.dtype, images=args.images, against=args.against, **options)
+    result = run_parity(
+        args.checkpoint, dtype=args.dtype, images=args.images, against=args.against, **options
+    )
     print(format_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=1) + "\n")

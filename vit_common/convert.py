@@ -54,8 +54,19 @@ ORBAX_CONFIG = "vit_config.json"  # beside the orbax ``state/`` folder: {"format
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 TORCH_SUFFIXES = (".pth", ".pt", ".bin")
 # Fields a file cannot change the forward pass with (init values, training and run-time choices).
-_RUNTIME_FIELDS = {"layer_scale", "dropout", "attn_dropout", "drop_path", "dynamic_img_size", "dynamic_img_pad",
-                   "posemb_resample", "attn_impl", "attn_backend", "dtype", "param_dtype"}
+_RUNTIME_FIELDS = {
+    "layer_scale",
+    "dropout",
+    "attn_dropout",
+    "drop_path",
+    "dynamic_img_size",
+    "dynamic_img_pad",
+    "posemb_resample",
+    "attn_impl",
+    "attn_backend",
+    "dtype",
+    "param_dtype",
+}
 
 Reader = Callable[..., Any]
 
@@ -106,8 +117,10 @@ def _sniff(path: Path) -> _Source:
                 if (path / name).is_file():
                     return _Source(kind, (path / name,), _read_json(path / "config.json"))
             raise FormatError(f"{path}: config.json but none of {HF_WEIGHTS}")
-        raise FormatError(f"{path}: a folder that is neither a Hugging Face ViT folder (config.json + weights) "
-                          f"nor an orbax checkpoint of the JAX twin ({ORBAX_CONFIG} + state/)")
+        raise FormatError(
+            f"{path}: a folder that is neither a Hugging Face ViT folder (config.json + weights) "
+            f"nor an orbax checkpoint of the JAX twin ({ORBAX_CONFIG} + state/)"
+        )
     try:
         with open(path, "rb") as fh:
             head = fh.read(9)
@@ -131,8 +144,10 @@ def _sniff(path: Path) -> _Source:
         parent = path.parent / "config.json"
         config = _read_json(parent) if path.name in HF_WEIGHTS and parent.is_file() else None
         return _Source("safetensors", (path,), config)
-    raise FormatError(f"{path}: not a checkpoint format vit reads (safetensors, .npz, PyTorch .pth/.bin, "
-                      f"Hugging Face folder, orbax folder); it starts with {head[:8]!r}")
+    raise FormatError(
+        f"{path}: not a checkpoint format vit reads (safetensors, .npz, PyTorch .pth/.bin, "
+        f"Hugging Face folder, orbax folder); it starts with {head[:8]!r}"
+    )
 
 
 def needs(path: str | os.PathLike, fmt: str | None = None, *, writing: bool = False) -> str | None:
@@ -143,7 +158,9 @@ def needs(path: str | os.PathLike, fmt: str | None = None, *, writing: bool = Fa
     path = Path(path)
     if writing:
         fmt = fmt or output_format(path)
-        return "jax" if fmt == "orbax" else "torch" if fmt == "timm" and path.suffix in TORCH_SUFFIXES else None
+        return (
+            "jax" if fmt == "orbax" else "torch" if fmt == "timm" and path.suffix in TORCH_SUFFIXES else None
+        )
     src = _sniff(path)
     if src.kind == "orbax_dir":
         return "jax"
@@ -163,8 +180,10 @@ def output_format(path: str | os.PathLike) -> str:
         return "timm"
     if suffix == ".npz":
         return "big_vision"
-    raise ValueError(f"cannot tell the output format from {str(path)!r}; pass one of {tuple(FORMATS)} "
-                     "(--to), e.g. hf or orbax for a folder")
+    raise ValueError(
+        f"cannot tell the output format from {str(path)!r}; pass one of {tuple(FORMATS)} "
+        "(--to), e.g. hf or orbax for a folder"
+    )
 
 
 # --------------------------------------------------------------------------------------- reading
@@ -174,8 +193,10 @@ def _need(readers: Mapping[str, Reader] | None, what: str, path: Path) -> Reader
     fn = (readers or {}).get(what)
     if fn is None:
         framework = "jax" if what == "orbax" else "torch"
-        raise FormatError(f"{path}: reading this {what} checkpoint needs {framework}, and the caller gave no "
-                          f"{what} reader (use vit_{framework}.load_model or `vit convert`)")
+        raise FormatError(
+            f"{path}: reading this {what} checkpoint needs {framework}, and the caller gave no "
+            f"{what} reader (use vit_{framework}.load_model or `vit convert`)"
+        )
     return fn
 
 
@@ -185,8 +206,10 @@ def _family(src: _Source, tensors: Mapping[str, np.ndarray], meta: Mapping[str, 
     if src.kind == "npz":
         fam = npz.family_of(tensors)
         if fam is None:
-            raise FormatError(f"{path}: an .npz without embedding/kernel under any of {npz.PREFIXES}: "
-                              "not an original-ViT or big_vision checkpoint")
+            raise FormatError(
+                f"{path}: an .npz without embedding/kernel under any of {npz.PREFIXES}: "
+                "not an original-ViT or big_vision checkpoint"
+            )
         return fam
     if meta.get("format") == canonical.FORMAT_TAG:
         return "canonical"
@@ -195,13 +218,16 @@ def _family(src: _Source, tensors: Mapping[str, np.ndarray], meta: Mapping[str, 
     if hf.is_hf(tensors):
         return "hf"
     sample = ", ".join(sorted(tensors)[:5])
-    raise FormatError(f"{path}: {len(tensors)} tensors ({sample}{', ...' if len(tensors) > 5 else ''}) match "
-                      "none of the formats: timm (patch_embed.proj.weight), Hugging Face "
-                      "(embeddings.patch_embeddings.projection.weight), our file (stored config)")
+    raise FormatError(
+        f"{path}: {len(tensors)} tensors ({sample}{', ...' if len(tensors) > 5 else ''}) match "
+        "none of the formats: timm (patch_embed.proj.weight), Hugging Face "
+        "(embeddings.patch_embeddings.projection.weight), our file (stored config)"
+    )
 
 
-def _decode(path: Path, fmt: str | None, readers, source_image_size, overrides, keep_zero_head: bool
-            ) -> tuple[Decoded, str, int]:
+def _decode(
+    path: Path, fmt: str | None, readers, source_image_size, overrides, keep_zero_head: bool
+) -> tuple[Decoded, str, int]:
     src = _sniff(path)
     ctx = str(path)
     meta: dict[str, str] = {}
@@ -228,7 +254,9 @@ def _decode(path: Path, fmt: str | None, readers, source_image_size, overrides, 
     if family in ("original_vit", "big_vision"):
         kw["keep_zero_head"] = keep_zero_head
     if family == "canonical":
-        dec = canonical.decode(canonical.stored_config(meta, ctx), tensors, "safetensors, config in metadata", ctx)
+        dec = canonical.decode(
+            canonical.stored_config(meta, ctx), tensors, "safetensors, config in metadata", ctx
+        )
         dec.cfg = dec.cfg.replace(**overrides) if overrides else dec.cfg
     elif family == "timm":
         dec = timm.read(tensors, **kw)
@@ -265,17 +293,27 @@ def _resample(cfg: ViTConfig, state: dict[str, np.ndarray], image_size, report: 
         report.notes.append(f"{why}: the {cfg.posemb} position embedding needs no resampling")
         return new
     prefix = cfg.num_prefix_tokens if cfg.posemb_prefix else 0
-    state["pos_embed"] = resample_pos_embed(state["pos_embed"], cfg.grid, new.grid, prefix, cfg.posemb_resample)
+    state["pos_embed"] = resample_pos_embed(
+        state["pos_embed"], cfg.grid, new.grid, prefix, cfg.posemb_resample
+    )
     report.resampled.append(
-        f"pos_embed grid {cfg.grid[0]}x{cfg.grid[1]} -> {new.grid[0]}x{new.grid[1]} with {cfg.posemb_resample} "
-        f"({prefix} prefix row(s) kept) because {why}")
+        f"pos_embed grid {cfg.grid[0]}x{cfg.grid[1]} -> {new.grid[0]}x{new.grid[1]} "
+        f"with {cfg.posemb_resample} "
+        f"({prefix} prefix row(s) kept) because {why}"
+    )
     return new
 
 
-def load_checkpoint(path: str | os.PathLike, *, fmt: str | None = None,
-                    image_size: int | tuple[int, int] | None = None, num_classes: int | None = None,
-                    source_image_size: int | tuple[int, int] | None = None,
-                    readers: Mapping[str, Reader] | None = None, **overrides: Any) -> Checkpoint:
+def load_checkpoint(
+    path: str | os.PathLike,
+    *,
+    fmt: str | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    num_classes: int | None = None,
+    source_image_size: int | tuple[int, int] | None = None,
+    readers: Mapping[str, Reader] | None = None,
+    **overrides: Any,
+) -> Checkpoint:
     """Read any supported checkpoint file or folder into (config, canonical state, report).
 
     Args:
@@ -306,10 +344,19 @@ def load_checkpoint(path: str | os.PathLike, *, fmt: str | None = None,
     dec, family, n = _decode(path, fmt, readers, source_image_size, overrides, num_classes is not None)
     if dec.conflicts and num_classes is None:
         k = dec.cfg.num_classes
-        raise FormatError(f"{path}: {'; '.join(dec.conflicts)}. Pass num_classes={k} (vit convert --num-classes "
-                          f"{k}) to use the head as stored, or another count to replace it")
-    report = Report(source=str(path), format=family, layout=dec.layout, tensors_read=n,
-                    inferred=dec.inferred, dropped=list(dec.dropped), notes=list(dec.notes))
+        raise FormatError(
+            f"{path}: {'; '.join(dec.conflicts)}. Pass num_classes={k} (vit convert --num-classes "
+            f"{k}) to use the head as stored, or another count to replace it"
+        )
+    report = Report(
+        source=str(path),
+        format=family,
+        layout=dec.layout,
+        tensors_read=n,
+        inferred=dec.inferred,
+        dropped=list(dec.dropped),
+        notes=list(dec.notes),
+    )
     cfg, state = dec.cfg, dict(dec.state)
     if num_classes is not None and num_classes != cfg.num_classes:
         cfg = _new_head(cfg, state, num_classes, report)
@@ -331,8 +378,15 @@ def read_checkpoint(path: str | os.PathLike, **kwargs: Any) -> tuple[ViTConfig, 
 # --------------------------------------------------------------------------------------- writing
 
 
-def encode(cfg: ViTConfig, state: Mapping[str, np.ndarray], fmt: str, *, spelling: str = "v4",
-           prefix: str | None = None, scan: bool = False) -> tuple[ViTConfig, dict, dict, dict | None, list[str]]:
+def encode(
+    cfg: ViTConfig,
+    state: Mapping[str, np.ndarray],
+    fmt: str,
+    *,
+    spelling: str = "v4",
+    prefix: str | None = None,
+    scan: bool = False,
+) -> tuple[ViTConfig, dict, dict, dict | None, list[str]]:
     """``state`` as ``fmt`` holds it: (config, canonical state as stored, file tensors, HF config.json or
     None, notes). The stored state differs from ``state`` only where the format needs it (notes say how).
 
@@ -356,8 +410,13 @@ def encode(cfg: ViTConfig, state: Mapping[str, np.ndarray], fmt: str, *, spellin
     raise ValueError(f"format {fmt!r}: expected one of {tuple(FORMATS)}")
 
 
-def _read_back(fmt: str, cfg: ViTConfig, state: Mapping[str, np.ndarray], tensors: Mapping[str, np.ndarray],
-               config: dict | None) -> list[str]:
+def _read_back(
+    fmt: str,
+    cfg: ViTConfig,
+    state: Mapping[str, np.ndarray],
+    tensors: Mapping[str, np.ndarray],
+    config: dict | None,
+) -> list[str]:
     """Decode the encoded tensors in memory; raise if any tensor differs, return what the format loses."""
     if fmt in ("canonical", "orbax"):
         return []
@@ -368,22 +427,39 @@ def _read_back(fmt: str, cfg: ViTConfig, state: Mapping[str, np.ndarray], tensor
         dec = hf.read(tensors, config, **kw)
     else:
         dec = npz.read(tensors, keep_zero_head=True, **kw)
-    bad = [k for k, v in state.items() if k not in dec.state or np.asarray(v).dtype != dec.state[k].dtype
-           or not np.array_equal(np.asarray(v), dec.state[k])]
+    bad = [
+        k
+        for k, v in state.items()
+        if k not in dec.state
+        or np.asarray(v).dtype != dec.state[k].dtype
+        or not np.array_equal(np.asarray(v), dec.state[k])
+    ]
     if bad or set(dec.state) != set(state):
-        raise AssertionError(f"{fmt} writer does not read back bit-exact: {bad or set(dec.state) ^ set(state)}")
+        raise AssertionError(
+            f"{fmt} writer does not read back bit-exact: {bad or set(dec.state) ^ set(state)}"
+        )
     lost = []
     for name, value in cfg.to_dict().items():
         back = dec.cfg.to_dict()[name]
         if name not in _RUNTIME_FIELDS and back != value:
-            lost.append(f"{fmt} files do not record {name}={value!r} (it reads back as {back!r}); pass "
-                        f"{name}={value!r} when reading the file")
+            lost.append(
+                f"{fmt} files do not record {name}={value!r} (it reads back as {back!r}); pass "
+                f"{name}={value!r} when reading the file"
+            )
     return lost
 
 
-def save_checkpoint(path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str, np.ndarray],
-                    fmt: str | None = None, *, writers: Mapping[str, Callable] | None = None,
-                    spelling: str = "v4", prefix: str | None = None, scan: bool = False) -> Report:
+def save_checkpoint(
+    path: str | os.PathLike,
+    cfg: ViTConfig,
+    state: Mapping[str, np.ndarray],
+    fmt: str | None = None,
+    *,
+    writers: Mapping[str, Callable] | None = None,
+    spelling: str = "v4",
+    prefix: str | None = None,
+    scan: bool = False,
+) -> Report:
     """Write ``state`` as ``fmt`` (default: from the suffix, see ``output_format``), atomically.
 
     Options: ``spelling`` of HF keys ('v4' as save_pretrained writes, or 'v5'); ``prefix`` and ``scan``
@@ -396,40 +472,59 @@ def save_checkpoint(path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str,
     """
     path = Path(path)
     fmt = fmt or output_format(path)
-    cfg2, state2, tensors, config, notes = encode(cfg, state, fmt, spelling=spelling, prefix=prefix, scan=scan)
+    cfg2, state2, tensors, config, notes = encode(
+        cfg, state, fmt, spelling=spelling, prefix=prefix, scan=scan
+    )
     report = Report(config=cfg2, notes=notes, written=str(path), written_format=fmt)
     report.warnings += _read_back(fmt, cfg2, state2, tensors, config)
-    if path.is_dir() and any(path.iterdir()) and not ((path / "config.json").is_file()
-                                                       or (path / ORBAX_CONFIG).is_file()):
+    if (
+        path.is_dir()
+        and any(path.iterdir())
+        and not ((path / "config.json").is_file() or (path / ORBAX_CONFIG).is_file())
+    ):
         raise FormatError(f"{path}: an existing folder that is not a checkpoint; refusing to replace it")
     torch_file = fmt == "timm" and path.suffix in TORCH_SUFFIXES
     if torch_file or fmt == "orbax":
         what = "orbax" if fmt == "orbax" else "torch"
         fn = (writers or {}).get(what)
         if fn is None:
-            raise FormatError(f"{path}: writing {what} needs vit_{'jax' if what == 'orbax' else 'torch'}."
-                              f"formats.WRITERS, which the caller did not pass")
+            raise FormatError(
+                f"{path}: writing {what} needs vit_{'jax' if what == 'orbax' else 'torch'}."
+                f"formats.WRITERS, which the caller did not pass"
+            )
         fn(path, cfg2, tensors) if fmt == "orbax" else fn(path, tensors)
     elif fmt == "canonical":
         canonical.save_canonical(path, cfg2, tensors)
     elif fmt == "timm":
         canonical.save_safetensors(path, tensors, {"format": "pt"})
     elif fmt == "hf":
+
         def write_folder(tmp: Path) -> None:
             (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
             canonical.save_safetensors(tmp / "model.safetensors", tensors, {"format": "pt"})
+
         canonical.atomic_write_dir(path, write_folder)
     else:
+
         def write_npz(tmp: str) -> None:
             with open(tmp, "wb") as fh:
                 np.savez(fh, **tensors)
+
         canonical.atomic_write(path, write_npz)
     return report
 
 
-def convert(src: str | os.PathLike, dst: str | os.PathLike, *, from_fmt: str | None = None,
-            to_fmt: str | None = None, readers=None, writers=None, write_options: Mapping[str, Any] = (),
-            **read_options: Any) -> Report:
+def convert(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    from_fmt: str | None = None,
+    to_fmt: str | None = None,
+    readers=None,
+    writers=None,
+    write_options: Mapping[str, Any] = (),
+    **read_options: Any,
+) -> Report:
     """Read ``src`` (see ``load_checkpoint`` for ``read_options``) and write ``dst``; one report for both."""
     ckpt = load_checkpoint(src, fmt=from_fmt, readers=readers, **read_options)
     out = save_checkpoint(dst, ckpt.cfg, ckpt.state, to_fmt, writers=writers, **dict(write_options))

@@ -34,10 +34,12 @@ def _is_key(x) -> bool:
 
 def _pure(state: nnx.State) -> dict:
     """nnx.State -> nested dict of arrays with string keys (PRNG keys as raw uint32 key data)."""
+
     def conv(tree):
         if isinstance(tree, Mapping):
             return {str(k): conv(v) for k, v in tree.items()}
         return jax.random.key_data(tree) if _is_key(tree) else tree
+
     return conv(state.to_pure_dict())
 
 
@@ -46,6 +48,7 @@ def _abstract_pure(state: nnx.State) -> dict:
         if isinstance(tree, Mapping):
             return {str(k): conv(v) for k, v in tree.items()}
         return jax.eval_shape(jax.random.key_data, tree) if _is_key(tree) else tree
+
     return conv(state.to_pure_dict())
 
 

@@ -48,10 +48,16 @@ def hf_model(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, spelling: str =
     kw = {} if cfg.num_classes else {"add_pooling_layer": cfg.rep_size > 0}
     with tempfile.TemporaryDirectory() as tmp:
         save_checkpoint(f"{tmp}/hf", cfg, state, "hf", spelling=spelling)
-        model, info = cls.from_pretrained(f"{tmp}/hf", output_loading_info=True, attn_implementation="eager",
-                                          dtype=getattr(torch, cfg.param_dtype), **kw)
-    bad = {k: v for k, v in info.items() if v and k != "error_msgs"} | ({"errors": info["error_msgs"]}
-                                                                        if info.get("error_msgs") else {})
+        model, info = cls.from_pretrained(
+            f"{tmp}/hf",
+            output_loading_info=True,
+            attn_implementation="eager",
+            dtype=getattr(torch, cfg.param_dtype),
+            **kw,
+        )
+    bad = {k: v for k, v in info.items() if v and k != "error_msgs"} | (
+        {"errors": info["error_msgs"]} if info.get("error_msgs") else {}
+    )
     if bad:
         raise ValueError(f"transformers did not load the folder strictly: {bad}")
     return model.eval()

@@ -121,7 +121,9 @@ def file_shapes(rules: list[Rule]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def to_canonical(rules: list[Rule], tensors: Mapping[str, np.ndarray], context: str = "") -> dict[str, np.ndarray]:
+def to_canonical(
+    rules: list[Rule], tensors: Mapping[str, np.ndarray], context: str = ""
+) -> dict[str, np.ndarray]:
     """Apply ``rules`` to file tensors: every file tensor used exactly once, every rule filled.
 
     Raises:
@@ -166,8 +168,11 @@ def positive_dims(shape: tuple[int, ...], name: str, context: str) -> tuple[int,
 
 def common_float_dtype(tensors: Mapping[str, np.ndarray]) -> str | None:
     """The one floating dtype name all float tensors share, or None if they are mixed or absent."""
-    names = {np.dtype(np.asarray(v).dtype).name for v in tensors.values()
-             if np.issubdtype(np.asarray(v).dtype, np.floating) or np.asarray(v).dtype.name == "bfloat16"}
+    names = {
+        np.dtype(np.asarray(v).dtype).name
+        for v in tensors.values()
+        if np.issubdtype(np.asarray(v).dtype, np.floating) or np.asarray(v).dtype.name == "bfloat16"
+    }
     return names.pop() if len(names) == 1 else None
 
 
@@ -196,7 +201,9 @@ def grid_of(rows: int, prefix: int, grid: tuple[int, int] | None) -> tuple[int, 
     return (side, side) if side * side == n else None
 
 
-def posemb_layout(rows: int, num_prefix: int, grid: tuple[int, int] | None, name: str) -> tuple[tuple[int, int], bool]:
+def posemb_layout(
+    rows: int, num_prefix: int, grid: tuple[int, int] | None, name: str
+) -> tuple[tuple[int, int], bool]:
     """(patch grid, posemb_prefix) of a stored pos_embed with ``rows`` rows.
 
     With prefix rows (timm default, original ViT) the rows are prefix + grid; without (no_embed_class,
@@ -225,8 +232,9 @@ def posemb_layout(rows: int, num_prefix: int, grid: tuple[int, int] | None, name
 # ------------------------------------------------------------------------------- representability
 
 
-def materialize_posemb(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, prefix_rows: bool
-                       ) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
+def materialize_posemb(
+    cfg: ViTConfig, state: Mapping[str, np.ndarray], *, prefix_rows: bool
+) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
     """Rewrite the position embedding into a learned table, for formats that only store one.
 
     ``posemb='sincos2d'`` becomes a learned ``pos_embed`` holding the table (cast to the parameter
@@ -247,8 +255,10 @@ def materialize_posemb(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, prefi
         zeros = np.zeros((1, cfg.num_prefix_tokens, pe.shape[-1]), pe.dtype)
         state["pos_embed"] = np.concatenate([zeros, pe], axis=1)
         cfg = cfg.replace(posemb_prefix=True)
-        notes.append(f"pos_embed: {cfg.num_prefix_tokens} zero row(s) added for the prefix token(s), which the "
-                     "source model adds no position to (exact)")
+        notes.append(
+            f"pos_embed: {cfg.num_prefix_tokens} zero row(s) added for the prefix token(s), which the "
+            "source model adds no position to (exact)"
+        )
     return cfg, state, notes
 
 
@@ -288,18 +298,30 @@ class Report:
         cfg = self.config
         if cfg is None:
             return "?"
-        p = cfg.patch_size[0] if cfg.patch_size[0] == cfg.patch_size[1] else "x".join(map(str, cfg.patch_size))
+        p = (
+            cfg.patch_size[0]
+            if cfg.patch_size[0] == cfg.patch_size[1]
+            else "x".join(map(str, cfg.patch_size))
+        )
         if cfg.variant is not None:
             return f"{cfg.variant}/{p}"
-        return f"custom (width {cfg.width}, depth {cfg.depth}, heads {cfg.num_heads}, mlp {cfg.mlp_dim}, patch {p})"
+        return (
+            f"custom (width {cfg.width}, depth {cfg.depth}, heads {cfg.num_heads}, "
+            f"mlp {cfg.mlp_dim}, patch {p})"
+        )
 
     def lines(self) -> list[str]:
         cfg = self.config
-        out = [f"read     {self.source}", f"format   {self.format}" + (f" ({self.layout})" if self.layout else "")]
+        out = [
+            f"read     {self.source}",
+            f"format   {self.format}" + (f" ({self.layout})" if self.layout else ""),
+        ]
         if cfg is not None:
             h, w = cfg.image_size
-            out += [f"variant  {self.variant}, {h}x{w} px, {cfg.num_classes} classes, pool {cfg.pool}",
-                    f"params   {cfg.param_count():,} in {self.tensors_read} file tensors"]
+            out += [
+                f"variant  {self.variant}, {h}x{w} px, {cfg.num_classes} classes, pool {cfg.pool}",
+                f"params   {cfg.param_count():,} in {self.tensors_read} file tensors",
+            ]
         out += [f"inferred {k} = {getattr(cfg, k, '?')!r} ({v})" for k, v in self.inferred.items()]
         out += [f"dropped  {k}: {why}" for k, why in self.dropped]
         out += [f"resampled {r}" for r in self.resampled]
@@ -313,13 +335,22 @@ class Report:
         return "\n".join(self.lines())
 
     def to_dict(self) -> dict:
-        return {"source": self.source, "format": self.format, "layout": self.layout,
-                "variant": self.variant, "params": self.config.param_count() if self.config else None,
-                "tensors_read": self.tensors_read, "inferred": dict(self.inferred),
-                "dropped": [list(d) for d in self.dropped], "resampled": list(self.resampled),
-                "notes": list(self.notes), "warnings": list(self.warnings),
-                "config": self.config.to_dict() if self.config else None,
-                "written": self.written, "written_format": self.written_format}
+        return {
+            "source": self.source,
+            "format": self.format,
+            "layout": self.layout,
+            "variant": self.variant,
+            "params": self.config.param_count() if self.config else None,
+            "tensors_read": self.tensors_read,
+            "inferred": dict(self.inferred),
+            "dropped": [list(d) for d in self.dropped],
+            "resampled": list(self.resampled),
+            "notes": list(self.notes),
+            "warnings": list(self.warnings),
+            "config": self.config.to_dict() if self.config else None,
+            "written": self.written,
+            "written_format": self.written_format,
+        }
 
 
 @dataclass
@@ -347,7 +378,9 @@ def build_config(fields: dict, inferred: dict[str, str], overrides: Mapping, con
     try:
         return ViTConfig(**fields)
     except (TypeError, ValueError) as e:
-        raise FormatError(f"{context}: the inferred config is invalid ({e}); pass the right value as an override") from e
+        raise FormatError(
+            f"{context}: the inferred config is invalid ({e}); pass the right value as an override"
+        ) from e
 
 
 def check_canonical(cfg: ViTConfig, state: Mapping[str, np.ndarray], context: str) -> None:

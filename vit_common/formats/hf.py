@@ -43,8 +43,8 @@ from vit_common.formats.base import (
     from_canonical,
     guess_num_heads,
     materialize_posemb,
-    positive_dims,
     posemb_layout,
+    positive_dims,
     to_canonical,
     unsupported,
 )
@@ -52,10 +52,24 @@ from vit_common.formats.base import (
 _ACT_TO_GELU = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
 _GELU_TO_ACT = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}
 _NAMES = {  # spelling -> (layer prefix, q, k, v, o, fc1, fc2)
-    "v4": ("encoder.layer.{i}.", "attention.attention.query", "attention.attention.key",
-           "attention.attention.value", "attention.output.dense", "intermediate.dense", "output.dense"),
-    "v5": ("layers.{i}.", "attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj",
-           "mlp.fc1", "mlp.fc2"),
+    "v4": (
+        "encoder.layer.{i}.",
+        "attention.attention.query",
+        "attention.attention.key",
+        "attention.attention.value",
+        "attention.output.dense",
+        "intermediate.dense",
+        "output.dense",
+    ),
+    "v5": (
+        "layers.{i}.",
+        "attention.q_proj",
+        "attention.k_proj",
+        "attention.v_proj",
+        "attention.o_proj",
+        "mlp.fc1",
+        "mlp.fc2",
+    ),
 }
 _PATCH_KEY = "embeddings.patch_embeddings.projection.weight"
 _MASK_TOKEN = "embeddings.mask_token"
@@ -76,7 +90,9 @@ def _pair(v: Any, name: str, context: str) -> tuple[int, int]:
 def _get(config: Mapping[str, Any], key: str, default: Any, types: tuple, context: str) -> Any:
     v = config.get(key, default)
     if not isinstance(v, types) or isinstance(v, bool) and bool not in types:
-        raise FormatError(f"{context}: config.json {key}={v!r} is not a {' or '.join(t.__name__ for t in types)}")
+        raise FormatError(
+            f"{context}: config.json {key}={v!r} is not a {' or '.join(t.__name__ for t in types)}"
+        )
     return v
 
 
@@ -86,35 +102,51 @@ def rules(cfg: ViTConfig, spelling: str = "v4", prefix: str = "") -> list[Rule]:
     layer, q, k, v, o, fc1, fc2 = _NAMES[spelling]
     e = prefix + "embeddings."
     ph, pw = cfg.patch_size
-    r = [copy(e + "cls_token", "cls_token", (1, 1, d)),
-         copy(e + "position_embeddings", "pos_embed", (1, cfg.posemb_len, d)),
-         copy(e + "patch_embeddings.projection.weight", "patch_embed.proj.weight", (d, cfg.in_chans, ph, pw)),
-         copy(e + "patch_embeddings.projection.bias", "patch_embed.proj.bias", (d,))]
+    r = [
+        copy(e + "cls_token", "cls_token", (1, 1, d)),
+        copy(e + "position_embeddings", "pos_embed", (1, cfg.posemb_len, d)),
+        copy(e + "patch_embeddings.projection.weight", "patch_embed.proj.weight", (d, cfg.in_chans, ph, pw)),
+        copy(e + "patch_embeddings.projection.bias", "patch_embed.proj.bias", (d,)),
+    ]
     for i in range(cfg.depth):
         lp, b = prefix + layer.format(i=i), f"blocks.{i}."
         r += [copy(f"{lp}layernorm_before.{w}", f"{b}norm1.{w}", (d,)) for w in ("weight", "bias")]
         r.append(Rule(b + "attn.qkv.weight", tuple(Piece(f"{lp}{n}.weight", (d, d)) for n in (q, k, v))))
         if cfg.qkv_bias:
             r.append(Rule(b + "attn.qkv.bias", tuple(Piece(f"{lp}{n}.bias", (d,)) for n in (q, k, v))))
-        r += [copy(f"{lp}{o}.weight", b + "attn.proj.weight", (d, d)), copy(f"{lp}{o}.bias", b + "attn.proj.bias", (d,))]
+        r += [
+            copy(f"{lp}{o}.weight", b + "attn.proj.weight", (d, d)),
+            copy(f"{lp}{o}.bias", b + "attn.proj.bias", (d,)),
+        ]
         r += [copy(f"{lp}layernorm_after.{w}", f"{b}norm2.{w}", (d,)) for w in ("weight", "bias")]
-        r += [copy(f"{lp}{fc1}.weight", b + "mlp.fc1.weight", (cfg.mlp_dim, d)),
-              copy(f"{lp}{fc1}.bias", b + "mlp.fc1.bias", (cfg.mlp_dim,)),
-              copy(f"{lp}{fc2}.weight", b + "mlp.fc2.weight", (d, cfg.mlp_dim)),
-              copy(f"{lp}{fc2}.bias", b + "mlp.fc2.bias", (d,))]
+        r += [
+            copy(f"{lp}{fc1}.weight", b + "mlp.fc1.weight", (cfg.mlp_dim, d)),
+            copy(f"{lp}{fc1}.bias", b + "mlp.fc1.bias", (cfg.mlp_dim,)),
+            copy(f"{lp}{fc2}.weight", b + "mlp.fc2.weight", (d, cfg.mlp_dim)),
+            copy(f"{lp}{fc2}.bias", b + "mlp.fc2.bias", (d,)),
+        ]
     r += [copy(f"{prefix}layernorm.{w}", f"norm.{w}", (d,)) for w in ("weight", "bias")]
     if cfg.rep_size:
-        r += [copy(f"{prefix}pooler.dense.weight", "pre_logits.fc.weight", (cfg.rep_size, d)),
-              copy(f"{prefix}pooler.dense.bias", "pre_logits.fc.bias", (cfg.rep_size,))]
+        r += [
+            copy(f"{prefix}pooler.dense.weight", "pre_logits.fc.weight", (cfg.rep_size, d)),
+            copy(f"{prefix}pooler.dense.bias", "pre_logits.fc.bias", (cfg.rep_size,)),
+        ]
     if cfg.num_classes:
-        r += [copy("classifier.weight", "head.weight", (cfg.num_classes, cfg.features_dim)),
-              copy("classifier.bias", "head.bias", (cfg.num_classes,))]
+        r += [
+            copy("classifier.weight", "head.weight", (cfg.num_classes, cfg.features_dim)),
+            copy("classifier.bias", "head.bias", (cfg.num_classes,)),
+        ]
     return r
 
 
-def read(tensors: Mapping[str, np.ndarray], config: Mapping[str, Any] | None, *,
-         source_image_size: tuple[int, int] | None = None, overrides: Mapping[str, Any] = (),
-         context: str = "Hugging Face folder") -> Decoded:
+def read(
+    tensors: Mapping[str, np.ndarray],
+    config: Mapping[str, Any] | None,
+    *,
+    source_image_size: tuple[int, int] | None = None,
+    overrides: Mapping[str, Any] = (),
+    context: str = "Hugging Face folder",
+) -> Decoded:
     """Canonical state and config of an HF ViT state_dict and its config.json (None if absent).
 
     Raises:
@@ -136,8 +168,14 @@ def read(tensors: Mapping[str, np.ndarray], config: Mapping[str, Any] | None, *,
     if depth == 0 or fc1 not in tensors or np.ndim(tensors[fc1]) != 2:
         raise FormatError(f"{context}: no {layer.format(i=0)}layernorm_before.weight / {fc1}")
     src = "config.json" if config is not None else "tensor shapes"
-    f: dict[str, Any] = dict(patch_size=(ph, pw), in_chans=c, width=d, depth=depth, mlp_dim=np.shape(tensors[fc1])[0],
-                             qkv_bias=f"{layer.format(i=0)}{_NAMES[spelling][1]}.bias" in tensors)
+    f: dict[str, Any] = dict(
+        patch_size=(ph, pw),
+        in_chans=c,
+        width=d,
+        depth=depth,
+        mlp_dim=np.shape(tensors[fc1])[0],
+        qkv_bias=f"{layer.format(i=0)}{_NAMES[spelling][1]}.bias" in tensors,
+    )
     inferred = {k: "tensor shapes" for k in f}
     dropped, notes = [], []
     pe = tensors.get(prefix + "embeddings.position_embeddings")
@@ -145,11 +183,18 @@ def read(tensors: Mapping[str, np.ndarray], config: Mapping[str, Any] | None, *,
     rows = np.shape(pe)[1] if pe is not None else 0
     if config is not None:
         if config.get("model_type", "vit") != "vit":
-            raise FormatError(f"{context}: config.json model_type={config.get('model_type')!r}, expected 'vit'")
+            raise FormatError(
+                f"{context}: config.json model_type={config.get('model_type')!r}, expected 'vit'"
+            )
         act = _get(config, "hidden_act", "gelu", (str,), context)
         if act not in _ACT_TO_GELU:
-            raise FormatError(f"{context}: config.json hidden_act={act!r}; expected one of {tuple(_ACT_TO_GELU)}")
-        f["gelu"], f["ln_eps"] = _ACT_TO_GELU[act], _get(config, "layer_norm_eps", 1e-12, (float, int), context)
+            raise FormatError(
+                f"{context}: config.json hidden_act={act!r}; expected one of {tuple(_ACT_TO_GELU)}"
+            )
+        f["gelu"], f["ln_eps"] = (
+            _ACT_TO_GELU[act],
+            _get(config, "layer_norm_eps", 1e-12, (float, int), context),
+        )
         inferred["gelu"] = f"config.json hidden_act={act!r}"
         inferred["ln_eps"] = "config.json layer_norm_eps"
         if "num_heads" not in overrides:
@@ -169,19 +214,31 @@ def read(tensors: Mapping[str, np.ndarray], config: Mapping[str, Any] | None, *,
         n_labels = None
         notes.append("no config.json beside the weights: config inferred from tensor shapes")
     if pe is None and grid is None:
-        raise FormatError(f"{context}: no {prefix}embeddings.position_embeddings and no config.json image size")
-    (gh, gw), _ = posemb_layout(rows, 1, grid, f"{context}: position_embeddings") if pe is not None else (grid, True)
+        raise FormatError(
+            f"{context}: no {prefix}embeddings.position_embeddings and no config.json image size"
+        )
+    (gh, gw), _ = (
+        posemb_layout(rows, 1, grid, f"{context}: position_embeddings") if pe is not None else (grid, True)
+    )
     f["image_size"], inferred["image_size"] = (gh * ph, gw * pw), src
     f["posemb_prefix"] = True
-    f["rep_size"] = np.shape(tensors[prefix + "pooler.dense.weight"])[0] if prefix + "pooler.dense.weight" in tensors else 0
+    f["rep_size"] = (
+        np.shape(tensors[prefix + "pooler.dense.weight"])[0]
+        if prefix + "pooler.dense.weight" in tensors
+        else 0
+    )
     head = tensors.get("classifier.weight")
     f["num_classes"] = np.shape(head)[0] if head is not None and np.ndim(head) == 2 else 0
     inferred["num_classes"] = "classifier shape"
     conflicts = []
     if n_labels is not None and head is not None and n_labels != f["num_classes"]:
-        conflicts.append(f"config.json has {n_labels} labels but classifier.weight has {f['num_classes']} rows")
+        conflicts.append(
+            f"config.json has {n_labels} labels but classifier.weight has {f['num_classes']} rows"
+        )
     if prefix + _MASK_TOKEN in tensors:
-        dropped.append((prefix + _MASK_TOKEN, "mask token of masked-image-modelling pretraining; unused for images"))
+        dropped.append(
+            (prefix + _MASK_TOKEN, "mask token of masked-image-modelling pretraining; unused for images")
+        )
     dt = common_float_dtype(tensors)
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
@@ -192,24 +249,32 @@ def read(tensors: Mapping[str, np.ndarray], config: Mapping[str, Any] | None, *,
     return Decoded(cfg, state, f"{arch}, {spelling} key names", inferred, dropped, notes, conflicts)
 
 
-def prepare(cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
+def prepare(
+    cfg: ViTConfig, state: Mapping[str, np.ndarray]
+) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
     """Config and tensors as an HF ViT holds them (raises ValueError naming what it cannot hold)."""
-    unsupported("Hugging Face ViT", cfg, {
-        "class_token=False (HF ViT always has a class token)": not cfg.class_token,
-        f"reg_tokens={cfg.reg_tokens}": cfg.reg_tokens > 0,
-        f"pool={cfg.pool!r} (HF ViT pools the class token)": cfg.pool != "token",
-        "LayerScale": cfg.layer_scale is not None,
-        "qk_norm": cfg.qk_norm,
-        "fc_norm": cfg.fc_norm,
-        "posemb='none'": cfg.posemb == "none",
-        "both rep_size and a head (ViTModel has the pooler, ViTForImageClassification the classifier)":
-            cfg.rep_size > 0 and cfg.num_classes > 0,
-    })
+    unsupported(
+        "Hugging Face ViT",
+        cfg,
+        {
+            "class_token=False (HF ViT always has a class token)": not cfg.class_token,
+            f"reg_tokens={cfg.reg_tokens}": cfg.reg_tokens > 0,
+            f"pool={cfg.pool!r} (HF ViT pools the class token)": cfg.pool != "token",
+            "LayerScale": cfg.layer_scale is not None,
+            "qk_norm": cfg.qk_norm,
+            "fc_norm": cfg.fc_norm,
+            "posemb='none'": cfg.posemb == "none",
+            "both rep_size and a head (ViTModel has the pooler, ViTForImageClassification the classifier)": (
+                cfg.rep_size > 0 and cfg.num_classes > 0
+            ),
+        },
+    )
     return materialize_posemb(cfg, state, prefix_rows=True)
 
 
-def write(cfg: ViTConfig, state: Mapping[str, np.ndarray], spelling: str = "v4"
-          ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def write(
+    cfg: ViTConfig, state: Mapping[str, np.ndarray], spelling: str = "v4"
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """(config.json dict, file tensors) of an already ``prepare``d state.
 
     ``num_classes > 0`` gives ViTForImageClassification, otherwise ViTModel (with the pooler when
@@ -222,13 +287,23 @@ def write(cfg: ViTConfig, state: Mapping[str, np.ndarray], spelling: str = "v4"
     (ih, iw), (ph, pw) = cfg.image_size, cfg.patch_size
     config: dict[str, Any] = {
         "architectures": ["ViTForImageClassification" if classify else "ViTModel"],
-        "model_type": "vit", "hidden_size": cfg.width, "num_hidden_layers": cfg.depth,
-        "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.mlp_dim,
-        "hidden_act": _GELU_TO_ACT[cfg.gelu], "hidden_dropout_prob": cfg.dropout,
-        "attention_probs_dropout_prob": cfg.attn_dropout, "initializer_range": 0.02,
-        "layer_norm_eps": cfg.ln_eps, "image_size": ih if ih == iw else [ih, iw],
-        "patch_size": ph if ph == pw else [ph, pw], "num_channels": cfg.in_chans, "qkv_bias": cfg.qkv_bias,
-        "encoder_stride": ph, "pooler_output_size": cfg.rep_size or cfg.width, "pooler_act": "tanh",
+        "model_type": "vit",
+        "hidden_size": cfg.width,
+        "num_hidden_layers": cfg.depth,
+        "num_attention_heads": cfg.num_heads,
+        "intermediate_size": cfg.mlp_dim,
+        "hidden_act": _GELU_TO_ACT[cfg.gelu],
+        "hidden_dropout_prob": cfg.dropout,
+        "attention_probs_dropout_prob": cfg.attn_dropout,
+        "initializer_range": 0.02,
+        "layer_norm_eps": cfg.ln_eps,
+        "image_size": ih if ih == iw else [ih, iw],
+        "patch_size": ph if ph == pw else [ph, pw],
+        "num_channels": cfg.in_chans,
+        "qkv_bias": cfg.qkv_bias,
+        "encoder_stride": ph,
+        "pooler_output_size": cfg.rep_size or cfg.width,
+        "pooler_act": "tanh",
         "dtype": cfg.param_dtype,
     }
     if classify:

@@ -50,8 +50,8 @@ from vit_common.formats.base import (
     from_canonical,
     linear_kernel,
     materialize_posemb,
-    positive_dims,
     posemb_layout,
+    positive_dims,
     stack_layers,
     to_canonical,
     unsupported,
@@ -81,9 +81,12 @@ class Layout:
     scan: bool = False
 
     def describe(self) -> str:
-        parts = [f"prefix {self.prefix!r}" if self.prefix else "no prefix",
-                 "scan-stacked blocks" if self.scan else "one entry per block",
-                 f"{_COUNTERS[self.counters][1]} counters", f"posemb at {self.posemb_key}"]
+        parts = [
+            f"prefix {self.prefix!r}" if self.prefix else "no prefix",
+            "scan-stacked blocks" if self.scan else "one entry per block",
+            f"{_COUNTERS[self.counters][1]} counters",
+            f"posemb at {self.posemb_key}",
+        ]
         return ", ".join(parts)
 
 
@@ -111,23 +114,36 @@ def load_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
                     version = np.lib.format.read_magic(fp)
                     if version not in ((1, 0), (2, 0)):
                         raise FormatError(f"{path}: member {name!r} has .npy format version {version}")
-                    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                                   else np.lib.format.read_array_header_2_0)
+                    read_header = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
                     shape, fortran, dtype = read_header(fp)
                     if dtype.hasobject:
                         raise FormatError(f"{path}: member {name!r} holds Python objects (pickle); refused")
                     need, have = math.prod(shape) * dtype.itemsize, info.file_size - fp.tell()
                     if need != have:
-                        raise FormatError(f"{path}: member {name!r} declares {shape} {dtype} ({need} bytes) "
-                                          f"but holds {have} bytes: truncated or corrupt")
+                        raise FormatError(
+                            f"{path}: member {name!r} declares {shape} {dtype} ({need} bytes) "
+                            f"but holds {have} bytes: truncated or corrupt"
+                        )
                     arr = np.empty(shape[::-1] if fortran else shape, dtype)
                     if need and fp.readinto(memoryview(arr.reshape(-1).view(np.uint8))) != need:
                         raise FormatError(f"{path}: member {name!r} is truncated")
                 out[name] = arr.T if fortran else arr
     except FormatError:
         raise
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError, KeyError,
-            NotImplementedError, RuntimeError) as e:
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        ValueError,
+        OSError,
+        EOFError,
+        KeyError,
+        NotImplementedError,
+        RuntimeError,
+    ) as e:
         raise FormatError(f"{path}: not a readable .npz file ({type(e).__name__}: {e})") from e
     return out
 
@@ -148,7 +164,10 @@ def _norm(src: str, dst: str, d: int) -> list[Rule]:
 
 
 def _dense(src: str, dst: str, d_in: int, d_out: int) -> list[Rule]:
-    return [linear_kernel(f"{src}/kernel", f"{dst}.weight", (d_out, d_in)), copy(f"{src}/bias", f"{dst}.bias", (d_out,))]
+    return [
+        linear_kernel(f"{src}/kernel", f"{dst}.weight", (d_out, d_in)),
+        copy(f"{src}/bias", f"{dst}.bias", (d_out,)),
+    ]
 
 
 def _heads(src: str, names: tuple[str, ...], dst: str, cfg: ViTConfig, bias: bool = True) -> list[Rule]:
@@ -162,8 +181,10 @@ def _heads(src: str, names: tuple[str, ...], dst: str, cfg: ViTConfig, bias: boo
 
 def _attention_out(src: str, dst: str, cfg: ViTConfig) -> list[Rule]:
     d, n, hd = cfg.width, cfg.num_heads, cfg.head_dim
-    return [Rule(f"{dst}.weight", (Piece(f"{src}/out/kernel", (n, hd, d), (d, d), (1, 0)),)),
-            copy(f"{src}/out/bias", f"{dst}.bias", (d,))]
+    return [
+        Rule(f"{dst}.weight", (Piece(f"{src}/out/kernel", (n, hd, d), (d, d), (1, 0)),)),
+        copy(f"{src}/out/bias", f"{dst}.bias", (d,)),
+    ]
 
 
 def rules(cfg: ViTConfig, layout: Layout) -> list[Rule]:
@@ -171,8 +192,10 @@ def rules(cfg: ViTConfig, layout: Layout) -> list[Rule]:
     d, f, p = cfg.width, cfg.mlp_dim, layout.prefix
     ph, pw = cfg.patch_size
     ln1, mha, ln2, mlp = _COUNTERS[layout.counters]
-    r = [conv_kernel(p + "embedding/kernel", "patch_embed.proj.weight", (d, cfg.in_chans, ph, pw)),
-         copy(p + "embedding/bias", "patch_embed.proj.bias", (d,))]
+    r = [
+        conv_kernel(p + "embedding/kernel", "patch_embed.proj.weight", (d, cfg.in_chans, ph, pw)),
+        copy(p + "embedding/bias", "patch_embed.proj.bias", (d,)),
+    ]
     if cfg.class_token:
         r.append(copy(p + "cls", "cls_token", (1, 1, d)))
     if cfg.posemb == "learn":
@@ -183,7 +206,9 @@ def rules(cfg: ViTConfig, layout: Layout) -> list[Rule]:
         r += _heads(b + mha, ("query", "key", "value"), t + "attn.qkv", cfg, cfg.qkv_bias)
         r += _attention_out(b + mha, t + "attn.proj", cfg)
         r += _norm(b + ln2, t + "norm2", d)
-        r += _dense(f"{b}{mlp}/Dense_0", t + "mlp.fc1", d, f) + _dense(f"{b}{mlp}/Dense_1", t + "mlp.fc2", f, d)
+        r += _dense(f"{b}{mlp}/Dense_0", t + "mlp.fc1", d, f) + _dense(
+            f"{b}{mlp}/Dense_1", t + "mlp.fc2", f, d
+        )
     r += _norm(p + "Transformer/encoder_norm", "norm", d)
     if cfg.pool == "map":
         h = p + "MAPHead_0/"
@@ -199,15 +224,23 @@ def rules(cfg: ViTConfig, layout: Layout) -> list[Rule]:
     if cfg.num_classes:
         r += _dense(p + "head", "head", cfg.features_dim, cfg.num_classes)
     if layout.scan:
+
         def stacked(key: str):
             m = _BLOCK.match(key)
             return (f"{m.group(1)}encoderblock/{m.group(3)}", int(m.group(2))) if m else None
+
         r = stack_layers(r, stacked)
     return r
 
 
-def read(tensors: Mapping[str, np.ndarray], *, source_image_size: tuple[int, int] | None = None,
-         overrides: Mapping[str, Any] = (), context: str = ".npz file", keep_zero_head: bool = False) -> Decoded:
+def read(
+    tensors: Mapping[str, np.ndarray],
+    *,
+    source_image_size: tuple[int, int] | None = None,
+    overrides: Mapping[str, Any] = (),
+    context: str = ".npz file",
+    keep_zero_head: bool = False,
+) -> Decoded:
     """Canonical state and inferred config of an original-ViT or big_vision .npz (as a dict).
 
     An all-zero head is dropped (reported) unless ``keep_zero_head``: the ImageNet-21k releases of the
@@ -223,7 +256,9 @@ def read(tensors: Mapping[str, np.ndarray], *, source_image_size: tuple[int, int
         raise FormatError(f"{context}: no 4-D embedding/kernel under any of the prefixes {PREFIXES}")
     dropped = [(k, _DROPPED_OUTSIDE[prefix]) for k in tensors if not k.startswith(prefix)]
     t = {k: v for k, v in tensors.items() if k.startswith(prefix)}
-    ph, pw, c, d = positive_dims(np.shape(t[prefix + "embedding/kernel"]), prefix + "embedding/kernel", context)
+    ph, pw, c, d = positive_dims(
+        np.shape(t[prefix + "embedding/kernel"]), prefix + "embedding/kernel", context
+    )
     grid = (source_image_size[0] // ph, source_image_size[1] // pw) if source_image_size else None
     tr = prefix + "Transformer/"
     scan = tr + "encoderblock/LayerNorm_0/scale" in t
@@ -248,17 +283,29 @@ def read(tensors: Mapping[str, np.ndarray], *, source_image_size: tuple[int, int
     q = shape(f"{block0}{mha}/query/kernel")
     if len(q) != 3:
         raise FormatError(f"{context}: {block0}{mha}/query/kernel has shape {q}, expected (D, N, D/N)")
-    f: dict[str, Any] = dict(patch_size=(ph, pw), in_chans=c, width=d, depth=depth, num_heads=q[1],
-                             mlp_dim=shape(f"{block0}{mlp}/Dense_0/kernel")[-1],
-                             qkv_bias=f"{block0}{mha}/query/bias" in t)
+    f: dict[str, Any] = dict(
+        patch_size=(ph, pw),
+        in_chans=c,
+        width=d,
+        depth=depth,
+        num_heads=q[1],
+        mlp_dim=shape(f"{block0}{mlp}/Dense_0/kernel")[-1],
+        qkv_bias=f"{block0}{mha}/query/bias" in t,
+    )
     inferred = {k: "tensor shapes" for k in f}
     f["class_token"] = prefix + "cls" in t
     posemb_key = next((k for k in POSEMB_KEYS if prefix + k in t), None)
     notes = []
     if posemb_key is not None:
-        (gh, gw), f["posemb_prefix"] = posemb_layout(np.shape(t[prefix + posemb_key])[1], int(f["class_token"]),
-                                                     grid, f"{context}: {prefix + posemb_key}")
-        inferred["image_size"] = "pos_embedding rows x patch size" + (" (given size)" if grid else " (square)")
+        (gh, gw), f["posemb_prefix"] = posemb_layout(
+            np.shape(t[prefix + posemb_key])[1],
+            int(f["class_token"]),
+            grid,
+            f"{context}: {prefix + posemb_key}",
+        )
+        inferred["image_size"] = "pos_embedding rows x patch size" + (
+            " (given size)" if grid else " (square)"
+        )
     else:
         f["posemb"], f["posemb_prefix"] = "sincos2d", False
         gh, gw = grid or (224 // ph, 224 // pw)
@@ -270,10 +317,20 @@ def read(tensors: Mapping[str, np.ndarray], *, source_image_size: tuple[int, int
     f["rep_size"] = np.shape(t[prefix + "pre_logits/kernel"])[-1] if prefix + "pre_logits/kernel" in t else 0
     f["num_classes"] = np.shape(t[prefix + "head/kernel"])[-1] if prefix + "head/kernel" in t else 0
     inferred["num_classes"] = "head shape"
-    if f["num_classes"] and not keep_zero_head and not any(np.any(np.asarray(t[prefix + f"head/{w}"])) for w in ("kernel", "bias")
-                                    if prefix + f"head/{w}" in t):
-        why = (f"all zeros ({f['num_classes']}-class head zeroed in the release, e.g. ImageNet-21k ViT): dropped; "
-               f"pass num_classes={f['num_classes']} to keep it")
+    if (
+        f["num_classes"]
+        and not keep_zero_head
+        and not any(
+            np.any(np.asarray(t[prefix + f"head/{w}"]))
+            for w in ("kernel", "bias")
+            if prefix + f"head/{w}" in t
+        )
+    ):
+        why = (
+            f"all zeros ({f['num_classes']}-class head zeroed in the release, e.g. ImageNet-21k ViT): "
+            "dropped; "
+            f"pass num_classes={f['num_classes']} to keep it"
+        )
         dropped += [(prefix + f"head/{w}", why) for w in ("kernel", "bias") if prefix + f"head/{w}" in t]
         t = {k: v for k, v in t.items() if not k.startswith(prefix + "head/")}
         f["num_classes"] = 0
@@ -291,8 +348,9 @@ def read(tensors: Mapping[str, np.ndarray], *, source_image_size: tuple[int, int
     return Decoded(cfg, state, layout.describe(), inferred, dropped, notes)
 
 
-def prepare(cfg: ViTConfig, state: Mapping[str, np.ndarray], family: str
-            ) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
+def prepare(
+    cfg: ViTConfig, state: Mapping[str, np.ndarray], family: str
+) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
     """Config and tensors as ``family`` ('original_vit' | 'big_vision') holds them.
 
     The original ViT only has learned position embeddings with prefix rows (a table without them gets
@@ -302,13 +360,17 @@ def prepare(cfg: ViTConfig, state: Mapping[str, np.ndarray], family: str
     Raises:
         ValueError: names every choice the layout cannot hold.
     """
-    unsupported(family, cfg, {
-        f"reg_tokens={cfg.reg_tokens}": cfg.reg_tokens > 0,
-        "LayerScale": cfg.layer_scale is not None,
-        "qk_norm": cfg.qk_norm,
-        "fc_norm": cfg.fc_norm,
-        "posemb='none' (a file without position embedding reads as sincos2d)": cfg.posemb == "none",
-    })
+    unsupported(
+        family,
+        cfg,
+        {
+            f"reg_tokens={cfg.reg_tokens}": cfg.reg_tokens > 0,
+            "LayerScale": cfg.layer_scale is not None,
+            "qk_norm": cfg.qk_norm,
+            "fc_norm": cfg.fc_norm,
+            "posemb='none' (a file without position embedding reads as sincos2d)": cfg.posemb == "none",
+        },
+    )
     notes = []
     if cfg.num_classes and not any(np.any(np.asarray(state[k])) for k in ("head.weight", "head.bias")):
         notes.append("the head is all zeros: readers drop it unless given num_classes (--num-classes)")
@@ -322,8 +384,14 @@ def prepare(cfg: ViTConfig, state: Mapping[str, np.ndarray], family: str
     return cfg, state, notes
 
 
-def write(cfg: ViTConfig, state: Mapping[str, np.ndarray], family: str, *, prefix: str | None = None,
-          scan: bool = False) -> dict[str, np.ndarray]:
+def write(
+    cfg: ViTConfig,
+    state: Mapping[str, np.ndarray],
+    family: str,
+    *,
+    prefix: str | None = None,
+    scan: bool = False,
+) -> dict[str, np.ndarray]:
     """File tensors of an already ``prepare``d state in ``family``'s layout.
 
     ``prefix`` defaults to '' (original_vit) or 'params/' (big_vision); ``scan`` stacks the blocks.

@@ -27,8 +27,8 @@ from vit_common.formats.base import (
     copy,
     guess_num_heads,
     materialize_posemb,
-    positive_dims,
     posemb_layout,
+    positive_dims,
     to_canonical,
     unsupported,
 )
@@ -46,7 +46,7 @@ def is_timm(keys) -> bool:
 def _normalise(tensors: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[str]]:
     notes = []
     if tensors and all(k.startswith("module.") for k in tensors):
-        tensors = {k[len("module."):]: v for k, v in tensors.items()}
+        tensors = {k[len("module.") :]: v for k, v in tensors.items()}
         notes.append("stripped the 'module.' prefix (DistributedDataParallel)")
     out = {}
     for k, v in tensors.items():
@@ -57,8 +57,13 @@ def _normalise(tensors: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray]
     return out, notes
 
 
-def read(tensors: Mapping[str, np.ndarray], *, source_image_size: tuple[int, int] | None = None,
-         overrides: Mapping[str, Any] = (), context: str = "timm file") -> Decoded:
+def read(
+    tensors: Mapping[str, np.ndarray],
+    *,
+    source_image_size: tuple[int, int] | None = None,
+    overrides: Mapping[str, Any] = (),
+    context: str = "timm file",
+) -> Decoded:
     """Canonical state and inferred config of a timm state_dict (numpy arrays).
 
     Args:
@@ -80,8 +85,13 @@ def read(tensors: Mapping[str, np.ndarray], *, source_image_size: tuple[int, int
         depth += 1
     if depth == 0 or "blocks.0.mlp.fc1.weight" not in t:
         raise FormatError(f"{context}: no blocks.0.norm1.weight / blocks.0.mlp.fc1.weight")
-    f: dict[str, Any] = dict(patch_size=(ph, pw), in_chans=c, width=d, depth=depth,
-                             mlp_dim=np.shape(t["blocks.0.mlp.fc1.weight"])[0])
+    f: dict[str, Any] = dict(
+        patch_size=(ph, pw),
+        in_chans=c,
+        width=d,
+        depth=depth,
+        mlp_dim=np.shape(t["blocks.0.mlp.fc1.weight"])[0],
+    )
     inferred = {k: "tensor shapes" for k in ("patch_size", "in_chans", "width", "depth", "mlp_dim")}
     f["qkv_bias"] = "blocks.0.attn.qkv.bias" in t
     f["qk_norm"] = "blocks.0.attn.q_norm.weight" in t
@@ -96,15 +106,18 @@ def read(tensors: Mapping[str, np.ndarray], *, source_image_size: tuple[int, int
         f["layer_scale"] = 1e-5
         inferred["layer_scale"] = "LayerScale present (the init value is not stored; 1e-5 recorded)"
     f["fc_norm"] = "fc_norm.weight" in t and "norm.weight" not in t
-    f["pool"] = "map" if "attn_pool.latent" in t else "gap" if f["fc_norm"] or not f["class_token"] else "token"
+    f["pool"] = (
+        "map" if "attn_pool.latent" in t else "gap" if f["fc_norm"] or not f["class_token"] else "token"
+    )
     inferred["pool"] = "guess from tensors (attn_pool -> map, fc_norm or no class token -> gap)"
     f["rep_size"] = np.shape(t["pre_logits.fc.weight"])[0] if "pre_logits.fc.weight" in t else 0
     f["num_classes"] = np.shape(t["head.weight"])[0] if "head.weight" in t else 0
     inferred["num_classes"] = "head shape"
     num_prefix = int(f["class_token"]) + f["reg_tokens"]
     if "pos_embed" in t and np.ndim(t["pos_embed"]) == 3:
-        (gh, gw), f["posemb_prefix"] = posemb_layout(np.shape(t["pos_embed"])[1], num_prefix, grid,
-                                                     f"{context}: pos_embed")
+        (gh, gw), f["posemb_prefix"] = posemb_layout(
+            np.shape(t["pos_embed"])[1], num_prefix, grid, f"{context}: pos_embed"
+        )
         inferred["posemb_prefix"] = "pos_embed rows (timm no_embed_class when False)"
         f["image_size"] = (gh * ph, gw * pw)
         inferred["image_size"] = "pos_embed rows x patch size" + (" (given size)" if grid else " (square)")
@@ -124,11 +137,17 @@ def read(tensors: Mapping[str, np.ndarray], *, source_image_size: tuple[int, int
     return Decoded(cfg, to_canonical(rules, t, context), "timm state_dict", inferred, [], notes)
 
 
-def prepare(cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
+def prepare(
+    cfg: ViTConfig, state: Mapping[str, np.ndarray]
+) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
     """Config and tensors as a timm file holds them (raises ValueError for what timm cannot hold)."""
-    unsupported("timm", cfg, {
-        f"rep_size={cfg.rep_size} (timm's VisionTransformer has no pre-logits layer)": cfg.rep_size > 0,
-    })
+    unsupported(
+        "timm",
+        cfg,
+        {
+            f"rep_size={cfg.rep_size} (timm's VisionTransformer has no pre-logits layer)": cfg.rep_size > 0,
+        },
+    )
     cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=False)
     return cfg, dict(state), notes
 
@@ -148,22 +167,43 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
     Raises:
         ValueError: timm cannot build this config (pre-logits layer, sincos2d position embedding).
     """
-    unsupported("timm", cfg, {
-        f"rep_size={cfg.rep_size} (no pre-logits layer in timm)": cfg.rep_size > 0,
-        "posemb='sincos2d' (timm's VisionTransformer has only learned position embeddings; "
-        "convert the file, which writes the table as pos_embed)": cfg.posemb == "sincos2d",
-    })
+    unsupported(
+        "timm",
+        cfg,
+        {
+            f"rep_size={cfg.rep_size} (no pre-logits layer in timm)": cfg.rep_size > 0,
+            "posemb='sincos2d' (timm's VisionTransformer has only learned position embeddings; "
+            "convert the file, which writes the table as pos_embed)": cfg.posemb == "sincos2d",
+        },
+    )
     ratio = cfg.mlp_dim / cfg.width
     while int(cfg.width * ratio) < cfg.mlp_dim:  # timm computes int(width * mlp_ratio)
         ratio = float(np.nextafter(ratio, np.inf))
     return dict(
-        img_size=tuple(cfg.image_size), patch_size=tuple(cfg.patch_size), in_chans=cfg.in_chans,
-        num_classes=cfg.num_classes, global_pool=_POOL[cfg.pool], embed_dim=cfg.width, depth=cfg.depth,
-        num_heads=cfg.num_heads, mlp_ratio=ratio, qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm,
-        init_values=cfg.layer_scale, class_token=cfg.class_token, reg_tokens=cfg.reg_tokens,
-        pos_embed="learn" if cfg.posemb == "learn" else "none", no_embed_class=not cfg.posemb_prefix,
-        fc_norm=cfg.fc_norm, dynamic_img_size=cfg.dynamic_img_size, dynamic_img_pad=cfg.dynamic_img_pad,
-        drop_rate=cfg.dropout, pos_drop_rate=cfg.dropout, proj_drop_rate=cfg.dropout,
-        attn_drop_rate=cfg.attn_dropout, drop_path_rate=cfg.drop_path,
-        act_layer="gelu_tanh" if cfg.gelu == "tanh" else "gelu", norm_eps=cfg.ln_eps,
+        img_size=tuple(cfg.image_size),
+        patch_size=tuple(cfg.patch_size),
+        in_chans=cfg.in_chans,
+        num_classes=cfg.num_classes,
+        global_pool=_POOL[cfg.pool],
+        embed_dim=cfg.width,
+        depth=cfg.depth,
+        num_heads=cfg.num_heads,
+        mlp_ratio=ratio,
+        qkv_bias=cfg.qkv_bias,
+        qk_norm=cfg.qk_norm,
+        init_values=cfg.layer_scale,
+        class_token=cfg.class_token,
+        reg_tokens=cfg.reg_tokens,
+        pos_embed="learn" if cfg.posemb == "learn" else "none",
+        no_embed_class=not cfg.posemb_prefix,
+        fc_norm=cfg.fc_norm,
+        dynamic_img_size=cfg.dynamic_img_size,
+        dynamic_img_pad=cfg.dynamic_img_pad,
+        drop_rate=cfg.dropout,
+        pos_drop_rate=cfg.dropout,
+        proj_drop_rate=cfg.dropout,
+        attn_drop_rate=cfg.attn_dropout,
+        drop_path_rate=cfg.drop_path,
+        act_layer="gelu_tanh" if cfg.gelu == "tanh" else "gelu",
+        norm_eps=cfg.ln_eps,
     )
