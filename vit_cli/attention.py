@@ -287,14 +287,14 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"images {args.images}: names without suffix must differ (outputs use them)")
     model = _load(args.framework, args.checkpoint)
     cfg = model.cfg
-    images = np.stack([load_image(p, cfg.image_size, cfg.in_chans) for p in args.images])  # [B, H, W, C]
-    logits, inter = _forward(args.framework, model, normalise(images, args.mean, args.std))
     if args.layer == "all":
         layers = list(range(cfg.depth))
     elif -cfg.depth <= args.layer < cfg.depth:
         layers = [args.layer % cfg.depth]
     else:
         raise ValueError(f"--layer {args.layer}: the model has blocks 0..{cfg.depth - 1}")
+    images = np.stack([load_image(p, cfg.image_size, cfg.in_chans) for p in args.images])  # [B, H, W, C]
+    logits, inter = _forward(args.framework, model, normalise(images, args.mean, args.std))
     maps = attention_maps(cfg, inter, layers, args.head)
     shows = {k: v for k, v in maps.shows.items() if not (
         (args.method == "rollout" and k in ("raw", "probe")) or (args.method == "raw" and k == "rollout"))}
