@@ -75,30 +75,41 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def load_image(path: str | Path, size: tuple[int, int], chans: int) -> np.ndarray:
-    """Read an image, scale its shorter side to fit (H, W) (bicubic, PIL), centre-crop to exactly (H, W).
+def fit_image(im, size: tuple[int, int], chans: int) -> np.ndarray:
+    """A PIL image scaled (bicubic) so its shorter side fits (H, W), centre-cropped to exactly (H, W).
 
     Returns [H, W, C] float32 in [0, 1]; C=1 converts to grey ('L'), C=3 to 'RGB'.
 
     Raises:
-        FileNotFoundError: no such file. ValueError: not an image PIL can read, or C not 1 or 3.
+        ValueError: C is not 1 or 3.
     """
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     if chans not in (1, 3):
         raise ValueError(f"in_chans={chans}: images can be read for 1 (grey) or 3 (RGB) channels only")
     h, w = size
-    try:
-        with Image.open(path) as im:
-            im = im.convert("L" if chans == 1 else "RGB")
-    except UnidentifiedImageError as e:
-        raise ValueError(f"{path}: not an image file PIL can read") from e
+    im = im.convert("L" if chans == 1 else "RGB")
     scale = max(h / im.height, w / im.width)
     rw, rh = max(w, round(im.width * scale)), max(h, round(im.height * scale))
     im = im.resize((rw, rh), Image.Resampling.BICUBIC)
     left, top = (rw - w) // 2, (rh - h) // 2
     arr = np.asarray(im.crop((left, top, left + w, top + h)), np.float32) / 255.0
     return arr.reshape(h, w, chans)
+
+
+def load_image(path: str | Path, size: tuple[int, int], chans: int) -> np.ndarray:
+    """Read an image file and ``fit_image`` it: [H, W, C] float32 in [0, 1].
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: not an image PIL can read, or C not 1 or 3.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return fit_image(im, size, chans)
+    except UnidentifiedImageError as e:
+        raise ValueError(f"{path}: not an image file PIL can read") from e
 
 
 def normalise(images: np.ndarray, mean: list[float], std: list[float]) -> np.ndarray:
