@@ -255,7 +255,9 @@ def _image_outputs(b: int, image: np.ndarray, maps, cfg, args, out: Path, stem: 
     """Write one image's overlays and arrays: (figure panels, shares per map, files written)."""
     from vit_common.attention import split_tokens
 
-    grid = lambda dist: split_tokens(dist, cfg).patches  # noqa: E731  [..., L] -> [..., h, w]
+    def grid(dist: np.ndarray) -> np.ndarray:  # [..., L] -> patch grid [..., h, w]
+        return split_tokens(dist, cfg).patches
+
     head, panels, share, files = args.head, [], {}, []
     fusion = head if isinstance(head, str) else f"head {head}"
     sources = []  # (key, label, per-head [N, L] or None, selected [L], draw every head)
@@ -337,8 +339,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(reports))
         return 0
     print(f"vit attention: {args.framework} twin, {args.checkpoint} (pool={cfg.pool!r}, class token "
-          f"{'yes' if cfg.class_token else 'no'}, {cfg.reg_tokens} registers, grid {h}x{w} pixels "
-          f"in {cfg.grid[0]}x{cfg.grid[1]} patches)")
+          f"{'yes' if cfg.class_token else 'no'}, {cfg.reg_tokens} registers, {h}x{w} px in "
+          f"{cfg.grid[0]}x{cfg.grid[1]} patches)")
     print(f"  input: {preprocess}")
     for k, v in shows.items():
         print(f"  {k}: {v}")
