@@ -12,6 +12,7 @@ import sys
 # subcommand -> module; each module imports only argparse/stdlib/vit_common at top level.
 COMMANDS = {
     "info": "vit_cli.info",
+    "attention": "vit_cli.attention",
 }
 
 
