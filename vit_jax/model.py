@@ -27,6 +27,11 @@ def _acc(dtype) -> jnp.dtype:
     return jnp.promote_types(dtype, jnp.float32)
 
 
+def _fused(cfg: ViTConfig) -> bool:
+    """Take jax.nn.dot_product_attention? Never in float64, where it would round the softmax to float32."""
+    return cfg.attn_impl == "fused" and cfg.dtype != "float64"
+
+
 def _layer_norm(cfg: ViTConfig, dim: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
     # use_fast_variance=False: flax's default E[x^2]-E[x]^2 differs from torch's two-pass variance.
     return nnx.LayerNorm(dim, epsilon=cfg.ln_eps, use_fast_variance=False, rngs=rngs, **_dtypes(cfg))
@@ -59,12 +64,13 @@ class Attention(nnx.Module):
 
     Two paths: fused (``jax.nn.dot_product_attention``, ``cfg.attn_backend`` picks 'xla' or 'cudnn')
     and explicit (logits and softmax written out), which alone returns probabilities. Both compute
-    logits and softmax in at least float32.
+    logits and softmax in at least float32. float64 always takes the explicit path: JAX's fused op
+    casts the logits to float32 before its softmax (jax/_src/nn/functions.py), a ~1e-8 error.
     """
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
-        self.fused = cfg.attn_impl == "fused"
+        self.fused = _fused(cfg)
         self.backend = cfg.attn_backend
         self.qkv = _linear(cfg, cfg.width, 3 * cfg.width, rngs, bias=cfg.qkv_bias)
         self.q_norm = _layer_norm(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
@@ -176,7 +182,7 @@ class MAPHead(nnx.Module):
         self.proj = _linear(cfg, cfg.width, cfg.width, rngs)
         self.norm = _layer_norm(cfg, cfg.width, rngs)
         self.mlp = Mlp(cfg, rngs=rngs)
-        self.fused = cfg.attn_impl == "fused"
+        self.fused = _fused(cfg)
 
     def __call__(self, x: jax.Array, *, return_attn: bool = False) -> tuple[jax.Array, jax.Array | None]:
         b, l, d = x.shape

@@ -43,17 +43,22 @@ def _param_paths(state: nnx.State) -> list[tuple[tuple, object]]:
     return list(nnx.to_flat_state(state))
 
 
-def to_numpy(model: VisionTransformer) -> dict[str, np.ndarray]:
-    """The canonical state of ``model``: {timm name: numpy array in PyTorch layout}, contiguous.
+def params_to_numpy(cfg: ViTConfig, params: nnx.State) -> dict[str, np.ndarray]:
+    """A parameter-shaped State (the parameters, or their gradients) -> canonical names and layouts.
 
-    Arrays keep the parameter dtype (bfloat16 as ml_dtypes.bfloat16).
+    Arrays keep their dtype (bfloat16 as ml_dtypes.bfloat16), in ``canonical_shapes(cfg)`` order.
     """
     out = {}
-    for path, var in _param_paths(nnx.state(model, nnx.Param)):
+    for path, var in _param_paths(params):
         name, kind = _canonical_name(path)
         out[name] = _to_canonical(np.asarray(jax.device_get(var[...])), kind)
-    order = canonical_shapes(model.cfg)
+    order = canonical_shapes(cfg)
     return {k: out[k] for k in order if k in out} | {k: v for k, v in out.items() if k not in order}
+
+
+def to_numpy(model: VisionTransformer) -> dict[str, np.ndarray]:
+    """The canonical state of ``model``: {timm name: numpy array in PyTorch layout}, contiguous."""
+    return params_to_numpy(model.cfg, nnx.state(model, nnx.Param))
 
 
 def check_float64(cfg: ViTConfig) -> None:
