@@ -32,24 +32,16 @@ def _is_key(x) -> bool:
     return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
-def _pure(state: nnx.State) -> dict:
-    """nnx.State -> nested dict of arrays with string keys (PRNG keys as raw uint32 key data)."""
-
-    def conv(tree):
-        if isinstance(tree, Mapping):
-            return {str(k): conv(v) for k, v in tree.items()}
-        return jax.random.key_data(tree) if _is_key(tree) else tree
-
-    return conv(state.to_pure_dict())
+def _pure_dict(state: nnx.State) -> dict:
+    """nnx.State -> nested dict of arrays (``nnx.to_pure_dict`` where flax has it)."""
+    return nnx.to_pure_dict(state) if hasattr(nnx, "to_pure_dict") else state.to_pure_dict()
 
 
-def _abstract_pure(state: nnx.State) -> dict:
-    def conv(tree):
-        if isinstance(tree, Mapping):
-            return {str(k): conv(v) for k, v in tree.items()}
-        return jax.eval_shape(jax.random.key_data, tree) if _is_key(tree) else tree
-
-    return conv(state.to_pure_dict())
+def _storable(tree, key_leaf):
+    """Nested dict with string keys (orbax), PRNG-key leaves replaced by ``key_leaf(key)``."""
+    if isinstance(tree, Mapping):
+        return {str(k): _storable(v, key_leaf) for k, v in tree.items()}
+    return key_leaf(tree) if _is_key(tree) else tree
 
 
 def _unpure(template, restored, impl: str):
@@ -62,14 +54,14 @@ def _unpure(template, restored, impl: str):
 def save_orbax(path: str | os.PathLike, model: VisionTransformer) -> None:
     """Save ``model`` (its whole NNX state) and its config to the folder ``path``, atomically."""
     state = nnx.state(model)
-    keys = [v for v in jax.tree.leaves(state.to_pure_dict()) if _is_key(v)]
+    keys = [v for v in jax.tree.leaves(_pure_dict(state)) if _is_key(v)]
     impl = str(jax.random.key_impl(keys[0])) if keys else ""
     meta = {"format": FORMAT_TAG, "vit_config": model.cfg.to_json(), "rng_impl": impl}
 
     def write(tmp: Path) -> None:
         (tmp / ORBAX_CONFIG).write_text(json.dumps(meta, indent=1) + "\n")
         ckptr = ocp.StandardCheckpointer()
-        ckptr.save((tmp / "state").absolute(), _pure(state))
+        ckptr.save((tmp / "state").absolute(), _storable(_pure_dict(state), jax.random.key_data))
         ckptr.wait_until_finished()
         ckptr.close()
 
@@ -96,10 +88,10 @@ def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:
     check_float64(cfg)
     abstract = nnx.eval_shape(lambda: VisionTransformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, abstract_state = nnx.split(abstract)
-    template = abstract_state.to_pure_dict()
+    template = _pure_dict(abstract_state)
     ckptr = ocp.StandardCheckpointer()
     try:
-        restored = ckptr.restore((path / "state").absolute(), _abstract_pure(abstract_state))
+        restored = ckptr.restore((path / "state").absolute(), _storable(template, lambda k: jax.eval_shape(jax.random.key_data, k)))
     except (ValueError, KeyError, TypeError, FileNotFoundError, OSError) as e:
         raise FormatError(f"{path}: orbax could not restore the state for the stored config ({e})") from e
     finally:
