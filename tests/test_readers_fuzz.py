@@ -4,6 +4,7 @@ unreadable or unknown input, StateMismatchError for tensors that do not fit)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
@@ -17,9 +18,18 @@ from hypothesis import strategies as st
 from vit_common.convert import convert, load_checkpoint, save_checkpoint
 from vit_common.formats.canonical import save_safetensors
 
-SETTINGS = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@contextlib.contextmanager
+def _workdir():
+    """A fresh folder with an empty 'out' subfolder for conversions, removed afterwards."""
+    work = Path(tempfile.mkdtemp())
+    (work / "out").mkdir()
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work)
 
 
 def _expect_documented(path: Path, out_dir: Path) -> None:
@@ -56,13 +66,9 @@ FILES = ["canonical.safetensors", "timm.safetensors", "bv.npz", "vit.npz", "hf/m
 @SETTINGS
 @given(data=st.binary(max_size=512))
 def test_random_bytes(data):
-    work = Path(tempfile.mkdtemp())
-    try:
+    with _workdir() as work:
         (work / "in.bin").write_bytes(data)
-        (work / "out").mkdir()
         _expect_documented(work / "in.bin", work / "out")
-    finally:
-        shutil.rmtree(work)
 
 
 @SETTINGS
@@ -73,8 +79,7 @@ def test_random_bytes(data):
 )
 def test_truncated_and_corrupted_files(which, cut, flips):
     originals = _originals(ROOT)
-    work = Path(tempfile.mkdtemp())
-    try:
+    with _workdir() as work:
         src = originals[which.split("/")[0]]
         target = work / src.name
         shutil.copytree(src, target) if src.is_dir() else shutil.copy(src, target)
@@ -85,10 +90,7 @@ def test_truncated_and_corrupted_files(which, cut, flips):
         if flips or cut:
             data = data[: max(1, int(len(data) * (1 - cut)))] if cut else data
         f.write_bytes(bytes(data))
-        (work / "out").mkdir()
         _expect_documented(target, work / "out")
-    finally:
-        shutil.rmtree(work)
 
 
 KEYS = [
@@ -116,13 +118,9 @@ KEYS = [
     )
 )
 def test_random_tensor_sets(spec):
-    work = Path(tempfile.mkdtemp())
-    try:
+    with _workdir() as work:
         save_safetensors(work / "in.safetensors", {k: np.ones(s, np.float32) for k, s in spec.items()})
-        (work / "out").mkdir()
         _expect_documented(work / "in.safetensors", work / "out")
-    finally:
-        shutil.rmtree(work)
 
 
 @SETTINGS
@@ -154,16 +152,12 @@ def test_random_tensor_sets(spec):
 )
 def test_corrupted_hf_config(edits):
     originals = _originals(ROOT)
-    work = Path(tempfile.mkdtemp())
-    try:
+    with _workdir() as work:
         shutil.copytree(originals["hf"], work / "hf")
         config = json.loads((work / "hf" / "config.json").read_text())
         config.update(edits)
         (work / "hf" / "config.json").write_text(json.dumps(config))
-        (work / "out").mkdir()
         _expect_documented(work / "hf", work / "out")
-    finally:
-        shutil.rmtree(work)
 
 
 @SETTINGS
@@ -178,15 +172,11 @@ def test_corrupted_hf_config(edits):
     )
 )
 def test_corrupted_stored_config(meta):
-    work = Path(tempfile.mkdtemp())
-    try:
+    with _workdir() as work:
         stored = json.dumps({**SMALL.to_dict(), **meta}) if isinstance(meta, dict) else meta
         save_safetensors(
             work / "in.safetensors",
             random_state(SMALL),
             {"format": "vit-twins/canonical/1", "vit_config": stored},
         )
-        (work / "out").mkdir()
         _expect_documented(work / "in.safetensors", work / "out")
-    finally:
-        shutil.rmtree(work)

@@ -91,7 +91,9 @@ def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:
     template = _pure_dict(abstract_state)
     ckptr = ocp.StandardCheckpointer()
     try:
-        restored = ckptr.restore((path / "state").absolute(), _storable(template, lambda k: jax.eval_shape(jax.random.key_data, k)))
+        restored = ckptr.restore(
+            (path / "state").absolute(), _storable(template, lambda k: jax.eval_shape(jax.random.key_data, k))
+        )
     except (ValueError, KeyError, TypeError, FileNotFoundError, OSError) as e:
         raise FormatError(f"{path}: orbax could not restore the state for the stored config ({e})") from e
     finally:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -121,9 +122,7 @@ def file_shapes(rules: list[Rule]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def to_canonical(
-    rules: list[Rule], tensors: Mapping[str, np.ndarray], context: str = ""
-) -> dict[str, np.ndarray]:
+def to_canonical(rules: list[Rule], tensors: Mapping[str, np.ndarray], context: str = "") -> dict[str, np.ndarray]:
     """Apply ``rules`` to file tensors: every file tensor used exactly once, every rule filled.
 
     Raises:
@@ -157,6 +156,11 @@ def from_canonical(rules: list[Rule], state: Mapping[str, np.ndarray]) -> dict[s
 
 
 # ------------------------------------------------------------------------------- config inference
+
+
+def shape_fields(**fields: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """(config fields, their 'tensor shapes' provenance) for values read off tensor shapes."""
+    return dict(fields), {k: "tensor shapes" for k in fields}
 
 
 def positive_dims(shape: tuple[int, ...], name: str, context: str) -> tuple[int, ...]:
@@ -201,9 +205,7 @@ def grid_of(rows: int, prefix: int, grid: tuple[int, int] | None) -> tuple[int, 
     return (side, side) if side * side == n else None
 
 
-def posemb_layout(
-    rows: int, num_prefix: int, grid: tuple[int, int] | None, name: str
-) -> tuple[tuple[int, int], bool]:
+def posemb_layout(rows: int, num_prefix: int, grid: tuple[int, int] | None, name: str) -> tuple[tuple[int, int], bool]:
     """(patch grid, posemb_prefix) of a stored pos_embed with ``rows`` rows.
 
     With prefix rows (timm default, original ViT) the rows are prefix + grid; without (no_embed_class,
@@ -298,17 +300,10 @@ class Report:
         cfg = self.config
         if cfg is None:
             return "?"
-        p = (
-            cfg.patch_size[0]
-            if cfg.patch_size[0] == cfg.patch_size[1]
-            else "x".join(map(str, cfg.patch_size))
-        )
+        p = cfg.patch_size[0] if cfg.patch_size[0] == cfg.patch_size[1] else "x".join(map(str, cfg.patch_size))
         if cfg.variant is not None:
             return f"{cfg.variant}/{p}"
-        return (
-            f"custom (width {cfg.width}, depth {cfg.depth}, heads {cfg.num_heads}, "
-            f"mlp {cfg.mlp_dim}, patch {p})"
-        )
+        return f"custom (width {cfg.width}, depth {cfg.depth}, heads {cfg.num_heads}, mlp {cfg.mlp_dim}, patch {p})"
 
     def lines(self) -> list[str]:
         cfg = self.config

@@ -97,8 +97,9 @@ def stored_config(meta: Mapping[str, str], context: str) -> ViTConfig:
         FormatError: no format tag or no config, or a config that does not parse or validate.
     """
     if meta.get("format") != FORMAT_TAG or "vit_config" not in meta:
-        raise FormatError(f"{context}: no stored ViTConfig (format tag {meta.get('format')!r}, "
-                          f"expected {FORMAT_TAG!r})")
+        raise FormatError(
+            f"{context}: no stored ViTConfig (format tag {meta.get('format')!r}, expected {FORMAT_TAG!r})"
+        )
     try:
         return ViTConfig.from_json(meta["vit_config"])
     except (TypeError, ValueError, AttributeError) as e:

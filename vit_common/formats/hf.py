@@ -45,6 +45,7 @@ from vit_common.formats.base import (
     materialize_posemb,
     posemb_layout,
     positive_dims,
+    shape_fields,
     to_canonical,
     unsupported,
 )
@@ -90,9 +91,7 @@ def _pair(v: Any, name: str, context: str) -> tuple[int, int]:
 def _get(config: Mapping[str, Any], key: str, default: Any, types: tuple, context: str) -> Any:
     v = config.get(key, default)
     if not isinstance(v, types) or isinstance(v, bool) and bool not in types:
-        raise FormatError(
-            f"{context}: config.json {key}={v!r} is not a {' or '.join(t.__name__ for t in types)}"
-        )
+        raise FormatError(f"{context}: config.json {key}={v!r} is not a {' or '.join(t.__name__ for t in types)}")
     return v
 
 
@@ -168,7 +167,7 @@ def read(
     if depth == 0 or fc1 not in tensors or np.ndim(tensors[fc1]) != 2:
         raise FormatError(f"{context}: no {layer.format(i=0)}layernorm_before.weight / {fc1}")
     src = "config.json" if config is not None else "tensor shapes"
-    f: dict[str, Any] = dict(
+    f, inferred = shape_fields(
         patch_size=(ph, pw),
         in_chans=c,
         width=d,
@@ -176,21 +175,16 @@ def read(
         mlp_dim=np.shape(tensors[fc1])[0],
         qkv_bias=f"{layer.format(i=0)}{_NAMES[spelling][1]}.bias" in tensors,
     )
-    inferred = {k: "tensor shapes" for k in f}
     dropped, notes = [], []
     pe = tensors.get(prefix + "embeddings.position_embeddings")
     pe = pe if pe is not None and np.ndim(pe) == 3 else None
     rows = np.shape(pe)[1] if pe is not None else 0
     if config is not None:
         if config.get("model_type", "vit") != "vit":
-            raise FormatError(
-                f"{context}: config.json model_type={config.get('model_type')!r}, expected 'vit'"
-            )
+            raise FormatError(f"{context}: config.json model_type={config.get('model_type')!r}, expected 'vit'")
         act = _get(config, "hidden_act", "gelu", (str,), context)
         if act not in _ACT_TO_GELU:
-            raise FormatError(
-                f"{context}: config.json hidden_act={act!r}; expected one of {tuple(_ACT_TO_GELU)}"
-            )
+            raise FormatError(f"{context}: config.json hidden_act={act!r}; expected one of {tuple(_ACT_TO_GELU)}")
         f["gelu"], f["ln_eps"] = (
             _ACT_TO_GELU[act],
             _get(config, "layer_norm_eps", 1e-12, (float, int), context),
@@ -214,31 +208,21 @@ def read(
         n_labels = None
         notes.append("no config.json beside the weights: config inferred from tensor shapes")
     if pe is None and grid is None:
-        raise FormatError(
-            f"{context}: no {prefix}embeddings.position_embeddings and no config.json image size"
-        )
-    (gh, gw), _ = (
-        posemb_layout(rows, 1, grid, f"{context}: position_embeddings") if pe is not None else (grid, True)
-    )
+        raise FormatError(f"{context}: no {prefix}embeddings.position_embeddings and no config.json image size")
+    (gh, gw), _ = posemb_layout(rows, 1, grid, f"{context}: position_embeddings") if pe is not None else (grid, True)
     f["image_size"], inferred["image_size"] = (gh * ph, gw * pw), src
     f["posemb_prefix"] = True
     f["rep_size"] = (
-        np.shape(tensors[prefix + "pooler.dense.weight"])[0]
-        if prefix + "pooler.dense.weight" in tensors
-        else 0
+        np.shape(tensors[prefix + "pooler.dense.weight"])[0] if prefix + "pooler.dense.weight" in tensors else 0
     )
     head = tensors.get("classifier.weight")
     f["num_classes"] = np.shape(head)[0] if head is not None and np.ndim(head) == 2 else 0
     inferred["num_classes"] = "classifier shape"
     conflicts = []
     if n_labels is not None and head is not None and n_labels != f["num_classes"]:
-        conflicts.append(
-            f"config.json has {n_labels} labels but classifier.weight has {f['num_classes']} rows"
-        )
+        conflicts.append(f"config.json has {n_labels} labels but classifier.weight has {f['num_classes']} rows")
     if prefix + _MASK_TOKEN in tensors:
-        dropped.append(
-            (prefix + _MASK_TOKEN, "mask token of masked-image-modelling pretraining; unused for images")
-        )
+        dropped.append((prefix + _MASK_TOKEN, "mask token of masked-image-modelling pretraining; unused for images"))
     dt = common_float_dtype(tensors)
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
@@ -249,9 +233,7 @@ def read(
     return Decoded(cfg, state, f"{arch}, {spelling} key names", inferred, dropped, notes, conflicts)
 
 
-def prepare(
-    cfg: ViTConfig, state: Mapping[str, np.ndarray]
-) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
+def prepare(cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
     """Config and tensors as an HF ViT holds them (raises ValueError naming what it cannot hold)."""
     unsupported(
         "Hugging Face ViT",

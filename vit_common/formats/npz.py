@@ -52,6 +52,7 @@ from vit_common.formats.base import (
     materialize_posemb,
     posemb_layout,
     positive_dims,
+    shape_fields,
     stack_layers,
     to_canonical,
     unsupported,
@@ -206,9 +207,7 @@ def rules(cfg: ViTConfig, layout: Layout) -> list[Rule]:
         r += _heads(b + mha, ("query", "key", "value"), t + "attn.qkv", cfg, cfg.qkv_bias)
         r += _attention_out(b + mha, t + "attn.proj", cfg)
         r += _norm(b + ln2, t + "norm2", d)
-        r += _dense(f"{b}{mlp}/Dense_0", t + "mlp.fc1", d, f) + _dense(
-            f"{b}{mlp}/Dense_1", t + "mlp.fc2", f, d
-        )
+        r += _dense(f"{b}{mlp}/Dense_0", t + "mlp.fc1", d, f) + _dense(f"{b}{mlp}/Dense_1", t + "mlp.fc2", f, d)
     r += _norm(p + "Transformer/encoder_norm", "norm", d)
     if cfg.pool == "map":
         h = p + "MAPHead_0/"
@@ -256,9 +255,7 @@ def read(
         raise FormatError(f"{context}: no 4-D embedding/kernel under any of the prefixes {PREFIXES}")
     dropped = [(k, _DROPPED_OUTSIDE[prefix]) for k in tensors if not k.startswith(prefix)]
     t = {k: v for k, v in tensors.items() if k.startswith(prefix)}
-    ph, pw, c, d = positive_dims(
-        np.shape(t[prefix + "embedding/kernel"]), prefix + "embedding/kernel", context
-    )
+    ph, pw, c, d = positive_dims(np.shape(t[prefix + "embedding/kernel"]), prefix + "embedding/kernel", context)
     grid = (source_image_size[0] // ph, source_image_size[1] // pw) if source_image_size else None
     tr = prefix + "Transformer/"
     scan = tr + "encoderblock/LayerNorm_0/scale" in t
@@ -283,7 +280,7 @@ def read(
     q = shape(f"{block0}{mha}/query/kernel")
     if len(q) != 3:
         raise FormatError(f"{context}: {block0}{mha}/query/kernel has shape {q}, expected (D, N, D/N)")
-    f: dict[str, Any] = dict(
+    f, inferred = shape_fields(
         patch_size=(ph, pw),
         in_chans=c,
         width=d,
@@ -292,7 +289,6 @@ def read(
         mlp_dim=shape(f"{block0}{mlp}/Dense_0/kernel")[-1],
         qkv_bias=f"{block0}{mha}/query/bias" in t,
     )
-    inferred = {k: "tensor shapes" for k in f}
     f["class_token"] = prefix + "cls" in t
     posemb_key = next((k for k in POSEMB_KEYS if prefix + k in t), None)
     notes = []
@@ -303,9 +299,7 @@ def read(
             grid,
             f"{context}: {prefix + posemb_key}",
         )
-        inferred["image_size"] = "pos_embedding rows x patch size" + (
-            " (given size)" if grid else " (square)"
-        )
+        inferred["image_size"] = "pos_embedding rows x patch size" + (" (given size)" if grid else " (square)")
     else:
         f["posemb"], f["posemb_prefix"] = "sincos2d", False
         gh, gw = grid or (224 // ph, 224 // pw)
@@ -321,9 +315,7 @@ def read(
         f["num_classes"]
         and not keep_zero_head
         and not any(
-            np.any(np.asarray(t[prefix + f"head/{w}"]))
-            for w in ("kernel", "bias")
-            if prefix + f"head/{w}" in t
+            np.any(np.asarray(t[prefix + f"head/{w}"])) for w in ("kernel", "bias") if prefix + f"head/{w}" in t
         )
     ):
         why = (

@@ -29,6 +29,7 @@ from vit_common.formats.base import (
     materialize_posemb,
     posemb_layout,
     positive_dims,
+    shape_fields,
     to_canonical,
     unsupported,
 )
@@ -85,14 +86,9 @@ def read(
         depth += 1
     if depth == 0 or "blocks.0.mlp.fc1.weight" not in t:
         raise FormatError(f"{context}: no blocks.0.norm1.weight / blocks.0.mlp.fc1.weight")
-    f: dict[str, Any] = dict(
-        patch_size=(ph, pw),
-        in_chans=c,
-        width=d,
-        depth=depth,
-        mlp_dim=np.shape(t["blocks.0.mlp.fc1.weight"])[0],
+    f, inferred = shape_fields(
+        patch_size=(ph, pw), in_chans=c, width=d, depth=depth, mlp_dim=np.shape(t["blocks.0.mlp.fc1.weight"])[0]
     )
-    inferred = {k: "tensor shapes" for k in ("patch_size", "in_chans", "width", "depth", "mlp_dim")}
     f["qkv_bias"] = "blocks.0.attn.qkv.bias" in t
     f["qk_norm"] = "blocks.0.attn.q_norm.weight" in t
     f["class_token"] = "cls_token" in t
@@ -106,9 +102,7 @@ def read(
         f["layer_scale"] = 1e-5
         inferred["layer_scale"] = "LayerScale present (the init value is not stored; 1e-5 recorded)"
     f["fc_norm"] = "fc_norm.weight" in t and "norm.weight" not in t
-    f["pool"] = (
-        "map" if "attn_pool.latent" in t else "gap" if f["fc_norm"] or not f["class_token"] else "token"
-    )
+    f["pool"] = "map" if "attn_pool.latent" in t else "gap" if f["fc_norm"] or not f["class_token"] else "token"
     inferred["pool"] = "guess from tensors (attn_pool -> map, fc_norm or no class token -> gap)"
     f["rep_size"] = np.shape(t["pre_logits.fc.weight"])[0] if "pre_logits.fc.weight" in t else 0
     f["num_classes"] = np.shape(t["head.weight"])[0] if "head.weight" in t else 0
@@ -137,9 +131,7 @@ def read(
     return Decoded(cfg, to_canonical(rules, t, context), "timm state_dict", inferred, [], notes)
 
 
-def prepare(
-    cfg: ViTConfig, state: Mapping[str, np.ndarray]
-) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
+def prepare(cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
     """Config and tensors as a timm file holds them (raises ValueError for what timm cannot hold)."""
     unsupported(
         "timm",
