@@ -74,15 +74,15 @@ def test_hf_both_ways(tmp_path, arch, act, spelling):
 
 
 def test_hf_folder_resampled_at_load_time(tmp_path):
-    """image_size at load time resamples like transformers' own interpolate_pos_encoding when the method
-    matches it (bicubic, no antialias, align_corners=False)."""
+    """image_size at load time resamples like transformers' own interpolate_pos_encoding (bicubic, no
+    antialias, align_corners=False: the default method for HF folders)."""
     cfg = transformers.ViTConfig(**HF_SMALL, num_labels=5)
     model = perturb_(transformers.ViTForImageClassification(cfg))
     model.save_pretrained(tmp_path / "hf")
     x = images_nchw(2, (48, 48))
     with torch.no_grad():
         ref = model(torch.from_numpy(x), interpolate_pos_encoding=True).logits.numpy()
-    lj, lt = twin_logits(tmp_path / "hf", x, image_size=48, posemb_resample="bicubic")
+    lj, lt = twin_logits(tmp_path / "hf", x, image_size=48)
     for got in (lj, lt):
         assert compare("resampled", got, ref, "tensor", "float32").ok
     meta = json.loads((tmp_path / "hf" / "config.json").read_text())

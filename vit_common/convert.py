@@ -337,8 +337,6 @@ def load_checkpoint(
     path = Path(path)
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"format {fmt!r}: expected one of {tuple(FORMATS)}")
-    for key in ("image_size", "num_classes"):
-        overrides.pop(key, None)
     if source_image_size is not None:
         source_image_size = ViTConfig(image_size=source_image_size, patch_size=1).image_size
     dec, family, n = _decode(path, fmt, readers, source_image_size, overrides, num_classes is not None)

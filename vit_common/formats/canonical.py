@@ -119,7 +119,7 @@ def decode(cfg: ViTConfig, state: Mapping[str, np.ndarray], layout: str, context
         conflicts.append(f"the stored config has num_classes={cfg.num_classes} but the head has {k} rows")
         cfg = cfg.replace(num_classes=k)
     to_canonical([copy(n, n, s) for n, s in canonical_shapes(cfg).items()], state, context)
-    return Decoded(cfg, dict(state), layout, {"*": "stored config"}, [], [], conflicts)
+    return Decoded(cfg, dict(state), layout, {}, [], [], conflicts)
 
 
 def load_canonical(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, np.ndarray]]:

@@ -212,6 +212,8 @@ def read(
     (gh, gw), _ = posemb_layout(rows, 1, grid, f"{context}: position_embeddings") if pe is not None else (grid, True)
     f["image_size"], inferred["image_size"] = (gh * ph, gw * pw), src
     f["posemb_prefix"] = True
+    f["posemb_resample"] = "bicubic"
+    inferred["posemb_resample"] = "format default: transformers interpolate_pos_encoding (bicubic, no antialias)"
     f["rep_size"] = (
         np.shape(tensors[prefix + "pooler.dense.weight"])[0] if prefix + "pooler.dense.weight" in tensors else 0
     )
