@@ -427,6 +427,12 @@ def test_missing_path_and_frameworks_the_caller_did_not_give(tmp_path):
     assert needs(tmp_path / "m.npz", writing=True) is None
 
 
+def test_unknown_override_is_named(tmp_path):
+    save_checkpoint(tmp_path / "a.safetensors", SMALL, random_state(SMALL))
+    with pytest.raises(ValueError, match=r"unknown ViTConfig field\(s\) \['heads'\]"):
+        load_checkpoint(tmp_path / "a.safetensors", heads=3)
+
+
 def test_output_format_from_suffix():
     assert [output_format(p) for p in ("a.safetensors", "b.pth", "c.bin", "d.npz")] == [
         "canonical",

@@ -27,6 +27,7 @@ reads them back through the same format (bit-exact, or it raises) and then write
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import zipfile
@@ -109,13 +110,13 @@ def _sniff(path: Path) -> _Source:
                 wmap = _read_json(index).get("weight_map")
                 if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
                     raise FormatError(f"{index}: no weight_map of file names")
-                files = tuple(path / f for f in sorted(set(wmap.values())))
-                if any(Path(f).name != f or f in (".", "..") for f in set(wmap.values())):
+                names = sorted(set(wmap.values()))
+                if any(Path(f).name != f or f in (".", "..") for f in names):
                     raise FormatError(f"{index}: weight_map names files outside the folder")
-                return _Source("hf_dir", files, _read_json(path / "config.json"))
-            for name, kind in (("model.safetensors", "hf_dir"), ("pytorch_model.bin", "hf_dir")):
+                return _Source("hf_dir", tuple(path / f for f in names), _read_json(path / "config.json"))
+            for name in ("model.safetensors", "pytorch_model.bin"):
                 if (path / name).is_file():
-                    return _Source(kind, (path / name,), _read_json(path / "config.json"))
+                    return _Source("hf_dir", (path / name,), _read_json(path / "config.json"))
             raise FormatError(f"{path}: config.json but none of {HF_WEIGHTS}")
         raise FormatError(
             f"{path}: a folder that is neither a Hugging Face ViT folder (config.json + weights) "
@@ -265,7 +266,7 @@ def _decode(
     elif family in ("original_vit", "big_vision"):
         dec = npz.read(tensors, **kw)
     else:
-        raise ValueError(f"format {family!r}: expected one of {tuple(FORMATS)}")
+        raise FormatError(f"{path}: a {src.kind} container cannot be read as {family}")
     dec.dropped = dropped + dec.dropped
     return dec, family, len(tensors)
 
@@ -337,6 +338,9 @@ def load_checkpoint(
     path = Path(path)
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"format {fmt!r}: expected one of {tuple(FORMATS)}")
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(ViTConfig)})
+    if unknown:
+        raise ValueError(f"unknown ViTConfig field(s) {unknown} to override")
     if source_image_size is not None:
         source_image_size = ViTConfig(image_size=source_image_size, patch_size=1).image_size
     dec, family, n = _decode(path, fmt, readers, source_image_size, overrides, num_classes is not None)
