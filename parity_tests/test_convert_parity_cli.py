@@ -143,9 +143,10 @@ def test_run_parity_result_structure_float64(tmp_path):
     assert set(ROW_KEYS) < set(row)  # rows feed vit_cli.report.write_parity_report (issue 6) as they are
 
 
-@pytest.mark.parametrize("against", ["timm", "transformers"])
-def test_parity_cli_against_a_library_with_images(tmp_path, capsys, against):
-    save_checkpoint(tmp_path / "m.safetensors", CFG, _state())
+@pytest.mark.parametrize("against, cfg", [("timm", CFG.replace(pool="map", class_token=False)),
+                                          ("transformers", CFG)])
+def test_parity_cli_against_a_library_with_images(tmp_path, capsys, against, cfg):
+    save_checkpoint(tmp_path / "m.safetensors", cfg, _state(cfg))
     (tmp_path / "img").mkdir()
     rng = np.random.default_rng(0)
     for i, size in enumerate([(40, 50), (32, 32), (64, 20)]):

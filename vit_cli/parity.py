@@ -159,13 +159,11 @@ def _against_timm(cfg, state, x, dtype):
     cfg_t, state_t, _ = timm_format.prepare(cfg, state)
     model = timm_model(cfg_t.replace(param_dtype=dtype), state_t).to(getattr(torch, dtype))
     with torch.no_grad():
+        prefix = model.num_prefix_tokens > 0  # timm pairs (patch tokens, prefix tokens) only when there are some
         final, inter = model.forward_intermediates(
-            torch.from_numpy(x), return_prefix_tokens=True, output_fmt="NLC"
+            torch.from_numpy(x), return_prefix_tokens=prefix, output_fmt="NLC"
         )
-        out = {
-            f"block{i:02d}": torch.cat([pre, tok], dim=1) if pre is not None else tok
-            for i, (tok, pre) in enumerate(inter)
-        }
+        out = {f"block{i:02d}": torch.cat(t[::-1], dim=1) if prefix else t for i, t in enumerate(inter)}
         out["norm"] = final
         out["logits"] = model.forward_head(final)
     return {k: v.numpy() for k, v in out.items()}
