@@ -2,8 +2,9 @@
 
 Writes random-weight checkpoints (nothing is downloaded) with timm, transformers and our .npz writers
 into a temporary folder, runs ``run_parity`` (``vit parity``) on each with the library as the third
-column, and prints a markdown table: max |JAX - torch twin| and max |library - torch twin| over the
-logits, relative to max |logits|. Run: ``python docs/format_parity.py`` (a few minutes on 2 cores).
+column (for .npz files: timm's own .npz loader), and prints a markdown table: max |JAX - torch twin|
+and max |library - torch twin| over the logits, relative to max |logits|.
+Run: ``python docs/format_parity.py`` (a few minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -58,18 +59,37 @@ def main() -> None:
     rng = np.random.default_rng(0)
     state = {k: (0.05 * rng.standard_normal(s)).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
     save_checkpoint(folder / "orig.npz", cfg, state, "original_vit")
-    cases.append(("original ViT .npz (Ti/16)", folder / "orig.npz", None, {}))
+    cases.append(("original ViT .npz (Ti/16)", folder / "orig.npz", "timm _load_weights", {}))
     bv = cfg.replace(posemb_prefix=False)
     save_checkpoint(folder / "bv.npz", bv, state | {"pos_embed": state["pos_embed"][:, 1:]}, "big_vision", scan=True)
-    cases.append(("big_vision .npz, scan (Ti/16)", folder / "bv.npz", None, {}))
+    cases.append(("big_vision .npz, scan (Ti/16)", folder / "bv.npz", "timm _load_weights", {}))
     print("| checkpoint | JAX vs torch twin (rel) | library vs torch twin (rel) | attention max abs | top-1 |")
     print("| --- | --- | --- | --- | --- |")
     for label, path, against, options in cases:
-        res = run_parity(path, num_generated=2, against=against, **options)
+        npz = against == "timm _load_weights"
+        res = run_parity(path, num_generated=2, against=None if npz else against, keep_outputs=npz, **options)
         logits = next(r for r in res.rows if r.name == "logits")
         attn = max((r.twins.max_abs for r in res.rows if r.what == "attention"), default=0.0)
-        lib = f"{logits.against.rel:.1e} ({against})" if logits.against else "-"
+        lib = logits.against.rel if logits.against else _timm_npz_rel(path, res) if npz else None
+        lib = f"{lib:.1e} ({against})" if lib is not None else "-"
         print(f"| {label} | {logits.twins.rel:.1e} | {lib} | {attn:.1e} | {res.agreement:.0%} |")
+
+
+def _timm_npz_rel(path: Path, res) -> float:
+    """Logits of timm's own .npz loader (``_load_weights``) vs the torch twin's, relative."""
+    from timm.models.vision_transformer import _load_weights
+
+    from vit_common.convert import load_checkpoint
+    from vit_torch.oracles import timm_model
+
+    cfg = load_checkpoint(path).cfg
+    model = timm_model(cfg)
+    _load_weights(model, str(path))
+    x = np.random.default_rng(0).standard_normal((2, cfg.in_chans, *cfg.image_size)).astype(np.float32)
+    with torch.no_grad():
+        got = model(torch.from_numpy(x)).numpy()
+    ref = res.outputs["torch"]["logits"]
+    return float(np.abs(got - ref).max() / np.abs(ref).max())
 
 
 if __name__ == "__main__":
