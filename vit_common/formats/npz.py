@@ -98,7 +98,8 @@ LAYOUTS = {
 
 
 def load_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """The arrays of an .npz file, read without pickle and with every declared size checked first.
+    """The arrays of an .npz file, read without pickle (what ``np.load(allow_pickle=False)`` guarantees)
+    and with every declared size checked first.
 
     Each member's header is parsed and its declared byte size compared with the member's real size
     before any array is allocated, so a corrupt header cannot ask for terabytes.
