@@ -188,3 +188,21 @@ def test_parity_exits_1_beyond_tolerance(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "FAIL: block01" in out and "beyond tolerance" in out
     assert torch.backends.cuda.matmul.allow_tf32 is False
+
+
+def test_parity_report_pictures(tmp_path, capsys):
+    """`vit parity --report DIR`: per-layer differences and one attention map from each twin, as PNG + html."""
+    from PIL import Image
+
+    save_checkpoint(tmp_path / "m.safetensors", CFG, _state())
+    rc = main(["parity", str(tmp_path / "m.safetensors"), "--report", str(tmp_path / "rep"), "--layer", "1",
+               "--head", "1"])
+    assert rc == 0 and f"report: {tmp_path / 'rep' / 'index.html'}" in capsys.readouterr().out
+    for name in ("diffs.png", "maps.png"):
+        with Image.open(tmp_path / "rep" / name) as im:
+            pixels = np.asarray(im.convert("L"), np.float64)
+        assert min(pixels.shape) > 100 and pixels.var() > 0
+    page = (tmp_path / "rep" / "index.html").read_text()
+    assert "block01" in page and "attn01" in page and "m.safetensors" in page
+    assert main(["parity", str(tmp_path / "m.safetensors"), "--report", str(tmp_path / "bad"), "--head", "2"]) == 2
+    assert not (tmp_path / "bad").exists()

@@ -355,15 +355,53 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="add that library's own model, loaded from the same weights, as a third column",
     )
     p.add_argument("--image-size", type=int, help="resample the position embedding to this size first")
+    p.add_argument(
+        "--report",
+        metavar="DIR",
+        help="also write pictures to DIR: diffs.png (per-layer max and mean |JAX - torch|, log scale, "
+        "tolerance line), maps.png (one attention map from each twin and their difference) and index.html",
+    )
+    p.add_argument("--layer", type=int, default=-1, help="block whose attention --report draws (default: last)")
+    p.add_argument("--head", type=int, default=0, help="head whose attention --report draws (default 0)")
     p.set_defaults(func=run)
+
+
+def report_maps(result: ParityResult, layer: int, head: int) -> dict[str, Any]:
+    """The ``maps`` input of ``vit_cli.report.write_parity_report``: image 0's attention [L, L] of one
+    block and head from each twin (``result`` from ``run_parity(keep_outputs=True)``).
+
+    Raises:
+        ValueError: block or head index out of range.
+    """
+    out_j, out_t = result.outputs["jax"], result.outputs["torch"]
+    blocks = sorted(k for k in out_t if k.startswith("attn") and k[4:].isdigit())
+    if not -len(blocks) <= layer < len(blocks):
+        raise ValueError(f"--layer {layer}: the model has blocks 0..{len(blocks) - 1}")
+    name = blocks[layer]
+    heads = out_t[name].shape[1]
+    if not 0 <= head < heads:
+        raise ValueError(f"--head {head}: the model has heads 0..{heads - 1}")
+    bound = next(r.twins.bound for r in result.rows if r.name == name)
+    return {"title": f"{name}, image 0, head {head}", "jax": out_j[name][0, head], "torch": out_t[name][0, head],
+            "bound": bound}
 
 
 def run(args: argparse.Namespace) -> int:
     options = {"image_size": args.image_size} if args.image_size else {}
     result = run_parity(
-        args.checkpoint, dtype=args.dtype, images=args.images, against=args.against, **options
+        args.checkpoint, dtype=args.dtype, images=args.images, against=args.against,
+        keep_outputs=bool(args.report), **options
     )
     print(format_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+    if args.report:
+        from vit_cli.report import write_parity_report
+
+        paths = write_parity_report(
+            args.report, [r.to_dict() for r in result.rows], report_maps(result, args.layer, args.head),
+            meta={"checkpoint": result.checkpoint, "format": result.format, "variant": result.variant,
+                  "dtype": result.dtype, "images": ", ".join(result.images)},
+        )
+        print(f"report: {paths['index']}")
     return 0 if result.ok else 1
