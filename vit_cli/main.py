@@ -13,6 +13,9 @@ import sys
 COMMANDS = {
     "info": "vit_cli.info",
     "attention": "vit_cli.attention",
+    "train": "vit_cli.train",
+    "evaluate": "vit_cli.evaluate",
+    "predict": "vit_cli.predict",
 }
 
 
