@@ -2,7 +2,8 @@
 after SIGKILL (while training and while writing a checkpoint), NaN stop, resume with another config.
 
 Runs that get killed happen in subprocesses. All runs share a persistent compilation cache so that
-only the first one compiles; a cached executable is the same program, so results stay bit-exact.
+only the first one compiles (a cached executable is the same program, so results stay bit-exact) and
+run XLA:CPU at optimisation level 0, which compiles twice as fast and is the same in every run.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def env(tmp_path_factory):
         "PYTHONPATH": str(ROOT),
         "JAX_COMPILATION_CACHE_DIR": str(cache),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "XLA_FLAGS": "--xla_backend_optimization_level=0",  # halves XLA:CPU compile time; same in every run
     }
 
 
@@ -159,11 +161,7 @@ def test_export_agrees_in_pytorch_and_timm(ref, npz):
     assert parity["jax_accuracy"] == parity["torch_accuracy"]
     assert (ref / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     config = json.loads((ref / "config.json").read_text())
-    assert (
-        config["model"]["width"] == 16
-        and config["train"]["epochs"] == 3
-        and config["classes"] == ["0", "1", "2"]
-    )
+    assert config["model"]["width"] == 16 and config["train"]["epochs"] == 3 and config["classes"] == ["0", "1", "2"]
     rows = [json.loads(ln) for ln in (ref / "metrics.jsonl").read_text().splitlines()]
     train_rows, test_rows = [r for r in rows if "loss" in r], [r for r in rows if "test_loss" in r]
     assert [r["step"] for r in train_rows] == list(range(1, 10))
@@ -173,6 +171,7 @@ def test_export_agrees_in_pytorch_and_timm(ref, npz):
     # independently: both twins on the exported file, and timm on the timm-named file
     import timm
     import torch
+    from flax import nnx
 
     import vit_jax
     import vit_torch
@@ -180,7 +179,7 @@ def test_export_agrees_in_pytorch_and_timm(ref, npz):
 
     data = load_dataset(f"npz:{npz}", (8, 8), 1)
     x = normalize(data.test.images)
-    lj = np.asarray(vit_jax.load_model(ref / "model.safetensors")(x))
+    lj = np.asarray(nnx.jit(lambda m, x: m(x))(vit_jax.load_model(ref / "model.safetensors"), x))
     tmodel = vit_torch.load_model(ref / "model.safetensors")
     with torch.no_grad():
         lt = tmodel(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
@@ -248,27 +247,19 @@ def test_evaluate_and_predict(ref, npz, tmp_path, capsys):
     assert tops["jax"] == tops["torch"]
 
 
-def test_resume_after_sigkill_while_training_is_bit_exact(ref, env, npz, tmp_path):
+def test_sigkill_while_training_and_while_writing_a_checkpoint_then_resume_is_bit_exact(ref, env, npz, tmp_path):
     out = tmp_path / "run"
     args = ["train", "--dataset", f"npz:{npz}", *TINY, "--out", out, "--no-parity"]
-    killed = vit(env, *args, killer=("train", 7))
+    killed = vit(env, *args, killer=("train", 5))  # checkpoints at 2 and 4 (maybe still being written)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert not (out / "model.safetensors").exists()
-    resumed = vit(env, *args, "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_same_run(out, ref)
-
-
-def test_resume_after_sigkill_while_writing_a_checkpoint_is_bit_exact(ref, env, npz, tmp_path):
-    out = tmp_path / "run"
-    args = ["train", "--dataset", f"npz:{npz}", *TINY, "--out", out, "--no-parity"]
-    killed = vit(env, *args, killer=("checkpoint", 4))
+    killed = vit(env, *args, "--resume", killer=("checkpoint", 8))  # resumes, dies renaming step 8 into place
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     left = sorted(p.name for p in (out / "checkpoints").iterdir())
-    assert "2" in left and "4" not in left and any("tmp" in n for n in left), left  # step 4 half-written
+    assert "6" in left and "8" not in left and any(n.startswith("8.") and "tmp" in n for n in left), left
     resumed = vit(env, *args, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_same_run(out, ref)
+    assert_same_run(out, ref)  # includes: no temporary (half-written) checkpoint folder left
 
 
 def test_resume_refuses_another_config_and_fresh_runs_refuse_an_existing_folder(ref, npz, tmp_path, capsys):
@@ -282,35 +273,16 @@ def test_resume_refuses_another_config_and_fresh_runs_refuse_an_existing_folder(
     assert "no run to resume" in capsys.readouterr().err
 
 
-def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(npz, tmp_path, capsys):
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(env, npz, tmp_path):
     out = tmp_path / "nan"
-    rc = main(
-        [
-            "train",
-            "--dataset",
-            f"npz:{npz}",
-            *TINY,
-            "--out",
-            str(out),
-            "--lr",
-            "1e30",
-            "--grad-clip",
-            "0",
-            "--warmup-steps",
-            "0",
-            "--ckpt-every",
-            "1",
-            "--no-parity",
-        ]
-    )
-    assert rc == 1
-    err = capsys.readouterr().err
-    assert "not finite" in err and "last good checkpoint is step" in err
-    good = int(err.split("last good checkpoint is step ")[1].split()[0])
+    args = ["--lr", "1e30", "--grad-clip", "0", "--warmup-steps", "0", "--ckpt-every", "1", "--no-parity"]
+    proc = vit(env, "train", "--dataset", f"npz:{npz}", *TINY, "--out", out, *args)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "not finite" in proc.stderr and "last good checkpoint is step" in proc.stderr
+    good = int(proc.stderr.split("last good checkpoint is step ")[1].split()[0])
     steps = sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit())
-    assert steps[-1] == good
+    assert steps[-1] == good >= 1
     import jax
 
-    state = final_state(out)
-    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state["params"]))
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(final_state(out)["params"]))
     assert not (out / "model.safetensors").exists()

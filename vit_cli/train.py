@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -46,6 +47,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument(
         "--shift", type=int, default=2, help="augmentation: random translation up to this many pixels"
     )
+    d.add_argument(
+        "--rotate", type=float, default=0.0, help="augmentation: random rotation up to this many degrees"
+    )
+    d.add_argument("--scale", type=float, default=0.0, help="augmentation: random zoom by 1 +- this fraction")
     d.add_argument(
         "--flip",
         action=argparse.BooleanOptionalAction,
@@ -133,6 +138,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="dp: replicate parameters on every device; fsdp: shard parameters and optimizer state",
     )
     r.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=0,
+        help="on CPU, run XLA as this many single-threaded devices, data parallel (0 = one per usable core, "
+        "as many as divide the batch; 1 = one multi-threaded device); no effect on GPU/TPU",
+    )
+    r.add_argument(
         "--ckpt-every", type=int, default=200, help="checkpoint every this many steps (and at the end)"
     )
     r.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
@@ -174,17 +186,10 @@ def model_config(args: argparse.Namespace, num_classes: int, in_chans: int):
         common.update(
             class_token=False, posemb_prefix=False, pool="gap" if args.pool == "token" else args.pool
         )
+    overrides = {"image_size": DEMO_MODEL["image_size"], **given, **common}
     if args.variant:
-        name, _, patch = args.variant.partition("/")
-        if "patch_size" in given:
-            patch = str(given["patch_size"])
-        return ViTConfig.from_name(
-            f"{name}/{patch}",
-            image_size=given.get("image_size", DEMO_MODEL["image_size"]),
-            **{k: v for k, v in given.items() if k not in ("patch_size", "image_size")},
-            **common,
-        )
-    return ViTConfig(**{**DEMO_MODEL, **given, **common})
+        return ViTConfig.from_name(args.variant, **overrides)
+    return ViTConfig(**{**DEMO_MODEL, **overrides})
 
 
 def train_config(args: argparse.Namespace):
@@ -203,6 +208,8 @@ def train_config(args: argparse.Namespace):
         grad_clip=args.grad_clip,
         accum_steps=args.accum_steps,
         shift=args.shift,
+        rotate=args.rotate,
+        scale=args.scale,
         flip=flip,
         mixup=args.mixup,
         cutmix=args.cutmix,
@@ -214,16 +221,19 @@ def train_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    import time
+
     from vit_jax.train import init_distributed
 
+    started = time.perf_counter()
+    split_cpu(args)  # before JAX starts its backends
     init_distributed()  # before any other JAX call
 
     import jax
 
     from vit_common.formats.canonical import save_canonical, save_safetensors
     from vit_jax.data import load_dataset, native_channels
-    from vit_jax.train import NonFiniteError, Trainer, fit
-    from vit_jax.weights import to_numpy
+    from vit_jax.train import NonFiniteError, Trainer, fit, write_json
 
     for flag in ("ckpt_every", "log_every", "eval_every", "keep"):
         if getattr(args, flag) < (0 if flag == "ckpt_every" else 1):
@@ -258,11 +268,7 @@ def run(args: argparse.Namespace) -> int:
     except NonFiniteError as e:
         print(f"vit train: {e}", file=sys.stderr)
         return 1
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        state = multihost_utils.process_allgather(state, tiled=True)
-    weights = to_numpy(trainer.model(state))
+    weights = trainer.weights(state)  # every process takes part in gathering sharded parameters
     if not lead:
         return 0
     export_cfg = cfg.replace(dtype="float32")  # bf16 was a training choice; the weights are float32
@@ -273,11 +279,34 @@ def run(args: argparse.Namespace) -> int:
     ok = True
     if not args.no_parity:
         parity = export_parity(out / "model.safetensors", data, tcfg.batch_size)
-        (out / "parity.json").write_text(json.dumps(parity, indent=2) + "\n")
+        write_json(out / "parity.json", parity)
         summary["parity"] = parity
         ok = parity["ok"]
+    summary["wall_seconds"] = time.perf_counter() - started
     print_summary(summary, args.json)
     return 0 if ok else 1
+
+
+def split_cpu(args: argparse.Namespace) -> None:
+    """Make the CPU backend ``--cpu-devices`` single-threaded XLA devices (data parallel over cores).
+
+    A small ViT on CPU spends its time in small ops that a thread pool does not speed up; one device
+    per core runs the batch's shards side by side instead. Only possible before JAX is imported, and
+    only for one process; XLA_FLAGS that already set a device count win. GPU/TPU runs are unaffected.
+    """
+    n = args.cpu_devices
+    if n < 0:
+        raise ValueError(f"--cpu-devices={n}: expected an int >= 0")
+    if n == 0:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        micro = max(args.batch_size // max(args.accum_steps, 1), 1)
+        n = max(d for d in range(1, cores + 1) if micro % d == 0)
+    flags = os.environ.get("XLA_FLAGS", "")
+    single = "jax" not in sys.modules and "JAX_COORDINATOR_ADDRESS" not in os.environ
+    if n > 1 and single and "device_count" not in flags:
+        os.environ["XLA_FLAGS"] = (
+            f"{flags} --xla_force_host_platform_device_count={n} --xla_cpu_multi_thread_eigen=false".strip()
+        )
 
 
 def export_parity(path: Path, data, batch_size: int) -> dict:
@@ -342,8 +371,9 @@ def print_summary(summary: dict, as_json: bool) -> None:
     ips = summary["images_per_s"]
     print(
         f"test accuracy {summary['test_accuracy']:.4f} ({summary['test_count']} images), test loss "
-        f"{summary['test_loss']:.4f}; {summary['steps']} steps, {summary['train_seconds']:.1f} s"
-        + (f", {ips:.0f} images/s" if ips else "")
+        f"{summary['test_loss']:.4f}; {summary['steps']} steps in {summary['train_seconds']:.1f} s"
+        + (f" ({ips:.0f} images/s)" if ips else "")
+        + f"; {summary['wall_seconds']:.1f} s in all"
     )
     print(f"model: {summary['model']}")
     if "parity" in summary:

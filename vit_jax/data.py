@@ -52,14 +52,8 @@ def prepare_image(image: Image.Image | np.ndarray, size: tuple[int, int], channe
     if channels not in _MODES:
         raise ValueError(f"channels={channels}: expected 1 (grayscale) or 3 (RGB)")
     if isinstance(image, np.ndarray):
-        if (
-            image.dtype != np.uint8
-            or image.ndim not in (2, 3)
-            or (image.ndim == 3 and image.shape[2] not in (1, 3))
-        ):
-            raise ValueError(
-                f"image array {image.dtype}{list(image.shape)}: expected uint8 [H, W] or [H, W, 1|3]"
-            )
+        if image.dtype != np.uint8 or image.ndim not in (2, 3) or (image.ndim == 3 and image.shape[2] not in (1, 3)):
+            raise ValueError(f"image array {image.dtype}{list(image.shape)}: expected uint8 [H, W] or [H, W, 1|3]")
         arr = image if image.ndim == 3 else image[:, :, None]
         if arr.shape == (*size, channels):
             return arr
@@ -163,9 +157,7 @@ def _unknown(spec: str) -> str:
     return f"dataset {spec!r}: expected mnist5k, digits, imagefolder:PATH or npz:PATH"
 
 
-def load_dataset(
-    spec: str, image_size: tuple[int, int], channels: int, *, val_fraction: float = 0.2
-) -> Dataset:
+def load_dataset(spec: str, image_size: tuple[int, int], channels: int, *, val_fraction: float = 0.2) -> Dataset:
     """Load the dataset named by ``spec`` (module docstring) with images at (H, W) = ``image_size``.
 
     Raises:
@@ -176,14 +168,14 @@ def load_dataset(
     kind, _, arg = spec.partition(":")
     if kind == "mnist5k" and not arg:
         x, y = _mnist5k()
-        tr, te = _split(y, test_size=1000)
+        tr, te = _split(y, 0.2)  # 100 of each digit's 500
         return _from_arrays(spec, x, y, tr, te, [str(k) for k in range(10)], image_size, channels)
     if kind == "digits" and not arg:
         from sklearn.datasets import load_digits
 
         d = load_digits()
         x = np.round(d.images * (255.0 / 16.0)).astype(np.uint8)  # values 0..16 -> 0..255
-        tr, te = _split(d.target, test_size=val_fraction)
+        tr, te = _split(d.target, val_fraction)
         return _from_arrays(spec, x, d.target, tr, te, [str(k) for k in range(10)], image_size, channels)
     if kind == "npz" and arg:
         return _npz(spec, arg, image_size, channels, val_fraction)
@@ -200,18 +192,23 @@ def _mnist5k() -> tuple[np.ndarray, np.ndarray]:
     return rows[:, :-1].reshape(-1, 28, 28), rows[:, -1].astype(np.int32)
 
 
-def _split(y: np.ndarray, test_size: float | int) -> tuple[np.ndarray, np.ndarray]:
-    """Stratified (train indices, test indices) with the fixed split seed."""
-    from sklearn.model_selection import train_test_split
+def _split(y: np.ndarray, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified (train indices, test indices), fixed seed: each class of n examples gives f * n
+    (rounded half up) to the test side, at least one if n >= 2, and keeps at least one for training.
 
-    idx = np.arange(len(y))
-    try:
-        tr, te = train_test_split(idx, test_size=test_size, stratify=y, random_state=_SPLIT_SEED)
-    except ValueError as e:  # e.g. a class with a single example, or a fraction leaving nothing
-        raise ValueError(
-            f"cannot split {len(y)} examples into train/test with test_size={test_size}: {e}"
-        ) from e
-    return np.sort(tr), np.sort(te)
+    Raises:
+        ValueError: one side would be empty.
+    """
+    rng = np.random.default_rng(_SPLIT_SEED)
+    test = []
+    for c in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        test.append(idx[: min(max(int(test_fraction * len(idx) + 0.5), 1), len(idx) - 1)])
+    te = np.sort(np.concatenate(test))
+    tr = np.setdiff1d(np.arange(len(y)), te)
+    if not len(te) or not len(tr):
+        raise ValueError(f"cannot split {len(y)} examples into train/test with test fraction {test_fraction}")
+    return tr, te
 
 
 def _check_labels(spec: str, y: np.ndarray) -> None:
@@ -237,9 +234,7 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
         raise ValueError(f"{path}: not a readable .npz file without pickled objects ({e})") from e
     for k in ("x", "y"):
         if k not in arrays:
-            raise ValueError(
-                f"{path}: no array {k!r} (found {sorted(arrays)}); expected x [N, H, W(, C)] and y [N]"
-            )
+            raise ValueError(f"{path}: no array {k!r} (found {sorted(arrays)}); expected x [N, H, W(, C)] and y [N]")
     return arrays
 
 
@@ -269,7 +264,7 @@ def _npz(spec, path, size, channels, val_fraction) -> Dataset:
         x, y = np.concatenate([x, xt]), np.concatenate([y, yt])
         tr, te = np.arange(len(x) - len(xt)), np.arange(len(x) - len(xt), len(x))
     else:
-        tr, te = _split(y, test_size=val_fraction)
+        tr, te = _split(y, val_fraction)
     classes = [str(k) for k in range(int(y.max()) + 1)]
     return _from_arrays(spec, x, y, tr, te, classes, size, channels)
 
@@ -321,7 +316,7 @@ def _imagefolder(spec, root: Path, size, channels, val_fraction) -> Dataset:
         if not test_paths:
             raise ValueError(f"dataset {spec!r}: {test_dir} holds no images")
     else:
-        tr, te = _split(labels, test_size=val_fraction)
+        tr, te = _split(labels, val_fraction)
         test_paths, test_labels = [paths[i] for i in te], labels[te]
         paths, labels = [paths[i] for i in tr], labels[tr]
     _verify(paths + test_paths)
@@ -380,9 +375,7 @@ class Augment:
 
     def __post_init__(self):
         if min(self.shift, self.rotate, self.scale, self.mixup, self.cutmix) < 0 or self.scale >= 1:
-            raise ValueError(
-                f"augmentation {self}: expected shift, rotate, mixup, cutmix >= 0 and 0 <= scale < 1"
-            )
+            raise ValueError(f"augmentation {self}: expected shift, rotate, mixup, cutmix >= 0 and 0 <= scale < 1")
 
     def images(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """uint8 [B, H, W, C] -> uint8 [B, H, W, C], each image transformed independently."""
@@ -470,9 +463,7 @@ def train_batches(
     if n == 0:
         raise ValueError("the training set is empty")
     elems = grain.MapDataset.source(source).shuffle(seed=seed).map(_with_mask).repeat(epochs)
-    ds = grain.MapDataset.concatenate(
-        [_padded_batches(elems[e * n : (e + 1) * n], batch_size) for e in range(epochs)]
-    )
+    ds = grain.MapDataset.concatenate([_padded_batches(elems[e * n : (e + 1) * n], batch_size) for e in range(epochs)])
     return ds.random_map(functools.partial(_train_finish, num_classes, augment), seed=seed + 1)
 
 

@@ -36,8 +36,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from vit_common.config import ViTConfig
+from vit_common.formats.canonical import atomic_write
 from vit_jax.data import Augment, Dataset, batches_per_epoch, eval_batches, iterate, train_batches
 from vit_jax.model import Block, VisionTransformer
+from vit_jax.weights import to_numpy
 
 # Leaf names that never get weight decay besides 1-D tensors (biases, norm scales, LayerScale).
 NO_DECAY = frozenset({"cls_token", "reg_token", "pos_embed", "latent"})
@@ -135,9 +137,7 @@ def init_distributed() -> None:
     env = os.environ
     if env.get("JAX_COORDINATOR_ADDRESS"):
         num, pid = env.get("JAX_NUM_PROCESSES"), env.get("JAX_PROCESS_ID")
-        jax.distributed.initialize(
-            num_processes=int(num) if num else None, process_id=int(pid) if pid else None
-        )
+        jax.distributed.initialize(num_processes=int(num) if num else None, process_id=int(pid) if pid else None)
     elif int(env.get("SLURM_NTASKS", "1")) > 1 or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
         jax.distributed.initialize()
 
@@ -185,14 +185,10 @@ def _leaf_name(path) -> str:
 
 def decay_mask(params: nnx.State) -> nnx.State:
     """True where AdamW applies weight decay: tensors of rank >= 2 except tokens and embeddings."""
-    return jax.tree_util.tree_map_with_path(
-        lambda p, x: x.ndim >= 2 and _leaf_name(p) not in NO_DECAY, params
-    )
+    return jax.tree_util.tree_map_with_path(lambda p, x: x.ndim >= 2 and _leaf_name(p) not in NO_DECAY, params)
 
 
-def make_optimizer(
-    tcfg: TrainConfig, total_steps: int
-) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(tcfg: TrainConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """(clip + masked AdamW, learning-rate schedule) for ``total_steps`` optimizer steps."""
     warmup = min(tcfg.warmup_steps, max(total_steps - 1, 0))
     schedule = optax.warmup_cosine_decay_schedule(
@@ -223,9 +219,7 @@ class Trainer:
 
     def __init__(self, cfg: ViTConfig, tcfg: TrainConfig, data: Dataset, mesh: Mesh | None = None):
         if cfg.num_classes != data.num_classes:
-            raise ValueError(
-                f"num_classes={cfg.num_classes} but dataset {data.name!r} has {data.num_classes}"
-            )
+            raise ValueError(f"num_classes={cfg.num_classes} but dataset {data.name!r} has {data.num_classes}")
         if cfg.in_chans != data.channels or tuple(cfg.image_size) != tuple(data.image_size):
             raise ValueError(
                 f"model expects {cfg.image_size} x {cfg.in_chans} channels, dataset gives "
@@ -245,15 +239,18 @@ class Trainer:
         self.tx, self.schedule = make_optimizer(tcfg, self.total_steps)
 
         model = nnx.eval_shape(lambda: build_model(cfg, tcfg.seed, tcfg.remat))
-        model.train()
-        self.train_graphdef = nnx.graphdef(model)
         model.eval()
         self.eval_graphdef = nnx.graphdef(model)
-        self.abstract_state = jax.eval_shape(self._init)
+        model.train()
+        self.train_graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        self.abstract_state = {
+            "step": jax.ShapeDtypeStruct((), jnp.int32),
+            "params": params,
+            "rest": rest,
+            "opt_state": jax.eval_shape(self.tx.init, params),
+        }
         rule = (lambda s: _fsdp_spec(s, n)) if tcfg.sharding == "fsdp" else (lambda s: P())
-        self.state_shardings = jax.tree.map(
-            lambda x: NamedSharding(self.mesh, rule(x.shape)), self.abstract_state
-        )
+        self.state_shardings = jax.tree.map(lambda x: NamedSharding(self.mesh, rule(x.shape)), self.abstract_state)
         self.batch_sharding = NamedSharding(self.mesh, P("data"))
         replicated = NamedSharding(self.mesh, P())
 
@@ -269,15 +266,6 @@ class Trainer:
             out_shardings=replicated,
         )
 
-    def _init(self) -> dict:
-        _, params, rest = nnx.split(build_model(self.cfg, self.tcfg.seed, self.tcfg.remat), nnx.Param, ...)
-        return {
-            "step": jnp.zeros((), jnp.int32),
-            "params": params,
-            "rest": rest,
-            "opt_state": self.tx.init(params),
-        }
-
     def init_state(self) -> dict:
         """A fresh train state (seeded by ``tcfg.seed``) placed with ``state_shardings``.
 
@@ -285,7 +273,8 @@ class Trainer:
         the random-initialiser kernels compile once per process and shape (XLA's threefry kernels are
         slow to compile), and the values do not depend on the device count.
         """
-        state = self._init()
+        _, params, rest = nnx.split(build_model(self.cfg, self.tcfg.seed, self.tcfg.remat), nnx.Param, ...)
+        state = {"step": jnp.zeros((), jnp.int32), "params": params, "rest": rest, "opt_state": self.tx.init(params)}
         host = jax.tree.map(np.asarray, keys_to_data(state))
         return data_to_keys(jax.device_put(host, self.state_shardings), state, key_impl_name())
 
@@ -294,9 +283,7 @@ class Trainer:
         pc, pi = jax.process_count(), jax.process_index()
         rows = self.tcfg.batch_size // pc
         return {
-            k: jax.make_array_from_process_local_data(
-                self.batch_sharding, np.asarray(v)[pi * rows : (pi + 1) * rows]
-            )
+            k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v)[pi * rows : (pi + 1) * rows])
             for k, v in batch.items()
         }
 
@@ -325,9 +312,17 @@ class Trainer:
             out["logits"] = np.concatenate(logits)
         return out
 
-    def model(self, state: dict) -> VisionTransformer:
-        """The model held by ``state``, in eval mode (arrays stay where they are)."""
-        return nnx.merge(self.eval_graphdef, state["params"], state["rest"])
+    def weights(self, state: dict) -> dict[str, np.ndarray]:
+        """The canonical state (timm names, numpy) of the model in ``state``, gathered from all devices.
+
+        With several processes every process must call this (the gather is collective).
+        """
+        params = state["params"]
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            params = multihost_utils.process_allgather(params, tiled=True)
+        return to_numpy(nnx.merge(self.eval_graphdef, params, state["rest"]))
 
 
 def _forward(graphdef, params, rest, images):
@@ -351,9 +346,7 @@ def loss_and_grads(t: Trainer, params, rest, batch: dict):
 
     def loss_sum(p, rest, mb):
         logits, rest = _forward(t.train_graphdef, p, rest, mb["image"])
-        targets = (
-            optax.smooth_labels(mb["target"], tcfg.label_smoothing) if tcfg.label_smoothing else mb["target"]
-        )
+        targets = optax.smooth_labels(mb["target"], tcfg.label_smoothing) if tcfg.label_smoothing else mb["target"]
         ce = optax.softmax_cross_entropy(logits, targets)  # [b]
         correct = ((jnp.argmax(logits, -1) == mb["label"]) * mb["mask"]).sum()
         return (ce * mb["mask"]).sum(), (rest, correct)
@@ -424,9 +417,7 @@ def keys_to_data(tree):
 
 def data_to_keys(tree, template, impl: str):
     """Inverse of ``keys_to_data``: wrap uint32 data back into keys wherever ``template`` has keys."""
-    return jax.tree.map(
-        lambda x, t: jax.random.wrap_key_data(x, impl=impl) if _is_key(t) else x, tree, template
-    )
+    return jax.tree.map(lambda x, t: jax.random.wrap_key_data(x, impl=impl) if _is_key(t) else x, tree, template)
 
 
 def key_impl_name() -> str:
@@ -445,9 +436,7 @@ class Checkpoints:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, cleanup_tmp_directories=True, enable_async_checkpointing=True
         )
-        self.manager = ocp.CheckpointManager(
-            Path(directory).absolute(), options=options, item_names=("state", "meta")
-        )
+        self.manager = ocp.CheckpointManager(Path(directory).absolute(), options=options, item_names=("state", "meta"))
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -457,9 +446,7 @@ class Checkpoints:
         meta = {**meta, "key_impl": key_impl_name()}
         self.manager.save(
             step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(keys_to_data(state)), meta=ocp.args.JsonSave(meta)
-            ),
+            args=ocp.args.Composite(state=ocp.args.StandardSave(keys_to_data(state)), meta=ocp.args.JsonSave(meta)),
         )
 
     def restore(self, abstract_state, step: int | None = None):
@@ -526,8 +513,8 @@ def read_json(path: Path) -> dict:
 # -------------------------------------------------------------------------------------- the run
 
 
-def _write_json(path: Path, obj) -> None:
-    from vit_common.formats.canonical import atomic_write
+def write_json(path: Path, obj) -> None:
+    """Write ``obj`` as indented JSON, atomically."""
 
     def write(tmp):
         with open(tmp, "w") as f:
@@ -540,8 +527,6 @@ def _truncate_metrics(path: Path, step: int) -> None:
     """Drop metric lines written after ``step`` (by a run that was killed later than its checkpoint)."""
     if not path.exists():
         return
-    from vit_common.formats.canonical import atomic_write
-
     lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
     atomic_write(path, lambda tmp: Path(tmp).write_text("".join(ln + "\n" for ln in lines)))
 
@@ -599,21 +584,17 @@ def fit(
                 raise FileNotFoundError(f"{out}: no run to resume (config.json is missing)")
             diff = config_mismatch(read_json(out / "config.json"), config)
             if diff:
-                raise ValueError(
-                    f"{out}: the checkpoint was made with a different config:\n  " + "\n  ".join(diff)
-                )
+                raise ValueError(f"{out}: the checkpoint was made with a different config:\n  " + "\n  ".join(diff))
             state, meta = ckpts.restore(sharded_abstract(trainer))
             start, data_state = int(meta["step"]), meta["data"]
             if lead:
                 _truncate_metrics(metrics_path, start)
         else:
             if ckpts.latest_step() is not None or metrics_path.exists():
-                raise ValueError(
-                    f"{out} already holds a run: pass --resume to continue it, or choose another --out"
-                )
+                raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
             if lead:
                 out.mkdir(parents=True, exist_ok=True)
-                _write_json(out / "config.json", config)
+                write_json(out / "config.json", config)
             state, start, data_state = trainer.init_state(), 0, None
         return _loop(
             trainer,
