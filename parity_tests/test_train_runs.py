@@ -27,35 +27,10 @@ from vit_common.tolerance import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 # 28 images, val_fraction 0.2: 22 train (batches 8, 8, 6: the last one partial) / 6 test; 3 epochs = 9 steps
-TINY = [
-    "--image-size",
-    "8",
-    "--patch-size",
-    "4",
-    "--width",
-    "16",
-    "--depth",
-    "1",
-    "--num-heads",
-    "2",
-    "--mlp-dim",
-    "32",
-    "--batch-size",
-    "8",
-    "--epochs",
-    "3",
-    "--warmup-steps",
-    "2",
-    "--shift",
-    "1",
-    "--dropout",
-    "0.1",
-    "--log-every",
-    "1",
-    "--ckpt-every",
-    "2",
-    "--no-progress",
-]
+TINY = (
+    "--image-size 8 --patch-size 4 --width 16 --depth 1 --num-heads 2 --mlp-dim 32 --batch-size 8 "
+    "--epochs 3 --warmup-steps 2 --shift 1 --dropout 0.1 --log-every 1 --ckpt-every 2 --no-progress"
+).split()
 
 # Run `vit train` with orbax or the trainer patched so that the process SIGKILLs itself at a given point.
 KILLER = textwrap.dedent("""
@@ -187,8 +162,18 @@ def test_export_agrees_in_pytorch_and_timm(ref, npz):
     assert c.ok, c
     assert (lt.argmax(-1) == lj.argmax(-1)).all()
     assert np.mean(lj.argmax(-1) == data.test.labels) == parity["jax_accuracy"]
-    tm = timm.models.vision_transformer.VisionTransformer(
-        img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0
+    tm = timm.models.vision_transformer.VisionTransformer(  # the demo's pooling: average, norm before it
+        img_size=8,
+        patch_size=4,
+        in_chans=1,
+        num_classes=3,
+        embed_dim=16,
+        depth=1,
+        num_heads=2,
+        mlp_ratio=2.0,
+        class_token=False,
+        global_pool="avg",
+        fc_norm=False,
     )
     tm.load_state_dict({k: torch.from_numpy(v) for k, v in tensors(ref / "model_timm.safetensors").items()})
     with torch.no_grad():

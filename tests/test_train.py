@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 
@@ -44,7 +45,7 @@ def grads_of(t: Trainer, batch: dict):
     return nnx.to_flat_state(grads), float(loss), float(correct)
 
 
-BASE = TrainConfig(batch_size=8, epochs=1, shift=0)
+BASE = TrainConfig(batch_size=8, epochs=1, augment=Augment())
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +94,7 @@ def test_padding_rows_do_not_reach_the_gradient(reference):
 @pytest.mark.parametrize("option", [dict(accum_steps=2), dict(remat=True)])
 def test_accumulation_and_remat_give_the_same_gradients(reference, option):
     _, batch, (grads, loss, correct) = reference
-    t = Trainer(TINY, TrainConfig(**{**BASE.to_dict(), **option}), tiny_data(n_train=6))
+    t = Trainer(TINY, dataclasses.replace(BASE, **option), tiny_data(n_train=6))
     got, got_loss, got_correct = grads_of(t, batch)
     assert got_loss == pytest.approx(loss, rel=1e-6) and got_correct == correct
     for (path, a), (_, b) in zip(got, grads, strict=True):
@@ -133,7 +134,7 @@ def test_k08_bf16_training_with_large_inputs_stays_finite():
     src = ArraySource(rng.integers(0, 256, (4, 64, 64, 1), dtype=np.uint8), np.arange(4) % 3)
     t = Trainer(
         cfg,
-        TrainConfig(batch_size=4, epochs=3, warmup_steps=0, shift=0),
+        TrainConfig(batch_size=4, epochs=3, warmup_steps=0, augment=Augment()),
         Dataset("x", src, src, ("a", "b", "c"), (64, 64), 1),
     )
     state = t.init_state()

@@ -10,26 +10,10 @@ from PIL import Image
 
 from vit_cli.main import build_parser, main
 
-TINY = [
-    "--image-size",
-    "8",
-    "--patch-size",
-    "4",
-    "--width",
-    "16",
-    "--depth",
-    "1",
-    "--num-heads",
-    "2",
-    "--mlp-dim",
-    "32",
-    "--batch-size",
-    "4",
-    "--epochs",
-    "1",
-    "--no-progress",
-    "--no-parity",
-]
+TINY = (
+    "--image-size 8 --patch-size 4 --width 16 --depth 1 --num-heads 2 --mlp-dim 32 --batch-size 4 "
+    "--epochs 1 --no-progress --no-parity"
+).split()
 
 
 def folder(root, classes, n=3, corrupt=None):

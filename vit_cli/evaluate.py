@@ -45,9 +45,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = model.cfg
     data = load_dataset(args.dataset, cfg.image_size, cfg.in_chans, val_fraction=args.val_fraction)
     if data.num_classes > cfg.num_classes:
-        raise ValueError(
-            f"dataset {args.dataset!r} has {data.num_classes} classes, the model only {cfg.num_classes}"
-        )
+        raise ValueError(f"dataset {args.dataset!r} has {data.num_classes} classes, the model only {cfg.num_classes}")
     source = data.test if args.split == "test" else data.train
     batches = list(eval_batches(source, data.num_classes, batch_size=args.batch_size))
     outs = tqdm(
@@ -63,9 +61,7 @@ def run(args: argparse.Namespace) -> int:
     pred = pred[mask]
     classes = class_names(args.checkpoint, cfg.num_classes)
     matrix = confusion_png(label, pred, classes, Path(args.confusion), title=f"{args.dataset} {args.split}")
-    per_class = {
-        classes[k]: float(matrix[k, k] / matrix[k].sum()) for k in range(len(matrix)) if matrix[k].sum()
-    }
+    per_class = {classes[k]: float(matrix[k, k] / matrix[k].sum()) for k in range(len(matrix)) if matrix[k].sum()}
     result = {
         "checkpoint": str(args.checkpoint),
         "dataset": args.dataset,

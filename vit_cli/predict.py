@@ -47,9 +47,7 @@ def run(args: argparse.Namespace) -> int:
                 json.dumps(
                     {
                         "image": path,
-                        "top": [
-                            {"class": classes[i], "index": int(i), "probability": float(p[i])} for i in top
-                        ],
+                        "top": [{"class": classes[i], "index": int(i), "probability": float(p[i])} for i in top],
                     }
                 )
             )

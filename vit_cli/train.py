@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 # The demo model: 28x28 inputs, 7x7 patches (16 tokens + class token).
-DEMO_MODEL = dict(image_size=28, patch_size=7, width=64, depth=6, num_heads=4, mlp_dim=128)
+DEMO_MODEL = dict(image_size=28, patch_size=7, width=128, depth=4, num_heads=4, mlp_dim=256, pool="gap")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -44,12 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=0.2,
         help="test share for datasets without their own split (fixed seed, stratified)",
     )
-    d.add_argument(
-        "--shift", type=int, default=2, help="augmentation: random translation up to this many pixels"
-    )
-    d.add_argument(
-        "--rotate", type=float, default=0.0, help="augmentation: random rotation up to this many degrees"
-    )
+    d.add_argument("--shift", type=int, default=2, help="augmentation: random translation up to this many pixels")
+    d.add_argument("--rotate", type=float, default=0.0, help="augmentation: random rotation up to this many degrees")
     d.add_argument("--scale", type=float, default=0.0, help="augmentation: random zoom by 1 +- this fraction")
     d.add_argument(
         "--flip",
@@ -58,9 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="augmentation: random horizontal flips (default: on for imagefolder, off for digits/npz)",
     )
     d.add_argument("--mixup", type=float, default=0.0, help="augmentation: mixup Beta(alpha, alpha); 0 = off")
-    d.add_argument(
-        "--cutmix", type=float, default=0.0, help="augmentation: cutmix Beta(alpha, alpha); 0 = off"
-    )
+    d.add_argument("--cutmix", type=float, default=0.0, help="augmentation: cutmix Beta(alpha, alpha); 0 = off")
     m = p.add_argument_group("model (defaults: the demo model unless --variant is given)")
     m.add_argument(
         "--variant",
@@ -73,24 +67,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help=f"square image size in pixels; images are resized to it (demo {DEMO_MODEL['image_size']})",
     )
-    m.add_argument(
-        "--patch-size", type=int, default=None, help=f"patch size P (demo {DEMO_MODEL['patch_size']})"
-    )
+    m.add_argument("--patch-size", type=int, default=None, help=f"patch size P (demo {DEMO_MODEL['patch_size']})")
     m.add_argument("--width", type=int, default=None, help=f"width D (demo {DEMO_MODEL['width']})")
     m.add_argument("--depth", type=int, default=None, help=f"number of blocks (demo {DEMO_MODEL['depth']})")
+    m.add_argument("--num-heads", type=int, default=None, help=f"attention heads N (demo {DEMO_MODEL['num_heads']})")
+    m.add_argument("--mlp-dim", type=int, default=None, help=f"MLP hidden width F (demo {DEMO_MODEL['mlp_dim']})")
     m.add_argument(
-        "--num-heads", type=int, default=None, help=f"attention heads N (demo {DEMO_MODEL['num_heads']})"
+        "--pool",
+        choices=("token", "gap", "map"),
+        default=None,
+        help="pooling before the head: class token, global average or attention pooling; only 'token' has a "
+        f"class token (demo {DEMO_MODEL['pool']}, variants token)",
     )
-    m.add_argument(
-        "--mlp-dim", type=int, default=None, help=f"MLP hidden width F (demo {DEMO_MODEL['mlp_dim']})"
-    )
-    m.add_argument("--pool", choices=("token", "gap", "map"), default="token", help="pooling before the head")
-    m.add_argument(
-        "--posemb",
-        choices=("learn", "sincos2d"),
-        default="learn",
-        help="position embedding (sincos2d implies --pool gap, no class token)",
-    )
+    m.add_argument("--posemb", choices=("learn", "sincos2d"), default="learn", help="position embedding")
     m.add_argument("--dropout", type=float, default=0.0, help="dropout rate")
     m.add_argument("--drop-path", type=float, default=0.0, help="stochastic depth rate of the last block")
     m.add_argument(
@@ -99,19 +88,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="float32",
         help="compute dtype; parameters and optimizer state stay float32",
     )
-    m.add_argument(
-        "--remat", action="store_true", help="recompute each block in the backward pass (saves memory)"
-    )
+    m.add_argument("--remat", action="store_true", help="recompute each block in the backward pass (saves memory)")
     o = p.add_argument_group("optimisation")
     o.add_argument("--epochs", type=int, default=30, help="passes over the training set")
     o.add_argument("--batch-size", type=int, default=128, help="global batch size (all devices together)")
     o.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (AdamW)")
-    o.add_argument(
-        "--warmup-steps", type=int, default=300, help="linear warmup steps before the cosine decay"
-    )
-    o.add_argument(
-        "--min-lr-ratio", type=float, default=0.01, help="final learning rate as a fraction of --lr"
-    )
+    o.add_argument("--warmup-steps", type=int, default=300, help="linear warmup steps before the cosine decay")
+    o.add_argument("--min-lr-ratio", type=float, default=0.01, help="final learning rate as a fraction of --lr")
     o.add_argument(
         "--weight-decay",
         type=float,
@@ -120,9 +103,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     o.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing epsilon")
     o.add_argument("--grad-clip", type=float, default=1.0, help="clip gradients to this global norm; 0 = off")
-    o.add_argument(
-        "--accum-steps", type=int, default=1, help="micro-batches per optimizer step (must divide batch)"
-    )
+    o.add_argument("--accum-steps", type=int, default=1, help="micro-batches per optimizer step (must divide batch)")
     o.add_argument("--seed", type=int, default=0, help="seed of initialisation, dropout and data order")
     r = p.add_argument_group("run")
     r.add_argument("--out", default=None, help="run folder (default: runs/<dataset name>)")
@@ -144,16 +125,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="on CPU, run XLA as this many single-threaded devices, data parallel (0 = one per usable core, "
         "as many as divide the batch; 1 = one multi-threaded device); no effect on GPU/TPU",
     )
-    r.add_argument(
-        "--ckpt-every", type=int, default=200, help="checkpoint every this many steps (and at the end)"
-    )
+    r.add_argument("--ckpt-every", type=int, default=200, help="checkpoint every this many steps (and at the end)")
     r.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
-    r.add_argument(
-        "--log-every", type=int, default=10, help="write a metrics.jsonl line every this many steps"
-    )
-    r.add_argument(
-        "--eval-every", type=int, default=1, help="evaluate on the test set every this many epochs"
-    )
+    r.add_argument("--log-every", type=int, default=10, help="write a metrics.jsonl line every this many steps")
+    r.add_argument("--eval-every", type=int, default=1, help="evaluate on the test set every this many epochs")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--no-parity", action="store_true", help="skip the PyTorch check of the exported model")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -173,19 +148,18 @@ def model_config(args: argparse.Namespace, num_classes: int, in_chans: int):
         "mlp_dim": args.mlp_dim,
     }
     given = {k: v for k, v in fields.items() if v is not None}
+    pool = args.pool or ("token" if args.variant else DEMO_MODEL["pool"])
     common = dict(
         num_classes=num_classes,
         in_chans=in_chans,
-        pool=args.pool,
+        pool=pool,
+        class_token=pool == "token",
         posemb=args.posemb,
+        posemb_prefix=args.posemb == "learn",  # sincos2d rows cover the patches only
         dropout=args.dropout,
         drop_path=args.drop_path,
         dtype=args.dtype,
     )
-    if args.posemb == "sincos2d":
-        common.update(
-            class_token=False, posemb_prefix=False, pool="gap" if args.pool == "token" else args.pool
-        )
     overrides = {"image_size": DEMO_MODEL["image_size"], **given, **common}
     if args.variant:
         return ViTConfig.from_name(args.variant, **overrides)
@@ -193,6 +167,7 @@ def model_config(args: argparse.Namespace, num_classes: int, in_chans: int):
 
 
 def train_config(args: argparse.Namespace):
+    from vit_jax.data import Augment
     from vit_jax.train import TrainConfig
 
     flip = args.flip if args.flip is not None else args.dataset.startswith("imagefolder:")
@@ -207,12 +182,7 @@ def train_config(args: argparse.Namespace):
         label_smoothing=args.label_smoothing,
         grad_clip=args.grad_clip,
         accum_steps=args.accum_steps,
-        shift=args.shift,
-        rotate=args.rotate,
-        scale=args.scale,
-        flip=flip,
-        mixup=args.mixup,
-        cutmix=args.cutmix,
+        augment=Augment(args.shift, args.rotate, args.scale, flip, args.mixup, args.cutmix),
         seed=args.seed,
         val_fraction=args.val_fraction,
         sharding=args.sharding,

@@ -149,7 +149,7 @@ def native_channels(spec: str) -> int:
         return 3
     if kind == "npz":
         x = _read_npz(arg)["x"]
-        return 1 if x.ndim == 3 else x.shape[3]
+        return x.shape[3] if x.ndim == 4 else 1  # other shapes are reported by load_dataset
     raise ValueError(_unknown(spec))
 
 

@@ -60,7 +60,7 @@ class TrainConfig:
         label_smoothing: epsilon of optax.smooth_labels.
         grad_clip: global-norm bound on the gradient; 0 = off.
         accum_steps: micro-batches per optimizer step; must divide batch_size.
-        shift, rotate, scale, flip, mixup, cutmix: ``vit_jax.data.Augment``.
+        augment: the ``vit_jax.data.Augment`` of training batches.
         seed: seeds model initialisation, dropout and the data order.
         val_fraction: test share for datasets without a split of their own.
         sharding: 'dp' (replicated parameters) or 'fsdp' (sharded parameters and optimizer state).
@@ -79,12 +79,7 @@ class TrainConfig:
     label_smoothing: float = 0.1
     grad_clip: float = 1.0
     accum_steps: int = 1
-    shift: int = 2
-    rotate: float = 0.0
-    scale: float = 0.0
-    flip: bool = False
-    mixup: float = 0.0
-    cutmix: float = 0.0
+    augment: Augment = Augment(shift=2)
     seed: int = 0
     val_fraction: float = 0.2
     sharding: str = "dp"
@@ -111,11 +106,6 @@ class TrainConfig:
         for ok, name, expected in checks:
             if not ok:
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected {expected}")
-        self.augment  # noqa: B018 (validates the augmentation fields)
-
-    @property
-    def augment(self) -> Augment:
-        return Augment(self.shift, self.rotate, self.scale, self.flip, self.mixup, self.cutmix)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
