@@ -15,6 +15,9 @@ COMMANDS = {
     "convert": "vit_cli.convert",
     "parity": "vit_cli.parity",
     "attention": "vit_cli.attention",
+    "train": "vit_cli.train",
+    "evaluate": "vit_cli.evaluate",
+    "predict": "vit_cli.predict",
 }
 
 

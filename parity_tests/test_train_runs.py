@@ -1,0 +1,273 @@
+"""`vit train` end to end on a tiny config: export and PyTorch parity, evaluate/predict, exact resume
+after SIGKILL (while training and while writing a checkpoint), NaN stop, resume with another config.
+
+Runs that get killed happen in subprocesses. All runs share a persistent compilation cache so that
+only the first one compiles (a cached executable is the same program, so results stay bit-exact) and
+run XLA:CPU at optimisation level 0, which compiles twice as fast and is the same in every run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from PIL import Image
+
+from vit_cli.main import main
+from vit_common.formats.canonical import read_safetensors
+from vit_common.tolerance import compare
+
+ROOT = Path(__file__).resolve().parents[1]
+# 28 images, val_fraction 0.2: 22 train (batches 8, 8, 6: the last one partial) / 6 test; 3 epochs = 9 steps
+TINY = (
+    "--image-size 8 --patch-size 4 --width 16 --depth 1 --num-heads 2 --mlp-dim 32 --batch-size 8 "
+    "--epochs 3 --warmup-steps 2 --shift 1 --dropout 0.1 --log-every 1 --ckpt-every 2 --no-progress"
+).split()
+
+# Run `vit train` with orbax or the trainer patched so that the process SIGKILLs itself at a given point.
+KILLER = textwrap.dedent("""
+    import os, signal, sys
+    mode, at, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    if mode == "train":  # right after dispatching step `at`
+        from vit_jax import train
+        step = train.Trainer.train_step
+        def killing_step(self, state, batch):
+            done = int(state["step"])  # read first: the step donates the state's buffers
+            out = step(self, state, batch)
+            if done + 1 == at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return out
+        train.Trainer.train_step = killing_step
+    else:  # checkpoint: step `at` has written its files into a temporary folder, not renamed yet
+        from orbax.checkpoint.path import atomicity
+        finalize = atomicity.AtomicRenameTemporaryPath.finalize
+        async def killing_finalize(self, *a, **k):
+            if self.get_final().name == str(at):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return await finalize(self, *a, **k)
+        atomicity.AtomicRenameTemporaryPath.finalize = killing_finalize
+    from vit_cli.main import main
+    sys.exit(main(argv))
+""")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("jax_cache")
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "JAX_COMPILATION_CACHE_DIR": str(cache),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "XLA_FLAGS": "--xla_backend_optimization_level=0",  # halves XLA:CPU compile time; same in every run
+    }
+
+
+@pytest.fixture(scope="module")
+def npz(tmp_path_factory) -> Path:
+    rng = np.random.default_rng(0)
+    y = np.arange(28) % 3
+    x = rng.integers(0, 60, (28, 8, 8), dtype=np.uint8)
+    for k in range(3):  # a class-dependent bright stripe, so the model can learn something
+        x[y == k, 2 * k : 2 * k + 3] += 150
+    path = tmp_path_factory.mktemp("data") / "tiny.npz"
+    np.savez(path, x=x, y=y)
+    return path
+
+
+def vit(env, *args, killer: tuple[str, int] | None = None) -> subprocess.CompletedProcess:
+    cmd = (
+        [sys.executable, "-c", KILLER, *map(str, killer), *args]
+        if killer
+        else [sys.executable, "-m", "vit_cli.main", *args]
+    )
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def ref(env, npz, tmp_path_factory) -> Path:
+    """An uninterrupted run, with the PyTorch parity check."""
+    out = tmp_path_factory.mktemp("runs") / "ref"
+    proc = vit(env, "train", "--dataset", f"npz:{npz}", *TINY, "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def tensors(path: Path) -> dict:
+    return read_safetensors(path)[0]
+
+
+def final_state(run: Path):
+    """The last checkpoint's train state as stored (PRNG keys as key data)."""
+    steps = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+    return ocp.StandardCheckpointer().restore((run / "checkpoints" / str(steps[-1]) / "state").absolute())
+
+
+def metric_values(run: Path) -> list[dict]:
+    """metrics.jsonl without the timing fields."""
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("images_per_s", "time")} for r in rows]
+
+
+def assert_same_run(run: Path, ref: Path) -> None:
+    a, b = tensors(run / "model.safetensors"), tensors(ref / "model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)  # bit for bit
+    leaves = zip(*(__import__("jax").tree.leaves(final_state(r)) for r in (run, ref)), strict=True)
+    for x, y in leaves:
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # optimizer state, step, RNG too
+    assert metric_values(run) == metric_values(ref)  # every step logged once, same values
+    ckpt = run / "checkpoints"
+    assert all(p.name.isdigit() for p in ckpt.iterdir() if not p.name.startswith(".")), list(ckpt.iterdir())
+
+
+def test_export_agrees_in_pytorch_and_timm(ref, npz):
+    parity = json.loads((ref / "parity.json").read_text())
+    assert parity["images"] == 6 and parity["agreement"] == 1.0 and parity["rel"] <= 1e-5 and parity["ok"]
+    assert parity["jax_accuracy"] == parity["torch_accuracy"]
+    assert (ref / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    config = json.loads((ref / "config.json").read_text())
+    assert config["model"]["width"] == 16 and config["train"]["epochs"] == 3 and config["classes"] == ["0", "1", "2"]
+    rows = [json.loads(ln) for ln in (ref / "metrics.jsonl").read_text().splitlines()]
+    train_rows, test_rows = [r for r in rows if "loss" in r], [r for r in rows if "test_loss" in r]
+    assert [r["step"] for r in train_rows] == list(range(1, 10))
+    assert all({"loss", "accuracy", "lr", "images_per_s"} <= r.keys() for r in train_rows)
+    assert [(r["step"], r["test_count"]) for r in test_rows] == [(3, 6), (6, 6), (9, 6)]
+
+    # independently: both twins on the exported file, and timm on the timm-named file
+    import timm
+    import torch
+    from flax import nnx
+
+    import vit_jax
+    import vit_torch
+    from vit_jax.data import load_dataset, normalize
+
+    data = load_dataset(f"npz:{npz}", (8, 8), 1)
+    x = normalize(data.test.images)
+    lj = np.asarray(nnx.jit(lambda m, x: m(x))(vit_jax.load_model(ref / "model.safetensors"), x))
+    tmodel = vit_torch.load_model(ref / "model.safetensors")
+    with torch.no_grad():
+        lt = tmodel(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
+    c = compare("logits", lt, lj, "tensor", "float32")
+    assert c.ok, c
+    assert (lt.argmax(-1) == lj.argmax(-1)).all()
+    assert np.mean(lj.argmax(-1) == data.test.labels) == parity["jax_accuracy"]
+    tm = timm.models.vision_transformer.VisionTransformer(  # the demo's pooling: average, norm before it
+        img_size=8,
+        patch_size=4,
+        in_chans=1,
+        num_classes=3,
+        embed_dim=16,
+        depth=1,
+        num_heads=2,
+        mlp_ratio=2.0,
+        class_token=False,
+        global_pool="avg",
+        fc_norm=False,
+    )
+    tm.load_state_dict({k: torch.from_numpy(v) for k, v in tensors(ref / "model_timm.safetensors").items()})
+    with torch.no_grad():
+        np.testing.assert_array_equal(tm.eval()(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy(), lt)
+
+
+def test_evaluate_and_predict(ref, npz, tmp_path, capsys):
+    parity = json.loads((ref / "parity.json").read_text())
+    for fw in ("jax", "torch"):
+        png = tmp_path / f"{fw}.png"
+        assert (
+            main(
+                [
+                    "evaluate",
+                    str(ref / "model.safetensors"),
+                    "--dataset",
+                    f"npz:{npz}",
+                    "--framework",
+                    fw,
+                    "--confusion",
+                    str(png),
+                    "--json",
+                ]
+            )
+            == 0
+        )
+        out = json.loads(capsys.readouterr().out)
+        assert out["images"] == 6 and out["accuracy"] == parity[f"{fw}_accuracy"]
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    x = np.load(npz)["x"]
+    files = []
+    for i in (0, 1):
+        files.append(tmp_path / f"{i}.png")
+        Image.fromarray(x[i]).save(files[-1])
+    tops = {}
+    for fw in ("jax", "torch"):
+        assert (
+            main(
+                [
+                    "predict",
+                    str(ref / "model.safetensors"),
+                    *map(str, files),
+                    "--framework",
+                    fw,
+                    "--top-k",
+                    "2",
+                    "--json",
+                ]
+            )
+            == 0
+        )
+        lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+        assert [len(ln["top"]) for ln in lines] == [2, 2]
+        assert all(ln["top"][0]["probability"] >= ln["top"][1]["probability"] for ln in lines)
+        tops[fw] = [ln["top"][0]["class"] for ln in lines]
+    assert tops["jax"] == tops["torch"]
+
+
+def test_sigkill_while_training_and_while_writing_a_checkpoint_then_resume_is_bit_exact(ref, env, npz, tmp_path):
+    out = tmp_path / "run"
+    args = ["train", "--dataset", f"npz:{npz}", *TINY, "--out", out, "--no-parity"]
+    killed = vit(env, *args, killer=("train", 5))  # checkpoints at 2 and 4 (maybe still being written)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert not (out / "model.safetensors").exists()
+    killed = vit(env, *args, "--resume", killer=("checkpoint", 8))  # resumes, dies renaming step 8 into place
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    left = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert "6" in left and "8" not in left and any(n.startswith("8.") and "tmp" in n for n in left), left
+    resumed = vit(env, *args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_run(out, ref)  # includes: no temporary (half-written) checkpoint folder left
+
+
+def test_resume_refuses_another_config_and_fresh_runs_refuse_an_existing_folder(ref, npz, tmp_path, capsys):
+    args = ["train", "--dataset", f"npz:{npz}", *TINY, "--out", str(ref)]
+    assert main([*args, "--resume", "--width", "32", "--lr", "0.01"]) == 2
+    err = capsys.readouterr().err
+    assert "different config" in err and "model.width: checkpoint has 16, now 32" in err and "train.lr" in err
+    assert main(args) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert main([*args[:-1], str(tmp_path / "none"), "--resume"]) == 2
+    assert "no run to resume" in capsys.readouterr().err
+
+
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(env, npz, tmp_path):
+    out = tmp_path / "nan"
+    args = ["--lr", "1e30", "--grad-clip", "0", "--warmup-steps", "0", "--ckpt-every", "1", "--no-parity"]
+    proc = vit(env, "train", "--dataset", f"npz:{npz}", *TINY, "--out", out, *args)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "not finite" in proc.stderr and "last good checkpoint is step" in proc.stderr
+    good = int(proc.stderr.split("last good checkpoint is step ")[1].split()[0])
+    steps = sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps[-1] == good >= 1
+    import jax
+
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(final_state(out)["params"]))
+    assert not (out / "model.safetensors").exists()

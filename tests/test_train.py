@@ -1,0 +1,177 @@
+"""The training loop of the JAX twin: compile-once steps, exact masking, accumulation, remat, K08, K09."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from vit_common.config import ViTConfig
+from vit_common.tolerance import compare
+from vit_jax.data import ArraySource, Augment, Dataset, iterate, train_batches
+from vit_jax.model import VisionTransformer
+from vit_jax.train import Checkpoints, TrainConfig, Trainer, decay_mask, loss_and_grads
+
+TINY = ViTConfig(image_size=8, patch_size=4, in_chans=1, num_classes=3, width=16, depth=2, num_heads=2, mlp_dim=32)
+
+
+def tiny_data(n_train: int = 10, n_test: int = 7, seed: int = 0) -> Dataset:
+    rng = np.random.default_rng(seed)
+
+    def src(n):
+        return ArraySource(rng.integers(0, 256, (n, 8, 8, 1), dtype=np.uint8), np.arange(n) % 3)
+
+    return Dataset("tiny", src(n_train), src(n_test), ("a", "b", "c"), (8, 8), 1)
+
+
+def first_batch(t: Trainer) -> dict:
+    tc = t.tcfg
+    batches = train_batches(t.data.train, 3, batch_size=tc.batch_size, epochs=1, seed=0, augment=tc.augment)
+    return next(iterate(batches))
+
+
+def grads_of(t: Trainer, batch: dict):
+    """(flat gradient state, loss sum, correct count) of one batch, from fresh parameters."""
+    state = t.init_state()
+    grads, _, loss, correct = jax.jit(lambda p, r, b: loss_and_grads(t, p, r, b))(
+        state["params"], state["rest"], t.device_batch(batch)
+    )
+    return nnx.to_flat_state(grads), float(loss), float(correct)
+
+
+BASE = TrainConfig(batch_size=8, epochs=1, augment=Augment())
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Gradients of one batch of 8 (6 real examples + 2 padding rows), accumulated in one pass."""
+    t = Trainer(TINY, BASE, tiny_data(n_train=6))
+    batch = first_batch(t)
+    assert batch["mask"].tolist() == [1] * 6 + [0] * 2
+    return t, batch, grads_of(t, batch)
+
+
+def test_steps_compile_once_and_count_every_example_once(caplog):
+    """Two epochs of 10 examples in batches of 4: the last batch of each epoch is partial (2 real rows)."""
+    data = tiny_data()
+    t = Trainer(TINY, TrainConfig(batch_size=4, epochs=2, warmup_steps=1), data)
+    state = t.init_state()
+    counts, evals = [], []
+    with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+        it = iterate(train_batches(data.train, 3, batch_size=4, epochs=2, seed=0, augment=Augment(shift=1)))
+        for _ in range(t.total_steps):
+            state, m = t.train_step(state, next(it))
+            counts.append(float(m["count"]))
+            if len(counts) % t.steps_per_epoch == 0:
+                evals.append(t.evaluate(state, data.test))
+    compiled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling")]
+    assert len([m for m in compiled if re.search(r"\btrain_step\b", m)]) == 1, compiled
+    assert len([m for m in compiled if re.search(r"\beval_step\b", m)]) == 1, compiled
+    assert counts == [4, 4, 2, 4, 4, 2]
+    assert [e["count"] for e in evals] == [7, 7]
+    assert int(state["step"]) == 6
+
+
+def test_padding_rows_do_not_reach_the_gradient(reference):
+    """Whatever the padding rows hold, loss and gradients are those of the real rows, bit for bit."""
+    t, batch, (grads, loss, correct) = reference
+    rng = np.random.default_rng(1)
+    garbage = {**batch, "image": batch["image"].copy(), "label": batch["label"].copy()}
+    garbage["image"][6:] = rng.standard_normal(garbage["image"][6:].shape) * 50
+    garbage["label"][6:] = 2
+    g2, loss2, correct2 = grads_of(t, garbage)
+    assert (loss2, correct2) == (loss, correct) and correct <= 6
+    for (path, a), (_, b) in zip(g2, grads, strict=True):
+        np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(path))
+
+
+@pytest.mark.parametrize("option", [dict(accum_steps=2), dict(remat=True)])
+def test_accumulation_and_remat_give_the_same_gradients(reference, option):
+    _, batch, (grads, loss, correct) = reference
+    t = Trainer(TINY, dataclasses.replace(BASE, **option), tiny_data(n_train=6))
+    got, got_loss, got_correct = grads_of(t, batch)
+    assert got_loss == pytest.approx(loss, rel=1e-6) and got_correct == correct
+    for (path, a), (_, b) in zip(got, grads, strict=True):
+        c = compare(str(path), a[...], b[...], "gradient", "float32")
+        assert c.ok, c
+
+
+def test_weight_decay_mask_skips_biases_norms_tokens_and_posemb():
+    _, params, _ = nnx.split(VisionTransformer(TINY, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    mask = {".".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(decay_mask(params))}
+    decayed = sorted(k for k, v in mask.items() if v)
+    assert decayed == sorted(
+        [f"blocks.{i}.{m}.kernel" for i in range(2) for m in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")]
+        + ["head.kernel", "patch_embed.proj.kernel"]
+    )
+    assert not mask["pos_embed"] and not mask["cls_token"] and not mask["norm.scale"]
+
+
+def test_bad_batch_or_model_for_the_dataset():
+    data = tiny_data()
+    with pytest.raises(ValueError, match="accum_steps"):
+        TrainConfig(batch_size=6, accum_steps=4)
+    with pytest.raises(ValueError, match="num_classes=5"):
+        Trainer(TINY.replace(num_classes=5), TrainConfig(batch_size=4), data)
+    with pytest.raises(ValueError, match="channels"):
+        Trainer(TINY.replace(in_chans=3), TrainConfig(batch_size=4), data)
+
+
+def test_k08_bf16_training_with_large_inputs_stays_finite():
+    """K08: Ti/16 in bfloat16 with inputs x100, a few steps: loss and gradients finite.
+
+    Ti/16's width, heads and MLP at 64 px with 2 of its 12 blocks: the overflow happens inside a block,
+    and 12 blocks would only multiply the compile time.
+    """
+    cfg = ViTConfig.from_name("Ti/16", image_size=64, depth=2, num_classes=3, in_chans=1, dtype="bfloat16")
+    rng = np.random.default_rng(0)
+    src = ArraySource(rng.integers(0, 256, (4, 64, 64, 1), dtype=np.uint8), np.arange(4) % 3)
+    t = Trainer(
+        cfg,
+        TrainConfig(batch_size=4, epochs=3, warmup_steps=0, augment=Augment()),
+        Dataset("x", src, src, ("a", "b", "c"), (64, 64), 1),
+    )
+    state = t.init_state()
+    batch = first_batch(t)
+    batch = {**batch, "image": batch["image"] * 100.0}
+    for _ in range(3):
+        state, m = t.train_step(state, batch)
+        assert np.isfinite(float(m["loss"])) and np.isfinite(float(m["grad_norm"])), m
+        assert float(m["grad_norm"]) > 0
+    assert state["params"]["head"]["kernel"][...].dtype == jnp.float32  # parameters stay float32
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state["params"]))
+
+
+def test_k09_model_with_dropout_round_trips_through_orbax_into_an_abstract_model(tmp_path):
+    cfg = TINY.replace(dropout=0.2, drop_path=0.1)
+    model = VisionTransformer(cfg, rngs=nnx.Rngs(3))
+    _, state = nnx.split(model)
+    assert any(jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) for x in jax.tree.leaves(state))
+    ckpts = Checkpoints(tmp_path / "ckpt")
+    ckpts.save(1, state, {"step": 1})
+    ckpts.wait()
+    abstract = nnx.eval_shape(lambda: VisionTransformer(cfg, rngs=nnx.Rngs(0)))
+    graphdef, abstract_state = nnx.split(abstract)
+    restored, meta = Checkpoints(tmp_path / "ckpt").restore(abstract_state)
+    assert meta["step"] == 1
+    for (p, a), (_, b) in zip(nnx.to_flat_state(state), nnx.to_flat_state(restored), strict=True):
+        a, b = a[...], b[...]
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(p))
+    twin = nnx.merge(graphdef, restored)
+    forward = nnx.jit(lambda m, x: m(x))
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 8, 8, 1)), jnp.float32)
+    train_logits = np.asarray(forward(model, x))
+    np.testing.assert_array_equal(np.asarray(forward(twin, x)), train_logits)  # the same dropout draws
+    model.eval()
+    twin.eval()
+    eval_logits = np.asarray(forward(model, x))
+    np.testing.assert_array_equal(np.asarray(forward(twin, x)), eval_logits)
+    assert not np.array_equal(train_logits, eval_logits)  # dropout was live in training mode

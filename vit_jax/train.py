@@ -1,0 +1,738 @@
+"""Training the JAX twin: jit steps over a device mesh, orbax checkpoints, exact resume.
+
+The train state is one pytree ``{"step", "params", "rest", "opt_state"}``: ``params`` the model's
+``nnx.Param`` state, ``rest`` everything else the model holds (dropout / drop-path RNG streams).
+Both steps are ``jax.jit`` functions of (state, batch) on split NNX state, compiled once: every batch
+has the same shape because the last batch of an epoch is padded and masked (``vit_jax.data``).
+
+Devices: a 1-D ``jax.sharding.Mesh`` named "data" over all devices. Batches are split along it;
+parameters and optimizer state are replicated ('dp', data parallel) or each array is split along its
+largest axis divisible by the device count ('fsdp', ZeRO-3 style; XLA inserts the gathers).
+Multi-host runs start through ``jax.distributed.initialize`` (``init_distributed``).
+
+Optimizer (optax): global-norm gradient clipping, then AdamW with linear warmup + cosine decay and
+no weight decay on biases, norms, class/register tokens, position embeddings and the MAP probe
+(timm ``no_weight_decay`` convention). Loss: softmax cross-entropy against label-smoothed (and
+mixup/cutmix-mixed) targets, averaged over the real (mask 1) examples of the batch; gradient
+accumulation scans over micro-batches and divides by the batch's real count, so it equals one big
+batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from vit_common.config import ViTConfig
+from vit_common.formats.canonical import atomic_write
+from vit_jax.data import Augment, Dataset, batches_per_epoch, eval_batches, iterate, train_batches
+from vit_jax.model import Block, VisionTransformer
+from vit_jax.weights import to_numpy
+
+# Leaf names that never get weight decay besides 1-D tensors (biases, norm scales, LayerScale).
+NO_DECAY = frozenset({"cls_token", "reg_token", "pos_embed", "latent"})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything besides the model that determines a run's numbers (saved in config.json).
+
+    Fields:
+        dataset: a ``vit_jax.data.load_dataset`` spec.
+        epochs: passes over the training set.
+        batch_size: B, the global batch (all devices together).
+        lr: peak learning rate, reached after ``warmup_steps`` linear steps; then cosine decay to
+            ``lr * min_lr_ratio`` at the last step (optax.warmup_cosine_decay_schedule).
+        weight_decay: AdamW decoupled weight decay (masked, see the module docstring).
+        b1, b2: Adam moment decay rates.
+        label_smoothing: epsilon of optax.smooth_labels.
+        grad_clip: global-norm bound on the gradient; 0 = off.
+        accum_steps: micro-batches per optimizer step; must divide batch_size.
+        augment: the ``vit_jax.data.Augment`` of training batches.
+        seed: seeds model initialisation, dropout and the data order.
+        val_fraction: test share for datasets without a split of their own.
+        sharding: 'dp' (replicated parameters) or 'fsdp' (sharded parameters and optimizer state).
+        remat: recompute each block in the backward pass (``nnx.remat``) to save activation memory.
+    """
+
+    dataset: str = "mnist5k"
+    epochs: int = 30
+    batch_size: int = 128
+    lr: float = 2e-3
+    warmup_steps: int = 300
+    min_lr_ratio: float = 0.01
+    weight_decay: float = 0.05
+    b1: float = 0.9
+    b2: float = 0.999
+    label_smoothing: float = 0.1
+    grad_clip: float = 1.0
+    accum_steps: int = 1
+    augment: Augment = Augment(shift=2)
+    seed: int = 0
+    val_fraction: float = 0.2
+    sharding: str = "dp"
+    remat: bool = False
+
+    def __post_init__(self):
+        checks = [
+            (self.epochs >= 1, "epochs", "an int >= 1"),
+            (self.batch_size >= 1, "batch_size", "an int >= 1"),
+            (self.lr > 0, "lr", "a positive float"),
+            (self.warmup_steps >= 0, "warmup_steps", "an int >= 0"),
+            (0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "a float in [0, 1]"),
+            (self.weight_decay >= 0, "weight_decay", "a float >= 0"),
+            (0 <= self.label_smoothing < 1, "label_smoothing", "a float in [0, 1)"),
+            (self.grad_clip >= 0, "grad_clip", "a float >= 0 (0 = off)"),
+            (
+                self.accum_steps >= 1 and self.batch_size % self.accum_steps == 0,
+                "accum_steps",
+                f"an int >= 1 dividing batch_size={self.batch_size}",
+            ),
+            (0 < self.val_fraction < 1, "val_fraction", "a float in (0, 1)"),
+            (self.sharding in ("dp", "fsdp"), "sharding", "'dp' or 'fsdp'"),
+        ]
+        for ok, name, expected in checks:
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected {expected}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class NonFiniteError(RuntimeError):
+    """The loss or the gradient norm became NaN or Inf."""
+
+
+# ------------------------------------------------------------------------------------ devices
+
+
+def init_distributed() -> None:
+    """Start multi-host JAX when the usual environment says so; a no-op for one process.
+
+    JAX_COORDINATOR_ADDRESS (with JAX_NUM_PROCESSES and JAX_PROCESS_ID), or a SLURM / Open MPI job
+    of more than one task (jax detects those itself). Must run before any other JAX call.
+    """
+    env = os.environ
+    if env.get("JAX_COORDINATOR_ADDRESS"):
+        num, pid = env.get("JAX_NUM_PROCESSES"), env.get("JAX_PROCESS_ID")
+        jax.distributed.initialize(num_processes=int(num) if num else None, process_id=int(pid) if pid else None)
+    elif int(env.get("SLURM_NTASKS", "1")) > 1 or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+        jax.distributed.initialize()
+
+
+def make_mesh(devices=None) -> Mesh:
+    """A 1-D mesh with axis "data" over ``devices`` (default: all devices of all processes)."""
+    return Mesh(np.array(jax.devices() if devices is None else devices), ("data",))
+
+
+def _fsdp_spec(shape: tuple[int, ...], n: int) -> P:
+    """Shard the largest axis that ``n`` divides; replicate when none does."""
+    axes = [i for i in np.argsort(shape, kind="stable")[::-1] if shape[i] % n == 0 and shape[i] >= n]
+    if n == 1 or not axes:
+        return P()
+    spec = [None] * len(shape)
+    spec[int(axes[0])] = "data"
+    return P(*spec)
+
+
+# --------------------------------------------------------------------------------- the model
+
+
+class RematBlock(Block):
+    """A Block recomputed in the backward pass (``nnx.remat``): same parameters, same paths."""
+
+    def __call__(self, x: jax.Array, *, return_attn: bool = False):
+        if return_attn:
+            return super().__call__(x, return_attn=True)
+        return nnx.remat(lambda block, h: Block.__call__(block, h))(self, x)
+
+
+def build_model(cfg: ViTConfig, seed: int, remat: bool = False) -> VisionTransformer:
+    """A freshly initialised VisionTransformer (training mode); ``remat`` swaps in RematBlock."""
+    model = VisionTransformer(cfg, rngs=nnx.Rngs(seed))
+    if remat:
+        for block in model.blocks:
+            block.__class__ = RematBlock
+    return model
+
+
+def _leaf_name(path) -> str:
+    """The parameter's own name: the last dict key of its pytree path (after it come Variable fields)."""
+    return next(str(k.key) for k in reversed(path) if isinstance(k, jax.tree_util.DictKey))
+
+
+def decay_mask(params: nnx.State) -> nnx.State:
+    """True where AdamW applies weight decay: tensors of rank >= 2 except tokens and embeddings."""
+    return jax.tree_util.tree_map_with_path(lambda p, x: x.ndim >= 2 and _leaf_name(p) not in NO_DECAY, params)
+
+
+def make_optimizer(tcfg: TrainConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """(clip + masked AdamW, learning-rate schedule) for ``total_steps`` optimizer steps."""
+    warmup = min(tcfg.warmup_steps, max(total_steps - 1, 0))
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0,
+        tcfg.lr,
+        warmup_steps=warmup,
+        decay_steps=max(total_steps, warmup + 1),
+        end_value=tcfg.lr * tcfg.min_lr_ratio,
+    )
+    adamw = optax.adamw(schedule, b1=tcfg.b1, b2=tcfg.b2, weight_decay=tcfg.weight_decay, mask=decay_mask)
+    tx = optax.chain(optax.clip_by_global_norm(tcfg.grad_clip), adamw) if tcfg.grad_clip else adamw
+    return tx, schedule
+
+
+# --------------------------------------------------------------------------------- the steps
+
+
+class Trainer:
+    """Compiled train and eval steps for one (model config, train config, dataset size, mesh).
+
+    ``state`` pytrees live on ``mesh`` with ``state_shardings``; batches are numpy dicts from
+    ``vit_jax.data`` (global batch on every process; each process feeds its own slice).
+
+    Raises:
+        ValueError: batch size not divisible by device count x accum_steps, or a config that does not
+            fit the dataset (image size, channels, classes).
+    """
+
+    def __init__(self, cfg: ViTConfig, tcfg: TrainConfig, data: Dataset, mesh: Mesh | None = None):
+        if cfg.num_classes != data.num_classes:
+            raise ValueError(f"num_classes={cfg.num_classes} but dataset {data.name!r} has {data.num_classes}")
+        if cfg.in_chans != data.channels or tuple(cfg.image_size) != tuple(data.image_size):
+            raise ValueError(
+                f"model expects {cfg.image_size} x {cfg.in_chans} channels, dataset gives "
+                f"{data.image_size} x {data.channels}"
+            )
+        self.cfg, self.tcfg, self.data = cfg, tcfg, data
+        self.mesh = mesh or make_mesh()
+        n = self.mesh.size
+        micro = tcfg.batch_size // tcfg.accum_steps
+        if micro % n:
+            raise ValueError(
+                f"batch_size={tcfg.batch_size} / accum_steps={tcfg.accum_steps} = {micro} examples per "
+                f"micro-batch is not divisible by the {n} devices"
+            )
+        self.steps_per_epoch = batches_per_epoch(len(data.train), tcfg.batch_size)
+        self.total_steps = self.steps_per_epoch * tcfg.epochs
+        self.tx, self.schedule = make_optimizer(tcfg, self.total_steps)
+
+        model = nnx.eval_shape(lambda: build_model(cfg, tcfg.seed, tcfg.remat))
+        model.eval()
+        self.eval_graphdef = nnx.graphdef(model)
+        model.train()
+        self.train_graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        self.abstract_state = {
+            "step": jax.ShapeDtypeStruct((), jnp.int32),
+            "params": params,
+            "rest": rest,
+            "opt_state": jax.eval_shape(self.tx.init, params),
+        }
+        rule = (lambda s: _fsdp_spec(s, n)) if tcfg.sharding == "fsdp" else (lambda s: P())
+        self.state_shardings = jax.tree.map(lambda x: NamedSharding(self.mesh, rule(x.shape)), self.abstract_state)
+        self.batch_sharding = NamedSharding(self.mesh, P("data"))
+        replicated = NamedSharding(self.mesh, P())
+
+        self._train_jit = jax.jit(
+            train_step_fn(self),
+            in_shardings=(self.state_shardings, self.batch_sharding),
+            out_shardings=(self.state_shardings, replicated),
+            donate_argnums=0,
+        )
+        self._eval_jit = jax.jit(
+            eval_step_fn(self),
+            in_shardings=(self.state_shardings, self.batch_sharding),
+            out_shardings=replicated,
+        )
+
+    def init_state(self) -> dict:
+        """A fresh train state (seeded by ``tcfg.seed``) placed with ``state_shardings``.
+
+        Built eagerly on the host side of JAX, then placed: every process computes the same values,
+        the random-initialiser kernels compile once per process and shape (XLA's threefry kernels are
+        slow to compile), and the values do not depend on the device count.
+        """
+        _, params, rest = nnx.split(build_model(self.cfg, self.tcfg.seed, self.tcfg.remat), nnx.Param, ...)
+        state = {"step": jnp.zeros((), jnp.int32), "params": params, "rest": rest, "opt_state": self.tx.init(params)}
+        host = jax.tree.map(np.asarray, keys_to_data(state))
+        return data_to_keys(jax.device_put(host, self.state_shardings), state, key_impl_name())
+
+    def device_batch(self, batch: dict) -> dict:
+        """Global numpy batch -> jax arrays sharded along "data" (this process feeds its rows)."""
+        pc, pi = jax.process_count(), jax.process_index()
+        rows = self.tcfg.batch_size // pc
+        return {
+            k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v)[pi * rows : (pi + 1) * rows])
+            for k, v in batch.items()
+        }
+
+    def train_step(self, state: dict, batch: dict) -> tuple[dict, dict]:
+        """One optimizer step. Metrics: loss (mean over real examples), correct, count, grad_norm, lr."""
+        return self._train_jit(state, self.device_batch(batch))
+
+    def eval_step(self, state: dict, batch: dict) -> dict:
+        """Metrics of one batch: loss_sum, correct, count, and logits float32 [B, K] (padding included)."""
+        return self._eval_jit(state, self.device_batch(batch))
+
+    def evaluate(self, state: dict, source, *, with_logits: bool = False) -> dict:
+        """Loss and accuracy over every example of ``source`` (each counted exactly once).
+
+        Returns {"loss", "accuracy", "count"} and, with ``with_logits``, "logits" float32 [N, K].
+        """
+        loss = correct = count = 0.0
+        logits = []
+        for batch in iterate(eval_batches(source, self.cfg.num_classes, batch_size=self.tcfg.batch_size)):
+            m = jax.device_get(self.eval_step(state, batch))
+            loss, correct, count = loss + m["loss_sum"], correct + m["correct"], count + m["count"]
+            if with_logits:
+                logits.append(m["logits"][batch["mask"] > 0])
+        out = {"loss": float(loss / count), "accuracy": float(correct / count), "count": int(count)}
+        if with_logits:
+            out["logits"] = np.concatenate(logits)
+        return out
+
+    def weights(self, state: dict) -> dict[str, np.ndarray]:
+        """The canonical state (timm names, numpy) of the model in ``state``, gathered from all devices.
+
+        With several processes every process must call this (the gather is collective).
+        """
+        params = state["params"]
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            params = multihost_utils.process_allgather(params, tiled=True)
+        return to_numpy(nnx.merge(self.eval_graphdef, params, state["rest"]))
+
+
+def _forward(graphdef, params, rest, images):
+    """(logits float32 [B, K], the model's non-parameter state after the call).
+
+    ``rest`` is rebuilt by an identity tree map so that its Variables (dropout RNG counters) belong
+    to the current trace: NNX refuses to update a Variable created outside ``jax.value_and_grad``.
+    """
+    model = nnx.merge(graphdef, params, jax.tree.map(lambda v: v, rest))
+    logits = model(images).astype(jnp.float32)
+    return logits, nnx.state(model, nnx.Not(nnx.Param))
+
+
+def loss_and_grads(t: Trainer, params, rest, batch: dict):
+    """Summed-over-examples gradients of one batch, scanned over ``accum_steps`` micro-batches.
+
+    Returns (grads summed over the real examples, rest after the forward passes, loss sum, correct
+    count). Micro-batch i holds rows i, i+A, i+2A, ... so each keeps the batch's device split.
+    """
+    tcfg, a = t.tcfg, t.tcfg.accum_steps
+
+    def loss_sum(p, rest, mb):
+        logits, rest = _forward(t.train_graphdef, p, rest, mb["image"])
+        targets = optax.smooth_labels(mb["target"], tcfg.label_smoothing) if tcfg.label_smoothing else mb["target"]
+        ce = optax.softmax_cross_entropy(logits, targets)  # [b]
+        correct = ((jnp.argmax(logits, -1) == mb["label"]) * mb["mask"]).sum()
+        return (ce * mb["mask"]).sum(), (rest, correct)
+
+    def accumulate(carry, mb):
+        grads, rest, loss, correct = carry
+        (l, (rest, c)), g = jax.value_and_grad(loss_sum, has_aux=True)(params, rest, mb)
+        return (jax.tree.map(jnp.add, grads, g), rest, loss + l, correct + c), None
+
+    micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(x.shape[0] // a, a, *x.shape[1:]), 0, 1), batch)
+    zero = jnp.zeros((), jnp.float32)
+    init = (jax.tree.map(jnp.zeros_like, params), rest, zero, zero)
+    return jax.lax.scan(accumulate, init, micro)[0]
+
+
+def train_step_fn(t: Trainer):
+    def train_step(state: dict, batch: dict) -> tuple[dict, dict]:
+        params = state["params"]
+        grads, rest, loss, correct = loss_and_grads(t, params, state["rest"], batch)
+        count = jnp.maximum(batch["mask"].sum(), 1.0)
+        grads = jax.tree.map(lambda g: g / count, grads)
+        updates, opt_state = t.tx.update(grads, state["opt_state"], params)
+        new = {
+            "step": state["step"] + 1,
+            "params": optax.apply_updates(params, updates),
+            "rest": rest,
+            "opt_state": opt_state,
+        }
+        metrics = {
+            "loss": loss / count,
+            "correct": correct,
+            "count": batch["mask"].sum(),
+            "grad_norm": optax.tree_utils.tree_norm(grads),
+            "lr": t.schedule(state["step"]),
+        }
+        return new, metrics
+
+    return train_step
+
+
+def eval_step_fn(t: Trainer):
+    def eval_step(state: dict, batch: dict) -> dict:
+        logits, _ = _forward(t.eval_graphdef, state["params"], state["rest"], batch["image"])
+        ce = optax.softmax_cross_entropy(logits, batch["target"])
+        mask = batch["mask"]
+        return {
+            "loss_sum": (ce * mask).sum(),
+            "correct": ((jnp.argmax(logits, -1) == batch["label"]) * mask).sum(),
+            "count": mask.sum(),
+            "logits": logits,
+        }
+
+    return eval_step
+
+
+# ---------------------------------------------------------------------------------- checkpoints
+
+
+def _is_key(x) -> bool:
+    return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def keys_to_data(tree):
+    """Replace typed PRNG key arrays by their uint32 key data (K09: checkpoint formats and abstract
+    restores handle plain integers in every orbax version; typed key dtypes not always)."""
+    return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
+
+
+def data_to_keys(tree, template, impl: str):
+    """Inverse of ``keys_to_data``: wrap uint32 data back into keys wherever ``template`` has keys."""
+    return jax.tree.map(lambda x, t: jax.random.wrap_key_data(x, impl=impl) if _is_key(t) else x, tree, template)
+
+
+def key_impl_name() -> str:
+    """Name of the default PRNG implementation (the one nnx.Rngs uses), e.g. 'threefry2x32'."""
+    return str(jax.random.key_impl(jax.random.key(0)))
+
+
+class Checkpoints:
+    """Orbax CheckpointManager over ``directory``: train state + JSON metadata per step.
+
+    Saves are asynchronous and atomic (written to a temporary folder, then renamed); temporary
+    folders left by a killed process are removed when the manager opens. Keeps the last ``keep``.
+    """
+
+    def __init__(self, directory: str | os.PathLike, keep: int = 3):
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, cleanup_tmp_directories=True, enable_async_checkpointing=True
+        )
+        self.manager = ocp.CheckpointManager(Path(directory).absolute(), options=options, item_names=("state", "meta"))
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, step: int, state, meta: dict) -> None:
+        """Save ``state`` (any pytree; PRNG keys stored as key data) and JSON ``meta`` at ``step``."""
+        meta = {**meta, "key_impl": key_impl_name()}
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(keys_to_data(state)), meta=ocp.args.JsonSave(meta)),
+        )
+
+    def restore(self, abstract_state, step: int | None = None):
+        """(state shaped like ``abstract_state``, with its shardings; meta dict) at ``step`` or the latest.
+
+        Raises:
+            FileNotFoundError: no checkpoint in the directory.
+        """
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"{self.manager.directory}: no checkpoint to resume from")
+        target = jax.tree.map(
+            lambda x: (
+                jax.ShapeDtypeStruct(
+                    jax.eval_shape(jax.random.key_data, x).shape,
+                    jnp.uint32,
+                    sharding=getattr(x, "sharding", None),
+                )
+                if _is_key(x)
+                else x
+            ),
+            abstract_state,
+        )
+        out = self.manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
+        )
+        meta = dict(out["meta"])
+        return data_to_keys(out["state"], abstract_state, meta["key_impl"]), meta
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def sharded_abstract(trainer: Trainer):
+    """``trainer.abstract_state`` with each leaf's target sharding attached (for restores)."""
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        trainer.abstract_state,
+        trainer.state_shardings,
+    )
+
+
+def config_mismatch(saved: dict, current: dict) -> list[str]:
+    """Fields (section.field) whose values differ between two config.json dicts."""
+    out = []
+    for section in ("model", "train"):
+        a, b = saved.get(section, {}), current.get(section, {})
+        out += [
+            f"{section}.{k}: checkpoint has {a.get(k)!r}, now {b.get(k)!r}"
+            for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k)
+        ]
+    return out
+
+
+def read_json(path: Path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+# -------------------------------------------------------------------------------------- the run
+
+
+def write_json(path: Path, obj) -> None:
+    """Write ``obj`` as indented JSON, atomically."""
+
+    def write(tmp):
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2)
+
+    atomic_write(path, write)
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop metric lines written after ``step`` (by a run that was killed later than its checkpoint)."""
+    if not path.exists():
+        return
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+    atomic_write(path, lambda tmp: Path(tmp).write_text("".join(ln + "\n" for ln in lines)))
+
+
+def run_config(trainer: Trainer) -> dict:
+    """What config.json holds: the model and train configs, the class names, the devices."""
+    return {
+        "model": trainer.cfg.to_dict(),
+        "train": trainer.tcfg.to_dict(),
+        "classes": list(trainer.data.classes),
+        "devices": f"{trainer.mesh.size} x {jax.devices()[0].platform}",
+        "processes": jax.process_count(),
+    }
+
+
+def fit(
+    trainer: Trainer,
+    out: str | os.PathLike,
+    *,
+    resume: bool = False,
+    ckpt_every: int = 0,
+    keep: int = 3,
+    log_every: int = 10,
+    eval_every: int = 1,
+    progress: bool = True,
+) -> tuple[dict, dict]:
+    """Train to the last step, writing into ``out``: config.json, metrics.jsonl, checkpoints/.
+
+    A checkpoint (state, data-iterator position) is saved every ``ckpt_every`` steps (0 = only at the
+    end) and at the last step; ``resume`` continues from the latest one, so an interrupted run ends
+    with the same state as an uninterrupted one. The test set is evaluated every ``eval_every``
+    epochs and at the end. metrics.jsonl gets one line per ``log_every`` steps (loss, accuracy,
+    lr, grad_norm, images_per_s averaged since the previous line) and one per evaluation.
+
+    Returns:
+        (final state, summary dict: steps, test_loss, test_accuracy, images_per_s, train_seconds).
+
+    Raises:
+        ValueError: ``out`` already holds a run and ``resume`` is off, or ``resume`` with a config that
+            differs from the saved one (every differing field listed).
+        FileNotFoundError: ``resume`` without a run in ``out``.
+        NonFiniteError: NaN or Inf in the loss or gradients; the last good checkpoint stays intact.
+    """
+    import time
+
+    from tqdm import tqdm
+
+    out = Path(out)
+    lead = jax.process_index() == 0
+    config, metrics_path = run_config(trainer), out / "metrics.jsonl"
+    ckpts = Checkpoints(out / "checkpoints", keep)
+    try:
+        if resume:
+            if not (out / "config.json").exists():
+                raise FileNotFoundError(f"{out}: no run to resume (config.json is missing)")
+            diff = config_mismatch(read_json(out / "config.json"), config)
+            if diff:
+                raise ValueError(f"{out}: the checkpoint was made with a different config:\n  " + "\n  ".join(diff))
+            state, meta = ckpts.restore(sharded_abstract(trainer))
+            start, data_state = int(meta["step"]), meta["data"]
+            if lead:
+                _truncate_metrics(metrics_path, start)
+        else:
+            if ckpts.latest_step() is not None or metrics_path.exists():
+                raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
+            if lead:
+                out.mkdir(parents=True, exist_ok=True)
+                write_json(out / "config.json", config)
+            state, start, data_state = trainer.init_state(), 0, None
+        return _loop(
+            trainer,
+            state,
+            start,
+            data_state,
+            ckpts,
+            metrics_path,
+            ckpt_every=ckpt_every,
+            log_every=log_every,
+            eval_every=eval_every,
+            bar=tqdm if progress and lead else None,
+            lead=lead,
+            clock=time.perf_counter,
+        )
+    finally:
+        ckpts.wait()
+        ckpts.close()
+
+
+def _loop(
+    t: Trainer,
+    state,
+    start,
+    data_state,
+    ckpts,
+    metrics_path,
+    *,
+    ckpt_every,
+    log_every,
+    eval_every,
+    bar,
+    lead,
+    clock,
+) -> tuple[dict, dict]:
+    tcfg, spe, total = t.tcfg, t.steps_per_epoch, t.total_steps
+    it = iterate(
+        train_batches(
+            t.data.train,
+            t.cfg.num_classes,
+            batch_size=tcfg.batch_size,
+            epochs=tcfg.epochs,
+            seed=tcfg.seed,
+            augment=tcfg.augment,
+        )
+    )
+    if data_state is not None:
+        it.set_state(data_state)
+    n_train = len(t.data.train)
+    pbar = (
+        bar(
+            total=tcfg.epochs * n_train,
+            initial=min(start * tcfg.batch_size, tcfg.epochs * n_train),
+            unit="img",
+            unit_scale=True,
+            dynamic_ncols=True,
+            desc="train",
+        )
+        if bar
+        else None
+    )
+    log = open(metrics_path, "a") if lead else None
+
+    def write(line: dict) -> None:
+        if log:
+            log.write(json.dumps(line) + "\n")
+            log.flush()
+
+    acc = {"loss": 0.0, "correct": 0.0, "count": 0.0, "grad_norm": 0.0, "steps": 0, "seconds": 0.0}
+    seen = timed = 0.0
+    test = {}
+    t_start = clock()
+    try:
+        for step in range(start, total):
+            t0 = clock()
+            state, m = t.train_step(state, next(it))
+            m = jax.device_get(m)
+            if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])):
+                ckpts.wait()
+                last = ckpts.latest_step()
+                kept = (
+                    f"the last good checkpoint is step {last} in {ckpts.manager.directory}"
+                    if last is not None
+                    else "no checkpoint was written yet"
+                )
+                raise NonFiniteError(
+                    f"loss {float(m['loss'])}, gradient norm {float(m['grad_norm'])} at step "
+                    f"{step + 1}: not finite, training stopped; {kept}. Try a lower --lr."
+                )
+            dt = clock() - t0
+            if step > start:  # the first step of a process includes compilation
+                seen, timed = seen + m["count"], timed + dt
+            for k in ("loss", "grad_norm"):
+                acc[k] += float(m[k])
+            acc["correct"] += float(m["correct"])
+            acc["count"] += float(m["count"])
+            acc["steps"] += 1
+            acc["seconds"] += dt
+            s = step + 1
+            if pbar:
+                pbar.update(int(m["count"]))
+                pbar.set_postfix(
+                    epoch=f"{s / spe:.2f}",
+                    loss=f"{float(m['loss']):.3f}",
+                    lr=f"{float(m['lr']):.1e}",
+                    **({"test_acc": f"{test['accuracy']:.4f}"} if test else {}),
+                    refresh=False,
+                )
+            if s % log_every == 0 or s == total:
+                write(
+                    {
+                        "step": s,
+                        "epoch": s / spe,
+                        "loss": acc["loss"] / acc["steps"],
+                        "accuracy": acc["correct"] / max(acc["count"], 1),
+                        "lr": float(m["lr"]),
+                        "grad_norm": acc["grad_norm"] / acc["steps"],
+                        "images_per_s": acc["count"] / max(acc["seconds"], 1e-9),
+                        "time": clock() - t_start,
+                    }
+                )
+                acc = dict.fromkeys(acc, 0.0)
+            if s == total or (s % spe == 0 and (s // spe) % eval_every == 0):
+                test = t.evaluate(state, t.data.test)
+                write(
+                    {
+                        "step": s,
+                        "epoch": s / spe,
+                        "test_loss": test["loss"],
+                        "test_accuracy": test["accuracy"],
+                        "test_count": test["count"],
+                    }
+                )
+            if s == total or (ckpt_every and s % ckpt_every == 0):
+                ckpts.save(s, state, {"step": s, "data": it.get_state()})
+    finally:
+        if pbar:
+            pbar.close()
+        if log:
+            log.close()
+    if not test:  # resumed after the last step: nothing ran
+        test = t.evaluate(state, t.data.test)
+    summary = {
+        "steps": total,
+        "test_loss": test["loss"],
+        "test_accuracy": test["accuracy"],
+        "test_count": test["count"],
+        "images_per_s": seen / timed if timed else None,
+        "train_seconds": clock() - t_start,
+    }
+    return state, summary
