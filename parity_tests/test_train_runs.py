@@ -36,6 +36,9 @@ TINY = (
 KILLER = textwrap.dedent("""
     import os, signal, sys
     mode, at, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    from vit_cli.main import build_parser
+    from vit_cli.train import split_cpu
+    split_cpu(build_parser().parse_args(argv))  # as `vit train` does, before JAX is imported
     if mode == "train":  # right after dispatching step `at`
         from vit_jax import train
         step = train.Trainer.train_step
@@ -107,8 +110,16 @@ def tensors(path: Path) -> dict:
 
 def final_state(run: Path):
     """The last checkpoint's train state as stored (PRNG keys as key data)."""
+    import jax
+
     steps = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
-    return ocp.StandardCheckpointer().restore((run / "checkpoints" / str(steps[-1]) / "state").absolute())
+    path = (run / "checkpoints" / str(steps[-1]) / "state").absolute()
+    checkpointer = ocp.StandardCheckpointer()
+    here = jax.sharding.SingleDeviceSharding(jax.devices()[0])  # saved on every core's device; read on one
+    target = jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=here), checkpointer.metadata(path).item_metadata
+    )
+    return checkpointer.restore(path, target)
 
 
 def metric_values(run: Path) -> list[dict]:
@@ -137,6 +148,8 @@ def test_export_agrees_in_pytorch_and_timm(ref, npz):
     assert (ref / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     config = json.loads((ref / "config.json").read_text())
     assert config["model"]["width"] == 16 and config["train"]["epochs"] == 3 and config["classes"] == ["0", "1", "2"]
+    cores = len(os.sched_getaffinity(0))
+    assert config["devices"] == f"{max(d for d in range(1, cores + 1) if 8 % d == 0)} x cpu"  # one per core
     rows = [json.loads(ln) for ln in (ref / "metrics.jsonl").read_text().splitlines()]
     train_rows, test_rows = [r for r in rows if "loss" in r], [r for r in rows if "test_loss" in r]
     assert [r["step"] for r in train_rows] == list(range(1, 10))

@@ -193,10 +193,11 @@ def train_config(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import time
 
+    started = time.perf_counter()
+    split_cpu(args)  # before JAX is imported
+
     from vit_jax.train import init_distributed
 
-    started = time.perf_counter()
-    split_cpu(args)  # before JAX starts its backends
     init_distributed()  # before any other JAX call
 
     import jax
