@@ -12,6 +12,7 @@ import sys
 # subcommand -> module; each module imports only argparse/stdlib/vit_common at top level.
 COMMANDS = {
     "info": "vit_cli.info",
+    "bench": "vit_cli.bench",
 }
 
 
