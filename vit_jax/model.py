@@ -32,8 +32,20 @@ def _layer_norm(cfg: ViTConfig, dim: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
     return nnx.LayerNorm(dim, epsilon=cfg.ln_eps, use_fast_variance=False, rngs=rngs, **_dtypes(cfg))
 
 
-def _linear(cfg: ViTConfig, d_in: int, d_out: int, rngs: nnx.Rngs, bias: bool = True) -> nnx.Linear:
-    return nnx.Linear(d_in, d_out, use_bias=bias, kernel_init=_trunc02, rngs=rngs, **_dtypes(cfg))
+class Linear(nnx.Linear):
+    """nnx.Linear that multiplies [..., D_in] as one [M, D_in] @ [D_in, D_out] matrix product.
+
+    Same parameters and math as nnx.Linear. Flattening the leading dims first gives the weight
+    gradient a single contracting dim, which XLA on CPU computes as one dot; with [B, L, D] inputs it
+    transposes the activations first (a Ti/16 training step on CPU took 1.45x as long).
+    """
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return super().__call__(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
+
+
+def _linear(cfg: ViTConfig, d_in: int, d_out: int, rngs: nnx.Rngs, bias: bool = True) -> Linear:
+    return Linear(d_in, d_out, use_bias=bias, kernel_init=_trunc02, rngs=rngs, **_dtypes(cfg))
 
 
 def _dropout(rate: float, rngs: nnx.Rngs) -> nnx.Dropout:
