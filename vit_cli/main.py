@@ -12,6 +12,9 @@ import sys
 # subcommand -> module; each module imports only argparse/stdlib/vit_common at top level.
 COMMANDS = {
     "info": "vit_cli.info",
+    "convert": "vit_cli.convert",
+    "parity": "vit_cli.parity",
+    "attention": "vit_cli.attention",
     "bench": "vit_cli.bench",
 }
 
@@ -25,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vit", description="One Vision Transformer in JAX and PyTorch, proven equal."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, module in COMMANDS.items():
+    for module in COMMANDS.values():
         importlib.import_module(module).add_parser(sub)
     return parser
 

@@ -324,7 +324,7 @@ class ViTConfig:
         return n
 
     def flops(self, image_size: tuple[int, int] | int | None = None) -> int:
-        """Forward FLOPs per image, counting 2 per multiply-accumulate of every matmul and conv.
+        """Forward FLOPs per image (at ``image_size`` if given), 2 per multiply-accumulate of every matmul.
 
         Formula (L tokens, D width, F mlp_dim, N' patches, K classes, P patch):
             patch embedding 2 N' C P^2 D
@@ -334,8 +334,8 @@ class ViTConfig:
         Elementwise work (LayerNorm, GELU, softmax, residual adds) is left out, as in the ViT, DeiT and
         timm/fvcore conventions; it is under 1% of the total for B/16 at 224.
         """
-        hw = self.image_size if image_size is None else _pair(image_size, "image_size")
-        gh, gw = self.grid_for(hw)
+        cfg = self if image_size is None else self.replace(image_size=image_size)
+        gh, gw = cfg.grid
         n_patch = gh * gw
         seq = n_patch + self.num_prefix_tokens
         d, f = self.width, self.mlp_dim

@@ -27,6 +27,11 @@ def _acc(dtype) -> jnp.dtype:
     return jnp.promote_types(dtype, jnp.float32)
 
 
+def _fused(cfg: ViTConfig) -> bool:
+    """Take jax.nn.dot_product_attention? Never in float64, where it would round the softmax to float32."""
+    return cfg.attn_impl == "fused" and cfg.dtype != "float64"
+
+
 def _layer_norm(cfg: ViTConfig, dim: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
     # use_fast_variance=False: flax's default E[x^2]-E[x]^2 differs from torch's two-pass variance.
     return nnx.LayerNorm(dim, epsilon=cfg.ln_eps, use_fast_variance=False, rngs=rngs, **_dtypes(cfg))
@@ -77,14 +82,13 @@ class PatchEmbed(nnx.Module):
         return self.proj(x)
 
 
-def _fused_kernel(backend: str | None, dtype) -> bool:
-    """Whether the fused path can call jax.nn.dot_product_attention.
+def _fused_kernel(backend: str | None) -> bool:
+    """Whether the fused path calls jax.nn.dot_product_attention (else it computes with ``_attend``).
 
     Yes when a backend is asked for, or when JAX runs on an accelerator. On CPU JAX has no fused
     kernel: its XLA form is an einsum over [B, L, N, D/N] that runs ~1.5x slower than ``_attend``.
-    Never for float64: it computes the logits in float32 (1e-8 relative error).
     """
-    return jnp.dtype(dtype) != jnp.float64 and (backend is not None or jax.default_backend() != "cpu")
+    return backend is not None or jax.default_backend() != "cpu"
 
 
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, drop=None) -> tuple[jax.Array, jax.Array]:
@@ -106,14 +110,15 @@ class Attention(nnx.Module):
     """Multi-head self-attention with a fused qkv projection (rows [q; k; v], head-major).
 
     Two paths: fused (``jax.nn.dot_product_attention``, ``cfg.attn_backend`` picks 'xla' or 'cudnn';
-    see ``_fused_kernel`` for when it computes as the explicit path instead) and explicit (logits and
-    softmax written out, ``_attend``), which alone returns probabilities. Both compute logits and
-    softmax in at least float32.
+    ``_fused_kernel`` says when it computes as ``_attend`` instead) and explicit (logits and softmax
+    written out, ``_attend``), which alone returns probabilities. Both compute logits and softmax in
+    at least float32. float64 always takes the explicit path: JAX's fused op casts the logits to
+    float32 before its softmax (jax/_src/nn/functions.py), a ~1e-8 error.
     """
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
-        self.fused = cfg.attn_impl == "fused"
+        self.fused = _fused(cfg)
         self.backend = cfg.attn_backend
         self.qkv = _linear(cfg, cfg.width, 3 * cfg.width, rngs, bias=cfg.qkv_bias)
         self.q_norm = _layer_norm(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
@@ -136,7 +141,7 @@ class Attention(nnx.Module):
         scale = self.head_dim**-0.5
         live_drop = self.attn_drop.rate > 0 and not self.attn_drop.deterministic
         fused = self.fused and not return_attn and not live_drop
-        if fused and _fused_kernel(self.backend, x.dtype):
+        if fused and _fused_kernel(self.backend):
             out, probs = jax.nn.dot_product_attention(q, k, v, scale=scale, implementation=self.backend), None
         else:
             out, probs = _attend(q, k, v, scale, self.attn_drop)
@@ -222,7 +227,7 @@ class MAPHead(nnx.Module):
         self.proj = _linear(cfg, cfg.width, cfg.width, rngs)
         self.norm = _layer_norm(cfg, cfg.width, rngs)
         self.mlp = Mlp(cfg, rngs=rngs)
-        self.fused = cfg.attn_impl == "fused"
+        self.fused = _fused(cfg)
 
     def __call__(self, x: jax.Array, *, return_attn: bool = False) -> tuple[jax.Array, jax.Array | None]:
         b, l, d = x.shape
@@ -231,7 +236,7 @@ class MAPHead(nnx.Module):
         kv = self.kv(x).reshape(b, l, 2, nh, hd)  # [B, L, 2, N, D/N]
         k, v = kv[:, :, 0], kv[:, :, 1]
         fused = self.fused and not return_attn
-        if fused and _fused_kernel(None, x.dtype):
+        if fused and _fused_kernel(None):
             out, probs = jax.nn.dot_product_attention(q, k, v, scale=hd**-0.5), None
         else:
             out, probs = _attend(q, k, v, hd**-0.5)  # probs [B, N, 1, L]

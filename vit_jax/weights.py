@@ -43,17 +43,22 @@ def _param_paths(state: nnx.State) -> list[tuple[tuple, object]]:
     return list(nnx.to_flat_state(state))
 
 
-def to_numpy(model: VisionTransformer) -> dict[str, np.ndarray]:
-    """The canonical state of ``model``: {timm name: numpy array in PyTorch layout}, contiguous.
+def params_to_numpy(cfg: ViTConfig, params: nnx.State) -> dict[str, np.ndarray]:
+    """A parameter-shaped State (the parameters, or their gradients) -> canonical names and layouts.
 
-    Arrays keep the parameter dtype (bfloat16 as ml_dtypes.bfloat16).
+    Arrays keep their dtype (bfloat16 as ml_dtypes.bfloat16), in ``canonical_shapes(cfg)`` order.
     """
     out = {}
-    for path, var in _param_paths(nnx.state(model, nnx.Param)):
+    for path, var in _param_paths(params):
         name, kind = _canonical_name(path)
         out[name] = _to_canonical(np.asarray(jax.device_get(var[...])), kind)
-    order = canonical_shapes(model.cfg)
+    order = canonical_shapes(cfg)
     return {k: out[k] for k in order if k in out} | {k: v for k, v in out.items() if k not in order}
+
+
+def to_numpy(model: VisionTransformer) -> dict[str, np.ndarray]:
+    """The canonical state of ``model``: {timm name: numpy array in PyTorch layout}, contiguous."""
+    return params_to_numpy(model.cfg, nnx.state(model, nnx.Param))
 
 
 def check_float64(cfg: ViTConfig) -> None:
@@ -96,10 +101,17 @@ def from_numpy(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, seed: int = 0
     return model
 
 
-def load_model(path, **overrides) -> VisionTransformer:
-    """Load any supported checkpoint (see ``vit_common.convert``) into the JAX twin, in eval mode.
+def load_model(path, *, image_size=None, num_classes=None, **overrides) -> VisionTransformer:
+    """Load any supported checkpoint file or folder (``vit_common.convert.FORMATS``; PyTorch .pth/.bin
+    files need torch: convert them first) into the JAX twin, in eval mode.
 
-    ``overrides`` replace config fields (e.g. ``dtype="bfloat16"``, ``attn_impl="explicit"``).
+    ``image_size`` resamples the position embedding to that size at load time; ``num_classes`` replaces
+    a head of another size with a zero one; ``overrides`` replace config fields (``dtype="bfloat16"``,
+    ``attn_impl="explicit"``, ``posemb_resample=...``, ``fmt=`` to force a format...). See
+    ``vit_common.convert.load_checkpoint`` for the errors raised.
     """
-    cfg, state = read_checkpoint(path, **overrides)
+    from vit_jax.formats import READERS
+
+    cfg, state = read_checkpoint(path, image_size=image_size, num_classes=num_classes, readers=READERS,
+                                 **overrides)
     return from_numpy(cfg, state)

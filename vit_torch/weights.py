@@ -58,10 +58,18 @@ def from_numpy(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, device: str |
     return model.eval()
 
 
-def load_model(path, *, device: str | torch.device = "cpu", **overrides) -> VisionTransformer:
-    """Load any supported checkpoint (see ``vit_common.convert``) into the torch twin, in eval mode.
+def load_model(path, *, image_size=None, num_classes=None, device: str | torch.device = "cpu",
+               **overrides) -> VisionTransformer:
+    """Load any supported checkpoint file or folder (``vit_common.convert.FORMATS``; orbax folders need
+    jax: convert them first) into the torch twin, in eval mode.
 
-    ``overrides`` replace config fields (e.g. ``dtype="bfloat16"``, ``attn_impl="explicit"``).
+    ``image_size`` resamples the position embedding to that size at load time; ``num_classes`` replaces
+    a head of another size with a zero one; ``overrides`` replace config fields (``dtype="bfloat16"``,
+    ``attn_impl="explicit"``, ``posemb_resample=...``, ``fmt=`` to force a format...). See
+    ``vit_common.convert.load_checkpoint`` for the errors raised.
     """
-    cfg, state = read_checkpoint(path, **overrides)
+    from vit_torch.formats import READERS
+
+    cfg, state = read_checkpoint(path, image_size=image_size, num_classes=num_classes, readers=READERS,
+                                 **overrides)
     return from_numpy(cfg, state, device=device)

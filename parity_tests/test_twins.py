@@ -1,0 +1,403 @@
+"""The two twins compute the same function: every intermediate, attention map and gradient.
+
+Bounds come from vit_common.tolerance (DESIGN.md's table). Each case initialises one twin, converts
+its canonical state to the other, and compares both directions (jax -> torch, torch -> jax).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+from flax import nnx
+
+import vit_jax
+import vit_torch
+from parity_tests.twins import TWINS, compare_outputs, convert, images, init_state, run_both
+from tests.test_config import GOLDEN_PARAMS
+from vit_common.config import ViTConfig
+from vit_common.state import StateMismatchError, canonical_shapes
+from vit_common.tolerance import compare
+
+SMALL = dict(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
+
+# One entry per feature flag of ViTConfig (and a few combinations); (overrides, input (H, W) or None).
+FEATURES = {
+    "token": (dict(), None),
+    "gap": (dict(pool="gap", class_token=False), None),
+    "gap_fc_norm_with_cls": (dict(pool="gap", fc_norm=True), None),
+    "map": (dict(pool="map", class_token=False), None),
+    "none": (dict(pool="none"), None),
+    "registers": (dict(reg_tokens=4), None),
+    "registers_no_embed_class": (dict(reg_tokens=4, posemb_prefix=False), None),
+    "qk_norm": (dict(qk_norm=True), None),
+    "layer_scale": (dict(layer_scale=0.1), None),
+    "sincos2d": (dict(posemb="sincos2d", posemb_prefix=False), None),
+    "sincos2d_no_class_token": (dict(posemb="sincos2d", posemb_prefix=False, class_token=False, pool="gap"), None),
+    "no_posemb": (dict(posemb="none"), None),
+    "pre_logits": (dict(rep_size=24), None),
+    "gelu_tanh": (dict(gelu="tanh"), None),
+    "no_qkv_bias": (dict(qkv_bias=False), None),
+    "backbone_only": (dict(num_classes=0), None),
+    "ln_eps_1e-12": (dict(ln_eps=1e-12), None),
+    "non_square_224x320": (dict(image_size=(224, 320), patch_size=16), None),
+    "dynamic_size": (dict(dynamic_img_size=True), (48, 40)),
+    "dynamic_pad": (dict(dynamic_img_size=True, dynamic_img_pad=True), (30, 45)),
+    "everything": (dict(pool="map", reg_tokens=2, qk_norm=True, layer_scale=0.5, rep_size=16, gelu="tanh",
+                        posemb_prefix=False, image_size=(32, 48), in_chans=1, ln_eps=1e-5, fc_norm=True,
+                        dropout=0.1, attn_dropout=0.1, drop_path=0.2), None),
+}
+DTYPES = ("float32", "float64")
+
+
+def _dtype_ctx(dtype: str):
+    return jax.enable_x64(dtype == "float64")
+
+
+@functools.cache
+def _state(src: str, cfg: ViTConfig) -> dict[str, np.ndarray]:
+    """float32 init of twin ``src`` (randomised), shared by the float32 and float64 runs."""
+    return init_state(src, cfg)
+
+
+def _check_pair(src: str, cfg32: ViTConfig, dtype: str, hw=None) -> list:
+    cfg = cfg32.replace(dtype=dtype, param_dtype=dtype)
+    with _dtype_ctx(dtype):
+        jm, tm = convert(src, cfg, _state(src, cfg32))
+        out_j, out_t = run_both(jm, tm, images(cfg, hw=hw))
+    results = compare_outputs(out_j, out_t, dtype)
+    bad = [str(c) for c in results if not c.ok]
+    assert not bad, "\n".join(bad)
+    for k, v in out_t.items():  # every attention row is a distribution
+        if k.startswith("attn"):
+            np.testing.assert_allclose(v.sum(-1), 1.0, atol=1e-6 if dtype == "float32" else 1e-12)
+    return results
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("src", TWINS)
+@pytest.mark.parametrize("feature", FEATURES)
+def test_feature_parity(feature, src, dtype):
+    overrides, hw = FEATURES[feature]
+    results = _check_pair(src, ViTConfig(**{**SMALL, **overrides}), dtype, hw)
+    names = {c.name for c in results}
+    assert {"patch_embed", "pos_embed", "block00", "block01", "attn00", "attn01", "norm", "pre_logits",
+            "logits"} <= names
+    assert ("attn_pool" in names) == (overrides.get("pool") == "map")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("src", TWINS)
+@pytest.mark.parametrize("variant", ["Ti/16", "S/16", "B/16"])
+def test_variant_parity_224(variant, src, dtype, record_property):
+    results = _check_pair(src, ViTConfig.from_name(variant), dtype)
+    logits = next(c for c in results if c.name == "logits")
+    attn = max((c for c in results if c.name.startswith("attn")), key=lambda c: c.max_abs)
+    worst = max((c for c in results if c.kind == "rel"), key=lambda c: c.rel)
+    record_property("logits_rel", logits.rel)
+    record_property("attn_max_abs", attn.max_abs)
+    record_property("worst_tensor", f"{worst.name} {worst.rel:.3e}")
+    print(f"{variant} {dtype} {src}->other: logits rel {logits.rel:.2e}, worst {worst.name} {worst.rel:.2e}, "
+          f"attention max abs {attn.max_abs:.2e}")
+
+
+def test_canonical_names_and_golden_counts_in_both_twins():
+    # Built abstractly (meta device / nnx.eval_shape): names, shapes and counts without allocating.
+    for name, count in GOLDEN_PARAMS.items():
+        cfg = ViTConfig.from_name(name)
+        with torch.device("meta"):
+            tm = vit_torch.VisionTransformer(cfg)
+        assert {k: tuple(v.shape) for k, v in tm.state_dict().items()} == canonical_shapes(cfg)
+        assert sum(p.numel() for p in tm.parameters()) == count
+        jm = nnx.eval_shape(lambda cfg=cfg: vit_jax.VisionTransformer(cfg, rngs=nnx.Rngs(0)))
+        assert sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(jm, nnx.Param))) == count
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+def test_canonical_names_for_every_feature(feature):
+    cfg = ViTConfig(**{**SMALL, **FEATURES[feature][0]})
+    expected = canonical_shapes(cfg)
+    jm = vit_jax.VisionTransformer(cfg, rngs=nnx.Rngs(0))
+    tm = vit_torch.VisionTransformer(cfg)
+    for state in (vit_jax.to_numpy(jm), vit_torch.to_numpy(tm)):
+        assert list(state) == list(expected)
+        assert {k: v.shape for k, v in state.items()} == expected
+        assert all(v.flags.c_contiguous for v in state.values())
+    assert cfg.param_count() == sum(math.prod(s) for s in expected.values())
+
+
+@pytest.mark.parametrize("src", TWINS)
+def test_conversion_round_trip_is_bit_exact(src):
+    cfg = ViTConfig(**{**SMALL, **FEATURES["everything"][0]})
+    state = _state(src, cfg)
+    jm, tm = convert(src, cfg, state)
+    for back in (vit_jax.to_numpy(jm), vit_torch.to_numpy(tm)):
+        assert back.keys() == state.keys()
+        for k in state:
+            assert back[k].dtype == state[k].dtype and np.array_equal(back[k], state[k]), k
+
+
+# ----------------------------------------------------------------------------------- attention
+
+
+@pytest.mark.parametrize("feature", ["token", "map", "registers"])
+def test_fused_equals_explicit_within_each_twin(feature):
+    cfg = ViTConfig(**{**SMALL, **FEATURES[feature][0]})
+    state = _state("torch", cfg)
+    x = images(cfg)
+    fused_j = vit_jax.from_numpy(cfg.replace(attn_impl="fused"), state)
+    expl_j = vit_jax.from_numpy(cfg.replace(attn_impl="explicit"), state)
+    fused_t = vit_torch.from_numpy(cfg.replace(attn_impl="fused"), state)
+    expl_t = vit_torch.from_numpy(cfg.replace(attn_impl="explicit"), state)
+    xj = jnp.asarray(x.transpose(0, 2, 3, 1))
+    with torch.no_grad():
+        pairs = {"jax": (fused_j(xj), expl_j(xj)), "torch": (fused_t(torch.from_numpy(x)), expl_t(torch.from_numpy(x)))}
+    for twin, (a, b) in pairs.items():
+        c = compare(f"{twin} fused vs explicit", np.asarray(a), np.asarray(b), "tensor", "float32")
+        assert c.ok, c
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_k06_maps_from_a_fused_model_are_never_empty(twin):
+    """K06: Ti/16 with the fused path on, attention maps requested -> [B, N, L, L], rows sum to 1."""
+    cfg = ViTConfig.from_name("Ti/16", attn_impl="fused")
+    state = _state("torch", cfg.replace(attn_impl="fused"))
+    x = images(cfg)
+    if twin == "jax":
+        _, out = vit_jax.from_numpy(cfg, state).forward_intermediates(jnp.asarray(x.transpose(0, 2, 3, 1)))
+        maps = {k: np.asarray(v) for k, v in out.items() if k.startswith("attn")}
+    else:
+        with torch.no_grad():
+            _, out = vit_torch.from_numpy(cfg, state).forward_intermediates(torch.from_numpy(x))
+        maps = {k: v.numpy() for k, v in out.items() if k.startswith("attn")}
+    assert sorted(maps) == [f"attn{i:02d}" for i in range(12)]
+    for v in maps.values():
+        assert v.shape == (2, 3, 197, 197)
+        np.testing.assert_allclose(v.sum(-1), 1.0, atol=1e-6)
+        assert v.min() >= 0
+
+
+# ----------------------------------------------------------------------------------- gradients
+
+
+def _grads(cfg: ViTConfig, state, x: np.ndarray, labels: np.ndarray):
+    """Cross-entropy (mean over the batch) gradients w.r.t. every parameter, canonical names, both twins."""
+    jm = vit_jax.from_numpy(cfg, state)
+
+    def loss_fn(model):
+        logits = model(jnp.asarray(x.transpose(0, 2, 3, 1)))
+        return optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(labels)).mean()
+
+    loss_j, g = nnx.jit(nnx.value_and_grad(loss_fn))(jm)
+    tm = vit_torch.from_numpy(cfg, state)
+    loss_t = torch.nn.functional.cross_entropy(tm(torch.from_numpy(x)), torch.from_numpy(labels))
+    loss_t.backward()
+    loss_t = loss_t.detach()
+    grads_t = {k: p.grad.detach().numpy() for k, p in tm.named_parameters()}
+    return (float(loss_j), vit_jax.weights.params_to_numpy(cfg, g)), (float(loss_t), grads_t)
+
+
+@pytest.mark.parametrize("feature", ["token", "everything", "gap", "none_pre_logits"])
+def test_gradients_equal_in_float64(feature, x64):
+    overrides = FEATURES[feature][0] if feature in FEATURES else dict(pool="gap", class_token=False, rep_size=8)
+    cfg = ViTConfig(**{**SMALL, **overrides}, dtype="float64", param_dtype="float64")
+    state = _state("torch", cfg.replace(dtype="float32", param_dtype="float32"))
+    x = images(cfg)
+    labels = np.array([3, 7])
+    (loss_j, gj), (loss_t, gt) = _grads(cfg, state, x, labels)
+    assert abs(loss_j - loss_t) <= 1e-12 * abs(loss_t)
+    assert gj.keys() == gt.keys() == canonical_shapes(cfg).keys()
+    # k_norm's bias shifts every key's logit for a query by the same amount, which softmax ignores:
+    # its true gradient is zero and both twins must give rounding noise only. Every other parameter
+    # has a real gradient, compared relative to its own largest entry.
+    gmax = max(np.abs(v).max() for v in gt.values())
+    zero = {k for k in gt if np.abs(gt[k]).max() <= 1e-12 * gmax}
+    assert zero == {k for k in gt if k.endswith("attn.k_norm.bias")}
+    assert all(np.abs(gj[k]).max() <= 1e-12 * gmax for k in zero)
+    bad = [str(c) for k in gt if k not in zero and not (c := compare(k, gj[k], gt[k], "gradient", "float64")).ok]
+    assert not bad, "\n".join(bad)
+
+
+# ------------------------------------------------------------------------------ mixed precision
+
+
+def test_bf16_compute_against_float64_reference(x64, record_property):
+    """bfloat16 compute, float32 parameters, vs the float64 twin: reported, and <= 2e-2 relative."""
+    cfg32 = ViTConfig.from_name("Ti/16")
+    state = _state("torch", cfg32)
+    x = images(cfg32)
+    ref = vit_torch.from_numpy(cfg32.replace(dtype="float64", param_dtype="float64"), state)
+    with torch.no_grad():
+        ref_logits = ref(torch.from_numpy(x.astype(np.float64))).numpy()
+    bf = cfg32.replace(dtype="bfloat16")
+    with torch.no_grad():
+        lt = vit_torch.from_numpy(bf, state)(torch.from_numpy(x)).float().numpy()
+    lj = np.asarray(vit_jax.from_numpy(bf, state)(jnp.asarray(x.transpose(0, 2, 3, 1))).astype(jnp.float32))
+    for twin, logits in (("jax", lj), ("torch", lt)):
+        c = compare(f"{twin} bf16 logits vs float64", logits, ref_logits, "tensor", "bfloat16")
+        record_property(f"{twin}_bf16_rel", c.rel)
+        print(c)
+        assert c.ok, c
+        assert c.rel > 1e-4  # really computed in bf16, not silently in float32
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_k08_bf16_training_steps_stay_finite_with_large_inputs(twin):
+    """K08: a few bf16 training steps with inputs x100: loss and gradients finite."""
+    cfg = ViTConfig(**SMALL, dtype="bfloat16")
+    state = _state("torch", cfg.replace(dtype="float32"))
+    x = images(cfg) * 100.0
+    labels = np.array([1, 2])
+    losses, finite = [], []
+    if twin == "jax":
+        model = vit_jax.from_numpy(cfg, state)
+        model.train()
+        opt = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
+
+        def loss_fn(m):
+            logits = m(jnp.asarray(x.transpose(0, 2, 3, 1))).astype(jnp.float32)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(labels)).mean()
+
+        @nnx.jit
+        def step(m, o):
+            loss, g = nnx.value_and_grad(loss_fn)(m)
+            o.update(m, g)
+            return loss, all_finite(g)
+
+        all_finite = lambda t: jnp.all(jnp.array([jnp.isfinite(v).all() for v in jax.tree.leaves(t)]))  # noqa: E731
+        for _ in range(3):
+            loss, ok = step(model, opt)
+            losses.append(float(loss))
+            finite.append(bool(ok))
+    else:
+        model = vit_torch.from_numpy(cfg, state).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for _ in range(3):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)).float(), torch.from_numpy(labels))
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+            finite.append(all(bool(torch.isfinite(p.grad).all()) for p in model.parameters()))
+    assert all(np.isfinite(losses)) and all(finite), (losses, finite)
+    assert losses[-1] != losses[0]  # the steps changed the model
+
+
+# ---------------------------------------------------------------------------------- known faults
+
+
+@pytest.mark.parametrize("gelu", ["exact", "tanh"])
+def test_k01_gelu_comes_from_the_config(gelu):
+    """K01: Ti/16, 2 images 224x224: with either GELU both twins agree to 1e-5; mixing them does not."""
+    cfg = ViTConfig.from_name("Ti/16", gelu=gelu)
+    state = _state("torch", ViTConfig.from_name("Ti/16"))
+    x = images(cfg)
+    lj = np.asarray(vit_jax.from_numpy(cfg, state)(jnp.asarray(x.transpose(0, 2, 3, 1))))
+    with torch.no_grad():
+        lt = vit_torch.from_numpy(cfg, state)(torch.from_numpy(x)).numpy()
+        other = vit_torch.from_numpy(cfg.replace(gelu="tanh" if gelu == "exact" else "exact"), state)
+        lo = other(torch.from_numpy(x)).numpy()
+    assert compare("logits", lj, lt, "tensor", "float32").ok
+    assert not compare("logits, other GELU", lj, lo, "tensor", "float32").ok  # the choice is visible
+
+
+@pytest.mark.parametrize("eps", [1e-6, 1e-5, 1e-12, 1e-2])
+def test_k02_every_layer_norm_uses_cfg_ln_eps(eps):
+    cfg = ViTConfig(**{**SMALL, **FEATURES["everything"][0]}).replace(ln_eps=eps)
+    state = _state("torch", cfg.replace(ln_eps=1e-6))
+    jm, tm = vit_jax.from_numpy(cfg, state), vit_torch.from_numpy(cfg, state)
+    t_norms = [m for m in tm.modules() if isinstance(m, torch.nn.LayerNorm)]
+    j_norms = [m for _, m in nnx.iter_modules(jm) if isinstance(m, nnx.LayerNorm)] \
+        if hasattr(nnx, "iter_modules") else [m for _, m in jm.iter_modules() if isinstance(m, nnx.LayerNorm)]
+    # 2 per block + 2 qk_norm per block + MAP head norm + fc_norm
+    assert len(t_norms) == len(j_norms) == 4 * cfg.depth + 2
+    assert all(m.eps == eps for m in t_norms) and all(m.epsilon == eps for m in j_norms)
+    assert all(m.use_fast_variance is False for m in j_norms)
+    out_j, out_t = run_both(jm, tm, images(cfg))
+    assert all(c.ok for c in compare_outputs(out_j, out_t, "float32"))
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_k04_valid_patch_embedding_and_clear_size_errors(twin):
+    """K04: patch-14 model + 384x384, patch-16 model + 225x230: ValueError; dynamic: 27x27=729 tokens."""
+    def run(cfg, hw):
+        x = np.zeros((1, 3, *hw), np.float32)
+        state = _state("torch", cfg.replace(dynamic_img_size=False))
+        if twin == "jax":
+            return vit_jax.from_numpy(cfg, state).forward_intermediates(jnp.asarray(x.transpose(0, 2, 3, 1)))[1]
+        with torch.no_grad():
+            return vit_torch.from_numpy(cfg, state).forward_intermediates(torch.from_numpy(x))[1]
+
+    p14 = ViTConfig(**{**SMALL, "patch_size": 14, "image_size": 224})
+    with pytest.raises(ValueError, match=r"\(384, 384\).*patch_size \(14, 14\)"):
+        run(p14, (384, 384))
+    p16 = ViTConfig(**{**SMALL, "patch_size": 16, "image_size": 224})
+    with pytest.raises(ValueError, match=r"\(225, 230\)"):
+        run(p16, (225, 230))
+    out = run(p14.replace(dynamic_img_size=True), (384, 384))
+    assert tuple(out["patch_embed"].shape) == (1, 729, 32)
+    assert tuple(out["block00"].shape) == (1, 730, 32)
+
+
+def test_k04_dynamic_size_is_equal_across_twins():
+    cfg = ViTConfig(**{**SMALL, "patch_size": 14, "image_size": 224, "dynamic_img_size": True})
+    state = _state("torch", cfg.replace(dynamic_img_size=False))
+    jm, tm = convert("torch", cfg, state)
+    out_j, out_t = run_both(jm, tm, images(cfg, batch=1, hw=(384, 384)))
+    assert out_t["patch_embed"].shape == (1, 729, 32)
+    assert all(c.ok for c in compare_outputs(out_j, out_t, "float32"))
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_k05_one_tensor_never_copied_is_an_error(twin):
+    cfg = ViTConfig(**SMALL)
+    state = dict(_state("torch", cfg))
+    from_numpy = vit_jax.from_numpy if twin == "jax" else vit_torch.from_numpy
+    partial = {k: v for k, v in state.items() if k != "blocks.1.attn.proj.bias"}
+    with pytest.raises(StateMismatchError, match="missing: blocks.1.attn.proj.bias") as e:
+        from_numpy(cfg, partial)
+    assert e.value.missing == ["blocks.1.attn.proj.bias"] and not e.value.unexpected and not e.value.shape
+    bad = {**partial, "blocks.1.attn.proj.bias_extra": state["blocks.1.attn.proj.bias"],
+           "head.weight": np.zeros((11, 32), np.float32)}
+    with pytest.raises(StateMismatchError) as e:
+        from_numpy(cfg, bad)
+    assert e.value.missing == ["blocks.1.attn.proj.bias"]
+    assert e.value.unexpected == ["blocks.1.attn.proj.bias_extra"]
+    assert e.value.shape == ["head.weight has (11, 32), expected (10, 32)"]
+
+
+# ---------------------------------------------------------------------------- train-only noise
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_drop_path_and_dropout_only_in_training(twin):
+    noisy = ViTConfig(**SMALL, dropout=0.2, attn_dropout=0.2, drop_path=0.5)
+    state = _state("torch", ViTConfig(**SMALL))
+    x = images(noisy, batch=4)
+    if twin == "jax":
+        clean = np.asarray(vit_jax.from_numpy(ViTConfig(**SMALL), state)(jnp.asarray(x.transpose(0, 2, 3, 1))))
+        model = vit_jax.from_numpy(noisy, state)
+        evals = np.asarray(model(jnp.asarray(x.transpose(0, 2, 3, 1))))
+        model.train()
+        trains = [np.asarray(model(jnp.asarray(x.transpose(0, 2, 3, 1)))) for _ in range(2)]
+    else:
+        with torch.no_grad():
+            clean = vit_torch.from_numpy(ViTConfig(**SMALL), state)(torch.from_numpy(x)).numpy()
+            model = vit_torch.from_numpy(noisy, state)
+            evals = model(torch.from_numpy(x)).numpy()
+            model.train()
+            trains = [model(torch.from_numpy(x)).numpy() for _ in range(2)]
+    np.testing.assert_array_equal(evals, clean)  # eval mode: the rates change nothing, bit for bit
+    assert not np.allclose(trains[0], clean) and not np.allclose(trains[0], trains[1])
+
+
+def test_float64_without_x64_is_an_error():
+    cfg = ViTConfig(**SMALL, dtype="float64", param_dtype="float64")
+    with jax.enable_x64(False), pytest.raises(ValueError, match="jax_enable_x64"):
+        vit_jax.from_numpy(cfg, _state("torch", ViTConfig(**SMALL)))

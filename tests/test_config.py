@@ -1,0 +1,135 @@
+"""ViTConfig, the variant table, parameter and FLOP accounting (vit_common only)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from vit_common.config import VARIANTS, ViTConfig
+from vit_common.state import StateMismatchError, canonical_shapes, check_state
+
+# Class token + 1000-class head at 224 px. DESIGN.md's table (timm, original ViT and HF agree) for
+# Ti/16, S/16, B/16, L/16, B/32, B/8, H/14; the other rows counted with timm's VisionTransformer
+# (timm 1.0.31, built on the meta device with the same width/depth/heads/mlp_dim).
+GOLDEN_PARAMS = {
+    "mu/16": 76_712,
+    "Ti/16": 5_717_416,
+    "S/16": 22_050_664,
+    "M/16": 38_837_736,
+    "B/16": 86_567_656,
+    "B/32": 88_224_232,
+    "B/8": 86_576_872,
+    "L/16": 304_326_632,
+    "So400m/14": 413_597_656,
+    "H/14": 632_045_800,
+    "g/14": 1_012_611_432,
+    "G/14": 1_844_440_680,
+}
+
+
+def test_every_variant_row_has_a_golden_count():
+    tested = {name.split("/")[0] for name in GOLDEN_PARAMS}
+    assert tested == set(VARIANTS), f"untested VARIANTS rows: {set(VARIANTS) - tested}"
+
+
+@pytest.mark.parametrize("name, count", GOLDEN_PARAMS.items())
+def test_param_count_golden(name, count):
+    cfg = ViTConfig.from_name(name)
+    assert cfg.param_count() == count
+    assert sum(math.prod(s) for s in canonical_shapes(cfg).values()) == count
+
+
+def test_variant_rows_match_vit_paper_table1():
+    # Dosovitskiy et al. 2021, Table 1: layers, hidden size D, MLP size, heads.
+    assert VARIANTS["B"] == dict(width=768, depth=12, mlp_dim=3072, num_heads=12)
+    assert VARIANTS["L"] == dict(width=1024, depth=24, mlp_dim=4096, num_heads=16)
+    assert VARIANTS["H"] == dict(width=1280, depth=32, mlp_dim=5120, num_heads=16)
+
+
+def test_from_name_and_derived_properties():
+    cfg = ViTConfig.from_name("S/16", num_classes=10, image_size=(224, 320))
+    assert (cfg.width, cfg.depth, cfg.num_heads, cfg.mlp_dim, cfg.num_classes) == (384, 12, 6, 1536, 10)
+    assert cfg.image_size == (224, 320) and cfg.patch_size == (16, 16)
+    assert cfg.grid == (14, 20) and cfg.num_patches == 280 and cfg.seq_len == 281
+    assert cfg.head_dim == 64 and cfg.variant == "S"
+    reg = cfg.replace(reg_tokens=4, posemb_prefix=False)
+    assert reg.num_prefix_tokens == 5 and reg.seq_len == 285 and reg.posemb_len == 280
+
+
+def test_json_round_trip_is_exact():
+    cfg = ViTConfig.from_name("B/16", image_size=(384, 256), reg_tokens=4, layer_scale=1e-5, gelu="tanh")
+    assert ViTConfig.from_json(cfg.to_json()) == cfg
+    assert hash(ViTConfig.from_json(cfg.to_json())) == hash(cfg)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(pool="avg"), "pool='avg'"),
+        (dict(gelu="fast"), "gelu='fast'"),
+        (dict(width=100, num_heads=3), "width=100 is not divisible by num_heads=3"),
+        (dict(class_token=False), "pool='token' needs class_token=True"),
+        (dict(image_size=225), "image_size=(225, 225) is not a multiple of patch_size=(16, 16)"),
+        (dict(posemb="sincos2d"), "posemb_prefix=False"),
+        (dict(dropout=1.0), "dropout=1.0"),
+        (dict(ln_eps=0.0), "ln_eps=0.0"),
+        (dict(layer_scale=0.0), "layer_scale=0.0"),
+        (dict(reg_tokens=-1), "reg_tokens=-1"),
+        (dict(posemb_resample="nearest"), "posemb_resample='nearest'"),
+        (dict(attn_backend="flash"), "attn_backend='flash'"),
+        (dict(image_size=(224, 224, 3)), "image_size=(224, 224, 3)"),
+    ],
+)
+def test_invalid_configs_name_the_values(kwargs, message):
+    with pytest.raises(ValueError) as e:
+        ViTConfig.from_name("Ti/16", **kwargs)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["B", "B/", "X/16", "B/16/2", "ViT-B/16"])
+def test_bad_variant_strings(name):
+    with pytest.raises(ValueError, match="variant"):
+        ViTConfig.from_name(name)
+
+
+def test_unknown_override_is_named():
+    with pytest.raises(ValueError, match="embed_dim"):
+        ViTConfig.from_name("B/16", embed_dim=768)
+
+
+def test_grid_for_sizes_k04():
+    cfg = ViTConfig.from_name("Ti/14")  # 224 = 16 x 14
+    with pytest.raises(ValueError, match=r"\(384, 384\).*not a multiple of patch_size \(14, 14\)"):
+        cfg.grid_for((384, 384))
+    dyn = cfg.replace(dynamic_img_size=True)
+    assert dyn.grid_for((384, 384)) == (27, 27)  # VALID floor: 729 tokens, never SAME's 28x28
+    pad = cfg.replace(dynamic_img_pad=True, dynamic_img_size=True)
+    assert pad.grid_for((384, 384)) == (28, 28)
+    p16 = ViTConfig.from_name("Ti/16")
+    with pytest.raises(ValueError, match=r"\(225, 230\)"):
+        p16.grid_for((225, 230))
+
+
+def test_flops_formula_b16():
+    cfg = ViTConfig.from_name("B/16")
+    n, l, d, f, p = 196, 197, 768, 3072, 16
+    expected = 2 * n * 3 * p * p * d + 12 * (2 * l * (4 * d * d + 2 * d * f) + 4 * l * l * d) + 2 * d * 1000
+    assert cfg.flops() == expected == 35_127_656_448
+    assert cfg.flops(384) > 3 * cfg.flops()
+
+
+def test_check_state_lists_everything_together():
+    cfg = ViTConfig(image_size=32, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10)
+    shapes = canonical_shapes(cfg)
+    state = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
+    del state["blocks.0.mlp.fc2.bias"]
+    state["blocks.0.extra"] = np.zeros(1)
+    state["head.weight"] = np.zeros((11, 32))
+    with pytest.raises(StateMismatchError) as e:
+        check_state(shapes, state)
+    msg = str(e.value)
+    assert "missing: blocks.0.mlp.fc2.bias" in msg
+    assert "unexpected: blocks.0.extra" in msg
+    assert "shape: head.weight has (11, 32), expected (10, 32)" in msg

@@ -1,0 +1,477 @@
+"""Format readers and writers without any framework: round trips, layouts, K05, K10, errors, atomicity."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from format_helpers import SMALL, assert_same_state, random_state
+from npz_layouts import write_layout
+
+from vit_common.config import ViTConfig
+from vit_common.convert import FORMATS, load_checkpoint, needs, output_format, save_checkpoint
+from vit_common.formats.base import FormatError
+from vit_common.state import StateMismatchError
+
+# (format, file name, write options): every container vit_common writes without a framework.
+NUMPY_TARGETS = [
+    ("canonical", "a.safetensors", {}),
+    ("timm", "b.safetensors", {}),
+    ("hf", "c_hf", {"spelling": "v4"}),
+    ("hf", "d_hf5", {"spelling": "v5"}),
+    ("original_vit", "e.npz", {}),
+    ("original_vit", "f.npz", {"prefix": "opt/target/"}),
+    ("big_vision", "g.npz", {}),
+    ("big_vision", "h.npz", {"prefix": "params/img/", "scan": True}),
+]
+
+
+def test_every_pair_of_formats_round_trips_bit_exact(tmp_path):
+    """canonical -> A -> B -> read: the same bytes for every ordered pair of containers."""
+    cfg, state = SMALL, random_state(SMALL)
+    for fa, name_a, opt_a in NUMPY_TARGETS:
+        pa = tmp_path / name_a
+        save_checkpoint(pa, cfg, state, fa, **opt_a)
+        first = load_checkpoint(pa)
+        assert first.report.format == fa
+        assert_same_state(first.state, state)
+        for fb, name_b, opt_b in NUMPY_TARGETS:
+            pb = tmp_path / f"{name_a}-{name_b}"
+            save_checkpoint(pb, first.cfg, first.state, fb, **opt_b)
+            assert_same_state(load_checkpoint(pb).state, state)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_dtypes_round_trip_exactly(tmp_path, dtype):
+    import ml_dtypes
+
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    state = random_state(SMALL, dtype=np_dtype)
+    for fmt, name in (("canonical", "a.safetensors"), ("timm", "b.safetensors"), ("hf", "c")):
+        save_checkpoint(tmp_path / name, SMALL.replace(param_dtype=dtype), state, fmt)
+        ckpt = load_checkpoint(tmp_path / name)
+        assert ckpt.cfg.param_dtype == dtype
+        assert_same_state(ckpt.state, state)
+    save_checkpoint(tmp_path / "d.npz", SMALL, state, "big_vision")
+    back = load_checkpoint(tmp_path / "d.npz").state  # .npz has no bfloat16: written as float32, exactly
+    assert all(np.array_equal(back[k].astype(np.float64), np.asarray(state[k], np.float64)) for k in state)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(reg_tokens=4, posemb_prefix=False, layer_scale=1e-5),
+        dict(pool="map", class_token=False, qk_norm=True),
+        dict(pool="gap", fc_norm=True, qkv_bias=False, num_classes=0),
+        dict(posemb="none", image_size=(32, 64)),
+        dict(gelu="tanh", ln_eps=1e-12, rep_size=16),
+        dict(image_size=(24, 40), num_heads=4),
+    ],
+)
+def test_canonical_file_keeps_every_config_field(tmp_path, kw):
+    cfg = SMALL.replace(**kw)
+    state = random_state(cfg)
+    save_checkpoint(tmp_path / "m.safetensors", cfg, state)
+    ckpt = load_checkpoint(tmp_path / "m.safetensors")
+    assert ckpt.cfg == cfg
+    assert_same_state(ckpt.state, state)
+
+
+@pytest.mark.parametrize(
+    "kw, timm_needs",
+    [
+        (dict(reg_tokens=4, posemb_prefix=False, layer_scale=1e-5), {}),
+        (dict(pool="map", class_token=False, qk_norm=True), {}),
+        (dict(pool="gap", fc_norm=True, qkv_bias=False, num_classes=0), {}),
+        (dict(image_size=(24, 40)), {"source_image_size": (24, 40)}),
+    ],
+)
+def test_timm_file_infers_the_config_from_shapes(tmp_path, kw, timm_needs):
+    cfg = SMALL.replace(**kw)
+    state = random_state(cfg)
+    save_checkpoint(tmp_path / "t.safetensors", cfg, state, "timm")
+    ckpt = load_checkpoint(tmp_path / "t.safetensors", **timm_needs)
+    assert ckpt.cfg.replace(layer_scale=cfg.layer_scale) == cfg
+    assert_same_state(ckpt.state, state)
+
+
+def test_deit3_layer_scale_spelling_and_ddp_prefix(tmp_path):
+    from vit_common.formats.canonical import save_safetensors
+
+    cfg = SMALL.replace(layer_scale=1e-6)
+    state = random_state(cfg)
+    renamed = {
+        "module." + k.replace(".ls1.gamma", ".gamma_1").replace(".ls2.gamma", ".gamma_2"): v
+        for k, v in state.items()
+    }
+    assert "module.blocks.0.gamma_1" in renamed
+    save_safetensors(tmp_path / "deit3.safetensors", renamed)
+    ckpt = load_checkpoint(tmp_path / "deit3.safetensors")
+    assert_same_state(ckpt.state, state)
+    assert any("gamma_1" in n for n in ckpt.report.notes) and any("module." in n for n in ckpt.report.notes)
+
+
+def test_hf_config_json_brings_eps_gelu_heads_and_size(tmp_path):
+    cfg = SMALL.replace(ln_eps=1e-12, gelu="tanh", num_heads=8, image_size=(24, 40))
+    save_checkpoint(tmp_path / "hf", cfg, random_state(cfg), "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["hidden_act"] == "gelu_pytorch_tanh" and config["image_size"] == [24, 40]
+    got = load_checkpoint(tmp_path / "hf").cfg
+    assert (got.ln_eps, got.gelu, got.num_heads, got.image_size) == (1e-12, "tanh", 8, (24, 40))
+    config["hidden_act"] = "gelu"
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    assert load_checkpoint(tmp_path / "hf").cfg.gelu == "exact"
+
+
+def test_hf_vitmodel_pooler_is_pre_logits(tmp_path):
+    cfg = SMALL.replace(num_classes=0, rep_size=32)
+    state = random_state(cfg)
+    save_checkpoint(tmp_path / "hf", cfg, state, "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["architectures"] == ["ViTModel"] and config["pooler_output_size"] == 32
+    ckpt = load_checkpoint(tmp_path / "hf")
+    assert ckpt.cfg.rep_size == 32 and ckpt.cfg.num_classes == 0
+    assert_same_state(ckpt.state, state)
+
+
+def test_writers_refuse_what_a_format_cannot_hold(tmp_path):
+    with pytest.raises(ValueError, match="reg_tokens=4.*LayerScale"):
+        save_checkpoint(
+            tmp_path / "x",
+            SMALL.replace(reg_tokens=4, layer_scale=1e-5),
+            random_state(SMALL.replace(reg_tokens=4, layer_scale=1e-5)),
+            "hf",
+        )
+    with pytest.raises(ValueError, match="rep_size=16"):
+        save_checkpoint(
+            tmp_path / "x.pth", SMALL.replace(rep_size=16), random_state(SMALL.replace(rep_size=16)), "timm"
+        )
+    with pytest.raises(ValueError, match="qk_norm"):
+        save_checkpoint(
+            tmp_path / "x.npz", SMALL.replace(qk_norm=True), random_state(SMALL.replace(qk_norm=True))
+        )
+    assert not list(tmp_path.iterdir())
+
+
+def test_writer_reports_fields_a_format_does_not_record(tmp_path):
+    cfg = SMALL.replace(gelu="tanh", num_heads=8)
+    report = save_checkpoint(tmp_path / "t.safetensors", cfg, random_state(cfg), "timm")
+    text = "\n".join(report.warnings)
+    assert "gelu='tanh'" in text and "num_heads=8" in text
+    assert load_checkpoint(tmp_path / "t.safetensors", gelu="tanh", num_heads=8).cfg == cfg
+
+
+def test_sincos2d_and_no_class_row_are_materialised_exactly(tmp_path):
+    """big_vision-style models (no pos_embed class row; sincos2d) written where only a learned table with
+    a class row exists: the table and zero rows make the same sums."""
+    from vit_common.posemb import sincos2d
+
+    cfg = SMALL.replace(posemb="sincos2d", posemb_prefix=False)
+    state = random_state(cfg)
+    save_checkpoint(tmp_path / "bv.npz", cfg, state, "big_vision")
+    assert load_checkpoint(tmp_path / "bv.npz").cfg.posemb == "sincos2d"
+    report = save_checkpoint(tmp_path / "hf", cfg, state, "hf")
+    assert any("sincos2d" in n for n in report.notes) and any("zero row" in n for n in report.notes)
+    pe = load_checkpoint(tmp_path / "hf").state["pos_embed"]
+    assert np.array_equal(pe[0, 0], np.zeros(cfg.width, np.float32))
+    assert np.array_equal(pe[0, 1:], sincos2d(cfg.grid, cfg.width).astype(np.float32))
+
+
+# ------------------------------------------------------------------------------ real .npz layouts
+
+
+def _npz_case(tmp_path, cfg, read=None, **kw):
+    state = random_state(cfg)
+    write_layout(tmp_path / "x.npz", cfg, state, **kw)
+    return state, load_checkpoint(tmp_path / "x.npz", **(read or {}))
+
+
+def test_original_vit_layout_old_counters_pre_logits(tmp_path):
+    cfg = SMALL.replace(gelu="tanh", rep_size=24, posemb_resample="bilinear_corners")
+    state, ckpt = _npz_case(tmp_path, cfg, layout="vit")
+    assert ckpt.report.format == "original_vit" and "MultiHeadDotProductAttention_1" in ckpt.report.layout
+    assert ckpt.cfg == cfg
+    assert_same_state(ckpt.state, state)
+
+
+def test_original_vit_opt_target_prefix_drops_optimizer_state(tmp_path):
+    cfg = SMALL.replace(gelu="tanh", posemb_resample="bilinear_corners")
+    state = random_state(cfg)
+    extra = {"opt/state/step": np.array(7), "opt/state/param_states/cls/grad_ema": np.ones((1, 1, 32))}
+    write_layout(tmp_path / "x.npz", cfg, state, layout="vit", prefix="opt/target/", extra=extra)
+    ckpt = load_checkpoint(tmp_path / "x.npz")
+    assert ckpt.cfg == cfg
+    assert_same_state(ckpt.state, state)
+    assert sorted(k for k, _ in ckpt.report.dropped) == sorted(extra)
+
+
+def test_original_vit_imagenet21k_zero_head_is_dropped(tmp_path):
+    cfg = SMALL.replace(num_classes=21843, rep_size=32, gelu="tanh")
+    state = random_state(cfg)
+    state["head.weight"][:] = 0
+    state["head.bias"][:] = 0
+    write_layout(tmp_path / "x.npz", cfg, state, layout="vit")
+    ckpt = load_checkpoint(tmp_path / "x.npz")
+    assert ckpt.cfg.num_classes == 0 and ckpt.cfg.rep_size == 32 and "head.weight" not in ckpt.state
+    assert [k for k, _ in ckpt.report.dropped] == ["head/kernel", "head/bias"]
+    assert "21843-class head" in ckpt.report.dropped[0][1]
+    fresh = load_checkpoint(tmp_path / "x.npz", num_classes=10)
+    assert fresh.state["head.weight"].shape == (10, 32) and not fresh.state["head.weight"].any()
+
+
+@pytest.mark.parametrize(
+    "prefix, scan, pool",
+    [
+        ("params/", False, "token"),
+        ("params/img/", True, "map"),
+        ("", True, "gap"),
+        ("params/", True, "token"),
+    ],
+)
+def test_big_vision_layouts(tmp_path, prefix, scan, pool):
+    cfg = SMALL.replace(
+        gelu="tanh",
+        posemb_prefix=pool != "token",
+        pool=pool,
+        class_token=pool == "token",
+        posemb_resample="bilinear_corners",
+    )  # (posemb_prefix means nothing without a cls)
+    state = random_state(cfg)
+    extra = {"params/txt/Embed_0/embedding": np.ones((5, 4), np.float32)} if prefix == "params/img/" else {}
+    write_layout(tmp_path / "x.npz", cfg, state, layout="big_vision", prefix=prefix, scan=scan, extra=extra)
+    ckpt = load_checkpoint(tmp_path / "x.npz")
+    assert ckpt.report.format == "big_vision" and ("scan-stacked" in ckpt.report.layout) == scan
+    assert ckpt.cfg == cfg
+    assert_same_state(ckpt.state, state)
+    assert [k for k, _ in ckpt.report.dropped] == list(extra)
+
+
+def test_big_vision_old_combined_cls_posemb_and_sincos(tmp_path):
+    cfg = SMALL.replace(gelu="tanh", posemb_resample="bilinear_corners")  # pos_embedding with a class row
+    state, ckpt = _npz_case(tmp_path, cfg, layout="big_vision", prefix="params/")
+    assert ckpt.cfg.posemb_prefix and ckpt.cfg == cfg
+    cfg = SMALL.replace(
+        gelu="tanh",
+        posemb="sincos2d",
+        posemb_prefix=False,
+        pool="gap",
+        class_token=False,
+        posemb_resample="bilinear_corners",
+    )
+    state, ckpt = _npz_case(tmp_path, cfg, layout="big_vision", prefix="params/")
+    assert ckpt.cfg == cfg.replace(image_size=224) and "pos_embed" not in ckpt.state  # size not stored
+    assert "224 assumed" in ckpt.report.inferred["image_size"]
+    state, ckpt = _npz_case(
+        tmp_path, cfg, read=dict(source_image_size=32), layout="big_vision", prefix="params/"
+    )
+    assert ckpt.cfg == cfg
+    cfg = SMALL.replace(gelu="tanh", posemb_prefix=False, posemb_resample="bilinear_corners")
+    state, ckpt = _npz_case(tmp_path, cfg, layout="big_vision", posemb_key="Transformer/pos_embedding")
+    assert ckpt.cfg == cfg
+
+
+def test_writer_layouts_equal_the_helper(tmp_path):
+    """Our writer produces exactly the arrays the independent helper spells for the same layout."""
+    from npz_layouts import layout_arrays
+
+    from vit_common.formats import npz
+
+    cfg = SMALL.replace(pool="map", class_token=False, posemb_prefix=False, rep_size=16)
+    state = random_state(cfg)
+    for fam, layout, prefix, scan in [
+        ("big_vision", "big_vision", "params/", True),
+        ("original_vit", "vit", "opt/target/", False),
+    ]:
+        mine = npz.write(cfg, state, fam, prefix=prefix, scan=scan)
+        helper = layout_arrays(cfg, state, layout=layout, prefix=prefix, scan=scan)
+        assert_same_state(mine, helper)
+
+
+# ----------------------------------------------------------------------- resampling at load time
+
+
+def test_load_time_resampling_keeps_prefix_rows_and_reports(tmp_path):
+    from vit_common.posemb import resample_pos_embed
+
+    cfg = SMALL.replace(image_size=(16, 64), reg_tokens=2)  # grid 2x8
+    state = random_state(cfg)
+    save_checkpoint(tmp_path / "m.safetensors", cfg, state)
+    ckpt = load_checkpoint(tmp_path / "m.safetensors", image_size=32)  # grid 4x4: same 16 patches
+    pe = ckpt.state["pos_embed"]
+    assert pe.shape == state["pos_embed"].shape and not np.array_equal(pe, state["pos_embed"])
+    assert np.array_equal(pe[:, :3], state["pos_embed"][:, :3])
+    assert np.array_equal(pe, resample_pos_embed(state["pos_embed"], (2, 8), (4, 4), 3, "bicubic_aa"))
+    assert ckpt.cfg.image_size == (32, 32) and "2x8 -> 4x4" in ckpt.report.resampled[0]
+    assert (
+        load_checkpoint(
+            tmp_path / "m.safetensors", image_size=32, posemb_resample="bilinear"
+        ).cfg.posemb_resample
+        == "bilinear"
+    )
+
+
+def test_npz_files_resample_with_corner_aligned_bilinear(tmp_path):
+    import scipy.ndimage
+
+    cfg = SMALL.replace(gelu="tanh", posemb_prefix=False, posemb_resample="bilinear_corners")
+    state = random_state(cfg)
+    write_layout(tmp_path / "x.npz", cfg, state, layout="big_vision", prefix="params/")
+    pe = load_checkpoint(tmp_path / "x.npz", image_size=56).state["pos_embed"]  # 4x4 -> 7x7
+    ref = scipy.ndimage.zoom(
+        state["pos_embed"][0].astype(np.float64).reshape(4, 4, -1), (7 / 4, 7 / 4, 1), order=1
+    )
+    np.testing.assert_allclose(pe[0], ref.reshape(49, -1), rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------- errors, K05
+
+
+def test_k05_missing_unexpected_and_shape_reported_together(tmp_path):
+    """A file where one tensor was never written, one is extra and one has the wrong shape: one error
+    names all three (in the file's own key names)."""
+    cfg = SMALL.replace(gelu="tanh", posemb_prefix=False)
+    arrays = dict(np.load(_write_bv(tmp_path, cfg), allow_pickle=False))
+    del arrays["params/Transformer/encoderblock_1/MlpBlock_0/Dense_1/bias"]
+    arrays["params/Transformer/encoderblock_0/extra/kernel"] = np.zeros(3, np.float32)
+    arrays["params/Transformer/encoder_norm/scale"] = np.zeros(31, np.float32)
+    with open(tmp_path / "bad.npz", "wb") as fh:
+        np.savez(fh, **arrays)
+    with pytest.raises(StateMismatchError) as err:
+        load_checkpoint(tmp_path / "bad.npz")
+    e = err.value
+    assert e.missing == ["params/Transformer/encoderblock_1/MlpBlock_0/Dense_1/bias"]
+    assert e.unexpected == ["params/Transformer/encoderblock_0/extra/kernel"]
+    assert e.shape == ["params/Transformer/encoder_norm/scale has (31,), expected (32,)"]
+    assert "missing" in str(e) and "unexpected" in str(e) and "shape" in str(e)
+
+
+def _write_bv(tmp_path: Path, cfg: ViTConfig) -> Path:
+    write_layout(tmp_path / "bv.npz", cfg, random_state(cfg), layout="big_vision", prefix="params/")
+    return tmp_path / "bv.npz"
+
+
+def test_k05_every_canonical_tensor_filled_by_writers(tmp_path):
+    state = random_state(SMALL)
+    del state["blocks.1.attn.proj.bias"]
+    for fmt, name in (("canonical", "a.safetensors"), ("hf", "b"), ("big_vision", "c.npz")):
+        with pytest.raises(StateMismatchError, match="missing: blocks.1.attn.proj.bias"):
+            save_checkpoint(tmp_path / name, SMALL, state, fmt)
+    assert not list(tmp_path.iterdir())
+
+
+def test_k10_non_contiguous_tensors_are_written(tmp_path):
+    """Tensors that are views after a transpose (what a careless converter hands over) write and load back."""
+    state = random_state(SMALL)
+    state["blocks.0.mlp.fc1.weight"] = np.ascontiguousarray(state["blocks.0.mlp.fc1.weight"].T).T
+    state["patch_embed.proj.weight"] = state["patch_embed.proj.weight"][:, ::-1][:, ::-1]
+    assert not state["blocks.0.mlp.fc1.weight"].flags.c_contiguous
+    for fmt, name in (
+        ("canonical", "a.safetensors"),
+        ("timm", "b.safetensors"),
+        ("hf", "c"),
+        ("big_vision", "d.npz"),
+    ):
+        save_checkpoint(tmp_path / name, SMALL, state, fmt)
+        assert_same_state(
+            load_checkpoint(tmp_path / name).state, {k: np.ascontiguousarray(v) for k, v in state.items()}
+        )
+
+
+def test_head_conflict_names_the_counts_and_offers_num_classes(tmp_path):
+    save_checkpoint(tmp_path / "hf", SMALL, random_state(SMALL), "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["id2label"] = {str(i): str(i) for i in range(1000)}
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FormatError, match=r"1000 labels but classifier.weight has 10 rows.*num_classes=10"):
+        load_checkpoint(tmp_path / "hf")
+    assert load_checkpoint(tmp_path / "hf", num_classes=10).cfg.num_classes == 10
+    assert load_checkpoint(tmp_path / "hf", num_classes=3).state["head.bias"].shape == (3,)
+
+
+def test_nonfinite_tensors_are_warned_by_name(tmp_path):
+    state = random_state(SMALL)
+    state["blocks.1.norm2.bias"][3] = np.nan
+    state["cls_token"][0, 0, 0] = np.inf
+    save_checkpoint(tmp_path / "a.safetensors", SMALL, state)
+    warnings = load_checkpoint(tmp_path / "a.safetensors").report.warnings
+    assert warnings == ["cls_token holds NaN or Inf", "blocks.1.norm2.bias holds NaN or Inf"]
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"hello, I am not a checkpoint", "not a checkpoint format"),
+        (b"PK\x03\x04broken zip", "damaged zip"),
+        (b"", "not a checkpoint format"),
+    ],
+)
+def test_unknown_and_damaged_files_are_named(tmp_path, content, match):
+    (tmp_path / "x.bin").write_bytes(content)
+    with pytest.raises(FormatError, match=match):
+        load_checkpoint(tmp_path / "x.bin")
+
+
+def test_missing_path_and_frameworks_the_caller_did_not_give(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(tmp_path / "nope.safetensors")
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "vit_config.json").write_text("{}")
+    (tmp_path / "o" / "state").mkdir()
+    with pytest.raises(FormatError, match="needs jax"):
+        load_checkpoint(tmp_path / "o")
+    with pytest.raises(FormatError, match="needs vit_torch"):
+        save_checkpoint(tmp_path / "m.pth", SMALL, random_state(SMALL))
+    assert needs(tmp_path / "o") == "jax" and needs(tmp_path / "m.pth", writing=True) == "torch"
+    assert needs(tmp_path / "m.npz", writing=True) is None
+
+
+def test_unknown_override_is_named(tmp_path):
+    save_checkpoint(tmp_path / "a.safetensors", SMALL, random_state(SMALL))
+    with pytest.raises(ValueError, match=r"unknown ViTConfig field\(s\) \['heads'\]"):
+        load_checkpoint(tmp_path / "a.safetensors", heads=3)
+
+
+def test_output_format_from_suffix():
+    assert [output_format(p) for p in ("a.safetensors", "b.pth", "c.bin", "d.npz")] == [
+        "canonical",
+        "timm",
+        "timm",
+        "big_vision",
+    ]
+    with pytest.raises(ValueError, match="hf or orbax"):
+        output_format("some_folder")
+    assert set(FORMATS) == {"canonical", "timm", "hf", "original_vit", "big_vision", "orbax"}
+
+
+# ------------------------------------------------------------------------------------ atomicity
+
+
+def test_failed_write_leaves_nothing_and_keeps_the_old_file(tmp_path, monkeypatch):
+    state = random_state(SMALL)
+    save_checkpoint(tmp_path / "x.npz", SMALL, state)
+    before = (tmp_path / "x.npz").read_bytes()
+
+    def boom(fh, **arrays):
+        fh.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", boom)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(tmp_path / "x.npz", SMALL, random_state(SMALL, seed=1))
+    assert (tmp_path / "x.npz").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npz"]
+
+
+def test_folder_outputs_replace_only_checkpoint_folders(tmp_path):
+    state = random_state(SMALL)
+    save_checkpoint(tmp_path / "hf", SMALL, state, "hf")
+    save_checkpoint(tmp_path / "hf", SMALL, random_state(SMALL, seed=1), "hf")  # replaces a checkpoint folder
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("precious")
+    with pytest.raises(FormatError, match="not a checkpoint; refusing"):
+        save_checkpoint(tmp_path / "mine", SMALL, state, "hf")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mine"]

@@ -1,0 +1,33 @@
+"""Imports point down: vit_common imports neither framework, each twin only its own (subprocess)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+JAX_MODULES = ("jax", "jaxlib", "flax", "optax", "orbax")
+TORCH_MODULES = ("torch", "torchvision", "timm", "transformers")
+
+
+def _loaded_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize(
+    "statement, forbidden",
+    [
+        ("import vit_common, vit_common.convert, vit_common.attention, vit_common.tolerance",
+         JAX_MODULES + TORCH_MODULES),
+        ("import vit_torch", JAX_MODULES),
+        ("import vit_jax", TORCH_MODULES),
+        ("import vit_cli.main as m; m.build_parser()", JAX_MODULES + TORCH_MODULES),
+    ],
+)
+def test_import_isolation(statement, forbidden):
+    loaded = _loaded_after(statement)
+    assert not loaded & set(forbidden), f"{statement!r} loaded {sorted(loaded & set(forbidden))}"
+    assert "numpy" in loaded  # the probe itself works

@@ -1,0 +1,64 @@
+"""Orbax checkpoints of the JAX twin (vit_jax.formats), known fault K09."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from format_helpers import SMALL, assert_same_state, random_state
+
+import vit_jax
+from vit_common.convert import load_checkpoint, save_checkpoint
+from vit_common.formats.base import FormatError
+from vit_jax.formats import READERS, WRITERS, load_orbax, save_orbax
+
+
+def _flat(model) -> dict:
+    out = {}
+    for path, v in nnx.to_flat_state(nnx.state(model)):
+        x = v[...]
+        out[path] = np.asarray(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+    return out
+
+
+def test_k09_model_with_dropout_restores_into_an_abstract_model(tmp_path):
+    """Dropout and drop path give the model RNG state (typed PRNG keys); save, restore into a model
+    built with nnx.eval_shape: parameters and RNG state (keys and counts) bit-equal, logits identical."""
+    cfg = SMALL.replace(dropout=0.1, attn_dropout=0.1, drop_path=0.1)
+    model = vit_jax.from_numpy(cfg, random_state(cfg), seed=3)
+    save_orbax(tmp_path / "ck", model)
+    restored = load_orbax(tmp_path / "ck")
+    before, after = _flat(model), _flat(restored)
+    assert before.keys() == after.keys() and sum("rngs" in map(str, p) for p in before) >= 2 * cfg.depth
+    for p in before:
+        assert before[p].dtype == after[p].dtype and before[p].tobytes() == after[p].tobytes(), p
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 32, 32, 3)), jnp.float32)
+    forward = nnx.jit(lambda m, images: m(images))
+    assert np.asarray(forward(model, x)).tobytes() == np.asarray(forward(restored, x)).tobytes()
+
+
+def test_orbax_through_convert_round_trips_bit_exact(tmp_path):
+    cfg = SMALL.replace(param_dtype="bfloat16", reg_tokens=2, posemb_prefix=False)
+    state = random_state(cfg, dtype=jnp.bfloat16)
+    save_checkpoint(tmp_path / "o", cfg, state, "orbax", writers=WRITERS)
+    ckpt = load_checkpoint(tmp_path / "o", readers=READERS)
+    assert ckpt.report.format == "orbax" and ckpt.cfg == cfg
+    assert_same_state(ckpt.state, state)
+    model = vit_jax.load_model(tmp_path / "o", image_size=48)  # resampled at load time
+    assert model.pos_embed[...].shape == (1, 36, cfg.width)
+
+
+def test_damaged_orbax_folder_is_named(tmp_path):
+    save_checkpoint(tmp_path / "o", SMALL, random_state(SMALL), "orbax", writers=WRITERS)
+    meta = json.loads((tmp_path / "o" / "vit_config.json").read_text())
+    meta["vit_config"] = SMALL.replace(depth=3).to_json()  # one block more than the state holds
+    (tmp_path / "o" / "vit_config.json").write_text(json.dumps(meta))
+    with pytest.raises(FormatError, match="orbax could not restore"):
+        load_checkpoint(tmp_path / "o", readers=READERS)
+    (tmp_path / "o" / "vit_config.json").write_text("not json")
+    with pytest.raises(FormatError, match="vit_config.json"):
+        load_checkpoint(tmp_path / "o", readers=READERS)

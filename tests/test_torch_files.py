@@ -1,0 +1,111 @@
+"""PyTorch .pth/.bin containers (vit_torch.formats): weights-only reading, training checkpoints, writing."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from format_helpers import SMALL, assert_same_state, random_state
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vit_common.convert import load_checkpoint, save_checkpoint
+from vit_common.formats.base import FormatError
+from vit_torch.formats import READERS, WRITERS
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_pth_round_trip_bit_exact(tmp_path, dtype):
+    state = random_state(SMALL, dtype=dtype)
+    save_checkpoint(tmp_path / "m.pth", SMALL, state, writers=WRITERS)
+    ckpt = load_checkpoint(tmp_path / "m.pth", readers=READERS)
+    assert ckpt.report.format == "timm"
+    assert_same_state(ckpt.state, state)
+
+
+def test_training_checkpoint_entries_are_reported(tmp_path):
+    state = random_state(SMALL)
+    sd = {k: torch.from_numpy(v) for k, v in state.items()}
+    torch.save(
+        {
+            "epoch": 3,
+            "arch": "vit",
+            "state_dict": sd,
+            "optimizer": {"state": {}},
+            "args": argparse.Namespace(lr=1e-3),
+        },
+        tmp_path / "train.pth.tar",
+    )
+    ckpt = load_checkpoint(tmp_path / "train.pth.tar", readers=READERS)
+    assert_same_state(ckpt.state, state)
+    assert sorted(k for k, _ in ckpt.report.dropped) == ["arch", "args", "epoch", "optimizer"]
+
+
+def test_legacy_torch_save_format_and_hf_bin(tmp_path):
+    state = random_state(SMALL)
+    torch.save(
+        {k: torch.from_numpy(v) for k, v in state.items()},
+        tmp_path / "old.pth",
+        _use_new_zipfile_serialization=False,
+    )
+    assert_same_state(load_checkpoint(tmp_path / "old.pth", readers=READERS).state, state)
+    save_checkpoint(tmp_path / "hf", SMALL, state, "hf")  # same folder with pytorch_model.bin instead
+    from safetensors.numpy import load_file
+
+    tensors = load_file(tmp_path / "hf" / "model.safetensors")
+    torch.save({k: torch.from_numpy(v) for k, v in tensors.items()}, tmp_path / "hf" / "pytorch_model.bin")
+    (tmp_path / "hf" / "model.safetensors").unlink()
+    assert_same_state(load_checkpoint(tmp_path / "hf", readers=READERS).state, state)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.mkdir, (str(Path(tempfile.gettempdir()) / "vit-pwned-marker"),))
+
+
+def test_never_unpickles_arbitrary_objects(tmp_path):
+    marker = Path(tempfile.gettempdir()) / "vit-pwned-marker"
+    shutil.rmtree(marker, ignore_errors=True)
+    torch.save({"state_dict": {"x": torch.zeros(1)}, "evil": _Payload()}, tmp_path / "evil.pth")
+    with pytest.raises(FormatError, match="not a readable PyTorch weights file"):
+        load_checkpoint(tmp_path / "evil.pth", readers=READERS)
+    assert not marker.exists()
+
+
+def test_pth_without_weights_is_named(tmp_path):
+    torch.save({"epoch": 1, "optimizer": {}}, tmp_path / "x.pth")
+    with pytest.raises(FormatError, match="holds no state_dict"):
+        load_checkpoint(tmp_path / "x.pth", readers=READERS)
+
+
+_VALID = Path(tempfile.mkdtemp(prefix="vit-pth-")) / "m.pth"
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    cut=st.floats(0, 1, exclude_max=True),
+    flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), max_size=3),
+)
+def test_corrupted_pth_raises_only_documented_errors(cut, flips):
+    if not _VALID.exists():
+        save_checkpoint(_VALID, SMALL, random_state(SMALL), writers=WRITERS)
+    data = bytearray(_VALID.read_bytes())
+    for pos, x in flips:
+        data[int(pos * len(data))] ^= x
+    data = data[: max(1, int(len(data) * (1 - cut)))]
+    work = Path(tempfile.mkdtemp())
+    try:
+        (work / "c.pth").write_bytes(bytes(data))
+        try:
+            load_checkpoint(work / "c.pth", readers=READERS)
+        except ValueError:
+            pass
+    finally:
+        shutil.rmtree(work)

@@ -1,0 +1,354 @@
+"""`vit attention IMAGE... --checkpoint CKPT`: what a trained ViT looks at, as PNG overlays and .npy arrays.
+
+Per image STEM, written to --out:
+  STEM_attention.png       the image, then one panel per map (per head of the chosen block plus the
+                           head-fused map, or one fused map per block with --layer all; the MAP probe;
+                           the rollout), each overlaid on the image; colours scaled per panel
+  STEM_overlay_blockNN.png the head-fused (or --head H) map of each chosen block, at the model's input size
+  STEM_overlay_probe.png   the MAP probe's map (pool='map' only), input size
+  STEM_overlay_rollout.png the rollout map, input size
+  STEM_raw.npy             [layers, N, h, w] float32: each head's share of attention on every patch
+  STEM_probe.npy           [N, h, w] float32 (pool='map' only)
+  STEM_rollout.npy         [h, w] float32
+  STEM_attention.json      what is shown, preprocessing, prediction, prefix-token shares, file names
+The arithmetic is ``vit_common.attention`` (see its docstring for rollout and for what each pooling shows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+PANEL_PX = (200, 240)  # width, height of one figure panel in pixels (figure dpi 100)
+MAX_COLS = 8
+ALPHA = 0.6  # opacity of the attention colours over the image
+CMAP = "inferno"
+
+
+def _layer(s: str) -> int | str:
+    if s == "all":
+        return s
+    try:
+        return int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--layer {s!r}: expected a block index or 'all'") from None
+
+
+def _head(s: str) -> int | str:
+    if s in ("mean", "max", "min"):
+        return s
+    try:
+        return int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--head {s!r}: expected a head index, mean, max or min") from None
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "attention",
+        help="attention maps and attention rollout of a trained checkpoint on images",
+        description="Write attention maps (per head, for one block or all blocks) and attention rollout "
+        "(Abnar & Zuidema 2020) of IMAGE(s) as PNG overlays and .npy arrays. A checkpoint is required: "
+        "a randomly initialised ViT attends almost uniformly, so its maps show noise, not the image.",
+    )
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...: what PIL reads)")
+    p.add_argument("--checkpoint", required=True, help="checkpoint file or folder (config read from it)")
+    p.add_argument("--framework", choices=("jax", "torch"), default="jax", help="twin to run (default jax)")
+    p.add_argument("--layer", type=_layer, default=-1,
+                   help="block whose raw maps are drawn: index (negative counts from the end; default -1, "
+                   "the last) or 'all' (one head-fused map per block)")
+    p.add_argument("--head", type=_head, default="mean",
+                   help="head index, or the head fusion 'mean' (default, as the paper), 'max' or 'min'; used "
+                   "by rollout and by the fused panels; a head index draws only that head")
+    p.add_argument("--method", choices=("raw", "rollout", "both"), default="both",
+                   help="raw attention of the chosen block(s), attention rollout over all blocks, or both")
+    p.add_argument("--mean", type=float, nargs="+", default=[0.5],
+                   help="per-channel mean subtracted from pixels scaled to [0, 1] (1 or C values; default "
+                   "0.5, as timm's original-ViT weights and big_vision's value_range(-1, 1))")
+    p.add_argument("--std", type=float, nargs="+", default=[0.5], help="per-channel std (default 0.5)")
+    p.add_argument("--out", default="attention", help="output folder (default ./attention)")
+    p.add_argument("--json", action="store_true", help="print one JSON list (one object per image)")
+    p.set_defaults(func=run)
+
+
+def fit_image(im, size: tuple[int, int], chans: int) -> np.ndarray:
+    """A PIL image scaled (bicubic) so its shorter side fits (H, W), centre-cropped to exactly (H, W).
+
+    Returns [H, W, C] float32 in [0, 1]; C=1 converts to grey ('L'), C=3 to 'RGB'.
+
+    Raises:
+        ValueError: C is not 1 or 3.
+    """
+    from PIL import Image
+
+    if chans not in (1, 3):
+        raise ValueError(f"in_chans={chans}: images can be read for 1 (grey) or 3 (RGB) channels only")
+    h, w = size
+    im = im.convert("L" if chans == 1 else "RGB")
+    scale = max(h / im.height, w / im.width)
+    rw, rh = max(w, round(im.width * scale)), max(h, round(im.height * scale))
+    im = im.resize((rw, rh), Image.Resampling.BICUBIC)
+    left, top = (rw - w) // 2, (rh - h) // 2
+    arr = np.asarray(im.crop((left, top, left + w, top + h)), np.float32) / 255.0
+    return arr.reshape(h, w, chans)
+
+
+def load_image(path: str | Path, size: tuple[int, int], chans: int) -> np.ndarray:
+    """Read an image file and ``fit_image`` it: [H, W, C] float32 in [0, 1].
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: not an image PIL can read, or C not 1 or 3.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return fit_image(im, size, chans)
+    except UnidentifiedImageError as e:
+        raise ValueError(f"{path}: not an image file PIL can read") from e
+
+
+def normalise(images: np.ndarray, mean: list[float], std: list[float]) -> np.ndarray:
+    """(images [B, H, W, C] in [0, 1] - mean) / std per channel, float32.
+
+    Raises:
+        ValueError: mean/std not 1 or C values, or a std <= 0.
+    """
+    c = images.shape[-1]
+    for name, v in (("mean", mean), ("std", std)):
+        if len(v) not in (1, c):
+            raise ValueError(f"--{name} {v}: expected 1 or {c} values (one per channel)")
+    if min(std) <= 0:
+        raise ValueError(f"--std {std}: expected positive values")
+    return ((images - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)).astype(np.float32)
+
+
+def _load(framework: str, checkpoint: str):
+    """The chosen twin's model, in eval mode."""
+    if framework == "jax":
+        from vit_jax.weights import load_model
+    else:
+        from vit_torch.weights import load_model
+    return load_model(checkpoint)
+
+
+def _forward(framework: str, model, images: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(logits [B, K] float64, attention intermediates as float64 numpy) for images [B, H, W, C]."""
+    if framework == "jax":
+        import jax
+
+        with jax.default_matmul_precision("highest"):
+            logits, out = model.forward_intermediates(jax.numpy.asarray(images))
+        to_np = np.asarray
+    else:
+        import torch
+
+        from vit_torch.weights import tensor_to_numpy as to_np
+
+        with torch.no_grad():
+            logits, out = model.forward_intermediates(torch.from_numpy(images.transpose(0, 3, 1, 2)))
+    inter = {k: np.asarray(to_np(v), np.float64) for k, v in out.items()
+             if k.startswith("attn") and v is not None}
+    return np.asarray(to_np(logits), np.float64), inter
+
+
+def shares(dist: np.ndarray, cfg) -> dict:
+    """Share of a token distribution [L] per token kind: patches, cls, registers (floats)."""
+    from vit_common.attention import split_tokens
+
+    sp = split_tokens(dist, cfg)
+    out = {"patches": float(sp.patches.sum())}
+    if sp.cls is not None:
+        out["cls"] = float(sp.cls)
+    if sp.registers.size:
+        out["registers"] = [float(x) for x in sp.registers]
+    return out
+
+
+def _share_text(share: dict) -> str:
+    parts = [f"patches {share['patches']:.0%}"]
+    if "cls" in share:
+        parts.append(f"cls {share['cls']:.0%}")
+    if "registers" in share:
+        parts.append(f"regs {sum(share['registers']):.0%}")
+    return ", ".join(parts)
+
+
+def _colour(grid: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Patch grid [h, w] -> RGB [H, W, 3] in [0, 1]: upsampled, scaled min..max, coloured with CMAP."""
+    from matplotlib import colormaps
+
+    from vit_common.attention import upsample
+
+    m = upsample(grid, size)
+    span = m.max() - m.min()
+    return colormaps[CMAP]((m - m.min()) / span if span > 0 else np.zeros_like(m))[..., :3]
+
+
+def overlay(image: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """Image [H, W, C] in [0, 1] with a patch map [h, w] blended on top: uint8 RGB [H, W, 3]."""
+    rgb = np.repeat(image, 3, axis=-1) if image.shape[-1] == 1 else image
+    mixed = (1 - ALPHA) * rgb + ALPHA * _colour(grid, image.shape[:2])
+    return np.clip(np.round(mixed * 255), 0, 255).astype(np.uint8)
+
+
+def panel_grid(n: int) -> tuple[int, int]:
+    """(rows, columns) of the figure for n panels: at most MAX_COLS columns."""
+    cols = min(n, MAX_COLS)
+    return math.ceil(n / cols), cols
+
+
+def _write_png(path: Path, rgb: np.ndarray) -> None:
+    from PIL import Image
+
+    from vit_common.formats.canonical import atomic_write
+
+    atomic_write(path, lambda tmp: Image.fromarray(rgb).save(tmp, format="PNG"))
+
+
+def _write_npy(path: Path, arr: np.ndarray) -> None:
+    from vit_common.formats.canonical import atomic_write
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            np.save(f, np.ascontiguousarray(arr, np.float32))
+
+    atomic_write(path, write)
+
+
+def write_figure(path: Path, image: np.ndarray, panels: list[tuple[str, np.ndarray]], title: str) -> None:
+    """One PNG: the image, then each (title, patch grid [h, w]) overlaid on it; PANEL_PX per panel."""
+    from matplotlib.figure import Figure
+
+    from vit_common.formats.canonical import atomic_write
+
+    rows, cols = panel_grid(len(panels) + 1)
+    fig = Figure(figsize=(cols * PANEL_PX[0] / 100, rows * PANEL_PX[1] / 100), dpi=100)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    shown = image[..., 0] if image.shape[-1] == 1 else image
+    for ax, (name, grid) in zip(axes, [("input", None)] + panels, strict=False):
+        ax.imshow(shown, cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+        if grid is not None:
+            ax.imshow(_colour(grid, image.shape[:2]), alpha=ALPHA, interpolation="nearest")
+        ax.set_title(name, fontsize=8)
+    for ax in axes:
+        ax.set_axis_off()
+    fig.suptitle(title, fontsize=8)
+    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1 - 0.6 / (rows * PANEL_PX[1] / 100),
+                        wspace=0.05, hspace=0.4)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+
+
+def _selected(per_head: np.ndarray, head: int | str) -> np.ndarray:
+    """The map a --head value picks from per-head distributions [N, L]: one head, or the fused rows."""
+    from vit_common.attention import fused_rows
+
+    return per_head[head] if isinstance(head, int) else fused_rows(per_head, head)
+
+
+def _image_outputs(b: int, image: np.ndarray, maps, cfg, args, out: Path, stem: str
+                   ) -> tuple[list, dict, list]:
+    """Write one image's overlays and arrays: (figure panels, shares per map, files written)."""
+    from vit_common.attention import split_tokens
+
+    def grid(dist: np.ndarray) -> np.ndarray:  # [..., L] -> patch grid [..., h, w]
+        return split_tokens(dist, cfg).patches
+
+    head, panels, share, files = args.head, [], {}, []
+    fusion = head if isinstance(head, str) else f"head {head}"
+    sources = []  # (key, label, per-head [N, L] or None, selected [L], draw every head)
+    if args.method in ("raw", "both"):
+        sources += [(f"block{layer:02d}", f"block {layer}", maps.raw[b, j], None, len(maps.layers) == 1)
+                    for j, layer in enumerate(maps.layers)]
+        if maps.probe is not None:
+            sources.append(("probe", "MAP probe", maps.probe[b], None, True))
+    if args.method in ("rollout", "both"):
+        sources.append(("rollout", f"rollout ({fusion})", None, maps.rollout[b], False))
+    for key, label, per_head, selected, every_head in sources:
+        if per_head is not None:
+            selected = _selected(per_head, head)
+            share[key] = {"heads": [shares(d, cfg) for d in per_head], str(head): shares(selected, cfg)}
+            if every_head and isinstance(head, str):
+                panels += [(f"{label} head {n}\n{_share_text(shares(d, cfg))}", grid(d))
+                           for n, d in enumerate(per_head)]
+        else:
+            share[key] = shares(selected, cfg)
+        name = label if per_head is None else f"{label} {fusion}"
+        panels.append((f"{name}\n{_share_text(shares(selected, cfg))}", grid(selected)))
+        files.append(out / f"{stem}_overlay_{key}.png")
+        _write_png(files[-1], overlay(image, grid(selected)))
+    arrays = {"raw": maps.raw[b] if args.method != "rollout" else None,
+              "probe": maps.probe[b] if maps.probe is not None and args.method != "rollout" else None,
+              "rollout": maps.rollout[b] if args.method != "raw" else None}
+    for key, arr in arrays.items():
+        if arr is not None:
+            files.append(out / f"{stem}_{key}.npy")
+            _write_npy(files[-1], grid(arr))
+    return panels, share, files
+
+
+def run(args: argparse.Namespace) -> int:
+    from vit_common.attention import attention_maps
+    from vit_common.formats.canonical import atomic_write
+
+    stems = [Path(p).stem for p in args.images]
+    if len(set(stems)) != len(stems):
+        raise ValueError(f"images {args.images}: names without suffix must differ (outputs use them)")
+    model = _load(args.framework, args.checkpoint)
+    cfg = model.cfg
+    if args.layer == "all":
+        layers = list(range(cfg.depth))
+    elif -cfg.depth <= args.layer < cfg.depth:
+        layers = [args.layer % cfg.depth]
+    else:
+        raise ValueError(f"--layer {args.layer}: the model has blocks 0..{cfg.depth - 1}")
+    images = np.stack([load_image(p, cfg.image_size, cfg.in_chans) for p in args.images])  # [B, H, W, C]
+    logits, inter = _forward(args.framework, model, normalise(images, args.mean, args.std))
+    maps = attention_maps(cfg, inter, layers, args.head)
+    shows = {k: v for k, v in maps.shows.items() if not (
+        (args.method == "rollout" and k in ("raw", "probe")) or (args.method == "raw" and k == "rollout"))}
+    query = {"token": "class token's row",
+             "map": "blocks: mean over patch queries; probe and rollout: MAP probe",
+             }.get(cfg.pool, f"mean over patch queries (pool={cfg.pool!r})")
+    h, w = cfg.image_size
+    preprocess = (f"shorter side resized (bicubic, PIL) and centre-cropped to {h}x{w}, then "
+                  f"(pixel / 255 - mean {args.mean}) / std {args.std}")
+    out = Path(args.out)
+    reports = []
+    for b, (path, stem) in enumerate(zip(args.images, stems, strict=True)):
+        panels, share, files = _image_outputs(b, images[b], maps, cfg, args, out, stem)
+        figure, summary = out / f"{stem}_attention.png", out / f"{stem}_attention.json"
+        write_figure(figure, images[b], panels, f"{Path(path).name}: {query}; colours scaled per panel")
+        report = {
+            "image": str(path), "checkpoint": str(args.checkpoint), "framework": args.framework,
+            "config": {"pool": cfg.pool, "class_token": cfg.class_token, "reg_tokens": cfg.reg_tokens,
+                       "grid": list(cfg.grid), "num_heads": cfg.num_heads, "depth": cfg.depth},
+            "preprocess": preprocess, "layers": list(maps.layers), "head": args.head, "shows": shows,
+            "shares": share, "files": [str(f) for f in [figure, *files, summary]],
+        }
+        if cfg.num_classes and cfg.pool != "none":
+            p = np.exp(logits[b] - logits[b].max())
+            report["prediction"] = {"class": int(p.argmax()), "probability": float(p.max() / p.sum())}
+        atomic_write(summary, lambda tmp, r=report: Path(tmp).write_text(json.dumps(r, indent=1)))
+        reports.append(report)
+    if args.json:
+        print(json.dumps(reports))
+        return 0
+    print(f"vit attention: {args.framework} twin, {args.checkpoint} (pool={cfg.pool!r}, class token "
+          f"{'yes' if cfg.class_token else 'no'}, {cfg.reg_tokens} registers, {h}x{w} px in "
+          f"{cfg.grid[0]}x{cfg.grid[1]} patches)")
+    print(f"  input: {preprocess}")
+    for k, v in shows.items():
+        print(f"  {k}: {v}")
+    for r in reports:
+        pred = r.get("prediction")
+        pred = f" predicted class {pred['class']} (p={pred['probability']:.2f})" if pred else ""
+        print(f"  {r['image']}:{pred}")
+        for k, s in r["shares"].items():
+            print(f"    {k}: {_share_text(s.get(str(args.head), s))}")
+        print(f"    wrote {', '.join(Path(f).name for f in r['files'])} in {out}")
+    return 0

@@ -1,0 +1,123 @@
+"""`vit convert SRC DST`: any supported checkpoint to any other, through the canonical state.
+
+Imports jax only for orbax folders and torch only for .pth/.bin files; everything else is numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def _setting(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FIELD=VALUE, e.g. num_heads=16 or gelu=tanh")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def _size(text: str) -> int | tuple[int, int]:
+    parts = text.lower().split("x")
+    try:
+        sizes = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected S or HxW, e.g. 384 or 256x512") from None
+    if len(sizes) not in (1, 2) or min(sizes) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected S or HxW with positive sizes")
+    return sizes[0] if len(sizes) == 1 else (sizes[0], sizes[1])
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from vit_common.convert import FORMATS
+
+    formats = ", ".join(FORMATS)
+    p = sub.add_parser(
+        "convert",
+        help="convert a checkpoint between timm, Hugging Face, big_vision, original ViT, orbax, ours",
+        description="Read SRC (format detected from its contents) and write DST. Prints what was read "
+        "(format, variant, parameter count), what the config was inferred from, and what was dropped or "
+        f"resampled and why. Formats: {formats}. Nothing is written unless the whole conversion succeeds.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("src", help="checkpoint file or folder to read")
+    p.add_argument(
+        "dst",
+        help="file or folder to write (.safetensors = our file, .pth/.bin = timm, "
+        ".npz = big_vision; folders need --to hf or --to orbax)",
+    )
+    p.add_argument("--from", dest="from_fmt", choices=tuple(FORMATS), help="force the input format")
+    p.add_argument(
+        "--to", dest="to_fmt", choices=tuple(FORMATS), help="output format (default: from DST's suffix)"
+    )
+    p.add_argument(
+        "--image-size", type=_size, help="resample the position embedding to this image size (S or HxW)"
+    )
+    p.add_argument(
+        "--num-classes", type=int, help="keep a head of this size; another size gets a new zero head"
+    )
+    p.add_argument(
+        "--source-image-size",
+        type=_size,
+        help="size SRC was trained at, for files that store none and have a non-square grid",
+    )
+    p.add_argument(
+        "--set",
+        dest="settings",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override an inferred config field (repeatable), e.g. --set num_heads=16 --set gelu=tanh",
+    )
+    p.add_argument(
+        "--hf-spelling",
+        choices=("v4", "v5"),
+        default="v4",
+        help="HF key names to write: v4 (what save_pretrained writes; loads in transformers 4 and 5) "
+        "or v5 (transformers 5 module names)",
+    )
+    p.add_argument(
+        "--npz-prefix",
+        choices=("", "opt/target/", "params/", "params/img/"),
+        help="key prefix of a written .npz (default '' for original_vit, 'params/' for big_vision)",
+    )
+    p.add_argument(
+        "--scan", action="store_true", help="write .npz blocks scan-stacked (big_vision scan=True)"
+    )
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.set_defaults(func=run)
+
+
+def _adapters(framework: str | None, kind: str) -> dict:
+    if framework == "torch":
+        from vit_torch import formats
+    elif framework == "jax":
+        from vit_jax import formats
+    else:
+        return {}
+    return getattr(formats, kind)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vit_common.convert import convert, needs
+
+    readers = _adapters(needs(args.src, args.from_fmt), "READERS")
+    writers = _adapters(needs(args.dst, args.to_fmt, writing=True), "WRITERS")
+    report = convert(
+        args.src,
+        args.dst,
+        from_fmt=args.from_fmt,
+        to_fmt=args.to_fmt,
+        readers=readers,
+        writers=writers,
+        write_options=dict(spelling=args.hf_spelling, prefix=args.npz_prefix, scan=args.scan),
+        image_size=args.image_size,
+        num_classes=args.num_classes,
+        source_image_size=args.source_image_size,
+        **dict(args.settings),
+    )
+    print(json.dumps(report.to_dict()) if args.json else report)
+    return 0

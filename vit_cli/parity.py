@@ -1,0 +1,407 @@
+"""`vit parity CHECKPOINT`: load one checkpoint into both twins (and optionally timm or transformers),
+run the same images through each, and compare every intermediate under the one tolerance table.
+
+The computation is ``run_parity(...) -> ParityResult`` (a plain dataclass; ``to_dict()`` for JSON), so
+that other tools (the ``--report`` pictures) can use it without the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vit_common.tolerance import Comparison, compare
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+@dataclass
+class Row:
+    """One compared tensor.
+
+    ``name``: intermediate key of ``forward_intermediates`` ('patch_embed', 'pos_embed', 'blockNN',
+    'attnNN', 'norm', 'attn_pool', 'pre_logits', 'logits'); ``what``: 'tensor' or 'attention' (which
+    tolerance applies); ``dtype`` of the run; ``twins``: JAX twin vs torch twin (torch is the
+    reference); ``mean_abs``: mean |JAX - torch|; ``scale``: max |torch|; ``against``: the --against
+    library vs the torch twin, or None where that library exposes no such tensor.
+    """
+
+    name: str
+    what: str
+    dtype: str
+    twins: Comparison
+    mean_abs: float
+    scale: float
+    against: Comparison | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.twins.ok and (self.against is None or self.against.ok)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat JSON-able row: name, what, dtype, max_abs, mean_abs, scale (max |torch|), kind, bound,
+        rel, ok (JAX vs torch; ``ok`` covers --against too) and against (None or its max_abs, rel, ok)."""
+        t, a = self.twins, self.against
+        return {
+            "name": self.name,
+            "what": self.what,
+            "dtype": self.dtype,
+            "max_abs": t.max_abs,
+            "mean_abs": self.mean_abs,
+            "scale": self.scale,
+            "kind": t.kind,
+            "bound": t.bound,
+            "rel": t.rel,
+            "ok": self.ok,
+            "against": None if a is None else {"max_abs": a.max_abs, "rel": a.rel, "ok": a.ok},
+        }
+
+
+@dataclass
+class ParityResult:
+    """What ``run_parity`` found.
+
+    Fields: ``checkpoint`` path, ``format`` read, ``variant``, ``dtype`` of the run, ``images`` (file
+    names, or 'generated-i'), ``rows`` (one ``Row`` per intermediate in forward order: per-layer rows
+    are 'blockNN' and 'attnNN'), ``agreement`` (fraction of images whose top-1 class is the same in both
+    twins; None without a head), ``against`` (library name or None) and ``against_agreement`` (its top-1
+    agreement with the torch twin), ``conversion`` (the read report as a dict), ``outputs`` (only with
+    ``keep_outputs=True``: {'jax' | 'torch' | library: {name: numpy array}}, attention maps [B, N, L, L]).
+    ``ok`` is True when every row is within its bound.
+    """
+
+    checkpoint: str
+    format: str
+    variant: str
+    dtype: str
+    images: list[str]
+    rows: list[Row]
+    agreement: float | None
+    against: str | None = None
+    against_agreement: float | None = None
+    conversion: dict = field(default_factory=dict)
+    outputs: dict[str, dict[str, np.ndarray]] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "checkpoint": self.checkpoint,
+            "format": self.format,
+            "variant": self.variant,
+            "dtype": self.dtype,
+            "images": self.images,
+            "ok": self.ok,
+            "agreement": self.agreement,
+            "against": self.against,
+            "against_agreement": self.against_agreement,
+            "rows": [r.to_dict() for r in self.rows],
+            "conversion": self.conversion,
+        }
+
+
+def load_images(folder: str | Path, image_size: tuple[int, int], chans: int) -> tuple[np.ndarray, list[str]]:
+    """Images of ``folder`` as float32 [B, C, H, W]: shorter side resized (bicubic) to cover (H, W),
+    centre crop, scaled to [-1, 1] ((x / 255 - 0.5) / 0.5, the ViT/Inception normalisation).
+
+    Raises:
+        FileNotFoundError: no such folder. ValueError: no image in it, or an unreadable image (named).
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder of images")
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise ValueError(f"{folder}: no image files ({', '.join(IMAGE_SUFFIXES)})")
+    h, w = image_size
+    out = []
+    for p in files:
+        try:
+            with Image.open(p) as im:
+                im = im.convert("L" if chans == 1 else "RGB")
+                scale = max(h / im.height, w / im.width)
+                im = im.resize(
+                    (max(w, round(im.width * scale)), max(h, round(im.height * scale))),
+                    Image.Resampling.BICUBIC,
+                )
+                left, top = (im.width - w) // 2, (im.height - h) // 2
+                arr = np.asarray(im.crop((left, top, left + w, top + h)), np.float32)
+        except (OSError, UnidentifiedImageError, ValueError) as e:
+            raise ValueError(f"{p}: not a readable image ({e})") from e
+        arr = arr[..., None] if arr.ndim == 2 else arr
+        if arr.shape[-1] != chans:
+            raise ValueError(f"{p}: {arr.shape[-1]} channels, the model takes {chans}")
+        out.append(((arr / 255.0 - 0.5) / 0.5).transpose(2, 0, 1))
+    return np.stack(out), [p.name for p in files]
+
+
+def _top1_agreement(a: np.ndarray, b: np.ndarray) -> float | None:
+    if a.ndim != 2 or a.shape[-1] < 2:
+        return None
+    return float(np.mean(a.argmax(-1) == b.argmax(-1)))
+
+
+def _against_timm(cfg, state, x, dtype):
+    import torch
+
+    from vit_common.formats import timm as timm_format
+    from vit_torch.oracles import timm_model
+
+    cfg_t, state_t, _ = timm_format.prepare(cfg, state)
+    model = timm_model(cfg_t.replace(param_dtype=dtype), state_t).to(getattr(torch, dtype))
+    with torch.no_grad():
+        prefix = model.num_prefix_tokens > 0  # timm pairs (patch tokens, prefix tokens) only when there are some
+        final, inter = model.forward_intermediates(
+            torch.from_numpy(x), return_prefix_tokens=prefix, output_fmt="NLC"
+        )
+        out = {f"block{i:02d}": torch.cat(t[::-1], dim=1) if prefix else t for i, t in enumerate(inter)}
+        out["norm"] = final
+        out["logits"] = model.forward_head(final)
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def _against_transformers(cfg, state, x, dtype):
+    import torch
+
+    from vit_torch.oracles import hf_model
+
+    model = hf_model(
+        cfg.replace(param_dtype=dtype), {k: np.asarray(v).astype(dtype) for k, v in state.items()}
+    )
+    with torch.no_grad():
+        res = model(torch.from_numpy(x), output_hidden_states=True, output_attentions=True)
+    out = {"pos_embed": res.hidden_states[0]}
+    out |= {f"block{i:02d}": h for i, h in enumerate(res.hidden_states[1:])}
+    out |= {f"attn{i:02d}": a for i, a in enumerate(res.attentions)}
+    if cfg.num_classes:
+        out["logits"] = res.logits
+    else:
+        out["norm"] = res.last_hidden_state
+        if res.pooler_output is not None:
+            out["pre_logits"] = out["logits"] = res.pooler_output
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def run_parity(
+    checkpoint: str | Path,
+    *,
+    dtype: str = "float32",
+    images: np.ndarray | str | Path | None = None,
+    num_generated: int = 4,
+    against: str | None = None,
+    keep_outputs: bool = False,
+    **load_options: Any,
+) -> ParityResult:
+    """Load ``checkpoint`` into both twins (and ``against`` 'timm' | 'transformers'), run ``images`` with
+    full matmul precision (no TF32) and compare every intermediate.
+
+    ``images``: [B, C, H, W] floats at the model's image size, a folder (``load_images``), or None for
+    ``num_generated`` seeded standard-normal images.
+
+    ``dtype`` 'float32' or 'float64' (JAX x64 is switched on for the call). ``load_options`` go to
+    ``vit_common.convert.load_checkpoint`` (image_size, num_classes, fmt, config overrides).
+
+    Raises:
+        ValueError / FileNotFoundError: bad checkpoint, dtype or library name; ImportError if the
+            --against library is not installed.
+    """
+    import jax
+    import torch
+
+    import vit_jax
+    import vit_torch
+    from vit_common.convert import load_checkpoint
+    from vit_jax.formats import READERS as JAX_READERS
+    from vit_torch.formats import READERS as TORCH_READERS
+
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"dtype={dtype!r}: expected 'float32' or 'float64'")
+    if against not in (None, "timm", "transformers"):
+        raise ValueError(f"against={against!r}: expected 'timm' or 'transformers'")
+    ckpt = load_checkpoint(checkpoint, readers={**TORCH_READERS, **JAX_READERS}, **load_options)
+    cfg = ckpt.cfg.replace(dtype=dtype, param_dtype=dtype, attn_impl="explicit")
+    state = {k: np.asarray(v).astype(dtype) for k, v in ckpt.state.items()}
+    if images is None:
+        images = np.random.default_rng(0).standard_normal((num_generated, cfg.in_chans, *cfg.image_size))
+        image_names = [f"generated-{i}" for i in range(num_generated)]
+    elif isinstance(images, (str, Path)):
+        images, image_names = load_images(images, cfg.image_size, cfg.in_chans)
+    else:
+        image_names = [f"image-{i}" for i in range(len(images))]
+    x = np.asarray(images, dtype)
+    allow_tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        with jax.enable_x64(dtype == "float64"), jax.default_matmul_precision("highest"):
+            model_j = vit_jax.from_numpy(cfg, state)
+            _, out_j = model_j.forward_intermediates(jax.numpy.asarray(x.transpose(0, 2, 3, 1)))
+            out_j = {k: np.asarray(v) for k, v in out_j.items() if v is not None}
+        model_t = vit_torch.from_numpy(cfg, state)
+        with torch.no_grad():
+            _, out_t = model_t.forward_intermediates(torch.from_numpy(x))
+        out_t = {k: v.numpy() for k, v in out_t.items() if v is not None}
+        out_a = None
+        if against == "timm":
+            out_a = _against_timm(ckpt.cfg, ckpt.state, x, dtype)
+        elif against == "transformers":
+            out_a = _against_transformers(ckpt.cfg, ckpt.state, x, dtype)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = allow_tf32
+    rows = []
+    for name, ref in out_t.items():
+        what = "attention" if name.startswith("attn") else "tensor"
+        a = out_a.get(name) if out_a else None
+        diff = np.abs(out_j[name].astype(np.float64) - ref)
+        rows.append(
+            Row(
+                name,
+                what,
+                dtype,
+                compare(name, out_j[name], ref, what, dtype),
+                float(diff.mean()) if diff.size else 0.0,
+                float(np.abs(ref).max()) if ref.size else 0.0,
+                None if a is None else compare(name, a, ref, what, dtype),
+            )
+        )
+    outputs = None
+    if keep_outputs:
+        outputs = {"jax": out_j, "torch": out_t} | ({against: out_a} if out_a else {})
+    return ParityResult(
+        checkpoint=str(checkpoint),
+        format=ckpt.report.format,
+        variant=ckpt.report.variant,
+        dtype=dtype,
+        images=image_names,
+        rows=rows,
+        agreement=_top1_agreement(out_j["logits"], out_t["logits"]),
+        against=against,
+        against_agreement=_top1_agreement(out_a["logits"], out_t["logits"])
+        if out_a and "logits" in out_a
+        else None,
+        conversion=ckpt.report.to_dict(),
+        outputs=outputs,
+    )
+
+
+def format_table(result: ParityResult) -> str:
+    """The result as a text table, one line per intermediate."""
+    lib = result.against
+    head = f"{'tensor':<12}{'max abs':>11}{'rel':>11}{'mean abs':>11}{'bound':>12}  ok"
+    if lib:
+        head += f"   | {lib + ' max abs':>20}{'rel':>11}  ok"
+    lines = [
+        f"parity of {result.checkpoint} ({result.format}, {result.variant}), {result.dtype}, "
+        f"{len(result.images)} image(s): JAX twin vs torch twin"
+        + (f", and {lib} vs torch twin" if lib else ""),
+        head,
+        "-" * len(head),
+    ]
+    for r in result.rows:
+        t = r.twins
+        line = (
+            f"{r.name:<12}{t.max_abs:>11.2e}{t.rel:>11.2e}{r.mean_abs:>11.2e}"
+            f"{t.kind + ' ' + format(t.bound, '.0e'):>12}  {'ok' if t.ok else 'FAIL'}"
+        )
+        if lib:
+            a = r.against
+            line += "   | " + (
+                f"{a.max_abs:>20.2e}{a.rel:>11.2e}  {'ok' if a.ok else 'FAIL'}" if a else f"{'-':>20}"
+            )
+        lines.append(line)
+    if result.agreement is not None:
+        lines.append(
+            f"top-1 agreement JAX vs torch: {result.agreement:.0%}"
+            + (
+                f"; {lib} vs torch: {result.against_agreement:.0%}"
+                if result.against_agreement is not None
+                else ""
+            )
+        )
+    lines.append(
+        "PASS: every tensor within its tolerance"
+        if result.ok
+        else "FAIL: " + ", ".join(r.name for r in result.rows if not r.ok) + " beyond tolerance"
+    )
+    return "\n".join(lines)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "parity",
+        help="prove a checkpoint gives the same numbers in the JAX and torch twins",
+        description="Load CHECKPOINT (any format `vit convert` reads) into both twins, run the same images "
+        "through each with full matmul precision and compare every intermediate (patch embedding, every "
+        "block and attention map, final norm, pooling, logits) under the tolerance table of "
+        "vit_common.tolerance. Exit code 1 if anything is beyond tolerance.",
+    )
+    p.add_argument("checkpoint", help="checkpoint file or folder")
+    p.add_argument(
+        "--dtype", choices=("float32", "float64"), default="float32", help="compute dtype (default float32)"
+    )
+    p.add_argument("--images", metavar="DIR", help="folder of images to run (default: 4 generated ones)")
+    p.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
+    p.add_argument(
+        "--against",
+        choices=("timm", "transformers"),
+        help="add that library's own model, loaded from the same weights, as a third column",
+    )
+    p.add_argument("--image-size", type=int, help="resample the position embedding to this size first")
+    p.add_argument(
+        "--report",
+        metavar="DIR",
+        help="also write pictures to DIR: diffs.png (per-layer max and mean |JAX - torch|, log scale, "
+        "tolerance line), maps.png (one attention map from each twin and their difference) and index.html",
+    )
+    p.add_argument("--layer", type=int, default=-1, help="block whose attention --report draws (default: last)")
+    p.add_argument("--head", type=int, default=0, help="head whose attention --report draws (default 0)")
+    p.set_defaults(func=run)
+
+
+def report_maps(result: ParityResult, layer: int, head: int) -> dict[str, Any]:
+    """The ``maps`` input of ``vit_cli.report.write_parity_report``: image 0's attention [L, L] of one
+    block and head from each twin (``result`` from ``run_parity(keep_outputs=True)``).
+
+    Raises:
+        ValueError: block or head index out of range.
+    """
+    out_j, out_t = result.outputs["jax"], result.outputs["torch"]
+    blocks = sorted(k for k in out_t if k.startswith("attn") and k[4:].isdigit())
+    if not -len(blocks) <= layer < len(blocks):
+        raise ValueError(f"--layer {layer}: the model has blocks 0..{len(blocks) - 1}")
+    name = blocks[layer]
+    heads = out_t[name].shape[1]
+    if not 0 <= head < heads:
+        raise ValueError(f"--head {head}: the model has heads 0..{heads - 1}")
+    bound = next(r.twins.bound for r in result.rows if r.name == name)
+    return {"title": f"{name}, image 0, head {head}", "jax": out_j[name][0, head], "torch": out_t[name][0, head],
+            "bound": bound}
+
+
+def run(args: argparse.Namespace) -> int:
+    options = {"image_size": args.image_size} if args.image_size else {}
+    result = run_parity(
+        args.checkpoint, dtype=args.dtype, images=args.images, against=args.against,
+        keep_outputs=bool(args.report), **options
+    )
+    print(format_table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+    if args.report:
+        from vit_cli.report import write_parity_report
+
+        paths = write_parity_report(
+            args.report, [r.to_dict() for r in result.rows], report_maps(result, args.layer, args.head),
+            meta={"checkpoint": result.checkpoint, "format": result.format, "variant": result.variant,
+                  "dtype": result.dtype, "images": ", ".join(result.images)},
+        )
+        print(f"report: {paths['index']}")
+    return 0 if result.ok else 1

@@ -1,0 +1,397 @@
+"""Flax ``.npz`` checkpoints of the original ViT and of big_vision <-> the canonical state.
+
+Keys are flax parameter paths joined with '/'. What varies between files, and is detected per file:
+
+- prefix: none, ``opt/target/`` (flax.optim checkpoints of the original ViT; ``opt/state/...`` is optimizer
+  state), ``params/`` or ``params/img/`` (big_vision; the image tower of a two-tower model);
+- block counters: pre-linen global counters ``LayerNorm_0, MultiHeadDotProductAttention_1, LayerNorm_2,
+  MlpBlock_3`` (original ViT files) or linen per-type ones ``LayerNorm_0, MultiHeadDotProductAttention_0,
+  LayerNorm_1, MlpBlock_0`` (big_vision ``models/vit.py`` ``Encoder1DBlock``);
+- blocks ``Transformer/encoderblock_{i}/...`` or scan-stacked ``Transformer/encoderblock/...`` with a
+  leading layer axis (big_vision ``scan=True``);
+- position embedding ``Transformer/posembed_input/pos_embedding`` (original ViT: added after the class
+  token is prepended, so it has a class row), ``Transformer/pos_embedding`` (older big_vision) or
+  top-level ``pos_embedding`` (big_vision: added before, no class row; a class row is the old
+  "combined cls+posemb" form that big_vision's ``fix_old_checkpoints`` folds into ``cls``); absent
+  means ``sincos2d`` (computed, not stored);
+- pooling: ``cls`` -> class token; ``MAPHead_0/{probe, MultiHeadDotProductAttention_0, LayerNorm_0,
+  MlpBlock_0}`` -> MAP head; neither -> global average pooling (big_vision 'gap');
+- ``pre_logits`` (original ViT ``representation_size``, big_vision ``rep_size``; dense + tanh) and
+  ``head``. ImageNet-21k releases of the original ViT ship a 21,843-class head of zeros: it is dropped
+  (reported), since it would make every logit zero.
+
+Attention kernels are flax ``DenseGeneral``: query/key/value (D, N, D/N) and out (N, D/N, D); they map
+to timm's fused qkv (3D, D) and proj (D, D). GELU is flax's default tanh approximation and LayerNorm eps
+1e-6 (flax default); neither is stored.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vit_common.config import ViTConfig
+from vit_common.formats.base import (
+    Decoded,
+    FormatError,
+    Piece,
+    Rule,
+    build_config,
+    common_float_dtype,
+    conv_kernel,
+    copy,
+    from_canonical,
+    linear_kernel,
+    materialize_posemb,
+    posemb_layout,
+    positive_dims,
+    shape_fields,
+    stack_layers,
+    to_canonical,
+    unsupported,
+)
+
+PREFIXES = ("", "opt/target/", "params/", "params/img/")
+POSEMB_KEYS = ("pos_embedding", "Transformer/posembed_input/pos_embedding", "Transformer/pos_embedding")
+_COUNTERS = {  # block sub-module names: norm1, attention, norm2, mlp
+    "old": ("LayerNorm_0", "MultiHeadDotProductAttention_1", "LayerNorm_2", "MlpBlock_3"),
+    "new": ("LayerNorm_0", "MultiHeadDotProductAttention_0", "LayerNorm_1", "MlpBlock_0"),
+}
+_BLOCK = re.compile(r"^(.*Transformer/)encoderblock_(\d+)/(.*)$")
+_DROPPED_OUTSIDE = {
+    "opt/target/": "optimizer state, outside opt/target/",
+    "params/": "not a model parameter, outside params/",
+    "params/img/": "outside the image tower params/img/ (e.g. the text tower of a two-tower model)",
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where an .npz file puts things (see the module docstring)."""
+
+    prefix: str = ""
+    counters: str = "old"
+    posemb_key: str = "Transformer/posembed_input/pos_embedding"
+    scan: bool = False
+
+    def describe(self) -> str:
+        parts = [
+            f"prefix {self.prefix!r}" if self.prefix else "no prefix",
+            "scan-stacked blocks" if self.scan else "one entry per block",
+            f"{_COUNTERS[self.counters][1]} counters",
+            f"posemb at {self.posemb_key}",
+        ]
+        return ", ".join(parts)
+
+
+LAYOUTS = {
+    "original_vit": Layout("", "old", "Transformer/posembed_input/pos_embedding", False),
+    "big_vision": Layout("params/", "new", "pos_embedding", False),
+}
+
+
+def load_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file, read without pickle (what ``np.load(allow_pickle=False)`` guarantees)
+    and with every declared size checked first.
+
+    Each member's header is parsed and its declared byte size compared with the member's real size
+    before any array is allocated, so a corrupt header cannot ask for terabytes.
+
+    Raises:
+        FormatError: not a zip of .npy members, a pickled (object) array, or a corrupt member.
+    """
+    out = {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+                with zf.open(info) as fp:
+                    version = np.lib.format.read_magic(fp)
+                    if version not in ((1, 0), (2, 0)):
+                        raise FormatError(f"{path}: member {name!r} has .npy format version {version}")
+                    read_header = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
+                    shape, fortran, dtype = read_header(fp)
+                    if dtype.hasobject:
+                        raise FormatError(f"{path}: member {name!r} holds Python objects (pickle); refused")
+                    need, have = math.prod(shape) * dtype.itemsize, info.file_size - fp.tell()
+                    if need != have:
+                        raise FormatError(
+                            f"{path}: member {name!r} declares {shape} {dtype} ({need} bytes) "
+                            f"but holds {have} bytes: truncated or corrupt"
+                        )
+                    arr = np.empty(shape[::-1] if fortran else shape, dtype)
+                    if need and fp.readinto(memoryview(arr.reshape(-1).view(np.uint8))) != need:
+                        raise FormatError(f"{path}: member {name!r} is truncated")
+                out[name] = arr.T if fortran else arr
+    except FormatError:
+        raise
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        ValueError,
+        OSError,
+        EOFError,
+        KeyError,
+        NotImplementedError,
+        RuntimeError,
+    ) as e:
+        raise FormatError(f"{path}: not a readable .npz file ({type(e).__name__}: {e})") from e
+    return out
+
+
+def family_of(keys) -> str | None:
+    """'original_vit', 'big_vision' or None for the key names of an .npz file."""
+    keys = list(keys)
+    prefix = next((p for p in PREFIXES if p + "embedding/kernel" in keys), None)
+    if prefix is None:
+        return None
+    if any("MultiHeadDotProductAttention_1/" in k for k in keys if "encoderblock" in k):
+        return "original_vit"
+    return "big_vision"
+
+
+def _norm(src: str, dst: str, d: int) -> list[Rule]:
+    return [copy(f"{src}/scale", f"{dst}.weight", (d,)), copy(f"{src}/bias", f"{dst}.bias", (d,))]
+
+
+def _dense(src: str, dst: str, d_in: int, d_out: int) -> list[Rule]:
+    return [
+        linear_kernel(f"{src}/kernel", f"{dst}.weight", (d_out, d_in)),
+        copy(f"{src}/bias", f"{dst}.bias", (d_out,)),
+    ]
+
+
+def _heads(src: str, names: tuple[str, ...], dst: str, cfg: ViTConfig, bias: bool = True) -> list[Rule]:
+    """DenseGeneral q/k/v kernels (D, N, D/N) and biases (N, D/N), concatenated into one torch Linear."""
+    d, n, hd = cfg.width, cfg.num_heads, cfg.head_dim
+    r = [Rule(f"{dst}.weight", tuple(Piece(f"{src}/{m}/kernel", (d, n, hd), (d, d), (1, 0)) for m in names))]
+    if bias:
+        r.append(Rule(f"{dst}.bias", tuple(Piece(f"{src}/{m}/bias", (n, hd), (d,)) for m in names)))
+    return r
+
+
+def _attention_out(src: str, dst: str, cfg: ViTConfig) -> list[Rule]:
+    d, n, hd = cfg.width, cfg.num_heads, cfg.head_dim
+    return [
+        Rule(f"{dst}.weight", (Piece(f"{src}/out/kernel", (n, hd, d), (d, d), (1, 0)),)),
+        copy(f"{src}/out/bias", f"{dst}.bias", (d,)),
+    ]
+
+
+def rules(cfg: ViTConfig, layout: Layout) -> list[Rule]:
+    """File <-> canonical rules for ``cfg`` written in ``layout``."""
+    d, f, p = cfg.width, cfg.mlp_dim, layout.prefix
+    ph, pw = cfg.patch_size
+    ln1, mha, ln2, mlp = _COUNTERS[layout.counters]
+    r = [
+        conv_kernel(p + "embedding/kernel", "patch_embed.proj.weight", (d, cfg.in_chans, ph, pw)),
+        copy(p + "embedding/bias", "patch_embed.proj.bias", (d,)),
+    ]
+    if cfg.class_token:
+        r.append(copy(p + "cls", "cls_token", (1, 1, d)))
+    if cfg.posemb == "learn":
+        r.append(copy(p + layout.posemb_key, "pos_embed", (1, cfg.posemb_len, d)))
+    for i in range(cfg.depth):
+        b, t = f"{p}Transformer/encoderblock_{i}/", f"blocks.{i}."
+        r += _norm(b + ln1, t + "norm1", d)
+        r += _heads(b + mha, ("query", "key", "value"), t + "attn.qkv", cfg, cfg.qkv_bias)
+        r += _attention_out(b + mha, t + "attn.proj", cfg)
+        r += _norm(b + ln2, t + "norm2", d)
+        r += _dense(f"{b}{mlp}/Dense_0", t + "mlp.fc1", d, f) + _dense(f"{b}{mlp}/Dense_1", t + "mlp.fc2", f, d)
+    r += _norm(p + "Transformer/encoder_norm", "norm", d)
+    if cfg.pool == "map":
+        h = p + "MAPHead_0/"
+        r.append(copy(h + "probe", "attn_pool.latent", (1, 1, d)))
+        r += _heads(h + "MultiHeadDotProductAttention_0", ("query",), "attn_pool.q", cfg)
+        r += _heads(h + "MultiHeadDotProductAttention_0", ("key", "value"), "attn_pool.kv", cfg)
+        r += _attention_out(h + "MultiHeadDotProductAttention_0", "attn_pool.proj", cfg)
+        r += _norm(h + "LayerNorm_0", "attn_pool.norm", d)
+        r += _dense(h + "MlpBlock_0/Dense_0", "attn_pool.mlp.fc1", d, f)
+        r += _dense(h + "MlpBlock_0/Dense_1", "attn_pool.mlp.fc2", f, d)
+    if cfg.rep_size:
+        r += _dense(p + "pre_logits", "pre_logits.fc", d, cfg.rep_size)
+    if cfg.num_classes:
+        r += _dense(p + "head", "head", cfg.features_dim, cfg.num_classes)
+    if layout.scan:
+
+        def stacked(key: str):
+            m = _BLOCK.match(key)
+            return (f"{m.group(1)}encoderblock/{m.group(3)}", int(m.group(2))) if m else None
+
+        r = stack_layers(r, stacked)
+    return r
+
+
+def read(
+    tensors: Mapping[str, np.ndarray],
+    *,
+    source_image_size: tuple[int, int] | None = None,
+    overrides: Mapping[str, Any] = (),
+    context: str = ".npz file",
+    keep_zero_head: bool = False,
+) -> Decoded:
+    """Canonical state and inferred config of an original-ViT or big_vision .npz (as a dict).
+
+    An all-zero head is dropped (reported) unless ``keep_zero_head``: the ImageNet-21k releases of the
+    original ViT ship one, and it makes every logit zero.
+
+    Raises:
+        FormatError: not a ViT .npz, or an invalid inferred config.
+        StateMismatchError: tensors missing, unexpected or of the wrong shape (file names).
+    """
+    overrides = dict(overrides)
+    prefix = next((p for p in PREFIXES if p + "embedding/kernel" in tensors), None)
+    if prefix is None or np.ndim(tensors[prefix + "embedding/kernel"]) != 4:
+        raise FormatError(f"{context}: no 4-D embedding/kernel under any of the prefixes {PREFIXES}")
+    dropped = [(k, _DROPPED_OUTSIDE[prefix]) for k in tensors if not k.startswith(prefix)]
+    t = {k: v for k, v in tensors.items() if k.startswith(prefix)}
+    ph, pw, c, d = positive_dims(np.shape(t[prefix + "embedding/kernel"]), prefix + "embedding/kernel", context)
+    grid = (source_image_size[0] // ph, source_image_size[1] // pw) if source_image_size else None
+    tr = prefix + "Transformer/"
+    scan = tr + "encoderblock/LayerNorm_0/scale" in t
+    block0 = tr + ("encoderblock/" if scan else "encoderblock_0/")
+    counters = "old" if any(k.startswith(block0 + "MultiHeadDotProductAttention_1/") for k in t) else "new"
+    ln1, mha, ln2, mlp = _COUNTERS[counters]
+
+    def shape(key: str) -> tuple[int, ...]:  # per-layer shape of a block tensor
+        if key not in t:
+            raise FormatError(f"{context}: missing {key}")
+        s = np.shape(t[key])
+        return s[1:] if scan and key.startswith(block0) else s
+
+    if scan:
+        depth = np.shape(t[block0 + "LayerNorm_0/scale"])[0]
+    else:
+        depth = 0
+        while f"{tr}encoderblock_{depth}/LayerNorm_0/scale" in t:
+            depth += 1
+    if depth == 0:
+        raise FormatError(f"{context}: no {tr}encoderblock_0/ or scan-stacked {tr}encoderblock/ parameters")
+    q = shape(f"{block0}{mha}/query/kernel")
+    if len(q) != 3:
+        raise FormatError(f"{context}: {block0}{mha}/query/kernel has shape {q}, expected (D, N, D/N)")
+    f, inferred = shape_fields(
+        patch_size=(ph, pw),
+        in_chans=c,
+        width=d,
+        depth=depth,
+        num_heads=q[1],
+        mlp_dim=shape(f"{block0}{mlp}/Dense_0/kernel")[-1],
+        qkv_bias=f"{block0}{mha}/query/bias" in t,
+    )
+    f["class_token"] = prefix + "cls" in t
+    posemb_key = next((k for k in POSEMB_KEYS if prefix + k in t), None)
+    notes = []
+    if posemb_key is not None:
+        (gh, gw), f["posemb_prefix"] = posemb_layout(
+            np.shape(t[prefix + posemb_key])[1],
+            int(f["class_token"]),
+            grid,
+            f"{context}: {prefix + posemb_key}",
+        )
+        inferred["image_size"] = "pos_embedding rows x patch size" + (" (given size)" if grid else " (square)")
+    else:
+        f["posemb"], f["posemb_prefix"] = "sincos2d", False
+        gh, gw = grid or (224 // ph, 224 // pw)
+        inferred["posemb"] = "no pos_embedding stored: big_vision sincos2d"
+        inferred["image_size"] = "not stored (sincos2d); " + ("given" if grid else "224 assumed")
+    f["image_size"] = (gh * ph, gw * pw)
+    f["pool"] = "map" if prefix + "MAPHead_0/probe" in t else "token" if f["class_token"] else "gap"
+    inferred["pool"] = "MAPHead_0 -> map, cls -> token, else gap"
+    f["rep_size"] = np.shape(t[prefix + "pre_logits/kernel"])[-1] if prefix + "pre_logits/kernel" in t else 0
+    f["num_classes"] = np.shape(t[prefix + "head/kernel"])[-1] if prefix + "head/kernel" in t else 0
+    inferred["num_classes"] = "head shape"
+    if (
+        f["num_classes"]
+        and not keep_zero_head
+        and not any(
+            np.any(np.asarray(t[prefix + f"head/{w}"])) for w in ("kernel", "bias") if prefix + f"head/{w}" in t
+        )
+    ):
+        why = (
+            f"all zeros ({f['num_classes']}-class head zeroed in the release, e.g. ImageNet-21k ViT): "
+            "dropped; "
+            f"pass num_classes={f['num_classes']} to keep it"
+        )
+        dropped += [(prefix + f"head/{w}", why) for w in ("kernel", "bias") if prefix + f"head/{w}" in t]
+        t = {k: v for k, v in t.items() if not k.startswith(prefix + "head/")}
+        f["num_classes"] = 0
+    f["gelu"], f["ln_eps"] = "tanh", 1e-6
+    inferred["gelu"] = "format default: flax nn.gelu is the tanh approximation"
+    inferred["ln_eps"] = "format default: flax LayerNorm eps 1e-6"
+    f["posemb_resample"] = "bilinear_corners"
+    inferred["posemb_resample"] = "format default: big_vision / original ViT resample with scipy zoom order 1"
+    dt = common_float_dtype(t)
+    if dt in ("float32", "float64", "bfloat16", "float16"):
+        f["param_dtype"] = dt
+    cfg = build_config(f, inferred, overrides, context)
+    layout = Layout(prefix, counters, posemb_key or "pos_embedding", scan)
+    state = to_canonical(rules(cfg, layout), t, context)
+    return Decoded(cfg, state, layout.describe(), inferred, dropped, notes)
+
+
+def prepare(
+    cfg: ViTConfig, state: Mapping[str, np.ndarray], family: str
+) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
+    """Config and tensors as ``family`` ('original_vit' | 'big_vision') holds them.
+
+    The original ViT only has learned position embeddings with prefix rows (a table without them gets
+    a zero class row; sincos2d is written as a table). bfloat16 is written as float32 (exact): .npz has
+    no portable bfloat16.
+
+    Raises:
+        ValueError: names every choice the layout cannot hold.
+    """
+    unsupported(
+        family,
+        cfg,
+        {
+            f"reg_tokens={cfg.reg_tokens}": cfg.reg_tokens > 0,
+            "LayerScale": cfg.layer_scale is not None,
+            "qk_norm": cfg.qk_norm,
+            "fc_norm": cfg.fc_norm,
+            "posemb='none' (a file without position embedding reads as sincos2d)": cfg.posemb == "none",
+        },
+    )
+    notes = []
+    if cfg.num_classes and not any(np.any(np.asarray(state[k])) for k in ("head.weight", "head.bias")):
+        notes.append("the head is all zeros: readers drop it unless given num_classes (--num-classes)")
+    if family == "original_vit":
+        cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=True)
+    state = dict(state)
+    if any(np.asarray(v).dtype.name == "bfloat16" for v in state.values()):
+        state = {k: np.asarray(v).astype(np.float32) for k, v in state.items()}
+        cfg = cfg.replace(param_dtype="float32")
+        notes.append("bfloat16 tensors written as float32 (exact; .npz has no portable bfloat16)")
+    return cfg, state, notes
+
+
+def write(
+    cfg: ViTConfig,
+    state: Mapping[str, np.ndarray],
+    family: str,
+    *,
+    prefix: str | None = None,
+    scan: bool = False,
+) -> dict[str, np.ndarray]:
+    """File tensors of an already ``prepare``d state in ``family``'s layout.
+
+    ``prefix`` defaults to '' (original_vit) or 'params/' (big_vision); ``scan`` stacks the blocks.
+    """
+    base = LAYOUTS[family]
+    prefix = base.prefix if prefix is None else prefix
+    if prefix not in PREFIXES:
+        raise ValueError(f"prefix={prefix!r}: expected one of {PREFIXES}")
+    layout = Layout(prefix, base.counters, base.posemb_key, scan)
+    return from_canonical(rules(cfg, layout), state)
