@@ -38,13 +38,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="JSON lines file (default benchmarks/results/TIME-DEVICE-DTYPE.jsonl)")
     p.add_argument("--markdown", default=None, help="also write the markdown table to this file")
     p.add_argument("--readme", default=None, help="replace the benchmark block of this README with the table")
+    p.add_argument("--cpus", type=_csv, default=None,
+                   help="run on these CPU cores only, e.g. 0 (pins the process before JAX and PyTorch "
+                   "start their thread pools; on a shared machine one pinned core gives steadier ratios)")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of the table")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
     from benchmarks.contenders import CONTENDERS, check
     from vit_common.config import ViTConfig
+
+    if args.cpus:
+        if not all(c.isdigit() for c in args.cpus):
+            raise ValueError(f"--cpus={','.join(args.cpus)}: expected comma-separated core numbers")
+        try:
+            os.sched_setaffinity(0, {int(c) for c in args.cpus})
+        except OSError as e:
+            raise ValueError(f"--cpus={','.join(args.cpus)}: {e.strerror}") from None
 
     for mode in args.modes:
         check("vit_jax", mode)
