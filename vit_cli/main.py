@@ -18,6 +18,7 @@ COMMANDS = {
     "train": "vit_cli.train",
     "evaluate": "vit_cli.evaluate",
     "predict": "vit_cli.predict",
+    "bench": "vit_cli.bench",
 }
 
 

@@ -81,6 +81,21 @@ class PatchEmbed(nn.Module):
         return F.conv2d(x.to(cd), self.proj.weight.to(cd), self.proj.bias.to(cd), stride=self.proj.stride)
 
 
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, drop: nn.Module | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention written out: q [B, L, N, D/N], k and v [B, M, N, D/N] ->
+    (out [B, L, N, D/N] in q's dtype, probabilities [B, N, L, M] in at least float32).
+
+    Heads move in front of the tokens first, as in the JAX twin (where XLA needs that layout).
+    ``drop`` (attention dropout) applies to the probabilities used for ``out``, not the ones returned.
+    """
+    acc = _acc(q.dtype)
+    qh, kh, vh = (t.to(acc).transpose(1, 2) for t in (q, k, v))  # [B, N, L|M, D/N]
+    probs = (torch.einsum("bnlh,bnmh->bnlm", qh, kh) * scale).softmax(dim=-1)
+    out = torch.einsum("bnlm,bnmh->bnlh", probs if drop is None else drop(probs), vh)
+    return out.transpose(1, 2).to(q.dtype), probs
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with a fused qkv projection (rows [q; k; v], head-major).
 
@@ -114,10 +129,7 @@ class Attention(nn.Module):
             ).transpose(1, 2)
             probs = None
         else:
-            acc = _acc(x.dtype)
-            logits = torch.einsum("blnh,bmnh->bnlm", q.to(acc), k.to(acc)) * scale  # [B, N, L, L]
-            probs = logits.softmax(dim=-1)
-            out = torch.einsum("bnlm,bmnh->blnh", self.attn_drop(probs), v.to(acc)).to(x.dtype)
+            out, probs = _attend(q, k, v, scale, self.attn_drop)
         x = self.proj_drop(self.proj(out.reshape(b, l, d)))  # [B, L, N, D/N] -> [B, L, D]
         return x, probs
 
@@ -216,10 +228,7 @@ class MAPHead(nn.Module):
             ).transpose(1, 2)
             probs = None
         else:
-            acc = _acc(x.dtype)
-            logits = torch.einsum("bqnh,bmnh->bnqm", q.to(acc), k.to(acc)) * hd**-0.5  # [B, N, 1, L]
-            probs = logits.softmax(dim=-1)
-            out = torch.einsum("bnqm,bmnh->bqnh", probs, v.to(acc)).to(x.dtype)
+            out, probs = _attend(q, k, v, hd**-0.5)  # probs [B, N, 1, L]
         x = self.proj(out.reshape(b, 1, d))
         x = x + self.mlp(self.norm(x))
         return x[:, 0], probs

@@ -1,0 +1,212 @@
+"""The timed contenders: one inference call or one training step of a model, ready to repeat.
+
+A contender name is one of ``CONTENDERS``; ``vit_jax@xla`` / ``vit_jax@cudnn`` pick the JAX attention
+backend (``cfg.attn_backend``). Each builder returns a ``Contender`` whose ``run(n)`` performs n calls
+and then waits for the device (``block_until_ready`` / ``torch.cuda.synchronize``), so wall time
+around it is the time of the work.
+
+Modes: 'infer' is a forward pass without gradients (eval mode); 'train' is forward, cross-entropy
+loss, backward and an AdamW update (lr 1e-3, weight decay 0.05, the other AdamW constants at the
+shared defaults of optax and torch), with the model in training mode.
+
+Dtypes: 'float32' everywhere. 'bfloat16' (or 'float16'): inference stores the parameters in that
+dtype too; training keeps float32 parameters and computes in the low dtype (the twins through
+``cfg.dtype``, timm and HF through ``torch.autocast``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from vit_common.config import ViTConfig
+from vit_common.state import canonical_shapes
+
+CONTENDERS = ("vit_jax", "vit_torch", "vit_torch_compile", "timm", "hf")
+MODES = ("infer", "train")
+LR, WEIGHT_DECAY = 1e-3, 0.05
+
+
+@dataclass
+class Contender:
+    """``run(n)`` performs n calls and syncs; ``memory`` is peak/footprint bytes where reported."""
+
+    name: str
+    framework: str  # 'jax' | 'torch'
+    run: Callable[[int], None]
+    memory_bytes: int | None = None
+    memory_kind: str | None = None  # how memory_bytes was obtained
+
+
+def model_config(cfg: ViTConfig, mode: str, dtype: str) -> ViTConfig:
+    """The twins' config for a benchmark: compute dtype, and parameter dtype by the rule above."""
+    low = dtype != "float32"
+    return cfg.replace(dtype=dtype, param_dtype=dtype if (low and mode == "infer") else "float32")
+
+
+def random_state(cfg: ViTConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Canonical float32 weights for timing: normal(0, 0.02), LayerNorm weights 1.
+
+    Drawn in numpy, so neither twin compiles its random initialisers (tens of seconds of XLA
+    compilation on a small CPU); the values do not change the work.
+    """
+    rng = np.random.default_rng(seed)
+    return {name: np.ones(shape, np.float32) if "norm" in name and name.endswith(".weight")
+            else rng.normal(0.0, 0.02, shape).astype(np.float32)
+            for name, shape in canonical_shapes(cfg).items()}
+
+
+def inputs(cfg: ViTConfig, batch: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """The same standard-normal images [B, C, H, W] (float32) and integer labels [B] for every contender."""
+    rng = np.random.default_rng(seed)
+    images = rng.standard_normal((batch, cfg.in_chans, *cfg.image_size), np.float32)
+    return images, rng.integers(0, max(cfg.num_classes, 1), batch)
+
+
+def check(name: str, mode: str) -> None:
+    """Raise ValueError naming ``name`` or ``mode`` if it is not a known contender or mode."""
+    base, _, backend = name.partition("@")
+    if base not in CONTENDERS or (backend and (base != "vit_jax" or backend not in ("xla", "cudnn"))):
+        raise ValueError(f"contender {name!r}: expected one of {CONTENDERS}, or vit_jax@xla, vit_jax@cudnn")
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: expected one of {MODES}")
+
+
+def build(name: str, cfg: ViTConfig, mode: str, batch: int, dtype: str) -> Contender:
+    """Build contender ``name`` (see module doc) for ``mode`` at ``batch`` images and ``dtype``.
+
+    Raises:
+        ValueError: unknown contender or mode, or a config the peer cannot express.
+    """
+    check(name, mode)
+    base, _, backend = name.partition("@")
+    if base == "vit_jax":
+        return _jax(name, model_config(cfg, mode, dtype).replace(attn_backend=backend or None), mode, batch)
+    return _torch(name, base, cfg, mode, batch, dtype)
+
+
+def _jax(name: str, cfg: ViTConfig, mode: str, batch: int) -> Contender:
+    import jax
+    import optax
+    from flax import nnx
+
+    from vit_jax.weights import from_numpy
+
+    model = from_numpy(cfg, random_state(cfg))
+    images, labels = inputs(cfg, batch)
+    x = jax.device_put(images.transpose(0, 2, 3, 1).astype(cfg.dtype))  # [B, H, W, C]
+    y = jax.device_put(labels)
+    if mode == "infer":
+        model.eval()
+        graphdef, state = nnx.split(model)
+        fwd = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x))
+        compiled = fwd.lower(state, x).compile()
+
+        def run(n: int) -> None:
+            for _ in range(n):
+                out = compiled(state, x)
+            out.block_until_ready()
+    else:
+        model.train()
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
+
+        def loss_fn(params, x, y):
+            logits = nnx.merge(graphdef, params, rest)(x).astype("float32")
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+        @functools.partial(jax.jit, donate_argnums=(0, 1))
+        def step(params, opt_state, x, y):
+            loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, loss
+
+        carry = [params, tx.init(params)]
+        compiled = step.lower(*carry, x, y).compile()
+
+        def run(n: int) -> None:
+            for _ in range(n):
+                carry[0], carry[1], loss = compiled(*carry, x, y)
+            loss.block_until_ready()
+    mem = compiled.memory_analysis()
+    footprint = None if mem is None else (mem.argument_size_in_bytes + mem.output_size_in_bytes
+                                          - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
+    return Contender(name, "jax", run, footprint, "xla memory_analysis (arguments + outputs + temps)")
+
+
+def _torch_model(base: str, cfg: ViTConfig, mode: str, dtype: str):
+    """The torch module for contender ``base`` and whether it needs autocast for ``dtype``."""
+    import torch
+
+    from benchmarks.peers import peer_config
+
+    if base in ("vit_torch", "vit_torch_compile"):
+        from vit_torch.weights import from_numpy
+
+        twin_cfg = model_config(cfg, mode, dtype)
+        return from_numpy(twin_cfg, random_state(twin_cfg)), False
+    param_dtype = torch.float32 if mode == "train" else getattr(torch, dtype)
+    if base == "timm":
+        from timm.models.vision_transformer import VisionTransformer
+
+        model = VisionTransformer(**peer_config(cfg, "timm"))
+    else:
+        import transformers
+
+        model = transformers.ViTForImageClassification(transformers.ViTConfig(**peer_config(cfg, "hf")))
+    return model.to(param_dtype), mode == "train" and dtype != "float32"
+
+
+def _torch(name: str, base: str, cfg: ViTConfig, mode: str, batch: int, dtype: str) -> Contender:
+    import contextlib
+
+    import torch
+    import torch.nn.functional as F
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base_bytes = torch.cuda.memory_allocated()
+    model, autocast = _torch_model(base, cfg, mode, dtype)
+    model = model.to(device).train(mode == "train")
+    images, labels = inputs(cfg, batch)
+    x_dtype = torch.float32 if mode == "train" else getattr(torch, dtype)
+    x = torch.from_numpy(images).to(device, x_dtype)  # [B, C, H, W]
+    y = torch.from_numpy(labels).to(device)
+    hf = base == "hf"
+    forward = torch.compile(model) if base == "vit_torch_compile" else model
+    amp = (torch.autocast(device.type, dtype=getattr(torch, dtype)) if autocast
+           else contextlib.nullcontext())
+
+    def logits() -> torch.Tensor:
+        with amp:
+            out = forward(pixel_values=x) if hf else forward(x)
+        return out.logits if hf else out
+
+    if mode == "infer":
+        def call() -> None:
+            with torch.inference_mode():
+                logits()
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=True)
+
+        def call() -> None:
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(logits().float(), y).backward()
+            opt.step()
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            call()
+        if cuda:
+            torch.cuda.synchronize()
+
+    run(1)  # first call: compile (torch.compile), allocate optimizer state; measured for memory
+    mem = torch.cuda.max_memory_allocated() - base_bytes if cuda else None
+    return Contender(name, "torch", run, mem, "torch.cuda.max_memory_allocated (model, state, step)"
+                     if cuda else None)

@@ -1,0 +1,149 @@
+"""The benchmark harness on a tiny config: it runs, every record has every field with consistent
+values, and the FLOPs formula matches XLA's count of the jitted forward."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+from jax.extend import core as jax_core
+
+from benchmarks import harness, report
+from benchmarks.peers import peer_config
+from vit_cli.main import main
+from vit_common.config import ViTConfig
+from vit_jax.model import VisionTransformer
+
+FIELDS = {
+    "schema", "time", "machine", "versions", "variant", "config", "mode", "dtype", "batch", "warmup",
+    "repeats", "iters", "contender", "kind", "framework", "error", "setup_s", "memory_bytes", "memory_kind",
+    "times_s", "median_s", "min_s", "max_s", "p25_s", "p75_s", "spread", "flops_per_image", "flops_per_step",
+    "flops_per_s", "matmul_n", "matmul_flops_per_s", "mfu_matmul", "peak_flops_per_s", "mfu_datasheet",
+    "images_per_s", "rel_speed", "speed_vs", "load_avg_end",
+}
+CONTENDERS = ["vit_jax", "vit_torch", "timm", "hf"]
+
+
+def test_vit_bench_runs_and_records_every_field(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\n{report.README_START}\nold table\n{report.README_END}\nafter\n")
+    out, md = tmp_path / "bench.jsonl", tmp_path / "table.md"
+    rc = main(["bench", "--variants", "mu/8", "--image-size", "32", "--batch", "2", "--contenders",
+               ",".join(CONTENDERS), "--repeats", "3", "--warmup", "0", "--matmul-n", "64", "--out", str(out),
+               "--markdown", str(md), "--readme", str(readme)])
+    assert rc == 0
+    records = report.read_jsonl(out)
+    assert assert_fields(records) == harness.RECORD_FIELDS.keys() == FIELDS
+    assert [(r["mode"], r["contender"]) for r in records] == [
+        (m, c) for m in ("infer", "train") for c in CONTENDERS + ["matmul_jax", "matmul_torch"]]
+    cfg = ViTConfig.from_name("mu/8", image_size=32)
+    for r in records:
+        assert r["error"] is None and r["variant"] == "mu/8" and r["config"] == cfg.to_dict()
+        assert len(r["times_s"]) == 3 and r["min_s"] <= r["median_s"] <= r["max_s"]
+        assert r["mfu_matmul"] == pytest.approx(r["flops_per_s"] / r["matmul_flops_per_s"])
+        assert r["flops_per_s"] == pytest.approx(r["flops_per_step"] / r["median_s"])
+        if r["kind"] == "matmul":
+            assert r["flops_per_step"] == 2 * 64**3 and r["matmul_n"] == 64
+            continue
+        assert r["flops_per_step"] == cfg.flops() * 2 * (3 if r["mode"] == "train" else 1)
+        assert r["images_per_s"] == pytest.approx(2 / r["median_s"])
+        assert set(r["speed_vs"]) == set(CONTENDERS) - {r["contender"]}
+    for mode in ("infer", "train"):
+        group = {r["contender"]: r for r in records if r["mode"] == mode and r["kind"] == "model"}
+        assert max(r["rel_speed"] for r in group.values()) == 1.0
+        ratio = group["vit_jax"]["speed_vs"]["timm"] * group["timm"]["speed_vs"]["vit_jax"]
+        assert ratio == pytest.approx(1.0)
+        assert group["vit_jax"]["memory_bytes"] > 0
+    table = md.read_text()
+    assert table.count("| mu/8 |") == 2 and all(f"`{c}`" in table for c in CONTENDERS)
+    text = readme.read_text()
+    assert "old table" not in text and table in text and text.endswith(f"{report.README_END}\nafter\n")
+
+
+def assert_fields(records: list[dict]) -> set[str]:
+    """The one key set shared by every record, with finite positive numbers where they apply."""
+    keys = {frozenset(r) for r in records}
+    assert len(keys) == 1
+    for r in records:
+        for k in ("median_s", "flops_per_s", "matmul_flops_per_s", "mfu_matmul"):
+            assert math.isfinite(r[k]) and r[k] > 0
+    return set(next(iter(keys)))
+
+
+def test_failed_contender_is_reported_and_the_others_run():
+    cfg = ViTConfig(image_size=32, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10,
+                    pool="gap", class_token=False)
+    records = harness.run_group(cfg, "gap", "infer", 2, "float32", ["hf", "timm"], warmup=0, repeats=2,
+                                iters=1, matmul_n=32, context=harness.default_context())
+    by = {r["contender"]: r for r in records}
+    assert by["hf"]["error"] == "ValueError: hf cannot express pool='gap'"
+    assert by["hf"]["median_s"] is None and by["timm"]["error"] is None and by["timm"]["rel_speed"] == 1.0
+
+
+def test_bad_contender_is_usage_error(capsys):
+    assert main(["bench", "--contenders", "vit_jax,tensorflow"]) == 2
+    assert "tensorflow" in capsys.readouterr().err
+
+
+def test_update_readme_needs_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# no markers\n")
+    with pytest.raises(ValueError, match="benchmarks:start"):
+        report.update_readme(readme, "| table |\n")
+    assert readme.read_text() == "# no markers\n"
+
+
+def test_peer_configs_build_the_same_model():
+    """timm and HF built from peer_config have the golden Ti/16 parameter count (5,717,416)."""
+    import timm.models.vision_transformer as timm_vit
+    import transformers
+
+    cfg = ViTConfig.from_name("Ti/16")
+    models = [timm_vit.VisionTransformer(**peer_config(cfg, "timm")),
+              transformers.ViTForImageClassification(transformers.ViTConfig(**peer_config(cfg, "hf")))]
+    assert [sum(p.numel() for p in m.parameters()) for m in models] == [5_717_416] * 2
+
+
+def xla_matmul_flops(closed: jax_core.ClosedJaxpr) -> float:
+    """XLA's cost-analysis FLOPs of every dot_general and convolution in a jaxpr (sub-jaxprs included)."""
+    total = 0.0
+    for eqn in closed.jaxpr.eqns:
+        if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
+            args = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars]
+            cost = jax.jit(lambda *a, e=eqn: e.primitive.bind(*a, **e.params)).lower(*args).cost_analysis()
+            total += (cost[0] if isinstance(cost, list) else cost)["flops"]
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                if isinstance(sub, jax_core.ClosedJaxpr):
+                    total += xla_matmul_flops(sub)
+                elif isinstance(sub, jax_core.Jaxpr):
+                    total += xla_matmul_flops(jax_core.ClosedJaxpr(sub, ()))
+    return total
+
+
+TINY = dict(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"attn_impl": "explicit", "pool": "gap"},
+    {"image_size": (32, 48), "pool": "map", "class_token": False, "reg_tokens": 2},
+    {"pool": "none", "rep_size": 16},
+    {"num_classes": 0, "patch_size": 4},
+], ids=["token", "explicit-gap", "map-reg-nonsquare", "none-prelogits", "backbone-p4"])
+def test_flops_formula_matches_xla_cost_analysis(overrides):
+    """ViTConfig.flops() (matmuls and convolutions) = XLA's count of those ops in the jitted forward.
+
+    XLA's whole-program count also has the elementwise work (LayerNorm, GELU, softmax), which the
+    formula leaves out by convention; so the comparison is over the ops the formula claims to count.
+    """
+    cfg = ViTConfig(**{**TINY, **overrides})
+    model = nnx.eval_shape(lambda: VisionTransformer(cfg, rngs=nnx.Rngs(0)))
+    model.eval()
+    graphdef, state = nnx.split(model)
+    images = jax.ShapeDtypeStruct((3, *cfg.image_size, cfg.in_chans), jnp.float32)
+    jaxpr = jax.make_jaxpr(lambda s, x: nnx.merge(graphdef, s)(x))(state, images)
+    assert xla_matmul_flops(jaxpr) == pytest.approx(3 * cfg.flops(), rel=0.02)
