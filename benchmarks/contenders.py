@@ -54,9 +54,12 @@ def random_state(cfg: ViTConfig, seed: int = 0) -> dict[str, np.ndarray]:
     compilation on a small CPU); the values do not change the work.
     """
     rng = np.random.default_rng(seed)
-    return {name: np.ones(shape, np.float32) if "norm" in name and name.endswith(".weight")
-            else rng.normal(0.0, 0.02, shape).astype(np.float32)
-            for name, shape in canonical_shapes(cfg).items()}
+    return {
+        name: np.ones(shape, np.float32)
+        if "norm" in name and name.endswith(".weight")
+        else rng.normal(0.0, 0.02, shape).astype(np.float32)
+        for name, shape in canonical_shapes(cfg).items()
+    }
 
 
 def inputs(cfg: ViTConfig, batch: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -131,9 +134,13 @@ def _jax(name: str, cfg: ViTConfig, mode: str, batch: int) -> Contender:
             for _ in range(n):
                 carry[0], carry[1], loss = compiled(*carry, x, y)
             loss.block_until_ready()
+
     mem = compiled.memory_analysis()
-    footprint = None if mem is None else (mem.argument_size_in_bytes + mem.output_size_in_bytes
-                                          - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
+    footprint = (
+        None
+        if mem is None
+        else (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
+    )
     return Contender(name, "jax", run, footprint, "xla memory_analysis (arguments + outputs + temps)")
 
 
@@ -180,8 +187,7 @@ def _torch(name: str, base: str, cfg: ViTConfig, mode: str, batch: int, dtype: s
     y = torch.from_numpy(labels).to(device)
     hf = base == "hf"
     forward = torch.compile(model) if base == "vit_torch_compile" else model
-    amp = (torch.autocast(device.type, dtype=getattr(torch, dtype)) if autocast
-           else contextlib.nullcontext())
+    amp = torch.autocast(device.type, dtype=getattr(torch, dtype)) if autocast else contextlib.nullcontext()
 
     def logits() -> torch.Tensor:
         with amp:
@@ -189,6 +195,7 @@ def _torch(name: str, base: str, cfg: ViTConfig, mode: str, batch: int, dtype: s
         return out.logits if hf else out
 
     if mode == "infer":
+
         def call() -> None:
             with torch.inference_mode():
                 logits()
@@ -208,5 +215,4 @@ def _torch(name: str, base: str, cfg: ViTConfig, mode: str, batch: int, dtype: s
 
     run(1)  # first call: compile (torch.compile), allocate optimizer state; measured for memory
     mem = torch.cuda.max_memory_allocated() - base_bytes if cuda else None
-    return Contender(name, "torch", run, mem, "torch.cuda.max_memory_allocated (model, state, step)"
-                     if cuda else None)
+    return Contender(name, "torch", run, mem, "torch.cuda.max_memory_allocated (model, state, step)" if cuda else None)

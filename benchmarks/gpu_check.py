@@ -23,8 +23,16 @@ from dataclasses import asdict
 import numpy as np
 
 # (variant, mode, batch), most important first: the B/16 targets, then the largest and smallest.
-GROUPS = [("B/16", "infer", 256), ("B/16", "train", 256), ("L/16", "infer", 256), ("L/16", "train", 128),
-          ("S/16", "infer", 256), ("S/16", "train", 256), ("Ti/16", "infer", 256), ("Ti/16", "train", 256)]
+GROUPS = [
+    ("B/16", "infer", 256),
+    ("B/16", "train", 256),
+    ("L/16", "infer", 256),
+    ("L/16", "train", 128),
+    ("S/16", "infer", 256),
+    ("S/16", "train", 256),
+    ("Ti/16", "infer", 256),
+    ("Ti/16", "train", 256),
+]
 CONTENDERS = ["vit_jax@xla", "vit_jax@cudnn", "vit_torch", "timm", "hf"]
 
 
@@ -81,13 +89,18 @@ def parity(context: dict, variant: str) -> dict:
     ref64 = run_torch(cfg.replace(dtype="float64", param_dtype="float64"))
     bf16_cfg = cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
     result = {
-        **context, "variant": variant, "batch": 2,
+        **context,
+        "variant": variant,
+        "batch": 2,
         "float32_jax_vs_torch": f32,
         "bfloat16_jax_vs_float64": compare_all(run_jax(bf16_cfg), ref64, "bfloat16"),
         "bfloat16_torch_vs_float64": compare_all(run_torch(bf16_cfg), ref64, "bfloat16"),
     }
-    result["ok"] = all(r["ok"] for key in ("float32_jax_vs_torch", "bfloat16_jax_vs_float64",
-                                          "bfloat16_torch_vs_float64") for r in result[key])
+    result["ok"] = all(
+        r["ok"]
+        for key in ("float32_jax_vs_torch", "bfloat16_jax_vs_float64", "bfloat16_torch_vs_float64")
+        for r in result[key]
+    )
     return result
 
 
@@ -95,8 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"), help="output folder ($OUT)")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting groups after this (s)")
-    p.add_argument("--smoke", action="store_true",
-                   help="check the script itself: variant mu/16, batch 2, one group per mode, any device")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="check the script itself: variant mu/16, batch 2, one group per mode, any device",
+    )
     args = p.parse_args(argv)
     groups = [("mu/16", m, 2) for m in ("infer", "train")] if args.smoke else GROUPS
     t_start = time.perf_counter()
@@ -120,9 +136,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"budget spent, skipping {variant} {mode}", flush=True)
             continue
         t0 = time.perf_counter()
-        group = harness.run_group(ViTConfig.from_name(variant), variant, mode, batch, "bfloat16", CONTENDERS,
-                                  warmup=1, repeats=5, iters=10, matmul_n=256 if args.smoke else 8192,
-                                  context=context)
+        group = harness.run_group(
+            ViTConfig.from_name(variant),
+            variant,
+            mode,
+            batch,
+            "bfloat16",
+            CONTENDERS,
+            warmup=1,
+            repeats=5,
+            iters=10,
+            matmul_n=256 if args.smoke else 8192,
+            context=context,
+        )
         records += group
         with open(os.path.join(args.out, "throughput.jsonl"), "a") as f:  # append: a cut-off run keeps it
             f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in group)

@@ -55,8 +55,12 @@ RECORD_FIELDS: dict[str, str] = {
     "memory_bytes": "framework-reported memory (see memory_kind); None where not reported",
     "memory_kind": "how memory_bytes was obtained",
     "times_s": "seconds per call, each timed run",
-    "median_s": "median of times_s", "min_s": "fastest run", "max_s": "slowest run",
-    "p25_s": "25th percentile", "p75_s": "75th percentile", "spread": "(p75 - p25) / median",
+    "median_s": "median of times_s",
+    "min_s": "fastest run",
+    "max_s": "slowest run",
+    "p25_s": "25th percentile",
+    "p75_s": "75th percentile",
+    "spread": "(p75 - p25) / median",
     "flops_per_image": "ViTConfig.flops(): forward FLOPs per image",
     "flops_per_step": "forward FLOPs x batch (x3 for training); 2 n^3 for a matmul",
     "flops_per_s": "flops_per_step / median_s",
@@ -140,8 +144,9 @@ def matmul_contenders(n: int, dtype: str) -> list[Contender]:
     return [Contender("matmul_jax", "jax", run_jax), Contender("matmul_torch", "torch", run_torch)]
 
 
-def interleave(contenders: Sequence[Contender], *, warmup: int, repeats: int, iters: int,
-               tick: Callable[[], None] = lambda: None) -> dict[str, list[float]]:
+def interleave(
+    contenders: Sequence[Contender], *, warmup: int, repeats: int, iters: int, tick: Callable[[], None] = lambda: None
+) -> dict[str, list[float]]:
     """Seconds per call of each contender: ``warmup`` untimed rounds, then ``repeats`` timed rounds.
 
     Each round runs every contender once in a fixed order (A B C A B C ...), so that drift in the
@@ -163,13 +168,32 @@ def summarize(times: Sequence[float]) -> dict:
     """Median, extremes, quartiles (seconds) and spread = interquartile range / median."""
     t = np.asarray(times, np.float64)
     p25, med, p75 = np.percentile(t, [25, 50, 75])
-    return {"median_s": float(med), "min_s": float(t.min()), "max_s": float(t.max()), "p25_s": float(p25),
-            "p75_s": float(p75), "spread": float((p75 - p25) / med), "times_s": [float(v) for v in t]}
+    return {
+        "median_s": float(med),
+        "min_s": float(t.min()),
+        "max_s": float(t.max()),
+        "p25_s": float(p25),
+        "p75_s": float(p75),
+        "spread": float((p75 - p25) / med),
+        "times_s": [float(v) for v in t],
+    }
 
 
-def run_group(cfg: ViTConfig, variant: str, mode: str, batch: int, dtype: str, names: Sequence[str], *,
-              warmup: int, repeats: int, iters: int, matmul_n: int, context: dict,
-              tick: Callable[[], None] = lambda: None) -> list[dict]:
+def run_group(
+    cfg: ViTConfig,
+    variant: str,
+    mode: str,
+    batch: int,
+    dtype: str,
+    names: Sequence[str],
+    *,
+    warmup: int,
+    repeats: int,
+    iters: int,
+    matmul_n: int,
+    context: dict,
+    tick: Callable[[], None] = lambda: None,
+) -> list[dict]:
     """Benchmark ``names`` on one (variant, mode); one record (``RECORD_FIELDS``) per contender and matmul.
 
     A contender that fails to build (e.g. torch.compile without a compiler) gets a record with
@@ -181,9 +205,22 @@ def run_group(cfg: ViTConfig, variant: str, mode: str, batch: int, dtype: str, n
     for name in names:
         check(name, mode)
     flops_step = cfg.flops() * batch * (TRAIN_FLOPS_FACTOR if mode == "train" else 1)
-    base = dict.fromkeys(RECORD_FIELDS) | context | {
-        "schema": SCHEMA, "variant": variant, "mode": mode, "dtype": dtype, "batch": batch, "warmup": warmup,
-        "repeats": repeats, "iters": iters, "flops_per_image": cfg.flops(), "config": cfg.to_dict()}
+    base = (
+        dict.fromkeys(RECORD_FIELDS)
+        | context
+        | {
+            "schema": SCHEMA,
+            "variant": variant,
+            "mode": mode,
+            "dtype": dtype,
+            "batch": batch,
+            "warmup": warmup,
+            "repeats": repeats,
+            "iters": iters,
+            "flops_per_image": cfg.flops(),
+            "config": cfg.to_dict(),
+        }
+    )
     records: dict[str, dict] = {}
     built: list[Contender] = []
     for name in names:
@@ -194,12 +231,21 @@ def run_group(cfg: ViTConfig, variant: str, mode: str, batch: int, dtype: str, n
         except Exception as e:  # noqa: BLE001 -- a peer that cannot build is reported, not fatal
             rec["error"] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
             continue
-        rec.update(framework=c.framework, setup_s=time.perf_counter() - t0, memory_bytes=c.memory_bytes,
-                   memory_kind=c.memory_kind)
+        rec.update(
+            framework=c.framework,
+            setup_s=time.perf_counter() - t0,
+            memory_bytes=c.memory_bytes,
+            memory_kind=c.memory_kind,
+        )
         built.append(c)
     for c in matmul_contenders(matmul_n, dtype):
-        records[c.name] = base | {"contender": c.name, "kind": "matmul", "framework": c.framework,
-                                  "flops_per_step": 2 * matmul_n**3, "matmul_n": matmul_n}
+        records[c.name] = base | {
+            "contender": c.name,
+            "kind": "matmul",
+            "framework": c.framework,
+            "flops_per_step": 2 * matmul_n**3,
+            "matmul_n": matmul_n,
+        }
         built.append(c)
     for name, t in interleave(built, warmup=warmup, repeats=repeats, iters=iters, tick=tick).items():
         records[name].update(summarize(t))
@@ -209,16 +255,26 @@ def run_group(cfg: ViTConfig, variant: str, mode: str, batch: int, dtype: str, n
     models = {r["contender"]: r["median_s"] for r in timed if r["kind"] == "model"}
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     for r in timed:
-        r.update(flops_per_s=r["flops_per_step"] / r["median_s"], matmul_flops_per_s=ref,
-                 peak_flops_per_s=peak, load_avg_end=load)
+        r.update(
+            flops_per_s=r["flops_per_step"] / r["median_s"],
+            matmul_flops_per_s=ref,
+            peak_flops_per_s=peak,
+            load_avg_end=load,
+        )
         r.update(mfu_matmul=r["flops_per_s"] / ref, mfu_datasheet=r["flops_per_s"] / peak if peak else None)
         if r["kind"] == "model":
-            r.update(images_per_s=batch / r["median_s"], rel_speed=min(models.values()) / r["median_s"],
-                     speed_vs={o: t / r["median_s"] for o, t in models.items() if o != r["contender"]})
+            r.update(
+                images_per_s=batch / r["median_s"],
+                rel_speed=min(models.values()) / r["median_s"],
+                speed_vs={o: t / r["median_s"] for o, t in models.items() if o != r["contender"]},
+            )
     return list(records.values())
 
 
 def default_context() -> dict:
     """Fields shared by every record of a run: time, machine, versions."""
-    return {"time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "machine": machine(), "versions": versions()}
+    return {
+        "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "versions": versions(),
+    }

@@ -25,39 +25,67 @@ def peer_config(cfg: ViTConfig, library: str) -> dict[str, Any]:
     import torch
 
     unsupported = {
-        "rep_size": cfg.rep_size, "posemb": cfg.posemb == "sincos2d",
-        "dynamic_img_size": cfg.dynamic_img_size, "dynamic_img_pad": cfg.dynamic_img_pad,
+        "rep_size": cfg.rep_size,
+        "posemb": cfg.posemb == "sincos2d",
+        "dynamic_img_size": cfg.dynamic_img_size,
+        "dynamic_img_pad": cfg.dynamic_img_pad,
     }
     if library == "hf":  # ViTForImageClassification: class token, learned pos_embed with a class row
         unsupported |= {
-            "qk_norm": cfg.qk_norm, "layer_scale": cfg.layer_scale is not None, "fc_norm": cfg.fc_norm,
-            "reg_tokens": cfg.reg_tokens, "drop_path": cfg.drop_path, "pool": cfg.pool != "token",
-            "posemb": cfg.posemb != "learn", "posemb_prefix": not cfg.posemb_prefix,
+            "qk_norm": cfg.qk_norm,
+            "layer_scale": cfg.layer_scale is not None,
+            "fc_norm": cfg.fc_norm,
+            "reg_tokens": cfg.reg_tokens,
+            "drop_path": cfg.drop_path,
+            "pool": cfg.pool != "token",
+            "posemb": cfg.posemb != "learn",
+            "posemb_prefix": not cfg.posemb_prefix,
         }
     if any(unsupported.values()):
         bad = ", ".join(f"{k}={getattr(cfg, k)!r}" for k, v in unsupported.items() if v)
         raise ValueError(f"{library} cannot express {bad}")
     if library == "timm":
         return dict(
-            img_size=cfg.image_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans,
-            num_classes=cfg.num_classes, embed_dim=cfg.width, depth=cfg.depth, num_heads=cfg.num_heads,
-            mlp_ratio=cfg.mlp_dim / cfg.width, qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm,
-            init_values=cfg.layer_scale, class_token=cfg.class_token, reg_tokens=cfg.reg_tokens,
+            img_size=cfg.image_size,
+            patch_size=cfg.patch_size,
+            in_chans=cfg.in_chans,
+            num_classes=cfg.num_classes,
+            embed_dim=cfg.width,
+            depth=cfg.depth,
+            num_heads=cfg.num_heads,
+            mlp_ratio=cfg.mlp_dim / cfg.width,
+            qkv_bias=cfg.qkv_bias,
+            qk_norm=cfg.qk_norm,
+            init_values=cfg.layer_scale,
+            class_token=cfg.class_token,
+            reg_tokens=cfg.reg_tokens,
             global_pool={"token": "token", "gap": "avg", "map": "map", "none": ""}[cfg.pool],
-            pos_embed="learn" if cfg.posemb == "learn" else "none", no_embed_class=not cfg.posemb_prefix,
-            fc_norm=cfg.fc_norm, drop_rate=cfg.dropout, proj_drop_rate=cfg.dropout,
-            pos_drop_rate=cfg.dropout, attn_drop_rate=cfg.attn_dropout, drop_path_rate=cfg.drop_path,
+            pos_embed="learn" if cfg.posemb == "learn" else "none",
+            no_embed_class=not cfg.posemb_prefix,
+            fc_norm=cfg.fc_norm,
+            drop_rate=cfg.dropout,
+            proj_drop_rate=cfg.dropout,
+            pos_drop_rate=cfg.dropout,
+            attn_drop_rate=cfg.attn_dropout,
+            drop_path_rate=cfg.drop_path,
             norm_layer=functools.partial(torch.nn.LayerNorm, eps=cfg.ln_eps),
             act_layer=functools.partial(torch.nn.GELU, approximate="tanh" if cfg.gelu == "tanh" else "none"),
         )
     if library == "hf":
         return dict(
-            image_size=list(cfg.image_size), patch_size=list(cfg.patch_size),
-            num_channels=cfg.in_chans, num_labels=cfg.num_classes, hidden_size=cfg.width,
-            num_hidden_layers=cfg.depth, num_attention_heads=cfg.num_heads, intermediate_size=cfg.mlp_dim,
-            qkv_bias=cfg.qkv_bias, layer_norm_eps=cfg.ln_eps,
+            image_size=list(cfg.image_size),
+            patch_size=list(cfg.patch_size),
+            num_channels=cfg.in_chans,
+            num_labels=cfg.num_classes,
+            hidden_size=cfg.width,
+            num_hidden_layers=cfg.depth,
+            num_attention_heads=cfg.num_heads,
+            intermediate_size=cfg.mlp_dim,
+            qkv_bias=cfg.qkv_bias,
+            layer_norm_eps=cfg.ln_eps,
             hidden_act="gelu_pytorch_tanh" if cfg.gelu == "tanh" else "gelu",
-            hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attn_dropout,
+            hidden_dropout_prob=cfg.dropout,
+            attention_probs_dropout_prob=cfg.attn_dropout,
             attn_implementation="sdpa",
         )
     raise ValueError(f"library={library!r}: expected 'timm' or 'hf'")

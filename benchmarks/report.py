@@ -30,8 +30,10 @@ def _fmt(v, spec: str, missing: str = "-") -> str:
 
 def terminal_table(records: Sequence[dict]) -> str:
     """One line per contender: time, spread, images/s, GFLOP/s, MFU, relative speed, memory."""
-    head = (f"{'variant':8s} {'mode':5s} {'contender':18s} {'batch':>5s} {'median ms':>10s} {'spread':>7s} "
-            f"{'img/s':>9s} {'GFLOP/s':>9s} {'MFU mm':>7s} {'MFU peak':>8s} {'rel':>5s} {'mem MiB':>8s}")
+    head = (
+        f"{'variant':8s} {'mode':5s} {'contender':18s} {'batch':>5s} {'median ms':>10s} {'spread':>7s} "
+        f"{'img/s':>9s} {'GFLOP/s':>9s} {'MFU mm':>7s} {'MFU peak':>8s} {'rel':>5s} {'mem MiB':>8s}"
+    )
     lines = [head, "-" * len(head)]
     for (variant, mode), recs in _groups(records).items():
         for r in recs:
@@ -63,33 +65,41 @@ def headlines(recs: Sequence[dict]) -> dict[str, float | None]:
         "jax_vs_torch": min(torch_peers) / jax["median_s"] if jax and torch_peers else None,
         "jax_mfu": jax["mfu_matmul"] if jax else None,
         "torch_vs_timm": by["timm"]["median_s"] / by["vit_torch"]["median_s"]
-        if "timm" in by and "vit_torch" in by else None,
+        if "timm" in by and "vit_torch" in by
+        else None,
     }
 
 
 def markdown_table(records: Sequence[dict]) -> str:
     """README table: images/s and speed relative to the fastest contender, then the target ratios."""
     names = list(dict.fromkeys(r["contender"] for r in records if r["kind"] == "model"))
-    head = ["variant", "mode", "batch"] + [f"`{n}`" for n in names] + [
-        "`vit_jax` / fastest torch", "`vit_jax` % of matmul", "`vit_torch` / timm"]
+    head = (
+        ["variant", "mode", "batch"]
+        + [f"`{n}`" for n in names]
+        + ["`vit_jax` / fastest torch", "`vit_jax` % of matmul", "`vit_torch` / timm"]
+    )
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (variant, mode), recs in _groups(records).items():
         by = {r["contender"]: r for r in recs}
         cells = [variant, mode, str(recs[0]["batch"])]
         for n in names:
             r = by.get(n)
-            cells.append("n/a" if r is None or r.get("error") else
-                         f"{r['rel_speed']:.2f} ({r['images_per_s']:.1f}/s)")
+            cells.append("n/a" if r is None or r.get("error") else f"{r['rel_speed']:.2f} ({r['images_per_s']:.1f}/s)")
         h = headlines(recs)
-        cells += [_fmt(h["jax_vs_torch"], ".2f"), _fmt(h["jax_mfu"] and h["jax_mfu"] * 100, ".0f"),
-                  _fmt(h["torch_vs_timm"], ".2f")]
+        cells += [
+            _fmt(h["jax_vs_torch"], ".2f"),
+            _fmt(h["jax_mfu"] and h["jax_mfu"] * 100, ".0f"),
+            _fmt(h["torch_vs_timm"], ".2f"),
+        ]
         rows.append("| " + " | ".join(cells) + " |")
     r0 = records[0]
     m, v = r0["machine"], r0["versions"]
-    note = (f"{m['device']}, {m['cores']} cores, {r0['dtype']}; jax {v['jax']}, torch {v['torch']}, "
-            f"timm {v['timm']}, transformers {v['transformers']}; {r0['time'][:10]}. Cells: speed relative "
-            f"to the fastest contender (1.00 = fastest) and images/s; median of {r0['repeats']} interleaved "
-            "runs. Training = forward + backward + AdamW.")
+    note = (
+        f"{m['device']}, {m['cores']} cores, {r0['dtype']}; jax {v['jax']}, torch {v['torch']}, "
+        f"timm {v['timm']}, transformers {v['transformers']}; {r0['time'][:10]}. Cells: speed relative "
+        f"to the fastest contender (1.00 = fastest) and images/s; median of {r0['repeats']} interleaved "
+        "runs. Training = forward + backward + AdamW."
+    )
     return "\n".join(rows) + "\n\n" + note + "\n"
 
 

@@ -45,17 +45,27 @@ def main() -> None:
     cases = []  # (label, path, against, load options)
     for name in ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"):
         cases.append((f"timm {name}", _timm_file(folder, name, timm.create_model(name)), "timm", {}))
-    for label, kw in (("registers", dict(reg_tokens=4, no_embed_class=True)), ("LayerScale", dict(init_values=1e-5)),
-                      ("MAP head", dict(global_pool="map", class_token=False))):
+    for label, kw in (
+        ("registers", dict(reg_tokens=4, no_embed_class=True)),
+        ("LayerScale", dict(init_values=1e-5)),
+        ("MAP head", dict(global_pool="map", class_token=False)),
+    ):
         path = _timm_file(folder, label.replace(" ", "_"), VisionTransformer(**small, **kw))
         cases.append((f"timm small, {label}", path, "timm", {"num_heads": 4}))
-    hf_cfg = transformers.ViTConfig(hidden_size=192, num_hidden_layers=12, num_attention_heads=3,
-                                    intermediate_size=768, num_labels=1000, pooler_output_size=192)
+    hf_cfg = transformers.ViTConfig(
+        hidden_size=192,
+        num_hidden_layers=12,
+        num_attention_heads=3,
+        intermediate_size=768,
+        num_labels=1000,
+        pooler_output_size=192,
+    )
     for arch in (transformers.ViTForImageClassification, transformers.ViTModel):
         _randomize(arch(hf_cfg)).save_pretrained(folder / arch.__name__)
         cases.append((f"HF {arch.__name__} (Ti/16 shape)", folder / arch.__name__, "transformers", {}))
-    cfg = ViTConfig(image_size=224, patch_size=16, width=192, depth=12, num_heads=3, mlp_dim=768,
-                    num_classes=1000, gelu="tanh")
+    cfg = ViTConfig(
+        image_size=224, patch_size=16, width=192, depth=12, num_heads=3, mlp_dim=768, num_classes=1000, gelu="tanh"
+    )
     rng = np.random.default_rng(0)
     state = {k: (0.05 * rng.standard_normal(s)).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
     save_checkpoint(folder / "orig.npz", cfg, state, "original_vit")

@@ -60,8 +60,10 @@ def test_attention_command_same_maps_from_both_twins(case, photo, tmp_path, caps
     cfg = ViTConfig(**TINY, **CASES[case])
     ckpt = tmp_path / "tiny.safetensors"
     save_canonical(ckpt, cfg, _state(cfg))
-    reports = {fw: _run(capsys, photo, "--checkpoint", ckpt, "--framework", fw, "--out", tmp_path / fw)[0]
-               for fw in ("jax", "torch")}
+    reports = {
+        fw: _run(capsys, photo, "--checkpoint", ckpt, "--framework", fw, "--out", tmp_path / fw)[0]
+        for fw in ("jax", "torch")
+    }
     arrays = ["raw", "rollout"] + (["probe"] if cfg.pool == "map" else [])
     for name in arrays:
         a, b = (np.load(tmp_path / fw / f"chelsea_{name}.npy", allow_pickle=False) for fw in ("jax", "torch"))
@@ -75,7 +77,8 @@ def test_attention_command_same_maps_from_both_twins(case, photo, tmp_path, caps
     assert figure.shape == (rows * PANEL_PX[1], cols * PANEL_PX[0], 3) and figure.var() > 0
     overlays = sorted((tmp_path / "jax").glob("chelsea_overlay_*.png"))
     assert [p.name for p in overlays] == sorted(
-        f"chelsea_overlay_{k}.png" for k in ["block01", "rollout"] + ["probe"] * (cfg.pool == "map"))
+        f"chelsea_overlay_{k}.png" for k in ["block01", "rollout"] + ["probe"] * (cfg.pool == "map")
+    )
     for p in overlays:
         px = _pixels(p)
         assert px.shape == (32, 32, 3) and px.var() > 0
@@ -98,8 +101,22 @@ def test_attention_command_all_layers_one_head_and_errors(photo, tmp_path, capsy
     cfg = ViTConfig(**TINY, reg_tokens=1)
     ckpt = tmp_path / "tiny.safetensors"
     save_canonical(ckpt, cfg, _state(cfg))
-    r = _run(capsys, photo, "--checkpoint", ckpt, "--framework", "torch", "--layer", "all", "--head", "1",
-             "--method", "raw", "--out", tmp_path / "out")[0]
+    r = _run(
+        capsys,
+        photo,
+        "--checkpoint",
+        ckpt,
+        "--framework",
+        "torch",
+        "--layer",
+        "all",
+        "--head",
+        "1",
+        "--method",
+        "raw",
+        "--out",
+        tmp_path / "out",
+    )[0]
     assert r["layers"] == [0, 1] and set(r["shares"]) == {"block00", "block01"}
     assert np.load(tmp_path / "out" / "chelsea_raw.npy").shape == (2, 2, 4, 4)
     assert not (tmp_path / "out" / "chelsea_rollout.npy").exists()
@@ -124,8 +141,12 @@ def test_parity_report_from_twins(tmp_path):
     rows = [diff_row(k, np.asarray(out_j[k]), out_t[k].numpy(), what[k], "float32") for k in out_t]
     assert [r["name"] for r in rows][:4] == ["patch_embed", "pos_embed", "block00", "attn00"]
     assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
-    maps = {"title": "attn01, image 0, head 0", "jax": np.asarray(out_j["attn01"][0, 0]),
-            "torch": out_t["attn01"][0, 0].numpy(), "bound": 1e-6}
+    maps = {
+        "title": "attn01, image 0, head 0",
+        "jax": np.asarray(out_j["attn01"][0, 0]),
+        "torch": out_t["attn01"][0, 0].numpy(),
+        "bound": 1e-6,
+    }
     paths = write_parity_report(tmp_path, rows, maps, meta={"config": cfg.to_json()})
     page = paths["index"].read_text()
     assert f"{len(rows)} of {len(rows)} within tolerance" in page and "FAIL" not in page

@@ -51,9 +51,7 @@ def test_round_trips_between_every_pair_including_pth_and_orbax(tmp_path):
         for fb, nb in targets:
             save_checkpoint(tmp_path / f"{na}-{nb}", first.cfg, first.state, fb, writers=WRITERS)
             back = load_checkpoint(tmp_path / f"{na}-{nb}", readers=READERS).state
-            assert back.keys() == state.keys() and all(
-                back[k].tobytes() == state[k].tobytes() for k in state
-            ), (fa, fb)
+            assert back.keys() == state.keys() and all(back[k].tobytes() == state[k].tobytes() for k in state), (fa, fb)
 
 
 def test_convert_cli_prints_the_report_and_exit_codes(tmp_path, capsys):
@@ -113,12 +111,7 @@ def test_run_parity_result_structure_float64(tmp_path):
     cfg = CFG.replace(pool="map", class_token=False)
     save_checkpoint(tmp_path / "m.safetensors", cfg, _state(cfg))
     res = run_parity(tmp_path / "m.safetensors", dtype="float64", num_generated=2, keep_outputs=True)
-    assert (
-        res.ok
-        and res.agreement == 1.0
-        and res.dtype == "float64"
-        and res.images == ["generated-0", "generated-1"]
-    )
+    assert res.ok and res.agreement == 1.0 and res.dtype == "float64" and res.images == ["generated-0", "generated-1"]
     names = [r.name for r in res.rows]
     assert names == [
         "patch_embed",
@@ -135,16 +128,13 @@ def test_run_parity_result_structure_float64(tmp_path):
     attn, logits = res.rows[3], res.rows[-1]
     assert (attn.what, attn.twins.kind, attn.twins.bound) == ("attention", "abs", 1e-12)
     assert (logits.twins.kind, logits.twins.bound) == ("rel", 1e-10) and logits.twins.rel < 1e-12
-    assert (
-        res.outputs["jax"]["attn01"].shape == res.outputs["torch"]["attn01"].shape == (2, 2, 16, 16)
-    )  # no cls
+    assert res.outputs["jax"]["attn01"].shape == res.outputs["torch"]["attn01"].shape == (2, 2, 16, 16)  # no cls
     assert res.outputs["jax"]["logits"].dtype == np.float64
     row = json.loads(json.dumps(res.to_dict()))["rows"][-1]
     assert set(ROW_KEYS) < set(row)  # rows feed vit_cli.report.write_parity_report (issue 6) as they are
 
 
-@pytest.mark.parametrize("against, cfg", [("timm", CFG.replace(pool="map", class_token=False)),
-                                          ("transformers", CFG)])
+@pytest.mark.parametrize("against, cfg", [("timm", CFG.replace(pool="map", class_token=False)), ("transformers", CFG)])
 def test_parity_cli_against_a_library_with_images(tmp_path, capsys, against, cfg):
     save_checkpoint(tmp_path / "m.safetensors", cfg, _state(cfg))
     (tmp_path / "img").mkdir()
@@ -195,8 +185,9 @@ def test_parity_report_pictures(tmp_path, capsys):
     from PIL import Image
 
     save_checkpoint(tmp_path / "m.safetensors", CFG, _state())
-    rc = main(["parity", str(tmp_path / "m.safetensors"), "--report", str(tmp_path / "rep"), "--layer", "1",
-               "--head", "1"])
+    rc = main(
+        ["parity", str(tmp_path / "m.safetensors"), "--report", str(tmp_path / "rep"), "--layer", "1", "--head", "1"]
+    )
     assert rc == 0 and f"report: {tmp_path / 'rep' / 'index.html'}" in capsys.readouterr().out
     for name in ("diffs.png", "maps.png"):
         with Image.open(tmp_path / "rep" / name) as im:

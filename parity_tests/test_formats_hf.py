@@ -47,9 +47,7 @@ def test_hf_both_ways(tmp_path, arch, act, spelling):
     mismatched key) and gives the same outputs."""
     cfg = transformers.ViTConfig(**HF_SMALL, hidden_act=act, num_labels=7, pooler_output_size=48)
     torch.manual_seed(0)
-    model = perturb_(
-        transformers.ViTForImageClassification(cfg) if arch == "classify" else transformers.ViTModel(cfg)
-    )
+    model = perturb_(transformers.ViTForImageClassification(cfg) if arch == "classify" else transformers.ViTModel(cfg))
     folder = tmp_path / "hf"
     if spelling == "v4":
         model.save_pretrained(folder)  # transformers 5 writes the v4 names to disk

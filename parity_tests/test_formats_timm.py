@@ -64,10 +64,7 @@ def test_timm_features_both_ways(tmp_path, kw):
 
 def test_deit3_gamma_spelling_loads(tmp_path):
     tm = perturb_(VisionTransformer(**SMALL_TIMM, init_values=1e-6, no_embed_class=True))
-    sd = {
-        k.replace("ls1.gamma", "gamma_1").replace("ls2.gamma", "gamma_2"): v
-        for k, v in tm.state_dict().items()
-    }
+    sd = {k.replace("ls1.gamma", "gamma_1").replace("ls2.gamma", "gamma_2"): v for k, v in tm.state_dict().items()}
     assert "blocks.0.gamma_1" in sd
     torch.save({"model": sd}, tmp_path / "deit3.pth")  # DeiT III checkpoints wrap the weights in 'model'
     x = images_nchw(2, (32, 32))

@@ -133,9 +133,7 @@ def test_run_time_equals_load_time_equals_timm_dynamic(tmp_path, hw):
 
 
 def test_load_time_resampling_equal_in_both_twins(tmp_path):
-    tm = perturb_(
-        VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4, num_classes=3)
-    )
+    tm = perturb_(VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4, num_classes=3))
     save_file({k: v.contiguous() for k, v in tm.state_dict().items()}, tmp_path / "t.safetensors")
     mj = vit_jax.load_model(tmp_path / "t.safetensors", image_size=(16, 64), num_heads=4)
     mt = vit_torch.load_model(tmp_path / "t.safetensors", image_size=(16, 64), num_heads=4)

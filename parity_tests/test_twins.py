@@ -49,9 +49,25 @@ FEATURES = {
     "non_square_224x320": (dict(image_size=(224, 320), patch_size=16), None),
     "dynamic_size": (dict(dynamic_img_size=True), (48, 40)),
     "dynamic_pad": (dict(dynamic_img_size=True, dynamic_img_pad=True), (30, 45)),
-    "everything": (dict(pool="map", reg_tokens=2, qk_norm=True, layer_scale=0.5, rep_size=16, gelu="tanh",
-                        posemb_prefix=False, image_size=(32, 48), in_chans=1, ln_eps=1e-5, fc_norm=True,
-                        dropout=0.1, attn_dropout=0.1, drop_path=0.2), None),
+    "everything": (
+        dict(
+            pool="map",
+            reg_tokens=2,
+            qk_norm=True,
+            layer_scale=0.5,
+            rep_size=16,
+            gelu="tanh",
+            posemb_prefix=False,
+            image_size=(32, 48),
+            in_chans=1,
+            ln_eps=1e-5,
+            fc_norm=True,
+            dropout=0.1,
+            attn_dropout=0.1,
+            drop_path=0.2,
+        ),
+        None,
+    ),
 }
 DTYPES = ("float32", "float64")
 
@@ -87,8 +103,17 @@ def test_feature_parity(feature, src, dtype):
     overrides, hw = FEATURES[feature]
     results = _check_pair(src, ViTConfig(**{**SMALL, **overrides}), dtype, hw)
     names = {c.name for c in results}
-    assert {"patch_embed", "pos_embed", "block00", "block01", "attn00", "attn01", "norm", "pre_logits",
-            "logits"} <= names
+    assert {
+        "patch_embed",
+        "pos_embed",
+        "block00",
+        "block01",
+        "attn00",
+        "attn01",
+        "norm",
+        "pre_logits",
+        "logits",
+    } <= names
     assert ("attn_pool" in names) == (overrides.get("pool") == "map")
 
 
@@ -103,8 +128,10 @@ def test_variant_parity_224(variant, src, dtype, record_property):
     record_property("logits_rel", logits.rel)
     record_property("attn_max_abs", attn.max_abs)
     record_property("worst_tensor", f"{worst.name} {worst.rel:.3e}")
-    print(f"{variant} {dtype} {src}->other: logits rel {logits.rel:.2e}, worst {worst.name} {worst.rel:.2e}, "
-          f"attention max abs {attn.max_abs:.2e}")
+    print(
+        f"{variant} {dtype} {src}->other: logits rel {logits.rel:.2e}, worst {worst.name} {worst.rel:.2e}, "
+        f"attention max abs {attn.max_abs:.2e}"
+    )
 
 
 def test_canonical_names_and_golden_counts_in_both_twins():
@@ -313,8 +340,11 @@ def test_k02_every_layer_norm_uses_cfg_ln_eps(eps):
     state = _state("torch", cfg.replace(ln_eps=1e-6))
     jm, tm = vit_jax.from_numpy(cfg, state), vit_torch.from_numpy(cfg, state)
     t_norms = [m for m in tm.modules() if isinstance(m, torch.nn.LayerNorm)]
-    j_norms = [m for _, m in nnx.iter_modules(jm) if isinstance(m, nnx.LayerNorm)] \
-        if hasattr(nnx, "iter_modules") else [m for _, m in jm.iter_modules() if isinstance(m, nnx.LayerNorm)]
+    j_norms = (
+        [m for _, m in nnx.iter_modules(jm) if isinstance(m, nnx.LayerNorm)]
+        if hasattr(nnx, "iter_modules")
+        else [m for _, m in jm.iter_modules() if isinstance(m, nnx.LayerNorm)]
+    )
     # 2 per block + 2 qk_norm per block + MAP head norm + fc_norm
     assert len(t_norms) == len(j_norms) == 4 * cfg.depth + 2
     assert all(m.eps == eps for m in t_norms) and all(m.epsilon == eps for m in j_norms)
@@ -326,6 +356,7 @@ def test_k02_every_layer_norm_uses_cfg_ln_eps(eps):
 @pytest.mark.parametrize("twin", TWINS)
 def test_k04_valid_patch_embedding_and_clear_size_errors(twin):
     """K04: patch-14 model + 384x384, patch-16 model + 225x230: ValueError; dynamic: 27x27=729 tokens."""
+
     def run(cfg, hw):
         x = np.zeros((1, 3, *hw), np.float32)
         state = _state("torch", cfg.replace(dynamic_img_size=False))
@@ -363,8 +394,11 @@ def test_k05_one_tensor_never_copied_is_an_error(twin):
     with pytest.raises(StateMismatchError, match="missing: blocks.1.attn.proj.bias") as e:
         from_numpy(cfg, partial)
     assert e.value.missing == ["blocks.1.attn.proj.bias"] and not e.value.unexpected and not e.value.shape
-    bad = {**partial, "blocks.1.attn.proj.bias_extra": state["blocks.1.attn.proj.bias"],
-           "head.weight": np.zeros((11, 32), np.float32)}
+    bad = {
+        **partial,
+        "blocks.1.attn.proj.bias_extra": state["blocks.1.attn.proj.bias"],
+        "head.weight": np.zeros((11, 32), np.float32),
+    }
     with pytest.raises(StateMismatchError) as e:
         from_numpy(cfg, bad)
     assert e.value.missing == ["blocks.1.attn.proj.bias"]

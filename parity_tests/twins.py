@@ -28,8 +28,10 @@ def init_state(twin: str, cfg: ViTConfig, seed: int = 0) -> dict[str, np.ndarray
         torch.manual_seed(seed)
         state = vit_torch.to_numpy(vit_torch.VisionTransformer(cfg))
     rng = np.random.default_rng(seed + 1)
-    return {k: (v + (0.1 if v.ndim == 1 and "norm" in k else 0.02) * rng.standard_normal(v.shape)).astype(v.dtype)
-            for k, v in state.items()}
+    return {
+        k: (v + (0.1 if v.ndim == 1 and "norm" in k else 0.02) * rng.standard_normal(v.shape)).astype(v.dtype)
+        for k, v in state.items()
+    }
 
 
 def convert(src: str, cfg: ViTConfig, state: dict[str, np.ndarray]):
@@ -59,12 +61,13 @@ def run_both(jm, tm, x_nchw: np.ndarray) -> tuple[dict[str, np.ndarray], dict[st
     with torch.no_grad():
         _, out_t = tm.forward_intermediates(torch.from_numpy(x_nchw))
     to_np = lambda v: np.asarray(jax.device_get(v)).astype(np.float64)  # noqa: E731
-    return ({k: to_np(v) for k, v in out_j.items()},
-            {k: v.detach().to(torch.float64).numpy() for k, v in out_t.items()})
+    return (
+        {k: to_np(v) for k, v in out_j.items()},
+        {k: v.detach().to(torch.float64).numpy() for k, v in out_t.items()},
+    )
 
 
 def compare_outputs(out_a: dict, out_b: dict, dtype: str) -> list[Comparison]:
     """Compare every intermediate (attention maps with the attention bound) under the table."""
     assert out_a.keys() == out_b.keys(), (sorted(out_a), sorted(out_b))
-    return [compare(k, out_a[k], out_b[k], "attention" if k.startswith("attn") else "tensor", dtype)
-            for k in out_b]
+    return [compare(k, out_a[k], out_b[k], "attention" if k.startswith("attn") else "tensor", dtype) for k in out_b]

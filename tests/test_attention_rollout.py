@@ -113,8 +113,7 @@ def test_what_each_pooling_reads():
     m = attention_maps(cfg, inter)
     np.testing.assert_array_equal(m.probe, inter["attn_pool"][:, :, 0])
     r = rollout([inter["attn00"], inter["attn01"]])
-    np.testing.assert_allclose(m.rollout, np.einsum("bm,bml->bl", inter["attn_pool"][:, :, 0].mean(1), r),
-                               atol=1e-15)
+    np.testing.assert_allclose(m.rollout, np.einsum("bm,bml->bl", inter["attn_pool"][:, :, 0].mean(1), r), atol=1e-15)
     assert "probe" in m.shows["probe"] and "probe" in m.shows["rollout"]
 
 

@@ -18,11 +18,44 @@ from vit_common.config import ViTConfig
 from vit_jax.model import VisionTransformer
 
 FIELDS = {
-    "schema", "time", "machine", "versions", "variant", "config", "mode", "dtype", "batch", "warmup",
-    "repeats", "iters", "contender", "kind", "framework", "error", "setup_s", "memory_bytes", "memory_kind",
-    "times_s", "median_s", "min_s", "max_s", "p25_s", "p75_s", "spread", "flops_per_image", "flops_per_step",
-    "flops_per_s", "matmul_n", "matmul_flops_per_s", "mfu_matmul", "peak_flops_per_s", "mfu_datasheet",
-    "images_per_s", "rel_speed", "speed_vs", "load_avg_end",
+    "schema",
+    "time",
+    "machine",
+    "versions",
+    "variant",
+    "config",
+    "mode",
+    "dtype",
+    "batch",
+    "warmup",
+    "repeats",
+    "iters",
+    "contender",
+    "kind",
+    "framework",
+    "error",
+    "setup_s",
+    "memory_bytes",
+    "memory_kind",
+    "times_s",
+    "median_s",
+    "min_s",
+    "max_s",
+    "p25_s",
+    "p75_s",
+    "spread",
+    "flops_per_image",
+    "flops_per_step",
+    "flops_per_s",
+    "matmul_n",
+    "matmul_flops_per_s",
+    "mfu_matmul",
+    "peak_flops_per_s",
+    "mfu_datasheet",
+    "images_per_s",
+    "rel_speed",
+    "speed_vs",
+    "load_avg_end",
 }
 CONTENDERS = ["vit_jax", "vit_torch", "timm", "hf"]
 
@@ -31,14 +64,37 @@ def test_vit_bench_runs_and_records_every_field(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"# title\n\n{report.README_START}\nold table\n{report.README_END}\nafter\n")
     out, md = tmp_path / "bench.jsonl", tmp_path / "table.md"
-    rc = main(["bench", "--variants", "mu/8", "--image-size", "32", "--batch", "2", "--contenders",
-               ",".join(CONTENDERS), "--repeats", "3", "--warmup", "0", "--matmul-n", "64", "--out", str(out),
-               "--markdown", str(md), "--readme", str(readme)])
+    rc = main(
+        [
+            "bench",
+            "--variants",
+            "mu/8",
+            "--image-size",
+            "32",
+            "--batch",
+            "2",
+            "--contenders",
+            ",".join(CONTENDERS),
+            "--repeats",
+            "3",
+            "--warmup",
+            "0",
+            "--matmul-n",
+            "64",
+            "--out",
+            str(out),
+            "--markdown",
+            str(md),
+            "--readme",
+            str(readme),
+        ]
+    )
     assert rc == 0
     records = report.read_jsonl(out)
     assert assert_fields(records) == harness.RECORD_FIELDS.keys() == FIELDS
     assert [(r["mode"], r["contender"]) for r in records] == [
-        (m, c) for m in ("infer", "train") for c in CONTENDERS + ["matmul_jax", "matmul_torch"]]
+        (m, c) for m in ("infer", "train") for c in CONTENDERS + ["matmul_jax", "matmul_torch"]
+    ]
     cfg = ViTConfig.from_name("mu/8", image_size=32)
     for r in records:
         assert r["error"] is None and r["variant"] == "mu/8" and r["config"] == cfg.to_dict()
@@ -74,10 +130,30 @@ def assert_fields(records: list[dict]) -> set[str]:
 
 
 def test_failed_contender_is_reported_and_the_others_run():
-    cfg = ViTConfig(image_size=32, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10,
-                    pool="gap", class_token=False)
-    records = harness.run_group(cfg, "gap", "infer", 2, "float32", ["hf", "timm"], warmup=0, repeats=2,
-                                iters=1, matmul_n=32, context=harness.default_context())
+    cfg = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        width=32,
+        depth=1,
+        num_heads=2,
+        mlp_dim=64,
+        num_classes=10,
+        pool="gap",
+        class_token=False,
+    )
+    records = harness.run_group(
+        cfg,
+        "gap",
+        "infer",
+        2,
+        "float32",
+        ["hf", "timm"],
+        warmup=0,
+        repeats=2,
+        iters=1,
+        matmul_n=32,
+        context=harness.default_context(),
+    )
     by = {r["contender"]: r for r in records}
     assert by["hf"]["error"] == "ValueError: hf cannot express pool='gap'"
     assert by["hf"]["median_s"] is None and by["timm"]["error"] is None and by["timm"]["rel_speed"] == 1.0
@@ -102,8 +178,10 @@ def test_peer_configs_build_the_same_model():
     import transformers
 
     cfg = ViTConfig.from_name("Ti/16")
-    models = [timm_vit.VisionTransformer(**peer_config(cfg, "timm")),
-              transformers.ViTForImageClassification(transformers.ViTConfig(**peer_config(cfg, "hf")))]
+    models = [
+        timm_vit.VisionTransformer(**peer_config(cfg, "timm")),
+        transformers.ViTForImageClassification(transformers.ViTConfig(**peer_config(cfg, "hf"))),
+    ]
     assert [sum(p.numel() for p in m.parameters()) for m in models] == [5_717_416] * 2
 
 
@@ -127,13 +205,17 @@ def xla_matmul_flops(closed: jax_core.ClosedJaxpr) -> float:
 TINY = dict(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
 
 
-@pytest.mark.parametrize("overrides", [
-    {},
-    {"attn_impl": "explicit", "pool": "gap"},
-    {"image_size": (32, 48), "pool": "map", "class_token": False, "reg_tokens": 2},
-    {"pool": "none", "rep_size": 16},
-    {"num_classes": 0, "patch_size": 4},
-], ids=["token", "explicit-gap", "map-reg-nonsquare", "none-prelogits", "backbone-p4"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"attn_impl": "explicit", "pool": "gap"},
+        {"image_size": (32, 48), "pool": "map", "class_token": False, "reg_tokens": 2},
+        {"pool": "none", "rep_size": 16},
+        {"num_classes": 0, "patch_size": 4},
+    ],
+    ids=["token", "explicit-gap", "map-reg-nonsquare", "none-prelogits", "backbone-p4"],
+)
 def test_flops_formula_matches_xla_cost_analysis(overrides):
     """ViTConfig.flops() (matmuls and convolutions) = XLA's count of those ops in the jitted forward.
 

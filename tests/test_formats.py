@@ -103,8 +103,7 @@ def test_deit3_layer_scale_spelling_and_ddp_prefix(tmp_path):
     cfg = SMALL.replace(layer_scale=1e-6)
     state = random_state(cfg)
     renamed = {
-        "module." + k.replace(".ls1.gamma", ".gamma_1").replace(".ls2.gamma", ".gamma_2"): v
-        for k, v in state.items()
+        "module." + k.replace(".ls1.gamma", ".gamma_1").replace(".ls2.gamma", ".gamma_2"): v for k, v in state.items()
     }
     assert "module.blocks.0.gamma_1" in renamed
     save_safetensors(tmp_path / "deit3.safetensors", renamed)
@@ -149,9 +148,7 @@ def test_writers_refuse_what_a_format_cannot_hold(tmp_path):
             tmp_path / "x.pth", SMALL.replace(rep_size=16), random_state(SMALL.replace(rep_size=16)), "timm"
         )
     with pytest.raises(ValueError, match="qk_norm"):
-        save_checkpoint(
-            tmp_path / "x.npz", SMALL.replace(qk_norm=True), random_state(SMALL.replace(qk_norm=True))
-        )
+        save_checkpoint(tmp_path / "x.npz", SMALL.replace(qk_norm=True), random_state(SMALL.replace(qk_norm=True)))
     assert not list(tmp_path.iterdir())
 
 
@@ -263,9 +260,7 @@ def test_big_vision_old_combined_cls_posemb_and_sincos(tmp_path):
     state, ckpt = _npz_case(tmp_path, cfg, layout="big_vision", prefix="params/")
     assert ckpt.cfg == cfg.replace(image_size=224) and "pos_embed" not in ckpt.state  # size not stored
     assert "224 assumed" in ckpt.report.inferred["image_size"]
-    state, ckpt = _npz_case(
-        tmp_path, cfg, read=dict(source_image_size=32), layout="big_vision", prefix="params/"
-    )
+    state, ckpt = _npz_case(tmp_path, cfg, read=dict(source_image_size=32), layout="big_vision", prefix="params/")
     assert ckpt.cfg == cfg
     cfg = SMALL.replace(gelu="tanh", posemb_prefix=False, posemb_resample="bilinear_corners")
     state, ckpt = _npz_case(tmp_path, cfg, layout="big_vision", posemb_key="Transformer/pos_embedding")
@@ -305,9 +300,7 @@ def test_load_time_resampling_keeps_prefix_rows_and_reports(tmp_path):
     assert np.array_equal(pe, resample_pos_embed(state["pos_embed"], (2, 8), (4, 4), 3, "bicubic_aa"))
     assert ckpt.cfg.image_size == (32, 32) and "2x8 -> 4x4" in ckpt.report.resampled[0]
     assert (
-        load_checkpoint(
-            tmp_path / "m.safetensors", image_size=32, posemb_resample="bilinear"
-        ).cfg.posemb_resample
+        load_checkpoint(tmp_path / "m.safetensors", image_size=32, posemb_resample="bilinear").cfg.posemb_resample
         == "bilinear"
     )
 
@@ -319,9 +312,7 @@ def test_npz_files_resample_with_corner_aligned_bilinear(tmp_path):
     state = random_state(cfg)
     write_layout(tmp_path / "x.npz", cfg, state, layout="big_vision", prefix="params/")
     pe = load_checkpoint(tmp_path / "x.npz", image_size=56).state["pos_embed"]  # 4x4 -> 7x7
-    ref = scipy.ndimage.zoom(
-        state["pos_embed"][0].astype(np.float64).reshape(4, 4, -1), (7 / 4, 7 / 4, 1), order=1
-    )
+    ref = scipy.ndimage.zoom(state["pos_embed"][0].astype(np.float64).reshape(4, 4, -1), (7 / 4, 7 / 4, 1), order=1)
     np.testing.assert_allclose(pe[0], ref.reshape(49, -1), rtol=0, atol=1e-6)
 
 

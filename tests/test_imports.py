@@ -20,8 +20,10 @@ def _loaded_after(statement: str) -> set[str]:
 @pytest.mark.parametrize(
     "statement, forbidden",
     [
-        ("import vit_common, vit_common.convert, vit_common.attention, vit_common.tolerance",
-         JAX_MODULES + TORCH_MODULES),
+        (
+            "import vit_common, vit_common.convert, vit_common.attention, vit_common.tolerance",
+            JAX_MODULES + TORCH_MODULES,
+        ),
         ("import vit_torch", JAX_MODULES),
         ("import vit_jax", TORCH_MODULES),
         ("import vit_jax.train, vit_jax.data", TORCH_MODULES),

@@ -58,17 +58,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...: what PIL reads)")
     p.add_argument("--checkpoint", required=True, help="checkpoint file or folder (config read from it)")
     p.add_argument("--framework", choices=("jax", "torch"), default="jax", help="twin to run (default jax)")
-    p.add_argument("--layer", type=_layer, default=-1,
-                   help="block whose raw maps are drawn: index (negative counts from the end; default -1, "
-                   "the last) or 'all' (one head-fused map per block)")
-    p.add_argument("--head", type=_head, default="mean",
-                   help="head index, or the head fusion 'mean' (default, as the paper), 'max' or 'min'; used "
-                   "by rollout and by the fused panels; a head index draws only that head")
-    p.add_argument("--method", choices=("raw", "rollout", "both"), default="both",
-                   help="raw attention of the chosen block(s), attention rollout over all blocks, or both")
-    p.add_argument("--mean", type=float, nargs="+", default=[0.5],
-                   help="per-channel mean subtracted from pixels scaled to [0, 1] (1 or C values; default "
-                   "0.5, as timm's original-ViT weights and big_vision's value_range(-1, 1))")
+    p.add_argument(
+        "--layer",
+        type=_layer,
+        default=-1,
+        help="block whose raw maps are drawn: index (negative counts from the end; default -1, "
+        "the last) or 'all' (one head-fused map per block)",
+    )
+    p.add_argument(
+        "--head",
+        type=_head,
+        default="mean",
+        help="head index, or the head fusion 'mean' (default, as the paper), 'max' or 'min'; used "
+        "by rollout and by the fused panels; a head index draws only that head",
+    )
+    p.add_argument(
+        "--method",
+        choices=("raw", "rollout", "both"),
+        default="both",
+        help="raw attention of the chosen block(s), attention rollout over all blocks, or both",
+    )
+    p.add_argument(
+        "--mean",
+        type=float,
+        nargs="+",
+        default=[0.5],
+        help="per-channel mean subtracted from pixels scaled to [0, 1] (1 or C values; default "
+        "0.5, as timm's original-ViT weights and big_vision's value_range(-1, 1))",
+    )
     p.add_argument("--std", type=float, nargs="+", default=[0.5], help="per-channel std (default 0.5)")
     p.add_argument("--out", default="attention", help="output folder (default ./attention)")
     p.add_argument("--json", action="store_true", help="print one JSON list (one object per image)")
@@ -151,8 +168,7 @@ def _forward(framework: str, model, images: np.ndarray) -> tuple[np.ndarray, dic
 
         with torch.no_grad():
             logits, out = model.forward_intermediates(torch.from_numpy(images.transpose(0, 3, 1, 2)))
-    inter = {k: np.asarray(to_np(v), np.float64) for k, v in out.items()
-             if k.startswith("attn") and v is not None}
+    inter = {k: np.asarray(to_np(v), np.float64) for k, v in out.items() if k.startswith("attn") and v is not None}
     return np.asarray(to_np(logits), np.float64), inter
 
 
@@ -238,8 +254,9 @@ def write_figure(path: Path, image: np.ndarray, panels: list[tuple[str, np.ndarr
     for ax in axes:
         ax.set_axis_off()
     fig.suptitle(title, fontsize=8)
-    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1 - 0.6 / (rows * PANEL_PX[1] / 100),
-                        wspace=0.05, hspace=0.4)
+    fig.subplots_adjust(
+        left=0.01, right=0.99, bottom=0.01, top=1 - 0.6 / (rows * PANEL_PX[1] / 100), wspace=0.05, hspace=0.4
+    )
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
 
 
@@ -250,8 +267,7 @@ def _selected(per_head: np.ndarray, head: int | str) -> np.ndarray:
     return per_head[head] if isinstance(head, int) else fused_rows(per_head, head)
 
 
-def _image_outputs(b: int, image: np.ndarray, maps, cfg, args, out: Path, stem: str
-                   ) -> tuple[list, dict, list]:
+def _image_outputs(b: int, image: np.ndarray, maps, cfg, args, out: Path, stem: str) -> tuple[list, dict, list]:
     """Write one image's overlays and arrays: (figure panels, shares per map, files written)."""
     from vit_common.attention import split_tokens
 
@@ -262,8 +278,10 @@ def _image_outputs(b: int, image: np.ndarray, maps, cfg, args, out: Path, stem: 
     fusion = head if isinstance(head, str) else f"head {head}"
     sources = []  # (key, label, per-head [N, L] or None, selected [L], draw every head)
     if args.method in ("raw", "both"):
-        sources += [(f"block{layer:02d}", f"block {layer}", maps.raw[b, j], None, len(maps.layers) == 1)
-                    for j, layer in enumerate(maps.layers)]
+        sources += [
+            (f"block{layer:02d}", f"block {layer}", maps.raw[b, j], None, len(maps.layers) == 1)
+            for j, layer in enumerate(maps.layers)
+        ]
         if maps.probe is not None:
             sources.append(("probe", "MAP probe", maps.probe[b], None, True))
     if args.method in ("rollout", "both"):
@@ -273,17 +291,20 @@ def _image_outputs(b: int, image: np.ndarray, maps, cfg, args, out: Path, stem: 
             selected = _selected(per_head, head)
             share[key] = {"heads": [shares(d, cfg) for d in per_head], str(head): shares(selected, cfg)}
             if every_head and isinstance(head, str):
-                panels += [(f"{label} head {n}\n{_share_text(shares(d, cfg))}", grid(d))
-                           for n, d in enumerate(per_head)]
+                panels += [
+                    (f"{label} head {n}\n{_share_text(shares(d, cfg))}", grid(d)) for n, d in enumerate(per_head)
+                ]
         else:
             share[key] = shares(selected, cfg)
         name = label if per_head is None else f"{label} {fusion}"
         panels.append((f"{name}\n{_share_text(shares(selected, cfg))}", grid(selected)))
         files.append(out / f"{stem}_overlay_{key}.png")
         _write_png(files[-1], overlay(image, grid(selected)))
-    arrays = {"raw": maps.raw[b] if args.method != "rollout" else None,
-              "probe": maps.probe[b] if maps.probe is not None and args.method != "rollout" else None,
-              "rollout": maps.rollout[b] if args.method != "raw" else None}
+    arrays = {
+        "raw": maps.raw[b] if args.method != "rollout" else None,
+        "probe": maps.probe[b] if maps.probe is not None and args.method != "rollout" else None,
+        "rollout": maps.rollout[b] if args.method != "raw" else None,
+    }
     for key, arr in arrays.items():
         if arr is not None:
             files.append(out / f"{stem}_{key}.npy")
@@ -309,14 +330,20 @@ def run(args: argparse.Namespace) -> int:
     images = np.stack([load_image(p, cfg.image_size, cfg.in_chans) for p in args.images])  # [B, H, W, C]
     logits, inter = _forward(args.framework, model, normalise(images, args.mean, args.std))
     maps = attention_maps(cfg, inter, layers, args.head)
-    shows = {k: v for k, v in maps.shows.items() if not (
-        (args.method == "rollout" and k in ("raw", "probe")) or (args.method == "raw" and k == "rollout"))}
-    query = {"token": "class token's row",
-             "map": "blocks: mean over patch queries; probe and rollout: MAP probe",
-             }.get(cfg.pool, f"mean over patch queries (pool={cfg.pool!r})")
+    shows = {
+        k: v
+        for k, v in maps.shows.items()
+        if not ((args.method == "rollout" and k in ("raw", "probe")) or (args.method == "raw" and k == "rollout"))
+    }
+    query = {
+        "token": "class token's row",
+        "map": "blocks: mean over patch queries; probe and rollout: MAP probe",
+    }.get(cfg.pool, f"mean over patch queries (pool={cfg.pool!r})")
     h, w = cfg.image_size
-    preprocess = (f"shorter side resized (bicubic, PIL) and centre-cropped to {h}x{w}, then "
-                  f"(pixel / 255 - mean {args.mean}) / std {args.std}")
+    preprocess = (
+        f"shorter side resized (bicubic, PIL) and centre-cropped to {h}x{w}, then "
+        f"(pixel / 255 - mean {args.mean}) / std {args.std}"
+    )
     out = Path(args.out)
     reports = []
     for b, (path, stem) in enumerate(zip(args.images, stems, strict=True)):
@@ -324,11 +351,23 @@ def run(args: argparse.Namespace) -> int:
         figure, summary = out / f"{stem}_attention.png", out / f"{stem}_attention.json"
         write_figure(figure, images[b], panels, f"{Path(path).name}: {query}; colours scaled per panel")
         report = {
-            "image": str(path), "checkpoint": str(args.checkpoint), "framework": args.framework,
-            "config": {"pool": cfg.pool, "class_token": cfg.class_token, "reg_tokens": cfg.reg_tokens,
-                       "grid": list(cfg.grid), "num_heads": cfg.num_heads, "depth": cfg.depth},
-            "preprocess": preprocess, "layers": list(maps.layers), "head": args.head, "shows": shows,
-            "shares": share, "files": [str(f) for f in [figure, *files, summary]],
+            "image": str(path),
+            "checkpoint": str(args.checkpoint),
+            "framework": args.framework,
+            "config": {
+                "pool": cfg.pool,
+                "class_token": cfg.class_token,
+                "reg_tokens": cfg.reg_tokens,
+                "grid": list(cfg.grid),
+                "num_heads": cfg.num_heads,
+                "depth": cfg.depth,
+            },
+            "preprocess": preprocess,
+            "layers": list(maps.layers),
+            "head": args.head,
+            "shows": shows,
+            "shares": share,
+            "files": [str(f) for f in [figure, *files, summary]],
         }
         if cfg.num_classes and cfg.pool != "none":
             p = np.exp(logits[b] - logits[b].max())
@@ -338,9 +377,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(reports))
         return 0
-    print(f"vit attention: {args.framework} twin, {args.checkpoint} (pool={cfg.pool!r}, class token "
-          f"{'yes' if cfg.class_token else 'no'}, {cfg.reg_tokens} registers, {h}x{w} px in "
-          f"{cfg.grid[0]}x{cfg.grid[1]} patches)")
+    print(
+        f"vit attention: {args.framework} twin, {args.checkpoint} (pool={cfg.pool!r}, class token "
+        f"{'yes' if cfg.class_token else 'no'}, {cfg.reg_tokens} registers, {h}x{w} px in "
+        f"{cfg.grid[0]}x{cfg.grid[1]} patches)"
+    )
     print(f"  input: {preprocess}")
     for k, v in shows.items():
         print(f"  {k}: {v}")

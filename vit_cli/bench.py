@@ -22,25 +22,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--variants", type=_csv, default=None, help="comma-separated, e.g. Ti/16,S/16,B/16")
     p.add_argument("--batch", type=int, default=None, help="images per step (default 8 CPU, 256 GPU)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                   help="compute dtype (default float32 on CPU, bfloat16 on GPU)")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="compute dtype (default float32 on CPU, bfloat16 on GPU)",
+    )
     p.add_argument("--modes", type=_csv, default=["infer", "train"], help="infer,train (default both)")
-    p.add_argument("--contenders", type=_csv, default=None,
-                   help="comma-separated from vit_jax, vit_jax@xla, vit_jax@cudnn, vit_torch, "
-                   "vit_torch_compile, timm, hf (default: vit_jax, vit_torch, vit_torch_compile, timm, hf)")
+    p.add_argument(
+        "--contenders",
+        type=_csv,
+        default=None,
+        help="comma-separated from vit_jax, vit_jax@xla, vit_jax@cudnn, vit_torch, "
+        "vit_torch_compile, timm, hf (default: vit_jax, vit_torch, vit_torch_compile, timm, hf)",
+    )
     p.add_argument("--image-size", type=int, default=None, help="square image size (default 224)")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (default 5)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds after compilation (default 1)")
     p.add_argument("--iters", type=int, default=None, help="calls per timed run (default 1 CPU, 10 GPU)")
-    p.add_argument("--matmul-n", type=int, default=None,
-                   help="reference matmul size (default 2048 CPU, 8192 GPU)")
-    p.add_argument("--out", default=None,
-                   help="JSON lines file (default benchmarks/results/TIME-DEVICE-DTYPE.jsonl)")
+    p.add_argument("--matmul-n", type=int, default=None, help="reference matmul size (default 2048 CPU, 8192 GPU)")
+    p.add_argument("--out", default=None, help="JSON lines file (default benchmarks/results/TIME-DEVICE-DTYPE.jsonl)")
     p.add_argument("--markdown", default=None, help="also write the markdown table to this file")
     p.add_argument("--readme", default=None, help="replace the benchmark block of this README with the table")
-    p.add_argument("--cpus", type=_csv, default=None,
-                   help="run on these CPU cores only, e.g. 0 (pins the process before JAX and PyTorch "
-                   "start their thread pools; on a shared machine one pinned core gives steadier ratios)")
+    p.add_argument(
+        "--cpus",
+        type=_csv,
+        default=None,
+        help="run on these CPU cores only, e.g. 0 (pins the process before JAX and PyTorch "
+        "start their thread pools; on a shared machine one pinned core gives steadier ratios)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON lines instead of the table")
     p.set_defaults(func=run)
 
@@ -90,9 +100,20 @@ def run(args: argparse.Namespace) -> int:
         for variant, cfg in cfgs.items():
             for mode in args.modes:
                 bar.set_postfix_str(f"{variant} {mode}")
-                records += harness.run_group(cfg, variant, mode, batch, dtype, names, warmup=args.warmup,
-                                             repeats=args.repeats, iters=iters, matmul_n=matmul_n,
-                                             context=context, tick=bar.update)
+                records += harness.run_group(
+                    cfg,
+                    variant,
+                    mode,
+                    batch,
+                    dtype,
+                    names,
+                    warmup=args.warmup,
+                    repeats=args.repeats,
+                    iters=iters,
+                    matmul_n=matmul_n,
+                    context=context,
+                    tick=bar.update,
+                )
     device = re.sub(r"[^A-Za-z0-9]+", "-", context["machine"]["device"]).strip("-").lower()
     stamp = context["time"][:16].replace(":", "")
     out = args.out or f"benchmarks/results/{stamp}-{device}-{dtype}.jsonl"

@@ -49,15 +49,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         ".npz = big_vision; folders need --to hf or --to orbax)",
     )
     p.add_argument("--from", dest="from_fmt", choices=tuple(FORMATS), help="force the input format")
-    p.add_argument(
-        "--to", dest="to_fmt", choices=tuple(FORMATS), help="output format (default: from DST's suffix)"
-    )
-    p.add_argument(
-        "--image-size", type=_size, help="resample the position embedding to this image size (S or HxW)"
-    )
-    p.add_argument(
-        "--num-classes", type=int, help="keep a head of this size; another size gets a new zero head"
-    )
+    p.add_argument("--to", dest="to_fmt", choices=tuple(FORMATS), help="output format (default: from DST's suffix)")
+    p.add_argument("--image-size", type=_size, help="resample the position embedding to this image size (S or HxW)")
+    p.add_argument("--num-classes", type=int, help="keep a head of this size; another size gets a new zero head")
     p.add_argument(
         "--source-image-size",
         type=_size,
@@ -84,9 +78,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         choices=("", "opt/target/", "params/", "params/img/"),
         help="key prefix of a written .npz (default '' for original_vit, 'params/' for big_vision)",
     )
-    p.add_argument(
-        "--scan", action="store_true", help="write .npz blocks scan-stacked (big_vision scan=True)"
-    )
+    p.add_argument("--scan", action="store_true", help="write .npz blocks scan-stacked (big_vision scan=True)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=run)
 

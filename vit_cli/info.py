@@ -32,8 +32,17 @@ def run(args: argparse.Namespace) -> int:
     cfg = ViTConfig.from_name(args.variant, **overrides)
     params, flops = cfg.param_count(), cfg.flops()
     if args.json:
-        print(json.dumps({"variant": args.variant, "params": params, "gflops": flops / 1e9,
-                          "seq_len": cfg.seq_len, "config": cfg.to_dict()}))
+        print(
+            json.dumps(
+                {
+                    "variant": args.variant,
+                    "params": params,
+                    "gflops": flops / 1e9,
+                    "seq_len": cfg.seq_len,
+                    "config": cfg.to_dict(),
+                }
+            )
+        )
         return 0
     print(f"ViT {args.variant}")
     print(f"  parameters      {params:,}")

@@ -27,9 +27,7 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="vit", description="One Vision Transformer in JAX and PyTorch, proven equal."
-    )
+    parser = argparse.ArgumentParser(prog="vit", description="One Vision Transformer in JAX and PyTorch, proven equal.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS.values():
         importlib.import_module(module).add_parser(sub)

@@ -160,9 +160,7 @@ def _against_timm(cfg, state, x, dtype):
     model = timm_model(cfg_t.replace(param_dtype=dtype), state_t).to(getattr(torch, dtype))
     with torch.no_grad():
         prefix = model.num_prefix_tokens > 0  # timm pairs (patch tokens, prefix tokens) only when there are some
-        final, inter = model.forward_intermediates(
-            torch.from_numpy(x), return_prefix_tokens=prefix, output_fmt="NLC"
-        )
+        final, inter = model.forward_intermediates(torch.from_numpy(x), return_prefix_tokens=prefix, output_fmt="NLC")
         out = {f"block{i:02d}": torch.cat(t[::-1], dim=1) if prefix else t for i, t in enumerate(inter)}
         out["norm"] = final
         out["logits"] = model.forward_head(final)
@@ -174,9 +172,7 @@ def _against_transformers(cfg, state, x, dtype):
 
     from vit_torch.oracles import hf_model
 
-    model = hf_model(
-        cfg.replace(param_dtype=dtype), {k: np.asarray(v).astype(dtype) for k, v in state.items()}
-    )
+    model = hf_model(cfg.replace(param_dtype=dtype), {k: np.asarray(v).astype(dtype) for k, v in state.items()})
     with torch.no_grad():
         res = model(torch.from_numpy(x), output_hidden_states=True, output_attentions=True)
     out = {"pos_embed": res.hidden_states[0]}
@@ -284,9 +280,7 @@ def run_parity(
         rows=rows,
         agreement=_top1_agreement(out_j["logits"], out_t["logits"]),
         against=against,
-        against_agreement=_top1_agreement(out_a["logits"], out_t["logits"])
-        if out_a and "logits" in out_a
-        else None,
+        against_agreement=_top1_agreement(out_a["logits"], out_t["logits"]) if out_a and "logits" in out_a else None,
         conversion=ckpt.report.to_dict(),
         outputs=outputs,
     )
@@ -300,8 +294,7 @@ def format_table(result: ParityResult) -> str:
         head += f"   | {lib + ' max abs':>20}{'rel':>11}  ok"
     lines = [
         f"parity of {result.checkpoint} ({result.format}, {result.variant}), {result.dtype}, "
-        f"{len(result.images)} image(s): JAX twin vs torch twin"
-        + (f", and {lib} vs torch twin" if lib else ""),
+        f"{len(result.images)} image(s): JAX twin vs torch twin" + (f", and {lib} vs torch twin" if lib else ""),
         head,
         "-" * len(head),
     ]
@@ -313,18 +306,12 @@ def format_table(result: ParityResult) -> str:
         )
         if lib:
             a = r.against
-            line += "   | " + (
-                f"{a.max_abs:>20.2e}{a.rel:>11.2e}  {'ok' if a.ok else 'FAIL'}" if a else f"{'-':>20}"
-            )
+            line += "   | " + (f"{a.max_abs:>20.2e}{a.rel:>11.2e}  {'ok' if a.ok else 'FAIL'}" if a else f"{'-':>20}")
         lines.append(line)
     if result.agreement is not None:
         lines.append(
             f"top-1 agreement JAX vs torch: {result.agreement:.0%}"
-            + (
-                f"; {lib} vs torch: {result.against_agreement:.0%}"
-                if result.against_agreement is not None
-                else ""
-            )
+            + (f"; {lib} vs torch: {result.against_agreement:.0%}" if result.against_agreement is not None else "")
         )
     lines.append(
         "PASS: every tensor within its tolerance"
@@ -344,9 +331,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "vit_common.tolerance. Exit code 1 if anything is beyond tolerance.",
     )
     p.add_argument("checkpoint", help="checkpoint file or folder")
-    p.add_argument(
-        "--dtype", choices=("float32", "float64"), default="float32", help="compute dtype (default float32)"
-    )
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="compute dtype (default float32)")
     p.add_argument("--images", metavar="DIR", help="folder of images to run (default: 4 generated ones)")
     p.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
     p.add_argument(
@@ -382,15 +367,23 @@ def report_maps(result: ParityResult, layer: int, head: int) -> dict[str, Any]:
     if not 0 <= head < heads:
         raise ValueError(f"--head {head}: the model has heads 0..{heads - 1}")
     bound = next(r.twins.bound for r in result.rows if r.name == name)
-    return {"title": f"{name}, image 0, head {head}", "jax": out_j[name][0, head], "torch": out_t[name][0, head],
-            "bound": bound}
+    return {
+        "title": f"{name}, image 0, head {head}",
+        "jax": out_j[name][0, head],
+        "torch": out_t[name][0, head],
+        "bound": bound,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
     options = {"image_size": args.image_size} if args.image_size else {}
     result = run_parity(
-        args.checkpoint, dtype=args.dtype, images=args.images, against=args.against,
-        keep_outputs=bool(args.report), **options
+        args.checkpoint,
+        dtype=args.dtype,
+        images=args.images,
+        against=args.against,
+        keep_outputs=bool(args.report),
+        **options,
     )
     print(format_table(result))
     if args.json:
@@ -399,9 +392,16 @@ def run(args: argparse.Namespace) -> int:
         from vit_cli.report import write_parity_report
 
         paths = write_parity_report(
-            args.report, [r.to_dict() for r in result.rows], report_maps(result, args.layer, args.head),
-            meta={"checkpoint": result.checkpoint, "format": result.format, "variant": result.variant,
-                  "dtype": result.dtype, "images": ", ".join(result.images)},
+            args.report,
+            [r.to_dict() for r in result.rows],
+            report_maps(result, args.layer, args.head),
+            meta={
+                "checkpoint": result.checkpoint,
+                "format": result.format,
+                "variant": result.variant,
+                "dtype": result.dtype,
+                "images": ", ".join(result.images),
+            },
         )
         print(f"report: {paths['index']}")
     return 0 if result.ok else 1

@@ -48,10 +48,18 @@ def diff_row(name: str, a, ref, what: str, dtype: str) -> dict:
     """
     c = compare(name, a, ref, what, dtype)
     a64, r64 = np.asarray(a, np.float64), np.asarray(ref, np.float64)
-    return {"name": name, "what": what, "dtype": dtype, "max_abs": c.max_abs,
-            "mean_abs": float(np.mean(np.abs(a64 - r64))) if a64.size else 0.0,
-            "scale": float(np.max(np.abs(r64))) if r64.size else 0.0,
-            "kind": c.kind, "bound": c.bound, "rel": c.rel, "ok": c.ok}
+    return {
+        "name": name,
+        "what": what,
+        "dtype": dtype,
+        "max_abs": c.max_abs,
+        "mean_abs": float(np.mean(np.abs(a64 - r64))) if a64.size else 0.0,
+        "scale": float(np.max(np.abs(r64))) if r64.size else 0.0,
+        "kind": c.kind,
+        "bound": c.bound,
+        "rel": c.rel,
+        "ok": c.ok,
+    }
 
 
 def _check_rows(rows: Sequence[Mapping]) -> None:
@@ -140,8 +148,11 @@ def plot_maps(path: str | os.PathLike, maps: Mapping) -> None:
     lo, hi = float(min(a.min(), b.min())), float(max(a.max(), b.max()))
     fig = Figure(figsize=(12, 4), dpi=100)
     axes = fig.subplots(1, 3)
-    panels = ((a, "JAX", "viridis", lo, hi), (b, "PyTorch", "viridis", lo, hi),
-              (diff, "JAX - PyTorch", "RdBu_r", -lim, lim))
+    panels = (
+        (a, "JAX", "viridis", lo, hi),
+        (b, "PyTorch", "viridis", lo, hi),
+        (diff, "JAX - PyTorch", "RdBu_r", -lim, lim),
+    )
     for ax, (arr, name, cmap, vmin, vmax) in zip(axes, panels, strict=True):
         im = ax.imshow(arr, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
         ax.set_title(name, fontsize=9)
@@ -159,7 +170,8 @@ def _html(rows: Sequence[Mapping], title: str, meta: Mapping[str, str], pictures
     comps = [_comparison(r) for r in rows]
     failed = [c.name for c in comps if not c.ok]
     verdict = f"{len(rows) - len(failed)} of {len(rows)} within tolerance" + (
-        f"; over tolerance: {', '.join(failed)}" if failed else "")
+        f"; over tolerance: {', '.join(failed)}" if failed else ""
+    )
     meta_html = "".join(f"<tr><th>{esc(str(k))}</th><td>{esc(str(v))}</td></tr>" for k, v in meta.items())
     body = []
     for r, c in zip(rows, comps, strict=True):
@@ -168,7 +180,8 @@ def _html(rows: Sequence[Mapping], title: str, meta: Mapping[str, str], pictures
             f"<tr class='{'ok' if c.ok else 'fail'}'><td>{esc(r['name'])}</td><td>{esc(r['what'])}</td>"
             f"<td>{esc(r['dtype'])}</td><td>{r['max_abs']:.3e}</td><td>{r['mean_abs']:.3e}</td>"
             f"<td>{r['scale']:.3e}</td><td>{measured:.3e} ({c.kind})</td><td>{c.bound:.0e}</td>"
-            f"<td>{'ok' if c.ok else 'FAIL'}</td></tr>")
+            f"<td>{'ok' if c.ok else 'FAIL'}</td></tr>"
+        )
     imgs = "".join(f"<p><img src='{esc(p)}' alt='{esc(p)}'></p>" for p in pictures)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{esc(title)}</title>
@@ -184,9 +197,14 @@ tr.fail td{{background:#fdd}} img{{max-width:100%}}</style></head>
 """
 
 
-def write_parity_report(out_dir: str | os.PathLike, rows: Sequence[Mapping], maps: Mapping | None = None, *,
-                        title: str = "JAX vs PyTorch parity", meta: Mapping[str, str] | None = None
-                        ) -> dict[str, Path]:
+def write_parity_report(
+    out_dir: str | os.PathLike,
+    rows: Sequence[Mapping],
+    maps: Mapping | None = None,
+    *,
+    title: str = "JAX vs PyTorch parity",
+    meta: Mapping[str, str] | None = None,
+) -> dict[str, Path]:
     """Write diffs.png, maps.png (if ``maps``) and index.html into ``out_dir`` (created if needed).
 
     ``rows`` and ``maps`` are described in the module docstring; ``meta`` is shown above the pictures

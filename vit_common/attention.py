@@ -97,8 +97,9 @@ def rollout(attns: Sequence[np.ndarray], head: str | int = "mean", residual: flo
     for i, attn in enumerate(attns):
         a = fuse_heads(attn, head)  # [B, L, L]
         if a.shape[-1] != a.shape[-2] or (result is not None and a.shape != result.shape):
-            raise ValueError(f"layer {i}: attention of shape {np.shape(attn)} does not fit [B, N, L, L] "
-                             f"of the other layers")
+            raise ValueError(
+                f"layer {i}: attention of shape {np.shape(attn)} does not fit [B, N, L, L] of the other layers"
+            )
         a = (1.0 - residual) * a + residual * np.eye(a.shape[-1])
         a = a / a.sum(axis=-1, keepdims=True)
         result = a if result is None else a @ result  # later layers multiply from the left
@@ -123,9 +124,11 @@ def query_weights(cfg: ViTConfig, seq_len: int | None = None) -> tuple[np.ndarra
         q[0] = 1.0
         return q, "the class token's attention row (query = token 0)"
     q[npt:] = 1.0 / (length - npt)
-    why = {"gap": "pool='gap' averages the patch tokens",
-           "map": "pool='map' reads the tokens through its probe, not a class token",
-           "none": "pool='none' has no single output token"}[cfg.pool]
+    why = {
+        "gap": "pool='gap' averages the patch tokens",
+        "map": "pool='map' reads the tokens through its probe, not a class token",
+        "none": "pool='none' has no single output token",
+    }[cfg.pool]
     return q, f"the mean over all patch-token queries of their attention rows ({why})"
 
 
@@ -186,9 +189,13 @@ class AttentionMaps:
     shows: dict[str, str]
 
 
-def attention_maps(cfg: ViTConfig, intermediates: Mapping[str, np.ndarray],
-                   layers: Sequence[int] | None = None, head: str | int = "mean",
-                   residual: float = 0.5) -> AttentionMaps:
+def attention_maps(
+    cfg: ViTConfig,
+    intermediates: Mapping[str, np.ndarray],
+    layers: Sequence[int] | None = None,
+    head: str | int = "mean",
+    residual: float = 0.5,
+) -> AttentionMaps:
     """Raw per-head maps for ``layers`` (default: the last block), MAP probe, and rollout.
 
     ``intermediates``: numpy copies of a twin's ``forward_intermediates`` dict ('attn00'..., plus
@@ -212,16 +219,19 @@ def attention_maps(cfg: ViTConfig, intermediates: Mapping[str, np.ndarray],
     raw = np.stack([np.einsum("l,bnlm->bnm", q, attns[i]) for i in layers], axis=1)  # [B, layers, N, L]
     r = rollout(attns, head, residual)  # [B, L, L]
     fusion = f"head {head}" if isinstance(head, int) else f"{head} over heads"
-    shows = {"raw": f"per block and head: {query}",
-             "rollout": f"attention rollout ({fusion}, {residual:g} identity for the residual) of {query}"}
+    shows = {
+        "raw": f"per block and head: {query}",
+        "rollout": f"attention rollout ({fusion}, {residual:g} identity for the residual) of {query}",
+    }
     probe = None
     if cfg.pool == "map":
         probe = np.asarray(intermediates["attn_pool"], np.float64)[:, :, 0]  # [B, N, 1, L] -> [B, N, L]
         read = np.einsum("bm,bml->bl", fused_rows(probe, head), r)
-        shows["probe"] = ("per head: the MAP head's probe attention over the final tokens "
-                          "(what pool='map' reads)")
-        shows["rollout"] = (f"attention rollout ({fusion}, {residual:g} identity for the residual) of the "
-                            "MAP probe's attention: probe @ R, no identity for the probe")
+        shows["probe"] = "per head: the MAP head's probe attention over the final tokens (what pool='map' reads)"
+        shows["rollout"] = (
+            f"attention rollout ({fusion}, {residual:g} identity for the residual) of the "
+            "MAP probe's attention: probe @ R, no identity for the probe"
+        )
     else:
         read = np.einsum("l,blm->bm", q, r)
     if cfg.num_prefix_tokens:

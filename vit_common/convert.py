@@ -159,9 +159,7 @@ def needs(path: str | os.PathLike, fmt: str | None = None, *, writing: bool = Fa
     path = Path(path)
     if writing:
         fmt = fmt or output_format(path)
-        return (
-            "jax" if fmt == "orbax" else "torch" if fmt == "timm" and path.suffix in TORCH_SUFFIXES else None
-        )
+        return "jax" if fmt == "orbax" else "torch" if fmt == "timm" and path.suffix in TORCH_SUFFIXES else None
     src = _sniff(path)
     if src.kind == "orbax_dir":
         return "jax"
@@ -255,9 +253,7 @@ def _decode(
     if family in ("original_vit", "big_vision"):
         kw["keep_zero_head"] = keep_zero_head
     if family == "canonical":
-        dec = canonical.decode(
-            canonical.stored_config(meta, ctx), tensors, "safetensors, config in metadata", ctx
-        )
+        dec = canonical.decode(canonical.stored_config(meta, ctx), tensors, "safetensors, config in metadata", ctx)
         dec.cfg = dec.cfg.replace(**overrides) if overrides else dec.cfg
     elif family == "timm":
         dec = timm.read(tensors, **kw)
@@ -294,9 +290,7 @@ def _resample(cfg: ViTConfig, state: dict[str, np.ndarray], image_size, report: 
         report.notes.append(f"{why}: the {cfg.posemb} position embedding needs no resampling")
         return new
     prefix = cfg.num_prefix_tokens if cfg.posemb_prefix else 0
-    state["pos_embed"] = resample_pos_embed(
-        state["pos_embed"], cfg.grid, new.grid, prefix, cfg.posemb_resample
-    )
+    state["pos_embed"] = resample_pos_embed(state["pos_embed"], cfg.grid, new.grid, prefix, cfg.posemb_resample)
     report.resampled.append(
         f"pos_embed grid {cfg.grid[0]}x{cfg.grid[1]} -> {new.grid[0]}x{new.grid[1]} "
         f"with {cfg.posemb_resample} "
@@ -437,9 +431,7 @@ def _read_back(
         or not np.array_equal(np.asarray(v), dec.state[k])
     ]
     if bad or set(dec.state) != set(state):
-        raise AssertionError(
-            f"{fmt} writer does not read back bit-exact: {bad or set(dec.state) ^ set(state)}"
-        )
+        raise AssertionError(f"{fmt} writer does not read back bit-exact: {bad or set(dec.state) ^ set(state)}")
     lost = []
     for name, value in cfg.to_dict().items():
         back = dec.cfg.to_dict()[name]
@@ -474,9 +466,7 @@ def save_checkpoint(
     """
     path = Path(path)
     fmt = fmt or output_format(path)
-    cfg2, state2, tensors, config, notes = encode(
-        cfg, state, fmt, spelling=spelling, prefix=prefix, scan=scan
-    )
+    cfg2, state2, tensors, config, notes = encode(cfg, state, fmt, spelling=spelling, prefix=prefix, scan=scan)
     report = Report(config=cfg2, notes=notes, written=str(path), written_format=fmt)
     report.warnings += _read_back(fmt, cfg2, state2, tensors, config)
     if (

@@ -85,9 +85,7 @@ def canonical_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
     return s
 
 
-def check_state(
-    expected: Mapping[str, tuple[int, ...]], state: Mapping[str, object], context: str = ""
-) -> None:
+def check_state(expected: Mapping[str, tuple[int, ...]], state: Mapping[str, object], context: str = "") -> None:
     """Raise StateMismatchError unless ``state`` has exactly the keys and shapes of ``expected``."""
     missing = [k for k in expected if k not in state]
     unexpected = sorted(k for k in state if k not in expected)
@@ -102,5 +100,8 @@ def check_state(
 
 def nonfinite(state: Mapping[str, np.ndarray]) -> list[str]:
     """Names of tensors holding NaN or Inf."""
-    return [k for k, v in state.items() if np.issubdtype(np.asarray(v).dtype, np.floating)
-            and not np.isfinite(np.asarray(v)).all()]
+    return [
+        k
+        for k, v in state.items()
+        if np.issubdtype(np.asarray(v).dtype, np.floating) and not np.isfinite(np.asarray(v)).all()
+    ]

@@ -36,8 +36,10 @@ class Comparison:
         return (self.rel if self.kind == "rel" else self.max_abs) <= self.bound
 
     def __str__(self) -> str:
-        return (f"{self.name}: max_abs={self.max_abs:.3e} rel={self.rel:.3e} "
-                f"({self.kind} bound {self.bound:.0e}) {'ok' if self.ok else 'FAIL'}")
+        return (
+            f"{self.name}: max_abs={self.max_abs:.3e} rel={self.rel:.3e} "
+            f"({self.kind} bound {self.bound:.0e}) {'ok' if self.ok else 'FAIL'}"
+        )
 
 
 def tolerance(what: str, dtype: str) -> tuple[str, float]:

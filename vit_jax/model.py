@@ -74,8 +74,14 @@ class PatchEmbed(nnx.Module):
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
         self.proj = nnx.Conv(
-            cfg.in_chans, cfg.width, kernel_size=cfg.patch_size, strides=cfg.patch_size, padding="VALID",
-            kernel_init=nnx.initializers.lecun_normal(), rngs=rngs, **_dtypes(cfg),
+            cfg.in_chans,
+            cfg.width,
+            kernel_size=cfg.patch_size,
+            strides=cfg.patch_size,
+            padding="VALID",
+            kernel_init=nnx.initializers.lecun_normal(),
+            rngs=rngs,
+            **_dtypes(cfg),
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -267,12 +273,17 @@ class VisionTransformer(nnx.Module):
         self.cfg = cfg
         pd = jnp.dtype(cfg.param_dtype)
         self.patch_embed = PatchEmbed(cfg, rngs=rngs)
-        self.cls_token = nnx.Param(1e-6 * jax.random.normal(rngs.params(), (1, 1, cfg.width), pd)) \
-            if cfg.class_token else None
-        self.reg_token = nnx.Param(1e-6 * jax.random.normal(rngs.params(), (1, cfg.reg_tokens, cfg.width), pd)) \
-            if cfg.reg_tokens else None
-        self.pos_embed = nnx.Param(_trunc02(rngs.params(), (1, cfg.posemb_len, cfg.width), pd)) \
-            if cfg.posemb == "learn" else None
+        self.cls_token = (
+            nnx.Param(1e-6 * jax.random.normal(rngs.params(), (1, 1, cfg.width), pd)) if cfg.class_token else None
+        )
+        self.reg_token = (
+            nnx.Param(1e-6 * jax.random.normal(rngs.params(), (1, cfg.reg_tokens, cfg.width), pd))
+            if cfg.reg_tokens
+            else None
+        )
+        self.pos_embed = (
+            nnx.Param(_trunc02(rngs.params(), (1, cfg.posemb_len, cfg.width), pd)) if cfg.posemb == "learn" else None
+        )
         self.pos_drop = _dropout(cfg.dropout, rngs)
         rates = np.linspace(0.0, cfg.drop_path, cfg.depth) if cfg.depth > 1 else [cfg.drop_path]
         self.blocks = nnx.List([Block(cfg, float(r), rngs=rngs) for r in rates])
@@ -302,8 +313,7 @@ class VisionTransformer(nnx.Module):
             pe = self.pos_embed[...].astype(cfg.dtype)
             pe_prefix, pe_grid = (pe[:, :npt], pe[:, npt:]) if cfg.posemb_prefix else (None, pe)
             if (gh, gw) != cfg.grid:  # dynamic image size: the same matrices as vit_common.posemb
-                wh, ww = (jnp.asarray(m, cfg.dtype) for m in
-                          resample_matrices(cfg.grid, (gh, gw), cfg.posemb_resample))
+                wh, ww = (jnp.asarray(m, cfg.dtype) for m in resample_matrices(cfg.grid, (gh, gw), cfg.posemb_resample))
                 grid = pe_grid.reshape(*cfg.grid, cfg.width)  # [h0, w0, D]
                 pe_grid = jnp.einsum("yh,hwd,xw->yxd", wh, grid, ww).reshape(1, gh * gw, cfg.width)
         elif cfg.posemb == "sincos2d":
@@ -334,7 +344,7 @@ class VisionTransformer(nnx.Module):
         if cfg.pool == "token":
             x = x[:, 0]
         elif cfg.pool == "gap":
-            x = x[:, cfg.num_prefix_tokens:].mean(axis=1)
+            x = x[:, cfg.num_prefix_tokens :].mean(axis=1)
         elif cfg.pool == "map":
             x, probs = self.attn_pool(x, return_attn=record)
             if record:

@@ -94,8 +94,11 @@ def from_numpy(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, seed: int = 0
     params = nnx.from_flat_state(flat)
     # RNG streams: build the model under jit and keep only the non-parameter state, so XLA drops the
     # random parameter initialisation as dead code.
-    rest = jax.jit(lambda: nnx.state(VisionTransformer(cfg, rngs=nnx.Rngs(seed)), nnx.Not(nnx.Param)))() \
-        if len(nnx.to_flat_state(rest)) else rest
+    rest = (
+        jax.jit(lambda: nnx.state(VisionTransformer(cfg, rngs=nnx.Rngs(seed)), nnx.Not(nnx.Param)))()
+        if len(nnx.to_flat_state(rest))
+        else rest
+    )
     model = nnx.merge(graphdef, params, rest)
     model.eval()
     return model
@@ -112,6 +115,5 @@ def load_model(path, *, image_size=None, num_classes=None, **overrides) -> Visio
     """
     from vit_jax.formats import READERS
 
-    cfg, state = read_checkpoint(path, image_size=image_size, num_classes=num_classes, readers=READERS,
-                                 **overrides)
+    cfg, state = read_checkpoint(path, image_size=image_size, num_classes=num_classes, readers=READERS, **overrides)
     return from_numpy(cfg, state)

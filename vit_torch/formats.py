@@ -67,18 +67,14 @@ def read_torch_file(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], lis
     obj = _load(path)
     dropped: list[tuple[str, str]] = []
     if not _is_state_dict(obj):
-        entry = next(
-            (k for k in WEIGHT_ENTRIES if isinstance(obj, Mapping) and _is_state_dict(obj.get(k))), None
-        )
+        entry = next((k for k in WEIGHT_ENTRIES if isinstance(obj, Mapping) and _is_state_dict(obj.get(k))), None)
         if entry is None:
             keys = list(obj)[:8] if isinstance(obj, Mapping) else type(obj).__name__
             raise FormatError(
                 f"{path}: holds no state_dict of tensors (top level: {keys}); expected one of "
                 f"{WEIGHT_ENTRIES} or a plain state_dict"
             )
-        dropped += [
-            (str(k), f"training-checkpoint entry, the weights come from {entry!r}") for k in obj if k != entry
-        ]
+        dropped += [(str(k), f"training-checkpoint entry, the weights come from {entry!r}") for k in obj if k != entry]
         obj = obj[entry]
     tensors = {}
     for k, v in obj.items():

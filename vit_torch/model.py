@@ -72,8 +72,9 @@ class PatchEmbed(nn.Module):
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
-        self.proj = nn.Conv2d(cfg.in_chans, cfg.width, cfg.patch_size, stride=cfg.patch_size, padding=0,
-                              dtype=_dt(cfg.param_dtype))
+        self.proj = nn.Conv2d(
+            cfg.in_chans, cfg.width, cfg.patch_size, stride=cfg.patch_size, padding=0, dtype=_dt(cfg.param_dtype)
+        )
         self.compute_dtype = _dt(cfg.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -81,8 +82,9 @@ class PatchEmbed(nn.Module):
         return F.conv2d(x.to(cd), self.proj.weight.to(cd), self.proj.bias.to(cd), stride=self.proj.stride)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, drop: nn.Module | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, drop: nn.Module | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention written out: q [B, L, N, D/N], k and v [B, M, N, D/N] ->
     (out [B, L, N, D/N] in q's dtype, probabilities [B, N, L, M] in at least float32).
 
@@ -259,10 +261,10 @@ class VisionTransformer(nn.Module):
         pd = _dt(cfg.param_dtype)
         self.patch_embed = PatchEmbed(cfg)
         self.cls_token = nn.Parameter(torch.empty(1, 1, cfg.width, dtype=pd)) if cfg.class_token else None
-        self.reg_token = nn.Parameter(torch.empty(1, cfg.reg_tokens, cfg.width, dtype=pd)) \
-            if cfg.reg_tokens else None
-        self.pos_embed = nn.Parameter(torch.empty(1, cfg.posemb_len, cfg.width, dtype=pd)) \
-            if cfg.posemb == "learn" else None
+        self.reg_token = nn.Parameter(torch.empty(1, cfg.reg_tokens, cfg.width, dtype=pd)) if cfg.reg_tokens else None
+        self.pos_embed = (
+            nn.Parameter(torch.empty(1, cfg.posemb_len, cfg.width, dtype=pd)) if cfg.posemb == "learn" else None
+        )
         self.pos_drop = nn.Dropout(cfg.dropout)
         rates = np.linspace(0.0, cfg.drop_path, cfg.depth) if cfg.depth > 1 else [cfg.drop_path]
         self.blocks = nn.ModuleList([Block(cfg, float(r)) for r in rates])
@@ -282,9 +284,7 @@ class VisionTransformer(nn.Module):
         """Images [B, C, H, W] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D])."""
         cfg = self.cfg
         if x.ndim != 4 or x.shape[1] != cfg.in_chans:
-            raise ValueError(
-                f"images of shape {tuple(x.shape)}: expected [B, C={cfg.in_chans}, H, W] (channels first)"
-            )
+            raise ValueError(f"images of shape {tuple(x.shape)}: expected [B, C={cfg.in_chans}, H, W] (channels first)")
         gh, gw = cfg.grid_for(x.shape[2:4])  # raises ValueError on a size the config does not allow
         ph, pw = cfg.patch_size
         cd = _dt(cfg.dtype)
@@ -299,8 +299,10 @@ class VisionTransformer(nn.Module):
             pe = self.pos_embed.to(cd)
             pe_prefix, pe_grid = (pe[:, :npt], pe[:, npt:]) if cfg.posemb_prefix else (None, pe)
             if (gh, gw) != cfg.grid:  # dynamic image size: the same matrices as vit_common.posemb
-                wh, ww = (torch.as_tensor(m, dtype=cd, device=x.device) for m in
-                          resample_matrices(cfg.grid, (gh, gw), cfg.posemb_resample))
+                wh, ww = (
+                    torch.as_tensor(m, dtype=cd, device=x.device)
+                    for m in resample_matrices(cfg.grid, (gh, gw), cfg.posemb_resample)
+                )
                 grid = pe_grid.reshape(*cfg.grid, cfg.width)  # [h0, w0, D]
                 pe_grid = torch.einsum("yh,hwd,xw->yxd", wh, grid, ww).reshape(1, gh * gw, cfg.width)
         elif cfg.posemb == "sincos2d":
@@ -332,7 +334,7 @@ class VisionTransformer(nn.Module):
         if cfg.pool == "token":
             x = x[:, 0]
         elif cfg.pool == "gap":
-            x = x[:, cfg.num_prefix_tokens:].mean(dim=1)
+            x = x[:, cfg.num_prefix_tokens :].mean(dim=1)
         elif cfg.pool == "map":
             x, probs = self.attn_pool(x, return_attn=record)
             if record:

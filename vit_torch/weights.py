@@ -39,8 +39,9 @@ def to_numpy(model: VisionTransformer) -> dict[str, np.ndarray]:
     return {k: tensor_to_numpy(v) for k, v in model.state_dict().items()}
 
 
-def from_numpy(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, device: str | torch.device = "cpu"
-               ) -> VisionTransformer:
+def from_numpy(
+    cfg: ViTConfig, state: Mapping[str, np.ndarray], *, device: str | torch.device = "cpu"
+) -> VisionTransformer:
     """Build a VisionTransformer for ``cfg`` holding exactly the tensors of ``state``, in eval mode.
 
     The model is built on the meta device (no random init) and filled with ``state`` cast to
@@ -58,8 +59,9 @@ def from_numpy(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, device: str |
     return model.eval()
 
 
-def load_model(path, *, image_size=None, num_classes=None, device: str | torch.device = "cpu",
-               **overrides) -> VisionTransformer:
+def load_model(
+    path, *, image_size=None, num_classes=None, device: str | torch.device = "cpu", **overrides
+) -> VisionTransformer:
     """Load any supported checkpoint file or folder (``vit_common.convert.FORMATS``; orbax folders need
     jax: convert them first) into the torch twin, in eval mode.
 
@@ -70,6 +72,5 @@ def load_model(path, *, image_size=None, num_classes=None, device: str | torch.d
     """
     from vit_torch.formats import READERS
 
-    cfg, state = read_checkpoint(path, image_size=image_size, num_classes=num_classes, readers=READERS,
-                                 **overrides)
+    cfg, state = read_checkpoint(path, image_size=image_size, num_classes=num_classes, readers=READERS, **overrides)
     return from_numpy(cfg, state, device=device)

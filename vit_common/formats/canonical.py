@@ -59,8 +59,9 @@ def atomic_write_dir(path: str | os.PathLike, write) -> None:
         raise
 
 
-def save_safetensors(path: str | os.PathLike, state: Mapping[str, np.ndarray],
-                     metadata: Mapping[str, str] | None = None) -> None:
+def save_safetensors(
+    path: str | os.PathLike, state: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None
+) -> None:
     """Write ``state`` as safetensors atomically; tensors are made contiguous first (K10)."""
     tensors = {k: np.ascontiguousarray(v) for k, v in state.items()}
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=dict(metadata or {})))
