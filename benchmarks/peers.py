@@ -1,7 +1,7 @@
 """ViTConfig -> the constructor arguments of the peer implementations the benchmark times.
 
-The formats work (issue 3) writes the full mapping for weight conversion; this one covers what the
-benchmark needs, and raises for anything the peer cannot express, rather than timing a different model.
+timm's arguments are ``vit_common.formats.timm.timm_kwargs``, the mapping weight conversion uses; HF's
+cover what the benchmark needs. Anything a peer cannot express raises, rather than timing a different model.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import functools
 from typing import Any
 
 from vit_common.config import ViTConfig
+from vit_common.formats.timm import timm_kwargs
 
 
 def peer_config(cfg: ViTConfig, library: str) -> dict[str, Any]:
@@ -22,8 +23,6 @@ def peer_config(cfg: ViTConfig, library: str) -> dict[str, Any]:
     Raises:
         ValueError: unknown library, or config fields the peer cannot express (named in the message).
     """
-    import torch
-
     unsupported = {
         "rep_size": cfg.rep_size,
         "posemb": cfg.posemb == "sincos2d",
@@ -44,33 +43,12 @@ def peer_config(cfg: ViTConfig, library: str) -> dict[str, Any]:
     if any(unsupported.values()):
         bad = ", ".join(f"{k}={getattr(cfg, k)!r}" for k, v in unsupported.items() if v)
         raise ValueError(f"{library} cannot express {bad}")
-    if library == "timm":
-        return dict(
-            img_size=cfg.image_size,
-            patch_size=cfg.patch_size,
-            in_chans=cfg.in_chans,
-            num_classes=cfg.num_classes,
-            embed_dim=cfg.width,
-            depth=cfg.depth,
-            num_heads=cfg.num_heads,
-            mlp_ratio=cfg.mlp_dim / cfg.width,
-            qkv_bias=cfg.qkv_bias,
-            qk_norm=cfg.qk_norm,
-            init_values=cfg.layer_scale,
-            class_token=cfg.class_token,
-            reg_tokens=cfg.reg_tokens,
-            global_pool={"token": "token", "gap": "avg", "map": "map", "none": ""}[cfg.pool],
-            pos_embed="learn" if cfg.posemb == "learn" else "none",
-            no_embed_class=not cfg.posemb_prefix,
-            fc_norm=cfg.fc_norm,
-            drop_rate=cfg.dropout,
-            proj_drop_rate=cfg.dropout,
-            pos_drop_rate=cfg.dropout,
-            attn_drop_rate=cfg.attn_dropout,
-            drop_path_rate=cfg.drop_path,
-            norm_layer=functools.partial(torch.nn.LayerNorm, eps=cfg.ln_eps),
-            act_layer=functools.partial(torch.nn.GELU, approximate="tanh" if cfg.gelu == "tanh" else "none"),
-        )
+    if library == "timm":  # the same mapping weight conversion uses
+        from timm.layers import LayerNorm
+
+        kw = timm_kwargs(cfg)
+        kw["norm_layer"] = functools.partial(LayerNorm, eps=kw.pop("norm_eps"))
+        return kw
     if library == "hf":
         return dict(
             image_size=list(cfg.image_size),
