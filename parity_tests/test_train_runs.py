@@ -243,6 +243,12 @@ def test_evaluate_and_predict(ref, npz, tmp_path, capsys):
         assert all(ln["top"][0]["probability"] >= ln["top"][1]["probability"] for ln in lines)
         tops[fw] = [ln["top"][0]["class"] for ln in lines]
     assert tops["jax"] == tops["torch"]
+    # the timm-named export does not store num_heads, and width 16 gives no guess: say so, or take --set
+    timm_file = str(ref / "model_timm.safetensors")
+    assert main(["predict", timm_file, str(files[0])]) == 2
+    assert "cannot guess num_heads for width 16" in capsys.readouterr().err
+    assert main(["predict", timm_file, *map(str, files), "--set", "num_heads=2", "--json"]) == 0
+    assert [json.loads(ln)["top"][0]["class"] for ln in capsys.readouterr().out.splitlines()] == tops["jax"]
 
 
 def test_sigkill_while_training_and_while_writing_a_checkpoint_then_resume_is_bit_exact(ref, env, npz, tmp_path):
@@ -258,6 +264,23 @@ def test_sigkill_while_training_and_while_writing_a_checkpoint_then_resume_is_bi
     resumed = vit(env, *args, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(out, ref)  # includes: no temporary (half-written) checkpoint folder left
+
+
+def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(ref, npz, tmp_path):
+    out = tmp_path / "early"
+    (out / "checkpoints" / "2.orbax-checkpoint-tmp-1").mkdir(parents=True)  # a half-written first checkpoint
+    for name in ("config.json", "metrics.jsonl"):
+        (out / name).write_text(
+            (ref / name).read_text().splitlines(keepends=True)[0]
+            if name == "metrics.jsonl"
+            else (ref / name).read_text()
+        )
+    args = ["train", "--dataset", f"npz:{npz}", *TINY, "--out", str(out), "--no-parity"]
+    assert main(args) == 2  # a fresh start would overwrite what is there
+    assert main([*args, "--resume"]) == 0
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 10))  # from step 0, each step once
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["6", "8", "9"]  # temporary folder gone
 
 
 def test_resume_refuses_another_config_and_fresh_runs_refuse_an_existing_folder(ref, npz, tmp_path, capsys):

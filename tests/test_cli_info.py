@@ -1,4 +1,4 @@
-"""`vit info`: golden parameter count, JSON output, exit code 2 on a bad variant."""
+"""`vit info`: golden parameter count, JSON output, exit code 2 on a bad variant or an unusable path."""
 
 from __future__ import annotations
 
@@ -23,3 +23,14 @@ def test_info_json(capsys):
 def test_info_bad_variant_exits_2(capsys):
     assert main(["info", "Q/16"]) == 2
     assert "unknown name 'Q'" in capsys.readouterr().err
+
+
+def test_an_output_path_that_is_a_folder_exits_2(tmp_path, capsys):
+    from format_helpers import SMALL, random_state
+
+    from vit_common.convert import save_checkpoint
+
+    save_checkpoint(tmp_path / "m.safetensors", SMALL, random_state(SMALL))
+    (tmp_path / "out.npz").mkdir()
+    assert main(["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "out.npz")]) == 2
+    assert "out.npz is a folder: expected a file path" in capsys.readouterr().err

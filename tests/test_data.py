@@ -15,6 +15,7 @@ from vit_jax.data import (
     native_channels,
     normalize,
     prepare_image,
+    read_image,
     train_batches,
 )
 
@@ -132,6 +133,21 @@ def test_prepare_image_converts_channels_and_size():
     with pytest.raises(ValueError, match="channels=2"):
         prepare_image(gray, (8, 8), 2)
     np.testing.assert_allclose(normalize(np.array([0, 255], np.uint8)), [-1.0, 1.0])
+
+
+def test_sixteen_bit_greyscale_is_scaled_not_clipped(tmp_path):
+    eight = np.arange(0, 256, 4, dtype=np.uint8).reshape(8, 8)
+    Image.fromarray(eight.astype(np.uint16) * 257).save(tmp_path / "d16.png")  # 16-bit PNG, same picture
+    with Image.open(tmp_path / "d16.png") as im:
+        assert im.mode.startswith("I")
+    np.testing.assert_array_equal(read_image(tmp_path / "d16.png", (8, 8), 1)[..., 0], eight)
+    np.testing.assert_array_equal(read_image(tmp_path / "d16.png", (8, 8), 3)[..., 2], eight)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, 1.5, -0.2])
+def test_val_fraction_outside_zero_one_is_refused(fraction):
+    with pytest.raises(ValueError, match=f"val_fraction={fraction}: expected a float in"):
+        load_dataset("digits", (8, 8), 1, val_fraction=fraction)
 
 
 def _folder(root, classes, n=3, size=6):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ from format_helpers import SMALL, assert_same_state, random_state
 from npz_layouts import write_layout
 
 from vit_common.config import ViTConfig
-from vit_common.convert import FORMATS, load_checkpoint, needs, output_format, save_checkpoint
+from vit_common.convert import FORMATS, load_checkpoint, needs, output_format, read_checkpoint, save_checkpoint
 from vit_common.formats.base import FormatError
 from vit_common.state import StateMismatchError
 
@@ -466,3 +467,26 @@ def test_folder_outputs_replace_only_checkpoint_folders(tmp_path):
         save_checkpoint(tmp_path / "mine", SMALL, state, "hf")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "precious"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mine"]
+
+
+def test_guessed_fields_are_warned_and_an_override_silences_them(tmp_path):
+    cfg = SMALL.replace(width=128, num_heads=4, mlp_dim=256)  # no VARIANTS row of width 128: width/64 = 2 heads
+    save_checkpoint(tmp_path / "t.safetensors", cfg, random_state(cfg), "timm")
+    warned = load_checkpoint(tmp_path / "t.safetensors").report.warnings
+    assert len(warned) == 1 and warned[0].startswith("num_heads=2 guessed as width/64"), warned
+    assert load_checkpoint(tmp_path / "t.safetensors", num_heads=4).report.warnings == []
+    with pytest.warns(UserWarning, match="num_heads=2 guessed"):
+        assert read_checkpoint(tmp_path / "t.safetensors")[0].num_heads == 2
+
+
+def test_writes_refuse_a_folder_path_and_get_the_usual_file_mode(tmp_path):
+    (tmp_path / "dir.safetensors").mkdir()
+    with pytest.raises(IsADirectoryError, match="is a folder"):
+        save_checkpoint(tmp_path / "dir.safetensors", SMALL, random_state(SMALL))
+    assert list((tmp_path / "dir.safetensors").iterdir()) == []
+    umask = os.umask(0o022)
+    try:
+        save_checkpoint(tmp_path / "m.safetensors", SMALL, random_state(SMALL))
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "m.safetensors").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600

@@ -23,6 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
+from vit_cli.convert import add_set_argument
+from vit_common.images import to_8bit
+
 PANEL_PX = (200, 240)  # width, height of one figure panel in pixels (figure dpi 100)
 MAX_COLS = 8
 ALPHA = 0.6  # opacity of the attention colours over the image
@@ -57,6 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...: what PIL reads)")
     p.add_argument("--checkpoint", required=True, help="checkpoint file or folder (config read from it)")
+    add_set_argument(p)
     p.add_argument("--framework", choices=("jax", "torch"), default="jax", help="twin to run (default jax)")
     p.add_argument(
         "--layer",
@@ -105,7 +109,7 @@ def fit_image(im, size: tuple[int, int], chans: int) -> np.ndarray:
     if chans not in (1, 3):
         raise ValueError(f"in_chans={chans}: images can be read for 1 (grey) or 3 (RGB) channels only")
     h, w = size
-    im = im.convert("L" if chans == 1 else "RGB")
+    im = to_8bit(im).convert("L" if chans == 1 else "RGB")  # 16-bit greyscale scaled, not clipped
     scale = max(h / im.height, w / im.width)
     rw, rh = max(w, round(im.width * scale)), max(h, round(im.height * scale))
     im = im.resize((rw, rh), Image.Resampling.BICUBIC)
@@ -144,13 +148,13 @@ def normalise(images: np.ndarray, mean: list[float], std: list[float]) -> np.nda
     return ((images - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)).astype(np.float32)
 
 
-def _load(framework: str, checkpoint: str):
-    """The chosen twin's model, in eval mode."""
+def _load(framework: str, checkpoint: str, overrides=()):
+    """The chosen twin's model, in eval mode (``overrides``: (FIELD, VALUE) config pairs)."""
     if framework == "jax":
         from vit_jax.weights import load_model
     else:
         from vit_torch.weights import load_model
-    return load_model(checkpoint)
+    return load_model(checkpoint, **dict(overrides))
 
 
 def _forward(framework: str, model, images: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -319,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
     stems = [Path(p).stem for p in args.images]
     if len(set(stems)) != len(stems):
         raise ValueError(f"images {args.images}: names without suffix must differ (outputs use them)")
-    model = _load(args.framework, args.checkpoint)
+    model = _load(args.framework, args.checkpoint, args.settings)
     cfg = model.cfg
     if args.layer == "all":
         layers = list(range(cfg.depth))

@@ -19,6 +19,20 @@ def _setting(text: str) -> tuple[str, object]:
         return key, value
 
 
+def add_set_argument(p: argparse.ArgumentParser) -> None:
+    """``--set FIELD=VALUE`` (repeatable) -> ``args.settings``, a list of (field, value) config overrides."""
+    p.add_argument(
+        "--set",
+        dest="settings",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a config field the checkpoint does not store or stores wrongly (repeatable), "
+        "e.g. --set num_heads=16 --set gelu=tanh",
+    )
+
+
 def _size(text: str) -> int | tuple[int, int]:
     parts = text.lower().split("x")
     try:
@@ -57,15 +71,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=_size,
         help="size SRC was trained at, for files that store none and have a non-square grid",
     )
-    p.add_argument(
-        "--set",
-        dest="settings",
-        type=_setting,
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="override an inferred config field (repeatable), e.g. --set num_heads=16 --set gelu=tanh",
-    )
+    add_set_argument(p)
     p.add_argument(
         "--hf-spelling",
         choices=("v4", "v5"),

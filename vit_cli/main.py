@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # subcommand -> module; each module imports only argparse/stdlib/vit_common at top level.
@@ -39,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (UsageError, ValueError, FileNotFoundError) as e:
+    except BrokenPipeError:  # e.g. `vit info B/16 | head -1`: the reader left, nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (UsageError, ValueError, OSError) as e:  # bad input or an unusable path (missing, a folder, ...)
         print(f"vit {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

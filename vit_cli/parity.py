@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from vit_cli.convert import add_set_argument
 from vit_common.tolerance import Comparison, compare
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -116,31 +117,22 @@ def load_images(folder: str | Path, image_size: tuple[int, int], chans: int) -> 
     """
     from PIL import Image, UnidentifiedImageError
 
+    from vit_cli.attention import fit_image
+
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such folder of images")
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise ValueError(f"{folder}: no image files ({', '.join(IMAGE_SUFFIXES)})")
-    h, w = image_size
     out = []
     for p in files:
         try:
             with Image.open(p) as im:
-                im = im.convert("L" if chans == 1 else "RGB")
-                scale = max(h / im.height, w / im.width)
-                im = im.resize(
-                    (max(w, round(im.width * scale)), max(h, round(im.height * scale))),
-                    Image.Resampling.BICUBIC,
-                )
-                left, top = (im.width - w) // 2, (im.height - h) // 2
-                arr = np.asarray(im.crop((left, top, left + w, top + h)), np.float32)
+                arr = fit_image(im, image_size, chans)  # [H, W, C] in [0, 1]
         except (OSError, UnidentifiedImageError, ValueError) as e:
             raise ValueError(f"{p}: not a readable image ({e})") from e
-        arr = arr[..., None] if arr.ndim == 2 else arr
-        if arr.shape[-1] != chans:
-            raise ValueError(f"{p}: {arr.shape[-1]} channels, the model takes {chans}")
-        out.append(((arr / 255.0 - 0.5) / 0.5).transpose(2, 0, 1))
+        out.append(((arr - 0.5) / 0.5).transpose(2, 0, 1))
     return np.stack(out), [p.name for p in files]
 
 
@@ -331,6 +323,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "vit_common.tolerance. Exit code 1 if anything is beyond tolerance.",
     )
     p.add_argument("checkpoint", help="checkpoint file or folder")
+    add_set_argument(p)
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="compute dtype (default float32)")
     p.add_argument("--images", metavar="DIR", help="folder of images to run (default: 4 generated ones)")
     p.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
@@ -376,7 +369,7 @@ def report_maps(result: ParityResult, layer: int, head: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    options = {"image_size": args.image_size} if args.image_size else {}
+    options = dict(args.settings) | ({"image_size": args.image_size} if args.image_size else {})
     result = run_parity(
         args.checkpoint,
         dtype=args.dtype,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from vit_cli.convert import add_set_argument
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -16,6 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "as in training. Class names come from the run's config.json beside the checkpoint, if any.",
     )
     p.add_argument("checkpoint", help="model file or folder")
+    add_set_argument(p)
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...)")
     p.add_argument("--framework", choices=("jax", "torch"), default="jax", help="which twin runs the model")
     p.add_argument("--top-k", type=int, default=3, help="how many classes to list per image")
@@ -30,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from vit_cli.run_model import load, logits
     from vit_jax.data import normalize, read_image
 
-    model = load(args.checkpoint, args.framework)
+    model = load(args.checkpoint, args.framework, args.settings)
     cfg = model.cfg
     if not 1 <= args.top_k:
         raise ValueError(f"--top-k={args.top_k}: expected a positive int")

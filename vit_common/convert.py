@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -360,14 +361,24 @@ def load_checkpoint(
         cfg = _resample(cfg, state, image_size, report)
     check_canonical(cfg, state, str(path))
     state = {k: state[k] for k in canonical_shapes(cfg)}  # timm state_dict order
+    report.warnings += [
+        f"{k}={getattr(cfg, k)!r} {how}: the file does not store it (wrong if the model was made otherwise)"
+        for k, how in dec.inferred.items()
+        if how.startswith("guessed") and k not in overrides
+    ]
     report.warnings += [f"{k} holds NaN or Inf" for k in nonfinite(state)]
     report.config = cfg
     return Checkpoint(cfg, state, report)
 
 
 def read_checkpoint(path: str | os.PathLike, **kwargs: Any) -> tuple[ViTConfig, dict[str, np.ndarray]]:
-    """(config, canonical state) of any supported checkpoint; arguments as ``load_checkpoint``."""
+    """(config, canonical state) of any supported checkpoint; arguments as ``load_checkpoint``.
+
+    The report's warnings (guessed fields, NaN/Inf tensors) are issued as ``UserWarning``s.
+    """
     ckpt = load_checkpoint(path, **kwargs)
+    for w in ckpt.report.warnings:
+        warnings.warn(f"{path}: {w}", UserWarning, stacklevel=2)
     return ckpt.cfg, ckpt.state
 
 

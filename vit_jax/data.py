@@ -30,6 +30,8 @@ import grain
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from vit_common.images import to_8bit
+
 MEAN = 0.5
 STD = 0.5
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
@@ -43,7 +45,8 @@ _SPLIT_SEED = 0  # fixed split of mnist5k, digits and any dataset split by val_f
 def prepare_image(image: Image.Image | np.ndarray, size: tuple[int, int], channels: int) -> np.ndarray:
     """Convert one image to uint8 [H, W, C] at ``size`` = (H, W) with ``channels`` C in {1, 3}.
 
-    Colour conversion and resizing are PIL's (``convert('L'|'RGB')``, bilinear ``resize``, which
+    Colour conversion and resizing are PIL's (16-bit greyscale scaled to 8 bits first, then
+    ``convert('L'|'RGB')``, bilinear ``resize``, which
     filters when shrinking); an image already at the target size and channels is returned as is.
 
     Raises:
@@ -58,7 +61,7 @@ def prepare_image(image: Image.Image | np.ndarray, size: tuple[int, int], channe
         if arr.shape == (*size, channels):
             return arr
         image = Image.fromarray(arr[:, :, 0] if arr.shape[2] == 1 else arr)
-    image = image.convert(_MODES[channels])
+    image = to_8bit(image).convert(_MODES[channels])
     if image.size != (size[1], size[0]):
         image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
     arr = np.asarray(image, np.uint8)
@@ -163,8 +166,11 @@ def load_dataset(spec: str, image_size: tuple[int, int], channels: int, *, val_f
     Raises:
         FileNotFoundError: a folder or file that does not exist.
         ValueError: unknown spec, empty dataset, fewer than two classes, unreadable or corrupt images
-            (all listed by path), malformed arrays, or a split that leaves one side empty.
+            (all listed by path), malformed arrays, a split that leaves one side empty, or
+            ``val_fraction`` outside (0, 1).
     """
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction={val_fraction}: expected a float in (0, 1)")
     kind, _, arg = spec.partition(":")
     if kind == "mnist5k" and not arg:
         x, y = _mnist5k()

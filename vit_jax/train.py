@@ -473,6 +473,12 @@ class Checkpoints:
         self.manager.close()
 
 
+def saved_steps(directory: Path) -> list[int]:
+    """Steps of the complete checkpoints in ``directory`` (orbax names them by step; a checkpoint still
+    being written sits in a temporary folder with another name)."""
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []
+
+
 def sharded_abstract(trainer: Trainer):
     """``trainer.abstract_state`` with each leaf's target sharding attached (for restores)."""
     return jax.tree.map(
@@ -557,7 +563,8 @@ def fit(
     Raises:
         ValueError: ``out`` already holds a run and ``resume`` is off, or ``resume`` with a config that
             differs from the saved one (every differing field listed).
-        FileNotFoundError: ``resume`` without a run in ``out``.
+        FileNotFoundError: ``resume`` without a run in ``out``. A run stopped before its first complete
+            checkpoint resumes from step 0.
         NonFiniteError: NaN or Inf in the loss or gradients; the last good checkpoint stays intact.
     """
     import time
@@ -567,25 +574,29 @@ def fit(
     out = Path(out)
     lead = jax.process_index() == 0
     config, metrics_path = run_config(trainer), out / "metrics.jsonl"
-    ckpts = Checkpoints(out / "checkpoints", keep)
+    saved = saved_steps(out / "checkpoints")
+    if resume:
+        if not (out / "config.json").exists():
+            raise FileNotFoundError(f"{out}: no run to resume (config.json is missing)")
+        diff = config_mismatch(read_json(out / "config.json"), config)
+        if diff:
+            raise ValueError(
+                f"{out}: the checkpoint was made with a different config (keep it, or choose another --out):\n  "
+                + "\n  ".join(diff)
+            )
+    elif saved or metrics_path.exists():
+        raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
+    ckpts = Checkpoints(out / "checkpoints", keep)  # removes temporary folders a killed run left
     try:
-        if resume:
-            if not (out / "config.json").exists():
-                raise FileNotFoundError(f"{out}: no run to resume (config.json is missing)")
-            diff = config_mismatch(read_json(out / "config.json"), config)
-            if diff:
-                raise ValueError(f"{out}: the checkpoint was made with a different config:\n  " + "\n  ".join(diff))
+        if saved and resume:
             state, meta = ckpts.restore(sharded_abstract(trainer))
             start, data_state = int(meta["step"]), meta["data"]
-            if lead:
-                _truncate_metrics(metrics_path, start)
-        else:
-            if ckpts.latest_step() is not None or metrics_path.exists():
-                raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
-            if lead:
-                out.mkdir(parents=True, exist_ok=True)
-                write_json(out / "config.json", config)
+        else:  # a fresh run, or a resumed one that was stopped before its first complete checkpoint
             state, start, data_state = trainer.init_state(), 0, None
+        if lead:
+            out.mkdir(parents=True, exist_ok=True)
+            write_json(out / "config.json", config)
+            _truncate_metrics(metrics_path, start)
         return _loop(
             trainer,
             state,

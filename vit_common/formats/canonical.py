@@ -22,19 +22,32 @@ FORMAT_TAG = "vit-twins/canonical/1"
 def atomic_write(path: str | os.PathLike, write) -> None:
     """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it into place.
 
-    Nothing is left at ``path`` (or beside it) if ``write`` raises.
+    Nothing is left at ``path`` (or beside it) if ``write`` raises. The file gets the usual mode of a
+    new file (0666 less the umask), not mkstemp's 0600.
+
+    Raises:
+        IsADirectoryError: ``path`` is an existing folder (checked before ``write`` runs).
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder: expected a file path")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_dir(path: str | os.PathLike, write) -> None:
@@ -47,6 +60,7 @@ def atomic_write_dir(path: str | os.PathLike, write) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         write(tmp)
+        os.chmod(tmp, 0o777 & ~_umask())
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
             os.replace(path, old / "x")
