@@ -34,3 +34,5 @@ def test_an_output_path_that_is_a_folder_exits_2(tmp_path, capsys):
     (tmp_path / "out.npz").mkdir()
     assert main(["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "out.npz")]) == 2
     assert "out.npz is a folder: expected a file path" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "m.safetensors")]) == 2
+    assert "is the source file itself" in capsys.readouterr().err

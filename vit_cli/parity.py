@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from vit_cli.convert import add_set_argument
+from vit_common.formats.canonical import atomic_write
 from vit_common.tolerance import Comparison, compare
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -380,7 +381,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(format_table(result))
     if args.json:
-        Path(args.json).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+        atomic_write(args.json, lambda tmp: Path(tmp).write_text(json.dumps(result.to_dict(), indent=1) + "\n"))
     if args.report:
         from vit_cli.report import write_parity_report
 

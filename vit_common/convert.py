@@ -528,7 +528,14 @@ def convert(
     write_options: Mapping[str, Any] = (),
     **read_options: Any,
 ) -> Report:
-    """Read ``src`` (see ``load_checkpoint`` for ``read_options``) and write ``dst``; one report for both."""
+    """Read ``src`` (see ``load_checkpoint`` for ``read_options``) and write ``dst``; one report for both.
+
+    Raises:
+        ValueError: ``dst`` is ``src`` (the source would be replaced by its own conversion); and what
+            ``load_checkpoint`` and ``save_checkpoint`` raise.
+    """
+    if Path(dst).resolve() == Path(src).resolve():
+        raise ValueError(f"{dst} is the source file itself: write the conversion somewhere else")
     ckpt = load_checkpoint(src, fmt=from_fmt, readers=readers, **read_options)
     out = save_checkpoint(dst, ckpt.cfg, ckpt.state, to_fmt, writers=writers, **dict(write_options))
     report = ckpt.report

@@ -75,6 +75,8 @@ def read_image(path: str | os.PathLike, size: tuple[int, int], channels: int) ->
         FileNotFoundError: no such file.
         ValueError: the file is not a decodable image; the message names the path.
     """
+    if Path(path).is_dir():
+        raise ValueError(f"{path} is a folder: expected an image file")
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: no such image file")
     try:
