@@ -7,13 +7,14 @@ import json
 from pathlib import Path
 
 from vit_cli.convert import add_set_argument
+from vit_cli.main import HelpFormatter
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "evaluate",
         help="accuracy and confusion matrix of a checkpoint on a dataset",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         description="Evaluate a checkpoint (any format vit_jax/vit_torch load_model reads, e.g. a run's "
         "model.safetensors) on a dataset: accuracy, per-class accuracy and a confusion-matrix PNG. Images "
         "are resized to the model's image size and channels.",

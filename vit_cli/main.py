@@ -23,6 +23,13 @@ COMMANDS = {
 }
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds "(default: X)" to a flag's help unless X is None (the help text then says what applies)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 class UsageError(Exception):
     """Bad usage or input: printed without a traceback, exit code 2."""
 

