@@ -197,3 +197,5 @@ def test_parity_report_pictures(tmp_path, capsys):
     assert "block01" in page and "attn01" in page and "m.safetensors" in page
     assert main(["parity", str(tmp_path / "m.safetensors"), "--report", str(tmp_path / "bad"), "--head", "2"]) == 2
     assert not (tmp_path / "bad").exists()
+    assert main(["parity", str(tmp_path / "m.safetensors"), "--layer", "1"]) == 2  # nothing to draw it in
+    assert "pass --report DIR too" in capsys.readouterr().err

@@ -340,8 +340,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also write pictures to DIR: diffs.png (per-layer max and mean |JAX - torch|, log scale, "
         "tolerance line), maps.png (one attention map from each twin and their difference) and index.html",
     )
-    p.add_argument("--layer", type=int, default=-1, help="block whose attention --report draws (default: last)")
-    p.add_argument("--head", type=int, default=0, help="head whose attention --report draws (default 0)")
+    p.add_argument("--layer", type=int, help="with --report: block whose attention it draws (default: the last)")
+    p.add_argument("--head", type=int, help="with --report: head whose attention it draws (default 0)")
     p.set_defaults(func=run)
 
 
@@ -370,6 +370,8 @@ def report_maps(result: ParityResult, layer: int, head: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.report and (args.layer is not None or args.head is not None):
+        raise ValueError("--layer and --head choose the map --report draws: pass --report DIR too")
     options = dict(args.settings) | ({"image_size": args.image_size} if args.image_size else {})
     result = run_parity(
         args.checkpoint,
@@ -388,7 +390,7 @@ def run(args: argparse.Namespace) -> int:
         paths = write_parity_report(
             args.report,
             [r.to_dict() for r in result.rows],
-            report_maps(result, args.layer, args.head),
+            report_maps(result, -1 if args.layer is None else args.layer, args.head or 0),
             meta={
                 "checkpoint": result.checkpoint,
                 "format": result.format,
