@@ -1,7 +1,8 @@
 """ViTConfig -> the constructor arguments of the peer implementations the benchmark times.
 
-timm's arguments are ``vit_common.formats.timm.timm_kwargs``, the mapping weight conversion uses; HF's
-cover what the benchmark needs. Anything a peer cannot express raises, rather than timing a different model.
+The mappings are the ones weight conversion uses: ``vit_common.formats.timm.timm_kwargs`` for timm,
+``vit_common.formats.hf.config_json`` for Hugging Face. Anything a peer cannot express raises, rather
+than timing a different model.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import functools
 from typing import Any
 
 from vit_common.config import ViTConfig
+from vit_common.formats.hf import config_json
 from vit_common.formats.timm import timm_kwargs
 
 
@@ -49,21 +51,6 @@ def peer_config(cfg: ViTConfig, library: str) -> dict[str, Any]:
         kw = timm_kwargs(cfg)
         kw["norm_layer"] = functools.partial(LayerNorm, eps=kw.pop("norm_eps"))
         return kw
-    if library == "hf":
-        return dict(
-            image_size=list(cfg.image_size),
-            patch_size=list(cfg.patch_size),
-            num_channels=cfg.in_chans,
-            num_labels=cfg.num_classes,
-            hidden_size=cfg.width,
-            num_hidden_layers=cfg.depth,
-            num_attention_heads=cfg.num_heads,
-            intermediate_size=cfg.mlp_dim,
-            qkv_bias=cfg.qkv_bias,
-            layer_norm_eps=cfg.ln_eps,
-            hidden_act="gelu_pytorch_tanh" if cfg.gelu == "tanh" else "gelu",
-            hidden_dropout_prob=cfg.dropout,
-            attention_probs_dropout_prob=cfg.attn_dropout,
-            attn_implementation="sdpa",
-        )
+    if library == "hf":  # the config.json our HF writer puts beside the weights
+        return {**config_json(cfg), "attn_implementation": "sdpa"}
     raise ValueError(f"library={library!r}: expected 'timm' or 'hf'")

@@ -267,6 +267,13 @@ def write(
     """
     if spelling not in _NAMES:
         raise ValueError(f"spelling={spelling!r}: expected 'v4' or 'v5'")
+    prefix = "vit." if cfg.num_classes > 0 else ""
+    return config_json(cfg), from_canonical(rules(cfg, spelling, prefix), state)
+
+
+def config_json(cfg: ViTConfig) -> dict[str, Any]:
+    """The config.json of an HF ViT folder for ``cfg``: also the keyword arguments of
+    ``transformers.ViTConfig`` that build the same model."""
     classify = cfg.num_classes > 0
     (ih, iw), (ph, pw) = cfg.image_size, cfg.patch_size
     config: dict[str, Any] = {
@@ -293,4 +300,4 @@ def write(
     if classify:
         config["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_classes)}
         config["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_classes)}
-    return config, from_canonical(rules(cfg, spelling, "vit." if classify else ""), state)
+    return config
