@@ -148,15 +148,6 @@ def normalise(images: np.ndarray, mean: list[float], std: list[float]) -> np.nda
     return ((images - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)).astype(np.float32)
 
 
-def _load(framework: str, checkpoint: str, overrides=()):
-    """The chosen twin's model, in eval mode (``overrides``: (FIELD, VALUE) config pairs)."""
-    if framework == "jax":
-        from vit_jax.weights import load_model
-    else:
-        from vit_torch.weights import load_model
-    return load_model(checkpoint, **dict(overrides))
-
-
 def _forward(framework: str, model, images: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(logits [B, K] float64, attention intermediates as float64 numpy) for images [B, H, W, C]."""
     if framework == "jax":
@@ -323,7 +314,9 @@ def run(args: argparse.Namespace) -> int:
     stems = [Path(p).stem for p in args.images]
     if len(set(stems)) != len(stems):
         raise ValueError(f"images {args.images}: names without suffix must differ (outputs use them)")
-    model = _load(args.framework, args.checkpoint, args.settings)
+    from vit_cli.run_model import load
+
+    model = load(args.checkpoint, args.framework, args.settings)
     cfg = model.cfg
     if args.layer == "all":
         layers = list(range(cfg.depth))
