@@ -88,12 +88,13 @@ def _attend(
     """Softmax attention written out: q [B, L, N, D/N], k and v [B, M, N, D/N] ->
     (out [B, L, N, D/N] in q's dtype, probabilities [B, N, L, M] in at least float32).
 
-    Heads move in front of the tokens first, as in the JAX twin (where XLA needs that layout).
-    ``drop`` (attention dropout) applies to the probabilities used for ``out``, not the ones returned.
+    Heads move in front of the tokens first, as in the JAX twin (where XLA needs that layout); q is
+    scaled before the product, as timm's non-fused ``Attention`` does. ``drop`` (attention dropout)
+    applies to the probabilities used for ``out``, not the ones returned.
     """
     acc = _acc(q.dtype)
     qh, kh, vh = (t.to(acc).transpose(1, 2) for t in (q, k, v))  # [B, N, L|M, D/N]
-    probs = (torch.einsum("bnlh,bnmh->bnlm", qh, kh) * scale).softmax(dim=-1)
+    probs = torch.einsum("bnlh,bnmh->bnlm", qh * scale, kh).softmax(dim=-1)
     out = torch.einsum("bnlm,bnmh->bnlh", probs if drop is None else drop(probs), vh)
     return out.transpose(1, 2).to(q.dtype), probs
 

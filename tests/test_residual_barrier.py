@@ -1,0 +1,63 @@
+"""vit_jax.model.residual_barrier: an exact identity that stops XLA on CPU from fusing the backward
+pass's residual-gradient chain into every block (quadratic in depth, see its docstring)."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from vit_common.config import ViTConfig
+from vit_jax import model as vit_model
+
+
+def _loss(x):
+    return jnp.sum(jnp.sin(x) ** 2 * x)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64"])
+def test_value_gradient_and_jvp_are_bit_identical_to_no_barrier(dtype):
+    with jax.enable_x64(dtype == "float64"):
+        x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 5, 4)), dtype)
+        barred = lambda x: _loss(vit_model.residual_barrier(x))  # noqa: E731
+        np.testing.assert_array_equal(vit_model.residual_barrier(x), x)
+        np.testing.assert_array_equal(jax.jit(jax.grad(barred))(x), jax.jit(jax.grad(_loss))(x))
+        t = jnp.ones_like(x)
+        np.testing.assert_array_equal(jax.jvp(barred, (x,), (t,))[1], jax.jvp(_loss, (x,), (t,))[1])
+
+
+def test_gradient_keeps_nan_and_inf():
+    x = jnp.asarray([[[np.nan, np.inf, -np.inf, 1.0]]], jnp.float32)
+    g = jax.grad(lambda x: jnp.sum(vit_model.residual_barrier(x) * 3.0))(x)
+    np.testing.assert_array_equal(g, np.full((1, 1, 4), 3.0, np.float32))
+    g = jax.grad(lambda y: jnp.sum(vit_model.residual_barrier(y) * x))(jnp.ones_like(x))
+    np.testing.assert_array_equal(g, x)
+
+
+def _largest_fusion_operands(depth: int) -> tuple[int, bool]:
+    """Operands of the largest fusion in the compiled gradient of a depth-``depth`` model, and
+    whether the program has a conditional (the barrier)."""
+    cfg = ViTConfig(image_size=32, patch_size=8, width=32, depth=depth, num_heads=2, mlp_dim=64, num_classes=10)
+    graphdef, params, rest = nnx.split(vit_model.VisionTransformer(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
+
+    def loss(p, x):
+        return jnp.sum(nnx.merge(graphdef, p, rest)(x))
+
+    text = jax.jit(jax.grad(loss)).lower(params, jnp.ones((2, 32, 32, 3))).compile().as_text()
+    entry = text[text.index("ENTRY") :]
+    fusions = [line.split(" fusion(", 1)[1].split(")", 1)[0] for line in entry.splitlines() if " fusion(" in line]
+    return max(len(re.findall(r"%[\w.\-]+", f)) for f in fusions), " conditional(" in text
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the barrier is used on CPU only")
+def test_backward_fusions_do_not_grow_with_depth():
+    # Without the barrier the largest fusion took 48 operands at depth 2 and 159 at depth 8
+    # (jax 0.10.2): every block's LayerNorm backward recomputed inside the next.
+    shallow, has_cond = _largest_fusion_operands(2)
+    deep, _ = _largest_fusion_operands(8)
+    assert has_cond
+    assert deep == shallow, f"largest backward fusion grew from {shallow} operands (depth 2) to {deep} (depth 8)"
