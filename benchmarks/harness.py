@@ -21,6 +21,7 @@ from importlib import metadata
 import numpy as np
 
 from benchmarks.contenders import Contender, build, check
+from vit_common import host_memory
 from vit_common.config import ViTConfig
 
 SCHEMA = "vit-bench/1"
@@ -37,7 +38,7 @@ PACKAGES = ("jax", "jaxlib", "flax", "optax", "torch", "timm", "transformers", "
 RECORD_FIELDS: dict[str, str] = {
     "schema": "record format tag",
     "time": "start of the run, UTC ISO 8601",
-    "machine": "platform, device, cpu, cores, torch threads, load average at the start, XLA_FLAGS",
+    "machine": "platform, device, cpu, cores, torch threads, load average at the start, XLA_FLAGS, malloc settings",
     "versions": "python and package versions",
     "variant": "variant name, e.g. B/16",
     "config": "the ViTConfig as a dict",
@@ -107,6 +108,7 @@ def machine() -> dict:
         "torch_threads": torch.get_num_threads(),
         "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "malloc": host_memory.state(),
     }
 
 

@@ -10,6 +10,8 @@ import importlib
 import os
 import sys
 
+from vit_common.host_memory import reuse_freed_memory
+
 # subcommand -> module; each module imports only argparse/stdlib/vit_common at top level.
 COMMANDS = {
     "info": "vit_cli.info",
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    reuse_freed_memory()  # before JAX starts its threads; see vit_common/host_memory.py
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:  # e.g. `vit info B/16 | head -1`: the reader left, nothing more to say
