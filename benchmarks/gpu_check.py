@@ -22,6 +22,8 @@ from dataclasses import asdict
 
 import numpy as np
 
+from vit_common import host_memory
+
 # (variant, mode, batch), most important first: the B/16 targets, then the largest and smallest.
 GROUPS = [
     ("B/16", "infer", 256),
@@ -105,6 +107,7 @@ def parity(context: dict, variant: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    host_memory.reuse_freed_memory()  # as `vit bench` does, so the records carry the same setting
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"), help="output folder ($OUT)")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting groups after this (s)")

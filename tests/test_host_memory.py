@@ -73,3 +73,17 @@ def test_opt_out_leaves_malloc_alone():
     faults, state = _probe("apply", {host_memory.OPT_OUT: "1"})
     assert state == f"default ({host_memory.OPT_OUT} is set)"
     assert faults > 60_000
+
+
+@pytest.mark.parametrize("value", ["1", "yes", "true"])
+def test_opt_out_values(value, monkeypatch):
+    monkeypatch.setattr(host_memory, "_state", "default (reuse_freed_memory not called)")
+    monkeypatch.setenv(host_memory.OPT_OUT, value)
+    assert host_memory.reuse_freed_memory() == f"default ({host_memory.OPT_OUT} is set)"
+
+
+def test_applied_settings_are_reported_for_the_life_of_the_process(monkeypatch):
+    applied = "glibc 2.36 mallopt: arena_max=1 mmap_max=0 trim_threshold=2147483647"
+    monkeypatch.setattr(host_memory, "_state", applied)
+    monkeypatch.setenv(host_memory.OPT_OUT, "1")  # too late: mallopt cannot be undone by this module
+    assert host_memory.reuse_freed_memory() == applied and host_memory.state() == applied

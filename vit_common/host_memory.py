@@ -8,7 +8,8 @@ a 2 GiB trim threshold (``mallopt``, glibc malloc(3)) the block comes from the m
 mapped between steps: no faults after the first step. PyTorch's eager allocations benefit as well.
 
 Cost: memory freed by the process is kept (up to the peak), not returned to the system. Set
-``VIT_DEFAULT_MALLOC=1`` to leave malloc as it is. Other C libraries (macOS, musl) are left alone.
+``VIT_DEFAULT_MALLOC=1`` (any value but empty, 0, false, no, off) to leave malloc as it is. Other C
+libraries (macOS, musl) are left alone.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ def reuse_freed_memory() -> str:
     Never raises: where the settings cannot be applied, malloc stays as it is.
     """
     global _state
-    if os.environ.get(OPT_OUT, "") not in ("", "0"):
+    if _state.startswith("glibc"):  # applied already; settings stay for the life of the process
+        return _state
+    if os.environ.get(OPT_OUT, "").strip().lower() not in ("", "0", "false", "no", "off"):
         _state = f"default ({OPT_OUT} is set)"
         return _state
     try:

@@ -114,31 +114,44 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, drop=None) -
     return out.transpose(0, 2, 1, 3).astype(q.dtype), probs
 
 
+_BARRIER_DTYPES = tuple(jnp.dtype(d) for d in ("float16", "bfloat16", "float32", "float64"))
+
+
 def _same_bits(x: jax.Array) -> jax.Array:
-    """Identity written as a rounding to x's own float format (so XLA cannot tell it from a real op)."""
+    """Identity written as a rounding to x's own float format (so XLA cannot tell it from a real op).
+
+    Exact for IEEE formats with infinities (those in ``_BARRIER_DTYPES``), not for e.g. float8_e4m3fn.
+    """
     fi = jnp.finfo(x.dtype)
     return jax.lax.reduce_precision(x, exponent_bits=fi.nexp, mantissa_bits=fi.nmant)
 
 
-@jax.custom_jvp
+def _materialize(g: jax.Array) -> jax.Array:
+    """g, through a ``lax.cond`` whose two branches are both the identity (XLA never fuses across one)."""
+    if g.size == 0 or g.dtype not in _BARRIER_DTYPES:
+        return g
+    return jax.lax.cond(jnp.isnan(g.reshape(-1)[0]), lambda g: g, _same_bits, g)
+
+
+@jax.custom_vjp
 def residual_barrier(x: jax.Array) -> jax.Array:
     """Identity on the residual stream [B, L, D] whose gradient XLA must write to memory once.
 
     Without it XLA on CPU fuses the backward pass's chain of residual-gradient sums (one per
     LayerNorm) into every consumer, recomputing all later blocks' LayerNorm backward in each
-    block: quadratic in depth (a Ti/16 training step spent ~20% of its time there). The tangent
-    goes through a ``lax.cond`` whose two branches are both the identity: XLA never fuses across
-    a conditional, and an ``optimization_barrier`` is removed before fusion on CPU. Values are
-    unchanged bit for bit; the predicate (is the first element NaN) is taken from the primal so
-    the rule transposes. With the batch sharded, the predicate costs one scalar all-reduce.
+    block: quadratic in depth (fusions of up to 170 operands in a Ti/16 training step). The
+    cotangent goes through ``_materialize``; an ``optimization_barrier`` would not do, XLA:CPU
+    removes it before fusion. The barrier's value and its vjp are the identity bit for bit; the
+    rest of a jitted backward pass may round differently (1 ulp) because XLA fuses it differently.
+    With the batch sharded the predicate costs one scalar all-reduce; under ``jax.vmap`` the cond
+    becomes a select and the barrier has no effect. Reverse mode only: ``jax.jvp`` through it
+    raises TypeError (a custom_jvp form cannot be transposed once vmap turns its cond into a
+    select, which breaks ``grad`` of a vmapped model).
     """
     return x
 
 
-@residual_barrier.defjvp
-def _residual_barrier_jvp(primals, tangents):
-    (x,), (t,) = primals, tangents
-    return x, jax.lax.cond(jnp.isnan(x.reshape(-1)[0]), lambda t: t, _same_bits, t)
+residual_barrier.defvjp(lambda x: (x, None), lambda _, g: (_materialize(g),))
 
 
 class Attention(nnx.Module):
