@@ -179,7 +179,11 @@ class DropPath(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + drop_path(ls1(attn(norm1(x)))), then the same for the MLP."""
+    """Pre-norm transformer block: x + drop_path(ls1(attn(norm1(x)))), then the same for the MLP.
+
+    The JAX twin's Block first passes x through ``residual_barrier`` on CPU, an identity that only
+    changes how XLA compiles the backward pass; eager PyTorch needs no counterpart.
+    """
 
     def __init__(self, cfg: ViTConfig, drop_path: float):
         super().__init__()
