@@ -1,0 +1,294 @@
+"""How the parts of a ViT block speed up from one CPU core to all of them, in JAX and in PyTorch.
+
+Why it exists: on CPU, ``vit_jax``'s training step trails the torch peers, and a profile puts the gap
+in attention. This measures the two halves of a block's work, forward + backward, float32, each on
+one pinned core and then on all usable cores (one child process per core set, pinned with
+``sched_setaffinity`` before JAX and torch start their thread pools):
+
+- ``attention``: softmax attention on q, k, v of [B, L, N, D/N]. JAX: ``vit_jax.model._attend``
+  (what the twin runs on CPU) under ``jax.jit(jax.value_and_grad(...))``; torch:
+  ``F.scaled_dot_product_attention`` on [B, N, L, D/N] (timm's path; on CPU its fused
+  flash-attention kernel). FLOPs: 4 B N L^2 (D/N) forward (q.k and probabilities.v), 2x that
+  backward.
+- ``linear``: the block's four matmuls on x [B*L, D]: qkv (D -> 3D), proj (D -> D), fc1 (D -> F),
+  fc2 (F -> D), with gradients for the inputs and the weights, each framework with its own layer's
+  weight layout: JAX ``x @ kernel`` (flax, [in, out]), torch ``F.linear`` (timm, [out, in]). FLOPs:
+  2 B L D (4D + 2F) forward, 2x backward.
+
+Each part's loss is sum(output^2 * fixed random weights g) (squared, so that no framework can skip a
+forward matmul: the gradient needs the output), so both frameworks do the same work. The
+parts run interleaved (A B C D A B C D ...) after warm-up; a record per (core set, framework, part).
+
+    python -m benchmarks.cpu_scaling                     # Ti/16 and S/16, batch 8, 1 core vs all
+    python -m benchmarks.cpu_scaling --variants B/16 --repeats 9 --out scaling.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+import numpy as np
+
+from vit_common.config import ViTConfig
+
+SCHEMA = "vit-cpu-scaling/1"
+PARTS = ("attention", "linear")
+FRAMEWORKS = ("jax", "torch")
+BACKWARD_FACTOR = 3  # forward + backward = 3x the forward's FLOPs (harness.TRAIN_FLOPS_FACTOR)
+# Every record (one JSON line) has exactly these keys.
+RECORD_FIELDS: dict[str, str] = {
+    "schema": "record format tag",
+    "time": "start of the child run, UTC ISO 8601",
+    "machine": "as in vit bench records (cores = the cores this child was pinned to)",
+    "versions": "python and package versions",
+    "variant": "variant name, e.g. S/16",
+    "config": "the ViTConfig as a dict",
+    "batch": "images per call",
+    "part": "'attention' or 'linear' (see module doc)",
+    "framework": "'jax' or 'torch'",
+    "cpus": "the core numbers the child was pinned to",
+    "cores": "len(cpus)",
+    "flops": "forward + backward FLOPs per call (module doc)",
+    "times_s": "seconds per call, each timed round",
+    "median_s": "median of times_s",
+    "min_s": "fastest run",
+    "max_s": "slowest run",
+    "p25_s": "25th percentile",
+    "p75_s": "75th percentile",
+    "spread": "(p75 - p25) / median",
+    "flops_per_s": "flops / median_s",
+}
+
+
+def part_flops(cfg: ViTConfig, batch: int, part: str) -> int:
+    """Forward + backward FLOPs of ``part`` for one block at ``batch`` images (module doc formulas)."""
+    b, length, d, heads = batch, cfg.seq_len, cfg.width, cfg.num_heads
+    if part == "attention":
+        fwd = 4 * b * heads * length**2 * (d // heads)
+    elif part == "linear":
+        fwd = 2 * b * length * d * (4 * d + 2 * cfg.mlp_dim)
+    else:
+        raise ValueError(f"part {part!r}: expected one of {PARTS}")
+    return BACKWARD_FACTOR * fwd
+
+
+def inputs(cfg: ViTConfig, batch: int) -> dict[str, np.ndarray]:
+    """float32 operands shared by both frameworks: q, k, v and the loss weights g [B, L, N, D/N];
+    x [B*L, D], h [B*L, F], weights w_qkv [D, 3D], w_proj [D, D], w_fc1 [D, F], w_fc2 [F, D] ([in, out]),
+    and the loss weights of the four outputs g_qkv, g_proj, g_fc1, g_fc2 [B*L, out]."""
+    rng = np.random.default_rng(0)
+    b, length, d, heads, f = batch, cfg.seq_len, cfg.width, cfg.num_heads, cfg.mlp_dim
+    m = b * length
+    shapes = {name: (b, length, heads, d // heads) for name in ("q", "k", "v", "g")}
+    shapes |= {"x": (m, d), "w_qkv": (d, 3 * d), "w_proj": (d, d), "w_fc1": (d, f), "w_fc2": (f, d)}
+    shapes |= {"g_qkv": (m, 3 * d), "g_proj": (m, d), "g_fc1": (m, f), "h": (m, f), "g_fc2": (m, d)}
+    return {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+
+
+def _loss(y, g):
+    """sum(y^2 * g): the same expression in JAX and torch (both overload the operators)."""
+    return (y * y * g).sum()
+
+
+def jax_functions(cfg: ViTConfig, a: dict[str, np.ndarray]) -> dict[str, tuple[Callable, list]]:
+    """{part: (jitted forward + backward, its arguments)} for JAX, on the operands of ``inputs``."""
+    import jax
+    import jax.numpy as jnp
+
+    from vit_jax.model import _attend
+
+    j = {k: jnp.asarray(v) for k, v in a.items()}
+    scale = cfg.head_dim**-0.5
+
+    def attention_loss(q, k, v, g):
+        return _loss(_attend(q, k, v, scale)[0], g)
+
+    def linear_loss(x, h, w_qkv, w_proj, w_fc1, w_fc2, g_qkv, g_proj, g_fc1, g_fc2):
+        return _loss(x @ w_qkv, g_qkv) + _loss(x @ w_proj, g_proj) + _loss(x @ w_fc1, g_fc1) + _loss(h @ w_fc2, g_fc2)
+
+    lin_names = ("x", "h", "w_qkv", "w_proj", "w_fc1", "w_fc2", "g_qkv", "g_proj", "g_fc1", "g_fc2")
+    return {
+        "attention": (jax.jit(jax.value_and_grad(attention_loss, argnums=(0, 1, 2))), [j[k] for k in "qkvg"]),
+        "linear": (jax.jit(jax.value_and_grad(linear_loss, argnums=tuple(range(6)))), [j[k] for k in lin_names]),
+    }
+
+
+def _jax_parts(cfg: ViTConfig, a: dict[str, np.ndarray]) -> dict[str, Callable[[int], None]]:
+    import jax
+
+    def runner(f, args):
+        def run(n: int) -> None:
+            for _ in range(n):
+                out = f(*args)
+            jax.block_until_ready(out)
+
+        return run
+
+    return {part: runner(f, args) for part, (f, args) in jax_functions(cfg, a).items()}
+
+
+def _torch_parts(a: dict[str, np.ndarray]) -> dict[str, Callable[[int], None]]:
+    import torch
+    import torch.nn.functional as F
+
+    def leaf(name: str, heads_first: bool = False) -> torch.Tensor:
+        v = a[name].transpose(0, 2, 1, 3) if heads_first else a[name].T if name.startswith("w_") else a[name]
+        return torch.from_numpy(np.ascontiguousarray(v)).requires_grad_()
+
+    q, k, v = (leaf(n, heads_first=True) for n in ("q", "k", "v"))  # [B, N, L, D/N]
+    g = torch.from_numpy(np.ascontiguousarray(a["g"].transpose(0, 2, 1, 3)))
+    # weights [out, in], as torch.nn.Linear keeps them
+    x, h, w_qkv, w_proj, w_fc1, w_fc2 = (leaf(n) for n in ("x", "h", "w_qkv", "w_proj", "w_fc1", "w_fc2"))
+    gs = {n: torch.from_numpy(a[n]) for n in ("g_qkv", "g_proj", "g_fc1", "g_fc2")}
+
+    def attention() -> None:
+        _loss(F.scaled_dot_product_attention(q, k, v), g).backward()
+
+    def linear() -> None:
+        loss = (
+            _loss(F.linear(x, w_qkv), gs["g_qkv"])
+            + _loss(F.linear(x, w_proj), gs["g_proj"])
+            + _loss(F.linear(x, w_fc1), gs["g_fc1"])
+            + _loss(F.linear(h, w_fc2), gs["g_fc2"])
+        )
+        loss.backward()
+
+    leaves = (q, k, v, x, h, w_qkv, w_proj, w_fc1, w_fc2)
+
+    def runner(f):
+        def run(n: int) -> None:
+            for _ in range(n):
+                for t in leaves:
+                    t.grad = None
+                f()
+
+        return run
+
+    return {"attention": runner(attention), "linear": runner(linear)}
+
+
+def measure(
+    variants: list[str], batch: int, warmup: int, repeats: int, cpus: list[int], image_size: int | None = None
+) -> list[dict]:
+    """Records (``RECORD_FIELDS``) for every variant x framework x part, run on the cores this process has.
+
+    Call it in a process already pinned to ``cpus`` (``main`` does this per child).
+    """
+    import torch
+
+    from benchmarks.contenders import Contender
+    from benchmarks.harness import default_context, interleave, summarize
+
+    torch.set_num_threads(len(cpus))
+    context = default_context()
+    records = []
+    for variant in variants:
+        cfg = ViTConfig.from_name(variant, **({} if image_size is None else {"image_size": image_size}))
+        a = inputs(cfg, batch)
+        runs = {"jax": _jax_parts(cfg, a), "torch": _torch_parts(a)}
+        contenders = [Contender(f"{fw}/{p}", fw, runs[fw][p]) for p in PARTS for fw in FRAMEWORKS]
+        for c in contenders:
+            c.run(1)  # compile (jax), first allocation (torch)
+        times = interleave(contenders, warmup=warmup, repeats=repeats, iters=1)
+        for name, t in times.items():
+            fw, part = name.split("/")
+            stats = summarize(t)
+            flops = part_flops(cfg, batch, part)
+            records.append(
+                context
+                | {"schema": SCHEMA, "variant": variant, "config": cfg.to_dict(), "batch": batch}
+                | {"part": part, "framework": fw}
+                | {"cpus": cpus, "cores": len(cpus), "flops": flops}
+                | stats
+                | {"flops_per_s": flops / stats["median_s"]}
+            )
+    return records
+
+
+def table(records: list[dict]) -> str:
+    """Markdown: per variant and part, each framework's time on 1 core and on all, and the speedup."""
+    by = {(r["variant"], r["part"], r["framework"], r["cores"]): r for r in records}
+    many = max(r["cores"] for r in records)
+    head = (
+        f"| variant | part (fwd + bwd) | framework | 1 core ms (GFLOP/s) | {many} cores ms (GFLOP/s) "
+        f"| speedup 1 -> {many} |"
+    )
+    lines = [head, "|---|---|---|---|---|---|"]
+    for variant in dict.fromkeys(r["variant"] for r in records):
+        for part in PARTS:
+            for fw in FRAMEWORKS:
+                one, all_ = by.get((variant, part, fw, 1)), by.get((variant, part, fw, many))
+                if one is None or all_ is None:
+                    continue
+                cells = [f"{r['median_s'] * 1e3:.1f} ({r['flops_per_s'] / 1e9:.0f})" for r in (one, all_)]
+                speedup = one["median_s"] / all_["median_s"]
+                lines.append(f"| {variant} | {part} | {fw} | {cells[0]} | {cells[1]} | {speedup:.2f}x |")
+    return "\n".join(lines)
+
+
+def _cpu_list(s: str) -> list[int]:
+    if not s or not all(c.strip().isdigit() for c in s.split(",")):
+        raise argparse.ArgumentTypeError(f"{s!r}: expected comma-separated core numbers, e.g. 0,1")
+    return sorted({int(c) for c in s.split(",")})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.cpu_scaling", description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", default="Ti/16,S/16", help="comma-separated (default Ti/16,S/16)")
+    p.add_argument("--batch", type=int, default=8, help="images per call (default 8)")
+    p.add_argument("--image-size", type=int, default=None, help="square image size (default: the variant's, 224)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed rounds (default 2)")
+    p.add_argument("--repeats", type=int, default=15, help="timed rounds (default 15)")
+    p.add_argument("--out", default=None, help="JSON lines file (default: print only)")
+    p.add_argument("--child-cpus", type=_cpu_list, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    overrides = {} if args.image_size is None else {"image_size": args.image_size}
+    for v in variants:
+        try:
+            ViTConfig.from_name(v, **overrides)  # a bad variant or size is named before any child starts
+        except ValueError as e:
+            p.error(str(e))
+    for name in ("batch", "repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name}={getattr(args, name)}: expected a positive int")
+    if args.warmup < 0:
+        p.error(f"--warmup={args.warmup}: expected an int >= 0")
+
+    if args.child_cpus is not None:
+        os.sched_setaffinity(0, args.child_cpus)  # before JAX and torch create their thread pools
+        from vit_common.host_memory import reuse_freed_memory
+
+        reuse_freed_memory()
+        recs = measure(variants, args.batch, args.warmup, args.repeats, args.child_cpus, args.image_size)
+        print(json.dumps(recs))
+        return 0
+
+    usable = sorted(os.sched_getaffinity(0))
+    core_sets = [usable[:1]] + ([usable] if len(usable) > 1 else [])
+    records: list[dict] = []
+    for cpus in core_sets:
+        cmd = [sys.executable, "-m", "benchmarks.cpu_scaling", "--child-cpus", ",".join(map(str, cpus))]
+        cmd += ["--variants", ",".join(variants), "--batch", str(args.batch)]
+        cmd += ["--warmup", str(args.warmup), "--repeats", str(args.repeats)]
+        cmd += [] if args.image_size is None else ["--image-size", str(args.image_size)]
+        child = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # its stderr goes to ours
+        if child.returncode != 0:
+            p.exit(1, f"{p.prog}: the run on cores {cpus} failed with exit code {child.returncode} (see above)\n")
+        records += json.loads(child.stdout.strip().splitlines()[-1])
+    print(table(records))
+    if args.out:
+        from benchmarks.report import write_jsonl
+
+        write_jsonl(records, args.out)
+        print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
