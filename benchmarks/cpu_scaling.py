@@ -5,11 +5,12 @@ in attention. This measures the two halves of a block's work, forward + backward
 one pinned core and then on all usable cores (one child process per core set, pinned with
 ``sched_setaffinity`` before JAX and torch start their thread pools):
 
-- ``attention``: softmax attention on q, k, v of [B, L, N, D/N]. JAX: ``vit_jax.model._attend``
-  (what the twin runs on CPU) under ``jax.jit(jax.value_and_grad(...))``; torch:
-  ``F.scaled_dot_product_attention`` on [B, N, L, D/N] (timm's path; on CPU its fused
-  flash-attention kernel). FLOPs: 4 B N L^2 (D/N) forward (q.k and probabilities.v), 2x that
-  backward.
+- ``attention``: softmax attention on q, k, v of [B, L, N, D/N] (as the qkv projection leaves
+  them). JAX: ``vit_jax.model._attend`` (what the twin runs on CPU, head transposes included) under
+  ``jax.jit(jax.value_and_grad(...))``; torch: ``F.scaled_dot_product_attention`` on [B, N, L, D/N]
+  views of them (timm's path; on CPU its fused flash-attention kernel). FLOPs: 4 B N L^2 (D/N)
+  forward (q.k and probabilities.v), 2x that backward. torch's fused backward also recomputes q.k
+  (a fifth matmul, not credited: its FLOP/s are understated by about 1/7).
 - ``linear``: the block's four matmuls on x [B*L, D]: qkv (D -> 3D), proj (D -> D), fc1 (D -> F),
   fc2 (F -> D), with gradients for the inputs and the weights, each framework with its own layer's
   weight layout: JAX ``x @ kernel`` (flax, [in, out]), torch ``F.linear`` (timm, [out, in]). FLOPs:
@@ -132,44 +133,47 @@ def _jax_parts(cfg: ViTConfig, a: dict[str, np.ndarray]) -> dict[str, Callable[[
     return {part: runner(f, args) for part, (f, args) in jax_functions(cfg, a).items()}
 
 
-def _torch_parts(a: dict[str, np.ndarray]) -> dict[str, Callable[[int], None]]:
+def torch_functions(a: dict[str, np.ndarray]) -> dict[str, tuple[Callable[[], object], tuple]]:
+    """{part: (function returning the loss tensor, the leaves it differentiates)} for torch, on the
+    operands of ``inputs``; the leaves are in the order of ``jax_functions``' gradients."""
     import torch
     import torch.nn.functional as F
 
-    def leaf(name: str, heads_first: bool = False) -> torch.Tensor:
-        v = a[name].transpose(0, 2, 1, 3) if heads_first else a[name].T if name.startswith("w_") else a[name]
+    def leaf(name: str) -> torch.Tensor:
+        v = a[name].T if name.startswith("w_") else a[name]  # weights [out, in], as torch.nn.Linear keeps them
         return torch.from_numpy(np.ascontiguousarray(v)).requires_grad_()
 
-    q, k, v = (leaf(n, heads_first=True) for n in ("q", "k", "v"))  # [B, N, L, D/N]
-    g = torch.from_numpy(np.ascontiguousarray(a["g"].transpose(0, 2, 1, 3)))
-    # weights [out, in], as torch.nn.Linear keeps them
+    q, k, v = (leaf(n) for n in ("q", "k", "v"))  # [B, L, N, D/N]
+    g = torch.from_numpy(a["g"])
     x, h, w_qkv, w_proj, w_fc1, w_fc2 = (leaf(n) for n in ("x", "h", "w_qkv", "w_proj", "w_fc1", "w_fc2"))
     gs = {n: torch.from_numpy(a[n]) for n in ("g_qkv", "g_proj", "g_fc1", "g_fc2")}
 
-    def attention() -> None:
-        _loss(F.scaled_dot_product_attention(q, k, v), g).backward()
+    def attention():
+        heads = [t.transpose(1, 2) for t in (q, k, v)]  # [B, N, L, D/N] views, as timm's permute gives
+        return _loss(F.scaled_dot_product_attention(*heads).transpose(1, 2), g)
 
-    def linear() -> None:
-        loss = (
+    def linear():
+        return (
             _loss(F.linear(x, w_qkv), gs["g_qkv"])
             + _loss(F.linear(x, w_proj), gs["g_proj"])
             + _loss(F.linear(x, w_fc1), gs["g_fc1"])
             + _loss(F.linear(h, w_fc2), gs["g_fc2"])
         )
-        loss.backward()
 
-    leaves = (q, k, v, x, h, w_qkv, w_proj, w_fc1, w_fc2)
+    return {"attention": (attention, (q, k, v)), "linear": (linear, (x, h, w_qkv, w_proj, w_fc1, w_fc2))}
 
-    def runner(f):
+
+def _torch_parts(a: dict[str, np.ndarray]) -> dict[str, Callable[[int], None]]:
+    def runner(f, leaves):
         def run(n: int) -> None:
             for _ in range(n):
                 for t in leaves:
                     t.grad = None
-                f()
+                f().backward()
 
         return run
 
-    return {"attention": runner(attention), "linear": runner(linear)}
+    return {part: runner(f, leaves) for part, (f, leaves) in torch_functions(a).items()}
 
 
 def measure(
@@ -213,21 +217,20 @@ def measure(
 def table(records: list[dict]) -> str:
     """Markdown: per variant and part, each framework's time on 1 core and on all, and the speedup."""
     by = {(r["variant"], r["part"], r["framework"], r["cores"]): r for r in records}
-    many = max(r["cores"] for r in records)
-    head = (
-        f"| variant | part (fwd + bwd) | framework | 1 core ms (GFLOP/s) | {many} cores ms (GFLOP/s) "
-        f"| speedup 1 -> {many} |"
+    counts = sorted({r["cores"] for r in records})
+    head = "| variant | part (fwd + bwd) | framework | " + " | ".join(
+        f"{n} core{'s' if n > 1 else ''} ms (GFLOP/s)" for n in counts
     )
-    lines = [head, "|---|---|---|---|---|---|"]
+    head += f" | speedup {counts[0]} -> {counts[-1]} |" if len(counts) > 1 else " |"
+    lines = [head, "|---" * (3 + len(counts) + (len(counts) > 1)) + "|"]
     for variant in dict.fromkeys(r["variant"] for r in records):
         for part in PARTS:
             for fw in FRAMEWORKS:
-                one, all_ = by.get((variant, part, fw, 1)), by.get((variant, part, fw, many))
-                if one is None or all_ is None:
-                    continue
-                cells = [f"{r['median_s'] * 1e3:.1f} ({r['flops_per_s'] / 1e9:.0f})" for r in (one, all_)]
-                speedup = one["median_s"] / all_["median_s"]
-                lines.append(f"| {variant} | {part} | {fw} | {cells[0]} | {cells[1]} | {speedup:.2f}x |")
+                recs = [by[variant, part, fw, n] for n in counts]
+                cells = [f"{r['median_s'] * 1e3:.1f} ({r['flops_per_s'] / 1e9:.1f})" for r in recs]
+                if len(recs) > 1:
+                    cells.append(f"{recs[0]['median_s'] / recs[-1]['median_s']:.2f}x")
+                lines.append(f"| {variant} | {part} | {fw} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -247,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="JSON lines file (default: print only)")
     p.add_argument("--child-cpus", type=_cpu_list, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    variants = list(dict.fromkeys(v.strip() for v in args.variants.split(",") if v.strip()))
+    if not variants:
+        p.error(f"--variants={args.variants!r}: expected comma-separated variant names, e.g. Ti/16,S/16")
     overrides = {} if args.image_size is None else {"image_size": args.image_size}
     for v in variants:
         try:
@@ -259,9 +264,14 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name}={getattr(args, name)}: expected a positive int")
     if args.warmup < 0:
         p.error(f"--warmup={args.warmup}: expected an int >= 0")
+    if args.out is not None and (not args.out or os.path.isdir(args.out)):
+        p.error(f"--out={args.out!r}: expected a file path")
 
     if args.child_cpus is not None:
-        os.sched_setaffinity(0, args.child_cpus)  # before JAX and torch create their thread pools
+        try:
+            os.sched_setaffinity(0, args.child_cpus)  # before JAX and torch create their thread pools
+        except OSError as e:
+            p.error(f"--child-cpus={','.join(map(str, args.child_cpus))}: {e.strerror}")
         from vit_common.host_memory import reuse_freed_memory
 
         reuse_freed_memory()
@@ -285,7 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         from benchmarks.report import write_jsonl
 
-        write_jsonl(records, args.out)
+        try:
+            write_jsonl(records, args.out)
+        except OSError as e:
+            p.exit(2, f"{p.prog}: --out={args.out!r}: {e}\n")
         print(f"\nwrote {args.out}")
     return 0
 

@@ -1,13 +1,20 @@
-"""benchmarks/cpu_scaling.py: the FLOPs formulas against XLA's count, and one tiny run end to end."""
+"""benchmarks/cpu_scaling.py: JAX and torch do the same math, the FLOPs formulas against XLA's count,
+one tiny run end to end, and bad arguments."""
 
 from __future__ import annotations
 
 import json
+import os
 
+import numpy as np
 import pytest
 
 from benchmarks import cpu_scaling
 from vit_common.config import ViTConfig
+from vit_common.tolerance import compare
+
+# head_dim 64 as in the real variants, small enough for CI
+SMALL = ViTConfig(image_size=64, patch_size=16, width=256, depth=1, num_heads=4, mlp_dim=1024, num_classes=10)
 
 
 def test_part_flops_hand_count():
@@ -20,13 +27,29 @@ def test_part_flops_hand_count():
 
 @pytest.mark.parametrize("part", cpu_scaling.PARTS)
 def test_part_flops_match_xla_cost_analysis(part):
-    # head_dim 64 as in the real variants; XLA also counts the elementwise ops (softmax, the loss's
-    # products and sums), which the matmul formula leaves out: 1-4% here.
-    cfg = ViTConfig(image_size=64, patch_size=16, width=256, depth=1, num_heads=4, mlp_dim=1024, num_classes=10)
-    f, args = cpu_scaling.jax_functions(cfg, cpu_scaling.inputs(cfg, 2))[part]
+    # XLA also counts the elementwise ops (softmax, the loss's products and sums), which the matmul
+    # formula leaves out: 1-4% here. A skipped matmul (e.g. a forward XLA could drop) is 8% or more.
+    f, args = cpu_scaling.jax_functions(SMALL, cpu_scaling.inputs(SMALL, 2))[part]
     cost = f.lower(*args).compile().cost_analysis()
     xla = (cost[0] if isinstance(cost, list) else cost)["flops"]
-    assert xla == pytest.approx(cpu_scaling.part_flops(cfg, 2, part), rel=0.05)
+    assert xla == pytest.approx(cpu_scaling.part_flops(SMALL, 2, part), rel=0.05)
+
+
+@pytest.mark.parametrize("part", cpu_scaling.PARTS)
+def test_jax_and_torch_compute_the_same_loss_and_gradients(part):
+    a = cpu_scaling.inputs(SMALL, 2)
+    f, args = cpu_scaling.jax_functions(SMALL, a)[part]
+    loss_jax, grads_jax = f(*args)
+    loss_fn, leaves = cpu_scaling.torch_functions(a)[part]
+    loss_torch = loss_fn()
+    loss_torch.backward()
+    assert compare("loss", np.asarray(loss_jax), loss_torch.detach().numpy(), "tensor", "float32").ok
+    assert len(grads_jax) == len(leaves)
+    for i, (gj, leaf) in enumerate(zip(grads_jax, leaves, strict=True)):
+        gt = leaf.grad.numpy()
+        gt = gt.T if part == "linear" and i >= 2 else gt  # x, h, then weights, [out, in] in torch
+        c = compare(f"{part} grad {i}", np.asarray(gj), gt, "gradient", "float32")
+        assert c.ok, str(c)
 
 
 def test_tiny_run_writes_every_record(tmp_path, capsys):
@@ -34,27 +57,44 @@ def test_tiny_run_writes_every_record(tmp_path, capsys):
     argv = ["--variants", "mu/16", "--image-size", "32", "--batch", "2", "--warmup", "0", "--repeats", "2"]
     assert cpu_scaling.main([*argv, "--out", str(out)]) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    usable = sorted(__import__("os").sched_getaffinity(0))
-    core_counts = sorted({1, len(usable)})
-    assert len(records) == len(core_counts) * 4
+    usable = sorted(os.sched_getaffinity(0))
+    core_sets = [usable[:1]] + ([usable] if len(usable) > 1 else [])
+    cfg = ViTConfig.from_name("mu/16", image_size=32)
+    assert sorted((r["cpus"], r["framework"], r["part"]) for r in records) == sorted(
+        (cpus, fw, p) for cpus in core_sets for fw in cpu_scaling.FRAMEWORKS for p in cpu_scaling.PARTS
+    )
     for r in records:
         assert set(r) == set(cpu_scaling.RECORD_FIELDS)
         assert r["schema"] == cpu_scaling.SCHEMA and r["variant"] == "mu/16" and r["batch"] == 2
-        assert r["machine"]["cores"] == r["cores"] == len(r["cpus"]) and r["cores"] in core_counts
-        assert r["machine"]["torch_threads"] == r["cores"]
-        assert len(r["times_s"]) == 2 and r["min_s"] <= r["median_s"] <= r["max_s"]
-        assert r["flops_per_s"] == pytest.approx(r["flops"] / r["median_s"])
-    assert {(r["framework"], r["part"]) for r in records} == {
-        (fw, p) for fw in cpu_scaling.FRAMEWORKS for p in cpu_scaling.PARTS
-    }
+        assert r["config"] == cfg.to_dict() and r["flops"] == cpu_scaling.part_flops(cfg, 2, r["part"])
+        # the child really ran pinned, with torch on as many threads as cores
+        assert r["machine"]["cores"] == r["cores"] == len(r["cpus"]) == r["machine"]["torch_threads"]
+        assert len(r["times_s"]) == 2
     table = capsys.readouterr().out
-    assert table.count("| mu/16 |") == (4 if len(usable) > 1 else 0)
+    assert table.count("| mu/16 |") == 4 and table.count("core") == len(core_sets)
 
 
-def test_bad_arguments_are_named(capsys):
+def test_table_with_one_core_set():
+    rec = {"variant": "mu/16", "cores": 1, "median_s": 0.002, "flops_per_s": 3e8}
+    records = [rec | {"part": p, "framework": fw} for p in cpu_scaling.PARTS for fw in cpu_scaling.FRAMEWORKS]
+    lines = cpu_scaling.table(records).splitlines()
+    assert lines[0] == "| variant | part (fwd + bwd) | framework | 1 core ms (GFLOP/s) |"
+    assert lines[2] == "| mu/16 | attention | jax | 2.0 (0.3) |" and len(lines) == 6
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--variants", "Q/16"], "Q/16"),
+        (["--variants", ","], "--variants=','"),
+        (["--repeats", "0"], "--repeats=0"),
+        (["--warmup", "-1"], "--warmup=-1"),
+        (["--image-size", "30"], "30"),
+        (["--out", "."], "--out='.'"),
+        (["--child-cpus", "4096"], "--child-cpus=4096"),
+    ],
+)
+def test_bad_arguments_are_named(argv, named, capsys):
     with pytest.raises(SystemExit) as e:
-        cpu_scaling.main(["--variants", "Q/16"])
-    assert e.value.code == 2 and "Q/16" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        cpu_scaling.main(["--repeats", "0"])
-    assert e.value.code == 2 and "--repeats=0" in capsys.readouterr().err
+        cpu_scaling.main(argv)
+    assert e.value.code == 2 and named in capsys.readouterr().err
