@@ -39,8 +39,9 @@ CONTENDERS = ["vit_jax@xla", "vit_jax@cudnn", "vit_torch", "timm", "hf"]
 
 
 def _write_json(path: str, obj) -> None:
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
+    from benchmarks.report import write_text
+
+    write_text(path, json.dumps(obj, indent=1, sort_keys=True))
 
 
 def parity(context: dict, variant: str) -> dict:
@@ -157,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in group)
         print(report.terminal_table(group), f"\n({time.perf_counter() - t0:.0f} s)", flush=True)
     if records:
-        with open(os.path.join(args.out, "table.md"), "w") as f:
-            f.write(report.markdown_table(records))
+        report.write_text(os.path.join(args.out, "table.md"), report.markdown_table(records))
     return 0 if par["ok"] else 1
 
 
