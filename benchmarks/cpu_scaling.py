@@ -35,33 +35,26 @@ from collections.abc import Callable
 
 import numpy as np
 
+from benchmarks import harness
+from benchmarks.contenders import Contender
 from vit_common.config import ViTConfig
 
 SCHEMA = "vit-cpu-scaling/1"
 PARTS = ("attention", "linear")
 FRAMEWORKS = ("jax", "torch")
-BACKWARD_FACTOR = 3  # forward + backward = 3x the forward's FLOPs (harness.TRAIN_FLOPS_FACTOR)
+BACKWARD_FACTOR = harness.TRAIN_FLOPS_FACTOR  # forward + backward = 3x the forward's FLOPs
+# Keys whose meaning is the same as in `vit bench` records (harness.RECORD_FIELDS).
+_SHARED_FIELDS = "schema versions variant config times_s median_s min_s max_s p25_s p75_s spread".split()
 # Every record (one JSON line) has exactly these keys.
-RECORD_FIELDS: dict[str, str] = {
-    "schema": "record format tag",
+RECORD_FIELDS: dict[str, str] = {k: harness.RECORD_FIELDS[k] for k in _SHARED_FIELDS} | {
     "time": "start of the child run, UTC ISO 8601",
     "machine": "as in vit bench records (cores = the cores this child was pinned to)",
-    "versions": "python and package versions",
-    "variant": "variant name, e.g. S/16",
-    "config": "the ViTConfig as a dict",
     "batch": "images per call",
     "part": "'attention' or 'linear' (see module doc)",
     "framework": "'jax' or 'torch'",
     "cpus": "the core numbers the child was pinned to",
     "cores": "len(cpus)",
     "flops": "forward + backward FLOPs per call (module doc)",
-    "times_s": "seconds per call, each timed round",
-    "median_s": "median of times_s",
-    "min_s": "fastest run",
-    "max_s": "slowest run",
-    "p25_s": "25th percentile",
-    "p75_s": "75th percentile",
-    "spread": "(p75 - p25) / median",
     "flops_per_s": "flops / median_s",
 }
 
@@ -185,11 +178,8 @@ def measure(
     """
     import torch
 
-    from benchmarks.contenders import Contender
-    from benchmarks.harness import default_context, interleave, summarize
-
     torch.set_num_threads(len(cpus))
-    context = default_context()
+    context = harness.default_context()
     records = []
     for variant in variants:
         cfg = ViTConfig.from_name(variant, **({} if image_size is None else {"image_size": image_size}))
@@ -198,10 +188,10 @@ def measure(
         contenders = [Contender(f"{fw}/{p}", fw, runs[fw][p]) for p in PARTS for fw in FRAMEWORKS]
         for c in contenders:
             c.run(1)  # compile (jax), first allocation (torch)
-        times = interleave(contenders, warmup=warmup, repeats=repeats, iters=1)
+        times = harness.interleave(contenders, warmup=warmup, repeats=repeats, iters=1)
         for name, t in times.items():
             fw, part = name.split("/")
-            stats = summarize(t)
+            stats = harness.summarize(t)
             flops = part_flops(cfg, batch, part)
             records.append(
                 context
