@@ -44,7 +44,7 @@ PARTS = ("attention", "linear")
 FRAMEWORKS = ("jax", "torch")
 BACKWARD_FACTOR = harness.TRAIN_FLOPS_FACTOR  # forward + backward = 3x the forward's FLOPs
 # Keys whose meaning is the same as in `vit bench` records (harness.RECORD_FIELDS).
-_SHARED_FIELDS = "schema versions variant config times_s median_s min_s max_s p25_s p75_s spread".split()
+_SHARED_FIELDS = "schema versions variant config warmup repeats times_s median_s min_s max_s p25_s p75_s spread".split()
 # Every record (one JSON line) has exactly these keys.
 RECORD_FIELDS: dict[str, str] = {k: harness.RECORD_FIELDS[k] for k in _SHARED_FIELDS} | {
     "time": "start of the child run, UTC ISO 8601",
@@ -196,6 +196,7 @@ def measure(
             records.append(
                 context
                 | {"schema": SCHEMA, "variant": variant, "config": cfg.to_dict(), "batch": batch}
+                | {"warmup": warmup, "repeats": repeats}
                 | {"part": part, "framework": fw}
                 | {"cpus": cpus, "cores": len(cpus), "flops": flops}
                 | stats

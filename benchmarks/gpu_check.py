@@ -7,6 +7,8 @@ Run through ``benchmarks/gpu_check.sh`` (sets the environment). Writes, as soon 
     OUT/throughput.jsonl  harness records (``benchmarks.harness.RECORD_FIELDS``), bf16, inference and
                           training, attention through XLA, cuDNN and torch SDPA.
     OUT/table.md          the markdown table of the throughput records.
+With --smoke (any machine: mu/16, batch 2) parity.json carries "smoke": true and table.md opens with a
+line saying the numbers check the script, not a GPU.
 Groups run in order of importance and stop when the time budget is spent, so a cut-off run still
 leaves everything measured so far. Exit code 1 if a parity check fails, else 0.
 """
@@ -36,6 +38,7 @@ GROUPS = [
     ("Ti/16", "train", 256),
 ]
 CONTENDERS = ["vit_jax@xla", "vit_jax@cudnn", "vit_torch", "timm", "hf"]
+SMOKE_LINE = "SMOKE RUN (--smoke: mu/16, batch 2): these numbers check the script, they measure nothing."
 
 
 def _write_json(path: str, obj) -> None:
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         par = parity(context, "mu/16" if args.smoke else "B/16")
     except Exception as e:  # noqa: BLE001 -- keep going to the throughput part, and say what failed
         par = {**context, "ok": False, "error": f"{type(e).__name__}: {e}"}
-    _write_json(os.path.join(args.out, "parity.json"), par)
+    _write_json(os.path.join(args.out, "parity.json"), par | {"smoke": args.smoke})
     print(f"parity ok={par['ok']} ({time.perf_counter() - t_start:.0f} s)", flush=True)
 
     records: list[dict] = []
@@ -158,7 +161,10 @@ def main(argv: list[str] | None = None) -> int:
             f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in group)
         print(report.terminal_table(group), f"\n({time.perf_counter() - t0:.0f} s)", flush=True)
     if records:
-        report.write_text(os.path.join(args.out, "table.md"), report.markdown_table(records))
+        table = report.markdown_table(records)
+        if args.smoke:
+            table = f"{SMOKE_LINE}\n\n{table}"
+        report.write_text(os.path.join(args.out, "table.md"), table)
     return 0 if par["ok"] else 1
 
 

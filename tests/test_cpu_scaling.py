@@ -69,7 +69,7 @@ def test_tiny_run_writes_every_record(tmp_path, capsys):
         assert r["config"] == cfg.to_dict() and r["flops"] == cpu_scaling.part_flops(cfg, 2, r["part"])
         # the child really ran pinned, with torch on as many threads as cores
         assert r["machine"]["cores"] == r["cores"] == len(r["cpus"]) == r["machine"]["torch_threads"]
-        assert len(r["times_s"]) == 2
+        assert len(r["times_s"]) == r["repeats"] == 2 and r["warmup"] == 0
     table = capsys.readouterr().out
     assert table.count("| mu/16 |") == 4 and table.count("core") == len(core_sets)
 

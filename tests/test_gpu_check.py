@@ -16,7 +16,7 @@ def test_smoke_run_writes_parity_records_and_table(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["parity.json", "table.md", "throughput.jsonl"]
 
     par = json.loads((out / "parity.json").read_text())
-    assert par["ok"] is True and par["variant"] == "mu/16"
+    assert par["ok"] is True and par["variant"] == "mu/16" and par["smoke"] is True
     names = {r["name"] for r in par["float32_jax_vs_torch"]}
     assert {"logits", "patch_embed"} <= names and any(n.startswith("attn") for n in names)
     for key in ("float32_jax_vs_torch", "bfloat16_jax_vs_float64", "bfloat16_torch_vs_float64"):
@@ -32,4 +32,4 @@ def test_smoke_run_writes_parity_records_and_table(tmp_path):
         else:
             assert r["error"] is None and r["median_s"] > 0 and len(r["times_s"]) == 5
     table = (out / "table.md").read_text()
-    assert table.count("| mu/16 |") == 2
+    assert table.startswith(gpu_check.SMOKE_LINE) and table.count("| mu/16 |") == 2
