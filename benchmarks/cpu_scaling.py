@@ -1,9 +1,9 @@
 """How the parts of a ViT block speed up from one CPU core to all of them, in JAX and in PyTorch.
 
 Why it exists: on CPU, ``vit_jax``'s training step trails the torch peers, and a profile puts the gap
-in attention. This measures the two halves of a block's work, forward + backward, float32, each on
-one pinned core and then on all usable cores (one child process per core set, pinned with
-``sched_setaffinity`` before JAX and torch start their thread pools):
+in attention. This measures two parts of a block's work (LayerNorm, GELU and the residual adds are in
+neither), forward + backward, float32, each on one pinned core and then on all usable cores (one child
+process per core set, pinned with ``sched_setaffinity`` before JAX and torch start their thread pools):
 
 - ``attention``: softmax attention on q, k, v of [B, L, N, D/N] (as the qkv projection leaves
   them). JAX: ``vit_jax.model._attend`` (what the twin runs on CPU, head transposes included) under
