@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from vit_common.formats.canonical import atomic_write
+from vit_common import io
 
 README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 
@@ -105,7 +105,7 @@ def markdown_table(records: Sequence[dict]) -> str:
 
 def write_text(path: str | Path, text: str) -> None:
     """Write ``text`` atomically: the file is written whole or not at all."""
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    io.write_text(path, text)
 
 
 def write_jsonl(records: Sequence[dict], path: str | Path) -> None:

@@ -99,7 +99,7 @@ def test_timm_file_infers_the_config_from_shapes(tmp_path, kw, timm_needs):
 
 
 def test_deit3_layer_scale_spelling_and_ddp_prefix(tmp_path):
-    from vit_common.formats.canonical import save_safetensors
+    from vit_common.io import save_safetensors
 
     cfg = SMALL.replace(layer_scale=1e-6)
     state = random_state(cfg)

@@ -216,13 +216,13 @@ def panel_grid(n: int) -> tuple[int, int]:
 def _write_png(path: Path, rgb: np.ndarray) -> None:
     from PIL import Image
 
-    from vit_common.formats.canonical import atomic_write
+    from vit_common.io import atomic_write
 
     atomic_write(path, lambda tmp: Image.fromarray(rgb).save(tmp, format="PNG"))
 
 
 def _write_npy(path: Path, arr: np.ndarray) -> None:
-    from vit_common.formats.canonical import atomic_write
+    from vit_common.io import atomic_write
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:
@@ -235,7 +235,7 @@ def write_figure(path: Path, image: np.ndarray, panels: list[tuple[str, np.ndarr
     """One PNG: the image, then each (title, patch grid [h, w]) overlaid on it; PANEL_PX per panel."""
     from matplotlib.figure import Figure
 
-    from vit_common.formats.canonical import atomic_write
+    from vit_common.io import atomic_write
 
     rows, cols = panel_grid(len(panels) + 1)
     fig = Figure(figsize=(cols * PANEL_PX[0] / 100, rows * PANEL_PX[1] / 100), dpi=100)
@@ -309,7 +309,7 @@ def _image_outputs(b: int, image: np.ndarray, maps, cfg, args, out: Path, stem: 
 
 def run(args: argparse.Namespace) -> int:
     from vit_common.attention import attention_maps
-    from vit_common.formats.canonical import atomic_write
+    from vit_common.io import write_json
 
     stems = [Path(p).stem for p in args.images]
     if len(set(stems)) != len(stems):
@@ -369,7 +369,7 @@ def run(args: argparse.Namespace) -> int:
         if cfg.num_classes and cfg.pool != "none":
             p = np.exp(logits[b] - logits[b].max())
             report["prediction"] = {"class": int(p.argmax()), "probability": float(p.max() / p.sum())}
-        atomic_write(summary, lambda tmp, r=report: Path(tmp).write_text(json.dumps(r, indent=1)))
+        write_json(summary, report, indent=1)
         reports.append(report)
     if args.json:
         print(json.dumps(reports))

@@ -109,7 +109,7 @@ def confusion_png(label, pred, classes: list[str], png: Path, title: str):
     import matplotlib.pyplot as plt
     from sklearn.metrics import ConfusionMatrixDisplay, confusion_matrix
 
-    from vit_common.formats.canonical import atomic_write
+    from vit_common.io import atomic_write
 
     matrix = confusion_matrix(label, pred, labels=list(range(len(classes))))
     size = max(5.0, 0.45 * len(classes) + 2)

@@ -8,7 +8,6 @@ that other tools (the ``--report`` pictures) can use it without the command line
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from vit_cli.convert import add_set_argument
-from vit_common.formats.canonical import atomic_write
+from vit_common.io import write_json
 from vit_common.tolerance import Comparison, compare
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -383,7 +382,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(format_table(result))
     if args.json:
-        atomic_write(args.json, lambda tmp: Path(tmp).write_text(json.dumps(result.to_dict(), indent=1) + "\n"))
+        write_json(args.json, result.to_dict(), indent=1)
     if args.report:
         from vit_cli.report import write_parity_report
 

@@ -204,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
 
     import jax
 
-    from vit_common.formats.canonical import save_canonical, save_safetensors
+    from vit_common.formats.canonical import save_canonical
+    from vit_common.io import save_safetensors
     from vit_jax.data import load_dataset, native_channels
     from vit_jax.train import NonFiniteError, Trainer, fit, write_json
 
@@ -331,7 +332,7 @@ def plot_curves(metrics: Path, png: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    from vit_common.formats.canonical import atomic_write
+    from vit_common.io import atomic_write
 
     atomic_write(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
     plt.close(fig)

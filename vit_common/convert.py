@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from vit_common import io
 from vit_common.config import ViTConfig
 from vit_common.formats import canonical, hf, npz, timm
 from vit_common.formats.base import Decoded, FormatError, Report, check_canonical
@@ -499,21 +500,16 @@ def save_checkpoint(
     elif fmt == "canonical":
         canonical.save_canonical(path, cfg2, tensors)
     elif fmt == "timm":
-        canonical.save_safetensors(path, tensors, {"format": "pt"})
+        io.save_safetensors(path, tensors, {"format": "pt"})
     elif fmt == "hf":
 
         def write_folder(tmp: Path) -> None:
-            (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-            canonical.save_safetensors(tmp / "model.safetensors", tensors, {"format": "pt"})
+            io.write_json(tmp / "config.json", config, sort_keys=True)
+            io.save_safetensors(tmp / "model.safetensors", tensors, {"format": "pt"})
 
-        canonical.atomic_write_dir(path, write_folder)
+        io.atomic_write_dir(path, write_folder)
     else:
-
-        def write_npz(tmp: str) -> None:
-            with open(tmp, "wb") as fh:
-                np.savez(fh, **tensors)
-
-        canonical.atomic_write(path, write_npz)
+        io.save_npz(path, tensors)
     return report
 
 

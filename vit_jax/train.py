@@ -35,8 +35,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from vit_common import io
 from vit_common.config import ViTConfig
-from vit_common.formats.canonical import atomic_write
 from vit_jax.data import Augment, Dataset, batches_per_epoch, eval_batches, iterate, train_batches
 from vit_jax.model import Block, VisionTransformer
 from vit_jax.weights import to_numpy
@@ -511,12 +511,7 @@ def read_json(path: Path) -> dict:
 
 def write_json(path: Path, obj) -> None:
     """Write ``obj`` as indented JSON, atomically."""
-
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2)
-
-    atomic_write(path, write)
+    io.write_json(path, obj)
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
@@ -524,7 +519,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
     if not path.exists():
         return
     lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-    atomic_write(path, lambda tmp: Path(tmp).write_text("".join(ln + "\n" for ln in lines)))
+    io.write_text(path, "".join(ln + "\n" for ln in lines))
 
 
 def run_config(trainer: Trainer) -> dict:

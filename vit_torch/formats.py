@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from vit_common.formats.base import FormatError
-from vit_common.formats.canonical import atomic_write
+from vit_common.io import atomic_write
 from vit_torch.weights import numpy_to_tensor, tensor_to_numpy
 
 # Entries of training checkpoints that hold the weights, in the order they are preferred (timm's

@@ -3,82 +3,17 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
 
 from vit_common.config import ViTConfig
 from vit_common.formats.base import Decoded, FormatError, copy, to_canonical
+from vit_common.io import save_safetensors
 from vit_common.state import canonical_shapes, check_state
 
 FORMAT_TAG = "vit-twins/canonical/1"
-
-
-def atomic_write(path: str | os.PathLike, write) -> None:
-    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it into place.
-
-    Nothing is left at ``path`` (or beside it) if ``write`` raises. The file gets the usual mode of a
-    new file (0666 less the umask), not mkstemp's 0600.
-
-    Raises:
-        IsADirectoryError: ``path`` is an existing folder (checked before ``write`` runs).
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder: expected a file path")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_dir(path: str | os.PathLike, write) -> None:
-    """Call ``write(tmp_dir)`` on a fresh folder beside ``path``, then put it in place of ``path``.
-
-    An existing ``path`` is replaced only after ``write`` succeeded; nothing is left behind if it raises.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o777 & ~_umask())
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-            os.replace(path, old / "x")
-            os.replace(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def save_safetensors(
-    path: str | os.PathLike, state: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None
-) -> None:
-    """Write ``state`` as safetensors atomically; tensors are made contiguous first (K10)."""
-    tensors = {k: np.ascontiguousarray(v) for k, v in state.items()}
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=dict(metadata or {})))
 
 
 def save_canonical(path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> None:
