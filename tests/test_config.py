@@ -58,6 +58,17 @@ def test_from_name_and_derived_properties():
     assert reg.num_prefix_tokens == 5 and reg.seq_len == 285 and reg.posemb_len == 280
 
 
+def test_prefix_tokens_and_new_fields_in_param_count():
+    """Distillation token, its head, norm_pre and a bias-free patch embedding change the count as timm's
+    (deit_tiny_distilled_patch16_224: 5,910,800 parameters in timm)."""
+    deit = ViTConfig.from_name("Ti/16", dist_token=True, head_dist=True)
+    assert deit.num_prefix_tokens == 2 and deit.seq_len == 198 and deit.param_count() == 5_910_800
+    clip = ViTConfig.from_name("B/16", norm_pre=True, patch_bias=False)
+    assert clip.param_count() == ViTConfig.from_name("B/16").param_count() + 2 * 768 - 768
+    assert ViTConfig.from_name("Ti/16", pool="gap", reg_tokens=4).inert_fields() == frozenset()
+    assert ViTConfig.from_name("Ti/16").inert_fields() == {"pool_include_prefix"}
+
+
 def test_json_round_trip_is_exact():
     cfg = ViTConfig.from_name("B/16", image_size=(384, 256), reg_tokens=4, layer_scale=1e-5, gelu="tanh")
     assert ViTConfig.from_json(cfg.to_json()) == cfg
@@ -80,6 +91,11 @@ def test_json_round_trip_is_exact():
         (dict(posemb_resample="nearest"), "posemb_resample='nearest'"),
         (dict(attn_backend="flash"), "attn_backend='flash'"),
         (dict(image_size=(224, 224, 3)), "image_size=(224, 224, 3)"),
+        (dict(dist_token=True, class_token=False, pool="gap"), "dist_token=True needs class_token=True"),
+        (dict(head_dist=True), "head_dist=True (DeiT's distilled head) needs dist_token=True"),
+        (dict(dist_token=True, head_dist=True, pool="gap"), "got pool='gap'"),
+        (dict(dist_token=True, head_dist=True, rep_size=8), "got rep_size=8"),
+        (dict(qkv_bias=1), "qkv_bias=1: expected True or False"),
     ],
 )
 def test_invalid_configs_name_the_values(kwargs, message):

@@ -175,6 +175,8 @@ def shares(dist: np.ndarray, cfg) -> dict:
     out = {"patches": float(sp.patches.sum())}
     if sp.cls is not None:
         out["cls"] = float(sp.cls)
+    if sp.dist is not None:
+        out["dist"] = float(sp.dist)
     if sp.registers.size:
         out["registers"] = [float(x) for x in sp.registers]
     return out
@@ -184,6 +186,8 @@ def _share_text(share: dict) -> str:
     parts = [f"patches {share['patches']:.0%}"]
     if "cls" in share:
         parts.append(f"cls {share['cls']:.0%}")
+    if "dist" in share:
+        parts.append(f"dist {share['dist']:.0%}")
     if "registers" in share:
         parts.append(f"regs {sum(share['registers']):.0%}")
     return ", ".join(parts)
