@@ -77,7 +77,7 @@ def test_convert_cli_prints_the_report_and_exit_codes(tmp_path, capsys):
         "format   timm",
         "custom (width 32",
         "params   ",
-        "num_heads = 8 (override)",
+        "config   num_heads            = 8                        given",
         "resampled pos_embed grid 4x4 -> 6x6 with bicubic_aa",
         "dropped  head.weight: --num-classes 3",
         "wrote    ",

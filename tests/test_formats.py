@@ -154,11 +154,26 @@ def test_writers_refuse_what_a_format_cannot_hold(tmp_path):
 
 
 def test_writer_reports_fields_a_format_does_not_record(tmp_path):
-    cfg = SMALL.replace(gelu="tanh", num_heads=8)
-    report = save_checkpoint(tmp_path / "t.safetensors", cfg, random_state(cfg), "timm")
+    """A big_vision .npz stores neither GELU nor eps: the writer says which flag reads the file back."""
+    cfg = SMALL.replace(gelu="exact", ln_eps=1e-5, posemb_resample="bilinear_corners")
+    report = save_checkpoint(tmp_path / "b.npz", cfg, random_state(cfg), "big_vision")
     text = "\n".join(report.warnings)
-    assert "gelu='tanh'" in text and "num_heads=8" in text
-    assert load_checkpoint(tmp_path / "t.safetensors", gelu="tanh", num_heads=8).cfg == cfg
+    assert "gelu='exact'" in text and "--set gelu=exact" in text and "--set ln_eps=1e-05" in text
+    assert load_checkpoint(tmp_path / "b.npz", gelu="exact", ln_eps=1e-5).cfg == cfg
+
+
+def test_timm_safetensors_we_write_carry_the_config(tmp_path):
+    """timm files we write as .safetensors store the config in the header (timm ignores it): they read
+    back with every field declared, no warning, and say how timm loads them strictly."""
+    cfg = SMALL.replace(gelu="quick", num_heads=8, ln_eps=1e-5, pool="avgmax", fc_norm=False, reg_tokens=2)
+    report = save_checkpoint(tmp_path / "t.safetensors", cfg, random_state(cfg), "timm")
+    assert report.warnings == []
+    assert "timm.create_model('vit_base_patch16_224', pretrained=False" in report.load_call
+    assert "global_pool='avgmax'" in report.load_call and "fc_norm=False" in report.load_call
+    assert "norm_layer=partial(LayerNorm, eps=1e-05)" in report.load_call
+    ckpt = load_checkpoint(tmp_path / "t.safetensors")
+    assert ckpt.report.format == "timm" and ckpt.cfg == cfg and ckpt.report.assumed == []
+    assert {o.kind for o in ckpt.report.provenance.values()} == {"declared"}
 
 
 def test_sincos2d_and_no_class_row_are_materialised_exactly(tmp_path):
@@ -260,7 +275,8 @@ def test_big_vision_old_combined_cls_posemb_and_sincos(tmp_path):
     )
     state, ckpt = _npz_case(tmp_path, cfg, layout="big_vision", prefix="params/")
     assert ckpt.cfg == cfg.replace(image_size=224) and "pos_embed" not in ckpt.state  # size not stored
-    assert "224 assumed" in ckpt.report.inferred["image_size"]
+    assert "224 assumed" in ckpt.report.provenance["image_size"].source
+    assert ckpt.report.provenance["image_size"].kind == "assumed" and "image_size" in ckpt.report.assumed
     state, ckpt = _npz_case(tmp_path, cfg, read=dict(source_image_size=32), layout="big_vision", prefix="params/")
     assert ckpt.cfg == cfg
     cfg = SMALL.replace(gelu="tanh", posemb_prefix=False, posemb_resample="bilinear_corners")
@@ -376,7 +392,7 @@ def test_head_conflict_names_the_counts_and_offers_num_classes(tmp_path):
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     config["id2label"] = {str(i): str(i) for i in range(1000)}
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(FormatError, match=r"1000 labels but classifier.weight has 10 rows.*num_classes=10"):
+    with pytest.raises(FormatError, match=r"1000 labels but the classifier has 10 rows.*num_classes=10"):
         load_checkpoint(tmp_path / "hf")
     assert load_checkpoint(tmp_path / "hf", num_classes=10).cfg.num_classes == 10
     assert load_checkpoint(tmp_path / "hf", num_classes=3).state["head.bias"].shape == (3,)
@@ -469,13 +485,25 @@ def test_folder_outputs_replace_only_checkpoint_folders(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mine"]
 
 
-def test_guessed_fields_are_warned_and_an_override_silences_them(tmp_path):
+def test_assumed_fields_are_warned_with_their_flag_and_strict_refuses_them(tmp_path):
+    """A timm file as timm writes it stores no config: every field that changes the function and that
+    the tensors do not imply is assumed, warned with the flag that supplies it, and refused by strict."""
+    from vit_common.io import save_safetensors
+
     cfg = SMALL.replace(width=128, num_heads=4, mlp_dim=256)  # no VARIANTS row of width 128: width/64 = 2 heads
-    save_checkpoint(tmp_path / "t.safetensors", cfg, random_state(cfg), "timm")
-    warned = load_checkpoint(tmp_path / "t.safetensors").report.warnings
-    assert len(warned) == 1 and warned[0].startswith("num_heads=2 guessed as width/64"), warned
-    assert load_checkpoint(tmp_path / "t.safetensors", num_heads=4).report.warnings == []
-    with pytest.warns(UserWarning, match="num_heads=2 guessed"):
+    save_safetensors(tmp_path / "t.safetensors", random_state(cfg))
+    report = load_checkpoint(tmp_path / "t.safetensors").report
+    assert report.assumed == ["image_size", "num_heads", "ln_eps", "gelu", "pool"]
+    heads = next(w for w in report.warnings if w.startswith("num_heads=2"))
+    assert "width / 64" in heads and "--set num_heads=VALUE (num_heads=VALUE)" in heads
+    assert any("--source-image-size HxW" in w for w in report.warnings)
+    given = dict(num_heads=4, gelu="exact", ln_eps=1e-6, pool="token", source_image_size=32)
+    quiet = load_checkpoint(tmp_path / "t.safetensors", strict=True, **given)
+    assert quiet.report.warnings == [] and quiet.cfg == cfg
+    assert quiet.report.provenance["num_heads"].kind == "given"
+    with pytest.raises(FormatError, match=r"strict.*num_heads \(assumed 2: pass --set num_heads=VALUE"):
+        load_checkpoint(tmp_path / "t.safetensors", strict=True)
+    with pytest.warns(UserWarning, match="num_heads=2 is assumed"):
         assert read_checkpoint(tmp_path / "t.safetensors")[0].num_heads == 2
 
 

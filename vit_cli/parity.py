@@ -148,7 +148,8 @@ def _against_timm(cfg, state, x, dtype):
     from vit_common.formats import timm as timm_format
     from vit_torch.oracles import timm_model
 
-    cfg_t, state_t, _ = timm_format.prepare(cfg, state)
+    enc = timm_format.FORMAT.encode(cfg, state, Path("oracle.safetensors"))
+    cfg_t, state_t = enc.cfg, enc.state
     model = timm_model(cfg_t.replace(param_dtype=dtype), state_t).to(getattr(torch, dtype))
     with torch.no_grad():
         prefix = model.num_prefix_tokens > 0  # timm pairs (patch tokens, prefix tokens) only when there are some

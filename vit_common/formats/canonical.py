@@ -1,43 +1,48 @@
-"""Our own file: the canonical state as safetensors, with the ViTConfig in the header metadata."""
+"""Our own file: the canonical state as safetensors, with the ViTConfig in the header metadata.
+
+Every config field is declared by the stored config. The tensors carry timm's names, so timm loads the
+file strictly too whenever its ``VisionTransformer`` can build the config (``load_call`` says how).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
 
-from vit_common.config import ViTConfig
-from vit_common.formats.base import Decoded, FormatError, copy, to_canonical
-from vit_common.io import save_safetensors
+from vit_common import io
+from vit_common.config import FUNCTION_FIELDS, ViTConfig
+from vit_common.formats.base import Decoded, Encoded, Format, FormatError, Source, copy, declared, to_canonical
+from vit_common.formats.source import read_safetensors
 from vit_common.state import canonical_shapes, check_state
 
 FORMAT_TAG = "vit-twins/canonical/1"
 
 
-def save_canonical(path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> None:
-    """Write our own file: canonical tensors plus ``cfg`` as JSON in the metadata.
+def config_from_json(text: str, context: str) -> tuple[ViTConfig, list[str]]:
+    """A stored ViTConfig (JSON) and notes on fields it predates.
+
+    Configs written before ``pool_include_prefix`` existed pooled a MAP head over every token, and
+    global pooling over the patch tokens only: a missing field takes the value that computes what the
+    writer computed.
 
     Raises:
-        StateMismatchError: if ``state`` does not fit ``cfg`` (nothing is written).
-    """
-    check_state(canonical_shapes(cfg), state)
-    save_safetensors(path, state, {"format": FORMAT_TAG, "vit_config": cfg.to_json()})
-
-
-def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """(tensors, metadata) of a safetensors file.
-
-    Raises:
-        ValueError: the file is missing, truncated or not safetensors; the message names the path.
+        FormatError: not JSON, not an object, or an invalid config.
     """
     try:
-        with safe_open(str(path), framework="np") as f:
-            meta = dict(f.metadata() or {})
-            return {k: f.get_tensor(k) for k in f.keys()}, meta
-    except (SafetensorError, OSError) as e:
-        raise FormatError(f"{path}: not a readable safetensors file ({e})") from e
+        d = json.loads(text)
+        if not isinstance(d, dict):
+            raise ValueError(f"expected a JSON object, got {type(d).__name__}")
+        notes = []
+        if "pool_include_prefix" not in d and d.get("pool") == "map":
+            d["pool_include_prefix"] = True
+            notes.append("stored config predates pool_include_prefix: its MAP head pools every token")
+        return ViTConfig.from_dict(d), notes
+    except (TypeError, ValueError, AttributeError) as e:
+        raise FormatError(f"{context}: the stored ViTConfig is invalid ({e})") from e
 
 
 def stored_config(meta: Mapping[str, str], context: str) -> ViTConfig:
@@ -50,17 +55,18 @@ def stored_config(meta: Mapping[str, str], context: str) -> ViTConfig:
         raise FormatError(
             f"{context}: no stored ViTConfig (format tag {meta.get('format')!r}, expected {FORMAT_TAG!r})"
         )
-    try:
-        return ViTConfig.from_json(meta["vit_config"])
-    except (TypeError, ValueError, AttributeError) as e:
-        raise FormatError(f"{context}: the stored ViTConfig is invalid ({e})") from e
+    return config_from_json(meta["vit_config"], context)[0]
 
 
-def decode(cfg: ViTConfig, state: Mapping[str, np.ndarray], layout: str, context: str) -> Decoded:
-    """Decoded result for a stored config and its canonical tensors (our file, orbax checkpoints).
+def decode_stored(cfg: ViTConfig, state: Mapping[str, np.ndarray], layout: str, context: str, source: str) -> Decoded:
+    """Decoded result for a stored config and its canonical tensors (our file, orbax checkpoints, timm
+    files we wrote): every field declared by ``source``.
 
     A head whose row count differs from the stored num_classes is read as stored and reported as a
     conflict (the caller asks for ``num_classes`` to resolve it).
+
+    Raises:
+        StateMismatchError: the tensors do not fit the stored config.
     """
     conflicts = []
     head = state.get("head.weight")
@@ -69,7 +75,54 @@ def decode(cfg: ViTConfig, state: Mapping[str, np.ndarray], layout: str, context
         conflicts.append(f"the stored config has num_classes={cfg.num_classes} but the head has {k} rows")
         cfg = cfg.replace(num_classes=k)
     to_canonical([copy(n, n, s) for n, s in canonical_shapes(cfg).items()], state, context)
-    return Decoded(cfg, dict(state), layout, {}, [], [], conflicts)
+    provenance = {name: declared(source) for name in FUNCTION_FIELDS}
+    return Decoded(cfg, dict(state), layout, provenance, [], [], conflicts)
+
+
+class Canonical(Format):
+    name = "canonical"
+    description = "our safetensors file: timm names, ViTConfig in the metadata"
+    suffixes = (".safetensors",)
+
+    def detect(self, src: Source) -> bool:
+        return src.container == "safetensors" and src.meta.get("format") == FORMAT_TAG
+
+    def read(self, src: Source, opts) -> Decoded:
+        if src.meta.get("format") != FORMAT_TAG or "vit_config" not in src.meta:
+            stored_config(src.meta, src.context)  # raises, naming the tag found
+        cfg, notes = config_from_json(src.meta["vit_config"], src.context)
+        dec = decode_stored(cfg, src.tensors, "safetensors, config in metadata", src.context, "stored config")
+        dec.notes += notes
+        return dec
+
+    def encode(self, cfg: ViTConfig, state, path: Path, **options) -> Encoded:
+        meta = {"format": FORMAT_TAG, "vit_config": cfg.to_json()}
+        return Encoded(cfg, dict(state), {k: state[k] for k in canonical_shapes(cfg)}, None, meta)
+
+    def decode(self, enc: Encoded) -> Decoded:
+        cfg, _ = config_from_json(enc.meta["vit_config"], "canonical read-back")
+        return decode_stored(cfg, enc.tensors, "", "canonical read-back", "stored config")
+
+    def write(self, path: Path, enc: Encoded, writers) -> None:
+        io.save_safetensors(path, enc.tensors, enc.meta)
+
+    def load_call(self, path: Path, cfg: ViTConfig) -> str:
+        from vit_common.formats import timm
+
+        return timm.FORMAT.load_call(path, cfg) if not timm.FORMAT.cannot_hold(cfg) else ""
+
+
+FORMAT = Canonical()
+
+
+def save_canonical(path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> None:
+    """Write our own file: canonical tensors plus ``cfg`` as JSON in the metadata.
+
+    Raises:
+        StateMismatchError: if ``state`` does not fit ``cfg`` (nothing is written).
+    """
+    check_state(canonical_shapes(cfg), state)
+    io.save_safetensors(path, state, {"format": FORMAT_TAG, "vit_config": cfg.to_json()})
 
 
 def load_canonical(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, np.ndarray]]:
