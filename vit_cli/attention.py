@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_cli.convert import add_set_argument
+from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_common.images import to_8bit
 
 PANEL_PX = (200, 240)  # width, height of one figure panel in pixels (figure dpi 100)
@@ -60,7 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...: what PIL reads)")
     p.add_argument("--checkpoint", required=True, help="checkpoint file or folder (config read from it)")
-    add_set_argument(p)
+    add_checkpoint_arguments(p)
     p.add_argument("--framework", choices=("jax", "torch"), default="jax", help="twin to run (default jax)")
     p.add_argument(
         "--layer",
@@ -320,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"images {args.images}: names without suffix must differ (outputs use them)")
     from vit_cli.run_model import load
 
-    model = load(args.checkpoint, args.framework, args.settings)
+    model = load(args.checkpoint, args.framework, checkpoint_options(args))
     cfg = model.cfg
     if args.layer == "all":
         layers = list(range(cfg.depth))

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from vit_cli.convert import add_set_argument
+from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_cli.main import HelpFormatter
 
 
@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "are resized to the model's image size and channels.",
     )
     p.add_argument("checkpoint", help="model file or folder")
-    add_set_argument(p)
+    add_checkpoint_arguments(p)
     p.add_argument("--dataset", default="mnist5k", help="mnist5k, digits, imagefolder:PATH or npz:PATH")
     p.add_argument("--split", choices=("test", "train"), default="test", help="which split to evaluate")
     p.add_argument(
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size={args.batch_size}: expected a positive int")
-    model = load(args.checkpoint, args.framework, args.settings)
+    model = load(args.checkpoint, args.framework, checkpoint_options(args))
     cfg = model.cfg
     data = load_dataset(args.dataset, cfg.image_size, cfg.in_chans, val_fraction=args.val_fraction)
     if data.num_classes > cfg.num_classes:

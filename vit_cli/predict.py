@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from vit_cli.convert import add_set_argument
+from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_cli.main import HelpFormatter
 
 
@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "as in training. Class names come from the run's config.json beside the checkpoint, if any.",
     )
     p.add_argument("checkpoint", help="model file or folder")
-    add_set_argument(p)
+    add_checkpoint_arguments(p)
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...)")
     p.add_argument("--framework", choices=("jax", "torch"), default="jax", help="which twin runs the model")
     p.add_argument("--top-k", type=int, default=3, help="how many classes to list per image")
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from vit_cli.run_model import load, logits
     from vit_jax.data import normalize, read_image
 
-    model = load(args.checkpoint, args.framework, args.settings)
+    model = load(args.checkpoint, args.framework, checkpoint_options(args))
     cfg = model.cfg
     if not 1 <= args.top_k:
         raise ValueError(f"--top-k={args.top_k}: expected a positive int")

@@ -36,16 +36,16 @@ def torch_logits(model, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
             yield model(t).float().cpu().numpy()
 
 
-def load(path, framework: str, overrides=()):
+def load(path, framework: str, options=()):
     """``vit_jax.load_model`` or ``vit_torch.load_model`` of ``path`` (any supported format), with
-    ``overrides`` (FIELD, VALUE) pairs replacing config fields the file does not store."""
+    ``options``: config overrides and the other ``load_checkpoint`` keywords (``checkpoint_options``)."""
     if framework == "jax":
         from vit_jax import load_model
     elif framework == "torch":
         from vit_torch import load_model
     else:
         raise ValueError(f"framework={framework!r}: expected 'jax' or 'torch'")
-    return load_model(path, **dict(overrides))
+    return load_model(path, **dict(options))
 
 
 def logits(model, framework: str, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:

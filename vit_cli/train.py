@@ -204,8 +204,8 @@ def run(args: argparse.Namespace) -> int:
 
     import jax
 
+    from vit_common.convert import save_checkpoint
     from vit_common.formats.canonical import save_canonical
-    from vit_common.io import save_safetensors
     from vit_jax.data import load_dataset, native_channels
     from vit_jax.train import NonFiniteError, Trainer, fit, write_json
 
@@ -247,9 +247,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     export_cfg = cfg.replace(dtype="float32")  # bf16 was a training choice; the weights are float32
     save_canonical(out / "model.safetensors", export_cfg, weights)
-    save_safetensors(out / "model_timm.safetensors", weights, {"format": "pt"})
+    timm_export = save_checkpoint(out / "model_timm.safetensors", export_cfg, weights, "timm")
     plot_curves(out / "metrics.jsonl", out / "curves.png")
     summary["model"] = str(out / "model.safetensors")
+    summary["timm_load"] = timm_export.load_call
     ok = True
     if not args.no_parity:
         parity = export_parity(out / "model.safetensors", data, tcfg.batch_size)
@@ -350,6 +351,7 @@ def print_summary(summary: dict, as_json: bool) -> None:
         + f"; {summary['wall_seconds']:.1f} s in all"
     )
     print(f"model: {summary['model']}")
+    print("timm loads model_timm.safetensors with:\n    " + summary["timm_load"].replace("\n", "\n    "))
     if "parity" in summary:
         p = summary["parity"]
         print(
