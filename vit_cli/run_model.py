@@ -1,7 +1,7 @@
 """Run a twin over image batches: the one place the CLI turns images into logits.
 
 Images are numpy float32 [B, H, W, C] (normalised as ``vit_jax.data.normalize``); logits come back
-as numpy float32 [B, K]. Matmuls run at full float32 precision in both frameworks (K07).
+as numpy float32 [B, K]. Matmuls run at full float32 precision in both frameworks (no TF32).
 """
 
 from __future__ import annotations

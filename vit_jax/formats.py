@@ -3,7 +3,7 @@
 Layout: ``PATH/vit_config.json`` ({"format": ..., "vit_config": ..., "rng_impl": ...}) and ``PATH/state``
 (orbax ``StandardCheckpointer``): parameters and, for models with dropout or drop path, their RNG
 streams. Typed PRNG keys are stored as their raw ``key_data`` (uint32) and wrapped again on restore, so
-restoring into an abstract model never trips over the key dtype (K09, whatever the orbax version).
+restoring into an abstract model never trips over the key dtype, whatever the orbax version.
 ``READERS`` / ``WRITERS`` plug this into ``vit_common.convert``.
 """
 

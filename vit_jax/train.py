@@ -400,7 +400,7 @@ def _is_key(x) -> bool:
 
 
 def keys_to_data(tree):
-    """Replace typed PRNG key arrays by their uint32 key data (K09: checkpoint formats and abstract
+    """Replace typed PRNG key arrays by their uint32 key data (checkpoint formats and abstract
     restores handle plain integers in every orbax version; typed key dtypes not always)."""
     return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
 

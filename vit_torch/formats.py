@@ -126,7 +126,7 @@ def read_torch_file(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], lis
 
 
 def write_torch_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray]) -> None:
-    """Write a plain state_dict with ``torch.save``, atomically; tensors contiguous (K10)."""
+    """Write a plain state_dict with ``torch.save``, atomically; tensors made contiguous."""
     state = {k: numpy_to_tensor(np.ascontiguousarray(v)) for k, v in tensors.items()}
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 

@@ -117,15 +117,18 @@ def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
 def timm_checkpoint(name: str, pretrained: bool = False, **kwargs: Any) -> tuple[ViTConfig, dict[str, np.ndarray]]:
     """(config, canonical state) of ``timm.create_model(name, pretrained=pretrained, **kwargs)``.
 
-    The twin built from them is run beside the timm model on two random images: its float32 logits
-    must equal timm's within the tolerance table's bound, or nothing is returned.
+    Random weights (``pretrained=False``) are drawn with torch seed 0, without touching the caller's
+    random state. The twin built from them is run beside the timm model on two random images: its
+    float32 logits must equal timm's within the tolerance table's bound, or nothing is returned.
 
     Raises:
         FormatError: the model is not one the twins implement (named), or the check fails.
     """
     import timm
 
-    model = timm.create_model(name, pretrained=pretrained, **kwargs).eval()
+    with torch.random.fork_rng():  # random weights (pretrained=False) are reproducible: seed 0
+        torch.manual_seed(0)
+        model = timm.create_model(name, pretrained=pretrained, **kwargs).eval()
     cfg = timm_config(model, name)
     state = {k: np.ascontiguousarray(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
     twin = from_numpy(cfg, state)

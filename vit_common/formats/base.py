@@ -272,7 +272,8 @@ def posemb_layout(
 
     With prefix rows (timm default, original ViT) the rows are prefix + grid; without (no_embed_class,
     big_vision) they are the grid alone. ``grid`` is the known grid (declared or given); without it the
-    grid must be square. When both readings fit, the one without prefix rows is assumed.
+    grid must be square, and since a non-square grid could fit either reading, whether the rows include
+    the prefix is then assumed too. When both readings fit, the one with prefix rows is taken.
 
     Raises:
         FormatError: no square (or given) grid fits; the message names the tensor and the flag that
@@ -282,12 +283,15 @@ def posemb_layout(
     with_prefix = grid_of(rows, num_prefix, grid) if num_prefix else None
     if without is not None and not num_prefix:
         return without, True, derived(f"{name} rows (no prefix tokens: nothing to place)")
-    if without is not None and with_prefix is not None:
-        return without, False, assumed(f"{name} rows fit the grid with and without prefix rows")
-    if without is not None:
-        return without, False, derived(f"{name} rows: a grid without prefix rows")
-    if with_prefix is not None:
-        return with_prefix, True, derived(f"{name} rows: {num_prefix} prefix row(s) + the grid")
+    if with_prefix is not None and without is not None:
+        return with_prefix, True, assumed(f"{name} rows fit the grid with and without prefix rows")
+    reading = (
+        (with_prefix, True, f"{num_prefix} prefix row(s) + ") if with_prefix else (without, False, "no prefix rows, ")
+    )
+    if reading[0] is not None:
+        how = f"{name} rows: {reading[2]}a {reading[0][0]}x{reading[0][1]} grid"
+        origin = derived(f"{how} (the given size)") if grid else assumed(f"{how}, if the grid is square")
+        return reading[0], reading[1], origin
     hint = f"grid {grid[0]}x{grid[1]}" if grid else "a square grid"
     raise FormatError(
         f"{name} has {rows} rows, which is not {hint} (with or without {num_prefix} prefix rows); "
