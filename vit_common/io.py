@@ -101,6 +101,14 @@ def write_jsonl(path: str | os.PathLike, records: list[Mapping[str, Any]]) -> No
     write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
 
+def open_log(path: str | os.PathLike):
+    """A text file opened for appending lines (a metrics log): the one write that is not atomic, since
+    it grows while a run lasts. The caller writes whole lines, flushes, and closes it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "a", encoding="utf-8")
+
+
 def read_json(path: str | os.PathLike) -> Any:
     """The parsed content of a JSON file.
 

@@ -652,7 +652,7 @@ def _loop(
         if bar
         else None
     )
-    log = open(metrics_path, "a") if lead else None
+    log = io.open_log(metrics_path) if lead else None
 
     def write(line: dict) -> None:
         if log:
