@@ -519,3 +519,21 @@ def test_writes_refuse_a_folder_path_and_get_the_usual_file_mode(tmp_path, small
     finally:
         os.umask(umask)
     assert (tmp_path / "m.safetensors").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+
+
+def test_files_written_before_pool_include_prefix_keep_their_map_head(tmp_path, small_cfg, random_state):
+    """Our files stored no pool_include_prefix before timm's MAP semantics (patch tokens only) were
+    adopted; their MAP head pooled every token, and a file without the field still reads that way."""
+    import json as json_
+
+    from vit_common.formats.canonical import FORMAT_TAG
+    from vit_common.io import save_safetensors
+
+    cfg = small_cfg.replace(pool="map", reg_tokens=1)
+    old = {k: v for k, v in cfg.to_dict().items() if k not in ("pool_include_prefix", "dist_token", "head_dist")}
+    save_safetensors(
+        tmp_path / "old.safetensors", random_state(cfg), {"format": FORMAT_TAG, "vit_config": json_.dumps(old)}
+    )
+    ckpt = load_checkpoint(tmp_path / "old.safetensors")
+    assert ckpt.cfg == cfg.replace(pool_include_prefix=True)
+    assert any("predates pool_include_prefix" in n for n in ckpt.report.notes)

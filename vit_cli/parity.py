@@ -300,12 +300,21 @@ def run_parity(
 
 
 def format_table(result: ParityResult) -> str:
-    """The result as a text table, one line per intermediate."""
+    """The result as text: where each config field came from, then one line per intermediate, then the
+    verdict."""
     lib = result.against
     head = f"{'tensor':<12}{'max abs':>11}{'rel':>11}{'mean abs':>11}{'bound':>12}  ok"
     if lib:
         head += f"   | {lib + ' max abs':>20}{'rel':>11}  ok"
-    lines = [
+    config = result.conversion.get("config") or {}
+    provenance = result.conversion.get("provenance", {})
+    lines = [f"config of {result.checkpoint} ({result.format}): value, then where it came from"]
+    lines += [
+        f"  {k:20s} = {config.get(k)!r:24s} {o['kind']:9s} {o['source']}"
+        + ("  <- assumed" if k in result.conversion.get("assumed", []) else "")
+        for k, o in provenance.items()
+    ]
+    lines += [
         f"parity of {result.checkpoint} ({result.format}, {result.variant}), {result.dtype}, "
         f"{len(result.images)} image(s): JAX twin vs torch twin" + (f", and {lib} vs torch twin" if lib else ""),
         head,
