@@ -537,3 +537,24 @@ def test_files_written_before_pool_include_prefix_keep_their_map_head(tmp_path, 
     ckpt = load_checkpoint(tmp_path / "old.safetensors")
     assert ckpt.cfg == cfg.replace(pool_include_prefix=True)
     assert any("predates pool_include_prefix" in n for n in ckpt.report.notes)
+
+
+def test_every_reader_gives_every_function_field_a_provenance(tmp_path, small_cfg, random_state):
+    from vit_common.config import FUNCTION_FIELDS
+    from vit_common.io import save_safetensors
+
+    state = random_state(small_cfg)
+    save_safetensors(tmp_path / "bare_timm.safetensors", state)
+    for fmt, name in (("canonical", "a.safetensors"), ("hf", "b"), ("original_vit", "c.npz"), ("big_vision", "d.npz")):
+        save_checkpoint(tmp_path / name, small_cfg, state, fmt)
+    for name in ("bare_timm.safetensors", "a.safetensors", "b", "c.npz", "d.npz"):
+        provenance = load_checkpoint(tmp_path / name).report.provenance
+        assert set(provenance) == set(FUNCTION_FIELDS), (name, set(FUNCTION_FIELDS) ^ set(provenance))
+        assert {o.kind for o in provenance.values()} <= {"declared", "derived", "assumed"}
+
+
+def test_a_source_size_that_contradicts_the_declared_one_is_an_error(tmp_path, small_cfg, random_state):
+    save_checkpoint(tmp_path / "hf", small_cfg, random_state(small_cfg), "hf")
+    assert load_checkpoint(tmp_path / "hf", source_image_size=32).report.provenance["image_size"].kind == "declared"
+    with pytest.raises(FormatError, match=r"source_image_size=\(64, 64\) but the file declares image_size=\(32, 32\)"):
+        load_checkpoint(tmp_path / "hf", source_image_size=64)

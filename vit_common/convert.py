@@ -42,6 +42,7 @@ import numpy as np
 from vit_common.config import ViTConfig
 from vit_common.formats import REGISTRY
 from vit_common.formats.base import (
+    DECLARED,
     GIVEN,
     Decoded,
     Encoded,
@@ -237,7 +238,14 @@ def load_checkpoint(
     dec = f.read(src, opts)
     _apply_overrides(dec, overrides, str(path))
     if source_image_size is not None:
-        dec.provenance["image_size"] = Origin(GIVEN, "source_image_size")
+        stated = dec.provenance.get("image_size")
+        if stated is not None and stated.kind == DECLARED and tuple(dec.cfg.image_size) != source_image_size:
+            raise FormatError(
+                f"{path}: source_image_size={source_image_size} but the file declares "
+                f"image_size={tuple(dec.cfg.image_size)} ({stated.source})"
+            )
+        if stated is None or stated.kind != DECLARED:
+            dec.provenance["image_size"] = Origin(GIVEN, "source_image_size")
     if dec.conflicts and num_classes is None:
         k = dec.cfg.num_classes
         raise FormatError(

@@ -285,18 +285,16 @@ def posemb_layout(
         return without, True, derived(f"{name} rows (no prefix tokens: nothing to place)")
     if with_prefix is not None and without is not None:
         return with_prefix, True, assumed(f"{name} rows fit the grid with and without prefix rows")
-    reading = (
-        (with_prefix, True, f"{num_prefix} prefix row(s) + ") if with_prefix else (without, False, "no prefix rows, ")
-    )
-    if reading[0] is not None:
-        how = f"{name} rows: {reading[2]}a {reading[0][0]}x{reading[0][1]} grid"
-        origin = derived(f"{how} (the given size)") if grid else assumed(f"{how}, if the grid is square")
-        return reading[0], reading[1], origin
-    hint = f"grid {grid[0]}x{grid[1]}" if grid else "a square grid"
-    raise FormatError(
-        f"{name} has {rows} rows, which is not {hint} (with or without {num_prefix} prefix rows); "
-        f"a non-square grid must be given: pass {flag_for('image_size')}"
-    )
+    if with_prefix is None and without is None:
+        hint = f"grid {grid[0]}x{grid[1]}" if grid else "a square grid"
+        raise FormatError(
+            f"{name} has {rows} rows, which is not {hint} (with or without {num_prefix} prefix rows); "
+            f"a non-square grid must be given: pass {flag_for('image_size')}"
+        )
+    found, prefix_rows = (with_prefix, True) if with_prefix is not None else (without, False)
+    how = f"{name} rows: {f'{num_prefix} prefix row(s) + ' if prefix_rows else 'no prefix rows, '}"
+    how += f"a {found[0]}x{found[1]} grid"
+    return found, prefix_rows, derived(f"{how} (the given size)") if grid else assumed(f"{how}, if it is square")
 
 
 def square_grid_origin(grid: tuple[int, int], what: str) -> Origin:
