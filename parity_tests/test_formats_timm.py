@@ -125,13 +125,13 @@ def test_a_timm_model_name_is_a_source_in_both_twins(images):
     import vit_jax
     import vit_torch
 
-    kw = dict(num_classes=3, img_size=32, patch_size=8, depth=2, global_pool="avg", reg_tokens=4)
+    kw = dict(num_classes=3, img_size=32, patch_size=8, depth=1, global_pool="avg", reg_tokens=4)
     with torch.random.fork_rng():
         torch.manual_seed(0)  # the seed from_timm draws random weights with
-        ref_model = timm.create_model("vit_small_patch16_224", pretrained=False, **kw).eval()
-    tmodel = vit_torch.from_timm("vit_small_patch16_224", pretrained=False, **kw)
-    jmodel = vit_jax.from_timm("vit_small_patch16_224", pretrained=False, **kw)
-    assert tmodel.cfg == jmodel.cfg and tmodel.cfg.num_heads == 6 and tmodel.cfg.fc_norm
+        ref_model = timm.create_model("vit_tiny_patch16_224", pretrained=False, **kw).eval()
+    tmodel = vit_torch.from_timm("vit_tiny_patch16_224", pretrained=False, **kw)
+    jmodel = vit_jax.from_timm("vit_tiny_patch16_224", pretrained=False, **kw)
+    assert tmodel.cfg == jmodel.cfg and tmodel.cfg.num_heads == 3 and tmodel.cfg.fc_norm
     x = images(2, (32, 32))
     ref = _logits(ref_model, x)
     lj = np.asarray(jmodel(jnp.asarray(x.transpose(0, 2, 3, 1))))
