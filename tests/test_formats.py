@@ -504,8 +504,9 @@ def test_assumed_fields_are_warned_with_their_flag_and_strict_refuses_them(tmp_p
     assert quiet.report.provenance["num_heads"].kind == "given"
     with pytest.raises(FormatError, match=r"strict.*num_heads \(assumed 2: pass --set num_heads=VALUE"):
         load_checkpoint(tmp_path / "t.safetensors", strict=True)
-    with pytest.warns(UserWarning, match="num_heads=2 is assumed"):
+    with pytest.warns(UserWarning) as issued:
         assert read_checkpoint(tmp_path / "t.safetensors")[0].num_heads == 2
+    assert len(issued) == len(report.warnings) and any("num_heads=2 is assumed" in str(w.message) for w in issued)
 
 
 def test_writes_refuse_a_folder_path_and_get_the_usual_file_mode(tmp_path, small_cfg, random_state):
@@ -558,3 +559,22 @@ def test_a_source_size_that_contradicts_the_declared_one_is_an_error(tmp_path, s
     assert load_checkpoint(tmp_path / "hf", source_image_size=32).report.provenance["image_size"].kind == "declared"
     with pytest.raises(FormatError, match=r"source_image_size=\(64, 64\) but the file declares image_size=\(32, 32\)"):
         load_checkpoint(tmp_path / "hf", source_image_size=64)
+
+
+def test_assumed_fields_stay_assumed_through_a_conversion(tmp_path, small_cfg, random_state):
+    """Converting a file whose config had to be assumed does not turn the assumptions into facts: our
+    .safetensors, timm .safetensors and HF config.json record them; formats that cannot say so."""
+    from vit_common.convert import convert
+    from vit_common.io import save_safetensors
+
+    save_safetensors(tmp_path / "bare.safetensors", random_state(small_cfg))
+    source = load_checkpoint(tmp_path / "bare.safetensors").report.assumed
+    for name, fmt in (("a.safetensors", "canonical"), ("t.safetensors", "timm"), ("hf", "hf")):
+        report = convert(tmp_path / "bare.safetensors", tmp_path / name, to_fmt=fmt, source_image_size=32)
+        again = load_checkpoint(tmp_path / name).report
+        assert again.assumed == report.assumed and set(again.assumed) == set(source) - {"image_size", "posemb_prefix"}
+        assert "assumed when this file was converted" in again.provenance["gelu"].source
+        with pytest.raises(FormatError, match="strict reading refuses"):
+            load_checkpoint(tmp_path / name, strict=True)
+    report = convert(tmp_path / "bare.safetensors", tmp_path / "b.npz", num_heads=2, gelu="exact", ln_eps=1e-6)
+    assert any(w.startswith("pool='token' was assumed") and "cannot record that" in w for w in report.warnings)

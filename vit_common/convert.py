@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -42,6 +42,7 @@ import numpy as np
 from vit_common.config import ViTConfig
 from vit_common.formats import REGISTRY
 from vit_common.formats.base import (
+    ASSUMED,
     DECLARED,
     GIVEN,
     Decoded,
@@ -296,8 +297,9 @@ def read_checkpoint(path: str | os.PathLike, **kwargs: Any) -> tuple[ViTConfig, 
 # --------------------------------------------------------------------------------------- writing
 
 
-def _read_back(f: Format, enc: Encoded) -> list[str]:
-    """Decode the encoded tensors in memory; raise if any tensor differs, return what the format loses."""
+def _read_back(f: Format, enc: Encoded, assumed: Sequence[str]) -> list[str]:
+    """Decode the encoded tensors in memory; raise if any tensor differs, return what the format loses
+    (a field it does not record, or the fact that a field was assumed)."""
     dec = f.decode(enc)
     state = enc.state
     bad = [
@@ -319,6 +321,13 @@ def _read_back(f: Format, enc: Encoded) -> list[str]:
                 f"{f.name} files do not record {name}={value!r} (it reads back as {back!r}); pass "
                 f"{flag_for(name, value)} when reading the file"
             )
+    for name in assumed:
+        origin = dec.provenance.get(name)
+        if origin is not None and origin.kind != ASSUMED and getattr(enc.cfg, name) == getattr(dec.cfg, name):
+            lost.append(
+                f"{name}={getattr(enc.cfg, name)!r} was assumed (its source did not state it), and {f.name} files "
+                f"cannot record that: readers of this file will take it as {origin.kind}"
+            )
     return lost
 
 
@@ -332,13 +341,16 @@ def save_checkpoint(
     spelling: str = "v4",
     prefix: str | None = None,
     scan: bool = False,
+    assumed: Sequence[str] = (),
 ) -> Report:
     """Write ``state`` as ``fmt`` (default: from the suffix, see ``output_format``), atomically.
 
     Options: ``spelling`` of HF keys ('v4' as save_pretrained writes, or 'v5'); ``prefix`` and ``scan``
-    for .npz layouts. Nothing is written unless the whole conversion succeeds; an existing folder is
-    replaced only if it is a checkpoint folder itself. ``report.load_call`` is the library code that
-    loads the written file strictly (timm or transformers), where there is one.
+    for .npz layouts; ``assumed``: config fields that were assumed when the state was read (a
+    ``report.assumed``), recorded where the format can (our and timm's .safetensors, HF config.json) so
+    they stay assumed, warned where it cannot. Nothing is written unless the whole conversion succeeds;
+    an existing folder is replaced only if it is a checkpoint folder itself. ``report.load_call`` is the
+    library code that loads the written file strictly (timm or transformers), where there is one.
 
     Raises:
         StateMismatchError / ValueError: the state does not fit, or the format cannot hold the config.
@@ -347,9 +359,9 @@ def save_checkpoint(
     path = Path(path)
     f = _format(fmt or output_format(path))
     check_canonical(cfg, state, f"writing {f.name}")
-    enc = f.encode(cfg, state, path, spelling=spelling, prefix=prefix, scan=scan)
+    enc = f.encode(cfg, state, path, spelling=spelling, prefix=prefix, scan=scan, assumed=tuple(assumed))
     report = Report(config=enc.cfg, notes=list(enc.notes), written=str(path), written_format=f.name)
-    report.warnings += _read_back(f, enc)
+    report.warnings += _read_back(f, enc, assumed)
     if (
         path.is_dir()
         and any(path.iterdir())
@@ -381,7 +393,8 @@ def convert(
     if Path(dst).resolve() == Path(src).resolve():
         raise ValueError(f"{dst} is the source file itself: write the conversion somewhere else")
     ckpt = load_checkpoint(src, fmt=from_fmt, readers=readers, **read_options)
-    out = save_checkpoint(dst, ckpt.cfg, ckpt.state, to_fmt, writers=writers, **dict(write_options))
+    options = {"assumed": ckpt.report.assumed, **dict(write_options)}
+    out = save_checkpoint(dst, ckpt.cfg, ckpt.state, to_fmt, writers=writers, **options)
     report = ckpt.report
     report.notes += out.notes
     report.warnings += out.warnings

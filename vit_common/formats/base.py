@@ -266,7 +266,7 @@ def grid_of(rows: int, prefix: int, grid: tuple[int, int] | None) -> tuple[int, 
 
 
 def posemb_layout(
-    rows: int, num_prefix: int, grid: tuple[int, int] | None, name: str
+    rows: int, num_prefix: int, grid: tuple[int, int] | None, name: str, context: str = ""
 ) -> tuple[tuple[int, int], bool, Origin]:
     """(patch grid, posemb_prefix, posemb_prefix's origin) of a stored pos_embed with ``rows`` rows.
 
@@ -276,8 +276,8 @@ def posemb_layout(
     the prefix is then assumed too. When both readings fit, the one with prefix rows is taken.
 
     Raises:
-        FormatError: no square (or given) grid fits; the message names the tensor and the flag that
-            supplies the size.
+        FormatError: no square (or given) grid fits; the message names the file (``context``), the
+            tensor and the flag that supplies the size.
     """
     without = grid_of(rows, 0, grid)
     with_prefix = grid_of(rows, num_prefix, grid) if num_prefix else None
@@ -288,13 +288,35 @@ def posemb_layout(
     if with_prefix is None and without is None:
         hint = f"grid {grid[0]}x{grid[1]}" if grid else "a square grid"
         raise FormatError(
-            f"{name} has {rows} rows, which is not {hint} (with or without {num_prefix} prefix rows); "
-            f"a non-square grid must be given: pass {flag_for('image_size')}"
+            f"{context + ': ' if context else ''}{name} has {rows} rows, which is not {hint} (with or without "
+            f"{num_prefix} prefix rows); a non-square grid must be given: pass {flag_for('image_size')}"
         )
     found, prefix_rows = (with_prefix, True) if with_prefix is not None else (without, False)
     how = f"{name} rows: {f'{num_prefix} prefix row(s) + ' if prefix_rows else 'no prefix rows, '}"
     how += f"a {found[0]}x{found[1]} grid"
     return found, prefix_rows, derived(f"{how} (the given size)") if grid else assumed(f"{how}, if it is square")
+
+
+ASSUMED_KEY = "vit_assumed"  # metadata / config.json key: the fields a written file's source did not state
+
+
+def carried_assumptions(stored, provenance: dict[str, Origin], context: str) -> None:
+    """Mark the fields a file we wrote lists under ``ASSUMED_KEY`` (a JSON list, or a list) as assumed
+    again: their values were assumptions when the file was converted, and stay so.
+
+    Raises:
+        FormatError: the list is not a list of field names.
+    """
+    if stored is None:
+        return
+    try:
+        names = json.loads(stored) if isinstance(stored, str) else stored
+    except ValueError as e:
+        raise FormatError(f"{context}: {ASSUMED_KEY} is not JSON ({e})") from e
+    if not isinstance(names, list) or not all(isinstance(n, str) and n in FUNCTION_FIELDS for n in names):
+        raise FormatError(f"{context}: {ASSUMED_KEY}={names!r} is not a list of config field names")
+    for name in names:
+        provenance[name] = assumed("assumed when this file was converted: its source did not state it")
 
 
 def square_grid_origin(grid: tuple[int, int], what: str) -> Origin:

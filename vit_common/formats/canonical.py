@@ -15,7 +15,18 @@ import numpy as np
 
 from vit_common import io
 from vit_common.config import FUNCTION_FIELDS, ViTConfig
-from vit_common.formats.base import Decoded, Encoded, Format, FormatError, Source, copy, declared, to_canonical
+from vit_common.formats.base import (
+    ASSUMED_KEY,
+    Decoded,
+    Encoded,
+    Format,
+    FormatError,
+    Source,
+    carried_assumptions,
+    copy,
+    declared,
+    to_canonical,
+)
 from vit_common.formats.source import read_safetensors
 from vit_common.state import canonical_shapes, check_state
 
@@ -58,9 +69,12 @@ def stored_config(meta: Mapping[str, str], context: str) -> ViTConfig:
     return config_from_json(meta["vit_config"], context)[0]
 
 
-def decode_stored(cfg: ViTConfig, state: Mapping[str, np.ndarray], layout: str, context: str, source: str) -> Decoded:
+def decode_stored(
+    cfg: ViTConfig, state: Mapping[str, np.ndarray], layout: str, context: str, source: str, assumed=None
+) -> Decoded:
     """Decoded result for a stored config and its canonical tensors (our file, orbax checkpoints, timm
-    files we wrote): every field declared by ``source``.
+    files we wrote): every field declared by ``source``, except those listed in ``assumed`` (the stored
+    ``ASSUMED_KEY`` entry: fields its writer had to assume), which stay assumed.
 
     A head whose row count differs from the stored num_classes is read as stored and reported as a
     conflict (the caller asks for ``num_classes`` to resolve it).
@@ -76,7 +90,13 @@ def decode_stored(cfg: ViTConfig, state: Mapping[str, np.ndarray], layout: str, 
         cfg = cfg.replace(num_classes=k)
     to_canonical([copy(n, n, s) for n, s in canonical_shapes(cfg).items()], state, context)
     provenance = {name: declared(source) for name in FUNCTION_FIELDS}
+    carried_assumptions(assumed, provenance, context)
     return Decoded(cfg, dict(state), layout, provenance, [], [], conflicts)
+
+
+def assumed_meta(assumed) -> dict[str, str]:
+    """The metadata entry that keeps fields assumed across a conversion (none if nothing was)."""
+    return {ASSUMED_KEY: json.dumps(sorted(assumed))} if assumed else {}
 
 
 class Canonical(Format):
@@ -91,17 +111,19 @@ class Canonical(Format):
         if src.meta.get("format") != FORMAT_TAG or "vit_config" not in src.meta:
             stored_config(src.meta, src.context)  # raises, naming the tag found
         cfg, notes = config_from_json(src.meta["vit_config"], src.context)
-        dec = decode_stored(cfg, src.tensors, "safetensors, config in metadata", src.context, "stored config")
+        dec = decode_stored(
+            cfg, src.tensors, "safetensors, config in metadata", src.context, "stored config", src.meta.get(ASSUMED_KEY)
+        )
         dec.notes += notes
         return dec
 
-    def encode(self, cfg: ViTConfig, state, path: Path, **options) -> Encoded:
-        meta = {"format": FORMAT_TAG, "vit_config": cfg.to_json()}
+    def encode(self, cfg: ViTConfig, state, path: Path, *, assumed=(), **options) -> Encoded:
+        meta = {"format": FORMAT_TAG, "vit_config": cfg.to_json()} | assumed_meta(assumed)
         return Encoded(cfg, dict(state), {k: state[k] for k in canonical_shapes(cfg)}, None, meta)
 
     def decode(self, enc: Encoded) -> Decoded:
         cfg, _ = config_from_json(enc.meta["vit_config"], "canonical read-back")
-        return decode_stored(cfg, enc.tensors, "", "canonical read-back", "stored config")
+        return decode_stored(cfg, enc.tensors, "", "canonical read-back", "stored config", enc.meta.get(ASSUMED_KEY))
 
     def write(self, path: Path, enc: Encoded, writers) -> None:
         io.save_safetensors(path, enc.tensors, enc.meta)

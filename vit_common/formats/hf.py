@@ -51,6 +51,7 @@ import numpy as np
 from vit_common import io
 from vit_common.config import ViTConfig
 from vit_common.formats.base import (
+    ASSUMED_KEY,
     Decoded,
     Encoded,
     Format,
@@ -61,6 +62,7 @@ from vit_common.formats.base import (
     Source,
     assumed,
     build_config,
+    carried_assumptions,
     common_float_dtype,
     copy,
     declared,
@@ -360,7 +362,7 @@ def read_tensors(
             raise FormatError(f"{context}: no config.json and no 3-D {prefix}embeddings.position_embeddings")
         grid = (source_image_size[0] // ph, source_image_size[1] // pw) if source_image_size else None
         num_prefix = 2 if f["dist_token"] else 1
-        (gh, gw), _, _ = posemb_layout(np.shape(pe)[1], num_prefix, grid, f"{context}: position_embeddings")
+        (gh, gw), _, _ = posemb_layout(np.shape(pe)[1], num_prefix, grid, "position_embeddings", context)
         f["image_size"] = (gh * ph, gw * pw)
         prov["image_size"] = derived("the given size") if grid else square_grid_origin((gh, gw), "position_embeddings")
         pooler_act, pooler_size, pooler_origin = "tanh", None, derived("pooler tensors")
@@ -394,6 +396,8 @@ def read_tensors(
         f["num_classes"], prov["num_classes"] = rows, labels_origin
         if n_labels is not None and classifier is not None and n_labels != rows:
             conflicts.append(f"config.json has {n_labels} labels but the classifier has {rows} rows")
+    if config is not None:
+        carried_assumptions(config.get(ASSUMED_KEY), prov, context)
     f["posemb_resample"] = "bicubic"  # transformers' interpolate_pos_encoding: bicubic, no antialias
     dt = common_float_dtype(tensors)
     if dt in ("float32", "float64", "bfloat16", "float16"):
@@ -446,12 +450,12 @@ class HuggingFace(Format):
             },
         )
 
-    def encode(self, cfg: ViTConfig, state, path: Path, *, spelling: str = "v4", **_) -> Encoded:
+    def encode(self, cfg: ViTConfig, state, path: Path, *, spelling: str = "v4", assumed=(), **_) -> Encoded:
         refuse("Hugging Face ViT", self.cannot_hold(cfg))
         if spelling not in _NAMES:
             raise ValueError(f"spelling={spelling!r}: expected 'v4' or 'v5'")
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=True)
-        config = config_json(cfg)
+        config = config_json(cfg) | ({ASSUMED_KEY: sorted(assumed)} if assumed else {})  # transformers keeps it
         arch = config["architectures"][0]
         _, head = ARCHITECTURES[arch]
         prefix = f"{config['model_type']}." if head != "backbone" else ""

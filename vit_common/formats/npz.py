@@ -317,7 +317,8 @@ def read(
             np.shape(t[prefix + posemb_key])[1],
             int(f["class_token"]),
             grid,
-            f"{context}: {prefix + posemb_key}",
+            prefix + posemb_key,
+            context,
         )
         prov["posemb"] = derived("a stored pos_embedding")
         prov["image_size"] = (

@@ -30,6 +30,7 @@ import numpy as np
 from vit_common import io
 from vit_common.config import ViTConfig
 from vit_common.formats.base import (
+    ASSUMED_KEY,
     Decoded,
     Encoded,
     Format,
@@ -53,7 +54,7 @@ from vit_common.formats.base import (
     unsupported,
     writer,
 )
-from vit_common.formats.canonical import config_from_json, decode_stored
+from vit_common.formats.canonical import assumed_meta, config_from_json, decode_stored
 from vit_common.formats.source import TORCH_SUFFIXES
 from vit_common.state import canonical_shapes
 
@@ -188,7 +189,7 @@ def infer(
     if "pos_embed" in t and np.ndim(t["pos_embed"]) == 3:
         f["posemb"] = "learn"
         (gh, gw), f["posemb_prefix"], prov["posemb_prefix"] = posemb_layout(
-            np.shape(t["pos_embed"])[1], num_prefix, grid, f"{context}: pos_embed"
+            np.shape(t["pos_embed"])[1], num_prefix, grid, "pos_embed", context
         )
         f["image_size"] = (gh * ph, gw * pw)
         prov["image_size"] = (
@@ -225,7 +226,12 @@ class Timm(Format):
             cfg, notes = config_from_json(src.meta["vit_config"], src.context)
             tensors, more = _normalise(src.tensors)
             dec = decode_stored(
-                cfg, tensors, "timm state_dict, config in metadata", src.context, "config in the file's metadata"
+                cfg,
+                tensors,
+                "timm state_dict, config in metadata",
+                src.context,
+                "config in the file's metadata",
+                src.meta.get(ASSUMED_KEY),
             )
             dec.notes += notes + more
             return dec
@@ -247,19 +253,21 @@ class Timm(Format):
             },
         )
 
-    def encode(self, cfg: ViTConfig, state, path: Path, **options) -> Encoded:
+    def encode(self, cfg: ViTConfig, state, path: Path, *, assumed=(), **options) -> Encoded:
         refuse("timm", self.cannot_hold(cfg))
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=False)
         tensors = {k: np.ascontiguousarray(state[k]) for k in canonical_shapes(cfg)}
         meta = None
         if Path(path).suffix not in TORCH_SUFFIXES:
-            meta = {"format": "pt", META_TAG[0]: META_TAG[1], "vit_config": cfg.to_json()}
+            meta = {"format": "pt", META_TAG[0]: META_TAG[1], "vit_config": cfg.to_json()} | assumed_meta(assumed)
         return Encoded(cfg, dict(state), tensors, None, meta, notes)
 
     def decode(self, enc: Encoded) -> Decoded:
         if enc.meta:
             cfg, _ = config_from_json(enc.meta["vit_config"], "timm read-back")
-            return decode_stored(cfg, enc.tensors, "", "timm read-back", "config in the file's metadata")
+            return decode_stored(
+                cfg, enc.tensors, "", "timm read-back", "config in the file's metadata", enc.meta.get(ASSUMED_KEY)
+            )
         return infer(enc.tensors, source_image_size=enc.cfg.image_size, context="timm read-back")
 
     def write(self, path: Path, enc: Encoded, writers) -> None:
