@@ -41,7 +41,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds after compilation (default 1)")
     p.add_argument("--iters", type=int, default=None, help="calls per timed run (default 1 CPU, 10 GPU)")
     p.add_argument("--matmul-n", type=int, default=None, help="reference matmul size (default 2048 CPU, 8192 GPU)")
-    p.add_argument("--out", default=None, help="JSON lines file (default benchmarks/results/TIME-DEVICE-DTYPE.jsonl)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="JSON lines file, replaced at the start and appended to as each (variant, mode) group is "
+        "measured, so a stopped run keeps its finished groups (default benchmarks/results/TIME-DEVICE-DTYPE.jsonl)",
+    )
     p.add_argument("--markdown", default=None, help="also write the markdown table to this file")
     p.add_argument("--readme", default=None, help="replace the benchmark block of this README with the table")
     p.add_argument(
@@ -94,13 +99,17 @@ def run(args: argparse.Namespace) -> int:
     matmul_n = args.matmul_n or (8192 if gpu else 2048)
 
     context = harness.default_context()
+    device = re.sub(r"[^A-Za-z0-9]+", "-", context["machine"]["device"]).strip("-").lower()
+    stamp = context["time"][:16].replace(":", "")
+    out = args.out or f"benchmarks/results/{stamp}-{device}-{dtype}.jsonl"
+    report.write_text(out, "")  # replaced now; each group is appended as soon as it is measured
     records: list[dict] = []
     total = len(cfgs) * len(args.modes) * (len(names) + 2) * (args.warmup + args.repeats)
     with tqdm(total=total, desc="bench", unit="run", leave=False) as bar:
         for variant, cfg in cfgs.items():
             for mode in args.modes:
                 bar.set_postfix_str(f"{variant} {mode}")
-                records += harness.run_group(
+                group = harness.run_group(
                     cfg,
                     variant,
                     mode,
@@ -114,10 +123,8 @@ def run(args: argparse.Namespace) -> int:
                     context=context,
                     tick=bar.update,
                 )
-    device = re.sub(r"[^A-Za-z0-9]+", "-", context["machine"]["device"]).strip("-").lower()
-    stamp = context["time"][:16].replace(":", "")
-    out = args.out or f"benchmarks/results/{stamp}-{device}-{dtype}.jsonl"
-    report.write_jsonl(records, out)
+                report.append_jsonl(group, out)
+                records += group
     if args.json:
         import json
 
