@@ -34,7 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=_csv,
         default=None,
         help="comma-separated from vit_jax, vit_jax@xla, vit_jax@cudnn, vit_torch, "
-        "vit_torch_compile, timm, hf (default: vit_jax, vit_torch, vit_torch_compile, timm, hf)",
+        "vit_torch_compile, timm, timm_compile, hf (default: vit_jax, vit_torch, vit_torch_compile, timm, hf; "
+        "on GPU timm_compile too)",
     )
     p.add_argument("--image-size", type=int, default=None, help="square image size (default 224)")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (default 5)")
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     variants = args.variants or ["Ti/16", "S/16", "B/16"] + (["L/16"] if gpu else [])
     overrides = {} if args.image_size is None else {"image_size": args.image_size}
     cfgs = {v: ViTConfig.from_name(v, **overrides) for v in variants}  # ValueError on a bad name
-    names = args.contenders or list(CONTENDERS)
+    names = args.contenders or [c for c in CONTENDERS if gpu or c != "timm_compile"]
     batch = args.batch or (256 if gpu else 8)
     dtype = args.dtype or ("bfloat16" if gpu else "float32")
     iters = args.iters or (10 if gpu else 1)
