@@ -76,3 +76,12 @@ def test_unknown_part_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as e:
         gpu_check.main(["--smoke", "--parts", "parity,B/32 infer"])
     assert e.value.code == 2 and "B/32 infer" in capsys.readouterr().err
+
+
+def test_parts_past_the_budget_are_skipped_and_said_so(tmp_path):
+    out = tmp_path / "out"
+    assert gpu_check.main(["--out", str(out), "--budget-s", "0", "--parts", "attention,S/16 infer 256"]) == 0
+    status = json.loads((out / "parts.json").read_text())
+    assert sorted(status) == ["S/16 infer 256", "attention"]
+    assert all(s["status"].startswith("skipped:") and "budget" in s["status"] for s in status.values())
+    assert sorted(p.name for p in out.iterdir()) == ["parts.json"]
