@@ -96,56 +96,72 @@ def build(name: str, cfg: ViTConfig, mode: str, batch: int, dtype: str, compile_
     return _torch(name, base, cfg, mode, batch, dtype, compile_backend)
 
 
-def _jax(name: str, cfg: ViTConfig, mode: str, batch: int) -> Contender:
+def jax_program(model, mode: str) -> tuple[Callable, list]:
+    """The jitted program a ``vit_jax`` contender times, and its state arguments (before the batch).
+
+    'infer': ``fn(state, x) -> logits``, model in eval mode. 'train': ``fn(params, opt_state, x, y) ->
+    (params, opt_state, loss)``, model in training mode, params and opt_state donated. Works on an
+    abstract model (``nnx.eval_shape``) too: the state is then ``jax.ShapeDtypeStruct`` leaves.
+    """
     import jax
     import optax
     from flax import nnx
 
-    from vit_jax.weights import from_numpy
-
-    model = from_numpy(cfg, random_state(cfg))
-    images, labels = inputs(cfg, batch)
-    x = jax.device_put(images.transpose(0, 2, 3, 1).astype(cfg.dtype))  # [B, H, W, C]
-    y = jax.device_put(labels)
     if mode == "infer":
         model.eval()
         graphdef, state = nnx.split(model)
-        fwd = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x))
-        compiled = fwd.lower(state, x).compile()
+        return jax.jit(lambda state, x: nnx.merge(graphdef, state)(x)), [state]
+    model.train()
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
+
+    def loss_fn(params, x, y):
+        logits = nnx.merge(graphdef, params, rest)(x).astype("float32")
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    abstract = all(isinstance(v, jax.ShapeDtypeStruct) for v in jax.tree.leaves(params))
+    return step, [params, jax.eval_shape(tx.init, params) if abstract else tx.init(params)]
+
+
+def memory_footprint(compiled) -> int | None:
+    """Arguments + outputs - aliased (donated) + temporaries, from XLA's memory analysis (bytes)."""
+    mem = compiled.memory_analysis()
+    if mem is None:
+        return None
+    return mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes
+
+
+def _jax(name: str, cfg: ViTConfig, mode: str, batch: int) -> Contender:
+    import jax
+
+    from vit_jax.weights import from_numpy
+
+    images, labels = inputs(cfg, batch)
+    x = jax.device_put(images.transpose(0, 2, 3, 1).astype(cfg.dtype))  # [B, H, W, C]
+    y = jax.device_put(labels)
+    fn, carry = jax_program(from_numpy(cfg, random_state(cfg)), mode)
+    if mode == "infer":
+        compiled = fn.lower(*carry, x).compile()
 
         def run(n: int) -> None:
             for _ in range(n):
-                out = compiled(state, x)
+                out = compiled(*carry, x)
             out.block_until_ready()
     else:
-        model.train()
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-        tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
-
-        def loss_fn(params, x, y):
-            logits = nnx.merge(graphdef, params, rest)(x).astype("float32")
-            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-        @functools.partial(jax.jit, donate_argnums=(0, 1))
-        def step(params, opt_state, x, y):
-            loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, loss
-
-        carry = [params, tx.init(params)]
-        compiled = step.lower(*carry, x, y).compile()
+        compiled = fn.lower(*carry, x, y).compile()
 
         def run(n: int) -> None:
             for _ in range(n):
                 carry[0], carry[1], loss = compiled(*carry, x, y)
             loss.block_until_ready()
 
-    mem = compiled.memory_analysis()
-    footprint = (
-        None
-        if mem is None
-        else (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
-    )
+    footprint = memory_footprint(compiled)
     return Contender(name, "jax", run, footprint, "xla memory_analysis (arguments + outputs + temps)")
 
 

@@ -157,3 +157,13 @@ def test_model_with_padded_fused_attention_trains_like_explicit(monkeypatch):
     for (path, a), (_, b) in zip(leaves(g_f), leaves(g_e), strict=True):
         c = compare(jax.tree_util.keystr(path), a, b, "gradient", "float32")
         assert c.ok, c
+
+
+def test_building_for_another_platform():
+    cfg = ViTConfig(
+        image_size=32, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10, dtype="bfloat16"
+    )
+    with platforms.building_for(H100):
+        m = vit_model.VisionTransformer(cfg, rngs=nnx.Rngs(0))
+    assert m.platform == H100 and m.blocks[0].attn.kernel == "cudnn" and type(m.head) is nnx.Linear
+    assert Platform.current() == CPU

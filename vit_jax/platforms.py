@@ -14,7 +14,9 @@ choices that depend on where it runs, so that no block asks again at every call:
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import jax
@@ -51,7 +53,10 @@ class Platform:
 
     @classmethod
     def current(cls) -> Platform:
-        """The platform of JAX's default device (``jax.devices()[0]``)."""
+        """The platform models are built for: JAX's default device (``jax.devices()[0]``), or the one
+        ``building_for`` names."""
+        if _BUILDING_FOR:
+            return _BUILDING_FOR[-1]
         dev = jax.devices()[0]
         if dev.platform != "gpu":
             return cls(dev.platform)
@@ -76,6 +81,20 @@ class Platform:
 
 def _identity(x: jax.Array) -> jax.Array:
     return x
+
+
+_BUILDING_FOR: list[Platform] = []
+
+
+@contextlib.contextmanager
+def building_for(platform: Platform) -> Iterator[Platform]:
+    """Inside the block, models are built for ``platform`` instead of JAX's default device: to compile
+    them for a device this machine does not have (JAX's deviceless ahead-of-time compilation)."""
+    _BUILDING_FOR.append(platform)
+    try:
+        yield platform
+    finally:
+        _BUILDING_FOR.pop()
 
 
 # ------------------------------------------------------------------------------------ attention
