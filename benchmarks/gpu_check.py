@@ -15,7 +15,8 @@ parts.json says of every part whether it ran, how long, or why not:
     train                OUT/train.json: `vit train` (the demo, one epoch) run twice on one fresh JAX
                          compilation cache, cold then warm: time to first step as metrics.jsonl reports it
                          (``time_to_first_step_s``, ``compile_cache``) where `vit train` writes it, and
-                         the wall time of each run. Needs grain and mlxtend.
+                         the wall time of each run; OUT/train_{cold,warm}_metrics.jsonl. Needs grain and
+                         mlxtend.
     input_pipeline       OUT/input_pipeline.jsonl: ``python -m benchmarks.input_pipeline`` where it exists
                          (its exit code and output in OUT/input_pipeline.json).
     attention            OUT/attention.jsonl: jax.nn.dot_product_attention alone at B/16's shapes: XLA,
@@ -33,8 +34,10 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -197,11 +200,12 @@ def train_runs(out: Path, smoke: bool, command: list[str] | None = None, timeout
         args += ["--dataset", "digits", "--image-size", "8", "--patch-size", "4", "--width", "32", "--depth", "1"]
         args += ["--num-heads", "2", "--mlp-dim", "64", "--batch-size", "64"]
     command = command or [sys.executable, "-m", "vit_cli.main", "train", *args]
-    cache = out / "train_compile_cache"
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache), "XDG_CACHE_HOME": str(out / "train_xdg_cache")}
+    scratch = Path(tempfile.mkdtemp(prefix="gpu_check_train_"))  # run folders and caches stay out of OUT
+    cache = scratch / "compile_cache"
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache), "XDG_CACHE_HOME": str(scratch / "xdg_cache")}
     result: dict = {"command": command[1:], "compile_cache_dir": str(cache)}
     for run in ("cold", "warm"):
-        run_dir = out / f"train_{run}"
+        run_dir = scratch / run
         t0 = time.perf_counter()
         try:
             p = subprocess.run(
@@ -213,6 +217,9 @@ def train_runs(out: Path, smoke: bool, command: list[str] | None = None, timeout
         result[run] = {"exit_code": rc, "wall_s": time.perf_counter() - t0, **first_step(run_dir / "metrics.jsonl")}
         if rc != 0:
             result[run]["output_tail"] = tail
+        if (run_dir / "metrics.jsonl").exists():
+            shutil.copyfile(run_dir / "metrics.jsonl", out / f"train_{run}_metrics.jsonl")
+    shutil.rmtree(scratch, ignore_errors=True)
     return result
 
 

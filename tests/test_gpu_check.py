@@ -68,6 +68,8 @@ def test_train_part_reads_time_to_first_step_and_skips_without_it(tmp_path):
     assert result["cold"]["first_log_time_s"] == 4.5
     assert result["warm"]["time_to_first_step_s"] == 1.5 and result["warm"]["compile_cache"] == "warm"
     assert result["warm"]["wall_s"] > 0
+    metrics = ["train_cold_metrics.jsonl", "train_warm_metrics.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fake_train.py", *metrics]  # runs and caches elsewhere
 
 
 def test_unknown_part_is_a_usage_error(capsys):
