@@ -22,6 +22,9 @@ parts.json says of every part whether it ran, how long, or why not:
     attention            OUT/attention.jsonl: jax.nn.dot_product_attention alone at B/16's shapes: XLA,
                          cuDNN unpadded (forward), cuDNN padded to even / multiple-of-8 / 256 tokens with
                          masked keys (forward + backward), the model's route; ms per call, differences.
+    patch_embed          OUT/patch_embed.jsonl: B/16's patch embedding, forward + weight gradient, as the
+                         model computes it (a stride-16 convolution; XLA writes its weight gradient as a
+                         dilated convolution) against the same product as reshape + one matmul.
     S/16, L/16           more throughput groups while the budget lasts.
 --smoke (any machine, a minute or two on CPU): mu/16, batch 2, one timed round of one call,
 torch.compile with its eager backend; parity.json carries "smoke": true and table.md opens with a line
@@ -56,6 +59,7 @@ PARTS: dict[str, float] = {
     "train": 80,
     "input_pipeline": 45,
     "attention": 25,
+    "patch_embed": 20,
     "S/16 infer 256": 70,
     "S/16 train 256": 110,
     "L/16 infer 256": 110,
@@ -313,6 +317,52 @@ def attention_probe(out: Path, smoke: bool) -> list[dict]:
     return rows
 
 
+def patch_embed_probe(out: Path, smoke: bool) -> list[dict]:
+    """ms per call of the patch embedding's forward + weight gradient, [B, 224, 224, 3] bf16 images
+    (B/16: B=256, D=768): the convolution against reshape + matmul; appended to OUT/patch_embed.jsonl."""
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import report
+
+    b, d, p, size = (2, 32, 16, 224) if smoke else (256, 768, 16, 224)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((b, size, size, 3)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((p, p, 3, d)) * 0.02, jnp.float32)
+    g = jnp.asarray(rng.standard_normal((b, size // p, size // p, d)), jnp.bfloat16)
+
+    def conv(w, x):
+        dims = ("NHWC", "HWIO", "NHWC")
+        return jax.lax.conv_general_dilated(x, w.astype(x.dtype), (p, p), "VALID", dimension_numbers=dims)
+
+    def matmul(w, x):
+        n, h, wd = x.shape[0], x.shape[1] // p, x.shape[2] // p
+        patches = x.reshape(n, h, p, wd, p, 3).transpose(0, 1, 3, 2, 4, 5).reshape(n, h, wd, p * p * 3)
+        return patches @ w.astype(x.dtype).reshape(p * p * 3, -1)
+
+    rows, ref = [], None
+    for name, fn in (("convolution (the model)", conv), ("reshape + matmul", matmul)):
+        step = jax.jit(jax.value_and_grad(lambda w, x, fn=fn: jnp.sum(fn(w, x).astype(jnp.float32) * g)))
+        step(w, x)[1].block_until_ready()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            r = step(w, x)
+        jax.block_until_ready(r)
+        grad = np.asarray(r[1], np.float64)
+        ref = grad if ref is None else ref
+        rows.append(
+            {
+                "shape": [b, size, size, 3],
+                "width": d,
+                "variant": name,
+                "fwd_wgrad_ms": (time.perf_counter() - t0) / 10 * 1e3,
+                "wgrad_rel_diff_vs_conv": float(np.max(np.abs(grad - ref)) / np.max(np.abs(ref))),
+            }
+        )
+    report.append_jsonl(rows, out / "patch_embed.jsonl")
+    return rows
+
+
 # ------------------------------------------------------------------------------------------ main
 
 
@@ -375,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = _outcome(run.get("status"), [run.get("exit_code")])
             elif part == "attention":
                 result = {"rows": len(attention_probe(out, args.smoke))}
+            elif part == "patch_embed":
+                result = {"rows": len(patch_embed_probe(out, args.smoke))}
             else:
                 variant, mode, batch = part.split()
                 variant, batch = ("mu/16", "2") if args.smoke else (variant, batch)

@@ -12,9 +12,9 @@ from benchmarks.harness import RECORD_FIELDS
 
 def test_smoke_run_writes_every_part(tmp_path):
     out = tmp_path / "out"
-    parts = "parity,B/16 infer 256,B/16 train 256,attention,S/16 infer 256"
+    parts = "parity,B/16 infer 256,B/16 train 256,attention,patch_embed,S/16 infer 256"
     assert gpu_check.main(["--smoke", "--out", str(out), "--parts", parts]) == 0
-    names = ["attention.jsonl", "parity.json", "parts.json", "table.md", "throughput.jsonl"]
+    names = ["attention.jsonl", "parity.json", "parts.json", "patch_embed.jsonl", "table.md", "throughput.jsonl"]
     assert sorted(p.name for p in out.iterdir()) == names
 
     status = json.loads((out / "parts.json").read_text())
@@ -44,6 +44,10 @@ def test_smoke_run_writes_every_part(tmp_path):
     by = {r["variant"]: r for r in rows}
     assert by["xla, unpadded"]["fwd_bwd_ms"] > 0 and by["xla, unpadded"]["grad_max_abs_vs_xla"] == 0
     assert all("cuDNN" in r["error"] for name, r in by.items() if "cudnn" in name)  # none on CPU
+
+    conv, matmul = (json.loads(line) for line in (out / "patch_embed.jsonl").read_text().splitlines())
+    assert conv["wgrad_rel_diff_vs_conv"] == 0 and 0 < matmul["wgrad_rel_diff_vs_conv"] < 2e-2  # bf16
+    assert conv["fwd_wgrad_ms"] > 0 and matmul["fwd_wgrad_ms"] > 0
 
 
 def test_train_part_reads_time_to_first_step_and_skips_without_it(tmp_path):
