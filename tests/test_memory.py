@@ -5,28 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import harness, memory
+from benchmarks import contenders, memory
 from vit_common.config import ViTConfig
 
 
 @pytest.mark.parametrize("mode", ["infer", "train"])
 def test_abstract_compile_gives_the_benchmarks_memory_figure(mode):
     record = memory.analyse("mu/16", 2, "bfloat16", mode, None, None)
-    bench = harness.run_group(
-        ViTConfig.from_name("mu/16"),
-        "mu/16",
-        mode,
-        2,
-        "bfloat16",
-        ["vit_jax"],
-        warmup=0,
-        repeats=1,
-        iters=1,
-        matmul_n=32,
-        context=harness.default_context(),
-    )[0]
+    bench = contenders.build("vit_jax", ViTConfig.from_name("mu/16"), mode, 2, "bfloat16")
     assert record["platform"] == "cpu" and record["attention_kernel"] == "explicit"
-    assert record["footprint_bytes"] == bench["memory_bytes"] > 0
+    assert record["footprint_bytes"] == bench.memory_bytes > 0
     donated = record["alias_bytes"]
     assert (donated > 0) == (mode == "train")  # the training step donates parameters and optimizer state
     total = record["argument_bytes"] + record["output_bytes"] - donated + record["temp_bytes"]
