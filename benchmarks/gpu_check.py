@@ -216,8 +216,9 @@ def train_runs(out: Path, smoke: bool, command: list[str] | None = None, timeout
                 [*command, "--out", str(run_dir)], env=env, capture_output=True, text=True, timeout=timeout_s
             )
             rc, tail = p.returncode, (p.stdout + p.stderr)[-2000:]
-        except subprocess.TimeoutExpired as e:
-            rc, tail = "timeout", f"stopped after {timeout_s} s: {str(e.stderr or '')[-1000:]}"
+        except subprocess.TimeoutExpired as e:  # its output comes as bytes even with text=True
+            said = b"".join(v if isinstance(v, bytes) else v.encode() for v in (e.stdout, e.stderr) if v)
+            rc, tail = "timeout", f"stopped after {timeout_s} s: {said.decode(errors='replace')[-1000:]}"
         result[run] = {"exit_code": rc, "wall_s": time.perf_counter() - t0, **first_step(run_dir / "metrics.jsonl")}
         if rc != 0:
             result[run]["output_tail"] = tail
