@@ -196,8 +196,9 @@ class DropPath(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + drop_path(ls1(attn(norm1(x)))), then the same for the MLP.
 
-    The JAX twin's Block first passes x through ``residual_barrier`` on CPU, an identity that only
-    changes how XLA compiles the backward pass; eager PyTorch needs no counterpart.
+    On CPU the JAX twin passes the residual stream through ``residual_barrier`` before each block
+    (``vit_jax/platforms.py``), an identity that only changes how XLA compiles the backward pass;
+    eager PyTorch needs no counterpart.
     """
 
     def __init__(self, cfg: ViTConfig, drop_path: float):
@@ -222,8 +223,9 @@ class Block(nn.Module):
 class MAPHead(nn.Module):
     """Multihead attention pooling (big_vision ``MAPHead``, timm ``AttentionPoolLatent``).
 
-    A learned probe ``latent`` [1, 1, D] attends over all tokens; then x + mlp(norm(x)).
-    [B, L, D] -> ([B, D], probe attention [B, N, 1, L] or None).
+    A learned probe ``latent`` [1, 1, D] attends over the tokens it is given (the patch tokens, or all of
+    them with cfg.pool_include_prefix, as timm); then x + mlp(norm(x)).
+    [B, L', D] -> ([B, D], probe attention [B, N, 1, L'] or None).
     """
 
     def __init__(self, cfg: ViTConfig):
