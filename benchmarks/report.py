@@ -117,9 +117,7 @@ def write_jsonl(records: Sequence[dict], path: str | Path) -> None:
 def append_jsonl(records: Sequence[dict], path: str | Path) -> None:
     """Append one JSON object per line (sorted keys) to ``path`` (parents made) in one write, and
     flush it to disk: records appended as each benchmark group finishes survive a run stopped later."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
+    with io.open_log(path) as f:
         f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
         f.flush()
         os.fsync(f.fileno())
@@ -141,4 +139,5 @@ def update_readme(readme: str | Path, table: str) -> None:
     if not pattern.search(text):
         raise ValueError(f"{readme}: no '{README_START}' ... '{README_END}' block to replace")
     new = pattern.sub(lambda _: f"{README_START}\n{table}{README_END}", text)
-    write_text(readme, new)
+    with io.overwriting():  # --readme asks for this README's block to be replaced
+        write_text(readme, new)

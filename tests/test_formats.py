@@ -3,12 +3,14 @@ unused tensors, non-contiguous tensors, provenance, errors, atomicity."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 
 import numpy as np
 import pytest
 
+from vit_common import io
 from vit_common.convert import FORMATS, load_checkpoint, needs, output_format, read_checkpoint, save_checkpoint
 from vit_common.formats.base import FormatError
 from vit_common.state import StateMismatchError
@@ -464,25 +466,27 @@ def test_failed_write_leaves_nothing_and_keeps_the_old_file(tmp_path, monkeypatc
 
     def boom(fh, **arrays):
         fh.write(b"partial")
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(np, "savez", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with io.overwriting(), pytest.raises(OSError, match=r"x.npz: could not be written \(No space left on device\)"):
         save_checkpoint(tmp_path / "x.npz", small_cfg, random_state(small_cfg, seed=1))
     assert (tmp_path / "x.npz").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npz"]
 
 
-def test_folder_outputs_replace_only_checkpoint_folders(tmp_path, small_cfg, random_state):
+def test_folder_outputs_replace_only_checkpoint_folders_we_wrote(tmp_path, small_cfg, random_state):
     state = random_state(small_cfg)
     save_checkpoint(tmp_path / "hf", small_cfg, state, "hf")
     save_checkpoint(tmp_path / "hf", small_cfg, random_state(small_cfg, seed=1), "hf")  # replaces a checkpoint folder
-    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [io.MARKER, "config.json", "model.safetensors"]
+    (tmp_path / "hf" / "src").mkdir()  # the user keeps something of theirs there: no longer ours to replace
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("precious")
-    with pytest.raises(FormatError, match="not a checkpoint; refusing"):
-        save_checkpoint(tmp_path / "mine", small_cfg, state, "hf")
-    assert (tmp_path / "mine" / "notes.txt").read_text() == "precious"
+    for folder, held in (("mine", "notes.txt"), ("hf", "src")):
+        with pytest.raises(io.DestinationError, match=f"{folder}: a folder holding things vit did not write .*{held}"):
+            save_checkpoint(tmp_path / folder, small_cfg, state, "hf")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "precious" and (tmp_path / "hf" / "src").is_dir()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mine"]
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from vit_common import io
@@ -47,7 +51,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
         Path(tmp).write_text("partial")
         raise OSError("disk full")
 
-    with pytest.raises(OSError, match="disk full"):
+    with io.overwriting(), pytest.raises(OSError, match="disk full"):
         io.atomic_write(tmp_path / "f.txt", fail)
     with pytest.raises(OSError, match="disk full"):
         io.atomic_write_dir(tmp_path / "d", lambda tmp: fail(str(tmp / "x")))
@@ -59,3 +63,38 @@ def test_log_appends_lines(tmp_path):
         with io.open_log(tmp_path / "logs" / "m.jsonl") as log:
             log.write(line + "\n")
     assert (tmp_path / "logs" / "m.jsonl").read_text() == "a\nb\n"
+
+
+def test_only_what_is_provably_ours_is_replaced(tmp_path):
+    (tmp_path / "theirs.txt").write_text("theirs")
+    with pytest.raises(io.DestinationError, match="theirs.txt: exists and vit did not write it; pass --overwrite"):
+        io.write_text(tmp_path / "theirs.txt", "ours")
+    with io.overwriting():
+        io.write_text(tmp_path / "theirs.txt", "ours")
+    assert (tmp_path / "theirs.txt").read_text() == "ours"
+    out = io.output_folder(tmp_path / "out")  # made by us: what we write there is ours to replace
+    io.write_text(out / "a.txt", "1")
+    io.write_text(out / "a.txt", "2")
+    assert (out / "a.txt").read_text() == "2" and io.read_json(out / io.MARKER)["files"] == ["a.txt"]
+    with io.overwriting(), pytest.raises(io.DestinationError, match="out: a folder holding things vit did not"):
+        io.atomic_write_dir(out, lambda tmp: None)  # an output folder is not a checkpoint to replace
+
+
+def test_our_safetensors_are_recognised_by_their_header(tmp_path):
+    io.save_safetensors(tmp_path / "ours.safetensors", {"w": np.ones(2, np.float32)}, {"format": "vit-twins/x"})
+    io.save_safetensors(tmp_path / "ours.safetensors", {"w": np.zeros(2, np.float32)}, {"format": "vit-twins/x"})
+    with io.overwriting():
+        io.save_safetensors(tmp_path / "hub.safetensors", {"w": np.ones(2, np.float32)}, {"format": "pt"})
+    with pytest.raises(io.DestinationError, match="hub.safetensors"):
+        io.save_safetensors(tmp_path / "hub.safetensors", {"w": np.zeros(2, np.float32)}, {"format": "pt"})
+
+
+def test_the_next_write_removes_temporaries_of_dead_writers_only(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"{io.TMP_PREFIX}{int(dead.stdout)}-m.safetensors-x.tmp"
+    stale.write_bytes(b"half a model")
+    (tmp_path / f"{io.TMP_PREFIX}{int(dead.stdout)}-hf-y.tmp").mkdir()
+    live = tmp_path / f"{io.TMP_PREFIX}{os.getppid()}-n.safetensors-z.tmp"  # a running process's
+    live.write_bytes(b"in progress")
+    io.write_text(tmp_path / "new.txt", "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "new.txt"])

@@ -10,6 +10,7 @@ import importlib
 import os
 import sys
 
+from vit_common import io
 from vit_common.host_memory import reuse_freed_memory
 
 # subcommand -> module; each module imports only argparse/stdlib/vit_common at top level.
@@ -23,6 +24,7 @@ COMMANDS = {
     "predict": "vit_cli.predict",
     "bench": "vit_cli.bench",
 }
+WRITING = ("convert", "parity", "attention", "train", "evaluate", "bench")  # commands that write files
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -41,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS.values():
         importlib.import_module(module).add_parser(sub)
+    for name in WRITING:
+        sub.choices[name].add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace existing files that vit cannot tell it wrote (without it they are refused); "
+            "a folder holding files vit did not write is never replaced",
+        )
     return parser
 
 
@@ -49,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     reuse_freed_memory()  # before JAX starts its threads; see vit_common/host_memory.py
     try:
-        return int(args.func(args) or 0)
+        with io.overwriting(getattr(args, "overwrite", False)):
+            return int(args.func(args) or 0)
     except BrokenPipeError:  # e.g. `vit info B/16 | head -1`: the reader left, nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vit_common.posemb import METHODS
+from vit_common.validate import float_in, int_in
 
 # One row per width/depth/MLP/heads. Sources: big_vision `models/vit.py` decode_variant, ViT paper
 # (Dosovitskiy et al. 2021) Table 1, So400m from Alabdulmohsin et al. 2023 ("Getting ViT in shape").
@@ -78,10 +79,9 @@ def _pair(v: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
         raise ValueError(f"{name}={v!r}: expected a positive int or (H, W) pair")
     if isinstance(v, int):
         v = (v, v)
-    v = tuple(v)
-    if len(v) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
+    if not isinstance(v, (tuple, list)) or len(v) != 2:
         raise ValueError(f"{name}={v!r}: expected a positive int or (H, W) pair of positive ints")
-    return v  # type: ignore[return-value]
+    return int_in(f"{name}[0]", v[0]), int_in(f"{name}[1]", v[1])
 
 
 @dataclass(frozen=True)
@@ -204,23 +204,16 @@ class ViTConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected one of {allowed}")
         for name in ("in_chans", "width", "depth", "num_heads", "mlp_dim"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name}={v!r}: expected a positive int")
+            int_in(name, getattr(self, name), 1)
         for name in ("num_classes", "reg_tokens", "rep_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"{name}={v!r}: expected an int >= 0")
+            int_in(name, getattr(self, name), 0)
         if self.width % self.num_heads:
             raise ValueError(f"width={self.width} is not divisible by num_heads={self.num_heads}")
-        if not self.ln_eps > 0:
-            raise ValueError(f"ln_eps={self.ln_eps!r}: expected a positive float")
+        float_in("ln_eps", self.ln_eps, 0, 1, lo_open=True)
         for name in ("dropout", "attn_dropout", "drop_path"):
-            v = getattr(self, name)
-            if not 0.0 <= v < 1.0:
-                raise ValueError(f"{name}={v!r}: expected a rate in [0, 1)")
-        if self.layer_scale is not None and not self.layer_scale > 0:
-            raise ValueError(f"layer_scale={self.layer_scale!r}: expected None or a positive float")
+            float_in(name, getattr(self, name), 0, 1, hi_open=True)
+        if self.layer_scale is not None:
+            float_in("layer_scale", self.layer_scale, 0, lo_open=True)
         for name in _FLAGS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected True or False")

@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from vit_common import io, validate
 from vit_common.config import ViTConfig
 from vit_common.formats import REGISTRY
 from vit_common.formats.base import (
@@ -142,6 +143,7 @@ def _detect(src) -> Format:
 
 
 def _new_head(cfg: ViTConfig, state: dict[str, np.ndarray], k: int, report: Report) -> ViTConfig:
+    validate.check_model_size(cfg.replace(num_classes=k), f"num_classes={k}")
     old = cfg.num_classes
     dtype = np.asarray(state["patch_embed.proj.weight"]).dtype
     heads = ("head", "head_dist") if cfg.head_dist else ("head",)
@@ -161,6 +163,7 @@ def _resample(cfg: ViTConfig, state: dict[str, np.ndarray], image_size, report: 
     new = cfg.replace(image_size=image_size)
     if new.grid == cfg.grid:
         return new
+    validate.check_model_size(new, f"image_size={image_size}")
     why = f"image_size {cfg.image_size[0]}x{cfg.image_size[1]} -> {new.image_size[0]}x{new.image_size[1]}"
     if cfg.posemb != "learn":
         report.notes.append(f"{why}: the {cfg.posemb} position embedding needs no resampling")
@@ -238,6 +241,9 @@ def load_checkpoint(
     opts = ReadOptions(source_image_size, dict(overrides), num_classes is not None, readers)
     dec = f.read(src, opts)
     _apply_overrides(dec, overrides, str(path))
+    validate.check_holds(dec.cfg, dec.state, str(path))
+    validate.check_model_size(dec.cfg, str(path))
+    validate.check_weights(dec.state, str(path))
     if source_image_size is not None:
         stated = dec.provenance.get("image_size")
         if stated is not None and stated.kind == DECLARED and tuple(dec.cfg.image_size) != source_image_size:
@@ -349,25 +355,22 @@ def save_checkpoint(
     for .npz layouts; ``assumed``: config fields that were assumed when the state was read (a
     ``report.assumed``), recorded where the format can (our and timm's .safetensors, HF config.json) so
     they stay assumed, warned where it cannot. Nothing is written unless the whole conversion succeeds;
-    an existing folder is replaced only if it is a checkpoint folder itself. ``report.load_call`` is the
-    library code that loads the written file strictly (timm or transformers), where there is one.
+    an existing destination is replaced only if it is provably ours (``vit_common.io.check_destination``).
+    ``report.load_call`` is the library code that loads the written file strictly (timm or transformers),
+    where there is one.
 
     Raises:
         StateMismatchError / ValueError: the state does not fit, or the format cannot hold the config.
         FormatError: a writer this format needs (torch, orbax) was not given.
+        DestinationError (an OSError): ``path`` holds something vit did not write (checked first).
     """
     path = Path(path)
     f = _format(fmt or output_format(path))
+    io.check_destination(path, folder=f.folder)
     check_canonical(cfg, state, f"writing {f.name}")
     enc = f.encode(cfg, state, path, spelling=spelling, prefix=prefix, scan=scan, assumed=tuple(assumed))
     report = Report(config=enc.cfg, notes=list(enc.notes), written=str(path), written_format=f.name)
     report.warnings += _read_back(f, enc, assumed)
-    if (
-        path.is_dir()
-        and any(path.iterdir())
-        and not ((path / "config.json").is_file() or (path / ORBAX_CONFIG).is_file())
-    ):
-        raise FormatError(f"{path}: an existing folder that is not a checkpoint; refusing to replace it")
     f.write(path, enc, writers)
     report.load_call = f.load_call(path, enc.cfg)
     return report

@@ -6,20 +6,53 @@ nothing, never a partial one. New files get the usual mode (0666 / 0777 less the
 0600. Format-specific writers (safetensors, .npz, torch.save, orbax, PNG) hand a callback to
 ``atomic_write`` / ``atomic_write_dir``; JSON and text have helpers of their own.
 
+Nothing of the user's is replaced. An existing destination is replaced only when it is provably ours:
+a file listed in the marker (``MARKER``) of a folder we made, one of our own ``.safetensors`` files
+(their header metadata says so), or a checkpoint folder we wrote that holds nothing else. Anything
+else raises ``DestinationError`` naming the path, unless the caller deliberately replaces a file
+(``overwriting()``, the commands' ``--overwrite``); a folder holding things we did not write is never
+replaced. Temporaries are named ``TMP_PREFIX`` + the writer's process id, so the next write into a
+folder removes those a killed process left behind. A failed write (a full disk, a quota) raises
+``OSError`` naming the destination, which is left as it was.
+
 Reading JSON is here too, so that every JSON file is parsed the same way and every error names its path.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+TMP_PREFIX = ".vit-tmp-"  # + "<pid>-<name>-<random>": every temporary file or folder we create
+MARKER = ".vit-written.json"  # {"kind": "checkpoint" | "output", "files": [names we wrote]} in our folders
+CHECKPOINT, OUTPUT = "checkpoint", "output"  # marker kinds: a replaceable checkpoint folder; an output folder
+OUR_SAFETENSORS = ("vit-twins/", "vit_twins")  # a "format" metadata prefix or a metadata key we write
+_HEADER_LIMIT = 100 << 20  # safetensors' own limit on its JSON header (bytes)
+_OVERWRITE = contextvars.ContextVar("vit_overwrite", default=False)
+
+
+class DestinationError(FileExistsError):
+    """A destination holds something vit did not write (or cannot prove it wrote); nothing was changed."""
+
+
+@contextlib.contextmanager
+def overwriting(allowed: bool = True) -> Iterator[None]:
+    """Within this block, existing files that are not provably ours may be replaced (``--overwrite``).
+    Folders holding things we did not write are still refused."""
+    token = _OVERWRITE.set(allowed)
+    try:
+        yield
+    finally:
+        _OVERWRITE.reset(token)
 
 
 def _umask() -> int:
@@ -28,52 +61,219 @@ def _umask() -> int:
     return mask
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_temporaries(folder: str | os.PathLike) -> list[str]:
+    """Remove the temporaries (``TMP_PREFIX``) in ``folder`` whose writing process is gone (e.g. killed
+    during a write); return their names. Others' temporaries and unreadable entries are left alone."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(TMP_PREFIX):
+            continue
+        pid = entry.name[len(TMP_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+            removed.append(entry.name)
+        except OSError:
+            continue
+    return removed
+
+
+def _tmp_prefix(path: Path) -> str:
+    return f"{TMP_PREFIX}{os.getpid()}-{path.name}-"
+
+
+def _marker(folder: Path) -> dict | None:
+    try:
+        data = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return None
+    return data
+
+
+def _write_marker(folder: Path, kind: str, files: list[str]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(folder / MARKER), suffix=".tmp", dir=folder)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json_text({"kind": kind, "files": sorted(set(files))}))
+    os.chmod(tmp, 0o666 & ~_umask())
+    os.replace(tmp, folder / MARKER)
+
+
+def _record(path: Path) -> None:
+    """List ``path``'s name in its folder's marker, if the folder is one of ours."""
+    marker = _marker(path.parent)
+    if marker is not None and path.name not in marker["files"]:
+        _write_marker(path.parent, marker.get("kind", OUTPUT), [*marker["files"], path.name])
+
+
+def _our_safetensors(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            if not 2 <= n <= min(_HEADER_LIMIT, os.fstat(fh.fileno()).st_size - 8):
+                return False
+            meta = json.loads(fh.read(n)).get("__metadata__") or {}
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return False
+    return isinstance(meta, dict) and (
+        str(meta.get("format", "")).startswith(OUR_SAFETENSORS[0]) or OUR_SAFETENSORS[1] in meta
+    )
+
+
+def _foreign_entries(path: Path) -> list[str]:
+    """What a folder holds that its marker does not list as ours (everything, if it has no marker)."""
+    marker = _marker(path) or {"files": []}
+    return sorted(e.name for e in os.scandir(path) if e.name != MARKER and e.name not in marker["files"])
+
+
+def check_destination(path: str | os.PathLike, *, folder: bool = False) -> None:
+    """Raise unless writing ``path`` (a file, or with ``folder`` a folder) would replace only what is ours.
+
+    Call it before long work so that a refusal comes first; the writers check again.
+
+    Raises:
+        DestinationError: ``path`` is a file that is not ours (and ``overwriting()`` is off), a folder
+            holding things we did not write, or (for a folder) a file.
+        IsADirectoryError: a file is to be written where a folder is.
+    """
+    path = Path(path)
+    if not os.path.lexists(path):
+        return
+    if folder:
+        if not path.is_dir() or path.is_symlink():
+            raise DestinationError(f"{path}: exists and is not a folder; refusing to replace it")
+        marker = _marker(path)
+        foreign = _foreign_entries(path)
+        if foreign or (marker is not None and marker.get("kind") != CHECKPOINT):
+            held = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "") if foreign else "a run's outputs"
+            raise DestinationError(
+                f"{path}: a folder holding things vit did not write as a checkpoint ({held}); "
+                "refusing to replace it: write to a new or empty folder"
+            )
+        return
+    if path.is_dir() and not path.is_symlink():
+        raise IsADirectoryError(f"{path} is a folder: expected a file path")
+    if _OVERWRITE.get() or path.name in (_marker(path.parent) or {"files": []})["files"]:
+        return
+    if path.is_file() and _our_safetensors(path):
+        return
+    raise DestinationError(f"{path}: exists and vit did not write it; pass --overwrite to replace it")
+
+
+def _failed(path: Path, e: OSError, existed: bool) -> OSError:
+    """``e`` (a full disk, a quota, a permission) as one line naming the destination."""
+    kept = "the old file is unchanged" if existed else "nothing was written"
+    return OSError(e.errno, f"{path}: could not be written ({e.strerror or e}); {kept}")
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> None:
     """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it into place.
 
-    Parent folders are created. Nothing is left at ``path`` (or beside it) if ``write`` raises; an
-    existing file at ``path`` stays as it was.
+    Parent folders are created; stale temporaries in the parent are removed first. Nothing is left at
+    ``path`` (or beside it) if ``write`` raises; an existing file at ``path`` stays as it was.
 
     Raises:
-        IsADirectoryError: ``path`` is an existing folder (checked before ``write`` runs).
+        DestinationError, IsADirectoryError: see ``check_destination`` (checked before ``write`` runs).
+        OSError: the write failed (e.g. ENOSPC, EDQUOT); the message names ``path``.
     """
     path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder: expected a file path")
+    check_destination(path)
+    existed = os.path.lexists(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    remove_stale_temporaries(path.parent)
+    tmp = ""
     try:
+        fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent)
+        os.close(fd)
         write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+        _record(path)
+    except BaseException as e:
+        if tmp and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and not isinstance(e, DestinationError) and e.errno is not None:
+            raise _failed(path, e, existed) from e
         raise
 
 
-def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
+def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], object], kind: str = CHECKPOINT) -> None:
     """Call ``write(tmp_dir)`` on a fresh folder beside ``path``, then put it in place of ``path``.
 
-    An existing ``path`` is replaced only after ``write`` succeeded; nothing is left behind if it raises.
+    The folder gets a ``MARKER`` listing what ``write`` put there (``kind`` CHECKPOINT: a later write
+    may replace it whole). An existing ``path`` is replaced only after ``write`` succeeded, and only if
+    it is empty or a checkpoint folder we wrote that holds nothing else; nothing is left behind if
+    ``write`` raises.
+
+    Raises:
+        DestinationError: see ``check_destination(path, folder=True)`` (checked before ``write`` runs).
+        OSError: the write failed (e.g. ENOSPC); the message names ``path``.
     """
     path = Path(path)
+    check_destination(path, folder=True)
+    existed = path.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    remove_stale_temporaries(path.parent)
+    tmp = old = None
     try:
+        tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent))
         write(tmp)
+        _write_marker(tmp, kind, [e.name for e in os.scandir(tmp) if e.name != MARKER])
         os.chmod(tmp, 0o777 & ~_umask())
         if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            old = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), suffix=".old", dir=path.parent))
             os.replace(path, old / "x")
             os.replace(tmp, path)
             shutil.rmtree(old)
         else:
             os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and (old / "x").exists() and not path.exists():
+            os.replace(old / "x", path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        if isinstance(e, OSError) and not isinstance(e, DestinationError) and e.errno is not None:
+            raise _failed(path, e, existed) from e
         raise
+
+
+def output_folder(path: str | os.PathLike) -> Path:
+    """``path`` as a folder for a command's outputs: created with a ``MARKER`` (kind OUTPUT) if it does
+    not exist, so that later runs may replace the files written there; an existing folder is used as
+    it is (its other files are not ours: replacing them needs ``overwriting()``).
+
+    Raises:
+        DestinationError: ``path`` exists and is not a folder.
+    """
+    path = Path(path)
+    if os.path.lexists(path) and not path.is_dir():
+        raise DestinationError(f"{path}: exists and is not a folder")
+    if not path.exists():
+        path.mkdir(parents=True)
+        _write_marker(path, OUTPUT, [])
+    return path
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

@@ -25,6 +25,7 @@ from vit_common.convert import ORBAX_CONFIG
 from vit_common.formats.base import FormatError
 from vit_common.formats.canonical import FORMAT_TAG, stored_config
 from vit_common.io import atomic_write_dir, write_json
+from vit_common.validate import check_model_size
 from vit_jax.model import VisionTransformer
 from vit_jax.weights import check_float64, from_numpy, to_numpy
 
@@ -76,6 +77,7 @@ def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:
 
     Raises:
         FormatError: not such a folder, or orbax cannot restore it into this config's structure.
+        ValueError: the stored config needs more memory than `vit_common.validate.memory_limit()`.
     """
     path = Path(path)
     try:
@@ -86,6 +88,7 @@ def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:
         raise FormatError(f"{path}/{ORBAX_CONFIG}: expected a JSON object")
     cfg = stored_config(meta, str(path))
     cfg = cfg.replace(**overrides) if overrides else cfg
+    check_model_size(cfg, str(path))
     check_float64(cfg)
     abstract = nnx.eval_shape(lambda: VisionTransformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, abstract_state = nnx.split(abstract)

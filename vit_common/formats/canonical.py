@@ -29,6 +29,7 @@ from vit_common.formats.base import (
 )
 from vit_common.formats.source import read_safetensors
 from vit_common.state import canonical_shapes, check_state
+from vit_common.validate import check_holds
 
 FORMAT_TAG = "vit-twins/canonical/1"
 
@@ -80,6 +81,7 @@ def decode_stored(
     conflict (the caller asks for ``num_classes`` to resolve it).
 
     Raises:
+        ValueError: the stored config declares more parameters than the tensors hold (``check_holds``).
         StateMismatchError: the tensors do not fit the stored config.
     """
     conflicts = []
@@ -88,6 +90,7 @@ def decode_stored(
     if k != cfg.num_classes:
         conflicts.append(f"the stored config has num_classes={cfg.num_classes} but the head has {k} rows")
         cfg = cfg.replace(num_classes=k)
+    check_holds(cfg, state, context)
     to_canonical([copy(n, n, s) for n, s in canonical_shapes(cfg).items()], state, context)
     provenance = {name: declared(source) for name in FUNCTION_FIELDS}
     carried_assumptions(assumed, provenance, context)

@@ -1,0 +1,192 @@
+"""The one validation layer: every value from the command line, a config field or a file is checked here,
+where it enters, before anything is allocated or run.
+
+- Numbers: ``int_in`` / ``float_in`` refuse bools, strings, NaN, infinities and values out of range;
+  ``arg`` turns one into an argparse ``type=`` (``type=arg(float_in, 0, 1)``), so a bad flag is refused
+  at parse time naming the flag's value.
+- Sizes a file or a command declares: ``check_model_size`` refuses a config whose parameters and
+  activations would not fit ``memory_limit()`` (the machine's memory, or ``VIT_MAX_BYTES``), and
+  ``check_holds`` a config that declares more parameters than the file holds (a few KB of tensors
+  cannot be depth 10^9). ``check_bytes`` bounds any other declared size (an .npz member, a dataset).
+- Paths: ``regular_file`` refuses FIFOs, devices and sockets before they are opened (reading one would
+  block or never end).
+- Weights: ``check_weights`` refuses tensors that are not floating point.
+
+Every error is a ``ValueError`` (or ``OSError`` for paths) whose message names the value and what was
+expected, on one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import stat
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+LIMIT_ENV = "VIT_MAX_BYTES"  # bytes (or e.g. "64G"): the largest model, dataset or member vit will allocate
+MAX_INT = 2**31 - 1  # shapes and counts stay int32-addressable in every framework
+_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def int_in(name: str, value: Any, lo: int = 1, hi: int = MAX_INT) -> int:
+    """``value`` if it is an int (not a bool) with lo <= value <= hi.
+
+    Raises:
+        ValueError: naming ``name``, the value and the range.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
+        raise ValueError(f"{name}={value!r}: expected an integer in [{lo}, {hi}]")
+    return int(value)
+
+
+def float_in(
+    name: str, value: Any, lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False, hi_open: bool = False
+) -> float:
+    """``value`` as a float if it is a finite real number (not a bool or string) within the bounds
+    (``lo_open`` / ``hi_open`` exclude the bound itself).
+
+    Raises:
+        ValueError: naming ``name``, the value and the range.
+    """
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if ok:
+        v = float(value)
+        ok = math.isfinite(v) and (lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)
+    if not ok:
+        left, right = "(" if lo_open else "[", ")" if hi_open else "]"
+        raise ValueError(f"{name}={value!r}: expected a finite number in {left}{lo:g}, {hi:g}{right}")
+    return float(value)
+
+
+def arg(check: Callable[..., Any], *bounds: Any, **options: Any) -> Callable[[str], Any]:
+    """An argparse ``type=`` that parses a flag's text as an int (``int_in``) or a float (``float_in``)
+    and checks it: ``type=arg(float_in, 0, 1, hi_open=True)``."""
+    parse = int if check is int_in else float
+
+    def convert(text: str) -> Any:
+        try:
+            return check("value", parse(text), *bounds, **options)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e).replace("value=", "", 1)) from None
+
+    convert.__name__ = "integer" if check is int_in else "number"  # argparse names the type in its error
+    return convert
+
+
+def memory_limit() -> int:
+    """The most bytes one model, dataset or file member may need: ``VIT_MAX_BYTES`` if set (a number
+    of bytes, or with a K/M/G/T suffix), else the machine's physical memory.
+
+    Raises:
+        ValueError: ``VIT_MAX_BYTES`` is not a positive size.
+    """
+    text = os.environ.get(LIMIT_ENV, "").strip()
+    if not text:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    m = re.fullmatch(r"(\d+(?:\.\d*)?)\s*([KMGT]?)B?", text.upper())
+    n = int(float(m.group(1)) * _UNITS[m.group(2)]) if m else 0
+    if n <= 0:
+        raise ValueError(f"{LIMIT_ENV}={text!r}: expected a positive size such as 32G or 1000000")
+    return n
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.3g} GB"
+
+
+def check_bytes(what: str, need: int) -> None:
+    """Raise unless ``need`` bytes (what a file or command declares) fit ``memory_limit()``.
+
+    Raises:
+        ValueError: naming ``what``, the size and the limit, and how to raise the limit.
+    """
+    limit = memory_limit()
+    if need > limit:
+        raise ValueError(
+            f"{what} declares {_gb(need)}, beyond the limit of {_gb(limit)} "
+            f"(set {LIMIT_ENV} to raise it if this is meant)"
+        )
+
+
+def model_bytes(cfg, batch: int = 1) -> int:
+    """An estimate of the bytes a model needs: its parameters in ``cfg.param_dtype`` plus one forward
+    pass's largest activations in float32 at ``batch`` images (the qkv or MLP hidden tensor of one
+    block, and one block's attention logits)."""
+    itemsize = _ITEMSIZE[cfg.param_dtype]
+    seq = cfg.num_prefix_tokens + math.prod(-(-s // p) for s, p in zip(cfg.image_size, cfg.patch_size, strict=True))
+    activations = batch * (seq * max(3 * cfg.width, cfg.mlp_dim) + cfg.num_heads * seq * seq) * 4
+    return cfg.param_count() * itemsize + activations
+
+
+def check_model_size(cfg, context: str, batch: int = 1) -> None:
+    """Raise unless ``model_bytes(cfg, batch)`` fits ``memory_limit()``.
+
+    Raises:
+        ValueError: naming ``context``, the config's size fields, the estimate and the limit.
+    """
+    sizes = f"depth={cfg.depth}, width={cfg.width}, mlp_dim={cfg.mlp_dim}, image_size={tuple(cfg.image_size)}"
+    check_bytes(f"{context}: a model with {sizes} (parameters and activations)", model_bytes(cfg, batch))
+
+
+def check_holds(cfg, tensors: Mapping[str, Any], context: str) -> None:
+    """Raise if ``cfg`` declares more parameters (its head left aside) than ``tensors`` hold in all:
+    a stored or overridden config that does not describe the file (before any per-tensor check,
+    which would list every missing tensor of the declared depth).
+
+    Raises:
+        ValueError: naming ``context``, the declared count and the count held.
+    """
+    held = sum(math.prod(np.shape(v)) for v in tensors.values())
+    need = cfg.replace(num_classes=0).param_count()
+    if need > held:
+        raise ValueError(
+            f"{context}: the config (depth={cfg.depth}, width={cfg.width}, mlp_dim={cfg.mlp_dim}) declares "
+            f"{need:,} parameters besides the head, but the file holds {held:,} values in all"
+        )
+
+
+def check_weights(state: Mapping[str, Any], context: str) -> None:
+    """Raise if a tensor is not floating point (an int or bool tensor is not a weight of this model).
+
+    Raises:
+        ValueError: naming the tensors and their dtypes.
+    """
+    bad = [f"{k} ({np.asarray(v).dtype})" for k, v in state.items() if not is_float(v)]
+    if bad:
+        raise ValueError(f"{context}: tensors that are not floating point: {', '.join(bad)}")
+
+
+def is_float(a: Any) -> bool:
+    """True for float16/32/64 and bfloat16 (ml_dtypes) arrays."""
+    dtype = np.asarray(a).dtype
+    return np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16"
+
+
+def regular_file(path: str | os.PathLike, what: str = "file") -> Path:
+    """``path`` if it is a regular file (symlinks followed); checked before opening, so that a FIFO or
+    device is refused instead of blocking.
+
+    Raises:
+        FileNotFoundError: no such path. IsADirectoryError: a folder. OSError: a symlink loop or an
+        unreadable path. ValueError: a FIFO, device or socket.
+    """
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such {what}") from None
+    except OSError as e:
+        raise OSError(e.errno, f"{path}: cannot be read ({e.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(f"{path}: a folder, expected a {what}")
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise ValueError(f"{path}: {kind}, expected a regular {what}")
+    return path
