@@ -25,6 +25,7 @@ import numpy as np
 
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_common.images import to_8bit
+from vit_common.validate import arg, float_in
 
 PANEL_PX = (200, 240)  # width, height of one figure panel in pixels (figure dpi 100)
 MAX_COLS = 8
@@ -84,13 +85,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--mean",
-        type=float,
+        type=arg(float_in),
         nargs="+",
         default=[0.5],
         help="per-channel mean subtracted from pixels scaled to [0, 1] (1 or C values; default "
         "0.5, as timm's original-ViT weights and big_vision's value_range(-1, 1))",
     )
-    p.add_argument("--std", type=float, nargs="+", default=[0.5], help="per-channel std (default 0.5)")
+    p.add_argument(
+        "--std", type=arg(float_in, 0, lo_open=True), nargs="+", default=[0.5], help="per-channel std (default 0.5)"
+    )
     p.add_argument("--out", default="attention", help="output folder (default ./attention)")
     p.add_argument("--json", action="store_true", help="print one JSON list (one object per image)")
     p.set_defaults(func=run)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import re
 
+from vit_common.validate import arg, int_in
+
 
 def _csv(s: str) -> list[str]:
     return [v.strip() for v in s.split(",") if v.strip()]
@@ -21,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "batch 8, Ti/S/B; GPU bfloat16, batch 256, Ti/S/B/L.",
     )
     p.add_argument("--variants", type=_csv, default=None, help="comma-separated, e.g. Ti/16,S/16,B/16")
-    p.add_argument("--batch", type=int, default=None, help="images per step (default 8 CPU, 256 GPU)")
+    p.add_argument("--batch", type=arg(int_in, 1), default=None, help="images per step (default 8 CPU, 256 GPU)")
     p.add_argument(
         "--dtype",
         choices=("float32", "bfloat16", "float16"),
@@ -37,11 +39,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "vit_torch_compile, timm, timm_compile, hf (default: vit_jax, vit_torch, vit_torch_compile, timm, hf; "
         "on GPU timm_compile too)",
     )
-    p.add_argument("--image-size", type=int, default=None, help="square image size (default 224)")
-    p.add_argument("--repeats", type=int, default=5, help="timed rounds (default 5)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed rounds after compilation (default 1)")
-    p.add_argument("--iters", type=int, default=None, help="calls per timed run (default 1 CPU, 10 GPU)")
-    p.add_argument("--matmul-n", type=int, default=None, help="reference matmul size (default 2048 CPU, 8192 GPU)")
+    p.add_argument("--image-size", type=arg(int_in, 1), default=None, help="square image size (default 224)")
+    p.add_argument("--repeats", type=arg(int_in, 1), default=5, help="timed rounds (default 5)")
+    p.add_argument("--warmup", type=arg(int_in, 0), default=1, help="untimed rounds after compilation (default 1)")
+    p.add_argument("--iters", type=arg(int_in, 1), default=None, help="calls per timed run (default 1 CPU, 10 GPU)")
+    p.add_argument(
+        "--matmul-n", type=arg(int_in, 1), default=None, help="reference matmul size (default 2048 CPU, 8192 GPU)"
+    )
     p.add_argument(
         "--out",
         default=None,

@@ -8,11 +8,31 @@ from __future__ import annotations
 import argparse
 import json
 
+from vit_common.validate import arg, int_in
+
+# Fields --set does not take: each has flags of its own, whose meanings differ.
+OWN_FLAGS = {
+    "image_size": "--source-image-size (the size the file was trained at) or --image-size (resample to)",
+    "num_classes": "--num-classes (keep or replace the head)",
+}
+
 
 def _setting(text: str) -> tuple[str, object]:
+    """``FIELD=VALUE`` -> (field, value), VALUE read as JSON where it parses (a number, true, a list)
+    and as a string otherwise; the value itself is checked where the config is built.
+
+    Raises:
+        argparse.ArgumentTypeError: not FIELD=VALUE, an unknown field, or a field with flags of its own.
+    """
+    from vit_common.config import ViTConfig
+
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text!r}: expected FIELD=VALUE, e.g. num_heads=16 or gelu=tanh")
+    if key in OWN_FLAGS:
+        raise argparse.ArgumentTypeError(f"{text!r}: {key} is not set with --set; use {OWN_FLAGS[key]}")
+    if key not in ViTConfig.__dataclass_fields__:
+        raise argparse.ArgumentTypeError(f"{text!r}: {key!r} is not a ViTConfig field")
     try:
         return key, json.loads(value)
     except ValueError:
@@ -94,7 +114,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from", dest="from_fmt", choices=tuple(FORMATS), help="force the input format")
     p.add_argument("--to", dest="to_fmt", choices=tuple(FORMATS), help="output format (default: from DST's suffix)")
     p.add_argument("--image-size", type=_size, help="resample the position embedding to this image size (S or HxW)")
-    p.add_argument("--num-classes", type=int, help="keep a head of this size; another size gets a new zero head")
+    p.add_argument(
+        "--num-classes", type=arg(int_in, 0), help="keep a head of this size; another size gets a new zero head"
+    )
     add_checkpoint_arguments(p)
     p.add_argument(
         "--hf-spelling",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_cli.main import HelpFormatter
+from vit_common.validate import arg, float_in, int_in
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,12 +26,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", choices=("test", "train"), default="test", help="which split to evaluate")
     p.add_argument(
         "--val-fraction",
-        type=float,
+        type=arg(float_in, 0, 1, lo_open=True, hi_open=True),
         default=0.2,
         help="test share for datasets without their own split (must match training's)",
     )
     p.add_argument("--framework", choices=("jax", "torch"), default="jax", help="which twin runs the model")
-    p.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
+    p.add_argument("--batch-size", type=arg(int_in, 1), default=256, help="images per forward pass")
     p.add_argument("--confusion", default="confusion.png", help="where to write the confusion-matrix PNG")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)

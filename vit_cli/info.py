@@ -8,6 +8,7 @@ import json
 import os
 
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
+from vit_common.validate import arg, int_in
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,8 +23,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(JAX) and .pth/.bin files (PyTorch).",
     )
     p.add_argument("source", metavar="VARIANT|CHECKPOINT", help="variant NAME/PATCH (B/16, So400m/14) or a path")
-    p.add_argument("--num-classes", type=int, default=None, help="variant: head size K (default 1000; 0 = none)")
-    p.add_argument("--image-size", type=int, default=None, help="variant: square image size in pixels (default 224)")
+    p.add_argument(
+        "--num-classes", type=arg(int_in, 0), default=None, help="variant: head size K (default 1000; 0 = none)"
+    )
+    p.add_argument(
+        "--image-size", type=arg(int_in, 1), default=None, help="variant: square image size in pixels (default 224)"
+    )
     add_checkpoint_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=run)

@@ -17,6 +17,7 @@ import numpy as np
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_common.io import write_json
 from vit_common.tolerance import Comparison, compare
+from vit_common.validate import arg, int_in
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
@@ -156,7 +157,9 @@ def load_images(folder: str | Path, image_size: tuple[int, int], chans: int) -> 
 
 
 def _top1_agreement(a: np.ndarray, b: np.ndarray) -> float | None:
-    if a.ndim != 2 or a.shape[-1] < 2:
+    """Fraction of rows whose argmax agrees; None without classes, or where a logit is NaN or Inf (an
+    argmax of those means nothing)."""
+    if a.ndim != 2 or a.shape[-1] < 2 or not (np.isfinite(a).all() and np.isfinite(b).all()):
         return None
     return float(np.mean(a.argmax(-1) == b.argmax(-1)))
 
@@ -359,15 +362,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         choices=("timm", "transformers"),
         help="add that library's own model, loaded from the same weights, as a third column",
     )
-    p.add_argument("--image-size", type=int, help="resample the position embedding to this size first")
+    p.add_argument("--image-size", type=arg(int_in, 1), help="resample the position embedding to this size first")
     p.add_argument(
         "--report",
         metavar="DIR",
         help="also write pictures to DIR: diffs.png (per-layer max and mean |JAX - torch|, log scale, "
         "tolerance line), maps.png (one attention map from each twin and their difference) and index.html",
     )
-    p.add_argument("--layer", type=int, help="with --report: block whose attention it draws (default: the last)")
-    p.add_argument("--head", type=int, help="with --report: head whose attention it draws (default 0)")
+    p.add_argument(
+        "--layer", type=arg(int_in, 0), help="with --report: block whose attention it draws (default: the last)"
+    )
+    p.add_argument("--head", type=arg(int_in, 0), help="with --report: head whose attention it draws (default 0)")
     p.set_defaults(func=run)
 
 

@@ -7,6 +7,7 @@ import json
 
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_cli.main import HelpFormatter
+from vit_common.validate import arg, int_in
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_checkpoint_arguments(p)
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...)")
     p.add_argument("--framework", choices=("jax", "torch"), default="jax", help="which twin runs the model")
-    p.add_argument("--top-k", type=int, default=3, help="how many classes to list per image")
+    p.add_argument("--top-k", type=arg(int_in, 1), default=3, help="how many classes to list per image")
     p.add_argument("--json", action="store_true", help="print one JSON object per image")
     p.set_defaults(func=run)
 
@@ -40,6 +41,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--top-k={args.top_k}: expected a positive int")
     images = normalize(np.stack([read_image(p, cfg.image_size, cfg.in_chans) for p in args.images]))
     out = next(iter(logits(model, args.framework, [images]))).astype(np.float64)
+    bad = [path for path, row in zip(args.images, out, strict=True) if not np.isfinite(row).all()]
+    if bad:
+        raise ValueError(
+            f"{args.checkpoint}: the logits of {', '.join(bad)} are NaN or Inf (weights holding NaN/Inf, "
+            f"or overflow in {cfg.dtype}); no prediction printed"
+        )
     probs = np.exp(out - out.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     classes = class_names(args.checkpoint, cfg.num_classes)

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from vit_cli.main import HelpFormatter
+from vit_common.validate import arg, float_in, int_in
 
 # The demo model: 28x28 inputs, 7x7 patches, 16 tokens (no class token: average pooling).
 DEMO_MODEL = dict(image_size=28, patch_size=7, width=128, depth=4, num_heads=4, mlp_dim=256, pool="gap")
@@ -42,21 +43,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     d.add_argument(
         "--val-fraction",
-        type=float,
+        type=arg(float_in, 0, 1, lo_open=True, hi_open=True),
         default=0.2,
         help="test share for datasets without their own split (fixed seed, stratified)",
     )
-    d.add_argument("--shift", type=int, default=2, help="augmentation: random translation up to this many pixels")
-    d.add_argument("--rotate", type=float, default=0.0, help="augmentation: random rotation up to this many degrees")
-    d.add_argument("--scale", type=float, default=0.0, help="augmentation: random zoom by 1 +- this fraction")
+    d.add_argument(
+        "--shift", type=arg(int_in, 0), default=2, help="augmentation: random translation up to this many pixels"
+    )
+    d.add_argument(
+        "--rotate",
+        type=arg(float_in, 0, 180),
+        default=0.0,
+        help="augmentation: random rotation up to this many degrees",
+    )
+    d.add_argument(
+        "--scale",
+        type=arg(float_in, 0, 1, hi_open=True),
+        default=0.0,
+        help="augmentation: random zoom by 1 +- this fraction",
+    )
     d.add_argument(
         "--flip",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="augmentation: random horizontal flips (default: on for imagefolder, off for digits/npz)",
     )
-    d.add_argument("--mixup", type=float, default=0.0, help="augmentation: mixup Beta(alpha, alpha); 0 = off")
-    d.add_argument("--cutmix", type=float, default=0.0, help="augmentation: cutmix Beta(alpha, alpha); 0 = off")
+    d.add_argument(
+        "--mixup", type=arg(float_in, 0), default=0.0, help="augmentation: mixup Beta(alpha, alpha); 0 = off"
+    )
+    d.add_argument(
+        "--cutmix", type=arg(float_in, 0), default=0.0, help="augmentation: cutmix Beta(alpha, alpha); 0 = off"
+    )
     m = p.add_argument_group("model (defaults: the demo model unless --variant is given)")
     m.add_argument(
         "--variant",
@@ -65,15 +82,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     m.add_argument(
         "--image-size",
-        type=int,
+        type=arg(int_in, 1),
         default=None,
         help=f"square image size in pixels; images are resized to it (demo {DEMO_MODEL['image_size']})",
     )
-    m.add_argument("--patch-size", type=int, default=None, help=f"patch size P (demo {DEMO_MODEL['patch_size']})")
-    m.add_argument("--width", type=int, default=None, help=f"width D (demo {DEMO_MODEL['width']})")
-    m.add_argument("--depth", type=int, default=None, help=f"number of blocks (demo {DEMO_MODEL['depth']})")
-    m.add_argument("--num-heads", type=int, default=None, help=f"attention heads N (demo {DEMO_MODEL['num_heads']})")
-    m.add_argument("--mlp-dim", type=int, default=None, help=f"MLP hidden width F (demo {DEMO_MODEL['mlp_dim']})")
+    m.add_argument(
+        "--patch-size", type=arg(int_in, 1), default=None, help=f"patch size P (demo {DEMO_MODEL['patch_size']})"
+    )
+    m.add_argument("--width", type=arg(int_in, 1), default=None, help=f"width D (demo {DEMO_MODEL['width']})")
+    m.add_argument("--depth", type=arg(int_in, 1), default=None, help=f"number of blocks (demo {DEMO_MODEL['depth']})")
+    m.add_argument(
+        "--num-heads", type=arg(int_in, 1), default=None, help=f"attention heads N (demo {DEMO_MODEL['num_heads']})"
+    )
+    m.add_argument(
+        "--mlp-dim", type=arg(int_in, 1), default=None, help=f"MLP hidden width F (demo {DEMO_MODEL['mlp_dim']})"
+    )
     m.add_argument(
         "--pool",
         choices=("token", "gap", "map"),
@@ -82,8 +105,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         f"class token (demo {DEMO_MODEL['pool']}, variants token)",
     )
     m.add_argument("--posemb", choices=("learn", "sincos2d"), default="learn", help="position embedding")
-    m.add_argument("--dropout", type=float, default=0.0, help="dropout rate")
-    m.add_argument("--drop-path", type=float, default=0.0, help="stochastic depth rate of the last block")
+    m.add_argument("--dropout", type=arg(float_in, 0, 1, hi_open=True), default=0.0, help="dropout rate")
+    m.add_argument(
+        "--drop-path",
+        type=arg(float_in, 0, 1, hi_open=True),
+        default=0.0,
+        help="stochastic depth rate of the last block",
+    )
     m.add_argument(
         "--dtype",
         choices=("float32", "bfloat16"),
@@ -92,21 +120,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     m.add_argument("--remat", action="store_true", help="recompute each block in the backward pass (saves memory)")
     o = p.add_argument_group("optimisation")
-    o.add_argument("--epochs", type=int, default=30, help="passes over the training set")
-    o.add_argument("--batch-size", type=int, default=128, help="global batch size (all devices together)")
-    o.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (AdamW)")
-    o.add_argument("--warmup-steps", type=int, default=300, help="linear warmup steps before the cosine decay")
-    o.add_argument("--min-lr-ratio", type=float, default=0.01, help="final learning rate as a fraction of --lr")
+    o.add_argument("--epochs", type=arg(int_in, 1), default=30, help="passes over the training set")
+    o.add_argument("--batch-size", type=arg(int_in, 1), default=128, help="global batch size (all devices together)")
+    o.add_argument("--lr", type=arg(float_in, 0, lo_open=True), default=2e-3, help="peak learning rate (AdamW)")
+    o.add_argument(
+        "--warmup-steps", type=arg(int_in, 0), default=300, help="linear warmup steps before the cosine decay"
+    )
+    o.add_argument(
+        "--min-lr-ratio", type=arg(float_in, 0, 1), default=0.01, help="final learning rate as a fraction of --lr"
+    )
     o.add_argument(
         "--weight-decay",
-        type=float,
+        type=arg(float_in, 0),
         default=0.05,
         help="AdamW weight decay (not on biases, norms, tokens, position embeddings)",
     )
-    o.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing epsilon")
-    o.add_argument("--grad-clip", type=float, default=1.0, help="clip gradients to this global norm; 0 = off")
-    o.add_argument("--accum-steps", type=int, default=1, help="micro-batches per optimizer step (must divide batch)")
-    o.add_argument("--seed", type=int, default=0, help="seed of initialisation, dropout and data order")
+    o.add_argument(
+        "--label-smoothing", type=arg(float_in, 0, 1, hi_open=True), default=0.1, help="label smoothing epsilon"
+    )
+    o.add_argument(
+        "--grad-clip", type=arg(float_in, 0), default=1.0, help="clip gradients to this global norm; 0 = off"
+    )
+    o.add_argument(
+        "--accum-steps", type=arg(int_in, 1), default=1, help="micro-batches per optimizer step (must divide batch)"
+    )
+    o.add_argument("--seed", type=arg(int_in, 0), default=0, help="seed of initialisation, dropout and data order")
     r = p.add_argument_group("run")
     r.add_argument("--out", default=None, help="run folder (default: runs/<dataset name>)")
     r.add_argument(
@@ -122,15 +160,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument(
         "--cpu-devices",
-        type=int,
+        type=arg(int_in, 0),
         default=0,
         help="on CPU, run XLA as this many single-threaded devices, data parallel (0 = one per usable core, "
         "as many as divide the batch; 1 = one multi-threaded device); no effect on GPU/TPU",
     )
-    r.add_argument("--ckpt-every", type=int, default=200, help="checkpoint every this many steps (and at the end)")
-    r.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
-    r.add_argument("--log-every", type=int, default=10, help="write a metrics.jsonl line every this many steps")
-    r.add_argument("--eval-every", type=int, default=1, help="evaluate on the test set every this many epochs")
+    r.add_argument(
+        "--ckpt-every", type=arg(int_in, 1), default=200, help="checkpoint every this many steps (and at the end)"
+    )
+    r.add_argument("--keep", type=arg(int_in, 1), default=3, help="checkpoints to keep")
+    r.add_argument(
+        "--log-every", type=arg(int_in, 1), default=10, help="write a metrics.jsonl line every this many steps"
+    )
+    r.add_argument(
+        "--eval-every", type=arg(int_in, 1), default=1, help="evaluate on the test set every this many epochs"
+    )
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--no-parity", action="store_true", help="skip the PyTorch check of the exported model")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import json
 import os
 import shutil
@@ -32,10 +33,13 @@ from typing import Any
 
 import numpy as np
 
+from vit_common.validate import regular_file
+
 TMP_PREFIX = ".vit-tmp-"  # + "<pid>-<name>-<random>": every temporary file or folder we create
 MARKER = ".vit-written.json"  # {"kind": "checkpoint" | "output", "files": [names we wrote]} in our folders
 CHECKPOINT, OUTPUT = "checkpoint", "output"  # marker kinds: a replaceable checkpoint folder; an output folder
 OUR_SAFETENSORS = ("vit-twins/", "vit_twins")  # a "format" metadata prefix or a metadata key we write
+_FULL_DISK = 1 << 20  # bytes free below which a writer's failure is taken as a full disk
 _HEADER_LIMIT = 100 << 20  # safetensors' own limit on its JSON header (bytes)
 _OVERWRITE = contextvars.ContextVar("vit_overwrite", default=False)
 
@@ -180,10 +184,24 @@ def check_destination(path: str | os.PathLike, *, folder: bool = False) -> None:
     raise DestinationError(f"{path}: exists and vit did not write it; pass --overwrite to replace it")
 
 
-def _failed(path: Path, e: OSError, existed: bool) -> OSError:
-    """``e`` (a full disk, a quota, a permission) as one line naming the destination."""
+def _failed(path: Path, e: BaseException, existed: bool) -> BaseException:
+    """``e`` as one line naming the destination if it is an OSError (a full disk, a quota, a permission)
+    or the writing library's own error on a full disk (safetensors and torch raise their own types);
+    other errors as they are."""
+    if not isinstance(e, OSError):
+        try:
+            full = os.statvfs(path.parent).f_bavail * os.statvfs(path.parent).f_frsize < _FULL_DISK
+        except OSError:
+            full = False
+        if not isinstance(e, Exception) or not full:
+            return e
+        e = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    if isinstance(e, DestinationError) or e.errno is None:
+        return e
     kept = "the old file is unchanged" if existed else "nothing was written"
-    return OSError(e.errno, f"{path}: could not be written ({e.strerror or e}); {kept}")
+    failed = OSError(f"{path}: could not be written ({e.strerror or e}); {kept}")
+    failed.errno = e.errno
+    return failed
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> None:
@@ -212,9 +230,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Non
     except BaseException as e:
         if tmp and os.path.exists(tmp):
             os.unlink(tmp)
-        if isinstance(e, OSError) and not isinstance(e, DestinationError) and e.errno is not None:
-            raise _failed(path, e, existed) from e
-        raise
+        failed = _failed(path, e, existed)
+        if failed is e:
+            raise
+        raise failed from e
 
 
 def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], object], kind: str = CHECKPOINT) -> None:
@@ -254,9 +273,10 @@ def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], object], k
             os.replace(old / "x", path)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-        if isinstance(e, OSError) and not isinstance(e, DestinationError) and e.errno is not None:
-            raise _failed(path, e, existed) from e
-        raise
+        failed = _failed(path, e, existed)
+        if failed is e:
+            raise
+        raise failed from e
 
 
 def output_folder(path: str | os.PathLike) -> Path:
@@ -313,10 +333,11 @@ def read_json(path: str | os.PathLike) -> Any:
     """The parsed content of a JSON file.
 
     Raises:
-        ValueError: the file cannot be read or is not JSON; the message names the path.
+        ValueError: the file cannot be read (missing, a FIFO or device: see ``regular_file``) or is not
+            JSON; the message names the path.
     """
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        return json.loads(regular_file(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ValueError(f"{path}: not readable JSON ({e})") from e
 

@@ -7,6 +7,7 @@ either relative ("rel") or absolute ("abs"). Float32 bounds assume full-precisio
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,14 +55,18 @@ def tolerance(what: str, dtype: str) -> tuple[str, float]:
 def compare(name: str, a, b, what: str, dtype: str) -> Comparison:
     """Compare ``a`` against the reference ``b`` under the table's bound for (what, dtype).
 
+    A NaN or Inf in either compares as max_abs = rel = inf: never within a tolerance.
+
     Raises:
         ValueError: shapes differ.
     """
     a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if a64.shape != b64.shape:
         raise ValueError(f"{name}: shapes differ, {a64.shape} vs {b64.shape}")
+    kind, bound = tolerance(what, dtype)
+    if not (np.isfinite(a64).all() and np.isfinite(b64).all()):
+        return Comparison(name, math.inf, math.inf, kind, bound)  # NaN or Inf is never within a tolerance
     max_abs = float(np.max(np.abs(a64 - b64))) if a64.size else 0.0
     scale = float(np.max(np.abs(b64))) if b64.size else 0.0
     rel = max_abs / scale if scale > 0 else max_abs
-    kind, bound = tolerance(what, dtype)
     return Comparison(name, max_abs, rel, kind, bound)

@@ -60,7 +60,7 @@ def float_in(
         v = float(value)
         ok = math.isfinite(v) and (lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)
     if not ok:
-        left, right = "(" if lo_open else "[", ")" if hi_open else "]"
+        left, right = "(" if lo_open or lo == -math.inf else "[", ")" if hi_open or hi == math.inf else "]"
         raise ValueError(f"{name}={value!r}: expected a finite number in {left}{lo:g}, {hi:g}{right}")
     return float(value)
 
@@ -72,9 +72,13 @@ def arg(check: Callable[..., Any], *bounds: Any, **options: Any) -> Callable[[st
 
     def convert(text: str) -> Any:
         try:
-            return check("value", parse(text), *bounds, **options)
+            value = parse(text)
+        except ValueError:
+            value = text
+        try:
+            return check("value", value, *bounds, **options)
         except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e).replace("value=", "", 1)) from None
+            raise argparse.ArgumentTypeError(f"{text!r}: {str(e).split(': ', 1)[1]}") from None
 
     convert.__name__ = "integer" if check is int_in else "number"  # argparse names the type in its error
     return convert

@@ -22,7 +22,7 @@ from flax import nnx
 
 from vit_common.config import ViTConfig
 from vit_common.convert import ORBAX_CONFIG
-from vit_common.formats.base import FormatError
+from vit_common.formats.base import FormatError, common_float_dtype
 from vit_common.formats.canonical import FORMAT_TAG, stored_config
 from vit_common.io import atomic_write_dir, write_json
 from vit_common.validate import check_model_size
@@ -115,8 +115,10 @@ def read_orbax(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, np.ndarray
 
 
 def write_orbax(path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> None:
-    """Build the JAX twin from a canonical state and save it with ``save_orbax``."""
-    save_orbax(path, from_numpy(cfg, state))
+    """Build the JAX twin from a canonical state and save it with ``save_orbax``, its parameters in the
+    state's own dtype (a bfloat16 state stays bfloat16, whatever ``cfg.param_dtype`` says)."""
+    dtype = common_float_dtype(state)
+    save_orbax(path, from_numpy(cfg.replace(param_dtype=dtype) if dtype else cfg, state))
 
 
 READERS = {"orbax": read_orbax}

@@ -68,6 +68,7 @@ from vit_common.formats.base import (
     to_canonical,
     unsupported,
 )
+from vit_common.validate import check_bytes, regular_file
 
 PREFIXES = ("", "opt/target/", "params/", "params/img/")
 POSEMB_KEYS = ("pos_embedding", "Transformer/posembed_input/pos_embedding", "Transformer/pos_embedding")
@@ -113,14 +114,17 @@ def load_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
     and with every declared size checked first.
 
     Each member's header is parsed and its declared byte size compared with the member's real size
-    before any array is allocated, so a corrupt header cannot ask for terabytes.
+    (the zip's declared uncompressed size: reading stops there) and with
+    ``vit_common.validate.memory_limit()`` before any array is allocated, so a corrupt header or a
+    compressed bomb cannot ask for terabytes.
 
     Raises:
-        FormatError: not a zip of .npy members, a pickled (object) array, or a corrupt member.
+        FormatError: not a regular file, not a zip of .npy members, a pickled (object) array, a corrupt
+            member, or members declaring more bytes than the memory limit.
     """
-    out = {}
+    out, total = {}, 0
     try:
-        with zipfile.ZipFile(path) as zf:
+        with zipfile.ZipFile(regular_file(path)) as zf:
             for info in zf.infolist():
                 name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
                 with zf.open(info) as fp:
@@ -136,6 +140,8 @@ def load_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
                     if dtype.hasobject:
                         raise FormatError(f"{path}: member {name!r} holds Python objects (pickle); refused")
                     need, have = math.prod(shape) * dtype.itemsize, info.file_size - fp.tell()
+                    total += need
+                    check_bytes(f"{path}: member {name!r} ({shape} {dtype}) and those before it", total)
                     if need != have:
                         raise FormatError(
                             f"{path}: member {name!r} declares {shape} {dtype} ({need} bytes) "

@@ -8,23 +8,27 @@ orbax folders are read through callables the framework adapters provide
 
 from __future__ import annotations
 
+import json
 import os
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from vit_common.formats.base import FormatError, Source
 from vit_common.formats.npz import load_file as load_npz
 from vit_common.io import read_json
+from vit_common.validate import regular_file
 
 ORBAX_CONFIG = "vit_config.json"  # beside the orbax ``state/`` folder: {"format": ..., "vit_config": ...}
 HF_INDEX = "model.safetensors.index.json"
 HF_WEIGHTS = ("model.safetensors", HF_INDEX, "pytorch_model.bin")
 TORCH_SUFFIXES = (".pth", ".pt", ".bin")
+_ML_DTYPES = {"BF16": ml_dtypes.bfloat16}  # safetensors dtypes numpy lacks, read through ml_dtypes
 
 Reader = Callable[..., Any]
 
@@ -41,17 +45,42 @@ def json_object(path: Path) -> dict:
 
 
 def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """(tensors, header metadata) of a safetensors file.
+    """(tensors, header metadata) of a safetensors file. bfloat16 tensors, which safetensors' numpy
+    reader cannot return, are read from their byte ranges as ``ml_dtypes.bfloat16`` (bit-exact).
 
     Raises:
-        FormatError: the file is missing, truncated or not safetensors; the message names the path.
+        FormatError: the file is missing, not a regular file, truncated, not safetensors, or holds a
+            dtype numpy cannot represent; the message names the path (and the tensor).
     """
     try:
+        regular_file(path)
         with safe_open(str(path), framework="np") as f:
             meta = dict(f.metadata() or {})
-            return {k: f.get_tensor(k) for k in f.keys()}, meta
-    except (SafetensorError, OSError) as e:
+            names = list(f.keys())
+            kinds = {k: f.get_slice(k).get_dtype() for k in names}
+            tensors = {k: f.get_tensor(k) for k in names if kinds[k] not in _ML_DTYPES}
+    except (SafetensorError, OSError, ValueError) as e:
         raise FormatError(f"{path}: not a readable safetensors file ({e})") from e
+    except TypeError as e:
+        raise FormatError(f"{path}: holds a tensor dtype numpy cannot represent ({e})") from e
+    wide = [k for k in names if kinds[k] in _ML_DTYPES]
+    if wide:
+        tensors |= _read_raw(Path(path), {k: kinds[k] for k in wide})
+    return {k: tensors[k] for k in names}, meta
+
+
+def _read_raw(path: Path, kinds: Mapping[str, str]) -> dict[str, np.ndarray]:
+    """Tensors of the given safetensors dtypes, from the byte ranges the header gives (the header has
+    been checked by ``safe_open``: offsets lie inside the file and match the shapes)."""
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(n))
+        out = {}
+        for k, kind in kinds.items():
+            start, end = header[k]["data_offsets"]
+            fh.seek(8 + n + start)
+            out[k] = np.frombuffer(bytearray(fh.read(end - start)), _ML_DTYPES[kind]).reshape(header[k]["shape"])
+    return out
 
 
 def _hf_folder(path: Path) -> Source:
@@ -81,7 +110,7 @@ def open_source(path: str | os.PathLike) -> Source:
         FileNotFoundError: no such path. FormatError: not a container vit reads.
     """
     path = Path(path)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():  # a broken or looping link is named below
         raise FileNotFoundError(f"{path}: no such file or folder")
     if path.is_dir():
         if (path / ORBAX_CONFIG).is_file() and (path / "state").is_dir():
@@ -93,10 +122,11 @@ def open_source(path: str | os.PathLike) -> Source:
             f"nor an orbax checkpoint of the JAX twin ({ORBAX_CONFIG} + state/)"
         )
     try:
+        regular_file(path, "checkpoint file")
         with open(path, "rb") as fh:
             head = fh.read(9)
         size = path.stat().st_size
-    except OSError as e:
+    except (OSError, ValueError) as e:
         raise FormatError(f"{path}: cannot read ({e})") from e
     if head[:4] == b"PK\x03\x04":
         try:

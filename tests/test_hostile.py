@@ -1,0 +1,533 @@
+"""Hostile and broken inputs, each built here: every one is refused with exit 2 and one error line naming
+it (or, where it is fine, handled exactly), with no traceback, no file of the user's changed and nothing
+left behind; those that used to exhaust the machine or hang run in a child process under a time limit
+and a peak-memory bound.
+
+README's "Hostile inputs" line reports ``counts()``; a test keeps the two equal. A crash, hang, silent
+result or lost file fails its test, so the counts of those are zero whenever this suite passes.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from vit_cli.main import main
+from vit_common import io
+from vit_common.config import ViTConfig
+from vit_common.convert import load_checkpoint, save_checkpoint
+from vit_common.formats.canonical import FORMAT_TAG
+from vit_common.state import canonical_shapes
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ViTConfig(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
+PEAK_MB = 1500  # a refused input costs what starting the command costs, not what the input declares
+TIME_LIMIT = 240  # seconds a child may take before it counts as a hang
+
+
+def _state(cfg: ViTConfig = SMALL, dtype=np.float32, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: (0.2 * rng.standard_normal(s)).astype(dtype) for k, s in canonical_shapes(cfg).items()}
+
+
+def _ours(path: Path, cfg_json: str, state: dict | None = None) -> Path:
+    """Our safetensors layout with any stored config text (the test writes it, lying or not)."""
+    save_file(state if state is not None else _state(), str(path), {"format": FORMAT_TAG, "vit_config": cfg_json})
+    return path
+
+
+def _model(tmp: Path) -> Path:
+    return _ours(tmp / "m.safetensors", SMALL.to_json())
+
+
+def _npy_header(shape: tuple, descr: str = "<f4") -> bytes:
+    header = repr({"descr": descr, "fortran_order": False, "shape": shape}).encode()
+    header += b" " * (63 - (len(header) + 10) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
+
+
+def _png(path: Path, size: tuple[int, int] = (32, 32)) -> Path:
+    from PIL import Image
+
+    Image.fromarray(np.full((*size[::-1], 3), 128, np.uint8)).save(path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------ inputs
+# Each builder makes its inputs in the folder it is given and returns the command's arguments.
+
+
+def project_folder(tmp: Path) -> list[str]:
+    proj = tmp / "project"
+    (proj / "src").mkdir(parents=True)
+    (proj / "src" / "train.py").write_text("print('mine')\n")
+    (proj / "config.json").write_text('{"lr": 0.1}\n')
+    return ["convert", str(_model(tmp)), str(proj), "--to", "hf"]
+
+
+def run_folder(tmp: Path) -> list[str]:
+    run = tmp / "run"
+    (run / "checkpoints" / "200").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    _ours(run / "model.safetensors", SMALL.to_json())
+    return ["convert", str(run / "model.safetensors"), str(run), "--to", "orbax"]
+
+
+def foreign_npz(tmp: Path) -> list[str]:
+    np.savez(tmp / "theirs.npz", x=np.arange(3))
+    return ["convert", str(_model(tmp)), str(tmp / "theirs.npz")]
+
+
+def foreign_safetensors(tmp: Path) -> list[str]:
+    save_file({"w": np.ones(3, np.float32)}, str(tmp / "hub.safetensors"), {"format": "pt"})
+    return ["convert", str(_model(tmp)), str(tmp / "hub.safetensors")]
+
+
+def fifo_destination(tmp: Path) -> list[str]:
+    os.mkfifo(tmp / "out.npz")
+    return ["convert", str(_model(tmp)), str(tmp / "out.npz")]
+
+
+def fifo_source(tmp: Path) -> list[str]:
+    os.mkfifo(tmp / "x.safetensors")
+    return ["info", str(tmp / "x.safetensors")]
+
+
+def fifo_config(tmp: Path) -> list[str]:
+    (tmp / "hf").mkdir()
+    os.mkfifo(tmp / "hf" / "config.json")
+    save_file({"w": np.ones(3, np.float32)}, str(tmp / "hf" / "model.safetensors"))
+    return ["info", str(tmp / "hf")]
+
+
+def device_source(tmp: Path) -> list[str]:
+    return ["convert", "/dev/zero", str(tmp / "out.npz")]
+
+
+def symlink_loop(tmp: Path) -> list[str]:
+    os.symlink(tmp / "b.safetensors", tmp / "a.safetensors")
+    os.symlink(tmp / "a.safetensors", tmp / "b.safetensors")
+    return ["convert", str(tmp / "a.safetensors"), str(tmp / "out.npz")]
+
+
+def empty_file(tmp: Path) -> list[str]:
+    (tmp / "e.safetensors").write_bytes(b"")
+    return ["info", str(tmp / "e.safetensors")]
+
+
+def truncated_safetensors(tmp: Path) -> list[str]:
+    data = _model(tmp).read_bytes()
+    (tmp / "t.safetensors").write_bytes(data[: len(data) // 2])
+    return ["info", str(tmp / "t.safetensors")]
+
+
+def lying_header_length(tmp: Path) -> list[str]:
+    (tmp / "l.safetensors").write_bytes((10**15).to_bytes(8, "little") + b"{}")
+    return ["info", str(tmp / "l.safetensors")]
+
+
+def deep_stored_config(tmp: Path) -> list[str]:
+    _ours(tmp / "deep.safetensors", SMALL.replace(depth=10**9).to_json())
+    return ["convert", str(tmp / "deep.safetensors"), str(tmp / "out.npz")]
+
+
+def deep_override(tmp: Path) -> list[str]:
+    return ["convert", str(_model(tmp)), str(tmp / "out.npz"), "--set", "depth=1000000000"]
+
+
+def huge_resample(tmp: Path) -> list[str]:
+    return ["convert", str(_model(tmp)), str(tmp / "out.npz"), "--image-size", "800000"]
+
+
+def huge_head(tmp: Path) -> list[str]:
+    return ["convert", str(_model(tmp)), str(tmp / "out.npz"), "--num-classes", "2000000000"]
+
+
+def npz_claims_1e12(tmp: Path) -> list[str]:
+    with zipfile.ZipFile(tmp / "big.npz", "w") as zf:
+        zf.writestr("embedding/kernel.npy", _npy_header((10**6, 10**6)) + b"\0" * 64)
+    return ["convert", str(tmp / "big.npz"), str(tmp / "out.safetensors")]
+
+
+def npz_inflates(tmp: Path) -> list[str]:
+    """A 256 MiB member of zeros, compressed to a few hundred KB, under VIT_MAX_BYTES=64M."""
+    with zipfile.ZipFile(tmp / "bomb.npz", "w", zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("embedding/kernel.npy", "w", force_zip64=True) as fh:
+            fh.write(_npy_header((2**26,)))
+            zeros = bytes(2**24)
+            for _ in range(16):
+                fh.write(zeros)
+    return ["convert", str(tmp / "bomb.npz"), str(tmp / "out.safetensors")]
+
+
+def npz_object_member(tmp: Path) -> list[str]:
+    np.savez(tmp / "obj.npz", x=np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    return ["info", str(tmp / "obj.npz")]
+
+
+class Payload:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def pickle_pth(tmp: Path) -> list[str]:
+    import torch
+
+    torch.save({"state_dict": Payload(tmp / "PWNED")}, tmp / "evil.pth")
+    return ["convert", str(tmp / "evil.pth"), str(tmp / "out.npz")]
+
+
+def pickle_stream(tmp: Path) -> list[str]:
+    (tmp / "evil.bin").write_bytes(pickle.dumps(Payload(tmp / "PWNED"), protocol=2))
+    return ["convert", str(tmp / "evil.bin"), str(tmp / "out.npz")]
+
+
+def set_value(field_value: str) -> Callable[[Path], list[str]]:
+    def build(tmp: Path) -> list[str]:
+        return ["convert", str(_model(tmp)), str(tmp / "out.npz"), "--set", field_value]
+
+    build.__name__ = f"set {field_value}"
+    return build
+
+
+def set_collides(tmp: Path) -> list[str]:
+    return ["convert", str(_model(tmp)), str(tmp / "out.npz"), "--set", "image_size=64", "--image-size", "48"]
+
+
+def hf_config_value(key: str, text: str) -> Callable[[Path], list[str]]:
+    def build(tmp: Path) -> list[str]:
+        save_checkpoint(tmp / "hf", SMALL, _state(), "hf")
+        cfg = json.loads((tmp / "hf" / "config.json").read_text())
+        (tmp / "hf" / "config.json").write_text(json.dumps(cfg).replace(f'"{key}": {json.dumps(cfg[key])}', text))
+        return ["convert", str(tmp / "hf"), str(tmp / "out.npz")]
+
+    build.__name__ = f"hf {text}"
+    return build
+
+
+def int_weights(tmp: Path) -> list[str]:
+    state = _state()
+    state["head.bias"] = np.arange(10, dtype=np.int64)
+    _ours(tmp / "int.safetensors", SMALL.to_json(), state)
+    return ["convert", str(tmp / "int.safetensors"), str(tmp / "out.npz")]
+
+
+def nan_weights_predict(tmp: Path) -> list[str]:
+    state = _state()
+    state["head.weight"][:] = np.nan
+    _ours(tmp / "nan.safetensors", SMALL.to_json(), state)
+    return ["predict", str(tmp / "nan.safetensors"), str(_png(tmp / "img.png"))]
+
+
+def nan_weights_parity(tmp: Path) -> list[str]:
+    state = _state()
+    state["blocks.0.mlp.fc1.weight"][0, 0] = np.inf
+    _ours(tmp / "inf.safetensors", SMALL.to_json(), state)
+    return ["parity", str(tmp / "inf.safetensors")]
+
+
+def flag(*argv: str) -> Callable[[Path], list[str]]:
+    def build(tmp: Path) -> list[str]:
+        return [a.replace("MODEL", str(_model(tmp))) for a in argv]
+
+    build.__name__ = " ".join(argv)
+    return build
+
+
+def bad_limit(tmp: Path) -> list[str]:
+    return ["convert", str(_model(tmp)), str(tmp / "out.npz")]
+
+
+def bf16_to_every_format(tmp: Path) -> list[str]:
+    _ours(tmp / "bf.safetensors", SMALL.to_json(), _state(dtype=ml_dtypes.bfloat16))
+    return ["convert", str(tmp / "bf.safetensors"), str(tmp / "bf.npz")]
+
+
+def _bf16_exact(tmp: Path, out: str) -> None:
+    """The .npz holds the bf16 values widened to float32, exactly; every other format holds them as bf16."""
+    from vit_jax.formats import READERS as JAX_READERS
+    from vit_jax.formats import WRITERS as JAX_WRITERS
+    from vit_torch.formats import READERS, WRITERS
+
+    want = _state(dtype=ml_dtypes.bfloat16)
+    assert "bfloat16 tensors written as float32 (exact" in out
+    back = load_checkpoint(tmp / "bf.npz").state
+    assert all(np.array_equal(back[k], want[k].astype(np.float32)) for k in want)
+    readers, writers = READERS | JAX_READERS, WRITERS | JAX_WRITERS
+    for fmt, name in (("timm", "bf.pth"), ("timm", "t.safetensors"), ("hf", "hf"), ("orbax", "ob")):
+        save_checkpoint(tmp / name, SMALL, load_checkpoint(tmp / "bf.safetensors").state, fmt, writers=writers)
+        back = load_checkpoint(tmp / name, readers=readers).state
+        assert all(back[k].dtype == want[k].dtype and back[k].tobytes() == want[k].tobytes() for k in want), fmt
+
+
+def _no_payload(tmp: Path, out: str) -> None:
+    assert not (tmp / "PWNED").exists()
+
+
+def _parity_fails(tmp: Path, out: str) -> None:
+    assert "FAIL" in out and "agreement" not in out
+
+
+@dataclass
+class Case:
+    """One hostile input: ``build(tmp)`` makes it and returns the argv; the error line must contain
+    ``names`` (a regex; ``{tmp}`` is the case's folder). ``child``: run in a child process (time limit,
+    peak memory). ``code`` 0 or 1: not an error, ``check(tmp, output)`` says what is right."""
+
+    build: Callable[[Path], list[str]]
+    names: str
+    code: int = 2
+    child: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    check: Callable[[Path, str], None] | None = None
+    creates: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return self.build.__name__
+
+
+CASES = [
+    # 1. nothing of the user's is replaced
+    Case(project_folder, r"{tmp}/project: a folder holding things vit did not write .*config.json, src"),
+    Case(run_folder, r"{tmp}/run: a folder holding things vit did not write .*checkpoints, metrics.jsonl"),
+    Case(foreign_npz, r"{tmp}/theirs.npz: exists and vit did not write it; pass --overwrite"),
+    Case(foreign_safetensors, r"{tmp}/hub.safetensors: exists and vit did not write it"),
+    Case(fifo_destination, r"{tmp}/out.npz: exists and vit did not write it"),
+    # 2. small inputs that would exhaust the machine or hang
+    Case(fifo_source, r"{tmp}/x.safetensors: .*a FIFO, expected a regular checkpoint file", child=True),
+    Case(fifo_config, r"{tmp}/hf: a folder that is neither a Hugging Face ViT folder", child=True),
+    Case(device_source, r"/dev/zero: .*a device, expected a regular checkpoint file", child=True),
+    Case(symlink_loop, r"{tmp}/a.safetensors: .*Too many levels of symbolic links"),
+    Case(empty_file, r"{tmp}/e.safetensors: not a checkpoint format"),
+    Case(truncated_safetensors, r"{tmp}/t.safetensors"),
+    Case(lying_header_length, r"{tmp}/l.safetensors"),
+    Case(deep_stored_config, r"{tmp}/deep.safetensors: the config \(depth=1000000000.* declares", child=True),
+    Case(deep_override, r"{tmp}/m.safetensors: the config \(depth=1000000000", child=True),
+    Case(huge_resample, r"image_size=800000: a model with .* beyond the limit", child=True),
+    Case(huge_head, r"num_classes=2000000000: a model .* beyond the limit", child=True),
+    Case(npz_claims_1e12, r"{tmp}/big.npz: .*member 'embedding/kernel' \(\(1000000, 1000000\)", child=True),
+    Case(
+        npz_inflates, r"{tmp}/bomb.npz: .*embedding/kernel.* beyond the limit", child=True, env={"VIT_MAX_BYTES": "64M"}
+    ),
+    Case(npz_object_member, r"{tmp}/obj.npz: member 'x' holds Python objects"),
+    Case(bad_limit, r"VIT_MAX_BYTES='lots': expected a positive size", env={"VIT_MAX_BYTES": "lots"}),
+    # 3. silent wrong results
+    Case(set_value("ln_eps=Infinity"), r"ln_eps=inf: expected a finite number"),
+    Case(set_value("ln_eps=NaN"), r"ln_eps=nan: expected a finite number"),
+    Case(set_value("ln_eps=-1"), r"ln_eps=-1: expected a finite number in \(0, 1\]"),
+    Case(set_value("dropout=1.5"), r"dropout=1.5: expected a finite number in \[0, 1\)"),
+    Case(set_value("num_heads=true"), r"num_heads=True: expected an integer"),
+    Case(hf_config_value("layer_norm_eps", '"layer_norm_eps": Infinity'), r"{tmp}/hf: .*ln_eps=inf: expected a finite"),
+    Case(hf_config_value("layer_norm_eps", '"layer_norm_eps": "tiny"'), r"{tmp}/hf.*layer_norm_eps|ln_eps='tiny'"),
+    Case(int_weights, r"{tmp}/int.safetensors: tensors that are not floating point: head.bias \(int64\)"),
+    Case(nan_weights_predict, r"{tmp}/nan.safetensors: the logits of {tmp}/img.png are NaN or Inf"),
+    Case(nan_weights_parity, "", code=1, check=_parity_fails),
+    Case(flag("train", "--mixup", "nan"), r"--mixup: 'nan': expected a finite number in \[0, inf\)"),
+    Case(flag("train", "--rotate", "nan"), r"--rotate: 'nan': expected a finite number in \[0, 180\]"),
+    Case(flag("train", "--lr", "inf"), r"--lr: 'inf': expected a finite number in \(0, inf\)"),
+    Case(flag("train", "--val-fraction", "1"), r"--val-fraction: '1': expected a finite number in \(0, 1\)"),
+    Case(flag("train", "--epochs", "0"), r"--epochs: '0': expected an integer in \[1, "),
+    Case(flag("train", "--depth", "1e9"), r"--depth: '1e9': expected an integer"),
+    Case(flag("predict", "MODEL", "x.png", "--top-k", "-1"), r"--top-k: '-1': expected an integer"),
+    # 4. tracebacks instead of named errors
+    Case(set_value("ln_eps=abc"), r"ln_eps='abc': expected a finite number"),
+    Case(set_collides, r"'image_size=64': image_size is not set with --set; use --source-image-size"),
+    Case(set_value("nonsense=1"), r"'nonsense' is not a ViTConfig field"),
+    Case(bf16_to_every_format, "", code=0, check=_bf16_exact, creates=("bf.npz",)),
+    # never unpickle
+    Case(pickle_pth, r"{tmp}/evil.pth: .*(blocked|weights-only|not allowed|refus)", check=_no_payload),
+    Case(pickle_stream, r"{tmp}/evil.bin", check=_no_payload),
+]
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    """Every entry under ``folder`` (not following links): a file's sha256, or its kind."""
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            p = Path(root) / name
+            rel = str(p.relative_to(folder))
+            if p.is_symlink() or not p.is_file():
+                out[rel] = "link" if p.is_symlink() else "dir" if p.is_dir() else "special"
+            else:
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+_CHILD = """
+import resource, sys
+from vit_cli.main import main
+try:
+    rc = main(sys.argv[2:])
+finally:
+    with open(sys.argv[1], "w") as fh:
+        fh.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024))
+sys.exit(rc)
+"""
+
+
+def _run(case: Case, tmp: Path, argv: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of the command, checked for hangs and peak memory in a child."""
+    if not case.child:
+        for k, v in case.env.items():
+            monkeypatch.setenv(k, v)
+        try:
+            rc = main(argv)
+        except SystemExit as e:  # argparse refusing a flag
+            rc = e.code
+        out, err = capsys.readouterr()
+        return rc, out, err
+    rss = tmp.parent / f"{tmp.name}.rss"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **case.env}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(rss), *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=TIME_LIMIT,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"hang: {argv} ran past {TIME_LIMIT} s")
+    peak = int(rss.read_text())
+    rss.unlink()
+    assert peak < PEAK_MB, f"peak memory {peak} MB for {argv}"
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_hostile_input(case, tmp_path, capsys, monkeypatch):
+    tmp = tmp_path / "case"
+    tmp.mkdir()
+    argv = case.build(tmp)
+    capsys.readouterr()
+    before = _snapshot(tmp)
+    rc, out, err = _run(case, tmp, argv, capsys, monkeypatch)
+    assert "Traceback" not in out + err, err
+    assert rc == case.code, (rc, out, err)
+    if case.code == 2:
+        errors = [ln for ln in err.splitlines() if re.match(r"vit \w+: error: ", ln)]
+        assert len(errors) == 1, err
+        assert re.search(case.names.replace("{tmp}", re.escape(str(tmp))), errors[0]), errors[0]
+    after = _snapshot(tmp)
+    assert {k: v for k, v in after.items() if k not in case.creates} == before, "files changed or left behind"
+    if case.check:
+        case.check(tmp, out + err)
+
+
+# --------------------------------------------------------------------------------- writes that fail
+
+
+WRITE_FAULTS = [
+    ("canonical", "m2.safetensors"),
+    ("timm", "t.pth"),
+    ("big_vision", "b.npz"),
+    ("hf", "hf"),
+    ("orbax", "ob"),
+]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs; root only."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)]).returncode:
+        pytest.skip("a full disk needs a tmpfs, which only root can mount")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def _fill(folder: Path) -> None:
+    """Write a file until the disk holding ``folder`` is full."""
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, bytes(4096))
+    except OSError as e:
+        assert e.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize(("fmt", "name"), WRITE_FAULTS, ids=[f for f, _ in WRITE_FAULTS])
+def test_full_disk_keeps_the_old_destination_and_leaves_nothing(fmt, name, small_disk, tmp_path, capsys):
+    src = _model(tmp_path)
+    dst = small_disk / name
+    assert main(["convert", str(src), str(dst), "--to", fmt]) == 0
+    _fill(small_disk)
+    before = _snapshot(small_disk)
+    capsys.readouterr()
+    rc = main(["convert", str(src), str(dst), "--to", fmt, "--overwrite"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err
+    line = [ln for ln in err.splitlines() if ln.startswith("vit convert: error: ")]
+    assert len(line) == 1 and str(dst) in line[0] and "No space left on device" in line[0], err
+    assert _snapshot(small_disk) == before
+
+
+def test_kill_9_during_a_write_leaves_a_temporary_the_next_write_removes(tmp_path, capsys):
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from vit_common import io\n"
+            "def write(tmp):\n"
+            "    open(tmp, 'wb').write(b'half a model'); print('writing', flush=True); time.sleep(600)\n"
+            "io.atomic_write(sys.argv[1], write)",
+            str(tmp_path / "out" / "a.npz"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert child.stdout.readline().strip() == "writing"
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    left = [p.name for p in (tmp_path / "out").iterdir()]
+    assert len(left) == 1 and left[0].startswith(f"{io.TMP_PREFIX}{child.pid}-a.npz-"), left
+    assert main(["convert", str(_model(tmp_path)), str(tmp_path / "out" / "b.npz")]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["b.npz"]
+
+
+def test_overwrite_replaces_a_file_but_never_a_foreign_folder(tmp_path, capsys):
+    project_folder(tmp_path)
+    foreign_npz(tmp_path)
+    assert main(["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "theirs.npz"), "--overwrite"]) == 0
+    assert "params/embedding/kernel" in np.load(tmp_path / "theirs.npz").files
+    rc = main(["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "project"), "--to", "hf", "--overwrite"])
+    assert rc == 2 and (tmp_path / "project" / "src" / "train.py").read_text() == "print('mine')\n"
+
+
+# ------------------------------------------------------------------------------------------ counts
+
+
+def counts() -> dict[str, int]:
+    """What README reports: every input this suite tries, and the faults (each fails a test, so 0)."""
+    tried = len(CASES) + len(WRITE_FAULTS) + 2  # + kill -9 during a write, --overwrite vs a foreign folder
+    return {"inputs tried": tried, "crashes": 0, "hangs": 0, "silent results": 0, "data lost": 0}
+
+
+def test_readme_reports_the_suites_counts():
+    line = ", ".join(f"{k} {v}" for k, v in counts().items())
+    assert f"Hostile inputs ({line})" in (ROOT / "README.md").read_text()
