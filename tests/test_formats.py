@@ -472,7 +472,7 @@ def test_failed_write_leaves_nothing_and_keeps_the_old_file(tmp_path, monkeypatc
     with io.overwriting(), pytest.raises(OSError, match=r"x.npz: could not be written \(No space left on device\)"):
         save_checkpoint(tmp_path / "x.npz", small_cfg, random_state(small_cfg, seed=1))
     assert (tmp_path / "x.npz").read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [io.MARKER, "x.npz"]
 
 
 def test_folder_outputs_replace_only_checkpoint_folders_we_wrote(tmp_path, small_cfg, random_state):

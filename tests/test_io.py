@@ -55,7 +55,9 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
         io.atomic_write(tmp_path / "f.txt", fail)
     with pytest.raises(OSError, match="disk full"):
         io.atomic_write_dir(tmp_path / "d", lambda tmp: fail(str(tmp / "x")))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"] and (tmp_path / "f.txt").read_text() == "old"
+    assert (
+        sorted(p.name for p in tmp_path.iterdir()) == [io.MARKER, "f.txt"] and (tmp_path / "f.txt").read_text() == "old"
+    )
 
 
 def test_log_appends_lines(tmp_path):
@@ -72,19 +74,24 @@ def test_only_what_is_provably_ours_is_replaced(tmp_path):
     with io.overwriting():
         io.write_text(tmp_path / "theirs.txt", "ours")
     assert (tmp_path / "theirs.txt").read_text() == "ours"
-    out = io.output_folder(tmp_path / "out")  # made by us: what we write there is ours to replace
+    out = tmp_path / "out"
     io.write_text(out / "a.txt", "1")
-    io.write_text(out / "a.txt", "2")
-    assert (out / "a.txt").read_text() == "2" and io.read_json(out / io.MARKER)["files"] == ["a.txt"]
+    io.write_text(out / "a.txt", "2")  # ours, unchanged since: replaced
+    assert (out / "a.txt").read_text() == "2" and list(io.read_json(out / io.MARKER)["files"]) == ["a.txt"]
+    with open(out / "a.txt", "a") as fh:  # the user edits it: theirs now
+        fh.write("mine")
+    with pytest.raises(io.DestinationError, match="a.txt: exists and vit did not write it"):
+        io.write_text(out / "a.txt", "3")
     with io.overwriting(), pytest.raises(io.DestinationError, match="out: a folder holding things vit did not"):
         io.atomic_write_dir(out, lambda tmp: None)  # an output folder is not a checkpoint to replace
 
 
 def test_our_safetensors_are_recognised_by_their_header(tmp_path):
-    io.save_safetensors(tmp_path / "ours.safetensors", {"w": np.ones(2, np.float32)}, {"format": "vit-twins/x"})
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.ones(2, np.float32)}, str(tmp_path / "ours.safetensors"), {"format": "vit-twins/x"})
+    save_file({"w": np.ones(2, np.float32)}, str(tmp_path / "hub.safetensors"), {"format": "pt"})
     io.save_safetensors(tmp_path / "ours.safetensors", {"w": np.zeros(2, np.float32)}, {"format": "vit-twins/x"})
-    with io.overwriting():
-        io.save_safetensors(tmp_path / "hub.safetensors", {"w": np.ones(2, np.float32)}, {"format": "pt"})
     with pytest.raises(io.DestinationError, match="hub.safetensors"):
         io.save_safetensors(tmp_path / "hub.safetensors", {"w": np.zeros(2, np.float32)}, {"format": "pt"})
 
@@ -97,4 +104,27 @@ def test_the_next_write_removes_temporaries_of_dead_writers_only(tmp_path):
     live = tmp_path / f"{io.TMP_PREFIX}{os.getppid()}-n.safetensors-z.tmp"  # a running process's
     live.write_bytes(b"in progress")
     io.write_text(tmp_path / "new.txt", "x")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "new.txt"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([io.MARKER, live.name, "new.txt"])
+
+
+def test_a_folder_lock_is_refused_at_once_naming_the_holder_and_released_by_kill_9(tmp_path):
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from vit_common import io\n"
+            "with io.folder_lock(sys.argv[1], 'vit train'):\n    print('held', flush=True); time.sleep(600)",
+            str(tmp_path / "run"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(io.DestinationError, match=rf"run: in use by another vit train \(pid {holder.pid}\)"):
+        with io.folder_lock(tmp_path / "run", "vit train"):
+            pass
+    holder.kill()
+    holder.wait()
+    with io.folder_lock(tmp_path / "run", "vit train"):
+        assert (tmp_path / "run" / io.LOCK).read_text() == f"{os.getpid()}\n"

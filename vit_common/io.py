@@ -6,14 +6,15 @@ nothing, never a partial one. New files get the usual mode (0666 / 0777 less the
 0600. Format-specific writers (safetensors, .npz, torch.save, orbax, PNG) hand a callback to
 ``atomic_write`` / ``atomic_write_dir``; JSON and text have helpers of their own.
 
-Nothing of the user's is replaced. An existing destination is replaced only when it is provably ours:
-a file listed in the marker (``MARKER``) of a folder we made, one of our own ``.safetensors`` files
-(their header metadata says so), or a checkpoint folder we wrote that holds nothing else. Anything
-else raises ``DestinationError`` naming the path, unless the caller deliberately replaces a file
-(``overwriting()``, the commands' ``--overwrite``); a folder holding things we did not write is never
-replaced. Temporaries are named ``TMP_PREFIX`` + the writer's process id, so the next write into a
-folder removes those a killed process left behind. A failed write (a full disk, a quota) raises
-``OSError`` naming the destination, which is left as it was.
+Nothing of the user's is replaced. An existing destination is replaced only when it is provably ours: a
+file we wrote that nobody has changed since (every write records the file's size, modification time and
+inode in its folder's ``MARKER``), one of our own ``.safetensors`` files (their header metadata says
+so), or a checkpoint folder we wrote that holds nothing else. Anything else raises ``DestinationError``
+naming the path, unless the caller deliberately replaces a file (``overwriting()``, the commands'
+``--overwrite``); a folder holding things we did not write is never replaced. Temporaries are named
+``TMP_PREFIX`` + the writer's process id, so the next write into a folder removes those a killed process
+left behind. A failed write (a full disk, a quota) raises ``OSError`` naming the destination, which is
+left as it was.
 
 Reading JSON is here too, so that every JSON file is parsed the same way and every error names its path.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -36,7 +38,8 @@ import numpy as np
 from vit_common.validate import regular_file
 
 TMP_PREFIX = ".vit-tmp-"  # + "<pid>-<name>-<random>": every temporary file or folder we create
-MARKER = ".vit-written.json"  # {"kind": "checkpoint" | "output", "files": [names we wrote]} in our folders
+LOCK = ".vit-lock"  # in a folder a command is writing: an flock held while it runs, holding its pid
+MARKER = ".vit-written.json"  # {"kind": "checkpoint" | "output", "files": {name: identity}}: what we wrote
 CHECKPOINT, OUTPUT = "checkpoint", "output"  # marker kinds: a replaceable checkpoint folder; an output folder
 OUR_SAFETENSORS = ("vit-twins/", "vit_twins")  # a "format" metadata prefix or a metadata key we write
 _FULL_DISK = 1 << 20  # bytes free below which a writer's failure is taken as a full disk
@@ -104,30 +107,42 @@ def _tmp_prefix(path: Path) -> str:
     return f"{TMP_PREFIX}{os.getpid()}-{path.name}-"
 
 
+def _identity(path: Path) -> list[int] | None:
+    """A written file's (size, modification time, inode): any later change by anyone else alters it."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
 def _marker(folder: Path) -> dict | None:
     try:
         data = json.loads((folder / MARKER).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return None
     files = data.get("files") if isinstance(data, dict) else None
-    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-        return None
-    return data
+    return data if isinstance(files, dict) else None
 
 
-def _write_marker(folder: Path, kind: str, files: list[str]) -> None:
+def _write_marker(folder: Path, kind: str, files: Mapping[str, list[int] | None]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(folder / MARKER), suffix=".tmp", dir=folder)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(json_text({"kind": kind, "files": sorted(set(files))}))
+        fh.write(json_text({"kind": kind, "files": dict(sorted(files.items()))}, indent=None))
     os.chmod(tmp, 0o666 & ~_umask())
     os.replace(tmp, folder / MARKER)
 
 
 def _record(path: Path) -> None:
-    """List ``path``'s name in its folder's marker, if the folder is one of ours."""
-    marker = _marker(path.parent)
-    if marker is not None and path.name not in marker["files"]:
-        _write_marker(path.parent, marker.get("kind", OUTPUT), [*marker["files"], path.name])
+    """Record ``path`` (just written) as ours in its folder's marker."""
+    marker = _marker(path.parent) or {"kind": OUTPUT, "files": {}}
+    _write_marker(path.parent, marker.get("kind", OUTPUT), {**marker["files"], path.name: _identity(path)})
+
+
+def _wrote(path: Path) -> bool:
+    """Whether ``path`` is a file we wrote and nobody changed since."""
+    recorded = (_marker(path.parent) or {"files": {}})["files"].get(path.name)
+    return recorded is not None and recorded == _identity(path)
 
 
 def _our_safetensors(path: Path) -> bool:
@@ -145,9 +160,14 @@ def _our_safetensors(path: Path) -> bool:
 
 
 def _foreign_entries(path: Path) -> list[str]:
-    """What a folder holds that its marker does not list as ours (everything, if it has no marker)."""
-    marker = _marker(path) or {"files": []}
-    return sorted(e.name for e in os.scandir(path) if e.name != MARKER and e.name not in marker["files"])
+    """What a folder holds that its marker does not record as ours, unchanged (everything, without one)."""
+    files = (_marker(path) or {"files": {}})["files"]
+    return sorted(
+        e.name
+        for e in os.scandir(path)
+        if e.name != MARKER
+        and (e.name not in files or (e.is_file(follow_symlinks=False) and files[e.name] != _identity(path / e.name)))
+    )
 
 
 def check_destination(path: str | os.PathLike, *, folder: bool = False) -> None:
@@ -177,7 +197,7 @@ def check_destination(path: str | os.PathLike, *, folder: bool = False) -> None:
         return
     if path.is_dir() and not path.is_symlink():
         raise IsADirectoryError(f"{path} is a folder: expected a file path")
-    if _OVERWRITE.get() or path.name in (_marker(path.parent) or {"files": []})["files"]:
+    if _OVERWRITE.get() or _wrote(path):
         return
     if path.is_file() and _our_safetensors(path):
         return
@@ -257,7 +277,7 @@ def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], object], k
     try:
         tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent))
         write(tmp)
-        _write_marker(tmp, kind, [e.name for e in os.scandir(tmp) if e.name != MARKER])
+        _write_marker(tmp, kind, {e.name: _identity(tmp / e.name) for e in os.scandir(tmp) if e.name != MARKER})
         os.chmod(tmp, 0o777 & ~_umask())
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), suffix=".old", dir=path.parent))
@@ -279,21 +299,32 @@ def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], object], k
         raise failed from e
 
 
-def output_folder(path: str | os.PathLike) -> Path:
-    """``path`` as a folder for a command's outputs: created with a ``MARKER`` (kind OUTPUT) if it does
-    not exist, so that later runs may replace the files written there; an existing folder is used as
-    it is (its other files are not ours: replacing them needs ``overwriting()``).
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike, what: str) -> Iterator[Path]:
+    """Hold ``folder``'s lock (``LOCK``, an ``fcntl.flock`` the kernel releases when the holder ends,
+    killed or not) while the block runs, so that two commands never write one folder at once. The lock
+    file holds the holder's process id.
 
     Raises:
-        DestinationError: ``path`` exists and is not a folder.
+        DestinationError: another process holds the lock (the message names its pid); raised at once.
     """
-    path = Path(path)
-    if os.path.lexists(path) and not path.is_dir():
-        raise DestinationError(f"{path}: exists and is not a folder")
-    if not path.exists():
-        path.mkdir(parents=True)
-        _write_marker(path, OUTPUT, [])
-    return path
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise DestinationError(
+            f"{folder}: in use by another {what} (pid {holder}); wait for it to end or use another folder"
+        ) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield folder
+    finally:
+        os.close(fd)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
