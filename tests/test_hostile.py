@@ -159,6 +159,20 @@ def huge_head(tmp: Path) -> list[str]:
     return ["convert", str(_model(tmp)), str(tmp / "out.npz"), "--num-classes", "2000000000"]
 
 
+def deep_orbax_config(tmp: Path) -> list[str]:
+    (tmp / "ob" / "state").mkdir(parents=True)
+    meta = {"format": FORMAT_TAG, "vit_config": SMALL.replace(depth=10**9).to_json()}
+    (tmp / "ob" / "vit_config.json").write_text(json.dumps(meta))
+    return ["convert", str(tmp / "ob"), str(tmp / "out.npz")]
+
+
+def hf_index_traversal(tmp: Path) -> list[str]:
+    save_checkpoint(tmp / "hf", SMALL, _state(), "hf")
+    index = {"weight_map": {"cls_token": "../m.safetensors"}}
+    (tmp / "hf" / "model.safetensors.index.json").write_text(json.dumps(index))
+    return ["convert", str(tmp / "hf"), str(tmp / "out.npz")]
+
+
 def npz_claims_1e12(tmp: Path) -> list[str]:
     with zipfile.ZipFile(tmp / "big.npz", "w") as zf:
         zf.writestr("embedding/kernel.npy", _npy_header((10**6, 10**6)) + b"\0" * 64)
@@ -325,6 +339,8 @@ CASES = [
     Case(deep_override, r"{tmp}/m.safetensors: the config \(depth=1000000000", child=True),
     Case(huge_resample, r"image_size=800000: a model with .* beyond the limit", child=True),
     Case(huge_head, r"num_classes=2000000000: a model .* beyond the limit", child=True),
+    Case(deep_orbax_config, r"{tmp}/ob: a model with depth=1000000000.* beyond the limit", child=True),
+    Case(hf_index_traversal, r"{tmp}/hf/model.safetensors.index.json: weight_map names files outside the folder"),
     Case(npz_claims_1e12, r"{tmp}/big.npz: .*member 'embedding/kernel' \(\(1000000, 1000000\)", child=True),
     Case(
         npz_inflates, r"{tmp}/bomb.npz: .*embedding/kernel.* beyond the limit", child=True, env={"VIT_MAX_BYTES": "64M"}
