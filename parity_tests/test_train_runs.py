@@ -22,6 +22,7 @@ import pytest
 from PIL import Image
 
 from vit_cli.main import main
+from vit_common import io
 from vit_common.formats.source import read_safetensors
 from vit_common.tolerance import compare
 
@@ -273,11 +274,12 @@ def test_sigkill_while_training_and_while_writing_a_checkpoint_then_resume_is_bi
 def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(ref, npz, tmp_path):
     out = tmp_path / "early"
     (out / "checkpoints" / "2.orbax-checkpoint-tmp-1").mkdir(parents=True)  # a half-written first checkpoint
-    for name in ("config.json", "metrics.jsonl"):
-        (out / name).write_text(
+    for name in ("config.json", "metrics.jsonl"):  # as the stopped run wrote them
+        io.write_text(
+            out / name,
             (ref / name).read_text().splitlines(keepends=True)[0]
             if name == "metrics.jsonl"
-            else (ref / name).read_text()
+            else (ref / name).read_text(),
         )
     args = ["train", "--dataset", f"npz:{npz}", *TINY, "--out", str(out), "--no-parity"]
     assert main(args) == 2  # a fresh start would overwrite what is there

@@ -352,12 +352,44 @@ def write_jsonl(path: str | os.PathLike, records: list[Mapping[str, Any]]) -> No
     write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
 
-def open_log(path: str | os.PathLike):
-    """A text file opened for appending lines (a metrics log): the one write that is not atomic, since
-    it grows while a run lasts. The caller writes whole lines, flushes, and closes it."""
+class Log:
+    """A text file open for appending lines (a metrics log): the one write that is not atomic, since it
+    grows while a run lasts. Each ``flush`` records the file as ours (see ``MARKER``), so a resumed run
+    may append to it again; ``close`` flushes. A context manager."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fh = open(path, "a", encoding="utf-8")
+
+    def write(self, text: str) -> int:
+        return self._fh.write(text)
+
+    def flush(self) -> None:
+        self._fh.flush()
+        _record(self.path)
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self.flush()
+            self._fh.close()
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_log(path: str | os.PathLike) -> Log:
+    """``path`` opened for appending whole lines (``Log``); parent folders are created.
+
+    Raises:
+        DestinationError: ``path`` exists and is not a log we wrote (``check_destination``).
+    """
     path = Path(path)
+    check_destination(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "a", encoding="utf-8")
+    return Log(path)
 
 
 def read_json(path: str | os.PathLike) -> Any:
