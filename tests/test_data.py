@@ -26,10 +26,11 @@ def _source(n: int, size: int = 4) -> ArraySource:
     return ArraySource(images, np.arange(n) % 3)
 
 
-def _ids(batch) -> list[int]:
-    """Example indices of the real rows of a batch (undoing the [-1, 1] normalisation)."""
+def _ids(batch, at: int = 0) -> list[int]:
+    """Example indices of the real rows of a batch (undoing the [-1, 1] normalisation), read at pixel
+    (at, at): the centre of an augmented image still holds it."""
     real = batch["mask"] > 0
-    return [int(round(v)) for v in ((batch["image"][real, 0, 0, 0] * 0.5 + 0.5) * 255)]
+    return [int(round(v)) for v in ((batch["image"][real, at, at, 0] * 0.5 + 0.5) * 255)]
 
 
 def test_mnist5k_split_is_fixed_and_stratified():
@@ -87,6 +88,64 @@ def test_iterator_resumes_at_the_exact_position():
     for a, b in zip(rest, full[4:], strict=True):
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])
+
+
+class _Counting(ArraySource):
+    """An ArraySource that records which process read which example."""
+
+    def __init__(self, src: ArraySource, reads: list, process: int):
+        super().__init__(src.images, src.labels)
+        self.reads, self.process = reads, process
+
+    def __getitem__(self, i: int) -> dict:
+        self.reads.append((self.process, int(i)))
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("processes", [2, 3])
+@pytest.mark.parametrize("augment", [Augment(shift=1, flip=True, rotate=10), Augment(shift=1, mixup=0.4, cutmix=1.0)])
+def test_each_process_gets_its_rows_of_every_global_batch(processes, augment):
+    src, b, epochs = _source(10, 6), 6, 2  # batches of 6, 6, 6 | 4 real rows: with 3 processes one gets none
+    whole = list(train_batches(src, 3, batch_size=b, epochs=epochs, seed=3, augment=augment))
+    reads = []
+    parts = [
+        train_batches(
+            _Counting(src, reads, p),
+            3,
+            batch_size=b,
+            epochs=epochs,
+            seed=3,
+            augment=augment,
+            process_index=p,
+            process_count=processes,
+        )
+        for p in range(processes)
+    ]
+    del reads[:]  # building a pipeline reads example 0 once, for the padding's shape
+    parts = [list(iterate(ds)) for ds in parts]
+    assert [len(p) for p in parts] == [len(whole)] * processes
+    for i, batch in enumerate(whole):  # the processes' rows, stacked in process order, are the global batch
+        for k in batch:
+            got = np.concatenate([p[i][k] for p in parts])
+            assert got.dtype == batch[k].dtype
+            np.testing.assert_array_equal(got, batch[k], err_msg=f"batch {i} {k}")
+    if augment.mixup:  # mixing partners come from anywhere in the global batch: each process reads all of it
+        assert sorted(reads) == sorted((p, i) for p in range(processes) for i in range(10) for _ in range(epochs))
+    else:  # each example read once per epoch, by the process whose rows hold it
+        assert sorted(i for _, i in reads) == sorted(list(range(10)) * epochs)
+        for p, part in enumerate(parts):
+            assert sorted(i for q, i in reads if q == p) == sorted(i for batch in part for i in _ids(batch, at=3))
+    with pytest.raises(ValueError, match="batch_size=6 is not divisible by the 4 processes"):
+        train_batches(src, 3, batch_size=6, epochs=1, seed=0, augment=augment, process_index=0, process_count=4)
+
+
+def test_eval_batches_split_between_processes():
+    whole = list(eval_batches(_source(10), 3, batch_size=4))
+    halves = [list(eval_batches(_source(10), 3, batch_size=4, process_index=p, process_count=2)) for p in (0, 1)]
+    assert [[_ids(b) for b in h] for h in halves] == [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], []]]
+    for i, batch in enumerate(whole):
+        for k in batch:
+            np.testing.assert_array_equal(np.concatenate([h[i][k] for h in halves]), batch[k])
 
 
 def test_eval_batches_in_order_unaugmented():

@@ -385,20 +385,26 @@ class Augment:
         if min(self.shift, self.rotate, self.scale, self.mixup, self.cutmix) < 0 or self.scale >= 1:
             raise ValueError(f"augmentation {self}: expected shift, rotate, mixup, cutmix >= 0 and 0 <= scale < 1")
 
-    def images(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """uint8 [B, H, W, C] -> uint8 [B, H, W, C], each image transformed independently."""
-        b, h, w = x.shape[:3]
+    def images(self, x: np.ndarray, rng: np.random.Generator, *, batch_size: int = 0, offset: int = 0) -> np.ndarray:
+        """uint8 [R, H, W, C] -> uint8 [R, H, W, C], each image transformed independently.
+
+        ``x`` holds rows ``offset .. offset + R`` of a batch of ``batch_size`` rows (default: all of
+        it). Draws are made for the whole batch, so a row gets the same transform however the batch
+        is split between processes.
+        """
+        r, h, w = x.shape[:3]
+        b, rows = batch_size or r, slice(offset, offset + r)
         s = self.shift
-        dy, dx = rng.integers(-s, s + 1, size=(2, b))
+        dy, dx = rng.integers(-s, s + 1, size=(2, b))[:, rows]
         if self.rotate or self.scale:
-            angle = np.deg2rad(rng.uniform(-self.rotate, self.rotate, b))
-            zoom = rng.uniform(1 - self.scale, 1 + self.scale, b)
-            x = np.stack([_affine(x[i], angle[i], zoom[i], dy[i], dx[i]) for i in range(b)])
+            angle = np.deg2rad(rng.uniform(-self.rotate, self.rotate, b))[rows]
+            zoom = rng.uniform(1 - self.scale, 1 + self.scale, b)[rows]
+            x = np.stack([_affine(x[i], angle[i], zoom[i], dy[i], dx[i]) for i in range(r)])
         elif s:
             padded = np.pad(x, ((0, 0), (s, s), (s, s), (0, 0)))
-            x = np.stack([padded[i, s - dy[i] : s - dy[i] + h, s - dx[i] : s - dx[i] + w] for i in range(b)])
+            x = np.stack([padded[i, s - dy[i] : s - dy[i] + h, s - dx[i] : s - dx[i] + w] for i in range(r)])
         if self.flip:
-            flip = rng.random(b) < 0.5
+            flip = (rng.random(b) < 0.5)[rows]
             x = np.where(flip[:, None, None, None], x[:, :, ::-1], x)
         return x
 
@@ -438,15 +444,11 @@ def _finish(num_classes: int, batch: dict, image: np.ndarray | None = None) -> d
     }
 
 
-def _train_finish(num_classes: int, augment: Augment, batch: dict, rng: np.random.Generator) -> dict:
-    out = _finish(num_classes, batch, augment.images(batch["image"], rng))
+def _train_finish(num_classes: int, augment: Augment, batch_size: int, offset: int, batch: dict, rng) -> dict:
+    image = augment.images(batch["image"], rng, batch_size=batch_size, offset=offset)
+    out = _finish(num_classes, batch, image)
     out["image"], out["target"] = augment.mix(out["image"], out["target"], int(batch["mask"].sum()), rng)
     return out
-
-
-def _padded_batches(elems: grain.MapDataset, batch_size: int) -> grain.MapDataset:
-    pad = functools.partial(grain.experimental.batch_and_pad, batch_size=batch_size)
-    return elems.batch(batch_size, batch_fn=pad)
 
 
 def _with_mask(e: dict) -> dict:
@@ -457,29 +459,91 @@ def batches_per_epoch(n: int, batch_size: int) -> int:
     return -(-n // batch_size)
 
 
+def _check_split(batch_size: int, process_index: int, process_count: int) -> int:
+    """Rows per process, R = B / P. Raises ValueError when P does not divide B or the index is out of range."""
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index}, process_count={process_count}: expected 0 <= index < count")
+    if batch_size % process_count:
+        raise ValueError(f"batch_size={batch_size} is not divisible by the {process_count} processes")
+    return batch_size // process_count
+
+
+def _row(elems: grain.MapDataset, batch_size: int, rows: int, offset: int, blank: dict, j: int) -> dict:
+    """Element ``j`` of a process's rows: row ``j % rows`` of its slice of batch ``j // rows``."""
+    k, i = divmod(j, rows)
+    g = k * batch_size + offset + i
+    return elems[g] if g < len(elems) else blank
+
+
+def _blank(source) -> dict:
+    """A padding row: an element of ``source`` with every field zero, mask 0."""
+    return {k: np.zeros_like(v) for k, v in _with_mask(source[0]).items()}
+
+
+def _local_batches(elems: grain.MapDataset, blank: dict, batch_size: int, process_index: int, process_count: int):
+    """ceil(N / B) batches of this process's rows [p * R, (p + 1) * R) of each global batch of ``elems``
+    (N elements in order), R = B / P; rows past the end of ``elems`` are ``blank`` padding."""
+    rows = _check_split(batch_size, process_index, process_count)
+    pick = functools.partial(_row, elems, batch_size, rows, process_index * rows, blank)
+    return grain.MapDataset.range(batches_per_epoch(len(elems), batch_size) * rows).map(pick).batch(rows)
+
+
+def _rows(lo: int, hi: int, batch: dict) -> dict:
+    return {k: v[lo:hi] for k, v in batch.items()}
+
+
 def train_batches(
-    source, num_classes: int, *, batch_size: int, epochs: int, seed: int, augment: Augment
+    source,
+    num_classes: int,
+    *,
+    batch_size: int,
+    epochs: int,
+    seed: int,
+    augment: Augment,
+    process_index: int = 0,
+    process_count: int = 1,
 ) -> grain.MapDataset:
     """Training batches for ``epochs`` epochs: ``epochs * ceil(N / B)`` batches, each a dict
 
-    image float32 [B, H, W, C], label int32 [B], target float32 [B, K] (one-hot, mixed by mixup or
-    cutmix, zero on padding), mask float32 [B] (1 for real examples, 0 for the padding of each
+    image float32 [R, H, W, C], label int32 [R], target float32 [R, K] (one-hot, mixed by mixup or
+    cutmix, zero on padding), mask float32 [R] (1 for real examples, 0 for the padding of each
     epoch's last batch). Epoch e is a fresh permutation (grain shuffle seeded with ``seed + e``);
     augmentation draws from a generator seeded with (``seed + 1``, batch index).
+
+    With several processes, each one gets rows [p * R, (p + 1) * R) of every global batch of B rows
+    (R = B / P, p = ``process_index``, P = ``process_count``) and reads only those examples, so each
+    example of an epoch is read by one process, once; the rows equal the same rows of a one-process
+    run. Mixup and cutmix pair an image with a partner anywhere in the global batch, so with them on
+    every process reads the whole global batch and keeps its rows.
+
+    Raises:
+        ValueError: an empty source, or B not divisible by P.
     """
     n = len(source)
     if n == 0:
         raise ValueError("the training set is empty")
+    rows = _check_split(batch_size, process_index, process_count)
+    mixing = (augment.mixup or augment.cutmix) and process_count > 1
+    pi, pc = (0, 1) if mixing else (process_index, process_count)
     elems = grain.MapDataset.source(source).shuffle(seed=seed).map(_with_mask).repeat(epochs)
-    ds = grain.MapDataset.concatenate([_padded_batches(elems[e * n : (e + 1) * n], batch_size) for e in range(epochs)])
-    return ds.random_map(functools.partial(_train_finish, num_classes, augment), seed=seed + 1)
+    blank = _blank(source)
+    epochs_ = [_local_batches(elems[e * n : (e + 1) * n], blank, batch_size, pi, pc) for e in range(epochs)]
+    finish = functools.partial(_train_finish, num_classes, augment, batch_size, pi * rows)
+    ds = grain.MapDataset.concatenate(epochs_).random_map(finish, seed=seed + 1)
+    if mixing:
+        ds = ds.map(functools.partial(_rows, process_index * rows, (process_index + 1) * rows))
+    return ds
 
 
-def eval_batches(source, num_classes: int, *, batch_size: int) -> grain.MapDataset:
-    """One pass over ``source`` in order, unaugmented, last batch padded (same dict as training)."""
+def eval_batches(
+    source, num_classes: int, *, batch_size: int, process_index: int = 0, process_count: int = 1
+) -> grain.MapDataset:
+    """One pass over ``source`` in order, unaugmented, last batch padded (same dict as training); with
+    several processes, each gets its rows of every global batch, as ``train_batches``."""
     if len(source) == 0:
         raise ValueError("the evaluation set is empty")
-    return _padded_batches(grain.MapDataset.source(source).map(_with_mask), batch_size).map(
+    elems = grain.MapDataset.source(source).map(_with_mask)
+    return _local_batches(elems, _blank(source), batch_size, process_index, process_count).map(
         functools.partial(_finish, num_classes)
     )
 

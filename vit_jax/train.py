@@ -200,7 +200,7 @@ class Trainer:
     """Compiled train and eval steps for one (model config, train config, dataset size, mesh).
 
     ``state`` pytrees live on ``mesh`` with ``state_shardings``; batches are numpy dicts from
-    ``vit_jax.data`` (global batch on every process; each process feeds its own slice).
+    ``vit_jax.data``, each process holding its own rows of the global batch.
 
     Raises:
         ValueError: batch size not divisible by device count x accum_steps, or a config that does not
@@ -269,20 +269,29 @@ class Trainer:
         return data_to_keys(jax.device_put(host, self.state_shardings), state, key_impl_name())
 
     def device_batch(self, batch: dict) -> dict:
-        """Global numpy batch -> jax arrays sharded along "data" (this process feeds its rows)."""
-        pc, pi = jax.process_count(), jax.process_index()
-        rows = self.tcfg.batch_size // pc
-        return {
-            k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v)[pi * rows : (pi + 1) * rows])
-            for k, v in batch.items()
-        }
+        """This process's rows of a global batch (numpy, B / process count rows, as ``vit_jax.data``
+        gives them) -> global jax arrays of B rows sharded along "data".
+
+        Raises:
+            ValueError: the batch does not have B / process count rows.
+        """
+        rows = self.tcfg.batch_size // jax.process_count()
+        if any(len(v) != rows for v in batch.values()):
+            shapes = {k: np.shape(v) for k, v in batch.items()}
+            raise ValueError(f"batch {shapes}: expected {rows} rows (this process's share of {self.tcfg.batch_size})")
+        return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v)) for k, v in batch.items()}
+
+    def _split(self) -> dict:
+        """This process's share of each batch (``vit_jax.data`` pipelines' process arguments)."""
+        return {"process_index": jax.process_index(), "process_count": jax.process_count()}
 
     def train_step(self, state: dict, batch: dict) -> tuple[dict, dict]:
         """One optimizer step. Metrics: loss (mean over real examples), correct, count, grad_norm, lr."""
         return self._train_jit(state, self.device_batch(batch))
 
     def eval_step(self, state: dict, batch: dict) -> dict:
-        """Metrics of one batch: loss_sum, correct, count, and logits float32 [B, K] (padding included)."""
+        """Metrics of one batch: loss_sum, correct, count, and logits float32 [B, K] with their mask [B]
+        (padding included; all B rows of the global batch on every process)."""
         return self._eval_jit(state, self.device_batch(batch))
 
     def evaluate(self, state: dict, source, *, with_logits: bool = False) -> dict:
@@ -292,11 +301,12 @@ class Trainer:
         """
         loss = correct = count = 0.0
         logits = []
-        for batch in iterate(eval_batches(source, self.cfg.num_classes, batch_size=self.tcfg.batch_size)):
+        batches = eval_batches(source, self.cfg.num_classes, batch_size=self.tcfg.batch_size, **self._split())
+        for batch in iterate(batches):
             m = jax.device_get(self.eval_step(state, batch))
             loss, correct, count = loss + m["loss_sum"], correct + m["correct"], count + m["count"]
             if with_logits:
-                logits.append(m["logits"][batch["mask"] > 0])
+                logits.append(m["logits"][m["mask"] > 0])
         out = {"loss": float(loss / count), "accuracy": float(correct / count), "count": int(count)}
         if with_logits:
             out["logits"] = np.concatenate(logits)
@@ -387,6 +397,7 @@ def eval_step_fn(t: Trainer):
             "correct": ((jnp.argmax(logits, -1) == batch["label"]) * mask).sum(),
             "count": mask.sum(),
             "logits": logits,
+            "mask": mask,
         }
 
     return eval_step
@@ -640,6 +651,7 @@ def _loop(
             epochs=tcfg.epochs,
             seed=tcfg.seed,
             augment=tcfg.augment,
+            **t._split(),
         )
     )
     if data_state is not None:
