@@ -62,30 +62,6 @@ KILLER = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("jax_cache")
-    return {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "JAX_COMPILATION_CACHE_DIR": str(cache),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "XLA_FLAGS": "--xla_backend_optimization_level=0",  # halves XLA:CPU compile time; same in every run
-    }
-
-
-@pytest.fixture(scope="module")
-def npz(tmp_path_factory) -> Path:
-    rng = np.random.default_rng(0)
-    y = np.arange(28) % 3
-    x = rng.integers(0, 60, (28, 8, 8), dtype=np.uint8)
-    for k in range(3):  # a class-dependent bright stripe, so the model can learn something
-        x[y == k, 2 * k : 2 * k + 3] += 150
-    path = tmp_path_factory.mktemp("data") / "tiny.npz"
-    np.savez(path, x=x, y=y)
-    return path
-
-
 def vit(env, *args, killer: tuple[str, int] | None = None) -> subprocess.CompletedProcess:
     cmd = (
         [sys.executable, "-c", KILLER, *map(str, killer), *args]

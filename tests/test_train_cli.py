@@ -36,6 +36,7 @@ def folder(root, classes, n=3, corrupt=None):
         ("patch", "not a multiple of patch_size"),
         ("dataset", "expected mnist5k"),
         ("batch", "batch_size=0"),
+        ("timeout", "heartbeat_timeout=0: expected an int >= 1 (seconds)"),
     ],
 )
 def test_bad_input_exits_2_with_a_clear_message(case, message, tmp_path, capsys):
@@ -61,6 +62,8 @@ def test_bad_input_exits_2_with_a_clear_message(case, message, tmp_path, capsys)
         args += ["--dataset", "cifar10"]
     if case == "batch":
         args += ["--batch-size", "0"]
+    if case == "timeout":
+        args += ["--heartbeat-timeout", "0"]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("vit train: error: ") and message in err, err

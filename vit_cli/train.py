@@ -134,6 +134,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--no-parity", action="store_true", help="skip the PyTorch check of the exported model")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    g = p.add_argument_group(
+        "multi-process (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID, or SLURM / Open MPI tasks)"
+    )
+    g.add_argument(
+        "--heartbeat-timeout",
+        type=int,
+        default=100,
+        help="multi-process runs: seconds without a heartbeat from a process after which the others count it as "
+        "lost, say so and stop (jax.distributed's heartbeat timeout)",
+    )
+    g.add_argument(
+        "--init-timeout",
+        type=int,
+        default=300,
+        help="multi-process runs: seconds to wait at the start for every process to join",
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=int,
+        default=300,
+        help="multi-process runs: seconds process 0 waits at the end for the other processes to finish",
+    )
+    r.add_argument(
+        "--barrier-timeout",
+        type=int,
+        default=1200,
+        help="seconds a checkpoint save waits for every process to finish writing (orbax's async barrier)",
+    )
     p.set_defaults(func=run)
 
 
@@ -189,18 +217,60 @@ def train_config(args: argparse.Namespace):
         val_fraction=args.val_fraction,
         sharding=args.sharding,
         remat=args.remat,
+        heartbeat_timeout=args.heartbeat_timeout,
+        init_timeout=args.init_timeout,
+        shutdown_timeout=args.shutdown_timeout,
+        barrier_timeout=args.barrier_timeout,
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    import functools
     import time
 
     started = time.perf_counter()
     split_cpu(args)  # before JAX is imported
+    tcfg = train_config(args)  # imports jax, starts nothing
+    out = Path(args.out or Path("runs") / args.dataset.split(":")[0])
 
-    from vit_jax.train import init_distributed
+    from vit_jax import distributed
 
-    init_distributed()  # before any other JAX call
+    cluster = distributed.start(  # before any other JAX call; None for one process
+        heartbeat_timeout=tcfg.heartbeat_timeout,
+        init_timeout=tcfg.init_timeout,
+        shutdown_timeout=tcfg.shutdown_timeout,
+        describe=functools.partial(stop_line, out, tcfg.heartbeat_timeout),
+    )
+    try:
+        code = train(args, tcfg, out, started)
+    except BaseException as e:
+        if cluster:
+            cluster.check(e)  # if a process was lost, this process ends here with one line saying so
+            cluster.leave(e)
+        raise
+    if cluster:
+        cluster.leave()
+    return code
+
+
+def stop_line(out: Path, heartbeat_timeout: int, lost: list[int], failed: dict[int, str]) -> str:
+    """What a process prints when another one was lost or stopped with an error (see vit_jax.distributed)."""
+    import jax
+
+    from vit_jax.train import saved_steps
+
+    n = jax.process_count()
+    if lost:
+        what = f"lost process {', '.join(map(str, lost))} of {n} (no heartbeat for {heartbeat_timeout} s)"
+    else:
+        what = "; ".join(f"process {k} of {n} stopped with an {how}" for k, how in sorted(failed.items()))
+    steps = saved_steps(out / "checkpoints")
+    where = f"from its checkpoint of step {steps[-1]}" if steps else "from step 0 (no checkpoint was written yet)"
+    return f"vit train: {what}; stopping. Start all {n} processes again with --resume to continue {where}."
+
+
+def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
+    import time
 
     import jax
 
@@ -211,8 +281,6 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("ckpt_every", "log_every", "eval_every", "keep"):
         if getattr(args, flag) < (0 if flag == "ckpt_every" else 1):
             raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: expected a positive int")
-    tcfg = train_config(args)
-    out = Path(args.out or Path("runs") / args.dataset.split(":")[0])
     channels = native_channels(args.dataset)
     probe = model_config(args, num_classes=2, in_chans=channels)  # validates sizes before loading any data
     data = load_dataset(args.dataset, probe.image_size, channels, val_fraction=tcfg.val_fraction)

@@ -8,7 +8,7 @@ has the same shape because the last batch of an epoch is padded and masked (``vi
 Devices: a 1-D ``jax.sharding.Mesh`` named "data" over all devices. Batches are split along it;
 parameters and optimizer state are replicated ('dp', data parallel) or each array is split along its
 largest axis divisible by the device count ('fsdp', ZeRO-3 style; XLA inserts the gathers).
-Multi-host runs start through ``jax.distributed.initialize`` (``init_distributed``).
+Multi-process runs start (and stop when a process is lost) through ``vit_jax.distributed``.
 
 Optimizer (optax): global-norm gradient clipping, then AdamW with linear warmup + cosine decay and
 no weight decay on biases, norms, class/register tokens, position embeddings and the MAP probe
@@ -45,6 +45,11 @@ from vit_jax.weights import to_numpy
 NO_DECAY = frozenset({"cls_token", "reg_token", "pos_embed", "latent"})
 
 
+def _setting(default, help: str):
+    """A TrainConfig field that does not change the run's numbers (``--resume`` may change it)."""
+    return dataclasses.field(default=default, metadata={"help": help, "affects_results": False})
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything besides the model that determines a run's numbers (saved in config.json).
@@ -65,6 +70,9 @@ class TrainConfig:
         val_fraction: test share for datasets without a split of their own.
         sharding: 'dp' (replicated parameters) or 'fsdp' (sharded parameters and optimizer state).
         remat: recompute each block in the backward pass (``nnx.remat``) to save activation memory.
+        heartbeat_timeout, init_timeout, shutdown_timeout, barrier_timeout: seconds; how a
+            multi-process run waits for its processes (each field's ``help``). They do not change the
+            numbers, so ``--resume`` may change them (``affects_results`` False in the field metadata).
     """
 
     dataset: str = "mnist5k"
@@ -84,6 +92,18 @@ class TrainConfig:
     val_fraction: float = 0.2
     sharding: str = "dp"
     remat: bool = False
+    heartbeat_timeout: int = _setting(
+        100,
+        "multi-process runs: seconds without a heartbeat from a process after which the others count it as "
+        "lost, say so and stop (jax.distributed's heartbeat timeout)",
+    )
+    init_timeout: int = _setting(300, "multi-process runs: seconds to wait at the start for every process to join")
+    shutdown_timeout: int = _setting(
+        300, "multi-process runs: seconds process 0 waits at the end for the other processes to finish"
+    )
+    barrier_timeout: int = _setting(
+        1200, "seconds a checkpoint save waits for every process to finish writing (orbax's async barrier)"
+    )
 
     def __post_init__(self):
         checks = [
@@ -102,6 +122,7 @@ class TrainConfig:
             ),
             (0 < self.val_fraction < 1, "val_fraction", "a float in (0, 1)"),
             (self.sharding in ("dp", "fsdp"), "sharding", "'dp' or 'fsdp'"),
+            *((getattr(self, f) >= 1, f, "an int >= 1 (seconds)") for f in self.settings()),
         ]
         for ok, name, expected in checks:
             if not ok:
@@ -110,26 +131,17 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def settings(cls) -> list[str]:
+        """Fields that do not change a run's numbers (a resumed run may change them)."""
+        return [f.name for f in dataclasses.fields(cls) if not f.metadata.get("affects_results", True)]
+
 
 class NonFiniteError(RuntimeError):
     """The loss or the gradient norm became NaN or Inf."""
 
 
 # ------------------------------------------------------------------------------------ devices
-
-
-def init_distributed() -> None:
-    """Start multi-host JAX when the usual environment says so; a no-op for one process.
-
-    JAX_COORDINATOR_ADDRESS (with JAX_NUM_PROCESSES and JAX_PROCESS_ID), or a SLURM / Open MPI job
-    of more than one task (jax detects those itself). Must run before any other JAX call.
-    """
-    env = os.environ
-    if env.get("JAX_COORDINATOR_ADDRESS"):
-        num, pid = env.get("JAX_NUM_PROCESSES"), env.get("JAX_PROCESS_ID")
-        jax.distributed.initialize(num_processes=int(num) if num else None, process_id=int(pid) if pid else None)
-    elif int(env.get("SLURM_NTASKS", "1")) > 1 or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
-        jax.distributed.initialize()
 
 
 def make_mesh(devices=None) -> Mesh:
@@ -431,11 +443,18 @@ class Checkpoints:
 
     Saves are asynchronous and atomic (written to a temporary folder, then renamed); temporary
     folders left by a killed process are removed when the manager opens. Keeps the last ``keep``.
+    With several processes every process calls every method; each writes the array shards it owns
+    and process 0 the metadata and the rename. A save waits at most ``barrier_timeout`` seconds for
+    all processes to finish writing.
     """
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 3):
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, barrier_timeout: int = 1200):
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, cleanup_tmp_directories=True, enable_async_checkpointing=True
+            max_to_keep=keep,
+            create=True,
+            cleanup_tmp_directories=True,
+            enable_async_checkpointing=True,
+            async_options=ocp.AsyncOptions(timeout_secs=barrier_timeout),
         )
         self.manager = ocp.CheckpointManager(Path(directory).absolute(), options=options, item_names=("state", "meta"))
 
@@ -504,10 +523,11 @@ def config_mismatch(saved: dict, current: dict) -> list[str]:
     out = []
     for section in ("model", "train"):
         a, b = saved.get(section, {}), current.get(section, {})
+        free = TrainConfig.settings() if section == "train" else []
         out += [
             f"{section}.{k}: checkpoint has {a.get(k)!r}, now {b.get(k)!r}"
             for k in sorted(set(a) | set(b))
-            if a.get(k) != b.get(k)
+            if a.get(k) != b.get(k) and k not in free
         ]
     return out
 
@@ -597,7 +617,12 @@ def fit(
             )
     elif saved or metrics_path.exists():
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
-    ckpts = Checkpoints(out / "checkpoints", keep)  # removes temporary folders a killed run left
+    if jax.process_count() > 1:  # every process has read the folder before process 0 writes to it
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("vit_train:folder_checked")
+    # removes temporary folders a killed run left
+    ckpts = Checkpoints(out / "checkpoints", keep, trainer.tcfg.barrier_timeout)
     try:
         if saved and resume:
             state, meta = ckpts.restore(sharded_abstract(trainer))
