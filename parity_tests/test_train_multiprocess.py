@@ -187,7 +187,8 @@ def test_two_processes_train_bit_for_bit_as_one_process_with_as_many_devices(run
 def test_two_processes_continue_an_fsdp_run_of_one_process_bit_for_bit(runs, menv, tmp_path):
     """FSDP: one process with two devices writes checkpoint 6; two processes with one device each restore
     their halves of every sharded array (orbax, onto the new mesh) and train on to where the one-process
-    run ends, bit for bit (the same total device count)."""
+    run ends, bit for bit (the same total device count, two: a sum of two terms is the same in either
+    order)."""
     ref, _ = runs(1, "fsdp")
     out = tmp_path / "grown"
     shutil.copytree(ref, out)
@@ -206,8 +207,8 @@ def assert_one_line_and_bounded(procs: list[Proc], victim: int, run: Path) -> fl
     stopped = float(procs[victim].stdout.split("stopping at ")[1].split()[0])
     steps = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
     line = (
-        f"vit train: lost process {victim} of 2 (no heartbeat for {HEARTBEAT} s); stopping. Start all 2 "
-        f"processes again with --resume to continue from its checkpoint of step {steps[-1]}."
+        f"vit train: lost process {victim} of 2 (heartbeats stopped; --heartbeat-timeout {HEARTBEAT}); stopping. "
+        f"Start all 2 processes again with --resume to continue from the checkpoint of step {steps[-1]}."
     )
     for i, p in enumerate(procs):
         if i == victim:

@@ -261,11 +261,12 @@ def stop_line(out: Path, heartbeat_timeout: int, lost: list[int], failed: dict[i
 
     n = jax.process_count()
     if lost:
-        what = f"lost process {', '.join(map(str, lost))} of {n} (no heartbeat for {heartbeat_timeout} s)"
+        lost_ = ", ".join(map(str, lost))
+        what = f"lost process {lost_} of {n} (heartbeats stopped; --heartbeat-timeout {heartbeat_timeout})"
     else:
         what = "; ".join(f"process {k} of {n} stopped with an {how}" for k, how in sorted(failed.items()))
     steps = saved_steps(out / "checkpoints")
-    where = f"from its checkpoint of step {steps[-1]}" if steps else "from step 0 (no checkpoint was written yet)"
+    where = f"from the checkpoint of step {steps[-1]}" if steps else "from step 0 (no checkpoint was written yet)"
     return f"vit train: {what}; stopping. Start all {n} processes again with --resume to continue {where}."
 
 
