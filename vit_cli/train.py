@@ -4,6 +4,7 @@ Plain ``vit train`` runs the built-in demo: a small ViT on the 5,000 MNIST digit
 (4,000 train / 1,000 test). The output folder gets config.json, metrics.jsonl, curves.png,
 model.safetensors (canonical, with its config), model_timm.safetensors (timm state_dict names) and
 parity.json (test-set predictions of the exported weights in vit_torch against vit_jax).
+Several processes (hosts) train as one when the environment names them (``vit_jax.distributed``).
 """
 
 from __future__ import annotations

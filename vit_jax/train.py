@@ -586,7 +586,8 @@ def fit(
     end) and at the last step; ``resume`` continues from the latest one, so an interrupted run ends
     with the same state as an uninterrupted one. The test set is evaluated every ``eval_every``
     epochs and at the end. metrics.jsonl gets one line per ``log_every`` steps (loss, accuracy,
-    lr, grad_norm, images_per_s averaged since the previous line) and one per evaluation.
+    lr, grad_norm, images_per_s averaged since the previous line) and one per evaluation. With several
+    processes every process calls ``fit`` alike, and process 0 alone writes config.json and metrics.jsonl.
 
     Returns:
         (final state, summary dict: steps, test_loss, test_accuracy, images_per_s, train_seconds).
