@@ -32,7 +32,7 @@ import json
 import os
 import warnings
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -41,6 +41,8 @@ import numpy as np
 from vit_common.config import ViTConfig
 from vit_common.formats import canonical, hf, npz, timm
 from vit_common.formats.base import Decoded, FormatError, Report, check_canonical
+from vit_common.images import Preprocess
+from vit_common.metadata import hf_labels, hf_preprocessor_config, info_metadata
 from vit_common.posemb import resample_pos_embed
 from vit_common.state import canonical_shapes, nonfinite
 
@@ -464,12 +466,16 @@ def save_checkpoint(
     spelling: str = "v4",
     prefix: str | None = None,
     scan: bool = False,
+    preprocess: Preprocess | None = None,
+    classes: Sequence[str] | None = None,
 ) -> Report:
     """Write ``state`` as ``fmt`` (default: from the suffix, see ``output_format``), atomically.
 
     Options: ``spelling`` of HF keys ('v4' as save_pretrained writes, or 'v5'); ``prefix`` and ``scan``
-    for .npz layouts. Nothing is written unless the whole conversion succeeds; an existing folder is
-    replaced only if it is a checkpoint folder itself.
+    for .npz layouts. ``preprocess`` and ``classes`` (K names) are recorded where the format can hold
+    them (``vit_common.metadata``): safetensors metadata of our and timm files, an HF folder's
+    preprocessor_config.json and id2label; other formats get a note. Nothing is written unless the whole
+    conversion succeeds; an existing folder is replaced only if it is a checkpoint folder itself.
 
     Raises:
         StateMismatchError / ValueError: the state does not fit, or the format cannot hold the config.
@@ -487,6 +493,11 @@ def save_checkpoint(
     ):
         raise FormatError(f"{path}: an existing folder that is not a checkpoint; refusing to replace it")
     torch_file = fmt == "timm" and path.suffix in TORCH_SUFFIXES
+    info = info_metadata(preprocess, classes)
+    if info and (torch_file or fmt in ("original_vit", "big_vision", "orbax")):
+        report.notes.append(f"{fmt} files record no preprocessing or class names: they were not written")
+    if fmt == "hf" and classes is not None and cfg2.num_classes:
+        config |= hf_labels(classes, cfg2.num_classes)
     if torch_file or fmt == "orbax":
         what = "orbax" if fmt == "orbax" else "torch"
         fn = (writers or {}).get(what)
@@ -497,14 +508,17 @@ def save_checkpoint(
             )
         fn(path, cfg2, tensors) if fmt == "orbax" else fn(path, tensors)
     elif fmt == "canonical":
-        canonical.save_canonical(path, cfg2, tensors)
+        canonical.save_canonical(path, cfg2, tensors, info)
     elif fmt == "timm":
-        canonical.save_safetensors(path, tensors, {"format": "pt"})
+        canonical.save_safetensors(path, tensors, {"format": "pt", **info})
     elif fmt == "hf":
 
         def write_folder(tmp: Path) -> None:
             (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
             canonical.save_safetensors(tmp / "model.safetensors", tensors, {"format": "pt"})
+            if preprocess is not None:
+                pre = hf_preprocessor_config(preprocess, cfg2.image_size, cfg2.in_chans)
+                (tmp / "preprocessor_config.json").write_text(json.dumps(pre, indent=2, sort_keys=True) + "\n")
 
         canonical.atomic_write_dir(path, write_folder)
     else:

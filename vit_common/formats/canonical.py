@@ -81,14 +81,17 @@ def save_safetensors(
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=dict(metadata or {})))
 
 
-def save_canonical(path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> None:
-    """Write our own file: canonical tensors plus ``cfg`` as JSON in the metadata.
+def save_canonical(
+    path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str, np.ndarray], extra: Mapping[str, str] = ()
+) -> None:
+    """Write our own file: canonical tensors plus ``cfg`` as JSON in the metadata, and the ``extra``
+    metadata entries (preprocessing and class names, ``vit_common.metadata.info_metadata``).
 
     Raises:
         StateMismatchError: if ``state`` does not fit ``cfg`` (nothing is written).
     """
     check_state(canonical_shapes(cfg), state)
-    save_safetensors(path, state, {"format": FORMAT_TAG, "vit_config": cfg.to_json()})
+    save_safetensors(path, state, {**dict(extra), "format": FORMAT_TAG, "vit_config": cfg.to_json()})
 
 
 def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
