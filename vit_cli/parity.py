@@ -216,9 +216,14 @@ def run_parity(
         images = np.random.default_rng(0).standard_normal((num_generated, cfg.in_chans, *cfg.image_size))
         image_names = [f"generated-{i}" for i in range(num_generated)]
     elif isinstance(images, (str, Path)):
+        import warnings
+
         from vit_common.metadata import read_info
 
-        preprocess = read_info(checkpoint, ckpt.report.format).preprocess
+        info = read_info(checkpoint, ckpt.report.format)
+        for w in info.warnings:
+            warnings.warn(f"{checkpoint}: {w}", UserWarning, stacklevel=2)
+        preprocess = info.preprocess
         images, image_names = load_images(images, cfg.image_size, cfg.in_chans, preprocess, max_images)
     else:
         image_names = [f"image-{i}" for i in range(len(images))]

@@ -50,7 +50,8 @@ def load(path, framework: str, overrides=()):
 def load_with_info(path, framework: str, overrides=(), preprocess: dict | None = None, classes=None):
     """(model in eval mode, ``vit_common.metadata.ModelInfo``) of the checkpoint at ``path`` in the twin
     ``framework`` ('jax' | 'torch'); ``preprocess`` fields and ``classes`` given on the command line
-    replace what the file says. The conversion's warnings (guessed fields) are issued as UserWarnings.
+    replace what the file says. The conversion's warnings (guessed fields) and assumed preprocessing are
+    issued as UserWarnings.
 
     Raises:
         ValueError: an unknown framework; what ``vit_common.convert.load_checkpoint`` raises.
@@ -70,6 +71,8 @@ def load_with_info(path, framework: str, overrides=(), preprocess: dict | None =
     for w in ckpt.report.warnings:
         warnings.warn(f"{path}: {w}", UserWarning, stacklevel=2)
     info = with_overrides(read_info(path, ckpt.report.format), preprocess or {}, classes)
+    for w in info.warnings:
+        warnings.warn(f"{path}: {w}", UserWarning, stacklevel=2)
     if info.classes is None:
         info.classes = _run_classes(path, ckpt.cfg.num_classes)
         info.classes_source = "declared: the run's config.json" if info.classes else info.classes_source

@@ -228,17 +228,16 @@ def check_flags_against(cfg, args: argparse.Namespace, path: str) -> None:
         raise ValueError(f"{path} does not match the model flags: " + "; ".join(bad))
 
 
-def _readers() -> dict:
-    """Checkpoint readers of every framework that is installed (vit_common.convert needs them for orbax
-    folders and PyTorch .pth/.bin files)."""
-    from vit_jax.formats import READERS
+def _readers(path: str) -> dict:
+    """The checkpoint readers ``path`` needs (vit_common.convert: orbax folders need jax, PyTorch
+    .pth/.bin files torch, which is imported only then)."""
+    from vit_common.convert import needs
 
-    readers = dict(READERS)
-    try:
-        from vit_torch.formats import READERS as TORCH_READERS
-    except ImportError:
-        return readers
-    return readers | TORCH_READERS
+    if needs(path) == "torch":
+        from vit_torch.formats import READERS
+    else:
+        from vit_jax.formats import READERS
+    return READERS
 
 
 def _writers(fmt: str, path: Path) -> dict:
@@ -267,7 +266,7 @@ def load_init(args, tcfg: TrainConfig, name_classes, preprocess_flags: dict, log
     from vit_common.datasets import load_dataset
     from vit_common.metadata import read_info, with_overrides
 
-    readers = _readers()
+    readers = _readers(tcfg.init)
     overrides = dict(args.settings)
     first = load_checkpoint(tcfg.init, readers=readers, **overrides)
     check_flags_against(first.cfg, args, tcfg.init)

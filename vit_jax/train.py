@@ -209,6 +209,7 @@ class Trainer:
         self.preprocess = preprocess or Preprocess()
         self.train_transform = transform_for(data, self.preprocess, tcfg.augment)
         self.eval_transform = transform_for(data, self.preprocess)
+        self._test_batches = None
         self.mesh = mesh or make_mesh()
         n = self.mesh.size
         micro = tcfg.batch_size // tcfg.accum_steps
@@ -294,6 +295,9 @@ class Trainer:
     def evaluate(self, state: dict, source, *, with_logits: bool = False) -> dict:
         """Loss and accuracy over every example of ``source`` (each counted exactly once).
 
+        With worker processes, the test set's batches come from one endless pass-after-pass iterator whose
+        workers live until ``close()``, so that an evaluation every epoch does not start them anew.
+
         Returns {"loss", "accuracy", "count"} and, with ``with_logits``, "logits" float32 [N, K].
         """
         loss = correct = count = 0.0
@@ -301,7 +305,13 @@ class Trainer:
         batches = eval_batches(
             source, self.cfg.num_classes, batch_size=self.tcfg.batch_size, transform=self.eval_transform
         )
-        for batch in iterate(batches, workers=self.workers):
+        if self.workers and source is self.data.test:
+            if self._test_batches is None:
+                self._test_batches = iterate(batches.repeat(), workers=self.workers)
+            it = (next(self._test_batches) for _ in range(len(batches)))
+        else:
+            it = iterate(batches)
+        for batch in it:
             m = jax.device_get(self.eval_step(state, batch))
             loss, correct, count = loss + m["loss_sum"], correct + m["correct"], count + m["count"]
             if with_logits:
@@ -310,6 +320,12 @@ class Trainer:
         if with_logits:
             out["logits"] = np.concatenate(logits)
         return out
+
+    def close(self) -> None:
+        """Stop the test set's worker processes, if any (``evaluate``)."""
+        if self._test_batches is not None:
+            self._test_batches.close()
+            self._test_batches = None
 
     def weights(self, state: dict) -> dict[str, np.ndarray]:
         """The canonical state (timm names, numpy) of the model in ``state``, gathered from all devices.
@@ -666,6 +682,7 @@ def fit(
             compile_cache=compile_cache,
         )
     finally:
+        trainer.close()
         ckpts.wait()
         ckpts.close()
 
