@@ -114,6 +114,7 @@ def test_fine_tuning_hands_back_the_checkpoint_s_format_checked_by_its_library(t
     data = _image_folder(tmp_path / "imgs", ("ant", "bee", "cat"))
     out = tmp_path / "run"
     args = ["train", "--dataset", f"imagefolder:{data}", "--init", str(src), "--out", str(out), "--no-progress"]
+    args += ["--image-size", "24"] if fmt == "hf" else []  # the position embedding resampled, as the file does it
     assert main([*args, "--epochs", "2", "--batch-size", "6", "--warmup-steps", "1", "--val-fraction", "0.34"]) == 0
     err = capsys.readouterr().err
     assert "new 3-class head, zero-initialised" in err
@@ -125,7 +126,8 @@ def test_fine_tuning_hands_back_the_checkpoint_s_format_checked_by_its_library(t
 
         assert lib["library"].startswith("transformers")
         config = json.loads((out / "model_hf" / "config.json").read_text())
-        assert config["id2label"] == {"0": "ant", "1": "bee", "2": "cat"}
+        assert config["id2label"] == {"0": "ant", "1": "bee", "2": "cat"} and config["image_size"] == 24
+        assert "pos_embed grid 2x2 -> 3x3 with bicubic" in err
         processor = transformers.AutoImageProcessor.from_pretrained(out / "model_hf")
         assert list(processor.image_mean) == [0.485, 0.456, 0.406] and processor.resample == 3  # as it came in
         assert "declared: " in err and "preprocessor_config.json" in err

@@ -77,3 +77,21 @@ def test_malformed_declarations_are_errors_naming_the_file(tmp_path):
     save_canonical(tmp_path / "c.safetensors", CFG, state(), {"classes": json.dumps([1, 2, 3])})
     with pytest.raises(ValueError, match="is not a list of strings"):
         read_info(tmp_path / "c.safetensors", "canonical")
+
+
+def test_convert_carries_what_the_source_declares(tmp_path):
+    """HF folder -> our file -> timm file: the processor's preprocessing and the label names survive;
+    a new head drops the names; a timm file's assumed preprocessing is not written as a declaration."""
+    from vit_common.convert import convert
+
+    pp = Preprocess(IMAGENET_MEAN, (0.2, 0.3, 0.4), "bicubic", 1.0, "squash")
+    save_checkpoint(tmp_path / "hf", CFG, state(), "hf", preprocess=pp, classes=["x", "y", "z"])
+    convert(tmp_path / "hf", tmp_path / "m.safetensors")
+    convert(tmp_path / "m.safetensors", tmp_path / "t.safetensors", to_fmt="timm")
+    info = read_info(tmp_path / "t.safetensors", "timm")
+    assert info.preprocess == pp and info.classes == ("x", "y", "z")
+    convert(tmp_path / "m.safetensors", tmp_path / "k5.safetensors", num_classes=5)
+    assert read_info(tmp_path / "k5.safetensors", "canonical").classes is None
+    save_checkpoint(tmp_path / "plain.safetensors", CFG, state(), "timm")
+    convert(tmp_path / "plain.safetensors", tmp_path / "ours.safetensors", num_heads=4)
+    assert read_info(tmp_path / "ours.safetensors", "canonical").preprocess_source.startswith("assumed")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import sys
@@ -416,7 +417,9 @@ def run(args: argparse.Namespace) -> int:
     summary["model"] = str(out / "model.safetensors")
     summary["exports"] = {fmt: str(path) for fmt, path in exports.items()}
     ok = True
-    if not args.no_parity:
+    if not args.no_parity and importlib.util.find_spec("torch") is None:
+        log('vit train: no PyTorch check of the exports: torch is not installed (pip install "vit-twins[torch]")')
+    elif not args.no_parity:
         from vit_jax.train import write_json
 
         parity = export_parity(out / "model.safetensors", exports, trainer)

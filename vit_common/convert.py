@@ -42,7 +42,7 @@ from vit_common.config import ViTConfig
 from vit_common.formats import canonical, hf, npz, timm
 from vit_common.formats.base import Decoded, FormatError, Report, check_canonical
 from vit_common.images import Preprocess
-from vit_common.metadata import hf_labels, hf_preprocessor_config, info_metadata
+from vit_common.metadata import hf_labels, hf_preprocessor_config, info_metadata, read_info
 from vit_common.posemb import resample_pos_embed
 from vit_common.state import canonical_shapes, nonfinite
 
@@ -554,6 +554,10 @@ def convert(
 ) -> Report:
     """Read ``src`` (see ``load_checkpoint`` for ``read_options``) and write ``dst``; one report for both.
 
+    Preprocessing and class names that ``src`` declares (``vit_common.metadata``) are written where
+    ``dst``'s format holds them; assumed ones are not (the destination would declare a guess), nor class
+    names for a replaced head.
+
     Raises:
         ValueError: ``dst`` is ``src`` (the source would be replaced by its own conversion); and what
             ``load_checkpoint`` and ``save_checkpoint`` raise.
@@ -561,7 +565,12 @@ def convert(
     if Path(dst).resolve() == Path(src).resolve():
         raise ValueError(f"{dst} is the source file itself: write the conversion somewhere else")
     ckpt = load_checkpoint(src, fmt=from_fmt, readers=readers, **read_options)
-    out = save_checkpoint(dst, ckpt.cfg, ckpt.state, to_fmt, writers=writers, **dict(write_options))
+    info = read_info(src, ckpt.report.format)
+    declared = dict(
+        preprocess=info.preprocess if info.preprocess_source.startswith("declared") else None,
+        classes=info.classes if info.classes is not None and len(info.classes) == ckpt.cfg.num_classes else None,
+    )
+    out = save_checkpoint(dst, ckpt.cfg, ckpt.state, to_fmt, writers=writers, **declared, **dict(write_options))
     report = ckpt.report
     report.notes += out.notes
     report.warnings += out.warnings
