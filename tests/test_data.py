@@ -102,10 +102,12 @@ def test_iterator_resumes_at_any_batch_and_workers_change_nothing():
         iterate(ds, start=10)
 
 
-def test_process_shares_partition_every_global_batch():
+@pytest.mark.parametrize("augment", [Augment(shift=2, flip=True), Augment(shift=1, mixup=0.4)])
+def test_process_shares_partition_every_global_batch(augment):
     """Two processes each get half the rows of every global batch; together they are one process's batch,
-    augmentation included (it is seeded by the global position, not by the process)."""
-    src, tf = _source(10, 6), _tf(6, Augment(shift=2, flip=True))
+    augmentation included (it is seeded by the global position, not by the process; mixup pairs images
+    across the whole batch, so then each process reads the whole batch and keeps its half)."""
+    src, tf = _source(10, 6), _tf(6, augment)
     whole = list(iterate(train_batches(src, 3, batch_size=4, epochs=2, seed=3, transform=tf)))
     halves = [
         list(
@@ -117,12 +119,17 @@ def test_process_shares_partition_every_global_batch():
     ]
     assert all(len(h) == len(whole) for h in halves)
     for b, (first, second) in enumerate(zip(*halves, strict=True)):
-        for k in ("image", "label", "mask"):
+        for k in ("image", "label", "target", "mask"):
             np.testing.assert_array_equal(np.concatenate([first[k], second[k]]), whole[b][k])
     plan = TrainPlan(10, 4, 2, 3, process_index=1, process_count=2)
     assert len(plan) == 12 and plan[0]["position"] == 2 and plan[5]["index"] == -1  # batch 2, row 3: padding
     with pytest.raises(ValueError, match="process 0 of 3"):
         TrainPlan(10, 4, 2, 3, process_index=0, process_count=3)
+    evals = [list(EvalBatches(src, 3, 4, _tf(6, None), process_index=p, process_count=2)) for p in (0, 1)]
+    for b, (first, second) in enumerate(zip(*evals, strict=True)):
+        np.testing.assert_array_equal(
+            np.concatenate([first["image"], second["image"]]), list(EvalBatches(src, 3, 4, _tf(6, None)))[b]["image"]
+        )
 
 
 def test_train_iterator_is_the_documented_loop():

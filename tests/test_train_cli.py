@@ -138,3 +138,20 @@ def test_train_flags_come_from_the_config_fields():
     assert tcfg.augment == Augment(crop_scale=0.08, shift=3, flip=True) and tcfg == dataclasses.replace(
         TrainConfig(), dataset="imagefolder:x", augment=tcfg.augment
     )
+
+
+def test_a_head_follows_the_class_names():
+    """--init with the dataset's class count: the head is kept for the same names, its rows reordered for
+    the same names in another order, replaced by zeros for other names (each change reported)."""
+    from vit_cli.train import _match_head
+    from vit_common.formats.base import Report
+
+    state = {"head.weight": np.arange(6.0).reshape(3, 2), "head.bias": np.arange(3.0)}
+    report = Report()
+    assert _match_head(state, ("a", "b", "c"), ("a", "b", "c"), report) is state and not report.notes
+    moved = _match_head(state, ("a", "b", "c"), ("c", "a", "b"), report)
+    np.testing.assert_array_equal(moved["head.bias"], [2.0, 0.0, 1.0])
+    np.testing.assert_array_equal(moved["head.weight"][0], [4.0, 5.0])
+    fresh = _match_head(state, ("a", "b", "c"), ("x", "y", "z"), report)
+    assert not fresh["head.weight"].any() and not fresh["head.bias"].any()
+    assert "reordered" in report.notes[0] and "zero-initialised" in report.notes[1]

@@ -450,9 +450,23 @@ def example_rng(seed: int, position: int) -> np.random.Generator:
     return np.random.default_rng((seed, _EXAMPLE, position))
 
 
-def batch_rng(seed: int, batch: int, process_index: int) -> np.random.Generator:
-    """The generator of one process's rows of global batch ``batch`` (mixup/cutmix)."""
-    return np.random.default_rng((seed, _BATCH, batch, process_index))
+def batch_rng(seed: int, batch: int) -> np.random.Generator:
+    """The generator of global batch ``batch``'s mixup / cutmix."""
+    return np.random.default_rng((seed, _BATCH, batch))
+
+
+def _process_rows(batch_size: int, process_index: int, process_count: int) -> int:
+    """Rows of every global batch one process owns, B / P.
+
+    Raises:
+        ValueError: an index outside [0, P), or P not dividing B.
+    """
+    if process_count < 1 or not 0 <= process_index < process_count or batch_size % process_count:
+        raise ValueError(
+            f"process {process_index} of {process_count}: expected 0 <= index < count and a count "
+            f"dividing batch_size={batch_size}"
+        )
+    return batch_size // process_count
 
 
 class TrainPlan:
@@ -474,14 +488,9 @@ class TrainPlan:
     ):
         if n < 1:
             raise ValueError("the training set is empty")
-        if process_count < 1 or not 0 <= process_index < process_count or batch_size % process_count:
-            raise ValueError(
-                f"process {process_index} of {process_count}: expected 0 <= index < count and a count "
-                f"dividing batch_size={batch_size}"
-            )
+        self.rows = _process_rows(batch_size, process_index, process_count)
         self.n, self.batch_size, self.epochs, self.seed = n, batch_size, epochs, seed
         self.process_index, self.process_count = process_index, process_count
-        self.rows = batch_size // process_count
         self.per_epoch = batches_per_epoch(n, batch_size)
         self._epoch, self._perm = -1, np.zeros(0, np.int64)
 
@@ -546,33 +555,54 @@ def finish_batch(
 
 
 class FinishTrainBatch:
-    """``finish_batch`` for one process's rows of a training batch (its generator from the positions)."""
+    """``finish_batch`` for the rows of a training batch that ``plan`` gives (the mixing generator from
+    the batch index); ``keep`` = (lo, hi) then keeps rows [lo, hi) of them."""
 
-    def __init__(self, num_classes: int, preprocess: Preprocess, augment: Augment, plan: TrainPlan):
+    def __init__(
+        self,
+        num_classes: int,
+        preprocess: Preprocess,
+        augment: Augment,
+        plan: TrainPlan,
+        keep: tuple[int, int] | None = None,
+    ):
         self.num_classes, self.preprocess, self.augment, self.plan = num_classes, preprocess, augment, plan
+        self.keep = keep
 
     def __call__(self, batch: dict) -> dict:
         b = int(batch["position"][0]) // self.plan.batch_size
-        rng = batch_rng(self.plan.seed, b, self.plan.process_index)
-        return finish_batch(batch, self.num_classes, self.preprocess, self.augment, rng)
+        out = finish_batch(batch, self.num_classes, self.preprocess, self.augment, batch_rng(self.plan.seed, b))
+        return out if self.keep is None else {k: v[self.keep[0] : self.keep[1]] for k, v in out.items()}
 
 
 class EvalBatches:
     """One pass over ``source`` in order, unaugmented, in batches of B; the last one padded (mask 0).
 
     A sequence: ``len()`` batches, ``batches[k]`` is batch k as ``finish_batch`` returns it. Used as it
-    is by the torch-only commands and as a grain source by the JAX twin.
+    is by the torch-only commands and as a grain source by the JAX twin. Process p of P gets rows
+    [p * B/P, (p + 1) * B/P) of every batch, as in training.
 
     Raises:
-        ValueError: an empty source or a batch size < 1.
+        ValueError: an empty source, a batch size < 1, or P not dividing B.
     """
 
-    def __init__(self, source, num_classes: int, batch_size: int, transform: ImageTransform):
+    def __init__(
+        self,
+        source,
+        num_classes: int,
+        batch_size: int,
+        transform: ImageTransform,
+        *,
+        process_index: int = 0,
+        process_count: int = 1,
+    ):
         if len(source) == 0:
             raise ValueError("the evaluation set is empty")
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size}: expected an int >= 1")
+        self.rows = _process_rows(batch_size, process_index, process_count)
         self.source, self.num_classes, self.batch_size, self.transform = source, num_classes, batch_size, transform
+        self.offset = process_index * self.rows
 
     def __len__(self) -> int:
         return batches_per_epoch(len(self.source), self.batch_size)
@@ -580,12 +610,12 @@ class EvalBatches:
     def __getitem__(self, k: int) -> dict:
         if not 0 <= k < len(self):
             raise IndexError(k)
-        lo = k * self.batch_size
-        idx = range(lo, min(lo + self.batch_size, len(self.source)))
+        lo = k * self.batch_size + self.offset
+        idx = range(lo, min(lo + self.rows, len(self.source)))
         h, w = self.transform.size
-        images = np.zeros((self.batch_size, h, w, self.transform.channels), np.uint8)
-        labels = np.zeros(self.batch_size, np.int32)
-        mask = np.zeros(self.batch_size, np.float32)
+        images = np.zeros((self.rows, h, w, self.transform.channels), np.uint8)
+        labels = np.zeros(self.rows, np.int32)
+        mask = np.zeros(self.rows, np.float32)
         for row, i in enumerate(idx):
             e = self.source[i]
             images[row] = self.transform(e["image"])

@@ -9,7 +9,7 @@ A training pipeline is a grain ``MapDataset`` of batches, each a pure function o
     load     decode, crop and augment one example (``ImageTransform``), its randomness seeded by its
              global position
     batch    stack B / P examples
-    finish   mixup / cutmix, normalisation, one-hot targets, mask
+    finish   mixup / cutmix (over the whole global batch), normalisation, one-hot targets, mask
 
 ``iterate`` runs it: with ``workers`` > 0 grain's ``mp_prefetch`` hands whole batches to worker
 processes round-robin, so decoding and augmenting run on as many cores as there are workers, and the
@@ -67,22 +67,48 @@ def train_batches(
     real examples, 0 for the padding of each epoch's last batch). Epoch e is a fresh permutation seeded
     by (``seed``, e); see ``vit_common.datasets.TrainPlan`` for how rows are shared among processes.
 
+    A process's rows equal the same rows of a one-process run: augmentation is drawn per example from
+    its global position, and mixup / cutmix pair images across the whole global batch, so with them on
+    every process reads the whole batch and keeps its rows.
+
     Raises:
         ValueError: an empty source, or ``process_count`` not dividing ``batch_size``.
     """
-    plan = TrainPlan(len(source), batch_size, epochs, seed, process_index=process_index, process_count=process_count)
     augment = transform.augment or Augment()
+    mixing = bool(augment.mixup or augment.cutmix) and process_count > 1
+    plan = TrainPlan(
+        len(source),
+        batch_size,
+        epochs,
+        seed,
+        process_index=0 if mixing else process_index,
+        process_count=1 if mixing else process_count,
+    )
+    rows = batch_size // process_count
+    keep = (process_index * rows, (process_index + 1) * rows) if mixing else None
     return (
         grain.MapDataset.source(plan)
         .map(LoadExample(source, transform, seed))
         .batch(plan.rows)
-        .map(FinishTrainBatch(num_classes, transform.preprocess, augment, plan))
+        .map(FinishTrainBatch(num_classes, transform.preprocess, augment, plan, keep))
     )
 
 
-def eval_batches(source, num_classes: int, *, batch_size: int, transform: ImageTransform) -> grain.MapDataset:
-    """One pass over ``source`` in order, unaugmented, last batch padded (same dict as training)."""
-    return grain.MapDataset.source(EvalBatches(source, num_classes, batch_size, transform))
+def eval_batches(
+    source,
+    num_classes: int,
+    *,
+    batch_size: int,
+    transform: ImageTransform,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> grain.MapDataset:
+    """One pass over ``source`` in order, unaugmented, last batch padded (same dict as training); this
+    process's rows of every batch (``vit_common.datasets.EvalBatches``)."""
+    batches = EvalBatches(
+        source, num_classes, batch_size, transform, process_index=process_index, process_count=process_count
+    )
+    return grain.MapDataset.source(batches)
 
 
 class BatchIterator:

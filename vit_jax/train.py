@@ -177,8 +177,7 @@ class Trainer:
     """Compiled train and eval steps for one (model config, train config, dataset size, mesh).
 
     ``state`` pytrees live on ``mesh`` with ``state_shardings``; batches are numpy dicts from
-    ``vit_jax.data``: training batches hold this process's rows of the global batch, evaluation batches
-    the global batch (each process feeds its own slice). ``preprocess`` is how images become model input
+    ``vit_jax.data`` holding this process's rows of each global batch. ``preprocess`` is how images become model input
     (default ``Preprocess()``: [-1, 1], bilinear); ``weights`` a canonical state to start from instead of
     a fresh initialisation (fine-tuning); ``workers`` the input pipeline's worker processes.
 
@@ -272,24 +271,18 @@ class Trainer:
         host = jax.tree.map(np.asarray, keys_to_data(state))
         return data_to_keys(jax.device_put(host, self.state_shardings), state, key_impl_name())
 
-    def device_batch(self, batch: dict, *, local: bool = False) -> dict:
-        """Numpy batch -> jax arrays sharded along "data". ``local``: the batch holds this process's rows
-        (training batches); otherwise it is the global batch and this process feeds its slice."""
-        pc, pi = jax.process_count(), jax.process_index()
-        rows = self.tcfg.batch_size // pc
-        take = (lambda v: v) if local else (lambda v: v[pi * rows : (pi + 1) * rows])
-        return {
-            k: jax.make_array_from_process_local_data(self.batch_sharding, take(np.asarray(v)))
-            for k, v in batch.items()
-        }
+    def device_batch(self, batch: dict) -> dict:
+        """This process's rows of a global batch (numpy) -> jax arrays sharded along "data"."""
+        return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v)) for k, v in batch.items()}
 
     def train_step(self, state: dict, batch: dict) -> tuple[dict, dict]:
         """One optimizer step on this process's rows of a global batch. Metrics: loss (mean over real
         examples), correct, count, grad_norm (of the trainable parameters), lr."""
-        return self._train_jit(state, self.device_batch(batch, local=True))
+        return self._train_jit(state, self.device_batch(batch))
 
     def eval_step(self, state: dict, batch: dict) -> dict:
-        """Metrics of one batch: loss_sum, correct, count, and logits float32 [B, K] (padding included)."""
+        """Metrics of one batch: loss_sum, correct, count, and logits float32 [B, K] and mask [B] of the global
+        batch (padding included)."""
         return self._eval_jit(state, self.device_batch(batch))
 
     def evaluate(self, state: dict, source, *, with_logits: bool = False) -> dict:
@@ -303,7 +296,12 @@ class Trainer:
         loss = correct = count = 0.0
         logits = []
         batches = eval_batches(
-            source, self.cfg.num_classes, batch_size=self.tcfg.batch_size, transform=self.eval_transform
+            source,
+            self.cfg.num_classes,
+            batch_size=self.tcfg.batch_size,
+            transform=self.eval_transform,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
         )
         if self.workers and source is self.data.test:
             if self._test_batches is None:
@@ -315,7 +313,7 @@ class Trainer:
             m = jax.device_get(self.eval_step(state, batch))
             loss, correct, count = loss + m["loss_sum"], correct + m["correct"], count + m["count"]
             if with_logits:
-                logits.append(m["logits"][batch["mask"] > 0])
+                logits.append(m["logits"][m["mask"] > 0])  # the global batch's rows, every process's
         out = {"loss": float(loss / count), "accuracy": float(correct / count), "count": int(count)}
         if with_logits:
             out["logits"] = np.concatenate(logits)
@@ -416,6 +414,7 @@ def eval_step_fn(t: Trainer):
             "correct": ((jnp.argmax(logits, -1) == batch["label"]) * mask).sum(),
             "count": mask.sum(),
             "logits": logits,
+            "mask": mask,
         }
 
     return eval_step
