@@ -1,9 +1,11 @@
 """The timed contenders: one inference call or one training step of a model, ready to repeat.
 
-A contender name is one of ``CONTENDERS``; ``vit_jax@xla`` / ``vit_jax@cudnn`` pick the JAX attention
-backend (``cfg.attn_backend``). Each builder returns a ``Contender`` whose ``run(n)`` performs n calls
-and then waits for the device (``block_until_ready`` / ``torch.cuda.synchronize``), so wall time
-around it is the time of the work.
+A contender name is one of ``CONTENDERS``; ``vit_jax`` takes the attention kernel the model chooses for
+the platform (``vit_jax.platforms.choose_attention``), ``vit_jax@xla`` / ``vit_jax@cudnn`` force one
+(``cfg.attn_backend``); ``vit_torch_compile`` and ``timm_compile`` are those models under
+``torch.compile`` (default mode, inductor), compiled by their first call. Each builder returns a
+``Contender`` whose ``run(n)`` performs n calls and then waits for the device (``block_until_ready`` /
+``torch.cuda.synchronize``), so wall time around it is the time of the work.
 
 Modes: 'infer' is a forward pass without gradients (eval mode); 'train' is forward, cross-entropy
 loss, backward and an AdamW update (lr 1e-3, weight decay 0.05, the other AdamW constants at the
@@ -25,7 +27,7 @@ import numpy as np
 from vit_common.config import ViTConfig
 from vit_common.state import canonical_shapes
 
-CONTENDERS = ("vit_jax", "vit_torch", "vit_torch_compile", "timm", "hf")
+CONTENDERS = ("vit_jax", "vit_torch", "vit_torch_compile", "timm", "timm_compile", "hf")
 MODES = ("infer", "train")
 LR, WEIGHT_DECAY = 1e-3, 0.05
 
@@ -78,8 +80,11 @@ def check(name: str, mode: str) -> None:
         raise ValueError(f"mode {mode!r}: expected one of {MODES}")
 
 
-def build(name: str, cfg: ViTConfig, mode: str, batch: int, dtype: str) -> Contender:
+def build(name: str, cfg: ViTConfig, mode: str, batch: int, dtype: str, compile_backend: str = "inductor") -> Contender:
     """Build contender ``name`` (see module doc) for ``mode`` at ``batch`` images and ``dtype``.
+
+    ``compile_backend``: the ``torch.compile`` backend of the ``*_compile`` contenders ('eager' checks
+    the wiring without inductor's compile time).
 
     Raises:
         ValueError: unknown contender or mode, or a config the peer cannot express.
@@ -88,59 +93,75 @@ def build(name: str, cfg: ViTConfig, mode: str, batch: int, dtype: str) -> Conte
     base, _, backend = name.partition("@")
     if base == "vit_jax":
         return _jax(name, model_config(cfg, mode, dtype).replace(attn_backend=backend or None), mode, batch)
-    return _torch(name, base, cfg, mode, batch, dtype)
+    return _torch(name, base, cfg, mode, batch, dtype, compile_backend)
 
 
-def _jax(name: str, cfg: ViTConfig, mode: str, batch: int) -> Contender:
+def jax_program(model, mode: str) -> tuple[Callable, list]:
+    """The jitted program a ``vit_jax`` contender times, and its state arguments (before the batch).
+
+    'infer': ``fn(state, x) -> logits``, model in eval mode. 'train': ``fn(params, opt_state, x, y) ->
+    (params, opt_state, loss)``, model in training mode, params and opt_state donated. Works on an
+    abstract model (``nnx.eval_shape``) too: the state is then ``jax.ShapeDtypeStruct`` leaves.
+    """
     import jax
     import optax
     from flax import nnx
 
-    from vit_jax.weights import from_numpy
-
-    model = from_numpy(cfg, random_state(cfg))
-    images, labels = inputs(cfg, batch)
-    x = jax.device_put(images.transpose(0, 2, 3, 1).astype(cfg.dtype))  # [B, H, W, C]
-    y = jax.device_put(labels)
     if mode == "infer":
         model.eval()
         graphdef, state = nnx.split(model)
-        fwd = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x))
-        compiled = fwd.lower(state, x).compile()
+        return jax.jit(lambda state, x: nnx.merge(graphdef, state)(x)), [state]
+    model.train()
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
+
+    def loss_fn(params, x, y):
+        logits = nnx.merge(graphdef, params, rest)(x).astype("float32")
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    abstract = all(isinstance(v, jax.ShapeDtypeStruct) for v in jax.tree.leaves(params))
+    return step, [params, jax.eval_shape(tx.init, params) if abstract else tx.init(params)]
+
+
+def memory_footprint(compiled) -> int | None:
+    """Arguments + outputs - aliased (donated) + temporaries, from XLA's memory analysis (bytes)."""
+    mem = compiled.memory_analysis()
+    if mem is None:
+        return None
+    return mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes
+
+
+def _jax(name: str, cfg: ViTConfig, mode: str, batch: int) -> Contender:
+    import jax
+
+    from vit_jax.weights import from_numpy
+
+    images, labels = inputs(cfg, batch)
+    x = jax.device_put(images.transpose(0, 2, 3, 1).astype(cfg.dtype))  # [B, H, W, C]
+    y = jax.device_put(labels)
+    fn, carry = jax_program(from_numpy(cfg, random_state(cfg)), mode)
+    if mode == "infer":
+        compiled = fn.lower(*carry, x).compile()
 
         def run(n: int) -> None:
             for _ in range(n):
-                out = compiled(state, x)
+                out = compiled(*carry, x)
             out.block_until_ready()
     else:
-        model.train()
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-        tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
-
-        def loss_fn(params, x, y):
-            logits = nnx.merge(graphdef, params, rest)(x).astype("float32")
-            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-        @functools.partial(jax.jit, donate_argnums=(0, 1))
-        def step(params, opt_state, x, y):
-            loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, loss
-
-        carry = [params, tx.init(params)]
-        compiled = step.lower(*carry, x, y).compile()
+        compiled = fn.lower(*carry, x, y).compile()
 
         def run(n: int) -> None:
             for _ in range(n):
                 carry[0], carry[1], loss = compiled(*carry, x, y)
             loss.block_until_ready()
 
-    mem = compiled.memory_analysis()
-    footprint = (
-        None
-        if mem is None
-        else (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
-    )
+    footprint = memory_footprint(compiled)
     return Contender(name, "jax", run, footprint, "xla memory_analysis (arguments + outputs + temps)")
 
 
@@ -156,7 +177,7 @@ def _torch_model(base: str, cfg: ViTConfig, mode: str, dtype: str):
         twin_cfg = model_config(cfg, mode, dtype)
         return from_numpy(twin_cfg, random_state(twin_cfg)), False
     param_dtype = torch.float32 if mode == "train" else getattr(torch, dtype)
-    if base == "timm":
+    if base in ("timm", "timm_compile"):
         from timm.models.vision_transformer import VisionTransformer
 
         model = VisionTransformer(**peer_config(cfg, "timm"))
@@ -167,7 +188,7 @@ def _torch_model(base: str, cfg: ViTConfig, mode: str, dtype: str):
     return model.to(param_dtype), mode == "train" and dtype != "float32"
 
 
-def _torch(name: str, base: str, cfg: ViTConfig, mode: str, batch: int, dtype: str) -> Contender:
+def _torch(name: str, base: str, cfg: ViTConfig, mode: str, batch: int, dtype: str, compile_backend: str) -> Contender:
     import contextlib
 
     import torch
@@ -186,7 +207,7 @@ def _torch(name: str, base: str, cfg: ViTConfig, mode: str, batch: int, dtype: s
     x = torch.from_numpy(images).to(device, x_dtype)  # [B, C, H, W]
     y = torch.from_numpy(labels).to(device)
     hf = base == "hf"
-    forward = torch.compile(model) if base == "vit_torch_compile" else model
+    forward = torch.compile(model, backend=compile_backend) if base.endswith("_compile") else model
     amp = torch.autocast(device.type, dtype=getattr(torch, dtype)) if autocast else contextlib.nullcontext()
 
     def logits() -> torch.Tensor:

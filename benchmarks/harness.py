@@ -48,7 +48,7 @@ RECORD_FIELDS: dict[str, str] = {
     "warmup": "untimed rounds",
     "repeats": "timed rounds",
     "iters": "calls per timed run",
-    "contender": "vit_jax, vit_torch, vit_torch_compile, timm, hf, matmul_jax, matmul_torch",
+    "contender": "vit_jax[@xla|@cudnn], vit_torch, vit_torch_compile, timm, timm_compile, hf, matmul_jax, matmul_torch",
     "kind": "'model' or 'matmul' (the reference)",
     "framework": "'jax' or 'torch'",
     "error": "why the contender could not be built, else None",
@@ -195,11 +195,12 @@ def run_group(
     matmul_n: int,
     context: dict,
     tick: Callable[[], None] = lambda: None,
+    compile_backend: str = "inductor",
 ) -> list[dict]:
     """Benchmark ``names`` on one (variant, mode); one record (``RECORD_FIELDS``) per contender and matmul.
 
     A contender that fails to build (e.g. torch.compile without a compiler) gets a record with
-    ``error`` set and no times; the others still run.
+    ``error`` set and no times; the others still run. ``compile_backend``: see ``contenders.build``.
 
     Raises:
         ValueError: an unknown contender or mode.
@@ -229,7 +230,7 @@ def run_group(
         rec = records[name] = base | {"contender": name, "kind": "model", "flops_per_step": flops_step}
         t0 = time.perf_counter()
         try:
-            c = build(name, cfg, mode, batch, dtype)
+            c = build(name, cfg, mode, batch, dtype, compile_backend)
         except Exception as e:  # noqa: BLE001 -- a peer that cannot build is reported, not fatal
             rec["error"] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
             continue

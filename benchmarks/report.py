@@ -8,6 +8,7 @@ a (variant, mode) group / this one; 1.00 = fastest), ``vit_jax`` against the fas
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -111,6 +112,17 @@ def write_text(path: str | Path, text: str) -> None:
 def write_jsonl(records: Sequence[dict], path: str | Path) -> None:
     """One JSON object per line (sorted keys), written atomically."""
     write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+
+
+def append_jsonl(records: Sequence[dict], path: str | Path) -> None:
+    """Append one JSON object per line (sorted keys) to ``path`` (parents made) in one write, and
+    flush it to disk: records appended as each benchmark group finishes survive a run stopped later."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

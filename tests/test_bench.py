@@ -229,3 +229,39 @@ def test_flops_formula_matches_xla_cost_analysis(overrides):
     images = jax.ShapeDtypeStruct((3, *cfg.image_size, cfg.in_chans), jnp.float32)
     jaxpr = jax.make_jaxpr(lambda s, x: nnx.merge(graphdef, s)(x))(state, images)
     assert xla_matmul_flops(jaxpr) == pytest.approx(3 * cfg.flops(), rel=0.02)
+
+
+def test_a_run_killed_in_its_second_group_keeps_the_first(tmp_path):
+    """`vit bench` appends each group's records when the group is measured: SIGKILL while the second
+    group (training) compiles leaves the first group (inference) whole on disk."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "bench.jsonl"
+    args = ["--variants", "mu/8", "--image-size", "32", "--batch", "2", "--contenders", "vit_jax,vit_torch"]
+    args += ["--repeats", "1", "--warmup", "0", "--matmul-n", "32", "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vit_cli.main", "bench", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "TQDM_DISABLE": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.exists() and out.read_text().count("\n") >= 4:  # 2 models + 2 matmuls of group one
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it could be killed in its second group"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    records = report.read_jsonl(out)
+    assert [(r["mode"], r["contender"]) for r in records] == [
+        ("infer", c) for c in ("vit_jax", "vit_torch", "matmul_jax", "matmul_torch")
+    ]
+    assert all(r["error"] is None and r["median_s"] > 0 for r in records)

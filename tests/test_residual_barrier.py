@@ -1,4 +1,4 @@
-"""vit_jax.model.residual_barrier: an exact identity that stops XLA on CPU from fusing the backward
+"""vit_jax.platforms.residual_barrier: an exact identity that stops XLA on CPU from fusing the backward
 pass's residual-gradient chain into every block (quadratic in depth, see its docstring)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from flax import nnx
 
 from vit_common.config import ViTConfig
 from vit_jax import model as vit_model
+from vit_jax import platforms
 
 
 def _loss(x):
@@ -23,25 +24,25 @@ def _loss(x):
 def test_value_and_vjp_are_the_identity_bit_for_bit(dtype):
     with jax.enable_x64(dtype == "float64"):
         x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 5, 4)), dtype)
-        np.testing.assert_array_equal(vit_model.residual_barrier(x), x)
-        out, vjp = jax.vjp(vit_model.residual_barrier, x)
+        np.testing.assert_array_equal(platforms.residual_barrier(x), x)
+        out, vjp = jax.vjp(platforms.residual_barrier, x)
         g = jnp.asarray(np.random.default_rng(1).standard_normal((2, 5, 4)), dtype)
         np.testing.assert_array_equal(jax.jit(vjp)(g)[0], g)
-        barred = lambda x: _loss(vit_model.residual_barrier(x))  # noqa: E731
+        barred = lambda x: _loss(platforms.residual_barrier(x))  # noqa: E731
         np.testing.assert_array_equal(jax.jit(jax.grad(barred))(x), jax.jit(jax.grad(_loss))(x))
 
 
 def test_gradient_keeps_nan_and_inf():
     x = jnp.asarray([[[np.nan, np.inf, -np.inf, 1.0]]], jnp.float32)
-    g = jax.grad(lambda x: jnp.sum(vit_model.residual_barrier(x) * 3.0))(x)
+    g = jax.grad(lambda x: jnp.sum(platforms.residual_barrier(x) * 3.0))(x)
     np.testing.assert_array_equal(g, np.full((1, 1, 4), 3.0, np.float32))
-    g = jax.grad(lambda y: jnp.sum(vit_model.residual_barrier(y) * x))(jnp.ones_like(x))
+    g = jax.grad(lambda y: jnp.sum(platforms.residual_barrier(y) * x))(jnp.ones_like(x))
     np.testing.assert_array_equal(g, x)
 
 
 def test_grad_of_vmap_and_vmap_of_grad_equal_no_barrier():
     x = jnp.asarray(np.random.default_rng(2).standard_normal((3, 2, 4)), jnp.float32)
-    barred = lambda x: _loss(vit_model.residual_barrier(x))  # noqa: E731
+    barred = lambda x: _loss(platforms.residual_barrier(x))  # noqa: E731
     outer = [jax.grad(lambda x, f=f: jnp.sum(jax.vmap(f)(x)))(x) for f in (barred, _loss)]
     np.testing.assert_array_equal(outer[0], outer[1])
     np.testing.assert_array_equal(jax.vmap(jax.grad(barred))(x), jax.vmap(jax.grad(_loss))(x))
@@ -49,11 +50,11 @@ def test_grad_of_vmap_and_vmap_of_grad_equal_no_barrier():
 
 def test_empty_complex_and_forward_mode():
     empty = jnp.ones((0, 3), jnp.float32)
-    assert jax.grad(lambda x: jnp.sum(vit_model.residual_barrier(x)))(empty).shape == (0, 3)
+    assert jax.grad(lambda x: jnp.sum(platforms.residual_barrier(x)))(empty).shape == (0, 3)
     z = jnp.asarray([1 + 2j, 3 - 1j], jnp.complex64)  # passed through, not rounded
-    np.testing.assert_array_equal(jax.vjp(vit_model.residual_barrier, z)[1](z)[0], z)
+    np.testing.assert_array_equal(jax.vjp(platforms.residual_barrier, z)[1](z)[0], z)
     with pytest.raises(TypeError, match="forward-mode"):  # documented: reverse mode only
-        jax.jvp(vit_model.residual_barrier, (empty,), (empty,))
+        jax.jvp(platforms.residual_barrier, (empty,), (empty,))
 
 
 def _largest_fusion_operands(depth: int) -> tuple[int, bool]:

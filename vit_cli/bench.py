@@ -34,14 +34,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=_csv,
         default=None,
         help="comma-separated from vit_jax, vit_jax@xla, vit_jax@cudnn, vit_torch, "
-        "vit_torch_compile, timm, hf (default: vit_jax, vit_torch, vit_torch_compile, timm, hf)",
+        "vit_torch_compile, timm, timm_compile, hf (default: vit_jax, vit_torch, vit_torch_compile, timm, hf; "
+        "on GPU timm_compile too)",
     )
     p.add_argument("--image-size", type=int, default=None, help="square image size (default 224)")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (default 5)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds after compilation (default 1)")
     p.add_argument("--iters", type=int, default=None, help="calls per timed run (default 1 CPU, 10 GPU)")
     p.add_argument("--matmul-n", type=int, default=None, help="reference matmul size (default 2048 CPU, 8192 GPU)")
-    p.add_argument("--out", default=None, help="JSON lines file (default benchmarks/results/TIME-DEVICE-DTYPE.jsonl)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="JSON lines file, replaced at the start and appended to as each (variant, mode) group is "
+        "measured, so a stopped run keeps its finished groups (default benchmarks/results/TIME-DEVICE-DTYPE.jsonl)",
+    )
     p.add_argument("--markdown", default=None, help="also write the markdown table to this file")
     p.add_argument("--readme", default=None, help="replace the benchmark block of this README with the table")
     p.add_argument(
@@ -87,20 +93,24 @@ def run(args: argparse.Namespace) -> int:
     variants = args.variants or ["Ti/16", "S/16", "B/16"] + (["L/16"] if gpu else [])
     overrides = {} if args.image_size is None else {"image_size": args.image_size}
     cfgs = {v: ViTConfig.from_name(v, **overrides) for v in variants}  # ValueError on a bad name
-    names = args.contenders or list(CONTENDERS)
+    names = args.contenders or [c for c in CONTENDERS if gpu or c != "timm_compile"]
     batch = args.batch or (256 if gpu else 8)
     dtype = args.dtype or ("bfloat16" if gpu else "float32")
     iters = args.iters or (10 if gpu else 1)
     matmul_n = args.matmul_n or (8192 if gpu else 2048)
 
     context = harness.default_context()
+    device = re.sub(r"[^A-Za-z0-9]+", "-", context["machine"]["device"]).strip("-").lower()
+    stamp = context["time"][:16].replace(":", "")
+    out = args.out or f"benchmarks/results/{stamp}-{device}-{dtype}.jsonl"
+    report.write_text(out, "")  # replaced now; each group is appended as soon as it is measured
     records: list[dict] = []
     total = len(cfgs) * len(args.modes) * (len(names) + 2) * (args.warmup + args.repeats)
     with tqdm(total=total, desc="bench", unit="run", leave=False) as bar:
         for variant, cfg in cfgs.items():
             for mode in args.modes:
                 bar.set_postfix_str(f"{variant} {mode}")
-                records += harness.run_group(
+                group = harness.run_group(
                     cfg,
                     variant,
                     mode,
@@ -114,10 +124,8 @@ def run(args: argparse.Namespace) -> int:
                     context=context,
                     tick=bar.update,
                 )
-    device = re.sub(r"[^A-Za-z0-9]+", "-", context["machine"]["device"]).strip("-").lower()
-    stamp = context["time"][:16].replace(":", "")
-    out = args.out or f"benchmarks/results/{stamp}-{device}-{dtype}.jsonl"
-    report.write_jsonl(records, out)
+                report.append_jsonl(group, out)
+                records += group
     if args.json:
         import json
 

@@ -91,10 +91,15 @@ class ViTConfig:
             resampled to the new grid with ``posemb_resample`` (see ``vit_common.posemb``).
         dynamic_img_pad: zero-pad images on the bottom/right to a multiple of the patch size.
         posemb_resample: resampling method name from ``vit_common.posemb.METHODS``.
-        attn_impl: 'fused' (jax.nn.dot_product_attention / torch scaled_dot_product_attention) or
-            'explicit' (softmax written out; the only path that can return attention probabilities).
-        attn_backend: JAX only, passed to ``jax.nn.dot_product_attention(implementation=...)``:
-            None (let JAX choose), 'xla' or 'cudnn'. The torch twin lets SDPA choose.
+        attn_impl: 'fused' (the platform's fastest attention kernel; torch scaled_dot_product_attention)
+            or 'explicit' (softmax written out; the only path that can return attention probabilities).
+            Attention dropout in training, and float64, always take the explicit path: the fused
+            kernels have no dropout, and JAX's rounds float64 logits to float32.
+        attn_backend: JAX only, the fused path's kernel: None (the fastest one that supports the
+            platform, dtype, head dim and mode: cuDNN flash attention on NVIDIA GPUs for bf16/fp16,
+            the written-out softmax on CPU, else ``jax.nn.dot_product_attention``'s XLA form; see
+            ``vit_jax.platforms.choose_attention``), 'xla' or 'cudnn' (taken as asked; 'cudnn' fails
+            where there is no cuDNN). The torch twin lets SDPA choose.
         dtype: compute dtype. Attention logits, softmax and LayerNorm statistics are always computed
             in at least float32.
         param_dtype: dtype of stored parameters.

@@ -14,6 +14,7 @@ from flax import nnx
 
 from vit_common.config import ViTConfig
 from vit_common.posemb import resample_matrices, sincos2d
+from vit_jax.platforms import Platform, choose_attention, dot_product_attention, gelu
 
 _trunc02 = nnx.initializers.truncated_normal(stddev=0.02)
 
@@ -27,41 +28,14 @@ def _acc(dtype) -> jnp.dtype:
     return jnp.promote_types(dtype, jnp.float32)
 
 
-def _fused(cfg: ViTConfig) -> bool:
-    """Take jax.nn.dot_product_attention? Never in float64, where it would round the softmax to float32."""
-    return cfg.attn_impl == "fused" and cfg.dtype != "float64"
-
-
 def _layer_norm(cfg: ViTConfig, dim: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
     # use_fast_variance=False: flax's default E[x^2]-E[x]^2 differs from torch's two-pass variance.
     return nnx.LayerNorm(dim, epsilon=cfg.ln_eps, use_fast_variance=False, rngs=rngs, **_dtypes(cfg))
 
 
-class Linear(nnx.Linear):
-    """nnx.Linear that multiplies [..., D_in] as one [M, D_in] @ [D_in, D_out] matrix product.
-
-    Same parameters and math as nnx.Linear. Flattening the leading dims first gives the weight
-    gradient a single contracting dim, which XLA on CPU computes as one dot; with [B, L, D] inputs it
-    transposes the activations first (a Ti/16 training step on CPU took 1.45x as long).
-    """
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return super().__call__(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
-
-
-def _linear(cfg: ViTConfig, d_in: int, d_out: int, rngs: nnx.Rngs, bias: bool = True) -> Linear:
-    return Linear(d_in, d_out, use_bias=bias, kernel_init=_trunc02, rngs=rngs, **_dtypes(cfg))
-
-
-def _gelu(x: jax.Array, approximate: bool) -> jax.Array:
-    """GELU; exact is x/2 (1 + erf(x / sqrt 2)), torch's formula.
-
-    jax.nn.gelu's exact form goes through erfc, which XLA expands into a polynomial plus an exp
-    (about 60 FLOPs per element); erf is one op.
-    """
-    if approximate:
-        return jax.nn.gelu(x, approximate=True)
-    return x * 0.5 * (1.0 + jax.lax.erf(x * np.sqrt(0.5).astype(x.dtype)))
+def _linear(cfg: ViTConfig, d_in: int, d_out: int, rngs: nnx.Rngs, bias: bool = True) -> nnx.Linear:
+    linear = Platform.current().linear  # nnx.Linear, or FlatLinear on CPU: the same parameters
+    return linear(d_in, d_out, use_bias=bias, kernel_init=_trunc02, rngs=rngs, **_dtypes(cfg))
 
 
 def _dropout(rate: float, rngs: nnx.Rngs) -> nnx.Dropout:
@@ -88,15 +62,6 @@ class PatchEmbed(nnx.Module):
         return self.proj(x)
 
 
-def _fused_kernel(backend: str | None) -> bool:
-    """Whether the fused path calls jax.nn.dot_product_attention (else it computes with ``_attend``).
-
-    Yes when a backend is asked for, or when JAX runs on an accelerator. On CPU JAX has no fused
-    kernel: its XLA form is an einsum over [B, L, N, D/N] that runs ~1.5x slower than ``_attend``.
-    """
-    return backend is not None or jax.default_backend() != "cpu"
-
-
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, drop=None) -> tuple[jax.Array, jax.Array]:
     """Softmax attention written out: q [B, L, N, D/N], k and v [B, M, N, D/N] ->
     (out [B, L, N, D/N] in q's dtype, probabilities [B, N, L, M] in at least float32).
@@ -114,60 +79,26 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, drop=None) -
     return out.transpose(0, 2, 1, 3).astype(q.dtype), probs
 
 
-_BARRIER_DTYPES = tuple(jnp.dtype(d) for d in ("float16", "bfloat16", "float32", "float64"))
-
-
-def _same_bits(x: jax.Array) -> jax.Array:
-    """Identity written as a rounding to x's own float format (so XLA cannot tell it from a real op).
-
-    Exact for IEEE formats with infinities (those in ``_BARRIER_DTYPES``), not for e.g. float8_e4m3fn.
-    """
-    fi = jnp.finfo(x.dtype)
-    return jax.lax.reduce_precision(x, exponent_bits=fi.nexp, mantissa_bits=fi.nmant)
-
-
-def _materialize(g: jax.Array) -> jax.Array:
-    """g, through a ``lax.cond`` whose two branches are both the identity (XLA never fuses across one)."""
-    if g.size == 0 or g.dtype not in _BARRIER_DTYPES:
-        return g
-    return jax.lax.cond(jnp.isnan(g.reshape(-1)[0]), lambda g: g, _same_bits, g)
-
-
-@jax.custom_vjp
-def residual_barrier(x: jax.Array) -> jax.Array:
-    """Identity on the residual stream [B, L, D] whose gradient XLA must write to memory once.
-
-    Without it XLA on CPU fuses the backward pass's chain of residual-gradient sums (one per
-    LayerNorm) into every consumer, recomputing all later blocks' LayerNorm backward in each
-    block: quadratic in depth (fusions of up to 170 operands in a Ti/16 training step). The
-    cotangent goes through ``_materialize``; an ``optimization_barrier`` would not do, XLA:CPU
-    removes it before fusion. The barrier's value and its vjp are the identity bit for bit; the
-    rest of a jitted backward pass may round differently (1 ulp) because XLA fuses it differently.
-    With the batch sharded the predicate costs one scalar all-reduce; under ``jax.vmap`` the cond
-    becomes a select and the barrier has no effect. Reverse mode only: ``jax.jvp`` through it
-    raises TypeError (a custom_jvp form cannot be transposed once vmap turns its cond into a
-    select, which breaks ``grad`` of a vmapped model).
-    """
-    return x
-
-
-residual_barrier.defvjp(lambda x: (x, None), lambda _, g: (_materialize(g),))
+def _attention_kernel(cfg: ViTConfig) -> str:
+    """The kernel of the fused path on this platform ('explicit', 'xla' or 'cudnn'; see
+    ``vit_jax.platforms.choose_attention``); attn_impl='explicit' always writes the softmax out."""
+    if cfg.attn_impl == "explicit":
+        return "explicit"
+    return choose_attention(Platform.current(), dtype=cfg.dtype, head_dim=cfg.head_dim, backend=cfg.attn_backend)
 
 
 class Attention(nnx.Module):
     """Multi-head self-attention with a fused qkv projection (rows [q; k; v], head-major).
 
-    Two paths: fused (``jax.nn.dot_product_attention``, ``cfg.attn_backend`` picks 'xla' or 'cudnn';
-    ``_fused_kernel`` says when it computes as ``_attend`` instead) and explicit (logits and softmax
-    written out, ``_attend``), which alone returns probabilities. Both compute logits and softmax in
-    at least float32. float64 always takes the explicit path: JAX's fused op casts the logits to
-    float32 before its softmax (jax/_src/nn/functions.py), a ~1e-8 error.
+    Two paths: fused (the platform's fastest kernel, ``self.kernel``, chosen when the model is
+    built: cuDNN flash attention on NVIDIA GPUs, XLA's ``jax.nn.dot_product_attention``, or on CPU
+    ``_attend``) and explicit (logits and softmax written out, ``_attend``), which alone returns
+    probabilities. Both compute logits and softmax in at least float32.
     """
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
-        self.fused = _fused(cfg)
-        self.backend = cfg.attn_backend
+        self.kernel = _attention_kernel(cfg)
         self.qkv = _linear(cfg, cfg.width, 3 * cfg.width, rngs, bias=cfg.qkv_bias)
         self.q_norm = _layer_norm(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
         self.k_norm = _layer_norm(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
@@ -176,10 +107,10 @@ class Attention(nnx.Module):
         self.proj_drop = _dropout(cfg.dropout, rngs)
 
     def __call__(self, x: jax.Array, *, return_attn: bool = False) -> tuple[jax.Array, jax.Array | None]:
-        """x [B, L, D] -> ([B, L, D], probabilities [B, N, L, L] or None).
+        """x [B, L, D] -> ([B, L, D], probabilities [B, N, L, L] if ``return_attn`` else None).
 
         ``return_attn=True`` takes the explicit path; so does training with attention dropout, which
-        the fused op does not implement.
+        the fused kernels do not implement.
         """
         b, l, d = x.shape
         qkv = self.qkv(x).reshape(b, l, 3, self.num_heads, self.head_dim)  # [B, L, 3, N, D/N]
@@ -188,13 +119,13 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         scale = self.head_dim**-0.5
         live_drop = self.attn_drop.rate > 0 and not self.attn_drop.deterministic
-        fused = self.fused and not return_attn and not live_drop
-        if fused and _fused_kernel(self.backend):
-            out, probs = jax.nn.dot_product_attention(q, k, v, scale=scale, implementation=self.backend), None
-        else:
+        kernel = "explicit" if return_attn or live_drop else self.kernel
+        if kernel == "explicit":
             out, probs = _attend(q, k, v, scale, self.attn_drop)
+        else:
+            out, probs = dot_product_attention(q, k, v, scale=scale, implementation=kernel), None
         x = self.proj_drop(self.proj(out.reshape(b, l, d)))  # [B, L, N, D/N] -> [B, L, D]
-        return x, None if fused else probs
+        return x, probs if return_attn else None
 
 
 class Mlp(nnx.Module):
@@ -208,7 +139,7 @@ class Mlp(nnx.Module):
         self.drop2 = _dropout(cfg.dropout, rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.drop2(self.fc2(self.drop1(_gelu(self.fc1(x), self.approximate))))
+        return self.drop2(self.fc2(self.drop1(gelu(self.fc1(x), self.approximate))))
 
 
 class LayerScale(nnx.Module):
@@ -252,8 +183,6 @@ class Block(nnx.Module):
         self.drop_path2 = DropPath(drop_path, rngs=rngs)
 
     def __call__(self, x: jax.Array, *, return_attn: bool = False) -> tuple[jax.Array, jax.Array | None]:
-        if jax.default_backend() == "cpu":  # on GPU a conditional waits for its predicate on the host
-            x = residual_barrier(x)
         y, probs = self.attn(self.norm1(x), return_attn=return_attn)
         x = x + self.drop_path1(self.ls1(y) if self.ls1 is not None else y)
         y = self.mlp(self.norm2(x))
@@ -277,7 +206,7 @@ class MAPHead(nnx.Module):
         self.proj = _linear(cfg, cfg.width, cfg.width, rngs)
         self.norm = _layer_norm(cfg, cfg.width, rngs)
         self.mlp = Mlp(cfg, rngs=rngs)
-        self.fused = _fused(cfg)
+        self.kernel = _attention_kernel(cfg)
 
     def __call__(self, x: jax.Array, *, return_attn: bool = False) -> tuple[jax.Array, jax.Array | None]:
         b, l, d = x.shape
@@ -285,14 +214,14 @@ class MAPHead(nnx.Module):
         q = self.q(jnp.broadcast_to(self.latent[...].astype(x.dtype), (b, 1, d))).reshape(b, 1, nh, hd)
         kv = self.kv(x).reshape(b, l, 2, nh, hd)  # [B, L, 2, N, D/N]
         k, v = kv[:, :, 0], kv[:, :, 1]
-        fused = self.fused and not return_attn
-        if fused and _fused_kernel(None):
-            out, probs = jax.nn.dot_product_attention(q, k, v, scale=hd**-0.5), None
-        else:
+        kernel = "explicit" if return_attn else self.kernel
+        if kernel == "explicit":
             out, probs = _attend(q, k, v, hd**-0.5)  # probs [B, N, 1, L]
+        else:
+            out, probs = dot_product_attention(q, k, v, scale=hd**-0.5, implementation=kernel), None
         x = self.proj(out.reshape(b, 1, d))
         x = x + self.mlp(self.norm(x))
-        return x[:, 0], None if fused else probs
+        return x[:, 0], probs if return_attn else None
 
 
 class PreLogits(nnx.Module):
@@ -315,6 +244,7 @@ class VisionTransformer(nnx.Module):
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
+        self.platform = Platform.current()  # how XLA computes it here: vit_jax/platforms.py
         pd = jnp.dtype(cfg.param_dtype)
         self.patch_embed = PatchEmbed(cfg, rngs=rngs)
         self.cls_token = (
@@ -378,7 +308,7 @@ class VisionTransformer(nnx.Module):
         if record:
             out["patch_embed"], out["pos_embed"] = patches, x
         for i, block in enumerate(self.blocks):
-            x, probs = block(x, return_attn=record)
+            x, probs = block(self.platform.residual(x), return_attn=record)  # residual: identity but on CPU
             if record:
                 out[f"block{i:02d}"], out[f"attn{i:02d}"] = x, probs
         if self.norm is not None:

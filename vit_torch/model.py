@@ -181,8 +181,9 @@ class DropPath(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + drop_path(ls1(attn(norm1(x)))), then the same for the MLP.
 
-    The JAX twin's Block first passes x through ``residual_barrier`` on CPU, an identity that only
-    changes how XLA compiles the backward pass; eager PyTorch needs no counterpart.
+    On CPU the JAX twin passes the residual stream through ``residual_barrier`` before each block
+    (``vit_jax/platforms.py``), an identity that only changes how XLA compiles the backward pass;
+    eager PyTorch needs no counterpart.
     """
 
     def __init__(self, cfg: ViTConfig, drop_path: float):

@@ -1,0 +1,39 @@
+"""benchmarks/memory.py: XLA's memory analysis of the benchmark program from abstract inputs equals what
+`vit bench` records from the real one; its GPU-target parsing and bad arguments."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import contenders, memory
+from vit_common.config import ViTConfig
+
+
+@pytest.mark.parametrize("mode", ["infer", "train"])
+def test_abstract_compile_gives_the_benchmarks_memory_figure(mode):
+    record = memory.analyse("mu/16", 2, "bfloat16", mode, None, None)
+    bench = contenders.build("vit_jax", ViTConfig.from_name("mu/16"), mode, 2, "bfloat16")
+    assert record["platform"] == "cpu" and record["attention_kernel"] == "explicit"
+    assert record["footprint_bytes"] == bench.memory_bytes > 0
+    donated = record["alias_bytes"]
+    assert (donated > 0) == (mode == "train")  # the training step donates parameters and optimizer state
+    total = record["argument_bytes"] + record["output_bytes"] - donated + record["temp_bytes"]
+    assert record["footprint_bytes"] == total
+
+
+def test_compute_capability_from_a_gpu_target_config():
+    assert memory.compute_capability("gpu_device_info {\n cuda_compute_capability {\n major: 9\n }\n}") == (9, 0)
+    text = "gpu_device_info { core_count: 108 cuda_compute_capability { major: 8 minor: 6 } }"
+    assert memory.compute_capability(text) == (8, 6)
+    with pytest.raises(ValueError, match="cuda_compute_capability"):
+        memory.compute_capability("platform_name: 'ROCM'")
+
+
+def test_bad_arguments_are_usage_errors(tmp_path, capsys):
+    for argv, needle in [
+        (["--gpu-target", str(tmp_path / "missing.txtpb")], "missing.txtpb"),
+        (["--batch", "0"], "--batch=0"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            memory.main(argv)
+        assert e.value.code == 2 and needle in capsys.readouterr().err
