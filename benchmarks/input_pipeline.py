@@ -6,10 +6,11 @@ centre crop), normalise, batch, and hand the batch to this process through grain
 worker processes. The folder is ``--data`` or, by default, one it writes: ``--images`` 224x224 JPEGs
 (quality 90), random crops of four scikit-image sample photos (one class each).
 
-Worker counts (``--workers``, default 1 and every usable core) run interleaved (1, N, 1, N, ...), each
-run timing ``--batches`` batches after one warm-up batch (which includes the workers' start-up,
-reported separately). One JSON line per run goes to ``--out``; the summary gives each count's median
-rate and its ratio to one worker's.
+Worker counts (``--workers``, default 1 and every usable core) run interleaved (1, N, 1, N, ...). Each
+run first takes 3 batches per worker untimed (the workers' start-up, reported separately, and their
+filled buffers), then times ``--batches`` batches (default 8 per worker of the largest count, at least
+12), so that every worker makes several. One JSON line per run goes to ``--out``; the summary gives
+each count's median rate and its ratio to the first count's.
 
     python -m benchmarks.input_pipeline --out benchmarks/results/input-pipeline-cpu.jsonl
     python -m benchmarks.input_pipeline --data photos/ --workers 1,2,4,8 --batch-size 128
@@ -44,8 +45,9 @@ RECORD_FIELDS: dict[str, str] = {
     "batch_size": "images per batch",
     "workers": "worker processes (grain mp_prefetch)",
     "repeat": "index of this run among the interleaved repeats",
-    "startup_s": "seconds from creating the iterator to the first batch (workers start, warm-up batch)",
-    "batches": "batches timed after the first",
+    "startup_s": "seconds from creating the iterator to the first batch (the workers' start-up)",
+    "warmup_batches": "batches taken untimed first (3 per worker, at least 3)",
+    "batches": "batches timed after the warm-up",
     "seconds": "time to deliver them",
     "images_per_s": "batches * batch_size / seconds",
 }
@@ -81,18 +83,26 @@ def _machine() -> dict:
     return {"cpu": cpu, "cores": cores, "load_avg": list(os.getloadavg())}
 
 
+def warmup_batches(workers: int) -> int:
+    return 3 * max(workers, 1)
+
+
 def run_once(ds, *, workers: int, batches: int) -> tuple[float, float]:
-    """(start-up seconds, seconds for ``batches`` batches after the first) of one iterator."""
+    """(seconds to the first batch, seconds for ``batches`` batches after ``warmup_batches``) of one
+    iterator with ``workers`` worker processes (one thread each)."""
     from vit_jax.data import iterate
 
     t0 = time.perf_counter()
     with iterate(ds, workers=workers, threads=1) as it:
         next(it)
         t1 = time.perf_counter()
-        for _ in range(batches):
+        for _ in range(warmup_batches(workers) - 1):
             next(it)
         t2 = time.perf_counter()
-    return t1 - t0, t2 - t1
+        for _ in range(batches):
+            next(it)
+        t3 = time.perf_counter()
+    return t1 - t0, t3 - t2
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -103,20 +113,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mode", choices=("train", "eval"), default="train", help="training or evaluation transform")
     p.add_argument("--image-size", type=int, default=224, help="model input side, pixels")
     p.add_argument("--batch-size", type=int, default=32, help="images per batch")
-    p.add_argument("--batches", type=int, default=12, help="batches timed per run (after one warm-up batch)")
+    p.add_argument("--batches", type=int, help="batches timed per run (default: 8 per worker, at least 12)")
     p.add_argument("--workers", default=f"1,{cores}", help="comma-separated worker counts")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved runs per worker count")
+    p.add_argument("--repeats", type=int, default=2, help="interleaved runs per worker count")
     p.add_argument("--out", help="append one JSON line per run to this file")
     args = p.parse_args(argv)
     try:
         args.workers = [int(w) for w in args.workers.split(",")]
     except ValueError:
         p.error(f"--workers {args.workers!r}: expected comma-separated ints, e.g. 1,2")
+    if min(args.workers) < 1:
+        p.error(f"--workers {args.workers}: expected counts >= 1")
+    if args.batches is None:
+        args.batches = max(12, 8 * max(args.workers))
     for name in ("images", "image_size", "batch_size", "batches", "repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)}: expected a positive int")
-    if min(args.workers) < 1:
-        p.error(f"--workers {args.workers}: expected counts >= 1")
     return args
 
 
@@ -131,7 +143,7 @@ def main(argv=None) -> int:
         size = (args.image_size, args.image_size)
         data = load_dataset(f"imagefolder:{folder}", size, 3, val_fraction=0.01)
         augment = Augment(crop_scale=0.08, flip=True) if args.mode == "train" else None
-        need = (args.batches + 1) * args.batch_size
+        need = (args.batches + warmup_batches(max(args.workers))) * args.batch_size
         epochs = -(-need // len(data.train)) + 1
         ds = train_batches(
             data.train,
@@ -159,7 +171,13 @@ def main(argv=None) -> int:
                 startup, seconds = run_once(ds, workers=w, batches=args.batches)
                 rate = args.batches * args.batch_size / seconds
                 rates[w].append(rate)
-                record |= {"startup_s": startup, "batches": args.batches, "seconds": seconds, "images_per_s": rate}
+                record |= {
+                    "startup_s": startup,
+                    "warmup_batches": warmup_batches(w),
+                    "batches": args.batches,
+                    "seconds": seconds,
+                    "images_per_s": rate,
+                }
                 assert set(record) == set(RECORD_FIELDS)
                 print(f"workers {w}: {rate:7.1f} images/s (start-up {startup:.1f} s)", file=sys.stderr)
                 if args.out:
