@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vit_common import io
+
 SCHEMA = "vit-input-pipeline/1"
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")  # scikit-image sample photos, one class each
 # Every record (one JSON line) has exactly these keys.
@@ -181,8 +183,7 @@ def main(argv=None) -> int:
                 assert set(record) == set(RECORD_FIELDS)
                 print(f"workers {w}: {rate:7.1f} images/s (start-up {startup:.1f} s)", file=sys.stderr)
                 if args.out:
-                    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-                    with open(args.out, "a") as f:
+                    with io.open_log(args.out) as f:
                         f.write(json.dumps(record) + "\n")
     base = statistics.median(rates[args.workers[0]])
     for w, rs in rates.items():

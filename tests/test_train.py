@@ -1,4 +1,5 @@
-"""The training loop of the JAX twin: compile-once steps, exact masking, accumulation, remat, K08, K09."""
+"""The training loop of the JAX twin: compile-once steps, exact masking, accumulation, remat, bf16
+with large inputs, orbax round trips with dropout RNG state."""
 
 from __future__ import annotations
 
@@ -125,8 +126,8 @@ def test_bad_batch_or_model_for_the_dataset():
         Trainer(TINY.replace(in_chans=3), TrainConfig(batch_size=4), data)
 
 
-def test_k08_bf16_training_with_large_inputs_stays_finite():
-    """K08: Ti/16 in bfloat16 with inputs x100, a few steps: loss and gradients finite.
+def test_bf16_training_with_large_inputs_stays_finite():
+    """Ti/16 in bfloat16 with inputs x100, a few steps: loss and gradients finite.
 
     Ti/16's width, heads and MLP at 64 px with 2 of its 12 blocks: the overflow happens inside a block,
     and 12 blocks would only multiply the compile time.
@@ -150,7 +151,7 @@ def test_k08_bf16_training_with_large_inputs_stays_finite():
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state["params"]))
 
 
-def test_k09_model_with_dropout_round_trips_through_orbax_into_an_abstract_model(tmp_path):
+def test_model_with_dropout_round_trips_through_orbax_into_an_abstract_model(tmp_path):
     cfg = TINY.replace(dropout=0.2, drop_path=0.1)
     model = VisionTransformer(cfg, rngs=nnx.Rngs(3))
     _, state = nnx.split(model)

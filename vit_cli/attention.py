@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_cli.convert import add_set_argument
+from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_cli.run_model import add_image_flags
 
 PANEL_PX = (200, 240)  # width, height of one figure panel in pixels (figure dpi 100)
@@ -62,7 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "images", nargs="+", metavar="IMAGE", help="image files, or folders searched for images (PNG, JPEG, ...)"
     )
     p.add_argument("--checkpoint", required=True, help="checkpoint file or folder (config read from it)")
-    add_set_argument(p)
+    add_checkpoint_arguments(p)
     p.add_argument("--framework", choices=("jax", "torch"), default="jax", help="twin to run (default jax)")
     p.add_argument(
         "--layer",
@@ -117,6 +117,8 @@ def shares(dist: np.ndarray, cfg) -> dict:
     out = {"patches": float(sp.patches.sum())}
     if sp.cls is not None:
         out["cls"] = float(sp.cls)
+    if sp.dist is not None:
+        out["dist"] = float(sp.dist)
     if sp.registers.size:
         out["registers"] = [float(x) for x in sp.registers]
     return out
@@ -126,6 +128,8 @@ def _share_text(share: dict) -> str:
     parts = [f"patches {share['patches']:.0%}"]
     if "cls" in share:
         parts.append(f"cls {share['cls']:.0%}")
+    if "dist" in share:
+        parts.append(f"dist {share['dist']:.0%}")
     if "registers" in share:
         parts.append(f"regs {sum(share['registers']):.0%}")
     return ", ".join(parts)
@@ -158,13 +162,13 @@ def panel_grid(n: int) -> tuple[int, int]:
 def _write_png(path: Path, rgb: np.ndarray) -> None:
     from PIL import Image
 
-    from vit_common.formats.canonical import atomic_write
+    from vit_common.io import atomic_write
 
     atomic_write(path, lambda tmp: Image.fromarray(rgb).save(tmp, format="PNG"))
 
 
 def _write_npy(path: Path, arr: np.ndarray) -> None:
-    from vit_common.formats.canonical import atomic_write
+    from vit_common.io import atomic_write
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:
@@ -177,7 +181,7 @@ def write_figure(path: Path, image: np.ndarray, panels: list[tuple[str, np.ndarr
     """One PNG: the image, then each (title, patch grid [h, w]) overlaid on it; PANEL_PX per panel."""
     from matplotlib.figure import Figure
 
-    from vit_common.formats.canonical import atomic_write
+    from vit_common.io import atomic_write
 
     rows, cols = panel_grid(len(panels) + 1)
     fig = Figure(figsize=(cols * PANEL_PX[0] / 100, rows * PANEL_PX[1] / 100), dpi=100)
@@ -253,14 +257,16 @@ def run(args: argparse.Namespace) -> int:
     from vit_cli.flags import values
     from vit_cli.run_model import class_names, load_with_info
     from vit_common.attention import attention_maps
-    from vit_common.formats.canonical import atomic_write
     from vit_common.images import Preprocess, list_images, load_image, normalize
+    from vit_common.io import write_json
 
     files = list_images(args.images)
     stems = [p.stem for p in files]
     if len(set(stems)) != len(stems):
         raise ValueError(f"images {[str(f) for f in files]}: names without suffix must differ (outputs use them)")
-    model, info = load_with_info(args.checkpoint, args.framework, args.settings, values(Preprocess, args), args.classes)
+    model, info = load_with_info(
+        args.checkpoint, args.framework, checkpoint_options(args), values(Preprocess, args), args.classes
+    )
     cfg = model.cfg
     if args.layer == "all":
         layers = list(range(cfg.depth))
@@ -318,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
             p = np.exp(logits[b] - logits[b].max())
             k = int(p.argmax())
             report["prediction"] = {"class": names[k], "index": k, "probability": float(p.max() / p.sum())}
-        atomic_write(summary, lambda tmp, r=report: Path(tmp).write_text(json.dumps(r, indent=1)))
+        write_json(summary, report, indent=1)
         reports.append(report)
     if args.json:
         print(json.dumps(reports))

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from vit_cli.convert import add_set_argument
+from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_cli.main import HelpFormatter
 from vit_cli.run_model import add_image_flags
 
@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "checkpoint and the dataset both name their classes, labels are matched by name.",
     )
     p.add_argument("checkpoint", help="model file or folder")
-    add_set_argument(p)
+    add_checkpoint_arguments(p)
     p.add_argument("--dataset", default="mnist5k", help="mnist5k, digits, imagefolder:PATH or npz:PATH")
     p.add_argument("--split", choices=("test", "train"), default="test", help="which split to evaluate")
     p.add_argument(
@@ -50,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size={args.batch_size}: expected a positive int")
-    model, info = load_with_info(args.checkpoint, args.framework, args.settings, values(Preprocess, args), args.classes)
+    model, info = load_with_info(
+        args.checkpoint, args.framework, checkpoint_options(args), values(Preprocess, args), args.classes
+    )
     cfg = model.cfg
     data = load_dataset(
         args.dataset, cfg.image_size, cfg.in_chans, val_fraction=args.val_fraction, preprocess=info.preprocess
@@ -130,7 +132,7 @@ def confusion_png(label, pred, classes: list[str], png: Path, title: str):
     import matplotlib.pyplot as plt
     from sklearn.metrics import ConfusionMatrixDisplay, confusion_matrix
 
-    from vit_common.formats.canonical import atomic_write
+    from vit_common.io import atomic_write
 
     matrix = confusion_matrix(label, pred, labels=list(range(len(classes))))
     size = max(5.0, 0.45 * len(classes) + 2)

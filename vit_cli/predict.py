@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from vit_cli.convert import add_set_argument
+from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_cli.main import HelpFormatter
 from vit_cli.run_model import add_image_flags
 
@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "evaluation. Class names come from the checkpoint, the run's config.json beside it, or --classes.",
     )
     p.add_argument("checkpoint", help="model file or folder")
-    add_set_argument(p)
+    add_checkpoint_arguments(p)
     p.add_argument(
         "images",
         nargs="+",
@@ -48,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size={args.batch_size}: expected a positive int")
     files = list_images(args.images)
-    model, info = load_with_info(args.checkpoint, args.framework, args.settings, values(Preprocess, args), args.classes)
+    model, info = load_with_info(
+        args.checkpoint, args.framework, checkpoint_options(args), values(Preprocess, args), args.classes
+    )
     cfg = model.cfg
     classes = class_names(info, cfg.num_classes)
     k = min(args.top_k, cfg.num_classes)

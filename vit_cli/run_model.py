@@ -1,7 +1,7 @@
 """Run a twin over image batches: the one place the CLI turns images into logits.
 
 Images are numpy float32 [B, H, W, C] (normalised as ``vit_common.images.normalize``); logits come
-back as numpy float32 [B, K]. Matmuls run at full float32 precision in both frameworks (K07).
+back as numpy float32 [B, K]. Matmuls run at full float32 precision in both frameworks (no TF32).
 ``load`` imports only the framework it is asked for.
 """
 
@@ -41,17 +41,17 @@ def torch_logits(model, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
             yield model(t).float().cpu().numpy()
 
 
-def load(path, framework: str, overrides=()):
+def load(path, framework: str, options=()):
     """``vit_jax.load_model`` or ``vit_torch.load_model`` of ``path`` (any supported format), with
-    ``overrides`` (FIELD, VALUE) pairs replacing config fields the file does not store."""
-    return load_with_info(path, framework, overrides)[0]
+    ``options``: config overrides and the other ``load_checkpoint`` keywords (``checkpoint_options``)."""
+    return load_with_info(path, framework, options)[0]
 
 
-def load_with_info(path, framework: str, overrides=(), preprocess: dict | None = None, classes=None):
+def load_with_info(path, framework: str, options=(), preprocess: dict | None = None, classes=None):
     """(model in eval mode, ``vit_common.metadata.ModelInfo``) of the checkpoint at ``path`` in the twin
-    ``framework`` ('jax' | 'torch'); ``preprocess`` fields and ``classes`` given on the command line
-    replace what the file says. The conversion's warnings (guessed fields) and assumed preprocessing are
-    issued as UserWarnings.
+    ``framework`` ('jax' | 'torch'), ``options`` as ``load``; ``preprocess`` fields and ``classes`` given
+    on the command line replace what the file says. The conversion's warnings (guessed fields) and
+    assumed preprocessing are issued as UserWarnings.
 
     Raises:
         ValueError: an unknown framework; what ``vit_common.convert.load_checkpoint`` raises.
@@ -67,7 +67,7 @@ def load_with_info(path, framework: str, overrides=(), preprocess: dict | None =
         from vit_torch.formats import READERS
     else:
         raise ValueError(f"framework={framework!r}: expected 'jax' or 'torch'")
-    ckpt = load_checkpoint(path, readers=READERS, **dict(overrides))
+    ckpt = load_checkpoint(path, readers=READERS, **dict(options))
     for w in ckpt.report.warnings:
         warnings.warn(f"{path}: {w}", UserWarning, stacklevel=2)
     info = with_overrides(read_info(path, ckpt.report.format), preprocess or {}, classes)

@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from vit_cli.convert import add_set_argument
+from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_cli.flags import add_flags, values
 from vit_cli.main import HelpFormatter
 from vit_cli.run_model import class_list
@@ -78,7 +78,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_flags(a, Augment, given_only=True, defaults_help=dict.fromkeys(Augment.__dataclass_fields__, "see above"))
     f = p.add_argument_group("fine-tuning")
     add_flags(f, TrainConfig, only=("init", "freeze", "layer_decay"))
-    add_set_argument(f)
+    add_checkpoint_arguments(f)
     pre = p.add_argument_group(
         "preprocessing (default: the checkpoint's with --init, else [-1, 1], see vit_common.images)"
     )
@@ -268,7 +268,7 @@ def load_init(args, tcfg: TrainConfig, name_classes, preprocess_flags: dict, log
     from vit_common.metadata import read_info, with_overrides
 
     readers = _readers(tcfg.init)
-    overrides = dict(args.settings)
+    overrides = checkpoint_options(args)
     first = load_checkpoint(tcfg.init, readers=readers, **overrides)
     check_flags_against(first.cfg, args, tcfg.init)
     size = first.cfg.image_size if args.image_size is None else (args.image_size, args.image_size)
@@ -412,10 +412,11 @@ def run(args: argparse.Namespace) -> int:
     weights = trainer.weights(state)  # every process takes part in gathering sharded parameters
     if not lead:
         return 0
-    exports = export(out, cfg.replace(dtype="float32"), weights, preprocess, data.classes, report, log)
+    exports, load_calls = export(out, cfg.replace(dtype="float32"), weights, preprocess, data.classes, report, log)
     plot_curves(out / "metrics.jsonl", out / "curves.png")
     summary["model"] = str(out / "model.safetensors")
     summary["exports"] = {fmt: str(path) for fmt, path in exports.items()}
+    summary["load_calls"] = {str(exports[fmt]): call for fmt, call in load_calls.items()}
     ok = True
     if not args.no_parity and importlib.util.find_spec("torch") is None:
         log('vit train: no PyTorch check of the exports: torch is not installed (pip install "vit-twins[torch]")')
@@ -431,10 +432,11 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def export(out: Path, cfg, weights, preprocess, classes, report, log) -> dict[str, Path]:
+def export(out: Path, cfg, weights, preprocess, classes, report, log) -> tuple[dict[str, Path], dict[str, str]]:
     """Write model.safetensors (ours), model_timm.safetensors and, after --init, the model in the
-    checkpoint's own format (model_hf/, model_big_vision.npz, ...). Returns {format: path} of the
-    exports besides ours; a format that cannot hold the model is skipped with a note."""
+    checkpoint's own format (model_hf/, model_big_vision.npz, ...). Returns ({format: path} of the
+    exports besides ours, {format: the library call that loads that export strictly}); a format that
+    cannot hold the model is skipped with a note."""
     from vit_common.convert import save_checkpoint
 
     save_checkpoint(out / "model.safetensors", cfg, weights, "canonical", preprocess=preprocess, classes=classes)
@@ -444,7 +446,7 @@ def export(out: Path, cfg, weights, preprocess, classes, report, log) -> dict[st
         targets[report.format] = out / name
     elif report is not None and report.format == "timm" and Path(report.source).suffix in (".pth", ".pt", ".bin"):
         targets["timm"] = out / f"model_timm{Path(report.source).suffix}"
-    written = {}
+    written, load_calls = {}, {}
     for fmt, path in targets.items():
         try:
             r = save_checkpoint(
@@ -456,7 +458,9 @@ def export(out: Path, cfg, weights, preprocess, classes, report, log) -> dict[st
         for line in r.notes + r.warnings:
             log(f"  {path.name}: {line}")
         written[fmt] = path
-    return written
+        if r.load_call:
+            load_calls[fmt] = r.load_call
+    return written, load_calls
 
 
 def split_cpu(args: argparse.Namespace) -> None:
@@ -557,7 +561,7 @@ def plot_curves(metrics: Path, png: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    from vit_common.formats.canonical import atomic_write
+    from vit_common.io import atomic_write
 
     atomic_write(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
     plt.close(fig)
@@ -575,6 +579,8 @@ def print_summary(summary: dict, as_json: bool) -> None:
         + f"; {summary['wall_seconds']:.1f} s in all"
     )
     print(f"model: {summary['model']}" + "".join(f", {p}" for p in summary["exports"].values()))
+    for path, call in summary["load_calls"].items():
+        print(f"{Path(path).name} loads with:\n    " + call.replace("\n", "\n    "))
     if "parity" in summary:
         p = summary["parity"]
         print(

@@ -34,9 +34,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from vit_common import io
 from vit_common.config import ViTConfig
 from vit_common.datasets import Dataset, batches_per_epoch
-from vit_common.formats.canonical import atomic_write
 from vit_common.images import Preprocess
 from vit_common.train_config import TrainConfig
 from vit_jax.data import eval_batches, iterate, train_batches, transform_for
@@ -460,7 +460,7 @@ def _is_key(x) -> bool:
 
 
 def keys_to_data(tree):
-    """Replace typed PRNG key arrays by their uint32 key data (K09: checkpoint formats and abstract
+    """Replace typed PRNG key arrays by their uint32 key data (checkpoint formats and abstract
     restores handle plain integers in every orbax version; typed key dtypes not always)."""
     return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
 
@@ -571,12 +571,7 @@ def read_json(path: Path) -> dict:
 
 def write_json(path: Path, obj) -> None:
     """Write ``obj`` as indented JSON, atomically."""
-
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2)
-
-    atomic_write(path, write)
+    io.write_json(path, obj)
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
@@ -584,7 +579,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
     if not path.exists():
         return
     lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-    atomic_write(path, lambda tmp: Path(tmp).write_text("".join(ln + "\n" for ln in lines)))
+    io.write_text(path, "".join(ln + "\n" for ln in lines))
 
 
 def run_config(trainer: Trainer) -> dict:
@@ -727,7 +722,7 @@ def _loop(
         if bar
         else None
     )
-    log = open(metrics_path, "a") if lead else None
+    log = io.open_log(metrics_path) if lead else None
 
     def write(line: dict) -> None:
         if log:

@@ -20,23 +20,26 @@ from vit_torch.weights import numpy_to_tensor
 
 
 def timm_model(cfg: ViTConfig, state: Mapping[str, np.ndarray] | None = None) -> torch.nn.Module:
-    """timm ``VisionTransformer`` for ``cfg`` (``vit_common.formats.timm.timm_kwargs``), in eval mode.
+    """timm ``VisionTransformer`` (``VisionTransformerDistilled`` with head_dist) for ``cfg``
+    (``vit_common.formats.timm.timm_kwargs``), in eval mode.
 
     With ``state`` (canonical, i.e. a timm state_dict) the weights are loaded with strict=True.
     """
     from timm.layers import LayerNorm
+    from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import VisionTransformer
 
     kw = timm_kwargs(cfg)
     kw["norm_layer"] = partial(LayerNorm, eps=kw.pop("norm_eps"))
-    model = VisionTransformer(**kw)
+    model = (VisionTransformerDistilled if cfg.head_dist else VisionTransformer)(**kw)
     if state is not None:
         model.load_state_dict({k: numpy_to_tensor(np.asarray(v)) for k, v in state.items()}, strict=True)
     return model.eval()
 
 
 def hf_model(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, spelling: str = "v4") -> torch.nn.Module:
-    """transformers ViTForImageClassification (num_classes > 0) or ViTModel, in eval mode.
+    """The transformers model ``vit_common.formats.hf.config_json`` names for ``cfg`` (ViT or DeiT:
+    backbone, classifier, or classifier with teacher), in eval mode.
 
     The state is written as an HF folder (``vit_common.formats.hf``) and loaded with ``from_pretrained``,
     which must report no missing, unexpected or mismatched key (else ValueError). Attention is 'eager'
@@ -44,7 +47,9 @@ def hf_model(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, spelling: str =
     """
     import transformers
 
-    cls = transformers.ViTForImageClassification if cfg.num_classes else transformers.ViTModel
+    from vit_common.formats.hf import config_json
+
+    cls = getattr(transformers, config_json(cfg)["architectures"][0])
     kw = {} if cfg.num_classes else {"add_pooling_layer": cfg.rep_size > 0}
     with tempfile.TemporaryDirectory() as tmp:
         save_checkpoint(f"{tmp}/hf", cfg, state, "hf", spelling=spelling)
