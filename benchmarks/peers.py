@@ -30,6 +30,7 @@ def peer_config(cfg: ViTConfig, library: str) -> dict[str, Any]:
         "posemb": cfg.posemb == "sincos2d",
         "dynamic_img_size": cfg.dynamic_img_size,
         "dynamic_img_pad": cfg.dynamic_img_pad,
+        "dist_token": cfg.dist_token,  # the peers are built as plain ViTs
     }
     if library == "hf":  # ViTForImageClassification: class token, learned pos_embed with a class row
         unsupported |= {
@@ -41,6 +42,8 @@ def peer_config(cfg: ViTConfig, library: str) -> dict[str, Any]:
             "pool": cfg.pool != "token",
             "posemb": cfg.posemb != "learn",
             "posemb_prefix": not cfg.posemb_prefix,
+            "norm_pre": cfg.norm_pre,
+            "patch_bias": not cfg.patch_bias,
         }
     if any(unsupported.values()):
         bad = ", ".join(f"{k}={getattr(cfg, k)!r}" for k, v in unsupported.items() if v)

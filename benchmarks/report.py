@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from vit_common.formats.canonical import atomic_write
+from vit_common import io
 
 README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 
@@ -106,7 +106,7 @@ def markdown_table(records: Sequence[dict]) -> str:
 
 def write_text(path: str | Path, text: str) -> None:
     """Write ``text`` atomically: the file is written whole or not at all."""
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    io.write_text(path, text)
 
 
 def write_jsonl(records: Sequence[dict], path: str | Path) -> None:
@@ -117,9 +117,7 @@ def write_jsonl(records: Sequence[dict], path: str | Path) -> None:
 def append_jsonl(records: Sequence[dict], path: str | Path) -> None:
     """Append one JSON object per line (sorted keys) to ``path`` (parents made) in one write, and
     flush it to disk: records appended as each benchmark group finishes survive a run stopped later."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
+    with io.open_log(path) as f:
         f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
         f.flush()
         os.fsync(f.fileno())

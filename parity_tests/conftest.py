@@ -1,4 +1,4 @@
-"""Shared fixtures for cross-framework tests (both twins imported)."""
+"""Fixtures of the cross-framework tests (both twins imported); the shared ones are in the root conftest."""
 
 from __future__ import annotations
 
@@ -20,16 +20,12 @@ def x64():
 
 @pytest.fixture(autouse=True)
 def _full_precision():
-    """Pin full float32 matmul precision in both frameworks (K07): no TF32 anywhere."""
+    """Pin full float32 matmul precision in both frameworks: no TF32 anywhere (a GPU's default TF32 makes
+    ~1e-3 gaps that look like bugs)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     with jax.default_matmul_precision("highest"):
         yield
-
-
-def images_nchw(batch: int, hw: tuple[int, int], chans: int = 3, dtype=np.float32, seed: int = 0) -> np.ndarray:
-    """Deterministic standard-normal images [B, C, H, W]."""
-    return np.random.default_rng(seed).standard_normal((batch, chans, *hw)).astype(dtype)
 
 
 @pytest.fixture(scope="module")

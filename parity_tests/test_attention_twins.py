@@ -12,7 +12,6 @@ from skimage import data
 
 import vit_jax
 import vit_torch
-from parity_tests.conftest import images_nchw
 from vit_cli.attention import PANEL_PX, panel_grid
 from vit_cli.main import main
 from vit_cli.report import diff_row, write_parity_report
@@ -20,7 +19,6 @@ from vit_common.config import ViTConfig
 from vit_common.formats.canonical import save_canonical
 from vit_common.tolerance import compare
 
-TINY = dict(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
 CASES = {
     "token+registers": dict(reg_tokens=2),
     "gap": dict(pool="gap", class_token=False),
@@ -56,8 +54,8 @@ def _pixels(path) -> np.ndarray:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_attention_command_same_maps_from_both_twins(case, photo, tmp_path, capsys):
-    cfg = ViTConfig(**TINY, **CASES[case])
+def test_attention_command_same_maps_from_both_twins(case, photo, tmp_path, capsys, small_cfg):
+    cfg = small_cfg.replace(**CASES[case])
     ckpt = tmp_path / "tiny.safetensors"
     save_canonical(ckpt, cfg, _state(cfg))
     reports = {
@@ -94,11 +92,11 @@ def test_attention_command_same_maps_from_both_twins(case, photo, tmp_path, caps
         assert "cls" not in r["shares"]["rollout"] and "prefix" not in shows
     if cfg.pool == "map":
         assert "probe" in shows["probe"] and "MAP probe" in shows["rollout"]
-    assert r["prediction"]["class"] in range(10)
+    assert r["prediction"]["index"] in range(10) and r["prediction"]["class"] == str(r["prediction"]["index"])
 
 
-def test_attention_command_all_layers_one_head_and_errors(photo, tmp_path, capsys):
-    cfg = ViTConfig(**TINY, reg_tokens=1)
+def test_attention_command_all_layers_one_head_and_errors(photo, tmp_path, capsys, small_cfg):
+    cfg = small_cfg.replace(reg_tokens=1)
     ckpt = tmp_path / "tiny.safetensors"
     save_canonical(ckpt, cfg, _state(cfg))
     r = _run(
@@ -126,14 +124,15 @@ def test_attention_command_all_layers_one_head_and_errors(photo, tmp_path, capsy
     assert "blocks 0..1" in capsys.readouterr().err
     for image in (tmp_path / "missing.png", ckpt):  # no such file; not an image
         assert main(["attention", str(image), "--checkpoint", str(ckpt), "--out", str(bad)]) == 2
-    assert "not an image" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "missing.png: no such image file" in err and "tiny.safetensors: unreadable image" in err
     assert not bad.exists()
 
 
-def test_parity_report_from_twins(tmp_path):
-    cfg = ViTConfig(**TINY, reg_tokens=2)
+def test_parity_report_from_twins(tmp_path, small_cfg, images):
+    cfg = small_cfg.replace(reg_tokens=2)
     state = _state(cfg)
-    x = images_nchw(2, (32, 32))
+    x = images(2, (32, 32))
     _, out_j = vit_jax.from_numpy(cfg, state).forward_intermediates(x.transpose(0, 2, 3, 1))
     with torch.no_grad():
         _, out_t = vit_torch.from_numpy(cfg, state).forward_intermediates(torch.from_numpy(x))

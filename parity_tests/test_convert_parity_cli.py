@@ -16,25 +16,17 @@ import vit_torch
 from vit_cli.main import main
 from vit_cli.parity import run_parity
 from vit_cli.report import ROW_KEYS
-from vit_common.config import ViTConfig
 from vit_common.convert import load_checkpoint, save_checkpoint
-from vit_common.state import canonical_shapes
 from vit_jax.formats import READERS as JAX_READERS
 from vit_jax.formats import WRITERS as JAX_WRITERS
 from vit_torch.formats import READERS as TORCH_READERS
 from vit_torch.formats import WRITERS as TORCH_WRITERS
 
-CFG = ViTConfig(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
 READERS, WRITERS = {**TORCH_READERS, **JAX_READERS}, {**TORCH_WRITERS, **JAX_WRITERS}
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _state(cfg: ViTConfig = CFG, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {k: (0.2 * rng.standard_normal(s)).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
-
-
-def test_round_trips_between_every_pair_including_pth_and_orbax(tmp_path):
+def test_round_trips_between_every_pair_including_pth_and_orbax(tmp_path, small_cfg, random_state):
     targets = [
         ("canonical", "a.safetensors"),
         ("timm", "b.pth"),
@@ -44,9 +36,9 @@ def test_round_trips_between_every_pair_including_pth_and_orbax(tmp_path):
         ("big_vision", "f.npz"),
         ("orbax", "g"),
     ]
-    state = _state()
+    state = random_state(small_cfg, scale=0.2)
     for fa, na in targets:
-        save_checkpoint(tmp_path / na, CFG, state, fa, writers=WRITERS)
+        save_checkpoint(tmp_path / na, small_cfg, state, fa, writers=WRITERS)
         first = load_checkpoint(tmp_path / na, readers=READERS)
         for fb, nb in targets:
             save_checkpoint(tmp_path / f"{na}-{nb}", first.cfg, first.state, fb, writers=WRITERS)
@@ -54,8 +46,10 @@ def test_round_trips_between_every_pair_including_pth_and_orbax(tmp_path):
             assert back.keys() == state.keys() and all(back[k].tobytes() == state[k].tobytes() for k in state), (fa, fb)
 
 
-def test_convert_cli_prints_the_report_and_exit_codes(tmp_path, capsys):
-    save_checkpoint(tmp_path / "m.pth", CFG.replace(num_heads=8), _state(), writers=TORCH_WRITERS)
+def test_convert_cli_prints_the_report_and_exit_codes(tmp_path, capsys, small_cfg, random_state):
+    save_checkpoint(
+        tmp_path / "m.pth", small_cfg.replace(num_heads=8), random_state(small_cfg, scale=0.2), writers=TORCH_WRITERS
+    )
     rc = main(
         [
             "convert",
@@ -77,7 +71,7 @@ def test_convert_cli_prints_the_report_and_exit_codes(tmp_path, capsys):
         "format   timm",
         "custom (width 32",
         "params   ",
-        "num_heads = 8 (override)",
+        "config   num_heads            = 8                        given",
         "resampled pos_embed grid 4x4 -> 6x6 with bicubic_aa",
         "dropped  head.weight: --num-classes 3",
         "wrote    ",
@@ -94,8 +88,8 @@ def test_convert_cli_prints_the_report_and_exit_codes(tmp_path, capsys):
     assert "--to" in capsys.readouterr().err
 
 
-def test_convert_imports_a_framework_only_when_the_format_needs_it(tmp_path):
-    save_checkpoint(tmp_path / "m.safetensors", CFG, _state())
+def test_convert_imports_a_framework_only_when_the_format_needs_it(tmp_path, small_cfg, random_state):
+    save_checkpoint(tmp_path / "m.safetensors", small_cfg, random_state(small_cfg, scale=0.2))
     code = (
         "import sys; from vit_cli.main import main; "
         f"rc = main(['convert', {str(tmp_path / 'm.safetensors')!r}, {str(tmp_path / 'm.npz')!r}]); "
@@ -106,10 +100,10 @@ def test_convert_imports_a_framework_only_when_the_format_needs_it(tmp_path):
     assert out.stdout.strip().splitlines()[-1] == "0 False False"
 
 
-def test_run_parity_result_structure_float64(tmp_path):
+def test_run_parity_result_structure_float64(tmp_path, small_cfg, random_state):
     """float64 run (float32 runs in the CLI tests below): every intermediate, the float64 bounds."""
-    cfg = CFG.replace(pool="map", class_token=False)
-    save_checkpoint(tmp_path / "m.safetensors", cfg, _state(cfg))
+    cfg = small_cfg.replace(pool="map", class_token=False)
+    save_checkpoint(tmp_path / "m.safetensors", cfg, random_state(cfg, scale=0.2))
     res = run_parity(tmp_path / "m.safetensors", dtype="float64", num_generated=2, keep_outputs=True)
     assert res.ok and res.agreement == 1.0 and res.dtype == "float64" and res.images == ["generated-0", "generated-1"]
     names = [r.name for r in res.rows]
@@ -131,12 +125,13 @@ def test_run_parity_result_structure_float64(tmp_path):
     assert res.outputs["jax"]["attn01"].shape == res.outputs["torch"]["attn01"].shape == (2, 2, 16, 16)  # no cls
     assert res.outputs["jax"]["logits"].dtype == np.float64
     row = json.loads(json.dumps(res.to_dict()))["rows"][-1]
-    assert set(ROW_KEYS) < set(row)  # rows feed vit_cli.report.write_parity_report (issue 6) as they are
+    assert set(ROW_KEYS) < set(row)  # rows feed vit_cli.report.write_parity_report as they are
 
 
-@pytest.mark.parametrize("against, cfg", [("timm", CFG.replace(pool="map", class_token=False)), ("transformers", CFG)])
-def test_parity_cli_against_a_library_with_images(tmp_path, capsys, against, cfg):
-    save_checkpoint(tmp_path / "m.safetensors", cfg, _state(cfg))
+@pytest.mark.parametrize("against, kw", [("timm", dict(pool="map", class_token=False)), ("transformers", {})])
+def test_parity_cli_against_a_library_with_images(tmp_path, capsys, against, kw, small_cfg, random_state):
+    cfg = small_cfg.replace(**kw)
+    save_checkpoint(tmp_path / "m.safetensors", cfg, random_state(cfg, scale=0.2))
     (tmp_path / "img").mkdir()
     rng = np.random.default_rng(0)
     for i, size in enumerate([(40, 50), (32, 32), (64, 20)]):
@@ -163,9 +158,9 @@ def test_parity_cli_against_a_library_with_images(tmp_path, capsys, against, cfg
     assert len(blocks) == 2 and all(r["against"] is not None for r in blocks)
 
 
-def test_parity_exits_1_beyond_tolerance(tmp_path, monkeypatch, capsys):
+def test_parity_exits_1_beyond_tolerance(tmp_path, monkeypatch, capsys, small_cfg, random_state):
     """A twin that loaded one weight slightly wrong is caught, with the first failing tensor named."""
-    save_checkpoint(tmp_path / "m.safetensors", CFG, _state())
+    save_checkpoint(tmp_path / "m.safetensors", small_cfg, random_state(small_cfg, scale=0.2))
     real = vit_torch.from_numpy
 
     def off_by_a_little(cfg, state, **kw):
@@ -180,11 +175,11 @@ def test_parity_exits_1_beyond_tolerance(tmp_path, monkeypatch, capsys):
     assert torch.backends.cuda.matmul.allow_tf32 is False
 
 
-def test_parity_report_pictures(tmp_path, capsys):
+def test_parity_report_pictures(tmp_path, capsys, small_cfg, random_state):
     """`vit parity --report DIR`: per-layer differences and one attention map from each twin, as PNG + html."""
     from PIL import Image
 
-    save_checkpoint(tmp_path / "m.safetensors", CFG, _state())
+    save_checkpoint(tmp_path / "m.safetensors", small_cfg, random_state(small_cfg, scale=0.2))
     rc = main(
         ["parity", str(tmp_path / "m.safetensors"), "--report", str(tmp_path / "rep"), "--layer", "1", "--head", "1"]
     )
@@ -199,3 +194,21 @@ def test_parity_report_pictures(tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
     assert main(["parity", str(tmp_path / "m.safetensors"), "--layer", "1"]) == 2  # nothing to draw it in
     assert "pass --report DIR too" in capsys.readouterr().err
+
+
+def test_parity_images_take_the_folder_layouts_of_training(tmp_path, capsys, small_cfg, random_state):
+    """--images reads a folder of class folders (or train/ + val/) as training does, in sorted order,
+    the first --max-images of them, with the checkpoint's preprocessing (here declared in the file)."""
+    from vit_common.images import PRESETS
+
+    save_checkpoint(
+        tmp_path / "m.safetensors", small_cfg, random_state(small_cfg, scale=0.2), preprocess=PRESETS["imagenet"]
+    )
+    rng = np.random.default_rng(0)
+    for rel in ("train/cat/0.png", "train/dog/1.png", "val/cat/2.jpg"):
+        (tmp_path / "data" / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (40, 36, 3), dtype=np.uint8)).save(tmp_path / "data" / rel)
+    args = ["parity", str(tmp_path / "m.safetensors"), "--images", str(tmp_path / "data"), "--json"]
+    assert main([*args, str(tmp_path / "r.json"), "--max-images", "2"]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["images"] == ["train/cat/0.png", "train/dog/1.png"]
+    capsys.readouterr()

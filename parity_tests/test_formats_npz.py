@@ -6,8 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import images_nchw
-from format_oracles import assert_twins_match
 from timm.models.vision_transformer import VisionTransformer, _load_weights
 
 from vit_common.config import ViTConfig
@@ -51,7 +49,7 @@ BASE = ViTConfig(
         ),
     ],
 )
-def test_npz_export_loads_in_timm_and_both_twins(tmp_path, fmt, write, kw, timm_kw):
+def test_npz_export_loads_in_timm_and_both_twins(tmp_path, fmt, write, kw, timm_kw, images, assert_twins_match):
     cfg = BASE.replace(**kw)
     rng = np.random.default_rng(0)
     state = {k: rng.standard_normal(s).astype(np.float32) * 0.1 for k, s in canonical_shapes(cfg).items()}
@@ -69,7 +67,7 @@ def test_npz_export_loads_in_timm_and_both_twins(tmp_path, fmt, write, kw, timm_
     ).eval()
     _load_weights(tm, str(tmp_path / "m.npz"))
     assert all(torch.equal(v, torch.from_numpy(state[k])) for k, v in tm.state_dict().items())
-    x = images_nchw(2, (32, 32))
+    x = images(2, (32, 32))
     with torch.no_grad():
         ref = tm(torch.from_numpy(x)).numpy()
     assert_twins_match(tmp_path / "m.npz", x, ref)

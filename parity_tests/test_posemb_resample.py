@@ -1,4 +1,4 @@
-"""Position-embedding resampling against the libraries each method is named after (K03), and run-time
+"""Position-embedding resampling against the libraries each method is named after, and run-time
 (dynamic image size) resampling against load-time resampling and timm's dynamic_img_size model."""
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ import pytest
 import scipy.ndimage
 import torch
 import torch.nn.functional as F
-from conftest import images_nchw
-from format_oracles import perturb_, twin_logits
 from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer
 
@@ -77,7 +75,7 @@ def test_each_method_equals_the_library_it_is_named_after(src, dst, dtype, x64):
 
 
 @pytest.mark.parametrize("dst", [(24, 24), (7, 7)])
-def test_k03_bicubic_flavours_on_a_b16_pos_embed(dst, x64):
+def test_bicubic_flavours_on_a_b16_pos_embed(dst, x64):
     """(1, 197, 768) resampled 14x14 -> 24x24 and -> 7x7: torch bicubic (a=-0.75, no antialias) and jax
     cubic (a=-0.5, antialias) differ by a lot (~0.4 on unit-variance values); each of our named methods
     equals its library within the float32 bounds above, and the class row is kept bit for bit."""
@@ -105,10 +103,10 @@ def test_same_token_count_still_resamples_and_prefix_rows_are_kept():
 
 
 @pytest.mark.parametrize("hw", [(48, 48), (32, 56)])
-def test_run_time_equals_load_time_equals_timm_dynamic(tmp_path, hw):
+def test_run_time_equals_load_time_equals_timm_dynamic(tmp_path, hw, images, perturb, twin_logits):
     """A dynamic_img_size model given another image size resamples at run time with the same matrices
     as load-time resampling, and equals timm's dynamic_img_size model (bicubic, antialias)."""
-    tm = perturb_(
+    tm = perturb(
         VisionTransformer(
             img_size=32,
             patch_size=8,
@@ -121,7 +119,7 @@ def test_run_time_equals_load_time_equals_timm_dynamic(tmp_path, hw):
         )
     )
     save_file({k: v.contiguous() for k, v in tm.state_dict().items()}, tmp_path / "t.safetensors")
-    x = images_nchw(2, hw)
+    x = images(2, hw)
     with torch.no_grad():
         ref = tm(torch.from_numpy(x)).numpy()
     run_j, run_t = twin_logits(tmp_path / "t.safetensors", x, num_heads=4, dynamic_img_size=True)
@@ -132,8 +130,8 @@ def test_run_time_equals_load_time_equals_timm_dynamic(tmp_path, hw):
     assert compare("run vs load", run_t, load_t, "tensor", "float32").ok
 
 
-def test_load_time_resampling_equal_in_both_twins(tmp_path):
-    tm = perturb_(VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4, num_classes=3))
+def test_load_time_resampling_equal_in_both_twins(tmp_path, perturb):
+    tm = perturb(VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4, num_classes=3))
     save_file({k: v.contiguous() for k, v in tm.state_dict().items()}, tmp_path / "t.safetensors")
     mj = vit_jax.load_model(tmp_path / "t.safetensors", image_size=(16, 64), num_heads=4)
     mt = vit_torch.load_model(tmp_path / "t.safetensors", image_size=(16, 64), num_heads=4)

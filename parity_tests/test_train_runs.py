@@ -22,7 +22,7 @@ import pytest
 from PIL import Image
 
 from vit_cli.main import main
-from vit_common.formats.canonical import read_safetensors
+from vit_common.formats.source import read_safetensors
 from vit_common.tolerance import compare
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,8 +99,9 @@ def final_state(run: Path):
 
 
 def metric_values(run: Path) -> list[dict]:
-    """metrics.jsonl without the timing fields."""
+    """metrics.jsonl without the timing fields and the start-up line of each process."""
     rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "time_to_first_step_s" not in r]
     return [{k: v for k, v in r.items() if k not in ("images_per_s", "time")} for r in rows]
 
 
@@ -139,7 +140,8 @@ def test_export_agrees_in_pytorch_and_timm(ref, npz):
 
     import vit_jax
     import vit_torch
-    from vit_jax.data import load_dataset, normalize
+    from vit_common.datasets import load_dataset
+    from vit_common.images import normalize
 
     data = load_dataset(f"npz:{npz}", (8, 8), 1)
     x = normalize(data.test.images)
@@ -151,22 +153,22 @@ def test_export_agrees_in_pytorch_and_timm(ref, npz):
     assert c.ok, c
     assert (lt.argmax(-1) == lj.argmax(-1)).all()
     assert np.mean(lj.argmax(-1) == data.test.labels) == parity["jax_accuracy"]
-    tm = timm.models.vision_transformer.VisionTransformer(  # the demo's pooling: average, norm before it
-        img_size=8,
-        patch_size=4,
-        in_chans=1,
-        num_classes=3,
-        embed_dim=16,
-        depth=1,
-        num_heads=2,
-        mlp_ratio=2.0,
-        class_token=False,
-        global_pool="avg",
-        fc_norm=False,
-    )
-    tm.load_state_dict({k: torch.from_numpy(v) for k, v in tensors(ref / "model_timm.safetensors").items()})
+    # the timm export carries its config and says how timm loads it strictly (the demo's fc_norm=False
+    # included): run exactly that code
+    from vit_common.convert import load_checkpoint
+    from vit_common.formats.timm import timm_load_call
+
+    timm_file = ref / "model_timm.safetensors"
+    exported = load_checkpoint(timm_file)
+    assert exported.report.assumed == [] and exported.cfg.num_heads == 2
+    code = timm_load_call(timm_file, exported.cfg)
+    assert "fc_norm=False" in code and "global_pool='avg'" in code
+    scope = {}
+    exec(code, scope)
+    assert isinstance(scope["model"], timm.models.vision_transformer.VisionTransformer)
     with torch.no_grad():
-        np.testing.assert_array_equal(tm.eval()(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy(), lt)
+        got = scope["model"].eval()(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
+    np.testing.assert_array_equal(got, lt)
 
 
 def test_evaluate_and_predict(ref, npz, tmp_path, capsys):
@@ -219,12 +221,16 @@ def test_evaluate_and_predict(ref, npz, tmp_path, capsys):
         assert all(ln["top"][0]["probability"] >= ln["top"][1]["probability"] for ln in lines)
         tops[fw] = [ln["top"][0]["class"] for ln in lines]
     assert tops["jax"] == tops["torch"]
-    # the timm-named export does not store num_heads, and width 16 gives no guess: say so, or take --set
+    # the timm export stores its config (num_heads included) in the header, so it predicts as it is;
+    # the same tensors without that header cannot be read without being told the head count
     timm_file = str(ref / "model_timm.safetensors")
-    assert main(["predict", timm_file, str(files[0])]) == 2
-    assert "cannot guess num_heads for width 16" in capsys.readouterr().err
-    assert main(["predict", timm_file, *map(str, files), "--set", "num_heads=2", "--json"]) == 0
+    assert main(["predict", timm_file, *map(str, files), "--strict", "--json"]) == 0
     assert [json.loads(ln)["top"][0]["class"] for ln in capsys.readouterr().out.splitlines()] == tops["jax"]
+    from vit_common.io import save_safetensors
+
+    save_safetensors(tmp_path / "bare.safetensors", tensors(timm_file))
+    assert main(["predict", str(tmp_path / "bare.safetensors"), str(files[0])]) == 2
+    assert "cannot guess num_heads for width 16" in capsys.readouterr().err
 
 
 def test_sigkill_while_training_and_while_writing_a_checkpoint_then_resume_is_bit_exact(ref, env, npz, tmp_path):
@@ -283,3 +289,20 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(env, npz, tmp_p
 
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(final_state(out)["params"]))
     assert not (out / "model.safetensors").exists()
+
+
+def test_time_to_first_step_cold_then_warm_compilation_cache(env, npz, tmp_path):
+    """The first run of a configuration compiles into --compile-cache ('cold'), the second reads its
+    programs back ('warm'); 'off' uses none. Each run's first metrics.jsonl line says which, and when the
+    first step was done."""
+    cache = tmp_path / "cache"
+    firsts = []
+    for i, where in enumerate([cache, cache, "off"]):
+        out = tmp_path / f"run{i}"
+        args = ["--ckpt-every", "0", "--epochs", "1", "--no-parity", "--compile-cache", where]
+        proc = vit(env, "train", "--dataset", f"npz:{npz}", *TINY, "--out", out, *args)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        firsts.append(json.loads((out / "metrics.jsonl").read_text().splitlines()[0]))
+    assert [f["compile_cache"] for f in firsts] == ["cold", "warm", "off"]
+    assert all(f["step"] == 1 and f["time_to_first_step_s"] > 0 for f in firsts)
+    assert any(cache.iterdir())

@@ -1,6 +1,6 @@
 """The two twins compute the same function: every intermediate, attention map and gradient.
 
-Bounds come from vit_common.tolerance (DESIGN.md's table). Each case initialises one twin, converts
+Bounds come from the tolerance table (vit_common.tolerance). Each case initialises one twin, converts
 its canonical state to the other, and compares both directions (jax -> torch, torch -> jax).
 """
 
@@ -19,20 +19,84 @@ from flax import nnx
 
 import vit_jax
 import vit_torch
-from parity_tests.twins import TWINS, compare_outputs, convert, images, init_state, run_both
-from tests.test_config import GOLDEN_PARAMS
 from vit_common.config import ViTConfig
 from vit_common.state import StateMismatchError, canonical_shapes
-from vit_common.tolerance import compare
+from vit_common.tolerance import Comparison, compare
 
-SMALL = dict(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
+TWINS = ("jax", "torch")
+
+
+def init_state(twin: str, cfg: ViTConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Initialise ``twin`` and return its canonical state with every tensor randomised.
+
+    Fresh LayerNorm weights are 1 and biases 0, which would hide swapped or untransposed tensors, so
+    every tensor is perturbed around its init (norm weights 1 + 0.1 N(0,1), the rest + 0.02 N(0,1)).
+    """
+    if twin == "jax":
+        state = vit_jax.to_numpy(vit_jax.VisionTransformer(cfg, rngs=nnx.Rngs(seed)))
+    else:
+        torch.manual_seed(seed)
+        state = vit_torch.to_numpy(vit_torch.VisionTransformer(cfg))
+    rng = np.random.default_rng(seed + 1)
+    return {
+        k: (v + (0.1 if v.ndim == 1 and "norm" in k else 0.02) * rng.standard_normal(v.shape)).astype(v.dtype)
+        for k, v in state.items()
+    }
+
+
+def convert(src: str, cfg: ViTConfig, state: dict[str, np.ndarray]):
+    """Build twin ``src`` from ``state`` (cast to cfg.param_dtype), then the other twin from its to_numpy.
+
+    Returns (jax model, torch model), both in eval mode.
+    """
+    if src == "jax":
+        jm = vit_jax.from_numpy(cfg, state)
+        tm = vit_torch.from_numpy(cfg, vit_jax.to_numpy(jm))
+    else:
+        tm = vit_torch.from_numpy(cfg, state)
+        jm = vit_jax.from_numpy(cfg, vit_torch.to_numpy(tm))
+    return jm, tm
+
+
+def _images(cfg: ViTConfig, batch: int = 2, hw: tuple[int, int] | None = None, seed: int = 0) -> np.ndarray:
+    """Deterministic standard-normal images [B, C, H, W] in cfg.dtype's float width (bf16 -> float32)."""
+    h, w = hw or cfg.image_size
+    dt = np.float64 if cfg.dtype == "float64" else np.float32
+    return np.random.default_rng(seed).standard_normal((batch, cfg.in_chans, h, w)).astype(dt)
+
+
+def run_both(jm, tm, x_nchw: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """forward_intermediates of both twins on the same images, as float64-able numpy dicts."""
+    _, out_j = jm.forward_intermediates(jnp.asarray(x_nchw.transpose(0, 2, 3, 1)))
+    with torch.no_grad():
+        _, out_t = tm.forward_intermediates(torch.from_numpy(x_nchw))
+    to_np = lambda v: np.asarray(jax.device_get(v)).astype(np.float64)  # noqa: E731
+    return (
+        {k: to_np(v) for k, v in out_j.items()},
+        {k: v.detach().to(torch.float64).numpy() for k, v in out_t.items()},
+    )
+
+
+def compare_outputs(out_a: dict, out_b: dict, dtype: str) -> list[Comparison]:
+    """Compare every intermediate (attention maps with the attention bound) under the table."""
+    assert out_a.keys() == out_b.keys(), (sorted(out_a), sorted(out_b))
+    return [compare(k, out_a[k], out_b[k], "attention" if k.startswith("attn") else "tensor", dtype) for k in out_b]
+
 
 # One entry per feature flag of ViTConfig (and a few combinations); (overrides, input (H, W) or None).
 FEATURES = {
     "token": (dict(), None),
     "gap": (dict(pool="gap", class_token=False), None),
     "gap_fc_norm_with_cls": (dict(pool="gap", fc_norm=True), None),
+    "max_with_prefix": (dict(pool="max", reg_tokens=2, pool_include_prefix=True), None),
+    "avgmax": (dict(pool="avgmax", fc_norm=True, reg_tokens=1), None),
     "map": (dict(pool="map", class_token=False), None),
+    "map_without_prefix_tokens": (dict(pool="map", reg_tokens=2), None),
+    "map_over_prefix_tokens": (dict(pool="map", pool_include_prefix=True), None),
+    "deit_distilled": (dict(dist_token=True, head_dist=True), None),
+    "deit_distilled_backbone": (dict(dist_token=True, head_dist=True, num_classes=0), None),
+    "deit_dist_token_cls_head": (dict(dist_token=True, posemb_prefix=False), None),
+    "clip_style": (dict(norm_pre=True, patch_bias=False, gelu="quick"), None),
     "none": (dict(pool="none"), None),
     "registers": (dict(reg_tokens=4), None),
     "registers_no_embed_class": (dict(reg_tokens=4, posemb_prefix=False), None),
@@ -86,7 +150,7 @@ def _check_pair(src: str, cfg32: ViTConfig, dtype: str, hw=None) -> list:
     cfg = cfg32.replace(dtype=dtype, param_dtype=dtype)
     with _dtype_ctx(dtype):
         jm, tm = convert(src, cfg, _state(src, cfg32))
-        out_j, out_t = run_both(jm, tm, images(cfg, hw=hw))
+        out_j, out_t = run_both(jm, tm, _images(cfg, hw=hw))
     results = compare_outputs(out_j, out_t, dtype)
     bad = [str(c) for c in results if not c.ok]
     assert not bad, "\n".join(bad)
@@ -99,9 +163,9 @@ def _check_pair(src: str, cfg32: ViTConfig, dtype: str, hw=None) -> list:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("src", TWINS)
 @pytest.mark.parametrize("feature", FEATURES)
-def test_feature_parity(feature, src, dtype):
+def test_feature_parity(feature, src, dtype, small_cfg):
     overrides, hw = FEATURES[feature]
-    results = _check_pair(src, ViTConfig(**{**SMALL, **overrides}), dtype, hw)
+    results = _check_pair(src, small_cfg.replace(**overrides), dtype, hw)
     names = {c.name for c in results}
     assert {
         "patch_embed",
@@ -134,9 +198,9 @@ def test_variant_parity_224(variant, src, dtype, record_property):
     )
 
 
-def test_canonical_names_and_golden_counts_in_both_twins():
+def test_canonical_names_and_golden_counts_in_both_twins(golden_params):
     # Built abstractly (meta device / nnx.eval_shape): names, shapes and counts without allocating.
-    for name, count in GOLDEN_PARAMS.items():
+    for name, count in golden_params.items():
         cfg = ViTConfig.from_name(name)
         with torch.device("meta"):
             tm = vit_torch.VisionTransformer(cfg)
@@ -147,8 +211,8 @@ def test_canonical_names_and_golden_counts_in_both_twins():
 
 
 @pytest.mark.parametrize("feature", FEATURES)
-def test_canonical_names_for_every_feature(feature):
-    cfg = ViTConfig(**{**SMALL, **FEATURES[feature][0]})
+def test_canonical_names_for_every_feature(feature, small_cfg):
+    cfg = small_cfg.replace(**FEATURES[feature][0])
     expected = canonical_shapes(cfg)
     jm = vit_jax.VisionTransformer(cfg, rngs=nnx.Rngs(0))
     tm = vit_torch.VisionTransformer(cfg)
@@ -160,8 +224,8 @@ def test_canonical_names_for_every_feature(feature):
 
 
 @pytest.mark.parametrize("src", TWINS)
-def test_conversion_round_trip_is_bit_exact(src):
-    cfg = ViTConfig(**{**SMALL, **FEATURES["everything"][0]})
+def test_conversion_round_trip_is_bit_exact(src, small_cfg):
+    cfg = small_cfg.replace(**FEATURES["everything"][0])
     state = _state(src, cfg)
     jm, tm = convert(src, cfg, state)
     for back in (vit_jax.to_numpy(jm), vit_torch.to_numpy(tm)):
@@ -174,10 +238,10 @@ def test_conversion_round_trip_is_bit_exact(src):
 
 
 @pytest.mark.parametrize("feature", ["token", "map", "registers"])
-def test_fused_equals_explicit_within_each_twin(feature):
-    cfg = ViTConfig(**{**SMALL, **FEATURES[feature][0]})
+def test_fused_equals_explicit_within_each_twin(feature, small_cfg):
+    cfg = small_cfg.replace(**FEATURES[feature][0])
     state = _state("torch", cfg)
-    x = images(cfg)
+    x = _images(cfg)
     fused_j = vit_jax.from_numpy(cfg.replace(attn_impl="fused"), state)
     expl_j = vit_jax.from_numpy(cfg.replace(attn_impl="explicit"), state)
     fused_t = vit_torch.from_numpy(cfg.replace(attn_impl="fused"), state)
@@ -191,11 +255,11 @@ def test_fused_equals_explicit_within_each_twin(feature):
 
 
 @pytest.mark.parametrize("twin", TWINS)
-def test_k06_maps_from_a_fused_model_are_never_empty(twin):
-    """K06: Ti/16 with the fused path on, attention maps requested -> [B, N, L, L], rows sum to 1."""
+def test_maps_from_a_fused_model_are_never_empty(twin):
+    """Ti/16 with the fused path on, attention maps requested -> [B, N, L, L], rows sum to 1."""
     cfg = ViTConfig.from_name("Ti/16", attn_impl="fused")
     state = _state("torch", cfg.replace(attn_impl="fused"))
-    x = images(cfg)
+    x = _images(cfg)
     if twin == "jax":
         _, out = vit_jax.from_numpy(cfg, state).forward_intermediates(jnp.asarray(x.transpose(0, 2, 3, 1)))
         maps = {k: np.asarray(v) for k, v in out.items() if k.startswith("attn")}
@@ -231,11 +295,11 @@ def _grads(cfg: ViTConfig, state, x: np.ndarray, labels: np.ndarray):
 
 
 @pytest.mark.parametrize("feature", ["token", "everything", "gap", "none_pre_logits"])
-def test_gradients_equal_in_float64(feature, x64):
+def test_gradients_equal_in_float64(feature, x64, small_cfg):
     overrides = FEATURES[feature][0] if feature in FEATURES else dict(pool="gap", class_token=False, rep_size=8)
-    cfg = ViTConfig(**{**SMALL, **overrides}, dtype="float64", param_dtype="float64")
+    cfg = small_cfg.replace(**overrides, dtype="float64", param_dtype="float64")
     state = _state("torch", cfg.replace(dtype="float32", param_dtype="float32"))
-    x = images(cfg)
+    x = _images(cfg)
     labels = np.array([3, 7])
     (loss_j, gj), (loss_t, gt) = _grads(cfg, state, x, labels)
     assert abs(loss_j - loss_t) <= 1e-12 * abs(loss_t)
@@ -258,7 +322,7 @@ def test_bf16_compute_against_float64_reference(x64, record_property):
     """bfloat16 compute, float32 parameters, vs the float64 twin: reported, and <= 2e-2 relative."""
     cfg32 = ViTConfig.from_name("Ti/16")
     state = _state("torch", cfg32)
-    x = images(cfg32)
+    x = _images(cfg32)
     ref = vit_torch.from_numpy(cfg32.replace(dtype="float64", param_dtype="float64"), state)
     with torch.no_grad():
         ref_logits = ref(torch.from_numpy(x.astype(np.float64))).numpy()
@@ -275,11 +339,11 @@ def test_bf16_compute_against_float64_reference(x64, record_property):
 
 
 @pytest.mark.parametrize("twin", TWINS)
-def test_k08_bf16_training_steps_stay_finite_with_large_inputs(twin):
-    """K08: a few bf16 training steps with inputs x100: loss and gradients finite."""
-    cfg = ViTConfig(**SMALL, dtype="bfloat16")
+def test_bf16_training_steps_stay_finite_with_large_inputs(twin, small_cfg):
+    """A few bf16 training steps with inputs x100: loss and gradients finite."""
+    cfg = small_cfg.replace(dtype="bfloat16")
     state = _state("torch", cfg.replace(dtype="float32"))
-    x = images(cfg) * 100.0
+    x = _images(cfg) * 100.0
     labels = np.array([1, 2])
     losses, finite = [], []
     if twin == "jax":
@@ -320,11 +384,11 @@ def test_k08_bf16_training_steps_stay_finite_with_large_inputs(twin):
 
 
 @pytest.mark.parametrize("gelu", ["exact", "tanh"])
-def test_k01_gelu_comes_from_the_config(gelu):
-    """K01: Ti/16, 2 images 224x224: with either GELU both twins agree to 1e-5; mixing them does not."""
+def test_gelu_variant_comes_from_the_config(gelu):
+    """Ti/16, 2 images 224x224: with either GELU both twins agree to 1e-5; mixing them does not."""
     cfg = ViTConfig.from_name("Ti/16", gelu=gelu)
     state = _state("torch", ViTConfig.from_name("Ti/16"))
-    x = images(cfg)
+    x = _images(cfg)
     lj = np.asarray(vit_jax.from_numpy(cfg, state)(jnp.asarray(x.transpose(0, 2, 3, 1))))
     with torch.no_grad():
         lt = vit_torch.from_numpy(cfg, state)(torch.from_numpy(x)).numpy()
@@ -335,8 +399,8 @@ def test_k01_gelu_comes_from_the_config(gelu):
 
 
 @pytest.mark.parametrize("eps", [1e-6, 1e-5, 1e-12, 1e-2])
-def test_k02_every_layer_norm_uses_cfg_ln_eps(eps):
-    cfg = ViTConfig(**{**SMALL, **FEATURES["everything"][0]}).replace(ln_eps=eps)
+def test_every_layer_norm_uses_cfg_ln_eps(eps, small_cfg):
+    cfg = small_cfg.replace(**FEATURES["everything"][0]).replace(ln_eps=eps)
     state = _state("torch", cfg.replace(ln_eps=1e-6))
     jm, tm = vit_jax.from_numpy(cfg, state), vit_torch.from_numpy(cfg, state)
     t_norms = [m for m in tm.modules() if isinstance(m, torch.nn.LayerNorm)]
@@ -349,13 +413,13 @@ def test_k02_every_layer_norm_uses_cfg_ln_eps(eps):
     assert len(t_norms) == len(j_norms) == 4 * cfg.depth + 2
     assert all(m.eps == eps for m in t_norms) and all(m.epsilon == eps for m in j_norms)
     assert all(m.use_fast_variance is False for m in j_norms)
-    out_j, out_t = run_both(jm, tm, images(cfg))
+    out_j, out_t = run_both(jm, tm, _images(cfg))
     assert all(c.ok for c in compare_outputs(out_j, out_t, "float32"))
 
 
 @pytest.mark.parametrize("twin", TWINS)
-def test_k04_valid_patch_embedding_and_clear_size_errors(twin):
-    """K04: patch-14 model + 384x384, patch-16 model + 225x230: ValueError; dynamic: 27x27=729 tokens."""
+def test_valid_patch_embedding_and_clear_size_errors(twin, small_cfg):
+    """Patch-14 model + 384x384, patch-16 model + 225x230: ValueError; dynamic: 27x27=729 tokens."""
 
     def run(cfg, hw):
         x = np.zeros((1, 3, *hw), np.float32)
@@ -365,10 +429,10 @@ def test_k04_valid_patch_embedding_and_clear_size_errors(twin):
         with torch.no_grad():
             return vit_torch.from_numpy(cfg, state).forward_intermediates(torch.from_numpy(x))[1]
 
-    p14 = ViTConfig(**{**SMALL, "patch_size": 14, "image_size": 224})
+    p14 = small_cfg.replace(patch_size=14, image_size=224)
     with pytest.raises(ValueError, match=r"\(384, 384\).*patch_size \(14, 14\)"):
         run(p14, (384, 384))
-    p16 = ViTConfig(**{**SMALL, "patch_size": 16, "image_size": 224})
+    p16 = small_cfg.replace(patch_size=16, image_size=224)
     with pytest.raises(ValueError, match=r"\(225, 230\)"):
         run(p16, (225, 230))
     out = run(p14.replace(dynamic_img_size=True), (384, 384))
@@ -376,18 +440,18 @@ def test_k04_valid_patch_embedding_and_clear_size_errors(twin):
     assert tuple(out["block00"].shape) == (1, 730, 32)
 
 
-def test_k04_dynamic_size_is_equal_across_twins():
-    cfg = ViTConfig(**{**SMALL, "patch_size": 14, "image_size": 224, "dynamic_img_size": True})
+def test_dynamic_size_is_equal_across_twins(small_cfg):
+    cfg = small_cfg.replace(patch_size=14, image_size=224, dynamic_img_size=True)
     state = _state("torch", cfg.replace(dynamic_img_size=False))
     jm, tm = convert("torch", cfg, state)
-    out_j, out_t = run_both(jm, tm, images(cfg, batch=1, hw=(384, 384)))
+    out_j, out_t = run_both(jm, tm, _images(cfg, batch=1, hw=(384, 384)))
     assert out_t["patch_embed"].shape == (1, 729, 32)
     assert all(c.ok for c in compare_outputs(out_j, out_t, "float32"))
 
 
 @pytest.mark.parametrize("twin", TWINS)
-def test_k05_one_tensor_never_copied_is_an_error(twin):
-    cfg = ViTConfig(**SMALL)
+def test_a_tensor_never_copied_is_an_error(twin, small_cfg):
+    cfg = small_cfg
     state = dict(_state("torch", cfg))
     from_numpy = vit_jax.from_numpy if twin == "jax" else vit_torch.from_numpy
     partial = {k: v for k, v in state.items() if k != "blocks.1.attn.proj.bias"}
@@ -410,19 +474,19 @@ def test_k05_one_tensor_never_copied_is_an_error(twin):
 
 
 @pytest.mark.parametrize("twin", TWINS)
-def test_drop_path_and_dropout_only_in_training(twin):
-    noisy = ViTConfig(**SMALL, dropout=0.2, attn_dropout=0.2, drop_path=0.5)
-    state = _state("torch", ViTConfig(**SMALL))
-    x = images(noisy, batch=4)
+def test_drop_path_and_dropout_only_in_training(twin, small_cfg):
+    noisy = small_cfg.replace(dropout=0.2, attn_dropout=0.2, drop_path=0.5)
+    state = _state("torch", small_cfg)
+    x = _images(noisy, batch=4)
     if twin == "jax":
-        clean = np.asarray(vit_jax.from_numpy(ViTConfig(**SMALL), state)(jnp.asarray(x.transpose(0, 2, 3, 1))))
+        clean = np.asarray(vit_jax.from_numpy(small_cfg, state)(jnp.asarray(x.transpose(0, 2, 3, 1))))
         model = vit_jax.from_numpy(noisy, state)
         evals = np.asarray(model(jnp.asarray(x.transpose(0, 2, 3, 1))))
         model.train()
         trains = [np.asarray(model(jnp.asarray(x.transpose(0, 2, 3, 1)))) for _ in range(2)]
     else:
         with torch.no_grad():
-            clean = vit_torch.from_numpy(ViTConfig(**SMALL), state)(torch.from_numpy(x)).numpy()
+            clean = vit_torch.from_numpy(small_cfg, state)(torch.from_numpy(x)).numpy()
             model = vit_torch.from_numpy(noisy, state)
             evals = model(torch.from_numpy(x)).numpy()
             model.train()
@@ -431,7 +495,7 @@ def test_drop_path_and_dropout_only_in_training(twin):
     assert not np.allclose(trains[0], clean) and not np.allclose(trains[0], trains[1])
 
 
-def test_float64_without_x64_is_an_error():
-    cfg = ViTConfig(**SMALL, dtype="float64", param_dtype="float64")
+def test_float64_without_x64_is_an_error(small_cfg):
+    cfg = small_cfg.replace(dtype="float64", param_dtype="float64")
     with jax.enable_x64(False), pytest.raises(ValueError, match="jax_enable_x64"):
-        vit_jax.from_numpy(cfg, _state("torch", ViTConfig(**SMALL)))
+        vit_jax.from_numpy(cfg, _state("torch", small_cfg))

@@ -25,14 +25,36 @@ def test_info_bad_variant_exits_2(capsys):
     assert "unknown name 'Q'" in capsys.readouterr().err
 
 
-def test_an_output_path_that_is_a_folder_exits_2(tmp_path, capsys):
-    from format_helpers import SMALL, random_state
+def test_an_output_path_that_is_a_folder_exits_2(tmp_path, capsys, small_cfg, random_state):
 
     from vit_common.convert import save_checkpoint
 
-    save_checkpoint(tmp_path / "m.safetensors", SMALL, random_state(SMALL))
+    save_checkpoint(tmp_path / "m.safetensors", small_cfg, random_state(small_cfg))
     (tmp_path / "out.npz").mkdir()
     assert main(["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "out.npz")]) == 2
     assert "out.npz is a folder: expected a file path" in capsys.readouterr().err
     assert main(["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "m.safetensors")]) == 2
     assert "is the source file itself" in capsys.readouterr().err
+
+
+def test_info_of_a_checkpoint_prints_the_provenance_of_each_field(tmp_path, capsys, small_cfg, random_state):
+    """`vit info FILE`: a timm file as timm writes it (no config) lists each field with where it came
+    from, marks the assumed ones and warns each with its flag; --set makes a field given."""
+
+    from vit_common.io import save_safetensors
+
+    save_safetensors(tmp_path / "timm.safetensors", random_state(small_cfg))
+    assert main(["info", str(tmp_path / "timm.safetensors")]) == 0
+    out = capsys.readouterr().out
+    assert "timm (timm state_dict)" in out and f"{small_cfg.param_count():,}" in out
+    lines = {line.split()[0]: line for line in out.splitlines() if " = " in line}
+    assert "derived" in lines["width"] and "tensor shapes" in lines["width"]
+    assert "assumed" in lines["gelu"] and "<- assumed" in lines["gelu"]
+    assert "run-time" in lines["dropout"]
+    assert "WARNING         num_heads=2 is assumed" in out and "--set num_heads=VALUE" in out
+    assert main(["info", str(tmp_path / "timm.safetensors"), "--set", "num_heads=2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["provenance"]["num_heads"] == {"kind": "given", "source": "passed by the caller"}
+    assert "num_heads" not in report["assumed"] and "gelu" in report["assumed"]
+    assert main(["info", str(tmp_path / "timm.safetensors"), "--strict"]) == 2
+    assert "strict reading refuses assumptions" in capsys.readouterr().err

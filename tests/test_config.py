@@ -10,35 +10,17 @@ import pytest
 from vit_common.config import VARIANTS, ViTConfig
 from vit_common.state import StateMismatchError, canonical_shapes, check_state
 
-# Class token + 1000-class head at 224 px. DESIGN.md's table (timm, original ViT and HF agree) for
-# Ti/16, S/16, B/16, L/16, B/32, B/8, H/14; the other rows counted with timm's VisionTransformer
-# (timm 1.0.31, built on the meta device with the same width/depth/heads/mlp_dim).
-GOLDEN_PARAMS = {
-    "mu/16": 76_712,
-    "Ti/16": 5_717_416,
-    "S/16": 22_050_664,
-    "M/16": 38_837_736,
-    "B/16": 86_567_656,
-    "B/32": 88_224_232,
-    "B/8": 86_576_872,
-    "L/16": 304_326_632,
-    "So400m/14": 413_597_656,
-    "H/14": 632_045_800,
-    "g/14": 1_012_611_432,
-    "G/14": 1_844_440_680,
-}
 
-
-def test_every_variant_row_has_a_golden_count():
-    tested = {name.split("/")[0] for name in GOLDEN_PARAMS}
+def test_every_variant_row_has_a_golden_count(golden_params):
+    tested = {name.split("/")[0] for name in golden_params}
     assert tested == set(VARIANTS), f"untested VARIANTS rows: {set(VARIANTS) - tested}"
 
 
-@pytest.mark.parametrize("name, count", GOLDEN_PARAMS.items())
-def test_param_count_golden(name, count):
-    cfg = ViTConfig.from_name(name)
-    assert cfg.param_count() == count
-    assert sum(math.prod(s) for s in canonical_shapes(cfg).values()) == count
+def test_param_count_golden(golden_params):
+    for name, count in golden_params.items():
+        cfg = ViTConfig.from_name(name)
+        assert cfg.param_count() == count, name
+        assert sum(math.prod(s) for s in canonical_shapes(cfg).values()) == count, name
 
 
 def test_variant_rows_match_vit_paper_table1():
@@ -56,6 +38,17 @@ def test_from_name_and_derived_properties():
     assert cfg.head_dim == 64 and cfg.variant == "S"
     reg = cfg.replace(reg_tokens=4, posemb_prefix=False)
     assert reg.num_prefix_tokens == 5 and reg.seq_len == 285 and reg.posemb_len == 280
+
+
+def test_prefix_tokens_and_new_fields_in_param_count():
+    """Distillation token, its head, norm_pre and a bias-free patch embedding change the count as timm's
+    (deit_tiny_distilled_patch16_224: 5,910,800 parameters in timm)."""
+    deit = ViTConfig.from_name("Ti/16", dist_token=True, head_dist=True)
+    assert deit.num_prefix_tokens == 2 and deit.seq_len == 198 and deit.param_count() == 5_910_800
+    clip = ViTConfig.from_name("B/16", norm_pre=True, patch_bias=False)
+    assert clip.param_count() == ViTConfig.from_name("B/16").param_count() + 2 * 768 - 768
+    assert ViTConfig.from_name("Ti/16", pool="gap", reg_tokens=4).inert_fields() == frozenset()
+    assert ViTConfig.from_name("Ti/16").inert_fields() == {"pool_include_prefix"}
 
 
 def test_json_round_trip_is_exact():
@@ -80,6 +73,11 @@ def test_json_round_trip_is_exact():
         (dict(posemb_resample="nearest"), "posemb_resample='nearest'"),
         (dict(attn_backend="flash"), "attn_backend='flash'"),
         (dict(image_size=(224, 224, 3)), "image_size=(224, 224, 3)"),
+        (dict(dist_token=True, class_token=False, pool="gap"), "dist_token=True needs class_token=True"),
+        (dict(head_dist=True), "head_dist=True (DeiT's distilled head) needs dist_token=True"),
+        (dict(dist_token=True, head_dist=True, pool="gap"), "got pool='gap'"),
+        (dict(dist_token=True, head_dist=True, rep_size=8), "got rep_size=8"),
+        (dict(qkv_bias=1), "qkv_bias=1: expected True or False"),
     ],
 )
 def test_invalid_configs_name_the_values(kwargs, message):
@@ -99,7 +97,7 @@ def test_unknown_override_is_named():
         ViTConfig.from_name("B/16", embed_dim=768)
 
 
-def test_grid_for_sizes_k04():
+def test_grid_for_sizes():
     cfg = ViTConfig.from_name("Ti/14")  # 224 = 16 x 14
     with pytest.raises(ValueError, match=r"\(384, 384\).*not a multiple of patch_size \(14, 14\)"):
         cfg.grid_for((384, 384))

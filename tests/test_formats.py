@@ -1,17 +1,14 @@
-"""Format readers and writers without any framework: round trips, layouts, K05, K10, errors, atomicity."""
+"""Format readers and writers without any framework: round trips, layouts, missing and
+unused tensors, non-contiguous tensors, provenance, errors, atomicity."""
 
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
-from format_helpers import SMALL, assert_same_state, random_state
-from npz_layouts import write_layout
 
-from vit_common.config import ViTConfig
 from vit_common.convert import FORMATS, load_checkpoint, needs, output_format, read_checkpoint, save_checkpoint
 from vit_common.formats.base import FormatError
 from vit_common.state import StateMismatchError
@@ -29,9 +26,9 @@ NUMPY_TARGETS = [
 ]
 
 
-def test_every_pair_of_formats_round_trips_bit_exact(tmp_path):
+def test_every_pair_of_formats_round_trips_bit_exact(tmp_path, small_cfg, random_state, assert_same_state):
     """canonical -> A -> B -> read: the same bytes for every ordered pair of containers."""
-    cfg, state = SMALL, random_state(SMALL)
+    cfg, state = small_cfg, random_state(small_cfg)
     for fa, name_a, opt_a in NUMPY_TARGETS:
         pa = tmp_path / name_a
         save_checkpoint(pa, cfg, state, fa, **opt_a)
@@ -45,17 +42,17 @@ def test_every_pair_of_formats_round_trips_bit_exact(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
-def test_dtypes_round_trip_exactly(tmp_path, dtype):
+def test_dtypes_round_trip_exactly(tmp_path, dtype, small_cfg, random_state, assert_same_state):
     import ml_dtypes
 
     np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
-    state = random_state(SMALL, dtype=np_dtype)
+    state = random_state(small_cfg, dtype=np_dtype)
     for fmt, name in (("canonical", "a.safetensors"), ("timm", "b.safetensors"), ("hf", "c")):
-        save_checkpoint(tmp_path / name, SMALL.replace(param_dtype=dtype), state, fmt)
+        save_checkpoint(tmp_path / name, small_cfg.replace(param_dtype=dtype), state, fmt)
         ckpt = load_checkpoint(tmp_path / name)
         assert ckpt.cfg.param_dtype == dtype
         assert_same_state(ckpt.state, state)
-    save_checkpoint(tmp_path / "d.npz", SMALL, state, "big_vision")
+    save_checkpoint(tmp_path / "d.npz", small_cfg, state, "big_vision")
     back = load_checkpoint(tmp_path / "d.npz").state  # .npz has no bfloat16: written as float32, exactly
     assert all(np.array_equal(back[k].astype(np.float64), np.asarray(state[k], np.float64)) for k in state)
 
@@ -71,8 +68,8 @@ def test_dtypes_round_trip_exactly(tmp_path, dtype):
         dict(image_size=(24, 40), num_heads=4),
     ],
 )
-def test_canonical_file_keeps_every_config_field(tmp_path, kw):
-    cfg = SMALL.replace(**kw)
+def test_canonical_file_keeps_every_config_field(tmp_path, kw, small_cfg, random_state, assert_same_state):
+    cfg = small_cfg.replace(**kw)
     state = random_state(cfg)
     save_checkpoint(tmp_path / "m.safetensors", cfg, state)
     ckpt = load_checkpoint(tmp_path / "m.safetensors")
@@ -89,8 +86,8 @@ def test_canonical_file_keeps_every_config_field(tmp_path, kw):
         (dict(image_size=(24, 40)), {"source_image_size": (24, 40)}),
     ],
 )
-def test_timm_file_infers_the_config_from_shapes(tmp_path, kw, timm_needs):
-    cfg = SMALL.replace(**kw)
+def test_timm_file_infers_the_config_from_shapes(tmp_path, kw, timm_needs, small_cfg, random_state, assert_same_state):
+    cfg = small_cfg.replace(**kw)
     state = random_state(cfg)
     save_checkpoint(tmp_path / "t.safetensors", cfg, state, "timm")
     ckpt = load_checkpoint(tmp_path / "t.safetensors", **timm_needs)
@@ -98,10 +95,10 @@ def test_timm_file_infers_the_config_from_shapes(tmp_path, kw, timm_needs):
     assert_same_state(ckpt.state, state)
 
 
-def test_deit3_layer_scale_spelling_and_ddp_prefix(tmp_path):
-    from vit_common.formats.canonical import save_safetensors
+def test_deit3_layer_scale_spelling_and_ddp_prefix(tmp_path, small_cfg, random_state, assert_same_state):
+    from vit_common.io import save_safetensors
 
-    cfg = SMALL.replace(layer_scale=1e-6)
+    cfg = small_cfg.replace(layer_scale=1e-6)
     state = random_state(cfg)
     renamed = {
         "module." + k.replace(".ls1.gamma", ".gamma_1").replace(".ls2.gamma", ".gamma_2"): v for k, v in state.items()
@@ -113,8 +110,8 @@ def test_deit3_layer_scale_spelling_and_ddp_prefix(tmp_path):
     assert any("gamma_1" in n for n in ckpt.report.notes) and any("module." in n for n in ckpt.report.notes)
 
 
-def test_hf_config_json_brings_eps_gelu_heads_and_size(tmp_path):
-    cfg = SMALL.replace(ln_eps=1e-12, gelu="tanh", num_heads=8, image_size=(24, 40))
+def test_hf_config_json_brings_eps_gelu_heads_and_size(tmp_path, small_cfg, random_state):
+    cfg = small_cfg.replace(ln_eps=1e-12, gelu="tanh", num_heads=8, image_size=(24, 40))
     save_checkpoint(tmp_path / "hf", cfg, random_state(cfg), "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["hidden_act"] == "gelu_pytorch_tanh" and config["image_size"] == [24, 40]
@@ -125,8 +122,8 @@ def test_hf_config_json_brings_eps_gelu_heads_and_size(tmp_path):
     assert load_checkpoint(tmp_path / "hf").cfg.gelu == "exact"
 
 
-def test_hf_vitmodel_pooler_is_pre_logits(tmp_path):
-    cfg = SMALL.replace(num_classes=0, rep_size=32)
+def test_hf_vitmodel_pooler_is_pre_logits(tmp_path, small_cfg, random_state, assert_same_state):
+    cfg = small_cfg.replace(num_classes=0, rep_size=32)
     state = random_state(cfg)
     save_checkpoint(tmp_path / "hf", cfg, state, "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -136,37 +133,54 @@ def test_hf_vitmodel_pooler_is_pre_logits(tmp_path):
     assert_same_state(ckpt.state, state)
 
 
-def test_writers_refuse_what_a_format_cannot_hold(tmp_path):
+def test_writers_refuse_what_a_format_cannot_hold(tmp_path, small_cfg, random_state):
     with pytest.raises(ValueError, match="reg_tokens=4.*LayerScale"):
         save_checkpoint(
             tmp_path / "x",
-            SMALL.replace(reg_tokens=4, layer_scale=1e-5),
-            random_state(SMALL.replace(reg_tokens=4, layer_scale=1e-5)),
+            small_cfg.replace(reg_tokens=4, layer_scale=1e-5),
+            random_state(small_cfg.replace(reg_tokens=4, layer_scale=1e-5)),
             "hf",
         )
     with pytest.raises(ValueError, match="rep_size=16"):
         save_checkpoint(
-            tmp_path / "x.pth", SMALL.replace(rep_size=16), random_state(SMALL.replace(rep_size=16)), "timm"
+            tmp_path / "x.pth", small_cfg.replace(rep_size=16), random_state(small_cfg.replace(rep_size=16)), "timm"
         )
     with pytest.raises(ValueError, match="qk_norm"):
-        save_checkpoint(tmp_path / "x.npz", SMALL.replace(qk_norm=True), random_state(SMALL.replace(qk_norm=True)))
+        save_checkpoint(
+            tmp_path / "x.npz", small_cfg.replace(qk_norm=True), random_state(small_cfg.replace(qk_norm=True))
+        )
     assert not list(tmp_path.iterdir())
 
 
-def test_writer_reports_fields_a_format_does_not_record(tmp_path):
-    cfg = SMALL.replace(gelu="tanh", num_heads=8)
-    report = save_checkpoint(tmp_path / "t.safetensors", cfg, random_state(cfg), "timm")
+def test_writer_reports_fields_a_format_does_not_record(tmp_path, small_cfg, random_state):
+    """A big_vision .npz stores neither GELU nor eps: the writer says which flag reads the file back."""
+    cfg = small_cfg.replace(gelu="exact", ln_eps=1e-5, posemb_resample="bilinear_corners")
+    report = save_checkpoint(tmp_path / "b.npz", cfg, random_state(cfg), "big_vision")
     text = "\n".join(report.warnings)
-    assert "gelu='tanh'" in text and "num_heads=8" in text
-    assert load_checkpoint(tmp_path / "t.safetensors", gelu="tanh", num_heads=8).cfg == cfg
+    assert "gelu='exact'" in text and "--set gelu=exact" in text and "--set ln_eps=1e-05" in text
+    assert load_checkpoint(tmp_path / "b.npz", gelu="exact", ln_eps=1e-5).cfg == cfg
 
 
-def test_sincos2d_and_no_class_row_are_materialised_exactly(tmp_path):
+def test_timm_safetensors_we_write_carry_the_config(tmp_path, small_cfg, random_state):
+    """timm files we write as .safetensors store the config in the header (timm ignores it): they read
+    back with every field declared, no warning, and say how timm loads them strictly."""
+    cfg = small_cfg.replace(gelu="quick", num_heads=8, ln_eps=1e-5, pool="avgmax", fc_norm=False, reg_tokens=2)
+    report = save_checkpoint(tmp_path / "t.safetensors", cfg, random_state(cfg), "timm")
+    assert report.warnings == []
+    assert "timm.create_model('vit_base_patch16_224', pretrained=False" in report.load_call
+    assert "global_pool='avgmax'" in report.load_call and "fc_norm=False" in report.load_call
+    assert "norm_layer=partial(LayerNorm, eps=1e-05)" in report.load_call
+    ckpt = load_checkpoint(tmp_path / "t.safetensors")
+    assert ckpt.report.format == "timm" and ckpt.cfg == cfg and ckpt.report.assumed == []
+    assert {o.kind for o in ckpt.report.provenance.values()} == {"declared"}
+
+
+def test_sincos2d_and_no_class_row_are_materialised_exactly(tmp_path, small_cfg, random_state):
     """big_vision-style models (no pos_embed class row; sincos2d) written where only a learned table with
     a class row exists: the table and zero rows make the same sums."""
     from vit_common.posemb import sincos2d
 
-    cfg = SMALL.replace(posemb="sincos2d", posemb_prefix=False)
+    cfg = small_cfg.replace(posemb="sincos2d", posemb_prefix=False)
     state = random_state(cfg)
     save_checkpoint(tmp_path / "bv.npz", cfg, state, "big_vision")
     assert load_checkpoint(tmp_path / "bv.npz").cfg.posemb == "sincos2d"
@@ -180,37 +194,45 @@ def test_sincos2d_and_no_class_row_are_materialised_exactly(tmp_path):
 # ------------------------------------------------------------------------------ real .npz layouts
 
 
-def _npz_case(tmp_path, cfg, read=None, **kw):
-    state = random_state(cfg)
-    write_layout(tmp_path / "x.npz", cfg, state, **kw)
-    return state, load_checkpoint(tmp_path / "x.npz", **(read or {}))
+@pytest.fixture
+def npz_case(tmp_path, random_state, npz_layouts):
+    """``npz_case(cfg, read=None, **layout)``: write a random state in an .npz layout, read it back."""
+
+    def case(cfg, read=None, **kw):
+        state = random_state(cfg)
+        npz_layouts.write(tmp_path / "x.npz", cfg, state, **kw)
+        return state, load_checkpoint(tmp_path / "x.npz", **(read or {}))
+
+    return case
 
 
-def test_original_vit_layout_old_counters_pre_logits(tmp_path):
-    cfg = SMALL.replace(gelu="tanh", rep_size=24, posemb_resample="bilinear_corners")
-    state, ckpt = _npz_case(tmp_path, cfg, layout="vit")
+def test_original_vit_layout_old_counters_pre_logits(npz_case, small_cfg, assert_same_state):
+    cfg = small_cfg.replace(gelu="tanh", rep_size=24, posemb_resample="bilinear_corners")
+    state, ckpt = npz_case(cfg, layout="vit")
     assert ckpt.report.format == "original_vit" and "MultiHeadDotProductAttention_1" in ckpt.report.layout
     assert ckpt.cfg == cfg
     assert_same_state(ckpt.state, state)
 
 
-def test_original_vit_opt_target_prefix_drops_optimizer_state(tmp_path):
-    cfg = SMALL.replace(gelu="tanh", posemb_resample="bilinear_corners")
+def test_original_vit_opt_target_prefix_drops_optimizer_state(
+    tmp_path, small_cfg, random_state, assert_same_state, npz_layouts
+):
+    cfg = small_cfg.replace(gelu="tanh", posemb_resample="bilinear_corners")
     state = random_state(cfg)
     extra = {"opt/state/step": np.array(7), "opt/state/param_states/cls/grad_ema": np.ones((1, 1, 32))}
-    write_layout(tmp_path / "x.npz", cfg, state, layout="vit", prefix="opt/target/", extra=extra)
+    npz_layouts.write(tmp_path / "x.npz", cfg, state, layout="vit", prefix="opt/target/", extra=extra)
     ckpt = load_checkpoint(tmp_path / "x.npz")
     assert ckpt.cfg == cfg
     assert_same_state(ckpt.state, state)
     assert sorted(k for k, _ in ckpt.report.dropped) == sorted(extra)
 
 
-def test_original_vit_imagenet21k_zero_head_is_dropped(tmp_path):
-    cfg = SMALL.replace(num_classes=21843, rep_size=32, gelu="tanh")
+def test_original_vit_imagenet21k_zero_head_is_dropped(tmp_path, small_cfg, random_state, npz_layouts):
+    cfg = small_cfg.replace(num_classes=21843, rep_size=32, gelu="tanh")
     state = random_state(cfg)
     state["head.weight"][:] = 0
     state["head.bias"][:] = 0
-    write_layout(tmp_path / "x.npz", cfg, state, layout="vit")
+    npz_layouts.write(tmp_path / "x.npz", cfg, state, layout="vit")
     ckpt = load_checkpoint(tmp_path / "x.npz")
     assert ckpt.cfg.num_classes == 0 and ckpt.cfg.rep_size == 32 and "head.weight" not in ckpt.state
     assert [k for k, _ in ckpt.report.dropped] == ["head/kernel", "head/bias"]
@@ -228,8 +250,8 @@ def test_original_vit_imagenet21k_zero_head_is_dropped(tmp_path):
         ("params/", True, "token"),
     ],
 )
-def test_big_vision_layouts(tmp_path, prefix, scan, pool):
-    cfg = SMALL.replace(
+def test_big_vision_layouts(tmp_path, prefix, scan, pool, small_cfg, random_state, assert_same_state, npz_layouts):
+    cfg = small_cfg.replace(
         gelu="tanh",
         posemb_prefix=pool != "token",
         pool=pool,
@@ -238,7 +260,7 @@ def test_big_vision_layouts(tmp_path, prefix, scan, pool):
     )  # (posemb_prefix means nothing without a cls)
     state = random_state(cfg)
     extra = {"params/txt/Embed_0/embedding": np.ones((5, 4), np.float32)} if prefix == "params/img/" else {}
-    write_layout(tmp_path / "x.npz", cfg, state, layout="big_vision", prefix=prefix, scan=scan, extra=extra)
+    npz_layouts.write(tmp_path / "x.npz", cfg, state, layout="big_vision", prefix=prefix, scan=scan, extra=extra)
     ckpt = load_checkpoint(tmp_path / "x.npz")
     assert ckpt.report.format == "big_vision" and ("scan-stacked" in ckpt.report.layout) == scan
     assert ckpt.cfg == cfg
@@ -246,11 +268,11 @@ def test_big_vision_layouts(tmp_path, prefix, scan, pool):
     assert [k for k, _ in ckpt.report.dropped] == list(extra)
 
 
-def test_big_vision_old_combined_cls_posemb_and_sincos(tmp_path):
-    cfg = SMALL.replace(gelu="tanh", posemb_resample="bilinear_corners")  # pos_embedding with a class row
-    state, ckpt = _npz_case(tmp_path, cfg, layout="big_vision", prefix="params/")
+def test_big_vision_old_combined_cls_posemb_and_sincos(npz_case, small_cfg):
+    cfg = small_cfg.replace(gelu="tanh", posemb_resample="bilinear_corners")  # pos_embedding with a class row
+    state, ckpt = npz_case(cfg, layout="big_vision", prefix="params/")
     assert ckpt.cfg.posemb_prefix and ckpt.cfg == cfg
-    cfg = SMALL.replace(
+    cfg = small_cfg.replace(
         gelu="tanh",
         posemb="sincos2d",
         posemb_prefix=False,
@@ -258,40 +280,39 @@ def test_big_vision_old_combined_cls_posemb_and_sincos(tmp_path):
         class_token=False,
         posemb_resample="bilinear_corners",
     )
-    state, ckpt = _npz_case(tmp_path, cfg, layout="big_vision", prefix="params/")
+    state, ckpt = npz_case(cfg, layout="big_vision", prefix="params/")
     assert ckpt.cfg == cfg.replace(image_size=224) and "pos_embed" not in ckpt.state  # size not stored
-    assert "224 assumed" in ckpt.report.inferred["image_size"]
-    state, ckpt = _npz_case(tmp_path, cfg, read=dict(source_image_size=32), layout="big_vision", prefix="params/")
+    assert "224 assumed" in ckpt.report.provenance["image_size"].source
+    assert ckpt.report.provenance["image_size"].kind == "assumed" and "image_size" in ckpt.report.assumed
+    state, ckpt = npz_case(cfg, read=dict(source_image_size=32), layout="big_vision", prefix="params/")
     assert ckpt.cfg == cfg
-    cfg = SMALL.replace(gelu="tanh", posemb_prefix=False, posemb_resample="bilinear_corners")
-    state, ckpt = _npz_case(tmp_path, cfg, layout="big_vision", posemb_key="Transformer/pos_embedding")
+    cfg = small_cfg.replace(gelu="tanh", posemb_prefix=False, posemb_resample="bilinear_corners")
+    state, ckpt = npz_case(cfg, layout="big_vision", posemb_key="Transformer/pos_embedding")
     assert ckpt.cfg == cfg
 
 
-def test_writer_layouts_equal_the_helper(tmp_path):
+def test_writer_layouts_equal_the_helper(tmp_path, small_cfg, random_state, assert_same_state, npz_layouts):
     """Our writer produces exactly the arrays the independent helper spells for the same layout."""
-    from npz_layouts import layout_arrays
-
     from vit_common.formats import npz
 
-    cfg = SMALL.replace(pool="map", class_token=False, posemb_prefix=False, rep_size=16)
+    cfg = small_cfg.replace(pool="map", class_token=False, posemb_prefix=False, rep_size=16)
     state = random_state(cfg)
     for fam, layout, prefix, scan in [
         ("big_vision", "big_vision", "params/", True),
         ("original_vit", "vit", "opt/target/", False),
     ]:
         mine = npz.write(cfg, state, fam, prefix=prefix, scan=scan)
-        helper = layout_arrays(cfg, state, layout=layout, prefix=prefix, scan=scan)
+        helper = npz_layouts.arrays(cfg, state, layout=layout, prefix=prefix, scan=scan)
         assert_same_state(mine, helper)
 
 
 # ----------------------------------------------------------------------- resampling at load time
 
 
-def test_load_time_resampling_keeps_prefix_rows_and_reports(tmp_path):
+def test_load_time_resampling_keeps_prefix_rows_and_reports(tmp_path, small_cfg, random_state):
     from vit_common.posemb import resample_pos_embed
 
-    cfg = SMALL.replace(image_size=(16, 64), reg_tokens=2)  # grid 2x8
+    cfg = small_cfg.replace(image_size=(16, 64), reg_tokens=2)  # grid 2x8
     state = random_state(cfg)
     save_checkpoint(tmp_path / "m.safetensors", cfg, state)
     ckpt = load_checkpoint(tmp_path / "m.safetensors", image_size=32)  # grid 4x4: same 16 patches
@@ -306,25 +327,26 @@ def test_load_time_resampling_keeps_prefix_rows_and_reports(tmp_path):
     )
 
 
-def test_npz_files_resample_with_corner_aligned_bilinear(tmp_path):
+def test_npz_files_resample_with_corner_aligned_bilinear(tmp_path, small_cfg, random_state, npz_layouts):
     import scipy.ndimage
 
-    cfg = SMALL.replace(gelu="tanh", posemb_prefix=False, posemb_resample="bilinear_corners")
+    cfg = small_cfg.replace(gelu="tanh", posemb_prefix=False, posemb_resample="bilinear_corners")
     state = random_state(cfg)
-    write_layout(tmp_path / "x.npz", cfg, state, layout="big_vision", prefix="params/")
+    npz_layouts.write(tmp_path / "x.npz", cfg, state, layout="big_vision", prefix="params/")
     pe = load_checkpoint(tmp_path / "x.npz", image_size=56).state["pos_embed"]  # 4x4 -> 7x7
     ref = scipy.ndimage.zoom(state["pos_embed"][0].astype(np.float64).reshape(4, 4, -1), (7 / 4, 7 / 4, 1), order=1)
     np.testing.assert_allclose(pe[0], ref.reshape(49, -1), rtol=0, atol=1e-6)
 
 
-# ---------------------------------------------------------------------------------- errors, K05
+# ------------------------------------------------------------------------------------------ errors
 
 
-def test_k05_missing_unexpected_and_shape_reported_together(tmp_path):
+def test_missing_unexpected_and_shape_reported_together(tmp_path, small_cfg, random_state, npz_layouts):
     """A file where one tensor was never written, one is extra and one has the wrong shape: one error
     names all three (in the file's own key names)."""
-    cfg = SMALL.replace(gelu="tanh", posemb_prefix=False)
-    arrays = dict(np.load(_write_bv(tmp_path, cfg), allow_pickle=False))
+    cfg = small_cfg.replace(gelu="tanh", posemb_prefix=False)
+    npz_layouts.write(tmp_path / "bv.npz", cfg, random_state(cfg), layout="big_vision", prefix="params/")
+    arrays = dict(np.load(tmp_path / "bv.npz", allow_pickle=False))
     del arrays["params/Transformer/encoderblock_1/MlpBlock_0/Dense_1/bias"]
     arrays["params/Transformer/encoderblock_0/extra/kernel"] = np.zeros(3, np.float32)
     arrays["params/Transformer/encoder_norm/scale"] = np.zeros(31, np.float32)
@@ -339,23 +361,18 @@ def test_k05_missing_unexpected_and_shape_reported_together(tmp_path):
     assert "missing" in str(e) and "unexpected" in str(e) and "shape" in str(e)
 
 
-def _write_bv(tmp_path: Path, cfg: ViTConfig) -> Path:
-    write_layout(tmp_path / "bv.npz", cfg, random_state(cfg), layout="big_vision", prefix="params/")
-    return tmp_path / "bv.npz"
-
-
-def test_k05_every_canonical_tensor_filled_by_writers(tmp_path):
-    state = random_state(SMALL)
+def test_every_canonical_tensor_filled_by_writers(tmp_path, small_cfg, random_state):
+    state = random_state(small_cfg)
     del state["blocks.1.attn.proj.bias"]
     for fmt, name in (("canonical", "a.safetensors"), ("hf", "b"), ("big_vision", "c.npz")):
         with pytest.raises(StateMismatchError, match="missing: blocks.1.attn.proj.bias"):
-            save_checkpoint(tmp_path / name, SMALL, state, fmt)
+            save_checkpoint(tmp_path / name, small_cfg, state, fmt)
     assert not list(tmp_path.iterdir())
 
 
-def test_k10_non_contiguous_tensors_are_written(tmp_path):
+def test_non_contiguous_tensors_are_written(tmp_path, small_cfg, random_state, assert_same_state):
     """Tensors that are views after a transpose (what a careless converter hands over) write and load back."""
-    state = random_state(SMALL)
+    state = random_state(small_cfg)
     state["blocks.0.mlp.fc1.weight"] = np.ascontiguousarray(state["blocks.0.mlp.fc1.weight"].T).T
     state["patch_embed.proj.weight"] = state["patch_embed.proj.weight"][:, ::-1][:, ::-1]
     assert not state["blocks.0.mlp.fc1.weight"].flags.c_contiguous
@@ -365,28 +382,28 @@ def test_k10_non_contiguous_tensors_are_written(tmp_path):
         ("hf", "c"),
         ("big_vision", "d.npz"),
     ):
-        save_checkpoint(tmp_path / name, SMALL, state, fmt)
+        save_checkpoint(tmp_path / name, small_cfg, state, fmt)
         assert_same_state(
             load_checkpoint(tmp_path / name).state, {k: np.ascontiguousarray(v) for k, v in state.items()}
         )
 
 
-def test_head_conflict_names_the_counts_and_offers_num_classes(tmp_path):
-    save_checkpoint(tmp_path / "hf", SMALL, random_state(SMALL), "hf")
+def test_head_conflict_names_the_counts_and_offers_num_classes(tmp_path, small_cfg, random_state):
+    save_checkpoint(tmp_path / "hf", small_cfg, random_state(small_cfg), "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     config["id2label"] = {str(i): str(i) for i in range(1000)}
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(FormatError, match=r"1000 labels but classifier.weight has 10 rows.*num_classes=10"):
+    with pytest.raises(FormatError, match=r"1000 labels but the classifier has 10 rows.*num_classes=10"):
         load_checkpoint(tmp_path / "hf")
     assert load_checkpoint(tmp_path / "hf", num_classes=10).cfg.num_classes == 10
     assert load_checkpoint(tmp_path / "hf", num_classes=3).state["head.bias"].shape == (3,)
 
 
-def test_nonfinite_tensors_are_warned_by_name(tmp_path):
-    state = random_state(SMALL)
+def test_nonfinite_tensors_are_warned_by_name(tmp_path, small_cfg, random_state):
+    state = random_state(small_cfg)
     state["blocks.1.norm2.bias"][3] = np.nan
     state["cls_token"][0, 0, 0] = np.inf
-    save_checkpoint(tmp_path / "a.safetensors", SMALL, state)
+    save_checkpoint(tmp_path / "a.safetensors", small_cfg, state)
     warnings = load_checkpoint(tmp_path / "a.safetensors").report.warnings
     assert warnings == ["cls_token holds NaN or Inf", "blocks.1.norm2.bias holds NaN or Inf"]
 
@@ -405,7 +422,7 @@ def test_unknown_and_damaged_files_are_named(tmp_path, content, match):
         load_checkpoint(tmp_path / "x.bin")
 
 
-def test_missing_path_and_frameworks_the_caller_did_not_give(tmp_path):
+def test_missing_path_and_frameworks_the_caller_did_not_give(tmp_path, small_cfg, random_state):
     with pytest.raises(FileNotFoundError):
         load_checkpoint(tmp_path / "nope.safetensors")
     (tmp_path / "o").mkdir()
@@ -414,13 +431,13 @@ def test_missing_path_and_frameworks_the_caller_did_not_give(tmp_path):
     with pytest.raises(FormatError, match="needs jax"):
         load_checkpoint(tmp_path / "o")
     with pytest.raises(FormatError, match="needs vit_torch"):
-        save_checkpoint(tmp_path / "m.pth", SMALL, random_state(SMALL))
+        save_checkpoint(tmp_path / "m.pth", small_cfg, random_state(small_cfg))
     assert needs(tmp_path / "o") == "jax" and needs(tmp_path / "m.pth", writing=True) == "torch"
     assert needs(tmp_path / "m.npz", writing=True) is None
 
 
-def test_unknown_override_is_named(tmp_path):
-    save_checkpoint(tmp_path / "a.safetensors", SMALL, random_state(SMALL))
+def test_unknown_override_is_named(tmp_path, small_cfg, random_state):
+    save_checkpoint(tmp_path / "a.safetensors", small_cfg, random_state(small_cfg))
     with pytest.raises(ValueError, match=r"unknown ViTConfig field\(s\) \['heads'\]"):
         load_checkpoint(tmp_path / "a.safetensors", heads=3)
 
@@ -440,9 +457,9 @@ def test_output_format_from_suffix():
 # ------------------------------------------------------------------------------------ atomicity
 
 
-def test_failed_write_leaves_nothing_and_keeps_the_old_file(tmp_path, monkeypatch):
-    state = random_state(SMALL)
-    save_checkpoint(tmp_path / "x.npz", SMALL, state)
+def test_failed_write_leaves_nothing_and_keeps_the_old_file(tmp_path, monkeypatch, small_cfg, random_state):
+    state = random_state(small_cfg)
+    save_checkpoint(tmp_path / "x.npz", small_cfg, state)
     before = (tmp_path / "x.npz").read_bytes()
 
     def boom(fh, **arrays):
@@ -451,42 +468,113 @@ def test_failed_write_leaves_nothing_and_keeps_the_old_file(tmp_path, monkeypatc
 
     monkeypatch.setattr(np, "savez", boom)
     with pytest.raises(OSError, match="disk full"):
-        save_checkpoint(tmp_path / "x.npz", SMALL, random_state(SMALL, seed=1))
+        save_checkpoint(tmp_path / "x.npz", small_cfg, random_state(small_cfg, seed=1))
     assert (tmp_path / "x.npz").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npz"]
 
 
-def test_folder_outputs_replace_only_checkpoint_folders(tmp_path):
-    state = random_state(SMALL)
-    save_checkpoint(tmp_path / "hf", SMALL, state, "hf")
-    save_checkpoint(tmp_path / "hf", SMALL, random_state(SMALL, seed=1), "hf")  # replaces a checkpoint folder
+def test_folder_outputs_replace_only_checkpoint_folders(tmp_path, small_cfg, random_state):
+    state = random_state(small_cfg)
+    save_checkpoint(tmp_path / "hf", small_cfg, state, "hf")
+    save_checkpoint(tmp_path / "hf", small_cfg, random_state(small_cfg, seed=1), "hf")  # replaces a checkpoint folder
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("precious")
     with pytest.raises(FormatError, match="not a checkpoint; refusing"):
-        save_checkpoint(tmp_path / "mine", SMALL, state, "hf")
+        save_checkpoint(tmp_path / "mine", small_cfg, state, "hf")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "precious"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mine"]
 
 
-def test_guessed_fields_are_warned_and_an_override_silences_them(tmp_path):
-    cfg = SMALL.replace(width=128, num_heads=4, mlp_dim=256)  # no VARIANTS row of width 128: width/64 = 2 heads
-    save_checkpoint(tmp_path / "t.safetensors", cfg, random_state(cfg), "timm")
-    warned = load_checkpoint(tmp_path / "t.safetensors").report.warnings
-    assert len(warned) == 1 and warned[0].startswith("num_heads=2 guessed as width/64"), warned
-    assert load_checkpoint(tmp_path / "t.safetensors", num_heads=4).report.warnings == []
-    with pytest.warns(UserWarning, match="num_heads=2 guessed"):
+def test_assumed_fields_are_warned_with_their_flag_and_strict_refuses_them(tmp_path, small_cfg, random_state):
+    """A timm file as timm writes it stores no config: every field that changes the function and that
+    the tensors do not imply is assumed, warned with the flag that supplies it, and refused by strict."""
+    from vit_common.io import save_safetensors
+
+    cfg = small_cfg.replace(width=128, num_heads=4, mlp_dim=256)  # no VARIANTS row of width 128: width/64 = 2 heads
+    save_safetensors(tmp_path / "t.safetensors", random_state(cfg))
+    report = load_checkpoint(tmp_path / "t.safetensors").report
+    assert report.assumed == ["image_size", "num_heads", "ln_eps", "gelu", "pool", "posemb_prefix"]
+    heads = next(w for w in report.warnings if w.startswith("num_heads=2"))
+    assert "width / 64" in heads and "--set num_heads=VALUE (num_heads=VALUE)" in heads
+    assert any("--source-image-size HxW" in w for w in report.warnings)
+    given = dict(num_heads=4, gelu="exact", ln_eps=1e-6, pool="token", source_image_size=32)
+    quiet = load_checkpoint(tmp_path / "t.safetensors", strict=True, **given)
+    assert quiet.report.warnings == [] and quiet.cfg == cfg
+    assert quiet.report.provenance["num_heads"].kind == "given"
+    with pytest.raises(FormatError, match=r"strict.*num_heads \(assumed 2: pass --set num_heads=VALUE"):
+        load_checkpoint(tmp_path / "t.safetensors", strict=True)
+    with pytest.warns(UserWarning) as issued:
         assert read_checkpoint(tmp_path / "t.safetensors")[0].num_heads == 2
+    assert len(issued) == len(report.warnings) and any("num_heads=2 is assumed" in str(w.message) for w in issued)
 
 
-def test_writes_refuse_a_folder_path_and_get_the_usual_file_mode(tmp_path):
+def test_writes_refuse_a_folder_path_and_get_the_usual_file_mode(tmp_path, small_cfg, random_state):
     (tmp_path / "dir.safetensors").mkdir()
     with pytest.raises(IsADirectoryError, match="is a folder"):
-        save_checkpoint(tmp_path / "dir.safetensors", SMALL, random_state(SMALL))
+        save_checkpoint(tmp_path / "dir.safetensors", small_cfg, random_state(small_cfg))
     assert list((tmp_path / "dir.safetensors").iterdir()) == []
     umask = os.umask(0o022)
     try:
-        save_checkpoint(tmp_path / "m.safetensors", SMALL, random_state(SMALL))
+        save_checkpoint(tmp_path / "m.safetensors", small_cfg, random_state(small_cfg))
     finally:
         os.umask(umask)
     assert (tmp_path / "m.safetensors").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+
+
+def test_files_written_before_pool_include_prefix_keep_their_map_head(tmp_path, small_cfg, random_state):
+    """Our files stored no pool_include_prefix before timm's MAP semantics (patch tokens only) were
+    adopted; their MAP head pooled every token, and a file without the field still reads that way."""
+    import json as json_
+
+    from vit_common.formats.canonical import FORMAT_TAG
+    from vit_common.io import save_safetensors
+
+    cfg = small_cfg.replace(pool="map", reg_tokens=1)
+    old = {k: v for k, v in cfg.to_dict().items() if k not in ("pool_include_prefix", "dist_token", "head_dist")}
+    save_safetensors(
+        tmp_path / "old.safetensors", random_state(cfg), {"format": FORMAT_TAG, "vit_config": json_.dumps(old)}
+    )
+    ckpt = load_checkpoint(tmp_path / "old.safetensors")
+    assert ckpt.cfg == cfg.replace(pool_include_prefix=True)
+    assert any("predates pool_include_prefix" in n for n in ckpt.report.notes)
+
+
+def test_every_reader_gives_every_function_field_a_provenance(tmp_path, small_cfg, random_state):
+    from vit_common.config import FUNCTION_FIELDS
+    from vit_common.io import save_safetensors
+
+    state = random_state(small_cfg)
+    save_safetensors(tmp_path / "bare_timm.safetensors", state)
+    for fmt, name in (("canonical", "a.safetensors"), ("hf", "b"), ("original_vit", "c.npz"), ("big_vision", "d.npz")):
+        save_checkpoint(tmp_path / name, small_cfg, state, fmt)
+    for name in ("bare_timm.safetensors", "a.safetensors", "b", "c.npz", "d.npz"):
+        provenance = load_checkpoint(tmp_path / name).report.provenance
+        assert set(provenance) == set(FUNCTION_FIELDS), (name, set(FUNCTION_FIELDS) ^ set(provenance))
+        assert {o.kind for o in provenance.values()} <= {"declared", "derived", "assumed"}
+
+
+def test_a_source_size_that_contradicts_the_declared_one_is_an_error(tmp_path, small_cfg, random_state):
+    save_checkpoint(tmp_path / "hf", small_cfg, random_state(small_cfg), "hf")
+    assert load_checkpoint(tmp_path / "hf", source_image_size=32).report.provenance["image_size"].kind == "declared"
+    with pytest.raises(FormatError, match=r"source_image_size=\(64, 64\) but the file declares image_size=\(32, 32\)"):
+        load_checkpoint(tmp_path / "hf", source_image_size=64)
+
+
+def test_assumed_fields_stay_assumed_through_a_conversion(tmp_path, small_cfg, random_state):
+    """Converting a file whose config had to be assumed does not turn the assumptions into facts: our
+    .safetensors, timm .safetensors and HF config.json record them; formats that cannot say so."""
+    from vit_common.convert import convert
+    from vit_common.io import save_safetensors
+
+    save_safetensors(tmp_path / "bare.safetensors", random_state(small_cfg))
+    source = load_checkpoint(tmp_path / "bare.safetensors").report.assumed
+    for name, fmt in (("a.safetensors", "canonical"), ("t.safetensors", "timm"), ("hf", "hf")):
+        report = convert(tmp_path / "bare.safetensors", tmp_path / name, to_fmt=fmt, source_image_size=32)
+        again = load_checkpoint(tmp_path / name).report
+        assert again.assumed == report.assumed and set(again.assumed) == set(source) - {"image_size", "posemb_prefix"}
+        assert "assumed when this file was converted" in again.provenance["gelu"].source
+        with pytest.raises(FormatError, match="strict reading refuses"):
+            load_checkpoint(tmp_path / name, strict=True)
+    report = convert(tmp_path / "bare.safetensors", tmp_path / "b.npz", num_heads=2, gelu="exact", ln_eps=1e-6)
+    assert any(w.startswith("pool='token' was assumed") and "cannot record that" in w for w in report.warnings)

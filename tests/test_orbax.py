@@ -1,4 +1,4 @@
-"""Orbax checkpoints of the JAX twin (vit_jax.formats), known fault K09."""
+"""Orbax checkpoints of the JAX twin (vit_jax.formats), dropout RNG state included."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from format_helpers import SMALL, assert_same_state, random_state
 
 import vit_jax
 from vit_common.convert import load_checkpoint, save_checkpoint
@@ -25,10 +24,10 @@ def _flat(model) -> dict:
     return out
 
 
-def test_k09_model_with_dropout_restores_into_an_abstract_model(tmp_path):
+def test_model_with_dropout_restores_into_an_abstract_model(tmp_path, small_cfg, random_state):
     """Dropout and drop path give the model RNG state (typed PRNG keys); save, restore into a model
     built with nnx.eval_shape: parameters and RNG state (keys and counts) bit-equal, logits identical."""
-    cfg = SMALL.replace(dropout=0.1, attn_dropout=0.1, drop_path=0.1)
+    cfg = small_cfg.replace(dropout=0.1, attn_dropout=0.1, drop_path=0.1)
     model = vit_jax.from_numpy(cfg, random_state(cfg), seed=3)
     save_orbax(tmp_path / "ck", model)
     restored = load_orbax(tmp_path / "ck")
@@ -41,8 +40,8 @@ def test_k09_model_with_dropout_restores_into_an_abstract_model(tmp_path):
     assert np.asarray(forward(model, x)).tobytes() == np.asarray(forward(restored, x)).tobytes()
 
 
-def test_orbax_through_convert_round_trips_bit_exact(tmp_path):
-    cfg = SMALL.replace(param_dtype="bfloat16", reg_tokens=2, posemb_prefix=False)
+def test_orbax_through_convert_round_trips_bit_exact(tmp_path, small_cfg, random_state, assert_same_state):
+    cfg = small_cfg.replace(param_dtype="bfloat16", reg_tokens=2, posemb_prefix=False)
     state = random_state(cfg, dtype=jnp.bfloat16)
     save_checkpoint(tmp_path / "o", cfg, state, "orbax", writers=WRITERS)
     ckpt = load_checkpoint(tmp_path / "o", readers=READERS)
@@ -52,10 +51,10 @@ def test_orbax_through_convert_round_trips_bit_exact(tmp_path):
     assert model.pos_embed[...].shape == (1, 36, cfg.width)
 
 
-def test_damaged_orbax_folder_is_named(tmp_path):
-    save_checkpoint(tmp_path / "o", SMALL, random_state(SMALL), "orbax", writers=WRITERS)
+def test_damaged_orbax_folder_is_named(tmp_path, small_cfg, random_state):
+    save_checkpoint(tmp_path / "o", small_cfg, random_state(small_cfg), "orbax", writers=WRITERS)
     meta = json.loads((tmp_path / "o" / "vit_config.json").read_text())
-    meta["vit_config"] = SMALL.replace(depth=3).to_json()  # one block more than the state holds
+    meta["vit_config"] = small_cfg.replace(depth=3).to_json()  # one block more than the state holds
     (tmp_path / "o" / "vit_config.json").write_text(json.dumps(meta))
     with pytest.raises(FormatError, match="orbax could not restore"):
         load_checkpoint(tmp_path / "o", readers=READERS)

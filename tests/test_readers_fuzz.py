@@ -11,12 +11,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from format_helpers import SMALL, random_state
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vit_common.convert import convert, load_checkpoint, save_checkpoint
-from vit_common.formats.canonical import save_safetensors
+from vit_common.io import save_safetensors
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -45,21 +45,23 @@ def _expect_documented(path: Path, out_dir: Path) -> None:
             assert not list(out_dir.iterdir()), "a failed conversion left files behind"
 
 
-def _originals(root: Path) -> dict[str, Path]:
-    """One valid file (or folder) per reader, written once."""
-    if (root / "done").exists():
-        return {p.name: p for p in root.iterdir() if p.name != "done"}
-    state = random_state(SMALL)
-    save_checkpoint(root / "canonical.safetensors", SMALL, state)
-    save_checkpoint(root / "timm.safetensors", SMALL, state, "timm")
-    save_checkpoint(root / "hf", SMALL, state, "hf")
-    save_checkpoint(root / "bv.npz", SMALL, state, "big_vision", scan=True)
-    save_checkpoint(root / "vit.npz", SMALL, state, "original_vit")
-    (root / "done").touch()
-    return _originals(root)
-
-
 ROOT = Path(tempfile.mkdtemp(prefix="vit-fuzz-"))
+
+
+@pytest.fixture
+def originals(small_cfg, random_state) -> dict[str, Path]:
+    """One valid file (or folder) per reader, written once per test process."""
+    if not (ROOT / "done").exists():
+        state = random_state(small_cfg)
+        save_checkpoint(ROOT / "canonical.safetensors", small_cfg, state)
+        save_checkpoint(ROOT / "timm.safetensors", small_cfg, state, "timm")
+        save_checkpoint(ROOT / "hf", small_cfg, state, "hf")
+        save_checkpoint(ROOT / "bv.npz", small_cfg, state, "big_vision", scan=True)
+        save_checkpoint(ROOT / "vit.npz", small_cfg, state, "original_vit")
+        (ROOT / "done").touch()
+    return {p.name: p for p in ROOT.iterdir() if p.name != "done"}
+
+
 FILES = ["canonical.safetensors", "timm.safetensors", "bv.npz", "vit.npz", "hf/model.safetensors"]
 
 
@@ -77,8 +79,7 @@ def test_random_bytes(data):
     cut=st.floats(0, 1, exclude_max=True),
     flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), max_size=4),
 )
-def test_truncated_and_corrupted_files(which, cut, flips):
-    originals = _originals(ROOT)
+def test_truncated_and_corrupted_files(originals, which, cut, flips):
     with _workdir() as work:
         src = originals[which.split("/")[0]]
         target = work / src.name
@@ -150,8 +151,7 @@ def test_random_tensor_sets(spec):
         min_size=1,
     )
 )
-def test_corrupted_hf_config(edits):
-    originals = _originals(ROOT)
+def test_corrupted_hf_config(originals, edits):
     with _workdir() as work:
         shutil.copytree(originals["hf"], work / "hf")
         config = json.loads((work / "hf" / "config.json").read_text())
@@ -171,12 +171,12 @@ def test_corrupted_hf_config(edits):
         ),
     )
 )
-def test_corrupted_stored_config(meta):
+def test_corrupted_stored_config(small_cfg, random_state, meta):
     with _workdir() as work:
-        stored = json.dumps({**SMALL.to_dict(), **meta}) if isinstance(meta, dict) else meta
+        stored = json.dumps({**small_cfg.to_dict(), **meta}) if isinstance(meta, dict) else meta
         save_safetensors(
             work / "in.safetensors",
-            random_state(SMALL),
+            random_state(small_cfg),
             {"format": "vit-twins/canonical/1", "vit_config": stored},
         )
         _expect_documented(work / "in.safetensors", work / "out")

@@ -12,8 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from format_helpers import SMALL, assert_same_state, random_state
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vit_common.convert import load_checkpoint, save_checkpoint
@@ -22,16 +21,16 @@ from vit_torch.formats import READERS, WRITERS
 
 
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
-def test_pth_round_trip_bit_exact(tmp_path, dtype):
-    state = random_state(SMALL, dtype=dtype)
-    save_checkpoint(tmp_path / "m.pth", SMALL, state, writers=WRITERS)
+def test_pth_round_trip_bit_exact(tmp_path, dtype, small_cfg, random_state, assert_same_state):
+    state = random_state(small_cfg, dtype=dtype)
+    save_checkpoint(tmp_path / "m.pth", small_cfg, state, writers=WRITERS)
     ckpt = load_checkpoint(tmp_path / "m.pth", readers=READERS)
     assert ckpt.report.format == "timm"
     assert_same_state(ckpt.state, state)
 
 
-def test_training_checkpoint_entries_are_reported(tmp_path):
-    state = random_state(SMALL)
+def test_training_checkpoint_entries_are_reported(tmp_path, small_cfg, random_state, assert_same_state):
+    state = random_state(small_cfg)
     sd = {k: torch.from_numpy(v) for k, v in state.items()}
     torch.save(
         {
@@ -48,15 +47,15 @@ def test_training_checkpoint_entries_are_reported(tmp_path):
     assert sorted(k for k, _ in ckpt.report.dropped) == ["arch", "args", "epoch", "optimizer"]
 
 
-def test_legacy_torch_save_format_and_hf_bin(tmp_path):
-    state = random_state(SMALL)
+def test_legacy_torch_save_format_and_hf_bin(tmp_path, small_cfg, random_state, assert_same_state):
+    state = random_state(small_cfg)
     torch.save(
         {k: torch.from_numpy(v) for k, v in state.items()},
         tmp_path / "old.pth",
         _use_new_zipfile_serialization=False,
     )
     assert_same_state(load_checkpoint(tmp_path / "old.pth", readers=READERS).state, state)
-    save_checkpoint(tmp_path / "hf", SMALL, state, "hf")  # same folder with pytorch_model.bin instead
+    save_checkpoint(tmp_path / "hf", small_cfg, state, "hf")  # same folder with pytorch_model.bin instead
     from safetensors.numpy import load_file
 
     tensors = load_file(tmp_path / "hf" / "model.safetensors")
@@ -88,14 +87,14 @@ def test_pth_without_weights_is_named(tmp_path):
 _VALID = Path(tempfile.mkdtemp(prefix="vit-pth-")) / "m.pth"
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     cut=st.floats(0, 1, exclude_max=True),
     flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), max_size=3),
 )
-def test_corrupted_pth_raises_only_documented_errors(cut, flips):
+def test_corrupted_pth_raises_only_documented_errors(cut, flips, small_cfg, random_state):
     if not _VALID.exists():
-        save_checkpoint(_VALID, SMALL, random_state(SMALL), writers=WRITERS)
+        save_checkpoint(_VALID, small_cfg, random_state(small_cfg), writers=WRITERS)
     data = bytearray(_VALID.read_bytes())
     for pos, x in flips:
         data[int(pos * len(data))] ^= x

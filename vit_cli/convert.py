@@ -19,8 +19,11 @@ def _setting(text: str) -> tuple[str, object]:
         return key, value
 
 
-def add_set_argument(p: argparse.ArgumentParser) -> None:
-    """``--set FIELD=VALUE`` (repeatable) -> ``args.settings``, a list of (field, value) config overrides."""
+def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
+    """What every command that reads a checkpoint takes: ``--set FIELD=VALUE`` (repeatable; ->
+    ``args.settings``, a list of (field, value) config overrides), ``--source-image-size`` (the size a
+    file that stores none was trained at) and ``--strict`` (refuse to assume). ``checkpoint_options(args)``
+    turns them into ``load_checkpoint`` / ``load_model`` keywords."""
     p.add_argument(
         "--set",
         dest="settings",
@@ -28,9 +31,32 @@ def add_set_argument(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help="override a config field the checkpoint does not store or stores wrongly (repeatable), "
-        "e.g. --set num_heads=16 --set gelu=tanh",
+        help="a config field the checkpoint does not store or stores wrongly (repeatable), "
+        "e.g. --set num_heads=16 --set gelu=tanh --set pool=gap",
     )
+    p.add_argument(
+        "--source-image-size",
+        type=_size,
+        metavar="S|HxW",
+        help="the image size the checkpoint was trained at, for files that store none (timm, .npz): "
+        "needed for a non-square patch grid",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a checkpoint whose config would have to be assumed (head count, pooling, GELU, "
+        "LayerNorm eps, image size, ...) instead of warning; pass what it lacks with --set / --source-image-size",
+    )
+
+
+def checkpoint_options(args: argparse.Namespace) -> dict:
+    """``load_checkpoint`` keywords from ``add_checkpoint_arguments``' flags."""
+    options = dict(args.settings)
+    if args.source_image_size is not None:
+        options["source_image_size"] = args.source_image_size
+    if args.strict:
+        options["strict"] = True
+    return options
 
 
 def _size(text: str) -> int | tuple[int, int]:
@@ -52,8 +78,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "convert",
         help="convert a checkpoint between timm, Hugging Face, big_vision, original ViT, orbax, ours",
         description="Read SRC (format detected from its contents) and write DST. Prints what was read "
-        "(format, variant, parameter count), what the config was inferred from, and what was dropped or "
-        f"resampled and why. Formats: {formats}. Nothing is written unless the whole conversion succeeds.",
+        "(format, variant, parameter count), where each config field came from (declared by the file, "
+        "derived from tensor shapes, assumed, or given by you), what was dropped or resampled and why, "
+        "and the timm or transformers code that loads DST strictly. Every assumed field that changes the "
+        f"model is a warning naming its flag; --strict refuses them. Formats: {formats}. Nothing is "
+        "written unless the whole conversion succeeds.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("src", help="checkpoint file or folder to read")
@@ -66,12 +95,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--to", dest="to_fmt", choices=tuple(FORMATS), help="output format (default: from DST's suffix)")
     p.add_argument("--image-size", type=_size, help="resample the position embedding to this image size (S or HxW)")
     p.add_argument("--num-classes", type=int, help="keep a head of this size; another size gets a new zero head")
-    p.add_argument(
-        "--source-image-size",
-        type=_size,
-        help="size SRC was trained at, for files that store none and have a non-square grid",
-    )
-    add_set_argument(p)
+    add_checkpoint_arguments(p)
     p.add_argument(
         "--hf-spelling",
         choices=("v4", "v5"),
@@ -99,10 +123,17 @@ def _adapters(framework: str | None, kind: str) -> dict:
     return getattr(formats, kind)
 
 
+def readers_for(path) -> dict:
+    """The framework readers ``path`` needs (importing only that framework), for ``load_checkpoint``."""
+    from vit_common.convert import needs
+
+    return _adapters(needs(path), "READERS")
+
+
 def run(args: argparse.Namespace) -> int:
     from vit_common.convert import convert, needs
 
-    readers = _adapters(needs(args.src, args.from_fmt), "READERS")
+    readers = readers_for(args.src)
     writers = _adapters(needs(args.dst, args.to_fmt, writing=True), "WRITERS")
     report = convert(
         args.src,
@@ -114,8 +145,7 @@ def run(args: argparse.Namespace) -> int:
         write_options=dict(spelling=args.hf_spelling, prefix=args.npz_prefix, scan=args.scan),
         image_size=args.image_size,
         num_classes=args.num_classes,
-        source_image_size=args.source_image_size,
-        **dict(args.settings),
+        **checkpoint_options(args),
     )
     print(json.dumps(report.to_dict()) if args.json else report)
     return 0

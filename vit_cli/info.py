@@ -1,41 +1,94 @@
-"""`vit info VARIANT`: the config, parameter count and forward GFLOPs per image of a variant."""
+"""`vit info VARIANT|CHECKPOINT`: the config, parameter count and forward GFLOPs per image of a variant, or
+of a checkpoint together with where each of its config fields came from."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+
+from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "info",
-        help="show a variant's config, parameter count and GFLOPs",
+        help="show a variant's or a checkpoint's config, parameter count and GFLOPs",
         description="Show the config, parameter count and forward GFLOPs per image of a ViT variant, "
-        "e.g. 'vit info B/16' or 'vit info S/16 --num-classes 10 --image-size 384'. Needs neither "
-        "JAX nor PyTorch.",
+        "e.g. 'vit info B/16' or 'vit info S/16 --num-classes 10 --image-size 384', or of a checkpoint "
+        "file or folder (any format `vit convert` reads), with the provenance of each config field: "
+        "declared by the file, derived from tensor shapes, assumed (a warning names the flag that "
+        "supplies it) or given with --set. Needs neither JAX nor PyTorch, except to open orbax folders "
+        "(JAX) and .pth/.bin files (PyTorch).",
     )
-    p.add_argument("variant", help="variant string NAME/PATCH, e.g. B/16, Ti/16, So400m/14")
-    p.add_argument("--num-classes", type=int, default=None, help="head size K (default 1000; 0 = none)")
-    p.add_argument("--image-size", type=int, default=None, help="square image size in pixels (default 224)")
+    p.add_argument("source", metavar="VARIANT|CHECKPOINT", help="variant NAME/PATCH (B/16, So400m/14) or a path")
+    p.add_argument("--num-classes", type=int, default=None, help="variant: head size K (default 1000; 0 = none)")
+    p.add_argument("--image-size", type=int, default=None, help="variant: square image size in pixels (default 224)")
+    add_checkpoint_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=run)
+
+
+def _summary(cfg) -> list[str]:
+    return [
+        f"  parameters      {cfg.param_count():,}",
+        f"  GFLOPs / image  {cfg.flops() / 1e9:.2f}  (forward, 2 x multiply-adds)",
+        f"  tokens          {cfg.seq_len}  (grid {cfg.grid[0]}x{cfg.grid[1]} + {cfg.num_prefix_tokens} prefix)",
+    ]
+
+
+def _checkpoint(args: argparse.Namespace) -> int:
+    from vit_cli.convert import readers_for
+    from vit_common.config import RUNTIME_FIELDS
+    from vit_common.convert import load_checkpoint
+
+    if args.num_classes is not None or args.image_size is not None:
+        raise ValueError("--num-classes and --image-size describe a variant; a checkpoint says its own")
+    ckpt = load_checkpoint(args.source, readers=readers_for(args.source), **checkpoint_options(args))
+    cfg, report = ckpt.cfg, ckpt.report
+    if args.json:
+        out = report.to_dict() | {"gflops": cfg.flops() / 1e9, "seq_len": cfg.seq_len}
+        print(json.dumps(out))
+        return 0
+    print(f"{args.source}: {report.format}" + (f" ({report.layout})" if report.layout else ""))
+    print(f"  variant         {report.variant}")
+    print("\n".join(_summary(cfg)))
+    print("  config          (value, then where it came from)")
+    for line in report.provenance_lines():
+        print(f"    {line}")
+    for k in sorted(RUNTIME_FIELDS):
+        print(f"    {k:20s} = {getattr(cfg, k)!r:24s} run-time  (a training or execution choice)")
+    for k, why in report.dropped:
+        print(f"  dropped         {k}: {why}")
+    for n in report.notes:
+        print(f"  note            {n}")
+    for w in report.warnings:
+        print(f"  WARNING         {w}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     from vit_common.config import ViTConfig
 
+    if os.path.exists(args.source):
+        return _checkpoint(args)
+    if args.settings or args.source_image_size or args.strict:
+        raise ValueError(f"{args.source!r}: no such checkpoint; --set, --source-image-size and --strict read one")
     overrides = {}
     if args.num_classes is not None:
         overrides["num_classes"] = args.num_classes
     if args.image_size is not None:
         overrides["image_size"] = args.image_size
-    cfg = ViTConfig.from_name(args.variant, **overrides)
+    try:
+        cfg = ViTConfig.from_name(args.source, **overrides)
+    except ValueError as e:
+        raise ValueError(f"{e} (and {args.source!r} is no checkpoint path)") from None
     params, flops = cfg.param_count(), cfg.flops()
     if args.json:
         print(
             json.dumps(
                 {
-                    "variant": args.variant,
+                    "variant": args.source,
                     "params": params,
                     "gflops": flops / 1e9,
                     "seq_len": cfg.seq_len,
@@ -44,10 +97,8 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    print(f"ViT {args.variant}")
-    print(f"  parameters      {params:,}")
-    print(f"  GFLOPs / image  {flops / 1e9:.2f}  (forward, 2 x multiply-adds)")
-    print(f"  tokens          {cfg.seq_len}  (grid {cfg.grid[0]}x{cfg.grid[1]} + {cfg.num_prefix_tokens} prefix)")
+    print(f"ViT {args.source}")
+    print("\n".join(_summary(cfg)))
     print("  config")
     for k, v in cfg.to_dict().items():
         print(f"    {k:18s}{v}")

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_common.formats.canonical import atomic_write
+from vit_common.io import atomic_write, write_text
 from vit_common.tolerance import Comparison, compare
 
 ROW_KEYS = ("name", "what", "dtype", "max_abs", "mean_abs", "scale", "kind", "bound")
@@ -226,5 +226,5 @@ def write_parity_report(
         plot_maps(paths["maps"], maps)
     page = _html(rows, title, dict(meta or {}), [p.name for k, p in paths.items()])
     paths["index"] = out / "index.html"
-    atomic_write(paths["index"], lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
+    write_text(paths["index"], page)
     return paths

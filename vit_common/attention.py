@@ -19,13 +19,14 @@ Which output token a map reads depends on the pooling (``query_weights``):
 
 * pool='token': the class token's row (token 0). Register tokens (Darcet et al. 2024) take part in
   attention and rollout like every token; they are split off the patch map and their share reported.
-* pool='gap' and pool='none' (no single output token, or no class token): the mean over the patch
-  queries. gap pools the mean of the final patch tokens, and a row average of R is the rollout of that
-  mean, so this is the rollout of the pooled vector; for one block it is the mean attention each token
-  receives from the patch tokens.
+* pool='gap', 'max', 'avgmax' and 'none' (no single output token, or no class token): the mean over
+  the patch queries. gap pools the mean of the final patch tokens, and a row average of R is the
+  rollout of that mean, so this is the rollout of the pooled vector (for max and avgmax an
+  approximation); for one block it is the mean attention each token receives from the patch tokens.
 * pool='map': blocks as for gap; the MAP head's probe attention ('attn_pool') is its own map, and the
   rollout is p @ R with p the probe's head-fused attention, rows renormalised (the probe reads the
-  final tokens without a residual path, so no identity is added for it).
+  final tokens without a residual path, so no identity is added for it). A probe that reads the patch
+  tokens only (pool_include_prefix=False) gives the prefix tokens weight 0.
 
 A token distribution [..., L] is split into class token, register tokens and the patch grid [..., h, w]
 (``split_tokens``); ``upsample`` takes a grid to image size with ``vit_common.posemb``'s bilinear
@@ -126,6 +127,8 @@ def query_weights(cfg: ViTConfig, seq_len: int | None = None) -> tuple[np.ndarra
     q[npt:] = 1.0 / (length - npt)
     why = {
         "gap": "pool='gap' averages the patch tokens",
+        "max": "pool='max' takes each channel's maximum over the tokens",
+        "avgmax": "pool='avgmax' mixes the tokens' mean and maximum",
         "map": "pool='map' reads the tokens through its probe, not a class token",
         "none": "pool='none' has no single output token",
     }[cfg.pool]
@@ -136,13 +139,15 @@ def query_weights(cfg: ViTConfig, seq_len: int | None = None) -> tuple[np.ndarra
 class TokenSplit:
     """A distribution over tokens [..., L] split by token kind (shares sum to 1 per map).
 
-    cls: [...] class-token share, or None without a class token. registers: [..., R] (R may be 0).
-    patches: [..., h, w] patch grid, row-major as the patch embedding.
+    cls: [...] class-token share, or None without a class token. dist: [...] distillation-token share
+    (DeiT), or None. registers: [..., R] (R may be 0). patches: [..., h, w] patch grid, row-major as the
+    patch embedding.
     """
 
     cls: np.ndarray | None
     registers: np.ndarray
     patches: np.ndarray
+    dist: np.ndarray | None = None
 
 
 def split_tokens(dist: np.ndarray, cfg: ViTConfig, grid: tuple[int, int] | None = None) -> TokenSplit:
@@ -156,11 +161,12 @@ def split_tokens(dist: np.ndarray, cfg: ViTConfig, grid: tuple[int, int] | None 
     npt = cfg.num_prefix_tokens
     if dist.shape[-1] != npt + gh * gw:
         raise ValueError(f"{dist.shape[-1]} tokens: expected {npt} prefix + {gh}x{gw} patches")
-    c = int(cfg.class_token)
+    c = int(cfg.class_token) + int(cfg.dist_token)
     return TokenSplit(
-        cls=dist[..., 0] if c else None,
+        cls=dist[..., 0] if cfg.class_token else None,
         registers=dist[..., c:npt],
         patches=dist[..., npt:].reshape(*dist.shape[:-1], gh, gw),
+        dist=dist[..., 1] if cfg.dist_token else None,
     )
 
 
@@ -225,7 +231,9 @@ def attention_maps(
     }
     probe = None
     if cfg.pool == "map":
-        probe = np.asarray(intermediates["attn_pool"], np.float64)[:, :, 0]  # [B, N, 1, L] -> [B, N, L]
+        probe = np.asarray(intermediates["attn_pool"], np.float64)[:, :, 0]  # [B, N, 1, L'] -> [B, N, L']
+        skipped = r.shape[-1] - probe.shape[-1]  # prefix tokens the probe does not read
+        probe = np.concatenate([np.zeros(probe.shape[:-1] + (skipped,)), probe], axis=-1)  # [B, N, L]
         read = np.einsum("bm,bml->bl", fused_rows(probe, head), r)
         shows["probe"] = "per head: the MAP head's probe attention over the final tokens (what pool='map' reads)"
         shows["rollout"] = (
@@ -235,7 +243,7 @@ def attention_maps(
     else:
         read = np.einsum("l,blm->bm", q, r)
     if cfg.num_prefix_tokens:
-        kinds = ["the class token"] * cfg.class_token
+        kinds = ["the class token"] * cfg.class_token + ["the distillation token"] * cfg.dist_token
         kinds += [f"{cfg.reg_tokens} register tokens"] * bool(cfg.reg_tokens)
         shows["prefix"] = f"{' and '.join(kinds)}: left out of the patch maps; each map's share reported"
     return AttentionMaps(layers=layers, raw=raw, probe=probe, rollout=read, head=head, shows=shows)

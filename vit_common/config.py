@@ -31,13 +31,46 @@ VARIANTS: dict[str, dict[str, int]] = {
 }
 
 _CHOICES = {
-    "gelu": ("exact", "tanh"),
-    "pool": ("token", "gap", "map", "none"),
+    "gelu": ("exact", "tanh", "quick"),
+    "pool": ("token", "gap", "max", "avgmax", "map", "none"),
     "posemb": ("learn", "sincos2d", "none"),
     "attn_impl": ("fused", "explicit"),
     "dtype": ("float32", "float64", "bfloat16", "float16"),
     "param_dtype": ("float32", "float64", "bfloat16", "float16"),
 }
+
+
+_FLAGS = (
+    "patch_bias",
+    "qkv_bias",
+    "qk_norm",
+    "pool_include_prefix",
+    "class_token",
+    "dist_token",
+    "head_dist",
+    "posemb_prefix",
+    "norm_pre",
+    "fc_norm",
+    "dynamic_img_size",
+    "dynamic_img_pad",
+)
+# Training and execution choices: they do not change the function a set of weights computes at its
+# image size (LayerScale's init value only matters before the gammas are loaded).
+RUNTIME_FIELDS = frozenset(
+    {
+        "layer_scale",
+        "dropout",
+        "attn_dropout",
+        "drop_path",
+        "dynamic_img_size",
+        "dynamic_img_pad",
+        "posemb_resample",
+        "attn_impl",
+        "attn_backend",
+        "dtype",
+        "param_dtype",
+    }
+)
 
 
 def _pair(v: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
@@ -56,28 +89,47 @@ class ViTConfig:
     """Every architectural choice of a ViT, as timm, big_vision and the original ViT need them.
 
     Defaults are timm's ``vit_base_patch16_224`` (exact GELU, LayerNorm eps 1e-6, class-token pooling).
+    Fields that change the function a checkpoint computes are listed in ``FUNCTION_FIELDS``; the rest
+    (``RUNTIME_FIELDS``) are training and execution choices.
     Derived values (``grid``, ``num_patches``, ``num_prefix_tokens``, ``seq_len``, ``head_dim``) are
     properties. An invalid combination raises ``ValueError`` naming the values.
 
     Fields:
         image_size: int or (H, W) in pixels; an int means square.
         patch_size: P, int or (P_h, P_w); the patch embedding is a stride-P convolution with VALID padding.
+        patch_bias: the patch-embedding convolution has a bias (False in CLIP image towers, where timm's
+            ``pre_norm=True`` drops it).
         in_chans: C.
         num_classes: K; 0 means backbone only (no head, logits are the pre-logits features).
         width, depth, num_heads, mlp_dim: D, number of blocks, N, F.
         qkv_bias: bias on the fused qkv projection (timm default True).
         qk_norm: LayerNorm over head_dim on q and k (timm ``qk_norm``).
         ln_eps: epsilon of every LayerNorm (timm/big_vision 1e-6, HF ViT 1e-12, torch default 1e-5).
-        gelu: 'exact' (erf; timm, HF, torch default) or 'tanh' (big_vision, original ViT, jax default).
-        pool: 'token' (class token), 'gap' (mean over patch tokens), 'map' (attention-pooling head),
-            'none' (every token; the head, if any, is applied per token).
+        gelu: the MLP's GELU: 'exact' x/2 (1 + erf(x / sqrt 2)) (timm, HF, torch default), 'tanh' (the tanh
+            approximation: big_vision, original ViT, jax default) or 'quick' x sigmoid(1.702 x) (OpenAI
+            CLIP's QuickGELU; timm ``act_layer='quick_gelu'``, HF ``hidden_act='quick_gelu'``).
+        pool: how the final tokens become one vector: 'token' (class token), 'gap' (mean over tokens),
+            'max' (per-channel max), 'avgmax' ((max + mean) / 2; timm ``global_pool='avgmax'``), 'map'
+            (attention-pooling head), 'none' (every token; the head, if any, is applied per token).
+        pool_include_prefix: 'gap', 'max', 'avgmax' and 'map' pool over the prefix tokens (class,
+            distillation, register) too; False pools the patch tokens only (timm ``pool_include_prefix``,
+            default False, which also applies to its MAP head).
         class_token: prepend a learned class token.
-        reg_tokens: number of register tokens (Darcet et al. 2024), after the class token.
+        dist_token: prepend a learned distillation token right after the class token (DeiT, Touvron et
+            al. 2021; timm ``VisionTransformerDistilled``, HF ``DeiTModel``). Needs class_token.
+        head_dist: DeiT's distilled head: a second head ``head_dist`` reads the distillation token, the
+            first reads the class token, and the output is the mean of the two (what timm's distilled
+            model and HF ``DeiTForImageClassificationWithTeacher`` return in eval mode; without a head,
+            the mean of the two tokens). Needs dist_token and pool='token'.
+        reg_tokens: number of register tokens (Darcet et al. 2024), after the class (and distillation)
+            token.
         posemb: 'learn' (a ``pos_embed`` parameter), 'sincos2d' (fixed, big_vision
             ``posemb_sincos_2d``), 'none'.
         posemb_prefix: ``pos_embed`` has rows for the prefix (class and register) tokens, added after
             they are prepended (timm default, original ViT). False: rows for patches only, added before
             the prefix tokens are prepended (timm ``no_embed_class``, big_vision, DeiT III).
+        norm_pre: a LayerNorm on the tokens before the first block (CLIP's ``ln_pre``, timm
+            ``pre_norm=True`` as ``norm_pre``).
         fc_norm: LayerNorm after pooling instead of before it (timm ``fc_norm``; MAE/BEiT-style gap).
         rep_size: width of the pre-logits dense + tanh layer (original ViT ``representation_size``,
             HF ``ViTModel`` pooler); 0 means none.
@@ -107,6 +159,7 @@ class ViTConfig:
 
     image_size: int | tuple[int, int] = 224
     patch_size: int | tuple[int, int] = 16
+    patch_bias: bool = True
     in_chans: int = 3
     num_classes: int = 1000
     width: int = 768
@@ -118,10 +171,14 @@ class ViTConfig:
     ln_eps: float = 1e-6
     gelu: str = "exact"
     pool: str = "token"
+    pool_include_prefix: bool = False
     class_token: bool = True
+    dist_token: bool = False
+    head_dist: bool = False
     reg_tokens: int = 0
     posemb: str = "learn"
     posemb_prefix: bool = True
+    norm_pre: bool = False
     fc_norm: bool = False
     rep_size: int = 0
     layer_scale: float | None = None
@@ -164,8 +221,29 @@ class ViTConfig:
                 raise ValueError(f"{name}={v!r}: expected a rate in [0, 1)")
         if self.layer_scale is not None and not self.layer_scale > 0:
             raise ValueError(f"layer_scale={self.layer_scale!r}: expected None or a positive float")
+        for name in _FLAGS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected True or False")
         if self.pool == "token" and not self.class_token:
-            raise ValueError("pool='token' needs class_token=True; use pool='gap', 'map' or 'none'")
+            raise ValueError("pool='token' needs class_token=True; use pool='gap', 'max', 'avgmax', 'map' or 'none'")
+        if self.dist_token and not self.class_token:
+            raise ValueError("dist_token=True needs class_token=True: the distillation token follows it (DeiT)")
+        if self.head_dist:
+            bad = [
+                f"{name}={getattr(self, name)!r}"
+                for name, ok in (
+                    ("dist_token", self.dist_token),
+                    ("pool", self.pool == "token"),
+                    ("fc_norm", not self.fc_norm),
+                    ("rep_size", not self.rep_size),
+                )
+                if not ok
+            ]
+            if bad:
+                raise ValueError(
+                    f"head_dist=True (DeiT's distilled head) needs dist_token=True, pool='token', fc_norm=False "
+                    f"and rep_size=0; got {', '.join(bad)}"
+                )
         if self.posemb == "sincos2d":
             if self.posemb_prefix and self.num_prefix_tokens:
                 raise ValueError(
@@ -224,7 +302,8 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return int(self.class_token) + self.reg_tokens
+        """Tokens before the patches: class, distillation, registers (in that order)."""
+        return int(self.class_token) + int(self.dist_token) + self.reg_tokens
 
     @property
     def seq_len(self) -> int:
@@ -244,6 +323,16 @@ class ViTConfig:
     def features_dim(self) -> int:
         """Width of the head's input (pre-logits)."""
         return self.rep_size or self.width
+
+    def inert_fields(self) -> frozenset[str]:
+        """Fields whose value changes nothing given the others (e.g. pool_include_prefix without prefix
+        tokens): a reader need not know them."""
+        inert = set()
+        if not self.num_prefix_tokens or self.pool in ("token", "none"):
+            inert.add("pool_include_prefix")
+        if not self.num_prefix_tokens or self.posemb != "learn":
+            inert.add("posemb_prefix")
+        return frozenset(inert)
 
     # ------------------------------------------------------------------------------- constructors
     @classmethod
@@ -309,7 +398,7 @@ class ViTConfig:
         ph, pw = self.patch_size
         ln = 2 * d
         linear = lambda i, o, bias=True: i * o + (o if bias else 0)  # noqa: E731
-        n = linear(self.in_chans * ph * pw, d)  # patch_embed.proj
+        n = linear(self.in_chans * ph * pw, d, self.patch_bias)  # patch_embed.proj
         n += d * self.num_prefix_tokens  # cls_token, reg_token
         if self.posemb == "learn":
             n += self.posemb_len * d
@@ -320,12 +409,14 @@ class ViTConfig:
             block += 2 * d
         n += self.depth * block
         n += ln  # norm or fc_norm
+        if self.norm_pre:
+            n += ln
         if self.pool == "map":  # latent, q, kv, proj, norm, mlp (timm AttentionPoolLatent)
             n += d + linear(d, d) + linear(d, 2 * d) + linear(d, d) + ln + linear(d, f) + linear(f, d)
         if self.rep_size:
             n += linear(d, self.rep_size)
         if k:
-            n += linear(self.features_dim, k)
+            n += linear(self.features_dim, k) * (2 if self.head_dist else 1)  # head (and head_dist)
         return n
 
     def flops(self, image_size: tuple[int, int] | int | None = None) -> int:
@@ -334,8 +425,9 @@ class ViTConfig:
         Formula (L tokens, D width, F mlp_dim, N' patches, K classes, P patch):
             patch embedding 2 N' C P^2 D
             per block       2 L (3D^2 + D^2 + 2 D F)  (qkv, proj, mlp) + 4 L^2 D (q k^T and attn v)
-            MAP head        2 D^2 + 2 L D (2D) + 4 L D + 2 D^2 + 4 D F  (q, kv, attention, proj, mlp)
-            pre-logits      2 D R;  head 2 R K  (per token when pool='none')
+            MAP head        2 D^2 + 2 L' D (2D) + 4 L' D + 2 D^2 + 4 D F  (q, kv, attention, proj, mlp;
+                            L' the tokens it pools: L, or the patches without pool_include_prefix)
+            pre-logits      2 D R;  head 2 R K  (per token when pool='none'; twice with head_dist)
         Elementwise work (LayerNorm, GELU, softmax, residual adds) is left out, as in the ViT, DeiT and
         timm/fvcore conventions; it is under 1% of the total for B/16 at 224.
         """
@@ -343,15 +435,19 @@ class ViTConfig:
         gh, gw = cfg.grid
         n_patch = gh * gw
         seq = n_patch + self.num_prefix_tokens
+        pooled = seq if self.pool_include_prefix else n_patch  # tokens the MAP head attends over
         d, f = self.width, self.mlp_dim
         ph, pw = self.patch_size
         total = 2 * n_patch * self.in_chans * ph * pw * d
         total += self.depth * (2 * seq * (4 * d * d + 2 * d * f) + 4 * seq * seq * d)
         if self.pool == "map":
-            total += 2 * d * d + 2 * seq * d * 2 * d + 4 * seq * d + 2 * d * d + 4 * d * f
+            total += 2 * d * d + 2 * pooled * d * 2 * d + 4 * pooled * d + 2 * d * d + 4 * d * f
         rows = seq if self.pool == "none" else 1
         if self.rep_size:
             total += rows * 2 * d * self.rep_size
         if self.num_classes:
-            total += rows * 2 * self.features_dim * self.num_classes
+            total += rows * 2 * self.features_dim * self.num_classes * (2 if self.head_dist else 1)
         return total
+
+
+FUNCTION_FIELDS = tuple(f.name for f in dataclasses.fields(ViTConfig) if f.name not in RUNTIME_FIELDS)

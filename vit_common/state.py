@@ -51,8 +51,13 @@ def canonical_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
         s["reg_token"] = (1, cfg.reg_tokens, d)
     if cfg.posemb == "learn":
         s["pos_embed"] = (1, cfg.posemb_len, d)
+    if cfg.dist_token:
+        s["dist_token"] = (1, 1, d)  # timm VisionTransformerDistilled registers it after pos_embed
     s["patch_embed.proj.weight"] = (d, cfg.in_chans, ph, pw)  # (D, C, P, P) OIHW
-    s["patch_embed.proj.bias"] = (d,)
+    if cfg.patch_bias:
+        s["patch_embed.proj.bias"] = (d,)
+    if cfg.norm_pre:
+        s.update(_norm("norm_pre", d))
     for i in range(cfg.depth):
         b = f"blocks.{i}"
         s.update(_norm(f"{b}.norm1", d))
@@ -82,6 +87,8 @@ def canonical_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
         s.update(_linear("pre_logits.fc", d, cfg.rep_size))
     if cfg.num_classes:
         s.update(_linear("head", cfg.features_dim, cfg.num_classes))
+        if cfg.head_dist:
+            s.update(_linear("head_dist", cfg.features_dim, cfg.num_classes))
     return s
 
 

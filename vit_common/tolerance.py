@@ -1,4 +1,4 @@
-"""The one tolerance table (DESIGN.md) and the comparison every parity check uses.
+"""The one tolerance table and the comparison every parity check uses.
 
 A comparison reports ``max_abs`` = max |a - b| and ``rel`` = max_abs / max |reference|; a bound is
 either relative ("rel") or absolute ("abs"). Float32 bounds assume full-precision matmuls

@@ -2,6 +2,6 @@
 
 from vit_common.config import VARIANTS, ViTConfig
 from vit_jax.model import VisionTransformer
-from vit_jax.weights import from_numpy, load_model, to_numpy
+from vit_jax.weights import from_numpy, from_timm, load_model, to_numpy
 
-__all__ = ["VARIANTS", "ViTConfig", "VisionTransformer", "from_numpy", "load_model", "to_numpy"]
+__all__ = ["VARIANTS", "ViTConfig", "VisionTransformer", "from_numpy", "from_timm", "load_model", "to_numpy"]

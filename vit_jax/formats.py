@@ -3,7 +3,7 @@
 Layout: ``PATH/vit_config.json`` ({"format": ..., "vit_config": ..., "rng_impl": ...}) and ``PATH/state``
 (orbax ``StandardCheckpointer``): parameters and, for models with dropout or drop path, their RNG
 streams. Typed PRNG keys are stored as their raw ``key_data`` (uint32) and wrapped again on restore, so
-restoring into an abstract model never trips over the key dtype (K09, whatever the orbax version).
+restoring into an abstract model never trips over the key dtype, whatever the orbax version.
 ``READERS`` / ``WRITERS`` plug this into ``vit_common.convert``.
 """
 
@@ -23,7 +23,8 @@ from flax import nnx
 from vit_common.config import ViTConfig
 from vit_common.convert import ORBAX_CONFIG
 from vit_common.formats.base import FormatError
-from vit_common.formats.canonical import FORMAT_TAG, atomic_write_dir, stored_config
+from vit_common.formats.canonical import FORMAT_TAG, stored_config
+from vit_common.io import atomic_write_dir, write_json
 from vit_jax.model import VisionTransformer
 from vit_jax.weights import check_float64, from_numpy, to_numpy
 
@@ -59,7 +60,7 @@ def save_orbax(path: str | os.PathLike, model: VisionTransformer) -> None:
     meta = {"format": FORMAT_TAG, "vit_config": model.cfg.to_json(), "rng_impl": impl}
 
     def write(tmp: Path) -> None:
-        (tmp / ORBAX_CONFIG).write_text(json.dumps(meta, indent=1) + "\n")
+        write_json(tmp / ORBAX_CONFIG, meta, indent=1)
         ckptr = ocp.StandardCheckpointer()
         ckptr.save((tmp / "state").absolute(), _storable(_pure_dict(state), jax.random.key_data))
         ckptr.wait_until_finished()

@@ -44,7 +44,7 @@ def _dropout(rate: float, rngs: nnx.Rngs) -> nnx.Dropout:
 
 
 class PatchEmbed(nnx.Module):
-    """Stride-P convolution with VALID padding: [B, H, W, C] -> [B, H/P, W/P, D]."""
+    """Stride-P convolution with VALID padding, bias if cfg.patch_bias: [B, H, W, C] -> [B, H/P, W/P, D]."""
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
         self.proj = nnx.Conv(
@@ -53,6 +53,7 @@ class PatchEmbed(nnx.Module):
             kernel_size=cfg.patch_size,
             strides=cfg.patch_size,
             padding="VALID",
+            use_bias=cfg.patch_bias,
             kernel_init=nnx.initializers.lecun_normal(),
             rngs=rngs,
             **_dtypes(cfg),
@@ -128,10 +129,16 @@ class Attention(nnx.Module):
         return x, probs if return_attn else None
 
 
+def quick_gelu(x: jax.Array) -> jax.Array:
+    """x sigmoid(1.702 x): OpenAI CLIP's QuickGELU (timm ``QuickGELU``, HF ``quick_gelu``)."""
+    return x * jax.nn.sigmoid(1.702 * x)
+
+
 class Mlp(nnx.Module):
-    """fc1 -> GELU (cfg.gelu: 'exact' erf or 'tanh') -> dropout -> fc2 -> dropout."""
+    """fc1 -> GELU (cfg.gelu: 'exact' erf, 'tanh' or 'quick') -> dropout -> fc2 -> dropout."""
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
+        self.quick = cfg.gelu == "quick"
         self.approximate = cfg.gelu == "tanh"
         self.fc1 = _linear(cfg, cfg.width, cfg.mlp_dim, rngs)
         self.drop1 = _dropout(cfg.dropout, rngs)
@@ -139,7 +146,9 @@ class Mlp(nnx.Module):
         self.drop2 = _dropout(cfg.dropout, rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.drop2(self.fc2(self.drop1(gelu(self.fc1(x), self.approximate))))
+        h = self.fc1(x)
+        h = quick_gelu(h) if self.quick else gelu(h, self.approximate)
+        return self.drop2(self.fc2(self.drop1(h)))
 
 
 class LayerScale(nnx.Module):
@@ -193,8 +202,9 @@ class Block(nnx.Module):
 class MAPHead(nnx.Module):
     """Multihead attention pooling (big_vision ``MAPHead``, timm ``AttentionPoolLatent``).
 
-    A learned probe ``latent`` [1, 1, D] attends over all tokens; then x + mlp(norm(x)).
-    [B, L, D] -> ([B, D], probe attention [B, N, 1, L] or None).
+    A learned probe ``latent`` [1, 1, D] attends over the tokens it is given (the patch tokens, or all of
+    them with cfg.pool_include_prefix, as timm); then x + mlp(norm(x)).
+    [B, L', D] -> ([B, D], probe attention [B, N, 1, L'] or None).
     """
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
@@ -237,8 +247,9 @@ class PreLogits(nnx.Module):
 class VisionTransformer(nnx.Module):
     """ViT (Dosovitskiy et al. 2021) for images [B, H, W, C]; every option comes from ``cfg``.
 
-    ``model(images)`` gives logits [B, K] ([B, L, K] with pool='none'; features when K=0).
-    ``forward_intermediates(images)`` gives (logits, dict of named tensors), attention included.
+    ``model(images)`` gives logits [B, K] ([B, L, K] with pool='none'; features when K=0; with
+    head_dist the mean of both heads, in training too). ``forward_intermediates(images)`` gives
+    (logits, dict of named tensors), attention and each head's logits included.
     Freshly built modules are in training mode (NNX convention); call ``.eval()`` for inference.
     """
 
@@ -258,7 +269,9 @@ class VisionTransformer(nnx.Module):
         self.pos_embed = (
             nnx.Param(_trunc02(rngs.params(), (1, cfg.posemb_len, cfg.width), pd)) if cfg.posemb == "learn" else None
         )
+        self.dist_token = nnx.Param(_trunc02(rngs.params(), (1, 1, cfg.width), pd)) if cfg.dist_token else None
         self.pos_drop = _dropout(cfg.dropout, rngs)
+        self.norm_pre = _layer_norm(cfg, cfg.width, rngs) if cfg.norm_pre else None
         rates = np.linspace(0.0, cfg.drop_path, cfg.depth) if cfg.depth > 1 else [cfg.drop_path]
         self.blocks = nnx.List([Block(cfg, float(r), rngs=rngs) for r in rates])
         self.norm = _layer_norm(cfg, cfg.width, rngs) if not cfg.fc_norm else None
@@ -267,6 +280,9 @@ class VisionTransformer(nnx.Module):
         self.pre_logits = PreLogits(cfg, rngs=rngs) if cfg.rep_size else None
         self.head_drop = _dropout(cfg.dropout, rngs)
         self.head = _linear(cfg, cfg.features_dim, cfg.num_classes, rngs) if cfg.num_classes else None
+        self.head_dist = (
+            _linear(cfg, cfg.features_dim, cfg.num_classes, rngs) if cfg.num_classes and cfg.head_dist else None
+        )
 
     def _embed(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Images [B, H, W, C] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D])."""
@@ -280,7 +296,8 @@ class VisionTransformer(nnx.Module):
             x = jnp.pad(x, ((0, 0), (0, gh * ph - x.shape[1]), (0, gw * pw - x.shape[2]), (0, 0)))
         b = x.shape[0]
         patches = self.patch_embed(x).reshape(b, gh * gw, cfg.width)  # [B, h, w, D] -> [B, h*w, D]
-        prefix = [p[...].astype(cfg.dtype) for p in (self.cls_token, self.reg_token) if p is not None]
+        tokens = (self.cls_token, self.dist_token, self.reg_token)
+        prefix = [p[...].astype(cfg.dtype) for p in tokens if p is not None]
         prefix = [jnp.broadcast_to(p, (b,) + p.shape[1:]) for p in prefix]
         npt = cfg.num_prefix_tokens
         if cfg.posemb == "learn":
@@ -307,6 +324,10 @@ class VisionTransformer(nnx.Module):
         patches, x = self._embed(x)
         if record:
             out["patch_embed"], out["pos_embed"] = patches, x
+        if self.norm_pre is not None:
+            x = self.norm_pre(x)
+            if record:
+                out["norm_pre"] = x
         for i, block in enumerate(self.blocks):
             x, probs = block(self.platform.residual(x), return_attn=record)  # residual: identity but on CPU
             if record:
@@ -315,12 +336,18 @@ class VisionTransformer(nnx.Module):
             x = self.norm(x)
         if record:
             out["norm"] = x
+        x_dist = x[:, 1] if cfg.head_dist else None  # DeiT: the distillation token's own head
+        pooled = x if cfg.pool_include_prefix else x[:, cfg.num_prefix_tokens :]  # [B, L', D]
         if cfg.pool == "token":
             x = x[:, 0]
         elif cfg.pool == "gap":
-            x = x[:, cfg.num_prefix_tokens :].mean(axis=1)
+            x = pooled.mean(axis=1)
+        elif cfg.pool == "max":
+            x = pooled.max(axis=1)
+        elif cfg.pool == "avgmax":
+            x = 0.5 * (pooled.max(axis=1) + pooled.mean(axis=1))
         elif cfg.pool == "map":
-            x, probs = self.attn_pool(x, return_attn=record)
+            x, probs = self.attn_pool(pooled, return_attn=record)
             if record:
                 out["attn_pool"] = probs
         if self.fc_norm is not None:
@@ -332,6 +359,15 @@ class VisionTransformer(nnx.Module):
         x = self.head_drop(x)
         if self.head is not None:
             x = self.head(x)
+        if x_dist is not None:
+            if record:
+                out["pre_logits_dist"] = x_dist
+            x_dist = self.head_drop(x_dist)
+            if self.head_dist is not None:
+                x_dist = self.head_dist(x_dist)
+                if record:
+                    out["head"], out["head_dist"] = x, x_dist
+            x = (x + x_dist) / 2  # timm VisionTransformerDistilled.forward_head in eval mode
         if record:
             out["logits"] = x
         return x
@@ -343,9 +379,11 @@ class VisionTransformer(nnx.Module):
     def forward_intermediates(self, images: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Logits and every named intermediate; attention always takes the explicit path.
 
-        Keys: 'patch_embed' [B, h*w, D], 'pos_embed' (block input) [B, L, D], 'blockNN' [B, L, D],
-        'attnNN' [B, N, L, L] (rows sum to 1), 'norm' [B, L, D], 'attn_pool' [B, N, 1, L] (MAP only),
-        'pre_logits' [B, D'], 'logits' [B, K]. The same keys as the torch twin.
+        Keys: 'patch_embed' [B, h*w, D], 'pos_embed' [B, L, D], 'norm_pre' (norm_pre only; the block
+        input) [B, L, D], 'blockNN' [B, L, D], 'attnNN' [B, N, L, L] (rows sum to 1), 'norm' [B, L, D],
+        'attn_pool' [B, N, 1, L'] (MAP only; L' = L, or the patches without pool_include_prefix),
+        'pre_logits' [B, D'], with head_dist also 'pre_logits_dist' [B, D] and, with a head, 'head' and
+        'head_dist' [B, K] (each head's logits), 'logits' [B, K]. The same keys as the torch twin.
         """
         out: dict[str, jax.Array] = {}
         logits = self._forward(images, out)

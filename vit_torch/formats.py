@@ -1,9 +1,12 @@
 """PyTorch file containers (.pth, .pt, .bin) for ``vit_common.convert``, which cannot import torch.
 
 Files are read with ``torch.load(weights_only=True)``: tensors, containers and primitives only, never
-arbitrary pickled objects (``argparse.Namespace``, which timm's training checkpoints store as 'args', is
-allowed where torch supports allow-listing). ``READERS`` and ``WRITERS`` are what
-``vit_common.convert.load_checkpoint(readers=...)`` / ``save_checkpoint(writers=...)`` take.
+arbitrary pickled objects. Training checkpoints also hold a few harmless objects, which are allowed by
+name (``SAFE_GLOBALS``): ``argparse.Namespace`` (timm's 'args'), numpy scalars, dtypes and plain arrays
+(a saved best accuracy or epoch counter; numpy arrays of Python objects would need further globals and
+stay refused). A file that is still refused is named with the global that blocked it.
+``READERS`` and ``WRITERS`` are what ``vit_common.convert.load_checkpoint(readers=...)`` /
+``save_checkpoint(writers=...)`` take.
 """
 
 from __future__ import annotations
@@ -19,12 +22,41 @@ import numpy as np
 import torch
 
 from vit_common.formats.base import FormatError
-from vit_common.formats.canonical import atomic_write
+from vit_common.io import atomic_write
 from vit_torch.weights import numpy_to_tensor, tensor_to_numpy
 
 # Entries of training checkpoints that hold the weights, in the order they are preferred (timm's
 # load_state_dict takes 'state_dict' or 'model'; EMA weights only when nothing else is there).
 WEIGHT_ENTRIES = ("state_dict", "model", "module", "state_dict_ema", "model_ema")
+
+
+def _safe_globals() -> list:
+    """Globals a weights-only load may construct: argparse.Namespace and numpy's scalar, array and dtype
+    reconstructors, under numpy 2's module names and numpy 1's (pickles keep the writer's names)."""
+    try:
+        from numpy._core import multiarray  # numpy >= 2
+    except ImportError:  # pragma: no cover - numpy 1
+        from numpy.core import multiarray
+    dtypes = [getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("DType")] if hasattr(np, "dtypes") else []
+    out = [argparse.Namespace, np.ndarray, np.dtype, multiarray.scalar, multiarray._reconstruct, *dtypes]
+    for name in ("scalar", "_reconstruct"):  # written by numpy 1
+        out.append((getattr(multiarray, name), f"numpy.core.multiarray.{name}"))
+    return out
+
+
+SAFE_GLOBALS = _safe_globals()
+
+
+def _blocking_globals(path) -> list[str]:
+    """The globals in ``path``'s pickle that the weights-only loader does not allow (torch >= 2.5)."""
+    find = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
+    if find is None:
+        return []
+    allowed = {f"{g.__module__}.{g.__qualname__}" if not isinstance(g, tuple) else g[1] for g in SAFE_GLOBALS}
+    try:
+        return [g for g in find(path) if g not in allowed]
+    except Exception:  # noqa: BLE001 - a damaged file: the load error says what is wrong
+        return []
 
 
 def _is_state_dict(obj) -> bool:
@@ -33,13 +65,21 @@ def _is_state_dict(obj) -> bool:
 
 def _load(path: str | os.PathLike):
     safe = getattr(torch.serialization, "safe_globals", None)
-    ctx = safe([argparse.Namespace]) if safe is not None else contextlib.nullcontext()
+    ctx = safe(SAFE_GLOBALS) if safe is not None else contextlib.nullcontext()
     try:
         with ctx:
             return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        blocked = _blocking_globals(path)
+        if blocked:
+            raise FormatError(
+                f"{path}: not a readable PyTorch weights file: it pickles {', '.join(blocked)}, which the "
+                "weights-only loader refuses (loading it could run code). Re-save the weights alone, e.g. "
+                "torch.save(checkpoint['state_dict'], ...) or as safetensors, where you trust the file"
+            ) from e
+        raise FormatError(f"{path}: not a readable PyTorch weights file (UnpicklingError: {e})") from e
     except (
         RuntimeError,
-        pickle.UnpicklingError,
         EOFError,
         OSError,
         ValueError,
@@ -86,7 +126,7 @@ def read_torch_file(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], lis
 
 
 def write_torch_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray]) -> None:
-    """Write a plain state_dict with ``torch.save``, atomically; tensors contiguous (K10)."""
+    """Write a plain state_dict with ``torch.save``, atomically; tensors made contiguous."""
     state = {k: numpy_to_tensor(np.ascontiguousarray(v)) for k, v in tensors.items()}
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 

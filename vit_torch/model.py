@@ -68,18 +68,25 @@ def _linear(cfg: ViTConfig, d_in: int, d_out: int, bias: bool = True) -> Linear:
 
 
 class PatchEmbed(nn.Module):
-    """Stride-P convolution, no padding (VALID): [B, C, H, W] -> [B, D, H/P, W/P]."""
+    """Stride-P convolution, no padding (VALID), bias if cfg.patch_bias: [B, C, H, W] -> [B, D, H/P, W/P]."""
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.proj = nn.Conv2d(
-            cfg.in_chans, cfg.width, cfg.patch_size, stride=cfg.patch_size, padding=0, dtype=_dt(cfg.param_dtype)
+            cfg.in_chans,
+            cfg.width,
+            cfg.patch_size,
+            stride=cfg.patch_size,
+            padding=0,
+            bias=cfg.patch_bias,
+            dtype=_dt(cfg.param_dtype),
         )
         self.compute_dtype = _dt(cfg.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cd = self.compute_dtype
-        return F.conv2d(x.to(cd), self.proj.weight.to(cd), self.proj.bias.to(cd), stride=self.proj.stride)
+        bias = None if self.proj.bias is None else self.proj.bias.to(cd)
+        return F.conv2d(x.to(cd), self.proj.weight.to(cd), bias, stride=self.proj.stride)
 
 
 def _attend(
@@ -137,11 +144,17 @@ class Attention(nn.Module):
         return x, probs
 
 
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """x sigmoid(1.702 x): OpenAI CLIP's QuickGELU (timm ``QuickGELU``, HF ``quick_gelu``)."""
+    return x * torch.sigmoid(1.702 * x)
+
+
 class Mlp(nn.Module):
-    """fc1 -> GELU (cfg.gelu: 'exact' erf or 'tanh') -> dropout -> fc2 -> dropout."""
+    """fc1 -> GELU (cfg.gelu: 'exact' erf, 'tanh' or 'quick') -> dropout -> fc2 -> dropout."""
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
+        self.quick = cfg.gelu == "quick"
         self.approximate = "tanh" if cfg.gelu == "tanh" else "none"
         self.fc1 = _linear(cfg, cfg.width, cfg.mlp_dim)
         self.drop1 = nn.Dropout(cfg.dropout)
@@ -149,7 +162,9 @@ class Mlp(nn.Module):
         self.drop2 = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop2(self.fc2(self.drop1(F.gelu(self.fc1(x), approximate=self.approximate))))
+        h = self.fc1(x)
+        h = quick_gelu(h) if self.quick else F.gelu(h, approximate=self.approximate)
+        return self.drop2(self.fc2(self.drop1(h)))
 
 
 class LayerScale(nn.Module):
@@ -208,8 +223,9 @@ class Block(nn.Module):
 class MAPHead(nn.Module):
     """Multihead attention pooling (big_vision ``MAPHead``, timm ``AttentionPoolLatent``).
 
-    A learned probe ``latent`` [1, 1, D] attends over all tokens; then x + mlp(norm(x)).
-    [B, L, D] -> ([B, D], probe attention [B, N, 1, L] or None).
+    A learned probe ``latent`` [1, 1, D] attends over the tokens it is given (the patch tokens, or all of
+    them with cfg.pool_include_prefix, as timm); then x + mlp(norm(x)).
+    [B, L', D] -> ([B, D], probe attention [B, N, 1, L'] or None).
     """
 
     def __init__(self, cfg: ViTConfig):
@@ -256,8 +272,9 @@ class PreLogits(nn.Module):
 class VisionTransformer(nn.Module):
     """ViT (Dosovitskiy et al. 2021) for images [B, C, H, W]; every option comes from ``cfg``.
 
-    ``model(images)`` gives logits [B, K] ([B, L, K] with pool='none'; features when K=0).
-    ``forward_intermediates(images)`` gives (logits, dict of named tensors), attention included.
+    ``model(images)`` gives logits [B, K] ([B, L, K] with pool='none'; features when K=0; with
+    head_dist the mean of both heads, in training too). ``forward_intermediates(images)`` gives
+    (logits, dict of named tensors), attention and each head's logits included.
     Freshly built modules are in training mode (torch convention); call ``.eval()`` for inference.
     """
 
@@ -271,7 +288,9 @@ class VisionTransformer(nn.Module):
         self.pos_embed = (
             nn.Parameter(torch.empty(1, cfg.posemb_len, cfg.width, dtype=pd)) if cfg.posemb == "learn" else None
         )
+        self.dist_token = nn.Parameter(torch.empty(1, 1, cfg.width, dtype=pd)) if cfg.dist_token else None
         self.pos_drop = nn.Dropout(cfg.dropout)
+        self.norm_pre = _layer_norm(cfg, cfg.width) if cfg.norm_pre else None
         rates = np.linspace(0.0, cfg.drop_path, cfg.depth) if cfg.depth > 1 else [cfg.drop_path]
         self.blocks = nn.ModuleList([Block(cfg, float(r)) for r in rates])
         self.norm = _layer_norm(cfg, cfg.width) if not cfg.fc_norm else None
@@ -280,6 +299,9 @@ class VisionTransformer(nn.Module):
         self.pre_logits = PreLogits(cfg) if cfg.rep_size else None
         self.head_drop = nn.Dropout(cfg.dropout)
         self.head = _linear(cfg, cfg.features_dim, cfg.num_classes) if cfg.num_classes else None
+        self.head_dist = _linear(cfg, cfg.features_dim, cfg.num_classes) if cfg.num_classes and cfg.head_dist else None
+        if self.dist_token is not None and not self.dist_token.is_meta:
+            nn.init.trunc_normal_(self.dist_token, std=0.02)  # timm VisionTransformerDistilled
         for p in (self.cls_token, self.reg_token):
             if p is not None and not p.is_meta:
                 nn.init.normal_(p, std=1e-6)
@@ -299,7 +321,8 @@ class VisionTransformer(nn.Module):
             x = F.pad(x, (0, gw * pw - x.shape[3], 0, gh * ph - x.shape[2]))
         b = x.shape[0]
         patches = self.patch_embed(x).flatten(2).transpose(1, 2)  # [B, D, h, w] -> [B, h*w, D]
-        prefix = [p.to(cd).expand(b, -1, -1) for p in (self.cls_token, self.reg_token) if p is not None]
+        tokens = (self.cls_token, self.dist_token, self.reg_token)
+        prefix = [p.to(cd).expand(b, -1, -1) for p in tokens if p is not None]
         npt = cfg.num_prefix_tokens
         if cfg.posemb == "learn":
             pe = self.pos_embed.to(cd)
@@ -329,6 +352,10 @@ class VisionTransformer(nn.Module):
         patches, x = self._embed(x)
         if record:
             out["patch_embed"], out["pos_embed"] = patches, x
+        if self.norm_pre is not None:
+            x = self.norm_pre(x)
+            if record:
+                out["norm_pre"] = x
         for i, block in enumerate(self.blocks):
             x, probs = block(x, return_attn=record)
             if record:
@@ -337,12 +364,18 @@ class VisionTransformer(nn.Module):
             x = self.norm(x)
         if record:
             out["norm"] = x
+        x_dist = x[:, 1] if cfg.head_dist else None  # DeiT: the distillation token's own head
+        pooled = x if cfg.pool_include_prefix else x[:, cfg.num_prefix_tokens :]  # [B, L', D]
         if cfg.pool == "token":
             x = x[:, 0]
         elif cfg.pool == "gap":
-            x = x[:, cfg.num_prefix_tokens :].mean(dim=1)
+            x = pooled.mean(dim=1)
+        elif cfg.pool == "max":
+            x = pooled.amax(dim=1)
+        elif cfg.pool == "avgmax":
+            x = 0.5 * (pooled.amax(dim=1) + pooled.mean(dim=1))
         elif cfg.pool == "map":
-            x, probs = self.attn_pool(x, return_attn=record)
+            x, probs = self.attn_pool(pooled, return_attn=record)
             if record:
                 out["attn_pool"] = probs
         if self.fc_norm is not None:
@@ -354,6 +387,15 @@ class VisionTransformer(nn.Module):
         x = self.head_drop(x)
         if self.head is not None:
             x = self.head(x)
+        if x_dist is not None:
+            if record:
+                out["pre_logits_dist"] = x_dist
+            x_dist = self.head_drop(x_dist)
+            if self.head_dist is not None:
+                x_dist = self.head_dist(x_dist)
+                if record:
+                    out["head"], out["head_dist"] = x, x_dist
+            x = (x + x_dist) / 2  # timm VisionTransformerDistilled.forward_head in eval mode
         if record:
             out["logits"] = x
         return x
@@ -365,9 +407,11 @@ class VisionTransformer(nn.Module):
     def forward_intermediates(self, images: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Logits and every named intermediate; attention always takes the explicit path.
 
-        Keys: 'patch_embed' [B, h*w, D], 'pos_embed' (block input) [B, L, D], 'blockNN' [B, L, D],
-        'attnNN' [B, N, L, L] (rows sum to 1), 'norm' [B, L, D], 'attn_pool' [B, N, 1, L] (MAP only),
-        'pre_logits' [B, D'], 'logits' [B, K]. The same keys as the JAX twin.
+        Keys: 'patch_embed' [B, h*w, D], 'pos_embed' [B, L, D], 'norm_pre' (norm_pre only; the block
+        input) [B, L, D], 'blockNN' [B, L, D], 'attnNN' [B, N, L, L] (rows sum to 1), 'norm' [B, L, D],
+        'attn_pool' [B, N, 1, L'] (MAP only; L' = L, or the patches without pool_include_prefix),
+        'pre_logits' [B, D'], with head_dist also 'pre_logits_dist' [B, D] and, with a head, 'head' and
+        'head_dist' [B, K] (each head's logits), 'logits' [B, K]. The same keys as the JAX twin.
         """
         out: dict[str, torch.Tensor] = {}
         logits = self._forward(images, out)

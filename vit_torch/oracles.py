@@ -20,23 +20,26 @@ from vit_torch.weights import numpy_to_tensor
 
 
 def timm_model(cfg: ViTConfig, state: Mapping[str, np.ndarray] | None = None) -> torch.nn.Module:
-    """timm ``VisionTransformer`` for ``cfg`` (``vit_common.formats.timm.timm_kwargs``), in eval mode.
+    """timm ``VisionTransformer`` (``VisionTransformerDistilled`` with head_dist) for ``cfg``
+    (``vit_common.formats.timm.timm_kwargs``), in eval mode.
 
     With ``state`` (canonical, i.e. a timm state_dict) the weights are loaded with strict=True.
     """
     from timm.layers import LayerNorm
+    from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import VisionTransformer
 
     kw = timm_kwargs(cfg)
     kw["norm_layer"] = partial(LayerNorm, eps=kw.pop("norm_eps"))
-    model = VisionTransformer(**kw)
+    model = (VisionTransformerDistilled if cfg.head_dist else VisionTransformer)(**kw)
     if state is not None:
         model.load_state_dict({k: numpy_to_tensor(np.asarray(v)) for k, v in state.items()}, strict=True)
     return model.eval()
 
 
 def hf_model(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, spelling: str = "v4") -> torch.nn.Module:
-    """transformers ViTForImageClassification (num_classes > 0) or ViTModel, in eval mode.
+    """The transformers model ``vit_common.formats.hf.config_json`` names for ``cfg`` (ViT or DeiT:
+    backbone, classifier, or classifier with teacher), in eval mode.
 
     The state is written as an HF folder (``vit_common.formats.hf``) and loaded with ``from_pretrained``,
     which must report no missing, unexpected or mismatched key (else ValueError). Attention is 'eager'
@@ -44,7 +47,9 @@ def hf_model(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, spelling: str =
     """
     import transformers
 
-    cls = transformers.ViTForImageClassification if cfg.num_classes else transformers.ViTModel
+    from vit_common.formats.hf import config_json
+
+    cls = getattr(transformers, config_json(cfg)["architectures"][0])
     kw = {} if cfg.num_classes else {"add_pooling_layer": cfg.rep_size > 0}
     with tempfile.TemporaryDirectory() as tmp:
         save_checkpoint(f"{tmp}/hf", cfg, state, "hf", spelling=spelling)
@@ -61,3 +66,51 @@ def hf_model(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, spelling: str =
     if bad:
         raise ValueError(f"transformers did not load the folder strictly: {bad}")
     return model.eval()
+
+
+def library_logits(path, fmt: str, cfg: ViTConfig, batches) -> tuple[str, list[np.ndarray]]:
+    """(library, logits float32 [B, K] per batch) of the checkpoint file ``path`` of format ``fmt`` as the
+    library that defines the format reads it, on ``batches`` of images float32 [B, H, W, C].
+
+    timm files: timm's ``VisionTransformer`` for ``cfg`` (a timm file stores no head count, so the
+    architecture comes from ``cfg``) loading the file's own tensors strictly (safetensors, or torch's
+    weights-only loader for .pth/.bin). ``original_vit`` / ``big_vision`` .npz: timm's .npz loader
+    (``timm.models.vision_transformer._load_weights``). ``hf`` folders: transformers'
+    ``ViTForImageClassification.from_pretrained`` (eager attention), which reads its own config.json.
+
+    Raises:
+        ImportError: the library is not installed (``e.name`` names it).
+        ValueError: the library cannot build this model, or the format has no defining library here.
+    """
+    from pathlib import Path
+
+    if fmt == "hf":
+        import transformers
+
+        model = transformers.ViTForImageClassification.from_pretrained(str(path), attn_implementation="eager")
+        run = lambda x: model(pixel_values=x).logits  # noqa: E731
+        library = f"transformers {transformers.__version__}"
+    elif fmt in ("timm", "original_vit", "big_vision"):
+        import timm
+
+        model = timm_model(cfg)
+        if fmt != "timm":
+            from timm.models.vision_transformer import _load_weights
+
+            _load_weights(model, str(path))
+        elif Path(path).suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            model.load_state_dict(load_file(str(path)), strict=True)
+        else:
+            model.load_state_dict(torch.load(str(path), map_location="cpu", weights_only=True), strict=True)
+        run = model
+        library = f"timm {timm.__version__}" + (" (.npz loader)" if fmt != "timm" else "")
+    else:
+        raise ValueError(f"format {fmt!r}: no defining library to check it with")
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for x in batches:
+            out.append(run(torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))).float().numpy())
+    return library, out

@@ -67,8 +67,10 @@ def load_model(
 
     ``image_size`` resamples the position embedding to that size at load time; ``num_classes`` replaces
     a head of another size with a zero one; ``overrides`` replace config fields (``dtype="bfloat16"``,
-    ``attn_impl="explicit"``, ``posemb_resample=...``, ``fmt=`` to force a format...). See
-    ``vit_common.convert.load_checkpoint`` for the errors raised.
+    ``attn_impl="explicit"``, ``num_heads=12``, ...) or are ``load_checkpoint``'s other keywords
+    (``fmt=`` to force a format, ``source_image_size=(H, W)``, ``strict=True`` to refuse any assumed
+    field). Assumed fields are issued as UserWarnings. See ``vit_common.convert.load_checkpoint`` for
+    the errors raised.
     """
     from vit_torch.formats import READERS
 

@@ -1,23 +1,31 @@
-"""What every format module shares: the mapping rules between file tensors and the canonical state,
-the conversion report, and the errors.
+"""What every format module shares: the ``Format`` interface, the mapping rules between file tensors
+and the canonical state, where each config field came from (provenance), the report, and the errors.
 
-A format is described by a list of ``Rule`` built from a ``ViTConfig``: each rule fills one canonical
+A format's tensor layout is a list of ``Rule`` built from a ``ViTConfig``: each rule fills one canonical
 tensor from one or more file tensors (several are concatenated along axis 0, e.g. q, k, v -> qkv), each
 file tensor optionally reshaped, transposed and, for scan-stacked files, sliced from a stacked array.
 The same list drives reading and writing, so the two are inverse by construction and every conversion
-can check that each file tensor is used exactly once and each canonical tensor is filled (K05).
+can check that each file tensor is used exactly once and each canonical tensor is filled.
+
+Provenance: every config field that changes the function (``vit_common.config.FUNCTION_FIELDS``) gets an
+``Origin`` when a file is read: declared (the file, or the format's own definition of a missing key,
+states it), derived (tensor shapes imply it without ambiguity), assumed (a default or a guess: the file
+cannot tell) or given (the caller passed it). Assumed fields are what a reader must be told about.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vit_common.config import VARIANTS, ViTConfig
+from vit_common.config import FUNCTION_FIELDS, VARIANTS, ViTConfig
 from vit_common.posemb import sincos2d
 from vit_common.state import StateMismatchError, canonical_shapes, check_state
 
@@ -155,12 +163,64 @@ def from_canonical(rules: list[Rule], state: Mapping[str, np.ndarray]) -> dict[s
     return {k: np.ascontiguousarray(v) for k, v in singles.items()}
 
 
+# ------------------------------------------------------------------------------------- provenance
+
+DECLARED, DERIVED, ASSUMED, GIVEN = "declared", "derived", "assumed", "given"
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a config field's value came from: ``kind`` (DECLARED, DERIVED, ASSUMED or GIVEN) and
+    ``source``, a short phrase (e.g. "config.json layer_norm_eps", "pos_embed rows", "timm's default")."""
+
+    kind: str
+    source: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.source}"
+
+
+def declared(source: str) -> Origin:
+    return Origin(DECLARED, source)
+
+
+def derived(source: str) -> Origin:
+    return Origin(DERIVED, source)
+
+
+def assumed(source: str) -> Origin:
+    return Origin(ASSUMED, source)
+
+
+_NO_VALUE = object()
+
+
+def flag_for(name: str, value: Any = _NO_VALUE) -> str:
+    """How a caller supplies config field ``name`` (with ``value`` if given): the CLI flag and the API
+    keyword, e.g. "--set num_heads=12 (num_heads=12)" or "--source-image-size HxW (source_image_size=(H, W))"."""
+    if name == "image_size":
+        if value is _NO_VALUE:
+            return "--source-image-size HxW (source_image_size=(H, W))"
+        h, w = value
+        return f"--source-image-size {h}x{w} (source_image_size=({h}, {w}))"
+    if value is _NO_VALUE:
+        return f"--set {name}=VALUE ({name}=VALUE)"
+    cli = value if isinstance(value, str) else json.dumps(list(value) if isinstance(value, tuple) else value)
+    return f"--set {name}={cli} ({name}={value!r})"
+
+
+def assumed_fields(cfg: ViTConfig, provenance: Mapping[str, Origin]) -> list[str]:
+    """The fields of ``cfg`` that change its function, were assumed, and matter given the others."""
+    inert = cfg.inert_fields()
+    return [k for k in FUNCTION_FIELDS if k not in inert and k in provenance and provenance[k].kind == ASSUMED]
+
+
 # ------------------------------------------------------------------------------- config inference
 
 
-def shape_fields(**fields: Any) -> tuple[dict[str, Any], dict[str, str]]:
-    """(config fields, their 'tensor shapes' provenance) for values read off tensor shapes."""
-    return dict(fields), {k: "tensor shapes" for k in fields}
+def shape_fields(**fields: Any) -> tuple[dict[str, Any], dict[str, Origin]]:
+    """(config fields, their provenance) for values read off tensor shapes (derived)."""
+    return dict(fields), {k: derived("tensor shapes") for k in fields}
 
 
 def positive_dims(shape: tuple[int, ...], name: str, context: str) -> tuple[int, ...]:
@@ -180,16 +240,16 @@ def common_float_dtype(tensors: Mapping[str, np.ndarray]) -> str | None:
     return names.pop() if len(names) == 1 else None
 
 
-def guess_num_heads(width: int) -> tuple[int, str]:
+def guess_num_heads(width: int) -> tuple[int, Origin]:
     """num_heads for a width when the file stores none: the VARIANTS row of that width, else width/64.
 
-    Returns (num_heads, how it was chosen). Raises FormatError if no rule gives a divisor.
+    Returns (num_heads, assumed origin). Raises FormatError if no rule gives a divisor.
     """
     for name, row in VARIANTS.items():
         if row["width"] == width:
-            return row["num_heads"], f"guessed from width {width} (variant {name}); override with num_heads"
+            return row["num_heads"], assumed(f"not stored; the variant table's {name} row for width {width}")
     if width % 64 == 0:
-        return width // 64, "guessed as width/64 (head_dim 64); override with num_heads"
+        return width // 64, assumed("not stored; width / 64 (head_dim 64)")
     raise FormatError(f"cannot guess num_heads for width {width}: the file does not store it; pass num_heads")
 
 
@@ -205,30 +265,96 @@ def grid_of(rows: int, prefix: int, grid: tuple[int, int] | None) -> tuple[int, 
     return (side, side) if side * side == n else None
 
 
-def posemb_layout(rows: int, num_prefix: int, grid: tuple[int, int] | None, name: str) -> tuple[tuple[int, int], bool]:
-    """(patch grid, posemb_prefix) of a stored pos_embed with ``rows`` rows.
+def posemb_layout(
+    rows: int, num_prefix: int, grid: tuple[int, int] | None, name: str, context: str = ""
+) -> tuple[tuple[int, int], bool, Origin]:
+    """(patch grid, posemb_prefix, posemb_prefix's origin) of a stored pos_embed with ``rows`` rows.
 
     With prefix rows (timm default, original ViT) the rows are prefix + grid; without (no_embed_class,
-    big_vision) they are the grid alone. ``grid`` is the known grid (from metadata or an override);
-    without it the grid must be square. When both readings fit, the one with prefix rows wins only if
-    the other is impossible.
+    big_vision) they are the grid alone. ``grid`` is the known grid (declared or given); without it the
+    grid must be square, and since a non-square grid could fit either reading, whether the rows include
+    the prefix is then assumed too. When both readings fit, the one with prefix rows is taken.
 
     Raises:
-        FormatError: no square (or given) grid fits; the message names the tensor and what to pass.
+        FormatError: no square (or given) grid fits; the message names the file (``context``), the
+            tensor and the flag that supplies the size.
     """
     without = grid_of(rows, 0, grid)
-    if without is not None and not num_prefix:
-        return without, True  # nothing to place: ViTConfig's default
     with_prefix = grid_of(rows, num_prefix, grid) if num_prefix else None
-    if without is not None and (with_prefix is None or grid is None):
-        return without, False
-    if with_prefix is not None:
-        return with_prefix, True
-    hint = f"grid {grid[0]}x{grid[1]}" if grid else "a square grid"
-    raise FormatError(
-        f"{name} has {rows} rows, which is not {hint} (with or without {num_prefix} prefix rows); "
-        "pass source_image_size=(H, W) for a non-square grid"
-    )
+    if without is not None and not num_prefix:
+        return without, True, derived(f"{name} rows (no prefix tokens: nothing to place)")
+    if with_prefix is not None and without is not None:
+        return with_prefix, True, assumed(f"{name} rows fit the grid with and without prefix rows")
+    if with_prefix is None and without is None:
+        hint = f"grid {grid[0]}x{grid[1]}" if grid else "a square grid"
+        raise FormatError(
+            f"{context + ': ' if context else ''}{name} has {rows} rows, which is not {hint} (with or without "
+            f"{num_prefix} prefix rows); a non-square grid must be given: pass {flag_for('image_size')}"
+        )
+    found, prefix_rows = (with_prefix, True) if with_prefix is not None else (without, False)
+    how = f"{name} rows: {f'{num_prefix} prefix row(s) + ' if prefix_rows else 'no prefix rows, '}"
+    how += f"a {found[0]}x{found[1]} grid"
+    return found, prefix_rows, derived(f"{how} (the given size)") if grid else assumed(f"{how}, if it is square")
+
+
+ASSUMED_KEY = "vit_assumed"  # metadata / config.json key: the fields a written file's source did not state
+
+
+def carried_assumptions(stored, provenance: dict[str, Origin], context: str) -> None:
+    """Mark the fields a file we wrote lists under ``ASSUMED_KEY`` (a JSON list, or a list) as assumed
+    again: their values were assumptions when the file was converted, and stay so.
+
+    Raises:
+        FormatError: the list is not a list of field names.
+    """
+    if stored is None:
+        return
+    try:
+        names = json.loads(stored) if isinstance(stored, str) else stored
+    except ValueError as e:
+        raise FormatError(f"{context}: {ASSUMED_KEY} is not JSON ({e})") from e
+    if not isinstance(names, list) or not all(isinstance(n, str) and n in FUNCTION_FIELDS for n in names):
+        raise FormatError(f"{context}: {ASSUMED_KEY}={names!r} is not a list of config field names")
+    for name in names:
+        provenance[name] = assumed("assumed when this file was converted: its source did not state it")
+
+
+def square_grid_origin(grid: tuple[int, int], what: str) -> Origin:
+    """The origin of an image size read off a square patch count: always an assumption, since a
+    non-square grid with the same count is possible."""
+    return assumed(f"not stored; {what} read as a square {grid[0]}x{grid[1]} grid")
+
+
+# Parameters of models the twins do not implement, by the name a reader refuses them with.
+UNSUPPORTED_TENSORS: tuple[tuple[re.Pattern, str], ...] = (
+    (re.compile(r"(^|\.)attn\.(q_bias|v_bias)$"), "separate q_bias/v_bias attention biases (BEiT, EVA)"),
+    (
+        re.compile(r"relative_position_(bias_table|index)$|(^|\.)rel_pos_bias\.|(^|\.)rel_pos_"),
+        "relative position tables (BEiT, EVA, Swin-style relative position bias)",
+    ),
+    (re.compile(r"(^|\.)mlp\.fc1_[gx]\.|(^|\.)mlp\.w12\."), "a gated MLP (SwiGLU)"),
+    (
+        re.compile(r"(^|\.)attn\.norm\.|(^|\.)mlp\.norm\."),
+        "a LayerNorm inside attention or the MLP (timm scale_*_norm)",
+    ),
+    (re.compile(r"^patch_embed\.norm\."), "a LayerNorm inside the patch embedding"),
+    (re.compile(r"(^|\.)lambda_[12]$"), "BEiT-style LayerScale lambda_1/lambda_2"),
+    (re.compile(r"(^|\.)rope\."), "rotary position embeddings"),
+)
+
+
+def refuse_unsupported(keys, context: str, extra: Mapping[str, bool] = ()) -> None:
+    """Raise FormatError naming every model feature in ``keys`` the twins lack (``UNSUPPORTED_TENSORS``,
+    plus ``extra``: description -> present), with an example tensor for each."""
+    found: dict[str, str] = {}
+    for k in keys:
+        for pattern, what in UNSUPPORTED_TENSORS:
+            if what not in found and pattern.search(k):
+                found[what] = k
+    lines = [f"{what} (e.g. {k})" for what, k in found.items()]
+    lines += [what for what, present in dict(extra).items() if present]
+    if lines:
+        raise FormatError(f"{context}: the twins do not implement " + "; ".join(lines))
 
 
 # ------------------------------------------------------------------------------- representability
@@ -241,9 +367,9 @@ def materialize_posemb(
 
     ``posemb='sincos2d'`` becomes a learned ``pos_embed`` holding the table (cast to the parameter
     dtype, as the twins cast it before adding). With ``prefix_rows=True`` a table without prefix rows
-    gains zero rows for the class token (exact: adding zero changes nothing). Returns the new config,
-    state and one note per change. Register tokens cannot gain rows this way (they would be resampled
-    with the grid otherwise): the caller's format check rejects them.
+    gains zero rows for the class (and distillation) token (exact: adding zero changes nothing). Returns
+    the new config, state and one note per change. Register tokens cannot gain rows this way (they would
+    be resampled with the grid otherwise): the caller's format check rejects them.
     """
     notes, state = [], dict(state)
     if cfg.posemb == "sincos2d":
@@ -264,11 +390,15 @@ def materialize_posemb(
     return cfg, state, notes
 
 
-def unsupported(fmt: str, cfg: ViTConfig, checks: Mapping[str, bool]) -> None:
-    """Raise ValueError naming every config choice ``fmt`` cannot hold (``checks``: description -> bad)."""
-    bad = [what for what, fails in checks.items() if fails]
-    if bad:
-        raise ValueError(f"the {fmt} format cannot hold this model: " + "; ".join(bad))
+def unsupported(fmt: str, checks: Mapping[str, bool]) -> list[str]:
+    """The descriptions in ``checks`` (description -> fails) that fail: what ``fmt`` cannot hold."""
+    return [what for what, fails in checks.items() if fails]
+
+
+def refuse(fmt: str, reasons: list[str]) -> None:
+    """Raise ValueError naming every config choice ``fmt`` cannot hold."""
+    if reasons:
+        raise ValueError(f"the {fmt} format cannot hold this model: " + "; ".join(reasons))
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -276,17 +406,19 @@ def unsupported(fmt: str, cfg: ViTConfig, checks: Mapping[str, bool]) -> None:
 
 @dataclass
 class Report:
-    """What a conversion read, inferred, dropped, resampled and wrote, and why.
+    """What a conversion read, where each config field came from, what it dropped, resampled and wrote.
 
-    ``inferred`` maps a config field to where its value came from ('config.json', 'tensor shapes',
-    'guess: ...', 'override', 'format default: ...').
+    ``provenance`` maps each config field that changes the function to its ``Origin``; ``assumed``
+    lists those that were assumed and matter (each also has a warning naming its flag).
+    ``load_call`` is the library code that loads a written file strictly (timm or transformers).
     """
 
     source: str = ""
     format: str = ""
     layout: str = ""
     tensors_read: int = 0
-    inferred: dict[str, str] = field(default_factory=dict)
+    provenance: dict[str, Origin] = field(default_factory=dict)
+    assumed: list[str] = field(default_factory=list)
     dropped: list[tuple[str, str]] = field(default_factory=list)
     resampled: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -294,6 +426,7 @@ class Report:
     config: ViTConfig | None = None
     written: str = ""
     written_format: str = ""
+    load_call: str = ""
 
     @property
     def variant(self) -> str:
@@ -304,6 +437,15 @@ class Report:
         if cfg.variant is not None:
             return f"{cfg.variant}/{p}"
         return f"custom (width {cfg.width}, depth {cfg.depth}, heads {cfg.num_heads}, mlp {cfg.mlp_dim}, patch {p})"
+
+    def provenance_lines(self) -> list[str]:
+        """One line per config field: name, value, kind and source (assumed fields marked)."""
+        cfg = self.config
+        out = []
+        for k, origin in self.provenance.items():
+            mark = "  <- assumed" if k in self.assumed else ""
+            out.append(f"{k:20s} = {getattr(cfg, k, '?')!r:24s} {origin.kind:9s} {origin.source}{mark}")
+        return out
 
     def lines(self) -> list[str]:
         cfg = self.config
@@ -317,13 +459,16 @@ class Report:
                 f"variant  {self.variant}, {h}x{w} px, {cfg.num_classes} classes, pool {cfg.pool}",
                 f"params   {cfg.param_count():,} in {self.tensors_read} file tensors",
             ]
-        out += [f"inferred {k} = {getattr(cfg, k, '?')!r} ({v})" for k, v in self.inferred.items()]
+        out += [f"config   {line}" for line in self.provenance_lines()]
         out += [f"dropped  {k}: {why}" for k, why in self.dropped]
         out += [f"resampled {r}" for r in self.resampled]
         out += [f"note     {n}" for n in self.notes]
         out += [f"WARNING  {w}" for w in self.warnings]
         if self.written:
             out.append(f"wrote    {self.written} ({self.written_format})")
+        if self.load_call:
+            out.append("load it with:")
+            out += [f"    {line}" for line in self.load_call.splitlines()]
         return out
 
     def __str__(self) -> str:
@@ -337,7 +482,8 @@ class Report:
             "variant": self.variant,
             "params": self.config.param_count() if self.config else None,
             "tensors_read": self.tensors_read,
-            "inferred": dict(self.inferred),
+            "provenance": {k: {"kind": o.kind, "source": o.source} for k, o in self.provenance.items()},
+            "assumed": list(self.assumed),
             "dropped": [list(d) for d in self.dropped],
             "resampled": list(self.resampled),
             "notes": list(self.notes),
@@ -345,6 +491,7 @@ class Report:
             "config": self.config.to_dict() if self.config else None,
             "written": self.written,
             "written_format": self.written_format,
+            "load_call": self.load_call,
         }
 
 
@@ -355,21 +502,21 @@ class Decoded:
     cfg: ViTConfig
     state: dict[str, np.ndarray]
     layout: str = ""
-    inferred: dict[str, str] = field(default_factory=dict)
+    provenance: dict[str, Origin] = field(default_factory=dict)
     dropped: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)  # stored metadata vs head shape (see convert.py)
 
 
-def build_config(fields: dict, inferred: dict[str, str], overrides: Mapping, context: str) -> ViTConfig:
-    """ViTConfig from inferred ``fields`` with ``overrides`` on top (recorded as 'override').
+def build_config(fields: dict, provenance: dict[str, Origin], overrides: Mapping, context: str) -> ViTConfig:
+    """ViTConfig from inferred ``fields`` with ``overrides`` on top (recorded as given).
 
     Raises:
         FormatError: the combination is invalid (names the file and the fields).
     """
     for k, v in overrides.items():
         fields[k] = v
-        inferred[k] = "override"
+        provenance[k] = Origin(GIVEN, "passed by the caller")
     try:
         return ViTConfig(**fields)
     except (TypeError, ValueError) as e:
@@ -379,8 +526,149 @@ def build_config(fields: dict, inferred: dict[str, str], overrides: Mapping, con
 
 
 def check_canonical(cfg: ViTConfig, state: Mapping[str, np.ndarray], context: str) -> None:
-    """The final K05 check: the canonical state fits the config exactly."""
+    """The final check of every read and write: the canonical state fits the config exactly."""
     check_state(canonical_shapes(cfg), state, context)
 
 
-__all__ = ["FormatError", "StateMismatchError", "Piece", "Rule", "Report", "Decoded"]
+# ---------------------------------------------------------------------------------------- formats
+
+
+@dataclass
+class Source:
+    """A checkpoint file or folder as found on disk, before any format reads it.
+
+    ``container``: 'safetensors', 'npz', 'torch' (.pth/.bin pickle), 'hf_folder' (config.json +
+    weights), 'orbax_folder'. ``files``: the files holding tensors (shards in index order).
+    ``config``: an HF config.json beside the weights, or None. ``weight_map``: a sharded folder's
+    tensor -> shard file map. ``tensors`` and ``meta`` (safetensors header metadata) are filled by
+    ``vit_common.formats.source.load_tensors``; ``dropped`` lists what the container held besides weights.
+    """
+
+    path: Path
+    container: str
+    files: tuple[Path, ...]
+    config: dict | None = None
+    weight_map: dict[str, str] | None = None
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, str] = field(default_factory=dict)
+    dropped: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def context(self) -> str:
+        return str(self.path)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """What a caller tells a reader: ``source_image_size`` (H, W) the file was trained at (for files that
+    store none), ``overrides`` (config fields, recorded as given), ``keep_zero_head`` (.npz), ``readers``
+    (framework readers for containers vit_common cannot open: 'torch', 'orbax')."""
+
+    source_image_size: tuple[int, int] | None = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    keep_zero_head: bool = False
+    readers: Mapping[str, Callable[..., Any]] | None = None
+
+
+@dataclass
+class Encoded:
+    """A state as a format holds it, in memory, before it is written.
+
+    ``cfg`` and ``state``: the config and canonical state the file will hold (they differ from the input
+    only where the format needs it: ``notes`` say how). ``tensors``: the file's tensors. ``config_json``:
+    an HF folder's config.json. ``meta``: safetensors header metadata (None where the container has none).
+    ``json_files``: other JSON files of a folder format, by name (an HF folder's preprocessor_config.json).
+    """
+
+    cfg: ViTConfig
+    state: dict[str, np.ndarray]
+    tensors: dict[str, np.ndarray]
+    config_json: dict | None = None
+    meta: dict[str, str] | None = None
+    notes: list[str] = field(default_factory=list)
+    json_files: dict[str, dict] = field(default_factory=dict)
+
+
+Writer = Callable[..., Any]
+
+
+class Format:
+    """One checkpoint format. Each module of ``vit_common.formats`` exports one instance as ``FORMAT``.
+
+    Attributes: ``name`` (what --from/--to take), ``description``, ``suffixes`` (file suffixes written as
+    this format when no --to is given; a folder format has none), ``folder`` (written as a folder),
+    ``framework`` ('jax', 'torch' or None: what reading and writing need whatever the container).
+    """
+
+    name: str = ""
+    description: str = ""
+    suffixes: tuple[str, ...] = ()
+    folder: bool = False
+    framework: str | None = None
+
+    def detect(self, src: Source) -> bool:
+        """Whether ``src`` (tensors loaded) is this format."""
+        raise NotImplementedError
+
+    def read(self, src: Source, opts: ReadOptions) -> Decoded:
+        """Canonical state, config and provenance of ``src``.
+
+        Raises:
+            FormatError: not this format, or what the twins lack (named). StateMismatchError: tensors
+                missing, unexpected or of the wrong shape (file names).
+        """
+        raise NotImplementedError
+
+    def cannot_hold(self, cfg: ViTConfig) -> list[str]:
+        """Every choice of ``cfg`` this format cannot hold (empty: it can), before ``encode``'s rewrites."""
+        return []
+
+    def encode(self, cfg: ViTConfig, state: Mapping[str, np.ndarray], path: Path, **options: Any) -> Encoded:
+        """``state`` as this format holds it at ``path`` (its suffix may matter); ValueError if it cannot."""
+        raise NotImplementedError
+
+    def decode(self, enc: Encoded) -> Decoded:
+        """Read ``enc`` back in memory, as ``read`` would read the written file."""
+        raise NotImplementedError
+
+    def write(self, path: Path, enc: Encoded, writers: Mapping[str, Writer]) -> None:
+        """Write ``enc`` to ``path`` atomically (through ``vit_common.io``)."""
+        raise NotImplementedError
+
+    def needs(self, path: Path) -> str | None:
+        """The framework writing ``path`` in this format needs ('jax', 'torch' or None)."""
+        return self.framework
+
+    def load_call(self, path: Path, cfg: ViTConfig) -> str:
+        """Python code that loads the written file strictly in the library that defines the format."""
+        return ""
+
+
+def writer(writers: Mapping[str, Writer] | None, what: str, path: Path) -> Writer:
+    """The framework writer ``what`` ('torch' | 'orbax') from ``writers``; FormatError if not given."""
+    fn = (writers or {}).get(what)
+    if fn is None:
+        framework = "jax" if what == "orbax" else "torch"
+        raise FormatError(
+            f"{path}: writing {what} needs vit_{framework}.formats.WRITERS, which the caller did not pass"
+        )
+    return fn
+
+
+__all__ = [
+    "ASSUMED",
+    "DECLARED",
+    "DERIVED",
+    "GIVEN",
+    "Decoded",
+    "Encoded",
+    "Format",
+    "FormatError",
+    "Origin",
+    "Piece",
+    "ReadOptions",
+    "Report",
+    "Rule",
+    "Source",
+    "StateMismatchError",
+]

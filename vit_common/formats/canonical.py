@@ -1,108 +1,59 @@
-"""Our own file: the canonical state as safetensors, with the ViTConfig in the header metadata."""
+"""Our own file: the canonical state as safetensors, with the ViTConfig in the header metadata.
+
+Every config field is declared by the stored config. The tensors carry timm's names, so timm loads the
+file strictly too whenever its ``VisionTransformer`` can build the config (``load_call`` says how).
+"""
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
 
-from vit_common.config import ViTConfig
-from vit_common.formats.base import Decoded, FormatError, copy, to_canonical
+from vit_common import io
+from vit_common.config import FUNCTION_FIELDS, ViTConfig
+from vit_common.formats.base import (
+    ASSUMED_KEY,
+    Decoded,
+    Encoded,
+    Format,
+    FormatError,
+    Source,
+    carried_assumptions,
+    copy,
+    declared,
+    to_canonical,
+)
+from vit_common.formats.source import read_safetensors
 from vit_common.state import canonical_shapes, check_state
 
 FORMAT_TAG = "vit-twins/canonical/1"
 
 
-def atomic_write(path: str | os.PathLike, write) -> None:
-    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it into place.
+def config_from_json(text: str, context: str) -> tuple[ViTConfig, list[str]]:
+    """A stored ViTConfig (JSON) and notes on fields it predates.
 
-    Nothing is left at ``path`` (or beside it) if ``write`` raises. The file gets the usual mode of a
-    new file (0666 less the umask), not mkstemp's 0600.
-
-    Raises:
-        IsADirectoryError: ``path`` is an existing folder (checked before ``write`` runs).
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder: expected a file path")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_dir(path: str | os.PathLike, write) -> None:
-    """Call ``write(tmp_dir)`` on a fresh folder beside ``path``, then put it in place of ``path``.
-
-    An existing ``path`` is replaced only after ``write`` succeeded; nothing is left behind if it raises.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o777 & ~_umask())
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-            os.replace(path, old / "x")
-            os.replace(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def save_safetensors(
-    path: str | os.PathLike, state: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None
-) -> None:
-    """Write ``state`` as safetensors atomically; tensors are made contiguous first (K10)."""
-    tensors = {k: np.ascontiguousarray(v) for k, v in state.items()}
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=dict(metadata or {})))
-
-
-def save_canonical(path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> None:
-    """Write our own file: canonical tensors plus ``cfg`` as JSON in the metadata.
+    Configs written before ``pool_include_prefix`` existed pooled a MAP head over every token, and
+    global pooling over the patch tokens only: a missing field takes the value that computes what the
+    writer computed.
 
     Raises:
-        StateMismatchError: if ``state`` does not fit ``cfg`` (nothing is written).
-    """
-    check_state(canonical_shapes(cfg), state)
-    save_safetensors(path, state, {"format": FORMAT_TAG, "vit_config": cfg.to_json()})
-
-
-def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """(tensors, metadata) of a safetensors file.
-
-    Raises:
-        ValueError: the file is missing, truncated or not safetensors; the message names the path.
+        FormatError: not JSON, not an object, or an invalid config.
     """
     try:
-        with safe_open(str(path), framework="np") as f:
-            meta = dict(f.metadata() or {})
-            return {k: f.get_tensor(k) for k in f.keys()}, meta
-    except (SafetensorError, OSError) as e:
-        raise FormatError(f"{path}: not a readable safetensors file ({e})") from e
+        d = json.loads(text)
+        if not isinstance(d, dict):
+            raise ValueError(f"expected a JSON object, got {type(d).__name__}")
+        notes = []
+        if "pool_include_prefix" not in d and d.get("pool") == "map":
+            d["pool_include_prefix"] = True
+            notes.append("stored config predates pool_include_prefix: its MAP head pools every token")
+        return ViTConfig.from_dict(d), notes
+    except (TypeError, ValueError, AttributeError) as e:
+        raise FormatError(f"{context}: the stored ViTConfig is invalid ({e})") from e
 
 
 def stored_config(meta: Mapping[str, str], context: str) -> ViTConfig:
@@ -115,17 +66,21 @@ def stored_config(meta: Mapping[str, str], context: str) -> ViTConfig:
         raise FormatError(
             f"{context}: no stored ViTConfig (format tag {meta.get('format')!r}, expected {FORMAT_TAG!r})"
         )
-    try:
-        return ViTConfig.from_json(meta["vit_config"])
-    except (TypeError, ValueError, AttributeError) as e:
-        raise FormatError(f"{context}: the stored ViTConfig is invalid ({e})") from e
+    return config_from_json(meta["vit_config"], context)[0]
 
 
-def decode(cfg: ViTConfig, state: Mapping[str, np.ndarray], layout: str, context: str) -> Decoded:
-    """Decoded result for a stored config and its canonical tensors (our file, orbax checkpoints).
+def decode_stored(
+    cfg: ViTConfig, state: Mapping[str, np.ndarray], layout: str, context: str, source: str, assumed=None
+) -> Decoded:
+    """Decoded result for a stored config and its canonical tensors (our file, orbax checkpoints, timm
+    files we wrote): every field declared by ``source``, except those listed in ``assumed`` (the stored
+    ``ASSUMED_KEY`` entry: fields its writer had to assume), which stay assumed.
 
     A head whose row count differs from the stored num_classes is read as stored and reported as a
     conflict (the caller asks for ``num_classes`` to resolve it).
+
+    Raises:
+        StateMismatchError: the tensors do not fit the stored config.
     """
     conflicts = []
     head = state.get("head.weight")
@@ -134,7 +89,65 @@ def decode(cfg: ViTConfig, state: Mapping[str, np.ndarray], layout: str, context
         conflicts.append(f"the stored config has num_classes={cfg.num_classes} but the head has {k} rows")
         cfg = cfg.replace(num_classes=k)
     to_canonical([copy(n, n, s) for n, s in canonical_shapes(cfg).items()], state, context)
-    return Decoded(cfg, dict(state), layout, {}, [], [], conflicts)
+    provenance = {name: declared(source) for name in FUNCTION_FIELDS}
+    carried_assumptions(assumed, provenance, context)
+    return Decoded(cfg, dict(state), layout, provenance, [], [], conflicts)
+
+
+def assumed_meta(assumed) -> dict[str, str]:
+    """The metadata entry that keeps fields assumed across a conversion (none if nothing was)."""
+    return {ASSUMED_KEY: json.dumps(sorted(assumed))} if assumed else {}
+
+
+class Canonical(Format):
+    name = "canonical"
+    description = "our safetensors file: timm names, ViTConfig in the metadata"
+    suffixes = (".safetensors",)
+
+    def detect(self, src: Source) -> bool:
+        return src.container == "safetensors" and src.meta.get("format") == FORMAT_TAG
+
+    def read(self, src: Source, opts) -> Decoded:
+        if src.meta.get("format") != FORMAT_TAG or "vit_config" not in src.meta:
+            stored_config(src.meta, src.context)  # raises, naming the tag found
+        cfg, notes = config_from_json(src.meta["vit_config"], src.context)
+        dec = decode_stored(
+            cfg, src.tensors, "safetensors, config in metadata", src.context, "stored config", src.meta.get(ASSUMED_KEY)
+        )
+        dec.notes += notes
+        return dec
+
+    def encode(self, cfg: ViTConfig, state, path: Path, *, assumed=(), **options) -> Encoded:
+        meta = {"format": FORMAT_TAG, "vit_config": cfg.to_json()} | assumed_meta(assumed)
+        return Encoded(cfg, dict(state), {k: state[k] for k in canonical_shapes(cfg)}, None, meta)
+
+    def decode(self, enc: Encoded) -> Decoded:
+        cfg, _ = config_from_json(enc.meta["vit_config"], "canonical read-back")
+        return decode_stored(cfg, enc.tensors, "", "canonical read-back", "stored config", enc.meta.get(ASSUMED_KEY))
+
+    def write(self, path: Path, enc: Encoded, writers) -> None:
+        io.save_safetensors(path, enc.tensors, enc.meta)
+
+    def load_call(self, path: Path, cfg: ViTConfig) -> str:
+        from vit_common.formats import timm
+
+        return timm.FORMAT.load_call(path, cfg) if not timm.FORMAT.cannot_hold(cfg) else ""
+
+
+FORMAT = Canonical()
+
+
+def save_canonical(
+    path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str, np.ndarray], extra: Mapping[str, str] = ()
+) -> None:
+    """Write our own file: canonical tensors plus ``cfg`` as JSON in the metadata, and the ``extra``
+    metadata entries (preprocessing and class names, ``vit_common.metadata.info_metadata``).
+
+    Raises:
+        StateMismatchError: if ``state`` does not fit ``cfg`` (nothing is written).
+    """
+    check_state(canonical_shapes(cfg), state)
+    io.save_safetensors(path, state, {**dict(extra), "format": FORMAT_TAG, "vit_config": cfg.to_json()})
 
 
 def load_canonical(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, np.ndarray]]:

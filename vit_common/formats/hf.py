@@ -1,8 +1,25 @@
-"""Hugging Face transformers ViT folders (config.json + weights) <-> the canonical state.
+"""Hugging Face transformers ViT and DeiT folders (config.json + weights) <-> the canonical state.
 
-Two key spellings exist. Published files and every ``save_pretrained`` (transformers 4.x, and 5.x,
-which renames on save) use the v4 one; the v5 module names appear in ``state_dict()`` of transformers
-5.x models and files saved from it directly:
+config.json decides the model: ``model_type`` 'vit' or 'deit' (DeiT adds a distillation token after the
+class token) and ``architectures`` which head reads it:
+
+================================================ ==================================================
+architecture                                     output
+================================================ ==================================================
+ViTModel, DeiTModel                              backbone; with ``pooler.dense`` tensors the pooler
+                                                 (dense + tanh on the class token: our pre-logits)
+ViTForImageClassification,                       ``classifier`` on the class token; a ``pooler`` in
+DeiTForImageClassification                       the file is not part of the model: ignored, reported
+DeiTForImageClassificationWithTeacher            mean of ``cls_classifier`` (class token) and
+                                                 ``distillation_classifier`` (distillation token):
+                                                 our head and head_dist
+================================================ ==================================================
+
+Every structural field comes from config.json (a missing key means transformers' default, as it does
+when transformers loads the folder) and is checked against the tensors, which must all be there: a layer
+absent from every shard is an error, never a shallower model. Sharded folders are read through their
+index. Two key spellings exist. ``save_pretrained`` writes the v4 one in transformers 4 and 5; the v5
+module names appear in ``state_dict()`` of transformers 5 models and in files saved from it directly:
 
 ===================== =============================================== ===================================
 canonical             v4 (files)                                      v5 (transformers 5 modules)
@@ -16,42 +33,60 @@ blocks.i.mlp.fc1/fc2  encoder.layer.i.intermediate.dense /            layers.i.m
                       encoder.layer.i.output.dense
 ===================== =============================================== ===================================
 
-Embeddings are ``embeddings.{cls_token, position_embeddings, patch_embeddings.projection}``, the final
-norm ``layernorm``; ``ViTForImageClassification`` prefixes all of these with ``vit.`` and adds
-``classifier`` (our ``head``); ``ViTModel`` may add ``pooler.dense`` (dense + tanh on the class token:
-our ``pre_logits.fc`` with rep_size = pooler_output_size). config.json gives the LayerNorm eps (HF's
-default is 1e-12) and the GELU variant (``hidden_act`` 'gelu' = exact erf; 'gelu_pytorch_tanh' and
-'gelu_new' = tanh approximation).
+Embeddings are ``embeddings.{cls_token, distillation_token, position_embeddings,
+patch_embeddings.projection}``, the final norm ``layernorm``; task models prefix these with ``vit.`` or
+``deit.``. ``hidden_act`` 'gelu' / 'gelu_python' = exact erf, 'gelu_pytorch_tanh' / 'gelu_new' = the tanh
+approximation, 'quick_gelu' = x sigmoid(1.702 x); LayerNorm eps defaults to 1e-12. Other model types
+(BEiT, DINOv2, ViT-MAE, ...) and masked-image-modelling heads are refused by name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from vit_common import io
 from vit_common.config import ViTConfig
 from vit_common.formats.base import (
+    ASSUMED_KEY,
     Decoded,
+    Encoded,
+    Format,
     FormatError,
+    Origin,
     Piece,
     Rule,
+    Source,
+    assumed,
     build_config,
+    carried_assumptions,
     common_float_dtype,
     copy,
+    declared,
+    derived,
     from_canonical,
     guess_num_heads,
     materialize_posemb,
     posemb_layout,
     positive_dims,
-    shape_fields,
+    refuse,
+    refuse_unsupported,
+    square_grid_origin,
     to_canonical,
     unsupported,
 )
 
-_ACT_TO_GELU = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
-_GELU_TO_ACT = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}
+_ACT_TO_GELU = {
+    "gelu": "exact",
+    "gelu_python": "exact",
+    "gelu_pytorch_tanh": "tanh",
+    "gelu_new": "tanh",
+    "quick_gelu": "quick",
+}
+_GELU_TO_ACT = {"exact": "gelu", "tanh": "gelu_pytorch_tanh", "quick": "quick_gelu"}
 _NAMES = {  # spelling -> (layer prefix, q, k, v, o, fc1, fc2)
     "v4": (
         "encoder.layer.{i}.",
@@ -73,12 +108,35 @@ _NAMES = {  # spelling -> (layer prefix, q, k, v, o, fc1, fc2)
     ),
 }
 _PATCH_KEY = "embeddings.patch_embeddings.projection.weight"
-_MASK_TOKEN = "embeddings.mask_token"
+MODEL_TYPES = ("vit", "deit")
+# architecture -> (model_type, head): 'backbone' | 'classify' | 'teacher'
+ARCHITECTURES = {
+    "ViTModel": ("vit", "backbone"),
+    "ViTForImageClassification": ("vit", "classify"),
+    "DeiTModel": ("deit", "backbone"),
+    "DeiTForImageClassification": ("deit", "classify"),
+    "DeiTForImageClassificationWithTeacher": ("deit", "teacher"),
+}
+_REFUSED_ARCHITECTURES = {
+    "ViTForMaskedImageModeling": "a masked-image-modelling decoder",
+    "DeiTForMaskedImageModeling": "a masked-image-modelling decoder",
+}
+_REFUSED_MODEL_TYPES = {
+    "beit": "relative position tables and q/v biases",
+    "data2vec-vision": "relative position tables and q/v biases",
+    "dinov2": "DINOv2's own module layout (read timm's DINOv2 files instead)",
+    "dinov2_with_registers": "DINOv2's own module layout (read timm's DINOv2 files instead)",
+    "vit_mae": "ViT-MAE's random masking and decoder",
+    "vit_msn": "ViT-MSN's module layout",
+    "vit_hybrid": "a convolutional stem",
+    "clip_vision_model": "CLIP's own module layout (read timm's CLIP files instead)",
+    "siglip_vision_model": "SigLIP's own module layout (read timm's SigLIP files instead)",
+}
 
 
 def is_hf(keys) -> bool:
-    """True if the key names are a transformers ViTModel / ViTForImageClassification state_dict."""
-    return any(k in (_PATCH_KEY, "vit." + _PATCH_KEY) for k in keys)
+    """True if the key names are a transformers ViT or DeiT state_dict."""
+    return any(k in (_PATCH_KEY, "vit." + _PATCH_KEY, "deit." + _PATCH_KEY) for k in keys)
 
 
 def _pair(v: Any, name: str, context: str) -> tuple[int, int]:
@@ -88,15 +146,70 @@ def _pair(v: Any, name: str, context: str) -> tuple[int, int]:
     raise FormatError(f"{context}: config.json {name}={v!r} is not a positive int or [H, W]")
 
 
-def _get(config: Mapping[str, Any], key: str, default: Any, types: tuple, context: str) -> Any:
-    v = config.get(key, default)
-    if not isinstance(v, types) or isinstance(v, bool) and bool not in types:
-        raise FormatError(f"{context}: config.json {key}={v!r} is not a {' or '.join(t.__name__ for t in types)}")
-    return v
+class _Config:
+    """config.json values with provenance: a missing key takes transformers' default (declared too:
+    that is what transformers builds from the folder)."""
+
+    def __init__(self, config: Mapping[str, Any], context: str):
+        self.config, self.context = config, context
+
+    def get(self, key: str, default: Any, types: tuple) -> tuple[Any, Origin]:
+        if key not in self.config or self.config[key] is None and default is None:
+            return default, declared(f"transformers' default for a missing {key}")
+        v = self.config[key]
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+            raise FormatError(
+                f"{self.context}: config.json {key}={v!r} is not a {' or '.join(t.__name__ for t in types)}"
+            )
+        return v, declared(f"config.json {key}")
 
 
-def rules(cfg: ViTConfig, spelling: str = "v4", prefix: str = "") -> list[Rule]:
-    """File <-> canonical rules for an HF ViT with ``cfg``; ``prefix`` is 'vit.' for classification."""
+def _architecture(config: Mapping[str, Any] | None, tensors: Mapping[str, np.ndarray], context: str):
+    """(model_type, architecture, head kind, origin, notes) from config.json, else from the tensors."""
+    has_dist = any(k.endswith("embeddings.distillation_token") for k in tensors)
+    by_tensors = (
+        "teacher"
+        if "cls_classifier.weight" in tensors
+        else "classify"
+        if "classifier.weight" in tensors
+        else "backbone"
+    )
+    notes = []
+    model_type = (config or {}).get("model_type")
+    if model_type is None:
+        model_type = "deit" if has_dist else "vit"
+        if config is not None:
+            notes.append(f"config.json has no model_type: {model_type} read from the tensors")
+    if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
+        what = _REFUSED_MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
+        raise FormatError(
+            f"{context}: config.json model_type={model_type!r} is not supported"
+            + (f" (the twins lack {what})" if what else "")
+            + f"; supported: {', '.join(MODEL_TYPES)}"
+        )
+    archs = (config or {}).get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    if arch in _REFUSED_ARCHITECTURES:
+        raise FormatError(
+            f"{context}: architecture {arch} is not supported (the twins lack {_REFUSED_ARCHITECTURES[arch]})"
+        )
+    if arch is not None:
+        if arch not in ARCHITECTURES or ARCHITECTURES[arch][0] != model_type:
+            known = [a for a, (mt, _) in ARCHITECTURES.items() if mt == model_type]
+            raise FormatError(
+                f"{context}: architecture {arch!r} is not supported for model_type {model_type!r}; "
+                f"supported: {', '.join(known)}"
+            )
+        return model_type, arch, ARCHITECTURES[arch][1], declared("config.json architectures"), notes
+    arch = next(a for a, (mt, h) in ARCHITECTURES.items() if mt == model_type and h == by_tensors)
+    why = "config.json names no architecture" if config is not None else "no config.json"
+    notes.append(f"{why}: read as {arch} from its tensors")
+    return model_type, arch, by_tensors, derived("the head tensors present"), notes
+
+
+def rules(cfg: ViTConfig, spelling: str = "v4", prefix: str = "", head: str = "classify") -> list[Rule]:
+    """File <-> canonical rules for an HF ViT/DeiT with ``cfg``; ``prefix`` is 'vit.' or 'deit.' for task
+    models; ``head`` is 'backbone', 'classify' or 'teacher'."""
     d = cfg.width
     layer, q, k, v, o, fc1, fc2 = _NAMES[spelling]
     e = prefix + "embeddings."
@@ -107,6 +220,8 @@ def rules(cfg: ViTConfig, spelling: str = "v4", prefix: str = "") -> list[Rule]:
         copy(e + "patch_embeddings.projection.weight", "patch_embed.proj.weight", (d, cfg.in_chans, ph, pw)),
         copy(e + "patch_embeddings.projection.bias", "patch_embed.proj.bias", (d,)),
     ]
+    if cfg.dist_token:
+        r.append(copy(e + "distillation_token", "dist_token", (1, 1, d)))
     for i in range(cfg.depth):
         lp, b = prefix + layer.format(i=i), f"blocks.{i}."
         r += [copy(f"{lp}layernorm_before.{w}", f"{b}norm1.{w}", (d,)) for w in ("weight", "bias")]
@@ -131,14 +246,16 @@ def rules(cfg: ViTConfig, spelling: str = "v4", prefix: str = "") -> list[Rule]:
             copy(f"{prefix}pooler.dense.bias", "pre_logits.fc.bias", (cfg.rep_size,)),
         ]
     if cfg.num_classes:
-        r += [
-            copy("classifier.weight", "head.weight", (cfg.num_classes, cfg.features_dim)),
-            copy("classifier.bias", "head.bias", (cfg.num_classes,)),
-        ]
+        names = (("cls_classifier", "head"), ("distillation_classifier", "head_dist"))
+        for src, dst in names if head == "teacher" else (("classifier", "head"),):
+            r += [
+                copy(f"{src}.weight", f"{dst}.weight", (cfg.num_classes, cfg.features_dim)),
+                copy(f"{src}.bias", f"{dst}.bias", (cfg.num_classes,)),
+            ]
     return r
 
 
-def read(
+def read_tensors(
     tensors: Mapping[str, np.ndarray],
     config: Mapping[str, Any] | None,
     *,
@@ -146,139 +263,241 @@ def read(
     overrides: Mapping[str, Any] = (),
     context: str = "Hugging Face folder",
 ) -> Decoded:
-    """Canonical state and config of an HF ViT state_dict and its config.json (None if absent).
+    """Canonical state, config and provenance of an HF ViT/DeiT state_dict and its config.json (None if
+    there is none: then the config is read off the tensors, with the head count, GELU, eps and a square
+    grid assumed).
 
     Raises:
-        FormatError: not an HF ViT (model_type, hidden_act or shapes), or an invalid inferred config.
-        StateMismatchError: tensors missing, unexpected or of the wrong shape (file names).
+        FormatError: not a transformers ViT/DeiT the twins implement (model type, architecture,
+            activation named), or an invalid config.
+        StateMismatchError: tensors missing, unexpected or of the wrong shape for the declared config.
     """
     overrides = dict(overrides)
-    prefix = "vit." if "vit." + _PATCH_KEY in tensors else ""
-    if prefix + _PATCH_KEY not in tensors or np.ndim(tensors[prefix + _PATCH_KEY]) != 4:
-        raise FormatError(f"{context}: no 4-D {prefix + _PATCH_KEY}, so not a transformers ViT")
-    spelling = "v5" if f"{prefix}layers.0.layernorm_before.weight" in tensors else "v4"
-    d, c, ph, pw = positive_dims(np.shape(tensors[prefix + _PATCH_KEY]), prefix + _PATCH_KEY, context)
-    grid = (source_image_size[0] // ph, source_image_size[1] // pw) if source_image_size else None
+    model_type, arch, head, arch_origin, notes = _architecture(config, tensors, context)
+    prefix = f"{model_type}." if f"{model_type}.{_PATCH_KEY}" in tensors else ""
+    patch = tensors.get(prefix + _PATCH_KEY)
+    if patch is None or np.ndim(patch) != 4:
+        raise FormatError(f"{context}: no 4-D {prefix + _PATCH_KEY}, so not a transformers {arch}")
+    refuse_unsupported(tensors, context)
+    spelling = "v5" if any(k.startswith(f"{prefix}layers.") for k in tensors) else "v4"
+    d, c, ph, pw = positive_dims(np.shape(patch), prefix + _PATCH_KEY, context)
     layer = prefix + _NAMES[spelling][0]
-    depth = 0
-    while f"{layer.format(i=depth)}layernorm_before.weight" in tensors:
-        depth += 1
-    fc1 = f"{layer.format(i=0)}{_NAMES[spelling][5]}.weight"
-    if depth == 0 or fc1 not in tensors or np.ndim(tensors[fc1]) != 2:
-        raise FormatError(f"{context}: no {layer.format(i=0)}layernorm_before.weight / {fc1}")
-    src = "config.json" if config is not None else "tensor shapes"
-    f, inferred = shape_fields(
-        patch_size=(ph, pw),
-        in_chans=c,
-        width=d,
-        depth=depth,
-        mlp_dim=np.shape(tensors[fc1])[0],
-        qkv_bias=f"{layer.format(i=0)}{_NAMES[spelling][1]}.bias" in tensors,
+    dropped = []
+    arch_prov = {
+        "class_token": arch_origin,
+        "dist_token": declared("model_type") if config and "model_type" in config else arch_origin,
+        "head_dist": arch_origin,
+        "pool": arch_origin,
+        "pool_include_prefix": arch_origin,
+        "reg_tokens": arch_origin,
+        "posemb": arch_origin,
+        "posemb_prefix": arch_origin,
+        "norm_pre": arch_origin,
+        "fc_norm": arch_origin,
+        "patch_bias": arch_origin,
+        "qk_norm": arch_origin,
+    }
+    f: dict[str, Any] = dict(
+        class_token=True,
+        dist_token=model_type == "deit",
+        head_dist=head == "teacher",
+        pool="token",
+        pool_include_prefix=False,
+        reg_tokens=0,
+        posemb="learn",
+        posemb_prefix=True,
+        norm_pre=False,
+        fc_norm=False,
+        patch_bias=True,
+        qk_norm=False,
     )
-    dropped, notes = [], []
-    pe = tensors.get(prefix + "embeddings.position_embeddings")
-    pe = pe if pe is not None and np.ndim(pe) == 3 else None
-    rows = np.shape(pe)[1] if pe is not None else 0
+    prov: dict[str, Origin] = dict(arch_prov)
     if config is not None:
-        if config.get("model_type", "vit") != "vit":
-            raise FormatError(f"{context}: config.json model_type={config.get('model_type')!r}, expected 'vit'")
-        act = _get(config, "hidden_act", "gelu", (str,), context)
+        cj = _Config(config, context)
+        for name, key, default in (
+            ("width", "hidden_size", 768),
+            ("depth", "num_hidden_layers", 12),
+            ("num_heads", "num_attention_heads", 12),
+            ("mlp_dim", "intermediate_size", 3072),
+            ("in_chans", "num_channels", 3),
+        ):
+            f[name], prov[name] = cj.get(key, default, (int,))
+        f["qkv_bias"], prov["qkv_bias"] = cj.get("qkv_bias", True, (bool,))
+        act, prov["gelu"] = cj.get("hidden_act", "gelu", (str,))
         if act not in _ACT_TO_GELU:
-            raise FormatError(f"{context}: config.json hidden_act={act!r}; expected one of {tuple(_ACT_TO_GELU)}")
-        f["gelu"], f["ln_eps"] = (
-            _ACT_TO_GELU[act],
-            _get(config, "layer_norm_eps", 1e-12, (float, int), context),
+            raise FormatError(
+                f"{context}: config.json hidden_act={act!r}: the twins implement {', '.join(_ACT_TO_GELU)}"
+            )
+        f["gelu"] = _ACT_TO_GELU[act]
+        f["ln_eps"], prov["ln_eps"] = cj.get("layer_norm_eps", 1e-12, (float, int))
+        size, prov["image_size"] = cj.get("image_size", 224, (int, list))
+        ih, iw = _pair(size, "image_size", context)
+        cp, prov["patch_size"] = cj.get("patch_size", 16, (int, list))
+        f["patch_size"] = _pair(cp, "patch_size", context)
+        f["image_size"] = (ih, iw)
+        pooler_act, _ = cj.get("pooler_act", "tanh", (str,))
+        pooler_size, pooler_origin = cj.get("pooler_output_size", None, (int,))
+        labels, _ = cj.get("id2label", None, (dict,))
+        n_labels, labels_origin = (
+            (len(labels), declared("config.json id2label")) if labels is not None else cj.get("num_labels", 2, (int,))
         )
-        inferred["gelu"] = f"config.json hidden_act={act!r}"
-        inferred["ln_eps"] = "config.json layer_norm_eps"
-        if "num_heads" not in overrides:
-            f["num_heads"] = _get(config, "num_attention_heads", 12, (int,), context)
-            inferred["num_heads"] = src
-        ih = _pair(config.get("image_size", 224), "image_size", context)
-        cp = _pair(config.get("patch_size", 16), "patch_size", context)
-        grid = grid or (ih[0] // cp[0], ih[1] // cp[1])
-        labels = config.get("id2label")
-        n_labels = len(labels) if isinstance(labels, dict) else config.get("num_labels")
-        n_labels = n_labels if isinstance(n_labels, int) else None
+        if f["patch_size"] != (ph, pw):
+            raise FormatError(f"{context}: config.json patch_size={cp!r} but {prefix + _PATCH_KEY} has patch {ph}x{pw}")
     else:
-        f["gelu"], f["ln_eps"] = "exact", 1e-12
-        inferred["gelu"] = inferred["ln_eps"] = "format default (no config.json): transformers ViTConfig"
-        if "num_heads" not in overrides:
-            f["num_heads"], inferred["num_heads"] = guess_num_heads(d)
-        n_labels = None
-        notes.append("no config.json beside the weights: config inferred from tensor shapes")
-    if pe is None and grid is None:
-        raise FormatError(f"{context}: no {prefix}embeddings.position_embeddings and no config.json image size")
-    (gh, gw), _ = posemb_layout(rows, 1, grid, f"{context}: position_embeddings") if pe is not None else (grid, True)
-    f["image_size"], inferred["image_size"] = (gh * ph, gw * pw), src
-    f["posemb_prefix"] = True
-    f["posemb_resample"] = "bicubic"
-    inferred["posemb_resample"] = "format default: transformers interpolate_pos_encoding (bicubic, no antialias)"
-    f["rep_size"] = (
-        np.shape(tensors[prefix + "pooler.dense.weight"])[0] if prefix + "pooler.dense.weight" in tensors else 0
-    )
-    head = tensors.get("classifier.weight")
-    f["num_classes"] = np.shape(head)[0] if head is not None and np.ndim(head) == 2 else 0
-    inferred["num_classes"] = "classifier shape"
+        depth = 0
+        while f"{layer.format(i=depth)}layernorm_before.weight" in tensors:
+            depth += 1
+        fc1 = tensors.get(f"{layer.format(i=0)}{_NAMES[spelling][5]}.weight")
+        if depth == 0 or fc1 is None or np.ndim(fc1) != 2:
+            raise FormatError(f"{context}: no {layer.format(i=0)}layernorm_before.weight / 2-D fc1 weight")
+        f.update(width=d, depth=depth, mlp_dim=np.shape(fc1)[0], in_chans=c, patch_size=(ph, pw))
+        f["qkv_bias"] = f"{layer.format(i=0)}{_NAMES[spelling][1]}.bias" in tensors
+        prov.update({k: derived("tensor shapes") for k in ("width", "depth", "mlp_dim", "in_chans", "patch_size")})
+        prov["qkv_bias"] = derived("tensors present")
+        f["num_heads"], prov["num_heads"] = guess_num_heads(d)
+        f["gelu"], prov["gelu"] = "exact", assumed("no config.json; transformers' default hidden_act='gelu'")
+        f["ln_eps"], prov["ln_eps"] = 1e-12, assumed("no config.json; transformers' default layer_norm_eps")
+        pe = tensors.get(prefix + "embeddings.position_embeddings")
+        if pe is None or np.ndim(pe) != 3:
+            raise FormatError(f"{context}: no config.json and no 3-D {prefix}embeddings.position_embeddings")
+        grid = (source_image_size[0] // ph, source_image_size[1] // pw) if source_image_size else None
+        num_prefix = 2 if f["dist_token"] else 1
+        (gh, gw), _, _ = posemb_layout(np.shape(pe)[1], num_prefix, grid, "position_embeddings", context)
+        f["image_size"] = (gh * ph, gw * pw)
+        prov["image_size"] = derived("the given size") if grid else square_grid_origin((gh, gw), "position_embeddings")
+        pooler_act, pooler_size, pooler_origin = "tanh", None, derived("pooler tensors")
+        n_labels, labels_origin = None, derived("classifier shape")
+    pooler = f"{prefix}pooler.dense.weight"
+    f["rep_size"], prov["rep_size"] = 0, arch_origin
+    if pooler in tensors or f"{prefix}pooler.dense.bias" in tensors:
+        if head != "backbone":
+            dropped += [
+                (k, f"a pooler is not part of {arch} (transformers builds it without one)")
+                for k in (pooler, f"{prefix}pooler.dense.bias")
+                if k in tensors
+            ]
+        else:
+            if pooler_act != "tanh":
+                raise FormatError(f"{context}: config.json pooler_act={pooler_act!r}: the twins' pooler is tanh")
+            f["rep_size"] = pooler_size or f["width"]
+            prov["rep_size"] = pooler_origin if pooler_size else declared("config.json hidden_size (pooler size)")
+    elif head == "backbone":
+        notes.append(
+            f"{arch} without pooler tensors: the backbone only (load it in transformers with add_pooling_layer=False)"
+        )
+    if prefix + "embeddings.mask_token" in tensors:
+        dropped.append((prefix + "embeddings.mask_token", "mask token of masked-image modelling; unused for images"))
+    classifier = tensors.get("cls_classifier.weight" if head == "teacher" else "classifier.weight")
+    rows = np.shape(classifier)[0] if classifier is not None and np.ndim(classifier) == 2 else 0
     conflicts = []
-    if n_labels is not None and head is not None and n_labels != f["num_classes"]:
-        conflicts.append(f"config.json has {n_labels} labels but classifier.weight has {f['num_classes']} rows")
-    if prefix + _MASK_TOKEN in tensors:
-        dropped.append((prefix + _MASK_TOKEN, "mask token of masked-image-modelling pretraining; unused for images"))
+    if head == "backbone":
+        f["num_classes"], prov["num_classes"] = 0, arch_origin
+    else:
+        f["num_classes"], prov["num_classes"] = rows, labels_origin
+        if n_labels is not None and classifier is not None and n_labels != rows:
+            conflicts.append(f"config.json has {n_labels} labels but the classifier has {rows} rows")
+    if config is not None:
+        carried_assumptions(config.get(ASSUMED_KEY), prov, context)
+    f["posemb_resample"] = "bicubic"  # transformers' interpolate_pos_encoding: bicubic, no antialias
     dt = common_float_dtype(tensors)
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
-    cfg = build_config(f, inferred, overrides, context)
-    kept = {k: v for k, v in tensors.items() if k != prefix + _MASK_TOKEN}
-    state = to_canonical(rules(cfg, spelling, prefix), kept, context)
-    arch = "ViTForImageClassification" if prefix else "ViTModel"
-    return Decoded(cfg, state, f"{arch}, {spelling} key names", inferred, dropped, notes, conflicts)
+    cfg = build_config(f, prov, overrides, context)
+    ignored = {k for k, _ in dropped}
+    kept = {k: v for k, v in tensors.items() if k not in ignored}
+    state = to_canonical(rules(cfg, spelling, prefix, head), kept, context)
+    return Decoded(cfg, state, f"{arch}, {spelling} key names", prov, dropped, notes, conflicts)
 
 
-def prepare(cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
-    """Config and tensors as an HF ViT holds them (raises ValueError naming what it cannot hold)."""
-    unsupported(
-        "Hugging Face ViT",
-        cfg,
-        {
-            "class_token=False (HF ViT always has a class token)": not cfg.class_token,
-            f"reg_tokens={cfg.reg_tokens}": cfg.reg_tokens > 0,
-            f"pool={cfg.pool!r} (HF ViT pools the class token)": cfg.pool != "token",
-            "LayerScale": cfg.layer_scale is not None,
-            "qk_norm": cfg.qk_norm,
-            "fc_norm": cfg.fc_norm,
-            "posemb='none'": cfg.posemb == "none",
-            "both rep_size and a head (ViTModel has the pooler, ViTForImageClassification the classifier)": (
-                cfg.rep_size > 0 and cfg.num_classes > 0
-            ),
-        },
-    )
-    return materialize_posemb(cfg, state, prefix_rows=True)
+class HuggingFace(Format):
+    name = "hf"
+    description = "Hugging Face transformers ViT or DeiT folder (config.json + weights)"
+    folder = True
+
+    def detect(self, src: Source) -> bool:
+        from vit_common.formats.timm import is_timm
+
+        if src.container not in ("hf_folder", "safetensors", "torch"):
+            return False
+        return is_hf(src.tensors) or (src.container == "hf_folder" and not is_timm(src.tensors))
+
+    def read(self, src: Source, opts) -> Decoded:
+        return read_tensors(
+            src.tensors,
+            src.config,
+            source_image_size=opts.source_image_size,
+            overrides=opts.overrides,
+            context=src.context,
+        )
+
+    def cannot_hold(self, cfg: ViTConfig) -> list[str]:
+        return unsupported(
+            "Hugging Face ViT",
+            {
+                "class_token=False (HF ViT always has a class token)": not cfg.class_token,
+                f"reg_tokens={cfg.reg_tokens}": cfg.reg_tokens > 0,
+                f"pool={cfg.pool!r} (HF ViT pools the class token)": cfg.pool != "token",
+                "LayerScale": cfg.layer_scale is not None,
+                "qk_norm": cfg.qk_norm,
+                "fc_norm": cfg.fc_norm,
+                "norm_pre": cfg.norm_pre,
+                "patch_bias=False": not cfg.patch_bias,
+                "posemb='none'": cfg.posemb == "none",
+                "both rep_size and a head (ViTModel has the pooler, ViTForImageClassification the classifier)": (
+                    cfg.rep_size > 0 and cfg.num_classes > 0
+                ),
+                "head_dist without classes (DeiTModel has no distilled output)": cfg.head_dist and not cfg.num_classes,
+            },
+        )
+
+    def encode(self, cfg: ViTConfig, state, path: Path, *, spelling: str = "v4", assumed=(), **_) -> Encoded:
+        refuse("Hugging Face ViT", self.cannot_hold(cfg))
+        if spelling not in _NAMES:
+            raise ValueError(f"spelling={spelling!r}: expected 'v4' or 'v5'")
+        cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=True)
+        config = config_json(cfg) | ({ASSUMED_KEY: sorted(assumed)} if assumed else {})  # transformers keeps it
+        arch = config["architectures"][0]
+        _, head = ARCHITECTURES[arch]
+        prefix = f"{config['model_type']}." if head != "backbone" else ""
+        return Encoded(cfg, state, from_canonical(rules(cfg, spelling, prefix, head), state), config, None, notes)
+
+    def decode(self, enc: Encoded) -> Decoded:
+        return read_tensors(enc.tensors, enc.config_json, context="hf read-back")
+
+    def write(self, path: Path, enc: Encoded, writers) -> None:
+        def write_folder(tmp: Path) -> None:
+            io.write_json(tmp / "config.json", enc.config_json, sort_keys=True)
+            io.save_safetensors(tmp / "model.safetensors", enc.tensors, {"format": "pt"})
+            for name, obj in enc.json_files.items():
+                io.write_json(tmp / name, obj, sort_keys=True)
+
+        io.atomic_write_dir(path, write_folder)
+
+    def load_call(self, path: Path, cfg: ViTConfig) -> str:
+        arch = config_json(cfg)["architectures"][0]
+        extra = ", add_pooling_layer=False" if ARCHITECTURES[arch][1] == "backbone" and not cfg.rep_size else ""
+        return "\n".join(
+            [
+                "import transformers",
+                f"model, info = transformers.{arch}.from_pretrained({str(path)!r}, output_loading_info=True{extra})",
+                "assert not any(info.values()), info  # no missing, unexpected or mismatched tensor",
+            ]
+        )
 
 
-def write(
-    cfg: ViTConfig, state: Mapping[str, np.ndarray], spelling: str = "v4"
-) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """(config.json dict, file tensors) of an already ``prepare``d state.
-
-    ``num_classes > 0`` gives ViTForImageClassification, otherwise ViTModel (with the pooler when
-    rep_size > 0; without it, load with ``ViTModel.from_pretrained(path, add_pooling_layer=False)``).
-    ``spelling`` 'v4' (what save_pretrained writes; loads in transformers 4 and 5) or 'v5'.
-    """
-    if spelling not in _NAMES:
-        raise ValueError(f"spelling={spelling!r}: expected 'v4' or 'v5'")
-    prefix = "vit." if cfg.num_classes > 0 else ""
-    return config_json(cfg), from_canonical(rules(cfg, spelling, prefix), state)
+FORMAT = HuggingFace()
 
 
 def config_json(cfg: ViTConfig) -> dict[str, Any]:
-    """The config.json of an HF ViT folder for ``cfg``: also the keyword arguments of
-    ``transformers.ViTConfig`` that build the same model."""
-    classify = cfg.num_classes > 0
+    """The config.json of an HF ViT / DeiT folder for ``cfg``: also the keyword arguments of
+    ``transformers.ViTConfig`` (``DeiTConfig`` with a distillation token) that build the same model."""
+    head = "teacher" if cfg.head_dist else "classify" if cfg.num_classes > 0 else "backbone"
+    model_type = "deit" if cfg.dist_token else "vit"
+    arch = next(a for a, v in ARCHITECTURES.items() if v == (model_type, head))
     (ih, iw), (ph, pw) = cfg.image_size, cfg.patch_size
     config: dict[str, Any] = {
-        "architectures": ["ViTForImageClassification" if classify else "ViTModel"],
-        "model_type": "vit",
+        "architectures": [arch],
+        "model_type": model_type,
         "hidden_size": cfg.width,
         "num_hidden_layers": cfg.depth,
         "num_attention_heads": cfg.num_heads,
@@ -297,7 +516,7 @@ def config_json(cfg: ViTConfig) -> dict[str, Any]:
         "pooler_act": "tanh",
         "dtype": cfg.param_dtype,
     }
-    if classify:
+    if head != "backbone":
         config["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_classes)}
         config["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_classes)}
     return config

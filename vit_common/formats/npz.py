@@ -21,8 +21,10 @@ Keys are flax parameter paths joined with '/'. What varies between files, and is
   (reported), since it would make every logit zero.
 
 Attention kernels are flax ``DenseGeneral``: query/key/value (D, N, D/N) and out (N, D/N, D); they map
-to timm's fused qkv (3D, D) and proj (D, D). GELU is flax's default tanh approximation and LayerNorm eps
-1e-6 (flax default); neither is stored.
+to timm's fused qkv (3D, D) and proj (D, D), and give the head count. GELU (flax's default tanh
+approximation in both codebases) and LayerNorm eps (flax's 1e-6) are not stored: they are assumed, and
+warned, since files written from other models exist. ``NpzFormat`` is the format object; the modules
+``original_vit`` and ``big_vision`` each export one.
 """
 
 from __future__ import annotations
@@ -33,26 +35,35 @@ import re
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from vit_common import io
 from vit_common.config import ViTConfig
 from vit_common.formats.base import (
     Decoded,
+    Encoded,
+    Format,
     FormatError,
     Piece,
     Rule,
+    Source,
+    assumed,
     build_config,
     common_float_dtype,
     conv_kernel,
     copy,
+    derived,
     from_canonical,
     linear_kernel,
     materialize_posemb,
     posemb_layout,
     positive_dims,
+    refuse,
     shape_fields,
+    square_grid_origin,
     stack_layers,
     to_canonical,
     unsupported,
@@ -281,7 +292,7 @@ def read(
     q = shape(f"{block0}{mha}/query/kernel")
     if len(q) != 3:
         raise FormatError(f"{context}: {block0}{mha}/query/kernel has shape {q}, expected (D, N, D/N)")
-    f, inferred = shape_fields(
+    f, prov = shape_fields(
         patch_size=(ph, pw),
         in_chans=c,
         width=d,
@@ -289,29 +300,50 @@ def read(
         num_heads=q[1],
         mlp_dim=shape(f"{block0}{mlp}/Dense_0/kernel")[-1],
         qkv_bias=f"{block0}{mha}/query/bias" in t,
+        class_token=prefix + "cls" in t,
+        patch_bias=True,
+        qk_norm=False,
+        dist_token=False,
+        head_dist=False,
+        reg_tokens=0,
+        norm_pre=False,
+        fc_norm=False,
     )
-    f["class_token"] = prefix + "cls" in t
     posemb_key = next((k for k in POSEMB_KEYS if prefix + k in t), None)
     notes = []
     if posemb_key is not None:
-        (gh, gw), f["posemb_prefix"] = posemb_layout(
+        f["posemb"] = "learn"
+        (gh, gw), f["posemb_prefix"], prov["posemb_prefix"] = posemb_layout(
             np.shape(t[prefix + posemb_key])[1],
             int(f["class_token"]),
             grid,
-            f"{context}: {prefix + posemb_key}",
+            prefix + posemb_key,
+            context,
         )
-        inferred["image_size"] = "pos_embedding rows x patch size" + (" (given size)" if grid else " (square)")
+        prov["posemb"] = derived("a stored pos_embedding")
+        prov["image_size"] = (
+            derived("pos_embedding rows and the given size")
+            if grid
+            else square_grid_origin((gh, gw), "the pos_embedding rows")
+        )
     else:
         f["posemb"], f["posemb_prefix"] = "sincos2d", False
         gh, gw = grid or (224 // ph, 224 // pw)
-        inferred["posemb"] = "no pos_embedding stored: big_vision sincos2d"
-        inferred["image_size"] = "not stored (sincos2d); " + ("given" if grid else "224 assumed")
+        prov["posemb"] = derived("no pos_embedding stored: big_vision's sincos2d")
+        prov["posemb_prefix"] = derived("sincos2d has no prefix rows")
+        prov["image_size"] = derived("the given size") if grid else assumed("not stored (sincos2d); 224 assumed")
     f["image_size"] = (gh * ph, gw * pw)
-    f["pool"] = "map" if prefix + "MAPHead_0/probe" in t else "token" if f["class_token"] else "gap"
-    inferred["pool"] = "MAPHead_0 -> map, cls -> token, else gap"
+    if prefix + "MAPHead_0/probe" in t:
+        f["pool"], prov["pool"] = "map", derived("MAPHead_0 tensors")
+    elif f["class_token"]:
+        f["pool"], prov["pool"] = "token", derived("a class token (big_vision adds one only for 'tok' pooling)")
+    else:
+        f["pool"], prov["pool"] = "gap", assumed("not stored; no class token and no MAP head: 'gap' assumed")
+    f["pool_include_prefix"] = False
+    prov["pool_include_prefix"] = derived("big_vision pools without prefix tokens")
     f["rep_size"] = np.shape(t[prefix + "pre_logits/kernel"])[-1] if prefix + "pre_logits/kernel" in t else 0
     f["num_classes"] = np.shape(t[prefix + "head/kernel"])[-1] if prefix + "head/kernel" in t else 0
-    inferred["num_classes"] = "head shape"
+    prov["rep_size"], prov["num_classes"] = derived("pre_logits shape"), derived("head shape")
     if (
         f["num_classes"]
         and not keep_zero_head
@@ -328,17 +360,37 @@ def read(
         t = {k: v for k, v in t.items() if not k.startswith(prefix + "head/")}
         f["num_classes"] = 0
     f["gelu"], f["ln_eps"] = "tanh", 1e-6
-    inferred["gelu"] = "format default: flax nn.gelu is the tanh approximation"
-    inferred["ln_eps"] = "format default: flax LayerNorm eps 1e-6"
-    f["posemb_resample"] = "bilinear_corners"
-    inferred["posemb_resample"] = "format default: big_vision / original ViT resample with scipy zoom order 1"
+    prov["gelu"] = assumed("not stored; the original ViT and big_vision use flax nn.gelu (tanh approximation)")
+    prov["ln_eps"] = assumed("not stored; flax LayerNorm's eps 1e-6")
+    f["posemb_resample"] = "bilinear_corners"  # big_vision / original ViT resample with scipy zoom order 1
     dt = common_float_dtype(t)
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
-    cfg = build_config(f, inferred, overrides, context)
+    cfg = build_config(f, prov, overrides, context)
     layout = Layout(prefix, counters, posemb_key or "pos_embedding", scan)
     state = to_canonical(rules(cfg, layout), t, context)
-    return Decoded(cfg, state, layout.describe(), inferred, dropped, notes)
+    return Decoded(cfg, state, layout.describe(), prov, dropped, notes)
+
+
+def cannot_hold(cfg: ViTConfig) -> list[str]:
+    """What an original-ViT or big_vision .npz cannot hold."""
+    return unsupported(
+        "npz",
+        {
+            f"reg_tokens={cfg.reg_tokens}": cfg.reg_tokens > 0,
+            "LayerScale": cfg.layer_scale is not None,
+            "qk_norm": cfg.qk_norm,
+            "fc_norm": cfg.fc_norm,
+            "posemb='none' (a file without position embedding reads as sincos2d)": cfg.posemb == "none",
+            "a distillation token (DeiT)": cfg.dist_token,
+            "norm_pre": cfg.norm_pre,
+            "patch_bias=False": not cfg.patch_bias,
+            f"pool={cfg.pool!r}": cfg.pool not in ("token", "gap", "map"),
+            "a class token with pool other than 'token'": cfg.class_token and cfg.pool != "token",
+            "pool_include_prefix=True": cfg.pool_include_prefix and cfg.num_prefix_tokens > 0,
+            "quick GELU": cfg.gelu == "quick",
+        },
+    )
 
 
 def prepare(
@@ -353,17 +405,7 @@ def prepare(
     Raises:
         ValueError: names every choice the layout cannot hold.
     """
-    unsupported(
-        family,
-        cfg,
-        {
-            f"reg_tokens={cfg.reg_tokens}": cfg.reg_tokens > 0,
-            "LayerScale": cfg.layer_scale is not None,
-            "qk_norm": cfg.qk_norm,
-            "fc_norm": cfg.fc_norm,
-            "posemb='none' (a file without position embedding reads as sincos2d)": cfg.posemb == "none",
-        },
-    )
+    refuse(family, cannot_hold(cfg))
     notes = []
     if cfg.num_classes and not any(np.any(np.asarray(state[k])) for k in ("head.weight", "head.bias")):
         notes.append("the head is all zeros: readers drop it unless given num_classes (--num-classes)")
@@ -395,3 +437,52 @@ def write(
         raise ValueError(f"prefix={prefix!r}: expected one of {PREFIXES}")
     layout = Layout(prefix, base.counters, base.posemb_key, scan)
     return from_canonical(rules(cfg, layout), state)
+
+
+class NpzFormat(Format):
+    """The original ViT's or big_vision's .npz (``family``), sharing one layout description."""
+
+    suffixes = (".npz",)
+
+    def __init__(self, family: str, description: str, suffixes: tuple[str, ...]):
+        self.name, self.description, self.suffixes = family, description, suffixes
+
+    def detect(self, src: Source) -> bool:
+        return src.container == "npz" and family_of(src.tensors) == self.name
+
+    def read(self, src: Source, opts) -> Decoded:
+        if src.container != "npz":
+            raise FormatError(f"{src.path}: a {src.container} container, not an .npz")
+        return read(
+            src.tensors,
+            source_image_size=opts.source_image_size,
+            overrides=opts.overrides,
+            context=src.context,
+            keep_zero_head=opts.keep_zero_head,
+        )
+
+    def cannot_hold(self, cfg: ViTConfig) -> list[str]:
+        return cannot_hold(cfg)
+
+    def encode(
+        self, cfg: ViTConfig, state, path: Path, *, prefix: str | None = None, scan: bool = False, **_
+    ) -> Encoded:
+        cfg, state, notes = prepare(cfg, state, self.name)
+        return Encoded(cfg, state, write(cfg, state, self.name, prefix=prefix, scan=scan), None, None, notes)
+
+    def decode(self, enc: Encoded) -> Decoded:
+        return read(
+            enc.tensors, source_image_size=enc.cfg.image_size, keep_zero_head=True, context=f"{self.name} read-back"
+        )
+
+    def write(self, path: Path, enc: Encoded, writers) -> None:
+        io.save_npz(path, enc.tensors)
+
+    def load_call(self, path: Path, cfg: ViTConfig) -> str:
+        from vit_common.formats import timm
+
+        if timm.FORMAT.cannot_hold(cfg) or cfg.posemb == "sincos2d":
+            return ""
+        lines = timm.timm_load_call(path.with_suffix(".safetensors"), cfg).splitlines()
+        lines = [line for line in lines if "state" not in line and "safetensors" not in line]
+        return "\n".join(lines + [f"model.load_pretrained({str(path)!r})  # timm's loader of ViT .npz files"])

@@ -1,42 +1,67 @@
-"""timm ``VisionTransformer`` state_dicts <-> the canonical state (which uses timm's names already).
+"""timm ``VisionTransformer`` (and DeiT ``VisionTransformerDistilled``) state_dicts <-> the canonical
+state, which uses timm's names already.
 
 Reading accepts DDP's ``module.`` prefix and DeiT III's LayerScale spelling (``blocks.i.gamma_1`` /
-``gamma_2``, timm ``checkpoint_filter_fn(adapt_layer_scale=True)``). A timm file stores no config, so it
-is inferred from tensor shapes (patch size, width, depth, MLP width, class/register tokens, pos_embed
-rows and grid, LayerScale, qk_norm, fc_norm, MAP head, head) plus timm's defaults for what shapes cannot
-tell: exact GELU, LayerNorm eps 1e-6, num_heads from the variant table (override when it differs).
+``gamma_2``, timm ``checkpoint_filter_fn(adapt_layer_scale=True)``). A timm file stores no config. Tensor
+shapes and presence derive patch size, width, depth, MLP width, qkv bias, qk_norm (and with it the head
+count), class / distillation / register tokens, the position table and whether it has prefix rows,
+LayerScale, norm_pre and the patch bias (CLIP-style ``pre_norm``), fc_norm, the MAP head and the heads.
+What shapes cannot tell is assumed and warned: the head count (without qk_norm), the pooling of files
+without a MAP head or distillation token (token, avg, max, avgmax or none), ``pool_include_prefix``, a
+square grid (the image size), GELU (timm's default exact) and LayerNorm eps (timm's 1e-6).
 
-``timm_kwargs(cfg)`` is the one mapping from a ViTConfig to ``timm.models.VisionTransformer`` keyword
-arguments (also used by the benchmarks).
+Files we write as ``.safetensors`` carry the config in the header metadata (timm ignores it), so they
+read back with every field declared. What timm has and the twins lack is refused by name
+(``base.UNSUPPORTED_TENSORS``; a model without a final norm; attention without an output bias).
+
+``timm_kwargs(cfg)`` is the one mapping from a ViTConfig to timm's keyword arguments (the benchmarks,
+the oracles and ``load_call`` use it).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from vit_common import io
 from vit_common.config import ViTConfig
 from vit_common.formats.base import (
+    ASSUMED_KEY,
     Decoded,
+    Encoded,
+    Format,
     FormatError,
+    Origin,
+    Source,
+    assumed,
     build_config,
     common_float_dtype,
     copy,
+    derived,
     guess_num_heads,
     materialize_posemb,
     posemb_layout,
     positive_dims,
+    refuse,
+    refuse_unsupported,
     shape_fields,
+    square_grid_origin,
     to_canonical,
     unsupported,
+    writer,
 )
+from vit_common.formats.canonical import assumed_meta, config_from_json, decode_stored
+from vit_common.formats.source import TORCH_SUFFIXES
 from vit_common.state import canonical_shapes
 
 _DEIT3_GAMMA = re.compile(r"^(blocks\.\d+)\.gamma_([12])$")
-_POOL = {"token": "token", "gap": "avg", "map": "map", "none": ""}
+POOL_TO_TIMM = {"token": "token", "gap": "avg", "max": "max", "avgmax": "avgmax", "map": "map", "none": ""}
+GELU_TO_TIMM = {"exact": "gelu", "tanh": "gelu_tanh", "quick": "quick_gelu"}
+META_TAG = ("vit_twins", "timm/1")  # header metadata key and value of the timm files we write
 
 
 def is_timm(keys) -> bool:
@@ -58,115 +83,230 @@ def _normalise(tensors: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray]
     return out, notes
 
 
-def read(
+def _pooling(t: Mapping[str, np.ndarray], fc_norm: bool, class_token: bool) -> tuple[str, Origin]:
+    if "attn_pool.latent" in t:
+        return "map", derived("attn_pool tensors: timm's MAP head (AttentionPoolLatent)")
+    if "dist_token" in t:
+        return "token", derived("dist_token: timm's distilled ViT reads the class and distillation tokens")
+    if fc_norm:
+        return "gap", assumed("not stored; fc_norm comes with timm's avg, max and avgmax pooling: avg assumed")
+    if class_token:
+        return "token", assumed("not stored; timm's default global_pool='token' (avg with fc_norm=False is possible)")
+    return "gap", assumed("not stored; no class token: timm's avg assumed (max, avgmax or none are possible)")
+
+
+def infer(
     tensors: Mapping[str, np.ndarray],
     *,
     source_image_size: tuple[int, int] | None = None,
     overrides: Mapping[str, Any] = (),
     context: str = "timm file",
 ) -> Decoded:
-    """Canonical state and inferred config of a timm state_dict (numpy arrays).
+    """Canonical state, config and provenance of a timm state_dict (numpy arrays) that stores no config.
 
     Args:
         source_image_size: (H, W) the file was trained at, when known; otherwise its grid must be square.
         overrides: ViTConfig fields that replace inferred values (num_heads, pool, gelu, ln_eps...).
 
     Raises:
-        FormatError: the shapes do not describe a ViT or the inferred config is invalid.
+        FormatError: the shapes do not describe a ViT the twins implement (what is missing is named),
+            or the inferred config is invalid.
         StateMismatchError: tensors missing, unexpected or of the wrong shape for the inferred config.
     """
     t, notes = _normalise(tensors)
     overrides = dict(overrides)
     if "patch_embed.proj.weight" not in t or np.ndim(t["patch_embed.proj.weight"]) != 4:
         raise FormatError(f"{context}: no 4-D patch_embed.proj.weight, so not a timm VisionTransformer")
+    refuse_unsupported(
+        t,
+        context,
+        {
+            "an attention pooling head other than MAP (attn_pool without attn_pool.latent, e.g. timm 'prr')": (
+                any(k.startswith("attn_pool.") for k in t) and "attn_pool.latent" not in t
+            ),
+            "a distillation token together with register tokens (timm's distilled ViT has none)": (
+                "dist_token" in t and "reg_token" in t
+            ),
+            "no final LayerNorm (timm final_norm=False: neither norm nor fc_norm)": (
+                "norm.weight" not in t and "fc_norm.weight" not in t and "blocks.0.norm1.weight" in t
+            ),
+            "attention and MLP output projections without bias (timm proj_bias=False)": (
+                "blocks.0.attn.proj.weight" in t and "blocks.0.attn.proj.bias" not in t
+            ),
+        },
+    )
     d, c, ph, pw = positive_dims(np.shape(t["patch_embed.proj.weight"]), "patch_embed.proj.weight", context)
     grid = (source_image_size[0] // ph, source_image_size[1] // pw) if source_image_size else None
     depth = 0
     while f"blocks.{depth}.norm1.weight" in t:
         depth += 1
-    if depth == 0 or "blocks.0.mlp.fc1.weight" not in t:
-        raise FormatError(f"{context}: no blocks.0.norm1.weight / blocks.0.mlp.fc1.weight")
-    f, inferred = shape_fields(
-        patch_size=(ph, pw), in_chans=c, width=d, depth=depth, mlp_dim=np.shape(t["blocks.0.mlp.fc1.weight"])[0]
+    fc1, fc2 = t.get("blocks.0.mlp.fc1.weight"), t.get("blocks.0.mlp.fc2.weight")
+    if depth == 0 or fc1 is None or np.ndim(fc1) != 2:
+        raise FormatError(f"{context}: no blocks.0.norm1.weight / 2-D blocks.0.mlp.fc1.weight")
+    if fc2 is not None and np.ndim(fc2) == 2 and np.shape(fc2)[1] != np.shape(fc1)[0]:
+        refuse_unsupported(
+            (),
+            context,
+            {
+                f"a gated MLP (SwiGLU: blocks.0.mlp.fc1 has {np.shape(fc1)[0]} rows, fc2 takes "
+                f"{np.shape(fc2)[1]}, timm mlp_layer=SwiGLUPacked)": True
+            },
+        )
+    f, prov = shape_fields(
+        patch_size=(ph, pw), in_chans=c, width=d, depth=depth, mlp_dim=np.shape(fc1)[0], num_classes=0
     )
-    f["qkv_bias"] = "blocks.0.attn.qkv.bias" in t
-    f["qk_norm"] = "blocks.0.attn.q_norm.weight" in t
-    f["class_token"] = "cls_token" in t
+    flags = {
+        "patch_bias": "patch_embed.proj.bias" in t,
+        "qkv_bias": "blocks.0.attn.qkv.bias" in t,
+        "qk_norm": "blocks.0.attn.q_norm.weight" in t,
+        "class_token": "cls_token" in t,
+        "dist_token": "dist_token" in t,
+        "head_dist": "dist_token" in t,
+        "norm_pre": "norm_pre.weight" in t,
+        "fc_norm": "fc_norm.weight" in t and "norm.weight" not in t,
+    }
+    f.update(flags)
+    prov.update({k: derived("tensors present") for k in flags})
+    prov["head_dist"] = derived("dist_token: timm's distilled ViT always has the distilled head")
     f["reg_tokens"] = np.shape(t["reg_token"])[1] if "reg_token" in t and np.ndim(t["reg_token"]) == 3 else 0
+    prov["reg_tokens"] = derived("reg_token shape")
     if f["qk_norm"]:
         f["num_heads"] = d // max(1, np.shape(t["blocks.0.attn.q_norm.weight"])[0])
-        inferred["num_heads"] = "width / q_norm size"
-    elif "num_heads" not in overrides:
-        f["num_heads"], inferred["num_heads"] = guess_num_heads(d)
-    if "blocks.0.ls1.gamma" in t:
-        f["layer_scale"] = 1e-5
-        inferred["layer_scale"] = "LayerScale present (the init value is not stored; 1e-5 recorded)"
-    f["fc_norm"] = "fc_norm.weight" in t and "norm.weight" not in t
-    f["pool"] = "map" if "attn_pool.latent" in t else "gap" if f["fc_norm"] or not f["class_token"] else "token"
-    inferred["pool"] = "guess from tensors (attn_pool -> map, fc_norm or no class token -> gap)"
-    f["rep_size"] = np.shape(t["pre_logits.fc.weight"])[0] if "pre_logits.fc.weight" in t else 0
-    f["num_classes"] = np.shape(t["head.weight"])[0] if "head.weight" in t else 0
-    inferred["num_classes"] = "head shape"
-    num_prefix = int(f["class_token"]) + f["reg_tokens"]
-    if "pos_embed" in t and np.ndim(t["pos_embed"]) == 3:
-        (gh, gw), f["posemb_prefix"] = posemb_layout(
-            np.shape(t["pos_embed"])[1], num_prefix, grid, f"{context}: pos_embed"
-        )
-        inferred["posemb_prefix"] = "pos_embed rows (timm no_embed_class when False)"
-        f["image_size"] = (gh * ph, gw * pw)
-        inferred["image_size"] = "pos_embed rows x patch size" + (" (given size)" if grid else " (square)")
+        prov["num_heads"] = derived("width / q_norm size")
     else:
-        f["posemb"] = "none"
+        f["num_heads"], prov["num_heads"] = guess_num_heads(d)
+    if "blocks.0.ls1.gamma" in t:
+        f["layer_scale"] = 1e-5  # the init value is not stored and changes nothing once gamma is loaded
+    f["pool"], prov["pool"] = _pooling(t, f["fc_norm"], f["class_token"])
+    f["pool_include_prefix"] = False
+    prov["pool_include_prefix"] = assumed("not stored; timm's default pool_include_prefix=False")
+    f["rep_size"] = np.shape(t["pre_logits.fc.weight"])[0] if "pre_logits.fc.weight" in t else 0
+    prov["rep_size"] = derived("pre_logits tensors")
+    if "head.weight" in t and np.ndim(t["head.weight"]) == 2:
+        f["num_classes"] = np.shape(t["head.weight"])[0]
+    prov["num_classes"] = derived("head shape")
+    num_prefix = int(f["class_token"]) + int(f["dist_token"]) + f["reg_tokens"]
+    if "pos_embed" in t and np.ndim(t["pos_embed"]) == 3:
+        f["posemb"] = "learn"
+        (gh, gw), f["posemb_prefix"], prov["posemb_prefix"] = posemb_layout(
+            np.shape(t["pos_embed"])[1], num_prefix, grid, "pos_embed", context
+        )
+        f["image_size"] = (gh * ph, gw * pw)
+        prov["image_size"] = (
+            derived("pos_embed rows and the given size") if grid else square_grid_origin((gh, gw), "the pos_embed rows")
+        )
+    else:
+        f["posemb"], f["posemb_prefix"] = "none", True
+        prov["posemb_prefix"] = derived("no pos_embed")
         gh, gw = grid or (224 // ph, 224 // pw)
         f["image_size"] = (gh * ph, gw * pw)
-        inferred["image_size"] = "not stored (no pos_embed); " + ("given" if grid else "224 assumed")
-    inferred["gelu"] = "format default: timm uses exact GELU"
-    inferred["ln_eps"] = "format default: timm LayerNorm eps 1e-6"
-    f["gelu"], f["ln_eps"] = "exact", 1e-6
+        prov["image_size"] = derived("the given size") if grid else assumed("not stored (no pos_embed); 224 assumed")
+    prov["posemb"] = derived("pos_embed present or not")
+    f["gelu"], prov["gelu"] = "exact", assumed("not stored; timm's default nn.GELU (exact erf)")
+    f["ln_eps"], prov["ln_eps"] = 1e-6, assumed("not stored; timm's default LayerNorm eps 1e-6")
     dt = common_float_dtype(t)
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
-    cfg = build_config(f, inferred, overrides, context)
+    cfg = build_config(f, prov, overrides, context)
     rules = [copy(k, k, s) for k, s in canonical_shapes(cfg).items()]
-    return Decoded(cfg, to_canonical(rules, t, context), "timm state_dict", inferred, [], notes)
+    layout = "timm VisionTransformerDistilled state_dict" if cfg.dist_token else "timm state_dict"
+    return Decoded(cfg, to_canonical(rules, t, context), layout, prov, [], notes)
 
 
-def prepare(cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
-    """Config and tensors as a timm file holds them (raises ValueError for what timm cannot hold)."""
-    unsupported(
-        "timm",
-        cfg,
-        {
-            f"rep_size={cfg.rep_size} (timm's VisionTransformer has no pre-logits layer)": cfg.rep_size > 0,
-        },
-    )
-    cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=False)
-    return cfg, dict(state), notes
+class Timm(Format):
+    name = "timm"
+    description = "timm VisionTransformer state_dict (.safetensors, .pth, .bin)"
+    suffixes = TORCH_SUFFIXES
+
+    def detect(self, src: Source) -> bool:
+        return src.container in ("safetensors", "torch", "hf_folder") and is_timm(src.tensors)
+
+    def read(self, src: Source, opts) -> Decoded:
+        if src.meta.get(META_TAG[0]) == META_TAG[1] and "vit_config" in src.meta:
+            cfg, notes = config_from_json(src.meta["vit_config"], src.context)
+            tensors, more = _normalise(src.tensors)
+            dec = decode_stored(
+                cfg,
+                tensors,
+                "timm state_dict, config in metadata",
+                src.context,
+                "config in the file's metadata",
+                src.meta.get(ASSUMED_KEY),
+            )
+            dec.notes += notes + more
+            return dec
+        return infer(
+            src.tensors, source_image_size=opts.source_image_size, overrides=opts.overrides, context=src.context
+        )
+
+    def cannot_hold(self, cfg: ViTConfig) -> list[str]:
+        return unsupported(
+            "timm",
+            {
+                f"rep_size={cfg.rep_size} (timm's VisionTransformer has no pre-logits layer)": cfg.rep_size > 0,
+                f"norm_pre={cfg.norm_pre} with patch_bias={cfg.patch_bias} (timm's pre_norm adds norm_pre and "
+                "drops the patch-embedding bias together)": cfg.norm_pre == cfg.patch_bias,
+                "dist_token without head_dist (timm's distilled ViT always reads both tokens)": (
+                    cfg.dist_token and not cfg.head_dist
+                ),
+                f"dist_token with reg_tokens={cfg.reg_tokens}": cfg.dist_token and cfg.reg_tokens > 0,
+            },
+        )
+
+    def encode(self, cfg: ViTConfig, state, path: Path, *, assumed=(), **options) -> Encoded:
+        refuse("timm", self.cannot_hold(cfg))
+        cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=False)
+        tensors = {k: np.ascontiguousarray(state[k]) for k in canonical_shapes(cfg)}
+        meta = None
+        if Path(path).suffix not in TORCH_SUFFIXES:
+            meta = {"format": "pt", META_TAG[0]: META_TAG[1], "vit_config": cfg.to_json()} | assumed_meta(assumed)
+        return Encoded(cfg, dict(state), tensors, None, meta, notes)
+
+    def decode(self, enc: Encoded) -> Decoded:
+        if enc.meta:
+            cfg, _ = config_from_json(enc.meta["vit_config"], "timm read-back")
+            return decode_stored(
+                cfg, enc.tensors, "", "timm read-back", "config in the file's metadata", enc.meta.get(ASSUMED_KEY)
+            )
+        return infer(enc.tensors, source_image_size=enc.cfg.image_size, context="timm read-back")
+
+    def write(self, path: Path, enc: Encoded, writers) -> None:
+        if enc.meta is None:
+            writer(writers, "torch", path)(path, enc.tensors)
+        else:
+            io.save_safetensors(path, enc.tensors, enc.meta)
+
+    def needs(self, path: Path) -> str | None:
+        return "torch" if Path(path).suffix in TORCH_SUFFIXES else None
+
+    def load_call(self, path: Path, cfg: ViTConfig) -> str:
+        return timm_load_call(path, cfg)
 
 
-def write(cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The timm state_dict (canonical names, contiguous) of an already ``prepare``d state."""
-    return {k: np.ascontiguousarray(state[k]) for k in canonical_shapes(cfg)}
+FORMAT = Timm()
 
 
 def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
-    """Keyword arguments of ``timm.models.vision_transformer.VisionTransformer`` for ``cfg``.
+    """Keyword arguments of ``timm.models.vision_transformer.VisionTransformer`` (or, with head_dist,
+    ``timm.models.deit.VisionTransformerDistilled``) for ``cfg``.
 
-    ``act_layer`` is given by name ('gelu' exact, 'gelu_tanh'); timm's default LayerNorm eps is 1e-6,
-    so ``ln_eps`` is returned under the key ``'norm_eps'`` for the caller to turn into a
+    ``act_layer`` is given by name ('gelu' exact, 'gelu_tanh', 'quick_gelu'); timm's default LayerNorm
+    eps is 1e-6, so ``ln_eps`` is returned under the key ``'norm_eps'`` for the caller to turn into a
     ``norm_layer`` (a torch object, which vit_common cannot build). Drop rates map one to one.
 
     Raises:
-        ValueError: timm cannot build this config (pre-logits layer, sincos2d position embedding).
+        ValueError: timm cannot build this config (names every reason).
     """
-    unsupported(
+    refuse(
         "timm",
-        cfg,
-        {
-            f"rep_size={cfg.rep_size} (no pre-logits layer in timm)": cfg.rep_size > 0,
-            "posemb='sincos2d' (timm's VisionTransformer has only learned position embeddings; "
-            "convert the file, which writes the table as pos_embed)": cfg.posemb == "sincos2d",
-        },
+        FORMAT.cannot_hold(cfg)
+        + unsupported(
+            "timm",
+            {
+                "posemb='sincos2d' (timm's VisionTransformer has only learned position embeddings; "
+                "convert the file, which writes the table as pos_embed)": cfg.posemb == "sincos2d",
+            },
+        ),
     )
     ratio = cfg.mlp_dim / cfg.width
     while int(cfg.width * ratio) < cfg.mlp_dim:  # timm computes int(width * mlp_ratio)
@@ -176,7 +316,8 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         patch_size=tuple(cfg.patch_size),
         in_chans=cfg.in_chans,
         num_classes=cfg.num_classes,
-        global_pool=_POOL[cfg.pool],
+        global_pool=POOL_TO_TIMM[cfg.pool],
+        pool_include_prefix=cfg.pool_include_prefix,
         embed_dim=cfg.width,
         depth=cfg.depth,
         num_heads=cfg.num_heads,
@@ -188,6 +329,7 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         reg_tokens=cfg.reg_tokens,
         pos_embed="learn" if cfg.posemb == "learn" else "none",
         no_embed_class=not cfg.posemb_prefix,
+        pre_norm=cfg.norm_pre,
         fc_norm=cfg.fc_norm,
         dynamic_img_size=cfg.dynamic_img_size,
         dynamic_img_pad=cfg.dynamic_img_pad,
@@ -196,6 +338,55 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         proj_drop_rate=cfg.dropout,
         attn_drop_rate=cfg.attn_dropout,
         drop_path_rate=cfg.drop_path,
-        act_layer="gelu_tanh" if cfg.gelu == "tanh" else "gelu",
+        act_layer=GELU_TO_TIMM[cfg.gelu],
         norm_eps=cfg.ln_eps,
     )
+
+
+# timm model names whose entry point takes every keyword of timm_kwargs (which override its defaults).
+TIMM_BASE_NAMES = {False: "vit_base_patch16_224", True: "deit_base_distilled_patch16_224"}
+
+
+def timm_load_call(path: str | Path, cfg: ViTConfig) -> str:
+    """Python code building the timm model for ``cfg`` with ``timm.create_model`` and loading the file at
+    ``path`` into it with ``strict=True``. Every keyword that differs from timm's defaults is spelled out
+    (run-time choices such as dropout are left at timm's defaults).
+
+    Raises:
+        ValueError: timm cannot build this config.
+    """
+    kw = timm_kwargs(cfg.replace(dropout=0.0, attn_dropout=0.0, drop_path=0.0))
+    eps = kw.pop("norm_eps")
+    defaults = dict(
+        in_chans=3,
+        global_pool="token",
+        pool_include_prefix=False,
+        qkv_bias=True,
+        qk_norm=False,
+        init_values=None,
+        class_token=True,
+        reg_tokens=0,
+        pos_embed="learn",
+        no_embed_class=False,
+        pre_norm=False,
+        fc_norm=None,
+        dynamic_img_size=False,
+        dynamic_img_pad=False,
+        drop_rate=0.0,
+        pos_drop_rate=0.0,
+        proj_drop_rate=0.0,
+        attn_drop_rate=0.0,
+        drop_path_rate=0.0,
+    )
+    args = [f"{k}={v!r}" for k, v in kw.items() if k not in defaults or defaults[k] != v]  # fc_norm always
+    lines = ["import timm"]
+    if eps != 1e-6:
+        lines += ["from functools import partial", "from timm.layers import LayerNorm"]
+        args.append(f"norm_layer=partial(LayerNorm, eps={eps!r})")
+    if Path(path).suffix in TORCH_SUFFIXES:
+        lines += ["import torch", f"state = torch.load({str(path)!r}, weights_only=True)"]
+    else:
+        lines += ["from safetensors.torch import load_file", f"state = load_file({str(path)!r})"]
+    lines.append(f"model = timm.create_model({TIMM_BASE_NAMES[cfg.head_dist]!r}, pretrained=False, {', '.join(args)})")
+    lines.append("model.load_state_dict(state, strict=True)")
+    return "\n".join(lines)

@@ -1,0 +1,245 @@
+"""The porting sweep: files written by timm and transformers themselves (random weights) across the
+constructor and config options that change the function. Each file either loads into both twins with
+logits within 1e-5 of the library that wrote it (exact), or loads with a warning naming each field it had
+to assume, where every field that differs from the real model is among them and giving those fields
+makes it exact (warned), or is refused with a message naming what is unsupported (refused). Never
+silently different. README reports the counts; ``test_readme_reports_the_sweep_counts`` holds it to them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import zlib
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import vit_jax
+import vit_torch
+from vit_common.config import FUNCTION_FIELDS
+from vit_common.convert import load_checkpoint
+from vit_common.tolerance import compare
+from vit_torch.formats import READERS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _timm_cases() -> dict[str, dict]:
+    """timm VisionTransformer keyword arguments per case (on top of the tiny sizes of ``timm_vit``)."""
+    cases = {}
+    for pool, fc_norm, cls, reg, include in itertools.product(
+        ("token", "avg", "max", "avgmax", "map", ""), (True, False), (True, False), (0, 2), (False, True)
+    ):
+        if (pool == "token" and not cls) or (include and not (cls or reg)):
+            continue  # timm refuses token pooling without a class token; nothing to include
+        kw = dict(global_pool=pool, fc_norm=fc_norm, class_token=cls, reg_tokens=reg, pool_include_prefix=include)
+        cases[f"pool={pool or 'none'},fc_norm={fc_norm},cls={cls},reg={reg},include_prefix={include}"] = kw
+    cases |= {
+        "no_embed_class": dict(no_embed_class=True, reg_tokens=2),
+        "reg_tokens_4": dict(reg_tokens=4),
+        "pos_embed_none": dict(pos_embed="none"),
+        "layer_scale": dict(init_values=1e-5),
+        "qk_norm": dict(qk_norm=True),
+        "pre_norm_no_patch_bias": dict(pre_norm=True),
+        "no_qkv_bias": dict(qkv_bias=False),
+        "non_square_read_as_square": dict(img_size=(32, 48)),  # 4x6 + 1 rows = a 5x5 grid: both assumed
+        "dynamic_img_size": dict(dynamic_img_size=True),
+        "gelu_tanh": dict(act_layer="gelu_tanh"),
+        "quick_gelu": dict(act_layer="quick_gelu"),
+        "heads_8": dict(num_heads=8),
+        "mlp_ratio_3": dict(mlp_ratio=3.0),
+        "deit_distilled": dict(distilled=True),
+        "dinov2_style": dict(init_values=1e-5, reg_tokens=4, no_embed_class=True, dynamic_img_size=True),
+        "siglip_style": dict(global_pool="map", class_token=False, act_layer="gelu_tanh"),
+        "clip_style": dict(pre_norm=True, act_layer="quick_gelu"),
+    }
+    return cases
+
+
+# What the twins lack, and the words the refusal must use.
+TIMM_REFUSED = {
+    "final_norm_false": (dict(final_norm=False), "no final LayerNorm"),
+    "proj_bias_false": (dict(proj_bias=False), "proj_bias=False"),
+    "scale_attn_norm": (dict(scale_attn_norm=True), "a LayerNorm inside attention or the MLP"),
+    "scale_mlp_norm": (dict(scale_mlp_norm=True), "a LayerNorm inside attention or the MLP"),
+    "swiglu_packed": (dict(mlp_layer="SwiGLUPacked"), "a gated MLP (SwiGLU"),
+    "swiglu": (dict(mlp_layer="SwiGLU"), "a gated MLP (SwiGLU)"),
+    "embed_norm": (dict(embed_norm_layer="layernorm"), "a LayerNorm inside the patch embedding"),
+    "non_square_refused": (dict(img_size=(32, 40)), "--source-image-size HxW"),  # 4x5 + 1 rows: no square
+    "eva_q_v_bias": (dict(model="Eva"), "separate q_bias/v_bias attention biases"),
+    "beit_relative_position": (dict(model="Beit", use_rel_pos_bias=True), "relative position tables"),
+}
+TIMM_CASES = _timm_cases() | {k: kw for k, (kw, _) in TIMM_REFUSED.items()}
+
+# transformers: (architecture, config keyword arguments, how the folder is written)
+HF_CASES = {
+    "vit_classify_gelu": ("ViTForImageClassification", {}, "v4"),
+    "vit_classify_gelu_tanh": ("ViTForImageClassification", dict(hidden_act="gelu_pytorch_tanh"), "v4"),
+    "vit_classify_gelu_new": ("ViTForImageClassification", dict(hidden_act="gelu_new"), "v4"),
+    "vit_classify_quick_gelu": ("ViTForImageClassification", dict(hidden_act="quick_gelu"), "v4"),
+    "vit_classify_v5_names": ("ViTForImageClassification", {}, "v5"),
+    "vit_classify_sharded": ("ViTForImageClassification", {}, "sharded"),
+    "vit_classify_unused_pooler": ("ViTForImageClassification", {}, "pooler added"),
+    "vit_classify_no_qkv_bias": ("ViTForImageClassification", dict(qkv_bias=False), "v4"),
+    "vit_classify_eps_1e-6": ("ViTForImageClassification", dict(layer_norm_eps=1e-6), "v4"),
+    "vit_classify_non_square": ("ViTForImageClassification", dict(image_size=[32, 48]), "v4"),
+    "vit_classify_patch_4": ("ViTForImageClassification", dict(patch_size=4), "v4"),
+    "vit_classify_one_channel": ("ViTForImageClassification", dict(num_channels=1), "v4"),
+    "vit_model_pooler": ("ViTModel", {}, "v4"),
+    "vit_model_pooler_48": ("ViTModel", dict(pooler_output_size=48), "v5"),
+    "vit_model_pooler_sharded": ("ViTModel", {}, "sharded"),
+    "vit_model_no_pooler": ("ViTModel", dict(add_pooling_layer=False), "v4"),
+    "deit_classify": ("DeiTForImageClassification", {}, "v4"),
+    "deit_classify_v5_names": ("DeiTForImageClassification", {}, "v5"),
+    "deit_teacher": ("DeiTForImageClassificationWithTeacher", {}, "v4"),
+    "deit_teacher_sharded": ("DeiTForImageClassificationWithTeacher", dict(hidden_act="gelu_pytorch_tanh"), "sharded"),
+    "deit_teacher_v5_names": ("DeiTForImageClassificationWithTeacher", {}, "v5"),
+    "deit_model_pooler": ("DeiTModel", {}, "v4"),
+    "deit_model_no_pooler": ("DeiTModel", dict(add_pooling_layer=False), "v5"),
+}
+HF_REFUSED = {
+    "vit_masked_image_modeling": ("ViTForMaskedImageModeling", {}, "v4", "a masked-image-modelling decoder"),
+    "deit_masked_image_modeling": ("DeiTForMaskedImageModeling", {}, "v4", "a masked-image-modelling decoder"),
+    "beit": ("BeitForImageClassification", {}, "v4", "relative position tables and q/v biases"),
+    "relu_mlp": ("ViTForImageClassification", dict(hidden_act="relu"), "v4", "hidden_act='relu'"),
+    "relu_pooler": ("ViTModel", dict(pooler_act="relu"), "v4", "pooler_act='relu'"),
+}
+HF_ALL = HF_CASES | {k: v[:3] for k, v in HF_REFUSED.items()}
+
+
+def counts() -> dict[str, int]:
+    """Files per outcome: timm files store no config (GELU, eps and the grid are always assumed), so
+    every supported one is 'warned'; transformers folders declare everything in config.json."""
+    return {
+        "exact": len(HF_CASES),
+        "warned": len(TIMM_CASES) - len(TIMM_REFUSED),
+        "refused": len(TIMM_REFUSED) + len(HF_REFUSED),
+        "wrong": 0,
+    }
+
+
+def _twins(ckpt, x: np.ndarray) -> list[np.ndarray]:
+    """Both twins' float32 outputs (JAX eagerly: the sweep's many small configs would each compile)."""
+    jm, tm = vit_jax.from_numpy(ckpt.cfg, ckpt.state), vit_torch.from_numpy(ckpt.cfg, ckpt.state)
+    lj = np.asarray(jm(jnp.asarray(x.transpose(0, 2, 3, 1))))
+    with torch.no_grad():
+        lt = tm(torch.from_numpy(x)).numpy()
+    return [lj, lt]
+
+
+def _equal(outs: list[np.ndarray], ref: np.ndarray) -> bool:
+    return all(o.shape == ref.shape and compare("logits", o, ref, "tensor", "float32").ok for o in outs)
+
+
+def _timm_model(kw: dict, timm_vit):
+    kw = dict(kw)
+    if kw.get("model") in ("Eva", "Beit"):
+        from timm.models.beit import Beit
+        from timm.models.eva import Eva
+
+        cls = {"Eva": Eva, "Beit": Beit}[kw.pop("model")]
+        return cls(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=4, num_classes=5, **kw).eval()
+    if kw.get("mlp_layer"):
+        import timm.layers
+
+        kw["mlp_layer"], kw["act_layer"] = getattr(timm.layers, kw["mlp_layer"]), torch.nn.SiLU
+    return timm_vit(depth=1, **kw)
+
+
+@pytest.mark.parametrize("case", TIMM_CASES)
+def test_timm_file(case, tmp_path, timm_vit, images):
+    from vit_torch.timm_models import timm_config
+
+    tm = _timm_model(TIMM_CASES[case], timm_vit)
+    path = tmp_path / ("t.pth" if zlib.crc32(case.encode()) % 4 == 0 else "t.safetensors")  # both containers
+    state = {k: v.contiguous() for k, v in tm.state_dict().items()}
+    torch.save(state, path) if path.suffix == ".pth" else save_file(state, path)
+    if case in TIMM_REFUSED:
+        with pytest.raises(ValueError, match=re.escape(TIMM_REFUSED[case][1])):
+            load_checkpoint(path, readers=READERS)
+        return
+    truth = timm_config(tm, case)
+    x = images(1, truth.image_size)
+    ref = tm(torch.from_numpy(x)).detach().numpy()
+    ckpt = load_checkpoint(path, readers=READERS)
+    assumed = ckpt.report.assumed
+    assert assumed, "a timm file stores no config: something must be assumed"
+    differ = [k for k in FUNCTION_FIELDS if getattr(ckpt.cfg, k) != getattr(truth, k)]
+    differ = [k for k in differ if k not in ckpt.cfg.inert_fields() | truth.inert_fields()]
+    assert set(differ) <= set(assumed), f"silently different: {sorted(set(differ) - set(assumed))}"
+    assert all(any(w.startswith(f"{k}=") for w in ckpt.report.warnings) for k in assumed)
+    if not differ:
+        assert _equal(_twins(ckpt, x), ref)
+    unknown = [k for k, origin in ckpt.report.provenance.items() if origin.kind == "assumed"]  # relevant or not
+    given = {k: getattr(truth, k) for k in unknown if k != "image_size"}
+    exact = load_checkpoint(path, readers=READERS, strict=True, source_image_size=truth.image_size, **given)
+    assert exact.report.assumed == [] and _equal(_twins(exact, x), ref)
+
+
+def _hf_folder(arch: str, config: dict, how: str, folder: Path, hf_vit):
+    config = dict(config)
+    pooling = config.pop("add_pooling_layer", None)
+    if arch.startswith("Beit"):
+        import transformers
+
+        torch.manual_seed(0)
+        model = transformers.BeitForImageClassification(
+            transformers.BeitConfig(
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=4,
+                intermediate_size=64,
+                image_size=32,
+                patch_size=8,
+                num_labels=5,
+            )
+        ).eval()
+    else:
+        model = hf_vit(arch, add_pooling_layer=pooling, num_hidden_layers=1, **config)
+    if how == "v5":
+        folder.mkdir()
+        model.config.to_json_file(folder / "config.json")
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "model.safetensors")
+    else:
+        model.save_pretrained(folder, **({"max_shard_size": "8KB"} if how == "sharded" else {}))
+    if how == "sharded":
+        assert len(set(json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"].values())) > 1
+    if how == "pooler added":
+        tensors = load_file(folder / "model.safetensors")
+        tensors |= {"vit.pooler.dense.weight": torch.randn(32, 32), "vit.pooler.dense.bias": torch.randn(32)}
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return model
+
+
+@pytest.mark.parametrize("case", HF_ALL)
+def test_transformers_folder(case, tmp_path, hf_vit, images):
+    arch, config, how = HF_ALL[case]
+    model = _hf_folder(arch, config, how, tmp_path / "hf", hf_vit)
+    if case in HF_REFUSED:
+        with pytest.raises(ValueError, match=re.escape(HF_REFUSED[case][3])):
+            load_checkpoint(tmp_path / "hf")
+        return
+    c = model.config
+    size = c.image_size if isinstance(c.image_size, (list, tuple)) else (c.image_size, c.image_size)
+    x = images(1, size, chans=c.num_channels)
+    with torch.no_grad():
+        out = model(torch.from_numpy(x))
+    ref = out.logits if hasattr(out, "logits") else out.pooler_output
+    ref = (ref if ref is not None else out.last_hidden_state[:, 0]).numpy()
+    ckpt = load_checkpoint(tmp_path / "hf", strict=True)
+    assert ckpt.report.assumed == [] and _equal(_twins(ckpt, x), ref)
+
+
+def test_readme_reports_the_sweep_counts():
+    n = counts()
+    line = (
+        f"{sum(n.values())} files: {n['exact']} loaded exact, {n['warned']} loaded with a warning naming each "
+        f"assumed field, {n['refused']} refused naming what is unsupported, {n['wrong']} wrong"
+    )
+    assert line in " ".join((ROOT / "README.md").read_text().split()), line

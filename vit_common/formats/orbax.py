@@ -1,0 +1,42 @@
+"""Orbax checkpoint folders of the JAX twin (``vit_jax.formats``): parameters, RNG state and the config.
+
+vit_common cannot import jax, so the folder is read and written by the callables ``vit_jax.formats``
+provides (``READERS['orbax']``, ``WRITERS['orbax']``); every config field is declared by the stored config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vit_common.config import ViTConfig
+from vit_common.formats.base import Decoded, Encoded, Format, FormatError, Source, writer
+from vit_common.formats.canonical import decode_stored
+from vit_common.formats.source import reader
+
+
+class Orbax(Format):
+    name = "orbax"
+    description = "orbax checkpoint folder of the JAX twin (needs jax)"
+    folder = True
+    framework = "jax"
+
+    def detect(self, src: Source) -> bool:
+        return src.container == "orbax_folder"
+
+    def read(self, src: Source, opts) -> Decoded:
+        if src.container != "orbax_folder":
+            raise FormatError(f"{src.path}: not an orbax folder of the JAX twin")
+        cfg, state = reader(opts.readers, "orbax", src.path)(src.path)
+        return decode_stored(cfg, state, "orbax checkpoint of the JAX twin", src.context, "stored config")
+
+    def encode(self, cfg: ViTConfig, state, path: Path, **options) -> Encoded:
+        return Encoded(cfg, dict(state), dict(state))
+
+    def decode(self, enc: Encoded) -> Decoded:
+        return decode_stored(enc.cfg, enc.tensors, "", "orbax read-back", "stored config")
+
+    def write(self, path: Path, enc: Encoded, writers) -> None:
+        writer(writers, "orbax", path)(path, enc.cfg, enc.tensors)
+
+
+FORMAT = Orbax()

@@ -1,0 +1,182 @@
+"""Containers: what a checkpoint path is on disk (a safetensors file, an .npz, a PyTorch pickle, an HF
+folder, an orbax folder) and its tensors, before any format interprets them.
+
+Found from the contents, never the name. vit_common imports neither framework, so PyTorch files and
+orbax folders are read through callables the framework adapters provide
+(``readers={"torch": vit_torch.formats.read_torch_file, "orbax": vit_jax.formats.read_orbax}``).
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+
+from vit_common.formats.base import FormatError, Source
+from vit_common.formats.npz import load_file as load_npz
+from vit_common.io import read_json
+
+ORBAX_CONFIG = "vit_config.json"  # beside the orbax ``state/`` folder: {"format": ..., "vit_config": ...}
+HF_INDEX = "model.safetensors.index.json"
+HF_WEIGHTS = ("model.safetensors", HF_INDEX, "pytorch_model.bin")
+TORCH_SUFFIXES = (".pth", ".pt", ".bin")
+
+Reader = Callable[..., Any]
+
+
+def json_object(path: Path) -> dict:
+    """A JSON file holding an object; FormatError naming the path otherwise."""
+    try:
+        data = read_json(path)
+    except ValueError as e:
+        raise FormatError(str(e)) from e
+    if not isinstance(data, dict):
+        raise FormatError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """(tensors, header metadata) of a safetensors file.
+
+    Raises:
+        FormatError: the file is missing, truncated or not safetensors; the message names the path.
+    """
+    try:
+        with safe_open(str(path), framework="np") as f:
+            meta = dict(f.metadata() or {})
+            return {k: f.get_tensor(k) for k in f.keys()}, meta
+    except (SafetensorError, OSError) as e:
+        raise FormatError(f"{path}: not a readable safetensors file ({e})") from e
+
+
+def _hf_folder(path: Path) -> Source:
+    config = json_object(path / "config.json")
+    index = path / HF_INDEX
+    if index.is_file():
+        wmap = json_object(index).get("weight_map")
+        if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
+            raise FormatError(f"{index}: no weight_map of tensor names to file names")
+        names = sorted(set(wmap.values()))
+        if any(Path(f).name != f or f in (".", "..") for f in names):
+            raise FormatError(f"{index}: weight_map names files outside the folder")
+        missing = [f for f in names if not (path / f).is_file()]
+        if missing:
+            raise FormatError(f"{index}: weight_map names shard file(s) that do not exist: {missing}")
+        return Source(path, "hf_folder", tuple(path / f for f in names), config, dict(wmap))
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (path / name).is_file():
+            return Source(path, "hf_folder", (path / name,), config)
+    raise FormatError(f"{path}: config.json but none of {HF_WEIGHTS}")
+
+
+def open_source(path: str | os.PathLike) -> Source:
+    """What kind of container ``path`` is, from its contents (no tensors read yet).
+
+    Raises:
+        FileNotFoundError: no such path. FormatError: not a container vit reads.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    if path.is_dir():
+        if (path / ORBAX_CONFIG).is_file() and (path / "state").is_dir():
+            return Source(path, "orbax_folder", (path,))
+        if (path / "config.json").is_file():
+            return _hf_folder(path)
+        raise FormatError(
+            f"{path}: a folder that is neither a Hugging Face ViT folder (config.json + weights) "
+            f"nor an orbax checkpoint of the JAX twin ({ORBAX_CONFIG} + state/)"
+        )
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(9)
+        size = path.stat().st_size
+    except OSError as e:
+        raise FormatError(f"{path}: cannot read ({e})") from e
+    if head[:4] == b"PK\x03\x04":
+        try:
+            with zipfile.ZipFile(path) as zf:
+                names = zf.namelist()
+        except (zipfile.BadZipFile, OSError, ValueError) as e:
+            raise FormatError(f"{path}: a damaged zip archive ({e})") from e
+        if any(n.endswith("data.pkl") for n in names):
+            return Source(path, "torch", (path,))
+        if names and all(n.endswith(".npy") for n in names):
+            return Source(path, "npz", (path,))
+        raise FormatError(f"{path}: a zip archive that is neither .npz nor a PyTorch file")
+    if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
+        return Source(path, "torch", (path,))  # legacy (pre-1.6) torch.save pickle stream
+    if len(head) == 9 and 2 <= int.from_bytes(head[:8], "little") <= size - 8 and head[8:9] == b"{":
+        parent = path.parent / "config.json"
+        config = json_object(parent) if path.name in HF_WEIGHTS and parent.is_file() else None
+        return Source(path, "safetensors", (path,), config)
+    raise FormatError(
+        f"{path}: not a checkpoint format vit reads (safetensors, .npz, PyTorch .pth/.bin, "
+        f"Hugging Face folder, orbax folder); it starts with {head[:8]!r}"
+    )
+
+
+def container_needs(src: Source) -> str | None:
+    """The framework reading ``src``'s container needs: 'jax' (orbax), 'torch' (pickles) or None."""
+    if src.container == "orbax_folder":
+        return "jax"
+    return "torch" if src.container == "torch" or any(f.suffix == ".bin" for f in src.files) else None
+
+
+def reader(readers: Mapping[str, Reader] | None, what: str, path: Path) -> Reader:
+    """The framework reader ``what`` ('torch' | 'orbax'); FormatError naming the framework if absent."""
+    fn = (readers or {}).get(what)
+    if fn is None:
+        framework = "jax" if what == "orbax" else "torch"
+        raise FormatError(
+            f"{path}: reading this {what} checkpoint needs {framework}, and the caller gave no "
+            f"{what} reader (use vit_{framework}.load_model or `vit convert`)"
+        )
+    return fn
+
+
+def _read_file(src: Source, f: Path, readers) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    if f.suffix == ".bin" or src.container == "torch":
+        part, why = reader(readers, "torch", src.path)(f)
+        src.dropped += why
+        return part, {}
+    if src.container == "npz":
+        return load_npz(f), {}
+    return read_safetensors(f)
+
+
+def load_tensors(src: Source, readers: Mapping[str, Reader] | None = None) -> Source:
+    """Fill ``src.tensors`` and ``src.meta`` (orbax folders are read whole by their format instead).
+
+    A sharded HF folder is read through its index: each tensor from the shard the weight_map names;
+    a tensor a shard holds but the map does not name is dropped (reported).
+
+    Raises:
+        FormatError: an unreadable file, a needed framework reader missing, or an index that names a
+            tensor its shard does not hold.
+    """
+    if src.container == "orbax_folder":
+        return src
+    if src.weight_map is None:
+        for f in src.files:
+            part, meta = _read_file(src, f, readers)
+            src.tensors.update(part)
+            src.meta = src.meta or meta
+        return src
+    shards = {f.name: _read_file(src, f, readers)[0] for f in src.files}
+    absent = [f"{k} (in {v})" for k, v in src.weight_map.items() if k not in shards[v]]
+    if absent:
+        raise FormatError(f"{src.path / HF_INDEX}: the weight_map names tensors their shard lacks: {absent}")
+    src.tensors = {k: shards[v][k] for k, v in src.weight_map.items()}
+    src.dropped += [
+        (k, f"in shard {name} but not in the index's weight_map, which is the map read")
+        for name, part in shards.items()
+        for k in part
+        if src.weight_map.get(k) != name
+    ]
+    return src

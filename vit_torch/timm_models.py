@@ -1,0 +1,171 @@
+"""A timm model name as a source: ``timm.create_model(name, pretrained=...)`` through timm's own loader,
+its config read off the built model (declared: the model object states every choice), checked by running
+it beside the torch twin.
+
+``from_timm(name)`` gives the torch twin. ``vit_jax.from_timm`` runs ``python -m vit_torch.timm_models
+NAME OUT`` in a child process (timm needs torch, which vit_jax never imports) and loads the timm
+``.safetensors`` written there, whose header carries the config. timm and its weights are optional:
+``pretrained=True`` downloads through timm (Hugging Face hub), ``pretrained=False`` builds random weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from vit_common.config import ViTConfig
+from vit_common.convert import save_checkpoint
+from vit_common.formats.base import FormatError
+from vit_common.tolerance import compare
+from vit_torch.weights import from_numpy, to_numpy
+
+_POOLS = {"token": "token", "avg": "gap", "max": "max", "avgmax": "avgmax", "map": "map", "": "none"}
+
+
+def _gelu(act: nn.Module, name: str) -> str:
+    from timm.layers.activations import GELU, GELUTanh, QuickGELU
+
+    if isinstance(act, nn.GELU):
+        return "tanh" if act.approximate == "tanh" else "exact"
+    if isinstance(act, GELUTanh):
+        return "tanh"
+    if isinstance(act, QuickGELU):
+        return "quick"
+    if type(act) is GELU:
+        return "exact"
+    raise FormatError(
+        f"timm model {name!r}: MLP activation {type(act).__name__}; the twins have exact, tanh and quick GELU"
+    )
+
+
+def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
+    """The ViTConfig of a built timm ``VisionTransformer`` / ``VisionTransformerDistilled``.
+
+    Raises:
+        FormatError: naming what the model has and the twins lack (another model class, block, attention,
+            MLP, activation, norm, pooling).
+    """
+    from timm.layers import AttentionPoolLatent, PatchEmbed
+    from timm.models.deit import VisionTransformerDistilled
+    from timm.models.vision_transformer import Attention, Block, Mlp, VisionTransformer
+
+    m = model
+    if not isinstance(m, VisionTransformer) or type(m) not in (VisionTransformer, VisionTransformerDistilled):
+        raise FormatError(f"timm model {name!r} is a {type(m).__name__}, not a timm VisionTransformer")
+    blocks = list(m.blocks)
+    b0 = blocks[0]
+    parts = {
+        "block": (b0, Block),
+        "attention": (getattr(b0, "attn", None), Attention),
+        "MLP": (getattr(b0, "mlp", None), Mlp),
+        "patch embedding": (m.patch_embed, PatchEmbed),
+    }
+    lacks = [f"{what} {type(obj).__name__}" for what, (obj, cls) in parts.items() if type(obj) is not cls]
+    if lacks:
+        raise FormatError(f"timm model {name!r}: the twins do not implement its " + ", ".join(lacks))
+    norms = [b0.norm1, b0.norm2, m.norm, m.fc_norm, m.norm_pre]
+    if any(not isinstance(n, (nn.LayerNorm, nn.Identity)) for n in norms):
+        raise FormatError(f"timm model {name!r}: a norm other than LayerNorm ({type(b0.norm1).__name__})")
+    if any(not isinstance(x, nn.Identity) for x in (b0.attn.norm, b0.mlp.norm, m.patch_embed.norm)):
+        raise FormatError(f"timm model {name!r}: a LayerNorm inside attention, MLP or patch embedding")
+    if b0.attn.proj.bias is None:
+        raise FormatError(f"timm model {name!r}: attention output without bias (proj_bias=False)")
+    if m.global_pool not in _POOLS:
+        raise FormatError(f"timm model {name!r}: global_pool={m.global_pool!r}; the twins pool {', '.join(_POOLS)}")
+    if m.attn_pool is not None and (type(m.attn_pool) is not AttentionPoolLatent or m.attn_pool.latent_len != 1):
+        raise FormatError(f"timm model {name!r}: attention pooling {type(m.attn_pool).__name__} other than MAP")
+    if isinstance(m.norm, nn.Identity) and isinstance(m.fc_norm, nn.Identity):
+        raise FormatError(f"timm model {name!r}: no final LayerNorm (final_norm=False)")
+    distilled = isinstance(m, VisionTransformerDistilled)
+    return ViTConfig(
+        image_size=tuple(m.patch_embed.img_size),
+        patch_size=tuple(m.patch_embed.patch_size),
+        patch_bias=m.patch_embed.proj.bias is not None,
+        in_chans=m.patch_embed.proj.in_channels,
+        num_classes=m.num_classes,
+        width=m.embed_dim,
+        depth=len(blocks),
+        num_heads=b0.attn.num_heads,
+        mlp_dim=b0.mlp.fc1.out_features,
+        qkv_bias=b0.attn.qkv.bias is not None,
+        qk_norm=not isinstance(b0.attn.q_norm, nn.Identity),
+        ln_eps=float(b0.norm1.eps),
+        gelu=_gelu(b0.mlp.act, name),
+        pool=_POOLS[m.global_pool],
+        pool_include_prefix=bool(m.pool_include_prefix),
+        class_token=m.cls_token is not None,
+        dist_token=distilled,
+        head_dist=distilled,
+        reg_tokens=m.num_reg_tokens,
+        posemb="learn" if m.pos_embed is not None else "none",
+        posemb_prefix=not m.no_embed_class,
+        norm_pre=not isinstance(m.norm_pre, nn.Identity),
+        fc_norm=not isinstance(m.fc_norm, nn.Identity),
+        layer_scale=1e-5 if not isinstance(b0.ls1, nn.Identity) else None,
+        dynamic_img_size=bool(m.dynamic_img_size),
+        dynamic_img_pad=bool(getattr(m.patch_embed, "dynamic_img_pad", False)),
+    )
+
+
+def timm_checkpoint(name: str, pretrained: bool = False, **kwargs: Any) -> tuple[ViTConfig, dict[str, np.ndarray]]:
+    """(config, canonical state) of ``timm.create_model(name, pretrained=pretrained, **kwargs)``.
+
+    Random weights (``pretrained=False``) are drawn with torch seed 0, without touching the caller's
+    random state. The twin built from them is run beside the timm model on two random images: its
+    float32 logits must equal timm's within the tolerance table's bound, or nothing is returned.
+
+    Raises:
+        FormatError: the model is not one the twins implement (named), or the check fails.
+    """
+    import timm
+
+    with torch.random.fork_rng():  # random weights (pretrained=False) are reproducible: seed 0
+        torch.manual_seed(0)
+        model = timm.create_model(name, pretrained=pretrained, **kwargs).eval()
+    cfg = timm_config(model, name)
+    state = {k: np.ascontiguousarray(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
+    twin = from_numpy(cfg, state)
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((2, cfg.in_chans, *cfg.image_size), np.float32))
+    with torch.no_grad():
+        c = compare("logits", twin(x).numpy(), model(x).float().numpy(), "tensor", "float32")
+    if not c.ok:
+        raise FormatError(f"timm model {name!r}: the torch twin built from it differs from timm ({c})")
+    return cfg, to_numpy(twin)
+
+
+def from_timm(name: str, pretrained: bool = False, **kwargs: Any):
+    """The torch twin of a timm model name, through ``timm.create_model`` (see ``timm_checkpoint``)."""
+    cfg, state = timm_checkpoint(name, pretrained, **kwargs)
+    return from_numpy(cfg, state)
+
+
+def export_timm(name: str, path: str | Path, pretrained: bool = False, **kwargs: Any) -> None:
+    """Write the timm model ``name`` as a timm ``.safetensors`` with its config in the header."""
+    cfg, state = timm_checkpoint(name, pretrained, **kwargs)
+    save_checkpoint(path, cfg, state, "timm")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m vit_torch.timm_models", description=export_timm.__doc__)
+    p.add_argument("name", help="timm model name, e.g. vit_tiny_patch16_224")
+    p.add_argument("out", help="the .safetensors file to write")
+    p.add_argument("--pretrained", action="store_true", help="timm's pretrained weights (downloads)")
+    p.add_argument("--kwargs", default="{}", help="JSON object of keyword arguments for timm.create_model")
+    args = p.parse_args(argv)
+    try:
+        export_timm(args.name, args.out, args.pretrained, **json.loads(args.kwargs))
+    except (ValueError, RuntimeError, OSError) as e:
+        print(f"{p.prog}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
