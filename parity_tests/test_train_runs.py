@@ -299,9 +299,11 @@ def test_time_to_first_step_cold_then_warm_compilation_cache(env, npz, tmp_path)
     firsts = []
     for i, where in enumerate([cache, cache, "off"]):
         out = tmp_path / f"run{i}"
-        args = ["--ckpt-every", "0", "--epochs", "1", "--no-parity", "--compile-cache", where]
+        args = ["--ckpt-every", "0", "--epochs", "1", "--no-parity", "--compile-cache", where, "--json"]
         proc = vit(env, "train", "--dataset", f"npz:{npz}", *TINY, "--out", out, *args)
         assert proc.returncode == 0, proc.stderr[-2000:]
+        summary = json.loads(proc.stdout)  # --json: the summary is one JSON object
+        assert summary["steps"] > 0 and summary["images_per_s"] > 0, summary
         firsts.append(json.loads((out / "metrics.jsonl").read_text().splitlines()[0]))
     assert [f["compile_cache"] for f in firsts] == ["cold", "warm", "off"]
     assert all(f["step"] == 1 and f["time_to_first_step_s"] > 0 for f in firsts)

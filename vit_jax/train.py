@@ -772,7 +772,7 @@ def _loop(
                 )
             dt = clock() - t0
             if step > start:  # the first step of a process includes compilation
-                seen, timed = seen + m["count"], timed + dt
+                seen, timed = seen + float(m["count"]), timed + dt
             for k in ("loss", "grad_norm"):
                 acc[k] += float(m[k])
             acc["correct"] += float(m["correct"])
