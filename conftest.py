@@ -1,6 +1,8 @@
 """The test fixtures of tests/ and parity_tests/, in one place: small configs, random canonical states,
 seeded images, an independent writer of the .npz layouts, and builders of timm and transformers models
-with random weights (the reference libraries: the file formats' own authors).
+with random weights (the reference libraries: the file formats' own authors). `vit train` runs inside the
+tests compile into a per-session cache, not the user's (~/.cache/vit-twins/jax), unless
+JAX_COMPILATION_CACHE_DIR already names one.
 
 Fixtures that need a framework import it inside, so numpy-only tests never import jax or torch. Helpers
 that take arguments are fixtures returning a function (``random_state(cfg, seed=1)``).
@@ -8,6 +10,7 @@ that take arguments are fixtures returning a function (``random_state(cfg, seed=
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -39,6 +42,14 @@ TIMM_SMALL = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4,
 HF_SMALL = dict(
     hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=8
 )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_compile_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as m:
+        if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+            m.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.mktemp("jax_cache")))
+        yield
 
 
 @pytest.fixture

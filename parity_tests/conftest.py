@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import jax
+import numpy as np
 import pytest
 import torch
 
@@ -22,3 +26,31 @@ def _full_precision():
     torch.backends.cudnn.allow_tf32 = False
     with jax.default_matmul_precision("highest"):
         yield
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """Environment of `vit train` subprocesses: this checkout on the path, one persistent compilation cache
+    per test module (only the first run compiles; a cached executable is the same program, so results
+    stay bit-exact) and XLA:CPU optimisation level 0 (compiles twice as fast; the same in every run)."""
+    cache = tmp_path_factory.mktemp("jax_cache")
+    return {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "JAX_COMPILATION_CACHE_DIR": str(cache),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "XLA_FLAGS": "--xla_backend_optimization_level=0",
+    }
+
+
+@pytest.fixture(scope="module")
+def npz(tmp_path_factory) -> Path:
+    """28 tiny 8x8 images of 3 classes (a class-dependent bright stripe, so a model can learn something)."""
+    rng = np.random.default_rng(0)
+    y = np.arange(28) % 3
+    x = rng.integers(0, 60, (28, 8, 8), dtype=np.uint8)
+    for k in range(3):
+        x[y == k, 2 * k : 2 * k + 3] += 150
+    path = tmp_path_factory.mktemp("data") / "tiny.npz"
+    np.savez(path, x=x, y=y)
+    return path

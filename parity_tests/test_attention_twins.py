@@ -92,7 +92,7 @@ def test_attention_command_same_maps_from_both_twins(case, photo, tmp_path, caps
         assert "cls" not in r["shares"]["rollout"] and "prefix" not in shows
     if cfg.pool == "map":
         assert "probe" in shows["probe"] and "MAP probe" in shows["rollout"]
-    assert r["prediction"]["class"] in range(10)
+    assert r["prediction"]["index"] in range(10) and r["prediction"]["class"] == str(r["prediction"]["index"])
 
 
 def test_attention_command_all_layers_one_head_and_errors(photo, tmp_path, capsys, small_cfg):
@@ -124,7 +124,8 @@ def test_attention_command_all_layers_one_head_and_errors(photo, tmp_path, capsy
     assert "blocks 0..1" in capsys.readouterr().err
     for image in (tmp_path / "missing.png", ckpt):  # no such file; not an image
         assert main(["attention", str(image), "--checkpoint", str(ckpt), "--out", str(bad)]) == 2
-    assert "not an image" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "missing.png: no such image file" in err and "tiny.safetensors: unreadable image" in err
     assert not bad.exists()
 
 

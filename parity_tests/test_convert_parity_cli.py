@@ -194,3 +194,21 @@ def test_parity_report_pictures(tmp_path, capsys, small_cfg, random_state):
     assert not (tmp_path / "bad").exists()
     assert main(["parity", str(tmp_path / "m.safetensors"), "--layer", "1"]) == 2  # nothing to draw it in
     assert "pass --report DIR too" in capsys.readouterr().err
+
+
+def test_parity_images_take_the_folder_layouts_of_training(tmp_path, capsys, small_cfg, random_state):
+    """--images reads a folder of class folders (or train/ + val/) as training does, in sorted order,
+    the first --max-images of them, with the checkpoint's preprocessing (here declared in the file)."""
+    from vit_common.images import PRESETS
+
+    save_checkpoint(
+        tmp_path / "m.safetensors", small_cfg, random_state(small_cfg, scale=0.2), preprocess=PRESETS["imagenet"]
+    )
+    rng = np.random.default_rng(0)
+    for rel in ("train/cat/0.png", "train/dog/1.png", "val/cat/2.jpg"):
+        (tmp_path / "data" / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (40, 36, 3), dtype=np.uint8)).save(tmp_path / "data" / rel)
+    args = ["parity", str(tmp_path / "m.safetensors"), "--images", str(tmp_path / "data"), "--json"]
+    assert main([*args, str(tmp_path / "r.json"), "--max-images", "2"]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["images"] == ["train/cat/0.png", "train/dog/1.png"]
+    capsys.readouterr()

@@ -63,30 +63,6 @@ KILLER = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("jax_cache")
-    return {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "JAX_COMPILATION_CACHE_DIR": str(cache),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "XLA_FLAGS": "--xla_backend_optimization_level=0",  # halves XLA:CPU compile time; same in every run
-    }
-
-
-@pytest.fixture(scope="module")
-def npz(tmp_path_factory) -> Path:
-    rng = np.random.default_rng(0)
-    y = np.arange(28) % 3
-    x = rng.integers(0, 60, (28, 8, 8), dtype=np.uint8)
-    for k in range(3):  # a class-dependent bright stripe, so the model can learn something
-        x[y == k, 2 * k : 2 * k + 3] += 150
-    path = tmp_path_factory.mktemp("data") / "tiny.npz"
-    np.savez(path, x=x, y=y)
-    return path
-
-
 def vit(env, *args, killer: tuple[str, int] | None = None) -> subprocess.CompletedProcess:
     cmd = (
         [sys.executable, "-c", KILLER, *map(str, killer), *args]
@@ -124,8 +100,9 @@ def final_state(run: Path):
 
 
 def metric_values(run: Path) -> list[dict]:
-    """metrics.jsonl without the timing fields."""
+    """metrics.jsonl without the timing fields and the start-up line of each process."""
     rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "time_to_first_step_s" not in r]
     return [{k: v for k, v in r.items() if k not in ("images_per_s", "time")} for r in rows]
 
 
@@ -164,7 +141,8 @@ def test_export_agrees_in_pytorch_and_timm(ref, npz):
 
     import vit_jax
     import vit_torch
-    from vit_jax.data import load_dataset, normalize
+    from vit_common.datasets import load_dataset
+    from vit_common.images import normalize
 
     data = load_dataset(f"npz:{npz}", (8, 8), 1)
     x = normalize(data.test.images)
@@ -313,3 +291,22 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(env, npz, tmp_p
 
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(final_state(out)["params"]))
     assert not (out / "model.safetensors").exists()
+
+
+def test_time_to_first_step_cold_then_warm_compilation_cache(env, npz, tmp_path):
+    """The first run of a configuration compiles into --compile-cache ('cold'), the second reads its
+    programs back ('warm'); 'off' uses none. Each run's first metrics.jsonl line says which, and when the
+    first step was done."""
+    cache = tmp_path / "cache"
+    firsts = []
+    for i, where in enumerate([cache, cache, "off"]):
+        out = tmp_path / f"run{i}"
+        args = ["--ckpt-every", "0", "--epochs", "1", "--no-parity", "--compile-cache", where, "--json"]
+        proc = vit(env, "train", "--dataset", f"npz:{npz}", *TINY, "--out", out, *args)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        summary = json.loads(proc.stdout)  # --json: the summary is one JSON object
+        assert summary["steps"] > 0 and summary["images_per_s"] > 0, summary
+        firsts.append(json.loads((out / "metrics.jsonl").read_text().splitlines()[0]))
+    assert [f["compile_cache"] for f in firsts] == ["cold", "warm", "off"]
+    assert all(f["step"] == 1 and f["time_to_first_step_s"] > 0 for f in firsts)
+    assert any(cache.iterdir())

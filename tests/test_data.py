@@ -1,4 +1,5 @@
-"""The input pipeline: datasets, splits, padded batches, exact resume, augmentation, bad input."""
+"""The input pipeline: datasets, splits, padded batches, exact resume, worker processes, process shares,
+augmentation, bad input."""
 
 from __future__ import annotations
 
@@ -6,18 +7,23 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax.data import (
+from vit_common.datasets import (
     ArraySource,
     Augment,
-    eval_batches,
-    iterate,
+    EvalBatches,
+    ImageTransform,
+    TrainPlan,
     load_dataset,
     native_channels,
-    normalize,
-    prepare_image,
-    read_image,
-    train_batches,
 )
+from vit_common.images import Preprocess
+from vit_jax.data import eval_batches, iterate, train_batches, train_iterator
+
+NO_AUGMENT = Augment()
+
+
+def _tf(size: int = 4, augment: Augment | None = NO_AUGMENT, channels: int = 1) -> ImageTransform:
+    return ImageTransform((size, size), channels, Preprocess(), augment)
 
 
 def _source(n: int, size: int = 4) -> ArraySource:
@@ -26,10 +32,11 @@ def _source(n: int, size: int = 4) -> ArraySource:
     return ArraySource(images, np.arange(n) % 3)
 
 
-def _ids(batch) -> list[int]:
-    """Example indices of the real rows of a batch (undoing the [-1, 1] normalisation)."""
+def _ids(batch, at: int = 0) -> list[int]:
+    """Example indices of the real rows of a batch (undoing the [-1, 1] normalisation), read at pixel
+    (at, at): the centre of an augmented image still holds it."""
     real = batch["mask"] > 0
-    return [int(round(v)) for v in ((batch["image"][real, 0, 0, 0] * 0.5 + 0.5) * 255)]
+    return [int(round(v)) for v in ((batch["image"][real, at, at, 0] * 0.5 + 0.5) * 255)]
 
 
 def test_mnist5k_split_is_fixed_and_stratified():
@@ -57,7 +64,7 @@ def test_digits_resized_and_split():
 
 def test_epochs_cover_every_example_once_with_a_padded_last_batch():
     src = _source(10)
-    ds = train_batches(src, 3, batch_size=4, epochs=2, seed=0, augment=Augment())
+    ds = train_batches(src, 3, batch_size=4, epochs=2, seed=0, transform=_tf())
     batches = list(ds)
     assert len(batches) == 6  # ceil(10 / 4) = 3 per epoch, never crossing an epoch boundary
     for epoch in (batches[:3], batches[3:]):
@@ -67,48 +74,173 @@ def test_epochs_cover_every_example_once_with_a_padded_last_batch():
         assert last["image"].shape == (4, 4, 4, 1)
         np.testing.assert_array_equal(last["target"][2:], 0)  # padding carries no target
     assert [_ids(b) for b in batches[:3]] != [_ids(b) for b in batches[3:]]  # each epoch reshuffled
-    again = list(train_batches(src, 3, batch_size=4, epochs=2, seed=0, augment=Augment()))
+    again = list(train_batches(src, 3, batch_size=4, epochs=2, seed=0, transform=_tf()))
     assert [_ids(b) for b in again] == [_ids(b) for b in batches]
-    other = list(train_batches(src, 3, batch_size=4, epochs=2, seed=1, augment=Augment()))
+    other = list(train_batches(src, 3, batch_size=4, epochs=2, seed=1, transform=_tf()))
     assert [_ids(b) for b in other] != [_ids(b) for b in batches]
 
 
-def test_iterator_resumes_at_the_exact_position():
-    ds = train_batches(_source(10, 6), 3, batch_size=4, epochs=3, seed=5, augment=Augment(shift=1, flip=True))
+def _same(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k])
+
+
+def test_iterator_resumes_at_any_batch_and_workers_change_nothing():
+    """Batch k is a pure function of (seed, k): starting at k gives the rest of the run, and worker
+    processes (grain mp_prefetch) deliver the same batches in the same order as this process does."""
+    ds = train_batches(_source(10, 6), 3, batch_size=4, epochs=3, seed=5, transform=_tf(6, Augment(shift=1, flip=True)))
     full = list(iterate(ds))
-    it = iterate(ds)
-    for _ in range(4):
-        next(it)
-    state = it.get_state()
-    resumed = iterate(ds)
-    resumed.set_state(state)
-    rest = list(resumed)
-    assert len(rest) == len(full) - 4
-    for a, b in zip(rest, full[4:], strict=True):
-        for k in a:
-            np.testing.assert_array_equal(a[k], b[k])
+    assert len(full) == 9
+    with iterate(ds, start=4) as it:
+        _same(list(it), full[4:])
+        assert it.position == 9
+    with iterate(ds, start=2, workers=2) as it:
+        _same(list(it), full[2:])
+    with pytest.raises(ValueError, match="start=10"):
+        iterate(ds, start=10)
+
+
+@pytest.mark.parametrize("augment", [Augment(shift=2, flip=True), Augment(shift=1, mixup=0.4)])
+def test_process_shares_partition_every_global_batch(augment):
+    """Two processes each get half the rows of every global batch; together they are one process's batch,
+    augmentation included (it is seeded by the global position, not by the process; mixup pairs images
+    across the whole batch, so then each process reads the whole batch and keeps its half)."""
+    src, tf = _source(10, 6), _tf(6, augment)
+    whole = list(iterate(train_batches(src, 3, batch_size=4, epochs=2, seed=3, transform=tf)))
+    halves = [
+        list(
+            iterate(
+                train_batches(src, 3, batch_size=4, epochs=2, seed=3, transform=tf, process_index=p, process_count=2)
+            )
+        )
+        for p in (0, 1)
+    ]
+    assert all(len(h) == len(whole) for h in halves)
+    for b, (first, second) in enumerate(zip(*halves, strict=True)):
+        for k in ("image", "label", "target", "mask"):
+            np.testing.assert_array_equal(np.concatenate([first[k], second[k]]), whole[b][k])
+    plan = TrainPlan(10, 4, 2, 3, process_index=1, process_count=2)
+    assert len(plan) == 12 and plan[0]["position"] == 2 and plan[5]["index"] == -1  # batch 2, row 3: padding
+    with pytest.raises(ValueError, match="process 0 of 3"):
+        TrainPlan(10, 4, 2, 3, process_index=0, process_count=3)
+    evals = [list(EvalBatches(src, 3, 4, _tf(6, None), process_index=p, process_count=2)) for p in (0, 1)]
+    for b, (first, second) in enumerate(zip(*evals, strict=True)):
+        np.testing.assert_array_equal(
+            np.concatenate([first["image"], second["image"]]), list(EvalBatches(src, 3, 4, _tf(6, None)))[b]["image"]
+        )
+
+
+def test_train_iterator_is_the_documented_loop():
+    d = load_dataset("digits", (8, 8), 1)
+    it = train_iterator(d, batch_size=32, epochs=1, seed=0, preprocess=Preprocess(), augment=Augment(shift=1))
+    batches = list(it)
+    assert len(batches) == -(-len(d.train) // 32) and it.position == len(batches)
+    assert sum(int(b["mask"].sum()) for b in batches) == len(d.train)
+    assert batches[0]["image"].shape == (32, 8, 8, 1) and batches[0]["image"].dtype == np.float32
+    assert batches[0]["target"].shape == (32, 10)
+
+
+class _Counting(ArraySource):
+    """An ArraySource that records which process read which example."""
+
+    def __init__(self, src: ArraySource, reads: list, process: int):
+        super().__init__(src.images, src.labels)
+        self.reads, self.process = reads, process
+
+    def __getitem__(self, i: int) -> dict:
+        self.reads.append((self.process, int(i)))
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("processes", [2, 3])
+@pytest.mark.parametrize("augment", [Augment(shift=1, flip=True, rotate=10), Augment(shift=1, mixup=0.4, cutmix=1.0)])
+def test_each_process_gets_its_rows_of_every_global_batch(processes, augment):
+    src, b, epochs = _source(10, 6), 6, 2  # batches of 6, 6, 6 | 4 real rows: with 3 processes one gets none
+    tf = _tf(6, augment)
+    whole = list(iterate(train_batches(src, 3, batch_size=b, epochs=epochs, seed=3, transform=tf)))
+    reads = []
+    parts = [
+        train_batches(
+            _Counting(src, reads, p),
+            3,
+            batch_size=b,
+            epochs=epochs,
+            seed=3,
+            transform=tf,
+            process_index=p,
+            process_count=processes,
+        )
+        for p in range(processes)
+    ]
+    parts = [list(iterate(ds)) for ds in parts]
+    assert [len(p) for p in parts] == [len(whole)] * processes
+    for i, batch in enumerate(whole):  # the processes' rows, stacked in process order, are the global batch
+        for k in batch:
+            got = np.concatenate([p[i][k] for p in parts])
+            assert got.dtype == batch[k].dtype
+            np.testing.assert_array_equal(got, batch[k], err_msg=f"batch {i} {k}")
+    if augment.mixup:  # mixing partners come from anywhere in the global batch: each process reads all of it
+        assert sorted(reads) == sorted((p, i) for p in range(processes) for i in range(10) for _ in range(epochs))
+    else:  # each example read once per epoch, by the process whose rows hold it
+        assert sorted(i for _, i in reads) == sorted(list(range(10)) * epochs)
+        for p, part in enumerate(parts):
+            assert sorted(i for q, i in reads if q == p) == sorted(i for batch in part for i in _ids(batch, at=3))
+    with pytest.raises(ValueError, match="process 0 of 4"):
+        train_batches(src, 3, batch_size=6, epochs=1, seed=0, transform=tf, process_index=0, process_count=4)
+
+
+def test_eval_batches_split_between_processes():
+    tf = _tf(augment=None)
+    whole = list(iterate(eval_batches(_source(10), 3, batch_size=4, transform=tf)))
+    halves = [
+        list(iterate(eval_batches(_source(10), 3, batch_size=4, transform=tf, process_index=p, process_count=2)))
+        for p in (0, 1)
+    ]
+    assert [[_ids(b) for b in h] for h in halves] == [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], []]]
+    for i, batch in enumerate(whole):
+        for k in batch:
+            np.testing.assert_array_equal(np.concatenate([h[i][k] for h in halves]), batch[k])
 
 
 def test_eval_batches_in_order_unaugmented():
-    batches = list(eval_batches(_source(10), 3, batch_size=4))
+    batches = list(eval_batches(_source(10), 3, batch_size=4, transform=_tf(augment=None)))
     assert [_ids(b) for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     np.testing.assert_array_equal(batches[0]["target"].argmax(-1), [0, 1, 2, 0])
+    plain = EvalBatches(_source(10), 3, 4, _tf(augment=None))  # the same, without grain (torch-only commands)
+    _same(list(plain), batches)
+    with pytest.raises(ValueError, match="empty"):
+        EvalBatches(_source(0), 3, 4, _tf(augment=None))
 
 
 def test_shift_and_flip_move_pixels_without_changing_them():
-    x = np.zeros((400, 8, 8, 1), np.uint8)
-    x[:, 3:5, 3:5] = 200  # a 2x2 blob in the middle survives any shift of <= 2 pixels
+    x = np.zeros((8, 8, 1), np.uint8)
+    x[3:5, 3:5] = 200  # a 2x2 blob in the middle survives any shift of <= 2 pixels
     rng = np.random.default_rng(0)
-    y = Augment(shift=2).images(x, rng)
-    assert y.shape == x.shape
-    np.testing.assert_array_equal(y.reshape(400, -1).sum(1), x.reshape(400, -1).sum(1))
+    y = [Augment(shift=2).image(x, rng) for _ in range(400)]
+    assert all(im.shape == x.shape and im.sum() == x.sum() for im in y)
     moved = [tuple(np.argwhere(im[..., 0])[0]) for im in y]
     assert set(moved) == {(r, c) for r in range(1, 6) for c in range(1, 6)}  # every offset in [-2, 2]^2 seen
-    np.testing.assert_array_equal(Augment().images(x, rng), x)
-    z = np.arange(16, dtype=np.uint8).reshape(1, 4, 4, 1).repeat(32, 0)
-    flipped = Augment(flip=True).images(z, rng)
-    kinds = {bytes(f) for f in flipped}
-    assert kinds == {bytes(z[0]), bytes(z[0, :, ::-1].copy())}
+    np.testing.assert_array_equal(Augment().image(x, rng), x)
+    z = np.arange(16, dtype=np.uint8).reshape(4, 4, 1)
+    kinds = {bytes(Augment(flip=True).image(z, rng)) for _ in range(32)}
+    assert kinds == {bytes(z), bytes(z[:, ::-1].copy())}
+
+
+def test_random_resized_crop_of_files_and_the_default_augmentation(tmp_path):
+    """Image folders default to random-resized crops + flips, digits to shifts; a crop of a file comes
+    out at the model's size, and differs between positions (seeds) but not between calls."""
+    assert Augment.default_for("imagefolder:x") == Augment(crop_scale=0.08, flip=True)
+    assert Augment.default_for("digits") == Augment(shift=2)
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+    tf = ImageTransform((8, 8), 3, Preprocess(), Augment(crop_scale=0.08, flip=True))
+    crops = [tf(str(tmp_path / "a.png"), np.random.default_rng(seed)) for seed in range(6)]
+    assert all(c.shape == (8, 8, 3) and c.dtype == np.uint8 for c in crops)
+    assert len({c.tobytes() for c in crops}) == 6
+    np.testing.assert_array_equal(tf(str(tmp_path / "a.png"), np.random.default_rng(3)), crops[3])
 
 
 @pytest.mark.parametrize("kind", ["mixup", "cutmix"])
@@ -123,25 +255,6 @@ def test_mixing_keeps_targets_normalised_and_padding_untouched(kind):
     np.testing.assert_array_equal(mixed_tgt[4:], 0)
     np.testing.assert_array_equal(mixed_img[4:], image[4:])
     assert not np.array_equal(mixed_img[:4], image[:4])
-
-
-def test_prepare_image_converts_channels_and_size():
-    gray = np.arange(64, dtype=np.uint8).reshape(8, 8)
-    assert prepare_image(gray, (8, 8), 1).shape == (8, 8, 1)
-    rgb = prepare_image(gray, (4, 6), 3)
-    assert rgb.shape == (4, 6, 3) and (rgb[..., 0] == rgb[..., 1]).all()
-    with pytest.raises(ValueError, match="channels=2"):
-        prepare_image(gray, (8, 8), 2)
-    np.testing.assert_allclose(normalize(np.array([0, 255], np.uint8)), [-1.0, 1.0])
-
-
-def test_sixteen_bit_greyscale_is_scaled_not_clipped(tmp_path):
-    eight = np.arange(0, 256, 4, dtype=np.uint8).reshape(8, 8)
-    Image.fromarray(eight.astype(np.uint16) * 257).save(tmp_path / "d16.png")  # 16-bit PNG, same picture
-    with Image.open(tmp_path / "d16.png") as im:
-        assert im.mode.startswith("I")
-    np.testing.assert_array_equal(read_image(tmp_path / "d16.png", (8, 8), 1)[..., 0], eight)
-    np.testing.assert_array_equal(read_image(tmp_path / "d16.png", (8, 8), 3)[..., 2], eight)
 
 
 @pytest.mark.parametrize("fraction", [0.0, 1.0, 1.5, -0.2])
@@ -160,8 +273,8 @@ def _folder(root, classes, n=3, size=6):
 def test_imagefolder_split_fraction_and_train_val_layout(tmp_path):
     _folder(tmp_path / "flat", ["cat", "dog"], n=5)
     d = load_dataset(f"imagefolder:{tmp_path / 'flat'}", (4, 4), 3, val_fraction=0.2)
-    assert d.classes == ("cat", "dog") and (len(d.train), len(d.test)) == (8, 2)
-    assert d.train[0]["image"].shape == (4, 4, 3)
+    assert d.classes == ("cat", "dog") and (len(d.train), len(d.test)) == (8, 2) and not d.in_memory
+    assert ImageTransform((4, 4), 3, Preprocess())(d.train[0]["image"]).shape == (4, 4, 3)
     _folder(tmp_path / "split" / "train", ["a", "b"], n=2)
     _folder(tmp_path / "split" / "val", ["a", "b"], n=1)
     d = load_dataset(f"imagefolder:{tmp_path / 'split'}", (6, 6), 1)

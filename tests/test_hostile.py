@@ -259,6 +259,90 @@ def nan_weights_parity(tmp: Path) -> list[str]:
     return ["parity", str(tmp / "inf.safetensors")]
 
 
+TINY_TRAIN = "--image-size 8 --patch-size 4 --width 16 --depth 1 --num-heads 2 --mlp-dim 32 --batch-size 4 --epochs 1"
+TRAIN = ["train", *TINY_TRAIN.split(), "--no-progress", "--no-parity", "--compile-cache", "off"]
+
+
+def _dataset(path: Path, y, y_test=None) -> Path:
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.integers(0, 256, (len(y), 8, 8), np.uint8), "y": np.asarray(y)}
+    if y_test is not None:
+        arrays |= {"x_test": rng.integers(0, 256, (len(y_test), 8, 8), np.uint8), "y_test": np.asarray(y_test)}
+    np.savez(path, **arrays)
+    return path
+
+
+def labels(name: str, y, y_test=None) -> Callable[[Path], list[str]]:
+    def build(tmp: Path) -> list[str]:
+        data = _dataset(tmp / "d.npz", y, y_test)
+        return [*TRAIN, "--dataset", f"npz:{data}", "--out", str(tmp / "run")]
+
+    build.__name__ = name
+    return build
+
+
+def _bomb_png(path: Path, side: int = 20000) -> Path:
+    """A PNG header declaring side x side pixels (what Pillow checks at open), with one empty row."""
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+
+    ihdr = side.to_bytes(4, "big") * 2 + bytes([8, 0, 0, 0, 0])
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0")) + chunk(b"IEND", b"")
+    )
+    return path
+
+
+def bomb_predict(tmp: Path) -> list[str]:
+    return ["predict", str(_model(tmp)), str(_bomb_png(tmp / "bomb.png"))]
+
+
+def bomb_in_image_folder(tmp: Path) -> list[str]:
+    for c in ("a", "b"):
+        (tmp / "imgs" / c).mkdir(parents=True)
+        for i in range(3):
+            _png(tmp / "imgs" / c / f"{i}.png", (8, 8))
+    _bomb_png(tmp / "imgs" / "b" / "3.png")
+    return [*TRAIN, "--dataset", f"imagefolder:{tmp / 'imgs'}", "--out", str(tmp / "run")]
+
+
+def fifo_image(tmp: Path) -> list[str]:
+    os.mkfifo(tmp / "img.png")
+    return ["predict", str(_model(tmp)), str(tmp / "img.png")]
+
+
+def train_into_a_user_folder(tmp: Path) -> list[str]:
+    (tmp / "run").mkdir()
+    (tmp / "run" / "config.json").write_text('{"mine": true}\n')
+    data = _dataset(tmp / "d.npz", [0, 1] * 4)
+    return [*TRAIN, "--dataset", f"npz:{data}", "--out", str(tmp / "run")]
+
+
+def train_while_another_runs(tmp: Path) -> list[str]:
+    """``vit train`` on a folder whose lock another process holds (the lock ``vit train`` takes)."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from vit_common import io\n"
+            "with io.folder_lock(sys.argv[1], 'vit train'):\n    print('held', flush=True); time.sleep(600)",
+            str(tmp / "run"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert holder.stdout.readline().strip() == "held"
+    HOLDERS.append(holder)
+    data = _dataset(tmp / "d.npz", [0, 1] * 4)
+    return [*TRAIN, "--dataset", f"npz:{data}", "--out", str(tmp / "run"), "--resume"]
+
+
+HOLDERS: list[subprocess.Popen] = []  # processes a case started, ended when the case ends
+
+
 def flag(*argv: str) -> Callable[[Path], list[str]]:
     def build(tmp: Path) -> list[str]:
         return [a.replace("MODEL", str(_model(tmp))) for a in argv]
@@ -365,7 +449,16 @@ CASES = [
     Case(flag("train", "--epochs", "0"), r"--epochs: '0': expected an integer in \[1, "),
     Case(flag("train", "--depth", "1e9"), r"--depth: '1e9': expected an integer"),
     Case(flag("predict", "MODEL", "x.png", "--top-k", "-1"), r"--top-k: '-1': expected an integer"),
+    Case(labels("label 2**32", [0, 1, 0, 2**32, 0, 1, 1, 0]), r"{tmp}/d.npz: label 4294967296 in x/y: expected"),
+    Case(labels("label 10**9", [0, 1, 0, 10**9, 0, 1, 1, 0]), r"{tmp}/d.npz: label 1000000000 in x/y"),
+    Case(labels("uint64 label", np.array([0, 1, 0, 2**63 + 5, 0, 1, 1, 0], np.uint64)), r"label 9223372036854775813"),
+    Case(labels("unseen test labels", [0, 1] * 4, [0, 1, 7, 9]), r"{tmp}/d.npz: y_test holds label\(s\) \[7, 9\]"),
+    Case(train_into_a_user_folder, r"{tmp}/run/config.json: exists and vit did not write it"),
+    Case(train_while_another_runs, r"{tmp}/run: in use by another vit train \(pid \d+\)"),
     # 4. tracebacks instead of named errors
+    Case(bomb_predict, r"{tmp}/bomb.png: unreadable image \(Image size \(400000000 pixels\) exceeds limit"),
+    Case(bomb_in_image_folder, r"{tmp}/imgs/b/3.png: Image size \(400000000 pixels\) exceeds limit"),
+    Case(fifo_image, r"{tmp}/img.png: a FIFO, expected a regular image file", child=True),
     Case(set_value("ln_eps=abc"), r"ln_eps='abc': expected a finite number"),
     Case(set_collides, r"'image_size=64': image_size is not set with --set; use --source-image-size"),
     Case(set_value("nonsense=1"), r"'nonsense' is not a ViTConfig field"),
@@ -445,6 +538,10 @@ def test_hostile_input(case, tmp_path, capsys, monkeypatch):
         errors = [ln for ln in err.splitlines() if re.match(r"vit \w+: error: ", ln)]
         assert len(errors) == 1, err
         assert re.search(case.names.replace("{tmp}", re.escape(str(tmp))), errors[0]), errors[0]
+    for holder in HOLDERS:
+        holder.kill()
+        holder.wait()
+    HOLDERS.clear()
     after = _snapshot(tmp)
     assert {k: v for k, v in after.items() if k not in case.creates} == before, "files changed or left behind"
     if case.check:

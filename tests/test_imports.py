@@ -21,7 +21,8 @@ def _loaded_after(statement: str) -> set[str]:
     "statement, forbidden",
     [
         (
-            "import vit_common, vit_common.convert, vit_common.attention, vit_common.tolerance",
+            "import vit_common, vit_common.convert, vit_common.attention, vit_common.tolerance, vit_common.images, "
+            "vit_common.datasets, vit_common.metadata, vit_common.train_config",
             JAX_MODULES + TORCH_MODULES,
         ),
         ("import vit_torch", JAX_MODULES),

@@ -128,3 +128,7 @@ def test_a_folder_lock_is_refused_at_once_naming_the_holder_and_released_by_kill
     holder.wait()
     with io.folder_lock(tmp_path / "run", "vit train"):
         assert (tmp_path / "run" / io.LOCK).read_text() == f"{os.getpid()}\n"
+    assert not (tmp_path / "run" / io.LOCK).exists()  # released: nothing left behind
+    with io.folder_lock(tmp_path / "new", "vit train"):
+        pass
+    assert not (tmp_path / "new").exists()  # a folder the lock made, left empty, goes too

@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent("""
         t = Trainer(cfg, TrainConfig(batch_size=16, epochs=3, warmup_steps=2, sharding=sharding), data,
                     mesh=make_mesh(devices))
         state, losses = t.init_state(), []
-        it = iterate(train_batches(data.train, 3, batch_size=16, epochs=3, seed=0, augment=t.tcfg.augment))
+        it = iterate(train_batches(data.train, 3, batch_size=16, epochs=3, seed=0, transform=t.train_transform))
         for _ in range(5):  # the third step is the partial last batch of epoch 1 (36 = 16 + 16 + 4)
             state, m = t.train_step(state, next(it))
             losses.append(float(m["loss"]))

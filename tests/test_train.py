@@ -14,10 +14,12 @@ import pytest
 from flax import nnx
 
 from vit_common.config import ViTConfig
+from vit_common.datasets import ArraySource, Augment, Dataset
 from vit_common.tolerance import compare
-from vit_jax.data import ArraySource, Augment, Dataset, iterate, train_batches
+from vit_jax.data import iterate, train_batches
 from vit_jax.model import VisionTransformer
-from vit_jax.train import Checkpoints, TrainConfig, Trainer, decay_mask, loss_and_grads
+from vit_jax.train import Checkpoints, TrainConfig, Trainer, decay_mask, layer_ids, loss_and_grads, make_optimizer
+from vit_jax.weights import to_numpy
 
 TINY = ViTConfig(image_size=8, patch_size=4, in_chans=1, num_classes=3, width=16, depth=2, num_heads=2, mlp_dim=32)
 
@@ -33,7 +35,7 @@ def tiny_data(n_train: int = 10, n_test: int = 7, seed: int = 0) -> Dataset:
 
 def first_batch(t: Trainer) -> dict:
     tc = t.tcfg
-    batches = train_batches(t.data.train, 3, batch_size=tc.batch_size, epochs=1, seed=0, augment=tc.augment)
+    batches = train_batches(t.data.train, 3, batch_size=tc.batch_size, epochs=1, seed=0, transform=t.train_transform)
     return next(iterate(batches))
 
 
@@ -61,11 +63,11 @@ def reference():
 def test_steps_compile_once_and_count_every_example_once(caplog):
     """Two epochs of 10 examples in batches of 4: the last batch of each epoch is partial (2 real rows)."""
     data = tiny_data()
-    t = Trainer(TINY, TrainConfig(batch_size=4, epochs=2, warmup_steps=1), data)
+    t = Trainer(TINY, TrainConfig(batch_size=4, epochs=2, warmup_steps=1, augment=Augment(shift=1)), data)
     state = t.init_state()
     counts, evals = [], []
     with jax.log_compiles(True), caplog.at_level(logging.WARNING):
-        it = iterate(train_batches(data.train, 3, batch_size=4, epochs=2, seed=0, augment=Augment(shift=1)))
+        it = iterate(train_batches(data.train, 3, batch_size=4, epochs=2, seed=0, transform=t.train_transform))
         for _ in range(t.total_steps):
             state, m = t.train_step(state, next(it))
             counts.append(float(m["count"]))
@@ -176,3 +178,56 @@ def test_model_with_dropout_round_trips_through_orbax_into_an_abstract_model(tmp
     eval_logits = np.asarray(forward(model, x))
     np.testing.assert_array_equal(np.asarray(forward(twin, x)), eval_logits)
     assert not np.array_equal(train_logits, eval_logits)  # dropout was live in training mode
+
+
+def _flat(params) -> dict[str, np.ndarray]:
+    return {".".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(params)}
+
+
+def test_fine_tuning_starts_from_the_given_weights_and_freeze_trains_the_head_only(reference):
+    """--init: the first state holds the checkpoint's tensors; --freeze: after steps only head.* moved,
+    and the frozen parameters get exactly zero gradient (stop_gradient: no backward pass through them)."""
+    _, batch, _ = reference
+    weights = to_numpy(VisionTransformer(TINY, rngs=nnx.Rngs(7)))
+    tcfg = dataclasses.replace(BASE, init="ckpt", freeze=True, warmup_steps=0, epochs=3)
+    t = Trainer(TINY, tcfg, tiny_data(n_train=6), weights=weights)
+    state = t.init_state()
+    assert to_numpy(nnx.merge(t.eval_graphdef, state["params"], state["rest"])).keys() == weights.keys()
+    start = t.weights(state)
+    assert all(np.array_equal(start[k], weights[k]) for k in weights)
+    grads, _, _, _ = jax.jit(lambda p, r, b: loss_and_grads(t, p, r, b))(
+        state["params"], state["rest"], t.device_batch(batch)
+    )
+    for name, g in _flat(grads).items():
+        assert (np.abs(g).max() > 0) == name.startswith("head."), name
+    for _ in range(3):
+        state, m = t.train_step(state, batch)
+    end = t.weights(state)
+    moved = sorted(k for k in end if not np.array_equal(end[k], weights[k]))
+    assert moved == ["head.bias", "head.weight"]
+
+
+def test_layer_decay_scales_each_layer_s_update():
+    """The update of a parameter in layer l is the plain AdamW update times r^(depth + 1 - l): the
+    embeddings r^3 (depth 2), block 0 r^2, block 1 r, the final norm and head 1."""
+    _, params, _ = nnx.split(VisionTransformer(TINY, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    ids = {".".join(map(str, p)): int(v.get_value()) for p, v in nnx.to_flat_state(layer_ids(params, 2))}
+    assert ids["pos_embed"] == ids["patch_embed.proj.kernel"] == 0 and ids["blocks.1.mlp.fc1.kernel"] == 2
+    assert ids["norm.scale"] == ids["head.kernel"] == 3
+    grads = jax.tree.map(lambda x: jnp.full_like(x, 0.01), params)
+    plain, _ = make_optimizer(dataclasses.replace(BASE, warmup_steps=0), 10, 2)
+    decayed, _ = make_optimizer(dataclasses.replace(BASE, warmup_steps=0, layer_decay=0.5), 10, 2)
+    up_plain = _flat(plain.update(grads, plain.init(params), params)[0])
+    up_decay = _flat(decayed.update(grads, decayed.init(params), params)[0])
+    for name, u in up_plain.items():
+        np.testing.assert_allclose(up_decay[name], u * 0.5 ** (3 - ids[name]), rtol=1e-6, err_msg=name)
+    assert np.abs(up_plain["blocks.0.attn.qkv.kernel"]).max() > 0
+
+
+def test_freeze_and_layer_decay_together_are_refused():
+    with pytest.raises(ValueError, match="freeze=True with layer_decay=0.75"):
+        TrainConfig(init="x", freeze=True, layer_decay=0.75)
+    with pytest.raises(ValueError, match="freeze=True: expected --init"):
+        TrainConfig(freeze=True)
+    with pytest.raises(ValueError, match="layer_decay=1.5"):
+        TrainConfig(layer_decay=1.5)

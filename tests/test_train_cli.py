@@ -36,6 +36,7 @@ def folder(root, classes, n=3, corrupt=None):
         ("patch", "not a multiple of patch_size"),
         ("dataset", "expected mnist5k"),
         ("batch", "--batch-size: '0': expected an integer in [1, "),
+        ("timeout", "--heartbeat-timeout: '0': expected an integer in [1, "),
     ],
 )
 def test_bad_input_exits_2_with_a_clear_message(case, message, tmp_path, capsys):
@@ -61,6 +62,8 @@ def test_bad_input_exits_2_with_a_clear_message(case, message, tmp_path, capsys)
         args += ["--dataset", "cifar10"]
     if case == "batch":
         args += ["--batch-size", "0"]
+    if case == "timeout":
+        args += ["--heartbeat-timeout", "0"]
     try:
         rc = main(args)
     except SystemExit as e:  # a flag refused by argparse, after its usage line
@@ -76,3 +79,85 @@ def test_help_explains_every_flag():
     for name in ("train", "evaluate", "predict"):
         for action in sub.choices[name]._actions:
             assert action.help and action.help != argparse.SUPPRESS, (name, action.dest)
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path):
+    """Our file of a tiny ViT: 8 px, patch 4, width 16, 3 classes, RGB."""
+    from vit_common.config import ViTConfig
+    from vit_common.convert import save_checkpoint
+    from vit_common.state import canonical_shapes
+
+    cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
+    rng = np.random.default_rng(0)
+    state = {k: rng.standard_normal(s).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
+    save_checkpoint(tmp_path / "ckpt.safetensors", cfg, state, "canonical")
+    return tmp_path / "ckpt.safetensors"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--variant", "Ti/16"], "--variant Ti/16 has width=192, the checkpoint width=16"),
+        (["--width", "32"], "--width 32, the checkpoint has width=16"),
+        (["--image-size", "10"], "image_size=(10, 10) is not a multiple of patch_size=(4, 4)"),
+        (["--freeze", "--layer-decay", "0.7"], "freeze=True with layer_decay=0.7"),
+        (["--init", "nowhere.safetensors"], "nowhere.safetensors: no such file"),
+    ],
+)
+def test_bad_fine_tuning_input_exits_2_naming_the_value(tiny_checkpoint, tmp_path, capsys, extra, message):
+    out = tmp_path / "run"
+    data = folder(tmp_path / "imgs", "xy")
+    args = ["train", "--dataset", f"imagefolder:{data}", "--init", str(tiny_checkpoint), "--out", str(out)]
+    assert main([*args, "--batch-size", "4", "--epochs", "1", "--no-progress", "--no-parity", *extra]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("vit train: error: ") and message in last, last
+    assert not out.exists()
+
+
+def test_freeze_needs_a_checkpoint(capsys):
+    assert main(["train", "--freeze", "--dataset", "digits"]) == 2
+    assert "freeze=True: expected --init too" in capsys.readouterr().err
+
+
+def test_train_flags_come_from_the_config_fields():
+    """Every TrainConfig and Augment field is a `vit train` flag with the field's help and default."""
+    import dataclasses
+
+    from vit_common.datasets import Augment
+    from vit_common.train_config import TrainConfig
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    actions = {a.dest: a for a in sub.choices["train"]._actions}
+    for cls in (TrainConfig, Augment):
+        for f in dataclasses.fields(cls):
+            if f.name == "augment":
+                continue
+            assert f.metadata["help"] in actions[f.name].help, f.name
+            if cls is TrainConfig:
+                assert actions[f.name].default == f.default, f.name
+    args = parser.parse_args(["train", "--dataset", "imagefolder:x", "--shift", "3"])
+    from vit_cli.train import train_config
+
+    tcfg = train_config(args)
+    assert tcfg.augment == Augment(crop_scale=0.08, shift=3, flip=True) and tcfg == dataclasses.replace(
+        TrainConfig(), dataset="imagefolder:x", augment=tcfg.augment
+    )
+
+
+def test_a_head_follows_the_class_names():
+    """--init with the dataset's class count: the head is kept for the same names, its rows reordered for
+    the same names in another order, replaced by zeros for other names (each change reported)."""
+    from vit_cli.train import _match_head
+    from vit_common.formats.base import Report
+
+    state = {"head.weight": np.arange(6.0).reshape(3, 2), "head.bias": np.arange(3.0)}
+    report = Report()
+    assert _match_head(state, ("a", "b", "c"), ("a", "b", "c"), report) is state and not report.notes
+    moved = _match_head(state, ("a", "b", "c"), ("c", "a", "b"), report)
+    np.testing.assert_array_equal(moved["head.bias"], [2.0, 0.0, 1.0])
+    np.testing.assert_array_equal(moved["head.weight"][0], [4.0, 5.0])
+    fresh = _match_head(state, ("a", "b", "c"), ("x", "y", "z"), report)
+    assert not fresh["head.weight"].any() and not fresh["head.bias"].any()
+    assert "reordered" in report.notes[0] and "zero-initialised" in report.notes[1]

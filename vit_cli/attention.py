@@ -24,8 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
-from vit_common.images import to_8bit
-from vit_common.validate import arg, float_in
+from vit_cli.run_model import add_image_flags
 
 PANEL_PX = (200, 240)  # width, height of one figure panel in pixels (figure dpi 100)
 MAX_COLS = 8
@@ -59,7 +58,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(Abnar & Zuidema 2020) of IMAGE(s) as PNG overlays and .npy arrays. A checkpoint is required: "
         "a randomly initialised ViT attends almost uniformly, so its maps show noise, not the image.",
     )
-    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...: what PIL reads)")
+    p.add_argument(
+        "images", nargs="+", metavar="IMAGE", help="image files, or folders searched for images (PNG, JPEG, ...)"
+    )
     p.add_argument("--checkpoint", required=True, help="checkpoint file or folder (config read from it)")
     add_checkpoint_arguments(p)
     p.add_argument("--framework", choices=("jax", "torch"), default="jax", help="twin to run (default jax)")
@@ -83,72 +84,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="both",
         help="raw attention of the chosen block(s), attention rollout over all blocks, or both",
     )
-    p.add_argument(
-        "--mean",
-        type=arg(float_in),
-        nargs="+",
-        default=[0.5],
-        help="per-channel mean subtracted from pixels scaled to [0, 1] (1 or C values; default "
-        "0.5, as timm's original-ViT weights and big_vision's value_range(-1, 1))",
-    )
-    p.add_argument(
-        "--std", type=arg(float_in, 0, lo_open=True), nargs="+", default=[0.5], help="per-channel std (default 0.5)"
-    )
+    add_image_flags(p)
     p.add_argument("--out", default="attention", help="output folder (default ./attention)")
     p.add_argument("--json", action="store_true", help="print one JSON list (one object per image)")
     p.set_defaults(func=run)
-
-
-def fit_image(im, size: tuple[int, int], chans: int) -> np.ndarray:
-    """A PIL image scaled (bicubic) so its shorter side fits (H, W), centre-cropped to exactly (H, W).
-
-    Returns [H, W, C] float32 in [0, 1]; C=1 converts to grey ('L'), C=3 to 'RGB'.
-
-    Raises:
-        ValueError: C is not 1 or 3.
-    """
-    from PIL import Image
-
-    if chans not in (1, 3):
-        raise ValueError(f"in_chans={chans}: images can be read for 1 (grey) or 3 (RGB) channels only")
-    h, w = size
-    im = to_8bit(im).convert("L" if chans == 1 else "RGB")  # 16-bit greyscale scaled, not clipped
-    scale = max(h / im.height, w / im.width)
-    rw, rh = max(w, round(im.width * scale)), max(h, round(im.height * scale))
-    im = im.resize((rw, rh), Image.Resampling.BICUBIC)
-    left, top = (rw - w) // 2, (rh - h) // 2
-    arr = np.asarray(im.crop((left, top, left + w, top + h)), np.float32) / 255.0
-    return arr.reshape(h, w, chans)
-
-
-def load_image(path: str | Path, size: tuple[int, int], chans: int) -> np.ndarray:
-    """Read an image file and ``fit_image`` it: [H, W, C] float32 in [0, 1].
-
-    Raises:
-        FileNotFoundError: no such file. ValueError: not an image PIL can read, or C not 1 or 3.
-    """
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as im:
-            return fit_image(im, size, chans)
-    except UnidentifiedImageError as e:
-        raise ValueError(f"{path}: not an image file PIL can read") from e
-
-
-def normalise(images: np.ndarray, mean: list[float], std: list[float]) -> np.ndarray:
-    """(images [B, H, W, C] in [0, 1] - mean) / std per channel, float32.
-
-    Raises:
-        ValueError: mean/std not 1 or C values, or a std <= 0.
-    """
-    c = images.shape[-1]
-    for name, v in (("mean", mean), ("std", std)):
-        if len(v) not in (1, c):
-            raise ValueError(f"--{name} {v}: expected 1 or {c} values (one per channel)")
-    if min(std) <= 0:
-        raise ValueError(f"--std {std}: expected positive values")
-    return ((images - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)).astype(np.float32)
 
 
 def _forward(framework: str, model, images: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -315,15 +254,19 @@ def _image_outputs(b: int, image: np.ndarray, maps, cfg, args, out: Path, stem: 
 
 
 def run(args: argparse.Namespace) -> int:
+    from vit_cli.flags import values
+    from vit_cli.run_model import class_names, load_with_info
     from vit_common.attention import attention_maps
+    from vit_common.images import Preprocess, list_images, load_image, normalize
     from vit_common.io import write_json
 
-    stems = [Path(p).stem for p in args.images]
+    files = list_images(args.images)
+    stems = [p.stem for p in files]
     if len(set(stems)) != len(stems):
-        raise ValueError(f"images {args.images}: names without suffix must differ (outputs use them)")
-    from vit_cli.run_model import load
-
-    model = load(args.checkpoint, args.framework, checkpoint_options(args))
+        raise ValueError(f"images {[str(f) for f in files]}: names without suffix must differ (outputs use them)")
+    model, info = load_with_info(
+        args.checkpoint, args.framework, checkpoint_options(args), values(Preprocess, args), args.classes
+    )
     cfg = model.cfg
     if args.layer == "all":
         layers = list(range(cfg.depth))
@@ -331,8 +274,9 @@ def run(args: argparse.Namespace) -> int:
         layers = [args.layer % cfg.depth]
     else:
         raise ValueError(f"--layer {args.layer}: the model has blocks 0..{cfg.depth - 1}")
-    images = np.stack([load_image(p, cfg.image_size, cfg.in_chans) for p in args.images])  # [B, H, W, C]
-    logits, inter = _forward(args.framework, model, normalise(images, args.mean, args.std))
+    pixels = np.stack([load_image(p, cfg.image_size, cfg.in_chans, info.preprocess) for p in files])  # uint8
+    logits, inter = _forward(args.framework, model, normalize(pixels, info.preprocess))
+    images = pixels.astype(np.float32) / 255.0  # [B, H, W, C] in [0, 1], for the pictures
     maps = attention_maps(cfg, inter, layers, args.head)
     shows = {
         k: v
@@ -344,13 +288,16 @@ def run(args: argparse.Namespace) -> int:
         "map": "blocks: mean over patch queries; probe and rollout: MAP probe",
     }.get(cfg.pool, f"mean over patch queries (pool={cfg.pool!r})")
     h, w = cfg.image_size
+    pp = info.preprocess
     preprocess = (
-        f"shorter side resized (bicubic, PIL) and centre-cropped to {h}x{w}, then "
-        f"(pixel / 255 - mean {args.mean}) / std {args.std}"
+        f"{'shorter side' if pp.crop_mode == 'center' else 'both sides'} resized ({pp.interpolation}, Pillow) to "
+        f"{h}x{w} / {pp.crop_pct} and centre-cropped to {h}x{w}, then (pixel / 255 - mean {list(pp.mean)}) / std "
+        f"{list(pp.std)} ({info.preprocess_source})"
     )
+    names = class_names(info, cfg.num_classes)
     out = Path(args.out)
     reports = []
-    for b, (path, stem) in enumerate(zip(args.images, stems, strict=True)):
+    for b, (path, stem) in enumerate(zip(files, stems, strict=True)):
         panels, share, files = _image_outputs(b, images[b], maps, cfg, args, out, stem)
         figure, summary = out / f"{stem}_attention.png", out / f"{stem}_attention.json"
         write_figure(figure, images[b], panels, f"{Path(path).name}: {query}; colours scaled per panel")
@@ -375,7 +322,8 @@ def run(args: argparse.Namespace) -> int:
         }
         if cfg.num_classes and cfg.pool != "none":
             p = np.exp(logits[b] - logits[b].max())
-            report["prediction"] = {"class": int(p.argmax()), "probability": float(p.max() / p.sum())}
+            k = int(p.argmax())
+            report["prediction"] = {"class": names[k], "index": k, "probability": float(p.max() / p.sum())}
         write_json(summary, report, indent=1)
         reports.append(report)
     if args.json:

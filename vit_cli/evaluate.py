@@ -8,6 +8,7 @@ from pathlib import Path
 
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_cli.main import HelpFormatter
+from vit_cli.run_model import add_image_flags
 from vit_common.validate import arg, float_in, int_in
 
 
@@ -17,8 +18,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="accuracy and confusion matrix of a checkpoint on a dataset",
         formatter_class=HelpFormatter,
         description="Evaluate a checkpoint (any format vit_jax/vit_torch load_model reads, e.g. a run's "
-        "model.safetensors) on a dataset: accuracy, per-class accuracy and a confusion-matrix PNG. Images "
-        "are resized to the model's image size and channels.",
+        "model.safetensors) on a dataset: accuracy, per-class accuracy and a confusion-matrix PNG labelled "
+        "with the class names. Images get the checkpoint's preprocessing (vit_common.images). When the "
+        "checkpoint and the dataset both name their classes, labels are matched by name.",
     )
     p.add_argument("checkpoint", help="model file or folder")
     add_checkpoint_arguments(p)
@@ -32,6 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--framework", choices=("jax", "torch"), default="jax", help="which twin runs the model")
     p.add_argument("--batch-size", type=arg(int_in, 1), default=256, help="images per forward pass")
+    add_image_flags(p)
     p.add_argument("--confusion", default="confusion.png", help="where to write the confusion-matrix PNG")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -41,18 +44,26 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     from tqdm import tqdm
 
-    from vit_cli.run_model import load, logits
-    from vit_jax.data import eval_batches, load_dataset
+    from vit_cli.flags import values
+    from vit_cli.run_model import class_names, load_with_info, logits
+    from vit_common.datasets import EvalBatches, ImageTransform, load_dataset
+    from vit_common.images import Preprocess
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size={args.batch_size}: expected a positive int")
-    model = load(args.checkpoint, args.framework, checkpoint_options(args))
+    model, info = load_with_info(
+        args.checkpoint, args.framework, checkpoint_options(args), values(Preprocess, args), args.classes
+    )
     cfg = model.cfg
-    data = load_dataset(args.dataset, cfg.image_size, cfg.in_chans, val_fraction=args.val_fraction)
-    if data.num_classes > cfg.num_classes:
-        raise ValueError(f"dataset {args.dataset!r} has {data.num_classes} classes, the model only {cfg.num_classes}")
+    data = load_dataset(
+        args.dataset, cfg.image_size, cfg.in_chans, val_fraction=args.val_fraction, preprocess=info.preprocess
+    )
+    classes = class_names(info, cfg.num_classes)
+    to_model = label_map(data.classes, info.classes, cfg.num_classes, args.dataset)
     source = data.test if args.split == "test" else data.train
-    batches = list(eval_batches(source, data.num_classes, batch_size=args.batch_size))
+    batches = EvalBatches(
+        source, data.num_classes, args.batch_size, ImageTransform(cfg.image_size, cfg.in_chans, info.preprocess)
+    )
     outs = tqdm(
         logits(model, args.framework, (b["image"] for b in batches)),
         total=len(batches),
@@ -62,9 +73,8 @@ def run(args: argparse.Namespace) -> int:
     )
     pred = np.concatenate([o.argmax(-1) for o in outs])
     mask = np.concatenate([b["mask"] for b in batches]) > 0
-    label = np.concatenate([b["label"] for b in batches])[mask]
+    label = to_model[np.concatenate([b["label"] for b in batches])[mask]]
     pred = pred[mask]
-    classes = class_names(args.checkpoint, cfg.num_classes)
     matrix = confusion_png(label, pred, classes, Path(args.confusion), title=f"{args.dataset} {args.split}")
     per_class = {classes[k]: float(matrix[k, k] / matrix[k].sum()) for k in range(len(matrix)) if matrix[k].sum()}
     result = {
@@ -75,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
         "images": int(mask.sum()),
         "accuracy": float((pred == label).mean()),
         "per_class_accuracy": per_class,
+        "classes": classes,
+        "classes_source": info.classes_source,
+        "preprocess": info.preprocess.to_dict(),
+        "preprocess_source": info.preprocess_source,
         "confusion_png": args.confusion,
     }
     if args.json:
@@ -88,18 +102,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def class_names(checkpoint: str, num_classes: int) -> list[str]:
-    """Class names from the run's config.json beside the checkpoint, else "0".."K-1"."""
-    p = Path(checkpoint)
-    cfg_json = (p if p.is_dir() else p.parent) / "config.json"
-    if cfg_json.is_file():
-        try:
-            classes = json.loads(cfg_json.read_text()).get("classes")
-        except (ValueError, AttributeError):
-            classes = None
-        if isinstance(classes, list) and len(classes) == num_classes:
-            return [str(c) for c in classes]
-    return [str(k) for k in range(num_classes)]
+def label_map(data_classes, model_classes, num_classes: int, dataset: str):
+    """int array: dataset label -> model class index. By name when the model names its classes (every
+    dataset class must be one of them), else the same index (the dataset may have fewer classes).
+
+    Raises:
+        ValueError: the dataset has more classes than the model, or classes the model does not name.
+    """
+    import numpy as np
+
+    if len(data_classes) > num_classes:
+        raise ValueError(f"dataset {dataset!r} has {len(data_classes)} classes, the model only {num_classes}")
+    if model_classes is None:
+        return np.arange(len(data_classes))
+    index = {c: k for k, c in enumerate(model_classes)}
+    missing = [c for c in data_classes if c not in index]
+    if missing:
+        raise ValueError(
+            f"dataset {dataset!r} has classes {missing} that the model's classes {list(model_classes)} do not "
+            "name (pass --classes to name the model's classes)"
+        )
+    return np.array([index[c] for c in data_classes])
 
 
 def confusion_png(label, pred, classes: list[str], png: Path, title: str):

@@ -9,6 +9,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 
 from vit_common import io
 from vit_common.host_memory import reuse_freed_memory
@@ -34,6 +35,23 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if action.default is None else super()._get_help_string(action)
 
 
+# Top-level module -> the extra that installs it (pyproject.toml), for a one-line message when it is missing.
+EXTRAS = {
+    **dict.fromkeys(("jax", "jaxlib", "flax", "optax", "orbax", "grain"), "jax"),
+    "torch": "torch",
+    **dict.fromkeys(("PIL", "mlxtend", "sklearn"), "data"),
+    **dict.fromkeys(("timm", "transformers", "torchvision", "skimage"), "dev"),
+}
+
+
+def missing_extra(e: ModuleNotFoundError) -> str | None:
+    """The one-line advice for a missing optional dependency, or None if ``e`` is not about one."""
+    top = (e.name or "").split(".")[0]
+    if top not in EXTRAS:
+        return None
+    return f'this needs {top}, which is not installed: pip install "vit-twins[{EXTRAS[top]}]"'
+
+
 class UsageError(Exception):
     """Bad usage or input: printed without a traceback, exit code 2."""
 
@@ -54,12 +72,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.started = started  # `time.perf_counter()` when the command started
     reuse_freed_memory()  # before JAX starts its threads; see vit_common/host_memory.py
     try:
         with io.overwriting(getattr(args, "overwrite", False)):
             return int(args.func(args) or 0)
+    except ModuleNotFoundError as e:
+        advice = missing_extra(e)
+        if advice is None:
+            raise
+        print(f"vit {args.command}: error: {advice}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # e.g. `vit info B/16 | head -1`: the reader left, nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -19,8 +19,6 @@ from vit_common.io import write_json
 from vit_common.tolerance import Comparison, compare
 from vit_common.validate import arg, int_in
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
-
 
 @dataclass
 class Row:
@@ -128,32 +126,25 @@ class ParityResult:
         }
 
 
-def load_images(folder: str | Path, image_size: tuple[int, int], chans: int) -> tuple[np.ndarray, list[str]]:
-    """Images of ``folder`` as float32 [B, C, H, W]: shorter side resized (bicubic) to cover (H, W),
-    centre crop, scaled to [-1, 1] ((x / 255 - 0.5) / 0.5, the ViT/Inception normalisation).
+def load_images(
+    folder: str | Path, image_size: tuple[int, int], chans: int, preprocess, max_images: int | None = None
+) -> tuple[np.ndarray, list[str]]:
+    """The first ``max_images`` (all if None) images of ``folder`` in sorted order, searched recursively as
+    ``vit_common.images.list_images`` does (the layouts training reads), as float32 [B, C, H, W] through
+    the one image path (``vit_common.images.load_image`` and ``normalize`` with ``preprocess``); and their
+    paths relative to ``folder``.
 
     Raises:
         FileNotFoundError: no such folder. ValueError: no image in it, or an unreadable image (named).
     """
-    from PIL import Image, UnidentifiedImageError
-
-    from vit_cli.attention import fit_image
+    from vit_common.images import list_images, load_image, normalize
 
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such folder of images")
-    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-    if not files:
-        raise ValueError(f"{folder}: no image files ({', '.join(IMAGE_SUFFIXES)})")
-    out = []
-    for p in files:
-        try:
-            with Image.open(p) as im:
-                arr = fit_image(im, image_size, chans)  # [H, W, C] in [0, 1]
-        except (OSError, UnidentifiedImageError, ValueError) as e:
-            raise ValueError(f"{p}: not a readable image ({e})") from e
-        out.append(((arr - 0.5) / 0.5).transpose(2, 0, 1))
-    return np.stack(out), [p.name for p in files]
+    files = list_images(folder)[:max_images]
+    x = normalize(np.stack([load_image(p, image_size, chans, preprocess) for p in files]), preprocess)
+    return x.transpose(0, 3, 1, 2), [str(p.relative_to(folder)) for p in files]
 
 
 def _top1_agreement(a: np.ndarray, b: np.ndarray) -> float | None:
@@ -210,12 +201,14 @@ def run_parity(
     num_generated: int = 4,
     against: str | None = None,
     keep_outputs: bool = False,
+    max_images: int | None = None,
     **load_options: Any,
 ) -> ParityResult:
     """Load ``checkpoint`` into both twins (and ``against`` 'timm' | 'transformers'), run ``images`` with
     full matmul precision (no TF32) and compare every intermediate.
 
-    ``images``: [B, C, H, W] floats at the model's image size, a folder (``load_images``), or None for
+    ``images``: [B, C, H, W] floats at the model's image size, a folder (``load_images``: its first
+    ``max_images``, with the checkpoint's preprocessing, ``vit_common.metadata.read_info``), or None for
     ``num_generated`` seeded standard-normal images.
 
     ``dtype`` 'float32' or 'float64' (JAX x64 is switched on for the call). ``load_options`` go to
@@ -245,7 +238,15 @@ def run_parity(
         images = np.random.default_rng(0).standard_normal((num_generated, cfg.in_chans, *cfg.image_size))
         image_names = [f"generated-{i}" for i in range(num_generated)]
     elif isinstance(images, (str, Path)):
-        images, image_names = load_images(images, cfg.image_size, cfg.in_chans)
+        import warnings
+
+        from vit_common.metadata import read_info
+
+        info = read_info(checkpoint, ckpt.report.format)
+        for w in info.warnings:
+            warnings.warn(f"{checkpoint}: {w}", UserWarning, stacklevel=2)
+        preprocess = info.preprocess
+        images, image_names = load_images(images, cfg.image_size, cfg.in_chans, preprocess, max_images)
     else:
         image_names = [f"image-{i}" for i in range(len(images))]
     x = np.asarray(images, dtype)
@@ -355,7 +356,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("checkpoint", help="checkpoint file or folder")
     add_checkpoint_arguments(p)
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="compute dtype (default float32)")
-    p.add_argument("--images", metavar="DIR", help="folder of images to run (default: 4 generated ones)")
+    p.add_argument(
+        "--images",
+        metavar="DIR",
+        help="folder of images to run, searched recursively as for training, with the checkpoint's "
+        "preprocessing (default: 4 generated ones)",
+    )
+    p.add_argument("--max-images", type=arg(int_in, 1), default=16, help="with --images: use the first this many")
     p.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
     p.add_argument(
         "--against",
@@ -401,6 +408,8 @@ def report_maps(result: ParityResult, layer: int, head: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.max_images < 1:
+        raise ValueError(f"--max-images={args.max_images}: expected a positive int")
     if not args.report and (args.layer is not None or args.head is not None):
         raise ValueError("--layer and --head choose the map --report draws: pass --report DIR too")
     options = checkpoint_options(args) | ({"image_size": args.image_size} if args.image_size else {})
@@ -410,6 +419,7 @@ def run(args: argparse.Namespace) -> int:
         images=args.images,
         against=args.against,
         keep_outputs=bool(args.report),
+        max_images=args.max_images,
         **options,
     )
     print(format_table(result))

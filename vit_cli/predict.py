@@ -7,6 +7,7 @@ import json
 
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_cli.main import HelpFormatter
+from vit_cli.run_model import add_image_flags
 from vit_common.validate import arg, int_in
 
 
@@ -15,15 +16,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "predict",
         help="top-k classes of image files",
         formatter_class=HelpFormatter,
-        description="Classify image files with a checkpoint (any format vit_jax/vit_torch load_model reads). "
-        "Each image is converted to the model's channels, resized to its image size and scaled to [-1, 1], "
-        "as in training. Class names come from the run's config.json beside the checkpoint, if any.",
+        description="Classify images with a checkpoint (any format vit_jax/vit_torch load_model reads). Each "
+        "image is decoded upright (EXIF orientation), converted to the model's channels, resized and "
+        "centre-cropped and normalised with the checkpoint's preprocessing (vit_common.images), as in "
+        "evaluation. Class names come from the checkpoint, the run's config.json beside it, or --classes.",
     )
     p.add_argument("checkpoint", help="model file or folder")
     add_checkpoint_arguments(p)
-    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...)")
+    p.add_argument(
+        "images",
+        nargs="+",
+        metavar="IMAGE",
+        help="image files, or folders searched for images (a folder of class folders, train/ + val/, ...)",
+    )
     p.add_argument("--framework", choices=("jax", "torch"), default="jax", help="which twin runs the model")
     p.add_argument("--top-k", type=arg(int_in, 1), default=3, help="how many classes to list per image")
+    p.add_argument("--batch-size", type=arg(int_in, 1), default=64, help="images per forward pass")
+    add_image_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object per image")
     p.set_defaults(func=run)
 
@@ -31,17 +40,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from vit_cli.evaluate import class_names
-    from vit_cli.run_model import load, logits
-    from vit_jax.data import normalize, read_image
+    from vit_cli.flags import values
+    from vit_cli.run_model import class_names, load_with_info, logits
+    from vit_common.images import Preprocess, list_images, load_image, normalize
 
-    model = load(args.checkpoint, args.framework, checkpoint_options(args))
+    files = list_images(args.images)
+    model, info = load_with_info(
+        args.checkpoint, args.framework, checkpoint_options(args), values(Preprocess, args), args.classes
+    )
     cfg = model.cfg
-    if not 1 <= args.top_k:
-        raise ValueError(f"--top-k={args.top_k}: expected a positive int")
-    images = normalize(np.stack([read_image(p, cfg.image_size, cfg.in_chans) for p in args.images]))
-    out = next(iter(logits(model, args.framework, [images]))).astype(np.float64)
-    bad = [path for path, row in zip(args.images, out, strict=True) if not np.isfinite(row).all()]
+    classes = class_names(info, cfg.num_classes)
+    k = min(args.top_k, cfg.num_classes)
+
+    def batches():
+        for lo in range(0, len(files), args.batch_size):
+            chunk = files[lo : lo + args.batch_size]
+            x = np.stack([load_image(p, cfg.image_size, cfg.in_chans, info.preprocess) for p in chunk])
+            yield normalize(x, info.preprocess)
+
+    out = np.concatenate(list(logits(model, args.framework, batches()))).astype(np.float64)
+    bad = [str(path) for path, row in zip(files, out, strict=True) if not np.isfinite(row).all()]
     if bad:
         raise ValueError(
             f"{args.checkpoint}: the logits of {', '.join(bad)} are NaN or Inf (weights holding NaN/Inf, "
@@ -49,15 +67,13 @@ def run(args: argparse.Namespace) -> int:
         )
     probs = np.exp(out - out.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
-    classes = class_names(args.checkpoint, cfg.num_classes)
-    k = min(args.top_k, cfg.num_classes)
-    for path, p in zip(args.images, probs, strict=True):
+    for path, p in zip(files, probs, strict=True):
         top = np.argsort(-p, kind="stable")[:k]
         if args.json:
             print(
                 json.dumps(
                     {
-                        "image": path,
+                        "image": str(path),
                         "top": [{"class": classes[i], "index": int(i), "probability": float(p[i])} for i in top],
                     }
                 )

@@ -1,12 +1,17 @@
 """Run a twin over image batches: the one place the CLI turns images into logits.
 
-Images are numpy float32 [B, H, W, C] (normalised as ``vit_jax.data.normalize``); logits come back
-as numpy float32 [B, K]. Matmuls run at full float32 precision in both frameworks (no TF32).
+Images are numpy float32 [B, H, W, C] (normalised as ``vit_common.images.normalize``); logits come
+back as numpy float32 [B, K]. Matmuls run at full float32 precision in both frameworks (no TF32).
+``load`` imports only the framework it is asked for.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import warnings
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import numpy as np
 
@@ -39,14 +44,88 @@ def torch_logits(model, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
 def load(path, framework: str, options=()):
     """``vit_jax.load_model`` or ``vit_torch.load_model`` of ``path`` (any supported format), with
     ``options``: config overrides and the other ``load_checkpoint`` keywords (``checkpoint_options``)."""
+    return load_with_info(path, framework, options)[0]
+
+
+def load_with_info(path, framework: str, options=(), preprocess: dict | None = None, classes=None):
+    """(model in eval mode, ``vit_common.metadata.ModelInfo``) of the checkpoint at ``path`` in the twin
+    ``framework`` ('jax' | 'torch'), ``options`` as ``load``; ``preprocess`` fields and ``classes`` given
+    on the command line replace what the file says. The conversion's warnings (guessed fields) and
+    assumed preprocessing are issued as UserWarnings.
+
+    Raises:
+        ValueError: an unknown framework; what ``vit_common.convert.load_checkpoint`` raises.
+    """
+    from vit_common.convert import load_checkpoint
+    from vit_common.metadata import read_info, with_overrides
+
     if framework == "jax":
-        from vit_jax import load_model
+        from vit_jax import from_numpy
+        from vit_jax.formats import READERS
     elif framework == "torch":
-        from vit_torch import load_model
+        from vit_torch import from_numpy
+        from vit_torch.formats import READERS
     else:
         raise ValueError(f"framework={framework!r}: expected 'jax' or 'torch'")
-    return load_model(path, **dict(options))
+    ckpt = load_checkpoint(path, readers=READERS, **dict(options))
+    for w in ckpt.report.warnings:
+        warnings.warn(f"{path}: {w}", UserWarning, stacklevel=2)
+    info = with_overrides(read_info(path, ckpt.report.format), preprocess or {}, classes)
+    for w in info.warnings:
+        warnings.warn(f"{path}: {w}", UserWarning, stacklevel=2)
+    if info.classes is None:
+        info.classes = _run_classes(path, ckpt.cfg.num_classes)
+        info.classes_source = "declared: the run's config.json" if info.classes else info.classes_source
+    if info.classes is not None and len(info.classes) != ckpt.cfg.num_classes:
+        raise ValueError(
+            f"{len(info.classes)} class names ({info.classes_source}) for a model with {ckpt.cfg.num_classes} classes"
+        )
+    return from_numpy(ckpt.cfg, ckpt.state), info
+
+
+def _run_classes(checkpoint, num_classes: int) -> tuple[str, ...] | None:
+    """Class names from the config.json of the `vit train` run beside the checkpoint, if any."""
+    p = Path(checkpoint)
+    cfg_json = (p if p.is_dir() else p.parent) / "config.json"
+    if not cfg_json.is_file():
+        return None
+    try:
+        classes = json.loads(cfg_json.read_text()).get("classes")
+    except (ValueError, AttributeError, OSError):
+        return None
+    if isinstance(classes, list) and len(classes) == num_classes and all(isinstance(c, str) for c in classes):
+        return tuple(classes)
+    return None
+
+
+def class_names(info, num_classes: int) -> list[str]:
+    """The model's class names, or "0".."K-1" when nothing names them."""
+    return list(info.classes) if info.classes is not None else [str(k) for k in range(num_classes)]
 
 
 def logits(model, framework: str, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
     return (jax_logits if framework == "jax" else torch_logits)(model, batches)
+
+
+def add_image_flags(p: argparse.ArgumentParser) -> None:
+    """--mean/--std/--interpolation/--crop-pct/--crop-mode (default: the checkpoint's) and --classes."""
+    from vit_cli.flags import add_flags
+    from vit_common.images import Preprocess
+
+    g = p.add_argument_group("preprocessing (default: what the checkpoint declares, else its format's usual)")
+    add_flags(g, Preprocess, given_only=True, defaults_help=dict.fromkeys(Preprocess.__dataclass_fields__, "see above"))
+    p.add_argument(
+        "--classes",
+        type=class_list,
+        help="class names for a checkpoint that has none: comma-separated, or a file with one per line",
+    )
+
+
+def class_list(text: str) -> list[str]:
+    """--classes: 'a,b,c', or the path of a text file with one name per line."""
+    path = Path(text)
+    names = path.read_text().splitlines() if path.is_file() else text.split(",")
+    names = [n.strip() for n in names if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"--classes {text!r}: no names")
+    return names

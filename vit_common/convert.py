@@ -66,6 +66,8 @@ from vit_common.formats.source import (
     load_tensors,
     open_source,
 )
+from vit_common.images import Preprocess
+from vit_common.metadata import hf_labels, hf_preprocessor_config, info_metadata, read_info
 from vit_common.posemb import resample_pos_embed
 from vit_common.state import canonical_shapes, nonfinite
 
@@ -337,6 +339,25 @@ def _read_back(f: Format, enc: Encoded, assumed: Sequence[str]) -> list[str]:
     return lost
 
 
+def _record_info(f: Format, enc: Encoded, preprocess: Preprocess | None, classes: Sequence[str] | None) -> list[str]:
+    """Put preprocessing and class names where the encoded file holds them (safetensors metadata; an HF
+    folder's id2label and preprocessor_config.json); notes saying they were not written elsewhere."""
+    info = info_metadata(preprocess, classes)
+    if not info:
+        return []
+    if enc.meta is not None:
+        enc.meta = {**info, **enc.meta}
+    elif enc.config_json is not None:
+        if classes is not None and enc.cfg.num_classes:
+            enc.config_json |= hf_labels(classes, enc.cfg.num_classes)
+        if preprocess is not None:
+            pre = hf_preprocessor_config(preprocess, enc.cfg.image_size, enc.cfg.in_chans)
+            enc.json_files["preprocessor_config.json"] = pre
+    else:
+        return [f"{f.name} files record no preprocessing or class names: they were not written"]
+    return []
+
+
 def save_checkpoint(
     path: str | os.PathLike,
     cfg: ViTConfig,
@@ -348,16 +369,20 @@ def save_checkpoint(
     prefix: str | None = None,
     scan: bool = False,
     assumed: Sequence[str] = (),
+    preprocess: Preprocess | None = None,
+    classes: Sequence[str] | None = None,
 ) -> Report:
     """Write ``state`` as ``fmt`` (default: from the suffix, see ``output_format``), atomically.
 
     Options: ``spelling`` of HF keys ('v4' as save_pretrained writes, or 'v5'); ``prefix`` and ``scan``
     for .npz layouts; ``assumed``: config fields that were assumed when the state was read (a
     ``report.assumed``), recorded where the format can (our and timm's .safetensors, HF config.json) so
-    they stay assumed, warned where it cannot. Nothing is written unless the whole conversion succeeds;
-    an existing destination is replaced only if it is provably ours (``vit_common.io.check_destination``).
-    ``report.load_call`` is the library code that loads the written file strictly (timm or transformers),
-    where there is one.
+    they stay assumed, warned where it cannot. ``preprocess`` and ``classes`` (K names) are recorded
+    where the format can hold them (``vit_common.metadata``): safetensors metadata of our and timm files,
+    an HF folder's preprocessor_config.json and id2label; other formats get a note. Nothing is written
+    unless the whole conversion succeeds; an existing destination is replaced only if it is provably ours
+    (``vit_common.io.check_destination``). ``report.load_call`` is the library code that loads the
+    written file strictly (timm or transformers), where there is one.
 
     Raises:
         StateMismatchError / ValueError: the state does not fit, or the format cannot hold the config.
@@ -369,7 +394,8 @@ def save_checkpoint(
     io.check_destination(path, folder=f.folder)
     check_canonical(cfg, state, f"writing {f.name}")
     enc = f.encode(cfg, state, path, spelling=spelling, prefix=prefix, scan=scan, assumed=tuple(assumed))
-    report = Report(config=enc.cfg, notes=list(enc.notes), written=str(path), written_format=f.name)
+    report = Report(config=enc.cfg, notes=list(enc.notes) + _record_info(f, enc, preprocess, classes))
+    report.written, report.written_format = str(path), f.name
     report.warnings += _read_back(f, enc, assumed)
     f.write(path, enc, writers)
     report.load_call = f.load_call(path, enc.cfg)
@@ -389,6 +415,10 @@ def convert(
 ) -> Report:
     """Read ``src`` (see ``load_checkpoint`` for ``read_options``) and write ``dst``; one report for both.
 
+    Preprocessing and class names that ``src`` declares (``vit_common.metadata``) are written where
+    ``dst``'s format holds them; assumed ones are not (the destination would declare a guess), nor class
+    names for a replaced head.
+
     Raises:
         ValueError: ``dst`` is ``src`` (the source would be replaced by its own conversion); and what
             ``load_checkpoint`` and ``save_checkpoint`` raise.
@@ -396,7 +426,12 @@ def convert(
     if Path(dst).resolve() == Path(src).resolve():
         raise ValueError(f"{dst} is the source file itself: write the conversion somewhere else")
     ckpt = load_checkpoint(src, fmt=from_fmt, readers=readers, **read_options)
-    options = {"assumed": ckpt.report.assumed, **dict(write_options)}
+    info = read_info(src, ckpt.report.format)
+    declared = dict(
+        preprocess=info.preprocess if info.preprocess_source.startswith("declared") else None,
+        classes=info.classes if info.classes is not None and len(info.classes) == ckpt.cfg.num_classes else None,
+    )
+    options = {"assumed": ckpt.report.assumed, **declared, **dict(write_options)}
     out = save_checkpoint(dst, ckpt.cfg, ckpt.state, to_fmt, writers=writers, **options)
     report = ckpt.report
     report.notes += out.notes

@@ -1,16 +1,176 @@
-"""Image decoding shared by the data pipeline and the CLI (PIL, imported when called)."""
+"""The one image path of every command: decode, orient, convert, resize, crop, normalise (Pillow + numpy).
+
+Training, evaluation, prediction, attention maps and parity runs all turn files into model input here, so
+every command feeds a model the same pixels:
+
+1. ``open_image``: decode with Pillow and apply the EXIF orientation (``ImageOps.exif_transpose``; a photo
+   stored sideways with orientation 6 comes out upright).
+2. ``to_channels``: any Pillow mode to 'L' (C=1) or 'RGB' (C=3). 16-bit greyscale is scaled to 8 bits
+   (Pillow's ``convert`` would clip it); transparency (RGBA, LA, a palette with a transparent index) is
+   composited onto white, as transformers' ``image_transforms.convert_to_rgb`` does; palette, CMYK,
+   YCbCr and bilevel images are converted by Pillow.
+3. ``eval_resize_crop`` (evaluation, prediction) or ``random_resized_crop`` (training): Pillow resizes,
+   which low-pass filter when shrinking.
+4. ``normalize``: ``(x / 255 - mean) / std`` per channel, float32.
+
+``Preprocess`` holds the choices a checkpoint was trained with (mean, std, resize filter, crop) and
+``PRESETS`` the usual ones. Pillow is imported when a function needs it.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 
-# PIL modes holding more than 8 bits per pixel: 16-bit greyscale (PNG, TIFF) opens as 'I;16*' or as
+from vit_common.validate import regular_file
+
+# The one list of file suffixes read as images (lower case), by every command.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
+# Pillow modes holding more than 8 bits per pixel: 16-bit greyscale (PNG, TIFF) opens as 'I;16*' or as
 # 32-bit 'I' with values in [0, 65535].
 SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "lanczos")
+CROP_MODES = ("center", "squash")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # timm IMAGENET_DEFAULT_MEAN / STD (torchvision's ImageNet statistics)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """How an image becomes a model's input: the model's preprocessing config.
+
+    Fields:
+        mean, std: one value for every channel, or one per channel, subtracted from and dividing the pixels
+            scaled to [0, 1]. mean = std = 0.5 maps pixels to [-1, 1] (big_vision ``value_range(-1, 1)``,
+            HF ViT, timm augreg); mean 0 and std 1 keep [0, 1].
+        interpolation: Pillow resampling filter of every resize ('nearest', 'bilinear', 'bicubic',
+            'lanczos'); Pillow widens the filter when shrinking (antialiasing).
+        crop_pct: evaluation resizes to ``size / crop_pct`` (floor) and centre-crops ``size`` (timm
+            ``transforms_imagenet_eval``; big_vision ``resize_small`` + ``central_crop``); 1 = no margin.
+        crop_mode: 'center' resizes the shorter side keeping the aspect ratio (torchvision ``Resize(int)``)
+            before the crop; 'squash' resizes both sides, ignoring the aspect ratio (transformers'
+            ViTImageProcessor, the original ViT's evaluation).
+
+    Raises:
+        ValueError: an unknown filter or crop mode, a std <= 0, a crop_pct outside (0, 1], or mean and std
+            of different lengths.
+    """
+
+    mean: tuple[float, ...] = field(
+        default=(0.5,), metadata={"help": "per-channel mean of pixels in [0, 1] (one value, or one per channel)"}
+    )
+    std: tuple[float, ...] = field(default=(0.5,), metadata={"help": "per-channel std (one value, or one per channel)"})
+    interpolation: str = field(
+        default="bilinear", metadata={"help": "resize filter (Pillow, antialiased)", "choices": INTERPOLATIONS}
+    )
+    crop_pct: float = field(
+        default=1.0, metadata={"help": "evaluation: resize to size / crop_pct, then centre-crop the size"}
+    )
+    crop_mode: str = field(
+        default="squash",
+        metadata={
+            "help": "evaluation resize: center (shorter side, aspect kept) or squash (both sides)",
+            "choices": CROP_MODES,
+        },
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("mean", "std"):
+            v = getattr(self, name)
+            v = (v,) if isinstance(v, (int, float)) else tuple(float(x) for x in v)
+            object.__setattr__(self, name, v)
+            if not v or not all(math.isfinite(x) for x in v):
+                raise ValueError(f"{name}={list(v)}: expected one or more finite numbers")
+        if len(self.mean) != len(self.std):
+            raise ValueError(f"mean={list(self.mean)} and std={list(self.std)}: expected the same number of values")
+        if min(self.std) <= 0:
+            raise ValueError(f"std={list(self.std)}: expected positive values")
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation={self.interpolation!r}: expected one of {INTERPOLATIONS}")
+        if self.crop_mode not in CROP_MODES:
+            raise ValueError(f"crop_mode={self.crop_mode!r}: expected one of {CROP_MODES}")
+        if not 0 < self.crop_pct <= 1:
+            raise ValueError(f"crop_pct={self.crop_pct!r}: expected a fraction in (0, 1]")
+
+    def replace(self, **changes: Any) -> Preprocess:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["mean"], d["std"] = list(self.mean), list(self.std)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Preprocess:
+        """Inverse of ``to_dict``. Raises ValueError naming unknown keys or bad values."""
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown preprocessing field(s) {sorted(unknown)}")
+        return cls(**d)
+
+    def channel_stats(self, channels: int) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, std) as float32 [C] for C = ``channels``.
+
+        Raises:
+            ValueError: the config has several values and not C of them (e.g. ImageNet's 3 for a grey model).
+        """
+        if len(self.mean) not in (1, channels):
+            raise ValueError(
+                f"mean={list(self.mean)} / std={list(self.std)} give {len(self.mean)} channels, the model has "
+                f"{channels}: pass one value or {channels} (--mean/--std)"
+            )
+        mean = np.broadcast_to(np.asarray(self.mean, np.float32), (channels,))
+        std = np.broadcast_to(np.asarray(self.std, np.float32), (channels,))
+        return mean, std
+
+
+PRESETS = {
+    # timm's ImageNet-1k recipes (DeiT and most timm weights): ImageNet statistics, bicubic, crop 0.9.
+    "imagenet": Preprocess(IMAGENET_MEAN, IMAGENET_STD, "bicubic", 0.9, "center"),
+    # timm augreg / original-ViT ports: [-1, 1], bicubic, crop 0.9.
+    "inception": Preprocess((0.5,), (0.5,), "bicubic", 0.9, "center"),
+    # transformers ViTImageProcessor defaults: [-1, 1], bilinear, squash to the size.
+    "hf_vit": Preprocess((0.5,), (0.5,), "bilinear", 1.0, "squash"),
+    # big_vision and the original ViT: value_range(-1, 1) after a bilinear resize to the size.
+    "big_vision": Preprocess((0.5,), (0.5,), "bilinear", 1.0, "squash"),
+}
+
+
+# ------------------------------------------------------------------------------------ decoding
+
+
+def open_image(path: str | os.PathLike):
+    """Decode an image file into a Pillow image, upright (EXIF orientation applied), fully loaded.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a folder, a FIFO or device, or a file Pillow cannot decode (unknown, truncated,
+            corrupt, or more pixels than its decompression-bomb limit, ``PIL.Image.MAX_IMAGE_PIXELS``);
+            the message names the path.
+    """
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder: expected an image file")
+    regular_file(path, "image file")  # a FIFO or device is refused, not waited on
+    try:
+        with Image.open(path) as im:
+            im.load()
+            return ImageOps.exif_transpose(im)
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        raise ValueError(f"{path}: unreadable image ({e})") from e
 
 
 def to_8bit(image):
-    """A PIL image whose pixels PIL's ``convert('L'|'RGB')`` keeps: 16-bit greyscale scaled to 8 bits.
+    """A Pillow image whose pixels Pillow's ``convert('L'|'RGB')`` keeps: 16-bit greyscale scaled to 8 bits.
 
     ``convert`` clips a 16-bit image to 255 instead of scaling it (every non-black pixel turns white), so
     such an image is scaled by 255 / 65535 (rounded, values clipped to [0, 65535]) first; images of
@@ -22,3 +182,199 @@ def to_8bit(image):
 
     scaled = np.clip(np.asarray(image, np.float64), 0, 65535) * (255.0 / 65535.0)
     return Image.fromarray(np.rint(scaled).astype(np.uint8))
+
+
+def to_channels(image, channels: int):
+    """A Pillow image in mode 'L' (``channels`` 1) or 'RGB' (3), see the module docstring.
+
+    Raises:
+        ValueError: ``channels`` is not 1 or 3.
+    """
+    from PIL import Image
+
+    if channels not in (1, 3):
+        raise ValueError(f"channels={channels}: expected 1 (greyscale) or 3 (RGB)")
+    mode = "L" if channels == 1 else "RGB"
+    image = to_8bit(image)
+    if image.mode == mode:
+        return image
+    if "A" in image.getbands() or "a" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        image = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
+    return image.convert(mode)
+
+
+def from_array(x: np.ndarray):
+    """uint8 [H, W] or [H, W, 1|3] -> a Pillow 'L' or 'RGB' image.
+
+    Raises:
+        ValueError: another dtype or shape.
+    """
+    from PIL import Image
+
+    if x.dtype != np.uint8 or x.ndim not in (2, 3) or (x.ndim == 3 and x.shape[2] not in (1, 3)):
+        raise ValueError(f"image array {x.dtype}{list(x.shape)}: expected uint8 [H, W] or [H, W, 1|3]")
+    return Image.fromarray(x if x.ndim == 2 or x.shape[2] == 3 else x[:, :, 0])
+
+
+def to_array(image, channels: int) -> np.ndarray:
+    """A Pillow image -> uint8 [H, W, C] with C = ``channels`` (converted by ``to_channels``)."""
+    arr = np.asarray(to_channels(image, channels), np.uint8)
+    return arr if arr.ndim == 3 else arr[:, :, None]
+
+
+# -------------------------------------------------------------------------------- resize, crop
+
+
+def _filter(interpolation: str):
+    from PIL import Image
+
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"interpolation={interpolation!r}: expected one of {INTERPOLATIONS}")
+    return getattr(Image.Resampling, interpolation.upper())
+
+
+def _size(size: int | Sequence[int]) -> tuple[int, int]:
+    h, w = (size, size) if isinstance(size, int) else size
+    if min(h, w) < 1:
+        raise ValueError(f"size {size}: expected positive (H, W)")
+    return int(h), int(w)
+
+
+def eval_resize_crop(image, size: int | Sequence[int], preprocess: Preprocess):
+    """Evaluation geometry: resize to ``size / crop_pct`` then centre-crop ``size`` = (H, W).
+
+    'center' resizes the shorter side (for a square target; the side that needs the larger scale
+    otherwise) keeping the aspect ratio, the other side truncated as torchvision's ``Resize(int)``;
+    'squash' resizes each side to its target. The crop offset is ``round((in - out) / 2)`` (Python's
+    rounding, as torchvision's ``CenterCrop``). An image already at (H, W) with crop_pct 1 is returned
+    as is. Source: timm ``data/transforms_factory.py`` ``transforms_imagenet_eval``.
+    """
+    h, w = _size(size)
+    if image.size == (w, h) and preprocess.crop_pct == 1:
+        return image
+    sh, sw = math.floor(h / preprocess.crop_pct), math.floor(w / preprocess.crop_pct)
+    iw, ih = image.size
+    if preprocess.crop_mode == "squash":
+        rw, rh = sw, sh
+    elif sh == sw:  # torchvision Resize(int): the shorter side to the size, the longer one truncated
+        rw, rh = (sw, int(sw * ih / iw)) if iw <= ih else (int(sh * iw / ih), sh)
+    else:  # timm ResizeKeepRatio: the scale that covers both target sides
+        scale = max(sh / ih, sw / iw)
+        rw, rh = max(sw, round(iw * scale)), max(sh, round(ih * scale))
+    if (rw, rh) != (iw, ih):
+        image = image.resize((rw, rh), _filter(preprocess.interpolation))
+    top, left = int(round((rh - h) / 2.0)), int(round((rw - w) / 2.0))
+    return image.crop((left, top, left + w, top + h)) if (rw, rh) != (w, h) else image
+
+
+def random_resized_crop(
+    image,
+    size: int | Sequence[int],
+    rng: np.random.Generator,
+    *,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    interpolation: str = "bilinear",
+):
+    """A random crop of area fraction in ``scale`` and aspect ratio in ``ratio`` (log-uniform), resized
+    to ``size`` = (H, W): Inception-style training augmentation.
+
+    The crop is drawn as torchvision's ``RandomResizedCrop.get_params`` draws it (up to 10 tries, then
+    the centre crop of the largest allowed aspect ratio), and cut and resized by one Pillow ``resize``.
+    """
+    h, w = _size(size)
+    iw, ih = image.size
+    area = iw * ih
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    box = None
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(*log_ratio))
+        cw, ch = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
+        if 0 < cw <= iw and 0 < ch <= ih:
+            top, left = int(rng.integers(0, ih - ch + 1)), int(rng.integers(0, iw - cw + 1))
+            box = (left, top, left + cw, top + ch)
+            break
+    if box is None:  # fallback: centre crop, aspect ratio clamped to the allowed range
+        in_ratio = iw / ih
+        if in_ratio < ratio[0]:
+            cw, ch = iw, int(round(iw / ratio[0]))
+        elif in_ratio > ratio[1]:
+            cw, ch = int(round(ih * ratio[1])), ih
+        else:
+            cw, ch = iw, ih
+        top, left = (ih - ch) // 2, (iw - cw) // 2
+        box = (left, top, left + cw, top + ch)
+    return image.resize((w, h), _filter(interpolation), box=box)
+
+
+# ------------------------------------------------------------------------------------ normalise
+
+
+def normalize(images: np.ndarray, preprocess: Preprocess | None = None) -> np.ndarray:
+    """uint8 (or float 0..255) [..., H, W, C] -> float32 ``(x / 255 - mean) / std`` per channel.
+
+    ``preprocess`` None means ``Preprocess()``: mean = std = 0.5 (values in [-1, 1]).
+
+    Raises:
+        ValueError: mean/std do not fit C (see ``Preprocess.channel_stats``).
+    """
+    mean, std = (preprocess or Preprocess()).channel_stats(images.shape[-1])
+    out = np.array(images, np.float32)  # in place from here: the same operations, no temporaries
+    out /= np.float32(255.0)
+    if out.ndim >= 2:  # rows of W * C values: numpy's inner loop over 3 channels alone is slow
+        w, c = out.shape[-2:]
+        rows = out.reshape(*out.shape[:-2], w * c)
+        rows -= np.tile(mean, w)
+        rows /= np.tile(std, w)
+    else:
+        out -= mean
+        out /= std
+    return out
+
+
+# ------------------------------------------------------------------------------------ files
+
+
+def load_image(path: str | os.PathLike, size: int | Sequence[int], channels: int, preprocess: Preprocess):
+    """Decode one file for evaluation: uint8 [H, W, C] (``open_image``, ``to_channels``, ``eval_resize_crop``).
+
+    Raises:
+        FileNotFoundError / ValueError: as ``open_image``; ValueError for ``channels`` not 1 or 3.
+    """
+    image = to_channels(open_image(path), channels)
+    return to_array(eval_resize_crop(image, size, preprocess), channels)
+
+
+def is_image_file(path: str | os.PathLike) -> bool:
+    return Path(path).suffix.lower() in IMAGE_SUFFIXES
+
+
+def list_images(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    """Image files named by ``paths``: each a file (kept whatever its suffix), or a folder, searched
+    recursively for ``IMAGE_SUFFIXES`` in sorted order (so a folder of class folders, or one with
+    train/ and val/, gives all its images), hidden files and folders skipped.
+
+    Raises:
+        FileNotFoundError: a path that does not exist.
+        ValueError: a folder without image files (the suffixes are listed).
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(
+                f
+                for f in p.rglob("*")
+                if f.is_file() and is_image_file(f) and not any(part.startswith(".") for part in f.relative_to(p).parts)
+            )
+            if not found:
+                raise ValueError(f"{p}: no image files ({', '.join(IMAGE_SUFFIXES)})")
+            out += found
+        elif p.exists():
+            out.append(p)
+        else:
+            raise FileNotFoundError(f"{p}: no such image file or folder")
+    return out

@@ -303,28 +303,43 @@ def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], object], k
 def folder_lock(folder: str | os.PathLike, what: str) -> Iterator[Path]:
     """Hold ``folder``'s lock (``LOCK``, an ``fcntl.flock`` the kernel releases when the holder ends,
     killed or not) while the block runs, so that two commands never write one folder at once. The lock
-    file holds the holder's process id.
+    file holds the holder's process id and is removed on release, with the folder if the block left it
+    empty and it did not exist before.
 
     Raises:
         DestinationError: another process holds the lock (the message names its pid); raised at once.
     """
     folder = Path(folder)
+    made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    while True:
+        fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if made:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            raise DestinationError(
+                f"{folder}: in use by another {what} (pid {holder}); wait for it to end or use another folder"
+            ) from None
+        try:  # the lock file a releasing holder removed is not the one to hold: take the new one
+            if os.stat(folder / LOCK).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
         os.close(fd)
-        raise DestinationError(
-            f"{folder}: in use by another {what} (pid {holder}); wait for it to end or use another folder"
-        ) from None
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield folder
     finally:
+        os.unlink(folder / LOCK)
         os.close(fd)
+        if made and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

@@ -19,11 +19,13 @@ expected, on one line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import re
 import stat
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +84,44 @@ def arg(check: Callable[..., Any], *bounds: Any, **options: Any) -> Callable[[st
 
     convert.__name__ = "integer" if check is int_in else "number"  # argparse names the type in its error
     return convert
+
+
+@dataclass(frozen=True)
+class Range:
+    """The bounds of a number field, kept in its metadata (``field(metadata={"range": Range(0, 1)})``):
+    ``check_fields`` checks the field's value and ``vit_cli.flags`` the flag made from it, one rule for
+    both. ``integer``: an int field (``int_in``), else a float one (``float_in``)."""
+
+    lo: float = -math.inf
+    hi: float = math.inf
+    integer: bool = False
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def check(self, name: str, value: Any) -> Any:
+        """``value`` if it lies in the range (``int_in`` / ``float_in``); ValueError naming it otherwise."""
+        if self.integer:
+            return int_in(name, value, int(max(self.lo, -MAX_INT)), int(min(self.hi, MAX_INT)))
+        return float_in(name, value, self.lo, self.hi, lo_open=self.lo_open, hi_open=self.hi_open)
+
+    def flag_type(self) -> Callable[[str], Any]:
+        """An argparse ``type=`` checking this range (``arg``)."""
+        if self.integer:
+            return arg(int_in, int(max(self.lo, -MAX_INT)), int(min(self.hi, MAX_INT)))
+        return arg(float_in, self.lo, self.hi, lo_open=self.lo_open, hi_open=self.hi_open)
+
+
+def check_fields(obj: Any) -> None:
+    """Check every field of the dataclass instance ``obj`` whose metadata holds a ``Range`` (None passes:
+    an optional field left unset).
+
+    Raises:
+        ValueError: the first field out of its range, naming it, its value and the range.
+    """
+    for f in dataclasses.fields(obj):
+        bounds = f.metadata.get("range")
+        if bounds is not None and getattr(obj, f.name) is not None:
+            bounds.check(f.name, getattr(obj, f.name))
 
 
 def memory_limit() -> int:

@@ -8,22 +8,21 @@ has the same shape because the last batch of an epoch is padded and masked (``vi
 Devices: a 1-D ``jax.sharding.Mesh`` named "data" over all devices. Batches are split along it;
 parameters and optimizer state are replicated ('dp', data parallel) or each array is split along its
 largest axis divisible by the device count ('fsdp', ZeRO-3 style; XLA inserts the gathers).
-Multi-host runs start through ``jax.distributed.initialize`` (``init_distributed``).
+Multi-process runs start (and stop when a process is lost) through ``vit_jax.distributed``.
 
 Optimizer (optax): global-norm gradient clipping, then AdamW with linear warmup + cosine decay and
 no weight decay on biases, norms, class/register tokens, position embeddings and the MAP probe
-(timm ``no_weight_decay`` convention). Loss: softmax cross-entropy against label-smoothed (and
-mixup/cutmix-mixed) targets, averaged over the real (mask 1) examples of the batch; gradient
-accumulation scans over micro-batches and divides by the batch's real count, so it equals one big
-batch.
+(timm ``no_weight_decay`` convention); for fine-tuning, optionally the head only (``freeze``) or
+layer-wise learning-rate decay (``layer_decay``), see ``make_optimizer``. Loss: softmax cross-entropy
+against label-smoothed (and mixup/cutmix-mixed) targets, averaged over the real (mask 1) examples of
+the batch; gradient accumulation scans over micro-batches and divides by the batch's real count, so it
+equals one big batch.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import jax
@@ -37,78 +36,15 @@ from jax.sharding import PartitionSpec as P
 
 from vit_common import io
 from vit_common.config import ViTConfig
-from vit_jax.data import Augment, Dataset, batches_per_epoch, eval_batches, iterate, train_batches
+from vit_common.datasets import Dataset, batches_per_epoch
+from vit_common.images import Preprocess
+from vit_common.train_config import TrainConfig
+from vit_jax.data import eval_batches, iterate, train_batches, transform_for
 from vit_jax.model import Block, VisionTransformer
-from vit_jax.weights import to_numpy
+from vit_jax.weights import from_numpy, to_numpy
 
 # Leaf names that never get weight decay besides 1-D tensors (biases, norm scales, LayerScale).
 NO_DECAY = frozenset({"cls_token", "reg_token", "pos_embed", "latent"})
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything besides the model that determines a run's numbers (saved in config.json).
-
-    Fields:
-        dataset: a ``vit_jax.data.load_dataset`` spec.
-        epochs: passes over the training set.
-        batch_size: B, the global batch (all devices together).
-        lr: peak learning rate, reached after ``warmup_steps`` linear steps; then cosine decay to
-            ``lr * min_lr_ratio`` at the last step (optax.warmup_cosine_decay_schedule).
-        weight_decay: AdamW decoupled weight decay (masked, see the module docstring).
-        b1, b2: Adam moment decay rates.
-        label_smoothing: epsilon of optax.smooth_labels.
-        grad_clip: global-norm bound on the gradient; 0 = off.
-        accum_steps: micro-batches per optimizer step; must divide batch_size.
-        augment: the ``vit_jax.data.Augment`` of training batches.
-        seed: seeds model initialisation, dropout and the data order.
-        val_fraction: test share for datasets without a split of their own.
-        sharding: 'dp' (replicated parameters) or 'fsdp' (sharded parameters and optimizer state).
-        remat: recompute each block in the backward pass (``nnx.remat``) to save activation memory.
-    """
-
-    dataset: str = "mnist5k"
-    epochs: int = 30
-    batch_size: int = 128
-    lr: float = 2e-3
-    warmup_steps: int = 300
-    min_lr_ratio: float = 0.01
-    weight_decay: float = 0.05
-    b1: float = 0.9
-    b2: float = 0.999
-    label_smoothing: float = 0.1
-    grad_clip: float = 1.0
-    accum_steps: int = 1
-    augment: Augment = Augment(shift=2)
-    seed: int = 0
-    val_fraction: float = 0.2
-    sharding: str = "dp"
-    remat: bool = False
-
-    def __post_init__(self):
-        checks = [
-            (self.epochs >= 1, "epochs", "an int >= 1"),
-            (self.batch_size >= 1, "batch_size", "an int >= 1"),
-            (self.lr > 0, "lr", "a positive float"),
-            (self.warmup_steps >= 0, "warmup_steps", "an int >= 0"),
-            (0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "a float in [0, 1]"),
-            (self.weight_decay >= 0, "weight_decay", "a float >= 0"),
-            (0 <= self.label_smoothing < 1, "label_smoothing", "a float in [0, 1)"),
-            (self.grad_clip >= 0, "grad_clip", "a float >= 0 (0 = off)"),
-            (
-                self.accum_steps >= 1 and self.batch_size % self.accum_steps == 0,
-                "accum_steps",
-                f"an int >= 1 dividing batch_size={self.batch_size}",
-            ),
-            (0 < self.val_fraction < 1, "val_fraction", "a float in (0, 1)"),
-            (self.sharding in ("dp", "fsdp"), "sharding", "'dp' or 'fsdp'"),
-        ]
-        for ok, name, expected in checks:
-            if not ok:
-                raise ValueError(f"{name}={getattr(self, name)!r}: expected {expected}")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 class NonFiniteError(RuntimeError):
@@ -116,20 +52,6 @@ class NonFiniteError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------ devices
-
-
-def init_distributed() -> None:
-    """Start multi-host JAX when the usual environment says so; a no-op for one process.
-
-    JAX_COORDINATOR_ADDRESS (with JAX_NUM_PROCESSES and JAX_PROCESS_ID), or a SLURM / Open MPI job
-    of more than one task (jax detects those itself). Must run before any other JAX call.
-    """
-    env = os.environ
-    if env.get("JAX_COORDINATOR_ADDRESS"):
-        num, pid = env.get("JAX_NUM_PROCESSES"), env.get("JAX_PROCESS_ID")
-        jax.distributed.initialize(num_processes=int(num) if num else None, process_id=int(pid) if pid else None)
-    elif int(env.get("SLURM_NTASKS", "1")) > 1 or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
-        jax.distributed.initialize()
 
 
 def make_mesh(devices=None) -> Mesh:
@@ -178,8 +100,43 @@ def decay_mask(params: nnx.State) -> nnx.State:
     return jax.tree_util.tree_map_with_path(lambda p, x: x.ndim >= 2 and _leaf_name(p) not in NO_DECAY, params)
 
 
-def make_optimizer(tcfg: TrainConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """(clip + masked AdamW, learning-rate schedule) for ``total_steps`` optimizer steps."""
+# Top-level modules of the embedding stem: layer 0 of layer-wise decay (timm ViT ``group_matcher`` stem).
+STEM = frozenset({"patch_embed", "cls_token", "reg_token", "pos_embed"})
+
+
+def _top_keys(path) -> list:
+    return [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+
+
+def layer_ids(params: nnx.State, depth: int) -> nnx.State:
+    """Each parameter's layer for layer-wise decay: 0 the stem (patch embedding, tokens, position
+    embedding), i + 1 block i, ``depth + 1`` everything after the blocks (norms, pooling, head), as BEiT
+    and timm's ``param_groups_layer_decay`` number them."""
+
+    def layer(path, _):
+        top = _top_keys(path)
+        return 0 if top[0] in STEM else int(top[1]) + 1 if top[0] == "blocks" else depth + 1
+
+    return jax.tree_util.tree_map_with_path(layer, params)
+
+
+def trainable_mask(params: nnx.State, tcfg: TrainConfig) -> nnx.State:
+    """True for parameters the optimizer changes: all, or with ``freeze`` the head only (linear probe)."""
+    return jax.tree_util.tree_map_with_path(lambda p, _: not tcfg.freeze or _top_keys(p)[0] == "head", params)
+
+
+def make_optimizer(
+    tcfg: TrainConfig, total_steps: int, depth: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """(optimizer, learning-rate schedule) for ``total_steps`` optimizer steps of a ``depth``-block model.
+
+    Global-norm clipping, then AdamW with linear warmup and cosine decay (weight decay masked, see the
+    module docstring). ``freeze``: the same on the head only, every other parameter left unchanged
+    (``optax.multi_transform`` with ``set_to_zero``); clipping then sees the head's gradient only.
+    ``layer_decay`` r: the update of a parameter in layer l (``layer_ids``) scaled by r^(depth + 1 - l),
+    weight decay included (``optax.multi_transform`` of ``optax.scale``), as a per-group learning rate
+    does in timm's and BEiT's fine-tuning.
+    """
     warmup = min(tcfg.warmup_steps, max(total_steps - 1, 0))
     schedule = optax.warmup_cosine_decay_schedule(
         0.0,
@@ -190,6 +147,12 @@ def make_optimizer(tcfg: TrainConfig, total_steps: int) -> tuple[optax.GradientT
     )
     adamw = optax.adamw(schedule, b1=tcfg.b1, b2=tcfg.b2, weight_decay=tcfg.weight_decay, mask=decay_mask)
     tx = optax.chain(optax.clip_by_global_norm(tcfg.grad_clip), adamw) if tcfg.grad_clip else adamw
+    if tcfg.freeze:
+        labels = lambda p: jax.tree.map(lambda m: "train" if m else "frozen", trainable_mask(p, tcfg))  # noqa: E731
+        tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
+    elif tcfg.layer_decay != 1:
+        scales = {layer: optax.scale(tcfg.layer_decay ** (depth + 1 - layer)) for layer in range(depth + 2)}
+        tx = optax.chain(tx, optax.multi_transform(scales, lambda p: layer_ids(p, depth)))
     return tx, schedule
 
 
@@ -200,14 +163,26 @@ class Trainer:
     """Compiled train and eval steps for one (model config, train config, dataset size, mesh).
 
     ``state`` pytrees live on ``mesh`` with ``state_shardings``; batches are numpy dicts from
-    ``vit_jax.data`` (global batch on every process; each process feeds its own slice).
+    ``vit_jax.data`` holding this process's rows of each global batch. ``preprocess`` is how images become
+    model input (default ``Preprocess()``: [-1, 1], bilinear); ``weights`` a canonical state to start from instead of
+    a fresh initialisation (fine-tuning); ``workers`` the input pipeline's worker processes.
 
     Raises:
         ValueError: batch size not divisible by device count x accum_steps, or a config that does not
-            fit the dataset (image size, channels, classes).
+            fit the dataset (image size, channels, classes) or ``weights``.
     """
 
-    def __init__(self, cfg: ViTConfig, tcfg: TrainConfig, data: Dataset, mesh: Mesh | None = None):
+    def __init__(
+        self,
+        cfg: ViTConfig,
+        tcfg: TrainConfig,
+        data: Dataset,
+        mesh: Mesh | None = None,
+        *,
+        preprocess: Preprocess | None = None,
+        weights: dict[str, np.ndarray] | None = None,
+        workers: int = 0,
+    ):
         if cfg.num_classes != data.num_classes:
             raise ValueError(f"num_classes={cfg.num_classes} but dataset {data.name!r} has {data.num_classes}")
         if cfg.in_chans != data.channels or tuple(cfg.image_size) != tuple(data.image_size):
@@ -215,7 +190,11 @@ class Trainer:
                 f"model expects {cfg.image_size} x {cfg.in_chans} channels, dataset gives "
                 f"{data.image_size} x {data.channels}"
             )
-        self.cfg, self.tcfg, self.data = cfg, tcfg, data
+        self.cfg, self.tcfg, self.data, self.init_weights, self.workers = cfg, tcfg, data, weights, workers
+        self.preprocess = preprocess or Preprocess()
+        self.train_transform = transform_for(data, self.preprocess, tcfg.augment)
+        self.eval_transform = transform_for(data, self.preprocess)
+        self._test_batches = None
         self.mesh = mesh or make_mesh()
         n = self.mesh.size
         micro = tcfg.batch_size // tcfg.accum_steps
@@ -226,13 +205,14 @@ class Trainer:
             )
         self.steps_per_epoch = batches_per_epoch(len(data.train), tcfg.batch_size)
         self.total_steps = self.steps_per_epoch * tcfg.epochs
-        self.tx, self.schedule = make_optimizer(tcfg, self.total_steps)
+        self.tx, self.schedule = make_optimizer(tcfg, self.total_steps, cfg.depth)
 
         model = nnx.eval_shape(lambda: build_model(cfg, tcfg.seed, tcfg.remat))
         model.eval()
         self.eval_graphdef = nnx.graphdef(model)
         model.train()
         self.train_graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        self.trainable = trainable_mask(params, tcfg)
         self.abstract_state = {
             "step": jax.ShapeDtypeStruct((), jnp.int32),
             "params": params,
@@ -257,50 +237,88 @@ class Trainer:
         )
 
     def init_state(self) -> dict:
-        """A fresh train state (seeded by ``tcfg.seed``) placed with ``state_shardings``.
+        """The first train state placed with ``state_shardings``: the model holding ``weights`` if given,
+        else a fresh one seeded by ``tcfg.seed`` (the dropout RNG streams are seeded by it either way).
 
         Built eagerly on the host side of JAX, then placed: every process computes the same values,
         the random-initialiser kernels compile once per process and shape (XLA's threefry kernels are
         slow to compile), and the values do not depend on the device count.
         """
-        _, params, rest = nnx.split(build_model(self.cfg, self.tcfg.seed, self.tcfg.remat), nnx.Param, ...)
+        if self.init_weights is None:
+            model = build_model(self.cfg, self.tcfg.seed, self.tcfg.remat)
+        else:
+            model = from_numpy(self.cfg, self.init_weights, seed=self.tcfg.seed)
+            model.train()
+            if self.tcfg.remat:
+                for block in model.blocks:
+                    block.__class__ = RematBlock
+        _, params, rest = nnx.split(model, nnx.Param, ...)
         state = {"step": jnp.zeros((), jnp.int32), "params": params, "rest": rest, "opt_state": self.tx.init(params)}
         host = jax.tree.map(np.asarray, keys_to_data(state))
         return data_to_keys(jax.device_put(host, self.state_shardings), state, key_impl_name())
 
     def device_batch(self, batch: dict) -> dict:
-        """Global numpy batch -> jax arrays sharded along "data" (this process feeds its rows)."""
-        pc, pi = jax.process_count(), jax.process_index()
-        rows = self.tcfg.batch_size // pc
-        return {
-            k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v)[pi * rows : (pi + 1) * rows])
-            for k, v in batch.items()
-        }
+        """This process's rows of a global batch (numpy, B / process count rows, as ``vit_jax.data``
+        gives them) -> global jax arrays of B rows sharded along "data".
+
+        Raises:
+            ValueError: the batch does not have B / process count rows.
+        """
+        rows = self.tcfg.batch_size // jax.process_count()
+        if any(len(v) != rows for v in batch.values()):
+            shapes = {k: np.shape(v) for k, v in batch.items()}
+            raise ValueError(f"batch {shapes}: expected {rows} rows (this process's share of {self.tcfg.batch_size})")
+        return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v)) for k, v in batch.items()}
 
     def train_step(self, state: dict, batch: dict) -> tuple[dict, dict]:
-        """One optimizer step. Metrics: loss (mean over real examples), correct, count, grad_norm, lr."""
+        """One optimizer step on this process's rows of a global batch. Metrics: loss (mean over real
+        examples), correct, count, grad_norm (of the trainable parameters), lr."""
         return self._train_jit(state, self.device_batch(batch))
 
     def eval_step(self, state: dict, batch: dict) -> dict:
-        """Metrics of one batch: loss_sum, correct, count, and logits float32 [B, K] (padding included)."""
+        """Metrics of one batch: loss_sum, correct, count, and logits float32 [B, K] with their mask [B]
+        (padding included; all B rows of the global batch on every process)."""
         return self._eval_jit(state, self.device_batch(batch))
 
     def evaluate(self, state: dict, source, *, with_logits: bool = False) -> dict:
         """Loss and accuracy over every example of ``source`` (each counted exactly once).
 
+        With worker processes, the test set's batches come from one endless pass-after-pass iterator whose
+        workers live until ``close()``, so that an evaluation every epoch does not start them anew.
+
         Returns {"loss", "accuracy", "count"} and, with ``with_logits``, "logits" float32 [N, K].
         """
         loss = correct = count = 0.0
         logits = []
-        for batch in iterate(eval_batches(source, self.cfg.num_classes, batch_size=self.tcfg.batch_size)):
+        batches = eval_batches(
+            source,
+            self.cfg.num_classes,
+            batch_size=self.tcfg.batch_size,
+            transform=self.eval_transform,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+        )
+        if self.workers and source is self.data.test:
+            if self._test_batches is None:
+                self._test_batches = iterate(batches.repeat(), workers=self.workers)
+            it = (next(self._test_batches) for _ in range(len(batches)))
+        else:
+            it = iterate(batches)
+        for batch in it:
             m = jax.device_get(self.eval_step(state, batch))
             loss, correct, count = loss + m["loss_sum"], correct + m["correct"], count + m["count"]
             if with_logits:
-                logits.append(m["logits"][batch["mask"] > 0])
+                logits.append(m["logits"][m["mask"] > 0])  # the global batch's rows, every process's
         out = {"loss": float(loss / count), "accuracy": float(correct / count), "count": int(count)}
         if with_logits:
             out["logits"] = np.concatenate(logits)
         return out
+
+    def close(self) -> None:
+        """Stop the test set's worker processes, if any (``evaluate``)."""
+        if self._test_batches is not None:
+            self._test_batches.close()
+            self._test_batches = None
 
     def weights(self, state: dict) -> dict[str, np.ndarray]:
         """The canonical state (timm names, numpy) of the model in ``state``, gathered from all devices.
@@ -330,11 +348,15 @@ def loss_and_grads(t: Trainer, params, rest, batch: dict):
     """Summed-over-examples gradients of one batch, scanned over ``accum_steps`` micro-batches.
 
     Returns (grads summed over the real examples, rest after the forward passes, loss sum, correct
-    count). Micro-batch i holds rows i, i+A, i+2A, ... so each keeps the batch's device split.
+    count). Micro-batch i holds rows i, i+A, i+2A, ... so each keeps the batch's device split. With
+    ``freeze`` the frozen parameters enter through ``stop_gradient``: their gradients are zeros and no
+    backward pass runs through the frozen layers.
     """
     tcfg, a = t.tcfg, t.tcfg.accum_steps
 
     def loss_sum(p, rest, mb):
+        if tcfg.freeze:
+            p = jax.tree.map(lambda train, x: x if train else jax.lax.stop_gradient(x), t.trainable, p)
         logits, rest = _forward(t.train_graphdef, p, rest, mb["image"])
         targets = optax.smooth_labels(mb["target"], tcfg.label_smoothing) if tcfg.label_smoothing else mb["target"]
         ce = optax.softmax_cross_entropy(logits, targets)  # [b]
@@ -387,9 +409,42 @@ def eval_step_fn(t: Trainer):
             "correct": ((jnp.argmax(logits, -1) == batch["label"]) * mask).sum(),
             "count": mask.sum(),
             "logits": logits,
+            "mask": mask,
         }
 
     return eval_step
+
+
+# ------------------------------------------------------------------------------ compilation cache
+
+_CACHE_COUNTS: dict[str, int] = {"cache_hits": 0, "cache_misses": 0}
+_LISTENING = []
+
+
+def enable_compile_cache(directory: str | os.PathLike) -> Path:
+    """Turn on JAX's persistent compilation cache in ``directory`` (made if missing) for every program,
+    however fast it compiled, so that a second run of the same configuration skips XLA compilation.
+    Must run before the first compilation. Returns the directory."""
+    path = Path(directory).expanduser().absolute()
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+def _cache_events() -> dict[str, int]:
+    """Persistent-cache hits and misses of this process so far (jax.monitoring events)."""
+    if not _LISTENING:
+
+        def count(event: str, **_) -> None:
+            name = event.rsplit("/", 1)[-1]
+            if name in _CACHE_COUNTS:
+                _CACHE_COUNTS[name] += 1
+
+        jax.monitoring.register_event_listener(count)
+        _LISTENING.append(count)
+    return dict(_CACHE_COUNTS)
 
 
 # ---------------------------------------------------------------------------------- checkpoints
@@ -420,11 +475,18 @@ class Checkpoints:
 
     Saves are asynchronous and atomic (written to a temporary folder, then renamed); temporary
     folders left by a killed process are removed when the manager opens. Keeps the last ``keep``.
+    With several processes every process calls every method; each writes the array shards it owns
+    and process 0 the metadata and the rename. A save waits at most ``barrier_timeout`` seconds for
+    all processes to finish writing.
     """
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 3):
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, barrier_timeout: int = 1200):
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, cleanup_tmp_directories=True, enable_async_checkpointing=True
+            max_to_keep=keep,
+            create=True,
+            cleanup_tmp_directories=True,
+            enable_async_checkpointing=True,
+            async_options=ocp.AsyncOptions(timeout_secs=barrier_timeout),
         )
         self.manager = ocp.CheckpointManager(Path(directory).absolute(), options=options, item_names=("state", "meta"))
 
@@ -491,12 +553,13 @@ def sharded_abstract(trainer: Trainer):
 def config_mismatch(saved: dict, current: dict) -> list[str]:
     """Fields (section.field) whose values differ between two config.json dicts."""
     out = []
-    for section in ("model", "train"):
+    for section in ("model", "train", "preprocess"):
         a, b = saved.get(section, {}), current.get(section, {})
+        free = TrainConfig.settings() if section == "train" else []
         out += [
             f"{section}.{k}: checkpoint has {a.get(k)!r}, now {b.get(k)!r}"
             for k in sorted(set(a) | set(b))
-            if a.get(k) != b.get(k)
+            if a.get(k) != b.get(k) and k not in free
         ]
     return out
 
@@ -523,14 +586,19 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
 
 def run_config(trainer: Trainer) -> dict:
-    """What config.json holds: the model and train configs, the class names, the devices."""
+    """What config.json holds: the model, train and preprocessing configs, the class names, the devices."""
     return {
         "model": trainer.cfg.to_dict(),
         "train": trainer.tcfg.to_dict(),
+        "preprocess": trainer.preprocess.to_dict(),
         "classes": list(trainer.data.classes),
         "devices": f"{trainer.mesh.size} x {jax.devices()[0].platform}",
         "processes": jax.process_count(),
     }
+
+
+# What a run writes into its folder by those names (the exports' other names depend on --init's format).
+RUN_FILES = ("config.json", "metrics.jsonl", "model.safetensors", "model_timm.safetensors", "parity.json", "curves.png")
 
 
 def fit(
@@ -543,14 +611,21 @@ def fit(
     log_every: int = 10,
     eval_every: int = 1,
     progress: bool = True,
+    started: float | None = None,
+    compile_cache: bool = False,
 ) -> tuple[dict, dict]:
     """Train to the last step, writing into ``out``: config.json, metrics.jsonl, checkpoints/.
 
-    A checkpoint (state, data-iterator position) is saved every ``ckpt_every`` steps (0 = only at the
-    end) and at the last step; ``resume`` continues from the latest one, so an interrupted run ends
-    with the same state as an uninterrupted one. The test set is evaluated every ``eval_every``
-    epochs and at the end. metrics.jsonl gets one line per ``log_every`` steps (loss, accuracy,
-    lr, grad_norm, images_per_s averaged since the previous line) and one per evaluation.
+    A checkpoint (state; the data position is the step, one batch per step) is saved every
+    ``ckpt_every`` steps (0 = only at the end) and at the last step; ``resume`` continues from the
+    latest one, so an interrupted run ends with the same state as an uninterrupted one. The test set is
+    evaluated every ``eval_every`` epochs and at the end. metrics.jsonl gets one line when the process's
+    first step is done (``time_to_first_step_s``: seconds since ``started``, a ``time.perf_counter``
+    value, default the call of ``fit``; ``compile_cache``: 'off' unless ``compile_cache`` says JAX's
+    persistent compilation cache is on, then 'warm' if the training step's program came from it, else
+    'cold'), one per ``log_every`` steps (loss, accuracy, lr, grad_norm, images_per_s averaged since the
+    previous line) and one per evaluation. With several processes every process calls ``fit``
+    alike, and process 0 alone writes config.json and metrics.jsonl.
 
     Returns:
         (final state, summary dict: steps, test_loss, test_accuracy, images_per_s, train_seconds).
@@ -561,11 +636,13 @@ def fit(
         FileNotFoundError: ``resume`` without a run in ``out``. A run stopped before its first complete
             checkpoint resumes from step 0.
         NonFiniteError: NaN or Inf in the loss or gradients; the last good checkpoint stays intact.
+        DestinationError: ``out`` holds a file of ``RUN_FILES`` that vit did not write (checked first).
     """
     import time
 
     from tqdm import tqdm
 
+    started = time.perf_counter() if started is None else started
     out = Path(out)
     lead = jax.process_index() == 0
     config, metrics_path = run_config(trainer), out / "metrics.jsonl"
@@ -581,13 +658,21 @@ def fit(
             )
     elif saved or metrics_path.exists():
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
-    ckpts = Checkpoints(out / "checkpoints", keep)  # removes temporary folders a killed run left
+    if lead:
+        for name in RUN_FILES:  # refused before any work, not at the end: files vit did not write stay
+            io.check_destination(out / name)
+    if jax.process_count() > 1:  # every process has read the folder before process 0 writes to it
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("vit_train:folder_checked")
+    # removes temporary folders a killed run left
+    ckpts = Checkpoints(out / "checkpoints", keep, trainer.tcfg.barrier_timeout)
     try:
         if saved and resume:
             state, meta = ckpts.restore(sharded_abstract(trainer))
-            start, data_state = int(meta["step"]), meta["data"]
+            start = int(meta["step"])
         else:  # a fresh run, or a resumed one that was stopped before its first complete checkpoint
-            state, start, data_state = trainer.init_state(), 0, None
+            state, start = trainer.init_state(), 0
         if lead:
             out.mkdir(parents=True, exist_ok=True)
             write_json(out / "config.json", config)
@@ -596,7 +681,6 @@ def fit(
             trainer,
             state,
             start,
-            data_state,
             ckpts,
             metrics_path,
             ckpt_every=ckpt_every,
@@ -605,8 +689,11 @@ def fit(
             bar=tqdm if progress and lead else None,
             lead=lead,
             clock=time.perf_counter,
+            started=started,
+            compile_cache=compile_cache,
         )
     finally:
+        trainer.close()
         ckpts.wait()
         ckpts.close()
 
@@ -615,7 +702,6 @@ def _loop(
     t: Trainer,
     state,
     start,
-    data_state,
     ckpts,
     metrics_path,
     *,
@@ -625,20 +711,21 @@ def _loop(
     bar,
     lead,
     clock,
+    started,
+    compile_cache,
 ) -> tuple[dict, dict]:
     tcfg, spe, total = t.tcfg, t.steps_per_epoch, t.total_steps
-    it = iterate(
-        train_batches(
-            t.data.train,
-            t.cfg.num_classes,
-            batch_size=tcfg.batch_size,
-            epochs=tcfg.epochs,
-            seed=tcfg.seed,
-            augment=tcfg.augment,
-        )
+    batches = train_batches(
+        t.data.train,
+        t.cfg.num_classes,
+        batch_size=tcfg.batch_size,
+        epochs=tcfg.epochs,
+        seed=tcfg.seed,
+        transform=t.train_transform,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
     )
-    if data_state is not None:
-        it.set_state(data_state)
+    it = iterate(batches, start=start, workers=t.workers)  # one batch per step: the step is the position
     n_train = len(t.data.train)
     pbar = (
         bar(
@@ -666,8 +753,19 @@ def _loop(
     try:
         for step in range(start, total):
             t0 = clock()
+            if step == start:
+                cache = _cache_events()
             state, m = t.train_step(state, next(it))
             m = jax.device_get(m)
+            if step == start:
+                hits, misses = (_cache_events()[k] - cache[k] for k in ("cache_hits", "cache_misses"))
+                write(
+                    {
+                        "step": step + 1,
+                        "time_to_first_step_s": clock() - started,
+                        "compile_cache": "off" if not compile_cache else "warm" if hits and not misses else "cold",
+                    }
+                )
             if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])):
                 ckpts.wait()
                 last = ckpts.latest_step()
@@ -682,7 +780,7 @@ def _loop(
                 )
             dt = clock() - t0
             if step > start:  # the first step of a process includes compilation
-                seen, timed = seen + m["count"], timed + dt
+                seen, timed = seen + float(m["count"]), timed + dt
             for k in ("loss", "grad_norm"):
                 acc[k] += float(m[k])
             acc["correct"] += float(m["correct"])
@@ -725,8 +823,9 @@ def _loop(
                     }
                 )
             if s == total or (ckpt_every and s % ckpt_every == 0):
-                ckpts.save(s, state, {"step": s, "data": it.get_state()})
+                ckpts.save(s, state, {"step": s})
     finally:
+        it.close()
         if pbar:
             pbar.close()
         if log:

@@ -66,3 +66,51 @@ def hf_model(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, spelling: str =
     if bad:
         raise ValueError(f"transformers did not load the folder strictly: {bad}")
     return model.eval()
+
+
+def library_logits(path, fmt: str, cfg: ViTConfig, batches) -> tuple[str, list[np.ndarray]]:
+    """(library, logits float32 [B, K] per batch) of the checkpoint file ``path`` of format ``fmt`` as the
+    library that defines the format reads it, on ``batches`` of images float32 [B, H, W, C].
+
+    timm files: timm's ``VisionTransformer`` for ``cfg`` (a timm file stores no head count, so the
+    architecture comes from ``cfg``) loading the file's own tensors strictly (safetensors, or torch's
+    weights-only loader for .pth/.bin). ``original_vit`` / ``big_vision`` .npz: timm's .npz loader
+    (``timm.models.vision_transformer._load_weights``). ``hf`` folders: transformers'
+    ``ViTForImageClassification.from_pretrained`` (eager attention), which reads its own config.json.
+
+    Raises:
+        ImportError: the library is not installed (``e.name`` names it).
+        ValueError: the library cannot build this model, or the format has no defining library here.
+    """
+    from pathlib import Path
+
+    if fmt == "hf":
+        import transformers
+
+        model = transformers.ViTForImageClassification.from_pretrained(str(path), attn_implementation="eager")
+        run = lambda x: model(pixel_values=x).logits  # noqa: E731
+        library = f"transformers {transformers.__version__}"
+    elif fmt in ("timm", "original_vit", "big_vision"):
+        import timm
+
+        model = timm_model(cfg)
+        if fmt != "timm":
+            from timm.models.vision_transformer import _load_weights
+
+            _load_weights(model, str(path))
+        elif Path(path).suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            model.load_state_dict(load_file(str(path)), strict=True)
+        else:
+            model.load_state_dict(torch.load(str(path), map_location="cpu", weights_only=True), strict=True)
+        run = model
+        library = f"timm {timm.__version__}" + (" (.npz loader)" if fmt != "timm" else "")
+    else:
+        raise ValueError(f"format {fmt!r}: no defining library to check it with")
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for x in batches:
+            out.append(run(torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))).float().numpy())
+    return library, out

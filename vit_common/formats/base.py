@@ -577,6 +577,7 @@ class Encoded:
     ``cfg`` and ``state``: the config and canonical state the file will hold (they differ from the input
     only where the format needs it: ``notes`` say how). ``tensors``: the file's tensors. ``config_json``:
     an HF folder's config.json. ``meta``: safetensors header metadata (None where the container has none).
+    ``json_files``: other JSON files of a folder format, by name (an HF folder's preprocessor_config.json).
     """
 
     cfg: ViTConfig
@@ -585,6 +586,7 @@ class Encoded:
     config_json: dict | None = None
     meta: dict[str, str] | None = None
     notes: list[str] = field(default_factory=list)
+    json_files: dict[str, dict] = field(default_factory=dict)
 
 
 Writer = Callable[..., Any]

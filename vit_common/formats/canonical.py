@@ -140,14 +140,17 @@ class Canonical(Format):
 FORMAT = Canonical()
 
 
-def save_canonical(path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> None:
-    """Write our own file: canonical tensors plus ``cfg`` as JSON in the metadata.
+def save_canonical(
+    path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str, np.ndarray], extra: Mapping[str, str] = ()
+) -> None:
+    """Write our own file: canonical tensors plus ``cfg`` as JSON in the metadata, and the ``extra``
+    metadata entries (preprocessing and class names, ``vit_common.metadata.info_metadata``).
 
     Raises:
         StateMismatchError: if ``state`` does not fit ``cfg`` (nothing is written).
     """
     check_state(canonical_shapes(cfg), state)
-    io.save_safetensors(path, state, {"format": FORMAT_TAG, "vit_config": cfg.to_json()})
+    io.save_safetensors(path, state, {**dict(extra), "format": FORMAT_TAG, "vit_config": cfg.to_json()})
 
 
 def load_canonical(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, np.ndarray]]:

@@ -468,6 +468,8 @@ class HuggingFace(Format):
         def write_folder(tmp: Path) -> None:
             io.write_json(tmp / "config.json", enc.config_json, sort_keys=True)
             io.save_safetensors(tmp / "model.safetensors", enc.tensors, {"format": "pt"})
+            for name, obj in enc.json_files.items():
+                io.write_json(tmp / name, obj, sort_keys=True)
 
         io.atomic_write_dir(path, write_folder)
 

@@ -1,0 +1,138 @@
+"""`vit train --init`: fine-tuning checkpoints of other formats on real images, handing the model back in
+the format it came in, checked by the library that defines that format.
+
+The demonstration (README, Training): the demo model pretrained on mnist5k and exported as a timm file,
+then fine-tuned on scikit-learn's digits (a different dataset: 8x8 scans, resized) beats the same model
+trained from scratch for the same number of steps.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vit_cli.main import main
+from vit_common.config import ViTConfig
+from vit_common.convert import save_checkpoint
+from vit_common.formats.source import read_safetensors
+from vit_common.state import canonical_shapes
+
+
+def test_accuracy(run: Path) -> float:
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "test_accuracy" in r][-1]["test_accuracy"]
+
+
+test_accuracy.__test__ = False  # a helper, not a test
+
+
+def test_fine_tuning_the_demo_s_timm_export_on_digits_beats_training_from_scratch(tmp_path, capsys):
+    pre, ft, scratch = tmp_path / "pre", tmp_path / "ft", tmp_path / "scratch"
+    short = ["--epochs", "2", "--batch-size", "64", "--warmup-steps", "10"]  # README's run: 5 epochs, batch 128
+    assert main(["train", *short, "--out", str(pre), "--no-progress", "--no-parity"]) == 0
+    timm_file = pre / "model_timm.safetensors"
+    common = ["train", "--dataset", "digits", "--epochs", "3", "--batch-size", "64", "--warmup-steps", "5"]
+    common += ["--lr", "1e-3", "--no-progress"]
+    assert main([*common, "--init", str(timm_file), "--out", str(ft)]) == 0
+    err = capsys.readouterr().err  # the export carries its config: nothing about the model is assumed
+    assert "format   timm" in err and re.search(r"num_heads += 4 +declared", err) and "<- assumed" not in err
+    assert "declared: " + str(timm_file) + " metadata" in err  # [-1, 1] as pretrained, recorded in the file
+    assert main([*common, "--out", str(scratch), "--no-parity"]) == 0
+    fine, fresh = test_accuracy(ft), test_accuracy(scratch)
+    assert fine >= fresh + 0.1, (fine, fresh)
+    parity = json.loads((ft / "parity.json").read_text())
+    assert parity["ok"] and parity["agreement"] == 1.0
+    lib = parity["library"]["timm"]
+    assert lib["library"].startswith("timm") and lib["ok"] and lib["images"] == 359, lib
+    config = json.loads((ft / "config.json").read_text())
+    assert config["train"]["init"] == str(timm_file) and config["preprocess"]["mean"] == [0.5]
+    _, meta = read_safetensors(ft / "model_timm.safetensors")
+    assert json.loads(meta["classes"]) == [str(k) for k in range(10)]
+
+
+def _image_folder(root: Path, classes: tuple[str, ...], n: int = 6) -> Path:
+    rng = np.random.default_rng(0)
+    for k, c in enumerate(classes):
+        (root / c).mkdir(parents=True)
+        for i in range(n):
+            img = rng.integers(0, 60, (20, 24, 3)).astype(np.uint8)
+            img[:, 8 * k : 8 * k + 8] += 150  # a class-dependent bright band
+            Image.fromarray(img).save(root / c / f"{i}.png")
+    return root
+
+
+def _hf_folder(path: Path) -> Path:
+    """A transformers-written ViTForImageClassification folder (random weights, 5 named labels) with the
+    image processor that goes with it (16x16, ImageNet mean/std, bicubic)."""
+    import transformers
+
+    config = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=16,
+        patch_size=8,
+        id2label={i: f"thing{i}" for i in range(5)},
+        label2id={f"thing{i}": i for i in range(5)},
+    )
+    transformers.ViTForImageClassification(config).save_pretrained(path)
+    processor = transformers.ViTImageProcessor(
+        size={"height": 16, "width": 16}, image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225], resample=3
+    )
+    processor.save_pretrained(path)
+    return path
+
+
+def _big_vision_file(path: Path) -> Path:
+    cfg = ViTConfig(
+        image_size=16,
+        patch_size=8,
+        width=32,
+        depth=1,
+        num_heads=2,
+        mlp_dim=64,
+        num_classes=5,
+        gelu="tanh",
+        pool="gap",
+        class_token=False,
+        posemb_prefix=False,
+    )
+    rng = np.random.default_rng(0)
+    state = {k: (0.1 * rng.standard_normal(s)).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
+    save_checkpoint(path, cfg, state, "big_vision")
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["hf", "big_vision"])
+def test_fine_tuning_hands_back_the_checkpoint_s_format_checked_by_its_library(tmp_path, capsys, fmt):
+    src = _hf_folder(tmp_path / "hf_src") if fmt == "hf" else _big_vision_file(tmp_path / "src.npz")
+    data = _image_folder(tmp_path / "imgs", ("ant", "bee", "cat"))
+    out = tmp_path / "run"
+    args = ["train", "--dataset", f"imagefolder:{data}", "--init", str(src), "--out", str(out), "--no-progress"]
+    args += ["--image-size", "24"] if fmt == "hf" else []  # the position embedding resampled, as the file does it
+    assert main([*args, "--epochs", "2", "--batch-size", "6", "--warmup-steps", "1", "--val-fraction", "0.34"]) == 0
+    err = capsys.readouterr().err
+    assert "new 3-class head, zero-initialised" in err
+    parity = json.loads((out / "parity.json").read_text())
+    lib = parity["library"][fmt]
+    assert parity["ok"] and lib["ok"] and lib["agreement"] == 1.0, parity
+    if fmt == "hf":
+        import transformers
+
+        assert lib["library"].startswith("transformers")
+        config = json.loads((out / "model_hf" / "config.json").read_text())
+        assert config["id2label"] == {"0": "ant", "1": "bee", "2": "cat"} and config["image_size"] == 24
+        assert "pos_embed grid 2x2 -> 3x3 with bicubic" in err
+        processor = transformers.AutoImageProcessor.from_pretrained(out / "model_hf")
+        assert list(processor.image_mean) == [0.485, 0.456, 0.406] and processor.resample == 3  # as it came in
+        assert "declared: " in err and "preprocessor_config.json" in err
+    else:
+        assert lib["library"].endswith("(.npz loader)")
+        assert (out / "model_big_vision.npz").is_file()
+        assert "assumed: big_vision value_range(-1, 1)" in err  # an .npz says nothing: said, not hidden

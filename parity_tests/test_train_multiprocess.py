@@ -1,0 +1,277 @@
+"""`vit train` over several processes on this machine (jax.distributed over localhost), as on a cluster.
+
+Two processes with one CPU device each train bit for bit as one process with two devices (data
+parallel; FSDP from a one-process checkpoint on), each output written once by process 0; a lost
+process (SIGKILL, or SIGSTOP: a process that stops answering, which leaves the others stuck in a
+collective) stops the others within the heartbeat timeout with one line; `--resume` continues
+bit-exactly on the same devices and correctly on fewer (one process after two). Runs share a compilation cache and
+XLA:CPU optimisation level 0 (conftest.py's ``env``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_train_runs import TINY, assert_same_run, metric_values, tensors
+
+from vit_common.tolerance import compare
+
+ROOT = Path(__file__).resolve().parents[1]
+HEARTBEAT = 10  # seconds; short, so that a lost process is noticed quickly
+
+# `vit train` that records the files it writes, and (on request) SIGKILLs or SIGSTOPs itself right
+# after dispatching a given step.
+DRIVER = textwrap.dedent("""
+    import builtins, os, signal, sys, time
+    stop_at, signame, record, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
+    from vit_cli.main import build_parser, main
+    from vit_cli.train import split_cpu
+    split_cpu(build_parser().parse_args(argv))  # as `vit train` does, before JAX is imported
+    replace, open_ = os.replace, builtins.open
+    def note(path):
+        with open_(record, "a") as f:
+            f.write(f"{os.path.abspath(path)}\\n")
+    def replacing(src, dst, *a, **k):  # atomic writes end here
+        note(dst)
+        return replace(src, dst, *a, **k)
+    def opening(file, mode="r", *a, **k):
+        if isinstance(file, (str, os.PathLike)) and set(mode) & set("wax+"):
+            note(file)
+        return open_(file, mode, *a, **k)
+    os.replace, builtins.open = replacing, opening
+    if stop_at:
+        from vit_jax import train
+        step = train.Trainer.train_step
+        def stopping_step(self, state, batch):
+            done = int(state["step"])  # read first: the step donates the state's buffers
+            out = step(self, state, batch)
+            if done + 1 == stop_at:
+                print(f"stopping at {time.time()}", flush=True)
+                os.kill(os.getpid(), getattr(signal, signame))
+            return out
+        train.Trainer.train_step = stopping_step
+    sys.exit(main(argv))
+""")
+
+
+@dataclass
+class Proc:
+    returncode: int
+    stdout: str
+    stderr: str
+    ended: float  # time.time() when it exited
+    writes: list[str]  # absolute paths it opened for writing or renamed into place
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train(env, n: int, out: Path, *args, stop: tuple[int, int, str] | None = None) -> list[Proc]:
+    """Run `vit train` as ``n`` processes (one CPU device each when n > 1) into ``out``.
+
+    ``stop`` = (process, step, signal name): that process signals itself after dispatching that step;
+    a stopped (SIGSTOP) process is killed once the others have exited.
+    """
+    port, logs, procs = free_port(), out.parent / f"{out.name}-logs", []
+    logs.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        penv = {**env}
+        if n > 1:
+            penv |= {"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": str(n)}
+            penv["JAX_PROCESS_ID"] = str(i)
+        at, sig = (stop[1], stop[2]) if stop and stop[0] == i else (0, "SIGKILL")
+        cmd = [sys.executable, "-c", DRIVER, str(at), sig, str(logs / f"writes{i}"), "train", *map(str, args)]
+        cmd += ["--dataset", f"npz:{env['TINY_NPZ']}", *TINY, "--out", str(out)]
+        with open(logs / f"out{i}", "w") as o, open(logs / f"err{i}", "w") as e:
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=penv, stdout=o, stderr=e))
+    ended, deadline = {}, time.time() + 600
+    victim = stop[0] if stop and stop[2] == "SIGSTOP" else None
+    while len(ended) < n and time.time() < deadline:
+        for i, p in enumerate(procs):
+            if i not in ended and p.poll() is not None:
+                ended[i] = time.time()
+        if victim is not None and victim not in ended and len(ended) == n - 1:
+            procs[victim].kill()
+        time.sleep(0.05)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    assert len(ended) == n, f"processes still running after 600 s: {sorted(set(range(n)) - set(ended))}"
+
+    def read(name):
+        path = logs / name
+        return path.read_text() if path.exists() else ""
+
+    return [
+        Proc(p.returncode, read(f"out{i}"), read(f"err{i}"), ended[i], read(f"writes{i}").split())
+        for i, p in enumerate(procs)
+    ]
+
+
+def ok(procs: list[Proc]) -> list[Proc]:
+    for i, p in enumerate(procs):
+        assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{p.stderr[-3000:]}"
+    return procs
+
+
+@pytest.fixture(scope="module")
+def menv(env, npz):
+    return {**env, "TINY_NPZ": str(npz)}
+
+
+@pytest.fixture(scope="module")
+def runs(menv, tmp_path_factory):
+    """Uninterrupted runs, made on first use: (processes, sharding) -> (run folder, processes)."""
+    made = {}
+
+    def get(n: int, sharding: str):
+        if (n, sharding) not in made:
+            out = tmp_path_factory.mktemp("runs") / f"{n}p-{sharding}"
+            devices = ["--cpu-devices", "2" if n == 1 else "1"]
+            parity = [] if n == 2 else ["--no-parity"]  # the export's PyTorch check: once, by 2 processes
+            made[n, sharding] = out, ok(train(menv, n, out, "--sharding", sharding, *devices, *parity))
+        return made[n, sharding]
+
+    return get
+
+
+def outputs(proc: Proc, run: Path) -> list[str]:
+    """Files a process wrote into the run folder, outside the checkpoints (orbax's), temporaries left out."""
+    rel = [Path(w).relative_to(run.absolute()) for w in proc.writes if Path(w).is_relative_to(run.absolute())]
+    return sorted(str(r) for r in rel if r.parts[0] != "checkpoints" and not r.name.startswith("."))
+
+
+def assert_written_by_process_0_once(procs: list[Proc], run: Path, files: list[str]) -> None:
+    assert outputs(procs[0], run) == sorted(files)  # each as often as listed
+    assert outputs(procs[1], run) == []
+    assert "test accuracy" in procs[0].stdout
+    assert [ln for ln in procs[1].stdout.splitlines() if not ln.startswith("[Gloo]")] == []  # gloo's own line
+
+
+def assert_checkpoints_of_two_processes(run: Path, steps) -> None:
+    """One checkpoint per step in the one folder: process 0's metadata, and the shards of each process."""
+    for step in steps:
+        state = run / "checkpoints" / str(step) / "state"
+        assert sorted(p.name for p in state.glob("ocdbt.process_*")) == ["ocdbt.process_0", "ocdbt.process_1"]
+        assert (run / "checkpoints" / str(step) / "meta" / "metadata").is_file()
+
+
+def test_two_processes_train_bit_for_bit_as_one_process_with_as_many_devices(runs):
+    one, _ = runs(1, "dp")
+    two, procs = runs(2, "dp")
+    assert_same_run(two, one)  # parameters, optimizer state, RNG, every metric line
+    config = json.loads((two / "config.json").read_text())
+    assert (config["devices"], config["processes"]) == ("2 x cpu", 2)
+    exports = ["model.safetensors", "model_timm.safetensors", "curves.png", "parity.json"]
+    assert_written_by_process_0_once(procs, two, ["config.json", "metrics.jsonl", *exports])
+    assert json.loads((two / "parity.json").read_text())["ok"]
+    assert_checkpoints_of_two_processes(two, (6, 8, 9))
+    assert [p.name for p in (one / "checkpoints" / "9" / "state").glob("ocdbt.process_*")] == ["ocdbt.process_0"]
+
+
+def test_two_processes_continue_an_fsdp_run_of_one_process_bit_for_bit(runs, menv, tmp_path):
+    """FSDP: one process with two devices writes checkpoint 6; two processes with one device each restore
+    their halves of every sharded array (orbax, onto the new mesh) and train on to where the one-process
+    run ends, bit for bit (the same total device count, two: a sum of two terms is the same in either
+    order)."""
+    ref, _ = runs(1, "fsdp")
+    out = tmp_path / "grown"
+    shutil.copytree(ref, out)
+    for step in (8, 9):
+        shutil.rmtree(out / "checkpoints" / str(step))
+    procs = ok(train(menv, 2, out, "--sharding", "fsdp", "--cpu-devices", "1", "--no-parity", "--resume"))
+    assert_same_run(out, ref)
+    assert_checkpoints_of_two_processes(out, (8, 9))
+    exports = ["model.safetensors", "model_timm.safetensors", "curves.png"]
+    metrics = ["metrics.jsonl"] * 2  # cut back to step 6, then appended to
+    assert_written_by_process_0_once(procs, out, ["config.json", *metrics, *exports])
+
+
+def assert_one_line_and_bounded(procs: list[Proc], victim: int, run: Path) -> float:
+    """The survivors' report; returns the seconds from the victim's stop to the last survivor's exit."""
+    stopped = float(procs[victim].stdout.split("stopping at ")[1].split()[0])
+    steps = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+    line = (
+        f"vit train: lost process {victim} of 2 (heartbeats stopped; --heartbeat-timeout {HEARTBEAT}); stopping. "
+        f"Start all 2 processes again with --resume to continue from the checkpoint of step {steps[-1]}."
+    )
+    for i, p in enumerate(procs):
+        if i == victim:
+            continue
+        assert p.returncode == 75, (p.returncode, p.stderr[-3000:])
+        assert p.stderr.count("vit train: lost process") == 1 and line in p.stderr.splitlines(), p.stderr
+        for noise in ("Traceback", "stack trace", "Terminating process", "ERROR"):
+            assert noise not in p.stderr, p.stderr
+    waited = max(p.ended for i, p in enumerate(procs) if i != victim) - stopped
+    assert waited < HEARTBEAT + 30, waited
+    return waited
+
+
+def test_a_killed_process_stops_the_other_with_one_line_and_resume_ends_bit_exact(runs, menv, tmp_path):
+    uninterrupted, _ = runs(2, "dp")
+    out = tmp_path / "killed"
+    args = ["--cpu-devices", "1", "--no-parity"]
+    procs = train(menv, 2, out, *args, "--heartbeat-timeout", HEARTBEAT, stop=(1, 5, "SIGKILL"))
+    assert procs[1].returncode == -signal.SIGKILL
+    assert_one_line_and_bounded(procs, 1, out)
+    assert not (out / "model.safetensors").exists()
+    ok(train(menv, 2, out, *args, "--resume"))
+    assert_same_run(out, uninterrupted)
+
+
+def assert_close_run(run: Path, ref: Path) -> None:
+    """Parameters and logged losses within float32 rounding of ``ref``'s (another device count sums in
+    another order). The key bias is left out: its gradient is exactly zero (softmax ignores a shift shared
+    by all keys), so its Adam updates are normalised rounding noise."""
+    a, b = tensors(run / "model.safetensors"), tensors(ref / "model.safetensors")
+    d = a["blocks.0.attn.qkv.bias"].shape[0] // 3
+    for t in (a, b):
+        t["blocks.0.attn.qkv.bias"] = np.delete(t["blocks.0.attn.qkv.bias"], np.s_[d : 2 * d])
+    for k in b:
+        c = compare(k, a[k], b[k], "tensor", "float32")
+        assert c.ok, c
+    rows, ref_rows = metric_values(run), metric_values(ref)
+    assert [r["step"] for r in rows] == [r["step"] for r in ref_rows]  # every step logged once
+    for r, s in zip(rows, ref_rows, strict=True):
+        for k in ("loss", "test_loss"):
+            if k in s:
+                assert abs(r[k] - s[k]) <= 1e-5 * abs(s[k]), (r, s)
+
+
+def test_a_process_that_stops_answering_is_declared_lost_and_one_process_resumes_the_run(runs, menv, tmp_path):
+    """SIGSTOP leaves the survivor inside a collective that never returns (as a GPU collective waits for a
+    lost peer); the watchdog stops it. One process with one device then resumes what two wrote with FSDP."""
+    ref, _ = runs(1, "fsdp")
+    out = tmp_path / "stuck"
+    procs = train(
+        menv,
+        2,
+        out,
+        "--sharding",
+        "fsdp",
+        "--cpu-devices",
+        "1",
+        "--no-parity",
+        "--heartbeat-timeout",
+        HEARTBEAT,
+        stop=(1, 5, "SIGSTOP"),
+    )
+    assert_one_line_and_bounded(procs, 1, out)
+    ok(train(menv, 1, out, "--sharding", "fsdp", "--cpu-devices", "1", "--no-parity", "--resume"))
+    assert json.loads((out / "config.json").read_text())["processes"] == 1
+    assert_close_run(out, ref)

@@ -1,0 +1,97 @@
+"""Preprocessing and class names of checkpoints: declared where the file says, assumed (and warned)
+where it does not, written by our writers so that they read back declared, and read by transformers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from vit_common.config import ViTConfig
+from vit_common.convert import load_checkpoint, save_checkpoint
+from vit_common.images import IMAGENET_MEAN, PRESETS, Preprocess
+from vit_common.metadata import hf_preprocess, read_info, with_overrides
+from vit_common.state import canonical_shapes
+
+CFG = ViTConfig(image_size=32, patch_size=8, width=64, depth=2, num_heads=4, mlp_dim=128, num_classes=3)
+
+
+def state(cfg: ViTConfig = CFG) -> dict:
+    rng = np.random.default_rng(0)
+    return {k: rng.standard_normal(s).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
+
+
+def test_our_files_declare_what_they_were_trained_with(tmp_path):
+    pp = Preprocess(IMAGENET_MEAN, (0.2, 0.3, 0.4), "bicubic", 0.875, "center")
+    for fmt, name in (("canonical", "m.safetensors"), ("timm", "t.safetensors"), ("hf", "hf")):
+        save_checkpoint(tmp_path / name, CFG, state(), fmt, preprocess=pp, classes=["cat", "dog", "emu"])
+        info = read_info(tmp_path / name, load_checkpoint(tmp_path / name, num_heads=4).report.format)
+        assert info.preprocess == pp and info.preprocess_source.startswith("declared"), (fmt, info)
+        assert info.classes == ("cat", "dog", "emu") and not info.warnings, (fmt, info)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["id2label"] == {"0": "cat", "1": "dog", "2": "emu"} and config["label2id"]["emu"] == 2
+
+
+def test_files_that_say_nothing_get_the_format_s_usual_choice_and_a_warning(tmp_path):
+    save_checkpoint(tmp_path / "t.safetensors", CFG, state(), "timm")
+    info = read_info(tmp_path / "t.safetensors", "timm")
+    assert info.preprocess == PRESETS["imagenet"] and info.preprocess_source.startswith("assumed")
+    assert info.classes is None and "--mean/--std" in info.warnings[0]
+    save_checkpoint(tmp_path / "hf", CFG, state(), "hf")  # LABEL_i placeholders are no names
+    info = read_info(tmp_path / "hf", "hf")
+    assert info.preprocess == PRESETS["hf_vit"] and info.classes is None and info.warnings
+    save_checkpoint(tmp_path / "b.npz", CFG, state(), "big_vision")
+    assert read_info(tmp_path / "b.npz", "big_vision").preprocess == PRESETS["big_vision"]
+    given = with_overrides(info, {"mean": (0.5,), "std": (0.5,), "crop_pct": None}, ["a", "b", "c"])
+    assert given.preprocess.mean == (0.5,) and given.preprocess_source.startswith("given (mean, std)")
+    assert given.classes == ("a", "b", "c") and not given.warnings
+
+
+def test_transformers_reads_our_hf_folder_preprocessing_and_we_read_its(tmp_path):
+    """Our preprocessor_config.json builds the processor that does the same; a DeiT-style processor that
+    transformers writes reads back as resize 256 + centre crop 224 (crop_pct 0.875)."""
+    from transformers import AutoImageProcessor, DeiTImageProcessor, ViTImageProcessor
+
+    save_checkpoint(tmp_path / "hf", CFG, state(), "hf", preprocess=PRESETS["hf_vit"], classes=["a", "b", "c"])
+    proc = AutoImageProcessor.from_pretrained(tmp_path / "hf")
+    assert type(proc).__name__.startswith("ViTImageProcessor")
+    assert proc.size == {"height": 32, "width": 32} and list(proc.image_mean) == [0.5] * 3
+    ViTImageProcessor(image_mean=[0.1, 0.2, 0.3], image_std=[1, 1, 1], resample=3).save_pretrained(tmp_path / "v")
+    assert hf_preprocess(json.loads((tmp_path / "v" / "preprocessor_config.json").read_text()), "v") == Preprocess(
+        (0.1, 0.2, 0.3), (1.0, 1.0, 1.0), "bicubic", 1.0, "squash"
+    )
+    DeiTImageProcessor().save_pretrained(tmp_path / "d")
+    deit = hf_preprocess(json.loads((tmp_path / "d" / "preprocessor_config.json").read_text()), "d")
+    assert (deit.crop_pct, deit.crop_mode, deit.interpolation) == (0.875, "squash", "bicubic")
+    with pytest.raises(ValueError, match="rescale_factor=0.5"):
+        hf_preprocess({"rescale_factor": 0.5}, "x")
+
+
+def test_malformed_declarations_are_errors_naming_the_file(tmp_path):
+    from vit_common.formats.canonical import save_canonical
+
+    save_canonical(tmp_path / "m.safetensors", CFG, state(), {"preprocess": json.dumps({"mean": [0.5], "std": [0]})})
+    with pytest.raises(ValueError, match="m.safetensors metadata: the stored preprocessing"):
+        read_info(tmp_path / "m.safetensors", "canonical")
+    save_canonical(tmp_path / "c.safetensors", CFG, state(), {"classes": json.dumps([1, 2, 3])})
+    with pytest.raises(ValueError, match="is not a list of strings"):
+        read_info(tmp_path / "c.safetensors", "canonical")
+
+
+def test_convert_carries_what_the_source_declares(tmp_path):
+    """HF folder -> our file -> timm file: the processor's preprocessing and the label names survive;
+    a new head drops the names; a timm file's assumed preprocessing is not written as a declaration."""
+    from vit_common.convert import convert
+
+    pp = Preprocess(IMAGENET_MEAN, (0.2, 0.3, 0.4), "bicubic", 1.0, "squash")
+    save_checkpoint(tmp_path / "hf", CFG, state(), "hf", preprocess=pp, classes=["x", "y", "z"])
+    convert(tmp_path / "hf", tmp_path / "m.safetensors")
+    convert(tmp_path / "m.safetensors", tmp_path / "t.safetensors", to_fmt="timm")
+    info = read_info(tmp_path / "t.safetensors", "timm")
+    assert info.preprocess == pp and info.classes == ("x", "y", "z")
+    convert(tmp_path / "m.safetensors", tmp_path / "k5.safetensors", num_classes=5)
+    assert read_info(tmp_path / "k5.safetensors", "canonical").classes is None
+    save_checkpoint(tmp_path / "plain.safetensors", CFG, state(), "timm")
+    convert(tmp_path / "plain.safetensors", tmp_path / "ours.safetensors", num_heads=4)
+    assert read_info(tmp_path / "ours.safetensors", "canonical").preprocess_source.startswith("assumed")

