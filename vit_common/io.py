@@ -78,14 +78,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_temporaries(folder: str | os.PathLike) -> list[str]:
+def remove_stale_temporaries(folder: str | os.PathLike) -> None:
     """Remove the temporaries (``TMP_PREFIX``) in ``folder`` whose writing process is gone (e.g. killed
-    during a write); return their names. Others' temporaries and unreadable entries are left alone."""
-    removed = []
+    during a write). Others' temporaries and unreadable entries are left alone."""
     try:
         entries = list(os.scandir(folder))
     except OSError:
-        return removed
+        return
     for entry in entries:
         if not entry.name.startswith(TMP_PREFIX):
             continue
@@ -97,10 +96,8 @@ def remove_stale_temporaries(folder: str | os.PathLike) -> list[str]:
                 shutil.rmtree(entry.path)
             else:
                 os.unlink(entry.path)
-            removed.append(entry.name)
         except OSError:
             continue
-    return removed
 
 
 def _tmp_prefix(path: Path) -> str:
@@ -137,6 +134,13 @@ def _record(path: Path) -> None:
     """Record ``path`` (just written) as ours in its folder's marker."""
     marker = _marker(path.parent) or {"kind": OUTPUT, "files": {}}
     _write_marker(path.parent, marker.get("kind", OUTPUT), {**marker["files"], path.name: _identity(path)})
+
+
+def adopt(path: str | os.PathLike) -> None:
+    """Record ``path`` as ours, as it is now. Only for a file the caller has verified to be vit's own by
+    its content (a run folder's config.json that matches the run being resumed, after the folder was
+    copied: a copy is a new file)."""
+    _record(Path(path))
 
 
 def _wrote(path: Path) -> bool:
@@ -378,6 +382,10 @@ class Log:
 
     def write(self, text: str) -> int:
         return self._fh.write(text)
+
+    def fileno(self) -> int:
+        """The file descriptor (for ``os.fsync``)."""
+        return self._fh.fileno()
 
     def flush(self) -> None:
         self._fh.flush()

@@ -59,7 +59,10 @@ def float_in(
     """
     ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
     if ok:
-        v = float(value)
+        try:
+            v = float(value)
+        except OverflowError:  # an int beyond float's range (a 400-digit literal)
+            v = math.inf
         ok = math.isfinite(v) and (lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)
     if not ok:
         left, right = "(" if lo_open or lo == -math.inf else "[", ")" if hi_open or hi == math.inf else "]"

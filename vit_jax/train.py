@@ -636,7 +636,8 @@ def fit(
         FileNotFoundError: ``resume`` without a run in ``out``. A run stopped before its first complete
             checkpoint resumes from step 0.
         NonFiniteError: NaN or Inf in the loss or gradients; the last good checkpoint stays intact.
-        DestinationError: ``out`` holds a file of ``RUN_FILES`` that vit did not write (checked first).
+        DestinationError: a fresh run's ``out`` holds a file of ``RUN_FILES`` that vit did not write
+            (checked first; a resumed run's config.json proves its files are the run's).
     """
     import time
 
@@ -656,6 +657,10 @@ def fit(
                 f"{out}: the checkpoint was made with a different config (keep it, or choose another --out):\n  "
                 + "\n  ".join(diff)
             )
+        if lead:  # its config.json shows the folder is this run's (copied, perhaps): its run files are ours
+            for name in RUN_FILES:
+                if (out / name).is_file():
+                    io.adopt(out / name)
     elif saved or metrics_path.exists():
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
     if lead:
