@@ -281,6 +281,10 @@ def labels(name: str, y, y_test=None) -> Callable[[Path], list[str]]:
     return build
 
 
+def deep_model_flags(tmp: Path) -> list[str]:
+    return [*TRAIN, "--depth", "100000000", "--dataset", "digits", "--out", str(tmp / "run")]
+
+
 def _bomb_png(path: Path, side: int = 20000) -> Path:
     """A PNG header declaring side x side pixels (what Pillow checks at open), with one empty row."""
     import zlib
@@ -449,6 +453,11 @@ CASES = [
     Case(flag("train", "--epochs", "0"), r"--epochs: '0': expected an integer in \[1, "),
     Case(flag("train", "--depth", "1e9"), r"--depth: '1e9': expected an integer"),
     Case(flag("predict", "MODEL", "x.png", "--top-k", "-1"), r"--top-k: '-1': expected an integer"),
+    Case(
+        deep_model_flags,
+        r"the model flags: a model with depth=100000000, .* \(parameters, gradients, optimizer state",
+        child=True,
+    ),
     Case(labels("label 2**32", [0, 1, 0, 2**32, 0, 1, 1, 0]), r"{tmp}/d.npz: label 4294967296 in x/y: expected"),
     Case(labels("label 10**9", [0, 1, 0, 10**9, 0, 1, 1, 0]), r"{tmp}/d.npz: label 1000000000 in x/y"),
     Case(labels("uint64 label", np.array([0, 1, 0, 2**63 + 5, 0, 1, 1, 0], np.uint64)), r"label 9223372036854775813"),

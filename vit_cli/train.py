@@ -26,7 +26,7 @@ from vit_cli.run_model import class_list
 from vit_common.datasets import Augment
 from vit_common.images import Preprocess
 from vit_common.train_config import TrainConfig
-from vit_common.validate import arg, float_in, int_in
+from vit_common.validate import arg, check_model_size, float_in, int_in
 
 # The demo model: 28x28 inputs, 7x7 patches, 16 tokens (no class token: average pooling).
 DEMO_MODEL = dict(image_size=28, patch_size=7, width=128, depth=4, num_heads=4, mlp_dim=256, pool="gap")
@@ -434,6 +434,7 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     else:
         channels = native_channels(tcfg.dataset)
         probe = model_config(args, num_classes=2, in_chans=channels)  # validates sizes before loading any data
+        check_model_size(probe, "the model flags", batch=tcfg.batch_size // tcfg.accum_steps, training=True)
         default = (
             Preprocess()
             if not tcfg.dataset.startswith("imagefolder:")

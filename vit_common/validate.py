@@ -172,14 +172,17 @@ def model_bytes(cfg, batch: int = 1) -> int:
     return cfg.param_count() * itemsize + activations
 
 
-def check_model_size(cfg, context: str, batch: int = 1) -> None:
-    """Raise unless ``model_bytes(cfg, batch)`` fits ``memory_limit()``.
+def check_model_size(cfg, context: str, batch: int = 1, training: bool = False) -> None:
+    """Raise unless ``model_bytes(cfg, batch)`` fits ``memory_limit()``; with ``training``, also the
+    gradients and AdamW's two moments (3 float32 values per parameter).
 
     Raises:
         ValueError: naming ``context``, the config's size fields, the estimate and the limit.
     """
     sizes = f"depth={cfg.depth}, width={cfg.width}, mlp_dim={cfg.mlp_dim}, image_size={tuple(cfg.image_size)}"
-    check_bytes(f"{context}: a model with {sizes} (parameters and activations)", model_bytes(cfg, batch))
+    what = "parameters, gradients, optimizer state and activations" if training else "parameters and activations"
+    extra = 3 * 4 * cfg.param_count() if training else 0
+    check_bytes(f"{context}: a model with {sizes} ({what})", model_bytes(cfg, batch) + extra)
 
 
 def check_holds(cfg, tensors: Mapping[str, Any], context: str) -> None:
