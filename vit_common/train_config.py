@@ -20,6 +20,12 @@ def _help(text: str, **extra) -> dict:
     return {"help": text, **extra}
 
 
+def _timeout(seconds: int, text: str):
+    """A timeout field in seconds (>= 1): how a multi-process run waits, which does not change the run's
+    numbers (``affects_results`` False: ``--resume`` may change it)."""
+    return field(default=seconds, metadata=_help(text, affects_results=False, range=POSITIVE_INT))
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """The training run's settings (saved in config.json; a resumed run must have the same, except the
@@ -100,38 +106,17 @@ class TrainConfig:
         ),
     )
     remat: bool = field(default=False, metadata=_help("recompute each block in the backward pass (saves memory)"))
-    heartbeat_timeout: int = field(
-        default=100,
-        metadata=_help(
-            "multi-process runs: seconds without a heartbeat from a process after which the others count it "
-            "as lost, say so and stop (jax.distributed's heartbeat timeout)",
-            affects_results=False,
-            range=POSITIVE_INT,
-        ),
+    heartbeat_timeout: int = _timeout(
+        100,
+        "multi-process runs: seconds without a heartbeat from a process after which the others count it as "
+        "lost, say so and stop (jax.distributed's heartbeat timeout)",
     )
-    init_timeout: int = field(
-        default=300,
-        metadata=_help(
-            "multi-process runs: seconds to wait at the start for every process to join",
-            affects_results=False,
-            range=POSITIVE_INT,
-        ),
+    init_timeout: int = _timeout(300, "multi-process runs: seconds to wait at the start for every process to join")
+    shutdown_timeout: int = _timeout(
+        300, "multi-process runs: seconds process 0 waits at the end for the other processes to finish"
     )
-    shutdown_timeout: int = field(
-        default=300,
-        metadata=_help(
-            "multi-process runs: seconds process 0 waits at the end for the other processes to finish",
-            affects_results=False,
-            range=POSITIVE_INT,
-        ),
-    )
-    barrier_timeout: int = field(
-        default=1200,
-        metadata=_help(
-            "seconds a checkpoint save waits for every process to finish writing (orbax's async barrier)",
-            affects_results=False,
-            range=POSITIVE_INT,
-        ),
+    barrier_timeout: int = _timeout(
+        1200, "seconds a checkpoint save waits for every process to finish writing (orbax's async barrier)"
     )
 
     def __post_init__(self):
