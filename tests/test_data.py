@@ -62,6 +62,22 @@ def test_digits_resized_and_split():
     assert d.train.images.max() == 255  # 0..16 scaled to 0..255
 
 
+@pytest.mark.parametrize("found", [True, False], ids=["csv", "load_digits"])
+def test_digits_are_scikit_learns_whether_read_from_its_csv_or_through_load_digits(found, monkeypatch):
+    import importlib.util
+
+    from sklearn.datasets import load_digits
+
+    from vit_common import datasets
+
+    if not found:
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    images, target = datasets._digits()
+    ref = load_digits()
+    assert images.dtype == ref.images.dtype and np.array_equal(images, ref.images)
+    assert np.array_equal(target, ref.target)
+
+
 def test_epochs_cover_every_example_once_with_a_padded_last_batch():
     src = _source(10)
     ds = train_batches(src, 3, batch_size=4, epochs=2, seed=0, transform=_tf())

@@ -149,17 +149,34 @@ def load_dataset(
         tr, te = _split(y, 0.2)  # 100 of each digit's 500
         return _from_arrays(spec, x, y, tr, te, [str(k) for k in range(10)], size, channels, pp)
     if kind == "digits" and not arg:
-        from sklearn.datasets import load_digits
-
-        d = load_digits()
-        x = np.round(d.images * (255.0 / 16.0)).astype(np.uint8)  # values 0..16 -> 0..255
-        tr, te = _split(d.target, val_fraction)
-        return _from_arrays(spec, x, d.target, tr, te, [str(k) for k in range(10)], size, channels, pp)
+        images, target = _digits()
+        x = np.round(images * (255.0 / 16.0)).astype(np.uint8)  # values 0..16 -> 0..255
+        tr, te = _split(target, val_fraction)
+        return _from_arrays(spec, x, target, tr, te, [str(k) for k in range(10)], size, channels, pp)
     if kind == "npz" and arg:
         return _npz(spec, arg, size, channels, val_fraction, pp)
     if kind == "imagefolder" and arg:
         return _imagefolder(spec, Path(arg), size, channels, val_fraction)
     raise ValueError(_unknown(spec))
+
+
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    """(float64 [1797, 8, 8] values 0..16, int labels [1797]): scikit-learn's ``load_digits`` images and
+    target, read from the CSV it ships (``sklearn/datasets/data/digits.csv.gz``: 64 pixel values, then
+    the label) without importing ``sklearn.datasets``, which takes over a second; through
+    ``load_digits`` where the file is not found."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    locations = spec.submodule_search_locations if spec is not None else None
+    path = Path(locations[0]) / "datasets" / "data" / "digits.csv.gz" if locations else None
+    if path is None or not path.is_file():
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        return d.images, d.target
+    rows = np.loadtxt(path, delimiter=",")
+    return rows[:, :-1].reshape(-1, 8, 8), rows[:, -1].astype(int)
 
 
 def _mnist5k() -> tuple[np.ndarray, np.ndarray]:
