@@ -88,25 +88,35 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def machine() -> dict:
-    """The machine: accelerator kind, CPU model, usable cores, load average, relevant env flags."""
-    import jax
-    import torch
-
+def host() -> dict:
+    """The host: CPU model, usable cores, load average (1, 5, 15 min; None where the OS has none)."""
     cpu = platform.processor() or platform.machine()
     if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo") as f:
             names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
         cpu = names[0] if names else cpu
+    return {
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def machine() -> dict:
+    """The machine: accelerator kind, ``host()``, torch's thread count, relevant env flags."""
+    import jax
+    import torch
+
+    cpu = host()
     dev = jax.devices()[0]
     return {
         "platform": dev.platform,
-        "device": dev.device_kind if dev.platform != "cpu" else cpu,
+        "device": dev.device_kind if dev.platform != "cpu" else cpu["cpu"],
         "torch_device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "cpu": cpu,
-        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu": cpu["cpu"],
+        "cores": cpu["cores"],
         "torch_threads": torch.get_num_threads(),
-        "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "load_avg": cpu["load_avg"],
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "malloc": host_memory.state(),
     }

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.harness import host
 from vit_common import io
 
 SCHEMA = "vit-input-pipeline/1"
@@ -73,16 +73,6 @@ def make_folder(root: Path, n: int, size: int = 224, seed: int = 0) -> Path:
         (root / name).mkdir(parents=True, exist_ok=True)
         crop.save(root / name / f"{i:05d}.jpg", quality=90)
     return root
-
-
-def _machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu": cpu, "cores": cores, "load_avg": list(os.getloadavg())}
 
 
 def warmup_batches(workers: int) -> int:
@@ -161,7 +151,7 @@ def main(argv=None) -> int:
                 record = {
                     "schema": SCHEMA,
                     "time": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "machine": _machine(),
+                    "machine": host(),
                     "data": str(args.data or f"{args.images} generated 224x224 JPEGs"),
                     "images": len(data.train),
                     "mode": args.mode,
