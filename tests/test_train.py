@@ -81,6 +81,33 @@ def test_steps_compile_once_and_count_every_example_once(caplog):
     assert int(state["step"]) == 6
 
 
+@pytest.mark.parametrize("mixup", [0.0, 0.4], ids=["plain", "mixup"])
+def test_compile_ahead_of_the_first_batch_is_the_program_the_steps_run(caplog, mixup):
+    """``compile()`` from shapes alone (``batch_spec``) gives the program the real batches run: no step
+    compiles again, with or without mixed targets, and its values are the jitted step's."""
+    data = tiny_data()
+    tcfg = TrainConfig(batch_size=4, epochs=1, warmup_steps=1, augment=Augment(mixup=mixup))
+    t = Trainer(TINY, tcfg, data)
+    state = t.init_state()
+    with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+        t.compile()
+        it = t.train_iterator()
+        it.start_prefetch()
+        batches = [next(it) for _ in range(t.total_steps)]
+        for batch in batches:
+            state, m = t.train_step(state, batch)
+    compiled = [r.getMessage() for r in caplog.records if re.search(r"\btrain_step\b", r.getMessage())]
+    assert len([m for m in compiled if m.startswith("Compiling")]) == 1, compiled
+    assert {k: (v.shape, v.dtype) for k, v in batches[0].items()} == {
+        k: (s.shape, s.dtype) for k, s in t.batch_spec().items()
+    }
+    fresh = Trainer(TINY, tcfg, data)  # the same steps without compile(): the same state, bit for bit
+    again = fresh.init_state()
+    for batch in batches:
+        again, _ = fresh.train_step(again, batch)
+    assert all(jax.tree.leaves(jax.tree.map(lambda a, b: np.array_equal(a, b), state["params"], again["params"])))
+
+
 def test_padding_rows_do_not_reach_the_gradient(reference):
     """Whatever the padding rows hold, loss and gradients are those of the real rows, bit for bit."""
     t, batch, (grads, loss, correct) = reference

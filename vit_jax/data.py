@@ -28,6 +28,8 @@ For your own training loop, ``train_iterator`` builds and runs the whole thing::
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import grain
 import numpy as np
 
@@ -125,16 +127,34 @@ class BatchIterator:
             _absl_flags_parsed()
             it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2))
         self._it, self._copy, self.position = iter(it), bool(workers), start
+        self._first: concurrent.futures.Future | None = None
 
     def __iter__(self) -> BatchIterator:
         return self
 
     def __next__(self) -> dict:
-        batch = next(self._it)
+        if self._first is not None:  # taken by start_prefetch's thread
+            first, self._first = self._first, None
+            batch = first.result()
+        else:
+            batch = next(self._it)
         self.position += 1
         return {k: np.array(v) for k, v in batch.items()} if self._copy else batch
 
+    def start_prefetch(self) -> None:
+        """Take the next batch now, on a background thread, instead of at the next ``next``: the worker
+        processes start (grain starts them at the first request) and the batch is made while the caller
+        does something else (builds the model, compiles the step). That ``next`` returns it, or raises
+        what taking it raised. Calling it again before that ``next`` does nothing."""
+        if self._first is None:
+            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vit-first-batch")
+            self._first = pool.submit(next, self._it)
+            pool.shutdown(wait=False)  # its thread ends when this one task is done
+
     def close(self) -> None:
+        if self._first is not None:  # let the thread finish with the iterator before closing it
+            concurrent.futures.wait([self._first])
+            self._first = None
         close = getattr(self._it, "close", None)
         if close is not None:
             close()

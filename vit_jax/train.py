@@ -257,6 +257,21 @@ class Trainer:
         host = jax.tree.map(np.asarray, keys_to_data(state))
         return data_to_keys(jax.device_put(host, self.state_shardings), state, key_impl_name())
 
+    def train_iterator(self, start: int = 0):
+        """This process's training batches from batch ``start`` on (``vit_jax.data.BatchIterator``, with
+        the trainer's worker processes)."""
+        batches = train_batches(
+            self.data.train,
+            self.cfg.num_classes,
+            batch_size=self.tcfg.batch_size,
+            epochs=self.tcfg.epochs,
+            seed=self.tcfg.seed,
+            transform=self.train_transform,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+        )
+        return iterate(batches, start=start, workers=self.workers)
+
     def device_batch(self, batch: dict) -> dict:
         """This process's rows of a global batch (numpy, B / process count rows, as ``vit_jax.data``
         gives them) -> global jax arrays of B rows sharded along "data".
@@ -269,6 +284,20 @@ class Trainer:
             shapes = {k: np.shape(v) for k, v in batch.items()}
             raise ValueError(f"batch {shapes}: expected {rows} rows (this process's share of {self.tcfg.batch_size})")
         return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v)) for k, v in batch.items()}
+
+    def batch_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+        """The global batch the steps take, sharded along "data": image float32 [B, H, W, C], label int32
+        [B], target float32 [B, K], mask float32 [B] (what ``vit_jax.data`` makes)."""
+        b, (h, w), c, k = self.tcfg.batch_size, self.cfg.image_size, self.cfg.in_chans, self.cfg.num_classes
+        shapes = {"image": ((b, h, w, c), jnp.float32), "label": ((b,), jnp.int32)}
+        shapes |= {"target": ((b, k), jnp.float32), "mask": ((b,), jnp.float32)}
+        return {n: jax.ShapeDtypeStruct(s, d, sharding=self.batch_sharding) for n, (s, d) in shapes.items()}
+
+    def compile(self) -> None:
+        """Trace and compile the training step now, from the state's and the batch's shapes alone (JAX's
+        ahead-of-time ``lower(...).compile()``; ``train_step`` then finds the program compiled), so that
+        compiling can overlap the input pipeline's start (``BatchIterator.start_prefetch``)."""
+        self._train_jit.lower(sharded_abstract(self), self.batch_spec()).compile()
 
     def train_step(self, state: dict, batch: dict) -> tuple[dict, dict]:
         """One optimizer step on this process's rows of a global batch. Metrics: loss (mean over real
@@ -672,12 +701,19 @@ def fit(
         multihost_utils.sync_global_devices("vit_train:folder_checked")
     # removes temporary folders a killed run left
     ckpts = Checkpoints(out / "checkpoints", keep, trainer.tcfg.barrier_timeout)
+    # The first batches are made while the state is built and the step compiles (the batch position is
+    # the step: a resumed run starts at its latest checkpoint's).
+    it = trainer.train_iterator(start=saved[-1] if saved and resume else 0)
     try:
+        it.start_prefetch()
         if saved and resume:
-            state, meta = ckpts.restore(sharded_abstract(trainer))
+            state, meta = ckpts.restore(sharded_abstract(trainer), step=it.position)
             start = int(meta["step"])
         else:  # a fresh run, or a resumed one that was stopped before its first complete checkpoint
             state, start = trainer.init_state(), 0
+        before = _cache_events()
+        trainer.compile()  # while the first batches are made
+        hits, misses = (_cache_events()[k] - before[k] for k in ("cache_hits", "cache_misses"))
         if lead:
             out.mkdir(parents=True, exist_ok=True)
             write_json(out / "config.json", config)
@@ -685,7 +721,7 @@ def fit(
         return _loop(
             trainer,
             state,
-            start,
+            it,
             ckpts,
             metrics_path,
             ckpt_every=ckpt_every,
@@ -695,9 +731,10 @@ def fit(
             lead=lead,
             clock=time.perf_counter,
             started=started,
-            compile_cache=compile_cache,
+            compile_cache="off" if not compile_cache else "warm" if hits and not misses else "cold",
         )
     finally:
+        it.close()
         trainer.close()
         ckpts.wait()
         ckpts.close()
@@ -706,7 +743,7 @@ def fit(
 def _loop(
     t: Trainer,
     state,
-    start,
+    it,
     ckpts,
     metrics_path,
     *,
@@ -719,18 +756,7 @@ def _loop(
     started,
     compile_cache,
 ) -> tuple[dict, dict]:
-    tcfg, spe, total = t.tcfg, t.steps_per_epoch, t.total_steps
-    batches = train_batches(
-        t.data.train,
-        t.cfg.num_classes,
-        batch_size=tcfg.batch_size,
-        epochs=tcfg.epochs,
-        seed=tcfg.seed,
-        transform=t.train_transform,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-    )
-    it = iterate(batches, start=start, workers=t.workers)  # one batch per step: the step is the position
+    tcfg, spe, total, start = t.tcfg, t.steps_per_epoch, t.total_steps, it.position  # one batch per step
     n_train = len(t.data.train)
     pbar = (
         bar(
@@ -758,19 +784,10 @@ def _loop(
     try:
         for step in range(start, total):
             t0 = clock()
-            if step == start:
-                cache = _cache_events()
             state, m = t.train_step(state, next(it))
             m = jax.device_get(m)
             if step == start:
-                hits, misses = (_cache_events()[k] - cache[k] for k in ("cache_hits", "cache_misses"))
-                write(
-                    {
-                        "step": step + 1,
-                        "time_to_first_step_s": clock() - started,
-                        "compile_cache": "off" if not compile_cache else "warm" if hits and not misses else "cold",
-                    }
-                )
+                write({"step": step + 1, "time_to_first_step_s": clock() - started, "compile_cache": compile_cache})
             if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])):
                 ckpts.wait()
                 last = ckpts.latest_step()
@@ -830,7 +847,6 @@ def _loop(
             if s == total or (ckpt_every and s % ckpt_every == 0):
                 ckpts.save(s, state, {"step": s})
     finally:
-        it.close()
         if pbar:
             pbar.close()
         if log:
