@@ -492,14 +492,22 @@ def _snapshot(folder: Path) -> dict[str, str]:
     return out
 
 
+# The child's own peak: Linux's VmHWM (this process image's high-water mark). ru_maxrss is not used where
+# VmHWM exists: Linux carries it over from the process that started the child (the pytest worker, a GB
+# or more after other tests) across exec.
 _CHILD = """
-import resource, sys
+import os, resource, sys
 from vit_cli.main import main
 try:
     rc = main(sys.argv[2:])
 finally:
+    if os.path.exists("/proc/self/status"):
+        with open("/proc/self/status") as f:
+            peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) // 1024
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     with open(sys.argv[1], "w") as fh:
-        fh.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024))
+        fh.write(str(peak))
 sys.exit(rc)
 """
 
