@@ -120,6 +120,34 @@ def test_freeze_needs_a_checkpoint(capsys):
     assert "freeze=True: expected --init too" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--set", "width=64"], "--set width: use --width"),
+        (["--set", "class_token=false"], "--set class_token: use --pool"),
+        (["--strict"], "--source-image-size and --strict describe the checkpoint of --init"),
+        (["--source-image-size", "224"], "--source-image-size and --strict describe the checkpoint of --init"),
+    ],
+)
+def test_checkpoint_flags_without_a_checkpoint_are_refused(extra, message, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--dataset", "digits", *TINY, "--out", str(out), *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_set_without_init_configures_the_new_model(tmp_path):
+    """From scratch, --set gives the fields no flag of vit train sets (not silently ignored)."""
+    import json
+
+    out = tmp_path / "run"
+    settings = ["--set", "gelu=tanh", "--set", "ln_eps=1e-5", "--set", "dynamic_img_pad=true"]
+    assert main(["train", "--dataset", "digits", *TINY, "--image-size", "10", "--out", str(out), *settings]) == 0
+    model = json.loads((out / "config.json").read_text())["model"]
+    got = (model["gelu"], model["ln_eps"], model["dynamic_img_pad"], model["image_size"])
+    assert got == ("tanh", 1e-5, True, [10, 10])
+
+
 def test_train_flags_come_from_the_config_fields():
     """Every TrainConfig and Augment field is a `vit train` flag with the field's help and default."""
     import dataclasses

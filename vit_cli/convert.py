@@ -39,11 +39,12 @@ def _setting(text: str) -> tuple[str, object]:
         return key, value
 
 
-def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
+def add_checkpoint_arguments(p: argparse.ArgumentParser, set_also: str = "") -> None:
     """What every command that reads a checkpoint takes: ``--set FIELD=VALUE`` (repeatable; ->
-    ``args.settings``, a list of (field, value) config overrides), ``--source-image-size`` (the size a
-    file that stores none was trained at) and ``--strict`` (refuse to assume). ``checkpoint_options(args)``
-    turns them into ``load_checkpoint`` / ``load_model`` keywords."""
+    ``args.settings``, a list of (field, value) config overrides; ``set_also``: what else it does in
+    this command), ``--source-image-size`` (the size a file that stores none was trained at) and
+    ``--strict`` (refuse to assume). ``checkpoint_options(args)`` turns them into ``load_checkpoint`` /
+    ``load_model`` keywords."""
     p.add_argument(
         "--set",
         dest="settings",
@@ -51,7 +52,7 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help="a config field the checkpoint does not store or stores wrongly (repeatable), "
+        help=f"a config field the checkpoint does not store or stores wrongly{set_also} (repeatable), "
         "e.g. --set num_heads=16 --set gelu=tanh --set pool=gap",
     )
     p.add_argument(

@@ -79,7 +79,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_flags(a, Augment, given_only=True, defaults_help=dict.fromkeys(Augment.__dataclass_fields__, "see above"))
     f = p.add_argument_group("fine-tuning")
     add_flags(f, TrainConfig, only=("init", "freeze", "layer_decay"))
-    add_checkpoint_arguments(f)
+    add_checkpoint_arguments(f, set_also="; without --init, a field of the new model, e.g. gelu or ln_eps")
     pre = p.add_argument_group(
         "preprocessing (default: the checkpoint's with --init, else [-1, 1], see vit_common.images)"
     )
@@ -182,8 +182,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+# ViTConfig fields a model trained from scratch takes from vit train's flags (or the dataset), not --set.
+SCRATCH_FLAGS = {
+    **{k: "--" + k.replace("_", "-") for k in ("patch_size", "width", "depth", "num_heads", "mlp_dim", "pool")},
+    **{k: "--" + k.replace("_", "-") for k in ("posemb", "dropout", "drop_path", "dtype")},
+    "class_token": "--pool (token: a class token)",
+    "posemb_prefix": "--posemb",
+    "in_chans": "--dataset (its channels)",
+}
+
+
 def model_config(args: argparse.Namespace, num_classes: int, in_chans: int):
-    """The ViTConfig the flags describe (the demo model, or --variant, with any overrides)."""
+    """The ViTConfig the flags describe (the demo model, or --variant, with any overrides, --set's
+    included).
+
+    Raises:
+        ValueError: --set of a field that a flag of vit train sets (``SCRATCH_FLAGS``).
+    """
     from vit_common.config import ViTConfig
 
     fields = {
@@ -208,7 +223,11 @@ def model_config(args: argparse.Namespace, num_classes: int, in_chans: int):
         drop_path=args.drop_path or 0.0,
         dtype=args.dtype,
     )
-    overrides = {"image_size": DEMO_MODEL["image_size"], **given, **common}
+    settings = dict(args.settings)
+    flagged = [f"--set {k}: use {SCRATCH_FLAGS[k]}" for k in settings if k in SCRATCH_FLAGS]
+    if flagged:
+        raise ValueError(f"{'; '.join(flagged)} (a model trained from scratch takes that field from its flag)")
+    overrides = {"image_size": DEMO_MODEL["image_size"], **given, **common, **settings}
     if args.variant:
         return ViTConfig.from_name(args.variant, **overrides)
     return ViTConfig(**{**DEMO_MODEL, **overrides})
@@ -354,6 +373,8 @@ def run(args: argparse.Namespace) -> int:
     started = getattr(args, "started", time.perf_counter())
     split_cpu(args)  # before JAX is imported
     tcfg = train_config(args)  # framework-free: bad flags are refused before any process starts
+    if tcfg.init is None and (args.source_image_size is not None or args.strict):
+        raise ValueError("--source-image-size and --strict describe the checkpoint of --init; there is none")
     out = Path(args.out or Path("runs") / args.dataset.split(":")[0])
 
     from vit_jax import distributed
