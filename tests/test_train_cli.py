@@ -148,6 +148,24 @@ def test_set_without_init_configures_the_new_model(tmp_path):
     assert got == ("tanh", 1e-5, True, [10, 10])
 
 
+def test_a_warmup_as_long_as_the_run_is_warned(tmp_path, capsys):
+    data = folder(tmp_path / "imgs", "xy", n=6)  # 10 training images: 3 steps of 4
+    assert main(["train", "--dataset", f"imagefolder:{data}", *TINY, "--out", str(tmp_path / "run")]) == 0
+    assert "--warmup-steps 300 is not below the run's 3 steps" in capsys.readouterr().err
+
+
+def test_an_interrupted_run_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    import vit_cli.train
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vit_cli.train, "train", interrupted)
+    assert main(["train", "--dataset", "digits", *TINY, "--out", str(tmp_path / "run")]) == 130
+    err = capsys.readouterr().err
+    assert "the same command with --resume continues from step 0 (no checkpoint was written yet)" in err
+
+
 def test_train_flags_come_from_the_config_fields():
     """Every TrainConfig and Augment field is a `vit train` flag with the field's help and default."""
     import dataclasses

@@ -393,17 +393,25 @@ def run(args: argparse.Namespace) -> int:
         if cluster:
             cluster.check(e)  # if a process was lost, this process ends here with one line saying so
             cluster.leave(e)
+        if isinstance(e, KeyboardInterrupt) and lead:
+            print(f"vit train: stopped; the same command with --resume continues {resume_from(out)}", file=sys.stderr)
         raise
     if cluster:
         cluster.leave()
     return code
 
 
+def resume_from(out: Path) -> str:
+    """Where --resume continues the run in ``out``: its latest complete checkpoint, or step 0."""
+    from vit_jax.train import saved_steps
+
+    steps = saved_steps(out / "checkpoints")
+    return f"from the checkpoint of step {steps[-1]}" if steps else "from step 0 (no checkpoint was written yet)"
+
+
 def stop_line(out: Path, heartbeat_timeout: int, lost: list[int], failed: dict[int, str]) -> str:
     """What a process prints when another one was lost or stopped with an error (see vit_jax.distributed)."""
     import jax
-
-    from vit_jax.train import saved_steps
 
     n = jax.process_count()
     if lost:
@@ -411,9 +419,7 @@ def stop_line(out: Path, heartbeat_timeout: int, lost: list[int], failed: dict[i
         what = f"lost process {lost_} of {n} (heartbeats stopped; --heartbeat-timeout {heartbeat_timeout})"
     else:
         what = "; ".join(f"process {k} of {n} stopped with an {how}" for k, how in sorted(failed.items()))
-    steps = saved_steps(out / "checkpoints")
-    where = f"from the checkpoint of step {steps[-1]}" if steps else "from step 0 (no checkpoint was written yet)"
-    return f"vit train: {what}; stopping. Start all {n} processes again with --resume to continue {where}."
+    return f"vit train: {what}; stopping. Start all {n} processes again with --resume to continue {resume_from(out)}."
 
 
 def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
@@ -474,6 +480,12 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         workers = 0 if data.in_memory else cores
     trainer = Trainer(cfg, tcfg, data, preprocess=preprocess, weights=weights, workers=workers)
+    if tcfg.warmup_steps >= trainer.total_steps > 1:
+        log(
+            f"vit train: warning: --warmup-steps {tcfg.warmup_steps} is not below the run's {trainer.total_steps} "
+            f"steps: the learning rate rises for the whole run and never decays (pass --warmup-steps < "
+            f"{trainer.total_steps})"
+        )
     log(
         f"vit train: {data.name}: {len(data.train)} train / {len(data.test)} test images, "
         f"{data.num_classes} classes; ViT {cfg.width}x{cfg.depth} patch {cfg.patch_size[0]} "
