@@ -48,9 +48,11 @@ def run(args: argparse.Namespace) -> int:
     from vit_cli.run_model import class_names, load_with_info, logits
     from vit_common.datasets import EvalBatches, ImageTransform, load_dataset
     from vit_common.images import Preprocess
+    from vit_common.io import check_destination
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size={args.batch_size}: expected a positive int")
+    check_destination(args.confusion)  # refused before the evaluation, not after it
     model, info = load_with_info(
         args.checkpoint, args.framework, checkpoint_options(args), values(Preprocess, args), args.classes
     )

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
-from vit_common.io import write_json
+from vit_common.io import check_destination, write_json
 from vit_common.tolerance import Comparison, compare
 from vit_common.validate import arg, int_in
 
@@ -412,6 +412,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-images={args.max_images}: expected a positive int")
     if not args.report and (args.layer is not None or args.head is not None):
         raise ValueError("--layer and --head choose the map --report draws: pass --report DIR too")
+    if args.json:
+        check_destination(args.json)  # refused before the comparison, not after it
     options = checkpoint_options(args) | ({"image_size": args.image_size} if args.image_size else {})
     result = run_parity(
         args.checkpoint,
