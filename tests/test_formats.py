@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from vit_common import io
+from vit_common.config import ViTConfig
 from vit_common.convert import FORMATS, load_checkpoint, needs, output_format, read_checkpoint, save_checkpoint
 from vit_common.formats.base import FormatError
-from vit_common.state import StateMismatchError
+from vit_common.state import StateMismatchError, canonical_shapes
 
 # (format, file name, write options): every container vit_common writes without a framework.
 NUMPY_TARGETS = [
@@ -582,3 +583,18 @@ def test_assumed_fields_stay_assumed_through_a_conversion(tmp_path, small_cfg, r
             load_checkpoint(tmp_path / name, strict=True)
     report = convert(tmp_path / "bare.safetensors", tmp_path / "b.npz", num_heads=2, gelu="exact", ln_eps=1e-6)
     assert any(w.startswith("pool='token' was assumed") and "cannot record that" in w for w in report.warnings)
+
+
+def test_a_given_head_count_is_used_where_no_rule_guesses_one(tmp_path):
+    """Width 16 has no variant row and is no multiple of 64: refused without num_heads, exact with it."""
+    from safetensors.numpy import save_file
+
+    cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
+    rng = np.random.default_rng(0)
+    state = {k: rng.standard_normal(s).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
+    save_file(state, tmp_path / "t.safetensors")
+    with pytest.raises(FormatError, match=r"cannot guess num_heads for width 16.*--set num_heads=N"):
+        load_checkpoint(tmp_path / "t.safetensors")
+    ckpt = load_checkpoint(tmp_path / "t.safetensors", num_heads=2)
+    assert ckpt.cfg.num_heads == 2 and ckpt.report.provenance["num_heads"].kind == "given"
+    assert all(np.array_equal(ckpt.state[k], v) for k, v in state.items())

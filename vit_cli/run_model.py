@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import warnings
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -51,7 +51,7 @@ def load_with_info(path, framework: str, options=(), preprocess: dict | None = N
     """(model in eval mode, ``vit_common.metadata.ModelInfo``) of the checkpoint at ``path`` in the twin
     ``framework`` ('jax' | 'torch'), ``options`` as ``load``; ``preprocess`` fields and ``classes`` given
     on the command line replace what the file says. The conversion's warnings (guessed fields) and
-    assumed preprocessing are issued as UserWarnings.
+    assumed preprocessing are printed to stderr, a line each ("vit: warning: PATH: ...").
 
     Raises:
         ValueError: an unknown framework; what ``vit_common.convert.load_checkpoint`` raises.
@@ -68,11 +68,9 @@ def load_with_info(path, framework: str, options=(), preprocess: dict | None = N
     else:
         raise ValueError(f"framework={framework!r}: expected 'jax' or 'torch'")
     ckpt = load_checkpoint(path, readers=READERS, **dict(options))
-    for w in ckpt.report.warnings:
-        warnings.warn(f"{path}: {w}", UserWarning, stacklevel=2)
     info = with_overrides(read_info(path, ckpt.report.format), preprocess or {}, classes)
-    for w in info.warnings:
-        warnings.warn(f"{path}: {w}", UserWarning, stacklevel=2)
+    for w in [*ckpt.report.warnings, *info.warnings]:
+        print(f"vit: warning: {path}: {w}", file=sys.stderr)
     if info.classes is None:
         info.classes = _run_classes(path, ckpt.cfg.num_classes)
         info.classes_source = "declared: the run's config.json" if info.classes else info.classes_source

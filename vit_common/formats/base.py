@@ -250,7 +250,9 @@ def guess_num_heads(width: int) -> tuple[int, Origin]:
             return row["num_heads"], assumed(f"not stored; the variant table's {name} row for width {width}")
     if width % 64 == 0:
         return width // 64, assumed("not stored; width / 64 (head_dim 64)")
-    raise FormatError(f"cannot guess num_heads for width {width}: the file does not store it; pass num_heads")
+    raise FormatError(
+        f"cannot guess num_heads for width {width}: the file does not store it; pass num_heads (--set num_heads=N)"
+    )
 
 
 def grid_of(rows: int, prefix: int, grid: tuple[int, int] | None) -> tuple[int, int] | None:

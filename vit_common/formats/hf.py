@@ -354,7 +354,8 @@ def read_tensors(
         f["qkv_bias"] = f"{layer.format(i=0)}{_NAMES[spelling][1]}.bias" in tensors
         prov.update({k: derived("tensor shapes") for k in ("width", "depth", "mlp_dim", "in_chans", "patch_size")})
         prov["qkv_bias"] = derived("tensors present")
-        f["num_heads"], prov["num_heads"] = guess_num_heads(d)
+        if "num_heads" not in overrides:  # given: no guess, and no refusal where no rule guesses one
+            f["num_heads"], prov["num_heads"] = guess_num_heads(d)
         f["gelu"], prov["gelu"] = "exact", assumed("no config.json; transformers' default hidden_act='gelu'")
         f["ln_eps"], prov["ln_eps"] = 1e-12, assumed("no config.json; transformers' default layer_norm_eps")
         pe = tensors.get(prefix + "embeddings.position_embeddings")
