@@ -78,6 +78,13 @@ def test_digits_are_scikit_learns_whether_read_from_its_csv_or_through_load_digi
     assert np.array_equal(target, ref.target)
 
 
+def test_examples_before_a_step_leave_out_the_padding():
+    from vit_common.datasets import examples_before
+
+    # 10 examples in batches of 4: 4, 4, 2 per epoch (the progress bar of a resumed run starts there)
+    assert [examples_before(s, 10, 4) for s in range(7)] == [0, 4, 8, 10, 14, 18, 20]
+
+
 def test_epochs_cover_every_example_once_with_a_padded_last_batch():
     src = _source(10)
     ds = train_batches(src, 3, batch_size=4, epochs=2, seed=0, transform=_tf())

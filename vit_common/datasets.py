@@ -485,6 +485,13 @@ def batches_per_epoch(n: int, batch_size: int) -> int:
     return -(-n // batch_size)
 
 
+def examples_before(step: int, n: int, batch_size: int) -> int:
+    """Real examples (padding excluded) in the first ``step`` batches of epochs of ``n`` examples: each
+    epoch's last batch holds only its remainder."""
+    spe = batches_per_epoch(n, batch_size)
+    return (step // spe) * n + min((step % spe) * batch_size, n)
+
+
 def example_rng(seed: int, position: int) -> np.random.Generator:
     """The generator of the example at global stream ``position`` (epoch-major, padding included)."""
     return np.random.default_rng((seed, _EXAMPLE, position))

@@ -36,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 
 from vit_common import io
 from vit_common.config import ViTConfig
-from vit_common.datasets import Dataset, batches_per_epoch
+from vit_common.datasets import Dataset, batches_per_epoch, examples_before
 from vit_common.images import Preprocess
 from vit_common.train_config import TrainConfig
 from vit_jax.data import eval_batches, iterate, train_batches, transform_for
@@ -761,7 +761,7 @@ def _loop(
     pbar = (
         bar(
             total=tcfg.epochs * n_train,
-            initial=min(start * tcfg.batch_size, tcfg.epochs * n_train),
+            initial=examples_before(start, n_train, tcfg.batch_size),
             unit="img",
             unit_scale=True,
             dynamic_ncols=True,
