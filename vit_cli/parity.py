@@ -8,6 +8,7 @@ that other tools (the ``--report`` pictures) can use it without the command line
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -238,13 +239,11 @@ def run_parity(
         images = np.random.default_rng(0).standard_normal((num_generated, cfg.in_chans, *cfg.image_size))
         image_names = [f"generated-{i}" for i in range(num_generated)]
     elif isinstance(images, (str, Path)):
-        import warnings
-
         from vit_common.metadata import read_info
 
         info = read_info(checkpoint, ckpt.report.format)
         for w in info.warnings:
-            warnings.warn(f"{checkpoint}: {w}", UserWarning, stacklevel=2)
+            print(f"vit: warning: {checkpoint}: {w}", file=sys.stderr)
         preprocess = info.preprocess
         images, image_names = load_images(images, cfg.image_size, cfg.in_chans, preprocess, max_images)
     else:
