@@ -707,17 +707,16 @@ def fit(
     try:
         it.start_prefetch()
         if saved and resume:
-            state, meta = ckpts.restore(sharded_abstract(trainer), step=it.position)
-            start = int(meta["step"])
+            state, _ = ckpts.restore(sharded_abstract(trainer), step=it.position)
         else:  # a fresh run, or a resumed one that was stopped before its first complete checkpoint
-            state, start = trainer.init_state(), 0
+            state = trainer.init_state()
         before = _cache_events()
         trainer.compile()  # while the first batches are made
         hits, misses = (_cache_events()[k] - before[k] for k in ("cache_hits", "cache_misses"))
         if lead:
             out.mkdir(parents=True, exist_ok=True)
             write_json(out / "config.json", config)
-            _truncate_metrics(metrics_path, start)
+            _truncate_metrics(metrics_path, it.position)
         return _loop(
             trainer,
             state,
