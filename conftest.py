@@ -189,7 +189,7 @@ def _write_npz_layout(path, cfg: ViTConfig, s: dict, *, extra: dict | None = Non
 @pytest.fixture
 def npz_layouts():
     """The .npz layouts of the original ViT and big_vision, spelled independently of
-    ``vit_common.formats.npz`` (plain numpy, one line per parameter) from the parameter paths the real
+    ``vit_common.checkpoints.formats.npz`` (plain numpy, one line per parameter) from the parameter paths the real
     files hold: google-research/vision_transformer checkpoints (pre-linen counters LayerNorm_0 /
     MultiHeadDotProductAttention_1 / LayerNorm_2 / MlpBlock_3, ``Transformer/posembed_input/pos_embedding``
     with a class row, optional ``opt/target/``) and big_vision ``models/vit.py`` (linen counters, top-level
@@ -266,7 +266,7 @@ def _twin_logits(path, images_nchw: np.ndarray, **load_options) -> tuple[np.ndar
 
     import vit_jax
     import vit_torch
-    from vit_common.convert import load_checkpoint
+    from vit_common.checkpoints.convert import load_checkpoint
     from vit_jax.formats import READERS as JAX_READERS
     from vit_torch.formats import READERS as TORCH_READERS
 

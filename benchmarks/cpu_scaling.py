@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             os.sched_setaffinity(0, args.child_cpus)  # before JAX and torch create their thread pools
         except OSError as e:
             p.error(f"--child-cpus={','.join(map(str, args.child_cpus))}: {e.strerror}")
-        from vit_common.host_memory import reuse_freed_memory
+        from vit_common.system.host_memory import reuse_freed_memory
 
         reuse_freed_memory()
         recs = measure(variants, args.batch, args.warmup, args.repeats, args.child_cpus, args.image_size)

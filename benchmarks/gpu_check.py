@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_common import host_memory
+from vit_common.system import host_memory
 
 CONTENDERS = ["vit_jax", "vit_torch", "vit_torch_compile", "timm", "timm_compile", "hf"]
 # part -> estimated seconds on one H200 (compilation included), most important first. A throughput

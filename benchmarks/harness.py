@@ -21,8 +21,8 @@ from importlib import metadata
 import numpy as np
 
 from benchmarks.contenders import Contender, build, check
-from vit_common import host_memory
 from vit_common.config import ViTConfig
+from vit_common.system import host_memory
 
 SCHEMA = "vit-bench/1"
 TRAIN_FLOPS_FACTOR = 3

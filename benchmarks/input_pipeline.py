@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.harness import host
-from vit_common import io
+from vit_common.system import io
 
 SCHEMA = "vit-input-pipeline/1"
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")  # scikit-image sample photos, one class each
@@ -125,8 +125,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    from vit_common.datasets import Augment, load_dataset
-    from vit_common.images import PRESETS
+    from vit_common.data.datasets import Augment, load_dataset
+    from vit_common.data.images import PRESETS
     from vit_jax.data import train_batches, transform_for
 
     args = parse_args(argv)

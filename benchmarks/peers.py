@@ -1,7 +1,7 @@
 """ViTConfig -> the constructor arguments of the peer implementations the benchmark times.
 
-The mappings are the ones weight conversion uses: ``vit_common.formats.timm.timm_kwargs`` for timm,
-``vit_common.formats.hf.config_json`` for Hugging Face. Anything a peer cannot express raises, rather
+The mappings are the ones weight conversion uses: ``vit_common.checkpoints.formats.timm.timm_kwargs`` for timm,
+``vit_common.checkpoints.formats.hf.config_json`` for Hugging Face. Anything a peer cannot express raises, rather
 than timing a different model.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from vit_common.checkpoints.formats.hf import config_json
+from vit_common.checkpoints.formats.timm import timm_kwargs
 from vit_common.config import ViTConfig
-from vit_common.formats.hf import config_json
-from vit_common.formats.timm import timm_kwargs
 
 
 def peer_config(cfg: ViTConfig, library: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from vit_common import io
+from vit_common.system import io
 
 README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 

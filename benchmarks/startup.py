@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from benchmarks.harness import host
-from vit_common import io
+from vit_common.system import io
 
 SCHEMA = "vit-startup/1"
 KINDS = ("cold", "warm", "off")

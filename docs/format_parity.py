@@ -20,8 +20,8 @@ from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer
 
 from vit_cli.parity import run_parity
+from vit_common.checkpoints.convert import save_checkpoint
 from vit_common.config import ViTConfig
-from vit_common.convert import save_checkpoint
 from vit_common.state import canonical_shapes
 
 
@@ -89,7 +89,7 @@ def _timm_npz_rel(path: Path, res) -> float:
     """Logits of timm's own .npz loader (``_load_weights``) vs the torch twin's, relative."""
     from timm.models.vision_transformer import _load_weights
 
-    from vit_common.convert import load_checkpoint
+    from vit_common.checkpoints.convert import load_checkpoint
     from vit_torch.oracles import timm_model
 
     cfg = load_checkpoint(path).cfg

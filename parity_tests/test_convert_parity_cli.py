@@ -16,7 +16,7 @@ import vit_torch
 from vit_cli.main import main
 from vit_cli.parity import run_parity
 from vit_cli.report import ROW_KEYS
-from vit_common.convert import load_checkpoint, save_checkpoint
+from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
 from vit_jax.formats import READERS as JAX_READERS
 from vit_jax.formats import WRITERS as JAX_WRITERS
 from vit_torch.formats import READERS as TORCH_READERS
@@ -199,7 +199,7 @@ def test_parity_report_pictures(tmp_path, capsys, small_cfg, random_state):
 def test_parity_images_take_the_folder_layouts_of_training(tmp_path, capsys, small_cfg, random_state):
     """--images reads a folder of class folders (or train/ + val/) as training does, in sorted order,
     the first --max-images of them, with the checkpoint's preprocessing (here declared in the file)."""
-    from vit_common.images import PRESETS
+    from vit_common.data.images import PRESETS
 
     save_checkpoint(
         tmp_path / "m.safetensors", small_cfg, random_state(small_cfg, scale=0.2), preprocess=PRESETS["imagenet"]

@@ -17,9 +17,9 @@ import pytest
 from PIL import Image
 
 from vit_cli.main import main
+from vit_common.checkpoints.convert import save_checkpoint
+from vit_common.checkpoints.formats.source import read_safetensors
 from vit_common.config import ViTConfig
-from vit_common.convert import save_checkpoint
-from vit_common.formats.source import read_safetensors
 from vit_common.state import canonical_shapes
 
 

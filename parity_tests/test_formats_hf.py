@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from vit_common.convert import load_checkpoint, save_checkpoint
+from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
 from vit_common.tolerance import compare
 
 

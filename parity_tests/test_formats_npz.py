@@ -8,8 +8,8 @@ import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer, _load_weights
 
+from vit_common.checkpoints.convert import save_checkpoint
 from vit_common.config import ViTConfig
-from vit_common.convert import save_checkpoint
 from vit_common.state import canonical_shapes
 
 BASE = ViTConfig(

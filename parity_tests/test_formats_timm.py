@@ -10,7 +10,7 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-from vit_common.convert import load_checkpoint, save_checkpoint
+from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
 from vit_common.tolerance import compare
 from vit_torch.formats import READERS, WRITERS
 from vit_torch.timm_models import timm_config

@@ -22,8 +22,8 @@ from safetensors.torch import load_file, save_file
 
 import vit_jax
 import vit_torch
+from vit_common.checkpoints.convert import load_checkpoint
 from vit_common.config import FUNCTION_FIELDS
-from vit_common.convert import load_checkpoint
 from vit_common.tolerance import compare
 from vit_torch.formats import READERS
 

@@ -22,8 +22,8 @@ import pytest
 from PIL import Image
 
 from vit_cli.main import main
-from vit_common import io
-from vit_common.formats.source import read_safetensors
+from vit_common.checkpoints.formats.source import read_safetensors
+from vit_common.system import io
 from vit_common.tolerance import compare
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,8 +141,8 @@ def test_export_agrees_in_pytorch_and_timm(ref, npz):
 
     import vit_jax
     import vit_torch
-    from vit_common.datasets import load_dataset
-    from vit_common.images import normalize
+    from vit_common.data.datasets import load_dataset
+    from vit_common.data.images import normalize
 
     data = load_dataset(f"npz:{npz}", (8, 8), 1)
     x = normalize(data.test.images)
@@ -156,8 +156,8 @@ def test_export_agrees_in_pytorch_and_timm(ref, npz):
     assert np.mean(lj.argmax(-1) == data.test.labels) == parity["jax_accuracy"]
     # the timm export carries its config and says how timm loads it strictly (the demo's fc_norm=False
     # included): run exactly that code
-    from vit_common.convert import load_checkpoint
-    from vit_common.formats.timm import timm_load_call
+    from vit_common.checkpoints.convert import load_checkpoint
+    from vit_common.checkpoints.formats.timm import timm_load_call
 
     timm_file = ref / "model_timm.safetensors"
     exported = load_checkpoint(timm_file)
@@ -227,7 +227,7 @@ def test_evaluate_and_predict(ref, npz, tmp_path, capsys):
     timm_file = str(ref / "model_timm.safetensors")
     assert main(["predict", timm_file, *map(str, files), "--strict", "--json"]) == 0
     assert [json.loads(ln)["top"][0]["class"] for ln in capsys.readouterr().out.splitlines()] == tops["jax"]
-    from vit_common.io import save_safetensors
+    from vit_common.system.io import save_safetensors
 
     save_safetensors(tmp_path / "bare.safetensors", tensors(timm_file))
     assert main(["predict", str(tmp_path / "bare.safetensors"), str(files[0])]) == 2

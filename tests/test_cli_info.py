@@ -27,7 +27,7 @@ def test_info_bad_variant_exits_2(capsys):
 
 def test_an_output_path_that_is_a_folder_exits_2(tmp_path, capsys, small_cfg, random_state):
 
-    from vit_common.convert import save_checkpoint
+    from vit_common.checkpoints.convert import save_checkpoint
 
     save_checkpoint(tmp_path / "m.safetensors", small_cfg, random_state(small_cfg))
     (tmp_path / "out.npz").mkdir()
@@ -41,7 +41,7 @@ def test_info_of_a_checkpoint_prints_the_provenance_of_each_field(tmp_path, caps
     """`vit info FILE`: a timm file as timm writes it (no config) lists each field with where it came
     from, marks the assumed ones and warns each with its flag; --set makes a field given."""
 
-    from vit_common.io import save_safetensors
+    from vit_common.system.io import save_safetensors
 
     save_safetensors(tmp_path / "timm.safetensors", random_state(small_cfg))
     assert main(["info", str(tmp_path / "timm.safetensors")]) == 0

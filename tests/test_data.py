@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_common.datasets import (
+from vit_common.data.datasets import (
     ArraySource,
     Augment,
     EvalBatches,
@@ -16,7 +16,7 @@ from vit_common.datasets import (
     load_dataset,
     native_channels,
 )
-from vit_common.images import Preprocess
+from vit_common.data.images import Preprocess
 from vit_jax.data import eval_batches, iterate, train_batches, train_iterator
 
 NO_AUGMENT = Augment()
@@ -68,7 +68,7 @@ def test_digits_are_scikit_learns_whether_read_from_its_csv_or_through_load_digi
 
     from sklearn.datasets import load_digits
 
-    from vit_common import datasets
+    from vit_common.data import datasets
 
     if not found:
         monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
@@ -79,7 +79,7 @@ def test_digits_are_scikit_learns_whether_read_from_its_csv_or_through_load_digi
 
 
 def test_examples_before_a_step_leave_out_the_padding():
-    from vit_common.datasets import examples_before
+    from vit_common.data.datasets import examples_before
 
     # 10 examples in batches of 4: 4, 4, 2 per epoch (the progress bar of a resumed run starts there)
     assert [examples_before(s, 10, 4) for s in range(7)] == [0, 4, 8, 10, 14, 18, 20]

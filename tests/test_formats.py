@@ -10,11 +10,18 @@ import os
 import numpy as np
 import pytest
 
-from vit_common import io
+from vit_common.checkpoints.convert import (
+    FORMATS,
+    load_checkpoint,
+    needs,
+    output_format,
+    read_checkpoint,
+    save_checkpoint,
+)
+from vit_common.checkpoints.formats.base import FormatError
 from vit_common.config import ViTConfig
-from vit_common.convert import FORMATS, load_checkpoint, needs, output_format, read_checkpoint, save_checkpoint
-from vit_common.formats.base import FormatError
 from vit_common.state import StateMismatchError, canonical_shapes
+from vit_common.system import io
 
 # (format, file name, write options): every container vit_common writes without a framework.
 NUMPY_TARGETS = [
@@ -99,7 +106,7 @@ def test_timm_file_infers_the_config_from_shapes(tmp_path, kw, timm_needs, small
 
 
 def test_deit3_layer_scale_spelling_and_ddp_prefix(tmp_path, small_cfg, random_state, assert_same_state):
-    from vit_common.io import save_safetensors
+    from vit_common.system.io import save_safetensors
 
     cfg = small_cfg.replace(layer_scale=1e-6)
     state = random_state(cfg)
@@ -296,7 +303,7 @@ def test_big_vision_old_combined_cls_posemb_and_sincos(npz_case, small_cfg):
 
 def test_writer_layouts_equal_the_helper(tmp_path, small_cfg, random_state, assert_same_state, npz_layouts):
     """Our writer produces exactly the arrays the independent helper spells for the same layout."""
-    from vit_common.formats import npz
+    from vit_common.checkpoints.formats import npz
 
     cfg = small_cfg.replace(pool="map", class_token=False, posemb_prefix=False, rep_size=16)
     state = random_state(cfg)
@@ -494,7 +501,7 @@ def test_folder_outputs_replace_only_checkpoint_folders_we_wrote(tmp_path, small
 def test_assumed_fields_are_warned_with_their_flag_and_strict_refuses_them(tmp_path, small_cfg, random_state):
     """A timm file as timm writes it stores no config: every field that changes the function and that
     the tensors do not imply is assumed, warned with the flag that supplies it, and refused by strict."""
-    from vit_common.io import save_safetensors
+    from vit_common.system.io import save_safetensors
 
     cfg = small_cfg.replace(width=128, num_heads=4, mlp_dim=256)  # no VARIANTS row of width 128: width/64 = 2 heads
     save_safetensors(tmp_path / "t.safetensors", random_state(cfg))
@@ -532,8 +539,8 @@ def test_files_written_before_pool_include_prefix_keep_their_map_head(tmp_path, 
     adopted; their MAP head pooled every token, and a file without the field still reads that way."""
     import json as json_
 
-    from vit_common.formats.canonical import FORMAT_TAG
-    from vit_common.io import save_safetensors
+    from vit_common.checkpoints.formats.canonical import FORMAT_TAG
+    from vit_common.system.io import save_safetensors
 
     cfg = small_cfg.replace(pool="map", reg_tokens=1)
     old = {k: v for k, v in cfg.to_dict().items() if k not in ("pool_include_prefix", "dist_token", "head_dist")}
@@ -547,7 +554,7 @@ def test_files_written_before_pool_include_prefix_keep_their_map_head(tmp_path, 
 
 def test_every_reader_gives_every_function_field_a_provenance(tmp_path, small_cfg, random_state):
     from vit_common.config import FUNCTION_FIELDS
-    from vit_common.io import save_safetensors
+    from vit_common.system.io import save_safetensors
 
     state = random_state(small_cfg)
     save_safetensors(tmp_path / "bare_timm.safetensors", state)
@@ -569,8 +576,8 @@ def test_a_source_size_that_contradicts_the_declared_one_is_an_error(tmp_path, s
 def test_assumed_fields_stay_assumed_through_a_conversion(tmp_path, small_cfg, random_state):
     """Converting a file whose config had to be assumed does not turn the assumptions into facts: our
     .safetensors, timm .safetensors and HF config.json record them; formats that cannot say so."""
-    from vit_common.convert import convert
-    from vit_common.io import save_safetensors
+    from vit_common.checkpoints.convert import convert
+    from vit_common.system.io import save_safetensors
 
     save_safetensors(tmp_path / "bare.safetensors", random_state(small_cfg))
     source = load_checkpoint(tmp_path / "bare.safetensors").report.assumed

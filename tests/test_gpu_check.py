@@ -8,7 +8,7 @@ import sys
 
 from benchmarks import gpu_check
 from benchmarks.harness import RECORD_FIELDS
-from vit_common import io
+from vit_common.system import io
 
 
 def test_smoke_run_writes_every_part(tmp_path):

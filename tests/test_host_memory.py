@@ -1,4 +1,4 @@
-"""vit_common.host_memory: a large block freed by a worker thread is reused, not unmapped and re-faulted."""
+"""vit_common.system.host_memory: a large block freed by a worker thread is reused, not unmapped and re-faulted."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from vit_common import host_memory
+from vit_common.system import host_memory
 
 # Allocate, fill and free 256 MB twice in a worker thread (as XLA's temporaries); print the minor page
 # faults of the second round. Settings are process-wide, so each case runs in its own interpreter.
 # (C malloc, not numpy: numpy asks for huge pages, XLA does not.)
 PROBE = """
 import ctypes, ctypes.util, resource, sys, threading
-from vit_common.host_memory import reuse_freed_memory, state
+from vit_common.system.host_memory import reuse_freed_memory, state
 if sys.argv[1] == "apply":
     reuse_freed_memory()
 libc = ctypes.CDLL(ctypes.util.find_library("c"))

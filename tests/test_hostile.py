@@ -29,11 +29,11 @@ import pytest
 from safetensors.numpy import save_file
 
 from vit_cli.main import main
-from vit_common import io
+from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
+from vit_common.checkpoints.formats.canonical import FORMAT_TAG
 from vit_common.config import ViTConfig
-from vit_common.convert import load_checkpoint, save_checkpoint
-from vit_common.formats.canonical import FORMAT_TAG
 from vit_common.state import canonical_shapes
+from vit_common.system import io
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ViTConfig(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
@@ -330,7 +330,7 @@ def train_while_another_runs(tmp: Path) -> list[str]:
         [
             sys.executable,
             "-c",
-            "import sys, time; from vit_common import io\n"
+            "import sys, time; from vit_common.system import io\n"
             "with io.folder_lock(sys.argv[1], 'vit train'):\n    print('held', flush=True); time.sleep(600)",
             str(tmp / "run"),
         ],
@@ -621,7 +621,7 @@ def test_kill_9_during_a_write_leaves_a_temporary_the_next_write_removes(tmp_pat
         [
             sys.executable,
             "-c",
-            "import sys, time; from vit_common import io\n"
+            "import sys, time; from vit_common.system import io\n"
             "def write(tmp):\n"
             "    open(tmp, 'wb').write(b'half a model'); print('writing', flush=True); time.sleep(600)\n"
             "io.atomic_write(sys.argv[1], write)",

@@ -1,4 +1,4 @@
-"""The one image path (vit_common.images): EXIF orientation, every Pillow mode, resize and crop as timm and
+"""The one image path (vit_common.data.images): EXIF orientation, every Pillow mode, resize and crop as timm and
 transformers do them, normalisation, folders."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vit_common.images import (
+from vit_common.data.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     PRESETS,

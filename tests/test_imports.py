@@ -21,8 +21,9 @@ def _loaded_after(statement: str) -> set[str]:
     "statement, forbidden",
     [
         (
-            "import vit_common, vit_common.convert, vit_common.attention, vit_common.tolerance, vit_common.images, "
-            "vit_common.datasets, vit_common.metadata, vit_common.train_config",
+            "import vit_common, vit_common.checkpoints, vit_common.tolerance, vit_common.posemb, "
+            "vit_common.data.images, vit_common.data.datasets, vit_common.data.train_config, "
+            "vit_common.system.io, vit_common.system.validate, vit_cli.attention_maps",
             JAX_MODULES + TORCH_MODULES,
         ),
         ("import vit_torch", JAX_MODULES),

@@ -1,4 +1,4 @@
-"""vit_common.io: the one module that writes files (atomic writes, JSON); nothing else writes on its own."""
+"""vit_common.system.io: the one module that writes files (atomic writes, JSON); nothing else writes on its own."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vit_common import io
+from vit_common.system import io
 
 ROOT = Path(__file__).resolve().parents[1]
-# Ways to write a file (or rename one into place) without going through vit_common.io. Writing to the
+# Ways to write a file (or rename one into place) without going through vit_common.system.io. Writing to the
 # temporary path an io.atomic_write callback receives ("tmp") is going through it.
 WRITES = re.compile(
     r"os\.replace\(|os\.rename\(|mkstemp\(|\.write_text\(|\.write_bytes\(|json\.dump\(|"
@@ -26,7 +26,7 @@ def test_no_module_writes_files_except_through_io():
     offenders = []
     for package in ("vit_common", "vit_jax", "vit_torch", "vit_cli", "benchmarks"):
         for path in sorted((ROOT / package).rglob("*.py")):
-            if path == ROOT / "vit_common" / "io.py":
+            if path == ROOT / "vit_common" / "system" / "io.py":
                 continue
             for n, line in enumerate(path.read_text().splitlines(), 1):
                 code = line.split("#")[0]
@@ -112,7 +112,7 @@ def test_a_folder_lock_is_refused_at_once_naming_the_holder_and_released_by_kill
         [
             sys.executable,
             "-c",
-            "import sys, time; from vit_common import io\n"
+            "import sys, time; from vit_common.system import io\n"
             "with io.folder_lock(sys.argv[1], 'vit train'):\n    print('held', flush=True); time.sleep(600)",
             str(tmp_path / "run"),
         ],

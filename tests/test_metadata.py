@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 
+from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
+from vit_common.checkpoints.metadata import hf_preprocess, read_info, with_overrides
 from vit_common.config import ViTConfig
-from vit_common.convert import load_checkpoint, save_checkpoint
-from vit_common.images import IMAGENET_MEAN, PRESETS, Preprocess
-from vit_common.metadata import hf_preprocess, read_info, with_overrides
+from vit_common.data.images import IMAGENET_MEAN, PRESETS, Preprocess
 from vit_common.state import canonical_shapes
 
 CFG = ViTConfig(image_size=32, patch_size=8, width=64, depth=2, num_heads=4, mlp_dim=128, num_classes=3)
@@ -69,7 +69,7 @@ def test_transformers_reads_our_hf_folder_preprocessing_and_we_read_its(tmp_path
 
 
 def test_malformed_declarations_are_errors_naming_the_file(tmp_path):
-    from vit_common.formats.canonical import save_canonical
+    from vit_common.checkpoints.formats.canonical import save_canonical
 
     save_canonical(tmp_path / "m.safetensors", CFG, state(), {"preprocess": json.dumps({"mean": [0.5], "std": [0]})})
     with pytest.raises(ValueError, match="m.safetensors metadata: the stored preprocessing"):
@@ -82,7 +82,7 @@ def test_malformed_declarations_are_errors_naming_the_file(tmp_path):
 def test_convert_carries_what_the_source_declares(tmp_path):
     """HF folder -> our file -> timm file: the processor's preprocessing and the label names survive;
     a new head drops the names; a timm file's assumed preprocessing is not written as a declaration."""
-    from vit_common.convert import convert
+    from vit_common.checkpoints.convert import convert
 
     pp = Preprocess(IMAGENET_MEAN, (0.2, 0.3, 0.4), "bicubic", 1.0, "squash")
     save_checkpoint(tmp_path / "hf", CFG, state(), "hf", preprocess=pp, classes=["x", "y", "z"])

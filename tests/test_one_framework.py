@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from vit_common.checkpoints.convert import save_checkpoint
 from vit_common.config import ViTConfig
-from vit_common.convert import save_checkpoint
-from vit_common.images import Preprocess
+from vit_common.data.images import Preprocess
 from vit_common.state import canonical_shapes
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vit_common.convert import convert, load_checkpoint, save_checkpoint
-from vit_common.io import save_safetensors
+from vit_common.checkpoints.convert import convert, load_checkpoint, save_checkpoint
+from vit_common.system.io import save_safetensors
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

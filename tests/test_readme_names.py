@@ -44,5 +44,5 @@ def test_readme_names_exist(dotted):
 
 
 def test_readme_names_were_found():
-    assert "vit_common.datasets.load_dataset" in FROM_IMPORTS and "vit_jax.data.train_iterator" in FROM_IMPORTS
+    assert "vit_common.data.datasets.load_dataset" in FROM_IMPORTS and "vit_jax.data.train_iterator" in FROM_IMPORTS
     assert len(DOTTED) > 10

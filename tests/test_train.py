@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from vit_common.config import ViTConfig
-from vit_common.datasets import ArraySource, Augment, Dataset
+from vit_common.data.datasets import ArraySource, Augment, Dataset
 from vit_common.tolerance import compare
 from vit_jax.data import iterate, train_batches
 from vit_jax.model import VisionTransformer

@@ -84,8 +84,8 @@ def test_help_explains_every_flag():
 @pytest.fixture
 def tiny_checkpoint(tmp_path):
     """Our file of a tiny ViT: 8 px, patch 4, width 16, 3 classes, RGB."""
+    from vit_common.checkpoints.convert import save_checkpoint
     from vit_common.config import ViTConfig
-    from vit_common.convert import save_checkpoint
     from vit_common.state import canonical_shapes
 
     cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
@@ -170,8 +170,8 @@ def test_train_flags_come_from_the_config_fields():
     """Every TrainConfig and Augment field is a `vit train` flag with the field's help and default."""
     import dataclasses
 
-    from vit_common.datasets import Augment
-    from vit_common.train_config import TrainConfig
+    from vit_common.data.datasets import Augment
+    from vit_common.data.train_config import TrainConfig
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -196,7 +196,7 @@ def test_a_head_follows_the_class_names():
     """--init with the dataset's class count: the head is kept for the same names, its rows reordered for
     the same names in another order, replaced by zeros for other names (each change reported)."""
     from vit_cli.train import _match_head
-    from vit_common.formats.base import Report
+    from vit_common.checkpoints.formats.base import Report
 
     state = {"head.weight": np.arange(6.0).reshape(3, 2), "head.bias": np.arange(3.0)}
     report = Report()

@@ -11,7 +11,7 @@ Per image STEM, written to --out:
   STEM_probe.npy           [N, h, w] float32 (pool='map' only)
   STEM_rollout.npy         [h, w] float32
   STEM_attention.json      what is shown, preprocessing, prediction, prefix-token shares, file names
-The arithmetic is ``vit_common.attention`` (see its docstring for rollout and for what each pooling shows).
+The arithmetic is ``vit_cli.attention_maps`` (see its docstring for rollout and for what each pooling shows).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def _forward(framework: str, model, images: np.ndarray) -> tuple[np.ndarray, dic
 
 def shares(dist: np.ndarray, cfg) -> dict:
     """Share of a token distribution [L] per token kind: patches, cls, registers (floats)."""
-    from vit_common.attention import split_tokens
+    from vit_cli.attention_maps import split_tokens
 
     sp = split_tokens(dist, cfg)
     out = {"patches": float(sp.patches.sum())}
@@ -139,7 +139,7 @@ def _colour(grid: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """Patch grid [h, w] -> RGB [H, W, 3] in [0, 1]: upsampled, scaled min..max, coloured with CMAP."""
     from matplotlib import colormaps
 
-    from vit_common.attention import upsample
+    from vit_cli.attention_maps import upsample
 
     m = upsample(grid, size)
     span = m.max() - m.min()
@@ -162,13 +162,13 @@ def panel_grid(n: int) -> tuple[int, int]:
 def _write_png(path: Path, rgb: np.ndarray) -> None:
     from PIL import Image
 
-    from vit_common.io import atomic_write
+    from vit_common.system.io import atomic_write
 
     atomic_write(path, lambda tmp: Image.fromarray(rgb).save(tmp, format="PNG"))
 
 
 def _write_npy(path: Path, arr: np.ndarray) -> None:
-    from vit_common.io import atomic_write
+    from vit_common.system.io import atomic_write
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:
@@ -181,7 +181,7 @@ def write_figure(path: Path, image: np.ndarray, panels: list[tuple[str, np.ndarr
     """One PNG: the image, then each (title, patch grid [h, w]) overlaid on it; PANEL_PX per panel."""
     from matplotlib.figure import Figure
 
-    from vit_common.io import atomic_write
+    from vit_common.system.io import atomic_write
 
     rows, cols = panel_grid(len(panels) + 1)
     fig = Figure(figsize=(cols * PANEL_PX[0] / 100, rows * PANEL_PX[1] / 100), dpi=100)
@@ -203,14 +203,14 @@ def write_figure(path: Path, image: np.ndarray, panels: list[tuple[str, np.ndarr
 
 def _selected(per_head: np.ndarray, head: int | str) -> np.ndarray:
     """The map a --head value picks from per-head distributions [N, L]: one head, or the fused rows."""
-    from vit_common.attention import fused_rows
+    from vit_cli.attention_maps import fused_rows
 
     return per_head[head] if isinstance(head, int) else fused_rows(per_head, head)
 
 
 def _image_outputs(b: int, image: np.ndarray, maps, cfg, args, out: Path, stem: str) -> tuple[list, dict, list]:
     """Write one image's overlays and arrays: (figure panels, shares per map, files written)."""
-    from vit_common.attention import split_tokens
+    from vit_cli.attention_maps import split_tokens
 
     def grid(dist: np.ndarray) -> np.ndarray:  # [..., L] -> patch grid [..., h, w]
         return split_tokens(dist, cfg).patches
@@ -254,11 +254,11 @@ def _image_outputs(b: int, image: np.ndarray, maps, cfg, args, out: Path, stem: 
 
 
 def run(args: argparse.Namespace) -> int:
+    from vit_cli.attention_maps import attention_maps
     from vit_cli.flags import values
     from vit_cli.run_model import class_names, load_with_info
-    from vit_common.attention import attention_maps
-    from vit_common.images import Preprocess, list_images, load_image, normalize
-    from vit_common.io import write_json
+    from vit_common.data.images import Preprocess, list_images, load_image, normalize
+    from vit_common.system.io import write_json
 
     files = list_images(args.images)
     stems = [p.stem for p in files]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from vit_common.validate import arg, int_in
+from vit_common.system.validate import arg, int_in
 
 
 def _csv(s: str) -> list[str]:

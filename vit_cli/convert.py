@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from vit_common.validate import arg, int_in
+from vit_common.system.validate import arg, int_in
 
 # Fields --set does not take: each has flags of its own, whose meanings differ.
 OWN_FLAGS = {
@@ -92,7 +92,7 @@ def _size(text: str) -> int | tuple[int, int]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from vit_common.convert import FORMATS
+    from vit_common.checkpoints.convert import FORMATS
 
     formats = ", ".join(FORMATS)
     p = sub.add_parser(
@@ -148,13 +148,13 @@ def _adapters(framework: str | None, kind: str) -> dict:
 
 def readers_for(path) -> dict:
     """The framework readers ``path`` needs (importing only that framework), for ``load_checkpoint``."""
-    from vit_common.convert import needs
+    from vit_common.checkpoints.convert import needs
 
     return _adapters(needs(path), "READERS")
 
 
 def run(args: argparse.Namespace) -> int:
-    from vit_common.convert import convert, needs
+    from vit_common.checkpoints.convert import convert, needs
 
     readers = readers_for(args.src)
     writers = _adapters(needs(args.dst, args.to_fmt, writing=True), "WRITERS")

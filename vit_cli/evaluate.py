@@ -9,7 +9,7 @@ from pathlib import Path
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_cli.main import HelpFormatter
 from vit_cli.run_model import add_image_flags
-from vit_common.validate import arg, float_in, int_in
+from vit_common.system.validate import arg, float_in, int_in
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=HelpFormatter,
         description="Evaluate a checkpoint (any format vit_jax/vit_torch load_model reads, e.g. a run's "
         "model.safetensors) on a dataset: accuracy, per-class accuracy and a confusion-matrix PNG labelled "
-        "with the class names. Images get the checkpoint's preprocessing (vit_common.images). When the "
+        "with the class names. Images get the checkpoint's preprocessing (vit_common.data.images). When the "
         "checkpoint and the dataset both name their classes, labels are matched by name.",
     )
     p.add_argument("checkpoint", help="model file or folder")
@@ -46,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
 
     from vit_cli.flags import values
     from vit_cli.run_model import class_names, load_with_info, logits
-    from vit_common.datasets import EvalBatches, ImageTransform, load_dataset
-    from vit_common.images import Preprocess
-    from vit_common.io import check_destination
+    from vit_common.data.datasets import EvalBatches, ImageTransform, load_dataset
+    from vit_common.data.images import Preprocess
+    from vit_common.system.io import check_destination
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size={args.batch_size}: expected a positive int")
@@ -135,7 +135,7 @@ def confusion_png(label, pred, classes: list[str], png: Path, title: str):
     import matplotlib.pyplot as plt
     from sklearn.metrics import ConfusionMatrixDisplay, confusion_matrix
 
-    from vit_common.io import atomic_write
+    from vit_common.system.io import atomic_write
 
     matrix = confusion_matrix(label, pred, labels=list(range(len(classes))))
     size = max(5.0, 0.45 * len(classes) + 2)

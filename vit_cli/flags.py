@@ -3,7 +3,7 @@
 ``add_flags(group, cls)`` adds ``--field-name`` for each field of ``cls`` (``field.metadata["help"]``,
 optional ``"choices"``); the type comes from the annotation: bool -> ``--x/--no-x``, int / float / str,
 ``X | None`` -> X, ``tuple[float, ...]`` -> one or more values; a field with a ``Range`` in its metadata
-(``vit_common.validate``) is checked against it as the flag is parsed. ``values(cls, args)`` collects the
+(``vit_common.system.validate``) is checked against it as the flag is parsed. ``values(cls, args)`` collects the
 parsed values that were given.
 """
 

@@ -8,7 +8,7 @@ import json
 import os
 
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
-from vit_common.validate import arg, int_in
+from vit_common.system.validate import arg, int_in
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -44,8 +44,8 @@ def _summary(cfg) -> list[str]:
 
 def _checkpoint(args: argparse.Namespace) -> int:
     from vit_cli.convert import readers_for
+    from vit_common.checkpoints.convert import load_checkpoint
     from vit_common.config import RUNTIME_FIELDS
-    from vit_common.convert import load_checkpoint
 
     if args.num_classes is not None or args.image_size is not None:
         raise ValueError("--num-classes and --image-size describe a variant; a checkpoint says its own")

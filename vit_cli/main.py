@@ -11,8 +11,8 @@ import os
 import sys
 import time
 
-from vit_common import io
-from vit_common.host_memory import reuse_freed_memory
+from vit_common.system import io
+from vit_common.system.host_memory import reuse_freed_memory
 
 # subcommand -> module; each module imports only argparse/stdlib/vit_common at top level.
 COMMANDS = {
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.started = started  # `time.perf_counter()` when the command started
-    reuse_freed_memory()  # before JAX starts its threads; see vit_common/host_memory.py
+    reuse_freed_memory()  # before JAX starts its threads; see vit_common/system/host_memory.py
     try:
         with io.overwriting(getattr(args, "overwrite", False)):
             return int(args.func(args) or 0)

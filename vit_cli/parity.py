@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
-from vit_common.io import check_destination, write_json
+from vit_common.system.io import check_destination, write_json
+from vit_common.system.validate import arg, int_in
 from vit_common.tolerance import Comparison, compare
-from vit_common.validate import arg, int_in
 
 
 @dataclass
@@ -131,14 +131,14 @@ def load_images(
     folder: str | Path, image_size: tuple[int, int], chans: int, preprocess, max_images: int | None = None
 ) -> tuple[np.ndarray, list[str]]:
     """The first ``max_images`` (all if None) images of ``folder`` in sorted order, searched recursively as
-    ``vit_common.images.list_images`` does (the layouts training reads), as float32 [B, C, H, W] through
-    the one image path (``vit_common.images.load_image`` and ``normalize`` with ``preprocess``); and their
+    ``vit_common.data.images.list_images`` does (the layouts training reads), as float32 [B, C, H, W] through
+    the one image path (``vit_common.data.images.load_image`` and ``normalize`` with ``preprocess``); and their
     paths relative to ``folder``.
 
     Raises:
         FileNotFoundError: no such folder. ValueError: no image in it, or an unreadable image (named).
     """
-    from vit_common.images import list_images, load_image, normalize
+    from vit_common.data.images import list_images, load_image, normalize
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -159,7 +159,7 @@ def _top1_agreement(a: np.ndarray, b: np.ndarray) -> float | None:
 def _against_timm(cfg, state, x, dtype):
     import torch
 
-    from vit_common.formats import timm as timm_format
+    from vit_common.checkpoints.formats import timm as timm_format
     from vit_torch.oracles import timm_model
 
     enc = timm_format.FORMAT.encode(cfg, state, Path("oracle.safetensors"))
@@ -209,11 +209,11 @@ def run_parity(
     full matmul precision (no TF32) and compare every intermediate.
 
     ``images``: [B, C, H, W] floats at the model's image size, a folder (``load_images``: its first
-    ``max_images``, with the checkpoint's preprocessing, ``vit_common.metadata.read_info``), or None for
+    ``max_images``, with the checkpoint's preprocessing, ``vit_common.checkpoints.metadata.read_info``), or None for
     ``num_generated`` seeded standard-normal images.
 
     ``dtype`` 'float32' or 'float64' (JAX x64 is switched on for the call). ``load_options`` go to
-    ``vit_common.convert.load_checkpoint`` (image_size, num_classes, fmt, config overrides).
+    ``vit_common.checkpoints.convert.load_checkpoint`` (image_size, num_classes, fmt, config overrides).
 
     Raises:
         ValueError / FileNotFoundError: bad checkpoint, dtype or library name; ImportError if the
@@ -224,7 +224,7 @@ def run_parity(
 
     import vit_jax
     import vit_torch
-    from vit_common.convert import load_checkpoint
+    from vit_common.checkpoints.convert import load_checkpoint
     from vit_jax.formats import READERS as JAX_READERS
     from vit_torch.formats import READERS as TORCH_READERS
 
@@ -239,7 +239,7 @@ def run_parity(
         images = np.random.default_rng(0).standard_normal((num_generated, cfg.in_chans, *cfg.image_size))
         image_names = [f"generated-{i}" for i in range(num_generated)]
     elif isinstance(images, (str, Path)):
-        from vit_common.metadata import read_info
+        from vit_common.checkpoints.metadata import read_info
 
         info = read_info(checkpoint, ckpt.report.format)
         for w in info.warnings:

@@ -8,7 +8,7 @@ import json
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_cli.main import HelpFormatter
 from vit_cli.run_model import add_image_flags
-from vit_common.validate import arg, int_in
+from vit_common.system.validate import arg, int_in
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -18,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=HelpFormatter,
         description="Classify images with a checkpoint (any format vit_jax/vit_torch load_model reads). Each "
         "image is decoded upright (EXIF orientation), converted to the model's channels, resized and "
-        "centre-cropped and normalised with the checkpoint's preprocessing (vit_common.images), as in "
+        "centre-cropped and normalised with the checkpoint's preprocessing (vit_common.data.images), as in "
         "evaluation. Class names come from the checkpoint, the run's config.json beside it, or --classes.",
     )
     p.add_argument("checkpoint", help="model file or folder")
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
     from vit_cli.flags import values
     from vit_cli.run_model import class_names, load_with_info, logits
-    from vit_common.images import Preprocess, list_images, load_image, normalize
+    from vit_common.data.images import Preprocess, list_images, load_image, normalize
 
     files = list_images(args.images)
     model, info = load_with_info(

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_common.io import atomic_write, write_text
+from vit_common.system.io import atomic_write, write_text
 from vit_common.tolerance import Comparison, compare
 
 ROW_KEYS = ("name", "what", "dtype", "max_abs", "mean_abs", "scale", "kind", "bound")

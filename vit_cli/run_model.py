@@ -1,6 +1,6 @@
 """Run a twin over image batches: the one place the CLI turns images into logits.
 
-Images are numpy float32 [B, H, W, C] (normalised as ``vit_common.images.normalize``); logits come
+Images are numpy float32 [B, H, W, C] (normalised as ``vit_common.data.images.normalize``); logits come
 back as numpy float32 [B, K]. Matmuls run at full float32 precision in both frameworks (no TF32).
 ``load`` imports only the framework it is asked for.
 """
@@ -48,16 +48,16 @@ def load(path, framework: str, options=()):
 
 
 def load_with_info(path, framework: str, options=(), preprocess: dict | None = None, classes=None):
-    """(model in eval mode, ``vit_common.metadata.ModelInfo``) of the checkpoint at ``path`` in the twin
+    """(model in eval mode, ``vit_common.checkpoints.metadata.ModelInfo``) of the checkpoint at ``path`` in the twin
     ``framework`` ('jax' | 'torch'), ``options`` as ``load``; ``preprocess`` fields and ``classes`` given
     on the command line replace what the file says. The conversion's warnings (guessed fields) and
     assumed preprocessing are printed to stderr, a line each ("vit: warning: PATH: ...").
 
     Raises:
-        ValueError: an unknown framework; what ``vit_common.convert.load_checkpoint`` raises.
+        ValueError: an unknown framework; what ``vit_common.checkpoints.convert.load_checkpoint`` raises.
     """
-    from vit_common.convert import load_checkpoint
-    from vit_common.metadata import read_info, with_overrides
+    from vit_common.checkpoints.convert import load_checkpoint
+    from vit_common.checkpoints.metadata import read_info, with_overrides
 
     if framework == "jax":
         from vit_jax import from_numpy
@@ -108,7 +108,7 @@ def logits(model, framework: str, batches: Iterable[np.ndarray]) -> Iterator[np.
 def add_image_flags(p: argparse.ArgumentParser) -> None:
     """--mean/--std/--interpolation/--crop-pct/--crop-mode (default: the checkpoint's) and --classes."""
     from vit_cli.flags import add_flags
-    from vit_common.images import Preprocess
+    from vit_common.data.images import Preprocess
 
     g = p.add_argument_group("preprocessing (default: what the checkpoint declares, else its format's usual)")
     add_flags(g, Preprocess, given_only=True, defaults_help=dict.fromkeys(Preprocess.__dataclass_fields__, "see above"))

@@ -23,10 +23,10 @@ from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_cli.flags import add_flags, values
 from vit_cli.main import HelpFormatter
 from vit_cli.run_model import class_list
-from vit_common.datasets import Augment
-from vit_common.images import Preprocess
-from vit_common.train_config import TrainConfig
-from vit_common.validate import arg, check_model_size, float_in, int_in
+from vit_common.data.datasets import Augment
+from vit_common.data.images import Preprocess
+from vit_common.data.train_config import TrainConfig
+from vit_common.system.validate import arg, check_model_size, float_in, int_in
 
 # The demo model: 28x28 inputs, 7x7 patches, 16 tokens (no class token: average pooling).
 DEMO_MODEL = dict(image_size=28, patch_size=7, width=128, depth=4, num_heads=4, mlp_dim=256, pool="gap")
@@ -81,7 +81,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_flags(f, TrainConfig, only=("init", "freeze", "layer_decay"))
     add_checkpoint_arguments(f, set_also="; without --init, a field of the new model, e.g. gelu or ln_eps")
     pre = p.add_argument_group(
-        "preprocessing (default: the checkpoint's with --init, else [-1, 1], see vit_common.images)"
+        "preprocessing (default: the checkpoint's with --init, else [-1, 1], see vit_common.data.images)"
     )
     add_flags(
         pre, Preprocess, given_only=True, defaults_help=dict.fromkeys(Preprocess.__dataclass_fields__, "see above")
@@ -271,9 +271,9 @@ def check_flags_against(cfg, args: argparse.Namespace, path: str) -> None:
 
 
 def _readers(path: str) -> dict:
-    """The checkpoint readers ``path`` needs (vit_common.convert: orbax folders need jax, PyTorch
+    """The checkpoint readers ``path`` needs (vit_common.checkpoints.convert: orbax folders need jax, PyTorch
     .pth/.bin files torch, which is imported only then)."""
-    from vit_common.convert import needs
+    from vit_common.checkpoints.convert import needs
 
     if needs(path) == "torch":
         from vit_torch.formats import READERS
@@ -304,9 +304,9 @@ def load_init(args, tcfg: TrainConfig, name_classes, preprocess_flags: dict, log
     """
     import numpy as np
 
-    from vit_common.convert import load_checkpoint
-    from vit_common.datasets import load_dataset
-    from vit_common.metadata import read_info, with_overrides
+    from vit_common.checkpoints.convert import load_checkpoint
+    from vit_common.checkpoints.metadata import read_info, with_overrides
+    from vit_common.data.datasets import load_dataset
 
     readers = _readers(tcfg.init)
     overrides = checkpoint_options(args)
@@ -362,13 +362,13 @@ def run(args: argparse.Namespace) -> int:
 
     Raises:
         DestinationError: another run holds the folder, or the folder holds files this run would
-            replace that vit did not write (``vit_common.io``).
+            replace that vit did not write (``vit_common.system.io``).
     """
     import contextlib
     import functools
     import time
 
-    from vit_common import io
+    from vit_common.system import io
 
     started = getattr(args, "started", time.perf_counter())
     split_cpu(args)  # before JAX is imported
@@ -427,8 +427,8 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
 
     import jax
 
-    from vit_common.datasets import load_dataset, native_channels
-    from vit_common.metadata import ModelInfo
+    from vit_common.checkpoints.metadata import ModelInfo
+    from vit_common.data.datasets import load_dataset, native_channels
     from vit_jax.train import NonFiniteError, Trainer, enable_compile_cache, fit
 
     cache = args.compile_cache or default_cache_dir()
@@ -537,7 +537,7 @@ def export(out: Path, cfg, weights, preprocess, classes, report, log) -> tuple[d
     checkpoint's own format (model_hf/, model_big_vision.npz, ...). Returns ({format: path} of the
     exports besides ours, {format: the library call that loads that export strictly}); a format that
     cannot hold the model is skipped with a note."""
-    from vit_common.convert import save_checkpoint
+    from vit_common.checkpoints.convert import save_checkpoint
 
     save_checkpoint(out / "model.safetensors", cfg, weights, "canonical", preprocess=preprocess, classes=classes)
     targets = {"timm": out / "model_timm.safetensors"}
@@ -661,7 +661,7 @@ def plot_curves(metrics: Path, png: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    from vit_common.io import atomic_write
+    from vit_common.system.io import atomic_write
 
     atomic_write(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
     plt.close(fig)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vit_common.posemb import METHODS
-from vit_common.validate import float_in, int_in
+from vit_common.system.validate import float_in, int_in
 
 # One row per width/depth/MLP/heads. Sources: big_vision `models/vit.py` decode_variant, ViT paper
 # (Dosovitskiy et al. 2021) Table 1, So400m from Alabdulmohsin et al. 2023 ("Getting ViT in shape").

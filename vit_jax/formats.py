@@ -4,7 +4,7 @@ Layout: ``PATH/vit_config.json`` ({"format": ..., "vit_config": ..., "rng_impl":
 (orbax ``StandardCheckpointer``): parameters and, for models with dropout or drop path, their RNG
 streams. Typed PRNG keys are stored as their raw ``key_data`` (uint32) and wrapped again on restore, so
 restoring into an abstract model never trips over the key dtype, whatever the orbax version.
-``READERS`` / ``WRITERS`` plug this into ``vit_common.convert``.
+``READERS`` / ``WRITERS`` plug this into ``vit_common.checkpoints.convert``.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from vit_common.checkpoints.convert import ORBAX_CONFIG
+from vit_common.checkpoints.formats.base import FormatError, common_float_dtype
+from vit_common.checkpoints.formats.canonical import FORMAT_TAG, stored_config
 from vit_common.config import ViTConfig
-from vit_common.convert import ORBAX_CONFIG
-from vit_common.formats.base import FormatError, common_float_dtype
-from vit_common.formats.canonical import FORMAT_TAG, stored_config
-from vit_common.io import atomic_write_dir, write_json
-from vit_common.validate import check_model_size
+from vit_common.system.io import atomic_write_dir, write_json
+from vit_common.system.validate import check_model_size
 from vit_jax.model import VisionTransformer
 from vit_jax.weights import check_float64, from_numpy, to_numpy
 
@@ -77,7 +77,7 @@ def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:
 
     Raises:
         FormatError: not such a folder, or orbax cannot restore it into this config's structure.
-        ValueError: the stored config needs more memory than `vit_common.validate.memory_limit()`.
+        ValueError: the stored config needs more memory than `vit_common.system.validate.memory_limit()`.
     """
     path = Path(path)
     try:
@@ -109,7 +109,7 @@ def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:
 
 
 def read_orbax(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, np.ndarray]]:
-    """(config, canonical state) of a ``save_orbax`` folder, for ``vit_common.convert``."""
+    """(config, canonical state) of a ``save_orbax`` folder, for ``vit_common.checkpoints.convert``."""
     model = load_orbax(path)
     return model.cfg, to_numpy(model)
 

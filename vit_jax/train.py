@@ -34,11 +34,11 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from vit_common import io
 from vit_common.config import ViTConfig
-from vit_common.datasets import Dataset, batches_per_epoch, examples_before
-from vit_common.images import Preprocess
-from vit_common.train_config import TrainConfig
+from vit_common.data.datasets import Dataset, batches_per_epoch, examples_before
+from vit_common.data.images import Preprocess
+from vit_common.data.train_config import TrainConfig
+from vit_common.system import io
 from vit_jax.data import eval_batches, iterate, train_batches, transform_for
 from vit_jax.model import Block, VisionTransformer
 from vit_jax.weights import from_numpy, to_numpy

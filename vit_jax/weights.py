@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from vit_common.checkpoints.convert import read_checkpoint
 from vit_common.config import ViTConfig
-from vit_common.convert import read_checkpoint
 from vit_common.state import canonical_shapes, check_state
 from vit_jax.model import VisionTransformer
 
@@ -110,14 +110,14 @@ def from_numpy(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, seed: int = 0
 
 
 def load_model(path, *, image_size=None, num_classes=None, **overrides) -> VisionTransformer:
-    """Load any supported checkpoint file or folder (``vit_common.convert.FORMATS``; PyTorch .pth/.bin
+    """Load any supported checkpoint file or folder (``vit_common.checkpoints.convert.FORMATS``; PyTorch .pth/.bin
     files need torch: convert them first) into the JAX twin, in eval mode.
 
     ``image_size`` resamples the position embedding to that size at load time; ``num_classes`` replaces
     a head of another size with a zero one; ``overrides`` replace config fields (``dtype="bfloat16"``,
     ``attn_impl="explicit"``, ``num_heads=12``, ...) or are ``load_checkpoint``'s other keywords
     (``fmt=`` to force a format, ``source_image_size=(H, W)``, ``strict=True`` to refuse any assumed
-    field). Assumed fields are issued as UserWarnings. See ``vit_common.convert.load_checkpoint`` for
+    field). Assumed fields are issued as UserWarnings. See ``vit_common.checkpoints.convert.load_checkpoint`` for
     the errors raised.
     """
     from vit_jax.formats import READERS

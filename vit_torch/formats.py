@@ -1,11 +1,11 @@
-"""PyTorch file containers (.pth, .pt, .bin) for ``vit_common.convert``, which cannot import torch.
+"""PyTorch file containers (.pth, .pt, .bin) for ``vit_common.checkpoints.convert``, which cannot import torch.
 
 Files are read with ``torch.load(weights_only=True)``: tensors, containers and primitives only, never
 arbitrary pickled objects. Training checkpoints also hold a few harmless objects, which are allowed by
 name (``SAFE_GLOBALS``): ``argparse.Namespace`` (timm's 'args'), numpy scalars, dtypes and plain arrays
 (a saved best accuracy or epoch counter; numpy arrays of Python objects would need further globals and
 stay refused). A file that is still refused is named with the global that blocked it.
-``READERS`` and ``WRITERS`` are what ``vit_common.convert.load_checkpoint(readers=...)`` /
+``READERS`` and ``WRITERS`` are what ``vit_common.checkpoints.convert.load_checkpoint(readers=...)`` /
 ``save_checkpoint(writers=...)`` take.
 """
 
@@ -21,8 +21,8 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from vit_common.formats.base import FormatError
-from vit_common.io import atomic_write
+from vit_common.checkpoints.formats.base import FormatError
+from vit_common.system.io import atomic_write
 from vit_torch.weights import numpy_to_tensor, tensor_to_numpy
 
 # Entries of training checkpoints that hold the weights, in the order they are preferred (timm's

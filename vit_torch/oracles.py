@@ -13,15 +13,15 @@ from functools import partial
 import numpy as np
 import torch
 
+from vit_common.checkpoints.convert import save_checkpoint
+from vit_common.checkpoints.formats.timm import timm_kwargs
 from vit_common.config import ViTConfig
-from vit_common.convert import save_checkpoint
-from vit_common.formats.timm import timm_kwargs
 from vit_torch.weights import numpy_to_tensor
 
 
 def timm_model(cfg: ViTConfig, state: Mapping[str, np.ndarray] | None = None) -> torch.nn.Module:
     """timm ``VisionTransformer`` (``VisionTransformerDistilled`` with head_dist) for ``cfg``
-    (``vit_common.formats.timm.timm_kwargs``), in eval mode.
+    (``vit_common.checkpoints.formats.timm.timm_kwargs``), in eval mode.
 
     With ``state`` (canonical, i.e. a timm state_dict) the weights are loaded with strict=True.
     """
@@ -38,16 +38,16 @@ def timm_model(cfg: ViTConfig, state: Mapping[str, np.ndarray] | None = None) ->
 
 
 def hf_model(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, spelling: str = "v4") -> torch.nn.Module:
-    """The transformers model ``vit_common.formats.hf.config_json`` names for ``cfg`` (ViT or DeiT:
+    """The transformers model ``vit_common.checkpoints.formats.hf.config_json`` names for ``cfg`` (ViT or DeiT:
     backbone, classifier, or classifier with teacher), in eval mode.
 
-    The state is written as an HF folder (``vit_common.formats.hf``) and loaded with ``from_pretrained``,
+    The state is written as an HF folder (``vit_common.checkpoints.formats.hf``) and loaded with ``from_pretrained``,
     which must report no missing, unexpected or mismatched key (else ValueError). Attention is 'eager'
     so that attention probabilities can be returned.
     """
     import transformers
 
-    from vit_common.formats.hf import config_json
+    from vit_common.checkpoints.formats.hf import config_json
 
     cls = getattr(transformers, config_json(cfg)["architectures"][0])
     kw = {} if cfg.num_classes else {"add_pooling_layer": cfg.rep_size > 0}

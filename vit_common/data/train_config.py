@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from vit_common.datasets import Augment
-from vit_common.validate import Range, check_fields
+from vit_common.data.datasets import Augment
+from vit_common.system.validate import Range, check_fields
 
 POSITIVE_INT = Range(1, integer=True)
 
@@ -32,7 +32,7 @@ class TrainConfig:
     ``settings()`` fields, which do not change the numbers).
 
     Raises (on construction):
-        ValueError: a value out of its field's range (``vit_common.validate.Range``; NaN and infinities
+        ValueError: a value out of its field's range (``vit_common.system.validate.Range``; NaN and infinities
             included), ``accum_steps`` not dividing ``batch_size``, or ``freeze`` with
             ``layer_decay`` (a linear probe trains the head only: there are no layers to decay).
     """

@@ -19,10 +19,10 @@ import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from vit_common.formats.base import FormatError, Source
-from vit_common.formats.npz import load_file as load_npz
-from vit_common.io import read_json
-from vit_common.validate import regular_file
+from vit_common.checkpoints.formats.base import FormatError, Source
+from vit_common.checkpoints.formats.npz import load_file as load_npz
+from vit_common.system.io import read_json
+from vit_common.system.validate import regular_file
 
 ORBAX_CONFIG = "vit_config.json"  # beside the orbax ``state/`` folder: {"format": ..., "vit_config": ...}
 HF_INDEX = "model.safetensors.index.json"

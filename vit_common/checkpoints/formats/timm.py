@@ -27,9 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from vit_common import io
-from vit_common.config import ViTConfig
-from vit_common.formats.base import (
+from vit_common.checkpoints.formats.base import (
     ASSUMED_KEY,
     Decoded,
     Encoded,
@@ -54,9 +52,11 @@ from vit_common.formats.base import (
     unsupported,
     writer,
 )
-from vit_common.formats.canonical import assumed_meta, config_from_json, decode_stored
-from vit_common.formats.source import TORCH_SUFFIXES
+from vit_common.checkpoints.formats.canonical import assumed_meta, config_from_json, decode_stored
+from vit_common.checkpoints.formats.source import TORCH_SUFFIXES
+from vit_common.config import ViTConfig
 from vit_common.state import canonical_shapes
+from vit_common.system import io
 
 _DEIT3_GAMMA = re.compile(r"^(blocks\.\d+)\.gamma_([12])$")
 POOL_TO_TIMM = {"token": "token", "gap": "avg", "max": "max", "avgmax": "avgmax", "map": "map", "none": ""}

@@ -11,7 +11,7 @@ Datasets (``load_dataset(spec, ...)``):
 
 Array datasets are resized to the model's size once, at load; image folders keep file paths and every
 example is decoded, cropped and augmented when it is used (``ImageTransform``), through
-``vit_common.images``. Everything here is a pure function of (seed, position): ``TrainPlan`` says which
+``vit_common.data.images``. Everything here is a pure function of (seed, position): ``TrainPlan`` says which
 example fills which row of which batch (for one process of several), ``ImageTransform`` and
 ``finish_batch`` draw their randomness from generators seeded by (seed, position), so a batch is the
 same whichever process, worker or thread computes it, and a run resumes by batch index. The JAX twin's
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_common.formats.npz import load_file as load_npz
-from vit_common.images import (
+from vit_common.checkpoints.formats.npz import load_file as load_npz
+from vit_common.data.images import (
     IMAGE_SUFFIXES,
     Preprocess,
     eval_resize_crop,
@@ -39,7 +39,7 @@ from vit_common.images import (
     to_array,
     to_channels,
 )
-from vit_common.validate import Range, check_fields
+from vit_common.system.validate import Range, check_fields
 
 MAX_CLASSES = 2**20  # a dataset's label values must lie below this (ImageNet-21k has 21,843 classes)
 _SPLIT_SEED = 0  # fixed split of mnist5k, digits and any dataset split by val_fraction

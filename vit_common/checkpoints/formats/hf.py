@@ -48,9 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from vit_common import io
-from vit_common.config import ViTConfig
-from vit_common.formats.base import (
+from vit_common.checkpoints.formats.base import (
     ASSUMED_KEY,
     Decoded,
     Encoded,
@@ -78,6 +76,8 @@ from vit_common.formats.base import (
     to_canonical,
     unsupported,
 )
+from vit_common.config import ViTConfig
+from vit_common.system import io
 
 _ACT_TO_GELU = {
     "gelu": "exact",
@@ -416,7 +416,7 @@ class HuggingFace(Format):
     folder = True
 
     def detect(self, src: Source) -> bool:
-        from vit_common.formats.timm import is_timm
+        from vit_common.checkpoints.formats.timm import is_timm
 
         if src.container not in ("hf_folder", "safetensors", "torch"):
             return False

@@ -1,6 +1,6 @@
 """Read and write every supported checkpoint format through the canonical state.
 
-The formats are ``vit_common.formats.REGISTRY`` (one module and one object each), detected from the
+The formats are ``vit_common.checkpoints.formats.REGISTRY`` (one module and one object each), detected from the
 contents, never from the file name:
 
 ============== ======================================================= ==========================
@@ -39,10 +39,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from vit_common import io, validate
-from vit_common.config import ViTConfig
-from vit_common.formats import REGISTRY
-from vit_common.formats.base import (
+from vit_common.checkpoints.formats import REGISTRY
+from vit_common.checkpoints.formats.base import (
     ASSUMED,
     DECLARED,
     GIVEN,
@@ -58,7 +56,7 @@ from vit_common.formats.base import (
     check_canonical,
     flag_for,
 )
-from vit_common.formats.source import (
+from vit_common.checkpoints.formats.source import (
     HF_WEIGHTS,
     ORBAX_CONFIG,
     TORCH_SUFFIXES,
@@ -66,10 +64,12 @@ from vit_common.formats.source import (
     load_tensors,
     open_source,
 )
-from vit_common.images import Preprocess
-from vit_common.metadata import hf_labels, hf_preprocessor_config, info_metadata, read_info
+from vit_common.checkpoints.metadata import hf_labels, hf_preprocessor_config, info_metadata, read_info
+from vit_common.config import ViTConfig
+from vit_common.data.images import Preprocess
 from vit_common.posemb import resample_pos_embed
 from vit_common.state import canonical_shapes, nonfinite
+from vit_common.system import io, validate
 
 FORMATS = {name: f.description for name, f in REGISTRY.items()}
 __all__ = [
@@ -378,10 +378,10 @@ def save_checkpoint(
     for .npz layouts; ``assumed``: config fields that were assumed when the state was read (a
     ``report.assumed``), recorded where the format can (our and timm's .safetensors, HF config.json) so
     they stay assumed, warned where it cannot. ``preprocess`` and ``classes`` (K names) are recorded
-    where the format can hold them (``vit_common.metadata``): safetensors metadata of our and timm files,
+    where the format can hold them (``vit_common.checkpoints.metadata``): safetensors metadata of our and timm files,
     an HF folder's preprocessor_config.json and id2label; other formats get a note. Nothing is written
     unless the whole conversion succeeds; an existing destination is replaced only if it is provably ours
-    (``vit_common.io.check_destination``). ``report.load_call`` is the library code that loads the
+    (``vit_common.system.io.check_destination``). ``report.load_call`` is the library code that loads the
     written file strictly (timm or transformers), where there is one.
 
     Raises:
@@ -415,7 +415,7 @@ def convert(
 ) -> Report:
     """Read ``src`` (see ``load_checkpoint`` for ``read_options``) and write ``dst``; one report for both.
 
-    Preprocessing and class names that ``src`` declares (``vit_common.metadata``) are written where
+    Preprocessing and class names that ``src`` declares (``vit_common.checkpoints.metadata``) are written where
     ``dst``'s format holds them; assumed ones are not (the destination would declare a guess), nor class
     names for a replaced head.
 

@@ -543,7 +543,7 @@ class Source:
     weights), 'orbax_folder'. ``files``: the files holding tensors (shards in index order).
     ``config``: an HF config.json beside the weights, or None. ``weight_map``: a sharded folder's
     tensor -> shard file map. ``tensors`` and ``meta`` (safetensors header metadata) are filled by
-    ``vit_common.formats.source.load_tensors``; ``dropped`` lists what the container held besides weights.
+    ``vit_common.checkpoints.formats.source.load_tensors``; ``dropped`` lists what the container held besides weights.
     """
 
     path: Path
@@ -595,7 +595,7 @@ Writer = Callable[..., Any]
 
 
 class Format:
-    """One checkpoint format. Each module of ``vit_common.formats`` exports one instance as ``FORMAT``.
+    """One checkpoint format. Each module of ``vit_common.checkpoints.formats`` exports one instance as ``FORMAT``.
 
     Attributes: ``name`` (what --from/--to take), ``description``, ``suffixes`` (file suffixes written as
     this format when no --to is given; a folder format has none), ``folder`` (written as a folder),
@@ -634,7 +634,7 @@ class Format:
         raise NotImplementedError
 
     def write(self, path: Path, enc: Encoded, writers: Mapping[str, Writer]) -> None:
-        """Write ``enc`` to ``path`` atomically (through ``vit_common.io``)."""
+        """Write ``enc`` to ``path`` atomically (through ``vit_common.system.io``)."""
         raise NotImplementedError
 
     def needs(self, path: Path) -> str | None:

@@ -40,9 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from vit_common import io
-from vit_common.config import ViTConfig
-from vit_common.formats.base import (
+from vit_common.checkpoints.formats.base import (
     Decoded,
     Encoded,
     Format,
@@ -68,7 +66,9 @@ from vit_common.formats.base import (
     to_canonical,
     unsupported,
 )
-from vit_common.validate import check_bytes, regular_file
+from vit_common.config import ViTConfig
+from vit_common.system import io
+from vit_common.system.validate import check_bytes, regular_file
 
 PREFIXES = ("", "opt/target/", "params/", "params/img/")
 POSEMB_KEYS = ("pos_embedding", "Transformer/posembed_input/pos_embedding", "Transformer/pos_embedding")
@@ -115,7 +115,7 @@ def load_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
     Each member's header is parsed and its declared byte size compared with the member's real size
     (the zip's declared uncompressed size: reading stops there) and with
-    ``vit_common.validate.memory_limit()`` before any array is allocated, so a corrupt header or a
+    ``vit_common.system.validate.memory_limit()`` before any array is allocated, so a corrupt header or a
     compressed bomb cannot ask for terabytes.
 
     Raises:
@@ -485,7 +485,7 @@ class NpzFormat(Format):
         io.save_npz(path, enc.tensors)
 
     def load_call(self, path: Path, cfg: ViTConfig) -> str:
-        from vit_common.formats import timm
+        from vit_common.checkpoints.formats import timm
 
         if timm.FORMAT.cannot_hold(cfg) or cfg.posemb == "sincos2d":
             return ""

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from vit_common.validate import regular_file
+from vit_common.system.validate import regular_file
 
 # The one list of file suffixes read as images (lower case), by every command.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")

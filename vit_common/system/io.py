@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from vit_common.validate import regular_file
+from vit_common.system.validate import regular_file
 
 TMP_PREFIX = ".vit-tmp-"  # + "<pid>-<name>-<random>": every temporary file or folder we create
 LOCK = ".vit-lock"  # in a folder a command is writing: an flock held while it runs, holding its pid

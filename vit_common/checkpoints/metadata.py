@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vit_common.images import PRESETS, Preprocess
+from vit_common.data.images import PRESETS, Preprocess
 
 # transformers' PILImageResampling values (= Pillow's Image.Resampling) of the filters we use.
 _HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
@@ -143,7 +143,7 @@ def _hf_classes(config: dict) -> tuple[str, ...] | None:
 
 def read_info(path: str | os.PathLike, family: str) -> ModelInfo:
     """Preprocessing and class names of the checkpoint at ``path``, read as ``family`` (the format name
-    ``vit_common.convert.load_checkpoint`` reports).
+    ``vit_common.checkpoints.convert.load_checkpoint`` reports).
 
     Raises:
         ValueError: the file declares preprocessing or classes that are malformed (names the file).

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vit_common.checkpoints.formats.base import Decoded, Encoded, Format, FormatError, Source, writer
+from vit_common.checkpoints.formats.canonical import decode_stored
+from vit_common.checkpoints.formats.source import reader
 from vit_common.config import ViTConfig
-from vit_common.formats.base import Decoded, Encoded, Format, FormatError, Source, writer
-from vit_common.formats.canonical import decode_stored
-from vit_common.formats.source import reader
 
 
 class Orbax(Format):

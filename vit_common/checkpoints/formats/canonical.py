@@ -13,9 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_common import io
-from vit_common.config import FUNCTION_FIELDS, ViTConfig
-from vit_common.formats.base import (
+from vit_common.checkpoints.formats.base import (
     ASSUMED_KEY,
     Decoded,
     Encoded,
@@ -27,9 +25,11 @@ from vit_common.formats.base import (
     declared,
     to_canonical,
 )
-from vit_common.formats.source import read_safetensors
+from vit_common.checkpoints.formats.source import read_safetensors
+from vit_common.config import FUNCTION_FIELDS, ViTConfig
 from vit_common.state import canonical_shapes, check_state
-from vit_common.validate import check_holds
+from vit_common.system import io
+from vit_common.system.validate import check_holds
 
 FORMAT_TAG = "vit-twins/canonical/1"
 
@@ -132,7 +132,7 @@ class Canonical(Format):
         io.save_safetensors(path, enc.tensors, enc.meta)
 
     def load_call(self, path: Path, cfg: ViTConfig) -> str:
-        from vit_common.formats import timm
+        from vit_common.checkpoints.formats import timm
 
         return timm.FORMAT.load_call(path, cfg) if not timm.FORMAT.cannot_hold(cfg) else ""
 
@@ -144,7 +144,7 @@ def save_canonical(
     path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str, np.ndarray], extra: Mapping[str, str] = ()
 ) -> None:
     """Write our own file: canonical tensors plus ``cfg`` as JSON in the metadata, and the ``extra``
-    metadata entries (preprocessing and class names, ``vit_common.metadata.info_metadata``).
+    metadata entries (preprocessing and class names, ``vit_common.checkpoints.metadata.info_metadata``).
 
     Raises:
         StateMismatchError: if ``state`` does not fit ``cfg`` (nothing is written).
