@@ -64,6 +64,7 @@ from vit_common.checkpoints.formats.source import (
     load_tensors,
     open_source,
 )
+from vit_common.checkpoints.hub import is_hub_id, resolve
 from vit_common.checkpoints.metadata import hf_labels, hf_preprocessor_config, info_metadata, read_info
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
@@ -104,12 +105,12 @@ def _format(name: str) -> Format:
 def needs(path: str | os.PathLike, fmt: str | None = None, *, writing: bool = False) -> str | None:
     """'torch', 'jax' or None: the framework reading (or writing) ``path`` needs.
 
-    For reading, ``path`` must exist (its contents decide). For writing, ``fmt`` or the suffix decides.
+    For reading, ``path`` must exist (its contents decide; a hub id ``hf-hub:ORG/NAME`` is resolved
+    first, see ``vit_common.checkpoints.hub``). For writing, ``fmt`` or the suffix decides.
     """
-    path = Path(path)
     if writing:
-        return _format(fmt or output_format(path)).needs(path)
-    return container_needs(open_source(path))
+        return _format(fmt or output_format(path)).needs(Path(path))
+    return container_needs(open_source(resolve(path)))
 
 
 def output_format(path: str | os.PathLike) -> str:
@@ -207,7 +208,9 @@ def load_checkpoint(
     strict: bool = False,
     **overrides: Any,
 ) -> Checkpoint:
-    """Read any supported checkpoint file or folder into (config, canonical state, report).
+    """Read any supported checkpoint file or folder, or a hub model id ``hf-hub:ORG/NAME[@REVISION]``
+    (``vit_common.checkpoints.hub.resolve``: the Hugging Face cache, downloading when the hub can be
+    reached), into (config, canonical state, report).
 
     Args:
         fmt: force a format (``FORMATS``) instead of detecting it.
@@ -227,10 +230,11 @@ def load_checkpoint(
         FileNotFoundError: no such path.
         FormatError (a ValueError): unknown, truncated or corrupt file; a model the twins do not
             implement (named); a head that disagrees with the stored config (pass num_classes); a needed
-            framework reader is missing; with strict, an assumed field (named with its flag).
+            framework reader is missing; with strict, an assumed field (named with its flag); a hub id
+            neither cached nor reachable.
         StateMismatchError (a ValueError): missing / unexpected / wrong-shape tensors, listed together.
     """
-    path = Path(path)
+    source, path = path, resolve(path)
     if fmt is not None:
         _format(fmt)
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(ViTConfig)})
@@ -262,7 +266,7 @@ def load_checkpoint(
             f"{k}) to use the head as stored, or another count to replace it"
         )
     report = Report(
-        source=str(path),
+        source=str(source if is_hub_id(source) else path),
         format=f.name,
         layout=dec.layout,
         tensors_read=len(src.tensors) or len(dec.state),
@@ -423,10 +427,12 @@ def convert(
         ValueError: ``dst`` is ``src`` (the source would be replaced by its own conversion); and what
             ``load_checkpoint`` and ``save_checkpoint`` raise.
     """
-    if Path(dst).resolve() == Path(src).resolve():
+    local = resolve(src)
+    if Path(dst).resolve() == local.resolve():
         raise ValueError(f"{dst} is the source file itself: write the conversion somewhere else")
-    ckpt = load_checkpoint(src, fmt=from_fmt, readers=readers, **read_options)
-    info = read_info(src, ckpt.report.format)
+    ckpt = load_checkpoint(local, fmt=from_fmt, readers=readers, **read_options)
+    ckpt.report.source = str(src if is_hub_id(src) else local)
+    info = read_info(local, ckpt.report.format)
     declared = dict(
         preprocess=info.preprocess if info.preprocess_source.startswith("declared") else None,
         classes=info.classes if info.classes is not None and len(info.classes) == ckpt.cfg.num_classes else None,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vit_common.checkpoints.hub import resolve
 from vit_common.data.images import PRESETS, Preprocess
 
 # transformers' PILImageResampling values (= Pillow's Image.Resampling) of the filters we use.
@@ -142,13 +143,13 @@ def _hf_classes(config: dict) -> tuple[str, ...] | None:
 
 
 def read_info(path: str | os.PathLike, family: str) -> ModelInfo:
-    """Preprocessing and class names of the checkpoint at ``path``, read as ``family`` (the format name
-    ``vit_common.checkpoints.convert.load_checkpoint`` reports).
+    """Preprocessing and class names of the checkpoint at ``path`` (or hub id ``hf-hub:ORG/NAME``), read
+    as ``family`` (the format name ``vit_common.checkpoints.convert.load_checkpoint`` reports).
 
     Raises:
         ValueError: the file declares preprocessing or classes that are malformed (names the file).
     """
-    path = Path(path)
+    path = resolve(path)
     declared: dict[str, Any] = {}
     where = str(path)
     if path.is_file() and path.suffix == ".safetensors":
