@@ -273,7 +273,7 @@ def _twin_logits(path, images_nchw: np.ndarray, **load_options) -> tuple[np.ndar
     from vit_jax.formats import READERS as JAX_READERS
     from vit_torch.formats import READERS as TORCH_READERS
 
-    ckpt = load_checkpoint(path, readers={**TORCH_READERS, **JAX_READERS}, **load_options)
+    ckpt = load_checkpoint(path, readers={**JAX_READERS, **TORCH_READERS}, **load_options)
     mj = vit_jax.from_numpy(ckpt.cfg, ckpt.state)
     mt = vit_torch.from_numpy(ckpt.cfg, ckpt.state)
     lj = np.asarray(nnx.jit(lambda m, x: m(x))(mj, jnp.asarray(images_nchw.transpose(0, 2, 3, 1))))

@@ -8,8 +8,10 @@ called. Where a file records them they are **declared**; otherwise the format's 
 format          preprocessing                                                    class names
 =============== ================================================================ ==========================
 canonical       safetensors metadata ``preprocess`` (JSON), else assumed [-1, 1]  metadata ``classes``
-timm            safetensors metadata as ours when we wrote the file, else        as ours, else none
-                assumed ImageNet mean/std, bicubic, crop 0.9 (DeiT, most timm)
+timm            safetensors metadata as ours when we wrote the file; a timm hub  as ours; a hub folder's
+                folder's config.json ``pretrained_cfg`` (mean, std,             ``label_names``; else
+                interpolation, crop_pct, crop_mode); else assumed ImageNet       none
+                mean/std, bicubic, crop 0.9 (DeiT, most timm)
 hf              ``preprocessor_config.json`` (image_mean/std, resample, size,     ``config.json`` id2label
                 crop), else assumed transformers ViTImageProcessor defaults       (LABEL_i = none)
 original_vit,   assumed [-1, 1], bilinear resize to the size (big_vision          none
@@ -162,6 +164,7 @@ def read_info(path: str | os.PathLike, family: str) -> ModelInfo:
                     raise ValueError(f"{path}: metadata {key!r} is not JSON ({e})") from e
         where = f"{path} metadata"
     folder = path if path.is_dir() else path.parent
+    classes_where = folder / "config.json" if family == "hf" else None
     if family == "hf":
         pre = _hf_preprocess_file(folder)
         if pre is not None:
@@ -169,6 +172,16 @@ def read_info(path: str | os.PathLike, family: str) -> ModelInfo:
         config = _json_object(folder / "config.json") or {}
         if "classes" not in declared and _hf_classes(config) is not None:
             declared["classes"] = list(_hf_classes(config))
+    if family == "timm" and path.is_dir():
+        from vit_common.checkpoints.formats import timm_hub
+
+        config = _json_object(folder / "config.json")
+        if timm_hub.is_hub_config(config):
+            where = str(folder / "config.json")
+            hub = timm_hub.hub_config(config, where)
+            declared["preprocess"], where = timm_hub.hub_preprocess(hub, where), f"{where} pretrained_cfg"
+            if hub.label_names is not None:
+                declared["classes"], classes_where = list(hub.label_names), folder / "config.json"
     if family == "orbax":
         stored = _json_object(folder / "vit_config.json") or {}
         declared.update({k: stored[k] for k in ("preprocess", "classes") if k in stored})
@@ -188,7 +201,7 @@ def read_info(path: str | os.PathLike, family: str) -> ModelInfo:
         info.warnings.append(f"preprocessing {info.preprocess_source}; override with {OVERRIDE_FLAGS}")
     if "classes" in declared:
         info.classes = _classes(declared["classes"], where)
-        info.classes_source = f"declared: {folder / 'config.json' if family == 'hf' else where}"
+        info.classes_source = f"declared: {classes_where or where}"
     return info
 
 

@@ -11,7 +11,8 @@ without a MAP head or distillation token (token, avg, max, avgmax or none), ``po
 square grid (the image size), GELU (timm's default exact) and LayerNorm eps (timm's 1e-6).
 
 Files we write as ``.safetensors`` carry the config in the header metadata (timm ignores it), so they
-read back with every field declared. What timm has and the twins lack is refused by name
+read back with every field declared. A timm hub folder (config.json naming the ``architecture``) declares
+its config: ``timm_hub`` reads it. What timm has and the twins lack is refused by name
 (``base.UNSUPPORTED_TENSORS``; a model without a final norm; attention without an output bias).
 
 ``timm_kwargs(cfg)`` is the one mapping from a ViTConfig to timm's keyword arguments (the benchmarks,
@@ -222,6 +223,10 @@ class Timm(Format):
         return src.container in ("safetensors", "torch", "hf_folder") and is_timm(src.tensors)
 
     def read(self, src: Source, opts) -> Decoded:
+        from vit_common.checkpoints.formats import timm_hub
+
+        if src.container == "hf_folder" and timm_hub.is_hub_config(src.config):
+            return timm_hub.read(src, opts)
         if src.meta.get(META_TAG[0]) == META_TAG[1] and "vit_config" in src.meta:
             cfg, notes = config_from_json(src.meta["vit_config"], src.context)
             tensors, more = _normalise(src.tensors)
