@@ -18,7 +18,7 @@ from vit_common.checkpoints.convert import (
     read_checkpoint,
     save_checkpoint,
 )
-from vit_common.checkpoints.formats.base import FormatError
+from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.config import ViTConfig
 from vit_common.state import StateMismatchError, canonical_shapes
 from vit_common.system import io

@@ -1,6 +1,6 @@
 """Read and write every supported checkpoint format through the canonical state.
 
-The formats are ``vit_common.checkpoints.formats.REGISTRY`` (one module and one object each), detected from the
+The formats are ``vit_common.checkpoints.registry.REGISTRY`` (one module and one object each), detected from the
 contents, never from the file name:
 
 ============== ======================================================= ==========================
@@ -22,7 +22,7 @@ vit_jax.formats.read_orbax}`` and ``writers={"torch": ..., "orbax": ...}`` (``vi
 etc.). ``needs(path)`` says which one a path needs, so a caller imports only that framework.
 
 Every read checks that each file tensor is used exactly once and each canonical tensor is filled, records
-where each config field came from (declared, derived, assumed, given: ``formats.base.Origin``), warns
+where each config field came from (declared, derived, assumed, given: ``formats.provenance.Origin``), warns
 each assumed field that changes the function with the flag that supplies it, and with ``strict=True``
 refuses them. Every write builds all tensors in memory first, reads them back through the same format
 (bit-exact, or it raises), writes atomically and says which library call loads the file strictly.
@@ -39,23 +39,19 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from vit_common.checkpoints.formats import REGISTRY
-from vit_common.checkpoints.formats.base import (
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, ReadOptions
+from vit_common.checkpoints.formats.provenance import (
     ASSUMED,
     DECLARED,
     GIVEN,
-    Decoded,
-    Encoded,
-    Format,
-    FormatError,
     Origin,
-    ReadOptions,
     Report,
     assumed_fields,
     build_config,
-    check_canonical,
     flag_for,
 )
+from vit_common.checkpoints.formats.rules import check_canonical
 from vit_common.checkpoints.formats.source import (
     HF_WEIGHTS,
     ORBAX_CONFIG,
@@ -65,6 +61,7 @@ from vit_common.checkpoints.formats.source import (
     open_source,
 )
 from vit_common.checkpoints.metadata import hf_labels, hf_preprocessor_config, info_metadata, read_info
+from vit_common.checkpoints.registry import REGISTRY
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
 from vit_common.posemb import resample_pos_embed

@@ -48,34 +48,34 @@ from typing import Any
 
 import numpy as np
 
-from vit_common.checkpoints.formats.base import (
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Source
+from vit_common.checkpoints.formats.provenance import (
     ASSUMED_KEY,
-    Decoded,
-    Encoded,
-    Format,
-    FormatError,
     Origin,
-    Piece,
-    Rule,
-    Source,
     assumed,
     build_config,
     carried_assumptions,
     common_float_dtype,
-    copy,
     declared,
     derived,
-    from_canonical,
     guess_num_heads,
-    materialize_posemb,
     posemb_layout,
     positive_dims,
-    refuse,
     refuse_unsupported,
     square_grid_origin,
+)
+from vit_common.checkpoints.formats.rules import (
+    Piece,
+    Rule,
+    copy,
+    from_canonical,
+    materialize_posemb,
+    refuse,
     to_canonical,
     unsupported,
 )
+from vit_common.checkpoints.formats.timm import is_timm
 from vit_common.config import ViTConfig
 from vit_common.system import io
 
@@ -416,8 +416,6 @@ class HuggingFace(Format):
     folder = True
 
     def detect(self, src: Source) -> bool:
-        from vit_common.checkpoints.formats.timm import is_timm
-
         if src.container not in ("hf_folder", "safetensors", "torch"):
             return False
         return is_hf(src.tensors) or (src.container == "hf_folder" and not is_timm(src.tensors))

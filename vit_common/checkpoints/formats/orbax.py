@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vit_common.checkpoints.formats.base import Decoded, Encoded, Format, FormatError, Source, writer
-from vit_common.checkpoints.formats.canonical import decode_stored
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Source, writer
 from vit_common.checkpoints.formats.source import reader
+from vit_common.checkpoints.formats.stored import decode_stored
 from vit_common.config import ViTConfig
 
 

@@ -27,33 +27,25 @@ from typing import Any
 
 import numpy as np
 
-from vit_common.checkpoints.formats.base import (
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Source, writer
+from vit_common.checkpoints.formats.provenance import (
     ASSUMED_KEY,
-    Decoded,
-    Encoded,
-    Format,
-    FormatError,
     Origin,
-    Source,
     assumed,
     build_config,
     common_float_dtype,
-    copy,
     derived,
     guess_num_heads,
-    materialize_posemb,
     posemb_layout,
     positive_dims,
-    refuse,
     refuse_unsupported,
     shape_fields,
     square_grid_origin,
-    to_canonical,
-    unsupported,
-    writer,
 )
-from vit_common.checkpoints.formats.canonical import assumed_meta, config_from_json, decode_stored
+from vit_common.checkpoints.formats.rules import copy, materialize_posemb, refuse, to_canonical, unsupported
 from vit_common.checkpoints.formats.source import TORCH_SUFFIXES
+from vit_common.checkpoints.formats.stored import assumed_meta, config_from_json, decode_stored
 from vit_common.config import ViTConfig
 from vit_common.state import canonical_shapes
 from vit_common.system import io
