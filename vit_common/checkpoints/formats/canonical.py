@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from vit_common.checkpoints.formats import timm
-from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Source
+from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Source, WriteOptions
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
 from vit_common.checkpoints.formats.source import read_safetensors
 from vit_common.checkpoints.formats.stored import (
@@ -32,6 +32,7 @@ class Canonical(Format):
     name = "canonical"
     description = "our safetensors file: timm names, ViTConfig in the metadata"
     suffixes = (".safetensors",)
+    signature = f"safetensors metadata format={FORMAT_TAG!r} with the stored config"
 
     def detect(self, src: Source) -> bool:
         return src.container == "safetensors" and src.meta.get("format") == FORMAT_TAG
@@ -46,7 +47,7 @@ class Canonical(Format):
         dec.notes += notes
         return dec
 
-    def encode(self, cfg: ViTConfig, state, path: Path, *, assumed=(), **options) -> Encoded:
+    def encode(self, cfg: ViTConfig, state, path: Path, options: WriteOptions, assumed=()) -> Encoded:
         meta = {"format": FORMAT_TAG, "vit_config": cfg.to_json()} | assumed_meta(assumed)
         return Encoded(cfg, dict(state), {k: state[k] for k in canonical_shapes(cfg)}, None, meta)
 
@@ -56,6 +57,9 @@ class Canonical(Format):
 
     def write(self, path: Path, enc: Encoded, writers) -> None:
         io.save_safetensors(path, enc.tensors, enc.meta)
+
+    def export_name(self, source: Path | None = None) -> str:
+        return "model.safetensors"
 
     def load_call(self, path: Path, cfg: ViTConfig) -> str:
         return timm.FORMAT.load_call(path, cfg) if not timm.FORMAT.cannot_hold(cfg) else ""

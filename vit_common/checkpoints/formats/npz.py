@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ import numpy as np
 
 from vit_common.checkpoints.formats import timm
 from vit_common.checkpoints.formats.errors import FormatError
-from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Source
+from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Reference, Source, WriteOptions
 from vit_common.checkpoints.formats.provenance import (
     assumed,
     build_config,
@@ -64,6 +64,7 @@ from vit_common.checkpoints.formats.rules import (
     unsupported,
 )
 from vit_common.config import ViTConfig
+from vit_common.data.images import Preprocess
 from vit_common.system import io
 
 PREFIXES = ("", "opt/target/", "params/", "params/img/")
@@ -383,13 +384,42 @@ def write(
     return from_canonical(rules(cfg, layout), state)
 
 
+@dataclass(frozen=True)
+class NpzWriteOptions(WriteOptions):
+    """How an .npz is laid out: the key ``prefix`` (None: the family's own) and scan-stacked blocks."""
+
+    prefix: str | None = field(
+        default=None,
+        metadata={
+            "flag": "--npz-prefix",
+            "choices": PREFIXES,
+            "help": "key prefix of a written .npz (default '' for original_vit, 'params/' for big_vision)",
+        },
+    )
+    scan: bool = field(
+        default=False, metadata={"flag": "--scan", "help": "write .npz blocks scan-stacked (big_vision scan=True)"}
+    )
+
+
 class NpzFormat(Format):
-    """The original ViT's or big_vision's .npz (``family``), sharing one layout description."""
+    """The original ViT's or big_vision's .npz (``family``), sharing one layout description; ``signature``
+    says how ``detect`` tells the two apart, ``assumed_preprocess`` / ``assumed_why`` what its files are
+    read with (they store no preprocessing)."""
 
-    suffixes = (".npz",)
+    write_options = NpzWriteOptions
+    reference = Reference("timm", "npz")
 
-    def __init__(self, family: str, description: str, suffixes: tuple[str, ...]):
-        self.name, self.description, self.suffixes = family, description, suffixes
+    def __init__(
+        self,
+        family: str,
+        description: str,
+        suffixes: tuple[str, ...],
+        signature: str,
+        assumed_preprocess: Preprocess,
+        assumed_why: str,
+    ):
+        self.name, self.description, self.suffixes, self.signature = family, description, suffixes, signature
+        self.assumed_preprocess, self.assumed_why = assumed_preprocess, assumed_why
 
     def detect(self, src: Source) -> bool:
         return src.container == "npz" and family_of(src.tensors) == self.name
@@ -408,11 +438,10 @@ class NpzFormat(Format):
     def cannot_hold(self, cfg: ViTConfig) -> list[str]:
         return cannot_hold(cfg)
 
-    def encode(
-        self, cfg: ViTConfig, state, path: Path, *, prefix: str | None = None, scan: bool = False, **_
-    ) -> Encoded:
+    def encode(self, cfg: ViTConfig, state, path: Path, options: NpzWriteOptions, assumed=()) -> Encoded:
         cfg, state, notes = prepare(cfg, state, self.name)
-        return Encoded(cfg, state, write(cfg, state, self.name, prefix=prefix, scan=scan), None, None, notes)
+        tensors = write(cfg, state, self.name, prefix=options.prefix, scan=options.scan)
+        return Encoded(cfg, state, tensors, None, None, notes)
 
     def decode(self, enc: Encoded) -> Decoded:
         return read(
@@ -421,6 +450,9 @@ class NpzFormat(Format):
 
     def write(self, path: Path, enc: Encoded, writers) -> None:
         io.save_npz(path, enc.tensors)
+
+    def export_name(self, source: Path | None = None) -> str:
+        return f"model_{self.name}.npz"
 
     def load_call(self, path: Path, cfg: ViTConfig) -> str:
         if timm.FORMAT.cannot_hold(cfg) or cfg.posemb == "sincos2d":

@@ -3,7 +3,10 @@
 ``Source`` (a container found on disk, tensors loaded) -> ``Format.read`` -> ``Decoded`` (config,
 canonical state, provenance); ``Format.encode`` -> ``Encoded`` (the file's tensors in memory) ->
 ``Format.decode`` (the read-back check) and ``Format.write``. ``ReadOptions`` and a format's
-``WriteOptions`` subclass carry what a caller tells a reader and a writer.
+``WriteOptions`` subclass carry what a caller tells a reader and a writer. Besides reading and writing, a
+format answers everything else that depends on it: the preprocessing and class names its files declare
+(or the usual choice it assumes), its export file name, the library that loads it as a reference, and the
+signature its detection looks for.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import numpy as np
 
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.provenance import Origin
+from vit_common.checkpoints.metadata import Declared, declared_in_metadata, info_metadata
 from vit_common.config import ViTConfig
+from vit_common.data.images import Preprocess
 
 
 @dataclass
@@ -39,7 +44,8 @@ class Source:
 
     ``container``: 'safetensors', 'npz', 'torch' (.pth/.bin pickle), 'hf_folder' (config.json +
     weights), 'orbax_folder'. ``files``: the files holding tensors (shards in index order).
-    ``config``: an HF config.json beside the weights, or None. ``weight_map``: a sharded folder's
+    ``config``: an HF config.json beside the weights, an orbax folder's vit_config.json, or None.
+    ``weight_map``: a sharded folder's
     tensor -> shard file map. ``tensors`` and ``meta`` (safetensors header metadata) are filled by
     ``vit_common.checkpoints.formats.source.load_tensors``; ``dropped`` lists what the container held besides weights.
     """
@@ -92,12 +98,39 @@ class Encoded:
 Writer = Callable[..., Any]
 
 
+@dataclass(frozen=True)
+class WriteOptions:
+    """What a caller tells a format's writer; this base holds nothing (formats without options).
+
+    A format with options subclasses it (``Format.write_options``); each field's metadata gives its
+    ``help``, its CLI ``flag`` and optional ``choices``, from which ``vit_cli.flags.add_flags`` makes
+    the flag (``vit convert --hf-spelling``, ``--npz-prefix``, ``--scan``).
+    """
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The library that loads a format's files as a reference (``vit parity --against``, ``vit train``'s
+    export check, ``vit_torch.oracles.library_logits``): ``library`` is its import name ('timm',
+    'transformers'); ``loader`` how it reads the file: 'state_dict' (the library's model built from the
+    config, then ``load_state_dict(strict=True)`` of the file's tensors), 'npz' (timm's ``.npz`` loader,
+    ``timm.models.vision_transformer._load_weights``) or 'from_pretrained' (transformers reads the folder
+    and its own config.json)."""
+
+    library: str
+    loader: str
+
+
 class Format:
     """One checkpoint format. Each module of ``vit_common.checkpoints.formats`` exports one instance as ``FORMAT``.
 
     Attributes: ``name`` (what --from/--to take), ``description``, ``suffixes`` (file suffixes written as
     this format when no --to is given; a folder format has none), ``folder`` (written as a folder),
-    ``framework`` ('jax', 'torch' or None: what reading and writing need whatever the container).
+    ``framework`` ('jax', 'torch' or None: what reading and writing need whatever the container),
+    ``signature`` (what ``detect`` looks for, named by the error for a file no format detects),
+    ``reference`` (the library that loads its files, or None), ``write_options`` (the ``WriteOptions``
+    subclass ``encode`` takes), ``assumed_preprocess`` and ``assumed_why`` (the preprocessing a file that
+    declares none is read with, and why: the format's usual choice).
     """
 
     name: str = ""
@@ -105,6 +138,11 @@ class Format:
     suffixes: tuple[str, ...] = ()
     folder: bool = False
     framework: str | None = None
+    signature: str = ""
+    reference: Reference | None = None
+    write_options: type[WriteOptions] = WriteOptions
+    assumed_preprocess: Preprocess = Preprocess()
+    assumed_why: str = "vit train's default before files recorded it: [-1, 1], bilinear, squash"
 
     def detect(self, src: Source) -> bool:
         """Whether ``src`` (tensors loaded) is this format."""
@@ -119,12 +157,38 @@ class Format:
         """
         raise NotImplementedError
 
+    def declared(self, src: Source) -> Declared:
+        """The preprocessing and class names ``src`` declares (the safetensors header's ``preprocess`` and
+        ``classes`` entries, where the container is a safetensors file), from what ``src`` already holds.
+
+        Raises:
+            ValueError: a declared entry is not JSON (names the file).
+        """
+        if src.container != "safetensors":
+            return Declared()
+        return declared_in_metadata(src.meta, f"{src.path} metadata")
+
+    def record_info(self, enc: Encoded, preprocess: Preprocess | None, classes) -> list[str]:
+        """Put ``preprocess`` and ``classes`` (K names) into ``enc`` where the file holds them (safetensors
+        header metadata); returns a note for each that the format cannot record."""
+        info = info_metadata(preprocess, classes)
+        if not info:
+            return []
+        if enc.meta is not None:
+            enc.meta = {**info, **enc.meta}
+            return []
+        return [f"{self.name} files record no preprocessing or class names: they were not written"]
+
     def cannot_hold(self, cfg: ViTConfig) -> list[str]:
         """Every choice of ``cfg`` this format cannot hold (empty: it can), before ``encode``'s rewrites."""
         return []
 
-    def encode(self, cfg: ViTConfig, state: Mapping[str, np.ndarray], path: Path, **options: Any) -> Encoded:
-        """``state`` as this format holds it at ``path`` (its suffix may matter); ValueError if it cannot."""
+    def encode(
+        self, cfg: ViTConfig, state: Mapping[str, np.ndarray], path: Path, options: WriteOptions, assumed=()
+    ) -> Encoded:
+        """``state`` as this format holds it at ``path`` (its suffix may matter), with ``options`` (an
+        instance of ``write_options``) and ``assumed`` (config fields whose values were assumed, recorded
+        where the format can); ValueError if it cannot hold the model."""
         raise NotImplementedError
 
     def decode(self, enc: Encoded) -> Decoded:
@@ -142,6 +206,11 @@ class Format:
     def load_call(self, path: Path, cfg: ViTConfig) -> str:
         """Python code that loads the written file strictly in the library that defines the format."""
         return ""
+
+    def export_name(self, source: Path | None = None) -> str:
+        """The name ``vit train`` gives this format's export in a run folder (``model_<name>`` and the first
+        suffix); ``source``, the file fine-tuned from, where its suffix decides the container."""
+        return f"model_{self.name}{self.suffixes[0] if self.suffixes else ''}"
 
 
 def writer(writers: Mapping[str, Writer] | None, what: str, path: Path) -> Writer:

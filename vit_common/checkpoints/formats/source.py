@@ -173,7 +173,7 @@ def open_source(path: str | os.PathLike) -> Source:
         raise FileNotFoundError(f"{path}: no such file or folder")
     if path.is_dir():
         if (path / ORBAX_CONFIG).is_file() and (path / "state").is_dir():
-            return Source(path, "orbax_folder", (path,))
+            return Source(path, "orbax_folder", (path,), json_object(path / ORBAX_CONFIG))
         if (path / "config.json").is_file():
             return _hf_folder(path)
         raise FormatError(

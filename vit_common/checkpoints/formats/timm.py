@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from vit_common.checkpoints.formats.errors import FormatError
-from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Source, writer
+from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Reference, Source, WriteOptions, writer
 from vit_common.checkpoints.formats.provenance import (
     ASSUMED_KEY,
     Origin,
@@ -47,6 +47,7 @@ from vit_common.checkpoints.formats.rules import copy, materialize_posemb, refus
 from vit_common.checkpoints.formats.source import TORCH_SUFFIXES
 from vit_common.checkpoints.formats.stored import assumed_meta, config_from_json, decode_stored
 from vit_common.config import ViTConfig
+from vit_common.data.images import PRESETS
 from vit_common.state import canonical_shapes
 from vit_common.system import io
 
@@ -209,6 +210,13 @@ class Timm(Format):
     name = "timm"
     description = "timm VisionTransformer state_dict (.safetensors, .pth, .bin)"
     suffixes = TORCH_SUFFIXES
+    signature = "patch_embed.proj.weight"
+    reference = Reference("timm", "state_dict")
+    assumed_preprocess = PRESETS["imagenet"]
+    assumed_why = (
+        "timm files store none; ImageNet mean/std, bicubic, crop 0.9 as DeiT and most timm weights (timm "
+        "augreg and original-ViT ports use --mean 0.5 --std 0.5)"
+    )
 
     def detect(self, src: Source) -> bool:
         return src.container in ("safetensors", "torch", "hf_folder") and is_timm(src.tensors)
@@ -245,7 +253,7 @@ class Timm(Format):
             },
         )
 
-    def encode(self, cfg: ViTConfig, state, path: Path, *, assumed=(), **options) -> Encoded:
+    def encode(self, cfg: ViTConfig, state, path: Path, options: WriteOptions, assumed=()) -> Encoded:
         refuse("timm", self.cannot_hold(cfg))
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=False)
         tensors = {k: np.ascontiguousarray(state[k]) for k in canonical_shapes(cfg)}
@@ -273,6 +281,11 @@ class Timm(Format):
 
     def load_call(self, path: Path, cfg: ViTConfig) -> str:
         return timm_load_call(path, cfg)
+
+    def export_name(self, source: Path | None = None) -> str:
+        """``model_timm.safetensors``, or ``model_timm.pth`` (.pt, .bin) after a PyTorch pickle source."""
+        suffix = Path(source).suffix if source is not None else ""
+        return f"model_timm{suffix if suffix in TORCH_SUFFIXES else '.safetensors'}"
 
 
 FORMAT = Timm()
