@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import timm
 import torch
 
 from vit_cli.main import main
-from vit_common.checkpoints.convert import load_checkpoint
-from vit_common.checkpoints.formats.base import DECLARED, FormatError
-from vit_common.checkpoints.metadata import read_info
+from vit_common.checkpoints.convert import convert, load_checkpoint, save_checkpoint
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.provenance import DECLARED
 from vit_common.data.images import Preprocess
 from vit_common.tolerance import compare
 from vit_jax.formats import READERS as JAX_READERS
@@ -106,7 +107,7 @@ def test_a_hub_folder_of_a_model_the_twins_lack_is_refused_by_name(tmp_path, per
 
 def test_pretrained_cfg_declares_the_preprocessing_and_label_names(tmp_path, perturb):
     _hub_folder(tmp_path / "clip", "vit_base_patch16_clip_224", perturb, **CLIP_TINY)
-    info = read_info(tmp_path / "clip", "timm")
+    info = load_checkpoint(tmp_path / "clip", readers=READERS).info
     assert info.preprocess == CLIP_PRE and info.warnings == []
     assert info.preprocess_source == f"declared: {tmp_path / 'clip' / 'config.json'} pretrained_cfg"
     assert info.classes is None
@@ -114,13 +115,13 @@ def test_pretrained_cfg_declares_the_preprocessing_and_label_names(tmp_path, per
     config["label_names"] = [f"c{i}" for i in range(7)]
     config["pretrained_cfg"] |= {"crop_mode": "squash", "interpolation": "bilinear"}
     (tmp_path / "clip" / "config.json").write_text(json.dumps(config))
-    info = read_info(tmp_path / "clip", "timm")
+    info = load_checkpoint(tmp_path / "clip", readers=READERS).info
     assert info.classes == tuple(f"c{i}" for i in range(7))
     assert info.preprocess == CLIP_PRE.replace(crop_mode="squash", interpolation="bilinear")
     config["pretrained_cfg"]["crop_mode"] = "border"
     (tmp_path / "clip" / "config.json").write_text(json.dumps(config))
     with pytest.raises(FormatError, match="pretrained_cfg crop_mode='border'; the project crops"):
-        read_info(tmp_path / "clip", "timm")
+        load_checkpoint(tmp_path / "clip", readers=READERS)
 
 
 def test_a_hub_id_of_a_timm_repo_loads_from_the_cache(tmp_path, perturb, hub_cache, monkeypatch, images):
@@ -134,8 +135,7 @@ def test_a_hub_id_of_a_timm_repo_loads_from_the_cache(tmp_path, perturb, hub_cac
     x = images(2, (64, 64))
     c = compare("logits", _logits(model, x), _logits(tm, x), "tensor", "float32")
     assert c.ok, c
-    info = read_info("hf-hub:timm/vit_base_patch16_clip_224.tiny", "timm")
-    assert info.preprocess == CLIP_PRE
+    assert load_checkpoint("hf-hub:timm/vit_base_patch16_clip_224.tiny").info.preprocess == CLIP_PRE
 
 
 def test_vit_info_on_a_clip_hub_folder_assumes_nothing(tmp_path, perturb, capsys):
@@ -144,3 +144,72 @@ def test_vit_info_on_a_clip_hub_folder_assumes_nothing(tmp_path, perturb, capsys
     out = json.loads(capsys.readouterr().out)
     assert out["format"] == "timm" and out["assumed"] == [] and out["warnings"] == []
     assert out["config"]["ln_eps"] == 1e-5 and out["config"]["norm_pre"] is True
+
+
+# timm architectures at test width (timm's constructor keywords on top of the name's defaults) whose hub
+# folders convert into a timm hub folder of ours: CLIP (eps 1e-5), DINOv2-, SigLIP-style, DeiT distilled.
+WRITTEN = {
+    "clip": ("vit_base_patch16_clip_224", dict(CLIP_TINY, act_layer="quick_gelu")),
+    "dinov2_style": (
+        "vit_small_patch14_reg4_dinov2",
+        dict(embed_dim=32, depth=2, num_heads=2, img_size=28, num_classes=3),
+    ),
+    "siglip_style": ("vit_base_patch16_siglip_224", dict(embed_dim=32, depth=2, num_heads=2, img_size=32)),
+    "avg_fc_norm": ("vit_base_patch16_224", dict(embed_dim=32, depth=1, num_heads=2, img_size=32, global_pool="avg")),
+    "deit_distilled": ("deit_base_distilled_patch16_224", dict(embed_dim=32, depth=1, num_heads=2, img_size=32)),
+}
+
+
+@pytest.mark.parametrize("family", sorted(WRITTEN))
+def test_a_hub_folder_converts_into_one_timm_loads_strictly(tmp_path, perturb, images, family):
+    name, kwargs = WRITTEN[family]
+    tm = _hub_folder(tmp_path / "src", name, perturb, **kwargs)
+    report = convert(tmp_path / "src", tmp_path / "out", to_fmt="timm", readers=READERS)
+    assert report.written_format == "timm" and report.assumed == []
+    assert (
+        report.load_call == f"import timm\nmodel = timm.create_model('local-dir:{tmp_path / 'out'}', pretrained=True)"
+    )
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if not p.name.startswith(".")) == [
+        "config.json",
+        "model.safetensors",
+    ]
+    back = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True).eval()  # strict load
+    x = images(2, tm.patch_embed.img_size)
+    assert np.array_equal(_logits(back, x), _logits(tm, x))
+    for readers in (READERS, {}):  # timm's reading, and our header's config without timm
+        again = load_checkpoint(tmp_path / "out", readers=readers, strict=True)
+        assert again.cfg == load_checkpoint(tmp_path / "src", readers=READERS).cfg
+        assert again.info.preprocess_source.startswith("declared:")
+
+
+def test_the_written_folder_carries_preprocessing_and_class_names_as_timm_reads_them(tmp_path, perturb):
+    _hub_folder(tmp_path / "src", "vit_base_patch16_clip_224", perturb, **CLIP_TINY)
+    config = json.loads((tmp_path / "src" / "config.json").read_text())
+    config["label_names"] = [f"class {i}" for i in range(7)]
+    (tmp_path / "src" / "config.json").write_text(json.dumps(config))
+    convert(tmp_path / "src", tmp_path / "out", to_fmt="timm", readers=READERS)
+    model = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True)
+    data = timm.data.resolve_model_data_config(model)
+    assert tuple(data["mean"]) == CLIP_PRE.mean and tuple(data["std"]) == CLIP_PRE.std
+    assert (data["interpolation"], data["crop_pct"], data["crop_mode"]) == ("bicubic", 0.95, "center")
+    assert model.pretrained_cfg["label_names"] == [f"class {i}" for i in range(7)]
+    info = load_checkpoint(tmp_path / "out", readers=READERS).info
+    assert info.preprocess == CLIP_PRE and info.classes == tuple(f"class {i}" for i in range(7))
+
+
+def test_a_model_no_timm_architecture_holds_is_refused_by_name(tmp_path, small_cfg, random_state):
+    cfg = small_cfg.replace(ln_eps=1e-12)  # transformers ViT's eps
+    with pytest.raises(
+        ValueError, match=r"the timm hub folder format cannot hold this model: ln_eps=1e-12 \(config.json names"
+    ):
+        save_checkpoint(tmp_path / "out", cfg, random_state(cfg), "timm")
+    assert not (tmp_path / "out").exists()
+    save_checkpoint(tmp_path / "out.safetensors", cfg, random_state(cfg), "timm")  # a file records it
+
+
+def test_vit_convert_to_timm_into_a_folder(tmp_path, perturb, capsys):
+    _hub_folder(tmp_path / "src", "vit_base_patch16_clip_224", perturb, **CLIP_TINY)
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "out"), "--to", "timm"]) == 0
+    out = capsys.readouterr().out
+    assert f"timm.create_model('local-dir:{tmp_path / 'out'}', pretrained=True)" in out
+    assert timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True).num_classes == 7

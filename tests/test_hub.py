@@ -13,7 +13,7 @@ from huggingface_hub import constants
 
 from vit_cli.main import main
 from vit_common.checkpoints.convert import load_checkpoint, needs, save_checkpoint
-from vit_common.checkpoints.formats.base import FormatError
+from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.hub import is_hub_id, parse_hub_id, resolve
 
 

@@ -1,13 +1,13 @@
 """A timm hub folder's config.json as timm's _parse_model_cfg splits it (timm models/_hub.py), and what it
-declares without timm (vit_common.checkpoints.formats.timm_hub); the folders themselves are tested against
+declares without timm (vit_common.checkpoints.formats.timm); the folders themselves are tested against
 timm in parity_tests/test_formats_timm_hub.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from vit_common.checkpoints.formats.base import FormatError
-from vit_common.checkpoints.formats.timm_hub import declared_fields, hub_config, hub_preprocess, is_hub_config
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.timm import declared_fields, hub_config, hub_preprocess, is_hub_config
 from vit_common.data.images import Preprocess
 
 # What timm 1.0.31's save_for_hf writes for vit_base_patch16_clip_224 (embed_dim=32, depth=2, num_heads=2).
@@ -87,10 +87,9 @@ def test_pretrained_cfg_is_the_preprocessing_with_timms_defaults():
         (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711), "bicubic", 0.95, "center"
     )
     assert hub_preprocess(hub_config(SAVED, "c"), "c") == clip
-    bare = hub_config({"architecture": "x", "pretrained_cfg": {}}, "c")
-    assert hub_preprocess(bare, "c") == Preprocess(
-        (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), "bicubic", 0.875, "center"
-    )
-    odd = hub_config({"architecture": "x", "pretrained_cfg": {"interpolation": "box"}}, "c")
+    assert hub_preprocess(hub_config({"architecture": "x", "pretrained_cfg": {}}, "c"), "c") is None  # none stated
+    std_only = hub_config({"architecture": "x", "pretrained_cfg": {"std": [0.5, 0.5, 0.5]}}, "c")
+    assert hub_preprocess(std_only, "c") == Preprocess((0.485, 0.456, 0.406), (0.5,) * 3, "bicubic", 0.875, "center")
+    odd = hub_config({"architecture": "x", "pretrained_cfg": {"mean": [0.5], "interpolation": "box"}}, "c")
     with pytest.raises(FormatError, match="interpolation='box'; expected one of"):
         hub_preprocess(odd, "c")

@@ -9,7 +9,7 @@ NAME OUT`` in a child process (timm needs torch, which vit_jax never imports) an
 
 ``timm_model_config(name)`` is the config alone, the model built on the meta device (nothing allocated);
 ``read_hub_config(folder)`` is it for a timm hub folder (``local-dir:``), the ``readers["timm"]`` that
-``vit_common.checkpoints.formats.timm_hub`` takes (``python -m vit_torch.timm_models NAME --config``
+``vit_common.checkpoints.formats.timm`` takes (``python -m vit_torch.timm_models NAME --config``
 prints it as JSON, for the JAX side's child process).
 """
 
@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from vit_common.checkpoints.convert import save_checkpoint
-from vit_common.checkpoints.formats.base import FormatError
+from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.config import ViTConfig
 from vit_common.tolerance import compare
 from vit_torch.weights import from_numpy, to_numpy

@@ -16,7 +16,7 @@ import os
 import re
 from pathlib import Path
 
-from vit_common.checkpoints.formats.base import FormatError
+from vit_common.checkpoints.formats.errors import FormatError
 
 PREFIX = "hf-hub:"
 HUB_FILES = ("*.json", "*.safetensors")  # config, preprocessor config, weights, shard index
