@@ -134,7 +134,12 @@ def timm_model_config(name: str, **kwargs: Any) -> ViTConfig:
             model = timm.create_model(name, pretrained=False, **kwargs)
     except (RuntimeError, ValueError, TypeError, KeyError, AssertionError, FileNotFoundError) as e:
         raise FormatError(f"timm cannot build {name!r} ({type(e).__name__}: {e})") from e
-    return timm_config(model, name)
+    try:
+        return timm_config(model, name)
+    except FormatError:
+        raise
+    except ValueError as e:  # a config the twins cannot take (ViTConfig's check), named with the model
+        raise FormatError(f"timm model {name!r}: {e}") from e
 
 
 def read_hub_config(folder: str | Path) -> ViTConfig | None:
