@@ -6,6 +6,7 @@ warned); pretrained_cfg declares the preprocessing; hub ids resolve to such fold
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from vit_cli.main import main
 from vit_common.checkpoints.convert import convert, load_checkpoint, save_checkpoint
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.provenance import DECLARED
+from vit_common.checkpoints.formats.timm import TimmWriteOptions
 from vit_common.data.images import Preprocess
 from vit_common.tolerance import compare
 from vit_jax.formats import READERS as JAX_READERS
@@ -213,3 +215,25 @@ def test_vit_convert_to_timm_into_a_folder(tmp_path, perturb, capsys):
     out = capsys.readouterr().out
     assert f"timm.create_model('local-dir:{tmp_path / 'out'}', pretrained=True)" in out
     assert timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True).num_classes == 7
+
+
+def test_a_timm_export_shares_the_bytes_of_the_file_holding_its_tensors(tmp_path, small_cfg, random_state, images):
+    cfg = small_cfg.replace(num_heads=2)
+    state = random_state(cfg, seed=5)
+    save_checkpoint(tmp_path / "model.safetensors", cfg, state, "canonical")
+    shared = TimmWriteOptions(str(tmp_path / "model.safetensors"))
+    r = save_checkpoint(tmp_path / "model_timm", cfg, state, "timm", options=shared)
+    save_checkpoint(tmp_path / "model_timm.safetensors", cfg, state, "timm", options=shared)
+    for p in (tmp_path / "model_timm" / "model.safetensors", tmp_path / "model_timm.safetensors"):
+        assert os.path.samefile(p, tmp_path / "model.safetensors") and not p.is_symlink()  # a hard link
+    assert "local-dir:" in r.load_call
+    model = timm.create_model(f"local-dir:{tmp_path / 'model_timm'}", pretrained=True).eval()
+    x = images(2, cfg.image_size)
+    assert np.array_equal(_logits(model, x), _logits(from_numpy(cfg, state), x))
+    for path in (tmp_path / "model_timm", tmp_path / "model_timm.safetensors"):
+        back = load_checkpoint(path, readers={})
+        assert back.cfg == cfg and all(np.array_equal(back.state[k], v) for k, v in state.items())
+    other = random_state(cfg, seed=6)
+    with pytest.raises(ValueError, match="does not hold exactly the tensors to write"):
+        save_checkpoint(tmp_path / "wrong", cfg, other, "timm", options=shared)
+    assert not (tmp_path / "wrong").exists()

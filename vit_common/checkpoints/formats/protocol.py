@@ -86,6 +86,8 @@ class Encoded:
     only where the format needs it: ``notes`` say how). ``tensors``: the file's tensors. ``config_json``:
     an HF folder's config.json. ``meta``: safetensors header metadata (None where the container has none).
     ``json_files``: other JSON files of a folder format, by name (an HF folder's preprocessor_config.json).
+    ``shared``: a safetensors file already on disk holding exactly ``tensors``, whose bytes the written
+    file shares (``vit_common.system.io.share_file``) instead of a second copy; None writes them.
     """
 
     cfg: ViTConfig
@@ -95,6 +97,7 @@ class Encoded:
     meta: dict[str, str] | None = None
     notes: list[str] = field(default_factory=list)
     json_files: dict[str, dict] = field(default_factory=dict)
+    shared: Path | None = None
 
 
 Writer = Callable[..., Any]

@@ -72,9 +72,9 @@ from vit_common.checkpoints.formats.provenance import (
     square_grid_origin,
 )
 from vit_common.checkpoints.formats.rules import copy, materialize_posemb, refuse, to_canonical, unsupported
-from vit_common.checkpoints.formats.source import TORCH_SUFFIXES
+from vit_common.checkpoints.formats.source import TORCH_SUFFIXES, read_safetensors
 from vit_common.checkpoints.formats.stored import assumed_meta, config_from_json, decode_stored
-from vit_common.checkpoints.metadata import Declared
+from vit_common.checkpoints.metadata import Declared, info_metadata
 from vit_common.config import ViTConfig
 from vit_common.data.images import CROP_MODES, INTERPOLATIONS, PRESETS, Preprocess
 from vit_common.state import canonical_shapes
@@ -577,12 +577,50 @@ def _hub_folder(path: Path) -> bool:
     return Path(path).suffix not in (".safetensors", *TORCH_SUFFIXES)
 
 
+@dataclass(frozen=True)
+class TimmWriteOptions(WriteOptions):
+    """How a timm file or hub folder is written: ``weights_from``, a .safetensors file already holding
+    exactly the tensors to write (ours or timm's: a run's model.safetensors), whose bytes the file (a
+    folder's model.safetensors) shares instead of a copy (``vit_common.system.io.share_file``)."""
+
+    weights_from: str = field(
+        default="",
+        metadata={
+            "flag": "--timm-weights-from",
+            "help": "a .safetensors file holding exactly these tensors (e.g. a run's model.safetensors): the "
+            "timm file or folder shares its bytes (a hard link, else a symbolic link) instead of a copy",
+        },
+    )
+
+
+def _shared(weights_from: str, tensors: Mapping[str, np.ndarray], path: Path) -> tuple[Path, dict[str, str]]:
+    """(the file, its metadata) after checking that ``weights_from`` holds exactly ``tensors``.
+
+    Raises:
+        ValueError: a .pth/.bin destination (a pickle shares nothing), or a file holding other tensors.
+    """
+    if Path(path).suffix in TORCH_SUFFIXES:
+        raise ValueError(f"{path}: a PyTorch pickle cannot share {weights_from}'s bytes; write .safetensors")
+    held, meta = read_safetensors(weights_from)
+    bad = sorted(set(held) ^ set(tensors)) + [
+        k
+        for k in sorted(set(held) & set(tensors))
+        if held[k].dtype != tensors[k].dtype
+        or held[k].shape != tensors[k].shape
+        or held[k].tobytes() != tensors[k].tobytes()
+    ]
+    if bad:
+        raise ValueError(f"{weights_from}: does not hold exactly the tensors to write ({bad[:4]}): nothing to share")
+    return Path(weights_from), meta
+
+
 class Timm(Format):
     name = "timm"
     description = "timm VisionTransformer state_dict (.safetensors, .pth, .bin) or hub folder (config.json)"
     suffixes = TORCH_SUFFIXES
     signature = "patch_embed.proj.weight"
     reference = Reference("timm", "state_dict")
+    write_options = TimmWriteOptions
     assumed_preprocess = PRESETS["imagenet"]
     assumed_why = (
         "timm files store none; ImageNet mean/std, bicubic, crop 0.9 as DeiT and most timm weights (timm "
@@ -639,6 +677,9 @@ class Timm(Format):
     def record_info(self, enc: Encoded, preprocess, classes) -> list[str]:
         """A hub folder: preprocessing into config.json's ``pretrained_cfg``, class names as its
         ``label_names``; a file: its safetensors metadata."""
+        if enc.config_json is None and enc.shared is not None:
+            lacks = sorted(k for k, v in info_metadata(preprocess, classes).items() if enc.meta.get(k) != v)
+            return [f"{enc.shared.name}, whose bytes this file shares, does not record {lacks}"] if lacks else []
         if enc.config_json is None:
             return super().record_info(enc, preprocess, classes)
         if preprocess is not None:
@@ -653,16 +694,22 @@ class Timm(Format):
         """A destination without a file suffix is a hub folder; .safetensors, .pth, .pt, .bin a file."""
         return _hub_folder(path)
 
-    def encode(self, cfg: ViTConfig, state, path: Path, options: WriteOptions, assumed=()) -> Encoded:
+    def encode(self, cfg: ViTConfig, state, path: Path, options: TimmWriteOptions, assumed=()) -> Encoded:
         refuse("timm", self.cannot_hold(cfg))
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=False)
         tensors = {k: np.ascontiguousarray(state[k]) for k in canonical_shapes(cfg)}
-        meta = config = None
+        meta = config = shared = None
         if Path(path).suffix not in TORCH_SUFFIXES:
             meta = {"format": "pt", META_TAG[0]: META_TAG[1], "vit_config": cfg.to_json()} | assumed_meta(assumed)
         if _hub_folder(path):
             config = hub_config_json(cfg, assumed)
-        return Encoded(cfg, dict(state), tensors, config, meta, notes)
+        if options.weights_from:
+            shared, held = _shared(options.weights_from, tensors, path)
+            if config is None:  # the file is the shared one, header and all
+                meta = held
+        enc = Encoded(cfg, dict(state), tensors, config, meta, notes)
+        enc.shared = shared
+        return enc
 
     def decode(self, enc: Encoded) -> Decoded:
         if enc.meta:
@@ -677,9 +724,14 @@ class Timm(Format):
 
             def write_folder(tmp: Path) -> None:
                 io.write_json(tmp / "config.json", enc.config_json)
-                io.save_safetensors(tmp / HUB_WEIGHTS, enc.tensors, enc.meta)
+                if enc.shared is None:
+                    io.save_safetensors(tmp / HUB_WEIGHTS, enc.tensors, enc.meta)
+                else:
+                    io.share_file(enc.shared, tmp / HUB_WEIGHTS, final=Path(path) / HUB_WEIGHTS)
 
             io.atomic_write_dir(path, write_folder)
+        elif enc.shared is not None:
+            io.share_file(enc.shared, path)
         elif enc.meta is None:
             writer(writers, "torch", path)(path, enc.tensors)
         else:
