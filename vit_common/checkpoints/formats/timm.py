@@ -593,14 +593,16 @@ class TimmWriteOptions(WriteOptions):
     )
 
 
-def _shared(weights_from: str, tensors: Mapping[str, np.ndarray], path: Path) -> tuple[Path, dict[str, str]]:
-    """(the file, its metadata) after checking that ``weights_from`` holds exactly ``tensors``.
+def _shared(weights_from: str, tensors: Mapping[str, np.ndarray], path: Path) -> tuple[dict | None, str]:
+    """(``weights_from``'s metadata, "") if it holds exactly ``tensors`` and ``path`` can share its bytes;
+    else (None, a note saying why the tensors are written instead: a .pth/.bin destination is a pickle,
+    or the file holds other tensors, e.g. a sincos2d model's, which the timm file holds as a table).
 
     Raises:
-        ValueError: a .pth/.bin destination (a pickle shares nothing), or a file holding other tensors.
+        FormatError: ``weights_from`` is not a readable safetensors file.
     """
     if Path(path).suffix in TORCH_SUFFIXES:
-        raise ValueError(f"{path}: a PyTorch pickle cannot share {weights_from}'s bytes; write .safetensors")
+        return None, f"a PyTorch pickle cannot share {weights_from}'s bytes: written"
     held, meta = read_safetensors(weights_from)
     bad = sorted(set(held) ^ set(tensors)) + [
         k
@@ -610,8 +612,8 @@ def _shared(weights_from: str, tensors: Mapping[str, np.ndarray], path: Path) ->
         or held[k].tobytes() != tensors[k].tobytes()
     ]
     if bad:
-        raise ValueError(f"{weights_from}: does not hold exactly the tensors to write ({bad[:4]}): nothing to share")
-    return Path(weights_from), meta
+        return None, f"{weights_from} does not hold exactly these tensors ({', '.join(bad[:4])}): written, not shared"
+    return meta, ""
 
 
 class Timm(Format):
@@ -704,9 +706,11 @@ class Timm(Format):
         if _hub_folder(path):
             config = hub_config_json(cfg, assumed)
         if options.weights_from:
-            shared, held = _shared(options.weights_from, tensors, path)
-            if config is None:  # the file is the shared one, header and all
-                meta = held
+            held, why = _shared(options.weights_from, tensors, path)
+            notes += [why] if why else []
+            if held is not None:
+                shared = Path(options.weights_from)
+                meta = held if config is None else meta  # a shared file is the shared one, header and all
         enc = Encoded(cfg, dict(state), tensors, config, meta, notes)
         enc.shared = shared
         return enc
@@ -744,7 +748,10 @@ class Timm(Format):
         return hub_load_call(path) if _hub_folder(path) else timm_load_call(path, cfg)
 
     def export_name(self, source: Path | None = None) -> str:
-        """``model_timm.safetensors``, or ``model_timm.pth`` (.pt, .bin) after a PyTorch pickle source."""
+        """``model_timm.safetensors``; ``model_timm.pth`` (.pt, .bin) after a PyTorch pickle source, the
+        hub folder ``model_timm`` after a hub folder."""
+        if source is not None and Path(source).is_dir():
+            return "model_timm"
         suffix = Path(source).suffix if source is not None else ""
         return f"model_timm{suffix if suffix in TORCH_SUFFIXES else '.safetensors'}"
 
