@@ -239,3 +239,15 @@ def test_a_timm_export_shares_the_bytes_of_the_file_holding_its_tensors(tmp_path
     assert not os.path.samefile(tmp_path / "other" / "model.safetensors", tmp_path / "model.safetensors")
     back = load_checkpoint(tmp_path / "other", readers={})
     assert all(np.array_equal(back.state[k], v) for k, v in other.items())
+
+
+def test_a_hub_folder_with_pytorch_model_bin_loads_too(tmp_path, perturb, images):
+    torch.manual_seed(0)
+    tm = perturb(timm.create_model("vit_base_patch16_clip_224", pretrained=False, **CLIP_TINY)).eval()
+    timm.models.save_for_hf(tm, tmp_path / "clip")  # timm's default: pytorch_model.bin, no safetensors
+    assert sorted(p.name for p in (tmp_path / "clip").iterdir()) == ["config.json", "pytorch_model.bin"]
+    ckpt = load_checkpoint(tmp_path / "clip", readers=READERS, strict=True)
+    assert ckpt.report.assumed == [] and ckpt.cfg.ln_eps == 1e-5
+    x = images(2, (64, 64))
+    c = compare("logits", _logits(from_numpy(ckpt.cfg, ckpt.state), x), _logits(tm, x), "tensor", "float32")
+    assert c.ok, c
