@@ -727,7 +727,7 @@ class Timm(Format):
         if enc.config_json is not None:
 
             def write_folder(tmp: Path) -> None:
-                io.write_json(tmp / "config.json", enc.config_json)
+                io.write_json(tmp / "config.json", io.folder_mark(enc.config_json, ["config.json", HUB_WEIGHTS]))
                 if enc.shared is None:
                     io.save_safetensors(tmp / HUB_WEIGHTS, enc.tensors, enc.meta)
                 else:
