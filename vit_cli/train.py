@@ -595,7 +595,7 @@ def export_parity(path: Path, exports: dict[str, Path], trainer) -> dict:
     """
     import numpy as np
 
-    from vit_cli.run_model import jax_logits, load, torch_logits
+    from vit_cli.run_model import load, logits
     from vit_common.tolerance import compare
     from vit_jax.data import eval_batches
 
@@ -606,8 +606,8 @@ def export_parity(path: Path, exports: dict[str, Path], trainer) -> dict:
     mask = np.concatenate([b["mask"] for b in batches]) > 0
     images = [b["image"] for b in batches]
     labels = np.concatenate([b["label"] for b in batches])[mask]
-    lj = np.concatenate(list(jax_logits(load(path, "jax"), images)))[mask]
-    lt = np.concatenate(list(torch_logits(load(path, "torch"), images)))[mask]
+    lj = np.concatenate(list(logits(load(path, "jax"), "jax", images)))[mask]
+    lt = np.concatenate(list(logits(load(path, "torch"), "torch", images)))[mask]
 
     def check(got: np.ndarray) -> dict:
         c = compare("logits", got, lj, "tensor", "float32")
