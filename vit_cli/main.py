@@ -24,8 +24,9 @@ COMMANDS = {
     "evaluate": "vit_cli.evaluate",
     "predict": "vit_cli.predict",
     "bench": "vit_cli.bench",
+    "data": "vit_cli.data",
 }
-WRITING = ("convert", "parity", "attention", "train", "evaluate", "bench")  # commands that write files
+WRITING = ("convert", "parity", "attention", "train", "evaluate", "bench", "data")  # commands that write files
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
