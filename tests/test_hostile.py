@@ -450,6 +450,18 @@ def truncated_jpeg_in_image_folder(tmp: Path) -> list[str]:
     return _train_on(f"imagefolder:{tmp / 'imgs'}", tmp)
 
 
+def convert_into_the_source(tmp: Path) -> list[str]:
+    _folder(tmp / "imgs")
+    return ["data", "convert", str(tmp / "imgs"), str(tmp / "imgs" / "records")]
+
+
+def convert_into_a_user_folder(tmp: Path) -> list[str]:
+    _folder(tmp / "imgs")
+    (tmp / "mine").mkdir()
+    (tmp / "mine" / "notes.txt").write_text("mine\n")
+    return ["data", "convert", str(tmp / "imgs"), str(tmp / "mine")]
+
+
 def resume_on_changed_data(tmp: Path) -> list[str]:
     """A finished run on an image folder, then an image added and a class folder renamed."""
     _folder(tmp / "imgs")
@@ -584,10 +596,13 @@ CASES = [
     Case(class_name_not_utf8, r"{tmp}/imgs: class folder b'b\\xff' is not valid UTF-8"),
     Case(classes_equal_after_normalisation, r"{tmp}/imgs: class folders .* have the same name in Unicode normal form"),
     Case(out_inside_the_dataset, r"--out {tmp}/imgs/runs/r1 lies inside the dataset {tmp}/imgs"),
+    Case(convert_into_the_source, r"DST {tmp}/imgs/records lies inside the dataset {tmp}/imgs"),
+    Case(convert_into_a_user_folder, r"{tmp}/mine: a folder holding things vit did not write .*notes.txt"),
     Case(
         resume_on_changed_data,
         r"{tmp}/run: the dataset changed since the run started \(classes: the run has \['a', 'b'\], the data now "
-        r"\['a', 'c'\]; train images: the run has 4, the data now 5; files added \(4\): a/9.png, c/0.png, .*; files removed \(3\): b/0.png",
+        r"\['a', 'c'\]; train images: the run has 4, the data now 5; files added \(4\): a/9.png, c/0.png, .*; "
+        r"files removed \(3\): b/0.png",
     ),
     Case(train_into_a_user_folder, r"{tmp}/run/config.json: exists and vit did not write it"),
     Case(train_while_another_runs, r"{tmp}/run: in use by another vit train \(pid \d+\)"),

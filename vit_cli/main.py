@@ -41,6 +41,7 @@ EXTRAS = {
     **dict.fromkeys(("jax", "jaxlib", "flax", "optax", "orbax", "grain"), "jax"),
     "torch": "torch",
     **dict.fromkeys(("PIL", "mlxtend", "sklearn"), "data"),
+    **dict.fromkeys(("datasets", "pyarrow", "array_record"), "datasets"),
     **dict.fromkeys(("timm", "transformers", "torchvision", "skimage"), "dev"),
 }
 
