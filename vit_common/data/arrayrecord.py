@@ -192,7 +192,7 @@ def open_arrayrecord(pattern: str) -> Stored:
     test = _open_files(test_files) if test_files else None
     top = max(int(s.labels.max()) for s in (train, test) if s is not None and len(s)) if len(train) else 0
     read = [*files, *([folder / INFO] if (folder / INFO).exists() else [])]
-    return Stored(train, test, _classes(folder, top), folder.resolve(), file_stats(folder, read))
+    return Stored(train, test, _classes(folder, top), file_stats(folder, read))
 
 
 def write_arrayrecord(stored: Stored, dst: Path, shard_size: int = 1024) -> dict[str, int]:

@@ -116,24 +116,19 @@ class Subset:
     def __getitem__(self, i: int) -> dict:
         return self.source[int(self.indices[i])]
 
-    def take(self, indices: np.ndarray) -> Subset:
-        return Subset(self.source, self.indices[indices])
-
 
 @dataclass(frozen=True)
 class Stored:
     """What a reader of stored images (image folder, Hugging Face, ArrayRecord) finds before splitting.
 
     train / test: sources with ``labels`` int32 [N], ``images()`` and ``take(indices)``; ``test`` None
-    when the dataset has no test split of its own. classes: the K names. root: the folder the dataset
-    lives in (a run folder must not lie inside it). files: {path relative to ``root``: (size in bytes,
-    modification time in ns)} of every file read, for the fingerprint.
+    when the dataset has no test split of its own. classes: the K names. files: {path relative to the
+    dataset's folder: (size in bytes, modification time in ns)} of every file read, for the fingerprint.
     """
 
     train: object
     test: object | None
     classes: tuple[str, ...]
-    root: Path
     files: dict[str, tuple[int, int]]
 
 
@@ -164,8 +159,7 @@ class Dataset:
     classes: tuple[str, ...]
     image_size: tuple[int, int]
     channels: int
-    root: Path | None = None  # the folder a stored dataset lives in (None: arrays)
-    files: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)
+    files: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)  # see Stored
 
     @property
     def num_classes(self) -> int:
@@ -175,7 +169,7 @@ class Dataset:
     def fingerprint(self) -> dict:
         """What identifies the data a run trained on, stored in its config.json and compared on resume
         (``fingerprint_changes``): class names, train and test counts, and every file read with its size
-        and modification time (relative to ``root``)."""
+        and modification time (relative to the dataset's folder)."""
         return {
             "classes": list(self.classes),
             "train": len(self.train),
@@ -185,7 +179,7 @@ class Dataset:
 
     @property
     def in_memory(self) -> bool:
-        """True for array datasets (nothing to decode), False for image folders."""
+        """True for array datasets (nothing to decode), False for stored ones (image folders, hf:, arrayrecord:)."""
         return isinstance(self.train, ArraySource)
 
 
@@ -421,7 +415,7 @@ def _npz(spec, path, size, channels, val_fraction, pp) -> Dataset:
         tr, te = _split(y, val_fraction)
     classes = [str(k) for k in range(int(y.max()) + 1)]
     data = _from_arrays(spec, x, y, tr, te, classes, size, channels, pp)
-    return dataclasses.replace(data, root=Path(path).resolve().parent, files=files)
+    return dataclasses.replace(data, files=files)
 
 
 def _class_name(folder: Path) -> str:
@@ -516,7 +510,7 @@ def _imagefolder(root: Path) -> Stored:
     else:
         paths_all = paths
     files = file_stats(root, paths_all)  # every file through the regular-file check, FIFOs refused unopened
-    return Stored(FileSource(paths, labels), test, tuple(classes), root.resolve(), files)
+    return Stored(FileSource(paths, labels), test, tuple(classes), files)
 
 
 def verify_stored(spec: str, stored: Stored) -> None:
@@ -539,7 +533,7 @@ def _from_stored(spec: str, stored: Stored, size, channels, val_fraction) -> Dat
     if test is None:
         tr, te = _split(train.labels, val_fraction)
         train, test = train.take(tr), train.take(te)
-    return Dataset(spec, train, test, stored.classes, size, channels, stored.root, stored.files)
+    return Dataset(spec, train, test, stored.classes, size, channels, stored.files)
 
 
 def _listed(what: str, names: list[str]) -> str:

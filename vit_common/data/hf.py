@@ -232,4 +232,4 @@ def open_hf(root: Path) -> Stored:
     read = [f for s in sources.values() for f, _ in s.files]
     read += [str(p) for p in root.rglob("*.json")]
     test = sources.get(test_name) if test_name else None
-    return Stored(sources[train_name], test, tuple(classes), root.resolve(), file_stats(root, sorted(set(read))))
+    return Stored(sources[train_name], test, tuple(classes), file_stats(root, sorted(set(read))))
