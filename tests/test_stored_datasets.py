@@ -221,6 +221,10 @@ def test_bad_stored_datasets_are_refused_by_name(tmp_path):
     texts.save_to_disk(str(tmp_path / "text"))
     with pytest.raises(ValueError, match=r"label column 'label' holds string; expected integers"):
         load_dataset(f"hf:{tmp_path / 'text'}", (8, 8), 3)
+    holes = datasets.Dataset.from_dict(rows | {"label": [0, None] * 3})
+    holes.cast_column("image", datasets.Image()).save_to_disk(str(tmp_path / "holes"))
+    with pytest.raises(ValueError, match=r"holes \(split 'train'\): the label column has missing values"):
+        load_dataset(f"hf:{tmp_path / 'holes'}", (8, 8), 3)
     broken = [(d if i != 2 else d[: len(d) // 2], y) for i, (d, y) in enumerate(images)]
     (tmp_path / "pq").mkdir()
     _hf(broken).to_parquet(str(tmp_path / "pq" / "train.parquet"))

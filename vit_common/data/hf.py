@@ -125,6 +125,8 @@ def _columns(where: str, features) -> tuple[str, str, tuple[str, ...] | None]:
 def _labels(where: str, values: np.ndarray, classes: tuple[str, ...] | None) -> np.ndarray:
     """The label column as int32, checked: every value in [0, K) (K the ClassLabel's names, or the limit)."""
     k = len(classes) if classes is not None else MAX_CLASSES
+    if not np.issubdtype(values.dtype, np.integer):  # pyarrow gives floats (NaN) for an int column with nulls
+        raise ValueError(f"{where}: the label column has missing values; expected a label for every row")
     bad = values[(values < 0) | (values >= k)] if len(values) else values
     if len(bad):
         raise ValueError(f"{where}: label {int(bad[0])}: expected labels in [0, {k - 1}]")
@@ -227,7 +229,7 @@ def open_hf(root: Path) -> Stored:
         classes = names if names is not None else classes
         sources[name] = ArrowRows(files, parquet, image, label, root, values)
     if classes is None:
-        top = max(int(s.labels.max()) for s in sources.values() if len(s))
+        top = max((int(s.labels.max()) for s in sources.values() if len(s)), default=0)
         classes = tuple(str(k) for k in range(top + 1))
     read = [f for s in sources.values() for f, _ in s.files]
     read += [str(p) for p in root.rglob("*.json")]
