@@ -207,6 +207,34 @@ def test_fingerprint_lists_what_changed_and_mtimes_alone_only_warn(tmp_path):
     assert errors[0] == "classes: the run has ['cat', 'dog', 'emu'], the data now ['bird', 'cat', 'dog']"
 
 
+def test_every_stored_kind_fingerprints_the_files_it_reads(tmp_path):
+    """hf: (save_to_disk's Arrow and JSON files), arrayrecord: (the shards and dataset.json) and npz:
+    (the file) list their files; a shard removed is a change; an .npz rewritten at the same size with
+    other labels is one too (the labels' digest), not only a new modification time."""
+    images = _images(2)
+    _hf(images).save_to_disk(str(tmp_path / "saved"))
+    hf = load_dataset(f"hf:{tmp_path / 'saved'}", (8, 8), 3).fingerprint
+    assert sorted(hf["files"]) == ["data-00000-of-00001.arrow", "dataset_info.json", "state.json"]
+    write_arrayrecord(open_stored(f"hf:{tmp_path / 'saved'}"), tmp_path / "ar", shard_size=4)
+    spec = f"arrayrecord:{tmp_path / 'ar' / 'train-*'}"
+    before = load_dataset(spec, (8, 8), 3, val_fraction=0.5).fingerprint
+    shards = ["train-00000-of-00002.array_record", "train-00001-of-00002.array_record"]
+    assert sorted(before["files"]) == ["dataset.json", *shards]
+    os.unlink(tmp_path / "ar" / shards[1])
+    errors, _ = fingerprint_changes(before, load_dataset(spec, (8, 8), 3, val_fraction=0.5).fingerprint)
+    assert errors == [
+        "train images: the run has 3, the data now 2",
+        "test images: the run has 3, the data now 2",
+        f"files removed (1): {shards[1]}",
+    ]
+    np.savez(tmp_path / "d.npz", x=np.zeros((4, 2, 2), np.uint8), y=np.array([0, 1, 0, 1]))
+    npz = load_dataset(f"npz:{tmp_path / 'd.npz'}", (2, 2), 1).fingerprint
+    assert list(npz["files"]) == ["d.npz"]
+    np.savez(tmp_path / "d.npz", x=np.zeros((4, 2, 2), np.uint8), y=np.array([1, 0, 1, 0]))
+    errors, warnings = fingerprint_changes(npz, load_dataset(f"npz:{tmp_path / 'd.npz'}", (2, 2), 1).fingerprint)
+    assert errors == ["labels: the same counts, but other labels or another order of them"]
+
+
 def test_bad_stored_datasets_are_refused_by_name(tmp_path):
     import datasets
 

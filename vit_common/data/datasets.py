@@ -168,12 +168,17 @@ class Dataset:
     @property
     def fingerprint(self) -> dict:
         """What identifies the data a run trained on, stored in its config.json and compared on resume
-        (``fingerprint_changes``): class names, train and test counts, and every file read with its size
-        and modification time (relative to the dataset's folder)."""
+        (``fingerprint_changes``): class names, train and test counts, the SHA-256 of the labels in
+        order (a file rewritten at the same size with other labels is a change), and every file read with
+        its size and modification time (relative to the dataset's folder)."""
+        import hashlib
+
+        labels = np.concatenate([self.train.labels, self.test.labels]).astype("<i4").tobytes()
         return {
             "classes": list(self.classes),
             "train": len(self.train),
             "test": len(self.test),
+            "labels": hashlib.sha256(labels).hexdigest(),  # of train then test labels, int32 little-endian
             "files": {k: list(v) for k, v in sorted(self.files.items())},
         }
 
@@ -544,8 +549,8 @@ def fingerprint_changes(saved: dict, now: dict) -> tuple[list[str], list[str]]:
     """(errors, warnings) comparing a run's stored ``Dataset.fingerprint`` with the data's now.
 
     Errors (the data changed; resuming would train on other data, with another split and schedule):
-    other class names, other train or test counts, files added, removed or of another size, each
-    listed (the first five, with the count). Warnings: files whose size is the same but whose
+    other class names, other train or test counts, other labels, files added, removed or of another
+    size, each listed (the first five, with the count). Warnings: files whose size is the same but whose
     modification time is not (as after a copy to new nodes), listed alike.
     """
     errors = []
@@ -564,6 +569,8 @@ def fingerprint_changes(saved: dict, now: dict) -> tuple[list[str], list[str]]:
         )
         if names
     ]
+    if not errors and saved.get("labels") != now["labels"]:  # the same files and counts, other contents
+        errors.append("labels: the same counts, but other labels or another order of them")
     touched = sorted(k for k in set(a) & set(b) if a[k][0] == b[k][0] and a[k][1] != b[k][1])
     warnings = [_listed("file(s) have other modification times but the same sizes", touched)] if touched else []
     return errors, warnings
