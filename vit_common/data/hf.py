@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_common.data.datasets import MAX_CLASSES, TEST_SPLITS, Stored, file_stats
+from vit_common.data.stored import MAX_CLASSES, TEST_SPLITS, Stored, Subset, file_stats
 
 
 class ArrowRows:
@@ -88,8 +88,6 @@ class ArrowRows:
         return (self._image(i) for i in range(len(self)))
 
     def take(self, indices: np.ndarray):
-        from vit_common.data.datasets import Subset
-
         return Subset(self, indices)
 
 
