@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vit_cli.main import HelpFormatter
 from vit_common.system.validate import arg, int_in
 
 
@@ -23,7 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "new folder DST, for --dataset arrayrecord:DST.",
     )
     tools = p.add_subparsers(dest="tool", metavar="TOOL", required=True)
-    c = tools.add_parser("convert", help="write SRC as ArrayRecord files into the new folder DST")
+    c = tools.add_parser(
+        "convert", help="write SRC as ArrayRecord files into the new folder DST", formatter_class=HelpFormatter
+    )
     c.add_argument("source", metavar="SRC", help="image folder (PATH or imagefolder:PATH) or hf:PATH")
     c.add_argument("dest", metavar="DST", help="new folder for the ArrayRecord files and dataset.json")
     c.add_argument(
