@@ -21,6 +21,7 @@ equals one big batch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -707,20 +708,18 @@ def fit(
     if resume:
         if not (out / "config.json").exists():
             raise FileNotFoundError(f"{out}: no run to resume (config.json is missing)")
-        diff = config_mismatch(read_json(out / "config.json"), config)
+        saved_config = read_json(out / "config.json")
+        saved_config.pop(io.OWNER_KEY, None)  # the mark write_json adds (vit_common.system.io)
+        diff = config_mismatch(saved_config, config)
         if diff:
             raise ValueError(
                 f"{out}: the checkpoint was made with a different config (keep it, or choose another --out):\n  "
                 + "\n  ".join(diff)
             )
-        check_same_data(out, read_json(out / "config.json"), config["dataset"], lead)
-        if lead:  # its config.json shows the folder is this run's (copied, perhaps): its run files are ours
-            for name in RUN_FILES:
-                if (out / name).is_file():
-                    io.adopt(out / name)
+        check_same_data(out, saved_config, config["dataset"], lead)
     elif saved or metrics_path.exists():
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
-    if lead:
+    elif lead:
         for name in RUN_FILES:  # refused before any work, not at the end: files vit did not write stay
             io.check_destination(out / name)
     if jax.process_count() > 1:  # every process has read the folder before process 0 writes to it
@@ -732,6 +731,9 @@ def fit(
     # The first batches are made while the state is built and the step compiles (the batch position is
     # the step: a resumed run starts at its latest checkpoint's).
     it = trainer.train_iterator(start=saved[-1] if saved and resume else 0)
+    files = contextlib.ExitStack()
+    if resume:  # its config.json shows the folder is this run's (copied, perhaps): its files are ours to
+        files.enter_context(io.overwriting())  # replace, its metrics.jsonl to append to, marked or not
     try:
         it.start_prefetch()
         if saved and resume:
@@ -765,6 +767,7 @@ def fit(
         trainer.close()
         ckpts.wait()
         ckpts.close()
+        files.close()
 
 
 def _loop(

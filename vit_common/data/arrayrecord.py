@@ -20,6 +20,7 @@ labels; the up-front check decodes every image once more.
 from __future__ import annotations
 
 import glob
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -203,7 +204,8 @@ def write_arrayrecord(stored: Stored, dst: Path, shard_size: int = 1024) -> dict
     Returns:
         {split: records written}.
     Raises:
-        DestinationError: ``dst`` exists and is not empty; OSError: a write failed.
+        DestinationError: ``dst`` exists and is neither empty nor a folder this function wrote (which
+            ``dataset.json`` lists whole, ``vit_common.system.io.folder_mark``); OSError: a write failed.
     """
     from array_record.python.array_record_module import ArrayRecordWriter
 
@@ -229,7 +231,8 @@ def write_arrayrecord(stored: Stored, dst: Path, shard_size: int = 1024) -> dict
                     writer.close()
             written[split] = n
         info = {"format": FORMAT, "record": RECORD_LAYOUT, "classes": list(stored.classes), "records": written}
-        (tmp / INFO).write_text(io.json_text(info), encoding="utf-8")
+        files = [INFO, *(e.name for e in os.scandir(tmp))]  # dataset.json lists the folder: it proves it ours
+        (tmp / INFO).write_text(io.json_text(io.folder_mark(info, files)), encoding="utf-8")
 
-    io.atomic_write_dir(dst, write, kind=io.OUTPUT)
+    io.atomic_write_dir(dst, write)
     return written
