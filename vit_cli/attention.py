@@ -93,20 +93,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _forward(framework: str, model, images: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(logits [B, K] float64, attention intermediates as float64 numpy) for images [B, H, W, C]."""
     if framework == "jax":
-        import jax
-
-        with jax.default_matmul_precision("highest"):
-            logits, out = model.forward_intermediates(jax.numpy.asarray(images))
-        to_np = np.asarray
+        from vit_jax.runner import intermediates
     else:
-        import torch
-
-        from vit_torch.weights import tensor_to_numpy as to_np
-
-        with torch.no_grad():
-            logits, out = model.forward_intermediates(torch.from_numpy(images.transpose(0, 3, 1, 2)))
-    inter = {k: np.asarray(to_np(v), np.float64) for k, v in out.items() if k.startswith("attn") and v is not None}
-    return np.asarray(to_np(logits), np.float64), inter
+        from vit_torch.runner import intermediates
+    logits, out = intermediates(model, images)
+    return np.asarray(logits, np.float64), {
+        k: np.asarray(v, np.float64) for k, v in out.items() if k.startswith("attn")
+    }
 
 
 def shares(dist: np.ndarray, cfg) -> dict:

@@ -46,20 +46,7 @@ def diff_row(name: str, a, ref, what: str, dtype: str) -> dict:
     Raises:
         ValueError: shapes differ. KeyError: no bound for (what, dtype).
     """
-    c = compare(name, a, ref, what, dtype)
-    a64, r64 = np.asarray(a, np.float64), np.asarray(ref, np.float64)
-    return {
-        "name": name,
-        "what": what,
-        "dtype": dtype,
-        "max_abs": c.max_abs,
-        "mean_abs": float(np.mean(np.abs(a64 - r64))) if a64.size else 0.0,
-        "scale": float(np.max(np.abs(r64))) if r64.size else 0.0,
-        "kind": c.kind,
-        "bound": c.bound,
-        "rel": c.rel,
-        "ok": c.ok,
-    }
+    return {"name": name, "what": what, "dtype": dtype} | compare(name, a, ref, what, dtype).to_dict()
 
 
 def _check_rows(rows: Sequence[Mapping]) -> None:

@@ -24,7 +24,7 @@ from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_cli.flags import add_flags, values
 from vit_cli.main import HelpFormatter
 from vit_cli.run_model import class_list
-from vit_common.data.datasets import Augment
+from vit_common.data.datasets import Augment, check_outside, natural_images
 from vit_common.data.images import Preprocess
 from vit_common.data.train_config import TrainConfig
 from vit_common.system import io
@@ -378,6 +378,7 @@ def run(args: argparse.Namespace) -> int:
     if tcfg.init is None and (args.source_image_size is not None or args.strict):
         raise ValueError("--source-image-size and --strict describe the checkpoint of --init; there is none")
     out = Path(args.out or Path("runs") / args.dataset.split(":")[0])
+    check_outside(tcfg.dataset, out)  # before the lock makes the folder
 
     from vit_jax import distributed
 
@@ -465,9 +466,9 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
         probe = model_config(args, num_classes=2, in_chans=channels)  # validates sizes before loading any data
         check_model_size(probe, "the model flags", batch=tcfg.batch_size // tcfg.accum_steps, training=True)
         default = (
-            Preprocess()
-            if not tcfg.dataset.startswith("imagefolder:")
-            else Preprocess(interpolation="bicubic", crop_pct=0.875, crop_mode="center")
+            Preprocess(interpolation="bicubic", crop_pct=0.875, crop_mode="center")
+            if natural_images(tcfg.dataset)
+            else Preprocess()
         )
         preprocess = default.replace(**preprocess_flags)
         data = named(
@@ -595,7 +596,7 @@ def export_parity(path: Path, exports: dict[str, Path], trainer) -> dict:
     """
     import numpy as np
 
-    from vit_cli.run_model import jax_logits, load, torch_logits
+    from vit_cli.run_model import load, logits
     from vit_common.tolerance import compare
     from vit_jax.data import eval_batches
 
@@ -606,8 +607,8 @@ def export_parity(path: Path, exports: dict[str, Path], trainer) -> dict:
     mask = np.concatenate([b["mask"] for b in batches]) > 0
     images = [b["image"] for b in batches]
     labels = np.concatenate([b["label"] for b in batches])[mask]
-    lj = np.concatenate(list(jax_logits(load(path, "jax"), images)))[mask]
-    lt = np.concatenate(list(torch_logits(load(path, "torch"), images)))[mask]
+    lj = np.concatenate(list(logits(load(path, "jax"), "jax", images)))[mask]
+    lt = np.concatenate(list(logits(load(path, "torch"), "torch", images)))[mask]
 
     def check(got: np.ndarray) -> dict:
         c = compare("logits", got, lj, "tensor", "float32")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from pathlib import Path
 
 import jax
@@ -36,7 +37,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from vit_common.config import ViTConfig
-from vit_common.data.datasets import Dataset, batches_per_epoch, examples_before
+from vit_common.data.datasets import Dataset, batches_per_epoch, examples_before, fingerprint_changes
 from vit_common.data.images import Preprocess
 from vit_common.data.train_config import TrainConfig
 from vit_common.system import io
@@ -594,6 +595,31 @@ def config_mismatch(saved: dict, current: dict) -> list[str]:
     return out
 
 
+def check_same_data(out: Path, saved: dict, fingerprint: dict, lead: bool) -> None:
+    """Refuse to resume on data other than the run's (``vit_common.data.datasets.fingerprint_changes``
+    against config.json's ``dataset``); files whose modification times alone changed are one warning
+    line (process 0), as is a run folder written before fingerprints were stored.
+
+    Raises:
+        ValueError: the data changed; one line listing what changed.
+    """
+    if "dataset" not in saved:
+        if lead:
+            print(
+                f"vit train: warning: {out}/config.json holds no dataset fingerprint; the data is not checked",
+                file=sys.stderr,
+            )
+        return
+    errors, warnings = fingerprint_changes(saved["dataset"], fingerprint)
+    if errors:
+        raise ValueError(
+            f"{out}: the dataset changed since the run started ({'; '.join(errors)}); resume on the run's data, "
+            "or start a new run with another --out"
+        )
+    for w in warnings if lead else []:
+        print(f"vit train: warning: dataset: {w}; resuming as the same data", file=sys.stderr)
+
+
 def read_json(path: Path) -> dict:
     with open(path) as f:
         return json.load(f)
@@ -622,6 +648,7 @@ def run_config(trainer: Trainer) -> dict:
         "train": trainer.tcfg.to_dict(),
         "preprocess": trainer.preprocess.to_dict(),
         "classes": list(trainer.data.classes),
+        "dataset": trainer.data.fingerprint,
         "devices": f"{trainer.mesh.size} x {jax.devices()[0].platform}",
         "processes": jax.process_count(),
     }
@@ -689,6 +716,7 @@ def fit(
                 f"{out}: the checkpoint was made with a different config (keep it, or choose another --out):\n  "
                 + "\n  ".join(diff)
             )
+        check_same_data(out, saved_config, config["dataset"], lead)
     elif saved or metrics_path.exists():
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
     elif lead:
