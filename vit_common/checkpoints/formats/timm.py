@@ -74,6 +74,7 @@ from vit_common.checkpoints.formats.provenance import (
 from vit_common.checkpoints.formats.rules import copy, materialize_posemb, refuse, to_canonical, unsupported
 from vit_common.checkpoints.formats.source import TORCH_SUFFIXES, read_safetensors
 from vit_common.checkpoints.formats.stored import assumed_meta, config_from_json, decode_stored
+from vit_common.checkpoints.hub import is_hub_id
 from vit_common.checkpoints.metadata import Declared, info_metadata
 from vit_common.config import ViTConfig
 from vit_common.data.images import CROP_MODES, INTERPOLATIONS, PRESETS, Preprocess
@@ -749,8 +750,8 @@ class Timm(Format):
 
     def export_name(self, source: Path | None = None) -> str:
         """``model_timm.safetensors``; ``model_timm.pth`` (.pt, .bin) after a PyTorch pickle source, the
-        hub folder ``model_timm`` after a hub folder."""
-        if source is not None and Path(source).is_dir():
+        hub folder ``model_timm`` after a hub folder (or a hub id ``hf-hub:ORG/NAME``, which is one)."""
+        if source is not None and (is_hub_id(str(source)) or Path(source).is_dir()):
             return "model_timm"
         suffix = Path(source).suffix if source is not None else ""
         return f"model_timm{suffix if suffix in TORCH_SUFFIXES else '.safetensors'}"
