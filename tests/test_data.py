@@ -14,7 +14,7 @@ from vit_common.data.datasets import (
     ImageTransform,
     TrainPlan,
     load_dataset,
-    native_channels,
+    read_dataset,
 )
 from vit_common.data.images import Preprocess
 from vit_jax.data import eval_batches, iterate, train_batches, train_iterator
@@ -52,6 +52,16 @@ def test_mnist5k_split_is_fixed_and_stratified():
 
     rows = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.int64)
     assert d.train.images.astype(np.int64).sum() + d.test.images.astype(np.int64).sum() == rows[:, :-1].sum()
+
+
+def test_a_dataset_is_read_as_stored_then_fit_to_a_model():
+    """Classes and channels are known before a model is chosen; fitting resizes as load_dataset does."""
+    raw = read_dataset("digits", val_fraction=0.25)
+    assert (raw.image_size, raw.channels, raw.num_classes, raw.train.images.shape[1:]) == ((8, 8), 1, 10, (8, 8, 1))
+    fit, loaded = raw.fit((16, 16), 3), load_dataset("digits", (16, 16), 3, val_fraction=0.25)
+    np.testing.assert_array_equal(fit.train.images, loaded.train.images)
+    np.testing.assert_array_equal(fit.test.labels, loaded.test.labels)
+    assert raw.fit((8, 8), 1).train is raw.train  # already the model's input: nothing is copied
 
 
 def test_digits_resized_and_split():
@@ -302,7 +312,7 @@ def test_imagefolder_split_fraction_and_train_val_layout(tmp_path):
     _folder(tmp_path / "split" / "val", ["a", "b"], n=1)
     d = load_dataset(f"imagefolder:{tmp_path / 'split'}", (6, 6), 1)
     assert (len(d.train), len(d.test), d.channels) == (4, 2, 1)
-    assert native_channels(f"imagefolder:{tmp_path}") == 3
+    assert read_dataset(f"imagefolder:{tmp_path / 'split'}").channels == 3  # RGB until fit to a model
 
 
 def test_imagefolder_bad_input(tmp_path):
