@@ -28,7 +28,7 @@ def _loaded_after(statement: str) -> set[str]:
         ),
         ("import vit_torch", JAX_MODULES),
         ("import vit_jax", TORCH_MODULES),
-        ("import vit_jax.train, vit_jax.data", TORCH_MODULES),
+        ("import vit_jax.train, vit_jax.data, vit_jax.finetune", TORCH_MODULES),
         ("import vit_cli.main as m; m.build_parser()", JAX_MODULES + TORCH_MODULES),
     ],
 )

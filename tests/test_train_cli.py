@@ -98,8 +98,8 @@ def tiny_checkpoint(tmp_path):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--variant", "Ti/16"], "--variant Ti/16 has width=192, the checkpoint width=16"),
-        (["--width", "32"], "--width 32, the checkpoint has width=16"),
+        (["--variant", "Ti/16"], "is not the model asked for: width=192, the checkpoint has width=16"),
+        (["--width", "32"], "is not the model asked for: width=32, the checkpoint has width=16"),
         (["--image-size", "10"], "image_size=(10, 10) is not a multiple of patch_size=(4, 4)"),
         (["--freeze", "--layer-decay", "0.7"], "freeze=True with layer_decay=0.7"),
         (["--init", "nowhere.safetensors"], "nowhere.safetensors: no such file"),
@@ -124,7 +124,9 @@ def test_freeze_needs_a_checkpoint(capsys):
     "extra, message",
     [
         (["--set", "width=64"], "--set width: use --width"),
-        (["--set", "class_token=false"], "--set class_token: use --pool"),
+        (["--set", "class_token=false"], "--set class_token: use --class-token / --no-class-token"),
+        (["--set", "gelu=tanh"], "--set gelu: use --gelu"),
+        (["--set", "in_chans=3"], "--set in_chans: use --dataset (its channels)"),
         (["--strict"], "--source-image-size and --strict describe the checkpoint of --init"),
         (["--source-image-size", "224"], "--source-image-size and --strict describe the checkpoint of --init"),
     ],
@@ -136,16 +138,41 @@ def test_checkpoint_flags_without_a_checkpoint_are_refused(extra, message, tmp_p
     assert not out.exists()
 
 
-def test_set_without_init_configures_the_new_model(tmp_path):
-    """From scratch, --set gives the fields no flag of vit train sets (not silently ignored)."""
+def test_model_flags_configure_the_new_model(tmp_path):
+    """From scratch, the flags made from ViTConfig fields set the model (not silently ignored), and --set
+    the one field without a flag."""
     import json
 
     out = tmp_path / "run"
-    settings = ["--set", "gelu=tanh", "--set", "ln_eps=1e-5", "--set", "dynamic_img_pad=true"]
-    assert main(["train", "--dataset", "digits", *TINY, "--image-size", "10", "--out", str(out), *settings]) == 0
+    flags = ["--gelu", "tanh", "--ln-eps", "1e-5", "--dynamic-img-pad", "--qk-norm", "--reg-tokens", "2"]
+    flags += ["--pool", "map", "--no-qkv-bias", "--set", "param_dtype=float32"]
+    assert main(["train", "--dataset", "digits", *TINY, "--image-size", "10", "--out", str(out), *flags]) == 0
     model = json.loads((out / "config.json").read_text())["model"]
-    got = (model["gelu"], model["ln_eps"], model["dynamic_img_pad"], model["image_size"])
-    assert got == ("tanh", 1e-5, True, [10, 10])
+    got = [model[k] for k in ("gelu", "ln_eps", "dynamic_img_pad", "image_size", "qk_norm", "reg_tokens", "pool")]
+    assert got == ["tanh", 1e-5, True, [10, 10], True, 2, "map"]
+    assert (model["qkv_bias"], model["class_token"], model["posemb_prefix"]) == (False, False, True)
+
+
+def test_model_flags_come_from_the_config_fields():
+    """Every ViTConfig field but the dataset's (classes, channels) and the parameter dtype is a `vit train`
+    flag carrying the field's help and choices; none is set unless given."""
+    import dataclasses
+
+    from vit_common.config import ViTConfig
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    actions = {a.dest: a for a in sub.choices["train"]._actions}
+    args = parser.parse_args(["train"])
+    for f in dataclasses.fields(ViTConfig):
+        if f.name in ("num_classes", "in_chans", "param_dtype"):
+            assert f.name not in actions, f.name
+            continue
+        assert f.metadata["help"] in actions[f.name].help and getattr(args, f.name) is None, f.name
+        if f.name != "dtype":
+            assert actions[f.name].choices == f.metadata.get("choices"), f.name
+    assert actions["pool"].choices == ("token", "gap", "max", "avgmax", "map", "none")
+    assert actions["dtype"].choices == ("float32", "bfloat16")
 
 
 def test_a_warmup_as_long_as_the_run_is_warned(tmp_path, capsys):
@@ -196,14 +223,14 @@ def test_a_head_follows_the_class_names():
     """--init with the dataset's class count: the head is kept for the same names, its rows reordered for
     the same names in another order, replaced by zeros for other names (each change reported)."""
     from vit_common.checkpoints.formats.base import Report
-    from vit_jax.finetune import _match_head
+    from vit_jax.finetune import match_head
 
     state = {"head.weight": np.arange(6.0).reshape(3, 2), "head.bias": np.arange(3.0)}
     report = Report()
-    assert _match_head(state, ("a", "b", "c"), ("a", "b", "c"), report) is state and not report.notes
-    moved = _match_head(state, ("a", "b", "c"), ("c", "a", "b"), report)
+    assert match_head(state, ("a", "b", "c"), ("a", "b", "c"), report) is state and not report.notes
+    moved = match_head(state, ("a", "b", "c"), ("c", "a", "b"), report)
     np.testing.assert_array_equal(moved["head.bias"], [2.0, 0.0, 1.0])
     np.testing.assert_array_equal(moved["head.weight"][0], [4.0, 5.0])
-    fresh = _match_head(state, ("a", "b", "c"), ("x", "y", "z"), report)
+    fresh = match_head(state, ("a", "b", "c"), ("x", "y", "z"), report)
     assert not fresh["head.weight"].any() and not fresh["head.bias"].any()
     assert "reordered" in report.notes[0] and "zero-initialised" in report.notes[1]

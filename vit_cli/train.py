@@ -19,17 +19,23 @@ import os
 import sys
 from pathlib import Path
 
-from vit_cli.convert import add_checkpoint_arguments
-from vit_cli.flags import add_flags, values
+from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
+from vit_cli.flags import add_flags, flag_name, values
 from vit_cli.main import HelpFormatter
 from vit_cli.run_model import class_list
+from vit_common.config import VARIANTS, ViTConfig
 from vit_common.data.datasets import Augment
 from vit_common.data.images import Preprocess
 from vit_common.data.train_config import TrainConfig
-from vit_common.system.validate import arg, check_model_size, float_in, int_in
+from vit_common.system.validate import arg, check_model_size, int_in
 
 # The demo model: 28x28 inputs, 7x7 patches, 16 tokens (no class token: average pooling).
 DEMO_MODEL = dict(image_size=28, patch_size=7, width=128, depth=4, num_heads=4, mlp_dim=256, pool="gap")
+# ViTConfig fields with a flag of their own: all but those the dataset sets and the parameter dtype
+# (the trainer keeps parameters and optimizer state in float32; --set param_dtype for another).
+FROM_DATASET = {"num_classes": "--dataset (its classes)", "in_chans": "--dataset (its channels)"}
+MODEL_FLAGS = tuple(f.name for f in dataclasses.fields(ViTConfig) if f.name not in (*FROM_DATASET, "param_dtype"))
+DTYPES = ("float32", "bfloat16")  # compute dtypes the trainer takes (float16 would need loss scaling)
 OPTIMISATION = (
     "epochs batch_size lr warmup_steps min_lr_ratio weight_decay b1 b2 label_smoothing grad_clip accum_steps seed"
 ).split()
@@ -44,9 +50,20 @@ def default_cache_dir() -> str:
     return str(Path(base) / "vit-twins" / "jax")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from vit_common.config import VARIANTS
+def model_defaults() -> dict[str, str]:
+    """What a model flag not given means (the help of each ``MODEL_FLAGS`` flag)."""
+    fields = {f.name: f.default for f in dataclasses.fields(ViTConfig)}
+    out = {k: f"default {fields[k]!r}, or --init's" for k in MODEL_FLAGS}
+    out |= {k: f"demo {v}, or --variant's / --init's" for k, v in DEMO_MODEL.items()}
+    out["pool"] = f"demo {DEMO_MODEL['pool']}, variants token, or --init's"
+    out["image_size"] = f"demo {DEMO_MODEL['image_size']}, or --init's; with --init the position embedding is resampled"
+    out["class_token"] = "on with --pool token, or --init's"
+    out["posemb_prefix"] = "on with --posemb learn (sincos2d rows cover the patches only), or --init's"
+    out["dtype"] = "float32; parameters and optimizer state stay float32"
+    return out
 
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
         help="train or fine-tune the JAX twin (default: the built-in MNIST demo), export, check in PyTorch",
@@ -84,56 +101,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_flags(
         pre, Preprocess, given_only=True, defaults_help=dict.fromkeys(Preprocess.__dataclass_fields__, "see above")
     )
-    m = p.add_argument_group("model (defaults: the demo model, --variant's, or --init's)")
+    m = p.add_argument_group(
+        "model (a ViTConfig field each; defaults: the demo model, --variant's, or --init's; with --init a field "
+        "that changes the model's function is a check that the checkpoint has it, the others replace its)"
+    )
     m.add_argument(
         "--variant",
         default=None,
         help=f"start from a variant NAME/PATCH, NAME one of {', '.join(VARIANTS)} (e.g. Ti/16); with --init, "
         "a check that the checkpoint is one",
     )
-    m.add_argument(
-        "--image-size",
-        type=arg(int_in, 1),
-        default=None,
-        help=f"square image size in pixels; images are resized to it (demo {DEMO_MODEL['image_size']}); with "
-        "--init the position embedding is resampled to it",
-    )
-    m.add_argument(
-        "--patch-size", type=arg(int_in, 1), default=None, help=f"patch size P (demo {DEMO_MODEL['patch_size']})"
-    )
-    m.add_argument("--width", type=arg(int_in, 1), default=None, help=f"width D (demo {DEMO_MODEL['width']})")
-    m.add_argument("--depth", type=arg(int_in, 1), default=None, help=f"number of blocks (demo {DEMO_MODEL['depth']})")
-    m.add_argument(
-        "--num-heads", type=arg(int_in, 1), default=None, help=f"attention heads N (demo {DEMO_MODEL['num_heads']})"
-    )
-    m.add_argument(
-        "--mlp-dim", type=arg(int_in, 1), default=None, help=f"MLP hidden width F (demo {DEMO_MODEL['mlp_dim']})"
-    )
-    m.add_argument(
-        "--pool",
-        choices=("token", "gap", "map"),
-        default=None,
-        help="pooling before the head: class token, global average or attention pooling; only 'token' has a "
-        f"class token (demo {DEMO_MODEL['pool']}, variants token)",
-    )
-    m.add_argument("--posemb", choices=("learn", "sincos2d"), default=None, help="position embedding (default learn)")
-    m.add_argument(
-        "--dropout",
-        type=arg(float_in, 0, 1, hi_open=True),
-        default=None,
-        help="dropout rate (default 0, or the checkpoint's)",
-    )
-    m.add_argument(
-        "--drop-path",
-        type=arg(float_in, 0, 1, hi_open=True),
-        default=None,
-        help="stochastic depth rate of the last block (default 0, or the checkpoint's)",
-    )
-    m.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16"),
-        default="float32",
-        help="compute dtype; parameters and optimizer state stay float32",
+    add_flags(
+        m, ViTConfig, only=MODEL_FLAGS, given_only=True, defaults_help=model_defaults(), choices={"dtype": DTYPES}
     )
     add_flags(m, TrainConfig, only=("remat",))
     o = p.add_argument_group("optimisation")
@@ -180,61 +159,63 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-# ViTConfig fields a model trained from scratch takes from vit train's flags (or the dataset), not --set.
-SCRATCH_FLAGS = {
-    **{k: "--" + k.replace("_", "-") for k in ("patch_size", "width", "depth", "num_heads", "mlp_dim", "pool")},
-    **{k: "--" + k.replace("_", "-") for k in ("posemb", "dropout", "drop_path", "dtype")},
-    "class_token": "--pool (token: a class token)",
-    "posemb_prefix": "--posemb",
-    "in_chans": "--dataset (its channels)",
-}
-
-
-def model_config(args: argparse.Namespace, num_classes: int, in_chans: int):
-    """The ViTConfig the flags describe (the demo model, or --variant, with any overrides, --set's
-    included).
+def model_config(args: argparse.Namespace, num_classes: int, in_chans: int) -> ViTConfig:
+    """The ViTConfig of a model trained from scratch: the demo model, or --variant's row and patch size,
+    with the model flags given on top, ``num_classes`` and ``in_chans`` from the dataset; --pool token
+    brings a class token, --posemb learn prefix rows, unless those flags are given too.
 
     Raises:
-        ValueError: --set of a field that a flag of vit train sets (``SCRATCH_FLAGS``).
+        ValueError: --set of a field that has a flag (or that the dataset sets), naming the flag; an
+            invalid combination (``ViTConfig``).
     """
-    from vit_common.config import ViTConfig
-
-    fields = {
-        "image_size": args.image_size,
-        "patch_size": args.patch_size,
-        "width": args.width,
-        "depth": args.depth,
-        "num_heads": args.num_heads,
-        "mlp_dim": args.mlp_dim,
-    }
-    given = {k: v for k, v in fields.items() if v is not None}
-    pool = args.pool or ("token" if args.variant else DEMO_MODEL["pool"])
-    posemb = args.posemb or "learn"
-    common = dict(
-        num_classes=num_classes,
-        in_chans=in_chans,
-        pool=pool,
-        class_token=pool == "token",
-        posemb=posemb,
-        posemb_prefix=posemb == "learn",  # sincos2d rows cover the patches only
-        dropout=args.dropout or 0.0,
-        drop_path=args.drop_path or 0.0,
-        dtype=args.dtype,
-    )
     settings = dict(args.settings)
-    flagged = [f"--set {k}: use {SCRATCH_FLAGS[k]}" for k in settings if k in SCRATCH_FLAGS]
+    flagged = [
+        f"--set {k}: use {FROM_DATASET.get(k) or flag_name(ViTConfig, k)}"
+        for k in settings
+        if k in MODEL_FLAGS or k in FROM_DATASET
+    ]
     if flagged:
         raise ValueError(f"{'; '.join(flagged)} (a model trained from scratch takes that field from its flag)")
-    overrides = {"image_size": DEMO_MODEL["image_size"], **given, **common, **settings}
-    if args.variant:
-        return ViTConfig.from_name(args.variant, **overrides)
-    return ViTConfig(**{**DEMO_MODEL, **overrides})
+    given = values(ViTConfig, args)
+    pool = given.get("pool") or ("token" if args.variant else DEMO_MODEL["pool"])
+    posemb = given.get("posemb", "learn")
+    base = variant_fields(args.variant) if args.variant else DEMO_MODEL
+    derived = dict(class_token=pool == "token", posemb_prefix=posemb == "learn")
+    dataset = dict(num_classes=num_classes, in_chans=in_chans)
+    return ViTConfig(
+        **{"image_size": DEMO_MODEL["image_size"], **base, "pool": pool, **derived, **dataset, **given, **settings}
+    )
+
+
+def variant_fields(name: str) -> dict:
+    """The fields --variant NAME/PATCH sets: its VARIANTS row and the patch size.
+
+    Raises:
+        ValueError: a malformed or unknown name (``ViTConfig.from_name``).
+    """
+    cfg = ViTConfig.from_name(name, dynamic_img_pad=True)  # any patch size: 224 px padded to it
+    return {k: getattr(cfg, k) for k in (*VARIANTS[cfg.variant], "patch_size")}
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
     """The TrainConfig of the flags; augmentation fields not given take ``Augment.default_for`` the dataset."""
     augment = dataclasses.replace(Augment.default_for(args.dataset), **values(Augment, args))
     return TrainConfig(**values(TrainConfig, args), augment=augment)
+
+
+def init_fields(args: argparse.Namespace) -> dict:
+    """With --init: the ViTConfig fields --variant and the model flags give (``vit_jax.finetune.load_init``'s
+    ``given``: those that change the function are checked against the checkpoint, the others replace
+    its values); --image-size is the size to train at."""
+    given = variant_fields(args.variant) if args.variant else {}
+    return given | {k: v for k, v in values(ViTConfig, args).items() if k != "image_size"}
+
+
+def _torch_formats():
+    """``vit_torch.formats`` (imports torch): the readers and writers of .pth/.bin files."""
+    import vit_torch.formats
+
+    return vit_torch.formats
 
 
 def run(args: argparse.Namespace) -> int:
@@ -308,8 +289,9 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
 
     import jax
 
+    from vit_common.checkpoints.convert import needs
     from vit_common.checkpoints.metadata import ModelInfo
-    from vit_common.data.datasets import load_dataset, native_channels
+    from vit_common.data.datasets import read_dataset
     from vit_jax.finetune import export, load_init
     from vit_jax.train import NonFiniteError, Trainer, enable_compile_cache, fit
 
@@ -334,28 +316,38 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
             )
         return dataclasses.replace(data, classes=tuple(args.classes))
 
+    raw = named(read_dataset(tcfg.dataset, val_fraction=tcfg.val_fraction))  # its classes and channels
     preprocess_flags = values(Preprocess, args)
-    weights, report = None, None
+    weights, report, torch_io = None, None, tcfg.init is not None and needs(tcfg.init) == "torch"
     if tcfg.init:
         log(f"vit train: fine-tuning {tcfg.init}")
-        cfg, weights, info, data, report = load_init(args, tcfg, named, preprocess_flags, log)
+        size = None if args.image_size is None else (args.image_size, args.image_size)
+        init = load_init(
+            tcfg.init,
+            raw,
+            image_size=size,
+            given=init_fields(args),
+            options=checkpoint_options(args),
+            preprocess=preprocess_flags,
+            readers=_torch_formats().READERS if torch_io else None,
+        )
+        cfg, weights, info, data, report = init.cfg, init.weights, init.info, init.data, init.report
+        for line in report.lines():
+            log(f"  {line}")
+        log(f"  preprocessing {json.dumps(info.preprocess.to_dict())} ({info.preprocess_source})")
+        for w in info.warnings:
+            log(f"  WARNING  {w}")
         preprocess = info.preprocess
     else:
-        channels = native_channels(tcfg.dataset)
-        probe = model_config(args, num_classes=2, in_chans=channels)  # validates sizes before loading any data
-        check_model_size(probe, "the model flags", batch=tcfg.batch_size // tcfg.accum_steps, training=True)
+        cfg = model_config(args, num_classes=raw.num_classes, in_chans=raw.channels)
+        check_model_size(cfg, "the model flags", batch=tcfg.batch_size // tcfg.accum_steps, training=True)
         default = (
             Preprocess()
             if not tcfg.dataset.startswith("imagefolder:")
             else Preprocess(interpolation="bicubic", crop_pct=0.875, crop_mode="center")
         )
         preprocess = default.replace(**preprocess_flags)
-        data = named(
-            load_dataset(
-                tcfg.dataset, probe.image_size, channels, val_fraction=tcfg.val_fraction, preprocess=preprocess
-            )
-        )
-        cfg = probe.replace(num_classes=data.num_classes)
+        data = raw.fit(cfg.image_size, cfg.in_chans, preprocess)
         info = ModelInfo(preprocess, "given" if preprocess_flags else "vit train's default")
     workers = args.data_workers
     if workers == -1:
@@ -394,7 +386,18 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     weights = trainer.weights(state)  # every process takes part in gathering sharded parameters
     if not lead:
         return 0
-    exports, load_calls = export(out, cfg.replace(dtype="float32"), weights, preprocess, data.classes, report, log)
+    done = export(
+        out,
+        cfg.replace(dtype="float32"),
+        weights,
+        preprocess=preprocess,
+        classes=data.classes,
+        source=report,
+        writers=_torch_formats().WRITERS if torch_io else None,
+    )
+    for line in done.lines:
+        log(f"  {line}")
+    exports, load_calls = done.paths, done.load_calls
     plot_curves(out / "metrics.jsonl", out / "curves.png")
     summary["model"] = str(out / "model.safetensors")
     summary["exports"] = {fmt: str(path) for fmt, path in exports.items()}

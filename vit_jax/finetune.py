@@ -1,126 +1,147 @@
-"""Fine-tuning the JAX twin from a checkpoint of any format: reading it for a dataset, matching its
-head to the dataset's classes, and exporting the result in the checkpoint's own format.
+"""Fine-tuning the JAX twin from a checkpoint of any format: the checkpoint read once for a dataset, its
+head matched to the dataset's classes, and the result exported in the checkpoint's own format.
 
-(Moved verbatim from vit_cli/train.py; the redesign follows.)
+The config is resolved in one order: the dataset (``vit_common.data.datasets.read_dataset``: its classes
+and channels) -> the checkpoint, read once with the dataset's class count and the image size to train at
+-> the config (fields the caller gives checked or applied) -> the dataset fit to that config. ``vit
+train --init`` is this module and ``vit_jax.train``; the checks of the exports in vit_torch, timm and
+transformers run where torch may be imported (``vit_cli.train.export_parity``), so importing this module
+loads no torch. Readers and writers of PyTorch ``.pth``/``.bin`` files are passed in
+(``vit_torch.formats.READERS`` / ``WRITERS``), as ``vit_common.checkpoints.convert`` takes them.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from vit_common.data.train_config import TrainConfig
+import numpy as np
 
-# Architecture flags: with --init they must agree with the checkpoint (image size excepted: it resamples).
-ARCH_FLAGS = ("patch_size", "width", "depth", "num_heads", "mlp_dim", "pool", "posemb")
+from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
+from vit_common.checkpoints.formats.base import Report
+from vit_common.checkpoints.metadata import ModelInfo, read_info, with_overrides
+from vit_common.config import RUNTIME_FIELDS, ViTConfig
+from vit_common.data.datasets import Dataset
+from vit_common.data.images import Preprocess
+from vit_jax.formats import READERS, WRITERS
+
+# Fields a caller does not give to ``load_init``: the dataset decides them (classes, channels), or
+# they are arguments of their own (the image size to train at).
+NOT_GIVEN = frozenset({"num_classes", "in_chans", "image_size"})
+# Export names of the formats besides ours (model.safetensors) and timm's (model_timm.safetensors).
+EXPORT_NAMES = {"hf": "model_hf", "orbax": "model_orbax"}
+TORCH_SUFFIXES = (".pth", ".pt", ".bin")
 
 
-def check_flags_against(cfg, args: argparse.Namespace, path: str) -> None:
-    """With --init: every architecture flag given (and --variant) must describe the checkpoint.
+@dataclass
+class Init:
+    """What fine-tuning starts from.
+
+    ``cfg``: the checkpoint's config with the dataset's class count K, the image size to train at,
+    float32 parameters and the given runtime fields; ``weights``: its canonical state, float32 (a new
+    head zero-initialised, position embedding resampled); ``info``: preprocessing and class names with
+    their provenance; ``report``: how the checkpoint was read (format, where each field came from, what
+    changed); ``data``: the dataset fit to ``cfg`` (its image size, the checkpoint's channels, the
+    checkpoint's preprocessing).
+    """
+
+    cfg: ViTConfig
+    weights: dict[str, np.ndarray]
+    info: ModelInfo
+    report: Report
+    data: Dataset
+
+
+def load_init(
+    path: str | Path,
+    data: Dataset,
+    *,
+    image_size: int | tuple[int, int] | None = None,
+    given: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+    preprocess: Mapping[str, Any] | None = None,
+    readers: Mapping[str, Any] | None = None,
+) -> Init:
+    """Read the checkpoint at ``path`` once, for ``data`` (``read_dataset``'s, classes named).
+
+    Args:
+        image_size: train at this size (S or (H, W)); the position embedding is resampled with the
+            config's ``posemb_resample``. Default: the checkpoint's.
+        given: ViTConfig fields of the model asked for. Fields that change the function
+            (``FUNCTION_FIELDS``) must be the checkpoint's: a check, as the file decides them (correct
+            what a file stores wrongly with ``options``); runtime fields (``RUNTIME_FIELDS``: dropout,
+            drop path, dtype, ...) replace the checkpoint's. ``dtype`` is float32 unless given.
+        options: ``load_checkpoint`` keywords: config overrides of what the file stores or lacks,
+            ``source_image_size``, ``strict``.
+        preprocess: ``Preprocess`` fields replacing what the file declares.
+        readers: container readers besides orbax's (``vit_torch.formats.READERS`` for .pth/.bin).
+
+    The head: the dataset's K classes replace one of another count with a zero-initialised head
+    (big_vision ``head_zeroinit``); a head of K rows is kept when the checkpoint names the same classes,
+    its rows reordered when it names them in another order, zeroed when it names others (each change
+    a note of ``report``).
 
     Raises:
-        ValueError: naming the flag, its value and the checkpoint's.
+        ValueError: a field of ``given`` that is not the checkpoint's, or that has no place here
+            (``NOT_GIVEN``: named with where it comes from); whatever ``load_checkpoint`` raises (an
+            image size the patch does not divide, an unreadable file, ...); an invalid preprocessing field.
+        FileNotFoundError: no such checkpoint.
     """
-    from vit_common.config import VARIANTS
-
-    bad = []
-    if args.variant:
-        name = args.variant.split("/")[0].strip()
-        row = VARIANTS.get(name)
-        if row is None:
-            raise ValueError(f"--variant {args.variant!r}: unknown name {name!r}; known: {', '.join(VARIANTS)}")
-        bad += [
-            f"--variant {args.variant} has {k}={v}, the checkpoint {k}={getattr(cfg, k)}"
-            for k, v in row.items()
-            if getattr(cfg, k) != v
-        ]
-        patch = args.variant.split("/")[-1].strip()
-        if patch.isdigit() and (int(patch), int(patch)) != tuple(cfg.patch_size):
-            bad.append(f"--variant {args.variant} has patch_size={patch}, the checkpoint {cfg.patch_size[0]}")
-    for k in ARCH_FLAGS:
-        v = getattr(args, k)
-        have = cfg.patch_size[0] if k == "patch_size" and cfg.patch_size[0] == cfg.patch_size[1] else getattr(cfg, k)
-        if v is not None and v != have:
-            bad.append(f"--{k.replace('_', '-')} {v}, the checkpoint has {k}={have!r}")
-    if bad:
-        raise ValueError(f"{path} does not match the model flags: " + "; ".join(bad))
-
-
-def _readers(path: str) -> dict:
-    """The checkpoint readers ``path`` needs (vit_common.checkpoints.convert: orbax folders need jax, PyTorch
-    .pth/.bin files torch, which is imported only then)."""
-    from vit_common.checkpoints.convert import needs
-
-    if needs(path) == "torch":
-        from vit_torch.formats import READERS
-    else:
-        from vit_jax.formats import READERS
-    return READERS
-
-
-def _writers(fmt: str, path: Path) -> dict:
-    if fmt == "orbax":
-        from vit_jax.formats import WRITERS
-
-        return WRITERS
-    if fmt == "timm" and path.suffix in (".pth", ".pt", ".bin"):
-        from vit_torch.formats import WRITERS
-
-        return WRITERS
-    return {}
-
-
-def load_init(args, tcfg: TrainConfig, name_classes, preprocess_flags: dict, log):
-    """Read --init: (config, float32 weights, ModelInfo, data with ``name_classes`` applied, conversion
-    report) for the dataset.
-
-    The checkpoint is read once for its config (image size, channels, preprocessing) and again for the
-    dataset's class count and image size, which replace its head (zero-initialised, reported) and
-    resample its position embedding with the file's own method.
-    """
-    import numpy as np
-
-    from vit_cli.convert import checkpoint_options
-    from vit_common.checkpoints.convert import load_checkpoint
-    from vit_common.checkpoints.metadata import read_info, with_overrides
-    from vit_common.data.datasets import load_dataset
-
-    readers = _readers(tcfg.init)
-    overrides = checkpoint_options(args)
-    first = load_checkpoint(tcfg.init, readers=readers, **overrides)
-    check_flags_against(first.cfg, args, tcfg.init)
-    size = first.cfg.image_size if args.image_size is None else (args.image_size, args.image_size)
-    probe = first.cfg.replace(image_size=size)  # an image size the patch does not divide fails here, named
-    info = with_overrides(read_info(tcfg.init, first.report.format), preprocess_flags, None)
-    data = load_dataset(
-        tcfg.dataset, probe.image_size, probe.in_chans, val_fraction=tcfg.val_fraction, preprocess=info.preprocess
+    given = dict(given or {})
+    misplaced = sorted(set(given) & NOT_GIVEN)
+    if misplaced:
+        raise ValueError(
+            f"{', '.join(misplaced)}: not given for fine-tuning (the dataset sets num_classes and in_chans; "
+            "image_size is the argument image_size)"
+        )
+    runtime = {k: v for k, v in given.items() if k in RUNTIME_FIELDS}
+    ckpt = load_checkpoint(
+        path,
+        readers={**READERS, **(readers or {})},
+        image_size=image_size,
+        num_classes=data.num_classes,
+        **{**dict(options or {}), **runtime},
     )
-    data = name_classes(data)
-    ckpt = load_checkpoint(tcfg.init, readers=readers, image_size=size, num_classes=data.num_classes, **overrides)
     report, state = ckpt.report, dict(ckpt.state)
-    if info.classes is not None and len(info.classes) == data.num_classes == first.cfg.num_classes:
-        state = _match_head(state, info.classes, data.classes, report)
-    for line in report.lines():
-        log(f"  {line}")
-    log(f"  preprocessing {json.dumps(info.preprocess.to_dict())} ({info.preprocess_source})")
-    for w in info.warnings:
-        log(f"  WARNING  {w}")
-    cfg = ckpt.cfg.replace(
-        dropout=ckpt.cfg.dropout if args.dropout is None else args.dropout,
-        drop_path=ckpt.cfg.drop_path if args.drop_path is None else args.drop_path,
-        dtype=args.dtype,
-        param_dtype="float32",
-    )
+    check_given(ckpt.cfg, {k: v for k, v in given.items() if k not in RUNTIME_FIELDS}, str(path))
+    info = with_overrides(read_info(path, report.format), dict(preprocess or {}), None)
+    if info.classes is not None and len(info.classes) == data.num_classes:
+        state = match_head(state, info.classes, data.classes, report)
+    cfg = ckpt.cfg.replace(dtype=runtime.get("dtype", "float32"), param_dtype="float32")
     weights = {k: np.asarray(v, np.float32) for k, v in state.items()}
-    return cfg, weights, info, data, report
+    return Init(cfg, weights, info, report, data.fit(cfg.image_size, cfg.in_chans, info.preprocess))
 
 
-def _match_head(state: dict, have: tuple[str, ...], want: tuple[str, ...], report) -> dict:
-    """The head for the dataset's class order: kept if the checkpoint's class names are the same list,
-    rows reordered if they are the same names in another order, zero-initialised otherwise."""
-    import numpy as np
+def check_given(cfg: ViTConfig, given: Mapping[str, Any], path: str) -> None:
+    """Every field of ``given`` must have the value ``cfg`` (a checkpoint's) has; an int patch size
+    stands for a square one.
 
+    Raises:
+        ValueError: naming each field, the value asked for and the checkpoint's.
+    """
+    bad = []
+    for k, v in given.items():
+        have = getattr(cfg, k)
+        want = (v, v) if k == "patch_size" and isinstance(v, int) else v
+        if want != have:
+            shown = have[0] if k == "patch_size" and have[0] == have[1] else have
+            bad.append(f"{k}={v!r}, the checkpoint has {k}={shown!r}")
+    if bad:
+        raise ValueError(
+            f"{path} is not the model asked for: {'; '.join(bad)} (a field the file stores wrongly is "
+            "corrected as an override of the read: vit train --set FIELD=VALUE)"
+        )
+
+
+def match_head(
+    state: dict[str, np.ndarray], have: tuple[str, ...], want: tuple[str, ...], report: Report
+) -> dict[str, np.ndarray]:
+    """The head for the dataset's class order ``want``, given the checkpoint's class names ``have``
+    (both K long, the head ``head.weight`` [K, D], ``head.bias`` [K]): kept if they are the same list,
+    rows reordered if they are the same names in another order, zero-initialised otherwise; each change
+    a note of ``report``. A state without a head is returned as it is."""
     if tuple(have) == tuple(want) or "head.weight" not in state:
         return state
     if sorted(have) == sorted(want):
@@ -134,32 +155,60 @@ def _match_head(state: dict, have: tuple[str, ...], want: tuple[str, ...], repor
     return {**state, "head.weight": np.zeros_like(state["head.weight"]), "head.bias": np.zeros_like(state["head.bias"])}
 
 
-def export(out: Path, cfg, weights, preprocess, classes, report, log) -> tuple[dict[str, Path], dict[str, str]]:
-    """Write model.safetensors (ours), model_timm.safetensors and, after --init, the model in the
-    checkpoint's own format (model_hf/, model_big_vision.npz, ...). Returns ({format: path} of the
-    exports besides ours, {format: the library call that loads that export strictly}); a format that
-    cannot hold the model is skipped with a note."""
-    from vit_common.checkpoints.convert import save_checkpoint
+@dataclass
+class Exported:
+    """What ``export`` wrote: ``paths`` {format: path} of the exports besides ours, ``load_calls``
+    {format: the library call that loads that export strictly}, ``lines`` what to tell the user (each
+    export's notes and warnings, each format that could not hold the model)."""
 
-    save_checkpoint(out / "model.safetensors", cfg, weights, "canonical", preprocess=preprocess, classes=classes)
+    paths: dict[str, Path] = field(default_factory=dict)
+    load_calls: dict[str, str] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+
+
+def export_targets(out: Path, source: Report | None) -> dict[str, Path]:
+    """{format: path} of the exports besides ours: model_timm.safetensors, and after fine-tuning the
+    model in the checkpoint's own format (model_hf/, model_big_vision.npz, model_orbax/, a timm
+    .pth/.bin file as model_timm.pth/.bin in place of the .safetensors)."""
     targets = {"timm": out / "model_timm.safetensors"}
-    if report is not None and report.format not in ("canonical", "timm"):
-        name = {"hf": "model_hf", "orbax": "model_orbax"}.get(report.format, f"model_{report.format}.npz")
-        targets[report.format] = out / name
-    elif report is not None and report.format == "timm" and Path(report.source).suffix in (".pth", ".pt", ".bin"):
-        targets["timm"] = out / f"model_timm{Path(report.source).suffix}"
-    written, load_calls = {}, {}
-    for fmt, path in targets.items():
+    if source is not None and source.format not in ("canonical", "timm"):
+        targets[source.format] = out / EXPORT_NAMES.get(source.format, f"model_{source.format}.npz")
+    elif source is not None and source.format == "timm" and Path(source.source).suffix in TORCH_SUFFIXES:
+        targets["timm"] = out / f"model_timm{Path(source.source).suffix}"
+    return targets
+
+
+def export(
+    out: Path,
+    cfg: ViTConfig,
+    weights: Mapping[str, np.ndarray],
+    *,
+    preprocess: Preprocess,
+    classes: tuple[str, ...] | None,
+    source: Report | None = None,
+    writers: Mapping[str, Any] | None = None,
+) -> Exported:
+    """Write ``out``/model.safetensors (ours: config, preprocessing and class names in its metadata) and
+    the ``export_targets``; ``weights`` the canonical state of ``cfg``, ``source`` the report of the
+    checkpoint fine-tuned (None for a fresh model), ``writers`` container writers besides orbax's
+    (``vit_torch.formats.WRITERS`` for .pth/.bin). A format that cannot hold the model, or whose writer
+    is not given, is skipped with a line saying why.
+
+    Raises:
+        ValueError: ours cannot be written (as ``save_checkpoint``).
+    """
+    save_checkpoint(out / "model.safetensors", cfg, weights, "canonical", preprocess=preprocess, classes=classes)
+    done = Exported()
+    for fmt, path in export_targets(out, source).items():
         try:
             r = save_checkpoint(
-                path, cfg, weights, fmt, writers=_writers(fmt, path), preprocess=preprocess, classes=classes
+                path, cfg, weights, fmt, writers={**WRITERS, **(writers or {})}, preprocess=preprocess, classes=classes
             )
         except (ValueError, ImportError) as e:
-            log(f"  not exported as {fmt}: {e}")
+            done.lines.append(f"not exported as {fmt}: {e}")
             continue
-        for line in r.notes + r.warnings:
-            log(f"  {path.name}: {line}")
-        written[fmt] = path
+        done.lines += [f"{path.name}: {line}" for line in r.notes + r.warnings]
+        done.paths[fmt] = path
         if r.load_call:
-            load_calls[fmt] = r.load_call
-    return written, load_calls
+            done.load_calls[fmt] = r.load_call
+    return done
