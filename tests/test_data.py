@@ -322,6 +322,14 @@ def test_imagefolder_bad_input(tmp_path):
     (tmp_path / "empty" / "b").mkdir(parents=True)
     with pytest.raises(ValueError, match="empty"):
         load_dataset(f"imagefolder:{tmp_path / 'empty'}", (4, 4), 3)
+    _folder(tmp_path / "flat", ["loose"], n=4)
+    for f in (tmp_path / "flat" / "loose").iterdir():
+        f.rename(tmp_path / "flat" / f.name)  # images straight in the folder, no class folders
+    (tmp_path / "flat" / "loose").rmdir()
+    with pytest.raises(
+        ValueError, match=r"flat: holds 4 image file\(s\) \(0.png, 1.png, 2.png, ...\) but no class folders"
+    ):
+        load_dataset(f"imagefolder:{tmp_path / 'flat'}", (4, 4), 3)
     _folder(tmp_path / "one", ["only"], n=4)
     with pytest.raises(ValueError, match="one class only"):
         load_dataset(f"imagefolder:{tmp_path / 'one'}", (4, 4), 3)

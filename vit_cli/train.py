@@ -293,7 +293,15 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     from vit_common.checkpoints.metadata import ModelInfo
     from vit_common.data.datasets import read_dataset
     from vit_jax.finetune import export, load_init
-    from vit_jax.train import NonFiniteError, Trainer, enable_compile_cache, fit
+    from vit_jax.train import (
+        NonFiniteError,
+        Trainer,
+        enable_compile_cache,
+        fit,
+        read_json,
+        saved_steps,
+        schedule_change,
+    )
 
     cache = args.compile_cache or default_cache_dir()
     if cache == "off":
@@ -367,6 +375,12 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
         f"{jax.devices()[0].platform} device(s), {workers} data worker(s); compilation cache {cache}; "
         f"run folder {out}"
     )
+    if args.resume and (out / "config.json").is_file():
+        saved_epochs = read_json(out / "config.json").get("train", {}).get("epochs", tcfg.epochs)
+        steps = saved_steps(out / "checkpoints")
+        change = schedule_change(trainer, saved_epochs, steps[-1] if steps else 0)
+        if change:
+            log(f"vit train: {change}")
     try:
         state, summary = fit(
             trainer,
@@ -526,11 +540,15 @@ def print_summary(summary: dict, as_json: bool) -> None:
         print(json.dumps(summary))
         return
     ips = summary["images_per_s"]
+    steps, start = summary["steps"], summary["start"]
+    if steps == start:
+        trained = f"the run had finished at step {steps}: nothing to train, exported again"
+    else:
+        trained = f"{steps - start} steps" + (f" ({start + 1}-{steps}, resumed)" if start else "")
+        trained += f" in {summary['train_seconds']:.1f} s" + (f" ({ips:.0f} images/s)" if ips else "")
     print(
         f"test accuracy {summary['test_accuracy']:.4f} ({summary['test_count']} images), test loss "
-        f"{summary['test_loss']:.4f}; {summary['steps']} steps in {summary['train_seconds']:.1f} s"
-        + (f" ({ips:.0f} images/s)" if ips else "")
-        + f"; {summary['wall_seconds']:.1f} s in all"
+        f"{summary['test_loss']:.4f}; {trained}; {summary['wall_seconds']:.1f} s in all"
     )
     print(f"model: {summary['model']}" + "".join(f", {p}" for p in summary["exports"].values()))
     for path, call in summary["load_calls"].items():

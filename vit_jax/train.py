@@ -125,6 +125,20 @@ def trainable_mask(params: nnx.State, tcfg: TrainConfig) -> nnx.State:
     return jax.tree_util.tree_map_with_path(lambda p, _: not tcfg.freeze or _top_keys(p)[0] == "head", params)
 
 
+def lr_schedule(tcfg: TrainConfig, total_steps: int) -> optax.Schedule:
+    """The learning rate of each of ``total_steps`` optimizer steps: linear warmup from 0 to ``lr`` over
+    ``warmup_steps`` (at most all steps but one), then cosine decay to ``lr * min_lr_ratio`` at the last
+    (``optax.warmup_cosine_decay_schedule``)."""
+    warmup = min(tcfg.warmup_steps, max(total_steps - 1, 0))
+    return optax.warmup_cosine_decay_schedule(
+        0.0,
+        tcfg.lr,
+        warmup_steps=warmup,
+        decay_steps=max(total_steps, warmup + 1),
+        end_value=tcfg.lr * tcfg.min_lr_ratio,
+    )
+
+
 def make_optimizer(
     tcfg: TrainConfig, total_steps: int, depth: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -137,14 +151,7 @@ def make_optimizer(
     weight decay included (``optax.multi_transform`` of ``optax.scale``), as a per-group learning rate
     does in timm's and BEiT's fine-tuning.
     """
-    warmup = min(tcfg.warmup_steps, max(total_steps - 1, 0))
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0,
-        tcfg.lr,
-        warmup_steps=warmup,
-        decay_steps=max(total_steps, warmup + 1),
-        end_value=tcfg.lr * tcfg.min_lr_ratio,
-    )
+    schedule = lr_schedule(tcfg, total_steps)
     adamw = optax.adamw(schedule, b1=tcfg.b1, b2=tcfg.b2, weight_decay=tcfg.weight_decay, mask=decay_mask)
     tx = optax.chain(optax.clip_by_global_norm(tcfg.grad_clip), adamw) if tcfg.grad_clip else adamw
     if tcfg.freeze:
@@ -593,6 +600,32 @@ def config_mismatch(saved: dict, current: dict) -> list[str]:
     return out
 
 
+def schedule_change(trainer: Trainer, saved_epochs: int, step: int) -> str | None:
+    """What resuming at ``step`` a run saved with ``saved_epochs`` changes when ``trainer`` has another
+    epoch count: the learning-rate schedule (warmup + cosine decay) is recomputed for the new total, so
+    from ``step`` on the rate follows the new curve (as timm's and transformers' Trainer do on a resume
+    with more epochs). None when the epoch count is the same.
+
+    Raises:
+        ValueError: the new total ends before ``step``, where the checkpoint already is.
+    """
+    tcfg, total = trainer.tcfg, trainer.total_steps
+    if saved_epochs == tcfg.epochs:
+        return None
+    if total < step:
+        raise ValueError(
+            f"--epochs {tcfg.epochs} ({total} steps) ends before the checkpoint's step {step}; expected "
+            f"--epochs >= {-(-step // trainer.steps_per_epoch)}"
+        )
+    old = lr_schedule(tcfg, trainer.steps_per_epoch * saved_epochs)
+    was, now = float(old(step)), float(trainer.schedule(step))
+    return (
+        f"--epochs {tcfg.epochs} (the run was started with {saved_epochs}): the learning-rate schedule is "
+        f"recomputed for {total} steps, so from step {step} on it follows the new one (lr {now:.3g} at step "
+        f"{step + 1}, where the old schedule had {was:.3g})"
+    )
+
+
 def read_json(path: Path) -> dict:
     with open(path) as f:
         return json.load(f)
@@ -657,11 +690,14 @@ def fit(
     alike, and process 0 alone writes config.json and metrics.jsonl.
 
     Returns:
-        (final state, summary dict: steps, test_loss, test_accuracy, images_per_s, train_seconds).
+        (final state, summary dict: steps (the last), start (the step it resumed at, 0 for a fresh run),
+        test_loss, test_accuracy, images_per_s, train_seconds).
 
     Raises:
         ValueError: ``out`` already holds a run and ``resume`` is off, or ``resume`` with a config that
-            differs from the saved one (every differing field listed).
+            differs from the saved one (every differing field listed; ``epochs`` may differ, which
+            recomputes the schedule: ``schedule_change``), or with an epoch count that ends before the
+            checkpoint.
         FileNotFoundError: ``resume`` without a run in ``out``. A run stopped before its first complete
             checkpoint resumes from step 0.
         NonFiniteError: NaN or Inf in the loss or gradients; the last good checkpoint stays intact.
@@ -680,12 +716,14 @@ def fit(
     if resume:
         if not (out / "config.json").exists():
             raise FileNotFoundError(f"{out}: no run to resume (config.json is missing)")
-        diff = config_mismatch(read_json(out / "config.json"), config)
+        before = read_json(out / "config.json")
+        diff = config_mismatch(before, config)
         if diff:
             raise ValueError(
                 f"{out}: the checkpoint was made with a different config (keep it, or choose another --out):\n  "
                 + "\n  ".join(diff)
             )
+        schedule_change(trainer, before.get("train", {}).get("epochs", trainer.tcfg.epochs), saved[-1] if saved else 0)
         if lead:  # its config.json shows the folder is this run's (copied, perhaps): its run files are ours
             for name in RUN_FILES:
                 if (out / name).is_file():
@@ -854,6 +892,7 @@ def _loop(
         test = t.evaluate(state, t.data.test)
     summary = {
         "steps": total,
+        "start": start,
         "test_loss": test["loss"],
         "test_accuracy": test["accuracy"],
         "test_count": test["count"],

@@ -153,7 +153,9 @@ def export_timm(name: str, path: str | Path, pretrained: bool = False, **kwargs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vit_torch.timm_models", description=export_timm.__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m vit_torch.timm_models", description=export_timm.__doc__, allow_abbrev=False
+    )
     p.add_argument("name", help="timm model name, e.g. vit_tiny_patch16_224")
     p.add_argument("out", help="the .safetensors file to write")
     p.add_argument("--pretrained", action="store_true", help="timm's pretrained weights (downloads)")

@@ -284,7 +284,8 @@ def _npz(spec, path, val_fraction) -> Dataset:
 
 
 def _class_files(root: Path) -> dict[str, list[Path]]:
-    """{class folder name: sorted image files under it}; a class folder without images is an error."""
+    """{class folder name: sorted image files under it}; no class folder, or a class folder without images
+    beside others with some, is an error."""
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such folder")
     files = {
@@ -292,6 +293,17 @@ def _class_files(root: Path) -> dict[str, list[Path]]:
         for d in sorted(root.iterdir())
         if d.is_dir() and not d.name.startswith(".")
     }
+    if not files:
+        loose = [p.name for p in sorted(root.iterdir()) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+        what = (
+            f"holds {len(loose)} image file(s) ({', '.join(loose[:3])}{', ...' if len(loose) > 3 else ''}) but"
+            if loose
+            else "has"
+        )
+        raise ValueError(
+            f"{root}: {what} no class folders; expected one folder of images per class (PATH/CLASS/IMAGE), "
+            "or PATH/train and PATH/val holding such folders"
+        )
     empty = [c for c, f in files.items() if not f]
     if empty and len(empty) < len(files):
         raise ValueError(f"{root}: class folder(s) {empty} hold no images ({', '.join(IMAGE_SUFFIXES)})")
