@@ -40,7 +40,8 @@ from vit_common.data.images import Preprocess
 from vit_common.data.train_config import TrainConfig
 from vit_common.system import io
 from vit_jax.data import eval_batches, iterate, train_batches, transform_for
-from vit_jax.model import Block, VisionTransformer
+from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
+from vit_jax.model import VisionTransformer
 from vit_jax.weights import from_numpy, to_numpy
 
 # Leaf names that never get weight decay besides 1-D tensors (biases, norm scales, LayerScale).
@@ -72,21 +73,11 @@ def _fsdp_spec(shape: tuple[int, ...], n: int) -> P:
 # --------------------------------------------------------------------------------- the model
 
 
-class RematBlock(Block):
-    """A Block recomputed in the backward pass (``nnx.remat``): same parameters, same paths."""
-
-    def __call__(self, x: jax.Array, *, return_attn: bool = False):
-        if return_attn:
-            return super().__call__(x, return_attn=True)
-        return nnx.remat(lambda block, h: Block.__call__(block, h))(self, x)
-
-
 def build_model(cfg: ViTConfig, seed: int, remat: bool = False) -> VisionTransformer:
-    """A freshly initialised VisionTransformer (training mode); ``remat`` swaps in RematBlock."""
+    """A freshly initialised VisionTransformer (training mode); ``remat``: each block recomputed in the
+    backward pass (``VisionTransformer.set_grad_checkpointing``)."""
     model = VisionTransformer(cfg, rngs=nnx.Rngs(seed))
-    if remat:
-        for block in model.blocks:
-            block.__class__ = RematBlock
+    model.set_grad_checkpointing(remat)
     return model
 
 
@@ -251,14 +242,11 @@ class Trainer:
         the random-initialiser kernels compile once per process and shape (XLA's threefry kernels are
         slow to compile), and the values do not depend on the device count.
         """
-        if self.init_weights is None:
-            model = build_model(self.cfg, self.tcfg.seed, self.tcfg.remat)
+        if self.init_weights is None:  # the state only: remat (a part of the graphdef) changes none of it
+            model = build_model(self.cfg, self.tcfg.seed)
         else:
             model = from_numpy(self.cfg, self.init_weights, seed=self.tcfg.seed)
             model.train()
-            if self.tcfg.remat:
-                for block in model.blocks:
-                    block.__class__ = RematBlock
         _, params, rest = nnx.split(model, nnx.Param, ...)
         state = {"step": jnp.zeros((), jnp.int32), "params": params, "rest": rest, "opt_state": self.tx.init(params)}
         host = jax.tree.map(np.asarray, keys_to_data(state))
@@ -486,26 +474,6 @@ def _cache_events() -> dict[str, int]:
 # ---------------------------------------------------------------------------------- checkpoints
 
 
-def _is_key(x) -> bool:
-    return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
-
-
-def keys_to_data(tree):
-    """Replace typed PRNG key arrays by their uint32 key data (checkpoint formats and abstract
-    restores handle plain integers in every orbax version; typed key dtypes not always)."""
-    return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
-
-
-def data_to_keys(tree, template, impl: str):
-    """Inverse of ``keys_to_data``: wrap uint32 data back into keys wherever ``template`` has keys."""
-    return jax.tree.map(lambda x, t: jax.random.wrap_key_data(x, impl=impl) if _is_key(t) else x, tree, template)
-
-
-def key_impl_name() -> str:
-    """Name of the default PRNG implementation (the one nnx.Rngs uses), e.g. 'threefry2x32'."""
-    return str(jax.random.key_impl(jax.random.key(0)))
-
-
 class Checkpoints:
     """Orbax CheckpointManager over ``directory``: train state + JSON metadata per step.
 
@@ -531,7 +499,7 @@ class Checkpoints:
 
     def save(self, step: int, state, meta: dict) -> None:
         """Save ``state`` (any pytree; PRNG keys stored as key data) and JSON ``meta`` at ``step``."""
-        meta = {**meta, "key_impl": key_impl_name()}
+        meta = {**meta, "key_impl": key_impl_name(state) or key_impl_name()}
         self.manager.save(
             step,
             args=ocp.args.Composite(state=ocp.args.StandardSave(keys_to_data(state)), meta=ocp.args.JsonSave(meta)),
@@ -546,18 +514,7 @@ class Checkpoints:
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"{self.manager.directory}: no checkpoint to resume from")
-        target = jax.tree.map(
-            lambda x: (
-                jax.ShapeDtypeStruct(
-                    jax.eval_shape(jax.random.key_data, x).shape,
-                    jnp.uint32,
-                    sharding=getattr(x, "sharding", None),
-                )
-                if _is_key(x)
-                else x
-            ),
-            abstract_state,
-        )
+        target = keys_to_data(abstract_state)
         out = self.manager.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
         )
@@ -587,11 +544,12 @@ def sharded_abstract(trainer: Trainer):
 
 
 def config_mismatch(saved: dict, current: dict) -> list[str]:
-    """Fields (section.field) whose values differ between two config.json dicts."""
+    """Fields (section.field) whose values differ between two config.json dicts, except those a resumed
+    run may change: ``TrainConfig.settings()`` and ``epochs`` (see ``schedule_change``)."""
     out = []
     for section in ("model", "train", "preprocess"):
         a, b = saved.get(section, {}), current.get(section, {})
-        free = TrainConfig.settings() if section == "train" else []
+        free = [*TrainConfig.settings(), "epochs"] if section == "train" else []
         out += [
             f"{section}.{k}: checkpoint has {a.get(k)!r}, now {b.get(k)!r}"
             for k in sorted(set(a) | set(b))
