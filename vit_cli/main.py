@@ -52,10 +52,6 @@ def missing_extra(e: ModuleNotFoundError) -> str | None:
     return f'this needs {top}, which is not installed: pip install "vit-twins[{EXTRAS[top]}]"'
 
 
-class UsageError(Exception):
-    """Bad usage or input: printed without a traceback, exit code 2."""
-
-
 class Parser(argparse.ArgumentParser):
     """``vit``'s parsers: a flag is its whole name (no prefix matching: ``--epoch`` is not ``--epochs``),
     and a subcommand's parser refuses what it does not know itself, printing its own usage and the
@@ -129,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `vit info B/16 | head -1`: the reader left, nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (UsageError, ValueError, OSError) as e:  # bad input or an unusable path (missing, a folder, ...)
+    except (ValueError, OSError) as e:  # bad input or an unusable path (missing, a folder, ...)
         print(f"vit {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

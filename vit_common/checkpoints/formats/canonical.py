@@ -25,7 +25,6 @@ from vit_common.checkpoints.formats.base import (
     declared,
     to_canonical,
 )
-from vit_common.checkpoints.formats.source import read_safetensors
 from vit_common.config import FUNCTION_FIELDS, ViTConfig
 from vit_common.state import canonical_shapes, check_state
 from vit_common.system import io
@@ -151,16 +150,3 @@ def save_canonical(
     """
     check_state(canonical_shapes(cfg), state)
     io.save_safetensors(path, state, {**dict(extra), "format": FORMAT_TAG, "vit_config": cfg.to_json()})
-
-
-def load_canonical(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, np.ndarray]]:
-    """Read our own file back: (config, canonical state), checked against each other.
-
-    Raises:
-        ValueError (FormatError): not our file (no stored config) or unreadable; StateMismatchError if
-            the tensors do not fit the stored config.
-    """
-    state, meta = read_safetensors(path)
-    cfg = stored_config(meta, str(path))
-    check_state(canonical_shapes(cfg), state, context=str(path))
-    return cfg, state
