@@ -171,6 +171,21 @@ def test_writer_reports_fields_a_format_does_not_record(tmp_path, small_cfg, ran
     assert load_checkpoint(tmp_path / "b.npz", gelu="exact", ln_eps=1e-5).cfg == cfg
 
 
+@pytest.mark.parametrize("family", ["original_vit", "big_vision"])
+def test_writing_a_zero_head_to_npz_says_readers_drop_it(tmp_path, small_cfg, random_state, family):
+    """Both .npz families note an all-zero head (the original ViT's used to lose the note to the
+    position-embedding notes), and a reader drops that head as said."""
+    state = random_state(small_cfg)
+    state = {
+        **state,
+        "head.weight": np.zeros_like(state["head.weight"]),
+        "head.bias": np.zeros_like(state["head.bias"]),
+    }
+    report = save_checkpoint(tmp_path / "z.npz", small_cfg, state, family)
+    assert "the head is all zeros: readers drop it unless given num_classes (--num-classes)" in report.notes
+    assert load_checkpoint(tmp_path / "z.npz").cfg.num_classes == 0
+
+
 def test_the_timm_call_names_the_model_s_own_timm_architecture():
     """A variant is built by its registered timm name (not vit_base_patch16_224 for every model)."""
     from vit_common.checkpoints.formats.timm import timm_load_call, timm_model_name
