@@ -194,22 +194,24 @@ def test_an_interrupted_run_says_how_to_resume(tmp_path, capsys, monkeypatch):
 
 
 def test_train_flags_come_from_the_config_fields():
-    """Every TrainConfig and Augment field is a `vit train` flag with the field's help and default."""
+    """Every TrainConfig, RunOptions and Augment field is a `vit train` flag with the field's help and
+    default."""
     import dataclasses
 
     from vit_common.data.datasets import Augment
-    from vit_common.data.train_config import TrainConfig
+    from vit_common.data.train_config import RunOptions, TrainConfig
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     actions = {a.dest: a for a in sub.choices["train"]._actions}
-    for cls in (TrainConfig, Augment):
+    for cls in (TrainConfig, RunOptions, Augment):
         for f in dataclasses.fields(cls):
             if f.name == "augment":
                 continue
             assert f.metadata["help"] in actions[f.name].help, f.name
-            if cls is TrainConfig:
+            if cls is not Augment:
                 assert actions[f.name].default == f.default, f.name
+    assert parser.parse_args(["train", "--no-progress", "--keep", "5"]).progress is False
     args = parser.parse_args(["train", "--dataset", "imagefolder:x", "--shift", "3"])
     from vit_cli.train import train_config
 

@@ -26,7 +26,7 @@ from vit_cli.run_model import class_list
 from vit_common.config import VARIANTS, ViTConfig
 from vit_common.data.datasets import Augment
 from vit_common.data.images import Preprocess
-from vit_common.data.train_config import TrainConfig
+from vit_common.data.train_config import RunOptions, TrainConfig
 from vit_common.system.validate import arg, check_model_size, int_in
 
 # The demo model: 28x28 inputs, 7x7 patches, 16 tokens (no class token: average pooling).
@@ -119,11 +119,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_flags(o, TrainConfig, only=tuple(OPTIMISATION))
     r = p.add_argument_group("run")
     r.add_argument("--out", default=None, help="run folder (default: runs/<dataset name>)")
-    r.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run in --out from its latest checkpoint (same config required)",
-    )
+    add_flags(r, RunOptions, only=("resume",))
     add_flags(r, TrainConfig, only=("sharding",))
     r.add_argument(
         "--cpu-devices",
@@ -139,17 +135,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="JAX's persistent compilation cache, so a second run of the same configuration skips compiling "
         "(default: $JAX_COMPILATION_CACHE_DIR, else ~/.cache/vit-twins/jax); 'off' to turn it off",
     )
-    r.add_argument(
-        "--ckpt-every", type=arg(int_in, 0), default=200, help="checkpoint every this many steps (and at the end)"
-    )
-    r.add_argument("--keep", type=arg(int_in, 1), default=3, help="checkpoints to keep")
-    r.add_argument(
-        "--log-every", type=arg(int_in, 1), default=10, help="write a metrics.jsonl line every this many steps"
-    )
-    r.add_argument(
-        "--eval-every", type=arg(int_in, 1), default=1, help="evaluate on the test set every this many epochs"
-    )
-    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_flags(r, RunOptions, only=("ckpt_every", "keep", "log_every", "eval_every", "progress"))
     r.add_argument("--no-parity", action="store_true", help="skip the PyTorch and library checks of the exports")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     g = p.add_argument_group(
@@ -385,12 +371,7 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
         state, summary = fit(
             trainer,
             out,
-            resume=args.resume,
-            ckpt_every=args.ckpt_every,
-            keep=args.keep,
-            log_every=args.log_every,
-            eval_every=args.eval_every,
-            progress=not args.no_progress and not args.json,
+            dataclasses.replace(RunOptions(**values(RunOptions, args)), progress=args.progress and not args.json),
             started=started,
             compile_cache=cache != "off",
         )

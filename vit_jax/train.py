@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import jax
@@ -37,7 +38,7 @@ from jax.sharding import PartitionSpec as P
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import Dataset, batches_per_epoch, examples_before
 from vit_common.data.images import Preprocess
-from vit_common.data.train_config import TrainConfig
+from vit_common.data.train_config import RunOptions, TrainConfig
 from vit_common.system import io
 from vit_jax.data import eval_batches, iterate, train_batches, transform_for
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
@@ -624,24 +625,21 @@ RUN_FILES = ("config.json", "metrics.jsonl", "model.safetensors", "model_timm.sa
 def fit(
     trainer: Trainer,
     out: str | os.PathLike,
+    options: RunOptions | None = None,
     *,
-    resume: bool = False,
-    ckpt_every: int = 0,
-    keep: int = 3,
-    log_every: int = 10,
-    eval_every: int = 1,
-    progress: bool = True,
     started: float | None = None,
     compile_cache: bool = False,
 ) -> tuple[dict, dict]:
     """Train to the last step, writing into ``out``: config.json, metrics.jsonl, checkpoints/.
 
-    A checkpoint (state; the data position is the step, one batch per step) is saved every
-    ``ckpt_every`` steps (0 = only at the end) and at the last step; ``resume`` continues from the
-    latest one, so an interrupted run ends with the same state as an uninterrupted one. The test set is
-    evaluated every ``eval_every`` epochs and at the end. metrics.jsonl gets one line when the process's
-    first step is done (``time_to_first_step_s``: seconds since ``started``, a ``time.perf_counter``
-    value, default the call of ``fit``; ``compile_cache``: 'off' unless ``compile_cache`` says JAX's
+    ``options`` (``vit_common.data.train_config.RunOptions``): a checkpoint (state; the data position
+    is the step, one batch per step) is saved every ``ckpt_every`` steps (0 = only at the end) and at
+    the last step, the last ``keep`` kept; ``resume`` continues from the latest one, so an interrupted
+    run ends with the same state as an uninterrupted one. The test set is evaluated every
+    ``eval_every`` epochs and at the end; ``progress`` shows a tqdm bar on process 0 (default
+    ``RunOptions()``). metrics.jsonl gets one line when the process's first step is done
+    (``time_to_first_step_s``: seconds since ``started``, a ``time.perf_counter`` value, default the
+    call of ``fit``; ``compile_cache``: 'off' unless ``compile_cache`` says JAX's
     persistent compilation cache is on, then 'warm' if the training step's program came from it, else
     'cold'), one per ``log_every`` steps (loss, accuracy, lr, grad_norm, images_per_s averaged since the
     previous line) and one per evaluation. With several processes every process calls ``fit``
@@ -662,15 +660,13 @@ def fit(
         DestinationError: a fresh run's ``out`` holds a file of ``RUN_FILES`` that vit did not write
             (checked first; a resumed run's config.json proves its files are the run's).
     """
-    import time
-
-    from tqdm import tqdm
-
+    options = options or RunOptions()
     started = time.perf_counter() if started is None else started
     out = Path(out)
     lead = jax.process_index() == 0
     config, metrics_path = run_config(trainer), out / "metrics.jsonl"
     saved = saved_steps(out / "checkpoints")
+    resume = options.resume
     if resume:
         if not (out / "config.json").exists():
             raise FileNotFoundError(f"{out}: no run to resume (config.json is missing)")
@@ -696,7 +692,7 @@ def fit(
 
         multihost_utils.sync_global_devices("vit_train:folder_checked")
     # removes temporary folders a killed run left
-    ckpts = Checkpoints(out / "checkpoints", keep, trainer.tcfg.barrier_timeout)
+    ckpts = Checkpoints(out / "checkpoints", options.keep, trainer.tcfg.barrier_timeout)
     # The first batches are made while the state is built and the step compiles (the batch position is
     # the step: a resumed run starts at its latest checkpoint's).
     it = trainer.train_iterator(start=saved[-1] if saved and resume else 0)
@@ -719,12 +715,8 @@ def fit(
             it,
             ckpts,
             metrics_path,
-            ckpt_every=ckpt_every,
-            log_every=log_every,
-            eval_every=eval_every,
-            bar=tqdm if progress and lead else None,
+            options,
             lead=lead,
-            clock=time.perf_counter,
             started=started,
             compile_cache="off" if not compile_cache else "warm" if hits and not misses else "cold",
         )
@@ -741,20 +733,20 @@ def _loop(
     it,
     ckpts,
     metrics_path,
+    options: RunOptions,
     *,
-    ckpt_every,
-    log_every,
-    eval_every,
-    bar,
-    lead,
-    clock,
-    started,
-    compile_cache,
+    lead: bool,
+    started: float,
+    compile_cache: str,
 ) -> tuple[dict, dict]:
+    from tqdm import tqdm
+
+    clock = time.perf_counter
+    ckpt_every, log_every, eval_every = options.ckpt_every, options.log_every, options.eval_every
     tcfg, spe, total, start = t.tcfg, t.steps_per_epoch, t.total_steps, it.position  # one batch per step
     n_train = len(t.data.train)
     pbar = (
-        bar(
+        tqdm(
             total=tcfg.epochs * n_train,
             initial=examples_before(start, n_train, tcfg.batch_size),
             unit="img",
@@ -762,7 +754,7 @@ def _loop(
             dynamic_ncols=True,
             desc="train",
         )
-        if bar
+        if options.progress and lead
         else None
     )
     log = io.open_log(metrics_path) if lead else None
