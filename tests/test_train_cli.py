@@ -6,7 +6,6 @@ import argparse
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from vit_cli.main import build_parser, main
 
@@ -14,16 +13,6 @@ TINY = (
     "--image-size 8 --patch-size 4 --width 16 --depth 1 --num-heads 2 --mlp-dim 32 --batch-size 4 "
     "--epochs 1 --no-progress --no-parity"
 ).split()
-
-
-def folder(root, classes, n=3, corrupt=None):
-    for c in classes:
-        (root / c).mkdir(parents=True)
-        for i in range(n):
-            Image.fromarray(np.full((8, 8, 3), 30 * i, np.uint8)).save(root / c / f"{i}.png")
-    if corrupt:
-        (root / corrupt).write_bytes(b"GIF89a broken")
-    return root
 
 
 @pytest.mark.parametrize(
@@ -39,13 +28,13 @@ def folder(root, classes, n=3, corrupt=None):
         ("timeout", "--heartbeat-timeout: '0': expected an integer in [1, "),
     ],
 )
-def test_bad_input_exits_2_with_a_clear_message(case, message, tmp_path, capsys):
+def test_bad_input_exits_2_with_a_clear_message(case, message, tmp_path, capsys, image_folder):
     out = tmp_path / "run"
     data = {
         "missing": tmp_path / "nowhere",
         "empty": tmp_path / "empty",
-        "one_class": folder(tmp_path / "one", ["a"]),
-        "corrupt": folder(tmp_path / "bad", ["a", "b"], corrupt="b/1.gif"),
+        "one_class": image_folder(tmp_path / "one", ["a"]),
+        "corrupt": image_folder(tmp_path / "bad", ["a", "b"], corrupt="b/1.gif"),
     }
     (tmp_path / "empty" / "a").mkdir(parents=True)
     args = [
@@ -54,7 +43,7 @@ def test_bad_input_exits_2_with_a_clear_message(case, message, tmp_path, capsys)
         "--out",
         str(out),
         "--dataset",
-        f"imagefolder:{data.get(case, folder(tmp_path / 'ok', 'xy'))}",
+        f"imagefolder:{data.get(case, image_folder(tmp_path / 'ok', 'xy'))}",
     ]
     if case == "patch":
         args += ["--image-size", "10"]
@@ -82,16 +71,13 @@ def test_help_explains_every_flag():
 
 
 @pytest.fixture
-def tiny_checkpoint(tmp_path):
+def tiny_checkpoint(tmp_path, random_state):
     """Our file of a tiny ViT: 8 px, patch 4, width 16, 3 classes, RGB."""
     from vit_common.checkpoints.convert import save_checkpoint
     from vit_common.config import ViTConfig
-    from vit_common.state import canonical_shapes
 
     cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
-    rng = np.random.default_rng(0)
-    state = {k: rng.standard_normal(s).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
-    save_checkpoint(tmp_path / "ckpt.safetensors", cfg, state, "canonical")
+    save_checkpoint(tmp_path / "ckpt.safetensors", cfg, random_state(cfg), "canonical")
     return tmp_path / "ckpt.safetensors"
 
 
@@ -105,9 +91,11 @@ def tiny_checkpoint(tmp_path):
         (["--init", "nowhere.safetensors"], "nowhere.safetensors: no such file"),
     ],
 )
-def test_bad_fine_tuning_input_exits_2_naming_the_value(tiny_checkpoint, tmp_path, capsys, extra, message):
+def test_bad_fine_tuning_input_exits_2_naming_the_value(
+    tiny_checkpoint, tmp_path, capsys, extra, message, image_folder
+):
     out = tmp_path / "run"
-    data = folder(tmp_path / "imgs", "xy")
+    data = image_folder(tmp_path / "imgs", "xy")
     args = ["train", "--dataset", f"imagefolder:{data}", "--init", str(tiny_checkpoint), "--out", str(out)]
     assert main([*args, "--batch-size", "4", "--epochs", "1", "--no-progress", "--no-parity", *extra]) == 2
     last = capsys.readouterr().err.splitlines()[-1]
@@ -175,8 +163,8 @@ def test_model_flags_come_from_the_config_fields():
     assert actions["dtype"].choices == ("float32", "bfloat16")
 
 
-def test_a_warmup_as_long_as_the_run_is_warned(tmp_path, capsys):
-    data = folder(tmp_path / "imgs", "xy", n=6)  # 10 training images: 3 steps of 4
+def test_a_warmup_as_long_as_the_run_is_warned(tmp_path, capsys, image_folder):
+    data = image_folder(tmp_path / "imgs", "xy", n=6)  # 10 training images: 3 steps of 4
     assert main(["train", "--dataset", f"imagefolder:{data}", *TINY, "--out", str(tmp_path / "run")]) == 0
     assert "--warmup-steps 300 is not below the run's 3 steps" in capsys.readouterr().err
 
