@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -44,8 +46,6 @@ TORCH_FAMILY = {"torch", "torchvision", "timm", "transformers", "vit_torch"}
 
 def _imported(node) -> set[str]:
     """Top-level package names imported anywhere under ``node`` (an ast node)."""
-    import ast
-
     names = set()
     for n in ast.walk(node):
         if isinstance(n, ast.Import):
@@ -59,9 +59,6 @@ def test_tests_need_one_framework_and_parity_tests_two():
     """The rule of README's Layout: a file of tests/ imports at most one framework (JAX's family or
     torch's, its twin included) at its top and in any one function; both, or a twin and its reference
     library, is a parity test (parity_tests/)."""
-    import ast
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[1]
     both = []
     for path in sorted((root / "tests").glob("*.py")):
@@ -73,3 +70,42 @@ def test_tests_need_one_framework_and_parity_tests_two():
                 both.append(f"{path.name}: {sorted(scope & (JAX_FAMILY | TORCH_FAMILY))}")
                 break
     assert not both, both
+
+
+ROOTS = ("vit_common", "vit_cli")  # the twins' weights <-> formats pairs are a known circle (issue 21)
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """The project modules ``path`` imports anywhere in it (function bodies too), by module name."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ROOTS:
+            found |= {
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names
+            }
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] in ROOTS}
+    return found & modules
+
+
+def test_no_import_cycle():
+    """No module of the project imports (at its top or inside a function: a function-level import is
+    how a circle hides) a module that imports it back, directly or through others."""
+    root = Path(__file__).resolve().parents[1]
+    files = {
+        ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+        for r in ROOTS
+        for p in (root / r).rglob("*.py")
+    }
+    graph = {m: _imports(p, set(files)) - {m} for m, p in files.items()}
+    cycles = []
+    for start in sorted(graph):
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for d in sorted(graph[node]):
+                if d == start:
+                    cycles.append(" -> ".join([*path, start]))
+                elif d > start and d not in path:
+                    stack.append((d, [*path, d]))
+    assert not cycles, cycles

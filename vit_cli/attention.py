@@ -161,10 +161,14 @@ def panel_grid(n: int) -> tuple[int, int]:
 
 def _write_png(path: Path, rgb: np.ndarray) -> None:
     from PIL import Image
+    from PIL.PngImagePlugin import PngInfo
 
-    from vit_common.system.io import atomic_write
+    from vit_common.system.io import PNG_TEXT, atomic_write
 
-    atomic_write(path, lambda tmp: Image.fromarray(rgb).save(tmp, format="PNG"))
+    info = PngInfo()
+    for key, text in PNG_TEXT.items():
+        info.add_text(key, text)
+    atomic_write(path, lambda tmp: Image.fromarray(rgb).save(tmp, format="PNG", pnginfo=info))
 
 
 def _write_npy(path: Path, arr: np.ndarray) -> None:
@@ -181,7 +185,7 @@ def write_figure(path: Path, image: np.ndarray, panels: list[tuple[str, np.ndarr
     """One PNG: the image, then each (title, patch grid [h, w]) overlaid on it; PANEL_PX per panel."""
     from matplotlib.figure import Figure
 
-    from vit_common.system.io import atomic_write
+    from vit_common.system.io import PNG_TEXT, atomic_write
 
     rows, cols = panel_grid(len(panels) + 1)
     fig = Figure(figsize=(cols * PANEL_PX[0] / 100, rows * PANEL_PX[1] / 100), dpi=100)
@@ -198,7 +202,7 @@ def write_figure(path: Path, image: np.ndarray, panels: list[tuple[str, np.ndarr
     fig.subplots_adjust(
         left=0.01, right=0.99, bottom=0.01, top=1 - 0.6 / (rows * PANEL_PX[1] / 100), wspace=0.05, hspace=0.4
     )
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100, metadata=PNG_TEXT))
 
 
 def _selected(per_head: np.ndarray, head: int | str) -> np.ndarray:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_common.system.io import atomic_write, write_text
+from vit_common.system.io import PNG_TEXT, atomic_write, write_text
 from vit_common.tolerance import Comparison, compare
 
 ROW_KEYS = ("name", "what", "dtype", "max_abs", "mean_abs", "scale", "kind", "bound")
@@ -93,7 +93,7 @@ def _groups(rows: Sequence[Mapping]) -> dict[tuple[str, str], list[Mapping]]:
 
 
 def _save(fig, path: Path) -> None:
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100, metadata=PNG_TEXT))
 
 
 def plot_diffs(path: str | os.PathLike, rows: Sequence[Mapping], title: str) -> None:

@@ -12,6 +12,7 @@ vit_jax). Several processes (hosts) train as one when the environment names them
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -27,6 +28,7 @@ from vit_common.config import VARIANTS, ViTConfig
 from vit_common.data.datasets import Augment
 from vit_common.data.images import Preprocess
 from vit_common.data.train_config import RunOptions, TrainConfig
+from vit_common.system import io
 from vit_common.system.validate import arg, check_model_size, int_in
 
 # The demo model: 28x28 inputs, 7x7 patches, 16 tokens (no class token: average pooling).
@@ -212,11 +214,8 @@ def run(args: argparse.Namespace) -> int:
         DestinationError: another run holds the folder, or the folder holds files this run would
             replace that vit did not write (``vit_common.system.io``).
     """
-    import contextlib
     import functools
     import time
-
-    from vit_common.system import io
 
     started = getattr(args, "started", time.perf_counter())
     split_cpu(args)  # before JAX is imported
@@ -381,19 +380,20 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     weights = trainer.weights(state)  # every process takes part in gathering sharded parameters
     if not lead:
         return 0
-    done = export(
-        out,
-        cfg.replace(dtype="float32"),
-        weights,
-        preprocess=preprocess,
-        classes=data.classes,
-        source=report,
-        writers=_torch_formats().WRITERS if torch_io else None,
-    )
+    with io.overwriting() if args.resume else contextlib.nullcontext():  # fit proved a resumed folder the run's
+        done = export(
+            out,
+            cfg.replace(dtype="float32"),
+            weights,
+            preprocess=preprocess,
+            classes=data.classes,
+            source=report,
+            writers=_torch_formats().WRITERS if torch_io else None,
+        )
+        plot_curves(out / "metrics.jsonl", out / "curves.png")
     for line in done.lines:
         log(f"  {line}")
     exports, load_calls = done.paths, done.load_calls
-    plot_curves(out / "metrics.jsonl", out / "curves.png")
     summary["model"] = str(out / "model.safetensors")
     summary["exports"] = {fmt: str(path) for fmt, path in exports.items()}
     summary["load_calls"] = {str(exports[fmt]): call for fmt, call in load_calls.items()}
@@ -404,7 +404,8 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
         from vit_jax.train import write_json
 
         parity = export_parity(out / "model.safetensors", exports, trainer)
-        write_json(out / "parity.json", parity)
+        with io.overwriting() if args.resume else contextlib.nullcontext():
+            write_json(out / "parity.json", parity)
         summary["parity"] = parity
         ok = parity["ok"] and all(c.get("ok", True) for c in parity["library"].values())
     summary["wall_seconds"] = time.perf_counter() - started
@@ -510,9 +511,9 @@ def plot_curves(metrics: Path, png: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    from vit_common.system.io import atomic_write
+    from vit_common.system.io import PNG_TEXT, atomic_write
 
-    atomic_write(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    atomic_write(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png", metadata=PNG_TEXT))
     plt.close(fig)
 
 

@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
-from vit_common.checkpoints.formats.base import Report
-from vit_common.checkpoints.metadata import ModelInfo, read_info, with_overrides
+from vit_common.checkpoints.formats.provenance import Report
+from vit_common.checkpoints.metadata import ModelInfo, with_overrides
+from vit_common.checkpoints.registry import REGISTRY
 from vit_common.config import RUNTIME_FIELDS, ViTConfig
 from vit_common.data.datasets import Dataset
 from vit_common.data.images import Preprocess
@@ -30,9 +31,6 @@ from vit_jax.formats import READERS, WRITERS
 # Fields a caller does not give to ``load_init``: the dataset decides them (classes, channels), or
 # they are arguments of their own (the image size to train at).
 NOT_GIVEN = frozenset({"num_classes", "in_chans", "image_size"})
-# Export names of the formats besides ours (model.safetensors) and timm's (model_timm.safetensors).
-EXPORT_NAMES = {"hf": "model_hf", "orbax": "model_orbax"}
-TORCH_SUFFIXES = (".pth", ".pt", ".bin")
 
 
 @dataclass
@@ -42,9 +40,9 @@ class Init:
     ``cfg``: the checkpoint's config with the dataset's class count K, the image size to train at,
     float32 parameters and the given runtime fields; ``weights``: its canonical state, float32 (a new
     head zero-initialised, position embedding resampled); ``info``: preprocessing and class names with
-    their provenance; ``report``: how the checkpoint was read (format, where each field came from, what
-    changed); ``data``: the dataset fit to ``cfg`` (its image size, the checkpoint's channels, the
-    checkpoint's preprocessing).
+    their provenance (from the same read, the given preprocessing fields on top); ``report``: how the
+    checkpoint was read (format, where each field came from, what changed); ``data``: the dataset fit
+    to ``cfg`` (its image size, the checkpoint's channels, the checkpoint's preprocessing).
     """
 
     cfg: ViTConfig
@@ -106,7 +104,7 @@ def load_init(
     )
     report, state = ckpt.report, dict(ckpt.state)
     check_given(ckpt.cfg, {k: v for k, v in given.items() if k not in RUNTIME_FIELDS}, str(path))
-    info = with_overrides(read_info(path, report.format), dict(preprocess or {}), None)
+    info = with_overrides(ckpt.info, dict(preprocess or {}), None)
     if info.classes is not None and len(info.classes) == data.num_classes:
         state = match_head(state, info.classes, data.classes, report)
     cfg = ckpt.cfg.replace(dtype=runtime.get("dtype", "float32"), param_dtype="float32")
@@ -168,13 +166,11 @@ class Exported:
 
 def export_targets(out: Path, source: Report | None) -> dict[str, Path]:
     """{format: path} of the exports besides ours: model_timm.safetensors, and after fine-tuning the
-    model in the checkpoint's own format (model_hf/, model_big_vision.npz, model_orbax/, a timm
-    .pth/.bin file as model_timm.pth/.bin in place of the .safetensors)."""
-    targets = {"timm": out / "model_timm.safetensors"}
-    if source is not None and source.format not in ("canonical", "timm"):
-        targets[source.format] = out / EXPORT_NAMES.get(source.format, f"model_{source.format}.npz")
-    elif source is not None and source.format == "timm" and Path(source.source).suffix in TORCH_SUFFIXES:
-        targets["timm"] = out / f"model_timm{Path(source.source).suffix}"
+    model in the checkpoint's own format, named by its registry entry (``Format.export_name``:
+    model_hf/, model_big_vision.npz, model_orbax/, a timm .pth/.bin source as model_timm.pth/.bin)."""
+    targets = {"timm": out / REGISTRY["timm"].export_name()}
+    if source is not None and source.format != "canonical":
+        targets[source.format] = out / REGISTRY[source.format].export_name(Path(source.source))
     return targets
 
 
@@ -197,7 +193,8 @@ def export(
     Raises:
         ValueError: ours cannot be written (as ``save_checkpoint``).
     """
-    save_checkpoint(out / "model.safetensors", cfg, weights, "canonical", preprocess=preprocess, classes=classes)
+    ours = REGISTRY["canonical"]
+    save_checkpoint(out / ours.export_name(), cfg, weights, ours.name, preprocess=preprocess, classes=classes)
     done = Exported()
     for fmt, path in export_targets(out, source).items():
         try:

@@ -21,6 +21,7 @@ equals one big batch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -670,21 +671,19 @@ def fit(
     if resume:
         if not (out / "config.json").exists():
             raise FileNotFoundError(f"{out}: no run to resume (config.json is missing)")
-        before = read_json(out / "config.json")
-        diff = config_mismatch(before, config)
+        saved_config = read_json(out / "config.json")
+        saved_config.pop(io.OWNER_KEY, None)  # the mark write_json adds (vit_common.system.io)
+        diff = config_mismatch(saved_config, config)
         if diff:
             raise ValueError(
                 f"{out}: the checkpoint was made with a different config (keep it, or choose another --out):\n  "
                 + "\n  ".join(diff)
             )
-        schedule_change(trainer, before.get("train", {}).get("epochs", trainer.tcfg.epochs), saved[-1] if saved else 0)
-        if lead:  # its config.json shows the folder is this run's (copied, perhaps): its run files are ours
-            for name in RUN_FILES:
-                if (out / name).is_file():
-                    io.adopt(out / name)
+        saved_epochs = saved_config.get("train", {}).get("epochs", trainer.tcfg.epochs)
+        schedule_change(trainer, saved_epochs, saved[-1] if saved else 0)
     elif saved or metrics_path.exists():
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
-    if lead:
+    elif lead:
         for name in RUN_FILES:  # refused before any work, not at the end: files vit did not write stay
             io.check_destination(out / name)
     if jax.process_count() > 1:  # every process has read the folder before process 0 writes to it
@@ -696,6 +695,9 @@ def fit(
     # The first batches are made while the state is built and the step compiles (the batch position is
     # the step: a resumed run starts at its latest checkpoint's).
     it = trainer.train_iterator(start=saved[-1] if saved and resume else 0)
+    files = contextlib.ExitStack()
+    if resume:  # its config.json shows the folder is this run's (copied, perhaps): its files are ours to
+        files.enter_context(io.overwriting())  # replace, its metrics.jsonl to append to, marked or not
     try:
         it.start_prefetch()
         if saved and resume:
@@ -725,6 +727,7 @@ def fit(
         trainer.close()
         ckpts.wait()
         ckpts.close()
+        files.close()
 
 
 def _loop(
