@@ -817,14 +817,31 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
     )
 
 
-# timm model names whose entry point takes every keyword of timm_kwargs (which override its defaults).
-TIMM_BASE_NAMES = {False: "vit_base_patch16_224", True: "deit_base_distilled_patch16_224"}
+# timm's registered names of the variants (timm/models/vision_transformer.py and deit.py): each entry
+# point sets only patch_size, embed_dim, depth, num_heads (and mlp_ratio), which timm_load_call always
+# spells out, so the name says what the model is and every other keyword overrides timm's defaults.
+_TIMM_SIZES = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge", "g": "giant", "G": "gigantic"}
+TIMM_NAMES = {
+    **{(v, p, False): f"vit_{_TIMM_SIZES[v]}_patch{p}_224" for v, p in (("Ti", 16), ("S", 16), ("S", 32), ("S", 8))},
+    **{(v, p, False): f"vit_{_TIMM_SIZES[v]}_patch{p}_224" for v, p in (("B", 16), ("B", 32), ("B", 8), ("L", 16))},
+    **{(v, p, False): f"vit_{_TIMM_SIZES[v]}_patch{p}_224" for v, p in (("L", 32), ("H", 14), ("g", 14), ("G", 14))},
+    **{(v, 16, True): f"deit_{_TIMM_SIZES[v]}_distilled_patch16_224" for v in ("Ti", "S", "B")},
+}
+
+
+def timm_model_name(cfg: ViTConfig) -> str | None:
+    """timm's registered name of ``cfg``'s variant and patch (e.g. ``vit_small_patch16_224`` for S/16,
+    ``deit_base_distilled_patch16_224`` for a distilled B/16), or None for a model timm has no name for
+    (then its class, ``VisionTransformer`` or ``VisionTransformerDistilled``, builds it)."""
+    p = cfg.patch_size[0] if cfg.patch_size[0] == cfg.patch_size[1] else None
+    return TIMM_NAMES.get((cfg.variant, p, cfg.head_dist))
 
 
 def timm_load_call(path: str | Path, cfg: ViTConfig) -> str:
-    """Python code building the timm model for ``cfg`` with ``timm.create_model`` and loading the file at
-    ``path`` into it with ``strict=True``. Every keyword that differs from timm's defaults is spelled out
-    (run-time choices such as dropout are left at timm's defaults).
+    """Python code building the timm model for ``cfg`` (``timm.create_model`` of its registered name,
+    ``timm_model_name``, else timm's class) and loading the file at ``path`` into it with
+    ``strict=True``. Every keyword that differs from timm's defaults is spelled out (run-time choices
+    such as dropout are left at timm's defaults).
 
     Raises:
         ValueError: timm cannot build this config.
@@ -861,6 +878,14 @@ def timm_load_call(path: str | Path, cfg: ViTConfig) -> str:
         lines += ["import torch", f"state = torch.load({str(path)!r}, weights_only=True)"]
     else:
         lines += ["from safetensors.torch import load_file", f"state = load_file({str(path)!r})"]
-    lines.append(f"model = timm.create_model({TIMM_BASE_NAMES[cfg.head_dist]!r}, pretrained=False, {', '.join(args)})")
+    name = timm_model_name(cfg)
+    if name is not None:
+        lines.append(f"model = timm.create_model({name!r}, pretrained=False, {', '.join(args)})")
+    else:
+        module, cls = (
+            ("deit", "VisionTransformerDistilled") if cfg.head_dist else ("vision_transformer", "VisionTransformer")
+        )
+        lines.append(f"from timm.models.{module} import {cls}")
+        lines.append(f"model = {cls}({', '.join(args)})  # timm has no registered name for this size")
     lines.append("model.load_state_dict(state, strict=True)")
     return "\n".join(lines)
