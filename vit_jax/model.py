@@ -284,6 +284,12 @@ class VisionTransformer(nnx.Module):
             _linear(cfg, cfg.features_dim, cfg.num_classes, rngs) if cfg.num_classes and cfg.head_dist else None
         )
 
+    def no_weight_decay(self) -> frozenset[str]:
+        """Canonical names exempt from weight decay besides rank <= 1 tensors: timm's
+        ``VisionTransformer.no_weight_decay`` (``timm/models/vision_transformer.py``). Which tensors a run
+        decays is its recipe's choice (``vit_common.recipes.decays``)."""
+        return frozenset({"pos_embed", "cls_token", "reg_token", "dist_token"})
+
     def _embed(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Images [B, H, W, C] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D])."""
         cfg = self.cfg

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 import jax
@@ -34,17 +35,16 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from vit_common import recipes
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import Dataset, batches_per_epoch, examples_before
 from vit_common.data.images import Preprocess
 from vit_common.data.train_config import TrainConfig
+from vit_common.recipes import TORCH_CLIP_EPS, Recipe, decays, get_recipe, schedule_steps
 from vit_common.system import io
 from vit_jax.data import eval_batches, iterate, train_batches, transform_for
 from vit_jax.model import Block, VisionTransformer
-from vit_jax.weights import from_numpy, to_numpy
-
-# Leaf names that never get weight decay besides 1-D tensors (biases, norm scales, LayerScale).
-NO_DECAY = frozenset({"cls_token", "reg_token", "pos_embed", "latent"})
+from vit_jax.weights import _canonical_name, from_numpy, to_numpy
 
 
 class NonFiniteError(RuntimeError):
@@ -90,18 +90,15 @@ def build_model(cfg: ViTConfig, seed: int, remat: bool = False) -> VisionTransfo
     return model
 
 
-def _leaf_name(path) -> str:
-    """The parameter's own name: the last dict key of its pytree path (after it come Variable fields)."""
-    return next(str(k.key) for k in reversed(path) if isinstance(k, jax.tree_util.DictKey))
+def _canonical(path) -> str:
+    """The canonical (timm) name of the parameter at a pytree path of an ``nnx.Param`` State."""
+    return _canonical_name(tuple(str(k) for k in _top_keys(path)))[0]
 
 
-def decay_mask(params: nnx.State) -> nnx.State:
-    """True where AdamW applies weight decay: tensors of rank >= 2 except tokens and embeddings."""
-    return jax.tree_util.tree_map_with_path(lambda p, x: x.ndim >= 2 and _leaf_name(p) not in NO_DECAY, params)
-
-
-# Top-level modules of the embedding stem: layer 0 of layer-wise decay (timm ViT ``group_matcher`` stem).
-STEM = frozenset({"patch_embed", "cls_token", "reg_token", "pos_embed"})
+def decay_mask(params: nnx.State, recipe: Recipe, no_weight_decay: Collection[str]) -> nnx.State:
+    """True where AdamW applies weight decay under ``recipe`` (``vit_common.recipes.decays`` on canonical
+    names; ``no_weight_decay`` the model's ``no_weight_decay()``)."""
+    return jax.tree_util.tree_map_with_path(lambda p, x: decays(recipe, _canonical(p), x.ndim, no_weight_decay), params)
 
 
 def _top_keys(path) -> list:
@@ -109,15 +106,12 @@ def _top_keys(path) -> list:
 
 
 def layer_ids(params: nnx.State, depth: int) -> nnx.State:
-    """Each parameter's layer for layer-wise decay: 0 the stem (patch embedding, tokens, position
-    embedding), i + 1 block i, ``depth + 1`` everything after the blocks (norms, pooling, head), as BEiT
-    and timm's ``param_groups_layer_decay`` number them."""
-
-    def layer(path, _):
-        top = _top_keys(path)
-        return 0 if top[0] in STEM else int(top[1]) + 1 if top[0] == "blocks" else depth + 1
-
-    return jax.tree_util.tree_map_with_path(layer, params)
+    """Each parameter's layer for layer-wise decay, numbered as timm's ``param_groups_layer_decay``
+    (``vit_common.recipes.layer_ids``): 0 the stem (patch embedding, tokens, position embedding,
+    norm_pre), i + 1 block i, the final norm with the last block, ``depth + 1`` what follows it."""
+    names = jax.tree_util.tree_leaves(jax.tree_util.tree_map_with_path(lambda p, _: _canonical(p), params))
+    ids = recipes.layer_ids(names, depth)
+    return jax.tree_util.tree_map_with_path(lambda p, _: ids[_canonical(p)], params)
 
 
 def trainable_mask(params: nnx.State, tcfg: TrainConfig) -> nnx.State:
@@ -125,34 +119,79 @@ def trainable_mask(params: nnx.State, tcfg: TrainConfig) -> nnx.State:
     return jax.tree_util.tree_map_with_path(lambda p, _: not tcfg.freeze or _top_keys(p)[0] == "head", params)
 
 
-def make_optimizer(
-    tcfg: TrainConfig, total_steps: int, depth: int
-) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """(optimizer, learning-rate schedule) for ``total_steps`` optimizer steps of a ``depth``-block model.
+def _clip(recipe: Recipe, max_norm: float) -> optax.GradientTransformation:
+    """Global-norm clipping as the recipe's library does it: optax's ``clip_by_global_norm`` (g x max /
+    norm), or torch's ``clip_grad_norm_`` (g x min(1, max / (norm + 1e-6)), ``torch/nn/utils/clip_grad.py``),
+    the latter as an ``optax.stateless`` scaling."""
+    if recipe.clip == "optax":
+        return optax.clip_by_global_norm(max_norm)
 
-    Global-norm clipping, then AdamW with linear warmup and cosine decay (weight decay masked, see the
-    module docstring). ``freeze``: the same on the head only, every other parameter left unchanged
+    def scale(updates, params):
+        coef = jnp.minimum(max_norm / (optax.tree_utils.tree_norm(updates) + TORCH_CLIP_EPS), 1.0)
+        return jax.tree.map(lambda g: g * coef.astype(g.dtype), updates)
+
+    return optax.stateless(scale)
+
+
+def make_optimizer(
+    tcfg: TrainConfig, total_steps: int, depth: int, *, no_weight_decay: Collection[str]
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """(optimizer, learning-rate schedule) for ``total_steps`` optimizer steps of a ``depth``-block model
+    under ``tcfg.recipe`` (``vit_common.recipes``); ``no_weight_decay`` is the model's ``no_weight_decay()``.
+
+    Global-norm clipping (the recipe's), then AdamW with linear warmup and cosine decay: ``optax.adamw``
+    with the recipe's decay mask, or for big_vision ``big_vision/optax.py``'s chain ``scale_by_adam
+    (mu_dtype=bfloat16), scale(lr), add_decayed_weights(wd, kernels), scale_by_schedule(lr(t) / lr),
+    scale(-1)``. ``freeze``: the same on the head only, every other parameter left unchanged
     (``optax.multi_transform`` with ``set_to_zero``); clipping then sees the head's gradient only.
-    ``layer_decay`` r: the update of a parameter in layer l (``layer_ids``) scaled by r^(depth + 1 - l),
-    weight decay included (``optax.multi_transform`` of ``optax.scale``), as a per-group learning rate
-    does in timm's and BEiT's fine-tuning.
+    ``layer_decay`` r: the update of a parameter in layer l (``layer_ids``) scaled by r^(L - l), L the
+    top layer, as timm's per-group lr_scale does (weight decay included); for big_vision as its
+    ``lr_mults``, before the decay, which it then does not scale.
     """
-    warmup = min(tcfg.warmup_steps, max(total_steps - 1, 0))
+    recipe = get_recipe(tcfg.recipe)
+    warmup, decay_steps = schedule_steps(tcfg.warmup_steps, total_steps)
+    end = tcfg.min_lr_ratio
     schedule = optax.warmup_cosine_decay_schedule(
-        0.0,
-        tcfg.lr,
-        warmup_steps=warmup,
-        decay_steps=max(total_steps, warmup + 1),
-        end_value=tcfg.lr * tcfg.min_lr_ratio,
+        0.0, tcfg.lr, warmup_steps=warmup, decay_steps=decay_steps, end_value=tcfg.lr * end
     )
-    adamw = optax.adamw(schedule, b1=tcfg.b1, b2=tcfg.b2, weight_decay=tcfg.weight_decay, mask=decay_mask)
-    tx = optax.chain(optax.clip_by_global_norm(tcfg.grad_clip), adamw) if tcfg.grad_clip else adamw
+    mask = lambda p: decay_mask(p, recipe, no_weight_decay)  # noqa: E731
+    layered = tcfg.layer_decay != 1 and not tcfg.freeze
+
+    def layer_scale() -> optax.GradientTransformation:
+        def exponents(p):
+            names = jax.tree_util.tree_map_with_path(lambda q, _: _canonical(q), p)
+            table = recipes.layer_exponents(jax.tree_util.tree_leaves(names), depth)
+            return jax.tree.map(lambda n: table[n], names)
+
+        return optax.multi_transform({k: optax.scale(tcfg.layer_decay**k) for k in range(depth + 2)}, exponents)
+
+    if recipe.decay_scaled_by_lr:
+        adamw = optax.adamw(
+            schedule,
+            b1=tcfg.b1,
+            b2=tcfg.b2,
+            eps=recipe.eps,
+            weight_decay=tcfg.weight_decay,
+            mask=mask,
+            mu_dtype=recipe.mu_dtype,
+        )
+        tx = optax.chain(adamw, layer_scale()) if layered else adamw
+    else:
+        relative = optax.warmup_cosine_decay_schedule(
+            0.0, 1.0, warmup_steps=warmup, decay_steps=decay_steps, end_value=end
+        )
+        tx = optax.chain(
+            optax.scale_by_adam(b1=tcfg.b1, b2=tcfg.b2, eps=recipe.eps, mu_dtype=recipe.mu_dtype),
+            optax.scale(tcfg.lr),
+            *([layer_scale()] if layered else []),
+            optax.add_decayed_weights(tcfg.weight_decay, mask),
+            optax.scale_by_schedule(relative),
+            optax.scale(-1.0),
+        )
+    tx = optax.chain(_clip(recipe, tcfg.grad_clip), tx) if tcfg.grad_clip else tx
     if tcfg.freeze:
         labels = lambda p: jax.tree.map(lambda m: "train" if m else "frozen", trainable_mask(p, tcfg))  # noqa: E731
         tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
-    elif tcfg.layer_decay != 1:
-        scales = {layer: optax.scale(tcfg.layer_decay ** (depth + 1 - layer)) for layer in range(depth + 2)}
-        tx = optax.chain(tx, optax.multi_transform(scales, lambda p: layer_ids(p, depth)))
     return tx, schedule
 
 
@@ -205,9 +244,10 @@ class Trainer:
             )
         self.steps_per_epoch = batches_per_epoch(len(data.train), tcfg.batch_size)
         self.total_steps = self.steps_per_epoch * tcfg.epochs
-        self.tx, self.schedule = make_optimizer(tcfg, self.total_steps, cfg.depth)
-
         model = nnx.eval_shape(lambda: build_model(cfg, tcfg.seed, tcfg.remat))
+        self.tx, self.schedule = make_optimizer(
+            tcfg, self.total_steps, cfg.depth, no_weight_decay=model.no_weight_decay()
+        )
         model.eval()
         self.eval_graphdef = nnx.graphdef(model)
         model.train()

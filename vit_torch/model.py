@@ -308,6 +308,12 @@ class VisionTransformer(nn.Module):
         if self.pos_embed is not None and not self.pos_embed.is_meta:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
 
+    def no_weight_decay(self) -> frozenset[str]:
+        """Canonical names exempt from weight decay besides rank <= 1 tensors: timm's
+        ``VisionTransformer.no_weight_decay`` (``timm/models/vision_transformer.py``). Which tensors a run
+        decays is its recipe's choice (``vit_common.recipes.decays``)."""
+        return frozenset({"pos_embed", "cls_token", "reg_token", "dist_token"})
+
     def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Images [B, C, H, W] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D])."""
         cfg = self.cfg
