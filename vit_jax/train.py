@@ -75,10 +75,10 @@ def _fsdp_spec(shape: tuple[int, ...], n: int) -> P:
 class RematBlock(Block):
     """A Block recomputed in the backward pass (``nnx.remat``): same parameters, same paths."""
 
-    def __call__(self, x: jax.Array, *, return_attn: bool = False):
+    def __call__(self, x: jax.Array, *, return_attn: bool = False, drop_mask: jax.Array | None = None):
         if return_attn:
-            return super().__call__(x, return_attn=True)
-        return nnx.remat(lambda block, h: Block.__call__(block, h))(self, x)
+            return super().__call__(x, return_attn=True, drop_mask=drop_mask)
+        return nnx.remat(lambda block, h, m: Block.__call__(block, h, drop_mask=m))(self, x, drop_mask)
 
 
 def build_model(cfg: ViTConfig, seed: int, remat: bool = False) -> VisionTransformer:
@@ -133,6 +133,18 @@ def _clip(recipe: Recipe, max_norm: float) -> optax.GradientTransformation:
     return optax.stateless(scale)
 
 
+def _schedule(peak: float, warmup: int, decay_steps: int, end_ratio: float) -> optax.Schedule:
+    """optax's warmup-cosine from 0 to ``peak`` and down to ``peak * end_ratio``. optax computes it in
+    float32 even with jax_enable_x64 on (from the int32 count); then the count enters as float64, so a
+    float64 run's learning rate is float64, as torch's Python-float one (``vit_common.recipes.lr_factor``)."""
+    base = optax.warmup_cosine_decay_schedule(
+        0.0, peak, warmup_steps=warmup, decay_steps=decay_steps, end_value=peak * end_ratio
+    )
+    if not jax.config.jax_enable_x64:
+        return base
+    return lambda count: base(jnp.asarray(count, jnp.float64))
+
+
 def make_optimizer(
     tcfg: TrainConfig, total_steps: int, depth: int, *, no_weight_decay: Collection[str]
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -150,10 +162,7 @@ def make_optimizer(
     """
     recipe = get_recipe(tcfg.recipe)
     warmup, decay_steps = schedule_steps(tcfg.warmup_steps, total_steps)
-    end = tcfg.min_lr_ratio
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, tcfg.lr, warmup_steps=warmup, decay_steps=decay_steps, end_value=tcfg.lr * end
-    )
+    schedule = _schedule(tcfg.lr, warmup, decay_steps, tcfg.min_lr_ratio)
     mask = lambda p: decay_mask(p, recipe, no_weight_decay)  # noqa: E731
     layered = tcfg.layer_decay != 1 and not tcfg.freeze
 
@@ -177,9 +186,7 @@ def make_optimizer(
         )
         tx = optax.chain(adamw, layer_scale()) if layered else adamw
     else:
-        relative = optax.warmup_cosine_decay_schedule(
-            0.0, 1.0, warmup_steps=warmup, decay_steps=decay_steps, end_value=end
-        )
+        relative = _schedule(1.0, warmup, decay_steps, tcfg.min_lr_ratio)
         tx = optax.chain(
             optax.scale_by_adam(b1=tcfg.b1, b2=tcfg.b2, eps=recipe.eps, mu_dtype=recipe.mu_dtype),
             optax.scale(tcfg.lr),
@@ -402,14 +409,16 @@ class Trainer:
         return to_numpy(nnx.merge(self.eval_graphdef, params, state["rest"]))
 
 
-def _forward(graphdef, params, rest, images):
-    """(logits float32 [B, K], the model's non-parameter state after the call).
+def _forward(graphdef, params, rest, images, drop_masks=None):
+    """(logits [B, K] in at least float32 (float64 models keep float64), the model's non-parameter
+    state after the call); ``drop_masks`` [B, depth, 2] the parity mode's drop-path masks, or None.
 
     ``rest`` is rebuilt by an identity tree map so that its Variables (dropout RNG counters) belong
     to the current trace: NNX refuses to update a Variable created outside ``jax.value_and_grad``.
     """
     model = nnx.merge(graphdef, params, jax.tree.map(lambda v: v, rest))
-    logits = model(images).astype(jnp.float32)
+    logits = model(images, drop_masks=drop_masks)
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     return logits, nnx.state(model, nnx.Not(nnx.Param))
 
 
@@ -419,15 +428,17 @@ def loss_and_grads(t: Trainer, params, rest, batch: dict):
     Returns (grads summed over the real examples, rest after the forward passes, loss sum, correct
     count). Micro-batch i holds rows i, i+A, i+2A, ... so each keeps the batch's device split. With
     ``freeze`` the frozen parameters enter through ``stop_gradient``: their gradients are zeros and no
-    backward pass runs through the frozen layers.
+    backward pass runs through the frozen layers. A batch with "drop_masks" float [B, depth, 2] hands
+    them to the model (the twins' parity mode, ``VisionTransformer.__call__``).
     """
     tcfg, a = t.tcfg, t.tcfg.accum_steps
 
     def loss_sum(p, rest, mb):
         if tcfg.freeze:
             p = jax.tree.map(lambda train, x: x if train else jax.lax.stop_gradient(x), t.trainable, p)
-        logits, rest = _forward(t.train_graphdef, p, rest, mb["image"])
-        targets = optax.smooth_labels(mb["target"], tcfg.label_smoothing) if tcfg.label_smoothing else mb["target"]
+        logits, rest = _forward(t.train_graphdef, p, rest, mb["image"], mb.get("drop_masks"))
+        targets = mb["target"].astype(logits.dtype)
+        targets = optax.smooth_labels(targets, tcfg.label_smoothing) if tcfg.label_smoothing else targets
         ce = optax.softmax_cross_entropy(logits, targets)  # [b]
         correct = ((jnp.argmax(logits, -1) == mb["label"]) * mb["mask"]).sum()
         return (ce * mb["mask"]).sum(), (rest, correct)
@@ -439,7 +450,8 @@ def loss_and_grads(t: Trainer, params, rest, batch: dict):
 
     micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(x.shape[0] // a, a, *x.shape[1:]), 0, 1), batch)
     zero = jnp.zeros((), jnp.float32)
-    init = (jax.tree.map(jnp.zeros_like, params), rest, zero, zero)
+    loss0 = jnp.zeros((), jnp.promote_types(t.cfg.dtype, jnp.float32))  # the logits' dtype (_forward)
+    init = (jax.tree.map(jnp.zeros_like, params), rest, loss0, zero)
     return jax.lax.scan(accumulate, init, micro)[0]
 
 
