@@ -113,3 +113,23 @@ def test_bad_requests_are_refused(data):
         compare_training(TINY.replace(dropout=0.1), FULL, data, 1)
     with pytest.raises(ValueError, match=r"differ in \['batch_size'\]"):
         compare_training(TINY, FULL, data, 1, torch_tcfg=dataclasses.replace(FULL, batch_size=4))
+
+
+def test_the_command_reports_every_step_and_exits_1_where_the_twins_part(npz, tmp_path, capsys):
+    """`vit train-parity`: float64, the torch twin with another weight decay: JSON of both steps, a plot, the
+    verdict on stdout, exit code 1; the parting shows at step 1 in a decayed kernel."""
+    from vit_cli.main import main
+
+    argv = ["train-parity", "--steps", "2", "--dataset", f"npz:{npz}", "--image-size", "8", "--patch-size", "4"]
+    argv += ["--width", "16", "--depth", "1", "--num-heads", "2", "--mlp-dim", "32", "--batch-size", "8"]
+    argv += ["--epochs", "1", "--warmup-steps", "0", "--torch-weight-decay", "0.5"]
+    argv += ["--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "JAX (twins) vs torch (twins), float64, bound rel 1e-10" in out and "the twins part at step 1" in out
+    import json
+
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["ok"] is False and report["first_bad_step"] == 1 and len(report["steps"]) == 2
+    assert report["steps"][0]["params_worst"].endswith(".weight") and report["steps"][0]["nu"] < 1e-10
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

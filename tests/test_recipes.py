@@ -82,3 +82,31 @@ def test_schedule_in_python_floats_is_optax_s():
             want = float(sched(jnp.int32(step)))
             assert 3e-3 * lr_factor(step, warmup, decay, 0.02) == pytest.approx(want, rel=1e-14, abs=1e-18), step
     assert schedule_steps(300, 10) == (9, 10)  # the warmup leaves one cosine step
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train-parity", "--steps", "0"],
+        ["train-parity", "--steps", "1", "--torch-recipe", "adam"],
+        ["train", "--recipe", "adam"],
+        ["recipes", "--translate", "big_vision", "sgd"],
+    ],
+)
+def test_bad_command_lines_end_in_one_error_line_and_exit_2(argv, capsys):
+    from vit_cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"vit {argv[0]}: error: argument --")
+
+
+def test_the_translation_command_line(capsys):
+    from vit_cli.main import main
+
+    assert main(["recipes", "--translate", "big_vision", "timm", "--lr", "1e-3", "--weight-decay", "1e-4"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "big_vision weight_decay=0.0001 at lr=0.001 = timm weight_decay=0.1"
+    assert len(out) == 5 and all(line.startswith("  not kept: ") for line in out[1:])

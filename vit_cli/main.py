@@ -21,11 +21,13 @@ COMMANDS = {
     "parity": "vit_cli.parity",
     "attention": "vit_cli.attention",
     "train": "vit_cli.train",
+    "train-parity": "vit_cli.train_parity",
+    "recipes": "vit_cli.recipes",
     "evaluate": "vit_cli.evaluate",
     "predict": "vit_cli.predict",
     "bench": "vit_cli.bench",
 }
-WRITING = ("convert", "parity", "attention", "train", "evaluate", "bench")  # commands that write files
+WRITING = ("convert", "parity", "attention", "train", "train-parity", "evaluate", "bench")  # commands that write files
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -33,7 +33,8 @@ DEMO_MODEL = dict(image_size=28, patch_size=7, width=128, depth=4, num_heads=4, 
 # Architecture flags: with --init they must agree with the checkpoint (image size excepted: it resamples).
 ARCH_FLAGS = ("patch_size", "width", "depth", "num_heads", "mlp_dim", "pool", "posemb")
 OPTIMISATION = (
-    "epochs batch_size lr warmup_steps min_lr_ratio weight_decay b1 b2 label_smoothing grad_clip accum_steps seed"
+    "epochs batch_size lr warmup_steps min_lr_ratio weight_decay recipe b1 b2 label_smoothing grad_clip accum_steps "
+    "seed"
 ).split()
 
 

@@ -1,5 +1,9 @@
 """`vit train-parity`: does a JAX training run reproduce the PyTorch one, step by step?
 
+``vit train-parity --steps K`` (flags of ``vit train``'s model and optimisation, ``--torch-recipe``,
+``--json``, ``--plot``) runs ``compare_training`` and prints one line a step; exit code 1 when the
+twins part, 2 on bad input.
+
 ``compare_training`` gives both twins the same initial weights and the same K batches from the one
 input pipeline (``vit_jax.train.Trainer.train_iterator``: augmentation, mixup / cutmix and padding drawn
 in numpy), takes K optimizer steps in each (``vit_jax.train`` with optax, ``vit_torch.train`` with
@@ -214,3 +218,99 @@ def plot(result: TrainParity, path: Path) -> None:
     fig.tight_layout()
     io.atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     plt.close(fig)
+
+
+def add_parser(sub) -> None:
+    from vit_cli.flags import add_flags
+    from vit_cli.main import HelpFormatter
+    from vit_cli.train import DEMO_MODEL, OPTIMISATION
+    from vit_common.data.datasets import Augment
+    from vit_common.recipes import RECIPES
+    from vit_common.system.validate import arg, float_in, int_in
+
+    p = sub.add_parser(
+        "train-parity",
+        help="train K steps in both twins from the same weights and batches, compare every parameter and moment",
+        formatter_class=HelpFormatter,
+        description="Does my JAX run reproduce my PyTorch run? The same initial weights and the same K batches "
+        "(one input pipeline) go through K optimizer steps of the JAX twin (optax) and of the torch twin "
+        "(torch.optim); per step it prints both losses, the gradient norm, the learning rate and the largest "
+        "relative difference of the parameters and of both Adam moments, and a verdict against the tolerance "
+        "table. --torch-recipe / --torch-weight-decay give the torch twin other settings, to see where two "
+        "recipes part. Exit code 1 when the twins part, 2 on bad input.",
+    )
+    p.add_argument("--steps", type=arg(int_in, 1), required=True, metavar="K", help="optimizer steps in each twin")
+    m = p.add_argument_group("model (default: vit train's demo model)")
+    m.add_argument("--variant", default=None, help="start from a variant NAME/PATCH (e.g. Ti/16)")
+    for name in ("image_size", "patch_size", "width", "depth", "num_heads", "mlp_dim"):
+        demo = DEMO_MODEL.get(name)
+        m.add_argument("--" + name.replace("_", "-"), type=arg(int_in, 1), default=None, help=f"{name} (demo {demo})")
+    m.add_argument("--pool", choices=("token", "gap", "map"), default=None, help="pooling (demo gap)")
+    m.add_argument(
+        "--drop-path",
+        type=arg(float_in, 0, 1, hi_open=True),
+        default=None,
+        help="stochastic depth rate of the last block; both twins take the same masks (default 0)",
+    )
+    m.add_argument(
+        "--dtype",
+        choices=("float64", "float32", "bfloat16"),
+        default="float64",
+        help="float64: parameters and compute (bound 1e-10); float32; bfloat16 compute, float32 parameters",
+    )
+    o = p.add_argument_group("training (both twins; the torch twin's may differ by the flags below)")
+    add_flags(o, TrainConfig, only=("dataset", "val_fraction", "layer_decay", *OPTIMISATION))
+    add_flags(o, Augment)
+    t = p.add_argument_group("the torch twin's own settings (default: the same as the JAX twin's)")
+    t.add_argument("--torch-recipe", choices=tuple(RECIPES), default=None, help="the torch twin's recipe")
+    t.add_argument("--torch-weight-decay", type=arg(float_in, 0), default=None, help="the torch twin's weight decay")
+    t.add_argument("--torch-lr", type=arg(float_in, 0, lo_open=True), default=None, help="the torch twin's lr")
+    r = p.add_argument_group("output")
+    r.add_argument("--json", default=None, metavar="PATH", help="write the report (every step) as JSON here")
+    r.add_argument("--plot", default=None, metavar="PATH", help="write the differences against the step as a PNG")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from vit_cli.flags import values
+    from vit_cli.train import model_config
+    from vit_common.data.datasets import Augment, load_dataset, native_channels
+    from vit_common.system import io
+
+    for path in (args.json, args.plot):
+        if path is not None:
+            io.check_destination(path)
+    augment = Augment(**values(Augment, args))
+    tcfg = TrainConfig(**values(TrainConfig, args), augment=augment)
+    torch_tcfg = dataclasses.replace(
+        tcfg,
+        **{
+            k: v
+            for k, v in (
+                ("recipe", args.torch_recipe),
+                ("weight_decay", args.torch_weight_decay),
+                ("lr", args.torch_lr),
+            )
+            if v is not None
+        },
+    )
+    args.posemb, args.dropout, args.settings = None, None, []  # what model_config reads besides these flags
+    channels = native_channels(tcfg.dataset)
+    dtype = args.dtype
+    args.dtype = "float32" if dtype == "float64" else dtype
+    probe = model_config(args, num_classes=2, in_chans=channels)
+    if dtype == "float64":
+        probe = probe.replace(dtype="float64", param_dtype="float64")
+    data = load_dataset(tcfg.dataset, probe.image_size, channels, val_fraction=tcfg.val_fraction)
+    cfg = probe.replace(num_classes=data.num_classes)
+
+    import jax
+
+    jax.config.update("jax_enable_x64", dtype == "float64")
+    result = compare_training(cfg, tcfg, data, args.steps, torch_tcfg=torch_tcfg)
+    print(format_table(result))
+    if args.json is not None:
+        io.write_json(args.json, result.to_dict())
+    if args.plot is not None:
+        plot(result, Path(args.plot))
+    return 0 if result.ok else 1
