@@ -17,6 +17,7 @@ from vit_common.config import ViTConfig
 from vit_common.data.datasets import ArraySource, Augment, Dataset
 from vit_common.data.train_config import TrainConfig
 from vit_common.recipes import RECIPES, translate
+from vit_common.tolerance import compare
 
 TINY = ViTConfig(
     image_size=8, patch_size=4, in_chans=1, num_classes=3, width=16, depth=2, num_heads=2, mlp_dim=32,
@@ -133,3 +134,48 @@ def test_the_command_reports_every_step_and_exits_1_where_the_twins_part(npz, tm
     assert report["ok"] is False and report["first_bad_step"] == 1 and len(report["steps"]) == 2
     assert report["steps"][0]["params_worst"].endswith(".weight") and report["steps"][0]["nu"] < 1e-10
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_adam_state_crosses_frameworks_k_torch_then_k_jax_equals_2k_jax(x64, data):
+    """Optimizer state by canonical names: 3 torch steps, then the JAX twin continues from torch's weights,
+    moments and step for 3 more = 6 JAX steps; and 3 JAX steps continued by torch = 6 torch steps."""
+    import vit_jax.train as jt
+    import vit_torch.train as tt
+    from vit_jax.optimizer_state import adam_state, train_state
+
+    k, tcfg = 3, dataclasses.replace(FULL, recipe="timm", epochs=3)
+    torch_run = tt.Trainer(TINY, tcfg, data)
+    w0 = torch_run.weights()
+    jax_run = jt.Trainer(TINY, tcfg, data, weights=w0)
+    it = jax_run.train_iterator()
+    batches = [{**next(it), "drop_masks": drop_path_masks(TINY, tcfg.seed, s, tcfg.batch_size)} for s in range(2 * k)]
+    it.close()
+    step = lambda trainer, state, b: trainer.train_step(state, b)[0]  # noqa: E731
+    state = jax_run.init_state()
+    for b in batches[:k]:
+        state = step(jax_run, state, b)
+    half = jax_run.weights(state), adam_state(state["opt_state"])
+    for b in batches[k:]:
+        state = step(jax_run, state, b)
+    jax_2k = jax_run.weights(state), adam_state(state["opt_state"])
+    for b in batches[:k]:
+        torch_run.train_step(b, b["drop_masks"])
+    cont = train_state(jax_run, torch_run.weights(), torch_run.adam_state())
+    for b in batches[k:]:
+        cont = step(jax_run, cont, b)
+    torch_then_jax = jax_run.weights(cont), adam_state(cont["opt_state"])
+    torch_cont = tt.Trainer(TINY, tcfg, data, weights=half[0])
+    torch_cont.load_adam_state(half[1])
+    for b in batches[k:]:
+        torch_run.train_step(b, b["drop_masks"])
+        torch_cont.train_step(b, b["drop_masks"])
+    torch_2k = torch_run.weights(), torch_run.adam_state()
+    jax_then_torch = torch_cont.weights(), torch_cont.adam_state()
+    assert torch_then_jax[1]["count"] == jax_2k[1]["count"] == jax_then_torch[1]["count"] == 2 * k
+    for (w, m), (w_ref, m_ref) in [(torch_then_jax, jax_2k), (jax_then_torch, torch_2k)]:
+        for table, ref in [(w, w_ref), (m["mu"], m_ref["mu"]), (m["nu"], m_ref["nu"])]:
+            for name in ref:
+                c = compare(name, table[name], ref[name], "train", "float64")
+                assert c.ok, c
+    with pytest.raises(ValueError, match=r"missing \['head.bias'\]"):
+        torch_cont.load_adam_state({**half[1], "mu": {n: v for n, v in half[1]["mu"].items() if n != "head.bias"}})

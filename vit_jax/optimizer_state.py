@@ -81,3 +81,29 @@ def with_adam_state(opt_state, moments: dict):
         return optax.ScaleByAdamState(count, fill(x.mu, moments["mu"], "mu"), fill(x.nu, moments["nu"], "nu"))
 
     return jax.tree.map(swap, opt_state, is_leaf=lambda x: isinstance(x, kinds))
+
+
+def train_state(trainer, weights: dict[str, np.ndarray], moments: dict) -> dict:
+    """A ``vit_jax.train.Trainer`` state at step ``moments["count"]`` holding ``weights`` (canonical) and
+    the Adam state ``moments`` (``adam_state``'s form, e.g. ``vit_torch.train.Trainer.adam_state()``):
+    the JAX twin continues a torch run. The dropout RNG streams are the trainer's fresh ones.
+
+    Raises:
+        StateMismatchError: ``weights`` do not fit the model; ValueError: ``moments`` do not
+            (``with_adam_state``).
+    """
+    from flax import nnx
+
+    from vit_jax.weights import from_numpy
+
+    state = trainer.init_state()
+    model = from_numpy(trainer.cfg, weights)
+    _, params, _ = nnx.split(model, nnx.Param, ...)
+    opt_state = with_adam_state(trainer.tx.init(params), moments)
+    shardings = trainer.state_shardings
+    return {
+        **state,
+        "step": jax.device_put(jax.numpy.asarray(moments["count"], jax.numpy.int32), shardings["step"]),
+        "params": jax.device_put(params, shardings["params"]),
+        "opt_state": jax.device_put(opt_state, shardings["opt_state"]),
+    }

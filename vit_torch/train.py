@@ -202,3 +202,31 @@ class Trainer:
                 if state:
                     mu[name], nu[name] = tensor_to_numpy(state["exp_avg"]), tensor_to_numpy(state["exp_avg_sq"])
         return {"count": self.step, "mu": mu, "nu": nu}
+
+    def load_adam_state(self, moments: dict) -> None:
+        """Continue from another run's Adam state (``adam_state``'s form, e.g. the JAX twin's through
+        ``vit_jax.optimizer_state.adam_state``): every trainable parameter's ``exp_avg`` / ``exp_avg_sq``
+        (cast to its dtype) and the step count, the schedule moved to that step.
+
+        Raises:
+            ValueError: names missing from or extra to ``moments``, or a shape that differs.
+        """
+        named = {n: p for g in self.optimizer.param_groups for n, p in zip(g["names"], g["params"], strict=True)}
+        for what in ("mu", "nu"):
+            missing, extra = sorted(set(named) - set(moments[what])), sorted(set(moments[what]) - set(named))
+            if missing or extra:
+                raise ValueError(f"optimizer state {what}: missing {missing}, not parameters of this model {extra}")
+        count = int(moments["count"])
+        for name, p in named.items():
+            mu, nu = (np.asarray(moments[w][name], np.float64) for w in ("mu", "nu"))
+            if mu.shape != tuple(p.shape) or nu.shape != tuple(p.shape):
+                raise ValueError(f"optimizer state of {name!r}: shape {mu.shape}, expected {tuple(p.shape)}")
+            self.optimizer.state[p] = {
+                "step": torch.tensor(float(count)),
+                "exp_avg": torch.from_numpy(mu).to(device=p.device, dtype=p.dtype),
+                "exp_avg_sq": torch.from_numpy(nu).to(device=p.device, dtype=p.dtype),
+            }
+        self.step = count
+        self.scheduler.last_epoch = count
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
+            group["lr"] = base * self.scheduler.lr_lambdas[0](count)
