@@ -135,7 +135,7 @@ class Trainer:
         torch.manual_seed(tcfg.seed)  # dropout and drop path
 
     def _tensor(self, x: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
+        return torch.from_numpy(np.array(x)).to(self.device)  # a writable copy: batches may be read-only
 
     def train_step(self, batch: dict, drop_masks: np.ndarray | None = None) -> dict:
         """One optimizer step on a global batch (numpy, B rows). ``drop_masks`` float [B, depth, 2]: the
@@ -218,7 +218,7 @@ class Trainer:
                 raise ValueError(f"optimizer state {what}: missing {missing}, not parameters of this model {extra}")
         count = int(moments["count"])
         for name, p in named.items():
-            mu, nu = (np.asarray(moments[w][name], np.float64) for w in ("mu", "nu"))
+            mu, nu = (np.array(moments[w][name], np.float64) for w in ("mu", "nu"))  # a writable copy
             if mu.shape != tuple(p.shape) or nu.shape != tuple(p.shape):
                 raise ValueError(f"optimizer state of {name!r}: shape {mu.shape}, expected {tuple(p.shape)}")
             self.optimizer.state[p] = {
