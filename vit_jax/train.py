@@ -10,10 +10,11 @@ parameters and optimizer state are replicated ('dp', data parallel) or each arra
 largest axis divisible by the device count ('fsdp', ZeRO-3 style; XLA inserts the gathers).
 Multi-process runs start (and stop when a process is lost) through ``vit_jax.distributed``.
 
-Optimizer (optax): global-norm gradient clipping, then AdamW with linear warmup + cosine decay and
-no weight decay on biases, norms, class/register tokens, position embeddings and the MAP probe
-(timm ``no_weight_decay`` convention); for fine-tuning, optionally the head only (``freeze``) or
-layer-wise learning-rate decay (``layer_decay``), see ``make_optimizer``. Loss: softmax cross-entropy
+Optimizer (optax): global-norm gradient clipping, then AdamW with linear warmup + cosine decay, the
+decay mask and conventions of ``tcfg.recipe`` (``vit_common.recipes``; the default ``twins``: no weight
+decay on biases, norms, class/register tokens, position embeddings and the MAP probe); for
+fine-tuning, optionally the head only (``freeze``) or layer-wise learning-rate decay (``layer_decay``),
+see ``make_optimizer``. ``vit_torch/train.py`` is the same step in PyTorch. Loss: softmax cross-entropy
 against label-smoothed (and mixup/cutmix-mixed) targets, averaged over the real (mask 1) examples of
 the batch; gradient accumulation scans over micro-batches and divides by the batch's real count, so it
 equals one big batch.
