@@ -134,6 +134,7 @@ def test_the_command_reports_every_step_and_exits_1_where_the_twins_part(npz, tm
     assert report["ok"] is False and report["first_bad_step"] == 1 and len(report["steps"]) == 2
     assert report["steps"][0]["params_worst"].endswith(".weight") and report["steps"][0]["nu"] < 1e-10
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.png"]  # nothing else left beside them
 
 
 def test_adam_state_crosses_frameworks_k_torch_then_k_jax_equals_2k_jax(x64, data):

@@ -26,8 +26,10 @@ COMMANDS = {
     "evaluate": "vit_cli.evaluate",
     "predict": "vit_cli.predict",
     "bench": "vit_cli.bench",
+    "data": "vit_cli.data",
 }
-WRITING = ("convert", "parity", "attention", "train", "train-parity", "evaluate", "bench")  # commands that write files
+# commands that write files
+WRITING = ("convert", "parity", "attention", "train", "train-parity", "evaluate", "bench", "data")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -42,6 +44,7 @@ EXTRAS = {
     **dict.fromkeys(("jax", "jaxlib", "flax", "optax", "orbax", "grain"), "jax"),
     "torch": "torch",
     **dict.fromkeys(("PIL", "mlxtend", "sklearn"), "data"),
+    **dict.fromkeys(("datasets", "pyarrow", "array_record"), "datasets"),
     **dict.fromkeys(("timm", "transformers", "torchvision", "skimage"), "dev"),
 }
 

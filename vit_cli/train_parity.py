@@ -216,7 +216,7 @@ def plot(result: TrainParity, path: Path) -> None:
     ax.set_title(f"JAX {result.recipes[0]} vs torch {result.recipes[1]} ({result.dtype})", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    io.atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    io.atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100, metadata=io.PNG_TEXT))
     plt.close(fig)
 
 
