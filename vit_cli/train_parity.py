@@ -306,8 +306,8 @@ def run(args) -> int:
 
     import jax
 
-    jax.config.update("jax_enable_x64", dtype == "float64")
-    result = compare_training(cfg, tcfg, data, args.steps, torch_tcfg=torch_tcfg)
+    with jax.enable_x64(dtype == "float64"):  # a context: it wins over an enclosing one, and is undone after
+        result = compare_training(cfg, tcfg, data, args.steps, torch_tcfg=torch_tcfg)
     print(format_table(result))
     if args.json is not None:
         io.write_json(args.json, result.to_dict())
