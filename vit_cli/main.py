@@ -21,12 +21,15 @@ COMMANDS = {
     "parity": "vit_cli.parity",
     "attention": "vit_cli.attention",
     "train": "vit_cli.train",
+    "train-parity": "vit_cli.train_parity",
+    "recipes": "vit_cli.recipes",
     "evaluate": "vit_cli.evaluate",
     "predict": "vit_cli.predict",
     "bench": "vit_cli.bench",
     "data": "vit_cli.data",
 }
-WRITING = ("convert", "parity", "attention", "train", "evaluate", "bench", "data")  # commands that write files
+# commands that write files
+WRITING = ("convert", "parity", "attention", "train", "train-parity", "evaluate", "bench", "data")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
