@@ -359,6 +359,46 @@ def bad_limit(tmp: Path) -> list[str]:
     return ["convert", str(_model(tmp)), str(tmp / "out.npz")]
 
 
+def _many_classes(tmp: Path, k: int = 1000) -> tuple[Path, Path]:
+    """A K-class model (ImageNet's count) and an npz dataset of K test images, one per class."""
+    cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=k)
+    model = _ours(tmp / "k.safetensors", cfg.to_json(), _state(cfg))
+    x = np.random.default_rng(0).integers(0, 256, (k, 8, 8), np.uint8)
+    np.savez(tmp / "k.npz", x=x, y=np.arange(k), x_test=x, y_test=np.arange(k))
+    return model, tmp / "k.npz"
+
+
+def evaluate_1000_classes(tmp: Path) -> list[str]:
+    model, data = _many_classes(tmp)
+    return ["evaluate", str(model), "--dataset", f"npz:{data}", "--confusion", str(tmp / "c.png")]
+
+
+def _bounded_png(tmp: Path, out: str) -> None:
+    """The picture is at most 2,000 px a side (it was 45,200), the line names where the counts are."""
+    from PIL import Image
+
+    assert max(Image.open(tmp / "c.png").size) <= 2000
+    assert f"{tmp / 'c.png'} (1000 classes: a heat map without class labels; the counts: --confusion" in out
+    assert "per class (1000 classes; the 10 lowest" in out
+
+
+def evaluate_1000_classes_csv(tmp: Path) -> list[str]:
+    model, data = _many_classes(tmp)
+    return ["evaluate", str(model), "--dataset", f"npz:{data}", "--confusion", str(tmp / "c.csv"), "--json"]
+
+
+def _counts_csv(tmp: Path, out: str) -> None:
+    """The CSV and the JSON hold the same 1000 x 1000 counts, one image per true class."""
+    import csv
+
+    rows = list(csv.reader((tmp / "c.csv").open()))
+    counts = np.array([r[1:] for r in rows[1:]], np.int64)
+    assert rows[0][:3] == ["true/predicted", "0", "1"] and counts.shape == (1000, 1000)
+    result = json.loads(out.splitlines()[0])
+    assert np.array_equal(counts, np.array(result["confusion_matrix"])) and (counts.sum(1) == 1).all()
+    assert result["accuracy"] == np.trace(counts) / 1000
+
+
 def bf16_to_every_format(tmp: Path) -> list[str]:
     _ours(tmp / "bf.safetensors", SMALL.to_json(), _state(dtype=ml_dtypes.bfloat16))
     return ["convert", str(tmp / "bf.safetensors"), str(tmp / "bf.npz")]
@@ -472,6 +512,9 @@ CASES = [
     Case(set_collides, r"'image_size=64': image_size is not set with --set; use --source-image-size"),
     Case(set_value("nonsense=1"), r"'nonsense' is not a ViTConfig field"),
     Case(bf16_to_every_format, "", code=0, check=_bf16_exact, creates=("bf.npz", io.MARKER)),
+    # output that grows with the square of its input: bounded, the results first
+    Case(evaluate_1000_classes, "", code=0, child=True, check=_bounded_png, creates=("c.png", io.MARKER)),
+    Case(evaluate_1000_classes_csv, "", code=0, child=True, check=_counts_csv, creates=("c.csv", io.MARKER)),
     # never unpickle
     Case(pickle_pth, r"{tmp}/evil.pth: .*(blocked|weights-only|not allowed|refus)", check=_no_payload),
     Case(pickle_stream, r"{tmp}/evil.bin", check=_no_payload),

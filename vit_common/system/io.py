@@ -208,6 +208,20 @@ def check_destination(path: str | os.PathLike, *, folder: bool = False) -> None:
     raise DestinationError(f"{path}: exists and vit did not write it; pass --overwrite to replace it")
 
 
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise unless the nearest existing folder above ``path`` lets this process create files in it (so
+    that an unwritable current folder is refused before the work, not after it).
+
+    Raises:
+        PermissionError: naming the folder and ``path``.
+    """
+    folder = Path(path).absolute().parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(f"{path}: cannot be written (folder {folder} is not writable); choose another path")
+
+
 def _failed(path: Path, e: BaseException, existed: bool) -> BaseException:
     """``e`` as one line naming the destination if it is an OSError (a full disk, a quota, a permission)
     or the writing library's own error on a full disk (safetensors and torch raise their own types);
