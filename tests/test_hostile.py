@@ -344,6 +344,35 @@ def train_while_another_runs(tmp: Path) -> list[str]:
     return [*TRAIN, "--dataset", f"npz:{data}", "--out", str(tmp / "run"), "--resume"]
 
 
+def lock_is_a_link(target: str) -> Callable[[Path], list[str]]:
+    """A ``.vit-lock`` planted in a run folder as a link to a file of the user's (or a dangling one)."""
+
+    def build(tmp: Path) -> list[str]:
+        (tmp / "run").mkdir()
+        if target == "file":
+            (tmp / "victim.txt").write_text("the user's file\n")
+        os.symlink(tmp / "victim.txt", tmp / "run" / io.LOCK)
+        data = _dataset(tmp / "d.npz", [0, 1] * 4)
+        return [*TRAIN, "--dataset", f"npz:{data}", "--out", str(tmp / "run")]
+
+    build.__name__ = f"lock linked to {'a file' if target == 'file' else 'nothing'}"
+    return build
+
+
+def init_inside_out(tmp: Path) -> list[str]:
+    """Fine-tuning a run's own model.safetensors into that run folder (its export would replace it)."""
+    (tmp / "run").mkdir()
+    _ours(tmp / "run" / "model.safetensors", SMALL.replace(image_size=8, patch_size=4).to_json(), None)
+    data = _dataset(tmp / "d.npz", [0, 1] * 4)
+    init = ["--init", str(tmp / "run" / "model.safetensors")]
+    return ["train", *init, "--no-progress", "--no-parity", "--dataset", f"npz:{data}", "--out", str(tmp / "run")]
+
+
+def convert_into_the_source(tmp: Path) -> list[str]:
+    save_checkpoint(tmp / "hf", SMALL, _state(), "hf")
+    return ["convert", str(tmp / "hf"), str(tmp / "hf" / "copy.npz")]
+
+
 HOLDERS: list[subprocess.Popen] = []  # processes a case started, ended when the case ends
 
 
@@ -504,6 +533,10 @@ CASES = [
     Case(labels("unseen test labels", [0, 1] * 4, [0, 1, 7, 9]), r"{tmp}/d.npz: y_test holds label\(s\) \[7, 9\]"),
     Case(train_into_a_user_folder, r"{tmp}/run/config.json: exists and vit did not write it"),
     Case(train_while_another_runs, r"{tmp}/run: in use by another vit train \(pid \d+\)"),
+    Case(lock_is_a_link("file"), r"{tmp}/run/.vit-lock: a symbolic link where vit keeps its lock file"),
+    Case(lock_is_a_link("nothing"), r"{tmp}/run/.vit-lock: a symbolic link where vit keeps its lock file"),
+    Case(init_inside_out, r"{tmp}/run: the output holds --init {tmp}/run/model.safetensors; write the output"),
+    Case(convert_into_the_source, r"{tmp}/hf/copy.npz: the output lies inside the source {tmp}/hf; write"),
     # 4. tracebacks instead of named errors
     Case(bomb_predict, r"{tmp}/bomb.png: unreadable image \(Image size \(400000000 pixels\) exceeds limit"),
     Case(bomb_in_image_folder, r"{tmp}/imgs/b/3.png: Image size \(400000000 pixels\) exceeds limit"),

@@ -363,6 +363,7 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         DestinationError: another run holds the folder, or the folder holds files this run would
             replace that vit did not write (``vit_common.system.io``).
+        ValueError: --out is, lies inside or holds --init's checkpoint.
     """
     import contextlib
     import functools
@@ -376,6 +377,7 @@ def run(args: argparse.Namespace) -> int:
     if tcfg.init is None and (args.source_image_size is not None or args.strict):
         raise ValueError("--source-image-size and --strict describe the checkpoint of --init; there is none")
     out = Path(args.out or Path("runs") / args.dataset.split(":")[0])
+    io.check_apart(out, {"--init": tcfg.init})  # the exports would replace the checkpoint being fine-tuned
 
     from vit_jax import distributed
 

@@ -420,11 +420,11 @@ def convert(
     names for a replaced head.
 
     Raises:
-        ValueError: ``dst`` is ``src`` (the source would be replaced by its own conversion); and what
+        ValueError: ``dst`` is ``src``, lies inside it or holds it (the source would be replaced by its own
+            conversion: ``vit_common.system.io.check_apart``); and what
             ``load_checkpoint`` and ``save_checkpoint`` raise.
     """
-    if Path(dst).resolve() == Path(src).resolve():
-        raise ValueError(f"{dst} is the source file itself: write the conversion somewhere else")
+    io.check_apart(dst, {"the source": src})
     ckpt = load_checkpoint(src, fmt=from_fmt, readers=readers, **read_options)
     info = read_info(src, ckpt.report.format)
     declared = dict(

@@ -14,7 +14,9 @@ naming the path, unless the caller deliberately replaces a file (``overwriting()
 ``--overwrite``); a folder holding things we did not write is never replaced. Temporaries are named
 ``TMP_PREFIX`` + the writer's process id, so the next write into a folder removes those a killed process
 left behind. A failed write (a full disk, a quota) raises ``OSError`` naming the destination, which is
-left as it was.
+left as it was. Files vit creates in place (a folder's lock, a metrics log) are never opened through a
+symbolic link (``O_NOFOLLOW``) and only if they are regular files, and a lock file is removed only if it
+is the one this process holds; ``check_apart`` refuses an output that is, lies inside or holds an input.
 
 Reading JSON is here too, so that every JSON file is parsed the same way and every error names its path.
 """
@@ -28,6 +30,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -331,7 +334,7 @@ def folder_lock(folder: str | os.PathLike, what: str) -> Iterator[Path]:
     made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+        fd = _open_lock(folder / LOCK)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -344,7 +347,7 @@ def folder_lock(folder: str | os.PathLike, what: str) -> Iterator[Path]:
                 f"{folder}: in use by another {what} (pid {holder}); wait for it to end or use another folder"
             ) from None
         try:  # the lock file a releasing holder removed is not the one to hold: take the new one
-            if os.stat(folder / LOCK).st_ino == os.fstat(fd).st_ino:
+            if os.stat(folder / LOCK, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
                 break
         except FileNotFoundError:
             pass
@@ -354,10 +357,57 @@ def folder_lock(folder: str | os.PathLike, what: str) -> Iterator[Path]:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield folder
     finally:
-        os.unlink(folder / LOCK)
+        with contextlib.suppress(OSError):  # only the lock file this process holds, not one put in its place
+            if os.stat(folder / LOCK, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                os.unlink(folder / LOCK)
         os.close(fd)
         if made and not any(folder.iterdir()):
             folder.rmdir()
+
+
+def _open_lock(path: Path) -> int:
+    """``path`` opened for reading and writing, created if missing, never through a link (``O_NOFOLLOW``)
+    and only if it is a regular file (a FIFO or device is closed unread).
+
+    Raises:
+        DestinationError: ``path`` is a symbolic link (dangling or not) or not a regular file.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666 & ~_umask())
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise DestinationError(
+            f"{path}: a symbolic link where vit keeps its lock file; vit never writes through links: remove it"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DestinationError(f"{path}: not a regular file where vit keeps its lock file: remove it")
+    return fd
+
+
+def check_apart(output: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None]) -> None:
+    """Raise if ``output`` is one of ``inputs`` ({what, e.g. '--init': path}), lies inside one (a folder),
+    or holds one (writing it would replace or remove an input). Links are resolved; inputs that are None
+    are skipped.
+
+    Raises:
+        ValueError: naming the output, the input and how they overlap.
+    """
+    out = Path(output).resolve()
+    for what, path in inputs.items():
+        if path is None:
+            continue
+        src = Path(path).resolve()
+        if out == src:
+            how = "is"
+        elif src in out.parents:
+            how = "lies inside"
+        elif out in src.parents:
+            how = "holds"
+        else:
+            continue
+        raise ValueError(f"{output}: the output {how} {what} {path}; write the output somewhere else")
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -392,7 +442,13 @@ class Log:
 
     def __init__(self, path: Path):
         self.path = path
-        self._fh = open(path, "a", encoding="utf-8")
+        try:  # never through a link planted where the log goes
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666 & ~_umask())
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise DestinationError(f"{path}: a symbolic link; vit never writes through links: remove it") from None
+        self._fh = os.fdopen(fd, "a", encoding="utf-8")
 
     def write(self, text: str) -> int:
         return self._fh.write(text)
