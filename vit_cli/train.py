@@ -389,6 +389,8 @@ def run(args: argparse.Namespace) -> int:
     )
     lead = cluster is None or cluster.index == 0
     try:
+        if cluster:  # before any work: processes started with other flags stop here, all of them
+            cluster.agree(run_fields(args, out), tcfg.init_timeout)
         with io.folder_lock(out, "vit train") if lead else contextlib.nullcontext():  # one run per folder
             code = train(args, tcfg, out, started)
     except BaseException as e:
@@ -401,6 +403,18 @@ def run(args: argparse.Namespace) -> int:
     if cluster:
         cluster.leave()
     return code
+
+
+# Flags each process of a multi-process run may set for itself (its host's devices, cache, console).
+PER_PROCESS = ("command", "compile_cache", "cpu_devices", "data_workers", "func", "json", "no_progress", "started")
+
+
+def run_fields(args: argparse.Namespace, out: Path) -> dict:
+    """{flag: value} of everything that decides a run's result (all flags but ``PER_PROCESS`` and the
+    timeouts), --out as an absolute path: what every process of a multi-process run must agree on."""
+    skip = set(PER_PROCESS) | set(TrainConfig.settings())  # the timeouts: a resumed run may change them too
+    fields = {f"--{k.replace('_', '-')}": v for k, v in vars(args).items() if k not in skip}
+    return fields | {"--out": str(out.absolute())}
 
 
 def resume_from(out: Path) -> str:
