@@ -9,7 +9,6 @@ restoring into an abstract model never trips over the key dtype, whatever the or
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,7 +23,7 @@ from vit_common.checkpoints.convert import ORBAX_CONFIG
 from vit_common.checkpoints.formats.base import FormatError, common_float_dtype
 from vit_common.checkpoints.formats.canonical import FORMAT_TAG, stored_config
 from vit_common.config import ViTConfig
-from vit_common.system.io import atomic_write_dir, write_json
+from vit_common.system.io import atomic_write_dir, read_json, write_json
 from vit_common.system.validate import check_model_size
 from vit_jax.model import VisionTransformer
 from vit_jax.weights import check_float64, from_numpy, to_numpy
@@ -81,7 +80,7 @@ def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:
     """
     path = Path(path)
     try:
-        meta = json.loads((path / ORBAX_CONFIG).read_text())
+        meta = read_json(path / ORBAX_CONFIG)  # bounded in size and depth
     except (OSError, ValueError) as e:
         raise FormatError(f"{path}: no readable {ORBAX_CONFIG} ({e})") from e
     if not isinstance(meta, dict):

@@ -39,6 +39,7 @@ from vit_common.data.datasets import Dataset, batches_per_epoch, examples_before
 from vit_common.data.images import Preprocess
 from vit_common.data.train_config import TrainConfig
 from vit_common.system import io
+from vit_common.system.validate import regular_file
 from vit_jax.data import eval_batches, iterate, train_batches, transform_for
 from vit_jax.model import Block, VisionTransformer
 from vit_jax.weights import from_numpy, to_numpy
@@ -557,6 +558,29 @@ class Checkpoints:
         meta = dict(out["meta"])
         return data_to_keys(out["state"], abstract_state, meta["key_impl"]), meta
 
+    def restore_complete(self, abstract_state, steps: list[int]):
+        """(step, state) of the latest of ``steps`` that restores; a checkpoint that does not (truncated or
+        damaged files, e.g. a disk that filled) is reported on stderr and the one before it is tried.
+
+        Raises:
+            ValueError: none restores (naming the folder and the latest one's error).
+        """
+        import sys
+
+        first = None
+        for step in reversed(steps):
+            try:
+                return step, self.restore(abstract_state, step=step)[0]
+            except Exception as e:  # orbax and its JSON/tensorstore readers raise many types
+                first = first or e
+                line = f"{e}".splitlines()[0] if str(e) else type(e).__name__
+                print(
+                    f"vit train: warning: {self.manager.directory}/{step}: does not restore ({line}); "
+                    "trying the checkpoint before it",
+                    file=sys.stderr,
+                )
+        raise ValueError(f"{self.manager.directory}: no checkpoint restores (the latest: {first})") from first
+
     def wait(self) -> None:
         self.manager.wait_until_finished()
 
@@ -593,11 +617,6 @@ def config_mismatch(saved: dict, current: dict) -> list[str]:
     return out
 
 
-def read_json(path: Path) -> dict:
-    with open(path) as f:
-        return json.load(f)
-
-
 # -------------------------------------------------------------------------------------- the run
 
 
@@ -607,11 +626,28 @@ def write_json(path: Path, obj) -> None:
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop metric lines written after ``step`` (by a run that was killed later than its checkpoint)."""
+    """Drop metric lines written after ``step`` (by a run that was killed later than its checkpoint), and a
+    last line a kill cut short (not JSON).
+
+    Raises:
+        ValueError: a line before the last is not JSON or has no integer 'step' (naming file:line).
+    """
     if not path.exists():
         return
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-    io.write_text(path, "".join(ln + "\n" for ln in lines))
+    lines = [(i, ln) for i, ln in enumerate(regular_file(path).read_text().splitlines(), 1) if ln.strip()]
+    kept = []
+    for n, (i, ln) in enumerate(lines):
+        try:
+            row = io.parse_json(ln, f"{path}:{i}")
+        except ValueError:
+            if n == len(lines) - 1:  # the line a kill cut short: dropped
+                break
+            raise
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            raise ValueError(f"{path}:{i}: a metrics line without an integer 'step'")
+        if row["step"] <= step:
+            kept.append(ln)
+    io.write_text(path, "".join(ln + "\n" for ln in kept))
 
 
 def run_config(trainer: Trainer) -> dict:
@@ -660,10 +696,12 @@ def fit(
         (final state, summary dict: steps, test_loss, test_accuracy, images_per_s, train_seconds).
 
     Raises:
-        ValueError: ``out`` already holds a run and ``resume`` is off, or ``resume`` with a config that
-            differs from the saved one (every differing field listed).
+        ValueError: ``out`` holds a checkpoint and ``resume`` is off, or ``resume`` with a config that
+            differs from the saved one (every differing field listed); a metrics line before the last
+            that is not JSON or has no step (a last line a kill cut is dropped).
         FileNotFoundError: ``resume`` without a run in ``out``. A run stopped before its first complete
-            checkpoint resumes from step 0.
+            checkpoint starts again from step 0, with or without ``resume`` and with any config; a
+            latest checkpoint that does not restore is reported and the one before it used.
         NonFiniteError: NaN or Inf in the loss or gradients; the last good checkpoint stays intact.
         DestinationError: a fresh run's ``out`` holds a file of ``RUN_FILES`` that vit did not write
             (checked first; a resumed run's config.json proves its files are the run's).
@@ -680,8 +718,8 @@ def fit(
     if resume:
         if not (out / "config.json").exists():
             raise FileNotFoundError(f"{out}: no run to resume (config.json is missing)")
-        diff = config_mismatch(read_json(out / "config.json"), config)
-        if diff:
+        diff = config_mismatch(io.read_json(out / "config.json"), config)
+        if diff and saved:  # with no checkpoint there is nothing to continue: the new config starts afresh
             raise ValueError(
                 f"{out}: the checkpoint was made with a different config (keep it, or choose another --out):\n  "
                 + "\n  ".join(diff)
@@ -690,7 +728,7 @@ def fit(
             for name in RUN_FILES:
                 if (out / name).is_file():
                     io.adopt(out / name)
-    elif saved or metrics_path.exists():
+    elif saved:  # a run stopped before its first checkpoint is started again by the same command
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
     if lead:
         for name in RUN_FILES:  # refused before any work, not at the end: files vit did not write stay
@@ -701,14 +739,13 @@ def fit(
         multihost_utils.sync_global_devices("vit_train:folder_checked")
     # removes temporary folders a killed run left
     ckpts = Checkpoints(out / "checkpoints", keep, trainer.tcfg.barrier_timeout)
-    # The first batches are made while the state is built and the step compiles (the batch position is
-    # the step: a resumed run starts at its latest checkpoint's).
-    it = trainer.train_iterator(start=saved[-1] if saved and resume else 0)
+    start, state = ckpts.restore_complete(sharded_abstract(trainer), saved) if saved and resume else (0, None)
+    # The first batches are made while the step compiles (the batch position is the step: a resumed run
+    # starts at the checkpoint it restored).
+    it = trainer.train_iterator(start=start)
     try:
         it.start_prefetch()
-        if saved and resume:
-            state, _ = ckpts.restore(sharded_abstract(trainer), step=it.position)
-        else:  # a fresh run, or a resumed one that was stopped before its first complete checkpoint
+        if state is None:  # a fresh run, or a resumed one that was stopped before its first complete checkpoint
             state = trainer.init_state()
         before = _cache_events()
         trainer.compile()  # while the first batches are made

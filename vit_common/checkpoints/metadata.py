@@ -72,9 +72,11 @@ class ModelInfo:
 
 
 def _json_object(path: Path) -> dict | None:
+    from vit_common.system.io import read_json
+
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+        data = read_json(path)  # bounded in size and depth; a FIFO or device is not opened
+    except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -155,10 +157,9 @@ def read_info(path: str | os.PathLike, family: str) -> ModelInfo:
         meta = _safetensors_metadata(path)
         for key in ("preprocess", "classes"):
             if key in meta:
-                try:
-                    declared[key] = json.loads(meta[key])
-                except ValueError as e:
-                    raise ValueError(f"{path}: metadata {key!r} is not JSON ({e})") from e
+                from vit_common.system.io import parse_json
+
+                declared[key] = parse_json(meta[key], f"{path}: metadata {key!r}")
         where = f"{path} metadata"
     folder = path if path.is_dir() else path.parent
     if family == "hf":

@@ -118,8 +118,8 @@ def _identity(path: Path) -> list[int] | None:
 
 def _marker(folder: Path) -> dict | None:
     try:
-        data = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        data = read_json(folder / MARKER)  # bounded; a FIFO or a link to /dev/zero is not read
+    except (OSError, ValueError):
         return None
     files = data.get("files") if isinstance(data, dict) else None
     return data if isinstance(files, dict) else None
@@ -443,12 +443,13 @@ class Log:
     def __init__(self, path: Path):
         self.path = path
         try:  # never through a link planted where the log goes
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666 & ~_umask())
+            self._fh = open(
+                path, "a", encoding="utf-8", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW, 0o666)
+            )
         except OSError as e:
             if e.errno != errno.ELOOP:
                 raise
             raise DestinationError(f"{path}: a symbolic link; vit never writes through links: remove it") from None
-        self._fh = os.fdopen(fd, "a", encoding="utf-8")
 
     def write(self, text: str) -> int:
         return self._fh.write(text)
@@ -485,17 +486,48 @@ def open_log(path: str | os.PathLike) -> Log:
     return Log(path)
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    """The parsed content of a JSON file.
+JSON_BYTES = 16 << 20  # a bookkeeping JSON file (config, metadata, metrics line) at most: 16 MiB
+JSON_DEPTH = 64  # nesting at most (ours is 3 deep; a config.json nested 100,000 deep was a RecursionError)
+
+
+def parse_json(text: str | bytes, where: str, *, limit: int = JSON_BYTES) -> Any:
+    """``text`` parsed as JSON, bounded in size (``limit`` bytes) and nesting (``JSON_DEPTH``).
 
     Raises:
-        ValueError: the file cannot be read (missing, a FIFO or device: see ``regular_file``) or is not
-            JSON; the message names the path.
+        ValueError: not JSON, larger or deeper than the bounds; the message starts with ``where``
+            (the file, or file:line).
+    """
+    if len(text) > limit:
+        raise ValueError(f"{where}: {len(text):,} bytes of JSON, more than the {limit:,} a bookkeeping file may hold")
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{where}: JSON nested deeper than {JSON_DEPTH} levels") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{where}: not readable JSON ({e})") from None
+    level, depth = [obj], 0
+    while level:
+        depth += 1
+        if depth > JSON_DEPTH:
+            raise ValueError(f"{where}: JSON nested deeper than {JSON_DEPTH} levels")
+        level = [v for o in level if isinstance(o, (dict, list)) for v in (o.values() if isinstance(o, dict) else o)]
+    return obj
+
+
+def read_json(path: str | os.PathLike, *, limit: int = JSON_BYTES) -> Any:
+    """The parsed content of a JSON file: a regular file (FIFOs, devices and links to them refused before
+    opening), at most ``limit`` bytes read, nested at most ``JSON_DEPTH`` deep.
+
+    Raises:
+        ValueError: the file cannot be read (missing, a FIFO or device: see ``regular_file``), is larger
+            or deeper than the bounds, or is not JSON; the message names the path.
     """
     try:
-        return json.loads(regular_file(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+        with open(regular_file(path), "rb") as fh:
+            data = fh.read(limit + 1)
+    except (OSError, ValueError) as e:
         raise ValueError(f"{path}: not readable JSON ({e})") from e
+    return parse_json(data, str(path), limit=limit)
 
 
 def save_safetensors(

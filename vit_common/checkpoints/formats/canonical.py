@@ -45,7 +45,7 @@ def config_from_json(text: str, context: str) -> tuple[ViTConfig, list[str]]:
         FormatError: not JSON, not an object, or an invalid config.
     """
     try:
-        d = json.loads(text)
+        d = io.parse_json(text, f"{context}: the stored ViTConfig")
         if not isinstance(d, dict):
             raise ValueError(f"expected a JSON object, got {type(d).__name__}")
         notes = []
