@@ -238,6 +238,13 @@ def hf_config_value(key: str, text: str) -> Callable[[Path], list[str]]:
     return build
 
 
+def deep_hf_config(tmp: Path) -> list[str]:
+    """An HF folder whose config.json is nested 100,000 deep (a RecursionError traceback before)."""
+    save_checkpoint(tmp / "hf", SMALL, _state(), "hf")
+    (tmp / "hf" / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    return ["convert", str(tmp / "hf"), str(tmp / "out.npz")]
+
+
 def int_weights(tmp: Path) -> list[str]:
     state = _state()
     state["head.bias"] = np.arange(10, dtype=np.int64)
@@ -512,6 +519,7 @@ CASES = [
     Case(set_value("num_heads=true"), r"num_heads=True: expected an integer"),
     Case(hf_config_value("layer_norm_eps", '"layer_norm_eps": Infinity'), r"{tmp}/hf: .*ln_eps=inf: expected a finite"),
     Case(hf_config_value("layer_norm_eps", '"layer_norm_eps": "tiny"'), r"{tmp}/hf.*layer_norm_eps|ln_eps='tiny'"),
+    Case(deep_hf_config, r"{tmp}/hf/config.json: JSON nested deeper than 64 levels"),
     Case(int_weights, r"{tmp}/int.safetensors: tensors that are not floating point: head.bias \(int64\)"),
     Case(nan_weights_predict, r"{tmp}/nan.safetensors: the logits of {tmp}/img.png are NaN or Inf"),
     Case(nan_weights_parity, "", code=1, check=_parity_fails),
