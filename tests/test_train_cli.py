@@ -251,3 +251,18 @@ def test_a_metrics_line_without_a_step_names_the_file_and_line(tmp_path):
     (tmp_path / "m.jsonl").write_text('{"step": 1}\n{"st\n{"step": 3}\n')
     with pytest.raises(ValueError, match=r"m.jsonl:2: not readable JSON"):
         _truncate_metrics(tmp_path / "m.jsonl", 3)
+
+
+def test_an_unusable_compilation_cache_is_a_warning_and_the_run_goes_on_uncached(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.integers(0, 256, (10, 8, 8), np.uint8), y=np.arange(10) % 2)
+    (tmp_path / "cache").write_text("a file where the cache folder would be\n")
+    args = [
+        *"train --image-size 8 --patch-size 4 --width 16 --depth 1 --num-heads 2 --mlp-dim 32 --batch-size 4".split(),
+        *["--epochs", "1", "--no-progress", "--no-parity", "--json", "--compile-cache", str(tmp_path / "cache")],
+        *["--dataset", f"npz:{tmp_path / 'd.npz'}", "--out", str(tmp_path / "run")],
+    ]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert f"vit train: warning: compilation cache unusable ({tmp_path / 'cache'}: cannot be made (" in err
+    assert json.loads(out)["steps"] == 2 and (tmp_path / "cache").read_text().startswith("a file")

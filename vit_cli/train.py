@@ -447,13 +447,21 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     from vit_common.data.datasets import load_dataset, native_channels
     from vit_jax.train import NonFiniteError, Trainer, enable_compile_cache, fit
 
-    cache = args.compile_cache or default_cache_dir()
-    if cache == "off":
-        jax.config.update("jax_enable_compilation_cache", False)
-    else:
-        cache = str(enable_compile_cache(cache))
     lead = jax.process_index() == 0
     quiet = args.json or not lead
+    cache = args.compile_cache or default_cache_dir()
+    if cache != "off":
+        try:
+            cache = str(enable_compile_cache(cache))
+        except OSError as e:  # the cache only saves time: the run goes on without it
+            print(
+                f"vit train: warning: compilation cache unusable ({e}); compiling without it "
+                "(--compile-cache off or another folder avoids this warning)",
+                file=sys.stderr,
+            )
+            cache = "off"
+    if cache == "off":
+        jax.config.update("jax_enable_compilation_cache", False)
 
     def log(line: str) -> None:
         if not quiet:
