@@ -175,19 +175,24 @@ def hf_index_traversal(tmp: Path) -> list[str]:
 
 def npz_claims_1e12(tmp: Path) -> list[str]:
     with zipfile.ZipFile(tmp / "big.npz", "w") as zf:
-        zf.writestr("embedding/kernel.npy", _npy_header((10**6, 10**6)) + b"\0" * 64)
+        zf.writestr("embedding/kernel.npy", _npy_header((1000, 1000, 1000, 1000)) + b"\0" * 64)
     return ["convert", str(tmp / "big.npz"), str(tmp / "out.safetensors")]
 
 
-def npz_inflates(tmp: Path) -> list[str]:
-    """A 256 MiB member of zeros, compressed to a few hundred KB, under VIT_MAX_BYTES=64M."""
-    with zipfile.ZipFile(tmp / "bomb.npz", "w", zipfile.ZIP_DEFLATED) as zf:
-        with zf.open("embedding/kernel.npy", "w", force_zip64=True) as fh:
-            fh.write(_npy_header((2**26,)))
-            zeros = bytes(2**24)
-            for _ in range(16):
-                fh.write(zeros)
-    return ["convert", str(tmp / "bomb.npz"), str(tmp / "out.safetensors")]
+def npz_inflates(shape: tuple[int, ...]) -> Callable[[Path], list[str]]:
+    """A 256 MiB member of zeros of ``shape``, compressed to a few hundred KB."""
+
+    def build(tmp: Path) -> list[str]:
+        with zipfile.ZipFile(tmp / "bomb.npz", "w", zipfile.ZIP_DEFLATED) as zf:
+            with zf.open("embedding/kernel.npy", "w", force_zip64=True) as fh:
+                fh.write(_npy_header(shape))
+                zeros = bytes(2**24)
+                for _ in range(16):
+                    fh.write(zeros)
+        return ["convert", str(tmp / "bomb.npz"), str(tmp / "out.safetensors")]
+
+    build.__name__ = f"npz inflates {len(shape)}-D"
+    return build
 
 
 def npz_object_member(tmp: Path) -> list[str]:
@@ -505,9 +510,17 @@ CASES = [
     Case(huge_head, r"num_classes=2000000000: a model .* beyond the limit", child=True),
     Case(deep_orbax_config, r"{tmp}/ob: a model with depth=1000000000.* beyond the limit", child=True),
     Case(hf_index_traversal, r"{tmp}/hf/model.safetensors.index.json: weight_map names files outside the folder"),
-    Case(npz_claims_1e12, r"{tmp}/big.npz: .*member 'embedding/kernel' \(\(1000000, 1000000\)", child=True),
+    Case(npz_claims_1e12, r"{tmp}/big.npz: .*member 'embedding/kernel' \(\(1000, 1000, 1000, 1000\)", child=True),
     Case(
-        npz_inflates, r"{tmp}/bomb.npz: .*embedding/kernel.* beyond the limit", child=True, env={"VIT_MAX_BYTES": "64M"}
+        npz_inflates((2**26, 1, 1, 1)),
+        r"{tmp}/bomb.npz: .*embedding/kernel.* beyond the limit",
+        child=True,
+        env={"VIT_MAX_BYTES": "64M"},
+    ),
+    Case(
+        npz_inflates((2**26,)),
+        r"{tmp}/bomb.npz: member 'embedding/kernel' has shape \(67108864,\), the format's is 4-D; refused before",
+        child=True,
     ),
     Case(npz_object_member, r"{tmp}/obj.npz: member 'x' holds Python objects"),
     Case(bad_limit, r"VIT_MAX_BYTES='lots': expected a positive size", env={"VIT_MAX_BYTES": "lots"}),

@@ -109,18 +109,50 @@ LAYOUTS = {
 }
 
 
+# Dimensions the format fixes, by member name (without the prefix): matched in order, first match wins;
+# under ``Transformer/encoderblock/`` (big_vision scan=True) one more, the layer axis.
+_NDIM = (
+    (re.compile(r"^embedding/kernel$"), 4),  # (P, P, C, D)
+    (re.compile(r"^(cls|MAPHead_0/probe)$"), 3),  # (1, 1, D)
+    (re.compile(r"(^|/)pos_embedding$"), 3),  # (1, L, D)
+    (re.compile(r"MultiHeadDotProductAttention_\d+/(query|key|value)/kernel$"), 3),  # (D, N, D/N)
+    (re.compile(r"MultiHeadDotProductAttention_\d+/(query|key|value)/bias$"), 2),  # (N, D/N)
+    (re.compile(r"MultiHeadDotProductAttention_\d+/out/kernel$"), 3),  # (N, D/N, D)
+    (re.compile(r"(MlpBlock_\d+/Dense_\d+|^pre_logits|^head)/kernel$"), 2),  # dense (in, out)
+    (
+        re.compile(
+            r"(LayerNorm_\d+|encoder_norm|MlpBlock_\d+/Dense_\d+|/out|^pre_logits|^head|^embedding)/(bias|scale)$"
+        ),
+        1,
+    ),
+)
+
+
+def expected_ndim(name: str) -> int | None:
+    """The number of dimensions the format fixes for member ``name``, or None for names it does not
+    define (optimizer state, a text tower): checked from the member's header before its data is read."""
+    prefix = max((p for p in PREFIXES if name.startswith(p)), key=len)
+    key = name[len(prefix) :]
+    for pattern, ndim in _NDIM:
+        if pattern.search(key):
+            return ndim + key.startswith("Transformer/encoderblock/")
+    return None
+
+
 def load_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """The arrays of an .npz file, read without pickle (what ``np.load(allow_pickle=False)`` guarantees)
     and with every declared size checked first.
 
-    Each member's header is parsed and its declared byte size compared with the member's real size
+    Each member's header is parsed, its dimensions compared with those the format fixes for its name
+    (``expected_ndim``), and its declared byte size compared with the member's real size
     (the zip's declared uncompressed size: reading stops there) and with
     ``vit_common.system.validate.memory_limit()`` before any array is allocated, so a corrupt header or a
     compressed bomb cannot ask for terabytes.
 
     Raises:
-        FormatError: not a regular file, not a zip of .npy members, a pickled (object) array, a corrupt
-            member, or members declaring more bytes than the memory limit.
+        FormatError: not a regular file, not a zip of .npy members, a pickled (object) array, a member
+            of the wrong number of dimensions for its name, a corrupt member, or members declaring more
+            bytes than the memory limit.
     """
     out, total = {}, 0
     try:
@@ -139,6 +171,12 @@ def load_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
                     shape, fortran, dtype = read_header(fp)
                     if dtype.hasobject:
                         raise FormatError(f"{path}: member {name!r} holds Python objects (pickle); refused")
+                    ndim = expected_ndim(name)
+                    if ndim is not None and len(shape) != ndim:
+                        raise FormatError(
+                            f"{path}: member {name!r} has shape {shape}, the format's is {ndim}-D; refused "
+                            "before reading its data"
+                        )
                     need, have = math.prod(shape) * dtype.itemsize, info.file_size - fp.tell()
                     total += need
                     check_bytes(f"{path}: member {name!r} ({shape} {dtype}) and those before it", total)
