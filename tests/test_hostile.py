@@ -380,6 +380,17 @@ def init_inside_out(tmp: Path) -> list[str]:
     return ["train", *init, "--no-progress", "--no-parity", "--dataset", f"npz:{data}", "--out", str(tmp / "run")]
 
 
+def export_onto_a_users_folder(tmp: Path) -> list[str]:
+    """Fine-tuning an HF folder into a run folder whose model_hf/ (the export in --init's format) is the
+    user's: refused before the training, not after it."""
+    save_checkpoint(tmp / "hf", SMALL, _state(), "hf")
+    (tmp / "run" / "model_hf").mkdir(parents=True)
+    (tmp / "run" / "model_hf" / "notes.txt").write_text("mine\n")
+    data = _dataset(tmp / "d.npz", [0, 1] * 4)
+    flags = ["--no-progress", "--no-parity", "--compile-cache", "off", "--epochs", "1", "--batch-size", "4"]
+    return ["train", "--init", str(tmp / "hf"), "--dataset", f"npz:{data}", "--out", str(tmp / "run"), *flags]
+
+
 def convert_into_the_source(tmp: Path) -> list[str]:
     save_checkpoint(tmp / "hf", SMALL, _state(), "hf")
     return ["convert", str(tmp / "hf"), str(tmp / "hf" / "copy.npz")]
@@ -557,6 +568,7 @@ CASES = [
     Case(lock_is_a_link("file"), r"{tmp}/run/.vit-lock: a symbolic link where vit keeps its lock file"),
     Case(lock_is_a_link("nothing"), r"{tmp}/run/.vit-lock: a symbolic link where vit keeps its lock file"),
     Case(init_inside_out, r"{tmp}/run: the output holds --init {tmp}/run/model.safetensors; write the output"),
+    Case(export_onto_a_users_folder, r"{tmp}/run/model_hf: a folder holding things vit did not write .*notes.txt"),
     Case(convert_into_the_source, r"{tmp}/hf/copy.npz: the output lies inside the source {tmp}/hf; write"),
     # 4. tracebacks instead of named errors
     Case(bomb_predict, r"{tmp}/bomb.png: unreadable image \(Image size \(400000000 pixels\) exceeds limit"),

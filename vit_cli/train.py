@@ -503,6 +503,8 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     if workers == -1:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         workers = 0 if data.in_memory else cores
+    if lead:  # the exports' paths are refused now, not after the training
+        check_exports(out, report)
     trainer = Trainer(cfg, tcfg, data, preprocess=preprocess, weights=weights, workers=workers)
     if tcfg.warmup_steps >= trainer.total_steps > 1:
         log(
@@ -556,6 +558,34 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     return 0 if ok else 1
 
 
+FOLDER_FORMATS = ("hf", "orbax")  # formats whose export is a folder
+
+
+def export_targets(out: Path, report) -> dict[str, Path]:
+    """{format: path} of the exports besides ours: model_timm.safetensors and, after --init (``report``
+    its conversion report), the model in the checkpoint's own format (model_hf/, model_big_vision.npz,
+    model_timm.pth, ...)."""
+    targets = {"timm": out / "model_timm.safetensors"}
+    if report is not None and report.format not in ("canonical", "timm"):
+        name = {"hf": "model_hf", "orbax": "model_orbax"}.get(report.format, f"model_{report.format}.npz")
+        targets[report.format] = out / name
+    elif report is not None and report.format == "timm" and Path(report.source).suffix in (".pth", ".pt", ".bin"):
+        targets["timm"] = out / f"model_timm{Path(report.source).suffix}"
+    return targets
+
+
+def check_exports(out: Path, report) -> None:
+    """Refuse, before training, an export path that holds something vit did not write.
+
+    Raises:
+        DestinationError: naming the path (``vit_common.system.io.check_destination``).
+    """
+    from vit_common.system.io import check_destination
+
+    for fmt, path in export_targets(out, report).items():
+        check_destination(path, folder=fmt in FOLDER_FORMATS)
+
+
 def export(out: Path, cfg, weights, preprocess, classes, report, log) -> tuple[dict[str, Path], dict[str, str]]:
     """Write model.safetensors (ours), model_timm.safetensors and, after --init, the model in the
     checkpoint's own format (model_hf/, model_big_vision.npz, ...). Returns ({format: path} of the
@@ -564,14 +594,8 @@ def export(out: Path, cfg, weights, preprocess, classes, report, log) -> tuple[d
     from vit_common.checkpoints.convert import save_checkpoint
 
     save_checkpoint(out / "model.safetensors", cfg, weights, "canonical", preprocess=preprocess, classes=classes)
-    targets = {"timm": out / "model_timm.safetensors"}
-    if report is not None and report.format not in ("canonical", "timm"):
-        name = {"hf": "model_hf", "orbax": "model_orbax"}.get(report.format, f"model_{report.format}.npz")
-        targets[report.format] = out / name
-    elif report is not None and report.format == "timm" and Path(report.source).suffix in (".pth", ".pt", ".bin"):
-        targets["timm"] = out / f"model_timm{Path(report.source).suffix}"
     written, load_calls = {}, {}
-    for fmt, path in targets.items():
+    for fmt, path in export_targets(out, report).items():
         try:
             r = save_checkpoint(
                 path, cfg, weights, fmt, writers=_writers(fmt, path), preprocess=preprocess, classes=classes
