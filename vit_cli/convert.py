@@ -43,8 +43,9 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser, set_also: str = "") -> 
     """What every command that reads a checkpoint takes: ``--set FIELD=VALUE`` (repeatable; ->
     ``args.settings``, a list of (field, value) config overrides; ``set_also``: what else it does in
     this command), ``--source-image-size`` (the size a file that stores none was trained at) and
-    ``--strict`` (refuse to assume). ``checkpoint_options(args)`` turns them into ``load_checkpoint`` /
-    ``load_model`` keywords."""
+    ``--strict`` (refuse to assume) and ``--weights-entry`` (which weights of a training checkpoint:
+    applied around the whole command by ``vit_cli.main``). ``checkpoint_options(args)`` turns the others
+    into ``load_checkpoint`` / ``load_model`` keywords."""
     p.add_argument(
         "--set",
         dest="settings",
@@ -61,6 +62,14 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser, set_also: str = "") -> 
         metavar="S|HxW",
         help="the image size the checkpoint was trained at, for files that store none (timm, .npz): "
         "needed for a non-square patch grid",
+    )
+    p.add_argument(
+        "--weights-entry",
+        default="auto",
+        metavar="ENTRY",
+        help="which weights of a timm training checkpoint (.pth holding state_dict and state_dict_ema) to read: "
+        "state_dict_ema, model_ema, state_dict, model or module; auto (default) takes the EMA weights when "
+        "present, as timm's own loader does; the choice is printed as a warning",
     )
     p.add_argument(
         "--strict",

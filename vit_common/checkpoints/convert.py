@@ -60,6 +60,7 @@ from vit_common.checkpoints.formats.source import (
     HF_WEIGHTS,
     ORBAX_CONFIG,
     TORCH_SUFFIXES,
+    WEIGHT_ENTRIES,
     container_needs,
     load_tensors,
     open_source,
@@ -270,6 +271,8 @@ def load_checkpoint(
         dropped=list(src.dropped) + list(dec.dropped),
         notes=list(dec.notes),
     )
+    # which of a training checkpoint's weight entries was read: a warning, so every command states it
+    report.warnings += [f"{k!r}: {why}" for k, why in src.dropped if k in WEIGHT_ENTRIES]
     cfg, state = dec.cfg, dict(dec.state)
     if num_classes is not None:
         report.provenance["num_classes"] = Origin(GIVEN, "num_classes")

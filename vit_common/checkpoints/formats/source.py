@@ -8,10 +8,12 @@ orbax folders are read through callables the framework adapters provide
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,54 @@ TORCH_SUFFIXES = (".pth", ".pt", ".bin")
 _ML_DTYPES = {"BF16": ml_dtypes.bfloat16}  # safetensors dtypes numpy lacks, read through ml_dtypes
 
 Reader = Callable[..., Any]
+
+# A training checkpoint's entries that hold weights. "auto" takes the first present in this order, the
+# one timm's own loader takes (timm/models/_helpers.py load_state_dict, use_ema=True by default): the EMA
+# weights when the file has them, since they are what timm evaluates and exports.
+WEIGHT_ENTRIES = ("state_dict_ema", "model_ema", "state_dict", "model", "module")
+EMA_ENTRIES = ("state_dict_ema", "model_ema")
+_WEIGHTS_ENTRY = contextvars.ContextVar("vit_weights_entry", default="auto")
+
+
+@contextlib.contextmanager
+def weights_entry(entry: str | None) -> Iterator[None]:
+    """Within this block, training checkpoints are read from ``entry`` (one of ``WEIGHT_ENTRIES``, or
+    "auto"/None: the first present); the command's ``--weights-entry``.
+
+    Raises:
+        ValueError: ``entry`` is not one of them.
+    """
+    entry = entry or "auto"
+    if entry != "auto" and entry not in WEIGHT_ENTRIES:
+        raise ValueError(f"--weights-entry {entry!r}: expected auto or one of {', '.join(WEIGHT_ENTRIES)}")
+    token = _WEIGHTS_ENTRY.set(entry)
+    try:
+        yield
+    finally:
+        _WEIGHTS_ENTRY.reset(token)
+
+
+def choose_weights(path: str | os.PathLike, present: list[str]) -> tuple[str, list[tuple[str, str]]]:
+    """(the entry of a training checkpoint at ``path`` to read, the other weight entries with the line
+    that states the choice) among the weight entries ``present`` (in ``WEIGHT_ENTRIES`` order).
+
+    Raises:
+        FormatError: the entry asked for (``weights_entry``) is not in the file.
+    """
+    asked = _WEIGHTS_ENTRY.get()
+    if asked != "auto" and asked not in present:
+        raise FormatError(f"{path}: --weights-entry {asked}: the file holds {present or 'no weight entries'}")
+    chosen = present[0] if asked == "auto" else asked
+    how = (
+        "asked for" if asked != "auto" else "timm's loader's choice, EMA first" if len(present) > 1 else "the one there"
+    )
+    kind = "EMA weights" if chosen in EMA_ENTRIES else "training weights"
+    others = [
+        (k, f"weights not used: the model is {chosen!r} ({kind}; {how}); --weights-entry {k} reads these")
+        for k in present
+        if k != chosen
+    ]
+    return chosen, others
 
 
 def json_object(path: Path) -> dict:
