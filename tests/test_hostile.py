@@ -391,6 +391,24 @@ def export_onto_a_users_folder(tmp: Path) -> list[str]:
     return ["train", "--init", str(tmp / "hf"), "--dataset", f"npz:{data}", "--out", str(tmp / "run"), *flags]
 
 
+def _bare_timm(tmp: Path) -> Path:
+    """A timm-style .safetensors: tensors only, so GELU, eps, pooling... are assumed when read."""
+    save_file(_state(), str(tmp / "bare.safetensors"))
+    return tmp / "bare.safetensors"
+
+
+def assumed_into_hf(tmp: Path) -> list[str]:
+    return ["convert", str(_bare_timm(tmp)), str(tmp / "hf"), "--to", "hf", "--source-image-size", "32"]
+
+
+def assumed_into_train_exports(tmp: Path) -> list[str]:
+    """Fine-tuning a timm file that states no config: its timm export would print assumed fields as fact."""
+    data = _dataset(tmp / "d.npz", [0, 1] * 4)
+    flags = ["--no-progress", "--no-parity", "--compile-cache", "off", "--epochs", "1", "--batch-size", "4"]
+    init = ["--init", str(_bare_timm(tmp)), "--source-image-size", "32"]
+    return ["train", *init, "--dataset", f"npz:{data}", "--out", str(tmp / "run"), *flags]
+
+
 def convert_into_the_source(tmp: Path) -> list[str]:
     save_checkpoint(tmp / "hf", SMALL, _state(), "hf")
     return ["convert", str(tmp / "hf"), str(tmp / "hf" / "copy.npz")]
@@ -569,6 +587,13 @@ CASES = [
     Case(lock_is_a_link("nothing"), r"{tmp}/run/.vit-lock: a symbolic link where vit keeps its lock file"),
     Case(init_inside_out, r"{tmp}/run: the output holds --init {tmp}/run/model.safetensors; write the output"),
     Case(export_onto_a_users_folder, r"{tmp}/run/model_hf: a folder holding things vit did not write .*notes.txt"),
+    Case(
+        assumed_into_hf, r"{tmp}/hf: hf readers take every config field as fact, and .*gelu='exact'.* --accept-assumed"
+    ),
+    Case(
+        assumed_into_train_exports,
+        r"{tmp}/run/model_timm.safetensors: timm readers take every config field as fact, and .*--accept-assumed",
+    ),
     Case(convert_into_the_source, r"{tmp}/hf/copy.npz: the output lies inside the source {tmp}/hf; write"),
     # 4. tracebacks instead of named errors
     Case(bomb_predict, r"{tmp}/bomb.png: unreadable image \(Image size \(400000000 pixels\) exceeds limit"),

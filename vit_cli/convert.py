@@ -79,6 +79,37 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser, set_also: str = "") -> 
     )
 
 
+def accepted_fields(text: str) -> tuple[str, ...] | str:
+    """``--accept-assumed``'s value: "all", or comma-separated ViTConfig fields.
+
+    Raises:
+        argparse.ArgumentTypeError: a name that is not a ViTConfig field.
+    """
+    from vit_common.config import ViTConfig
+
+    if text.strip() == "all":
+        return "all"
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in ViTConfig.__dataclass_fields__]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected all or ViTConfig fields, comma-separated; not {unknown}")
+    return names
+
+
+def add_accept_assumed(p: argparse.ArgumentParser) -> None:
+    """``--accept-assumed FIELD,...|all`` (-> ``args.accept_assumed``) of every command that writes a
+    checkpoint: a field the source does not state is written into an HF config.json or a timm call (whose
+    readers take it as fact) only when given with --set or accepted here."""
+    p.add_argument(
+        "--accept-assumed",
+        type=accepted_fields,
+        default=(),
+        metavar="FIELD,...|all",
+        help="write these assumed config fields (or all) into formats whose readers take them as fact (an HF "
+        "config.json, the printed timm call); without it such a write is refused, naming the fields",
+    )
+
+
 def checkpoint_options(args: argparse.Namespace) -> dict:
     """``load_checkpoint`` keywords from ``add_checkpoint_arguments``' flags."""
     options = dict(args.settings)
@@ -141,6 +172,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="key prefix of a written .npz (default '' for original_vit, 'params/' for big_vision)",
     )
     p.add_argument("--scan", action="store_true", help="write .npz blocks scan-stacked (big_vision scan=True)")
+    add_accept_assumed(p)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=run)
 
@@ -174,7 +206,9 @@ def run(args: argparse.Namespace) -> int:
         to_fmt=args.to_fmt,
         readers=readers,
         writers=writers,
-        write_options=dict(spelling=args.hf_spelling, prefix=args.npz_prefix, scan=args.scan),
+        write_options=dict(
+            spelling=args.hf_spelling, prefix=args.npz_prefix, scan=args.scan, accept_assumed=args.accept_assumed
+        ),
         image_size=args.image_size,
         num_classes=args.num_classes,
         **checkpoint_options(args),

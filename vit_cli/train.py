@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
+from vit_cli.convert import add_accept_assumed, add_checkpoint_arguments, checkpoint_options
 from vit_cli.flags import add_flags, values
 from vit_cli.main import HelpFormatter
 from vit_cli.run_model import class_list
@@ -80,6 +80,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f = p.add_argument_group("fine-tuning")
     add_flags(f, TrainConfig, only=("init", "freeze", "layer_decay"))
     add_checkpoint_arguments(f, set_also="; without --init, a field of the new model, e.g. gelu or ln_eps")
+    add_accept_assumed(f)
     pre = p.add_argument_group(
         "preprocessing (default: the checkpoint's with --init, else [-1, 1], see vit_common.data.images)"
     )
@@ -503,8 +504,8 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     if workers == -1:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         workers = 0 if data.in_memory else cores
-    if lead:  # the exports' paths are refused now, not after the training
-        check_exports(out, report)
+    if lead:  # the exports are refused now, not after the training
+        check_exports(out, cfg, report, args.accept_assumed)
     trainer = Trainer(cfg, tcfg, data, preprocess=preprocess, weights=weights, workers=workers)
     if tcfg.warmup_steps >= trainer.total_steps > 1:
         log(
@@ -538,7 +539,9 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     weights = trainer.weights(state)  # every process takes part in gathering sharded parameters
     if not lead:
         return 0
-    exports, load_calls = export(out, cfg.replace(dtype="float32"), weights, preprocess, data.classes, report, log)
+    exports, load_calls = export(
+        out, cfg.replace(dtype="float32"), weights, preprocess, data.classes, report, log, args.accept_assumed
+    )
     plot_curves(out / "metrics.jsonl", out / "curves.png")
     summary["model"] = str(out / "model.safetensors")
     summary["exports"] = {fmt: str(path) for fmt, path in exports.items()}
@@ -574,31 +577,43 @@ def export_targets(out: Path, report) -> dict[str, Path]:
     return targets
 
 
-def check_exports(out: Path, report) -> None:
-    """Refuse, before training, an export path that holds something vit did not write.
+def check_exports(out: Path, cfg, report, accept) -> None:
+    """Refuse, before training, an export path that holds something vit did not write, and an export
+    that would state a field --init's checkpoint did not as fact (``accept``: --accept-assumed).
 
     Raises:
         DestinationError: naming the path (``vit_common.system.io.check_destination``).
+        ValueError: naming the export and the fields (``vit_common.checkpoints.convert.check_assumed``).
     """
+    from vit_common.checkpoints.convert import check_assumed
     from vit_common.system.io import check_destination
 
     for fmt, path in export_targets(out, report).items():
         check_destination(path, folder=fmt in FOLDER_FORMATS)
+        check_assumed(path, fmt, cfg, report.assumed if report is not None else (), accept)
 
 
-def export(out: Path, cfg, weights, preprocess, classes, report, log) -> tuple[dict[str, Path], dict[str, str]]:
+def export(
+    out: Path, cfg, weights, preprocess, classes, report, log, accept=()
+) -> tuple[dict[str, Path], dict[str, str]]:
     """Write model.safetensors (ours), model_timm.safetensors and, after --init, the model in the
     checkpoint's own format (model_hf/, model_big_vision.npz, ...). Returns ({format: path} of the
     exports besides ours, {format: the library call that loads that export strictly}); a format that
-    cannot hold the model is skipped with a note."""
+    cannot hold the model is skipped with a note. Fields --init's checkpoint did not state (``report``'s
+    assumed) are recorded as assumed where the format can; ``accept`` is --accept-assumed."""
     from vit_common.checkpoints.convert import save_checkpoint
 
-    save_checkpoint(out / "model.safetensors", cfg, weights, "canonical", preprocess=preprocess, classes=classes)
+    # what --init's file did not state stays assumed where a format can say so (``check_exports`` refused
+    # the others before the training unless accepted)
+    kept = dict(assumed=report.assumed if report is not None else (), accept_assumed=accept)
+    save_checkpoint(
+        out / "model.safetensors", cfg, weights, "canonical", preprocess=preprocess, classes=classes, **kept
+    )
     written, load_calls = {}, {}
     for fmt, path in export_targets(out, report).items():
         try:
             r = save_checkpoint(
-                path, cfg, weights, fmt, writers=_writers(fmt, path), preprocess=preprocess, classes=classes
+                path, cfg, weights, fmt, writers=_writers(fmt, path), preprocess=preprocess, classes=classes, **kept
             )
         except (ValueError, ImportError) as e:
             log(f"  not exported as {fmt}: {e}")

@@ -361,6 +361,34 @@ def _record_info(f: Format, enc: Encoded, preprocess: Preprocess | None, classes
     return []
 
 
+# Formats whose readers take the config they are given as fact: transformers reads an HF config.json
+# (hidden_act, layer_norm_eps, ...) and the timm call printed for a timm file names act_layer, num_heads,
+# global_pool, ...; neither can say that a value was assumed.
+DECLARING = ("hf", "timm")
+
+
+def check_assumed(
+    path: str | os.PathLike, fmt: str, cfg: ViTConfig, assumed: Sequence[str], accept: Sequence[str] | str = ()
+) -> None:
+    """Refuse to write fields that were ``assumed`` into a format of ``DECLARING``, unless each is in
+    ``accept`` (or ``accept`` is "all"): the file would state a guess as a fact.
+
+    Raises:
+        ValueError: naming the path, each field and its assumed value, and the two ways out.
+    """
+    if fmt not in DECLARING or accept == "all":
+        return
+    refused = [k for k in assumed if k not in accept]
+    if refused:
+        values = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in refused)
+        raise ValueError(
+            f"{path}: {fmt} readers take every config field as fact, and {values} "
+            f"{'was' if len(refused) == 1 else 'were'} assumed (the source does not state "
+            f"{'it' if len(refused) == 1 else 'them'}): give the value with --set (or --source-image-size), or "
+            f"write the assumption as fact with --accept-assumed {','.join(refused)} (or all)"
+        )
+
+
 def save_checkpoint(
     path: str | os.PathLike,
     cfg: ViTConfig,
@@ -372,6 +400,7 @@ def save_checkpoint(
     prefix: str | None = None,
     scan: bool = False,
     assumed: Sequence[str] = (),
+    accept_assumed: Sequence[str] | str = (),
     preprocess: Preprocess | None = None,
     classes: Sequence[str] | None = None,
 ) -> Report:
@@ -380,7 +409,9 @@ def save_checkpoint(
     Options: ``spelling`` of HF keys ('v4' as save_pretrained writes, or 'v5'); ``prefix`` and ``scan``
     for .npz layouts; ``assumed``: config fields that were assumed when the state was read (a
     ``report.assumed``), recorded where the format can (our and timm's .safetensors, HF config.json) so
-    they stay assumed, warned where it cannot. ``preprocess`` and ``classes`` (K names) are recorded
+    they stay assumed, warned where it cannot; a format whose readers take its config as fact
+    (``DECLARING``: HF, timm) is refused unless the fields are in ``accept_assumed`` (or it is "all";
+    ``check_assumed``). ``preprocess`` and ``classes`` (K names) are recorded
     where the format can hold them (``vit_common.checkpoints.metadata``): safetensors metadata of our and timm files,
     an HF folder's preprocessor_config.json and id2label; other formats get a note. Nothing is written
     unless the whole conversion succeeds; an existing destination is replaced only if it is provably ours
@@ -388,13 +419,15 @@ def save_checkpoint(
     written file strictly (timm or transformers), where there is one.
 
     Raises:
-        StateMismatchError / ValueError: the state does not fit, or the format cannot hold the config.
+        StateMismatchError / ValueError: the state does not fit, the format cannot hold the config, or
+            it would state an assumed field as fact (``check_assumed``).
         FormatError: a writer this format needs (torch, orbax) was not given.
         DestinationError (an OSError): ``path`` holds something vit did not write (checked first).
     """
     path = Path(path)
     f = _format(fmt or output_format(path))
     io.check_destination(path, folder=f.folder)
+    check_assumed(path, f.name, cfg, assumed, accept_assumed)
     check_canonical(cfg, state, f"writing {f.name}")
     enc = f.encode(cfg, state, path, spelling=spelling, prefix=prefix, scan=scan, assumed=tuple(assumed))
     report = Report(config=enc.cfg, notes=list(enc.notes) + _record_info(f, enc, preprocess, classes))
