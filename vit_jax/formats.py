@@ -9,8 +9,12 @@ restoring into an abstract model never trips over the key dtype, whatever the or
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import logging
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import jax
@@ -52,6 +56,38 @@ def _unpure(template, restored, impl: str):
     return jax.random.wrap_key_data(restored, impl=impl) if _is_key(template) else restored
 
 
+@contextlib.contextmanager
+def quiet_orbax() -> Iterator[None]:
+    """Orbax's own error reports off while the block runs: a failed write (a full disk) is raised to the
+    caller, which names it in one line, while orbax's threads log the same error with tracebacks through
+    absl, asyncio and concurrent.futures, and tensorstore's callbacks print "Event loop is closed"
+    tracebacks from C to file descriptor 2. So the loggers are raised to CRITICAL (and stay there after a
+    failure, since orbax's threads report on) and fd 2 points at /dev/null while the block runs.
+    Callbacks that run after the block can still print (see docs/known_faults.md)."""
+    loggers = [logging.getLogger(name) for name in ("absl", "asyncio", "concurrent.futures")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        gc.collect()
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        if not failed:
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)
+
+
 def save_orbax(path: str | os.PathLike, model: VisionTransformer) -> None:
     """Save ``model`` (its whole NNX state) and its config to the folder ``path``, atomically."""
     state = nnx.state(model)
@@ -62,11 +98,14 @@ def save_orbax(path: str | os.PathLike, model: VisionTransformer) -> None:
     def write(tmp: Path) -> None:
         write_json(tmp / ORBAX_CONFIG, meta, indent=1)
         ckptr = ocp.StandardCheckpointer()
-        ckptr.save((tmp / "state").absolute(), _storable(_pure_dict(state), jax.random.key_data))
-        ckptr.wait_until_finished()
-        ckptr.close()
+        try:
+            ckptr.save((tmp / "state").absolute(), _storable(_pure_dict(state), jax.random.key_data))
+            ckptr.wait_until_finished()
+        finally:
+            ckptr.close()
 
-    atomic_write_dir(path, write)
+    with quiet_orbax():
+        atomic_write_dir(path, write)
 
 
 def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:

@@ -240,7 +240,7 @@ def _failed(path: Path, e: BaseException, existed: bool) -> BaseException:
     if isinstance(e, DestinationError) or e.errno is None:
         return e
     kept = "the old file is unchanged" if existed else "nothing was written"
-    failed = OSError(f"{path}: could not be written ({e.strerror or e}); {kept}")
+    failed = OSError(f"{path}: could not be written ({e.strerror or os.strerror(e.errno)}); {kept}")
     failed.errno = e.errno
     return failed
 
