@@ -18,7 +18,9 @@ from vit_common.checkpoints.convert import (
     read_checkpoint,
     save_checkpoint,
 )
-from vit_common.checkpoints.formats.base import FormatError
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.hf import HfWriteOptions
+from vit_common.checkpoints.formats.npz import NpzWriteOptions
 from vit_common.config import ViTConfig
 from vit_common.state import StateMismatchError, canonical_shapes
 from vit_common.system import io
@@ -27,12 +29,12 @@ from vit_common.system import io
 NUMPY_TARGETS = [
     ("canonical", "a.safetensors", {}),
     ("timm", "b.safetensors", {}),
-    ("hf", "c_hf", {"spelling": "v4"}),
-    ("hf", "d_hf5", {"spelling": "v5"}),
+    ("hf", "c_hf", {"options": HfWriteOptions("v4")}),
+    ("hf", "d_hf5", {"options": HfWriteOptions("v5")}),
     ("original_vit", "e.npz", {}),
-    ("original_vit", "f.npz", {"prefix": "opt/target/"}),
+    ("original_vit", "f.npz", {"options": NpzWriteOptions("opt/target/")}),
     ("big_vision", "g.npz", {}),
-    ("big_vision", "h.npz", {"prefix": "params/img/", "scan": True}),
+    ("big_vision", "h.npz", {"options": NpzWriteOptions("params/img/", scan=True)}),
 ]
 
 
@@ -582,9 +584,8 @@ def test_assumed_fields_stay_assumed_through_a_conversion(tmp_path, small_cfg, r
     save_safetensors(tmp_path / "bare.safetensors", random_state(small_cfg))
     source = load_checkpoint(tmp_path / "bare.safetensors").report.assumed
     for name, fmt in (("a.safetensors", "canonical"), ("t.safetensors", "timm"), ("hf", "hf")):
-        accept = {"accept_assumed": "all"}  # timm and HF readers take the values as fact: accepted explicitly
         report = convert(
-            tmp_path / "bare.safetensors", tmp_path / name, to_fmt=fmt, source_image_size=32, write_options=accept
+            tmp_path / "bare.safetensors", tmp_path / name, to_fmt=fmt, source_image_size=32, accept_assumed="all"
         )
         again = load_checkpoint(tmp_path / name).report
         assert again.assumed == report.assumed and set(again.assumed) == set(source) - {"image_size", "posemb_prefix"}
@@ -630,7 +631,7 @@ def test_an_assumed_field_is_not_written_as_fact_unless_given_or_accepted(tmp_pa
                 tmp_path / name,
                 to_fmt=fmt,
                 source_image_size=32,
-                write_options={"accept_assumed": ("gelu",)},
+                accept_assumed=("gelu",),
             )
         given = {k: getattr(small_cfg, k) for k in assumed}
         report = convert(tmp_path / "bare.safetensors", tmp_path / name, to_fmt=fmt, source_image_size=32, **given)

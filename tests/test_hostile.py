@@ -86,7 +86,7 @@ def run_folder(tmp: Path) -> list[str]:
     (run / "checkpoints" / "200").mkdir(parents=True)
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
     _ours(run / "model.safetensors", SMALL.to_json())
-    return ["convert", str(run / "model.safetensors"), str(run), "--to", "orbax"]
+    return ["convert", str(_model(tmp)), str(run), "--to", "orbax"]  # (a source inside: check_apart's case)
 
 
 def foreign_npz(tmp: Path) -> list[str]:

@@ -306,7 +306,7 @@ def load_init(args, tcfg: TrainConfig, name_classes, preprocess_flags: dict, log
     import numpy as np
 
     from vit_common.checkpoints.convert import load_checkpoint
-    from vit_common.checkpoints.metadata import read_info, with_overrides
+    from vit_common.checkpoints.metadata import with_overrides
     from vit_common.data.datasets import load_dataset
 
     readers = _readers(tcfg.init)
@@ -315,7 +315,7 @@ def load_init(args, tcfg: TrainConfig, name_classes, preprocess_flags: dict, log
     check_flags_against(first.cfg, args, tcfg.init)
     size = first.cfg.image_size if args.image_size is None else (args.image_size, args.image_size)
     probe = first.cfg.replace(image_size=size)  # an image size the patch does not divide fails here, named
-    info = with_overrides(read_info(tcfg.init, first.report.format), preprocess_flags, None)
+    info = with_overrides(first.info, preprocess_flags, None)
     data = load_dataset(
         tcfg.dataset, probe.image_size, probe.in_chans, val_fraction=tcfg.val_fraction, preprocess=info.preprocess
     )
@@ -561,19 +561,15 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     return 0 if ok else 1
 
 
-FOLDER_FORMATS = ("hf", "orbax")  # formats whose export is a folder
-
-
 def export_targets(out: Path, report) -> dict[str, Path]:
     """{format: path} of the exports besides ours: model_timm.safetensors and, after --init (``report``
-    its conversion report), the model in the checkpoint's own format (model_hf/, model_big_vision.npz,
-    model_timm.pth, ...)."""
-    targets = {"timm": out / "model_timm.safetensors"}
-    if report is not None and report.format not in ("canonical", "timm"):
-        name = {"hf": "model_hf", "orbax": "model_orbax"}.get(report.format, f"model_{report.format}.npz")
-        targets[report.format] = out / name
-    elif report is not None and report.format == "timm" and Path(report.source).suffix in (".pth", ".pt", ".bin"):
-        targets["timm"] = out / f"model_timm{Path(report.source).suffix}"
+    its conversion report), the model in the checkpoint's own format (each format's ``export_name``:
+    model_hf/, model_big_vision.npz, model_timm.pth, ...)."""
+    from vit_common.checkpoints.registry import REGISTRY
+
+    targets = {"timm": out / REGISTRY["timm"].export_name()}
+    if report is not None and report.format != "canonical":
+        targets[report.format] = out / REGISTRY[report.format].export_name(Path(report.source))
     return targets
 
 
@@ -586,10 +582,11 @@ def check_exports(out: Path, cfg, report, accept) -> None:
         ValueError: naming the export and the fields (``vit_common.checkpoints.convert.check_assumed``).
     """
     from vit_common.checkpoints.convert import check_assumed
+    from vit_common.checkpoints.registry import REGISTRY
     from vit_common.system.io import check_destination
 
     for fmt, path in export_targets(out, report).items():
-        check_destination(path, folder=fmt in FOLDER_FORMATS)
+        check_destination(path, folder=REGISTRY[fmt].folder)
         check_assumed(path, fmt, cfg, report.assumed if report is not None else (), accept)
 
 
@@ -602,13 +599,13 @@ def export(
     cannot hold the model is skipped with a note. Fields --init's checkpoint did not state (``report``'s
     assumed) are recorded as assumed where the format can; ``accept`` is --accept-assumed."""
     from vit_common.checkpoints.convert import save_checkpoint
+    from vit_common.checkpoints.registry import REGISTRY
 
+    ours = REGISTRY["canonical"]
     # what --init's file did not state stays assumed where a format can say so (``check_exports`` refused
     # the others before the training unless accepted)
     kept = dict(assumed=report.assumed if report is not None else (), accept_assumed=accept)
-    save_checkpoint(
-        out / "model.safetensors", cfg, weights, "canonical", preprocess=preprocess, classes=classes, **kept
-    )
+    save_checkpoint(out / ours.export_name(), cfg, weights, ours.name, preprocess=preprocess, classes=classes, **kept)
     written, load_calls = {}, {}
     for fmt, path in export_targets(out, report).items():
         try:

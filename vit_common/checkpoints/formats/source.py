@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import math
 import os
+import re
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -21,10 +23,10 @@ import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from vit_common.checkpoints.formats.base import FormatError, Source
-from vit_common.checkpoints.formats.npz import load_file as load_npz
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.protocol import Source
 from vit_common.system.io import read_json
-from vit_common.system.validate import regular_file
+from vit_common.system.validate import check_bytes, regular_file
 
 ORBAX_CONFIG = "vit_config.json"  # beside the orbax ``state/`` folder: {"format": ..., "vit_config": ...}
 HF_INDEX = "model.safetensors.index.json"
@@ -119,6 +121,103 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
     return {k: tensors[k] for k in names}, meta
 
 
+NPZ_PREFIXES = ("", "opt/target/", "params/", "params/img/")  # the flax .npz layouts' key prefixes
+# Dimensions the flax .npz layouts (original ViT, big_vision) fix, by member name without the prefix:
+# matched in order, first match wins; under ``Transformer/encoderblock/`` (scan=True) one more, the layers.
+_NDIM = (
+    (re.compile(r"^embedding/kernel$"), 4),  # (P, P, C, D)
+    (re.compile(r"^(cls|MAPHead_0/probe)$"), 3),  # (1, 1, D)
+    (re.compile(r"(^|/)pos_embedding$"), 3),  # (1, L, D)
+    (re.compile(r"MultiHeadDotProductAttention_\d+/(query|key|value)/kernel$"), 3),  # (D, N, D/N)
+    (re.compile(r"MultiHeadDotProductAttention_\d+/(query|key|value)/bias$"), 2),  # (N, D/N)
+    (re.compile(r"MultiHeadDotProductAttention_\d+/out/kernel$"), 3),  # (N, D/N, D)
+    (re.compile(r"(MlpBlock_\d+/Dense_\d+|^pre_logits|^head)/kernel$"), 2),  # dense (in, out)
+    (
+        re.compile(
+            r"(LayerNorm_\d+|encoder_norm|MlpBlock_\d+/Dense_\d+|/out|^pre_logits|^head|^embedding)/(bias|scale)$"
+        ),
+        1,
+    ),
+)
+
+
+def expected_ndim(name: str) -> int | None:
+    """The number of dimensions the flax .npz layouts fix for member ``name``, or None for names they do
+    not define (optimizer state, a text tower): checked from the member's header before its data is read."""
+    prefix = max((p for p in NPZ_PREFIXES if name.startswith(p)), key=len)
+    key = name[len(prefix) :]
+    for pattern, ndim in _NDIM:
+        if pattern.search(key):
+            return ndim + key.startswith("Transformer/encoderblock/")
+    return None
+
+
+def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file, read without pickle (what ``np.load(allow_pickle=False)`` guarantees)
+    and with every declared size checked first.
+
+    Each member's header is parsed, its dimensions compared with those the layouts fix for its name
+    (``expected_ndim``), and its declared byte size compared with the member's real size
+    (the zip's declared uncompressed size: reading stops there) and with
+    ``vit_common.system.validate.memory_limit()`` before any array is allocated, so a corrupt header or a
+    compressed bomb cannot ask for terabytes.
+
+    Raises:
+        FormatError: not a regular file, not a zip of .npy members, a pickled (object) array, a member
+            of the wrong number of dimensions for its name, a corrupt member, or members declaring more
+            bytes than the memory limit.
+    """
+    out, total = {}, 0
+    try:
+        with zipfile.ZipFile(regular_file(path)) as zf:
+            for info in zf.infolist():
+                name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+                with zf.open(info) as fp:
+                    version = np.lib.format.read_magic(fp)
+                    if version not in ((1, 0), (2, 0)):
+                        raise FormatError(f"{path}: member {name!r} has .npy format version {version}")
+                    read_header = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
+                    shape, fortran, dtype = read_header(fp)
+                    if dtype.hasobject:
+                        raise FormatError(f"{path}: member {name!r} holds Python objects (pickle); refused")
+                    ndim = expected_ndim(name)
+                    if ndim is not None and len(shape) != ndim:
+                        raise FormatError(
+                            f"{path}: member {name!r} has shape {shape}, the format's is {ndim}-D; refused "
+                            "before reading its data"
+                        )
+                    need, have = math.prod(shape) * dtype.itemsize, info.file_size - fp.tell()
+                    total += need
+                    check_bytes(f"{path}: member {name!r} ({shape} {dtype}) and those before it", total)
+                    if need != have:
+                        raise FormatError(
+                            f"{path}: member {name!r} declares {shape} {dtype} ({need} bytes) "
+                            f"but holds {have} bytes: truncated or corrupt"
+                        )
+                    arr = np.empty(shape[::-1] if fortran else shape, dtype)
+                    if need and fp.readinto(memoryview(arr.reshape(-1).view(np.uint8))) != need:
+                        raise FormatError(f"{path}: member {name!r} is truncated")
+                out[name] = arr.T if fortran else arr
+    except FormatError:
+        raise
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        ValueError,
+        OSError,
+        EOFError,
+        KeyError,
+        NotImplementedError,
+        RuntimeError,
+    ) as e:
+        raise FormatError(f"{path}: not a readable .npz file ({type(e).__name__}: {e})") from e
+    return out
+
+
 def _read_raw(path: Path, kinds: Mapping[str, str]) -> dict[str, np.ndarray]:
     """Tensors of the given safetensors dtypes, from the byte ranges the header gives (the header has
     been checked by ``safe_open``: offsets lie inside the file and match the shapes)."""
@@ -164,7 +263,7 @@ def open_source(path: str | os.PathLike) -> Source:
         raise FileNotFoundError(f"{path}: no such file or folder")
     if path.is_dir():
         if (path / ORBAX_CONFIG).is_file() and (path / "state").is_dir():
-            return Source(path, "orbax_folder", (path,))
+            return Source(path, "orbax_folder", (path,), json_object(path / ORBAX_CONFIG))
         if (path / "config.json").is_file():
             return _hf_folder(path)
         raise FormatError(
@@ -226,7 +325,7 @@ def _read_file(src: Source, f: Path, readers) -> tuple[dict[str, np.ndarray], di
         src.dropped += why
         return part, {}
     if src.container == "npz":
-        return load_npz(f), {}
+        return read_npz(f), {}
     return read_safetensors(f)
 
 
