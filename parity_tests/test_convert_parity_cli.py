@@ -63,6 +63,8 @@ def test_convert_cli_prints_the_report_and_exit_codes(tmp_path, capsys, small_cf
             "3",
             "--set",
             "num_heads=8",
+            "--accept-assumed",  # a .pth states no GELU, eps, pooling: HF's config.json would
+            "all",
         ]
     )
     out = capsys.readouterr().out
@@ -93,7 +95,8 @@ def test_convert_imports_a_framework_only_when_the_format_needs_it(tmp_path, sma
     code = (
         "import sys; from vit_cli.main import main; "
         f"rc = main(['convert', {str(tmp_path / 'm.safetensors')!r}, {str(tmp_path / 'm.npz')!r}]); "
-        f"rc += main(['convert', {str(tmp_path / 'm.npz')!r}, {str(tmp_path / 'hf')!r}, '--to', 'hf']); "
+        f"rc += main(['convert', {str(tmp_path / 'm.npz')!r}, {str(tmp_path / 'hf')!r}, '--to', 'hf', "
+        "'--accept-assumed', 'all']); "
         "print(rc, 'jax' in sys.modules, 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
