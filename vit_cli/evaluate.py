@@ -202,7 +202,7 @@ def confusion_png(matrix, classes: list[str], png: Path, title: str) -> None:
     the cells up to ``MAX_VALUES``), else a heat map of each row's share without labels."""
     from matplotlib.figure import Figure
 
-    from vit_common.system.io import atomic_write
+    from vit_common.system.io import PNG_TEXT, atomic_write
 
     k = len(classes)
     size = min(max(5.0, 0.45 * k + 2), MAX_INCHES)
@@ -222,4 +222,4 @@ def confusion_png(matrix, classes: list[str], png: Path, title: str) -> None:
         ax.set(xlabel=f"predicted class (0..{k - 1})", ylabel=f"true class (0..{k - 1})")
     ax.set_title(title)
     fig.tight_layout()
-    atomic_write(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    atomic_write(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png", metadata=PNG_TEXT))

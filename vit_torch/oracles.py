@@ -21,19 +21,27 @@ from vit_common.config import ViTConfig
 from vit_torch.weights import numpy_to_tensor
 
 
-def timm_model(cfg: ViTConfig, state: Mapping[str, np.ndarray] | None = None) -> torch.nn.Module:
-    """timm ``VisionTransformer`` (``VisionTransformerDistilled`` with head_dist) for ``cfg``
-    (``vit_common.checkpoints.formats.timm.timm_kwargs``), in eval mode.
-
-    With ``state`` (canonical, i.e. a timm state_dict) the weights are loaded with strict=True.
-    """
+def timm_model_kwargs(cfg: ViTConfig) -> dict:
+    """Keyword arguments of timm's ``VisionTransformer`` for ``cfg``: ``vit_common.checkpoints.formats.timm
+    .timm_kwargs`` with its LayerNorm eps as timm's ``norm_layer`` (the one timm builder: ``timm_model``,
+    the benchmarks' timm contender)."""
     from timm.layers import LayerNorm
-    from timm.models.deit import VisionTransformerDistilled
-    from timm.models.vision_transformer import VisionTransformer
 
     kw = timm_kwargs(cfg)
     kw["norm_layer"] = partial(LayerNorm, eps=kw.pop("norm_eps"))
-    model = (VisionTransformerDistilled if cfg.head_dist else VisionTransformer)(**kw)
+    return kw
+
+
+def timm_model(cfg: ViTConfig, state: Mapping[str, np.ndarray] | None = None) -> torch.nn.Module:
+    """timm ``VisionTransformer`` (``VisionTransformerDistilled`` with head_dist) for ``cfg``
+    (``timm_model_kwargs``), in eval mode.
+
+    With ``state`` (canonical, i.e. a timm state_dict) the weights are loaded with strict=True.
+    """
+    from timm.models.deit import VisionTransformerDistilled
+    from timm.models.vision_transformer import VisionTransformer
+
+    model = (VisionTransformerDistilled if cfg.head_dist else VisionTransformer)(**timm_model_kwargs(cfg))
     if state is not None:
         model.load_state_dict({k: numpy_to_tensor(np.asarray(v)) for k, v in state.items()}, strict=True)
     return model.eval()
