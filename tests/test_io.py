@@ -220,3 +220,22 @@ def test_an_output_that_is_inside_or_holds_an_input_is_refused(tmp_path):
         with pytest.raises(ValueError, match=f"{out}: the output {how} --init {tmp_path / inp};"):
             io.check_apart(tmp_path / out, {"--init": tmp_path / inp})
     io.check_apart(tmp_path / "run2", {"--init": tmp_path / "run" / "m.safetensors", "--dataset": None})
+
+
+def test_a_shared_file_is_a_hard_link_or_else_a_relative_symbolic_link(tmp_path, monkeypatch):
+    import errno
+
+    src = tmp_path / "model.safetensors"
+    src.write_bytes(b"tensors")
+    assert io.share_file(src, tmp_path / "model_timm.safetensors") == "hard link"
+    assert os.path.samefile(src, tmp_path / "model_timm.safetensors")
+
+    def no_hard_links(a, b):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_hard_links)
+    (tmp_path / "tmp_folder").mkdir()
+    final = tmp_path / "model_timm" / "model.safetensors"
+    assert io.share_file(src, tmp_path / "tmp_folder" / "model.safetensors", final=final) == "symbolic link"
+    assert os.readlink(tmp_path / "tmp_folder" / "model.safetensors") == "../model.safetensors"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(io.TMP_PREFIX)] == []

@@ -246,7 +246,7 @@ def run_parity(
         raise ValueError(f"dtype={dtype!r}: expected 'float32' or 'float64'")
     if against not in (None, "timm", "transformers"):
         raise ValueError(f"against={against!r}: expected 'timm' or 'transformers'")
-    ckpt = load_checkpoint(checkpoint, readers={**TORCH_READERS, **JAX_READERS}, **load_options)
+    ckpt = load_checkpoint(checkpoint, readers={**JAX_READERS, **TORCH_READERS}, **load_options)
     cfg = ckpt.cfg.replace(dtype=dtype, param_dtype=dtype, attn_impl="explicit")
     state = {k: np.asarray(v).astype(dtype) for k, v in ckpt.state.items()}
     if images is None:

@@ -85,10 +85,11 @@ def library_logits(path, fmt: str, cfg: ViTConfig, batches) -> tuple[str, list[n
 
     Loader 'state_dict' (timm files): timm's ``VisionTransformer`` for ``cfg`` (a timm file stores no
     head count, so the architecture comes from ``cfg``) loading the file's own tensors strictly
-    (safetensors, or torch's weights-only loader for .pth/.bin). 'npz' (original_vit / big_vision):
-    timm's .npz loader (``timm.models.vision_transformer._load_weights``). 'from_pretrained' (hf
-    folders): transformers' ``ViTForImageClassification.from_pretrained`` (eager attention), which reads
-    its own config.json.
+    (safetensors, or torch's weights-only loader for .pth/.bin); a timm hub folder is
+    ``timm.create_model("local-dir:PATH", pretrained=True)``, timm reading its own config.json. 'npz'
+    (original_vit / big_vision): timm's .npz loader (``timm.models.vision_transformer._load_weights``).
+    'from_pretrained' (hf folders): transformers' ``ViTForImageClassification.from_pretrained`` (eager
+    attention), which reads its own config.json.
 
     Raises:
         ImportError: the library is not installed (``e.name`` names it).
@@ -108,7 +109,9 @@ def library_logits(path, fmt: str, cfg: ViTConfig, batches) -> tuple[str, list[n
         import timm
 
         model = timm_model(cfg)
-        if loader == "npz":
+        if Path(path).is_dir():  # a timm hub folder: timm reads its config.json and loads it strictly
+            model = timm.create_model(f"local-dir:{path}", pretrained=True)
+        elif loader == "npz":
             from timm.models.vision_transformer import _load_weights
 
             _load_weights(model, str(path))

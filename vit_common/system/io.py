@@ -599,6 +599,32 @@ def save_safetensors(
     atomic_write(path, lambda tmp: save_file(contiguous, tmp, metadata=dict(metadata or {})))
 
 
+def share_file(src: str | os.PathLike, path: str | os.PathLike, *, final: str | os.PathLike | None = None) -> str:
+    """Put the file ``src`` at ``path`` without copying its bytes, atomically (``atomic_write``): a hard
+    link, or where the filesystem refuses one (another device, no hard links) a symbolic link relative to
+    ``final``'s folder (``final``: where ``path`` ends up, when it is written inside a temporary folder;
+    default ``path``). Returns 'hard link' or 'symbolic link'.
+
+    Raises:
+        DestinationError, OSError: as ``atomic_write``.
+    """
+    src, how = Path(src), []
+
+    def link(tmp: str) -> None:
+        os.unlink(tmp)
+        try:
+            os.link(src, tmp)
+            how.append("hard link")
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
+            os.symlink(os.path.relpath(src.resolve(), Path(final or path).resolve().parent), tmp)
+            how.append("symbolic link")
+
+    atomic_write(path, link)
+    return how[0]
+
+
 def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
     """Write ``arrays`` as an uncompressed .npz (no pickled objects), atomically."""
 
