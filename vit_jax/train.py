@@ -46,6 +46,7 @@ from vit_common.data.images import Preprocess
 from vit_common.data.train_config import RunOptions, TrainConfig
 from vit_common.recipes import TORCH_CLIP_EPS, Recipe, decays, get_recipe, schedule_steps
 from vit_common.system import io
+from vit_common.system.validate import regular_file
 from vit_jax.data import eval_batches, iterate, train_batches, transform_for
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
 from vit_jax.model import VisionTransformer
@@ -505,9 +506,19 @@ _LISTENING = []
 def enable_compile_cache(directory: str | os.PathLike) -> Path:
     """Turn on JAX's persistent compilation cache in ``directory`` (made if missing) for every program,
     however fast it compiled, so that a second run of the same configuration skips XLA compilation.
-    Must run before the first compilation. Returns the directory."""
+    Must run before the first compilation. Returns the directory.
+
+    Raises:
+        OSError: ``directory`` cannot be made (a file in its place) or is not writable (a read-only
+            disk, another user's folder); the message names it and nothing was turned on.
+    """
     path = Path(directory).expanduser().absolute()
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"{path}: cannot be made ({e.strerror})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise OSError(f"{path}: not writable")
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -577,6 +588,29 @@ class Checkpoints:
         )
         meta = dict(out["meta"])
         return data_to_keys(out["state"], abstract_state, meta["key_impl"]), meta
+
+    def restore_complete(self, abstract_state, steps: list[int]):
+        """(step, state) of the latest of ``steps`` that restores; a checkpoint that does not (truncated or
+        damaged files, e.g. a disk that filled) is reported on stderr and the one before it is tried.
+
+        Raises:
+            ValueError: none restores (naming the folder and the latest one's error).
+        """
+        import sys
+
+        first = None
+        for step in reversed(steps):
+            try:
+                return step, self.restore(abstract_state, step=step)[0]
+            except Exception as e:  # orbax and its JSON/tensorstore readers raise many types
+                first = first or e
+                line = f"{e}".splitlines()[0] if str(e) else type(e).__name__
+                print(
+                    f"vit train: warning: {self.manager.directory}/{step}: does not restore ({line}); "
+                    "trying the checkpoint before it",
+                    file=sys.stderr,
+                )
+        raise ValueError(f"{self.manager.directory}: no checkpoint restores (the latest: {first})") from first
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
@@ -666,11 +700,6 @@ def schedule_change(trainer: Trainer, saved_epochs: int, step: int) -> str | Non
     )
 
 
-def read_json(path: Path) -> dict:
-    with open(path) as f:
-        return json.load(f)
-
-
 # -------------------------------------------------------------------------------------- the run
 
 
@@ -680,11 +709,28 @@ def write_json(path: Path, obj) -> None:
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop metric lines written after ``step`` (by a run that was killed later than its checkpoint)."""
+    """Drop metric lines written after ``step`` (by a run that was killed later than its checkpoint), and a
+    last line a kill cut short (not JSON).
+
+    Raises:
+        ValueError: a line before the last is not JSON or has no integer 'step' (naming file:line).
+    """
     if not path.exists():
         return
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-    io.write_text(path, "".join(ln + "\n" for ln in lines))
+    lines = [(i, ln) for i, ln in enumerate(regular_file(path).read_text().splitlines(), 1) if ln.strip()]
+    kept = []
+    for n, (i, ln) in enumerate(lines):
+        try:
+            row = io.parse_json(ln, f"{path}:{i}")
+        except ValueError:
+            if n == len(lines) - 1:  # the line a kill cut short: dropped
+                break
+            raise
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            raise ValueError(f"{path}:{i}: a metrics line without an integer 'step'")
+        if row["step"] <= step:
+            kept.append(ln)
+    io.write_text(path, "".join(ln + "\n" for ln in kept))
 
 
 def run_config(trainer: Trainer) -> dict:
@@ -732,12 +778,14 @@ def fit(
         test_loss, test_accuracy, images_per_s, train_seconds).
 
     Raises:
-        ValueError: ``out`` already holds a run and ``resume`` is off, or ``resume`` with a config that
+        ValueError: ``out`` holds a checkpoint and ``resume`` is off, or ``resume`` with a config that
             differs from the saved one (every differing field listed; ``epochs`` may differ, which
             recomputes the schedule: ``schedule_change``), or with an epoch count that ends before the
-            checkpoint.
+            checkpoint; a metrics line before the last that is not JSON or has no step (a last line a
+            kill cut is dropped).
         FileNotFoundError: ``resume`` without a run in ``out``. A run stopped before its first complete
-            checkpoint resumes from step 0.
+            checkpoint starts again from step 0, with or without ``resume`` and with any config; a
+            latest checkpoint that does not restore is reported and the one before it used.
         NonFiniteError: NaN or Inf in the loss or gradients; the last good checkpoint stays intact.
         DestinationError: a fresh run's ``out`` holds a file of ``RUN_FILES`` that vit did not write
             (checked first; a resumed run's config.json proves its files are the run's).
@@ -752,20 +800,24 @@ def fit(
     if resume:
         if not (out / "config.json").exists():
             raise FileNotFoundError(f"{out}: no run to resume (config.json is missing)")
-        saved_config = read_json(out / "config.json")
+        saved_config = io.read_json(out / "config.json")  # bounded, named
         saved_config.pop(io.OWNER_KEY, None)  # the mark write_json adds (vit_common.system.io)
         diff = config_mismatch(saved_config, config)
-        if diff:
+        if diff and saved:  # with no checkpoint there is nothing to continue: the new config starts afresh
             raise ValueError(
                 f"{out}: the checkpoint was made with a different config (keep it, or choose another --out):\n  "
                 + "\n  ".join(diff)
             )
-        check_same_data(out, saved_config, config["dataset"], lead)
+        if saved:  # (without a checkpoint nothing continues: any data starts afresh)
+            check_same_data(out, saved_config, config["dataset"], lead)
         saved_epochs = saved_config.get("train", {}).get("epochs", trainer.tcfg.epochs)
         schedule_change(trainer, saved_epochs, saved[-1] if saved else 0)
-    elif saved or metrics_path.exists():
+    elif saved:
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
-    elif lead:
+    # a run stopped before its first checkpoint: its config.json (ours by its content) shows the folder is
+    # a run's, so the same command replaces that run's files (metrics.jsonl proves nothing by itself)
+    restart = not resume and io.owned(out / "config.json")
+    if lead and not resume and not restart:
         for name in RUN_FILES:  # refused before any work, not at the end: files vit did not write stay
             io.check_destination(out / name)
     if jax.process_count() > 1:  # every process has read the folder before process 0 writes to it
@@ -774,17 +826,16 @@ def fit(
         multihost_utils.sync_global_devices("vit_train:folder_checked")
     # removes temporary folders a killed run left
     ckpts = Checkpoints(out / "checkpoints", options.keep, trainer.tcfg.barrier_timeout)
-    # The first batches are made while the state is built and the step compiles (the batch position is
-    # the step: a resumed run starts at its latest checkpoint's).
-    it = trainer.train_iterator(start=saved[-1] if saved and resume else 0)
+    start, state = ckpts.restore_complete(sharded_abstract(trainer), saved) if saved and resume else (0, None)
+    # The first batches are made while the step compiles (the batch position is the step: a resumed run
+    # starts at the checkpoint it restored).
+    it = trainer.train_iterator(start=start)
     files = contextlib.ExitStack()
-    if resume:  # its config.json shows the folder is this run's (copied, perhaps): its files are ours to
-        files.enter_context(io.overwriting())  # replace, its metrics.jsonl to append to, marked or not
+    if resume or restart:  # its config.json shows the folder is this run's (copied, perhaps): its files are
+        files.enter_context(io.overwriting())  # ours to replace, its metrics.jsonl to append to, marked or not
     try:
         it.start_prefetch()
-        if saved and resume:
-            state, _ = ckpts.restore(sharded_abstract(trainer), step=it.position)
-        else:  # a fresh run, or a resumed one that was stopped before its first complete checkpoint
+        if state is None:  # a fresh run, or a resumed one that was stopped before its first complete checkpoint
             state = trainer.init_state()
         before = _cache_events()
         trainer.compile()  # while the first batches are made
