@@ -39,6 +39,15 @@ def test_resume_may_change_the_timeouts_but_nothing_else():
     saved = {"model": {}, "train": TrainConfig().to_dict()}
     now = {"model": {}, "train": TrainConfig(heartbeat_timeout=5, barrier_timeout=60, lr=1e-3).to_dict()}
     assert config_mismatch(saved, now) == ["train.lr: checkpoint has 0.002, now 0.001"]
+    # a run started by a version without a field (recipe, mlp_type): the field counts as its default
+    older = {"model": {"width": 16}, "train": {k: v for k, v in TrainConfig().to_dict().items() if k != "recipe"}}
+    newer = {"model": {"width": 16, "qk_norm": False}, "train": TrainConfig().to_dict()}
+    assert config_mismatch(older, newer) == []
+    other = {**newer, "train": TrainConfig(recipe="timm").to_dict(), "model": {"width": 16, "qk_norm": True}}
+    assert config_mismatch(older, other) == [
+        "model.qk_norm: checkpoint has False, now True",
+        "train.recipe: checkpoint has 'twins', now 'timm'",
+    ]
     for name in TrainConfig.settings():
         with pytest.raises(ValueError, match=f"{name}=0: expected an integer in \\[1, "):
             TrainConfig(**{name: 0})

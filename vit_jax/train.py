@@ -23,6 +23,7 @@ equals one big batch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -634,12 +635,27 @@ def sharded_abstract(trainer: Trainer):
     )
 
 
+def _json_defaults(cls) -> dict:
+    """{field: its default as config.json stores it} of a config dataclass (tuples as lists)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = list(f.default) if isinstance(f.default, tuple) else f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return out
+
+
 def config_mismatch(saved: dict, current: dict) -> list[str]:
     """Fields (section.field) whose values differ between two config.json dicts, except those a resumed
-    run may change: ``TrainConfig.settings()`` and ``epochs`` (see ``schedule_change``)."""
+    run may change: ``TrainConfig.settings()`` and ``epochs`` (see ``schedule_change``). A field the
+    saved config lacks (the run was started by a version without it) counts as its default then."""
     out = []
+    defaults = {"model": _json_defaults(ViTConfig), "train": _json_defaults(TrainConfig)}
     for section in ("model", "train", "preprocess"):
         a, b = saved.get(section, {}), current.get(section, {})
+        a = {**{k: v for k, v in defaults.get(section, {}).items() if k in b}, **a}
         free = [*TrainConfig.settings(), "epochs"] if section == "train" else []
         out += [
             f"{section}.{k}: checkpoint has {a.get(k)!r}, now {b.get(k)!r}"
