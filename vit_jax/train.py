@@ -39,8 +39,10 @@ from vit_common.data.datasets import Dataset, batches_per_epoch, examples_before
 from vit_common.data.images import Preprocess
 from vit_common.data.train_config import TrainConfig
 from vit_common.system import io
-from vit_jax.data import eval_batches, iterate, train_batches, transform_for
+from vit_jax.data import DataWorkerError, eval_batches, iterate, train_batches, transform_for
 from vit_jax.model import Block, VisionTransformer
+from vit_jax.observe import ProfileWindow, Summaries
+from vit_jax.preemption import Stopped, StopSignals
 from vit_jax.weights import from_numpy, to_numpy
 
 # Leaf names that never get weight decay besides 1-D tensors (biases, norm scales, LayerScale).
@@ -636,35 +638,54 @@ def fit(
     *,
     resume: bool = False,
     ckpt_every: int = 0,
+    ckpt_every_minutes: float = 0.0,
     keep: int = 3,
     log_every: int = 10,
     eval_every: int = 1,
     progress: bool = True,
     started: float | None = None,
     compile_cache: bool = False,
+    stop: StopSignals | None = None,
+    tensorboard: str | os.PathLike | None = None,
+    peak_flops: float | None = None,
+    profile_steps: tuple[int, int] | None = None,
 ) -> tuple[dict, dict]:
     """Train to the last step, writing into ``out``: config.json, metrics.jsonl, checkpoints/.
 
     A checkpoint (state; the data position is the step, one batch per step) is saved every
-    ``ckpt_every`` steps (0 = only at the end) and at the last step; ``resume`` continues from the
-    latest one, so an interrupted run ends with the same state as an uninterrupted one. The test set is
+    ``ckpt_every`` steps (0 = only at the end), after the first step that ends ``ckpt_every_minutes``
+    minutes or more after the previous save (0 = off; levanter's time-based saves; with several
+    processes process 0's clock decides for all), and at the last step; ``resume`` continues from the
+    latest one, so an interrupted run ends with the same state as an uninterrupted one. Each
+    checkpoint also holds the sums behind the next metrics line, so a resumed run writes the same
+    lines as an uninterrupted one. ``stop`` (``vit_jax.preemption.StopSignals``): after every step the
+    run asks it whether to stop; if so it saves that step, waits for the write and raises ``Stopped``.
+    A data worker that dies is ``DataWorkerError``, raised after saving the step reached (one process;
+    with several, the others are stopped through ``vit_jax.distributed``). The test set is
     evaluated every ``eval_every`` epochs and at the end. metrics.jsonl gets one line when the process's
     first step is done (``time_to_first_step_s``: seconds since ``started``, a ``time.perf_counter``
     value, default the call of ``fit``; ``compile_cache``: 'off' unless ``compile_cache`` says JAX's
     persistent compilation cache is on, then 'warm' if the training step's program came from it, else
     'cold'), one per ``log_every`` steps (loss, accuracy, lr, grad_norm, images_per_s averaged since the
-    previous line) and one per evaluation. With several processes every process calls ``fit``
-    alike, and process 0 alone writes config.json and metrics.jsonl.
+    previous line) and one per evaluation. ``tensorboard``: a folder for TensorBoard event files of the
+    same values and the step time, images/s per device and MFU against ``peak_flops`` per device
+    (``vit_jax.observe.Summaries``). ``profile_steps`` (A, B): a ``jax.profiler`` trace of steps A..B
+    (1-based) into ``out``/profile. Each step runs inside a ``jax.profiler.StepTraceAnnotation``.
+    With several processes every process calls ``fit`` alike, and process 0 alone writes config.json,
+    metrics.jsonl, the event files and the trace.
 
     Returns:
         (final state, summary dict: steps, test_loss, test_accuracy, images_per_s, train_seconds).
 
     Raises:
-        ValueError: ``out`` already holds a run and ``resume`` is off, or ``resume`` with a config that
-            differs from the saved one (every differing field listed).
+        ValueError: ``profile_steps`` outside the run's steps; ``out`` already holds a run and ``resume``
+            is off, or ``resume`` with a config that differs from the saved one (every differing field
+            listed).
         FileNotFoundError: ``resume`` without a run in ``out``. A run stopped before its first complete
             checkpoint resumes from step 0.
         NonFiniteError: NaN or Inf in the loss or gradients; the last good checkpoint stays intact.
+        Stopped: ``stop`` asked for it (a signal); its ``step`` is the checkpoint saved.
+        DataWorkerError: an input-pipeline worker process died.
         DestinationError: a fresh run's ``out`` holds a file of ``RUN_FILES`` that vit did not write
             (checked first; a resumed run's config.json proves its files are the run's).
     """
@@ -675,6 +696,9 @@ def fit(
     started = time.perf_counter() if started is None else started
     out = Path(out)
     lead = jax.process_index() == 0
+    if profile_steps and profile_steps[1] > trainer.total_steps:
+        a, b = profile_steps
+        raise ValueError(f"--profile-steps {a}:{b}: the run has steps 1 to {trainer.total_steps}")
     config, metrics_path = run_config(trainer), out / "metrics.jsonl"
     saved = saved_steps(out / "checkpoints")
     if resume:
@@ -706,8 +730,10 @@ def fit(
     it = trainer.train_iterator(start=saved[-1] if saved and resume else 0)
     try:
         it.start_prefetch()
+        sums = None
         if saved and resume:
-            state, _ = ckpts.restore(sharded_abstract(trainer), step=it.position)
+            state, meta = ckpts.restore(sharded_abstract(trainer), step=it.position)
+            sums = meta.get("metrics")
         else:  # a fresh run, or a resumed one that was stopped before its first complete checkpoint
             state = trainer.init_state()
         before = _cache_events()
@@ -724,6 +750,7 @@ def fit(
             ckpts,
             metrics_path,
             ckpt_every=ckpt_every,
+            ckpt_seconds=60.0 * ckpt_every_minutes,
             log_every=log_every,
             eval_every=eval_every,
             bar=tqdm if progress and lead else None,
@@ -731,6 +758,12 @@ def fit(
             clock=time.perf_counter,
             started=started,
             compile_cache="off" if not compile_cache else "warm" if hits and not misses else "cold",
+            stop=stop,
+            sums=sums,
+            summaries=Summaries(tensorboard, trainer.cfg, trainer.mesh.size, peak_flops)
+            if tensorboard is not None and lead
+            else None,
+            profile=ProfileWindow(out / "profile", *profile_steps) if profile_steps and lead else None,
         )
     finally:
         it.close()
@@ -747,6 +780,7 @@ def _loop(
     metrics_path,
     *,
     ckpt_every,
+    ckpt_seconds,
     log_every,
     eval_every,
     bar,
@@ -754,6 +788,10 @@ def _loop(
     clock,
     started,
     compile_cache,
+    stop,
+    sums,
+    summaries,
+    profile,
 ) -> tuple[dict, dict]:
     tcfg, spe, total, start = t.tcfg, t.steps_per_epoch, t.total_steps, it.position  # one batch per step
     n_train = len(t.data.train)
@@ -777,14 +815,41 @@ def _loop(
             log.flush()
 
     acc = {"loss": 0.0, "correct": 0.0, "count": 0.0, "grad_norm": 0.0, "steps": 0, "seconds": 0.0}
+    acc |= sums or {}  # the sums since the last metrics line, as the checkpoint resumed from held them
     seen = timed = 0.0
     test = {}
-    t_start = clock()
+    t_start = last_save = clock()
+    many = jax.process_count() > 1
+
+    def save(s: int) -> None:
+        nonlocal last_save
+        ckpts.save(s, state, {"step": s, "metrics": dict(acc)})
+        last_save = clock()
+
+    def time_due() -> bool:
+        due = bool(ckpt_seconds) and clock() - last_save >= ckpt_seconds
+        if ckpt_seconds and many:  # every process saves at the step process 0's clock says
+            from jax.experimental import multihost_utils
+
+            due = bool(multihost_utils.broadcast_one_to_all(np.bool_(due)))
+        return due
+
+    if stop is not None:
+        stop.training()
     try:
         for step in range(start, total):
+            if profile:
+                profile.before(step + 1)
             t0 = clock()
-            state, m = t.train_step(state, next(it))
-            m = jax.device_get(m)
+            with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
+                try:
+                    batch = next(it)
+                except DataWorkerError:
+                    if not many and step > start:  # the state of the step reached is whole: keep it
+                        save(step)
+                    raise
+                state, m = t.train_step(state, batch)
+                m = jax.device_get(m)
             if step == start:
                 write({"step": step + 1, "time_to_first_step_s": clock() - started, "compile_cache": compile_cache})
             if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])):
@@ -818,38 +883,52 @@ def _loop(
                     **({"test_acc": f"{test['accuracy']:.4f}"} if test else {}),
                     refresh=False,
                 )
+            if profile:
+                profile.after(s, state)
             if s % log_every == 0 or s == total:
-                write(
-                    {
-                        "step": s,
-                        "epoch": s / spe,
-                        "loss": acc["loss"] / acc["steps"],
-                        "accuracy": acc["correct"] / max(acc["count"], 1),
-                        "lr": float(m["lr"]),
-                        "grad_norm": acc["grad_norm"] / acc["steps"],
-                        "images_per_s": acc["count"] / max(acc["seconds"], 1e-9),
-                        "time": clock() - t_start,
-                    }
-                )
+                line = {
+                    "step": s,
+                    "epoch": s / spe,
+                    "loss": acc["loss"] / acc["steps"],
+                    "accuracy": acc["correct"] / max(acc["count"], 1),
+                    "lr": float(m["lr"]),
+                    "grad_norm": acc["grad_norm"] / acc["steps"],
+                    "images_per_s": acc["count"] / max(acc["seconds"], 1e-9),
+                    "time": clock() - t_start,
+                }
+                write(line)
+                if summaries:
+                    summaries.train(line, acc["seconds"] / acc["steps"])
                 acc = dict.fromkeys(acc, 0.0)
             if s == total or (s % spe == 0 and (s // spe) % eval_every == 0):
                 test = t.evaluate(state, t.data.test)
-                write(
-                    {
-                        "step": s,
-                        "epoch": s / spe,
-                        "test_loss": test["loss"],
-                        "test_accuracy": test["accuracy"],
-                        "test_count": test["count"],
-                    }
-                )
-            if s == total or (ckpt_every and s % ckpt_every == 0):
-                ckpts.save(s, state, {"step": s})
+                line = {
+                    "step": s,
+                    "epoch": s / spe,
+                    "test_loss": test["loss"],
+                    "test_accuracy": test["accuracy"],
+                    "test_count": test["count"],
+                }
+                write(line)
+                if summaries:
+                    summaries.test(line)
+            stopping = stop is not None and stop.reached(s)  # every process, every step
+            if s == total or (ckpt_every and s % ckpt_every == 0) or time_due() or stopping:
+                if stopping and s < total:
+                    stop.saving(s)
+                save(s)
+            if stopping and s < total:
+                ckpts.wait()
+                raise Stopped(stop.received or "a signal", s)
     finally:
         if pbar:
             pbar.close()
         if log:
             log.close()
+        if summaries:
+            summaries.close()
+        if profile:
+            profile.stop()
     if not test:  # resumed after the last step: nothing ran
         test = t.evaluate(state, t.data.test)
     summary = {
