@@ -27,9 +27,12 @@ def scalars(folder) -> dict[str, dict[int, float]]:
     return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
 
 
-def test_event_files_hold_the_metrics_lines_and_the_profile_traces_the_steps(tmp_path):
+def test_event_files_hold_the_metrics_lines_and_the_profile_traces_the_steps(tmp_path, capsys):
+    """Also: --eval-every in steps, top-5 accuracy, and --keep-best beside --keep 1."""
     run = tmp_path / "run"
-    assert main(["train", *TINY, "--out", str(run), "--peak-tflops", "0.5", "--profile-steps", "2:3"]) == 0
+    extra = ["--peak-tflops", "0.5", "--profile-steps", "2:3", "--eval-every", "4steps"]
+    extra += ["--keep", "1", "--keep-best", "test_loss"]
+    assert main(["train", *TINY, "--out", str(run), *extra]) == 0
     lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
     train = {r["step"]: r for r in lines if "loss" in r}
     test = {r["step"]: r for r in lines if "test_loss" in r}
@@ -44,6 +47,12 @@ def test_event_files_hold_the_metrics_lines_and_the_profile_traces_the_steps(tmp
     assert sorted(got["perf/step_time_s"]) == sorted(train) and all(v > 0 for v in got["perf/step_time_s"].values())
     assert got["test/accuracy"] == {s: f32(r["test_accuracy"]) for s, r in test.items()}
     assert got["test/loss"] == {s: f32(r["test_loss"]) for s, r in test.items()}
+    assert sorted(test) == [4, 6]  # every 4 steps, and at the end
+    assert got["test/top5_accuracy"] == {s: f32(r["test_top5_accuracy"]) for s, r in test.items()}
+    assert all(r["test_accuracy"] <= r["test_top5_accuracy"] <= 1 for r in test.values())
+    best = min(test, key=lambda s: test[s]["test_loss"])
+    assert sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == sorted({best, 6})
+    assert f"best checkpoint by test_loss: step {best}" in capsys.readouterr().out
     assert got["model/parameters"] == {0: cfg.param_count()} and cfg.param_count() == 2_762
     assert got["model/gflops_per_image"] == {0: f32(cfg.flops() / 1e9)}
     traces = list((run / "profile").glob("plugins/profile/*/*.xplane.pb"))
@@ -93,11 +102,16 @@ def test_bad_observability_values_exit_2_with_one_line_and_change_nothing(tmp_pa
 
 
 @pytest.mark.parametrize(
-    "value, message",
-    [("3:2", "'3:2': expected A:B with 1 <= A <= B"), ("x", "'x': expected A:B, two step numbers, e.g. 10:15")],
+    "flag, value, message",
+    [
+        ("--profile-steps", "3:2", "'3:2': expected A:B with 1 <= A <= B"),
+        ("--profile-steps", "x", "'x': expected A:B, two step numbers, e.g. 10:15"),
+        ("--eval-every", "0steps", "'0steps': expected N (epochs), Nepochs or Nsteps with N >= 1, e.g. 500steps"),
+        ("--eval-every", "2min", "'2min': expected N (epochs), Nepochs or Nsteps"),
+    ],
 )
-def test_a_malformed_profile_window_is_a_usage_error(value, message, capsys):
+def test_a_malformed_window_is_a_usage_error(flag, value, message, capsys):
     with pytest.raises(SystemExit) as e:
-        main(["train", *TINY, "--profile-steps", value])
+        main(["train", *TINY, flag, value])
     assert e.value.code == 2
-    assert f"vit train: error: argument --profile-steps: {message}" in capsys.readouterr().err
+    assert f"vit train: error: argument {flag}: {message}" in capsys.readouterr().err

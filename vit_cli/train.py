@@ -52,6 +52,21 @@ def step_range(text: str) -> tuple[int, int]:
     return a, b
 
 
+def eval_interval(text: str) -> tuple[int, str]:
+    """``--eval-every``: 'N' or 'Nepochs' -> (N, 'epochs'), 'Nsteps' -> (N, 'steps'), N >= 1.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    number, unit = text, "epochs"
+    for suffix in ("epochs", "steps"):
+        if text.endswith(suffix):
+            number, unit = text[: -len(suffix)], suffix
+    if not number.isdigit() or int(number) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected N (epochs), Nepochs or Nsteps with N >= 1, e.g. 500steps")
+    return int(number), unit
+
+
 def tensorboard_dir(args: argparse.Namespace, out: Path) -> Path | None:
     """Where the TensorBoard event files go: ``--tensorboard``, default RUN/tensorboard; None for 'off'."""
     if args.tensorboard == "off":
@@ -217,10 +232,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument("--keep", type=arg(int_in, 1), default=3, help="checkpoints to keep")
     r.add_argument(
+        "--keep-best",
+        choices=("test_accuracy", "test_top5_accuracy", "test_loss"),
+        default=None,
+        help="also keep the checkpoint of the best evaluation by this metric (every evaluation is "
+        "checkpointed; orbax's BestN); the summary names its step",
+    )
+    r.add_argument(
         "--log-every", type=arg(int_in, 1), default=10, help="write a metrics.jsonl line every this many steps"
     )
     r.add_argument(
-        "--eval-every", type=arg(int_in, 1), default=1, help="evaluate on the test set every this many epochs"
+        "--eval-every",
+        type=eval_interval,
+        default=(1, "epochs"),
+        metavar="N|Nsteps",
+        help="evaluate on the test set (loss, top-1, top-5) every N epochs ('2' or '2epochs') or every N steps "
+        "('500steps'), and at the end (default: every epoch)",
     )
     r.add_argument(
         "--tensorboard",
@@ -609,8 +636,10 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float, stop=None) 
             ckpt_every=args.ckpt_every,
             ckpt_every_minutes=args.ckpt_every_minutes,
             keep=args.keep,
+            keep_best=args.keep_best,
             log_every=args.log_every,
-            eval_every=args.eval_every,
+            eval_every=args.eval_every[0] if args.eval_every[1] == "epochs" else 1,
+            eval_every_steps=args.eval_every[0] if args.eval_every[1] == "steps" else 0,
             progress=not args.no_progress and not args.json,
             started=started,
             compile_cache=cache != "off",
@@ -796,6 +825,9 @@ def print_summary(summary: dict, as_json: bool) -> None:
         + f"; {summary['wall_seconds']:.1f} s in all"
     )
     print(f"model: {summary['model']}" + "".join(f", {p}" for p in summary["exports"].values()))
+    if "best_checkpoint" in summary:
+        best = summary["best_checkpoint"]
+        print(f"best checkpoint by {best['metric']}: step {best['step']}")
     for path, call in summary["load_calls"].items():
         print(f"{Path(path).name} loads with:\n    " + call.replace("\n", "\n    "))
     if "parity" in summary:

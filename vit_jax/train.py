@@ -307,7 +307,8 @@ class Trainer:
         return self._train_jit(state, self.device_batch(batch))
 
     def eval_step(self, state: dict, batch: dict) -> dict:
-        """Metrics of one batch: loss_sum, correct, count, and logits float32 [B, K] with their mask [B]
+        """Metrics of one batch: loss_sum, correct, correct5 (the label among the 5 highest logits, or all
+        K when K < 5), count, and logits float32 [B, K] with their mask [B]
         (padding included; all B rows of the global batch on every process)."""
         return self._eval_jit(state, self.device_batch(batch))
 
@@ -317,9 +318,10 @@ class Trainer:
         With worker processes, the test set's batches come from one endless pass-after-pass iterator whose
         workers live until ``close()``, so that an evaluation every epoch does not start them anew.
 
-        Returns {"loss", "accuracy", "count"} and, with ``with_logits``, "logits" float32 [N, K].
+        Returns {"loss", "accuracy", "top5_accuracy", "count"} and, with ``with_logits``, "logits"
+        float32 [N, K].
         """
-        loss = correct = count = 0.0
+        loss = correct = correct5 = count = 0.0
         logits = []
         batches = eval_batches(
             source,
@@ -338,9 +340,11 @@ class Trainer:
         for batch in it:
             m = jax.device_get(self.eval_step(state, batch))
             loss, correct, count = loss + m["loss_sum"], correct + m["correct"], count + m["count"]
+            correct5 += m["correct5"]
             if with_logits:
                 logits.append(m["logits"][m["mask"] > 0])  # the global batch's rows, every process's
         out = {"loss": float(loss / count), "accuracy": float(correct / count), "count": int(count)}
+        out["top5_accuracy"] = float(correct5 / count)
         if with_logits:
             out["logits"] = np.concatenate(logits)
         return out
@@ -435,9 +439,11 @@ def eval_step_fn(t: Trainer):
         logits, _ = _forward(t.eval_graphdef, state["params"], state["rest"], batch["image"])
         ce = optax.softmax_cross_entropy(logits, batch["target"])
         mask = batch["mask"]
+        top = jax.lax.top_k(logits, min(5, logits.shape[-1]))[1]  # [B, 5]: the five highest logits' classes
         return {
             "loss_sum": (ce * mask).sum(),
             "correct": ((jnp.argmax(logits, -1) == batch["label"]) * mask).sum(),
+            "correct5": ((top == batch["label"][:, None]).any(-1) * mask).sum(),
             "count": mask.sum(),
             "logits": logits,
             "mask": mask,
@@ -508,29 +514,53 @@ class Checkpoints:
     folders left by a killed process are removed when the manager opens. Keeps the last ``keep``.
     With several processes every process calls every method; each writes the array shards it owns
     and process 0 the metadata and the rename. A save waits at most ``barrier_timeout`` seconds for
-    all processes to finish writing.
+    all processes to finish writing. ``best`` (a key of ``BEST``): also keep the checkpoint whose
+    ``metrics`` (given to ``save``) are best by it (orbax ``BestN`` beside ``LatestN``).
     """
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 3, barrier_timeout: int = 1200):
+    # metric -> whether larger is better
+    BEST = {"test_accuracy": True, "test_top5_accuracy": True, "test_loss": False}
+
+    def __init__(
+        self, directory: str | os.PathLike, keep: int = 3, barrier_timeout: int = 1200, best: str | None = None
+    ):
+        from orbax.checkpoint import checkpoint_managers as policies
+
+        keeping = [policies.LatestN(n=keep)]
+        if best is not None:
+            larger = self.BEST[best]
+            keeping.append(
+                policies.BestN(
+                    get_metric_fn=lambda m: m[best], reverse=not larger, n=1, keep_checkpoints_without_metrics=False
+                )
+            )
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep,
+            preservation_policy=policies.AnyPreservationPolicy(keeping),
             create=True,
             cleanup_tmp_directories=True,
             enable_async_checkpointing=True,
             async_options=ocp.AsyncOptions(timeout_secs=barrier_timeout),
         )
+        self.best = best
         self.manager = ocp.CheckpointManager(Path(directory).absolute(), options=options, item_names=("state", "meta"))
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, step: int, state, meta: dict) -> None:
-        """Save ``state`` (any pytree; PRNG keys stored as key data) and JSON ``meta`` at ``step``."""
+    def save(self, step: int, state, meta: dict, metrics: dict | None = None) -> None:
+        """Save ``state`` (any pytree; PRNG keys stored as key data) and JSON ``meta`` at ``step``, with
+        the evaluation ``metrics`` of that step for ``best``."""
         meta = {**meta, "key_impl": key_impl_name()}
         self.manager.save(
             step,
             args=ocp.args.Composite(state=ocp.args.StandardSave(keys_to_data(state)), meta=ocp.args.JsonSave(meta)),
+            metrics=metrics,
+            force=True,
         )
+
+    def best_step(self) -> int | None:
+        """The step of the checkpoint kept as the best (``best``), or None."""
+        return self.manager.best_step()
 
     def restore(self, abstract_state, step: int | None = None):
         """(state shaped like ``abstract_state``, with its shardings; meta dict) at ``step`` or the latest.
@@ -640,8 +670,10 @@ def fit(
     ckpt_every: int = 0,
     ckpt_every_minutes: float = 0.0,
     keep: int = 3,
+    keep_best: str | None = None,
     log_every: int = 10,
     eval_every: int = 1,
+    eval_every_steps: int = 0,
     progress: bool = True,
     started: float | None = None,
     compile_cache: bool = False,
@@ -662,7 +694,8 @@ def fit(
     run asks it whether to stop; if so it saves that step, waits for the write and raises ``Stopped``.
     A data worker that dies is ``DataWorkerError``, raised after saving the step reached (one process;
     with several, the others are stopped through ``vit_jax.distributed``). The test set is
-    evaluated every ``eval_every`` epochs and at the end. metrics.jsonl gets one line when the process's
+    evaluated (loss, top-1 and top-5 accuracy) every ``eval_every`` epochs, or every ``eval_every_steps``
+    steps when that is set, and at the end. metrics.jsonl gets one line when the process's
     first step is done (``time_to_first_step_s``: seconds since ``started``, a ``time.perf_counter``
     value, default the call of ``fit``; ``compile_cache``: 'off' unless ``compile_cache`` says JAX's
     persistent compilation cache is on, then 'warm' if the training step's program came from it, else
@@ -675,7 +708,9 @@ def fit(
     metrics.jsonl, the event files and the trace.
 
     Returns:
-        (final state, summary dict: steps, test_loss, test_accuracy, images_per_s, train_seconds).
+        (final state, summary dict: steps, test_loss, test_accuracy, images_per_s, train_seconds, and with
+        ``keep_best`` (a key of ``Checkpoints.BEST``: the checkpoint of the best evaluation by it is kept
+        beside the last ``keep``; every evaluation step is checkpointed) best_checkpoint {step, metric}).
 
     Raises:
         ValueError: ``profile_steps`` outside the run's steps; ``out`` already holds a run and ``resume``
@@ -724,7 +759,7 @@ def fit(
 
         multihost_utils.sync_global_devices("vit_train:folder_checked")
     # removes temporary folders a killed run left
-    ckpts = Checkpoints(out / "checkpoints", keep, trainer.tcfg.barrier_timeout)
+    ckpts = Checkpoints(out / "checkpoints", keep, trainer.tcfg.barrier_timeout, best=keep_best)
     # The first batches are made while the state is built and the step compiles (the batch position is
     # the step: a resumed run starts at its latest checkpoint's).
     it = trainer.train_iterator(start=saved[-1] if saved and resume else 0)
@@ -753,6 +788,7 @@ def fit(
             ckpt_seconds=60.0 * ckpt_every_minutes,
             log_every=log_every,
             eval_every=eval_every,
+            eval_every_steps=eval_every_steps,
             bar=tqdm if progress and lead else None,
             lead=lead,
             clock=time.perf_counter,
@@ -783,6 +819,7 @@ def _loop(
     ckpt_seconds,
     log_every,
     eval_every,
+    eval_every_steps,
     bar,
     lead,
     clock,
@@ -821,9 +858,9 @@ def _loop(
     t_start = last_save = clock()
     many = jax.process_count() > 1
 
-    def save(s: int) -> None:
+    def save(s: int, metrics: dict | None = None) -> None:
         nonlocal last_save
-        ckpts.save(s, state, {"step": s, "metrics": dict(acc)})
+        ckpts.save(s, state, {"step": s, "metrics": dict(acc)}, metrics)
         last_save = clock()
 
     def time_due() -> bool:
@@ -900,23 +937,27 @@ def _loop(
                 if summaries:
                     summaries.train(line, acc["seconds"] / acc["steps"])
                 acc = dict.fromkeys(acc, 0.0)
-            if s == total or (s % spe == 0 and (s // spe) % eval_every == 0):
+            due = s % eval_every_steps == 0 if eval_every_steps else s % spe == 0 and (s // spe) % eval_every == 0
+            evaluated = s == total or due
+            if evaluated:
                 test = t.evaluate(state, t.data.test)
                 line = {
                     "step": s,
                     "epoch": s / spe,
                     "test_loss": test["loss"],
                     "test_accuracy": test["accuracy"],
+                    "test_top5_accuracy": test["top5_accuracy"],
                     "test_count": test["count"],
                 }
                 write(line)
                 if summaries:
                     summaries.test(line)
             stopping = stop is not None and stop.reached(s)  # every process, every step
-            if s == total or (ckpt_every and s % ckpt_every == 0) or time_due() or stopping:
+            best = evaluated and ckpts.best is not None  # every evaluation is a candidate for the best
+            if s == total or (ckpt_every and s % ckpt_every == 0) or time_due() or stopping or best:
                 if stopping and s < total:
                     stop.saving(s)
-                save(s)
+                save(s, {k: v for k, v in line.items() if k.startswith("test_")} if evaluated else None)
             if stopping and s < total:
                 ckpts.wait()
                 raise Stopped(stop.received or "a signal", s)
@@ -939,4 +980,7 @@ def _loop(
         "images_per_s": seen / timed if timed else None,
         "train_seconds": clock() - t_start,
     }
+    if ckpts.best is not None:
+        ckpts.wait()
+        summary["best_checkpoint"] = {"step": ckpts.best_step(), "metric": ckpts.best}
     return state, summary
