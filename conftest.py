@@ -260,22 +260,18 @@ def hf_vit():
 
 
 def _twin_logits(path, images_nchw: np.ndarray, **load_options) -> tuple[np.ndarray, np.ndarray]:
-    import jax.numpy as jnp
-    import torch
-    from flax import nnx
-
     import vit_jax
+    import vit_jax.runner
     import vit_torch
+    import vit_torch.runner
     from vit_common.checkpoints.convert import load_checkpoint
     from vit_jax.formats import READERS as JAX_READERS
     from vit_torch.formats import READERS as TORCH_READERS
 
     ckpt = load_checkpoint(path, readers={**TORCH_READERS, **JAX_READERS}, **load_options)
-    mj = vit_jax.from_numpy(ckpt.cfg, ckpt.state)
-    mt = vit_torch.from_numpy(ckpt.cfg, ckpt.state)
-    lj = np.asarray(nnx.jit(lambda m, x: m(x))(mj, jnp.asarray(images_nchw.transpose(0, 2, 3, 1))))
-    with torch.no_grad():
-        lt = mt(torch.from_numpy(images_nchw)).numpy()
+    x = images_nchw.transpose(0, 2, 3, 1)
+    (lj,) = vit_jax.runner.logits(vit_jax.from_numpy(ckpt.cfg, ckpt.state), [x])
+    (lt,) = vit_torch.runner.logits(vit_torch.from_numpy(ckpt.cfg, ckpt.state), [x])
     return lj, lt
 
 

@@ -21,10 +21,11 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from vit_common.checkpoints.convert import ORBAX_CONFIG
-from vit_common.checkpoints.formats.base import FormatError, common_float_dtype
-from vit_common.checkpoints.formats.canonical import FORMAT_TAG, stored_config
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.provenance import common_float_dtype
+from vit_common.checkpoints.formats.stored import FORMAT_TAG, stored_config
 from vit_common.config import ViTConfig
-from vit_common.system.io import atomic_write_dir, write_json
+from vit_common.system.io import atomic_write_dir, folder_mark, write_json
 from vit_common.system.validate import check_model_size
 from vit_jax.model import VisionTransformer
 from vit_jax.weights import check_float64, from_numpy, to_numpy
@@ -61,7 +62,7 @@ def save_orbax(path: str | os.PathLike, model: VisionTransformer) -> None:
     meta = {"format": FORMAT_TAG, "vit_config": model.cfg.to_json(), "rng_impl": impl}
 
     def write(tmp: Path) -> None:
-        write_json(tmp / ORBAX_CONFIG, meta, indent=1)
+        write_json(tmp / ORBAX_CONFIG, folder_mark(meta, [ORBAX_CONFIG, "state"]), indent=1)
         ckptr = ocp.StandardCheckpointer()
         ckptr.save((tmp / "state").absolute(), _storable(_pure_dict(state), jax.random.key_data))
         ckptr.wait_until_finished()

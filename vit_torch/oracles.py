@@ -14,24 +14,34 @@ import numpy as np
 import torch
 
 from vit_common.checkpoints.convert import save_checkpoint
+from vit_common.checkpoints.formats.hf import HfWriteOptions
 from vit_common.checkpoints.formats.timm import timm_kwargs
+from vit_common.checkpoints.registry import REGISTRY
 from vit_common.config import ViTConfig
 from vit_torch.weights import numpy_to_tensor
 
 
-def timm_model(cfg: ViTConfig, state: Mapping[str, np.ndarray] | None = None) -> torch.nn.Module:
-    """timm ``VisionTransformer`` (``VisionTransformerDistilled`` with head_dist) for ``cfg``
-    (``vit_common.checkpoints.formats.timm.timm_kwargs``), in eval mode.
-
-    With ``state`` (canonical, i.e. a timm state_dict) the weights are loaded with strict=True.
-    """
+def timm_model_kwargs(cfg: ViTConfig) -> dict:
+    """Keyword arguments of timm's ``VisionTransformer`` for ``cfg``: ``vit_common.checkpoints.formats.timm
+    .timm_kwargs`` with its LayerNorm eps as timm's ``norm_layer`` (the one timm builder: ``timm_model``,
+    the benchmarks' timm contender)."""
     from timm.layers import LayerNorm
-    from timm.models.deit import VisionTransformerDistilled
-    from timm.models.vision_transformer import VisionTransformer
 
     kw = timm_kwargs(cfg)
     kw["norm_layer"] = partial(LayerNorm, eps=kw.pop("norm_eps"))
-    model = (VisionTransformerDistilled if cfg.head_dist else VisionTransformer)(**kw)
+    return kw
+
+
+def timm_model(cfg: ViTConfig, state: Mapping[str, np.ndarray] | None = None) -> torch.nn.Module:
+    """timm ``VisionTransformer`` (``VisionTransformerDistilled`` with head_dist) for ``cfg``
+    (``timm_model_kwargs``), in eval mode.
+
+    With ``state`` (canonical, i.e. a timm state_dict) the weights are loaded with strict=True.
+    """
+    from timm.models.deit import VisionTransformerDistilled
+    from timm.models.vision_transformer import VisionTransformer
+
+    model = (VisionTransformerDistilled if cfg.head_dist else VisionTransformer)(**timm_model_kwargs(cfg))
     if state is not None:
         model.load_state_dict({k: numpy_to_tensor(np.asarray(v)) for k, v in state.items()}, strict=True)
     return model.eval()
@@ -52,7 +62,7 @@ def hf_model(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, spelling: str =
     cls = getattr(transformers, config_json(cfg)["architectures"][0])
     kw = {} if cfg.num_classes else {"add_pooling_layer": cfg.rep_size > 0}
     with tempfile.TemporaryDirectory() as tmp:
-        save_checkpoint(f"{tmp}/hf", cfg, state, "hf", spelling=spelling)
+        save_checkpoint(f"{tmp}/hf", cfg, state, "hf", options=HfWriteOptions(spelling))
         model, info = cls.from_pretrained(
             f"{tmp}/hf",
             output_loading_info=True,
@@ -70,13 +80,15 @@ def hf_model(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, spelling: str =
 
 def library_logits(path, fmt: str, cfg: ViTConfig, batches) -> tuple[str, list[np.ndarray]]:
     """(library, logits float32 [B, K] per batch) of the checkpoint file ``path`` of format ``fmt`` as the
-    library that defines the format reads it, on ``batches`` of images float32 [B, H, W, C].
+    library that defines the format reads it (the format's ``reference``), on ``batches`` of images
+    float32 [B, H, W, C].
 
-    timm files: timm's ``VisionTransformer`` for ``cfg`` (a timm file stores no head count, so the
-    architecture comes from ``cfg``) loading the file's own tensors strictly (safetensors, or torch's
-    weights-only loader for .pth/.bin). ``original_vit`` / ``big_vision`` .npz: timm's .npz loader
-    (``timm.models.vision_transformer._load_weights``). ``hf`` folders: transformers'
-    ``ViTForImageClassification.from_pretrained`` (eager attention), which reads its own config.json.
+    Loader 'state_dict' (timm files): timm's ``VisionTransformer`` for ``cfg`` (a timm file stores no
+    head count, so the architecture comes from ``cfg``) loading the file's own tensors strictly
+    (safetensors, or torch's weights-only loader for .pth/.bin). 'npz' (original_vit / big_vision):
+    timm's .npz loader (``timm.models.vision_transformer._load_weights``). 'from_pretrained' (hf
+    folders): transformers' ``ViTForImageClassification.from_pretrained`` (eager attention), which reads
+    its own config.json.
 
     Raises:
         ImportError: the library is not installed (``e.name`` names it).
@@ -84,17 +96,19 @@ def library_logits(path, fmt: str, cfg: ViTConfig, batches) -> tuple[str, list[n
     """
     from pathlib import Path
 
-    if fmt == "hf":
+    reference = REGISTRY[fmt].reference if fmt in REGISTRY else None
+    loader = reference.loader if reference is not None else None
+    if loader == "from_pretrained":
         import transformers
 
         model = transformers.ViTForImageClassification.from_pretrained(str(path), attn_implementation="eager")
         run = lambda x: model(pixel_values=x).logits  # noqa: E731
         library = f"transformers {transformers.__version__}"
-    elif fmt in ("timm", "original_vit", "big_vision"):
+    elif loader in ("state_dict", "npz"):
         import timm
 
         model = timm_model(cfg)
-        if fmt != "timm":
+        if loader == "npz":
             from timm.models.vision_transformer import _load_weights
 
             _load_weights(model, str(path))
@@ -105,7 +119,7 @@ def library_logits(path, fmt: str, cfg: ViTConfig, batches) -> tuple[str, list[n
         else:
             model.load_state_dict(torch.load(str(path), map_location="cpu", weights_only=True), strict=True)
         run = model
-        library = f"timm {timm.__version__}" + (" (.npz loader)" if fmt != "timm" else "")
+        library = f"timm {timm.__version__}" + (" (.npz loader)" if loader == "npz" else "")
     else:
         raise ValueError(f"format {fmt!r}: no defining library to check it with")
     model.eval()

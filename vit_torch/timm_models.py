@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from vit_common.checkpoints.convert import save_checkpoint
-from vit_common.checkpoints.formats.base import FormatError
+from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.config import ViTConfig
 from vit_common.tolerance import compare
 from vit_torch.weights import from_numpy, to_numpy
