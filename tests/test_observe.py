@@ -52,7 +52,8 @@ def test_event_files_hold_the_metrics_lines_and_the_profile_traces_the_steps(tmp
     assert all(r["test_accuracy"] <= r["test_top5_accuracy"] <= 1 for r in test.values())
     best = min(test, key=lambda s: test[s]["test_loss"])
     assert sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == sorted({best, 6})
-    assert f"best checkpoint by test_loss: step {best}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"best checkpoint by test_loss: step {best}" in out, [ln for ln in out.splitlines() if "best" in ln]
     assert got["model/parameters"] == {0: cfg.param_count()} and cfg.param_count() == 2_762
     assert got["model/gflops_per_image"] == {0: f32(cfg.flops() / 1e9)}
     traces = list((run / "profile").glob("plugins/profile/*/*.xplane.pb"))

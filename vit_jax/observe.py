@@ -11,7 +11,7 @@ TensorFlow nor torch; CLU's and flax's writers need TensorFlow), on process 0 on
     perf/mfu                                     model FLOP utilisation against ``peak_flops`` per device:
                                                  images/s x 3 x forward FLOPs / (peak x devices)
                                                  (``vit_common.system.peaks``); left out without a peak
-    test/loss, test/accuracy                     each evaluation
+    test/loss, test/accuracy, test/top5_accuracy each evaluation
 
 ``ProfileWindow`` traces steps A..B (1-based, inclusive) with ``jax.profiler`` into a folder that
 TensorBoard's profile plugin and Perfetto open, as big_vision, scenic and MaxText trace a few early
@@ -61,9 +61,10 @@ class Summaries:
             w.add_scalar("perf/mfu", model_flops / (self.peak * self.devices), s)
 
     def test(self, line: dict) -> None:
-        """One evaluation line (step, test_loss, test_accuracy)."""
+        """One evaluation line (step, test_loss, test_accuracy, test_top5_accuracy)."""
         self.writer.add_scalar("test/loss", line["test_loss"], line["step"])
         self.writer.add_scalar("test/accuracy", line["test_accuracy"], line["step"])
+        self.writer.add_scalar("test/top5_accuracy", line["test_top5_accuracy"], line["step"])
 
     def close(self) -> None:
         self.writer.close()

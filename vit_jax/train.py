@@ -9,6 +9,8 @@ Devices: a 1-D ``jax.sharding.Mesh`` named "data" over all devices. Batches are 
 parameters and optimizer state are replicated ('dp', data parallel) or each array is split along its
 largest axis divisible by the device count ('fsdp', ZeRO-3 style; XLA inserts the gathers).
 Multi-process runs start (and stop when a process is lost) through ``vit_jax.distributed``.
+A signal (SIGTERM, SIGHUP, Ctrl-C) stops ``fit`` after the step it arrives in, with a checkpoint of
+that step (``vit_jax.preemption``); TensorBoard summaries and profiles: ``vit_jax.observe``.
 
 Optimizer (optax): global-norm gradient clipping, then AdamW with linear warmup + cosine decay and
 no weight decay on biases, norms, class/register tokens, position embeddings and the MAP probe
@@ -543,7 +545,7 @@ class Checkpoints:
             enable_async_checkpointing=True,
             async_options=ocp.AsyncOptions(timeout_secs=barrier_timeout),
         )
-        self.best = best
+        self.best, self._scores = best, {}
         self.manager = ocp.CheckpointManager(Path(directory).absolute(), options=options, item_names=("state", "meta"))
 
     def latest_step(self) -> int | None:
@@ -553,6 +555,8 @@ class Checkpoints:
         """Save ``state`` (any pytree; PRNG keys stored as key data) and JSON ``meta`` at ``step``, with
         the evaluation ``metrics`` of that step for ``best``."""
         meta = {**meta, "key_impl": key_impl_name()}
+        if metrics is not None and self.best is not None:
+            self._scores[step] = metrics[self.best]
         self.manager.save(
             step,
             args=ocp.args.Composite(state=ocp.args.StandardSave(keys_to_data(state)), meta=ocp.args.JsonSave(meta)),
@@ -561,8 +565,14 @@ class Checkpoints:
         )
 
     def best_step(self) -> int | None:
-        """The step of the checkpoint kept as the best (``best``), or None."""
-        return self.manager.best_step()
+        """The step of the kept checkpoint whose ``best`` metric is best, or None (none has metrics):
+        of the metrics saved by this process, else those orbax stored with the checkpoint."""
+        kept = self.manager.all_steps()
+        scored = [(self._scores[k], k) for k in kept if k in self._scores]
+        scored += [(m[self.best], k) for k in kept if k not in self._scores and (m := self.manager.metrics(k))]
+        if not scored:
+            return None
+        return (max if self.BEST[self.best] else min)(scored)[1]
 
     def restore(self, abstract_state, step: int | None = None):
         """(state shaped like ``abstract_state``, with its shardings; meta dict) at ``step`` or the latest.
@@ -891,7 +901,8 @@ def _loop(
 
     def save(s: int, metrics: dict | None = None) -> None:
         nonlocal last_save
-        ckpts.save(s, state, {"step": s, "metrics": dict(acc)}, metrics)
+        if ckpts.latest_step() != s:  # a data worker's death right after a step that was saved
+            ckpts.save(s, state, {"step": s, "metrics": dict(acc)}, metrics)
         last_save = clock()
 
     def time_due() -> bool:
