@@ -6,7 +6,7 @@ the AdamW update left out. Model FLOP/s = FLOPs per step / median step time.
 
 MFU is reported against (a) the rate of a square matmul in the benchmark dtype (``matmul_jax`` and
 ``matmul_torch`` run in the same rotation as the models; the faster of the two is the reference) and
-(b) the datasheet peak of the device when ``DATASHEET_PEAKS`` knows it.
+(b) the datasheet peak of the device when ``vit_common.system.peaks`` knows it.
 """
 
 from __future__ import annotations
@@ -23,16 +23,9 @@ import numpy as np
 from benchmarks.contenders import Contender, build, check
 from vit_common.config import ViTConfig
 from vit_common.system import host_memory
+from vit_common.system.peaks import TRAIN_FLOPS_FACTOR, datasheet_peak
 
 SCHEMA = "vit-bench/1"
-TRAIN_FLOPS_FACTOR = 3
-# Dense (no sparsity) peak FLOP/s by device-name substring and dtype. Source: NVIDIA datasheets
-# (H100/H200 SXM: 989 TFLOP/s bf16/fp16 dense, 67 TFLOP/s fp32; A100 SXM: 312 and 19.5).
-DATASHEET_PEAKS: dict[str, dict[str, float]] = {
-    "H200": {"bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
-    "H100": {"bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
-    "A100": {"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12},
-}
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "torch", "timm", "transformers", "numpy")
 # Every record (one JSON line) has exactly these keys; None where a figure does not apply or is unknown.
 RECORD_FIELDS: dict[str, str] = {
@@ -151,13 +144,6 @@ def machine() -> dict:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "malloc": host_memory.state(),
     }
-
-
-def datasheet_peak(device: str, dtype: str) -> float | None:
-    for key, peaks in DATASHEET_PEAKS.items():
-        if key in device:
-            return peaks.get(dtype)
-    return None
 
 
 def matmul_contenders(n: int, dtype: str) -> list[Contender]:

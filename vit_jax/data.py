@@ -30,6 +30,12 @@ For your own training loop, ``train_iterator`` builds and runs the whole thing (
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import re
+import select
+import signal
+import sys
+import threading
 
 import grain
 import numpy as np
@@ -115,18 +121,75 @@ def eval_batches(
     return grain.MapDataset.source(batches)
 
 
+class DataWorkerError(RuntimeError):
+    """A worker process of the input pipeline ended while the run needed it (killed by the OOM killer,
+    say); the message names its exit code."""
+
+
+class _WorkerInit:
+    """grain's ``worker_init_fn``: ties a worker process to its parent.
+
+    A worker ignores SIGINT, SIGTERM and SIGHUP (a terminal's Ctrl-C and hang-up reach every process
+    of its group, and SLURM signals every process of a job step): the parent decides when to stop and
+    closes its workers. A daemon thread waits for the parent's end (a Linux pidfd: the kernel reports
+    the exit, SIGKILL included) and ends the worker at once, where ``prctl(PR_SET_PDEATHSIG)`` would
+    fire when the *thread* that started the worker ends, and grain starts workers from a thread pool.
+    """
+
+    def __init__(self, parent: int):
+        self.parent = parent
+
+    def __call__(self, index: int, count: int) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        threading.Thread(target=self._watch, name="vit-parent-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        try:
+            fd = os.pidfd_open(self.parent)
+        except ProcessLookupError:  # the parent is gone already
+            os._exit(0)
+        if os.getppid() != self.parent:  # it ended (and its pid was reused) before the pidfd was open
+            os._exit(0)
+        select.select([fd], [], [])  # readable once the parent has ended
+        os._exit(0)
+
+
+_WORKER_DIED = re.compile(r"Worker process was terminated unexpectedly with exit code (-?\d+)")
+
+
+def _worker_death(e: RuntimeError) -> DataWorkerError | None:
+    """The ``DataWorkerError`` for grain's report of a dead worker (its exit code: -N for signal N), else
+    None."""
+    found = _WORKER_DIED.search(str(e))
+    if found is None:
+        return None
+    code = int(found.group(1))
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    if code == -signal.SIGKILL:
+        how += " (what the kernel's OOM killer sends when memory runs out)"
+    return DataWorkerError(f"a data worker process {how}")
+
+
 class BatchIterator:
     """Batches of a pipeline from ``start`` on; ``position`` is the index of the next batch (what a resumed
     run passes as ``start``). Batches made by worker processes arrive in shared memory and are copied
     out, so the shared memory is released as soon as the batch is taken. ``close()`` (or leaving a
-    ``with`` block) stops the workers.
+    ``with`` block) stops the workers; they also end with this process, however it ends (``_WorkerInit``).
+
+    Raises (from ``next``):
+        DataWorkerError: a worker process died.
     """
 
     def __init__(self, ds: grain.MapDataset, start: int, workers: int, threads: int, prefetch: int):
         it = ds[start:].to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch))
         if workers:
             _absl_flags_parsed()
-            it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2))
+            _quiet_resource_tracker()
+            it = it.mp_prefetch(
+                grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2),
+                worker_init_fn=_WorkerInit(os.getpid()),
+            )
         self._it, self._copy, self.position = iter(it), bool(workers), start
         self._first: concurrent.futures.Future | None = None
 
@@ -134,11 +197,17 @@ class BatchIterator:
         return self
 
     def __next__(self) -> dict:
-        if self._first is not None:  # taken by start_prefetch's thread
-            first, self._first = self._first, None
-            batch = first.result()
-        else:
-            batch = next(self._it)
+        try:
+            if self._first is not None:  # taken by start_prefetch's thread
+                first, self._first = self._first, None
+                batch = first.result()
+            else:
+                batch = next(self._it)
+        except RuntimeError as e:
+            died = _worker_death(e)
+            if died is None:
+                raise
+            raise died from None
         self.position += 1
         return {k: np.array(v) for k, v in batch.items()} if self._copy else batch
 
@@ -183,6 +252,21 @@ def iterate(
     if workers < 0:
         raise ValueError(f"workers={workers}: expected an int >= 0")
     return BatchIterator(ds, start, workers, threads, prefetch)
+
+
+# Python's resource tracker (multiprocessing.resource_tracker) warns about each shared memory block that
+# is still registered when the last process using it ends, and unlinks it.
+RESOURCE_TRACKER_WARNING = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
+def _quiet_resource_tracker() -> None:
+    """Keep the resource tracker from printing "leaked shared_memory objects" for the batches a stopped
+    worker had made and not handed over (grain's workers write each batch into shared memory ahead of
+    the request; closing them drops those): the tracker still unlinks every such block, which is its
+    job, only without the warning. The tracker starts with the first worker and takes its ``-W``
+    options from ``sys.warnoptions``, so this must come first."""
+    if RESOURCE_TRACKER_WARNING not in sys.warnoptions:
+        sys.warnoptions.append(RESOURCE_TRACKER_WARNING)
 
 
 def _absl_flags_parsed() -> None:

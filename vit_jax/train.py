@@ -9,6 +9,8 @@ Devices: a 1-D ``jax.sharding.Mesh`` named "data" over all devices. Batches are 
 parameters and optimizer state are replicated ('dp', data parallel) or each array is split along its
 largest axis divisible by the device count ('fsdp', ZeRO-3 style; XLA inserts the gathers).
 Multi-process runs start (and stop when a process is lost) through ``vit_jax.distributed``.
+A signal (SIGTERM, SIGHUP, Ctrl-C) stops ``fit`` after the step it arrives in, with a checkpoint of
+that step (``vit_jax.preemption``); TensorBoard summaries and profiles: ``vit_jax.observe``.
 
 Optimizer (optax): global-norm gradient clipping, then AdamW with linear warmup + cosine decay, the
 decay mask and conventions of ``tcfg.recipe`` (``vit_common.recipes``; the default ``twins``: no weight
@@ -48,9 +50,11 @@ from vit_common.data.train_config import RunOptions, TrainConfig
 from vit_common.recipes import TORCH_CLIP_EPS, Recipe, decays, get_recipe, schedule_steps
 from vit_common.system import io
 from vit_common.system.validate import regular_file
-from vit_jax.data import eval_batches, iterate, train_batches, transform_for
+from vit_jax.data import DataWorkerError, eval_batches, iterate, train_batches, transform_for
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
 from vit_jax.model import VisionTransformer
+from vit_jax.observe import ProfileWindow, Summaries
+from vit_jax.preemption import Stopped, StopSignals
 from vit_jax.weights import _canonical_name, from_numpy, to_numpy
 
 
@@ -354,7 +358,8 @@ class Trainer:
         return self._train_jit(state, self.device_batch(batch))
 
     def eval_step(self, state: dict, batch: dict) -> dict:
-        """Metrics of one batch: loss_sum, correct, count, and logits float32 [B, K] with their mask [B]
+        """Metrics of one batch: loss_sum, correct, correct5 (the label among the 5 highest logits, or all
+        K when K < 5), count, and logits float32 [B, K] with their mask [B]
         (padding included; all B rows of the global batch on every process)."""
         return self._eval_jit(state, self.device_batch(batch))
 
@@ -364,9 +369,10 @@ class Trainer:
         With worker processes, the test set's batches come from one endless pass-after-pass iterator whose
         workers live until ``close()``, so that an evaluation every epoch does not start them anew.
 
-        Returns {"loss", "accuracy", "count"} and, with ``with_logits``, "logits" float32 [N, K].
+        Returns {"loss", "accuracy", "top5_accuracy", "count"} and, with ``with_logits``, "logits"
+        float32 [N, K].
         """
-        loss = correct = count = 0.0
+        loss = correct = correct5 = count = 0.0
         logits = []
         batches = eval_batches(
             source,
@@ -385,9 +391,11 @@ class Trainer:
         for batch in it:
             m = jax.device_get(self.eval_step(state, batch))
             loss, correct, count = loss + m["loss_sum"], correct + m["correct"], count + m["count"]
+            correct5 += m["correct5"]
             if with_logits:
                 logits.append(m["logits"][m["mask"] > 0])  # the global batch's rows, every process's
         out = {"loss": float(loss / count), "accuracy": float(correct / count), "count": int(count)}
+        out["top5_accuracy"] = float(correct5 / count)
         if with_logits:
             out["logits"] = np.concatenate(logits)
         return out
@@ -487,9 +495,11 @@ def eval_step_fn(t: Trainer):
         logits, _ = _forward(t.eval_graphdef, state["params"], state["rest"], batch["image"])
         ce = optax.softmax_cross_entropy(logits, batch["target"])
         mask = batch["mask"]
+        top = jax.lax.top_k(logits, min(5, logits.shape[-1]))[1]  # [B, 5]: the five highest logits' classes
         return {
             "loss_sum": (ce * mask).sum(),
             "correct": ((jnp.argmax(logits, -1) == batch["label"]) * mask).sum(),
+            "correct5": ((top == batch["label"][:, None]).any(-1) * mask).sum(),
             "count": mask.sum(),
             "logits": logits,
             "mask": mask,
@@ -550,29 +560,61 @@ class Checkpoints:
     folders left by a killed process are removed when the manager opens. Keeps the last ``keep``.
     With several processes every process calls every method; each writes the array shards it owns
     and process 0 the metadata and the rename. A save waits at most ``barrier_timeout`` seconds for
-    all processes to finish writing.
+    all processes to finish writing. ``best`` (a key of ``BEST``): also keep the checkpoint whose
+    ``metrics`` (given to ``save``) are best by it (orbax ``BestN`` beside ``LatestN``).
     """
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 3, barrier_timeout: int = 1200):
+    # metric -> whether larger is better
+    BEST = {"test_accuracy": True, "test_top5_accuracy": True, "test_loss": False}
+
+    def __init__(
+        self, directory: str | os.PathLike, keep: int = 3, barrier_timeout: int = 1200, best: str | None = None
+    ):
+        from orbax.checkpoint import checkpoint_managers as policies
+
+        keeping = [policies.LatestN(n=keep)]
+        if best is not None:
+            larger = self.BEST[best]
+            keeping.append(
+                policies.BestN(
+                    get_metric_fn=lambda m: m[best], reverse=not larger, n=1, keep_checkpoints_without_metrics=False
+                )
+            )
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep,
+            preservation_policy=policies.AnyPreservationPolicy(keeping),
             create=True,
             cleanup_tmp_directories=True,
             enable_async_checkpointing=True,
             async_options=ocp.AsyncOptions(timeout_secs=barrier_timeout),
         )
+        self.best, self._scores = best, {}
         self.manager = ocp.CheckpointManager(Path(directory).absolute(), options=options, item_names=("state", "meta"))
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, step: int, state, meta: dict) -> None:
-        """Save ``state`` (any pytree; PRNG keys stored as key data) and JSON ``meta`` at ``step``."""
+    def save(self, step: int, state, meta: dict, metrics: dict | None = None) -> None:
+        """Save ``state`` (any pytree; PRNG keys stored as key data) and JSON ``meta`` at ``step``, with
+        the evaluation ``metrics`` of that step for ``best``."""
         meta = {**meta, "key_impl": key_impl_name(state) or key_impl_name()}
+        if metrics is not None and self.best is not None:
+            self._scores[step] = metrics[self.best]
         self.manager.save(
             step,
             args=ocp.args.Composite(state=ocp.args.StandardSave(keys_to_data(state)), meta=ocp.args.JsonSave(meta)),
+            metrics=metrics,
+            force=True,
         )
+
+    def best_step(self) -> int | None:
+        """The step of the kept checkpoint whose ``best`` metric is best, or None (none has metrics):
+        of the metrics saved by this process, else those orbax stored with the checkpoint."""
+        kept = self.manager.all_steps()
+        scored = [(self._scores[k], k) for k in kept if k in self._scores]
+        scored += [(m[self.best], k) for k in kept if k not in self._scores and (m := self.manager.metrics(k))]
+        if not scored:
+            return None
+        return (max if self.BEST[self.best] else min)(scored)[1]
 
     def restore(self, abstract_state, step: int | None = None):
         """(state shaped like ``abstract_state``, with its shardings; meta dict) at ``step`` or the latest.
@@ -591,7 +633,7 @@ class Checkpoints:
         return data_to_keys(out["state"], abstract_state, meta["key_impl"]), meta
 
     def restore_complete(self, abstract_state, steps: list[int]):
-        """(step, state) of the latest of ``steps`` that restores; a checkpoint that does not (truncated or
+        """(step, state, meta) of the latest of ``steps`` that restores; a checkpoint that does not (truncated or
         damaged files, e.g. a disk that filled) is reported on stderr and the one before it is tried.
 
         Raises:
@@ -602,7 +644,7 @@ class Checkpoints:
         first = None
         for step in reversed(steps):
             try:
-                return step, self.restore(abstract_state, step=step)[0]
+                return (step, *self.restore(abstract_state, step=step))
             except Exception as e:  # orbax and its JSON/tensorstore readers raise many types
                 first = first or e
                 line = f"{e}".splitlines()[0] if str(e) else type(e).__name__
@@ -773,36 +815,55 @@ def fit(
     *,
     started: float | None = None,
     compile_cache: bool = False,
+    stop: StopSignals | None = None,
+    tensorboard: str | os.PathLike | None = None,
+    peak_flops: float | None = None,
+    profile_steps: tuple[int, int] | None = None,
 ) -> tuple[dict, dict]:
     """Train to the last step, writing into ``out``: config.json, metrics.jsonl, checkpoints/.
 
-    ``options`` (``vit_common.data.train_config.RunOptions``): a checkpoint (state; the data position
-    is the step, one batch per step) is saved every ``ckpt_every`` steps (0 = only at the end) and at
-    the last step, the last ``keep`` kept; ``resume`` continues from the latest one, so an interrupted
-    run ends with the same state as an uninterrupted one. The test set is evaluated every
-    ``eval_every`` epochs and at the end; ``progress`` shows a tqdm bar on process 0 (default
-    ``RunOptions()``). metrics.jsonl gets one line when the process's first step is done
-    (``time_to_first_step_s``: seconds since ``started``, a ``time.perf_counter`` value, default the
-    call of ``fit``; ``compile_cache``: 'off' unless ``compile_cache`` says JAX's
+    ``options`` (``vit_common.data.train_config.RunOptions``, default ``RunOptions()``): a checkpoint
+    (state; the data position is the step, one batch per step) is saved every ``ckpt_every`` steps (0 =
+    only at the end), after the first step that ends ``ckpt_every_minutes`` minutes or more after the
+    previous save (0 = off; levanter's time-based saves; with several processes process 0's clock decides
+    for all), and at the last step, the last ``keep`` kept; ``resume`` continues from the latest one, so
+    an interrupted run ends with the same state as an uninterrupted one. Each checkpoint also holds the
+    sums behind the next metrics line, so a resumed run writes the same lines as an uninterrupted one.
+    ``stop`` (``vit_jax.preemption.StopSignals``): after every step the run asks it whether to stop; if so
+    it saves that step, waits for the write and raises ``Stopped``. A data worker that dies is
+    ``DataWorkerError``, raised after saving the step reached (one process; with several, the others are
+    stopped through ``vit_jax.distributed``). The test set is evaluated (loss, top-1 and top-5 accuracy)
+    every ``eval_every`` epochs, or every ``eval_every_steps`` steps when that is set, and at the end;
+    ``progress`` shows a tqdm bar on process 0. metrics.jsonl gets one line when the process's first
+    step is done (``time_to_first_step_s``: seconds since ``started``, a ``time.perf_counter`` value,
+    default the call of ``fit``; ``compile_cache``: 'off' unless ``compile_cache`` says JAX's
     persistent compilation cache is on, then 'warm' if the training step's program came from it, else
     'cold'), one per ``log_every`` steps (loss, accuracy, lr, grad_norm, images_per_s averaged since the
-    previous line) and one per evaluation. With several processes every process calls ``fit``
-    alike, and process 0 alone writes config.json and metrics.jsonl.
+    previous line) and one per evaluation. ``tensorboard``: a folder for TensorBoard event files of the
+    same values and the step time, images/s per device and MFU against ``peak_flops`` per device
+    (``vit_jax.observe.Summaries``). ``profile_steps`` (A, B): a ``jax.profiler`` trace of steps A..B
+    (1-based) into ``out``/profile. Each step runs inside a ``jax.profiler.StepTraceAnnotation``.
+    With several processes every process calls ``fit`` alike, and process 0 alone writes config.json,
+    metrics.jsonl, the event files and the trace.
 
     Returns:
         (final state, summary dict: steps (the last), start (the step it resumed at, 0 for a fresh run),
-        test_loss, test_accuracy, images_per_s, train_seconds).
+        test_loss, test_accuracy, images_per_s, train_seconds, and with ``keep_best`` (a key of
+        ``Checkpoints.BEST``: the checkpoint of the best evaluation by it is kept beside the last
+        ``keep``; every evaluation step is checkpointed) best_checkpoint {step, metric}).
 
     Raises:
-        ValueError: ``out`` holds a checkpoint and ``resume`` is off, or ``resume`` with a config that
-            differs from the saved one (every differing field listed; ``epochs`` may differ, which
-            recomputes the schedule: ``schedule_change``), or with an epoch count that ends before the
-            checkpoint; a metrics line before the last that is not JSON or has no step (a last line a
-            kill cut is dropped).
+        ValueError: ``profile_steps`` outside the run's steps; ``out`` holds a checkpoint and ``resume``
+            is off, or ``resume`` with a config that differs from the saved one (every differing field
+            listed; ``epochs`` may differ, which recomputes the schedule: ``schedule_change``), or with an
+            epoch count that ends before the checkpoint; a metrics line before the last that is not JSON or
+            has no step (a last line a kill cut is dropped).
         FileNotFoundError: ``resume`` without a run in ``out``. A run stopped before its first complete
             checkpoint starts again from step 0, with or without ``resume`` and with any config; a
             latest checkpoint that does not restore is reported and the one before it used.
         NonFiniteError: NaN or Inf in the loss or gradients; the last good checkpoint stays intact.
+        Stopped: ``stop`` asked for it (a signal); its ``step`` is the checkpoint saved.
+        DataWorkerError: an input-pipeline worker process died.
         DestinationError: a fresh run's ``out`` holds a file of ``RUN_FILES`` that vit did not write
             (checked first; a resumed run's config.json proves its files are the run's).
     """
@@ -810,6 +871,9 @@ def fit(
     started = time.perf_counter() if started is None else started
     out = Path(out)
     lead = jax.process_index() == 0
+    if profile_steps and profile_steps[1] > trainer.total_steps:
+        a, b = profile_steps
+        raise ValueError(f"--profile-steps {a}:{b}: the run has steps 1 to {trainer.total_steps}")
     config, metrics_path = run_config(trainer), out / "metrics.jsonl"
     saved = saved_steps(out / "checkpoints")
     resume = options.resume
@@ -841,8 +905,8 @@ def fit(
 
         multihost_utils.sync_global_devices("vit_train:folder_checked")
     # removes temporary folders a killed run left
-    ckpts = Checkpoints(out / "checkpoints", options.keep, trainer.tcfg.barrier_timeout)
-    start, state = ckpts.restore_complete(sharded_abstract(trainer), saved) if saved and resume else (0, None)
+    ckpts = Checkpoints(out / "checkpoints", options.keep, trainer.tcfg.barrier_timeout, best=options.keep_best)
+    start, state, meta = ckpts.restore_complete(sharded_abstract(trainer), saved) if saved and resume else (0, None, {})
     # The first batches are made while the step compiles (the batch position is the step: a resumed run
     # starts at the checkpoint it restored).
     it = trainer.train_iterator(start=start)
@@ -851,6 +915,7 @@ def fit(
         files.enter_context(io.overwriting())  # ours to replace, its metrics.jsonl to append to, marked or not
     try:
         it.start_prefetch()
+        sums = meta.get("metrics")  # the partial sums behind the next metrics line
         if state is None:  # a fresh run, or a resumed one that was stopped before its first complete checkpoint
             state = trainer.init_state()
         before = _cache_events()
@@ -870,6 +935,12 @@ def fit(
             lead=lead,
             started=started,
             compile_cache="off" if not compile_cache else "warm" if hits and not misses else "cold",
+            stop=stop,
+            sums=sums,
+            summaries=Summaries(tensorboard, trainer.cfg, trainer.mesh.size, peak_flops)
+            if tensorboard is not None and lead
+            else None,
+            profile=ProfileWindow(out / "profile", *profile_steps) if profile_steps and lead else None,
         )
     finally:
         it.close()
@@ -890,11 +961,16 @@ def _loop(
     lead: bool,
     started: float,
     compile_cache: str,
+    stop,
+    sums,
+    summaries,
+    profile,
 ) -> tuple[dict, dict]:
     from tqdm import tqdm
 
     clock = time.perf_counter
     ckpt_every, log_every, eval_every = options.ckpt_every, options.log_every, options.eval_every
+    ckpt_seconds, eval_every_steps = 60.0 * options.ckpt_every_minutes, options.eval_every_steps
     tcfg, spe, total, start = t.tcfg, t.steps_per_epoch, t.total_steps, it.position  # one batch per step
     n_train = len(t.data.train)
     pbar = (
@@ -917,14 +993,42 @@ def _loop(
             log.flush()
 
     acc = {"loss": 0.0, "correct": 0.0, "count": 0.0, "grad_norm": 0.0, "steps": 0, "seconds": 0.0}
+    acc |= sums or {}  # the sums since the last metrics line, as the checkpoint resumed from held them
     seen = timed = 0.0
     test = {}
-    t_start = clock()
+    t_start = last_save = clock()
+    many = jax.process_count() > 1
+
+    def save(s: int, metrics: dict | None = None) -> None:
+        nonlocal last_save
+        if ckpts.latest_step() != s:  # a data worker's death right after a step that was saved
+            ckpts.save(s, state, {"step": s, "metrics": dict(acc)}, metrics)
+        last_save = clock()
+
+    def time_due() -> bool:
+        due = bool(ckpt_seconds) and clock() - last_save >= ckpt_seconds
+        if ckpt_seconds and many:  # every process saves at the step process 0's clock says
+            from jax.experimental import multihost_utils
+
+            due = bool(multihost_utils.broadcast_one_to_all(np.bool_(due)))
+        return due
+
+    if stop is not None:
+        stop.training()
     try:
         for step in range(start, total):
+            if profile:
+                profile.before(step + 1)
             t0 = clock()
-            state, m = t.train_step(state, next(it))
-            m = jax.device_get(m)
+            with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
+                try:
+                    batch = next(it)
+                except DataWorkerError:
+                    if not many and step > start:  # the state of the step reached is whole: keep it
+                        save(step)
+                    raise
+                state, m = t.train_step(state, batch)
+                m = jax.device_get(m)
             if step == start:
                 write({"step": step + 1, "time_to_first_step_s": clock() - started, "compile_cache": compile_cache})
             if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])):
@@ -958,38 +1062,56 @@ def _loop(
                     **({"test_acc": f"{test['accuracy']:.4f}"} if test else {}),
                     refresh=False,
                 )
+            if profile:
+                profile.after(s, state)
             if s % log_every == 0 or s == total:
-                write(
-                    {
-                        "step": s,
-                        "epoch": s / spe,
-                        "loss": acc["loss"] / acc["steps"],
-                        "accuracy": acc["correct"] / max(acc["count"], 1),
-                        "lr": float(m["lr"]),
-                        "grad_norm": acc["grad_norm"] / acc["steps"],
-                        "images_per_s": acc["count"] / max(acc["seconds"], 1e-9),
-                        "time": clock() - t_start,
-                    }
-                )
+                line = {
+                    "step": s,
+                    "epoch": s / spe,
+                    "loss": acc["loss"] / acc["steps"],
+                    "accuracy": acc["correct"] / max(acc["count"], 1),
+                    "lr": float(m["lr"]),
+                    "grad_norm": acc["grad_norm"] / acc["steps"],
+                    "images_per_s": acc["count"] / max(acc["seconds"], 1e-9),
+                    "time": clock() - t_start,
+                }
+                write(line)
+                if summaries:
+                    summaries.train(line, acc["seconds"] / acc["steps"])
                 acc = dict.fromkeys(acc, 0.0)
-            if s == total or (s % spe == 0 and (s // spe) % eval_every == 0):
+            due = s % eval_every_steps == 0 if eval_every_steps else s % spe == 0 and (s // spe) % eval_every == 0
+            evaluated = s == total or due
+            if evaluated:
                 test = t.evaluate(state, t.data.test)
-                write(
-                    {
-                        "step": s,
-                        "epoch": s / spe,
-                        "test_loss": test["loss"],
-                        "test_accuracy": test["accuracy"],
-                        "test_count": test["count"],
-                    }
-                )
-            if s == total or (ckpt_every and s % ckpt_every == 0):
-                ckpts.save(s, state, {"step": s})
+                line = {
+                    "step": s,
+                    "epoch": s / spe,
+                    "test_loss": test["loss"],
+                    "test_accuracy": test["accuracy"],
+                    "test_top5_accuracy": test["top5_accuracy"],
+                    "test_count": test["count"],
+                }
+                write(line)
+                if summaries:
+                    summaries.test(line)
+            stopping = stop is not None and stop.reached(s)  # every process, every step
+            best = evaluated and ckpts.best is not None  # every evaluation is a candidate for the best
+            if s == total or (ckpt_every and s % ckpt_every == 0) or time_due() or stopping or best:
+                if stopping and s < total:
+                    stop.saving(s)
+                save(s, {k: v for k, v in line.items() if k.startswith("test_")} if evaluated else None)
+            if stopping and s < total:
+                ckpts.wait()
+                raise Stopped(stop.received or "a signal", s)
     finally:
         if pbar:
             pbar.close()
         if log:
             log.close()
+        if summaries:
+            summaries.close()
+        if profile:
+            profile.stop()
     if not test:  # resumed after the last step: nothing ran
         test = t.evaluate(state, t.data.test)
     summary = {
@@ -1001,4 +1123,7 @@ def _loop(
         "images_per_s": seen / timed if timed else None,
         "train_seconds": clock() - t_start,
     }
+    if ckpts.best is not None:
+        ckpts.wait()
+        summary["best_checkpoint"] = {"step": ckpts.best_step(), "metric": ckpts.best}
     return state, summary

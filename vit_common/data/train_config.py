@@ -188,12 +188,35 @@ class RunOptions:
             "checkpoint every this many steps (and at the end); 0 = at the end only", range=Range(0, integer=True)
         ),
     )
+    ckpt_every_minutes: float = field(
+        default=0.0,
+        metadata=_help(
+            "also checkpoint after the first step that ends M minutes or more after the previous save "
+            "(0 = off; levanter's time-based saves); a signal (SIGTERM, SIGHUP, Ctrl-C) checkpoints the step "
+            "reached and exits with code 3",
+            range=Range(0),
+        ),
+    )
     keep: int = field(default=3, metadata=_help("checkpoints to keep", range=POSITIVE_INT))
+    keep_best: str | None = field(
+        default=None,
+        metadata=_help(
+            "also keep the checkpoint of the best evaluation by this metric (every evaluation is checkpointed; "
+            "orbax's BestN); the summary names its step",
+            choices=("test_accuracy", "test_top5_accuracy", "test_loss"),
+        ),
+    )
     log_every: int = field(
         default=10, metadata=_help("write a metrics.jsonl line every this many steps", range=POSITIVE_INT)
     )
     eval_every: int = field(
         default=1, metadata=_help("evaluate on the test set every this many epochs", range=POSITIVE_INT)
+    )
+    eval_every_steps: int = field(
+        default=0,
+        metadata=_help(
+            "evaluate on the test set every this many steps instead (0 = by epochs)", range=Range(0, integer=True)
+        ),
     )
     progress: bool = field(default=True, metadata=_help("a progress bar on process 0"))
 

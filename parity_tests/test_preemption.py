@@ -1,0 +1,179 @@
+"""`vit train` stopped by signals (one process; two processes: test_train_multiprocess.py): SIGTERM at a
+random step, a second signal during the stop's checkpoint, SIGTERM during a periodic checkpoint's write
+and during the final export; each stop exits 3 with one line, and `--resume` ends bit-exactly where the
+uninterrupted run ends, metrics lines included (the checkpoint holds the sums behind the next line). A
+data worker killed is one line with the resume line; no process of a run outlives it, SIGKILL included.
+
+Each run's processes are found by a marker in their environment (grain's workers and Python's
+resource tracker inherit it), read from /proc.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from test_train_runs import TINY, assert_same_run
+
+ROOT = Path(__file__).resolve().parents[1]
+# --log-every 4 (after TINY's 1: the last flag wins): a stop between two lines must not change the next one
+ARGS = [*TINY, "--log-every", "4", "--no-parity", "--data-workers", "1"]
+
+# `vit train` that signals itself at the points a plan names: {"step": [k, SIG]} after dispatching step k,
+# {"finalize": [k, SIG]} while orbax renames checkpoint k into place, {"export": [name, SIG]} while the file
+# name is written, {"worker": k} SIGKILL to its data worker after step k.
+DRIVER = textwrap.dedent("""
+    import json, multiprocessing, os, signal, sys
+    plan, argv = json.loads(sys.argv[1]), sys.argv[2:]
+    from vit_cli.main import build_parser
+    from vit_cli.train import split_cpu
+    split_cpu(build_parser().parse_args(argv))  # as `vit train` does, before JAX is imported
+    send = lambda name: os.kill(os.getpid(), getattr(signal, name))
+    from vit_jax import train
+    step = train.Trainer.train_step
+    def signalling_step(self, state, batch):
+        done = int(state["step"]) + 1  # read first: the step donates the state's buffers
+        out = step(self, state, batch)
+        if plan.get("step", [0])[0] == done:
+            send(plan["step"][1])
+        if plan.get("worker") == done:
+            for child in multiprocessing.active_children():
+                os.kill(child.pid, signal.SIGKILL)
+        return out
+    train.Trainer.train_step = signalling_step
+    from orbax.checkpoint.path import atomicity
+    finalize = atomicity.AtomicRenameTemporaryPath.finalize
+    async def signalling_finalize(self, *a, **k):
+        if plan.get("finalize", [""])[0] == self.get_final().name:
+            send(plan["finalize"][1])
+        return await finalize(self, *a, **k)
+    atomicity.AtomicRenameTemporaryPath.finalize = signalling_finalize
+    from vit_common.system import io
+    atomic_write = io.atomic_write
+    def signalling_write(path, write):
+        if plan.get("export", [""])[0] == os.path.basename(path):
+            send(plan["export"][1])
+        return atomic_write(path, write)
+    io.atomic_write = signalling_write
+    from vit_cli.main import main
+    sys.exit(main(argv))
+""")
+
+
+def marked(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds ``marker``."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and marker.encode() in (p / "environ").read_bytes():
+                pids.append(int(p.name))
+        except OSError:  # ended meanwhile, or not ours to read
+            pass
+    return pids
+
+
+def assert_none_left(marker: str, seconds: float = 5.0) -> None:
+    deadline = time.time() + seconds
+    while marked(marker) and time.time() < deadline:
+        time.sleep(0.1)
+    left = marked(marker)
+    assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in left]
+
+
+def vit(env, out: Path, *extra, plan: dict | None = None) -> subprocess.CompletedProcess:
+    marker = f"VIT_TEST_RUN={uuid.uuid4().hex}"
+    args = ["train", *ARGS, "--out", str(out), *map(str, extra)]
+    penv = {**env, "VIT_TEST_RUN": marker.split("=")[1]}
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, json.dumps(plan or {}), *args],
+        cwd=ROOT,
+        env=penv,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert_none_left(marker)  # workers and the resource tracker end with the run
+    return proc
+
+
+def stop_lines(proc) -> list[str]:
+    return [ln for ln in proc.stderr.splitlines() if "vit train: stopped by" in ln]
+
+
+def assert_clean(proc) -> None:
+    assert "Traceback" not in proc.stderr and "leaked shared_memory" not in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def ref(env, npz, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "ref"
+    proc = vit(env, out, "--dataset", f"npz:{npz}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def saved(out: Path) -> list[int]:
+    return sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit())
+
+
+def test_signals_at_a_random_step_during_checkpoints_and_the_export_then_resume_is_bit_exact(ref, env, npz, tmp_path):
+    at = random.Random().randint(1, 7)  # 9 steps; checkpoints every 2 and at 9; metrics lines at 4, 8, 9
+    out, data = tmp_path / "run", ["--dataset", f"npz:{npz}"]
+    # SIGTERM after step `at`, and Ctrl-C while its checkpoint is written: one more line, the save goes on
+    first = vit(env, out, *data, plan={"step": [at, "SIGTERM"], "finalize": [str(at), "SIGINT"]})
+    assert first.returncode == 3, (at, first.stderr[-3000:])
+    assert_clean(first)
+    assert stop_lines(first) == [
+        f"vit train: stopped by SIGTERM after step {at}, its checkpoint written; the same command with --resume "
+        "continues from it"
+    ], first.stderr[-2000:]
+    again = [ln for ln in first.stderr.splitlines() if "SIGINT again" in ln]
+    assert len(again) == 1 and f"still writing the checkpoint of step {at}" in again[0], first.stderr[-2000:]
+    assert saved(out)[-1] == at and not (out / "model.safetensors").exists()
+    lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in lines) <= at
+
+    # SIGTERM while the next periodic checkpoint is renamed into place: that checkpoint is kept, the run
+    # stops at a later step (or, past the last step, before the exports)
+    periodic = at + 2 - at % 2
+    second = vit(env, out, *data, "--resume", plan={"finalize": [str(periodic), "SIGTERM"]})
+    assert second.returncode == 3, (at, second.stderr[-3000:])
+    assert_clean(second)
+    assert len(stop_lines(second)) == 1 and periodic in saved(out), (saved(out), second.stderr[-2000:])
+
+    # SIGHUP while the timm export is written: no half-written file; the canonical export was done before
+    third = vit(env, out, *data, "--resume", plan={"export": ["model_timm.safetensors", "SIGHUP"]})
+    assert third.returncode == 3, (at, third.stderr[-3000:])
+    assert_clean(third)
+    assert stop_lines(third) == [
+        "vit train: stopped by SIGHUP after the last step, before the exports were all written; the same "
+        "command with --resume writes them"
+    ]
+    assert not (out / "model_timm.safetensors").exists()
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+    last = vit(env, out, *data, "--resume")
+    assert last.returncode == 0, last.stderr[-3000:]
+    assert_same_run(out, ref)  # parameters, optimizer state, RNG and every metrics line
+
+
+def test_a_killed_data_worker_is_one_line_and_a_killed_run_leaves_no_worker(env, npz, tmp_path):
+    out, data = tmp_path / "oom", ["--dataset", f"npz:{npz}"]
+    proc = vit(env, out, *data, plan={"worker": 3})
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    assert_clean(proc)
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("vit train: error:")]
+    reached = saved(out)[-1]
+    assert reached >= 3  # the step reached when the worker's death came through is kept
+    assert line.startswith("vit train: error: a data worker process was killed by SIGKILL (what the kernel's OOM")
+    assert line.endswith(f"The same command with --resume continues from the checkpoint of step {reached}")
+    # SIGKILL to vit train itself: its worker ends with it (vit() asserts that no process is left)
+    killed = vit(env, out, *data, "--resume", plan={"step": [reached + 1, "SIGKILL"]})
+    assert killed.returncode == -9, killed.stderr[-3000:]

@@ -1,0 +1,118 @@
+"""`vit train`'s TensorBoard event files (read back with tensorboard's EventAccumulator) and its
+jax.profiler trace; an unwritable event folder and a profile window outside the run are refused first."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from vit_cli.main import main
+from vit_common.config import ViTConfig
+from vit_common.system.peaks import TRAIN_FLOPS_FACTOR, datasheet_peak
+
+# digits: 1,437 train images; batch 256 -> 6 steps
+TINY = (
+    "--dataset digits --image-size 8 --patch-size 4 --width 16 --depth 1 --num-heads 2 --mlp-dim 32 "
+    "--batch-size 256 --epochs 1 --no-progress --no-parity --log-every 2 --cpu-devices 1"
+).split()
+
+
+def scalars(folder) -> dict[str, dict[int, float]]:
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+
+
+def test_event_files_hold_the_metrics_lines_and_the_profile_traces_the_steps(tmp_path, capsys):
+    """Also: --eval-every in steps, top-5 accuracy, and --keep-best beside --keep 1."""
+    run = tmp_path / "run"
+    extra = ["--peak-tflops", "0.5", "--profile-steps", "2:3", "--eval-every", "4steps"]
+    extra += ["--keep", "1", "--keep-best", "test_loss"]
+    assert main(["train", *TINY, "--out", str(run), *extra]) == 0
+    lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    train = {r["step"]: r for r in lines if "loss" in r}
+    test = {r["step"]: r for r in lines if "test_loss" in r}
+    got = scalars(run / "tensorboard")
+    f32 = np.float32
+    for k in ("loss", "accuracy", "lr", "grad_norm"):
+        assert got[f"train/{k}"] == {s: f32(r[k]) for s, r in train.items()}, k  # float32, as the file stores
+    assert got["perf/images_per_s_per_device"] == {s: f32(r["images_per_s"]) for s, r in train.items()}  # 1 device
+    cfg = ViTConfig.from_dict(json.loads((run / "config.json").read_text())["model"])
+    mfu = {s: f32(r["images_per_s"] * TRAIN_FLOPS_FACTOR * cfg.flops() / 0.5e12) for s, r in train.items()}
+    assert got["perf/mfu"] == pytest.approx(mfu, rel=1e-6)
+    assert sorted(got["perf/step_time_s"]) == sorted(train) and all(v > 0 for v in got["perf/step_time_s"].values())
+    assert got["test/accuracy"] == {s: f32(r["test_accuracy"]) for s, r in test.items()}
+    assert got["test/loss"] == {s: f32(r["test_loss"]) for s, r in test.items()}
+    assert sorted(test) == [4, 6]  # every 4 steps, and at the end
+    assert got["test/top5_accuracy"] == {s: f32(r["test_top5_accuracy"]) for s, r in test.items()}
+    assert all(r["test_accuracy"] <= r["test_top5_accuracy"] <= 1 for r in test.values())
+    best = min(test, key=lambda s: test[s]["test_loss"])
+    assert sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == sorted({best, 6})
+    out = capsys.readouterr().out
+    assert f"best checkpoint by test_loss: step {best}" in out, [ln for ln in out.splitlines() if "best" in ln]
+    assert got["model/parameters"] == {0: cfg.param_count()} and cfg.param_count() == 2_762
+    assert got["model/gflops_per_image"] == {0: f32(cfg.flops() / 1e9)}
+    traces = list((run / "profile").glob("plugins/profile/*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
+def test_no_mfu_without_a_known_peak(tmp_path):
+    assert datasheet_peak("cpu", "float32") is None and datasheet_peak("TPU v5 lite", "bfloat16") == 197e12
+    assert (
+        datasheet_peak("TPU v5p", "bfloat16") == 459e12 and datasheet_peak("NVIDIA H100 80GB HBM3", "float32") == 67e12
+    )
+    from vit_jax.observe import Summaries
+
+    cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=10)
+    summaries = Summaries(tmp_path, cfg, devices=2, peak_flops=None)
+    line = {"step": 3, "loss": 1.5, "accuracy": 0.25, "lr": 1e-3, "grad_norm": 2.0, "images_per_s": 100.0}
+    summaries.train(line, step_time=0.5)
+    summaries.close()
+    got = scalars(tmp_path)
+    assert "perf/mfu" not in got
+    assert got["perf/images_per_s_per_device"] == {3: 50.0} and got["perf/step_time_s"] == {3: 0.5}
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--profile-steps", "5:7"], "vit train: error: --profile-steps 5:7: the run has steps 1 to 6"),
+        (
+            ["--tensorboard", "{tmp}/f/tb"],
+            "vit train: error: --tensorboard {tmp}/f/tb: {tmp}/f is not a folder",
+        ),
+        pytest.param(
+            ["--tensorboard", "{tmp}/locked/tb"],
+            "vit train: error: --tensorboard {tmp}/locked/tb: {tmp}/locked is not writable",
+            marks=pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only folder"),
+        ),
+    ],
+)
+def test_bad_observability_values_exit_2_with_one_line_and_change_nothing(tmp_path, capsys, extra, message):
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "locked").mkdir(mode=0o500)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["train", *TINY, "--out", str(tmp_path / "run"), *(e.format(tmp=tmp_path) for e in extra)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == message.format(tmp=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no run folder, nothing in the others
+    assert list((tmp_path / "locked").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--profile-steps", "3:2", "'3:2': expected A:B with 1 <= A <= B"),
+        ("--profile-steps", "x", "'x': expected A:B, two step numbers, e.g. 10:15"),
+        ("--eval-every", "0steps", "'0steps': expected N (epochs), Nepochs or Nsteps with N >= 1, e.g. 500steps"),
+        ("--eval-every", "2min", "'2min': expected N (epochs), Nepochs or Nsteps"),
+    ],
+)
+def test_a_malformed_window_is_a_usage_error(flag, value, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", *TINY, flag, value])
+    assert e.value.code == 2
+    assert f"vit train: error: argument {flag}: {message}" in capsys.readouterr().err

@@ -1,0 +1,120 @@
+"""Stopping a run on a signal: SIGTERM, SIGHUP and Ctrl-C (SIGINT) take one path.
+
+SIGTERM is what cloud TPU/GPU schedulers, SLURM, ``docker stop`` and ``timeout`` send before they kill
+a job; SIGHUP comes when the terminal goes; Ctrl-C is SIGINT. ``StopSignals`` turns each into a request
+to stop, answered where the run is:
+
+    start-up  (reading data, building and compiling)  ``Stopped`` is raised at once: nothing since the
+              last checkpoint has been computed yet
+    training  a flag; the loop asks ``reached(step)`` after every step and, when it says so, saves an
+              orbax checkpoint of that step, waits for it and raises ``Stopped``
+    saving    a second signal prints one line and the save goes on (SIGKILL abandons it; the previous
+              checkpoint is then the one a resume takes)
+    finishing (the exports after the last step)  ``Stopped`` is raised at once; each export is an
+              atomic write, so nothing half-written is left, and ``--resume`` writes them again
+
+Every process of a multi-process run stops at the same step: JAX's preemption service
+(``jax.distributed`` starts it; ``jax.experimental.multihost_utils.reached_preemption_sync_point``,
+as MaxText uses it) catches SIGTERM in C++, tells every process, and the sync point is the first step
+that every process reaches afterwards. SIGHUP and SIGINT are passed on to it as SIGTERM. One process
+uses the handler's own flag.
+
+The exit code of a run stopped this way is ``EXIT_STOPPED``; the same command with ``--resume``
+continues it.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Callable
+
+EXIT_STOPPED = 3  # vit train's own: stopped by a signal after saving; the same command with --resume continues
+SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+class Stopped(BaseException):  # noqa: N818 (a stop, like KeyboardInterrupt, not an error)
+    """The run stopped on a signal. ``step``: the step of the checkpoint it saved (None when it stopped
+    before its first step or after its last, with nothing new to save); ``signal``: the signal's name."""
+
+    def __init__(self, signal_name: str, step: int | None = None):
+        super().__init__(signal_name if step is None else f"{signal_name} at step {step}")
+        self.signal, self.step = signal_name, step
+
+
+class StopSignals:
+    """SIGTERM, SIGHUP and SIGINT handlers for one run (a context manager: the previous handlers come
+    back at its end). Must be entered on the main thread.
+
+    Args:
+        multiprocess: the run has several processes (``jax.distributed`` is initialised): the stop step
+            comes from JAX's preemption sync point, and SIGHUP / SIGINT are forwarded to it as SIGTERM.
+        say: where the one line about a second signal goes (default stderr).
+    """
+
+    def __init__(self, multiprocess: bool = False, say: Callable[[str], None] | None = None):
+        self.multiprocess = multiprocess
+        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.received: str | None = None  # the first signal's name
+        self.phase = "start-up"
+        self.saving_step: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        for sig in SIGNALS:  # with several processes JAX's preemption notifier holds SIGTERM
+            if not (self.multiprocess and sig == signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig in list(self._previous):
+            self._restore(sig)
+
+    def _restore(self, sig: int) -> None:
+        previous = self._previous.pop(sig)  # None: a handler installed from C (JAX's notifier)
+        signal.signal(sig, signal.SIG_DFL if previous is None else previous)
+
+    def _handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.phase == "saving":
+            self.say(
+                f"vit train: {name} again: still writing the checkpoint of step {self.saving_step}; it is kept "
+                "when done (SIGKILL abandons it, and --resume then continues from the one before)"
+            )
+            return
+        self.received = self.received or name
+        if self.phase in ("start-up", "finishing"):
+            raise Stopped(name)
+        if self.multiprocess:  # to JAX's preemption notifier, which tells every process
+            signal.raise_signal(signal.SIGTERM)
+
+    def training(self) -> None:
+        """The steps begin: a signal from now on stops the run after the step it arrives in."""
+        if self.received is not None:
+            raise Stopped(self.received)
+        self.phase = "training"
+
+    def reached(self, step: int) -> bool:
+        """Whether the run stops after ``step`` (every process calls this after every step; with several
+        processes they all get True at the same step)."""
+        if self.multiprocess:
+            from jax.experimental import multihost_utils
+
+            if multihost_utils.reached_preemption_sync_point(step):
+                self.received = self.received or "SIGTERM"
+                return True
+            return False
+        return self.received is not None
+
+    def saving(self, step: int) -> None:
+        """The stop's checkpoint of ``step`` is being written: a further signal only prints a line."""
+        self.phase, self.saving_step = "saving", step
+
+    def finishing(self) -> None:
+        """The steps are done (the exports follow): a signal stops the run at once. With several
+        processes SIGTERM comes back from JAX's notifier to this handler."""
+        if self.multiprocess and signal.SIGTERM not in self._previous:
+            self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
+        self.phase = "finishing"
+        if self.received is not None:
+            raise Stopped(self.received)
