@@ -58,6 +58,8 @@ def _timm_cases() -> dict[str, dict]:
         "dinov2_style": dict(init_values=1e-5, reg_tokens=4, no_embed_class=True, dynamic_img_size=True),
         "siglip_style": dict(global_pool="map", class_token=False, act_layer="gelu_tanh"),
         "clip_style": dict(pre_norm=True, act_layer="quick_gelu"),
+        "swiglu_packed": dict(mlp_layer="SwiGLUPacked"),  # gate rows first in fc1 (vit_giant_patch14_dinov2)
+        "swiglu_split": dict(mlp_layer="SwiGLU"),  # fc1_g (gate) and fc1_x
     }
     return cases
 
@@ -68,8 +70,6 @@ TIMM_REFUSED = {
     "proj_bias_false": (dict(proj_bias=False), "proj_bias=False"),
     "scale_attn_norm": (dict(scale_attn_norm=True), "a LayerNorm inside attention or the MLP"),
     "scale_mlp_norm": (dict(scale_mlp_norm=True), "a LayerNorm inside attention or the MLP"),
-    "swiglu_packed": (dict(mlp_layer="SwiGLUPacked"), "a gated MLP (SwiGLU"),
-    "swiglu": (dict(mlp_layer="SwiGLU"), "a gated MLP (SwiGLU)"),
     "embed_norm": (dict(embed_norm_layer="layernorm"), "a LayerNorm inside the patch embedding"),
     "non_square_refused": (dict(img_size=(32, 40)), "--source-image-size HxW"),  # 4x5 + 1 rows: no square
     "eva_q_v_bias": (dict(model="Eva"), "separate q_bias/v_bias attention biases"),

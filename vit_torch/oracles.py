@@ -31,6 +31,10 @@ def timm_model(cfg: ViTConfig, state: Mapping[str, np.ndarray] | None = None) ->
 
     kw = timm_kwargs(cfg)
     kw["norm_layer"] = partial(LayerNorm, eps=kw.pop("norm_eps"))
+    if kw.pop("mlp_layer", None):
+        from timm.layers import SwiGLUPacked
+
+        kw["mlp_layer"] = SwiGLUPacked
     model = (VisionTransformerDistilled if cfg.head_dist else VisionTransformer)(**kw)
     if state is not None:
         model.load_state_dict({k: numpy_to_tensor(np.asarray(v)) for k, v in state.items()}, strict=True)

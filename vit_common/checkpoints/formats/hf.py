@@ -296,6 +296,8 @@ def read_tensors(
         "fc_norm": arch_origin,
         "patch_bias": arch_origin,
         "qk_norm": arch_origin,
+        "mlp_type": arch_origin,
+        "head_bias": arch_origin,
     }
     f: dict[str, Any] = dict(
         class_token=True,
@@ -310,6 +312,8 @@ def read_tensors(
         fc_norm=False,
         patch_bias=True,
         qk_norm=False,
+        mlp_type="plain",
+        head_bias=True,
     )
     prov: dict[str, Origin] = dict(arch_prov)
     if config is not None:
@@ -444,6 +448,8 @@ class HuggingFace(Format):
                 "norm_pre": cfg.norm_pre,
                 "patch_bias=False": not cfg.patch_bias,
                 "posemb='none'": cfg.posemb == "none",
+                "mlp_type='swiglu'": cfg.mlp_type == "swiglu",
+                "head_bias=False (the classifier has a bias)": not cfg.head_bias,
                 "both rep_size and a head (ViTModel has the pooler, ViTForImageClassification the classifier)": (
                     cfg.rep_size > 0 and cfg.num_classes > 0
                 ),
