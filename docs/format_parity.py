@@ -21,6 +21,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from vit_cli.parity import run_parity
 from vit_common.checkpoints.convert import save_checkpoint
+from vit_common.checkpoints.formats.npz import NpzWriteOptions
 from vit_common.config import ViTConfig
 from vit_common.state import canonical_shapes
 
@@ -71,7 +72,13 @@ def main() -> None:
     save_checkpoint(folder / "orig.npz", cfg, state, "original_vit")
     cases.append(("original ViT .npz (Ti/16)", folder / "orig.npz", "timm _load_weights", {}))
     bv = cfg.replace(posemb_prefix=False)
-    save_checkpoint(folder / "bv.npz", bv, state | {"pos_embed": state["pos_embed"][:, 1:]}, "big_vision", scan=True)
+    save_checkpoint(
+        folder / "bv.npz",
+        bv,
+        state | {"pos_embed": state["pos_embed"][:, 1:]},
+        "big_vision",
+        options=NpzWriteOptions(scan=True),
+    )
     cases.append(("big_vision .npz, scan (Ti/16)", folder / "bv.npz", "timm _load_weights", {}))
     print("| checkpoint | JAX vs torch twin (rel) | library vs torch twin (rel) | attention max abs | top-1 |")
     print("| --- | --- | --- | --- | --- |")

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
+from vit_common.checkpoints.formats.hf import HfWriteOptions
 from vit_common.tolerance import compare
 
 
@@ -57,7 +58,7 @@ def test_hf_both_ways(tmp_path, arch, act, spelling, images, hf_vit, assert_twin
     assert ckpt.cfg.head_dist == arch.endswith("WithTeacher")
     assert_twins_match(folder, x, ref)
     out_spelling = "v5" if spelling == "v4" else "v4"  # export in the other spelling than the source's
-    report = save_checkpoint(tmp_path / "export", ckpt.cfg, ckpt.state, "hf", spelling=out_spelling)
+    report = save_checkpoint(tmp_path / "export", ckpt.cfg, ckpt.state, "hf", options=HfWriteOptions(out_spelling))
     scope: dict = {}
     exec(report.load_call, scope)  # raises unless transformers loads every tensor and no other
     back, theirs = scope["model"].eval(), model.state_dict()

@@ -9,6 +9,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer, _load_weights
 
 from vit_common.checkpoints.convert import save_checkpoint
+from vit_common.checkpoints.formats.npz import NpzWriteOptions
 from vit_common.config import ViTConfig
 from vit_common.state import canonical_shapes
 
@@ -28,22 +29,22 @@ BASE = ViTConfig(
 @pytest.mark.parametrize(
     "fmt, write, kw, timm_kw",
     [
-        ("original_vit", {"prefix": "opt/target/"}, {}, {}),
+        ("original_vit", NpzWriteOptions("opt/target/"), {}, {}),
         (
             "big_vision",
-            {"prefix": "params/img/", "scan": True},
+            NpzWriteOptions("params/img/", scan=True),
             dict(posemb_prefix=False),
             dict(no_embed_class=True),
         ),
         (
             "big_vision",
-            {"scan": True},
+            NpzWriteOptions(scan=True),
             dict(pool="map", class_token=False),
             dict(global_pool="map", class_token=False),
         ),
         (
             "big_vision",
-            {},
+            NpzWriteOptions(),
             dict(pool="gap", class_token=False),
             dict(global_pool="avg", class_token=False, fc_norm=False),
         ),
@@ -53,7 +54,7 @@ def test_npz_export_loads_in_timm_and_both_twins(tmp_path, fmt, write, kw, timm_
     cfg = BASE.replace(**kw)
     rng = np.random.default_rng(0)
     state = {k: rng.standard_normal(s).astype(np.float32) * 0.1 for k, s in canonical_shapes(cfg).items()}
-    save_checkpoint(tmp_path / "m.npz", cfg, state, fmt, **write)
+    save_checkpoint(tmp_path / "m.npz", cfg, state, fmt, options=write)
     tm = VisionTransformer(
         img_size=32,
         patch_size=8,

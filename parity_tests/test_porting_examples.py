@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from vit_cli.main import main
 from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
-from vit_common.checkpoints.formats.base import FormatError
+from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.state import StateMismatchError
 from vit_common.tolerance import compare
 from vit_torch.formats import READERS

@@ -18,7 +18,9 @@ from vit_common.checkpoints.convert import (
     read_checkpoint,
     save_checkpoint,
 )
-from vit_common.checkpoints.formats.base import FormatError
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.hf import HfWriteOptions
+from vit_common.checkpoints.formats.npz import NpzWriteOptions
 from vit_common.config import ViTConfig
 from vit_common.state import StateMismatchError, canonical_shapes
 from vit_common.system import io
@@ -27,12 +29,12 @@ from vit_common.system import io
 NUMPY_TARGETS = [
     ("canonical", "a.safetensors", {}),
     ("timm", "b.safetensors", {}),
-    ("hf", "c_hf", {"spelling": "v4"}),
-    ("hf", "d_hf5", {"spelling": "v5"}),
+    ("hf", "c_hf", {"options": HfWriteOptions("v4")}),
+    ("hf", "d_hf5", {"options": HfWriteOptions("v5")}),
     ("original_vit", "e.npz", {}),
-    ("original_vit", "f.npz", {"prefix": "opt/target/"}),
+    ("original_vit", "f.npz", {"options": NpzWriteOptions("opt/target/")}),
     ("big_vision", "g.npz", {}),
-    ("big_vision", "h.npz", {"prefix": "params/img/", "scan": True}),
+    ("big_vision", "h.npz", {"options": NpzWriteOptions("params/img/", scan=True)}),
 ]
 
 

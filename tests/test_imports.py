@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +38,42 @@ def test_import_isolation(statement, forbidden):
     loaded = _loaded_after(statement)
     assert not loaded & set(forbidden), f"{statement!r} loaded {sorted(loaded & set(forbidden))}"
     assert "numpy" in loaded  # the probe itself works
+
+
+ROOTS = ("vit_common", "vit_cli")  # the twins' weights <-> formats pairs are a known circle (issue 21)
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """The project modules ``path`` imports anywhere in it (function bodies too), by module name."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ROOTS:
+            found |= {
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names
+            }
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] in ROOTS}
+    return found & modules
+
+
+def test_no_import_cycle():
+    """No module of the project imports (at its top or inside a function: a function-level import is
+    how a circle hides) a module that imports it back, directly or through others."""
+    root = Path(__file__).resolve().parents[1]
+    files = {
+        ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+        for r in ROOTS
+        for p in (root / r).rglob("*.py")
+    }
+    graph = {m: _imports(p, set(files)) - {m} for m, p in files.items()}
+    cycles = []
+    for start in sorted(graph):
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for d in sorted(graph[node]):
+                if d == start:
+                    cycles.append(" -> ".join([*path, start]))
+                elif d > start and d not in path:
+                    stack.append((d, [*path, d]))
+    assert not cycles, cycles

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
-from vit_common.checkpoints.metadata import hf_preprocess, read_info, with_overrides
+from vit_common.checkpoints.metadata import hf_preprocess, with_overrides
 from vit_common.config import ViTConfig
 from vit_common.data.images import IMAGENET_MEAN, PRESETS, Preprocess
 from vit_common.state import canonical_shapes
@@ -26,7 +26,7 @@ def test_our_files_declare_what_they_were_trained_with(tmp_path):
     pp = Preprocess(IMAGENET_MEAN, (0.2, 0.3, 0.4), "bicubic", 0.875, "center")
     for fmt, name in (("canonical", "m.safetensors"), ("timm", "t.safetensors"), ("hf", "hf")):
         save_checkpoint(tmp_path / name, CFG, state(), fmt, preprocess=pp, classes=["cat", "dog", "emu"])
-        info = read_info(tmp_path / name, load_checkpoint(tmp_path / name, num_heads=4).report.format)
+        info = load_checkpoint(tmp_path / name, num_heads=4).info
         assert info.preprocess == pp and info.preprocess_source.startswith("declared"), (fmt, info)
         assert info.classes == ("cat", "dog", "emu") and not info.warnings, (fmt, info)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -35,14 +35,14 @@ def test_our_files_declare_what_they_were_trained_with(tmp_path):
 
 def test_files_that_say_nothing_get_the_format_s_usual_choice_and_a_warning(tmp_path):
     save_checkpoint(tmp_path / "t.safetensors", CFG, state(), "timm")
-    info = read_info(tmp_path / "t.safetensors", "timm")
+    info = load_checkpoint(tmp_path / "t.safetensors", num_heads=4).info
     assert info.preprocess == PRESETS["imagenet"] and info.preprocess_source.startswith("assumed")
     assert info.classes is None and "--mean/--std" in info.warnings[0]
     save_checkpoint(tmp_path / "hf", CFG, state(), "hf")  # LABEL_i placeholders are no names
-    info = read_info(tmp_path / "hf", "hf")
+    info = load_checkpoint(tmp_path / "hf").info
     assert info.preprocess == PRESETS["hf_vit"] and info.classes is None and info.warnings
     save_checkpoint(tmp_path / "b.npz", CFG, state(), "big_vision")
-    assert read_info(tmp_path / "b.npz", "big_vision").preprocess == PRESETS["big_vision"]
+    assert load_checkpoint(tmp_path / "b.npz").info.preprocess == PRESETS["big_vision"]
     given = with_overrides(info, {"mean": (0.5,), "std": (0.5,), "crop_pct": None}, ["a", "b", "c"])
     assert given.preprocess.mean == (0.5,) and given.preprocess_source.startswith("given (mean, std)")
     assert given.classes == ("a", "b", "c") and not given.warnings
@@ -73,10 +73,10 @@ def test_malformed_declarations_are_errors_naming_the_file(tmp_path):
 
     save_canonical(tmp_path / "m.safetensors", CFG, state(), {"preprocess": json.dumps({"mean": [0.5], "std": [0]})})
     with pytest.raises(ValueError, match="m.safetensors metadata: the stored preprocessing"):
-        read_info(tmp_path / "m.safetensors", "canonical")
+        load_checkpoint(tmp_path / "m.safetensors")
     save_canonical(tmp_path / "c.safetensors", CFG, state(), {"classes": json.dumps([1, 2, 3])})
     with pytest.raises(ValueError, match="is not a list of strings"):
-        read_info(tmp_path / "c.safetensors", "canonical")
+        load_checkpoint(tmp_path / "c.safetensors")
 
 
 def test_convert_carries_what_the_source_declares(tmp_path):
@@ -88,10 +88,10 @@ def test_convert_carries_what_the_source_declares(tmp_path):
     save_checkpoint(tmp_path / "hf", CFG, state(), "hf", preprocess=pp, classes=["x", "y", "z"])
     convert(tmp_path / "hf", tmp_path / "m.safetensors")
     convert(tmp_path / "m.safetensors", tmp_path / "t.safetensors", to_fmt="timm")
-    info = read_info(tmp_path / "t.safetensors", "timm")
+    info = load_checkpoint(tmp_path / "t.safetensors", num_heads=4).info
     assert info.preprocess == pp and info.classes == ("x", "y", "z")
     convert(tmp_path / "m.safetensors", tmp_path / "k5.safetensors", num_classes=5)
-    assert read_info(tmp_path / "k5.safetensors", "canonical").classes is None
+    assert load_checkpoint(tmp_path / "k5.safetensors").info.classes is None
     save_checkpoint(tmp_path / "plain.safetensors", CFG, state(), "timm")
     convert(tmp_path / "plain.safetensors", tmp_path / "ours.safetensors", num_heads=4)
-    assert read_info(tmp_path / "ours.safetensors", "canonical").preprocess_source.startswith("assumed")
+    assert load_checkpoint(tmp_path / "ours.safetensors").info.preprocess_source.startswith("assumed")

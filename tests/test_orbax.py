@@ -12,7 +12,7 @@ from flax import nnx
 
 import vit_jax
 from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
-from vit_common.checkpoints.formats.base import FormatError
+from vit_common.checkpoints.formats.errors import FormatError
 from vit_jax.formats import READERS, WRITERS, load_orbax, save_orbax
 
 

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vit_common.checkpoints.convert import convert, load_checkpoint, save_checkpoint
+from vit_common.checkpoints.formats.npz import NpzWriteOptions
 from vit_common.system.io import save_safetensors
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -56,7 +57,7 @@ def originals(small_cfg, random_state) -> dict[str, Path]:
         save_checkpoint(ROOT / "canonical.safetensors", small_cfg, state)
         save_checkpoint(ROOT / "timm.safetensors", small_cfg, state, "timm")
         save_checkpoint(ROOT / "hf", small_cfg, state, "hf")
-        save_checkpoint(ROOT / "bv.npz", small_cfg, state, "big_vision", scan=True)
+        save_checkpoint(ROOT / "bv.npz", small_cfg, state, "big_vision", options=NpzWriteOptions(scan=True))
         save_checkpoint(ROOT / "vit.npz", small_cfg, state, "original_vit")
         (ROOT / "done").touch()
     return {p.name: p for p in ROOT.iterdir() if p.name != "done"}

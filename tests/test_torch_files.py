@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
-from vit_common.checkpoints.formats.base import FormatError
+from vit_common.checkpoints.formats.errors import FormatError
 from vit_torch.formats import READERS, WRITERS
 
 

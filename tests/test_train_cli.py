@@ -196,7 +196,7 @@ def test_a_head_follows_the_class_names():
     """--init with the dataset's class count: the head is kept for the same names, its rows reordered for
     the same names in another order, replaced by zeros for other names (each change reported)."""
     from vit_cli.train import _match_head
-    from vit_common.checkpoints.formats.base import Report
+    from vit_common.checkpoints.formats.provenance import Report
 
     state = {"head.weight": np.arange(6.0).reshape(3, 2), "head.bias": np.arange(3.0)}
     report = Report()

@@ -119,21 +119,51 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--num-classes", type=arg(int_in, 0), help="keep a head of this size; another size gets a new zero head"
     )
     add_checkpoint_arguments(p)
-    p.add_argument(
-        "--hf-spelling",
-        choices=("v4", "v5"),
-        default="v4",
-        help="HF key names to write: v4 (what save_pretrained writes; loads in transformers 4 and 5) "
-        "or v5 (transformers 5 module names)",
-    )
-    p.add_argument(
-        "--npz-prefix",
-        choices=("", "opt/target/", "params/", "params/img/"),
-        help="key prefix of a written .npz (default '' for original_vit, 'params/' for big_vision)",
-    )
-    p.add_argument("--scan", action="store_true", help="write .npz blocks scan-stacked (big_vision scan=True)")
+    add_write_options(p)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=run)
+
+
+def _option_classes() -> dict[type, list[str]]:
+    """Each format's ``WriteOptions`` class that has fields, with the formats that take it."""
+    import dataclasses
+
+    from vit_common.checkpoints.registry import REGISTRY
+
+    out: dict[type, list[str]] = {}
+    for f in REGISTRY.values():
+        if dataclasses.fields(f.write_options):
+            out.setdefault(f.write_options, []).append(f.name)
+    return out
+
+
+def add_write_options(p: argparse.ArgumentParser) -> None:
+    """The flags of every format's write options (``Format.write_options``, one group per class, made by
+    ``vit_cli.flags.add_flags`` from the fields' metadata): --hf-spelling, --npz-prefix, --scan."""
+    from vit_cli.flags import add_flags
+
+    for cls, names in _option_classes().items():
+        add_flags(p.add_argument_group(f"writing {' / '.join(names)}"), cls, given_only=True)
+
+
+def write_options(args: argparse.Namespace, fmt: str):
+    """The ``WriteOptions`` of format ``fmt`` from ``add_write_options``' flags.
+
+    Raises:
+        ValueError: a flag was given that belongs to another format's options (names the flag and ``fmt``).
+    """
+    import dataclasses
+
+    from vit_cli.flags import values
+    from vit_common.checkpoints.registry import REGISTRY
+
+    own = REGISTRY[fmt].write_options
+    for cls, names in _option_classes().items():
+        given = values(cls, args)
+        if cls is not own and given:
+            flags = ", ".join(f.metadata["flag"] for f in dataclasses.fields(cls) if f.name in given)
+            raise ValueError(f"{flags}: an option of {' / '.join(names)} files, but the output format is {fmt}")
+    return own(**values(own, args))
 
 
 def _adapters(framework: str | None, kind: str) -> dict:
@@ -146,26 +176,29 @@ def _adapters(framework: str | None, kind: str) -> dict:
     return getattr(formats, kind)
 
 
-def readers_for(path) -> dict:
-    """The framework readers ``path`` needs (importing only that framework), for ``load_checkpoint``."""
+def readers_for(src) -> dict:
+    """The framework readers ``src`` (a path or an opened ``Source``) needs (importing only that
+    framework), for ``load_checkpoint``."""
     from vit_common.checkpoints.convert import needs
 
-    return _adapters(needs(path), "READERS")
+    return _adapters(needs(src), "READERS")
 
 
 def run(args: argparse.Namespace) -> int:
-    from vit_common.checkpoints.convert import convert, needs
+    from vit_common.checkpoints.convert import convert, needs, open_checkpoint, output_format
 
-    readers = readers_for(args.src)
-    writers = _adapters(needs(args.dst, args.to_fmt, writing=True), "WRITERS")
+    to_fmt = args.to_fmt or output_format(args.dst)
+    options = write_options(args, to_fmt)
+    src = open_checkpoint(args.src)
+    writers = _adapters(needs(args.dst, to_fmt, writing=True), "WRITERS")
     report = convert(
-        args.src,
+        src,
         args.dst,
         from_fmt=args.from_fmt,
-        to_fmt=args.to_fmt,
-        readers=readers,
+        to_fmt=to_fmt,
+        readers=readers_for(src),
         writers=writers,
-        write_options=dict(spelling=args.hf_spelling, prefix=args.npz_prefix, scan=args.scan),
+        write_options=options,
         image_size=args.image_size,
         num_classes=args.num_classes,
         **checkpoint_options(args),

@@ -1,10 +1,10 @@
 """Command-line flags generated from dataclass fields: one field, one flag, its help from the metadata.
 
-``add_flags(group, cls)`` adds ``--field-name`` for each field of ``cls`` (``field.metadata["help"]``,
-optional ``"choices"``); the type comes from the annotation: bool -> ``--x/--no-x``, int / float / str,
-``X | None`` -> X, ``tuple[float, ...]`` -> one or more values; a field with a ``Range`` in its metadata
-(``vit_common.system.validate``) is checked against it as the flag is parsed. ``values(cls, args)`` collects the
-parsed values that were given.
+``add_flags(group, cls)`` adds ``--field-name`` (or ``field.metadata["flag"]``) for each field of
+``cls`` (``field.metadata["help"]``, optional ``"choices"``); the type comes from the annotation: bool ->
+``--x/--no-x``, int / float / str, ``X | None`` -> X, ``tuple[float, ...]`` -> one or more values; a
+field with a ``Range`` in its metadata (``vit_common.system.validate``) is checked against it as the
+flag is parsed. ``values(cls, args)`` collects the parsed values that were given.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def add_flags(
         help_text = f.metadata.get("help")
         if not help_text:
             raise ValueError(f"{cls.__name__}.{f.name} has no help text in its field metadata")
-        kw: dict[str, Any] = {"dest": f.name, "help": help_text}
+        kw: dict[str, Any] = {"dest": _dest(f), "help": help_text}
         if given_only:
             shown = (defaults_help or {}).get(f.name) or f"default {default!r}"
             kw["help"] = f"{help_text} ({shown})"
@@ -64,7 +64,13 @@ def add_flags(
         if "choices" in f.metadata:
             kw["choices"] = f.metadata["choices"]
         kw["default"] = None if given_only else default
-        group.add_argument("--" + f.name.replace("_", "-"), **kw)
+        group.add_argument(f.metadata.get("flag") or "--" + f.name.replace("_", "-"), **kw)
+
+
+def _dest(f: dataclasses.Field) -> str:
+    """The namespace attribute of a field's flag: its ``flag`` metadata as argparse names it, else the field."""
+    flag = f.metadata.get("flag")
+    return flag.lstrip("-").replace("-", "_") if flag else f.name
 
 
 def values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
@@ -73,7 +79,7 @@ def values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(typing.get_type_hints(cls)[f.name]):
             continue
-        v = getattr(args, f.name, None)
+        v = getattr(args, _dest(f), None)
         if v is not None:
             out[f.name] = tuple(v) if isinstance(v, list) else v
     return out

@@ -44,12 +44,13 @@ def _summary(cfg) -> list[str]:
 
 def _checkpoint(args: argparse.Namespace) -> int:
     from vit_cli.convert import readers_for
-    from vit_common.checkpoints.convert import load_checkpoint
+    from vit_common.checkpoints.convert import load_checkpoint, open_checkpoint
     from vit_common.config import RUNTIME_FIELDS
 
     if args.num_classes is not None or args.image_size is not None:
         raise ValueError("--num-classes and --image-size describe a variant; a checkpoint says its own")
-    ckpt = load_checkpoint(args.source, readers=readers_for(args.source), **checkpoint_options(args))
+    src = open_checkpoint(args.source)
+    ckpt = load_checkpoint(src, readers=readers_for(src), **checkpoint_options(args))
     cfg, report = ckpt.cfg, ckpt.report
     if args.json:
         out = report.to_dict() | {"gflops": cfg.flops() / 1e9, "seq_len": cfg.seq_len}

@@ -162,7 +162,7 @@ def _against_timm(cfg, state, x, dtype):
     from vit_common.checkpoints.formats import timm as timm_format
     from vit_torch.oracles import timm_model
 
-    enc = timm_format.FORMAT.encode(cfg, state, Path("oracle.safetensors"))
+    enc = timm_format.FORMAT.encode(cfg, state, Path("oracle.safetensors"), timm_format.FORMAT.write_options())
     cfg_t, state_t = enc.cfg, enc.state
     model = timm_model(cfg_t.replace(param_dtype=dtype), state_t).to(getattr(torch, dtype))
     with torch.no_grad():
@@ -239,9 +239,7 @@ def run_parity(
         images = np.random.default_rng(0).standard_normal((num_generated, cfg.in_chans, *cfg.image_size))
         image_names = [f"generated-{i}" for i in range(num_generated)]
     elif isinstance(images, (str, Path)):
-        from vit_common.checkpoints.metadata import read_info
-
-        info = read_info(checkpoint, ckpt.report.format)
+        info = ckpt.info
         for w in info.warnings:
             print(f"vit: warning: {checkpoint}: {w}", file=sys.stderr)
         preprocess = info.preprocess

@@ -57,7 +57,7 @@ def load_with_info(path, framework: str, options=(), preprocess: dict | None = N
         ValueError: an unknown framework; what ``vit_common.checkpoints.convert.load_checkpoint`` raises.
     """
     from vit_common.checkpoints.convert import load_checkpoint
-    from vit_common.checkpoints.metadata import read_info, with_overrides
+    from vit_common.checkpoints.metadata import with_overrides
 
     if framework == "jax":
         from vit_jax import from_numpy
@@ -68,7 +68,7 @@ def load_with_info(path, framework: str, options=(), preprocess: dict | None = N
     else:
         raise ValueError(f"framework={framework!r}: expected 'jax' or 'torch'")
     ckpt = load_checkpoint(path, readers=READERS, **dict(options))
-    info = with_overrides(read_info(path, ckpt.report.format), preprocess or {}, classes)
+    info = with_overrides(ckpt.info, preprocess or {}, classes)
     for w in [*ckpt.report.warnings, *info.warnings]:
         print(f"vit: warning: {path}: {w}", file=sys.stderr)
     if info.classes is None:

@@ -305,7 +305,7 @@ def load_init(args, tcfg: TrainConfig, name_classes, preprocess_flags: dict, log
     import numpy as np
 
     from vit_common.checkpoints.convert import load_checkpoint
-    from vit_common.checkpoints.metadata import read_info, with_overrides
+    from vit_common.checkpoints.metadata import with_overrides
     from vit_common.data.datasets import load_dataset
 
     readers = _readers(tcfg.init)
@@ -314,7 +314,7 @@ def load_init(args, tcfg: TrainConfig, name_classes, preprocess_flags: dict, log
     check_flags_against(first.cfg, args, tcfg.init)
     size = first.cfg.image_size if args.image_size is None else (args.image_size, args.image_size)
     probe = first.cfg.replace(image_size=size)  # an image size the patch does not divide fails here, named
-    info = with_overrides(read_info(tcfg.init, first.report.format), preprocess_flags, None)
+    info = with_overrides(first.info, preprocess_flags, None)
     data = load_dataset(
         tcfg.dataset, probe.image_size, probe.in_chans, val_fraction=tcfg.val_fraction, preprocess=info.preprocess
     )
@@ -538,14 +538,13 @@ def export(out: Path, cfg, weights, preprocess, classes, report, log) -> tuple[d
     exports besides ours, {format: the library call that loads that export strictly}); a format that
     cannot hold the model is skipped with a note."""
     from vit_common.checkpoints.convert import save_checkpoint
+    from vit_common.checkpoints.registry import REGISTRY
 
-    save_checkpoint(out / "model.safetensors", cfg, weights, "canonical", preprocess=preprocess, classes=classes)
-    targets = {"timm": out / "model_timm.safetensors"}
-    if report is not None and report.format not in ("canonical", "timm"):
-        name = {"hf": "model_hf", "orbax": "model_orbax"}.get(report.format, f"model_{report.format}.npz")
-        targets[report.format] = out / name
-    elif report is not None and report.format == "timm" and Path(report.source).suffix in (".pth", ".pt", ".bin"):
-        targets["timm"] = out / f"model_timm{Path(report.source).suffix}"
+    ours = REGISTRY["canonical"]
+    save_checkpoint(out / ours.export_name(), cfg, weights, ours.name, preprocess=preprocess, classes=classes)
+    targets = {"timm": out / REGISTRY["timm"].export_name()}
+    if report is not None and report.format != ours.name:
+        targets[report.format] = out / REGISTRY[report.format].export_name(Path(report.source))
     written, load_calls = {}, {}
     for fmt, path in targets.items():
         try:

@@ -21,8 +21,9 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from vit_common.checkpoints.convert import ORBAX_CONFIG
-from vit_common.checkpoints.formats.base import FormatError, common_float_dtype
-from vit_common.checkpoints.formats.canonical import FORMAT_TAG, stored_config
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.provenance import common_float_dtype
+from vit_common.checkpoints.formats.stored import FORMAT_TAG, stored_config
 from vit_common.config import ViTConfig
 from vit_common.system.io import atomic_write_dir, write_json
 from vit_common.system.validate import check_model_size

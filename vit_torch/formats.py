@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from vit_common.checkpoints.formats.base import FormatError
+from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.system.io import atomic_write
 from vit_torch.weights import numpy_to_tensor, tensor_to_numpy
 

@@ -14,7 +14,9 @@ import numpy as np
 import torch
 
 from vit_common.checkpoints.convert import save_checkpoint
+from vit_common.checkpoints.formats.hf import HfWriteOptions
 from vit_common.checkpoints.formats.timm import timm_kwargs
+from vit_common.checkpoints.registry import REGISTRY
 from vit_common.config import ViTConfig
 from vit_torch.weights import numpy_to_tensor
 
@@ -56,7 +58,7 @@ def hf_model(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, spelling: str =
     cls = getattr(transformers, config_json(cfg)["architectures"][0])
     kw = {} if cfg.num_classes else {"add_pooling_layer": cfg.rep_size > 0}
     with tempfile.TemporaryDirectory() as tmp:
-        save_checkpoint(f"{tmp}/hf", cfg, state, "hf", spelling=spelling)
+        save_checkpoint(f"{tmp}/hf", cfg, state, "hf", options=HfWriteOptions(spelling))
         model, info = cls.from_pretrained(
             f"{tmp}/hf",
             output_loading_info=True,
@@ -74,13 +76,15 @@ def hf_model(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, spelling: str =
 
 def library_logits(path, fmt: str, cfg: ViTConfig, batches) -> tuple[str, list[np.ndarray]]:
     """(library, logits float32 [B, K] per batch) of the checkpoint file ``path`` of format ``fmt`` as the
-    library that defines the format reads it, on ``batches`` of images float32 [B, H, W, C].
+    library that defines the format reads it (the format's ``reference``), on ``batches`` of images
+    float32 [B, H, W, C].
 
-    timm files: timm's ``VisionTransformer`` for ``cfg`` (a timm file stores no head count, so the
-    architecture comes from ``cfg``) loading the file's own tensors strictly (safetensors, or torch's
-    weights-only loader for .pth/.bin). ``original_vit`` / ``big_vision`` .npz: timm's .npz loader
-    (``timm.models.vision_transformer._load_weights``). ``hf`` folders: transformers'
-    ``ViTForImageClassification.from_pretrained`` (eager attention), which reads its own config.json.
+    Loader 'state_dict' (timm files): timm's ``VisionTransformer`` for ``cfg`` (a timm file stores no
+    head count, so the architecture comes from ``cfg``) loading the file's own tensors strictly
+    (safetensors, or torch's weights-only loader for .pth/.bin). 'npz' (original_vit / big_vision):
+    timm's .npz loader (``timm.models.vision_transformer._load_weights``). 'from_pretrained' (hf
+    folders): transformers' ``ViTForImageClassification.from_pretrained`` (eager attention), which reads
+    its own config.json.
 
     Raises:
         ImportError: the library is not installed (``e.name`` names it).
@@ -88,17 +92,19 @@ def library_logits(path, fmt: str, cfg: ViTConfig, batches) -> tuple[str, list[n
     """
     from pathlib import Path
 
-    if fmt == "hf":
+    reference = REGISTRY[fmt].reference if fmt in REGISTRY else None
+    loader = reference.loader if reference is not None else None
+    if loader == "from_pretrained":
         import transformers
 
         model = transformers.ViTForImageClassification.from_pretrained(str(path), attn_implementation="eager")
         run = lambda x: model(pixel_values=x).logits  # noqa: E731
         library = f"transformers {transformers.__version__}"
-    elif fmt in ("timm", "original_vit", "big_vision"):
+    elif loader in ("state_dict", "npz"):
         import timm
 
         model = timm_model(cfg)
-        if fmt != "timm":
+        if loader == "npz":
             from timm.models.vision_transformer import _load_weights
 
             _load_weights(model, str(path))
@@ -109,7 +115,7 @@ def library_logits(path, fmt: str, cfg: ViTConfig, batches) -> tuple[str, list[n
         else:
             model.load_state_dict(torch.load(str(path), map_location="cpu", weights_only=True), strict=True)
         run = model
-        library = f"timm {timm.__version__}" + (" (.npz loader)" if fmt != "timm" else "")
+        library = f"timm {timm.__version__}" + (" (.npz loader)" if loader == "npz" else "")
     else:
         raise ValueError(f"format {fmt!r}: no defining library to check it with")
     model.eval()

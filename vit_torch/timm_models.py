@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from vit_common.checkpoints.convert import save_checkpoint
-from vit_common.checkpoints.formats.base import FormatError
+from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.config import ViTConfig
 from vit_common.tolerance import compare
 from vit_torch.weights import from_numpy, to_numpy
@@ -126,7 +126,7 @@ def canonical_from_timm(model: nn.Module, cfg: ViTConfig) -> dict[str, np.ndarra
     halves swapped when ``gate_last`` (timm's default; ``SwiGLUPacked`` has the gate first already)."""
     from timm.layers import GluMlp
 
-    from vit_common.checkpoints.formats.base import to_canonical
+    from vit_common.checkpoints.formats.rules import to_canonical
     from vit_common.checkpoints.formats.timm import timm_rules
 
     tensors = {k: np.ascontiguousarray(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}

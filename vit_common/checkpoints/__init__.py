@@ -6,11 +6,13 @@ format), ``convert`` the dispatch through it, ``metadata`` what a file says abou
 orbax) are read and written through callables the twins provide (``vit_torch.formats``,
 ``vit_jax.formats``).
 
-- ``load_checkpoint(path, ...) -> Checkpoint`` (config, canonical state, provenance, report)
+- ``open_checkpoint(path) -> Source`` (the container, found from its contents; pass it on to open it once)
+- ``load_checkpoint(path or Source, ...) -> Checkpoint`` (config, canonical state, report with provenance,
+  ``ModelInfo``: preprocessing and class names, with provenance)
 - ``read_checkpoint(path, ...) -> (ViTConfig, state)``
-- ``save_checkpoint(cfg, state, path, fmt=...)``
+- ``save_checkpoint(path, cfg, state, fmt=..., options=...)`` (``options``: the format's ``WriteOptions``)
 - ``convert(src, dst, ...)``
-- ``read_info(path, family) -> ModelInfo`` (preprocessing and class names, with provenance)
+- ``REGISTRY`` (``registry``): every format's object, which answers what depends on the format
 """
 
 from vit_common.checkpoints.convert import (
@@ -19,21 +21,24 @@ from vit_common.checkpoints.convert import (
     convert,
     load_checkpoint,
     needs,
+    open_checkpoint,
     output_format,
     read_checkpoint,
     save_checkpoint,
 )
-from vit_common.checkpoints.metadata import ModelInfo, read_info
+from vit_common.checkpoints.metadata import ModelInfo
+from vit_common.checkpoints.registry import REGISTRY
 
 __all__ = [
     "FORMATS",
     "Checkpoint",
+    "REGISTRY",
     "ModelInfo",
     "convert",
     "load_checkpoint",
     "needs",
+    "open_checkpoint",
     "output_format",
     "read_checkpoint",
-    "read_info",
     "save_checkpoint",
 ]

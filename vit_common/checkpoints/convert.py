@@ -1,6 +1,6 @@
 """Read and write every supported checkpoint format through the canonical state.
 
-The formats are ``vit_common.checkpoints.formats.REGISTRY`` (one module and one object each), detected from the
+The formats are ``vit_common.checkpoints.registry.REGISTRY`` (one module and one object each), detected from the
 contents, never from the file name:
 
 ============== ======================================================= ==========================
@@ -22,7 +22,7 @@ vit_jax.formats.read_orbax}`` and ``writers={"torch": ..., "orbax": ...}`` (``vi
 etc.). ``needs(path)`` says which one a path needs, so a caller imports only that framework.
 
 Every read checks that each file tensor is used exactly once and each canonical tensor is filled, records
-where each config field came from (declared, derived, assumed, given: ``formats.base.Origin``), warns
+where each config field came from (declared, derived, assumed, given: ``formats.provenance.Origin``), warns
 each assumed field that changes the function with the flag that supplies it, and with ``strict=True``
 refuses them. Every write builds all tensors in memory first, reads them back through the same format
 (bit-exact, or it raises), writes atomically and says which library call loads the file strictly.
@@ -39,23 +39,19 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from vit_common.checkpoints.formats import REGISTRY
-from vit_common.checkpoints.formats.base import (
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, ReadOptions, Source, WriteOptions
+from vit_common.checkpoints.formats.provenance import (
     ASSUMED,
     DECLARED,
     GIVEN,
-    Decoded,
-    Encoded,
-    Format,
-    FormatError,
     Origin,
-    ReadOptions,
     Report,
     assumed_fields,
     build_config,
-    check_canonical,
     flag_for,
 )
+from vit_common.checkpoints.formats.rules import check_canonical
 from vit_common.checkpoints.formats.source import (
     HF_WEIGHTS,
     ORBAX_CONFIG,
@@ -64,7 +60,8 @@ from vit_common.checkpoints.formats.source import (
     load_tensors,
     open_source,
 )
-from vit_common.checkpoints.metadata import hf_labels, hf_preprocessor_config, info_metadata, read_info
+from vit_common.checkpoints.metadata import ModelInfo, read_info
+from vit_common.checkpoints.registry import REGISTRY
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
 from vit_common.posemb import resample_pos_embed
@@ -81,6 +78,7 @@ __all__ = [
     "convert",
     "load_checkpoint",
     "needs",
+    "open_checkpoint",
     "output_format",
     "read_checkpoint",
     "save_checkpoint",
@@ -90,9 +88,13 @@ Reader = Callable[..., Any]
 
 
 class Checkpoint(NamedTuple):
+    """A checkpoint read: config, canonical state, the report of the reading, and the preprocessing and
+    class names the file declares (or its format assumes), read from the same source."""
+
     cfg: ViTConfig
     state: dict[str, np.ndarray]
     report: Report
+    info: ModelInfo
 
 
 def _format(name: str) -> Format:
@@ -101,15 +103,25 @@ def _format(name: str) -> Format:
     return REGISTRY[name]
 
 
-def needs(path: str | os.PathLike, fmt: str | None = None, *, writing: bool = False) -> str | None:
+def open_checkpoint(path: str | os.PathLike | Source) -> Source:
+    """The container at ``path`` (``formats.source.open_source``: found from its contents, no tensors
+    read yet), to hand to ``needs`` and ``load_checkpoint`` so that a command opens its source once.
+
+    Raises:
+        FileNotFoundError: no such path. FormatError: not a container vit reads.
+    """
+    return path if isinstance(path, Source) else open_source(path)
+
+
+def needs(path: str | os.PathLike | Source, fmt: str | None = None, *, writing: bool = False) -> str | None:
     """'torch', 'jax' or None: the framework reading (or writing) ``path`` needs.
 
-    For reading, ``path`` must exist (its contents decide). For writing, ``fmt`` or the suffix decides.
+    For reading, ``path`` must exist (its contents decide; an opened ``Source`` is not opened again). For
+    writing, ``fmt`` or the suffix decides.
     """
-    path = Path(path)
     if writing:
-        return _format(fmt or output_format(path)).needs(path)
-    return container_needs(open_source(path))
+        return _format(fmt or output_format(path)).needs(Path(path))
+    return container_needs(open_checkpoint(path))
 
 
 def output_format(path: str | os.PathLike) -> str:
@@ -138,9 +150,7 @@ def _detect(src) -> Format:
     sample = ", ".join(sorted(src.tensors)[:5])
     raise FormatError(
         f"{src.path}: {len(src.tensors)} tensors ({sample}{', ...' if len(src.tensors) > 5 else ''}) match "
-        "none of the formats: timm (patch_embed.proj.weight), Hugging Face "
-        "(embeddings.patch_embeddings.projection.weight), original ViT / big_vision (embedding/kernel), "
-        "our file (stored config)"
+        "none of the formats: " + "; ".join(f"{f.name} ({f.signature})" for f in REGISTRY.values())
     )
 
 
@@ -197,7 +207,7 @@ def assumption_warnings(cfg: ViTConfig, provenance: Mapping[str, Origin]) -> lis
 
 
 def load_checkpoint(
-    path: str | os.PathLike,
+    path: str | os.PathLike | Source,
     *,
     fmt: str | None = None,
     image_size: int | tuple[int, int] | None = None,
@@ -207,7 +217,11 @@ def load_checkpoint(
     strict: bool = False,
     **overrides: Any,
 ) -> Checkpoint:
-    """Read any supported checkpoint file or folder into (config, canonical state, report).
+    """Read any supported checkpoint file or folder into (config, canonical state, report, info).
+
+    ``path`` may be a ``Source`` from ``open_checkpoint`` (then it is not opened again). ``info`` is the
+    preprocessing and class names the file declares, or its format's usual choice (assumed, warned in
+    ``info.warnings``), read from the same source (``vit_common.checkpoints.metadata.read_info``).
 
     Args:
         fmt: force a format (``FORMATS``) instead of detecting it.
@@ -230,7 +244,8 @@ def load_checkpoint(
             framework reader is missing; with strict, an assumed field (named with its flag).
         StateMismatchError (a ValueError): missing / unexpected / wrong-shape tensors, listed together.
     """
-    path = Path(path)
+    opened = open_checkpoint(path)
+    path = opened.path
     if fmt is not None:
         _format(fmt)
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(ViTConfig)})
@@ -238,7 +253,7 @@ def load_checkpoint(
         raise ValueError(f"unknown ViTConfig field(s) {unknown} to override")
     if source_image_size is not None:
         source_image_size = ViTConfig(image_size=source_image_size, patch_size=1).image_size
-    src = load_tensors(open_source(path), readers)
+    src = load_tensors(opened, readers)
     f = _format(fmt) if fmt else _detect(src)
     opts = ReadOptions(source_image_size, dict(overrides), num_classes is not None, readers)
     dec = f.read(src, opts)
@@ -288,7 +303,7 @@ def load_checkpoint(
     report.warnings += assumption_warnings(dec.cfg, report.provenance)
     report.warnings += [f"{k} holds NaN or Inf" for k in nonfinite(state)]
     report.config = cfg
-    return Checkpoint(cfg, state, report)
+    return Checkpoint(cfg, state, report, read_info(src, f))
 
 
 def read_checkpoint(path: str | os.PathLike, **kwargs: Any) -> tuple[ViTConfig, dict[str, np.ndarray]]:
@@ -339,25 +354,6 @@ def _read_back(f: Format, enc: Encoded, assumed: Sequence[str]) -> list[str]:
     return lost
 
 
-def _record_info(f: Format, enc: Encoded, preprocess: Preprocess | None, classes: Sequence[str] | None) -> list[str]:
-    """Put preprocessing and class names where the encoded file holds them (safetensors metadata; an HF
-    folder's id2label and preprocessor_config.json); notes saying they were not written elsewhere."""
-    info = info_metadata(preprocess, classes)
-    if not info:
-        return []
-    if enc.meta is not None:
-        enc.meta = {**info, **enc.meta}
-    elif enc.config_json is not None:
-        if classes is not None and enc.cfg.num_classes:
-            enc.config_json |= hf_labels(classes, enc.cfg.num_classes)
-        if preprocess is not None:
-            pre = hf_preprocessor_config(preprocess, enc.cfg.image_size, enc.cfg.in_chans)
-            enc.json_files["preprocessor_config.json"] = pre
-    else:
-        return [f"{f.name} files record no preprocessing or class names: they were not written"]
-    return []
-
-
 def save_checkpoint(
     path: str | os.PathLike,
     cfg: ViTConfig,
@@ -365,17 +361,16 @@ def save_checkpoint(
     fmt: str | None = None,
     *,
     writers: Mapping[str, Callable] | None = None,
-    spelling: str = "v4",
-    prefix: str | None = None,
-    scan: bool = False,
+    options: WriteOptions | None = None,
     assumed: Sequence[str] = (),
     preprocess: Preprocess | None = None,
     classes: Sequence[str] | None = None,
 ) -> Report:
     """Write ``state`` as ``fmt`` (default: from the suffix, see ``output_format``), atomically.
 
-    Options: ``spelling`` of HF keys ('v4' as save_pretrained writes, or 'v5'); ``prefix`` and ``scan``
-    for .npz layouts; ``assumed``: config fields that were assumed when the state was read (a
+    ``options``: an instance of the format's ``write_options`` (``formats.hf.HfWriteOptions``: the
+    ``spelling`` of HF keys; ``formats.npz.NpzWriteOptions``: ``prefix`` and ``scan`` of .npz layouts;
+    None: its defaults). ``assumed``: config fields that were assumed when the state was read (a
     ``report.assumed``), recorded where the format can (our and timm's .safetensors, HF config.json) so
     they stay assumed, warned where it cannot. ``preprocess`` and ``classes`` (K names) are recorded
     where the format can hold them (``vit_common.checkpoints.metadata``): safetensors metadata of our and timm files,
@@ -385,16 +380,20 @@ def save_checkpoint(
     written file strictly (timm or transformers), where there is one.
 
     Raises:
-        StateMismatchError / ValueError: the state does not fit, or the format cannot hold the config.
+        StateMismatchError / ValueError: the state does not fit, the format cannot hold the config, or
+            ``options`` are another format's.
         FormatError: a writer this format needs (torch, orbax) was not given.
         DestinationError (an OSError): ``path`` holds something vit did not write (checked first).
     """
     path = Path(path)
     f = _format(fmt or output_format(path))
+    options = f.write_options() if options is None else options
+    if type(options) is not f.write_options:
+        raise ValueError(f"{type(options).__name__} are not the {f.name} format's options ({f.write_options.__name__})")
     io.check_destination(path, folder=f.folder)
     check_canonical(cfg, state, f"writing {f.name}")
-    enc = f.encode(cfg, state, path, spelling=spelling, prefix=prefix, scan=scan, assumed=tuple(assumed))
-    report = Report(config=enc.cfg, notes=list(enc.notes) + _record_info(f, enc, preprocess, classes))
+    enc = f.encode(cfg, state, path, options, tuple(assumed))
+    report = Report(config=enc.cfg, notes=list(enc.notes) + f.record_info(enc, preprocess, classes))
     report.written, report.written_format = str(path), f.name
     report.warnings += _read_back(f, enc, assumed)
     f.write(path, enc, writers)
@@ -410,10 +409,12 @@ def convert(
     to_fmt: str | None = None,
     readers=None,
     writers=None,
-    write_options: Mapping[str, Any] = (),
+    write_options: WriteOptions | None = None,
     **read_options: Any,
 ) -> Report:
-    """Read ``src`` (see ``load_checkpoint`` for ``read_options``) and write ``dst``; one report for both.
+    """Read ``src`` (a path, or a ``Source`` from ``open_checkpoint``; see ``load_checkpoint`` for
+    ``read_options``) and write ``dst`` (``write_options`` as ``save_checkpoint``'s ``options``); one
+    report for both.
 
     Preprocessing and class names that ``src`` declares (``vit_common.checkpoints.metadata``) are written where
     ``dst``'s format holds them; assumed ones are not (the destination would declare a guess), nor class
@@ -423,16 +424,25 @@ def convert(
         ValueError: ``dst`` is ``src`` (the source would be replaced by its own conversion); and what
             ``load_checkpoint`` and ``save_checkpoint`` raise.
     """
-    if Path(dst).resolve() == Path(src).resolve():
+    src = open_checkpoint(src)
+    if Path(dst).resolve() == src.path.resolve():
         raise ValueError(f"{dst} is the source file itself: write the conversion somewhere else")
     ckpt = load_checkpoint(src, fmt=from_fmt, readers=readers, **read_options)
-    info = read_info(src, ckpt.report.format)
+    info = ckpt.info
     declared = dict(
         preprocess=info.preprocess if info.preprocess_source.startswith("declared") else None,
         classes=info.classes if info.classes is not None and len(info.classes) == ckpt.cfg.num_classes else None,
     )
-    options = {"assumed": ckpt.report.assumed, **declared, **dict(write_options)}
-    out = save_checkpoint(dst, ckpt.cfg, ckpt.state, to_fmt, writers=writers, **options)
+    out = save_checkpoint(
+        dst,
+        ckpt.cfg,
+        ckpt.state,
+        to_fmt,
+        writers=writers,
+        options=write_options,
+        assumed=ckpt.report.assumed,
+        **declared,
+    )
     report = ckpt.report
     report.notes += out.notes
     report.warnings += out.warnings

@@ -2,49 +2,55 @@
 
 The weights alone do not say how images were normalised, resized and cropped, nor what the classes are
 called. Where a file records them they are **declared**; otherwise the format's usual choice is
-**assumed**, and a warning says so and names the flags that override it:
-
-=============== ================================================================ ==========================
-format          preprocessing                                                    class names
-=============== ================================================================ ==========================
-canonical       safetensors metadata ``preprocess`` (JSON), else assumed [-1, 1]  metadata ``classes``
-timm            safetensors metadata as ours when we wrote the file, else        as ours, else none
-                assumed ImageNet mean/std, bicubic, crop 0.9 (DeiT, most timm)
-hf              ``preprocessor_config.json`` (image_mean/std, resample, size,     ``config.json`` id2label
-                crop), else assumed transformers ViTImageProcessor defaults       (LABEL_i = none)
-original_vit,   assumed [-1, 1], bilinear resize to the size (big_vision          none
-big_vision      ``value_range(-1, 1)``, the original ViT's evaluation)
-orbax           ``vit_config.json`` ``preprocess``, else assumed [-1, 1]          ``classes``
-=============== ================================================================ ==========================
-
-``info_metadata`` / ``hf_files`` give what the writers store, so our files read back as declared.
+**assumed**, and a warning says so and names the flags that override it. What each format declares and
+assumes is the format's own answer (``Format.declared``, ``Format.assumed_preprocess``; e.g. an HF
+folder's ``preprocessor_config.json`` and ``id2label``, the safetensors metadata of our and timm files, a
+stored ``vit_config.json``); ``read_info`` turns it into a ``ModelInfo``. The helpers here parse and
+write those places: ``info_metadata`` / ``hf_labels`` / ``hf_preprocessor_config`` give what the writers
+store, so our files read back as declared.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vit_common.data.images import PRESETS, Preprocess
+from vit_common.data.images import Preprocess
+from vit_common.system.io import read_json
 
 # transformers' PILImageResampling values (= Pillow's Image.Resampling) of the filters we use.
 _HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
-_ASSUMED = {
-    "canonical": (Preprocess(), "vit train's default before files recorded it: [-1, 1], bilinear, squash"),
-    "orbax": (Preprocess(), "vit train's default before files recorded it: [-1, 1], bilinear, squash"),
-    "timm": (
-        PRESETS["imagenet"],
-        "timm files store none; ImageNet mean/std, bicubic, crop 0.9 as DeiT and most timm weights (timm "
-        "augreg and original-ViT ports use --mean 0.5 --std 0.5)",
-    ),
-    "hf": (PRESETS["hf_vit"], "no preprocessor_config.json; transformers ViTImageProcessor defaults"),
-    "original_vit": (PRESETS["big_vision"], "the original ViT's evaluation: [-1, 1], bilinear resize"),
-    "big_vision": (PRESETS["big_vision"], "big_vision value_range(-1, 1), bilinear resize"),
-}
 OVERRIDE_FLAGS = "--mean/--std/--interpolation/--crop-pct/--crop-mode"
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What a file declares, as found: ``preprocess`` (a ``Preprocess`` or its stored dict, None if not
+    declared) and ``classes`` (the stored value, checked by ``read_info``; None if not declared), each
+    with where it was found (a file, or a file's metadata)."""
+
+    preprocess: Preprocess | dict | None = None
+    preprocess_where: str = ""
+    classes: Any = None
+    classes_where: str = ""
+
+
+def declared_in_metadata(meta: dict[str, str], where: str) -> Declared:
+    """The ``preprocess`` and ``classes`` entries (JSON) of safetensors header metadata ``meta``.
+
+    Raises:
+        ValueError: an entry that is not JSON (names ``where`` and the key).
+    """
+    found: dict[str, Any] = {}
+    for key in ("preprocess", "classes"):
+        if key in meta:
+            try:
+                found[key] = json.loads(meta[key])
+            except ValueError as e:
+                raise ValueError(f"{where}: metadata {key!r} is not JSON ({e})") from e
+    return Declared(found.get("preprocess"), where, found.get("classes"), where)
 
 
 @dataclass
@@ -69,24 +75,6 @@ class ModelInfo:
             "classes_source": self.classes_source,
             "warnings": list(self.warnings),
         }
-
-
-def _json_object(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _safetensors_metadata(path: Path) -> dict[str, str]:
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="np") as f:
-            return dict(f.metadata() or {})
-    except (SafetensorError, OSError):
-        return {}
 
 
 def _classes(value: Any, where: str) -> tuple[str, ...]:
@@ -128,7 +116,7 @@ def hf_preprocess(config: dict, where: str) -> Preprocess:
         raise ValueError(f"{where}: cannot read the preprocessing ({e})") from e
 
 
-def _hf_classes(config: dict) -> tuple[str, ...] | None:
+def hf_classes(config: dict) -> tuple[str, ...] | None:
     labels = config.get("id2label")
     if not isinstance(labels, dict) or not labels:
         return None
@@ -141,62 +129,44 @@ def _hf_classes(config: dict) -> tuple[str, ...] | None:
     return tuple(ordered)
 
 
-def read_info(path: str | os.PathLike, family: str) -> ModelInfo:
-    """Preprocessing and class names of the checkpoint at ``path``, read as ``family`` (the format name
-    ``vit_common.checkpoints.convert.load_checkpoint`` reports).
+def read_info(src, fmt) -> ModelInfo:
+    """Preprocessing and class names of the checkpoint ``src`` (a ``formats.protocol.Source``, already
+    read) of format ``fmt`` (its ``Format``): what ``fmt.declared(src)`` finds, else the format's
+    ``assumed_preprocess`` with a warning naming the flags that override it.
 
     Raises:
         ValueError: the file declares preprocessing or classes that are malformed (names the file).
     """
-    path = Path(path)
-    declared: dict[str, Any] = {}
-    where = str(path)
-    if path.is_file() and path.suffix == ".safetensors":
-        meta = _safetensors_metadata(path)
-        for key in ("preprocess", "classes"):
-            if key in meta:
-                try:
-                    declared[key] = json.loads(meta[key])
-                except ValueError as e:
-                    raise ValueError(f"{path}: metadata {key!r} is not JSON ({e})") from e
-        where = f"{path} metadata"
-    folder = path if path.is_dir() else path.parent
-    if family == "hf":
-        pre = _hf_preprocess_file(folder)
-        if pre is not None:
-            declared["preprocess"], where = pre, str(folder / "preprocessor_config.json")
-        config = _json_object(folder / "config.json") or {}
-        if "classes" not in declared and _hf_classes(config) is not None:
-            declared["classes"] = list(_hf_classes(config))
-    if family == "orbax":
-        stored = _json_object(folder / "vit_config.json") or {}
-        declared.update({k: stored[k] for k in ("preprocess", "classes") if k in stored})
-        where = str(folder / "vit_config.json")
-    default, why = _ASSUMED.get(family, _ASSUMED["canonical"])
-    info = ModelInfo(default, f"assumed: {why}")
-    pre = declared.get("preprocess")
+    found = fmt.declared(src)
+    info = ModelInfo(fmt.assumed_preprocess, f"assumed: {fmt.assumed_why}")
+    pre = found.preprocess
     if isinstance(pre, Preprocess):
-        info.preprocess, info.preprocess_source = pre, f"declared: {where}"
+        info.preprocess, info.preprocess_source = pre, f"declared: {found.preprocess_where}"
     elif pre is not None:
         try:
             info.preprocess = Preprocess.from_dict(pre)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"{where}: the stored preprocessing {pre!r} is invalid ({e})") from e
-        info.preprocess_source = f"declared: {where}"
+            raise ValueError(f"{found.preprocess_where}: the stored preprocessing {pre!r} is invalid ({e})") from e
+        info.preprocess_source = f"declared: {found.preprocess_where}"
     else:
         info.warnings.append(f"preprocessing {info.preprocess_source}; override with {OVERRIDE_FLAGS}")
-    if "classes" in declared:
-        info.classes = _classes(declared["classes"], where)
-        info.classes_source = f"declared: {folder / 'config.json' if family == 'hf' else where}"
+    if found.classes is not None:
+        info.classes = _classes(found.classes, found.classes_where)
+        info.classes_source = f"declared: {found.classes_where}"
     return info
 
 
-def _hf_preprocess_file(folder: Path) -> Preprocess | None:
+def hf_preprocess_file(folder: Path) -> Preprocess | None:
+    """The ``Preprocess`` of ``folder``'s preprocessor_config.json (``hf_preprocess``), None if it has none.
+
+    Raises:
+        ValueError: the file is not a JSON object, or its preprocessing cannot be read (names the file).
+    """
     p = folder / "preprocessor_config.json"
     if not p.is_file():
         return None
-    config = _json_object(p)
-    if config is None:
+    config = read_json(p)
+    if not isinstance(config, dict):
         raise ValueError(f"{p}: not a readable JSON object")
     return hf_preprocess(config, str(p))
 

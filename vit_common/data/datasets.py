@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_common.checkpoints.formats.npz import load_file as load_npz
+from vit_common.checkpoints.formats.source import read_npz
 from vit_common.data.images import (
     IMAGE_SUFFIXES,
     Preprocess,
@@ -227,7 +227,7 @@ def _from_arrays(spec, x, y, tr, te, classes, size, channels, pp: Preprocess) ->
 def _read_npz(path: str) -> dict[str, np.ndarray]:
     if not os.path.lexists(path):
         raise FileNotFoundError(f"{path}: no such .npz file")
-    arrays = load_npz(path)  # no pickles; declared sizes checked against the memory limit first
+    arrays = read_npz(path)  # no pickles; declared sizes checked against the memory limit first
     for k in ("x", "y"):
         if k not in arrays:
             raise ValueError(f"{path}: no array {k!r} (found {sorted(arrays)}); expected x [N, H, W(, C)] and y [N]")

@@ -1,25 +1,12 @@
-"""The registry of checkpoint formats: one module per format, each exporting one ``Format`` object.
+"""Checkpoint formats, one module and one ``Format`` object (``FORMAT``) each, on shared modules:
 
-``REGISTRY`` maps a format's name to its object, in detection order (the first whose ``detect`` accepts a
-file reads it). Adding a format is one module, one line here and its tests. ``vit_common.checkpoints.convert``
-dispatches every read and write through this table; ``source`` finds the container beneath.
+- ``errors``: ``FormatError``;
+- ``rules``: the mapping rules between file tensors and the canonical state, what a layout cannot hold;
+- ``provenance``: where each config field came from, config inference from tensor shapes, the report;
+- ``protocol``: the ``Format`` interface and what flows through it (``Source``, ``Decoded``, ``Encoded``,
+  ``ReadOptions``, ``WriteOptions``);
+- ``source``: containers on disk (safetensors, .npz, torch pickles, HF and orbax folders);
+- ``stored``: a ViTConfig stored beside the tensors.
+
+The registry of these objects is ``vit_common.checkpoints.registry``; nothing here imports it.
 """
-
-from __future__ import annotations
-
-from vit_common.checkpoints.formats import big_vision, canonical, hf, orbax, original_vit, timm
-from vit_common.checkpoints.formats.base import Format
-
-REGISTRY: dict[str, Format] = {
-    f.name: f
-    for f in (
-        orbax.FORMAT,
-        canonical.FORMAT,
-        hf.FORMAT,
-        timm.FORMAT,
-        original_vit.FORMAT,
-        big_vision.FORMAT,
-    )
-}
-
-__all__ = ["REGISTRY", "Format"]

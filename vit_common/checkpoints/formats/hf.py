@@ -43,40 +43,49 @@ approximation, 'quick_gelu' = x sigmoid(1.702 x); LayerNorm eps defaults to 1e-1
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vit_common.checkpoints.formats.base import (
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Reference, Source, WriteOptions
+from vit_common.checkpoints.formats.provenance import (
     ASSUMED_KEY,
-    Decoded,
-    Encoded,
-    Format,
-    FormatError,
     Origin,
-    Piece,
-    Rule,
-    Source,
     assumed,
     build_config,
     carried_assumptions,
     common_float_dtype,
-    copy,
     declared,
     derived,
-    from_canonical,
     guess_num_heads,
-    materialize_posemb,
     posemb_layout,
     positive_dims,
-    refuse,
     refuse_unsupported,
     square_grid_origin,
+)
+from vit_common.checkpoints.formats.rules import (
+    Piece,
+    Rule,
+    copy,
+    from_canonical,
+    materialize_posemb,
+    refuse,
     to_canonical,
     unsupported,
 )
+from vit_common.checkpoints.formats.timm import is_timm
+from vit_common.checkpoints.metadata import (
+    Declared,
+    hf_classes,
+    hf_labels,
+    hf_preprocess_file,
+    hf_preprocessor_config,
+)
 from vit_common.config import ViTConfig
+from vit_common.data.images import PRESETS
 from vit_common.system import io
 
 _ACT_TO_GELU = {
@@ -414,14 +423,32 @@ def read_tensors(
     return Decoded(cfg, state, f"{arch}, {spelling} key names", prov, dropped, notes, conflicts)
 
 
+@dataclass(frozen=True)
+class HfWriteOptions(WriteOptions):
+    """How an HF folder is written: ``spelling`` of the tensor names."""
+
+    spelling: str = field(
+        default="v4",
+        metadata={
+            "flag": "--hf-spelling",
+            "choices": tuple(_NAMES),
+            "help": "HF key names to write: v4 (what save_pretrained writes; loads in transformers 4 and 5) "
+            "or v5 (transformers 5 module names)",
+        },
+    )
+
+
 class HuggingFace(Format):
     name = "hf"
     description = "Hugging Face transformers ViT or DeiT folder (config.json + weights)"
     folder = True
+    signature = "embeddings.patch_embeddings.projection.weight, or a folder with config.json"
+    reference = Reference("transformers", "from_pretrained")
+    write_options = HfWriteOptions
+    assumed_preprocess = PRESETS["hf_vit"]
+    assumed_why = "no preprocessor_config.json; transformers ViTImageProcessor defaults"
 
     def detect(self, src: Source) -> bool:
-        from vit_common.checkpoints.formats.timm import is_timm
-
         if src.container not in ("hf_folder", "safetensors", "torch"):
             return False
         return is_hf(src.tensors) or (src.container == "hf_folder" and not is_timm(src.tensors))
@@ -457,8 +484,31 @@ class HuggingFace(Format):
             },
         )
 
-    def encode(self, cfg: ViTConfig, state, path: Path, *, spelling: str = "v4", assumed=(), **_) -> Encoded:
+    def declared(self, src: Source) -> Declared:
+        """The safetensors metadata's entries (a weights file given alone), then the folder's
+        preprocessor_config.json and config.json ``id2label`` (``src.config``; LABEL_i names none)."""
+        found = super().declared(src)
+        folder = src.path if src.path.is_dir() else src.path.parent
+        pre, pre_where = hf_preprocess_file(folder), str(folder / "preprocessor_config.json")
+        if pre is None:
+            pre, pre_where = found.preprocess, found.preprocess_where
+        classes, classes_where = found.classes, found.classes_where
+        if classes is None and hf_classes(src.config or {}) is not None:
+            classes, classes_where = list(hf_classes(src.config)), str(folder / "config.json")
+        return Declared(pre, pre_where, classes, classes_where)
+
+    def record_info(self, enc: Encoded, preprocess, classes) -> list[str]:
+        """Class names as config.json ``id2label``/``label2id``, preprocessing as preprocessor_config.json."""
+        if classes is not None and enc.cfg.num_classes:
+            enc.config_json |= hf_labels(classes, enc.cfg.num_classes)
+        if preprocess is not None:
+            pre = hf_preprocessor_config(preprocess, enc.cfg.image_size, enc.cfg.in_chans)
+            enc.json_files["preprocessor_config.json"] = pre
+        return []
+
+    def encode(self, cfg: ViTConfig, state, path: Path, options: HfWriteOptions, assumed=()) -> Encoded:
         refuse("Hugging Face ViT", self.cannot_hold(cfg))
+        spelling = options.spelling
         if spelling not in _NAMES:
             raise ValueError(f"spelling={spelling!r}: expected 'v4' or 'v5'")
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=True)
@@ -479,6 +529,9 @@ class HuggingFace(Format):
                 io.write_json(tmp / name, obj, sort_keys=True)
 
         io.atomic_write_dir(path, write_folder)
+
+    def export_name(self, source: Path | None = None) -> str:
+        return "model_hf"
 
     def load_call(self, path: Path, cfg: ViTConfig) -> str:
         arch = config_json(cfg)["architectures"][0]

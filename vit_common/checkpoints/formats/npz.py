@@ -29,46 +29,43 @@ warned, since files written from other models exist. ``NpzFormat`` is the format
 
 from __future__ import annotations
 
-import math
-import os
 import re
-import zipfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vit_common.checkpoints.formats.base import (
-    Decoded,
-    Encoded,
-    Format,
-    FormatError,
-    Piece,
-    Rule,
-    Source,
+from vit_common.checkpoints.formats import timm
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Reference, Source, WriteOptions
+from vit_common.checkpoints.formats.provenance import (
     assumed,
     build_config,
     common_float_dtype,
+    derived,
+    posemb_layout,
+    positive_dims,
+    shape_fields,
+    square_grid_origin,
+)
+from vit_common.checkpoints.formats.rules import (
+    Piece,
+    Rule,
     conv_kernel,
     copy,
-    derived,
     from_canonical,
     linear_kernel,
     materialize_posemb,
-    posemb_layout,
-    positive_dims,
     refuse,
-    shape_fields,
-    square_grid_origin,
     stack_layers,
     to_canonical,
     unsupported,
 )
 from vit_common.config import ViTConfig
+from vit_common.data.images import Preprocess
 from vit_common.system import io
-from vit_common.system.validate import check_bytes, regular_file
 
 PREFIXES = ("", "opt/target/", "params/", "params/img/")
 POSEMB_KEYS = ("pos_embedding", "Transformer/posembed_input/pos_embedding", "Transformer/pos_embedding")
@@ -107,64 +104,6 @@ LAYOUTS = {
     "original_vit": Layout("", "old", "Transformer/posembed_input/pos_embedding", False),
     "big_vision": Layout("params/", "new", "pos_embedding", False),
 }
-
-
-def load_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """The arrays of an .npz file, read without pickle (what ``np.load(allow_pickle=False)`` guarantees)
-    and with every declared size checked first.
-
-    Each member's header is parsed and its declared byte size compared with the member's real size
-    (the zip's declared uncompressed size: reading stops there) and with
-    ``vit_common.system.validate.memory_limit()`` before any array is allocated, so a corrupt header or a
-    compressed bomb cannot ask for terabytes.
-
-    Raises:
-        FormatError: not a regular file, not a zip of .npy members, a pickled (object) array, a corrupt
-            member, or members declaring more bytes than the memory limit.
-    """
-    out, total = {}, 0
-    try:
-        with zipfile.ZipFile(regular_file(path)) as zf:
-            for info in zf.infolist():
-                name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
-                with zf.open(info) as fp:
-                    version = np.lib.format.read_magic(fp)
-                    if version not in ((1, 0), (2, 0)):
-                        raise FormatError(f"{path}: member {name!r} has .npy format version {version}")
-                    read_header = (
-                        np.lib.format.read_array_header_1_0
-                        if version == (1, 0)
-                        else np.lib.format.read_array_header_2_0
-                    )
-                    shape, fortran, dtype = read_header(fp)
-                    if dtype.hasobject:
-                        raise FormatError(f"{path}: member {name!r} holds Python objects (pickle); refused")
-                    need, have = math.prod(shape) * dtype.itemsize, info.file_size - fp.tell()
-                    total += need
-                    check_bytes(f"{path}: member {name!r} ({shape} {dtype}) and those before it", total)
-                    if need != have:
-                        raise FormatError(
-                            f"{path}: member {name!r} declares {shape} {dtype} ({need} bytes) "
-                            f"but holds {have} bytes: truncated or corrupt"
-                        )
-                    arr = np.empty(shape[::-1] if fortran else shape, dtype)
-                    if need and fp.readinto(memoryview(arr.reshape(-1).view(np.uint8))) != need:
-                        raise FormatError(f"{path}: member {name!r} is truncated")
-                out[name] = arr.T if fortran else arr
-    except FormatError:
-        raise
-    except (
-        zipfile.BadZipFile,
-        zipfile.LargeZipFile,
-        ValueError,
-        OSError,
-        EOFError,
-        KeyError,
-        NotImplementedError,
-        RuntimeError,
-    ) as e:
-        raise FormatError(f"{path}: not a readable .npz file ({type(e).__name__}: {e})") from e
-    return out
 
 
 def family_of(keys) -> str | None:
@@ -449,13 +388,42 @@ def write(
     return from_canonical(rules(cfg, layout), state)
 
 
+@dataclass(frozen=True)
+class NpzWriteOptions(WriteOptions):
+    """How an .npz is laid out: the key ``prefix`` (None: the family's own) and scan-stacked blocks."""
+
+    prefix: str | None = field(
+        default=None,
+        metadata={
+            "flag": "--npz-prefix",
+            "choices": PREFIXES,
+            "help": "key prefix of a written .npz (default '' for original_vit, 'params/' for big_vision)",
+        },
+    )
+    scan: bool = field(
+        default=False, metadata={"flag": "--scan", "help": "write .npz blocks scan-stacked (big_vision scan=True)"}
+    )
+
+
 class NpzFormat(Format):
-    """The original ViT's or big_vision's .npz (``family``), sharing one layout description."""
+    """The original ViT's or big_vision's .npz (``family``), sharing one layout description; ``signature``
+    says how ``detect`` tells the two apart, ``assumed_preprocess`` / ``assumed_why`` what its files are
+    read with (they store no preprocessing)."""
 
-    suffixes = (".npz",)
+    write_options = NpzWriteOptions
+    reference = Reference("timm", "npz")
 
-    def __init__(self, family: str, description: str, suffixes: tuple[str, ...]):
-        self.name, self.description, self.suffixes = family, description, suffixes
+    def __init__(
+        self,
+        family: str,
+        description: str,
+        suffixes: tuple[str, ...],
+        signature: str,
+        assumed_preprocess: Preprocess,
+        assumed_why: str,
+    ):
+        self.name, self.description, self.suffixes, self.signature = family, description, suffixes, signature
+        self.assumed_preprocess, self.assumed_why = assumed_preprocess, assumed_why
 
     def detect(self, src: Source) -> bool:
         return src.container == "npz" and family_of(src.tensors) == self.name
@@ -474,11 +442,10 @@ class NpzFormat(Format):
     def cannot_hold(self, cfg: ViTConfig) -> list[str]:
         return cannot_hold(cfg)
 
-    def encode(
-        self, cfg: ViTConfig, state, path: Path, *, prefix: str | None = None, scan: bool = False, **_
-    ) -> Encoded:
+    def encode(self, cfg: ViTConfig, state, path: Path, options: NpzWriteOptions, assumed=()) -> Encoded:
         cfg, state, notes = prepare(cfg, state, self.name)
-        return Encoded(cfg, state, write(cfg, state, self.name, prefix=prefix, scan=scan), None, None, notes)
+        tensors = write(cfg, state, self.name, prefix=options.prefix, scan=options.scan)
+        return Encoded(cfg, state, tensors, None, None, notes)
 
     def decode(self, enc: Encoded) -> Decoded:
         return read(
@@ -488,9 +455,10 @@ class NpzFormat(Format):
     def write(self, path: Path, enc: Encoded, writers) -> None:
         io.save_npz(path, enc.tensors)
 
-    def load_call(self, path: Path, cfg: ViTConfig) -> str:
-        from vit_common.checkpoints.formats import timm
+    def export_name(self, source: Path | None = None) -> str:
+        return f"model_{self.name}.npz"
 
+    def load_call(self, path: Path, cfg: ViTConfig) -> str:
         if timm.FORMAT.cannot_hold(cfg) or cfg.posemb == "sincos2d":
             return ""
         lines = timm.timm_load_call(path.with_suffix(".safetensors"), cfg).splitlines()

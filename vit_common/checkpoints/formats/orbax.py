@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vit_common.checkpoints.formats.base import Decoded, Encoded, Format, FormatError, Source, writer
-from vit_common.checkpoints.formats.canonical import decode_stored
-from vit_common.checkpoints.formats.source import reader
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Source, WriteOptions, writer
+from vit_common.checkpoints.formats.source import ORBAX_CONFIG, reader
+from vit_common.checkpoints.formats.stored import decode_stored
+from vit_common.checkpoints.metadata import Declared
 from vit_common.config import ViTConfig
 
 
@@ -19,6 +21,7 @@ class Orbax(Format):
     description = "orbax checkpoint folder of the JAX twin (needs jax)"
     folder = True
     framework = "jax"
+    signature = "a folder with vit_config.json and state/"
 
     def detect(self, src: Source) -> bool:
         return src.container == "orbax_folder"
@@ -29,7 +32,12 @@ class Orbax(Format):
         cfg, state = reader(opts.readers, "orbax", src.path)(src.path)
         return decode_stored(cfg, state, "orbax checkpoint of the JAX twin", src.context, "stored config")
 
-    def encode(self, cfg: ViTConfig, state, path: Path, **options) -> Encoded:
+    def declared(self, src: Source) -> Declared:
+        """The ``preprocess`` and ``classes`` entries of the folder's stored config (``src.config``)."""
+        stored, where = src.config or {}, str(src.path / ORBAX_CONFIG)
+        return Declared(stored.get("preprocess"), where, stored.get("classes"), where)
+
+    def encode(self, cfg: ViTConfig, state, path: Path, options: WriteOptions, assumed=()) -> Encoded:
         return Encoded(cfg, dict(state), dict(state))
 
     def decode(self, enc: Encoded) -> Decoded:

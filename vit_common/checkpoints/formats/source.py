@@ -9,6 +9,7 @@ orbax folders are read through callables the framework adapters provide
 from __future__ import annotations
 
 import json
+import math
 import os
 import zipfile
 from collections.abc import Callable, Mapping
@@ -19,10 +20,10 @@ import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from vit_common.checkpoints.formats.base import FormatError, Source
-from vit_common.checkpoints.formats.npz import load_file as load_npz
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.protocol import Source
 from vit_common.system.io import read_json
-from vit_common.system.validate import regular_file
+from vit_common.system.validate import check_bytes, regular_file
 
 ORBAX_CONFIG = "vit_config.json"  # beside the orbax ``state/`` folder: {"format": ..., "vit_config": ...}
 HF_INDEX = "model.safetensors.index.json"
@@ -67,6 +68,64 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
     if wide:
         tensors |= _read_raw(Path(path), {k: kinds[k] for k in wide})
     return {k: tensors[k] for k in names}, meta
+
+
+def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file, read without pickle (what ``np.load(allow_pickle=False)`` guarantees)
+    and with every declared size checked first.
+
+    Each member's header is parsed and its declared byte size compared with the member's real size
+    (the zip's declared uncompressed size: reading stops there) and with
+    ``vit_common.system.validate.memory_limit()`` before any array is allocated, so a corrupt header or a
+    compressed bomb cannot ask for terabytes.
+
+    Raises:
+        FormatError: not a regular file, not a zip of .npy members, a pickled (object) array, a corrupt
+            member, or members declaring more bytes than the memory limit.
+    """
+    out, total = {}, 0
+    try:
+        with zipfile.ZipFile(regular_file(path)) as zf:
+            for info in zf.infolist():
+                name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+                with zf.open(info) as fp:
+                    version = np.lib.format.read_magic(fp)
+                    if version not in ((1, 0), (2, 0)):
+                        raise FormatError(f"{path}: member {name!r} has .npy format version {version}")
+                    read_header = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
+                    shape, fortran, dtype = read_header(fp)
+                    if dtype.hasobject:
+                        raise FormatError(f"{path}: member {name!r} holds Python objects (pickle); refused")
+                    need, have = math.prod(shape) * dtype.itemsize, info.file_size - fp.tell()
+                    total += need
+                    check_bytes(f"{path}: member {name!r} ({shape} {dtype}) and those before it", total)
+                    if need != have:
+                        raise FormatError(
+                            f"{path}: member {name!r} declares {shape} {dtype} ({need} bytes) "
+                            f"but holds {have} bytes: truncated or corrupt"
+                        )
+                    arr = np.empty(shape[::-1] if fortran else shape, dtype)
+                    if need and fp.readinto(memoryview(arr.reshape(-1).view(np.uint8))) != need:
+                        raise FormatError(f"{path}: member {name!r} is truncated")
+                out[name] = arr.T if fortran else arr
+    except FormatError:
+        raise
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        ValueError,
+        OSError,
+        EOFError,
+        KeyError,
+        NotImplementedError,
+        RuntimeError,
+    ) as e:
+        raise FormatError(f"{path}: not a readable .npz file ({type(e).__name__}: {e})") from e
+    return out
 
 
 def _read_raw(path: Path, kinds: Mapping[str, str]) -> dict[str, np.ndarray]:
@@ -114,7 +173,7 @@ def open_source(path: str | os.PathLike) -> Source:
         raise FileNotFoundError(f"{path}: no such file or folder")
     if path.is_dir():
         if (path / ORBAX_CONFIG).is_file() and (path / "state").is_dir():
-            return Source(path, "orbax_folder", (path,))
+            return Source(path, "orbax_folder", (path,), json_object(path / ORBAX_CONFIG))
         if (path / "config.json").is_file():
             return _hf_folder(path)
         raise FormatError(
@@ -176,7 +235,7 @@ def _read_file(src: Source, f: Path, readers) -> tuple[dict[str, np.ndarray], di
         src.dropped += why
         return part, {}
     if src.container == "npz":
-        return load_npz(f), {}
+        return read_npz(f), {}
     return read_safetensors(f)
 
 

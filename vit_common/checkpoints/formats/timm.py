@@ -27,36 +27,35 @@ from typing import Any
 
 import numpy as np
 
-from vit_common.checkpoints.formats.base import (
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Reference, Source, WriteOptions, writer
+from vit_common.checkpoints.formats.provenance import (
     ASSUMED_KEY,
-    Decoded,
-    Encoded,
-    Format,
-    FormatError,
     Origin,
-    Piece,
-    Rule,
-    Source,
     assumed,
     build_config,
     common_float_dtype,
-    copy,
     derived,
     guess_num_heads,
-    materialize_posemb,
     posemb_layout,
     positive_dims,
-    refuse,
     refuse_unsupported,
     shape_fields,
     square_grid_origin,
+)
+from vit_common.checkpoints.formats.rules import (
+    Piece,
+    Rule,
+    copy,
+    materialize_posemb,
+    refuse,
     to_canonical,
     unsupported,
-    writer,
 )
-from vit_common.checkpoints.formats.canonical import assumed_meta, config_from_json, decode_stored
 from vit_common.checkpoints.formats.source import TORCH_SUFFIXES
+from vit_common.checkpoints.formats.stored import assumed_meta, config_from_json, decode_stored
 from vit_common.config import ViTConfig
+from vit_common.data.images import PRESETS
 from vit_common.state import canonical_shapes
 from vit_common.system import io
 
@@ -248,6 +247,13 @@ class Timm(Format):
     name = "timm"
     description = "timm VisionTransformer state_dict (.safetensors, .pth, .bin)"
     suffixes = TORCH_SUFFIXES
+    signature = "patch_embed.proj.weight"
+    reference = Reference("timm", "state_dict")
+    assumed_preprocess = PRESETS["imagenet"]
+    assumed_why = (
+        "timm files store none; ImageNet mean/std, bicubic, crop 0.9 as DeiT and most timm weights (timm "
+        "augreg and original-ViT ports use --mean 0.5 --std 0.5)"
+    )
 
     def detect(self, src: Source) -> bool:
         return src.container in ("safetensors", "torch", "hf_folder") and is_timm(src.tensors)
@@ -288,7 +294,7 @@ class Timm(Format):
             },
         )
 
-    def encode(self, cfg: ViTConfig, state, path: Path, *, assumed=(), **options) -> Encoded:
+    def encode(self, cfg: ViTConfig, state, path: Path, options: WriteOptions, assumed=()) -> Encoded:
         refuse("timm", self.cannot_hold(cfg))
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=False)
         tensors = {k: np.ascontiguousarray(state[k]) for k in canonical_shapes(cfg)}
@@ -316,6 +322,11 @@ class Timm(Format):
 
     def load_call(self, path: Path, cfg: ViTConfig) -> str:
         return timm_load_call(path, cfg)
+
+    def export_name(self, source: Path | None = None) -> str:
+        """``model_timm.safetensors``, or ``model_timm.pth`` (.pt, .bin) after a PyTorch pickle source."""
+        suffix = Path(source).suffix if source is not None else ""
+        return f"model_timm{suffix if suffix in TORCH_SUFFIXES else '.safetensors'}"
 
 
 FORMAT = Timm()

@@ -1,0 +1,144 @@
+"""The registry holds each format whole: every answer that depends on a format comes from its object
+(write options and their flags, export names, reference libraries, what files declare, the detection
+error), and a command opens its source once."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import vit_common.checkpoints.formats.source as source_module
+from vit_cli.main import main
+from vit_common.checkpoints import REGISTRY, load_checkpoint, save_checkpoint
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.hf import HfWriteOptions
+from vit_common.checkpoints.formats.npz import NpzWriteOptions
+from vit_common.config import ViTConfig
+from vit_common.data.images import PRESETS, Preprocess
+from vit_common.state import canonical_shapes
+from vit_common.system.io import save_safetensors
+
+CFG = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
+
+
+def _state(cfg: ViTConfig = CFG) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {k: rng.standard_normal(s).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
+
+
+def test_each_format_answers_its_own_questions():
+    """The answers that used to be tables keyed by format name elsewhere (vit train's export names,
+    vit_torch.oracles' library switch, metadata.py's assumed preprocessing), as the formats give them."""
+    exports = {f.name: f.export_name() for f in REGISTRY.values()}
+    assert exports == {
+        "orbax": "model_orbax",
+        "canonical": "model.safetensors",
+        "hf": "model_hf",
+        "timm": "model_timm.safetensors",
+        "original_vit": "model_original_vit.npz",
+        "big_vision": "model_big_vision.npz",
+    }
+    assert REGISTRY["timm"].export_name(Path("in/w.pth")) == "model_timm.pth"
+    assert REGISTRY["timm"].export_name(Path("in/w.safetensors")) == "model_timm.safetensors"
+    references = {n: (f.reference.library, f.reference.loader) if f.reference else None for n, f in REGISTRY.items()}
+    assert references == {
+        "orbax": None,
+        "canonical": None,
+        "hf": ("transformers", "from_pretrained"),
+        "timm": ("timm", "state_dict"),
+        "original_vit": ("timm", "npz"),
+        "big_vision": ("timm", "npz"),
+    }
+    assumed = {n: f.assumed_preprocess for n, f in REGISTRY.items()}
+    assert assumed == {
+        "orbax": Preprocess(),
+        "canonical": Preprocess(),
+        "hf": PRESETS["hf_vit"],
+        "timm": PRESETS["imagenet"],
+        "original_vit": PRESETS["big_vision"],
+        "big_vision": PRESETS["big_vision"],
+    }
+    for f in REGISTRY.values():
+        assert f.signature and f.assumed_why, f.name
+        for field in dataclasses.fields(f.write_options):
+            assert field.metadata["flag"].startswith("--") and field.metadata["help"], (f.name, field.name)
+
+
+def test_the_detection_error_names_every_registered_format(tmp_path):
+    save_safetensors(tmp_path / "x.safetensors", {"something.else": np.zeros(3, np.float32)})
+    with pytest.raises(FormatError, match="match none of the formats") as e:
+        load_checkpoint(tmp_path / "x.safetensors")
+    for f in REGISTRY.values():
+        assert f"{f.name} ({f.signature})" in str(e.value)
+
+
+def test_write_options_are_typed_per_format(tmp_path):
+    save_checkpoint(tmp_path / "v5", CFG, _state(), "hf", options=HfWriteOptions("v5"))
+    from safetensors.numpy import load_file
+
+    assert any(".layers.0.attention.q_proj." in k for k in load_file(tmp_path / "v5" / "model.safetensors"))
+    with pytest.raises(ValueError, match="NpzWriteOptions are not the hf format's options"):
+        save_checkpoint(tmp_path / "x", CFG, _state(), "hf", options=NpzWriteOptions(scan=True))
+    assert not (tmp_path / "x").exists()
+
+
+def test_convert_flags_come_from_the_write_options(tmp_path, capsys):
+    """--hf-spelling, --npz-prefix and --scan are generated from the dataclasses; one that belongs to
+    another format than the output's is refused before anything is read or written."""
+    save_checkpoint(tmp_path / "m.safetensors", CFG, _state(), "canonical")
+    assert main(["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "b.npz"), "--scan"]) == 0
+    assert load_checkpoint(tmp_path / "b.npz").report.layout.count("scan-stacked") == 1
+    capsys.readouterr()
+    argv = ["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "h"), "--to", "hf", "--npz-prefix", "params/"]
+    assert main(argv) == 2
+    assert (
+        "vit convert: error: --npz-prefix: an option of original_vit / big_vision files, but the output format is hf"
+        in (capsys.readouterr().err)
+    )
+    assert not (tmp_path / "h").exists()
+
+
+@pytest.fixture
+def opens(monkeypatch):
+    """{'sniff': n, 'tensors': n}: how often the checkpoint file's container is sniffed (Python ``open``
+    of the path) and its tensors or metadata read (``safe_open``)."""
+    counts = {"sniff": 0, "tensors": 0, "path": None}
+    real = source_module.safe_open
+
+    def counting_safe_open(path, *args, **kwargs):
+        if str(path) == counts["path"]:
+            counts["tensors"] += 1
+        return real(path, *args, **kwargs)
+
+    def hook(event, args):
+        if event == "open" and counts["path"] is not None and str(args[0]) == counts["path"]:
+            counts["sniff"] += 1
+
+    import safetensors
+
+    monkeypatch.setattr(source_module, "safe_open", counting_safe_open)
+    monkeypatch.setattr(safetensors, "safe_open", counting_safe_open)
+    sys.addaudithook(hook)
+    yield counts
+    counts["path"] = None  # an audit hook cannot be removed: it stops counting
+
+
+@pytest.mark.parametrize("command", ["convert", "info", "predict"])
+def test_a_command_opens_its_source_once(command, tmp_path, opens):
+    from PIL import Image
+
+    path = tmp_path / "m.safetensors"
+    save_checkpoint(path, CFG, _state(), "canonical", preprocess=PRESETS["imagenet"], classes=["a", "b", "c"])
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "x.png")
+    argv = {
+        "convert": ["convert", str(path), str(tmp_path / "t.safetensors"), "--to", "timm"],
+        "info": ["info", str(path)],
+        "predict": ["predict", str(path), str(tmp_path / "x.png")],
+    }[command]
+    opens["path"] = str(path)
+    assert main(argv) == 0
+    assert (opens["sniff"], opens["tensors"]) == (1, 1), opens

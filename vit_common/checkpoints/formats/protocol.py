@@ -1,0 +1,224 @@
+"""The ``Format`` protocol every format module implements, and what flows through it.
+
+``Source`` (a container found on disk, tensors loaded) -> ``Format.read`` -> ``Decoded`` (config,
+canonical state, provenance); ``Format.encode`` -> ``Encoded`` (the file's tensors in memory) ->
+``Format.decode`` (the read-back check) and ``Format.write``. ``ReadOptions`` and a format's
+``WriteOptions`` subclass carry what a caller tells a reader and a writer. Besides reading and writing, a
+format answers everything else that depends on it: the preprocessing and class names its files declare
+(or the usual choice it assumes), its export file name, the library that loads it as a reference, and the
+signature its detection looks for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.provenance import Origin
+from vit_common.checkpoints.metadata import Declared, declared_in_metadata, info_metadata
+from vit_common.config import ViTConfig
+from vit_common.data.images import Preprocess
+
+
+@dataclass
+class Decoded:
+    """What a format reader returns: config, canonical state and its part of the report."""
+
+    cfg: ViTConfig
+    state: dict[str, np.ndarray]
+    layout: str = ""
+    provenance: dict[str, Origin] = field(default_factory=dict)
+    dropped: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)  # stored metadata vs head shape (see convert.py)
+
+
+@dataclass
+class Source:
+    """A checkpoint file or folder as found on disk, before any format reads it.
+
+    ``container``: 'safetensors', 'npz', 'torch' (.pth/.bin pickle), 'hf_folder' (config.json +
+    weights), 'orbax_folder'. ``files``: the files holding tensors (shards in index order).
+    ``config``: an HF config.json beside the weights, an orbax folder's vit_config.json, or None.
+    ``weight_map``: a sharded folder's
+    tensor -> shard file map. ``tensors`` and ``meta`` (safetensors header metadata) are filled by
+    ``vit_common.checkpoints.formats.source.load_tensors``; ``dropped`` lists what the container held besides weights.
+    """
+
+    path: Path
+    container: str
+    files: tuple[Path, ...]
+    config: dict | None = None
+    weight_map: dict[str, str] | None = None
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, str] = field(default_factory=dict)
+    dropped: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def context(self) -> str:
+        return str(self.path)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """What a caller tells a reader: ``source_image_size`` (H, W) the file was trained at (for files that
+    store none), ``overrides`` (config fields, recorded as given), ``keep_zero_head`` (.npz), ``readers``
+    (framework readers for containers vit_common cannot open: 'torch', 'orbax')."""
+
+    source_image_size: tuple[int, int] | None = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    keep_zero_head: bool = False
+    readers: Mapping[str, Callable[..., Any]] | None = None
+
+
+@dataclass
+class Encoded:
+    """A state as a format holds it, in memory, before it is written.
+
+    ``cfg`` and ``state``: the config and canonical state the file will hold (they differ from the input
+    only where the format needs it: ``notes`` say how). ``tensors``: the file's tensors. ``config_json``:
+    an HF folder's config.json. ``meta``: safetensors header metadata (None where the container has none).
+    ``json_files``: other JSON files of a folder format, by name (an HF folder's preprocessor_config.json).
+    """
+
+    cfg: ViTConfig
+    state: dict[str, np.ndarray]
+    tensors: dict[str, np.ndarray]
+    config_json: dict | None = None
+    meta: dict[str, str] | None = None
+    notes: list[str] = field(default_factory=list)
+    json_files: dict[str, dict] = field(default_factory=dict)
+
+
+Writer = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """What a caller tells a format's writer; this base holds nothing (formats without options).
+
+    A format with options subclasses it (``Format.write_options``); each field's metadata gives its
+    ``help``, its CLI ``flag`` and optional ``choices``, from which ``vit_cli.flags.add_flags`` makes
+    the flag (``vit convert --hf-spelling``, ``--npz-prefix``, ``--scan``).
+    """
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The library that loads a format's files as a reference (``vit parity --against``, ``vit train``'s
+    export check, ``vit_torch.oracles.library_logits``): ``library`` is its import name ('timm',
+    'transformers'); ``loader`` how it reads the file: 'state_dict' (the library's model built from the
+    config, then ``load_state_dict(strict=True)`` of the file's tensors), 'npz' (timm's ``.npz`` loader,
+    ``timm.models.vision_transformer._load_weights``) or 'from_pretrained' (transformers reads the folder
+    and its own config.json)."""
+
+    library: str
+    loader: str
+
+
+class Format:
+    """One checkpoint format. Each module of ``vit_common.checkpoints.formats`` exports one instance as ``FORMAT``.
+
+    Attributes: ``name`` (what --from/--to take), ``description``, ``suffixes`` (file suffixes written as
+    this format when no --to is given; a folder format has none), ``folder`` (written as a folder),
+    ``framework`` ('jax', 'torch' or None: what reading and writing need whatever the container),
+    ``signature`` (what ``detect`` looks for, named by the error for a file no format detects),
+    ``reference`` (the library that loads its files, or None), ``write_options`` (the ``WriteOptions``
+    subclass ``encode`` takes), ``assumed_preprocess`` and ``assumed_why`` (the preprocessing a file that
+    declares none is read with, and why: the format's usual choice).
+    """
+
+    name: str = ""
+    description: str = ""
+    suffixes: tuple[str, ...] = ()
+    folder: bool = False
+    framework: str | None = None
+    signature: str = ""
+    reference: Reference | None = None
+    write_options: type[WriteOptions] = WriteOptions
+    assumed_preprocess: Preprocess = Preprocess()
+    assumed_why: str = "vit train's default before files recorded it: [-1, 1], bilinear, squash"
+
+    def detect(self, src: Source) -> bool:
+        """Whether ``src`` (tensors loaded) is this format."""
+        raise NotImplementedError
+
+    def read(self, src: Source, opts: ReadOptions) -> Decoded:
+        """Canonical state, config and provenance of ``src``.
+
+        Raises:
+            FormatError: not this format, or what the twins lack (named). StateMismatchError: tensors
+                missing, unexpected or of the wrong shape (file names).
+        """
+        raise NotImplementedError
+
+    def declared(self, src: Source) -> Declared:
+        """The preprocessing and class names ``src`` declares (the safetensors header's ``preprocess`` and
+        ``classes`` entries, where the container is a safetensors file), from what ``src`` already holds.
+
+        Raises:
+            ValueError: a declared entry is not JSON (names the file).
+        """
+        if src.container != "safetensors":
+            return Declared()
+        return declared_in_metadata(src.meta, f"{src.path} metadata")
+
+    def record_info(self, enc: Encoded, preprocess: Preprocess | None, classes) -> list[str]:
+        """Put ``preprocess`` and ``classes`` (K names) into ``enc`` where the file holds them (safetensors
+        header metadata); returns a note for each that the format cannot record."""
+        info = info_metadata(preprocess, classes)
+        if not info:
+            return []
+        if enc.meta is not None:
+            enc.meta = {**info, **enc.meta}
+            return []
+        return [f"{self.name} files record no preprocessing or class names: they were not written"]
+
+    def cannot_hold(self, cfg: ViTConfig) -> list[str]:
+        """Every choice of ``cfg`` this format cannot hold (empty: it can), before ``encode``'s rewrites."""
+        return []
+
+    def encode(
+        self, cfg: ViTConfig, state: Mapping[str, np.ndarray], path: Path, options: WriteOptions, assumed=()
+    ) -> Encoded:
+        """``state`` as this format holds it at ``path`` (its suffix may matter), with ``options`` (an
+        instance of ``write_options``) and ``assumed`` (config fields whose values were assumed, recorded
+        where the format can); ValueError if it cannot hold the model."""
+        raise NotImplementedError
+
+    def decode(self, enc: Encoded) -> Decoded:
+        """Read ``enc`` back in memory, as ``read`` would read the written file."""
+        raise NotImplementedError
+
+    def write(self, path: Path, enc: Encoded, writers: Mapping[str, Writer]) -> None:
+        """Write ``enc`` to ``path`` atomically (through ``vit_common.system.io``)."""
+        raise NotImplementedError
+
+    def needs(self, path: Path) -> str | None:
+        """The framework writing ``path`` in this format needs ('jax', 'torch' or None)."""
+        return self.framework
+
+    def load_call(self, path: Path, cfg: ViTConfig) -> str:
+        """Python code that loads the written file strictly in the library that defines the format."""
+        return ""
+
+    def export_name(self, source: Path | None = None) -> str:
+        """The name ``vit train`` gives this format's export in a run folder (``model_<name>`` and the first
+        suffix); ``source``, the file fine-tuned from, where its suffix decides the container."""
+        return f"model_{self.name}{self.suffixes[0] if self.suffixes else ''}"
+
+
+def writer(writers: Mapping[str, Writer] | None, what: str, path: Path) -> Writer:
+    """The framework writer ``what`` ('torch' | 'orbax') from ``writers``; FormatError if not given."""
+    fn = (writers or {}).get(what)
+    if fn is None:
+        framework = "jax" if what == "orbax" else "torch"
+        raise FormatError(
+            f"{path}: writing {what} needs vit_{framework}.formats.WRITERS, which the caller did not pass"
+        )
+    return fn

@@ -1,0 +1,321 @@
+"""Where each config field came from, the config a file's tensors imply, and the report of a conversion.
+
+Every config field that changes the function (``vit_common.config.FUNCTION_FIELDS``) gets an ``Origin``
+when a file is read: declared (the file, or the format's own definition of a missing key, states it),
+derived (tensor shapes imply it without ambiguity), assumed (a default or a guess: the file cannot tell)
+or given (the caller passed it). Assumed fields are what a reader must be told about. The helpers here
+read config fields off tensor shapes (head count, grid, prefix rows) and refuse, by name, what the twins
+do not implement.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.config import FUNCTION_FIELDS, VARIANTS, ViTConfig
+
+DECLARED, DERIVED, ASSUMED, GIVEN = "declared", "derived", "assumed", "given"
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a config field's value came from: ``kind`` (DECLARED, DERIVED, ASSUMED or GIVEN) and
+    ``source``, a short phrase (e.g. "config.json layer_norm_eps", "pos_embed rows", "timm's default")."""
+
+    kind: str
+    source: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.source}"
+
+
+def declared(source: str) -> Origin:
+    return Origin(DECLARED, source)
+
+
+def derived(source: str) -> Origin:
+    return Origin(DERIVED, source)
+
+
+def assumed(source: str) -> Origin:
+    return Origin(ASSUMED, source)
+
+
+_NO_VALUE = object()
+
+
+def flag_for(name: str, value: Any = _NO_VALUE) -> str:
+    """How a caller supplies config field ``name`` (with ``value`` if given): the CLI flag and the API
+    keyword, e.g. "--set num_heads=12 (num_heads=12)" or "--source-image-size HxW (source_image_size=(H, W))"."""
+    if name == "image_size":
+        if value is _NO_VALUE:
+            return "--source-image-size HxW (source_image_size=(H, W))"
+        h, w = value
+        return f"--source-image-size {h}x{w} (source_image_size=({h}, {w}))"
+    if value is _NO_VALUE:
+        return f"--set {name}=VALUE ({name}=VALUE)"
+    cli = value if isinstance(value, str) else json.dumps(list(value) if isinstance(value, tuple) else value)
+    return f"--set {name}={cli} ({name}={value!r})"
+
+
+def assumed_fields(cfg: ViTConfig, provenance: Mapping[str, Origin]) -> list[str]:
+    """The fields of ``cfg`` that change its function, were assumed, and matter given the others."""
+    inert = cfg.inert_fields()
+    return [k for k in FUNCTION_FIELDS if k not in inert and k in provenance and provenance[k].kind == ASSUMED]
+
+
+def shape_fields(**fields: Any) -> tuple[dict[str, Any], dict[str, Origin]]:
+    """(config fields, their provenance) for values read off tensor shapes (derived)."""
+    return dict(fields), {k: derived("tensor shapes") for k in fields}
+
+
+def positive_dims(shape: tuple[int, ...], name: str, context: str) -> tuple[int, ...]:
+    """``shape`` if every dimension is positive; FormatError naming the tensor otherwise."""
+    if not all(int(n) > 0 for n in shape):
+        raise FormatError(f"{context}: {name} has shape {tuple(shape)} with an empty dimension")
+    return tuple(int(n) for n in shape)
+
+
+def common_float_dtype(tensors: Mapping[str, np.ndarray]) -> str | None:
+    """The one floating dtype name all float tensors share, or None if they are mixed or absent."""
+    names = {
+        np.dtype(np.asarray(v).dtype).name
+        for v in tensors.values()
+        if np.issubdtype(np.asarray(v).dtype, np.floating) or np.asarray(v).dtype.name == "bfloat16"
+    }
+    return names.pop() if len(names) == 1 else None
+
+
+def guess_num_heads(width: int) -> tuple[int, Origin]:
+    """num_heads for a width when the file stores none: the VARIANTS row of that width, else width/64.
+
+    Returns (num_heads, assumed origin). Raises FormatError if no rule gives a divisor.
+    """
+    for name, row in VARIANTS.items():
+        if row["width"] == width:
+            return row["num_heads"], assumed(f"not stored; the variant table's {name} row for width {width}")
+    if width % 64 == 0:
+        return width // 64, assumed("not stored; width / 64 (head_dim 64)")
+    raise FormatError(
+        f"cannot guess num_heads for width {width}: the file does not store it; pass num_heads (--set num_heads=N)"
+    )
+
+
+def grid_of(rows: int, prefix: int, grid: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The patch grid of a pos_embed with ``rows`` rows if its patch rows match ``grid`` (when given)
+    or form a square (when not); None otherwise."""
+    n = rows - prefix
+    if n <= 0:
+        return None
+    if grid is not None:
+        return tuple(grid) if grid[0] * grid[1] == n else None
+    side = math.isqrt(n)
+    return (side, side) if side * side == n else None
+
+
+def posemb_layout(
+    rows: int, num_prefix: int, grid: tuple[int, int] | None, name: str, context: str = ""
+) -> tuple[tuple[int, int], bool, Origin]:
+    """(patch grid, posemb_prefix, posemb_prefix's origin) of a stored pos_embed with ``rows`` rows.
+
+    With prefix rows (timm default, original ViT) the rows are prefix + grid; without (no_embed_class,
+    big_vision) they are the grid alone. ``grid`` is the known grid (declared or given); without it the
+    grid must be square, and since a non-square grid could fit either reading, whether the rows include
+    the prefix is then assumed too. When both readings fit, the one with prefix rows is taken.
+
+    Raises:
+        FormatError: no square (or given) grid fits; the message names the file (``context``), the
+            tensor and the flag that supplies the size.
+    """
+    without = grid_of(rows, 0, grid)
+    with_prefix = grid_of(rows, num_prefix, grid) if num_prefix else None
+    if without is not None and not num_prefix:
+        return without, True, derived(f"{name} rows (no prefix tokens: nothing to place)")
+    if with_prefix is not None and without is not None:
+        return with_prefix, True, assumed(f"{name} rows fit the grid with and without prefix rows")
+    if with_prefix is None and without is None:
+        hint = f"grid {grid[0]}x{grid[1]}" if grid else "a square grid"
+        raise FormatError(
+            f"{context + ': ' if context else ''}{name} has {rows} rows, which is not {hint} (with or without "
+            f"{num_prefix} prefix rows); a non-square grid must be given: pass {flag_for('image_size')}"
+        )
+    found, prefix_rows = (with_prefix, True) if with_prefix is not None else (without, False)
+    how = f"{name} rows: {f'{num_prefix} prefix row(s) + ' if prefix_rows else 'no prefix rows, '}"
+    how += f"a {found[0]}x{found[1]} grid"
+    return found, prefix_rows, derived(f"{how} (the given size)") if grid else assumed(f"{how}, if it is square")
+
+
+ASSUMED_KEY = "vit_assumed"  # metadata / config.json key: the fields a written file's source did not state
+
+
+def carried_assumptions(stored, provenance: dict[str, Origin], context: str) -> None:
+    """Mark the fields a file we wrote lists under ``ASSUMED_KEY`` (a JSON list, or a list) as assumed
+    again: their values were assumptions when the file was converted, and stay so.
+
+    Raises:
+        FormatError: the list is not a list of field names.
+    """
+    if stored is None:
+        return
+    try:
+        names = json.loads(stored) if isinstance(stored, str) else stored
+    except ValueError as e:
+        raise FormatError(f"{context}: {ASSUMED_KEY} is not JSON ({e})") from e
+    if not isinstance(names, list) or not all(isinstance(n, str) and n in FUNCTION_FIELDS for n in names):
+        raise FormatError(f"{context}: {ASSUMED_KEY}={names!r} is not a list of config field names")
+    for name in names:
+        provenance[name] = assumed("assumed when this file was converted: its source did not state it")
+
+
+def square_grid_origin(grid: tuple[int, int], what: str) -> Origin:
+    """The origin of an image size read off a square patch count: always an assumption, since a
+    non-square grid with the same count is possible."""
+    return assumed(f"not stored; {what} read as a square {grid[0]}x{grid[1]} grid")
+
+
+# Parameters of models the twins do not implement, by the name a reader refuses them with.
+UNSUPPORTED_TENSORS: tuple[tuple[re.Pattern, str], ...] = (
+    (re.compile(r"(^|\.)attn\.(q_bias|v_bias)$"), "separate q_bias/v_bias attention biases (BEiT, EVA)"),
+    (
+        re.compile(r"relative_position_(bias_table|index)$|(^|\.)rel_pos_bias\.|(^|\.)rel_pos_"),
+        "relative position tables (BEiT, EVA, Swin-style relative position bias)",
+    ),
+    (re.compile(r"(^|\.)mlp\.w12\."), "a gated MLP packed as xformers' w12/w3 (convert with timm first)"),
+    (
+        re.compile(r"(^|\.)attn\.norm\.|(^|\.)mlp\.norm\."),
+        "a LayerNorm inside attention or the MLP (timm scale_*_norm)",
+    ),
+    (re.compile(r"^patch_embed\.norm\."), "a LayerNorm inside the patch embedding"),
+    (re.compile(r"(^|\.)lambda_[12]$"), "BEiT-style LayerScale lambda_1/lambda_2"),
+    (re.compile(r"(^|\.)rope\."), "rotary position embeddings"),
+)
+
+
+def refuse_unsupported(keys, context: str, extra: Mapping[str, bool] = ()) -> None:
+    """Raise FormatError naming every model feature in ``keys`` the twins lack (``UNSUPPORTED_TENSORS``,
+    plus ``extra``: description -> present), with an example tensor for each."""
+    found: dict[str, str] = {}
+    for k in keys:
+        for pattern, what in UNSUPPORTED_TENSORS:
+            if what not in found and pattern.search(k):
+                found[what] = k
+    lines = [f"{what} (e.g. {k})" for what, k in found.items()]
+    lines += [what for what, present in dict(extra).items() if present]
+    if lines:
+        raise FormatError(f"{context}: the twins do not implement " + "; ".join(lines))
+
+
+@dataclass
+class Report:
+    """What a conversion read, where each config field came from, what it dropped, resampled and wrote.
+
+    ``provenance`` maps each config field that changes the function to its ``Origin``; ``assumed``
+    lists those that were assumed and matter (each also has a warning naming its flag).
+    ``load_call`` is the library code that loads a written file strictly (timm or transformers).
+    """
+
+    source: str = ""
+    format: str = ""
+    layout: str = ""
+    tensors_read: int = 0
+    provenance: dict[str, Origin] = field(default_factory=dict)
+    assumed: list[str] = field(default_factory=list)
+    dropped: list[tuple[str, str]] = field(default_factory=list)
+    resampled: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    config: ViTConfig | None = None
+    written: str = ""
+    written_format: str = ""
+    load_call: str = ""
+
+    @property
+    def variant(self) -> str:
+        cfg = self.config
+        if cfg is None:
+            return "?"
+        p = cfg.patch_size[0] if cfg.patch_size[0] == cfg.patch_size[1] else "x".join(map(str, cfg.patch_size))
+        if cfg.variant is not None:
+            return f"{cfg.variant}/{p}"
+        return f"custom (width {cfg.width}, depth {cfg.depth}, heads {cfg.num_heads}, mlp {cfg.mlp_dim}, patch {p})"
+
+    def provenance_lines(self) -> list[str]:
+        """One line per config field: name, value, kind and source (assumed fields marked)."""
+        cfg = self.config
+        out = []
+        for k, origin in self.provenance.items():
+            mark = "  <- assumed" if k in self.assumed else ""
+            out.append(f"{k:20s} = {getattr(cfg, k, '?')!r:24s} {origin.kind:9s} {origin.source}{mark}")
+        return out
+
+    def lines(self) -> list[str]:
+        cfg = self.config
+        out = [
+            f"read     {self.source}",
+            f"format   {self.format}" + (f" ({self.layout})" if self.layout else ""),
+        ]
+        if cfg is not None:
+            h, w = cfg.image_size
+            out += [
+                f"variant  {self.variant}, {h}x{w} px, {cfg.num_classes} classes, pool {cfg.pool}",
+                f"params   {cfg.param_count():,} in {self.tensors_read} file tensors",
+            ]
+        out += [f"config   {line}" for line in self.provenance_lines()]
+        out += [f"dropped  {k}: {why}" for k, why in self.dropped]
+        out += [f"resampled {r}" for r in self.resampled]
+        out += [f"note     {n}" for n in self.notes]
+        out += [f"WARNING  {w}" for w in self.warnings]
+        if self.written:
+            out.append(f"wrote    {self.written} ({self.written_format})")
+        if self.load_call:
+            out.append("load it with:")
+            out += [f"    {line}" for line in self.load_call.splitlines()]
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def to_dict(self) -> dict:
+        return {
+            "source": self.source,
+            "format": self.format,
+            "layout": self.layout,
+            "variant": self.variant,
+            "params": self.config.param_count() if self.config else None,
+            "tensors_read": self.tensors_read,
+            "provenance": {k: {"kind": o.kind, "source": o.source} for k, o in self.provenance.items()},
+            "assumed": list(self.assumed),
+            "dropped": [list(d) for d in self.dropped],
+            "resampled": list(self.resampled),
+            "notes": list(self.notes),
+            "warnings": list(self.warnings),
+            "config": self.config.to_dict() if self.config else None,
+            "written": self.written,
+            "written_format": self.written_format,
+            "load_call": self.load_call,
+        }
+
+
+def build_config(fields: dict, provenance: dict[str, Origin], overrides: Mapping, context: str) -> ViTConfig:
+    """ViTConfig from inferred ``fields`` with ``overrides`` on top (recorded as given).
+
+    Raises:
+        FormatError: the combination is invalid (names the file and the fields).
+    """
+    for k, v in overrides.items():
+        fields[k] = v
+        provenance[k] = Origin(GIVEN, "passed by the caller")
+    try:
+        return ViTConfig(**fields)
+    except (TypeError, ValueError) as e:
+        raise FormatError(
+            f"{context}: the inferred config is invalid ({e}); pass the right value as an override"
+        ) from e
