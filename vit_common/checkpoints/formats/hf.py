@@ -36,8 +36,9 @@ blocks.i.mlp.fc1/fc2  encoder.layer.i.intermediate.dense /            layers.i.m
 Embeddings are ``embeddings.{cls_token, distillation_token, position_embeddings,
 patch_embeddings.projection}``, the final norm ``layernorm``; task models prefix these with ``vit.`` or
 ``deit.``. ``hidden_act`` 'gelu' / 'gelu_python' = exact erf, 'gelu_pytorch_tanh' / 'gelu_new' = the tanh
-approximation, 'quick_gelu' = x sigmoid(1.702 x); LayerNorm eps defaults to 1e-12. Other model types
-(BEiT, DINOv2, ViT-MAE, ...) and masked-image-modelling heads are refused by name.
+approximation, 'quick_gelu' = x sigmoid(1.702 x); LayerNorm eps defaults to 1e-12. SigLIP, CLIP, DINOv2,
+ViT-MAE, ViT-MSN and I-JEPA folders are the ``hf_family`` format's (``hf_families.py``); other model types
+(BEiT, data2vec-vision, DINOv3, SigLIP2, AIMv2, ...) and masked-image-modelling heads are refused by name.
 """
 
 from __future__ import annotations
@@ -133,14 +134,27 @@ _REFUSED_ARCHITECTURES = {
 _REFUSED_MODEL_TYPES = {
     "beit": "relative position tables and q/v biases",
     "data2vec-vision": "relative position tables and q/v biases",
-    "dinov2": "DINOv2's own module layout (read timm's DINOv2 files instead)",
-    "dinov2_with_registers": "DINOv2's own module layout (read timm's DINOv2 files instead)",
-    "vit_mae": "ViT-MAE's random masking and decoder",
-    "vit_msn": "ViT-MSN's module layout",
     "vit_hybrid": "a convolutional stem",
-    "clip_vision_model": "CLIP's own module layout (read timm's CLIP files instead)",
-    "siglip_vision_model": "SigLIP's own module layout (read timm's SigLIP files instead)",
+    "dinov3_vit": "rotary position embeddings (DINOv3)",
+    "perception_lm": "rotary position embeddings (Perception Encoder)",
+    "pe_video": "rotary position embeddings (Perception Encoder)",
+    "siglip2": "NaFlex variable-resolution patches (SigLIP2)",
+    "siglip2_vision_model": "NaFlex variable-resolution patches (SigLIP2)",
+    "aimv2": "RMSNorm (AIMv2)",
+    "aimv2_vision_model": "RMSNorm (AIMv2)",
 }
+# Model types another format reads (``hf_families.FAMILIES``: that module imports this one).
+_FAMILY_MODEL_TYPES = (
+    "siglip_vision_model",
+    "siglip",
+    "clip_vision_model",
+    "clip",
+    "dinov2",
+    "dinov2_with_registers",
+    "vit_mae",
+    "vit_msn",
+    "ijepa",
+)
 
 
 def is_hf(keys) -> bool:
@@ -191,6 +205,8 @@ def _architecture(config: Mapping[str, Any] | None, tensors: Mapping[str, np.nda
             notes.append(f"config.json has no model_type: {model_type} read from the tensors")
     if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
         what = _REFUSED_MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
+        if model_type in _FAMILY_MODEL_TYPES:
+            raise FormatError(f"{context}: model_type={model_type!r} is the hf_family format's (--from hf_family)")
         raise FormatError(
             f"{context}: config.json model_type={model_type!r} is not supported"
             + (f" (the twins lack {what})" if what else "")
