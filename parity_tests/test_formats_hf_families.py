@@ -239,3 +239,63 @@ def test_refused_by_name(arch, config_cls, what, tmp_path):
     getattr(transformers, arch)(config).save_pretrained(tmp_path / "hf")
     with pytest.raises(ValueError, match=what):
         load_checkpoint(tmp_path / "hf")
+
+
+WRITTEN = {  # case -> the architecture our export is: the family that holds the model
+    "siglip_vision": "SiglipVisionModel",
+    "siglip_two_tower": "SiglipVisionModel",
+    "clip_vision": "CLIPVisionModel",
+    "clip_projection": "CLIPVisionModelWithProjection",
+    "clip_two_tower": "CLIPVisionModelWithProjection",
+    "dinov2": "Dinov2Model",
+    "dinov2_classify_swiglu": "Dinov2ForImageClassification",
+    "dinov2_registers_classify": "Dinov2WithRegistersForImageClassification",
+    "dinov2_registers_swiglu": "Dinov2WithRegistersModel",
+    "ijepa_classify": "IJepaForImageClassification",
+}
+
+
+@pytest.mark.parametrize("spelling", ["v4", "v5"])
+@pytest.mark.parametrize("case", WRITTEN)
+def test_written_folder_loads_strictly_in_transformers(case, spelling, tmp_path, images):
+    """Each family read, then written as hf_family: transformers loads the folder with the call the
+    report prints (no missing, unexpected or mismatched tensor) and gives the source model's output; a
+    two-tower folder is written as its vision tower."""
+    from vit_common.checkpoints.convert import save_checkpoint
+    from vit_common.checkpoints.formats.hf import HfWriteOptions
+
+    model = _build(case)
+    model.save_pretrained(tmp_path / "src")
+    ckpt = load_checkpoint(tmp_path / "src", strict=True)
+    report = save_checkpoint(tmp_path / "out", ckpt.cfg, ckpt.state, "hf_family", options=HfWriteOptions(spelling))
+    arch = WRITTEN[case]
+    assert f"transformers.{arch}.from_pretrained(" in report.load_call
+    loaded, info = getattr(transformers, arch).from_pretrained(
+        tmp_path / "out", output_loading_info=True, attn_implementation="eager"
+    )
+    assert not any(v for k, v in info.items() if k != "error_msgs") and not info.get("error_msgs"), info
+    x = images(2, (32, 32))
+    ref, _ = _reference(case, model, x)
+    with torch.no_grad():
+        out = loaded.eval()(torch.from_numpy(x))
+    got = (
+        out.logits
+        if hasattr(out, "logits")
+        else out.image_embeds
+        if hasattr(out, "image_embeds")
+        else out.pooler_output
+    )
+    assert compare("written folder", got.numpy(), ref, "tensor", "float32").ok
+    back = load_checkpoint(tmp_path / "out", strict=True)
+    assert back.cfg == ckpt.cfg and all(np.array_equal(back.state[k], v) for k, v in ckpt.state.items())
+
+
+def test_models_no_family_holds_are_refused_by_name(tmp_path, small_cfg, random_state):
+    from vit_common.checkpoints.convert import save_checkpoint
+
+    with pytest.raises(ValueError, match="no SigLIP, CLIP, DINOv2 or I-JEPA model has class_token=True, pool='token'"):
+        save_checkpoint(tmp_path / "a", small_cfg, random_state(small_cfg), "hf_family")
+    cfg = small_cfg.replace(layer_scale=0.1, qk_norm=True, num_classes=0)
+    with pytest.raises(ValueError, match="the hf_family format cannot hold this model: qk_norm"):
+        save_checkpoint(tmp_path / "b", cfg, random_state(cfg), "hf_family")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -36,9 +36,11 @@ writes and the v5 module names of transformers 5 ``state_dict()``, as transforme
 ``mlp.weights_in`` [2F, D] (v4: gate rows first, as our fc1) or ``mlp.gate_proj`` + ``mlp.up_proj`` (v5),
 and ``mlp.weights_out`` / ``mlp.down_proj``. Position embeddings are resampled as transformers'
 ``interpolate_pos_encoding`` does: bicubic without antialias, but with it for dinov2_with_registers.
-Still refused by name: CLIPForImageClassification (a mean of un-normalised tokens), ViTMAEForPreTraining
-(its decoder), relative position bias (BEiT, data2vec-vision), rotary embeddings (EVA-02, DINOv3,
-Perception Encoder) and NaFlex SigLIP2.
+Written (``family_for``): the family that holds the model, a two-tower folder as its vision tower, DINOv2
+with a zero ``mask_token`` and (registers) a zero class position row; ViT-MAE and ViT-MSN models are plain
+HF ViTs, which the hf format writes. Still refused by name: CLIPForImageClassification (a mean of
+un-normalised tokens), ViTMAEForPreTraining (its decoder), and in ``hf.py`` relative position bias (BEiT,
+data2vec-vision), rotary embeddings (DINOv3, Perception Encoder), NaFlex SigLIP2 and AIMv2's RMSNorm.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ import numpy as np
 
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.hf import HuggingFace
-from vit_common.checkpoints.formats.protocol import Decoded, Source
+from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Source
 from vit_common.checkpoints.formats.provenance import (
     ASSUMED_KEY,
     Origin,
@@ -62,7 +64,16 @@ from vit_common.checkpoints.formats.provenance import (
     positive_dims,
     refuse_unsupported,
 )
-from vit_common.checkpoints.formats.rules import Piece, Rule, copy, refuse, to_canonical
+from vit_common.checkpoints.formats.rules import (
+    Piece,
+    Rule,
+    copy,
+    from_canonical,
+    materialize_posemb,
+    refuse,
+    to_canonical,
+    unsupported,
+)
 from vit_common.config import ViTConfig
 
 # style -> spelling -> names inside a block: layer prefix, norm1, q, k, v, o, norm2, fc1, fc2
@@ -547,7 +558,7 @@ def read_family(
     dt = common_float_dtype({k: v for k, v in tensors.items() if k.startswith(mine) or not mine})
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
-    cfg = build_config(f, prov, overrides, context)
+    cfg = build_config(f, prov, dict(overrides), context)
     ignored = {k for k, _ in dropped}
     kept = split_in_proj({k: v for k, v in tensors.items() if k not in ignored}, prefix)
     if cfg.reg_tokens:
@@ -557,10 +568,86 @@ def read_family(
     return Decoded(cfg, state, f"{arch}, {spelling} key names", prov, dropped, notes, conflicts)
 
 
+_GELU_TO_ACT = {"exact": "gelu", "tanh": "gelu_pytorch_tanh", "quick": "quick_gelu"}
+
+
+def _dinov2_ratio(cfg: ViTConfig) -> int | None:
+    """The integer ``mlp_ratio`` (transformers 5.24's Dinov2Config types it int) that gives cfg.mlp_dim:
+    hidden = D * mlp_ratio, for SwiGLU rounded as (int(hidden * 2 / 3) + 7) // 8 * 8; None if none does."""
+    for ratio in range(1, 65):
+        h = cfg.width * ratio
+        if (h if cfg.mlp_type == "plain" else (int(h * 2 / 3) + 7) // 8 * 8) == cfg.mlp_dim:
+            return ratio
+    return None
+
+
+def family_for(cfg: ViTConfig) -> tuple[str, str] | None:
+    """(model_type, architecture) of the transformers family that holds ``cfg``, or None: CLIP (norm_pre,
+    no patch bias, class token), SigLIP (no class token, MAP head or every token, no classes), DINOv2 with
+    or without registers (LayerScale and a class token; backbone or token_gap classifier), I-JEPA (no
+    class token, mean pooling). ViT-MAE and ViT-MSN folders hold HF ViTs: the hf format writes those."""
+    if cfg.norm_pre and not cfg.patch_bias and cfg.class_token and cfg.pool == "token":
+        return "clip_vision_model", ("CLIPVisionModelWithProjection" if cfg.num_classes else "CLIPVisionModel")
+    if not cfg.class_token and cfg.pool in ("map", "none") and not cfg.num_classes:
+        return "siglip_vision_model", "SiglipVisionModel"
+    if (
+        cfg.class_token
+        and cfg.layer_scale is not None
+        and (cfg.pool, bool(cfg.num_classes))
+        in (
+            ("token", False),
+            ("token_gap", True),
+        )
+    ):
+        mt = "dinov2_with_registers" if cfg.reg_tokens else "dinov2"
+        name = "Dinov2WithRegisters" if cfg.reg_tokens else "Dinov2"
+        return mt, f"{name}{'ForImageClassification' if cfg.num_classes else 'Model'}"
+    if not cfg.class_token and cfg.pool == "gap" and not cfg.reg_tokens:
+        return "ijepa", "IJepaForImageClassification" if cfg.num_classes else "IJepaModel"
+    return None
+
+
+def config_json(cfg: ViTConfig, model_type: str, arch: str) -> dict[str, Any]:
+    """The config.json of a ``model_type`` folder of architecture ``arch`` holding ``cfg``."""
+    (ih, _), (ph, _) = cfg.image_size, cfg.patch_size
+    config: dict[str, Any] = {
+        "architectures": [arch],
+        "model_type": model_type,
+        "hidden_size": cfg.width,
+        "num_hidden_layers": cfg.depth,
+        "num_attention_heads": cfg.num_heads,
+        "num_channels": cfg.in_chans,
+        "image_size": ih,
+        "patch_size": ph,
+        "hidden_act": _GELU_TO_ACT[cfg.gelu],
+        "layer_norm_eps": cfg.ln_eps,
+        "dtype": cfg.param_dtype,
+    }
+    if FAMILIES[model_type].style == "dinov2":
+        config |= {
+            "mlp_ratio": _dinov2_ratio(cfg),
+            "use_swiglu_ffn": cfg.mlp_type == "swiglu",
+            "qkv_bias": cfg.qkv_bias,
+            "layerscale_value": 1.0,
+            "use_mask_token": True,
+        } | ({"num_register_tokens": cfg.reg_tokens} if cfg.reg_tokens else {})
+    else:
+        config["intermediate_size"] = cfg.mlp_dim
+    if model_type == "ijepa":
+        config["qkv_bias"] = cfg.qkv_bias
+    if model_type == "siglip_vision_model":
+        config["vision_use_head"] = cfg.pool == "map"
+    if model_type == "clip_vision_model" and cfg.num_classes:
+        config["projection_dim"] = cfg.num_classes
+    if "ForImageClassification" in arch:
+        config["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_classes)}
+        config["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_classes)}
+    return config
+
+
 class HfFamilies(HuggingFace):
-    """transformers folders of the model types in ``FAMILIES``, read; their declared preprocessing and
-    class names are read as the HF ViT format's. Writing is refused (``cannot_hold``) naming the
-    formats that hold these models: timm, canonical, and hf where the model is a ViT."""
+    """transformers folders of the model types in ``FAMILIES``: read, and written as the family that
+    holds the model (``family_for``) with HF ViT's folder layout, preprocessing and class names."""
 
     name = "hf_family"
     description = "Hugging Face transformers SigLIP, CLIP, DINOv2, ViT-MAE, ViT-MSN or I-JEPA folder"
@@ -583,10 +670,77 @@ class HfFamilies(HuggingFace):
         )
 
     def cannot_hold(self, cfg: ViTConfig) -> list[str]:
-        return ["writing hf_family folders (this project reads them; write timm, canonical, or hf for a ViT)"]
+        found = family_for(cfg)
+        if found is None:
+            return [
+                f"no SigLIP, CLIP, DINOv2 or I-JEPA model has class_token={cfg.class_token}, pool={cfg.pool!r}, "
+                f"num_classes={cfg.num_classes}, norm_pre={cfg.norm_pre}, LayerScale={cfg.layer_scale is not None} "
+                "(write hf for a ViT, timm or canonical)"
+            ]
+        model_type, _ = found
+        style = FAMILIES[model_type].style
+        (ih, iw), (ph, pw) = cfg.image_size, cfg.patch_size
+        return unsupported(
+            model_type,
+            {
+                f"image_size={cfg.image_size} (a square size only)": ih != iw,
+                f"patch_size={cfg.patch_size} (a square patch only)": ph != pw,
+                "qk_norm": cfg.qk_norm,
+                "fc_norm": cfg.fc_norm,
+                f"rep_size={cfg.rep_size}": cfg.rep_size > 0,
+                "a distillation token": cfg.dist_token,
+                "posemb='none'": cfg.posemb == "none",
+                "pool_include_prefix=True": cfg.pool_include_prefix and cfg.num_prefix_tokens > 0,
+                "qkv_bias=False": style == "clip" and not cfg.qkv_bias,
+                "patch_bias=False": model_type != "clip_vision_model" and not cfg.patch_bias,
+                "mlp_type='swiglu'": style != "dinov2" and cfg.mlp_type == "swiglu",
+                f"mlp_dim={cfg.mlp_dim} (no integer DINOv2 mlp_ratio gives it)": style == "dinov2"
+                and _dinov2_ratio(cfg) is None,
+                "LayerScale": style != "dinov2" and cfg.layer_scale is not None,
+                "head_bias=True (CLIP's projection has no bias)": model_type == "clip_vision_model"
+                and cfg.num_classes > 0
+                and cfg.head_bias,
+                "head_bias=False": model_type != "clip_vision_model" and cfg.num_classes > 0 and not cfg.head_bias,
+                "registers without posemb_prefix=False": cfg.reg_tokens > 0 and cfg.posemb_prefix,
+            },
+        )
 
-    def encode(self, cfg: ViTConfig, state, path, options, assumed=()):
+    def encode(self, cfg: ViTConfig, state, path, options, assumed=()) -> Encoded:
         refuse("hf_family", self.cannot_hold(cfg))
+        if options.spelling not in ("v4", "v5"):
+            raise ValueError(f"spelling={options.spelling!r}: expected 'v4' or 'v5'")
+        model_type, arch = family_for(cfg)
+        fam = FAMILIES[model_type]
+        spelling = options.spelling if options.spelling in BLOCK_KEYS[fam.style] else "v4"
+        cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=not cfg.reg_tokens)
+        prefix, head = fam.architectures[arch]
+        config = config_json(cfg, model_type, arch) | ({ASSUMED_KEY: sorted(assumed)} if assumed else {})
+        tensors = from_canonical(rules(cfg, fam.style, spelling, prefix, prefix, head), state)
+        tensors = pack_in_proj(tensors, prefix)
+        if cfg.reg_tokens:
+            tensors = unfold_class_row(tensors, prefix)
+        if fam.style == "dinov2":
+            any_param = np.asarray(state["cls_token"])
+            tensors[prefix + "embeddings.mask_token"] = np.zeros((1, cfg.width), any_param.dtype)
+            notes.append(
+                "embeddings.mask_token written as zeros (transformers' DINOv2 builds one; images never use it)"
+            )
+        if spelling != options.spelling:
+            notes.append(f"{model_type} has one key spelling; written in it")
+        return Encoded(cfg, state, tensors, config, None, notes)
+
+    def decode(self, enc: Encoded) -> Decoded:
+        return read_family(enc.tensors, enc.config_json, context="hf_family read-back")
+
+    def load_call(self, path, cfg: ViTConfig) -> str:
+        _, arch = family_for(cfg)
+        return "\n".join(
+            [
+                "import transformers",
+                f"model, info = transformers.{arch}.from_pretrained({str(path)!r}, output_loading_info=True)",
+                "assert not any(info.values()), info  # no missing, unexpected or mismatched tensor",
+            ]
+        )
 
 
 FORMAT = HfFamilies()
