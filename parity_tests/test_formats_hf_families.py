@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 import vit_jax
 import vit_torch
 from vit_common.checkpoints.convert import load_checkpoint
+from vit_common.config import FUNCTION_FIELDS
 from vit_common.tolerance import compare
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)
@@ -98,7 +99,8 @@ def _vision(model):
 
 def _reference(case: str, model, x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """transformers' output (as CASES names it) and its intermediates: per-block hidden states and
-    attention maps, as our intermediates' names."""
+    attention maps, as our intermediates' names. At a size other than 32x32 the position embedding is
+    interpolated (DINOv2 always does; the others are asked to with interpolate_pos_encoding=True)."""
     what = CASES[case][3]
     pixels = torch.from_numpy(x)
     kw = (
@@ -106,12 +108,13 @@ def _reference(case: str, model, x: np.ndarray) -> tuple[np.ndarray, dict[str, n
         if case == "vit_mae"
         else {}
     )
+    top = {"interpolate_pos_encoding": True} if x.shape[2:] != (32, 32) and not case.startswith("dinov2") else {}
     with torch.no_grad():
-        inner = _vision(model)(pixels, output_hidden_states=True, output_attentions=True, **kw)
+        inner = _vision(model)(pixels, output_hidden_states=True, output_attentions=True, **kw, **top)
         if what == "logits":
-            out = model(pixels).logits
+            out = model(pixels, **top).logits
         elif what == "image_embeds":
-            out = model(pixels).image_embeds
+            out = model(pixels, **top).image_embeds
         elif what == "image_features":
             out = model.visual_projection(inner.pooler_output)
         elif what == "cls":
@@ -160,7 +163,7 @@ def test_family_folder_equals_transformers(case, tmp_path, images):
     model = _build(case)
     _save(model, tmp_path / "hf", "v4")
     ckpt = load_checkpoint(tmp_path / "hf", strict=True)
-    assert ckpt.report.assumed == []
+    assert ckpt.report.assumed == [] and set(ckpt.report.provenance) == set(FUNCTION_FIELDS)
     assert ckpt.report.layout.startswith(CASES[case][0])
     _check(case, model, tmp_path / "hf", images(2, (32, 32)))
 
@@ -205,12 +208,14 @@ def test_clip_projection_is_the_bias_free_head(tmp_path):
         ("dinov2", "bicubic", (48, 40)),
         ("dinov2_registers_classify", "bicubic_aa", (24, 24)),
         ("dinov2_registers_classify", "bicubic_aa", (48, 56)),
+        ("siglip_vision", "bicubic", (48, 40)),
+        ("clip_projection", "bicubic", (24, 40)),
     ],
 )
 def test_position_embedding_resampled_as_transformers(case, method, hw, tmp_path, images):
     """At a size other than the native 32x32, both twins (the table resampled at load) equal transformers'
-    own interpolate_pos_encoding: dinov2 bicubic without antialias, dinov2_with_registers with it (a
-    smaller size is where antialias shows: the other method fails there)."""
+    own interpolate_pos_encoding: bicubic without antialias (dinov2, SigLIP, CLIP), dinov2_with_registers
+    with it (a smaller size is where antialias shows: the other method fails there)."""
     model = _build(case)
     model.save_pretrained(tmp_path / "hf")
     ckpt = load_checkpoint(tmp_path / "hf")
@@ -255,8 +260,10 @@ WRITTEN = {  # case -> the architecture our export is: the family that holds the
 }
 
 
-@pytest.mark.parametrize("spelling", ["v4", "v5"])
-@pytest.mark.parametrize("case", WRITTEN)
+@pytest.mark.parametrize(
+    "case, spelling",
+    [(case, "v4") for case in WRITTEN] + [("dinov2_classify_swiglu", "v5"), ("dinov2_registers_swiglu", "v5")],
+)
 def test_written_folder_loads_strictly_in_transformers(case, spelling, tmp_path, images):
     """Each family read, then written as hf_family: transformers loads the folder with the call the
     report prints (no missing, unexpected or mismatched tensor) and gives the source model's output; a
@@ -299,3 +306,24 @@ def test_models_no_family_holds_are_refused_by_name(tmp_path, small_cfg, random_
     with pytest.raises(ValueError, match="the hf_family format cannot hold this model: qk_norm"):
         save_checkpoint(tmp_path / "b", cfg, random_state(cfg), "hf_family")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize(
+    "case, edit, message",
+    [
+        ("dinov2", {"mlp_ratio": float("inf")}, r"mlp_ratio=inf: expected a number in \(0, 64\]"),
+        ("dinov2", {"hidden_act": "relu"}, "hidden_act='relu'"),
+        ("siglip_two_tower", {"vision_config": None}, "has no vision_config object"),
+        ("clip_vision", {"architectures": ["CLIPTextModel"]}, "architecture 'CLIPTextModel' is not supported"),
+    ],
+)
+def test_bad_family_configs_are_one_line_errors(case, edit, message, tmp_path):
+    import json
+
+    from vit_common.checkpoints.formats.errors import FormatError
+
+    _build(case).save_pretrained(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text()) | edit
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FormatError, match=message):
+        load_checkpoint(tmp_path / "hf")

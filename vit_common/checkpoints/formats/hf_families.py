@@ -45,6 +45,7 @@ data2vec-vision), rotary embeddings (DINOv3, Perception Encoder), NaFlex SigLIP2
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -500,6 +501,8 @@ def read_family(
         f["qkv_bias"], prov["qkv_bias"] = cj.get("qkv_bias", (bool,))
     if fam.style == "dinov2":
         ratio, ratio_origin = cj.get("mlp_ratio", (int, float))
+        if not (math.isfinite(ratio) and 0 < ratio <= 64):
+            raise FormatError(f"{context}: config.json mlp_ratio={ratio!r}: expected a number in (0, 64]")
         gated, prov["mlp_type"] = cj.get("use_swiglu_ffn", (bool,))
         hidden = int(f["width"] * ratio)
         f["mlp_dim"] = (int(hidden * 2 / 3) + 7) // 8 * 8 if gated else hidden  # transformers Dinov2SwiGLUFFN
@@ -513,6 +516,7 @@ def read_family(
         cj.get("num_register_tokens", (int,)) if model_type == "dinov2_with_registers" else (0, type_origin)
     )
     f["posemb_prefix"] = not f["reg_tokens"]  # registers: the class row is folded into cls_token
+    prov["posemb_prefix"] = type_origin
     spelling = _spelling(fam.style, tensors, prefix)
     layer_prefix = _layer_prefix(prefix, tensors, BLOCK_KEYS[fam.style][spelling][0])
     dropped: list[tuple[str, str]] = []
