@@ -38,7 +38,8 @@ PACKAGES = ("jax", "jaxlib", "flax", "optax", "torch", "timm", "transformers", "
 RECORD_FIELDS: dict[str, str] = {
     "schema": "record format tag",
     "time": "start of the run, UTC ISO 8601",
-    "machine": "platform, device, cpu, cores, torch threads, load average at the start, XLA_FLAGS, malloc settings",
+    "machine": "platform, device, cpu, cpu_flags (AVX-512, AMX, ...), cores, torch threads, load average at start, "
+    "XLA_FLAGS, malloc settings",
     "versions": "python and package versions",
     "variant": "variant name, e.g. B/16",
     "config": "the ViTConfig as a dict",
@@ -88,15 +89,44 @@ def versions() -> dict[str, str | None]:
     return out
 
 
+# The instruction-set extensions that decide which matmul and convolution kernels XLA:CPU and oneDNN pick
+# (Linux /proc/cpuinfo spellings). The model string alone does not tell CPUs apart: cloud guests report
+# "Intel(R) Xeon(R) Processor" or "AMD EPYC" for several generations.
+CPU_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
+
+
+def cpu_info(text: str) -> tuple[str | None, list[str]]:
+    """The first model name in a /proc/cpuinfo text and the ``CPU_FLAGS`` its first ``flags`` line names."""
+    lines = text.splitlines()
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    have = next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), set())
+    return (names[0] if names else None), [flag for flag in CPU_FLAGS if flag in have]
+
+
 def host() -> dict:
-    """The host: CPU model, usable cores, load average (1, 5, 15 min; None where the OS has none)."""
-    cpu = platform.processor() or platform.machine()
+    """The host: CPU model, the ``CPU_FLAGS`` it has (in that order; None where /proc/cpuinfo is absent),
+    usable cores, load average (1, 5, 15 min; None where the OS has none)."""
+    cpu, flags = platform.processor() or platform.machine(), None
     if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
+            name, flags = cpu_info(f.read())
+        cpu = name or cpu
     return {
         "cpu": cpu,
+        "cpu_flags": flags,
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
@@ -114,6 +144,7 @@ def machine() -> dict:
         "device": dev.device_kind if dev.platform != "cpu" else cpu["cpu"],
         "torch_device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "cpu": cpu["cpu"],
+        "cpu_flags": cpu["cpu_flags"],
         "cores": cpu["cores"],
         "torch_threads": torch.get_num_threads(),
         "load_avg": cpu["load_avg"],

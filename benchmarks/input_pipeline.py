@@ -39,7 +39,7 @@ PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")  # scikit-image sample pho
 RECORD_FIELDS: dict[str, str] = {
     "schema": SCHEMA,
     "time": "start of the run, UTC ISO 8601",
-    "machine": "cpu model, usable cores, load average (1, 5, 15 min) at the start of the run",
+    "machine": "cpu model, cpu_flags (AVX-512, AMX, ...), usable cores, load average (1, 5, 15 min) at the start",
     "data": "the image folder",
     "images": "images in the folder's training split",
     "mode": "'train' (random-resized crop + flip) or 'eval' (resize + centre crop)",

@@ -95,8 +95,10 @@ def markdown_table(records: Sequence[dict]) -> str:
         rows.append("| " + " | ".join(cells) + " |")
     r0 = records[0]
     m, v = r0["machine"], r0["versions"]
+    shown = [f for f in m.get("cpu_flags") or () if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")]
+    device = f"{m['device']} ({', '.join(shown)})" if m["platform"] == "cpu" and shown else m["device"]
     note = (
-        f"{m['device']}, {m['cores']} cores, {r0['dtype']}; jax {v['jax']}, torch {v['torch']}, "
+        f"{device}, {m['cores']} cores, {r0['dtype']}; jax {v['jax']}, torch {v['torch']}, "
         f"timm {v['timm']}, transformers {v['transformers']}; {r0['time'][:10]}. Cells: speed relative "
         f"to the fastest contender (1.00 = fastest) and images/s; median of {r0['repeats']} interleaved "
         "runs. Training = forward + backward + AdamW."

@@ -35,7 +35,7 @@ KINDS = ("cold", "warm", "off")
 RECORD_FIELDS: dict[str, str] = {
     "schema": SCHEMA,
     "time": "start of the run, UTC ISO 8601",
-    "machine": "cpu model, usable cores, load average (1, 5, 15 min) at the start of the run",
+    "machine": "cpu model, cpu_flags (AVX-512, AMX, ...), usable cores, load average (1, 5, 15 min) at the start",
     "arguments": "vit train's arguments besides --out and --compile-cache",
     "round": "index of the round (cold, warm, off on one new cache folder)",
     "cache": "the run's kind: 'cold' (empty cache folder), 'warm' (filled by the cold run) or 'off'",

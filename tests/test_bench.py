@@ -115,6 +115,10 @@ def test_vit_bench_runs_and_records_every_field(tmp_path):
         assert group["vit_jax"]["memory_bytes"] > 0
     table = md.read_text()
     assert table.count("| mu/8 |") == 2 and all(f"`{c}`" in table for c in CONTENDERS)
+    machine = records[0]["machine"]
+    assert machine["cpu_flags"] == harness.host()["cpu_flags"]
+    shown = [f for f in machine["cpu_flags"] if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")]
+    assert f"{machine['device']} ({', '.join(shown)}), {machine['cores']} cores" in table
     text = readme.read_text()
     assert "old table" not in text and table in text and text.endswith(f"{report.README_END}\nafter\n")
 
@@ -265,3 +269,31 @@ def test_a_run_killed_in_its_second_group_keeps_the_first(tmp_path):
         ("infer", c) for c in ("vit_jax", "vit_torch", "matmul_jax", "matmul_torch")
     ]
     assert all(r["error"] is None and r["median_s"] > 0 for r in records)
+
+
+def test_cpu_info_names_the_extensions_that_tell_cpus_apart():
+    xeon = (
+        "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+        "flags\t\t: fpu sse4_2 avx avx2 fma avx512f avx512bw avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+        "processor\t: 1\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu\n"
+    )
+    epyc = "model name\t: AMD EPYC\nflags\t\t: fpu sse4_2 sse4a avx avx2 fma\n"
+    assert harness.cpu_info(xeon) == (
+        "Intel(R) Xeon(R) Processor",
+        [
+            "sse4_2",
+            "avx",
+            "avx2",
+            "fma",
+            "avx512f",
+            "avx512bw",
+            "avx512_vnni",
+            "avx512_bf16",
+            "amx_tile",
+            "amx_bf16",
+            "amx_int8",
+        ],
+    )
+    assert harness.cpu_info(epyc) == ("AMD EPYC", ["sse4_2", "avx", "avx2", "fma"])
+    assert harness.cpu_info("") == (None, [])
+    assert set(harness.host()) == {"cpu", "cpu_flags", "cores", "load_avg"}
