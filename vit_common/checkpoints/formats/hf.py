@@ -97,26 +97,75 @@ _ACT_TO_GELU = {
     "quick_gelu": "quick",
 }
 _GELU_TO_ACT = {"exact": "gelu", "tanh": "gelu_pytorch_tanh", "quick": "quick_gelu"}
-_NAMES = {  # spelling -> (layer prefix, q, k, v, o, fc1, fc2)
-    "v4": (
-        "encoder.layer.{i}.",
-        "attention.attention.query",
-        "attention.attention.key",
-        "attention.attention.value",
-        "attention.output.dense",
-        "intermediate.dense",
-        "output.dense",
-    ),
-    "v5": (
-        "layers.{i}.",
-        "attention.q_proj",
-        "attention.k_proj",
-        "attention.v_proj",
-        "attention.o_proj",
-        "mlp.fc1",
-        "mlp.fc2",
-    ),
+# The one table of block key spellings of the HF ViT-family model types (this format's ViT and DeiT, and
+# hf_families.py's): style -> spelling -> (layer prefix, norm1, q, k, v, o, norm2, fc1, fc2). 'vit' is
+# ViT, DeiT, ViT-MAE, ViT-MSN and I-JEPA; 'dinov2' both DINOv2 types; 'clip' SigLIP and CLIP (one
+# spelling). v4 is what save_pretrained writes, v5 the transformers 5 module names, as transformers'
+# conversion_mapping.py renames them (ViTModel, Dinov2Model, ViTMAEForPreTraining entries).
+BLOCK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
+    "vit": {
+        "v4": (
+            "encoder.layer.{i}.",
+            "layernorm_before",
+            "attention.attention.query",
+            "attention.attention.key",
+            "attention.attention.value",
+            "attention.output.dense",
+            "layernorm_after",
+            "intermediate.dense",
+            "output.dense",
+        ),
+        "v5": (
+            "layers.{i}.",
+            "layernorm_before",
+            "attention.q_proj",
+            "attention.k_proj",
+            "attention.v_proj",
+            "attention.o_proj",
+            "layernorm_after",
+            "mlp.fc1",
+            "mlp.fc2",
+        ),
+    },
+    "dinov2": {
+        "v4": (
+            "encoder.layer.{i}.",
+            "norm1",
+            "attention.attention.query",
+            "attention.attention.key",
+            "attention.attention.value",
+            "attention.output.dense",
+            "norm2",
+            "mlp.fc1",
+            "mlp.fc2",
+        ),
+        "v5": (
+            "encoder.layer.{i}.",
+            "norm1",
+            "attention.q_proj",
+            "attention.k_proj",
+            "attention.v_proj",
+            "attention.o_proj",
+            "norm2",
+            "mlp.fc1",
+            "mlp.fc2",
+        ),
+    },
+    "clip": {
+        "v4": (
+            "encoder.layers.{i}.",
+            "layer_norm1",
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.out_proj",
+            "layer_norm2",
+            "mlp.fc1",
+            "mlp.fc2",
+        ),
+    },
 }
+_NAMES = BLOCK_KEYS["vit"]
 _PATCH_KEY = "embeddings.patch_embeddings.projection.weight"
 MODEL_TYPES = ("vit", "deit")
 # architecture -> (model_type, head): 'backbone' | 'classify' | 'teacher'
@@ -236,7 +285,7 @@ def rules(cfg: ViTConfig, spelling: str = "v4", prefix: str = "", head: str = "c
     """File <-> canonical rules for an HF ViT/DeiT with ``cfg``; ``prefix`` is 'vit.' or 'deit.' for task
     models; ``head`` is 'backbone', 'classify' or 'teacher'."""
     d = cfg.width
-    layer, q, k, v, o, fc1, fc2 = _NAMES[spelling]
+    layer, n1, q, k, v, o, n2, fc1, fc2 = _NAMES[spelling]
     e = prefix + "embeddings."
     ph, pw = cfg.patch_size
     r = [
@@ -249,7 +298,7 @@ def rules(cfg: ViTConfig, spelling: str = "v4", prefix: str = "", head: str = "c
         r.append(copy(e + "distillation_token", "dist_token", (1, 1, d)))
     for i in range(cfg.depth):
         lp, b = prefix + layer.format(i=i), f"blocks.{i}."
-        r += [copy(f"{lp}layernorm_before.{w}", f"{b}norm1.{w}", (d,)) for w in ("weight", "bias")]
+        r += [copy(f"{lp}{n1}.{w}", f"{b}norm1.{w}", (d,)) for w in ("weight", "bias")]
         r.append(Rule(b + "attn.qkv.weight", tuple(Piece(f"{lp}{n}.weight", (d, d)) for n in (q, k, v))))
         if cfg.qkv_bias:
             r.append(Rule(b + "attn.qkv.bias", tuple(Piece(f"{lp}{n}.bias", (d,)) for n in (q, k, v))))
@@ -257,7 +306,7 @@ def rules(cfg: ViTConfig, spelling: str = "v4", prefix: str = "", head: str = "c
             copy(f"{lp}{o}.weight", b + "attn.proj.weight", (d, d)),
             copy(f"{lp}{o}.bias", b + "attn.proj.bias", (d,)),
         ]
-        r += [copy(f"{lp}layernorm_after.{w}", f"{b}norm2.{w}", (d,)) for w in ("weight", "bias")]
+        r += [copy(f"{lp}{n2}.{w}", f"{b}norm2.{w}", (d,)) for w in ("weight", "bias")]
         r += [
             copy(f"{lp}{fc1}.weight", b + "mlp.fc1.weight", (cfg.mlp_dim, d)),
             copy(f"{lp}{fc1}.bias", b + "mlp.fc1.bias", (cfg.mlp_dim,)),
@@ -376,11 +425,11 @@ def read_tensors(
         depth = 0
         while f"{layer.format(i=depth)}layernorm_before.weight" in tensors:
             depth += 1
-        fc1 = tensors.get(f"{layer.format(i=0)}{_NAMES[spelling][5]}.weight")
+        fc1 = tensors.get(f"{layer.format(i=0)}{_NAMES[spelling][7]}.weight")
         if depth == 0 or fc1 is None or np.ndim(fc1) != 2:
             raise FormatError(f"{context}: no {layer.format(i=0)}layernorm_before.weight / 2-D fc1 weight")
         f.update(width=d, depth=depth, mlp_dim=np.shape(fc1)[0], in_chans=c, patch_size=(ph, pw))
-        f["qkv_bias"] = f"{layer.format(i=0)}{_NAMES[spelling][1]}.bias" in tensors
+        f["qkv_bias"] = f"{layer.format(i=0)}{_NAMES[spelling][2]}.bias" in tensors
         prov.update({k: derived("tensor shapes") for k in ("width", "depth", "mlp_dim", "in_chans", "patch_size")})
         prov["qkv_bias"] = derived("tensors present")
         if "num_heads" not in overrides:  # given: no guess, and no refusal where no rule guesses one

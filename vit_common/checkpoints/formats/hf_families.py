@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from vit_common.checkpoints.formats.errors import FormatError
-from vit_common.checkpoints.formats.hf import HuggingFace
+from vit_common.checkpoints.formats.hf import BLOCK_KEYS, HuggingFace
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Source
 from vit_common.checkpoints.formats.provenance import (
     ASSUMED_KEY,
@@ -77,70 +77,6 @@ from vit_common.checkpoints.formats.rules import (
 )
 from vit_common.config import ViTConfig
 
-# style -> spelling -> names inside a block: layer prefix, norm1, q, k, v, o, norm2, fc1, fc2
-BLOCK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
-    "vit": {
-        "v4": (
-            "encoder.layer.{i}.",
-            "layernorm_before",
-            "attention.attention.query",
-            "attention.attention.key",
-            "attention.attention.value",
-            "attention.output.dense",
-            "layernorm_after",
-            "intermediate.dense",
-            "output.dense",
-        ),
-        "v5": (
-            "layers.{i}.",
-            "layernorm_before",
-            "attention.q_proj",
-            "attention.k_proj",
-            "attention.v_proj",
-            "attention.o_proj",
-            "layernorm_after",
-            "mlp.fc1",
-            "mlp.fc2",
-        ),
-    },
-    "dinov2": {
-        "v4": (
-            "encoder.layer.{i}.",
-            "norm1",
-            "attention.attention.query",
-            "attention.attention.key",
-            "attention.attention.value",
-            "attention.output.dense",
-            "norm2",
-            "mlp.fc1",
-            "mlp.fc2",
-        ),
-        "v5": (
-            "encoder.layer.{i}.",
-            "norm1",
-            "attention.q_proj",
-            "attention.k_proj",
-            "attention.v_proj",
-            "attention.o_proj",
-            "norm2",
-            "mlp.fc1",
-            "mlp.fc2",
-        ),
-    },
-    "clip": {
-        "v4": (
-            "encoder.layers.{i}.",
-            "layer_norm1",
-            "self_attn.q_proj",
-            "self_attn.k_proj",
-            "self_attn.v_proj",
-            "self_attn.out_proj",
-            "layer_norm2",
-            "mlp.fc1",
-            "mlp.fc2",
-        ),
-    },
-}
 # DINOv2's SwiGLU FFN per spelling: (packed [gate; up] or the two halves, down)
 _SWIGLU_KEYS = {
     "v4": (("mlp.weights_in",), "mlp.weights_out"),
