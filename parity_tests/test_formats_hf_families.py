@@ -327,3 +327,27 @@ def test_bad_family_configs_are_one_line_errors(case, edit, message, tmp_path):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     with pytest.raises(FormatError, match=message):
         load_checkpoint(tmp_path / "hf")
+
+
+@pytest.mark.parametrize(
+    "model_type, what",
+    [
+        ("dinov3_vit", "rotary position embeddings"),
+        ("siglip2_vision_model", "NaFlex variable-resolution patches"),
+        ("aimv2_vision_model", "RMSNorm"),
+        ("beit", "relative position tables"),
+        ("data2vec-vision", "relative position tables"),
+    ],
+)
+def test_other_vision_towers_are_refused_by_name(model_type, what, tmp_path):
+    import json
+
+    from vit_common.system.io import save_safetensors
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"model_type": model_type}))
+    save_safetensors(
+        tmp_path / "hf" / "model.safetensors", {"embeddings.patch_embeddings.weight": np.ones((2, 3, 4, 4), np.float32)}
+    )
+    with pytest.raises(ValueError, match=f"model_type='{model_type}' is not supported .the twins lack {what}"):
+        load_checkpoint(tmp_path / "hf")
