@@ -10,7 +10,10 @@ that take arguments are fixtures returning a function (``random_state(cfg, seed=
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -260,22 +263,18 @@ def hf_vit():
 
 
 def _twin_logits(path, images_nchw: np.ndarray, **load_options) -> tuple[np.ndarray, np.ndarray]:
-    import jax.numpy as jnp
-    import torch
-    from flax import nnx
-
     import vit_jax
+    import vit_jax.runner
     import vit_torch
+    import vit_torch.runner
     from vit_common.checkpoints.convert import load_checkpoint
     from vit_jax.formats import READERS as JAX_READERS
     from vit_torch.formats import READERS as TORCH_READERS
 
-    ckpt = load_checkpoint(path, readers={**TORCH_READERS, **JAX_READERS}, **load_options)
-    mj = vit_jax.from_numpy(ckpt.cfg, ckpt.state)
-    mt = vit_torch.from_numpy(ckpt.cfg, ckpt.state)
-    lj = np.asarray(nnx.jit(lambda m, x: m(x))(mj, jnp.asarray(images_nchw.transpose(0, 2, 3, 1))))
-    with torch.no_grad():
-        lt = mt(torch.from_numpy(images_nchw)).numpy()
+    ckpt = load_checkpoint(path, readers={**JAX_READERS, **TORCH_READERS}, **load_options)
+    x = images_nchw.transpose(0, 2, 3, 1)
+    (lj,) = vit_jax.runner.logits(vit_jax.from_numpy(ckpt.cfg, ckpt.state), [x])
+    (lt,) = vit_torch.runner.logits(vit_torch.from_numpy(ckpt.cfg, ckpt.state), [x])
     return lj, lt
 
 
@@ -299,3 +298,31 @@ def assert_twins_match():
             assert c.ok, c
 
     return check
+
+
+def _hub_cache(cache, repo_id: str, folder, revision: str = "main") -> Path:
+    """Put the files of ``folder`` into a Hugging Face cache at ``cache`` as huggingface_hub lays one out
+    (``models--ORG--NAME/blobs/<sha256>``, ``snapshots/<commit>/<file>`` a relative link to its blob,
+    ``refs/<revision>`` the commit) and return the snapshot folder. The commit is the sha1 of the file
+    names and contents, so the same files give the same commit."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    commit = hashlib.sha1(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()
+    repo = Path(cache) / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for p in files:
+        blob = hashlib.sha256(p.read_bytes()).hexdigest()
+        shutil.copyfile(p, repo / "blobs" / blob)
+        (snapshot / p.name).symlink_to(Path("..", "..", "blobs", blob))
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / revision).write_text(commit)
+    return snapshot
+
+
+@pytest.fixture
+def hub_cache():
+    """``hub_cache(cache, repo_id, folder, revision='main') -> snapshot folder``: ``folder``'s files in a
+    Hugging Face cache laid out as huggingface_hub lays one out (no network)."""
+    return _hub_cache

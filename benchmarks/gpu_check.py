@@ -42,7 +42,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -91,12 +90,12 @@ def parity(context: dict, variant: str) -> dict:
     from benchmarks.contenders import inputs, random_state
     from vit_common.config import ViTConfig
     from vit_common.tolerance import compare
+    from vit_jax import runner as jax_runner
     from vit_jax.weights import from_numpy as jax_from_numpy
+    from vit_torch import runner as torch_runner
     from vit_torch.weights import from_numpy as torch_from_numpy
     from vit_torch.weights import tensor_to_numpy
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = ViTConfig.from_name(variant)
     state = random_state(cfg)
@@ -127,28 +126,25 @@ def parity(context: dict, variant: str) -> dict:
         rows = []
         for k in a:
             what = "attention" if k.startswith("attn") and dtype != "bfloat16" else "tensor"
-            c = compare(k, a[k], ref[k], what, dtype)
-            rows.append(asdict(c) | {"ok": c.ok})
+            rows.append(compare(k, a[k], ref[k], what, dtype).to_dict())
         return rows
 
-    jax.config.update("jax_default_matmul_precision", "highest")
-    try:
-        f32 = compare_all(run_jax(cfg), run_torch(cfg), "float32")
-    finally:
-        jax.config.update("jax_default_matmul_precision", None)
-    ref64 = run_torch(cfg.replace(dtype="float64", param_dtype="float64"))
-    bf16_cfg = cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
-    fused, kernel = run_jax_fused(bf16_cfg)
-    result = {
-        **context,
-        "variant": variant,
-        "batch": 2,
-        "float32_jax_vs_torch": f32,
-        "bfloat16_jax_vs_float64": compare_all(run_jax(bf16_cfg), ref64, "bfloat16"),
-        "bfloat16_jax_fused_vs_float64": compare_all(fused, ref64, "bfloat16"),
-        "bfloat16_jax_fused_kernel": kernel,
-        "bfloat16_torch_vs_float64": compare_all(run_torch(bf16_cfg), ref64, "bfloat16"),
-    }
+    with torch_runner.full_precision():  # TF32 off for the whole check, as it was before it
+        with jax_runner.full_precision():
+            f32 = compare_all(run_jax(cfg), run_torch(cfg), "float32")
+        ref64 = run_torch(cfg.replace(dtype="float64", param_dtype="float64"))
+        bf16_cfg = cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
+        fused, kernel = run_jax_fused(bf16_cfg)
+        result = {
+            **context,
+            "variant": variant,
+            "batch": 2,
+            "float32_jax_vs_torch": f32,
+            "bfloat16_jax_vs_float64": compare_all(run_jax(bf16_cfg), ref64, "bfloat16"),
+            "bfloat16_jax_fused_vs_float64": compare_all(fused, ref64, "bfloat16"),
+            "bfloat16_jax_fused_kernel": kernel,
+            "bfloat16_torch_vs_float64": compare_all(run_torch(bf16_cfg), ref64, "bfloat16"),
+        }
     keys = [k for k, v in result.items() if k.endswith("_vs_float64") or k.endswith("_vs_torch")]
     result["ok"] = all(r["ok"] for key in keys for r in result[key])
     return result

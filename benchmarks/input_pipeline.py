@@ -1,16 +1,19 @@
-"""Images per second the training input pipeline delivers, with one worker process and with several.
+"""Images per second the training input pipeline delivers, from an image folder and from ArrayRecord
+files of the same JPEGs, with one worker process and with several.
 
-What it runs is ``vit train``'s pipeline on an image folder (``vit_jax.data.train_batches`` +
-``iterate``): decode each JPEG, random-resized crop and flip (or, with ``--mode eval``, resize and
+What it runs is ``vit train``'s pipeline (``vit_jax.data.train_batches`` + ``iterate``): read each JPEG
+(a file of the image folder, or a record of the ArrayRecord files ``vit data convert`` writes from that
+folder: the same bytes), decode it, random-resized crop and flip (or, with ``--mode eval``, resize and
 centre crop), normalise, batch, and hand the batch to this process through grain's ``mp_prefetch``
 worker processes. The folder is ``--data`` or, by default, one it writes: ``--images`` 224x224 JPEGs
 (quality 90), random crops of four scikit-image sample photos (one class each).
 
-Worker counts (``--workers``, default 1 and every usable core) run interleaved (1, N, 1, N, ...). Each
-run first takes 3 batches per worker untimed (the workers' start-up, reported separately, and their
-filled buffers), then times ``--batches`` batches (default 8 per worker of the largest count, at least
-12), so that every worker makes several. One JSON line per run goes to ``--out``; the summary gives
-each count's median rate and its ratio to the first count's.
+Formats (``--formats``, default both) and worker counts (``--workers``, default 1 and every usable
+core) run interleaved (folder 1, folder N, records 1, records N, then again). Each run first takes 3
+batches per worker untimed (the workers' start-up, reported separately, and their filled buffers),
+then times ``--batches`` batches (default 8 per worker of the largest count, at least 12), so that
+every worker makes several. One JSON line per run goes to ``--out``; the summary gives each (format,
+worker count)'s median rate, its ratio to the first count's, and ArrayRecord's ratio to the folder's.
 
     python -m benchmarks.input_pipeline --out benchmarks/results/input-pipeline-cpu.jsonl
     python -m benchmarks.input_pipeline --data photos/ --workers 1,2,4,8 --batch-size 128
@@ -33,7 +36,8 @@ import numpy as np
 from benchmarks.harness import host
 from vit_common.system import io
 
-SCHEMA = "vit-input-pipeline/1"
+SCHEMA = "vit-input-pipeline/2"
+FORMATS = ("imagefolder", "arrayrecord")
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")  # scikit-image sample photos, one class each
 # Every record (one JSON line) has exactly these keys.
 RECORD_FIELDS: dict[str, str] = {
@@ -41,7 +45,8 @@ RECORD_FIELDS: dict[str, str] = {
     "time": "start of the run, UTC ISO 8601",
     "machine": "cpu model, cpu_flags (AVX-512, AMX, ...), usable cores, load average (1, 5, 15 min) at the start",
     "data": "the image folder",
-    "images": "images in the folder's training split",
+    "format": "'imagefolder' (one file per image) or 'arrayrecord' (the same JPEGs as records, vit data convert)",
+    "images": "images in the training split",
     "mode": "'train' (random-resized crop + flip) or 'eval' (resize + centre crop)",
     "image_size": "side of the square model input, pixels",
     "batch_size": "images per batch",
@@ -107,6 +112,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32, help="images per batch")
     p.add_argument("--batches", type=int, help="batches timed per run (default: 8 per worker, at least 12)")
     p.add_argument("--workers", default=f"1,{cores}", help="comma-separated worker counts")
+    p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated: imagefolder, arrayrecord")
     p.add_argument("--repeats", type=int, default=2, help="interleaved runs per worker count")
     p.add_argument("--out", help="append one JSON line per run to this file")
     args = p.parse_args(argv)
@@ -116,6 +122,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--workers {args.workers!r}: expected comma-separated ints, e.g. 1,2")
     if min(args.workers) < 1:
         p.error(f"--workers {args.workers}: expected counts >= 1")
+    args.formats = args.formats.split(",")
+    if not args.formats or set(args.formats) - set(FORMATS):
+        p.error(f"--formats {','.join(args.formats)}: expected some of {','.join(FORMATS)}")
     if args.batches is None:
         args.batches = max(12, 8 * max(args.workers))
     for name in ("images", "image_size", "batch_size", "batches", "repeats"):
@@ -125,60 +134,73 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    from vit_common.data.datasets import Augment, load_dataset
+    from vit_common.data.arrayrecord import write_arrayrecord
+    from vit_common.data.datasets import Augment, load_dataset, open_stored
     from vit_common.data.images import PRESETS
     from vit_jax.data import train_batches, transform_for
 
     args = parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.data) if args.data else make_folder(Path(tmp) / "jpegs", args.images)
+        specs = {"imagefolder": f"imagefolder:{folder}"}
+        if "arrayrecord" in args.formats:
+            write_arrayrecord(open_stored(specs["imagefolder"]), Path(tmp) / "records")
+            specs["arrayrecord"] = f"arrayrecord:{Path(tmp) / 'records'}"
         size = (args.image_size, args.image_size)
-        data = load_dataset(f"imagefolder:{folder}", size, 3, val_fraction=0.01)
         augment = Augment(crop_scale=0.08, flip=True) if args.mode == "train" else None
-        need = (args.batches + warmup_batches(max(args.workers))) * args.batch_size
-        epochs = -(-need // len(data.train)) + 1
-        ds = train_batches(
-            data.train,
-            data.num_classes,
-            batch_size=args.batch_size,
-            epochs=epochs,
-            seed=0,
-            transform=transform_for(data, PRESETS["imagenet"], augment),
-        )
-        rates: dict[int, list[float]] = {w: [] for w in args.workers}
+        pipelines = {}
+        for fmt in args.formats:
+            data = load_dataset(specs[fmt], size, 3, val_fraction=0.01)
+            need = (args.batches + warmup_batches(max(args.workers))) * args.batch_size
+            ds = train_batches(
+                data.train,
+                data.num_classes,
+                batch_size=args.batch_size,
+                epochs=-(-need // len(data.train)) + 1,
+                seed=0,
+                transform=transform_for(data, PRESETS["imagenet"], augment),
+            )
+            pipelines[fmt] = (ds, len(data.train))
+        rates: dict[tuple[str, int], list[float]] = {(f, w): [] for f in args.formats for w in args.workers}
         for r in range(args.repeats):
-            for w in args.workers:
-                record = {
-                    "schema": SCHEMA,
-                    "time": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "machine": host(),
-                    "data": str(args.data or f"{args.images} generated 224x224 JPEGs"),
-                    "images": len(data.train),
-                    "mode": args.mode,
-                    "image_size": args.image_size,
-                    "batch_size": args.batch_size,
-                    "workers": w,
-                    "repeat": r,
-                }
-                startup, seconds = run_once(ds, workers=w, batches=args.batches)
-                rate = args.batches * args.batch_size / seconds
-                rates[w].append(rate)
-                record |= {
-                    "startup_s": startup,
-                    "warmup_batches": warmup_batches(w),
-                    "batches": args.batches,
-                    "seconds": seconds,
-                    "images_per_s": rate,
-                }
-                assert set(record) == set(RECORD_FIELDS)
-                print(f"workers {w}: {rate:7.1f} images/s (start-up {startup:.1f} s)", file=sys.stderr)
-                if args.out:
-                    with io.open_log(args.out) as f:
-                        f.write(json.dumps(record) + "\n")
-    base = statistics.median(rates[args.workers[0]])
-    for w, rs in rates.items():
-        med = statistics.median(rs)
-        print(f"{w} worker(s): median {med:.1f} images/s, {med / base:.2f}x {args.workers[0]} worker(s)")
+            for fmt, (ds, images) in pipelines.items():
+                for w in args.workers:
+                    record = {
+                        "schema": SCHEMA,
+                        "time": datetime.now(UTC).isoformat(timespec="seconds"),
+                        "machine": host(),
+                        "data": str(args.data or f"{args.images} generated 224x224 JPEGs"),
+                        "format": fmt,
+                        "images": images,
+                        "mode": args.mode,
+                        "image_size": args.image_size,
+                        "batch_size": args.batch_size,
+                        "workers": w,
+                        "repeat": r,
+                    }
+                    startup, seconds = run_once(ds, workers=w, batches=args.batches)
+                    rate = args.batches * args.batch_size / seconds
+                    rates[(fmt, w)].append(rate)
+                    record |= {
+                        "startup_s": startup,
+                        "warmup_batches": warmup_batches(w),
+                        "batches": args.batches,
+                        "seconds": seconds,
+                        "images_per_s": rate,
+                    }
+                    assert set(record) == set(RECORD_FIELDS)
+                    print(f"{fmt}, workers {w}: {rate:7.1f} images/s (start-up {startup:.1f} s)", file=sys.stderr)
+                    if args.out:
+                        with io.open_log(args.out) as f:
+                            f.write(json.dumps(record) + "\n")
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    for (fmt, w), m in med.items():
+        line = (
+            f"{fmt}, {w} worker(s): median {m:.1f} images/s, {m / med[(fmt, args.workers[0])]:.2f}x {args.workers[0]}"
+        )
+        if fmt == "arrayrecord" and ("imagefolder", w) in med:
+            line += f"; {m / med[('imagefolder', w)]:.2f}x the image folder's"
+        print(line)
     return 0
 
 

@@ -1,17 +1,15 @@
 """ViTConfig -> the constructor arguments of the peer implementations the benchmark times.
 
-The mappings are the ones weight conversion uses: ``vit_common.checkpoints.formats.timm.timm_kwargs`` for timm,
+The mappings are the ones weight conversion uses: ``vit_torch.oracles.timm_model_kwargs`` (``timm_kwargs``) for timm,
 ``vit_common.checkpoints.formats.hf.config_json`` for Hugging Face. Anything a peer cannot express raises, rather
 than timing a different model.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from vit_common.checkpoints.formats.hf import config_json
-from vit_common.checkpoints.formats.timm import timm_kwargs
 from vit_common.config import ViTConfig
 
 
@@ -48,12 +46,10 @@ def peer_config(cfg: ViTConfig, library: str) -> dict[str, Any]:
     if any(unsupported.values()):
         bad = ", ".join(f"{k}={getattr(cfg, k)!r}" for k, v in unsupported.items() if v)
         raise ValueError(f"{library} cannot express {bad}")
-    if library == "timm":  # the same mapping weight conversion uses
-        from timm.layers import LayerNorm
+    if library == "timm":  # the same mapping weight conversion and the parity oracles use
+        from vit_torch.oracles import timm_model_kwargs
 
-        kw = timm_kwargs(cfg)
-        kw["norm_layer"] = functools.partial(LayerNorm, eps=kw.pop("norm_eps"))
-        return kw
+        return timm_model_kwargs(cfg)
     if library == "hf":  # the config.json our HF writer puts beside the weights
         return {**config_json(cfg), "attn_implementation": "sdpa"}
     raise ValueError(f"library={library!r}: expected 'timm' or 'hf'")

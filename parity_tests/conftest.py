@@ -8,7 +8,9 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-import torch
+
+import vit_jax.runner
+import vit_torch.runner
 
 
 @pytest.fixture
@@ -21,10 +23,8 @@ def x64():
 @pytest.fixture(autouse=True)
 def _full_precision():
     """Pin full float32 matmul precision in both frameworks: no TF32 anywhere (a GPU's default TF32 makes
-    ~1e-3 gaps that look like bugs)."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    with jax.default_matmul_precision("highest"):
+    ~1e-3 gaps that look like bugs); the twins' runners restore the settings after the test."""
+    with vit_torch.runner.full_precision(), vit_jax.runner.full_precision():
         yield
 
 

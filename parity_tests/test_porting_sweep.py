@@ -77,6 +77,58 @@ TIMM_REFUSED = {
 }
 TIMM_CASES = _timm_cases() | {k: kw for k, (kw, _) in TIMM_REFUSED.items()}
 
+# timm hub folders (timm's save_for_hf: config.json + model.safetensors) of every timm architecture the
+# twins can build, one per distinct structure, each at test width (embed_dim 32, depth 1, 2 heads, a 2x2
+# patch grid, 3 classes where the name has a head). timm 1.0.31 registers 179 names in vision_transformer
+# and deit; built on the meta device, 143 are models the twins implement, in these 31 structures (class
+# and register tokens, pooling, fc_norm, pre_norm, qkv bias, qk_norm, LayerScale, GELU, SwiGLU, eps,
+# distilled, heads), and 36 are refused, in these 9 kinds. Name -> image size (the name's patch x 2).
+TIMM_HUB_CASES = {
+    "deit3_base_patch16_224": 32,  # and 7 more names of this structure
+    "deit_base_distilled_patch16_224": 32,  # 3 more
+    "deit_base_patch16_224": 32,  # 20 more (vit_base_patch16_224, ...)
+    "eva_large_patch14_196": 28,  # 1 more
+    "flexivit_base": 32,  # 2 more
+    "test_vit": 32,
+    "test_vit2": 32,
+    "test_vit3": 32,
+    "vit_base_patch14_dinov2": 28,  # 2 more
+    "vit_base_patch14_reg1_tipsv2": 28,  # 2 more
+    "vit_base_patch14_reg4_dinov2": 28,  # 2 more
+    "vit_giant_patch14_dinov2": 28,  # SwiGLUPacked (gate rows first), as the two below
+    "vit_giant_patch14_reg1_tipsv2": 28,
+    "vit_giant_patch14_reg4_dinov2": 28,
+    "vit_base_patch16_224_miil": 32,
+    "vit_base_patch16_clip_224": 32,  # 18 more
+    "vit_base_patch16_clip_quickgelu_224": 32,  # 6 more
+    "vit_base_patch16_gap_224": 32,
+    "vit_base_patch16_plus_240": 32,  # 2 more
+    "vit_base_patch16_reg4_gap_256": 32,
+    "vit_base_patch16_siglip_224": 32,  # 7 more
+    "vit_base_patch16_siglip_gap_224": 32,  # 12 more
+    "vit_base_patch32_siglip_256": 64,  # 6 more
+    "vit_base_patch32_siglip_gap_256": 64,  # 6 more
+    "vit_betwixt_patch16_gap_256": 32,  # 3 more
+    "vit_betwixt_patch16_reg1_gap_256": 32,  # 3 more
+    "vit_betwixt_patch16_reg4_gap_256": 32,  # 5 more
+    "vit_huge_patch14_224": 28,  # 2 more
+    "vit_so150m2_patch16_reg1_gap_256": 32,  # 2 more
+    "vit_so150m_patch16_reg4_gap_256": 32,  # 1 more
+    "vit_so150m_patch16_reg4_map_256": 32,
+}
+TIMM_HUB_REFUSED = {  # name -> (image size, the words of the refusal)
+    "aimv2_1b_patch14_224": (28, "a norm other than LayerNorm (RmsNorm)"),  # 11 more
+    "beit3_base_patch16_224": (32, "a LayerNorm inside attention, MLP or patch embedding"),  # 3 more
+    "test_vit4": (32, "a norm other than LayerNorm (RmsNorm)"),
+    "vit_base_patch16_18x2_224": (32, "its block ParallelThingsBlock"),  # 5 more (ParallelScalingBlock)
+    "vit_base_patch16_radio_v3": (32, "no final LayerNorm (final_norm=False)"),  # 6 more
+    "vit_base_patch16_rpn_224": (32, "its block ResPostBlock"),
+    "vit_dlittle_patch16_reg1_gap_256": (32, "its attention DiffAttention"),  # 1 more
+    "vit_dpwee_patch16_reg1_gap_256": (32, "its block DiffParallelScalingBlock"),
+    "vit_so400m_patch14_siglip_384": (30, "image_size=(30, 30) is not a multiple of patch_size=(14, 14)"),  # 1 more
+}
+TIMM_HUB_ALL = TIMM_HUB_CASES | {k: size for k, (size, _) in TIMM_HUB_REFUSED.items()}
+
 # transformers: (architecture, config keyword arguments, how the folder is written)
 HF_CASES = {
     "vit_classify_gelu": ("ViTForImageClassification", {}, "v4"),
@@ -115,11 +167,12 @@ HF_ALL = HF_CASES | {k: v[:3] for k, v in HF_REFUSED.items()}
 
 def counts() -> dict[str, int]:
     """Files per outcome: timm files store no config (GELU, eps and the grid are always assumed), so
-    every supported one is 'warned'; transformers folders declare everything in config.json."""
+    every supported one is 'warned'; transformers folders declare everything in config.json, timm hub
+    folders through the model timm builds from theirs."""
     return {
-        "exact": len(HF_CASES),
+        "exact": len(HF_CASES) + len(TIMM_HUB_CASES),
         "warned": len(TIMM_CASES) - len(TIMM_REFUSED),
-        "refused": len(TIMM_REFUSED) + len(HF_REFUSED),
+        "refused": len(TIMM_REFUSED) + len(HF_REFUSED) + len(TIMM_HUB_REFUSED),
         "wrong": 0,
     }
 
@@ -180,6 +233,28 @@ def test_timm_file(case, tmp_path, timm_vit, images):
     given = {k: getattr(truth, k) for k in unknown if k != "image_size"}
     exact = load_checkpoint(path, readers=READERS, strict=True, source_image_size=truth.image_size, **given)
     assert exact.report.assumed == [] and _equal(_twins(exact, x), ref)
+
+
+@pytest.mark.parametrize("name", TIMM_HUB_ALL)
+def test_timm_hub_folder(name, tmp_path, perturb, images):
+    import timm
+
+    size = TIMM_HUB_ALL[name]
+    with torch.device("meta"):
+        has_head = timm.create_model(name, pretrained=False, embed_dim=32, depth=1, num_heads=2).num_classes > 0
+    torch.manual_seed(0)
+    kw = dict(embed_dim=32, depth=1, num_heads=2, img_size=size) | ({"num_classes": 3} if has_head else {})
+    tm = perturb(timm.create_model(name, pretrained=False, **kw)).eval()
+    timm.models.save_for_hf(tm, tmp_path / "hub", safe_serialization=True)
+    if name in TIMM_HUB_REFUSED:
+        with pytest.raises(ValueError, match=re.escape(TIMM_HUB_REFUSED[name][1])):
+            load_checkpoint(tmp_path / "hub", readers=READERS)
+        return
+    x = images(1, (size, size))
+    with torch.no_grad():
+        ref = tm(torch.from_numpy(x)).numpy()
+    ckpt = load_checkpoint(tmp_path / "hub", readers=READERS, strict=True)
+    assert ckpt.report.assumed == [] and _equal(_twins(ckpt, x), ref)
 
 
 def _hf_folder(arch: str, config: dict, how: str, folder: Path, hf_vit):

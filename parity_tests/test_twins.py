@@ -18,7 +18,9 @@ import torch
 from flax import nnx
 
 import vit_jax
+import vit_jax.runner
 import vit_torch
+import vit_torch.runner
 from vit_common.config import ViTConfig
 from vit_common.state import StateMismatchError, canonical_shapes
 from vit_common.tolerance import Comparison, compare
@@ -66,15 +68,12 @@ def _images(cfg: ViTConfig, batch: int = 2, hw: tuple[int, int] | None = None, s
 
 
 def run_both(jm, tm, x_nchw: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """forward_intermediates of both twins on the same images, as float64-able numpy dicts."""
-    _, out_j = jm.forward_intermediates(jnp.asarray(x_nchw.transpose(0, 2, 3, 1)))
-    with torch.no_grad():
-        _, out_t = tm.forward_intermediates(torch.from_numpy(x_nchw))
-    to_np = lambda v: np.asarray(jax.device_get(v)).astype(np.float64)  # noqa: E731
-    return (
-        {k: to_np(v) for k, v in out_j.items()},
-        {k: v.detach().to(torch.float64).numpy() for k, v in out_t.items()},
-    )
+    """forward_intermediates of both twins on the same images (the twins' runners), as float64 numpy dicts."""
+    x = x_nchw.transpose(0, 2, 3, 1)
+    out_j, out_t = vit_jax.runner.intermediates(jm, x)[1], vit_torch.runner.intermediates(tm, x)[1]
+    return {k: np.asarray(v, np.float64) for k, v in out_j.items()}, {
+        k: np.asarray(v, np.float64) for k, v in out_t.items()
+    }
 
 
 def compare_outputs(out_a: dict, out_b: dict, dtype: str) -> list[Comparison]:

@@ -482,14 +482,16 @@ def test_failed_write_leaves_nothing_and_keeps_the_old_file(tmp_path, monkeypatc
     with io.overwriting(), pytest.raises(OSError, match=r"x.npz: could not be written \(No space left on device\)"):
         save_checkpoint(tmp_path / "x.npz", small_cfg, random_state(small_cfg, seed=1))
     assert (tmp_path / "x.npz").read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [io.MARKER, "x.npz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npz"]
 
 
 def test_folder_outputs_replace_only_checkpoint_folders_we_wrote(tmp_path, small_cfg, random_state):
     state = random_state(small_cfg)
     save_checkpoint(tmp_path / "hf", small_cfg, state, "hf")
     save_checkpoint(tmp_path / "hf", small_cfg, random_state(small_cfg, seed=1), "hf")  # replaces a checkpoint folder
-    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [io.MARKER, "config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]
+    mark = io.read_json(tmp_path / "hf" / "config.json")[io.OWNER_KEY]  # what proves the folder ours
+    assert mark == {"files": ["config.json", "model.safetensors"]}
     (tmp_path / "hf" / "src").mkdir()  # the user keeps something of theirs there: no longer ours to replace
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("precious")

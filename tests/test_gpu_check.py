@@ -8,14 +8,13 @@ import sys
 
 from benchmarks import gpu_check
 from benchmarks.harness import RECORD_FIELDS
-from vit_common.system import io
 
 
 def test_smoke_run_writes_every_part(tmp_path):
     out = tmp_path / "out"
     parts = "parity,B/16 infer 256,B/16 train 256,attention,patch_embed,S/16 infer 256"
     assert gpu_check.main(["--smoke", "--out", str(out), "--parts", parts]) == 0
-    names = [io.MARKER, "attention.jsonl", "parity.json", "parts.json", "patch_embed.jsonl", "table.md"]
+    names = ["attention.jsonl", "parity.json", "parts.json", "patch_embed.jsonl", "table.md"]
     names.append("throughput.jsonl")
     assert sorted(p.name for p in out.iterdir()) == names
 
@@ -92,4 +91,4 @@ def test_parts_past_the_budget_are_skipped_and_said_so(tmp_path):
     status = json.loads((out / "parts.json").read_text())
     assert sorted(status) == ["S/16 infer 256", "attention"]
     assert all(s["status"].startswith("skipped:") and "budget" in s["status"] for s in status.values())
-    assert sorted(p.name for p in out.iterdir()) == [io.MARKER, "parts.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["parts.json"]

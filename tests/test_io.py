@@ -36,7 +36,7 @@ def test_no_module_writes_files_except_through_io():
 
 
 def test_json_round_trip_and_errors_name_the_path(tmp_path):
-    io.write_json(tmp_path / "sub" / "a.json", {"b": [1, 2]})
+    io.write_json(tmp_path / "sub" / "a.json", {"b": [1, 2]}, mark=False)
     assert (tmp_path / "sub" / "a.json").read_text() == '{\n  "b": [\n    1,\n    2\n  ]\n}\n'
     assert io.read_json(tmp_path / "sub" / "a.json") == {"b": [1, 2]}
     (tmp_path / "bad.json").write_text("{nope")
@@ -55,9 +55,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
         io.atomic_write(tmp_path / "f.txt", fail)
     with pytest.raises(OSError, match="disk full"):
         io.atomic_write_dir(tmp_path / "d", lambda tmp: fail(str(tmp / "x")))
-    assert (
-        sorted(p.name for p in tmp_path.iterdir()) == [io.MARKER, "f.txt"] and (tmp_path / "f.txt").read_text() == "old"
-    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"] and (tmp_path / "f.txt").read_text() == "old"
 
 
 def test_log_appends_lines(tmp_path):
@@ -67,23 +65,73 @@ def test_log_appends_lines(tmp_path):
     assert (tmp_path / "logs" / "m.jsonl").read_text() == "a\nb\n"
 
 
-def test_only_what_is_provably_ours_is_replaced(tmp_path):
+def test_only_what_is_provably_ours_is_replaced(tmp_path, monkeypatch):
     (tmp_path / "theirs.txt").write_text("theirs")
-    with pytest.raises(io.DestinationError, match="theirs.txt: exists and vit did not write it; pass --overwrite"):
+    with pytest.raises(
+        io.DestinationError, match="theirs.txt: exists and vit cannot tell it wrote it; pass --overwrite"
+    ):
         io.write_text(tmp_path / "theirs.txt", "ours")
     with io.overwriting():
         io.write_text(tmp_path / "theirs.txt", "ours")
     assert (tmp_path / "theirs.txt").read_text() == "ours"
     out = tmp_path / "out"
     io.write_text(out / "a.txt", "1")
-    io.write_text(out / "a.txt", "2")  # ours, unchanged since: replaced
-    assert (out / "a.txt").read_text() == "2" and list(io.read_json(out / io.MARKER)["files"]) == ["a.txt"]
+    io.write_text(out / "a.txt", "2")  # this process wrote it, unchanged since: replaced
+    assert (out / "a.txt").read_text() == "2" and sorted(p.name for p in out.iterdir()) == ["a.txt"]
     with open(out / "a.txt", "a") as fh:  # the user edits it: theirs now
         fh.write("mine")
-    with pytest.raises(io.DestinationError, match="a.txt: exists and vit did not write it"):
+    with pytest.raises(io.DestinationError, match="a.txt: exists and vit cannot tell it wrote it"):
         io.write_text(out / "a.txt", "3")
     with io.overwriting(), pytest.raises(io.DestinationError, match="out: a folder holding things vit did not"):
         io.atomic_write_dir(out, lambda tmp: None)  # an output folder is not a checkpoint to replace
+    monkeypatch.setattr(io, "_WRITTEN", {})  # a later command: only a file's own content proves it ours
+    io.write_text(out / "b.txt", "text has no place for a mark")
+    io.write_json(out / "c.json", {"x": 1})
+    monkeypatch.setattr(io, "_WRITTEN", {})
+    with pytest.raises(io.DestinationError, match="b.txt: exists and vit cannot tell it wrote it"):
+        io.write_text(out / "b.txt", "again")
+    assert io.read_json(out / "c.json") == {"x": 1, io.OWNER_KEY: io.OWNER}
+    io.write_json(out / "c.json", {"x": 2})
+    (out / "d.json").write_text('{"x": 1}')  # JSON without our key
+    with pytest.raises(io.DestinationError, match="d.json"):
+        io.write_json(out / "d.json", {"x": 2})
+
+
+def test_pngs_and_folders_prove_themselves_ours(tmp_path, monkeypatch):
+    from PIL import Image
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text(io.OWNER_KEY, io.OWNER)
+    Image.new("RGB", (2, 2)).save(tmp_path / "ours.png", pnginfo=info)
+    Image.new("RGB", (2, 2)).save(tmp_path / "theirs.png")
+    io.write_bytes(tmp_path / "ours.png", (tmp_path / "theirs.png").read_bytes())
+    with pytest.raises(io.DestinationError, match="theirs.png"):
+        io.write_bytes(tmp_path / "theirs.png", b"x")
+
+    def checkpoint(extra: str = "") -> None:
+        def write(tmp: Path) -> None:
+            io.write_json(tmp / "config.json", io.folder_mark({"a": 1}, ["config.json", "w.bin"]))
+            io.write_bytes(tmp / "w.bin", b"w")
+            if extra:
+                io.write_bytes(tmp / extra, b"not listed")
+
+        io.atomic_write_dir(tmp_path / "ckpt", write)
+
+    checkpoint()
+    monkeypatch.setattr(io, "_WRITTEN", {})
+    checkpoint()  # its config.json lists all it holds: replaced
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["config.json", "w.bin"]
+    (tmp_path / "ckpt" / "notes.txt").write_text("mine")
+    with pytest.raises(io.DestinationError, match="ckpt: a folder holding things vit did not write .*notes.txt"):
+        checkpoint()
+    with pytest.raises(AssertionError, match="did not list what it wrote"):
+        io.atomic_write_dir(tmp_path / "other", lambda tmp: checkpoint_file(tmp))
+    assert not (tmp_path / "other").exists()
+
+
+def checkpoint_file(tmp: Path) -> None:
+    io.write_bytes(tmp / "w.bin", b"w")  # a folder writer that lists nothing
 
 
 def test_our_safetensors_are_recognised_by_their_header(tmp_path):
@@ -104,7 +152,7 @@ def test_the_next_write_removes_temporaries_of_dead_writers_only(tmp_path):
     live = tmp_path / f"{io.TMP_PREFIX}{os.getppid()}-n.safetensors-z.tmp"  # a running process's
     live.write_bytes(b"in progress")
     io.write_text(tmp_path / "new.txt", "x")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([io.MARKER, live.name, "new.txt"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "new.txt"])
 
 
 def test_a_folder_lock_is_refused_at_once_naming_the_holder_and_released_by_kill_9(tmp_path):
@@ -132,3 +180,22 @@ def test_a_folder_lock_is_refused_at_once_naming_the_holder_and_released_by_kill
     with io.folder_lock(tmp_path / "new", "vit train"):
         pass
     assert not (tmp_path / "new").exists()  # a folder the lock made, left empty, goes too
+
+
+def test_a_shared_file_is_a_hard_link_or_else_a_relative_symbolic_link(tmp_path, monkeypatch):
+    import errno
+
+    src = tmp_path / "model.safetensors"
+    src.write_bytes(b"tensors")
+    assert io.share_file(src, tmp_path / "model_timm.safetensors") == "hard link"
+    assert os.path.samefile(src, tmp_path / "model_timm.safetensors")
+
+    def no_hard_links(a, b):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_hard_links)
+    (tmp_path / "tmp_folder").mkdir()
+    final = tmp_path / "model_timm" / "model.safetensors"
+    assert io.share_file(src, tmp_path / "tmp_folder" / "model.safetensors", final=final) == "symbolic link"
+    assert os.readlink(tmp_path / "tmp_folder" / "model.safetensors") == "../model.safetensors"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(io.TMP_PREFIX)] == []

@@ -30,7 +30,7 @@ def _state(cfg: ViTConfig = CFG) -> dict[str, np.ndarray]:
     return {k: rng.standard_normal(s).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
 
 
-def test_each_format_answers_its_own_questions():
+def test_each_format_answers_its_own_questions(tmp_path):
     """The answers that used to be tables keyed by format name elsewhere (vit train's export names,
     vit_torch.oracles' library switch, metadata.py's assumed preprocessing), as the formats give them."""
     exports = {f.name: f.export_name() for f in REGISTRY.values()}
@@ -45,6 +45,7 @@ def test_each_format_answers_its_own_questions():
     }
     assert REGISTRY["timm"].export_name(Path("in/w.pth")) == "model_timm.pth"
     assert REGISTRY["timm"].export_name(Path("in/w.safetensors")) == "model_timm.safetensors"
+    assert REGISTRY["timm"].export_name(tmp_path) == "model_timm"  # a timm hub folder: a hub folder
     references = {n: (f.reference.library, f.reference.loader) if f.reference else None for n, f in REGISTRY.items()}
     assert references == {
         "orbax": None,

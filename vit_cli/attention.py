@@ -93,20 +93,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _forward(framework: str, model, images: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(logits [B, K] float64, attention intermediates as float64 numpy) for images [B, H, W, C]."""
     if framework == "jax":
-        import jax
-
-        with jax.default_matmul_precision("highest"):
-            logits, out = model.forward_intermediates(jax.numpy.asarray(images))
-        to_np = np.asarray
+        from vit_jax.runner import intermediates
     else:
-        import torch
-
-        from vit_torch.weights import tensor_to_numpy as to_np
-
-        with torch.no_grad():
-            logits, out = model.forward_intermediates(torch.from_numpy(images.transpose(0, 3, 1, 2)))
-    inter = {k: np.asarray(to_np(v), np.float64) for k, v in out.items() if k.startswith("attn") and v is not None}
-    return np.asarray(to_np(logits), np.float64), inter
+        from vit_torch.runner import intermediates
+    logits, out = intermediates(model, images)
+    return np.asarray(logits, np.float64), {
+        k: np.asarray(v, np.float64) for k, v in out.items() if k.startswith("attn")
+    }
 
 
 def shares(dist: np.ndarray, cfg) -> dict:
@@ -161,10 +154,14 @@ def panel_grid(n: int) -> tuple[int, int]:
 
 def _write_png(path: Path, rgb: np.ndarray) -> None:
     from PIL import Image
+    from PIL.PngImagePlugin import PngInfo
 
-    from vit_common.system.io import atomic_write
+    from vit_common.system.io import PNG_TEXT, atomic_write
 
-    atomic_write(path, lambda tmp: Image.fromarray(rgb).save(tmp, format="PNG"))
+    info = PngInfo()
+    for key, text in PNG_TEXT.items():
+        info.add_text(key, text)
+    atomic_write(path, lambda tmp: Image.fromarray(rgb).save(tmp, format="PNG", pnginfo=info))
 
 
 def _write_npy(path: Path, arr: np.ndarray) -> None:
@@ -181,7 +178,7 @@ def write_figure(path: Path, image: np.ndarray, panels: list[tuple[str, np.ndarr
     """One PNG: the image, then each (title, patch grid [h, w]) overlaid on it; PANEL_PX per panel."""
     from matplotlib.figure import Figure
 
-    from vit_common.system.io import atomic_write
+    from vit_common.system.io import PNG_TEXT, atomic_write
 
     rows, cols = panel_grid(len(panels) + 1)
     fig = Figure(figsize=(cols * PANEL_PX[0] / 100, rows * PANEL_PX[1] / 100), dpi=100)
@@ -198,7 +195,7 @@ def write_figure(path: Path, image: np.ndarray, panels: list[tuple[str, np.ndarr
     fig.subplots_adjust(
         left=0.01, right=0.99, bottom=0.01, top=1 - 0.6 / (rows * PANEL_PX[1] / 100), wspace=0.05, hspace=0.4
     )
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100, metadata=PNG_TEXT))
 
 
 def _selected(per_head: np.ndarray, head: int | str) -> np.ndarray:

@@ -176,12 +176,23 @@ def _adapters(framework: str | None, kind: str) -> dict:
     return getattr(formats, kind)
 
 
+def _timm_hub_config(folder):
+    """timm's own reading of a timm hub folder (``vit_torch.timm_models.read_hub_config``, torch imported
+    only now), or None where torch or timm is not installed (the folder's stated fields are then read)."""
+    try:
+        from vit_torch.timm_models import read_hub_config
+    except ImportError:
+        return None
+    return read_hub_config(folder)
+
+
 def readers_for(src) -> dict:
     """The framework readers ``src`` (a path or an opened ``Source``) needs (importing only that
-    framework), for ``load_checkpoint``."""
+    framework), for ``load_checkpoint``, and timm's reading of a timm hub folder's config.json (which
+    imports torch only if one is read)."""
     from vit_common.checkpoints.convert import needs
 
-    return _adapters(needs(src), "READERS")
+    return {"timm": _timm_hub_config, **_adapters(needs(src), "READERS")}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -135,7 +135,7 @@ def confusion_png(label, pred, classes: list[str], png: Path, title: str):
     import matplotlib.pyplot as plt
     from sklearn.metrics import ConfusionMatrixDisplay, confusion_matrix
 
-    from vit_common.system.io import atomic_write
+    from vit_common.system.io import PNG_TEXT, atomic_write
 
     matrix = confusion_matrix(label, pred, labels=list(range(len(classes))))
     size = max(5.0, 0.45 * len(classes) + 2)
@@ -145,6 +145,6 @@ def confusion_png(label, pred, classes: list[str], png: Path, title: str):
     )
     ax.set_title(f"{title}: accuracy {(label == pred).mean():.4f}")
     fig.tight_layout()
-    atomic_write(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    atomic_write(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png", metadata=PNG_TEXT))
     plt.close(fig)
     return matrix

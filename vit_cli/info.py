@@ -74,9 +74,10 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vit_common.checkpoints.hub import is_hub_id
     from vit_common.config import ViTConfig
 
-    if os.path.exists(args.source):
+    if os.path.exists(args.source) or is_hub_id(args.source):
         return _checkpoint(args)
     if args.settings or args.source_image_size or args.strict:
         raise ValueError(f"{args.source!r}: no such checkpoint; --set, --source-image-size and --strict read one")

@@ -24,8 +24,9 @@ COMMANDS = {
     "evaluate": "vit_cli.evaluate",
     "predict": "vit_cli.predict",
     "bench": "vit_cli.bench",
+    "data": "vit_cli.data",
 }
-WRITING = ("convert", "parity", "attention", "train", "evaluate", "bench")  # commands that write files
+WRITING = ("convert", "parity", "attention", "train", "evaluate", "bench", "data")  # commands that write files
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -40,6 +41,7 @@ EXTRAS = {
     **dict.fromkeys(("jax", "jaxlib", "flax", "optax", "orbax", "grain"), "jax"),
     "torch": "torch",
     **dict.fromkeys(("PIL", "mlxtend", "sklearn"), "data"),
+    **dict.fromkeys(("datasets", "pyarrow", "array_record"), "datasets"),
     **dict.fromkeys(("timm", "transformers", "torchvision", "skimage"), "dev"),
 }
 

@@ -28,16 +28,14 @@ class Row:
     ``name``: intermediate key of ``forward_intermediates`` ('patch_embed', 'pos_embed', 'blockNN',
     'attnNN', 'norm', 'attn_pool', 'pre_logits', 'logits'); ``what``: 'tensor' or 'attention' (which
     tolerance applies); ``dtype`` of the run; ``twins``: JAX twin vs torch twin (torch is the
-    reference); ``mean_abs``: mean |JAX - torch|; ``scale``: max |torch|; ``against``: the --against
-    library vs the torch twin, or None where that library exposes no such tensor.
+    reference; its ``mean_abs`` is mean |JAX - torch|, its ``scale`` max |torch|); ``against``: the
+    --against library vs the torch twin, or None where that library exposes no such tensor.
     """
 
     name: str
     what: str
     dtype: str
     twins: Comparison
-    mean_abs: float
-    scale: float
     against: Comparison | None = None
 
     @property
@@ -53,8 +51,8 @@ class Row:
             "what": self.what,
             "dtype": self.dtype,
             "max_abs": t.max_abs,
-            "mean_abs": self.mean_abs,
-            "scale": self.scale,
+            "mean_abs": t.mean_abs,
+            "scale": t.scale,
             "kind": t.kind,
             "bound": t.bound,
             "rel": t.rel,
@@ -219,11 +217,10 @@ def run_parity(
         ValueError / FileNotFoundError: bad checkpoint, dtype or library name; ImportError if the
             --against library is not installed.
     """
-    import jax
-    import torch
-
     import vit_jax
+    import vit_jax.runner
     import vit_torch
+    import vit_torch.runner
     from vit_common.checkpoints.convert import load_checkpoint
     from vit_jax.formats import READERS as JAX_READERS
     from vit_torch.formats import READERS as TORCH_READERS
@@ -232,7 +229,7 @@ def run_parity(
         raise ValueError(f"dtype={dtype!r}: expected 'float32' or 'float64'")
     if against not in (None, "timm", "transformers"):
         raise ValueError(f"against={against!r}: expected 'timm' or 'transformers'")
-    ckpt = load_checkpoint(checkpoint, readers={**TORCH_READERS, **JAX_READERS}, **load_options)
+    ckpt = load_checkpoint(checkpoint, readers={**JAX_READERS, **TORCH_READERS}, **load_options)
     cfg = ckpt.cfg.replace(dtype=dtype, param_dtype=dtype, attn_impl="explicit")
     state = {k: np.asarray(v).astype(dtype) for k, v in ckpt.state.items()}
     if images is None:
@@ -247,40 +244,21 @@ def run_parity(
     else:
         image_names = [f"image-{i}" for i in range(len(images))]
     x = np.asarray(images, dtype)
-    allow_tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        with jax.enable_x64(dtype == "float64"), jax.default_matmul_precision("highest"):
-            model_j = vit_jax.from_numpy(cfg, state)
-            _, out_j = model_j.forward_intermediates(jax.numpy.asarray(x.transpose(0, 2, 3, 1)))
-            out_j = {k: np.asarray(v) for k, v in out_j.items() if v is not None}
-        model_t = vit_torch.from_numpy(cfg, state)
-        with torch.no_grad():
-            _, out_t = model_t.forward_intermediates(torch.from_numpy(x))
-        out_t = {k: v.numpy() for k, v in out_t.items() if v is not None}
-        out_a = None
+    with vit_jax.runner.full_precision(x64=dtype == "float64"):  # float64 parameters need x64 when built
+        _, out_j = vit_jax.runner.intermediates(vit_jax.from_numpy(cfg, state), x.transpose(0, 2, 3, 1))
+    _, out_t = vit_torch.runner.intermediates(vit_torch.from_numpy(cfg, state), x.transpose(0, 2, 3, 1))
+    out_a = None
+    with vit_torch.runner.full_precision():
         if against == "timm":
             out_a = _against_timm(ckpt.cfg, ckpt.state, x, dtype)
         elif against == "transformers":
             out_a = _against_transformers(ckpt.cfg, ckpt.state, x, dtype)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = allow_tf32
     rows = []
     for name, ref in out_t.items():
         what = "attention" if name.startswith("attn") else "tensor"
         a = out_a.get(name) if out_a else None
-        diff = np.abs(out_j[name].astype(np.float64) - ref)
-        rows.append(
-            Row(
-                name,
-                what,
-                dtype,
-                compare(name, out_j[name], ref, what, dtype),
-                float(diff.mean()) if diff.size else 0.0,
-                float(np.abs(ref).max()) if ref.size else 0.0,
-                None if a is None else compare(name, a, ref, what, dtype),
-            )
-        )
+        against_row = None if a is None else compare(name, a, ref, what, dtype)
+        rows.append(Row(name, what, dtype, compare(name, out_j[name], ref, what, dtype), against_row))
     outputs = None
     if keep_outputs:
         outputs = {"jax": out_j, "torch": out_t} | ({against: out_a} if out_a else {})
@@ -324,7 +302,7 @@ def format_table(result: ParityResult) -> str:
     for r in result.rows:
         t = r.twins
         line = (
-            f"{r.name:<12}{t.max_abs:>11.2e}{t.rel:>11.2e}{r.mean_abs:>11.2e}"
+            f"{r.name:<12}{t.max_abs:>11.2e}{t.rel:>11.2e}{t.mean_abs:>11.2e}"
             f"{t.kind + ' ' + format(t.bound, '.0e'):>12}  {'ok' if t.ok else 'FAIL'}"
         )
         if lib:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_common.system.io import atomic_write, write_text
+from vit_common.system.io import PNG_TEXT, atomic_write, write_text
 from vit_common.tolerance import Comparison, compare
 
 ROW_KEYS = ("name", "what", "dtype", "max_abs", "mean_abs", "scale", "kind", "bound")
@@ -46,20 +46,7 @@ def diff_row(name: str, a, ref, what: str, dtype: str) -> dict:
     Raises:
         ValueError: shapes differ. KeyError: no bound for (what, dtype).
     """
-    c = compare(name, a, ref, what, dtype)
-    a64, r64 = np.asarray(a, np.float64), np.asarray(ref, np.float64)
-    return {
-        "name": name,
-        "what": what,
-        "dtype": dtype,
-        "max_abs": c.max_abs,
-        "mean_abs": float(np.mean(np.abs(a64 - r64))) if a64.size else 0.0,
-        "scale": float(np.max(np.abs(r64))) if r64.size else 0.0,
-        "kind": c.kind,
-        "bound": c.bound,
-        "rel": c.rel,
-        "ok": c.ok,
-    }
+    return {"name": name, "what": what, "dtype": dtype} | compare(name, a, ref, what, dtype).to_dict()
 
 
 def _check_rows(rows: Sequence[Mapping]) -> None:
@@ -93,7 +80,7 @@ def _groups(rows: Sequence[Mapping]) -> dict[tuple[str, str], list[Mapping]]:
 
 
 def _save(fig, path: Path) -> None:
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100, metadata=PNG_TEXT))
 
 
 def plot_diffs(path: str | os.PathLike, rows: Sequence[Mapping], title: str) -> None:

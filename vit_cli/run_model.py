@@ -1,8 +1,9 @@
-"""Run a twin over image batches: the one place the CLI turns images into logits.
+"""Load a checkpoint into a twin and run it over image batches: the one place the CLI turns images into
+logits.
 
 Images are numpy float32 [B, H, W, C] (normalised as ``vit_common.data.images.normalize``); logits come
-back as numpy float32 [B, K]. Matmuls run at full float32 precision in both frameworks (no TF32).
-``load`` imports only the framework it is asked for.
+back as numpy float32 [B, K], from ``vit_jax.runner`` / ``vit_torch.runner`` (full float32 precision, no
+TF32, the frameworks' settings restored afterwards). ``load`` imports only the framework it is asked for.
 """
 
 from __future__ import annotations
@@ -14,31 +15,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
-
-
-def jax_logits(model, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
-    """Logits of the JAX twin (eval mode), one jit compilation for all equal-shaped batches."""
-    import jax
-    from flax import nnx
-
-    graphdef, state = nnx.split(model)
-    forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
-    with jax.default_matmul_precision("highest"):
-        for x in batches:
-            yield np.asarray(forward(state, x), np.float32)
-
-
-def torch_logits(model, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
-    """Logits of the torch twin (eval mode, no grad); images are transposed to [B, C, H, W]."""
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        for x in batches:
-            t = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))).to(device)
-            yield model(t).float().cpu().numpy()
 
 
 def load(path, framework: str, options=()):
@@ -102,7 +78,12 @@ def class_names(info, num_classes: int) -> list[str]:
 
 
 def logits(model, framework: str, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
-    return (jax_logits if framework == "jax" else torch_logits)(model, batches)
+    """Logits float32 [B, K] per batch [B, H, W, C] of ``model``, the twin ``framework`` ('jax' | 'torch')."""
+    if framework == "jax":
+        from vit_jax.runner import logits as run
+    else:
+        from vit_torch.runner import logits as run
+    return run(model, batches)
 
 
 def add_image_flags(p: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ vit_jax). Several processes (hosts) train as one when the environment names them
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -23,9 +24,10 @@ from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_cli.flags import add_flags, values
 from vit_cli.main import HelpFormatter
 from vit_cli.run_model import class_list
-from vit_common.data.datasets import Augment
+from vit_common.data.datasets import Augment, check_outside, natural_images
 from vit_common.data.images import Preprocess
 from vit_common.data.train_config import TrainConfig
+from vit_common.system import io
 from vit_common.system.validate import arg, check_model_size, float_in, int_in
 
 # The demo model: 28x28 inputs, 7x7 patches, 16 tokens (no class token: average pooling).
@@ -376,6 +378,7 @@ def run(args: argparse.Namespace) -> int:
     if tcfg.init is None and (args.source_image_size is not None or args.strict):
         raise ValueError("--source-image-size and --strict describe the checkpoint of --init; there is none")
     out = Path(args.out or Path("runs") / args.dataset.split(":")[0])
+    check_outside(tcfg.dataset, out)  # before the lock makes the folder
 
     from vit_jax import distributed
 
@@ -463,9 +466,9 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
         probe = model_config(args, num_classes=2, in_chans=channels)  # validates sizes before loading any data
         check_model_size(probe, "the model flags", batch=tcfg.batch_size // tcfg.accum_steps, training=True)
         default = (
-            Preprocess()
-            if not tcfg.dataset.startswith("imagefolder:")
-            else Preprocess(interpolation="bicubic", crop_pct=0.875, crop_mode="center")
+            Preprocess(interpolation="bicubic", crop_pct=0.875, crop_mode="center")
+            if natural_images(tcfg.dataset)
+            else Preprocess()
         )
         preprocess = default.replace(**preprocess_flags)
         data = named(
@@ -512,8 +515,9 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     weights = trainer.weights(state)  # every process takes part in gathering sharded parameters
     if not lead:
         return 0
-    exports, load_calls = export(out, cfg.replace(dtype="float32"), weights, preprocess, data.classes, report, log)
-    plot_curves(out / "metrics.jsonl", out / "curves.png")
+    with io.overwriting() if args.resume else contextlib.nullcontext():  # fit proved a resumed folder the run's
+        exports, load_calls = export(out, cfg.replace(dtype="float32"), weights, preprocess, data.classes, report, log)
+        plot_curves(out / "metrics.jsonl", out / "curves.png")
     summary["model"] = str(out / "model.safetensors")
     summary["exports"] = {fmt: str(path) for fmt, path in exports.items()}
     summary["load_calls"] = {str(exports[fmt]): call for fmt, call in load_calls.items()}
@@ -524,7 +528,8 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
         from vit_jax.train import write_json
 
         parity = export_parity(out / "model.safetensors", exports, trainer)
-        write_json(out / "parity.json", parity)
+        with io.overwriting() if args.resume else contextlib.nullcontext():
+            write_json(out / "parity.json", parity)
         summary["parity"] = parity
         ok = parity["ok"] and all(c.get("ok", True) for c in parity["library"].values())
     summary["wall_seconds"] = time.perf_counter() - started
@@ -591,7 +596,7 @@ def export_parity(path: Path, exports: dict[str, Path], trainer) -> dict:
     """
     import numpy as np
 
-    from vit_cli.run_model import jax_logits, load, torch_logits
+    from vit_cli.run_model import load, logits
     from vit_common.tolerance import compare
     from vit_jax.data import eval_batches
 
@@ -602,8 +607,8 @@ def export_parity(path: Path, exports: dict[str, Path], trainer) -> dict:
     mask = np.concatenate([b["mask"] for b in batches]) > 0
     images = [b["image"] for b in batches]
     labels = np.concatenate([b["label"] for b in batches])[mask]
-    lj = np.concatenate(list(jax_logits(load(path, "jax"), images)))[mask]
-    lt = np.concatenate(list(torch_logits(load(path, "torch"), images)))[mask]
+    lj = np.concatenate(list(logits(load(path, "jax"), "jax", images)))[mask]
+    lt = np.concatenate(list(logits(load(path, "torch"), "torch", images)))[mask]
 
     def check(got: np.ndarray) -> dict:
         c = compare("logits", got, lj, "tensor", "float32")
@@ -660,9 +665,9 @@ def plot_curves(metrics: Path, png: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    from vit_common.system.io import atomic_write
+    from vit_common.system.io import PNG_TEXT, atomic_write
 
-    atomic_write(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    atomic_write(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png", metadata=PNG_TEXT))
     plt.close(fig)
 
 

@@ -26,15 +26,30 @@ TOLERANCES: dict[tuple[str, str], tuple[str, float]] = {
 
 @dataclass(frozen=True)
 class Comparison:
+    """One tensor compared against its reference: the one comparison type of the project (``vit parity``'s
+    rows, its report pictures, the GPU check, the parity tests).
+
+    ``max_abs`` = max |a - ref|, ``rel`` = max_abs / max |ref| (max_abs where ref is all zero),
+    ``mean_abs`` = mean |a - ref|, ``scale`` = max |ref|; ``kind`` ('rel' | 'abs') and ``bound`` are the
+    tolerance table's for (what, dtype). Every number is inf when either tensor holds NaN or Inf.
+    """
+
     name: str
     max_abs: float
     rel: float
     kind: str
     bound: float
+    mean_abs: float = 0.0
+    scale: float = 0.0
 
     @property
     def ok(self) -> bool:
         return (self.rel if self.kind == "rel" else self.max_abs) <= self.bound
+
+    def to_dict(self) -> dict[str, float | str | bool]:
+        """name, max_abs, mean_abs, scale, kind, bound, rel and ok, JSON-able."""
+        keys = ("name", "max_abs", "mean_abs", "scale", "kind", "bound", "rel")
+        return {k: getattr(self, k) for k in keys} | {"ok": self.ok}
 
     def __str__(self) -> str:
         return (
@@ -65,8 +80,10 @@ def compare(name: str, a, b, what: str, dtype: str) -> Comparison:
         raise ValueError(f"{name}: shapes differ, {a64.shape} vs {b64.shape}")
     kind, bound = tolerance(what, dtype)
     if not (np.isfinite(a64).all() and np.isfinite(b64).all()):
-        return Comparison(name, math.inf, math.inf, kind, bound)  # NaN or Inf is never within a tolerance
-    max_abs = float(np.max(np.abs(a64 - b64))) if a64.size else 0.0
+        inf = math.inf  # NaN or Inf is never within a tolerance
+        return Comparison(name, inf, inf, kind, bound, inf, inf)
+    diff = np.abs(a64 - b64)
+    max_abs = float(np.max(diff)) if a64.size else 0.0
     scale = float(np.max(np.abs(b64))) if b64.size else 0.0
     rel = max_abs / scale if scale > 0 else max_abs
-    return Comparison(name, max_abs, rel, kind, bound)
+    return Comparison(name, max_abs, rel, kind, bound, float(np.mean(diff)) if a64.size else 0.0, scale)

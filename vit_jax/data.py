@@ -17,7 +17,8 @@ batches come out in the same order with the same values whatever the worker coun
 run in its data is the index of its next batch (``iterate(ds, start=...)``), which is all a resumed run
 needs.
 
-For your own training loop, ``train_iterator`` builds and runs the whole thing::
+For your own training loop, ``train_iterator`` builds and runs the whole thing (any dataset spec:
+``hf:PATH`` and ``arrayrecord:PATTERN`` sources are read a row or record at a time in the workers)::
 
     data = load_dataset("imagefolder:photos", (224, 224), 3)
     it = train_iterator(data, batch_size=256, epochs=10, seed=0, preprocess=PRESETS["imagenet"],

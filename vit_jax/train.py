@@ -21,8 +21,10 @@ equals one big batch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 from pathlib import Path
 
 import jax
@@ -35,7 +37,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from vit_common.config import ViTConfig
-from vit_common.data.datasets import Dataset, batches_per_epoch, examples_before
+from vit_common.data.datasets import Dataset, batches_per_epoch, examples_before, fingerprint_changes
 from vit_common.data.images import Preprocess
 from vit_common.data.train_config import TrainConfig
 from vit_common.system import io
@@ -593,6 +595,31 @@ def config_mismatch(saved: dict, current: dict) -> list[str]:
     return out
 
 
+def check_same_data(out: Path, saved: dict, fingerprint: dict, lead: bool) -> None:
+    """Refuse to resume on data other than the run's (``vit_common.data.datasets.fingerprint_changes``
+    against config.json's ``dataset``); files whose modification times alone changed are one warning
+    line (process 0), as is a run folder written before fingerprints were stored.
+
+    Raises:
+        ValueError: the data changed; one line listing what changed.
+    """
+    if "dataset" not in saved:
+        if lead:
+            print(
+                f"vit train: warning: {out}/config.json holds no dataset fingerprint; the data is not checked",
+                file=sys.stderr,
+            )
+        return
+    errors, warnings = fingerprint_changes(saved["dataset"], fingerprint)
+    if errors:
+        raise ValueError(
+            f"{out}: the dataset changed since the run started ({'; '.join(errors)}); resume on the run's data, "
+            "or start a new run with another --out"
+        )
+    for w in warnings if lead else []:
+        print(f"vit train: warning: dataset: {w}; resuming as the same data", file=sys.stderr)
+
+
 def read_json(path: Path) -> dict:
     with open(path) as f:
         return json.load(f)
@@ -621,6 +648,7 @@ def run_config(trainer: Trainer) -> dict:
         "train": trainer.tcfg.to_dict(),
         "preprocess": trainer.preprocess.to_dict(),
         "classes": list(trainer.data.classes),
+        "dataset": trainer.data.fingerprint,
         "devices": f"{trainer.mesh.size} x {jax.devices()[0].platform}",
         "processes": jax.process_count(),
     }
@@ -680,19 +708,18 @@ def fit(
     if resume:
         if not (out / "config.json").exists():
             raise FileNotFoundError(f"{out}: no run to resume (config.json is missing)")
-        diff = config_mismatch(read_json(out / "config.json"), config)
+        saved_config = read_json(out / "config.json")
+        saved_config.pop(io.OWNER_KEY, None)  # the mark write_json adds (vit_common.system.io)
+        diff = config_mismatch(saved_config, config)
         if diff:
             raise ValueError(
                 f"{out}: the checkpoint was made with a different config (keep it, or choose another --out):\n  "
                 + "\n  ".join(diff)
             )
-        if lead:  # its config.json shows the folder is this run's (copied, perhaps): its run files are ours
-            for name in RUN_FILES:
-                if (out / name).is_file():
-                    io.adopt(out / name)
+        check_same_data(out, saved_config, config["dataset"], lead)
     elif saved or metrics_path.exists():
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
-    if lead:
+    elif lead:
         for name in RUN_FILES:  # refused before any work, not at the end: files vit did not write stay
             io.check_destination(out / name)
     if jax.process_count() > 1:  # every process has read the folder before process 0 writes to it
@@ -704,6 +731,9 @@ def fit(
     # The first batches are made while the state is built and the step compiles (the batch position is
     # the step: a resumed run starts at its latest checkpoint's).
     it = trainer.train_iterator(start=saved[-1] if saved and resume else 0)
+    files = contextlib.ExitStack()
+    if resume:  # its config.json shows the folder is this run's (copied, perhaps): its files are ours to
+        files.enter_context(io.overwriting())  # replace, its metrics.jsonl to append to, marked or not
     try:
         it.start_prefetch()
         if saved and resume:
@@ -737,6 +767,7 @@ def fit(
         trainer.close()
         ckpts.wait()
         ckpts.close()
+        files.close()
 
 
 def _loop(

@@ -6,7 +6,8 @@ name (``SAFE_GLOBALS``): ``argparse.Namespace`` (timm's 'args'), numpy scalars, 
 (a saved best accuracy or epoch counter; numpy arrays of Python objects would need further globals and
 stay refused). A file that is still refused is named with the global that blocked it.
 ``READERS`` and ``WRITERS`` are what ``vit_common.checkpoints.convert.load_checkpoint(readers=...)`` /
-``save_checkpoint(writers=...)`` take.
+``save_checkpoint(writers=...)`` take; ``READERS["timm"]`` is timm's own reading of a timm hub folder's
+config.json (``vit_torch.timm_models.read_hub_config``; None where timm is not installed).
 """
 
 from __future__ import annotations
@@ -131,5 +132,12 @@ def write_torch_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray])
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
-READERS = {"torch": read_torch_file}
+def read_timm_hub_config(folder: str | os.PathLike):
+    """``vit_torch.timm_models.read_hub_config``, imported when a timm hub folder is read."""
+    from vit_torch.timm_models import read_hub_config
+
+    return read_hub_config(folder)
+
+
+READERS = {"torch": read_torch_file, "timm": read_timm_hub_config}
 WRITERS = {"torch": write_torch_file}

@@ -21,15 +21,11 @@ from vit_common.config import ViTConfig
 from vit_torch.weights import numpy_to_tensor
 
 
-def timm_model(cfg: ViTConfig, state: Mapping[str, np.ndarray] | None = None) -> torch.nn.Module:
-    """timm ``VisionTransformer`` (``VisionTransformerDistilled`` with head_dist) for ``cfg``
-    (``vit_common.checkpoints.formats.timm.timm_kwargs``), in eval mode.
-
-    With ``state`` (canonical, i.e. a timm state_dict) the weights are loaded with strict=True.
-    """
+def timm_model_kwargs(cfg: ViTConfig) -> dict:
+    """Keyword arguments of timm's ``VisionTransformer`` for ``cfg``: ``vit_common.checkpoints.formats.timm
+    .timm_kwargs`` with its LayerNorm eps as timm's ``norm_layer`` (the one timm builder: ``timm_model``,
+    the benchmarks' timm contender)."""
     from timm.layers import LayerNorm
-    from timm.models.deit import VisionTransformerDistilled
-    from timm.models.vision_transformer import VisionTransformer
 
     kw = timm_kwargs(cfg)
     kw["norm_layer"] = partial(LayerNorm, eps=kw.pop("norm_eps"))
@@ -37,7 +33,19 @@ def timm_model(cfg: ViTConfig, state: Mapping[str, np.ndarray] | None = None) ->
         from timm.layers import SwiGLUPacked
 
         kw["mlp_layer"] = SwiGLUPacked
-    model = (VisionTransformerDistilled if cfg.head_dist else VisionTransformer)(**kw)
+    return kw
+
+
+def timm_model(cfg: ViTConfig, state: Mapping[str, np.ndarray] | None = None) -> torch.nn.Module:
+    """timm ``VisionTransformer`` (``VisionTransformerDistilled`` with head_dist) for ``cfg``
+    (``timm_model_kwargs``), in eval mode.
+
+    With ``state`` (canonical, i.e. a timm state_dict) the weights are loaded with strict=True.
+    """
+    from timm.models.deit import VisionTransformerDistilled
+    from timm.models.vision_transformer import VisionTransformer
+
+    model = (VisionTransformerDistilled if cfg.head_dist else VisionTransformer)(**timm_model_kwargs(cfg))
     if state is not None:
         model.load_state_dict({k: numpy_to_tensor(np.asarray(v)) for k, v in state.items()}, strict=True)
     return model.eval()
@@ -81,10 +89,11 @@ def library_logits(path, fmt: str, cfg: ViTConfig, batches) -> tuple[str, list[n
 
     Loader 'state_dict' (timm files): timm's ``VisionTransformer`` for ``cfg`` (a timm file stores no
     head count, so the architecture comes from ``cfg``) loading the file's own tensors strictly
-    (safetensors, or torch's weights-only loader for .pth/.bin). 'npz' (original_vit / big_vision):
-    timm's .npz loader (``timm.models.vision_transformer._load_weights``). 'from_pretrained' (hf
-    folders): transformers' ``ViTForImageClassification.from_pretrained`` (eager attention), which reads
-    its own config.json.
+    (safetensors, or torch's weights-only loader for .pth/.bin); a timm hub folder is
+    ``timm.create_model("local-dir:PATH", pretrained=True)``, timm reading its own config.json. 'npz'
+    (original_vit / big_vision): timm's .npz loader (``timm.models.vision_transformer._load_weights``).
+    'from_pretrained' (hf folders): transformers' ``ViTForImageClassification.from_pretrained`` (eager
+    attention), which reads its own config.json.
 
     Raises:
         ImportError: the library is not installed (``e.name`` names it).
@@ -104,7 +113,9 @@ def library_logits(path, fmt: str, cfg: ViTConfig, batches) -> tuple[str, list[n
         import timm
 
         model = timm_model(cfg)
-        if loader == "npz":
+        if Path(path).is_dir():  # a timm hub folder: timm reads its config.json and loads it strictly
+            model = timm.create_model(f"local-dir:{path}", pretrained=True)
+        elif loader == "npz":
             from timm.models.vision_transformer import _load_weights
 
             _load_weights(model, str(path))

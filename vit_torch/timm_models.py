@@ -6,6 +6,11 @@ it beside the torch twin.
 NAME OUT`` in a child process (timm needs torch, which vit_jax never imports) and loads the timm
 ``.safetensors`` written there, whose header carries the config. timm and its weights are optional:
 ``pretrained=True`` downloads through timm (Hugging Face hub), ``pretrained=False`` builds random weights.
+
+``timm_model_config(name)`` is the config alone, the model built on the meta device (nothing allocated);
+``read_hub_config(folder)`` is it for a timm hub folder (``local-dir:``), the ``readers["timm"]`` that
+``vit_common.checkpoints.formats.timm`` takes (``python -m vit_torch.timm_models NAME --config``
+prints it as JSON, for the JAX side's child process).
 """
 
 from __future__ import annotations
@@ -138,6 +143,43 @@ def canonical_from_timm(model: nn.Module, cfg: ViTConfig) -> dict[str, np.ndarra
     return state
 
 
+def timm_model_config(name: str, **kwargs: Any) -> ViTConfig:
+    """The ViTConfig of ``timm.create_model(name, pretrained=False, **kwargs)``, built on the meta device
+    (no weights allocated, nothing initialised), so what the name implies (e.g. CLIP's LayerNorm eps
+    1e-5) is read off timm's own model.
+
+    Raises:
+        FormatError: an unknown name, keywords timm refuses, or a model the twins do not implement (named).
+    """
+    import timm
+
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(name, pretrained=False, **kwargs)
+    except (RuntimeError, ValueError, TypeError, KeyError, AssertionError, FileNotFoundError) as e:
+        raise FormatError(f"timm cannot build {name!r} ({type(e).__name__}: {e})") from e
+    try:
+        return timm_config(model, name)
+    except FormatError:
+        raise
+    except ValueError as e:  # a config the twins cannot take (ViTConfig's check), named with the model
+        raise FormatError(f"timm model {name!r}: {e}") from e
+
+
+def read_hub_config(folder: str | Path) -> ViTConfig | None:
+    """The ViTConfig timm builds from a timm hub folder (``timm.create_model("local-dir:FOLDER")``: its
+    config.json's architecture, model_args and pretrained_cfg), or None when timm is not installed.
+
+    Raises:
+        FormatError: see ``timm_model_config``.
+    """
+    try:
+        import timm  # noqa: F401
+    except ImportError:
+        return None
+    return timm_model_config(f"local-dir:{folder}")
+
+
 def timm_checkpoint(name: str, pretrained: bool = False, **kwargs: Any) -> tuple[ViTConfig, dict[str, np.ndarray]]:
     """(config, canonical state) of ``timm.create_model(name, pretrained=pretrained, **kwargs)``.
 
@@ -179,11 +221,17 @@ def export_timm(name: str, path: str | Path, pretrained: bool = False, **kwargs:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vit_torch.timm_models", description=export_timm.__doc__)
     p.add_argument("name", help="timm model name, e.g. vit_tiny_patch16_224")
-    p.add_argument("out", help="the .safetensors file to write")
+    p.add_argument("out", nargs="?", help="the .safetensors file to write (not with --config)")
+    p.add_argument("--config", action="store_true", help="print the model's ViTConfig as JSON instead (meta device)")
     p.add_argument("--pretrained", action="store_true", help="timm's pretrained weights (downloads)")
     p.add_argument("--kwargs", default="{}", help="JSON object of keyword arguments for timm.create_model")
     args = p.parse_args(argv)
+    if args.config == (args.out is not None):
+        p.error("give the file to write, or --config")
     try:
+        if args.config:
+            print(timm_model_config(args.name, **json.loads(args.kwargs)).to_json())
+            return 0
         export_timm(args.name, args.out, args.pretrained, **json.loads(args.kwargs))
     except (ValueError, RuntimeError, OSError) as e:
         print(f"{p.prog}: error: {e}", file=sys.stderr)

@@ -60,6 +60,7 @@ from vit_common.checkpoints.formats.source import (
     load_tensors,
     open_source,
 )
+from vit_common.checkpoints.hub import is_hub_id, resolve
 from vit_common.checkpoints.metadata import ModelInfo, read_info
 from vit_common.checkpoints.registry import REGISTRY
 from vit_common.config import ViTConfig
@@ -107,17 +108,28 @@ def open_checkpoint(path: str | os.PathLike | Source) -> Source:
     """The container at ``path`` (``formats.source.open_source``: found from its contents, no tensors
     read yet), to hand to ``needs`` and ``load_checkpoint`` so that a command opens its source once.
 
+    A hub model id ``hf-hub:ORG/NAME[@REVISION]`` is the folder huggingface_hub gives for it
+    (``vit_common.checkpoints.hub.resolve``: its cache, downloading when the hub can be reached); the
+    Source keeps the id as its ``name``, which reports show.
+
     Raises:
-        FileNotFoundError: no such path. FormatError: not a container vit reads.
+        FileNotFoundError: no such path. FormatError: not a container vit reads; a hub id neither cached
+            nor reachable.
     """
-    return path if isinstance(path, Source) else open_source(path)
+    if isinstance(path, Source):
+        return path
+    src = open_source(resolve(path))
+    if is_hub_id(path):
+        src.name = str(path)
+    return src
 
 
 def needs(path: str | os.PathLike | Source, fmt: str | None = None, *, writing: bool = False) -> str | None:
     """'torch', 'jax' or None: the framework reading (or writing) ``path`` needs.
 
-    For reading, ``path`` must exist (its contents decide; an opened ``Source`` is not opened again). For
-    writing, ``fmt`` or the suffix decides.
+    For reading, ``path`` must exist (its contents decide; an opened ``Source`` is not opened again; a hub
+    id ``hf-hub:ORG/NAME`` is resolved first, see ``open_checkpoint``). For writing, ``fmt`` or the suffix
+    decides.
     """
     if writing:
         return _format(fmt or output_format(path)).needs(Path(path))
@@ -217,7 +229,8 @@ def load_checkpoint(
     strict: bool = False,
     **overrides: Any,
 ) -> Checkpoint:
-    """Read any supported checkpoint file or folder into (config, canonical state, report, info).
+    """Read any supported checkpoint file or folder, or a hub model id ``hf-hub:ORG/NAME[@REVISION]``
+    (see ``open_checkpoint``), into (config, canonical state, report, info).
 
     ``path`` may be a ``Source`` from ``open_checkpoint`` (then it is not opened again). ``info`` is the
     preprocessing and class names the file declares, or its format's usual choice (assumed, warned in
@@ -241,7 +254,8 @@ def load_checkpoint(
         FileNotFoundError: no such path.
         FormatError (a ValueError): unknown, truncated or corrupt file; a model the twins do not
             implement (named); a head that disagrees with the stored config (pass num_classes); a needed
-            framework reader is missing; with strict, an assumed field (named with its flag).
+            framework reader is missing; with strict, an assumed field (named with its flag); a hub id
+            neither cached nor reachable.
         StateMismatchError (a ValueError): missing / unexpected / wrong-shape tensors, listed together.
     """
     opened = open_checkpoint(path)
@@ -277,7 +291,7 @@ def load_checkpoint(
             f"{k}) to use the head as stored, or another count to replace it"
         )
     report = Report(
-        source=str(path),
+        source=opened.name or str(path),
         format=f.name,
         layout=dec.layout,
         tensors_read=len(src.tensors) or len(dec.state),
@@ -390,7 +404,7 @@ def save_checkpoint(
     options = f.write_options() if options is None else options
     if type(options) is not f.write_options:
         raise ValueError(f"{type(options).__name__} are not the {f.name} format's options ({f.write_options.__name__})")
-    io.check_destination(path, folder=f.folder)
+    io.check_destination(path, folder=f.writes_folder(path))
     check_canonical(cfg, state, f"writing {f.name}")
     enc = f.encode(cfg, state, path, options, tuple(assumed))
     report = Report(config=enc.cfg, notes=list(enc.notes) + f.record_info(enc, preprocess, classes))

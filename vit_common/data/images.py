@@ -146,6 +146,14 @@ PRESETS = {
 # ------------------------------------------------------------------------------------ decoding
 
 
+def _decode_errors() -> tuple[type[BaseException], ...]:
+    """What Pillow raises on a file it cannot decode: unknown, truncated, corrupt, or a decompression
+    bomb (more pixels than ``PIL.Image.MAX_IMAGE_PIXELS``)."""
+    from PIL import Image
+
+    return (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
 def open_image(path: str | os.PathLike):
     """Decode an image file into a Pillow image, upright (EXIF orientation applied), fully loaded.
 
@@ -155,7 +163,7 @@ def open_image(path: str | os.PathLike):
             corrupt, or more pixels than its decompression-bomb limit, ``PIL.Image.MAX_IMAGE_PIXELS``);
             the message names the path.
     """
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    from PIL import Image, ImageOps
 
     path = Path(path)
     if path.is_dir():
@@ -165,8 +173,56 @@ def open_image(path: str | os.PathLike):
         with Image.open(path) as im:
             im.load()
             return ImageOps.exif_transpose(im)
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+    except _decode_errors() as e:
         raise ValueError(f"{path}: unreadable image ({e})") from e
+
+
+def decode_image(data: bytes, name: str = "image"):
+    """``open_image`` for an encoded file held in memory (a Hugging Face dataset's or an ArrayRecord's
+    image bytes); ``name`` says where the bytes came from in the error.
+
+    Raises:
+        ValueError: bytes Pillow cannot decode (as ``open_image``), naming ``name``.
+    """
+    import io
+
+    from PIL import Image, ImageOps
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()
+            return ImageOps.exif_transpose(im)
+    except _decode_errors() as e:
+        raise ValueError(f"{name}: unreadable image ({e})") from e
+
+
+def check_decodes(image: str | os.PathLike | bytes, name: str | None = None) -> None:
+    """Decode ``image`` (a file path, or encoded bytes) all through, as the run will, and discard it: the
+    up-front check of a dataset. A JPEG is decoded at 1/8 scale (Pillow's ``draft``: libjpeg's DCT
+    scaling), which reads every entropy-coded byte, so a truncated or corrupt file fails here as it
+    would in the run, at a fraction of the cost; other formats are decoded at full size.
+
+    Raises:
+        FileNotFoundError / OSError / ValueError: as ``open_image`` (a FIFO or device is refused unopened);
+            ValueError for an image of zero height or width.
+    """
+    import io
+
+    from PIL import Image
+
+    label = str(name if name is not None else image)
+    if not isinstance(image, bytes):
+        regular_file(image, "image file")
+    try:
+        with Image.open(io.BytesIO(image) if isinstance(image, bytes) else image) as im:
+            if im.format == "JPEG":
+                im.draft(im.mode, (1, 1))  # the smallest DCT scale, still every byte decoded
+            im.load()
+            width, height = im.size
+    except _decode_errors() as e:
+        raise ValueError(f"{label}: unreadable image ({e})") from e
+    if not width or not height:
+        raise ValueError(f"{label}: an image of {width}x{height} pixels; expected at least 1x1")
 
 
 def to_8bit(image):

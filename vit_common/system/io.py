@@ -6,10 +6,15 @@ nothing, never a partial one. New files get the usual mode (0666 / 0777 less the
 0600. Format-specific writers (safetensors, .npz, torch.save, orbax, PNG) hand a callback to
 ``atomic_write`` / ``atomic_write_dir``; JSON and text have helpers of their own.
 
-Nothing of the user's is replaced. An existing destination is replaced only when it is provably ours: a
-file we wrote that nobody has changed since (every write records the file's size, modification time and
-inode in its folder's ``MARKER``), one of our own ``.safetensors`` files (their header metadata says
-so), or a checkpoint folder we wrote that holds nothing else. Anything else raises ``DestinationError``
+Nothing of the user's is replaced, and nothing is left beside the user's files to say what is ours: an
+existing destination is replaced only when its own content proves it ours, where its format has a place
+for that (``owned``): a ``.safetensors`` file whose header metadata says so, a PNG with our text chunk
+(``PNG_TEXT``), a JSON object with our key (``OWNER_KEY``; ``write_json`` puts it in every object it
+writes), or a checkpoint folder whose JSON file with our key lists everything the folder holds
+(``folder_mark``: an HF folder's config.json, an orbax folder's vit_config.json), or a file this process
+wrote that nobody changed since (kept in memory only, so a command may rewrite and append to its own
+outputs). Across commands a file whose format has no such place (.npz, .pth, .npy, text, a log) is never
+provably ours. Anything else raises ``DestinationError``
 naming the path, unless the caller deliberately replaces a file (``overwriting()``, the commands'
 ``--overwrite``); a folder holding things we did not write is never replaced. Temporaries are named
 ``TMP_PREFIX`` + the writer's process id, so the next write into a folder removes those a killed process
@@ -39,12 +44,16 @@ from vit_common.system.validate import regular_file
 
 TMP_PREFIX = ".vit-tmp-"  # + "<pid>-<name>-<random>": every temporary file or folder we create
 LOCK = ".vit-lock"  # in a folder a command is writing: an flock held while it runs, holding its pid
-MARKER = ".vit-written.json"  # {"kind": "checkpoint" | "output", "files": {name: identity}}: what we wrote
-CHECKPOINT, OUTPUT = "checkpoint", "output"  # marker kinds: a replaceable checkpoint folder; an output folder
-OUR_SAFETENSORS = ("vit-twins/", "vit_twins")  # a "format" metadata prefix or a metadata key we write
+OWNER_KEY = "vit_twins"  # the key (JSON, PNG text chunk, safetensors metadata) that marks a file as ours
+OWNER = "written by vit-twins"  # its value in a file; in a folder's JSON: {"files": [the folder's entries]}
+PNG_TEXT = {OWNER_KEY: OWNER}  # the text chunk of every PNG we write (matplotlib savefig metadata=, Pillow pnginfo)
+OUR_SAFETENSORS = ("vit-twins/", OWNER_KEY)  # a "format" metadata prefix or a metadata key we write
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _FULL_DISK = 1 << 20  # bytes free below which a writer's failure is taken as a full disk
 _HEADER_LIMIT = 100 << 20  # safetensors' own limit on its JSON header (bytes)
+_JSON_LIMIT = 64 << 20  # bytes of a JSON file read to look for our key (ours are far smaller)
 _OVERWRITE = contextvars.ContextVar("vit_overwrite", default=False)
+_WRITTEN: dict[str, tuple[int, int, int, int]] = {}  # this process's writes: real path -> identity
 
 
 class DestinationError(FileExistsError):
@@ -104,49 +113,30 @@ def _tmp_prefix(path: Path) -> str:
     return f"{TMP_PREFIX}{os.getpid()}-{path.name}-"
 
 
-def _identity(path: Path) -> list[int] | None:
-    """A written file's (size, modification time, inode): any later change by anyone else alters it."""
+def _identity(path: Path) -> tuple[int, int, int, int] | None:
+    """A file's (device, inode, size, modification time): any later change by anyone else alters it."""
     try:
         st = os.stat(path, follow_symlinks=False)
     except OSError:
         return None
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def _marker(folder: Path) -> dict | None:
-    try:
-        data = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    files = data.get("files") if isinstance(data, dict) else None
-    return data if isinstance(files, dict) else None
+def _remember(path: Path) -> None:
+    """Record ``path``, just written by this process, as ours (in memory: nothing is written)."""
+    _WRITTEN[os.path.realpath(path)] = _identity(path)
 
 
-def _write_marker(folder: Path, kind: str, files: Mapping[str, list[int] | None]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(folder / MARKER), suffix=".tmp", dir=folder)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(json_text({"kind": kind, "files": dict(sorted(files.items()))}, indent=None))
-    os.chmod(tmp, 0o666 & ~_umask())
-    os.replace(tmp, folder / MARKER)
-
-
-def _record(path: Path) -> None:
-    """Record ``path`` (just written) as ours in its folder's marker."""
-    marker = _marker(path.parent) or {"kind": OUTPUT, "files": {}}
-    _write_marker(path.parent, marker.get("kind", OUTPUT), {**marker["files"], path.name: _identity(path)})
-
-
-def adopt(path: str | os.PathLike) -> None:
-    """Record ``path`` as ours, as it is now. Only for a file the caller has verified to be vit's own by
-    its content (a run folder's config.json that matches the run being resumed, after the folder was
-    copied: a copy is a new file)."""
-    _record(Path(path))
-
-
-def _wrote(path: Path) -> bool:
-    """Whether ``path`` is a file we wrote and nobody changed since."""
-    recorded = (_marker(path.parent) or {"files": {}})["files"].get(path.name)
+def _written_here(path: Path) -> bool:
+    recorded = _WRITTEN.get(os.path.realpath(path))
     return recorded is not None and recorded == _identity(path)
+
+
+def folder_mark(obj: Mapping[str, Any], files: list[str]) -> dict[str, Any]:
+    """``obj`` (a folder's JSON object: an HF config.json, an orbax vit_config.json) with our key listing
+    ``files``, every entry the writer puts in the folder (this JSON file included): what proves the folder
+    ours and replaceable whole (``owned_folder``)."""
+    return {**obj, OWNER_KEY: {"files": sorted(files)}}
 
 
 def _our_safetensors(path: Path) -> bool:
@@ -163,15 +153,75 @@ def _our_safetensors(path: Path) -> bool:
     )
 
 
-def _foreign_entries(path: Path) -> list[str]:
-    """What a folder holds that its marker does not record as ours, unchanged (everything, without one)."""
-    files = (_marker(path) or {"files": {}})["files"]
-    return sorted(
-        e.name
-        for e in os.scandir(path)
-        if e.name != MARKER
-        and (e.name not in files or (e.is_file(follow_symlinks=False) and files[e.name] != _identity(path / e.name)))
-    )
+def _our_png(path: Path) -> bool:
+    """Whether the PNG at ``path`` has our tEXt chunk before its image data (chunks per the PNG spec:
+    4-byte big-endian length, 4-byte type, data, 4-byte CRC; tEXt data is keyword NUL text)."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(8) != _PNG_SIGNATURE:
+                return False
+            while True:
+                head = fh.read(8)
+                if len(head) < 8:
+                    return False
+                n, kind = int.from_bytes(head[:4], "big"), head[4:]
+                if kind in (b"IDAT", b"IEND"):
+                    return False
+                if kind == b"tEXt" and n <= 1 << 16:
+                    keyword, _, text = fh.read(n).partition(b"\0")
+                    if keyword == OWNER_KEY.encode() and text == OWNER.encode():
+                        return True
+                    fh.seek(4, os.SEEK_CUR)
+                else:
+                    fh.seek(n + 4, os.SEEK_CUR)
+    except OSError:
+        return False
+
+
+def _json_mark(path: Path) -> Any:
+    """The value of our key in the JSON object at ``path`` (None if it is not one, or has none)."""
+    try:
+        if os.stat(path).st_size > _JSON_LIMIT:
+            return None
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return data.get(OWNER_KEY) if isinstance(data, dict) else None
+
+
+def owned(path: str | os.PathLike) -> bool:
+    """Whether the regular file at ``path`` is provably ours from its own content: a safetensors header
+    with our format tag or key, a PNG with our text chunk, a JSON object with our key; or a file this
+    process wrote that is unchanged since."""
+    path = Path(path)
+    if not path.is_file() or path.is_symlink():
+        return False
+    if _written_here(path):
+        return True
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError:
+        return False
+    if head == _PNG_SIGNATURE:
+        return _our_png(path)
+    return _our_safetensors(path) or (head.lstrip()[:1] == b"{" and _json_mark(path) == OWNER)
+
+
+def _foreign_entries(path: Path) -> list[str] | None:
+    """What a folder holds that no JSON file of ours in it lists (None: no such file, so all of it)."""
+    entries = sorted(e.name for e in os.scandir(path) if not e.name.startswith(TMP_PREFIX) and e.name != LOCK)
+    for name in entries:
+        mark = _json_mark(path / name) if name.endswith(".json") else None
+        if isinstance(mark, dict) and isinstance(mark.get("files"), list) and name in mark["files"]:
+            return [e for e in entries if e not in mark["files"]]
+    return None
+
+
+def owned_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a checkpoint folder we wrote that holds nothing else (``folder_mark``)."""
+    path = Path(path)
+    return path.is_dir() and not path.is_symlink() and _foreign_entries(path) == []
 
 
 def check_destination(path: str | os.PathLike, *, folder: bool = False) -> None:
@@ -190,22 +240,21 @@ def check_destination(path: str | os.PathLike, *, folder: bool = False) -> None:
     if folder:
         if not path.is_dir() or path.is_symlink():
             raise DestinationError(f"{path}: exists and is not a folder; refusing to replace it")
-        marker = _marker(path)
-        foreign = _foreign_entries(path)
-        if foreign or (marker is not None and marker.get("kind") != CHECKPOINT):
-            held = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "") if foreign else "a run's outputs"
+        entries = sorted(e.name for e in os.scandir(path) if not e.name.startswith(TMP_PREFIX))
+        foreign = _foreign_entries(path) if entries else []
+        if foreign is None or foreign:
+            held = foreign or entries
             raise DestinationError(
-                f"{path}: a folder holding things vit did not write as a checkpoint ({held}); "
+                f"{path}: a folder holding things vit did not write as a checkpoint "
+                f"({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "
                 "refusing to replace it: write to a new or empty folder"
             )
         return
     if path.is_dir() and not path.is_symlink():
         raise IsADirectoryError(f"{path} is a folder: expected a file path")
-    if _OVERWRITE.get() or _wrote(path):
+    if _OVERWRITE.get() or owned(path):
         return
-    if path.is_file() and _our_safetensors(path):
-        return
-    raise DestinationError(f"{path}: exists and vit did not write it; pass --overwrite to replace it")
+    raise DestinationError(f"{path}: exists and vit cannot tell it wrote it; pass --overwrite to replace it")
 
 
 def _failed(path: Path, e: BaseException, existed: bool) -> BaseException:
@@ -250,7 +299,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Non
         write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-        _record(path)
+        _remember(path)
     except BaseException as e:
         if tmp and os.path.exists(tmp):
             os.unlink(tmp)
@@ -260,13 +309,13 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Non
         raise failed from e
 
 
-def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], object], kind: str = CHECKPOINT) -> None:
+def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
     """Call ``write(tmp_dir)`` on a fresh folder beside ``path``, then put it in place of ``path``.
 
-    The folder gets a ``MARKER`` listing what ``write`` put there (``kind`` CHECKPOINT: a later write
-    may replace it whole). An existing ``path`` is replaced only after ``write`` succeeded, and only if
-    it is empty or a checkpoint folder we wrote that holds nothing else; nothing is left behind if
-    ``write`` raises.
+    ``write`` must put a JSON file marked by ``folder_mark`` in the folder, listing everything it wrote
+    there (so that a later write may replace the folder whole; an AssertionError otherwise). An existing
+    ``path`` is replaced only after ``write`` succeeded, and only if it is empty or a checkpoint folder we
+    wrote that holds nothing else; nothing is left behind if ``write`` raises.
 
     Raises:
         DestinationError: see ``check_destination(path, folder=True)`` (checked before ``write`` runs).
@@ -281,7 +330,8 @@ def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], object], k
     try:
         tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent))
         write(tmp)
-        _write_marker(tmp, kind, {e.name: _identity(tmp / e.name) for e in os.scandir(tmp) if e.name != MARKER})
+        if not owned_folder(tmp):
+            raise AssertionError(f"{path}: the writer did not list what it wrote in a JSON file (io.folder_mark)")
         os.chmod(tmp, 0o777 & ~_umask())
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), suffix=".old", dir=path.parent))
@@ -290,6 +340,7 @@ def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], object], k
             shutil.rmtree(old)
         else:
             os.replace(tmp, path)
+        _remember(path)
     except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -361,8 +412,14 @@ def json_text(obj: Any, *, indent: int | None = 2, sort_keys: bool = False) -> s
     return json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n"
 
 
-def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2, sort_keys: bool = False) -> None:
-    """Write ``obj`` as JSON atomically (``json_text``)."""
+def write_json(
+    path: str | os.PathLike, obj: Any, *, indent: int | None = 2, sort_keys: bool = False, mark: bool = True
+) -> None:
+    """Write ``obj`` as JSON atomically (``json_text``). An object gets our key (``OWNER_KEY``: ``OWNER``,
+    unless it already has one, e.g. ``folder_mark``'s) so that the file proves itself ours; ``mark=False``
+    for a file whose schema another library owns (an HF folder's preprocessor_config.json)."""
+    if mark and isinstance(obj, dict) and OWNER_KEY not in obj:
+        obj = {**obj, OWNER_KEY: OWNER}
     write_text(path, json_text(obj, indent=indent, sort_keys=sort_keys))
 
 
@@ -373,8 +430,8 @@ def write_jsonl(path: str | os.PathLike, records: list[Mapping[str, Any]]) -> No
 
 class Log:
     """A text file open for appending lines (a metrics log): the one write that is not atomic, since it
-    grows while a run lasts. Each ``flush`` records the file as ours (see ``MARKER``), so a resumed run
-    may append to it again; ``close`` flushes. A context manager."""
+    grows while a run lasts. Each ``flush`` remembers the file as this process's (in memory), so the same
+    command may open it again; ``close`` flushes. A context manager."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -389,7 +446,7 @@ class Log:
 
     def flush(self) -> None:
         self._fh.flush()
-        _record(self.path)
+        _remember(self.path)
 
     def close(self) -> None:
         if not self._fh.closed:
@@ -407,7 +464,8 @@ def open_log(path: str | os.PathLike) -> Log:
     """``path`` opened for appending whole lines (``Log``); parent folders are created.
 
     Raises:
-        DestinationError: ``path`` exists and is not a log we wrote (``check_destination``).
+        DestinationError: ``path`` exists and is not a log this process wrote, and the caller did not say
+            to append to it (``overwriting()``, ``--overwrite``: a log holds no mark of ours).
     """
     path = Path(path)
     check_destination(path)
@@ -437,6 +495,32 @@ def save_safetensors(
 
     contiguous = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     atomic_write(path, lambda tmp: save_file(contiguous, tmp, metadata=dict(metadata or {})))
+
+
+def share_file(src: str | os.PathLike, path: str | os.PathLike, *, final: str | os.PathLike | None = None) -> str:
+    """Put the file ``src`` at ``path`` without copying its bytes, atomically (``atomic_write``): a hard
+    link, or where the filesystem refuses one (another device, no hard links) a symbolic link relative to
+    ``final``'s folder (``final``: where ``path`` ends up, when it is written inside a temporary folder;
+    default ``path``). Returns 'hard link' or 'symbolic link'.
+
+    Raises:
+        DestinationError, OSError: as ``atomic_write``.
+    """
+    src, how = Path(src), []
+
+    def link(tmp: str) -> None:
+        os.unlink(tmp)
+        try:
+            os.link(src, tmp)
+            how.append("hard link")
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
+            os.symlink(os.path.relpath(src.resolve(), Path(final or path).resolve().parent), tmp)
+            how.append("symbolic link")
+
+    atomic_write(path, link)
+    return how[0]
 
 
 def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:

@@ -588,10 +588,11 @@ class HuggingFace(Format):
 
     def write(self, path: Path, enc: Encoded, writers) -> None:
         def write_folder(tmp: Path) -> None:
-            io.write_json(tmp / "config.json", enc.config_json, sort_keys=True)
+            names = ["config.json", "model.safetensors", *enc.json_files]
+            io.write_json(tmp / "config.json", io.folder_mark(enc.config_json, names), sort_keys=True)
             io.save_safetensors(tmp / "model.safetensors", enc.tensors, {"format": "pt"})
             for name, obj in enc.json_files.items():
-                io.write_json(tmp / name, obj, sort_keys=True)
+                io.write_json(tmp / name, obj, sort_keys=True, mark=False)
 
         io.atomic_write_dir(path, write_folder)
 

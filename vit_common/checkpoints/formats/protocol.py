@@ -48,6 +48,7 @@ class Source:
     ``weight_map``: a sharded folder's
     tensor -> shard file map. ``tensors`` and ``meta`` (safetensors header metadata) are filled by
     ``vit_common.checkpoints.formats.source.load_tensors``; ``dropped`` lists what the container held besides weights.
+    ``name``: the hub model id the caller named (``hf-hub:ORG/NAME``) where ``path`` is its cached folder.
     """
 
     path: Path
@@ -58,6 +59,7 @@ class Source:
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     meta: dict[str, str] = field(default_factory=dict)
     dropped: list[tuple[str, str]] = field(default_factory=list)
+    name: str | None = None
 
     @property
     def context(self) -> str:
@@ -84,6 +86,8 @@ class Encoded:
     only where the format needs it: ``notes`` say how). ``tensors``: the file's tensors. ``config_json``:
     an HF folder's config.json. ``meta``: safetensors header metadata (None where the container has none).
     ``json_files``: other JSON files of a folder format, by name (an HF folder's preprocessor_config.json).
+    ``shared``: a safetensors file already on disk holding exactly ``tensors``, whose bytes the written
+    file shares (``vit_common.system.io.share_file``) instead of a second copy; None writes them.
     """
 
     cfg: ViTConfig
@@ -93,6 +97,7 @@ class Encoded:
     meta: dict[str, str] | None = None
     notes: list[str] = field(default_factory=list)
     json_files: dict[str, dict] = field(default_factory=dict)
+    shared: Path | None = None
 
 
 Writer = Callable[..., Any]
@@ -202,6 +207,10 @@ class Format:
     def needs(self, path: Path) -> str | None:
         """The framework writing ``path`` in this format needs ('jax', 'torch' or None)."""
         return self.framework
+
+    def writes_folder(self, path: Path) -> bool:
+        """Whether writing ``path`` in this format makes a folder (``folder``; timm: by the path)."""
+        return self.folder
 
     def load_call(self, path: Path, cfg: ViTConfig) -> str:
         """Python code that loads the written file strictly in the library that defines the format."""

@@ -1,0 +1,238 @@
+"""``arrayrecord:PATTERN``: ArrayRecord files (grain's native format) of encoded images and labels.
+
+A record is ``MAGIC`` (4 bytes, ``b"VIT\\x01"``: this layout, version 1), the label as a uint32
+little-endian, then the image file's bytes as they were (JPEG, PNG, ...; never re-encoded): nothing in
+a record is unpickled or executed. ``vit data convert SRC DST`` (``write_arrayrecord``) writes a
+folder of them from an image folder or a Hugging Face dataset: ``train-00000-of-00004.array_record``
+..., ``test-...`` when the source has a test split, and ``dataset.json`` with the class names. The
+files are written with ``group_size:1`` (one record per chunk), the option grain recommends for random
+access.
+
+PATTERN is such a folder (its ``*.array_record``) or a glob of files. A file whose name starts with
+``train`` is training data, one starting with ``val``, ``validation``, ``valid`` or ``test`` test data;
+files naming no split are one set, split by ``--val-fraction`` as image folders are. Class names come
+from ``dataset.json`` beside the files, else ``0..K-1``. Read through array_record's
+``ArrayRecordDataSource`` (what ``grain.sources.ArrayRecordDataSource`` extends; grain's own imports JAX,
+this module must not), imported when a dataset is opened. Opening reads every record once, for the
+labels; the up-front check decodes every image once more.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from vit_common.data.stored import MAX_CLASSES, TEST_SPLITS, Stored, Subset, file_stats
+
+MAGIC = b"VIT\x01"
+SUFFIX = ".array_record"
+INFO = "dataset.json"  # beside the files: {"format": FORMAT, "classes": [...], "record": the layout}
+FORMAT = "vit-twins/arrayrecord/1"
+RECORD_LAYOUT = "b'VIT\\x01', then the label as uint32 little-endian, then the encoded image file"
+_READ_BATCH = 256  # records read at once when every record is read in order
+
+
+def encode_record(image: bytes, label: int) -> bytes:
+    """One record: ``MAGIC`` + uint32 LE ``label`` + ``image`` (an encoded image file's bytes)."""
+    return MAGIC + int(label).to_bytes(4, "little") + image
+
+
+def decode_record(record: bytes, name: str) -> tuple[int, bytes]:
+    """(label, image bytes) of a record (``encode_record``'s layout).
+
+    Raises:
+        ValueError: a record of another layout (named by ``name``: file and record index).
+    """
+    if len(record) < 8 or record[:4] != MAGIC:
+        raise ValueError(f"{name}: not a vit-twins image record (expected {RECORD_LAYOUT})")
+    return int.from_bytes(record[4:8], "little"), record[8:]
+
+
+def pattern_folder(pattern: str) -> Path:
+    """The folder a PATTERN reads from: itself if a folder, else the part of the path before any glob
+    character."""
+    path = Path(pattern)
+    if path.is_dir():
+        return path
+    parts = []
+    for part in path.parts:
+        if any(c in part for c in "*?["):
+            break
+        parts.append(part)
+    return Path(*parts).parent if len(parts) == len(path.parts) else Path(*parts) if parts else Path(".")
+
+
+def pattern_files(pattern: str) -> list[Path]:
+    """The files a PATTERN names, sorted.
+
+    Raises:
+        ValueError: nothing matches.
+    """
+    path = Path(pattern)
+    files = sorted(path.glob(f"*{SUFFIX}")) if path.is_dir() else sorted(map(Path, glob.glob(pattern)))
+    files = [f for f in files if not f.is_dir()]
+    if not files:
+        what = f"no *{SUFFIX} files in the folder" if path.is_dir() else "no files match"
+        raise ValueError(f"arrayrecord:{pattern}: {what}; expected ArrayRecord files (vit data convert writes them)")
+    return files
+
+
+def _split_of(name: str) -> str | None:
+    for split in ("train", *TEST_SPLITS):
+        if name.startswith(split) and not name[len(split) : len(split) + 1].isalpha():
+            return "train" if split == "train" else "test"
+    return None
+
+
+class RecordSource:
+    """Records of ArrayRecord files: element ``{"image": bytes, "label": int32}``. Picklable (grain's
+    worker processes): the reader (array_record's ``ArrayRecordDataSource``) is made where it reads.
+
+    files: the files in order; labels: int32 [N], every record's label, in the same order.
+    """
+
+    def __init__(self, files: list[str], labels: np.ndarray, counts: list[int]):
+        self.files, self.labels, self.counts = files, np.asarray(labels, np.int32), counts
+        self._starts = np.cumsum([0] + counts)
+        self._reader = None
+
+    def __getstate__(self) -> dict:
+        return self.__dict__ | {"_reader": None}
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def _records(self):
+        if self._reader is None:
+            from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+            self._reader = ArrayRecordDataSource(self.files)
+        return self._reader
+
+    def name(self, i: int) -> str:
+        f = int(np.searchsorted(self._starts, i, side="right") - 1)
+        return f"{self.files[f]}: record {i - int(self._starts[f])}"
+
+    def __getitem__(self, i: int) -> dict:
+        return {"image": decode_record(self._records()[int(i)], self.name(i))[1], "label": self.labels[i]}
+
+    def images(self) -> Iterator[tuple[str, bytes]]:
+        for lo in range(0, len(self), _READ_BATCH):
+            for i, record in enumerate(self._records().__getitems__(range(lo, min(lo + _READ_BATCH, len(self)))), lo):
+                yield self.name(i), decode_record(record, self.name(i))[1]
+
+    def take(self, indices: np.ndarray) -> Subset:
+        return Subset(self, indices)
+
+
+def _open_files(files: list[Path]) -> RecordSource:
+    """Read every record's label (refusing records of another layout or labels beyond the limit)."""
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    labels, counts = [], []
+    for f in files:
+        try:
+            reader = ArrayRecordReader(str(f))
+        except (RuntimeError, ValueError, OSError) as e:  # the C++ reader raises RuntimeError on a bad file
+            raise ValueError(f"{f}: not an ArrayRecord file ({e})") from e
+        try:
+            n = reader.num_records()
+            for lo in range(0, n, _READ_BATCH):
+                for i, record in enumerate(reader.read(range(lo, min(lo + _READ_BATCH, n))), lo):
+                    label = decode_record(record, f"{f}: record {i}")[0]
+                    if label >= MAX_CLASSES:
+                        raise ValueError(f"{f}: record {i}: label {label}: expected labels in [0, {MAX_CLASSES - 1}]")
+                    labels.append(label)
+        except RuntimeError as e:
+            raise ValueError(f"{f}: an ArrayRecord file that cannot be read ({e})") from e
+        finally:
+            reader.close()
+        counts.append(n)
+    return RecordSource([str(f) for f in files], np.asarray(labels, np.int64), counts)
+
+
+def _classes(folder: Path, top: int) -> tuple[str, ...]:
+    """The class names of ``dataset.json`` in ``folder`` (checked to cover every label), else 0..top."""
+    from vit_common.system import io
+
+    path = folder / INFO
+    if not path.exists():
+        return tuple(str(k) for k in range(top + 1))
+    info = io.read_json(path)
+    classes = info.get("classes") if isinstance(info, dict) else None
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes) or len(classes) <= top:
+        raise ValueError(
+            f"{path}: expected {{'classes': [names]}} with a name for every label 0..{top}, got "
+            f"{type(classes).__name__ if not isinstance(classes, list) else f'{len(classes)} names'}"
+        )
+    return tuple(classes)
+
+
+def open_arrayrecord(pattern: str) -> Stored:
+    """The splits of ``arrayrecord:PATTERN`` (module docstring), unsplit and unchecked.
+
+    Raises:
+        ValueError: nothing matches, a file that is not ArrayRecord or holds records of another
+            layout, files of which some name a split and some do not, a ``dataset.json`` that does not
+            name every label.
+    """
+    files = pattern_files(pattern)
+    folder = files[0].parent
+    splits = {f: _split_of(f.name) for f in files}
+    if any(splits.values()) and not all(splits.values()):
+        loose = [f.name for f, s in splits.items() if s is None][:5]
+        raise ValueError(f"arrayrecord:{pattern}: files {loose} name no split (train-..., test-...) but others do")
+    if not any(s == "train" for s in splits.values()) and any(splits.values()):
+        raise ValueError(f"arrayrecord:{pattern}: no file of the train split (train-...)")
+    train = _open_files([f for f, s in splits.items() if s in ("train", None)])
+    test_files = [f for f, s in splits.items() if s == "test"]
+    test = _open_files(test_files) if test_files else None
+    top = max(int(s.labels.max()) for s in (train, test) if s is not None and len(s)) if len(train) else 0
+    read = [*files, *([folder / INFO] if (folder / INFO).exists() else [])]
+    return Stored(train, test, _classes(folder, top), file_stats(folder, read))
+
+
+def write_arrayrecord(stored: Stored, dst: Path, shard_size: int = 1024) -> dict[str, int]:
+    """Write ``stored``'s splits into the new folder ``dst`` (module docstring), atomically
+    (``vit_common.system.io.atomic_write_dir``: nothing is left if anything fails). Images are copied
+    as they are stored (file bytes, or a dataset's image bytes), in the source's order.
+
+    Returns:
+        {split: records written}.
+    Raises:
+        DestinationError: ``dst`` exists and is neither empty nor a folder this function wrote (which
+            ``dataset.json`` lists whole, ``vit_common.system.io.folder_mark``); OSError: a write failed.
+    """
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    from vit_common.system import io
+    from vit_common.system.validate import regular_file
+
+    splits = {"train": stored.train} | ({"test": stored.test} if stored.test is not None else {})
+    written = {}
+
+    def write(tmp: Path) -> None:
+        for split, source in splits.items():
+            n = len(source)
+            shards = max(1, -(-n // shard_size))
+            images = iter(source.images())
+            for s in range(shards):
+                writer = ArrayRecordWriter(str(tmp / f"{split}-{s:05d}-of-{shards:05d}{SUFFIX}"), "group_size:1")
+                try:
+                    for i in range(s * shard_size, min((s + 1) * shard_size, n)):
+                        _, image = next(images)
+                        data = image if isinstance(image, bytes) else regular_file(image, "image file").read_bytes()
+                        writer.write(encode_record(data, int(source.labels[i])))
+                finally:
+                    writer.close()
+            written[split] = n
+        info = {"format": FORMAT, "record": RECORD_LAYOUT, "classes": list(stored.classes), "records": written}
+        files = [INFO, *(e.name for e in os.scandir(tmp))]  # dataset.json lists the folder: it proves it ours
+        (tmp / INFO).write_text(io.json_text(io.folder_mark(info, files)), encoding="utf-8")
+
+    io.atomic_write_dir(dst, write)
+    return written

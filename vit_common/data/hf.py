@@ -1,0 +1,235 @@
+"""``hf:PATH``: a Hugging Face dataset on disk, read lazily a row at a time (``datasets`` + pyarrow).
+
+Two layouts, both as ``datasets`` writes them:
+
+- ``save_to_disk``: a ``Dataset`` folder (``state.json``, ``dataset_info.json``, ``data-*.arrow``) or a
+  ``DatasetDict`` folder (``dataset_dict.json`` and one such folder per split). Read with
+  ``datasets.load_from_disk`` for the features and files; the rows from the memory-mapped Arrow files.
+- A folder of Parquet files (``Dataset.to_parquet``, the Hub's ``data/train-00000-of-00004.parquet``):
+  splits from the file names by ``datasets``' own rules (``datasets.data_files.get_data_patterns``),
+  features from the schema metadata ``datasets`` writes. Rows are read a row group at a time, the last
+  one kept: in order (the up-front check) every row group is read once; in a shuffled training order
+  each example reads its row group, so for large sets ``vit data convert hf:PATH DST`` (ArrayRecord,
+  one record per image) is the faster format.
+
+Columns: the image is the one column of the ``Image`` feature (or the column ``image``), holding encoded
+bytes or a file path (a relative path is taken from PATH); the label is the one ``ClassLabel`` column
+(several: the one named ``label``), whose names become the class names, or an integer column named
+``label`` / ``labels`` (classes ``0..K-1``). Splits: ``train``, and the first of ``val``,
+``validation``, ``valid``, ``test`` as the test split; without one the test split is drawn by
+``--val-fraction`` as for image folders. ``datasets`` and pyarrow are imported when a dataset is opened.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from vit_common.data.stored import MAX_CLASSES, TEST_SPLITS, Stored, Subset, file_stats
+
+
+class ArrowRows:
+    """Rows of Arrow (``save_to_disk``) or Parquet files: element ``{"image": bytes or path (str),
+    "label": int32}``. Picklable (grain's worker processes): files are opened where they are read.
+
+    files: the files in order, each with its row count; image, label: column names; base: the folder
+    relative image paths are taken from; labels: int32 [N], every row's label.
+    """
+
+    def __init__(self, files: list[tuple[str, int]], parquet: bool, image: str, label: str, base: Path, labels):
+        self.files, self.parquet, self.image, self.label, self.base = files, parquet, image, label, str(base)
+        self.labels = np.asarray(labels, np.int32)
+        self._starts = np.cumsum([0] + [n for _, n in files])
+        self._open: dict = {}
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_open"} | {"_open": {}}
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def _table(self, f: int, row: int):
+        """(the table holding row ``row`` of file ``f``, the row's index in it)."""
+        import pyarrow.parquet as pq
+
+        path = self.files[f][0]
+        if not self.parquet:
+            if path not in self._open:
+                self._open = {path: _arrow_table(path).select([self.image])}
+            return self._open[path], row
+        if (path, "meta") not in self._open:
+            self._open = {(path, "meta"): pq.ParquetFile(path)}
+        meta = self._open[(path, "meta")]
+        sizes = np.cumsum([0] + [meta.metadata.row_group(g).num_rows for g in range(meta.num_row_groups)])
+        g = int(np.searchsorted(sizes, row, side="right") - 1)
+        if (path, g) not in self._open:
+            self._open = {(path, "meta"): meta, (path, g): meta.read_row_group(g, columns=[self.image])}
+        return self._open[(path, g)], row - int(sizes[g])
+
+    def _image(self, i: int) -> tuple[str, bytes | str]:
+        """(name of the row for errors, its image: bytes, or a path)."""
+        f = int(np.searchsorted(self._starts, i, side="right") - 1)
+        table, row = self._table(f, i - int(self._starts[f]))
+        name = f"{self.files[f][0]}: row {i - int(self._starts[f])}"
+        value = table.column(0)[row].as_py()
+        if isinstance(value, dict):  # the Image feature: {"bytes": ..., "path": ...}
+            value = value.get("bytes") or value.get("path")
+        if isinstance(value, str):
+            return name, os.path.join(self.base, value)
+        return name, value if isinstance(value, bytes) else b""  # nothing: refused as no image by the check
+
+    def __getitem__(self, i: int) -> dict:
+        return {"image": self._image(int(i))[1], "label": self.labels[i]}
+
+    def images(self) -> Iterator[tuple[str, bytes | str]]:
+        return (self._image(i) for i in range(len(self)))
+
+    def take(self, indices: np.ndarray):
+        return Subset(self, indices)
+
+
+def _columns(where: str, features) -> tuple[str, str, tuple[str, ...] | None]:
+    """(image column, label column, class names or None for a plain integer column) of ``features``.
+
+    Raises:
+        ValueError: no image column, no label column, or a label column that is not integer.
+    """
+    import datasets
+
+    names = list(features)
+    images = [k for k, f in features.items() if isinstance(f, datasets.Image)]
+    image = images[0] if len(images) == 1 else "image" if "image" in features else None
+    if image is None:
+        raise ValueError(f"{where}: no image column (an Image feature, or a column 'image'); columns {names}")
+    labels = [k for k, f in features.items() if isinstance(f, datasets.ClassLabel)]
+    if len(labels) == 1 or "label" in labels:
+        label = labels[0] if len(labels) == 1 else "label"
+        return image, label, tuple(features[label].names)
+    label = next((k for k in ("label", "labels") if k in features), None)
+    if label is None:
+        raise ValueError(
+            f"{where}: no label column (a ClassLabel, or an integer column 'label'); columns {names}"
+            + (f" (ClassLabel columns {labels}: name the one to use 'label')" if labels else "")
+        )
+    dtype = getattr(features[label], "dtype", type(features[label]).__name__)
+    if not str(dtype).startswith(("int", "uint")):
+        raise ValueError(f"{where}: label column {label!r} holds {dtype}; expected integers (a ClassLabel or int)")
+    return image, label, None
+
+
+def _labels(where: str, values: np.ndarray, classes: tuple[str, ...] | None) -> np.ndarray:
+    """The label column as int32, checked: every value in [0, K) (K the ClassLabel's names, or the limit)."""
+    k = len(classes) if classes is not None else MAX_CLASSES
+    if not np.issubdtype(values.dtype, np.integer):  # pyarrow gives floats (NaN) for an int column with nulls
+        raise ValueError(f"{where}: the label column has missing values; expected a label for every row")
+    bad = values[(values < 0) | (values >= k)] if len(values) else values
+    if len(bad):
+        raise ValueError(f"{where}: label {int(bad[0])}: expected labels in [0, {k - 1}]")
+    return values.astype(np.int32)
+
+
+def _saved(root: Path) -> dict:
+    """{split: (files with row counts, features, False)} of a ``save_to_disk`` folder."""
+    import json
+
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(root))
+    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{root}: not a dataset saved with save_to_disk ({e})") from e
+    splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
+    out = {}
+    for name, ds in splits.items():
+        files = [c["filename"] for c in ds.cache_files]
+        out[name] = ([(f, _arrow_table(f).num_rows) for f in files], ds.features, False)
+    return out
+
+
+def _arrow_table(path: str):
+    """A ``save_to_disk`` Arrow file (the IPC stream format) as a table, memory-mapped (zero-copy)."""
+    import pyarrow as pa
+
+    with pa.memory_map(path) as source:
+        return pa.ipc.open_stream(source).read_all()
+
+
+def _parquet(root: Path) -> dict:
+    """{split: (files with row counts, features, True)} of a folder of Parquet files."""
+    import datasets
+    import pyarrow.parquet as pq
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    try:
+        patterns = get_data_patterns(str(root))
+        resolved = DataFilesDict.from_patterns(patterns, base_path=str(root))
+    except (FileNotFoundError, datasets.exceptions.DataFilesNotFoundError) as e:
+        raise ValueError(
+            f"{root}: neither a dataset saved with save_to_disk nor a folder of Parquet files ({e})"
+        ) from e
+    out = {}
+    for name, files in resolved.items():
+        files = sorted(str(f) for f in files if str(f).endswith(".parquet"))
+        if not files:
+            continue
+        try:
+            metas = [pq.ParquetFile(f) for f in files]
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise ValueError(f"{root}: a Parquet file that cannot be read ({e})") from e
+        features = datasets.Features.from_arrow_schema(metas[0].schema_arrow)
+        for f, m in zip(files, metas, strict=True):
+            if datasets.Features.from_arrow_schema(m.schema_arrow) != features:
+                raise ValueError(f"{f}: its columns differ from those of {files[0]}")
+        out[name] = ([(f, m.metadata.num_rows) for f, m in zip(files, metas, strict=True)], features, True)
+    if not out:
+        raise ValueError(f"{root}: neither a dataset saved with save_to_disk nor a folder of Parquet files")
+    return out
+
+
+def _label_values(files: list[tuple[str, int]], label: str, parquet: bool) -> np.ndarray:
+    import pyarrow.parquet as pq
+
+    if parquet:
+        return np.concatenate([pq.read_table(f, columns=[label]).column(label).to_numpy() for f, _ in files])
+    return np.concatenate([_arrow_table(f).column(label).to_numpy() for f, _ in files])
+
+
+def open_hf(root: Path) -> Stored:
+    """The splits of ``hf:PATH`` (module docstring), unsplit and unchecked.
+
+    Raises:
+        FileNotFoundError: no such folder.
+        ValueError: neither layout; no image or label column, a label column that is not integer or holds
+            values outside its classes; splits with other columns or other class names; no ``train``
+            split among several.
+    """
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such folder")
+    saved = (root / "dataset_dict.json").is_file() or (root / "state.json").is_file()
+    splits = _saved(root) if saved else _parquet(root)
+    if "train" not in splits and len(splits) > 1:
+        raise ValueError(f"{root}: no 'train' split among {sorted(splits)}")
+    train_name = "train" if "train" in splits else next(iter(splits))
+    test_name = next((n for n in TEST_SPLITS if n in splits), None)
+    sources, classes = {}, None
+    for name in (train_name, test_name):
+        if name is None:
+            continue
+        files, features, parquet = splits[name]
+        where = f"{root} (split {name!r})"
+        image, label, names = _columns(where, features)
+        if classes is not None and names is not None and names != classes:
+            raise ValueError(f"{where}: class names {list(names)} differ from the train split's {list(classes)}")
+        values = _labels(where, _label_values(files, label, parquet), names)
+        classes = names if names is not None else classes
+        sources[name] = ArrowRows(files, parquet, image, label, root, values)
+    if classes is None:
+        top = max((int(s.labels.max()) for s in sources.values() if len(s)), default=0)
+        classes = tuple(str(k) for k in range(top + 1))
+    read = [f for s in sources.values() for f, _ in s.files]
+    read += [str(p) for p in root.rglob("*.json")]
+    test = sources.get(test_name) if test_name else None
+    return Stored(sources[train_name], test, tuple(classes), file_stats(root, sorted(set(read))))

@@ -1,0 +1,61 @@
+"""What the readers of stored datasets share (``vit_common.data.datasets`` for image folders,
+``vit_common.data.hf``, ``vit_common.data.arrayrecord``): the unsplit result of a reader, a subset of
+a source, the file statistics of the fingerprint, and the limits on labels and split names. Below the
+readers, so that none of them imports another that imports it back."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from vit_common.system.validate import regular_file
+
+MAX_CLASSES = 2**20  # a dataset's label values must lie below this (ImageNet-21k has 21,843 classes)
+TEST_SPLITS = ("val", "validation", "valid", "test")  # names of a test split, in order of preference
+
+
+class Subset:
+    """Examples ``indices`` of a stored source (the ``val_fraction`` split of an ``hf:`` or
+    ``arrayrecord:`` set): element k is ``source[indices[k]]``."""
+
+    def __init__(self, source, indices: np.ndarray):
+        self.source, self.indices = source, np.asarray(indices, np.int64)
+        self.labels = np.asarray(source.labels, np.int32)[self.indices]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.source[int(self.indices[i])]
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What a reader of stored images (image folder, Hugging Face, ArrayRecord) finds before splitting.
+
+    train / test: sources with ``labels`` int32 [N], ``images()`` and ``take(indices)``; ``test`` None
+    when the dataset has no test split of its own. classes: the K names. files: {path relative to the
+    dataset's folder: (size in bytes, modification time in ns)} of every file read, for the fingerprint.
+    """
+
+    train: object
+    test: object | None
+    classes: tuple[str, ...]
+    files: dict[str, tuple[int, int]]
+
+
+def file_stats(root: Path, paths: Sequence[str | os.PathLike]) -> dict[str, tuple[int, int]]:
+    """{path relative to ``root``: (size, mtime ns)} of regular files (symlinks followed).
+
+    Raises:
+        ValueError / OSError: a path that is not a regular file (a FIFO, a device), see ``regular_file``.
+    """
+    out = {}
+    for p in paths:
+        st = os.stat(regular_file(p, "dataset file"))
+        out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
+    return out

@@ -1,0 +1,46 @@
+"""Run the JAX twin on numpy images at full precision: logits of batches, intermediates of a batch.
+
+Mirrors ``vit_torch.runner`` (the same three names and signatures), so that a caller running either twin
+on the same images (``vit parity``, ``vit predict``/``evaluate``/``attention``, the GPU check, the parity
+tests) writes one line per twin. Images are numpy [B, H, W, C] (normalised as
+``vit_common.data.images.normalize``); results come back as numpy arrays. ``full_precision`` changes only
+context-local JAX settings, restored on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+import jax
+import numpy as np
+from flax import nnx
+
+
+@contextlib.contextmanager
+def full_precision(x64: bool = False) -> Iterator[None]:
+    """Within the block: matmuls and convolutions at full float32 precision (``jax.default_matmul_precision
+    ("highest")``: no bfloat16 passes on TPU, no TF32 on GPU; CPU is always full precision) and, with
+    ``x64``, float64 arrays (``jax.enable_x64``). Both are JAX's own context managers: the settings before
+    the block are back after it, exception or not."""
+    with jax.enable_x64(x64), jax.default_matmul_precision("highest"):
+        yield
+
+
+def logits(model, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+    """Logits float32 [B, K] of ``model`` (eval mode) for each batch [B, H, W, C], in ``full_precision``;
+    one jit compilation for all equal-shaped batches."""
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
+    with full_precision():
+        for x in batches:
+            yield np.asarray(forward(state, x), np.float32)
+
+
+def intermediates(model, images: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(logits [B, K], {key: array}) of ``model.forward_intermediates`` on ``images`` [B, H, W, C], in
+    ``full_precision`` (float64 arrays on when ``images`` are float64); keys whose value is None (absent
+    in this model) are left out. Arrays keep the model's dtype."""
+    with full_precision(x64=np.asarray(images).dtype == np.float64):
+        out, inter = model.forward_intermediates(jax.numpy.asarray(images))
+        return np.asarray(out), {k: np.asarray(v) for k, v in inter.items() if v is not None}
