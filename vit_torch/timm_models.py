@@ -66,10 +66,11 @@ def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
         raise FormatError(f"timm model {name!r} is a {type(m).__name__}, not a timm VisionTransformer")
     blocks = list(m.blocks)
     b0 = blocks[0]
+    mlp = getattr(b0, "mlp", None)  # parallel blocks have none: refused as their block below
     parts = {
         "block": (b0, Block),
         "attention": (getattr(b0, "attn", None), Attention),
-        "MLP": (getattr(b0, "mlp", None), type(b0.mlp) if isinstance(b0.mlp, (GluMlp, SwiGLU)) else Mlp),
+        "MLP": (mlp, type(mlp) if isinstance(mlp, (GluMlp, SwiGLU)) else Mlp),
         "patch embedding": (m.patch_embed, PatchEmbed),
     }
     lacks = [f"{what} {type(obj).__name__}" for what, (obj, cls) in parts.items() if type(obj) is not cls]
