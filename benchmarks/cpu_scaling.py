@@ -232,7 +232,9 @@ def _cpu_list(s: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.cpu_scaling", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.cpu_scaling", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     p.add_argument("--variants", default="Ti/16,S/16", help="comma-separated (default Ti/16,S/16)")
     p.add_argument("--batch", type=int, default=8, help="images per call (default 8)")
     p.add_argument("--image-size", type=int, default=None, help="square image size (default: the variant's, 224)")

@@ -371,7 +371,7 @@ def _outcome(skipped: str | None, exit_codes: list) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     host_memory.reuse_freed_memory()  # as `vit bench` does, so the records carry the same setting
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"), help="output folder ($OUT)")
     p.add_argument("--budget-s", type=float, default=330.0, help="start a part only if its estimate fits this (s)")
     p.add_argument("--smoke", action="store_true", help="check the script itself: mu/16, batch 2, any device")

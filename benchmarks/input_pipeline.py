@@ -104,7 +104,9 @@ def run_once(ds, *, workers: int, batches: int) -> tuple[float, float]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    p = argparse.ArgumentParser(prog="python -m benchmarks.input_pipeline", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.input_pipeline", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     p.add_argument("--data", help="image folder (a folder per class); default: write one of --images JPEGs")
     p.add_argument("--images", type=int, default=512, help="JPEGs to write when --data is not given")
     p.add_argument("--mode", choices=("train", "eval"), default="train", help="training or evaluation transform")

@@ -95,7 +95,7 @@ def analyse(variant: str, batch: int, dtype: str, mode: str, attn_backend: str |
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--variant", default="B/16", help="variant name (default B/16)")
     p.add_argument("--batch", type=int, default=256, help="images per step (default 256)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="bfloat16")

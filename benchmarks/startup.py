@@ -109,7 +109,9 @@ def summary(records: list[dict]) -> list[str]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.startup", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.startup", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     p.add_argument("--rounds", type=int, default=3, help="rounds of (cold, warm, off)")
     p.add_argument("--timeout", type=float, default=600, help="seconds one run may take")
     p.add_argument("--out", help="append one JSON line per run to this file")

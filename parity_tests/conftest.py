@@ -1,4 +1,5 @@
-"""Fixtures of the cross-framework tests (both twins imported); the shared ones are in the root conftest."""
+"""Fixtures of the cross-framework tests (both twins, or a twin and its reference library: the rule of
+README's Layout, held for tests/ by tests/test_imports.py); the shared ones are in the root conftest."""
 
 from __future__ import annotations
 

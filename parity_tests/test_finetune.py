@@ -109,13 +109,30 @@ def _big_vision_file(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("fmt", ["hf", "big_vision"])
+def _timm_hub_folder(path: Path) -> Path:
+    """A timm hub folder (timm's save_for_hf) of vit_base_patch16_clip_224 at test width, 16 px, 5 classes:
+    its name implies LayerNorm eps 1e-5 and pre_norm, its pretrained_cfg CLIP's mean/std."""
+    import timm
+    import torch
+
+    torch.manual_seed(0)
+    model = timm.create_model(
+        "vit_base_patch16_clip_224", pretrained=False, embed_dim=32, depth=1, num_heads=2, img_size=16, num_classes=5
+    )
+    timm.models.save_for_hf(model, path, safe_serialization=True)
+    return path
+
+
+SOURCES = {"hf": _hf_folder, "big_vision": lambda p: _big_vision_file(p.with_suffix(".npz")), "timm": _timm_hub_folder}
+
+
+@pytest.mark.parametrize("fmt", ["hf", "big_vision", "timm"])
 def test_fine_tuning_hands_back_the_checkpoint_s_format_checked_by_its_library(tmp_path, capsys, fmt):
-    src = _hf_folder(tmp_path / "hf_src") if fmt == "hf" else _big_vision_file(tmp_path / "src.npz")
+    src = SOURCES[fmt](tmp_path / "src")
     data = _image_folder(tmp_path / "imgs", ("ant", "bee", "cat"))
     out = tmp_path / "run"
     args = ["train", "--dataset", f"imagefolder:{data}", "--init", str(src), "--out", str(out), "--no-progress"]
-    args += ["--image-size", "24"] if fmt == "hf" else []  # the position embedding resampled, as the file does it
+    args += ["--image-size", "24"] if fmt == "hf" else ["--image-size", "32"] if fmt == "timm" else []
     assert main([*args, "--epochs", "2", "--batch-size", "6", "--warmup-steps", "1", "--val-fraction", "0.34"]) == 0
     err = capsys.readouterr().err
     assert "new 3-class head, zero-initialised" in err
@@ -132,6 +149,14 @@ def test_fine_tuning_hands_back_the_checkpoint_s_format_checked_by_its_library(t
         processor = transformers.AutoImageProcessor.from_pretrained(out / "model_hf")
         assert list(processor.image_mean) == [0.485, 0.456, 0.406] and processor.resample == 3  # as it came in
         assert "declared: " in err and "preprocessor_config.json" in err
+    elif fmt == "timm":  # a hub folder back, loaded by timm from its own config.json, nothing assumed
+        import timm
+
+        assert lib["library"].startswith("timm") and "<- assumed" not in err
+        model = timm.create_model(f"local-dir:{out / 'model_timm'}", pretrained=True)
+        assert model.num_classes == 3 and model.patch_embed.img_size == (32, 32) and model.norm_pre.eps == 1e-5
+        assert model.pretrained_cfg["label_names"] == ["ant", "bee", "cat"]
+        assert "declared: " + str(src / "config.json") + " pretrained_cfg" in err
     else:
         assert lib["library"].endswith("(.npz loader)")
         assert (out / "model_big_vision.npz").is_file()

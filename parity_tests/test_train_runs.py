@@ -278,6 +278,28 @@ def test_resume_refuses_another_config_and_fresh_runs_refuse_an_existing_folder(
     assert "no run to resume" in capsys.readouterr().err
 
 
+def test_resume_of_a_finished_run_exports_again_or_extends_it_with_more_epochs(ref, npz, tmp_path, capsys):
+    """A finished run resumed as it was only exports again (and says so, not "9 steps in 0.1 s"); with
+    more epochs it continues, the learning-rate schedule recomputed for the new total and said so; with
+    fewer than it has done it is refused."""
+    import shutil
+
+    run = tmp_path / "copy"
+    shutil.copytree(ref, run)
+    args = ["train", "--dataset", f"npz:{npz}", *TINY, "--out", str(run), "--resume", "--no-parity"]
+    assert main([*args, "--epochs", "2"]) == 2
+    assert "--epochs 2 (6 steps) ends before the checkpoint's step 9; expected --epochs >= 3" in capsys.readouterr().err
+    assert main(args) == 0
+    assert "the run had finished at step 9: nothing to train, exported again" in capsys.readouterr().out
+    assert main([*args, "--epochs", "5"]) == 0
+    out, err = capsys.readouterr()
+    assert "--epochs 5 (the run was started with 3): the learning-rate schedule is recomputed for 15 steps" in err
+    assert "6 steps (10-15, resumed)" in out
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 16))
+    assert json.loads((run / "config.json").read_text())["train"]["epochs"] == 5
+
+
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(env, npz, tmp_path):
     out = tmp_path / "nan"
     args = ["--lr", "1e30", "--grad-clip", "0", "--warmup-steps", "0", "--ckpt-every", "1", "--no-parity"]
@@ -310,3 +332,24 @@ def test_time_to_first_step_cold_then_warm_compilation_cache(env, npz, tmp_path)
     assert [f["compile_cache"] for f in firsts] == ["cold", "warm", "off"]
     assert all(f["step"] == 1 and f["time_to_first_step_s"] > 0 for f in firsts)
     assert any(cache.iterdir())
+
+
+@pytest.mark.parametrize("pool", ["max", "avgmax"])
+def test_the_demo_trains_with_max_and_avgmax_pooling(pool, tmp_path, capsys):
+    """Poolings both twins and timm have (the flags come from ViTConfig's fields): the demo model (28 px,
+    patch 7, width 128, depth 4, no class token) learns scikit-learn's digits with them, and its exports
+    give the JAX twin's logits in vit_torch and in timm (global_pool='max' / 'avgmax')."""
+    out = tmp_path / pool
+    short = ["--dataset", "digits", "--epochs", "2", "--batch-size", "64", "--warmup-steps", "5", "--lr", "1e-3"]
+    assert main(["train", "--pool", pool, *short, "--out", str(out), "--no-progress"]) == 0
+    model = json.loads((out / "config.json").read_text())["model"]
+    assert (model["pool"], model["class_token"], model["width"], model["depth"]) == (pool, False, 128, 4)
+    assert final_accuracy(out) > 0.3  # 10 classes: chance is 0.1 (46 steps reach 0.46 with max pooling)
+    parity = json.loads((out / "parity.json").read_text())
+    lib = parity["library"]["timm"]
+    assert parity["ok"] and lib["ok"] and lib["agreement"] == 1.0 and lib["library"].startswith("timm"), parity
+    assert f"global_pool='{pool}'" in capsys.readouterr().out  # the printed timm call builds the same model
+
+
+def final_accuracy(run: Path) -> float:
+    return [m for m in metric_values(run) if "test_accuracy" in m][-1]["test_accuracy"]

@@ -296,9 +296,11 @@ def test_maps_from_a_fused_model_are_never_empty(twin):
 # ----------------------------------------------------------------------------------- gradients
 
 
-def _grads(cfg: ViTConfig, state, x: np.ndarray, labels: np.ndarray):
-    """Cross-entropy (mean over the batch) gradients w.r.t. every parameter, canonical names, both twins."""
+def _grads(cfg: ViTConfig, state, x: np.ndarray, labels: np.ndarray, checkpointing: bool = False):
+    """Cross-entropy (mean over the batch) gradients w.r.t. every parameter, canonical names, both twins
+    (each block recomputed in the backward pass with ``checkpointing``)."""
     jm = vit_jax.from_numpy(cfg, state)
+    jm.set_grad_checkpointing(checkpointing)
 
     def loss_fn(model):
         logits = model(jnp.asarray(x.transpose(0, 2, 3, 1)))
@@ -306,6 +308,7 @@ def _grads(cfg: ViTConfig, state, x: np.ndarray, labels: np.ndarray):
 
     loss_j, g = nnx.jit(nnx.value_and_grad(loss_fn))(jm)
     tm = vit_torch.from_numpy(cfg, state)
+    tm.set_grad_checkpointing(checkpointing)
     loss_t = torch.nn.functional.cross_entropy(tm(torch.from_numpy(x)), torch.from_numpy(labels))
     loss_t.backward()
     loss_t = loss_t.detach()
@@ -331,6 +334,39 @@ def test_gradients_equal_in_float64(feature, x64, small_cfg):
     assert zero == {k for k in gt if k.endswith("attn.k_norm.bias")}
     assert all(np.abs(gj[k]).max() <= 1e-12 * gmax for k in zero)
     bad = [str(c) for k in gt if k not in zero and not (c := compare(k, gj[k], gt[k], "gradient", "float64")).ok]
+    assert not bad, "\n".join(bad)
+
+
+def test_grad_checkpointing_recomputes_each_block_and_keeps_the_gradients(x64, small_cfg, monkeypatch):
+    """set_grad_checkpointing (timm's name; big_vision's remat) in both twins: the backward pass runs each
+    block again (JAX: a checkpoint around each block in the program; torch: each block's forward twice)
+    and every gradient is the one without it, and the other twin's, within the float64 bound."""
+    cfg = small_cfg.replace(dtype="float64", param_dtype="float64")
+    state = _state("torch", cfg.replace(dtype="float32", param_dtype="float32"))
+    x, labels = _images(cfg), np.array([3, 7])
+    (_, plain), _ = _grads(cfg, state, x, labels)
+    calls, forward = [], vit_torch.model.Block.forward
+
+    def counted(block, *args, **kwargs):
+        calls.append(block)
+        return forward(block, *args, **kwargs)
+
+    monkeypatch.setattr(vit_torch.model.Block, "forward", counted)  # module hooks skip the recomputation
+    (_, gj), (_, gt) = _grads(cfg, state, x, labels, checkpointing=True)
+    assert len(calls) == 2 * cfg.depth  # forward, then again in backward
+    jm = vit_jax.from_numpy(cfg, state)
+    jm.set_grad_checkpointing()
+    program = str(jax.make_jaxpr(nnx.grad(lambda m: m(jnp.asarray(x.transpose(0, 2, 3, 1))).sum()))(jm))
+    assert program.count("checkpoint[") + program.count("remat") >= cfg.depth, program[:2000]
+    bad = [
+        str(c)
+        for k in gt
+        for c in (
+            compare(k, gj[k], plain[k], "gradient", "float64"),
+            compare(k, gt[k], plain[k], "gradient", "float64"),
+        )
+        if np.abs(plain[k]).max() > 0 and not c.ok
+    ]
     assert not bad, "\n".join(bad)
 
 

@@ -14,7 +14,7 @@ from vit_common.data.datasets import (
     ImageTransform,
     TrainPlan,
     load_dataset,
-    native_channels,
+    read_dataset,
 )
 from vit_common.data.images import Preprocess
 from vit_jax.data import eval_batches, iterate, train_batches, train_iterator
@@ -52,6 +52,16 @@ def test_mnist5k_split_is_fixed_and_stratified():
 
     rows = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.int64)
     assert d.train.images.astype(np.int64).sum() + d.test.images.astype(np.int64).sum() == rows[:, :-1].sum()
+
+
+def test_a_dataset_is_read_as_stored_then_fit_to_a_model():
+    """Classes and channels are known before a model is chosen; fitting resizes as load_dataset does."""
+    raw = read_dataset("digits", val_fraction=0.25)
+    assert (raw.image_size, raw.channels, raw.num_classes, raw.train.images.shape[1:]) == ((8, 8), 1, 10, (8, 8, 1))
+    fit, loaded = raw.fit((16, 16), 3), load_dataset("digits", (16, 16), 3, val_fraction=0.25)
+    np.testing.assert_array_equal(fit.train.images, loaded.train.images)
+    np.testing.assert_array_equal(fit.test.labels, loaded.test.labels)
+    assert raw.fit((8, 8), 1).train is raw.train  # already the model's input: nothing is copied
 
 
 def test_digits_resized_and_split():
@@ -286,36 +296,37 @@ def test_val_fraction_outside_zero_one_is_refused(fraction):
         load_dataset("digits", (8, 8), 1, val_fraction=fraction)
 
 
-def _folder(root, classes, n=3, size=6):
-    for k, c in enumerate(classes):
-        (root / c).mkdir(parents=True)
-        for i in range(n):
-            Image.fromarray(np.full((size, size, 3), 40 * k + i, np.uint8)).save(root / c / f"{i}.png")
-
-
-def test_imagefolder_split_fraction_and_train_val_layout(tmp_path):
-    _folder(tmp_path / "flat", ["cat", "dog"], n=5)
+def test_imagefolder_split_fraction_and_train_val_layout(tmp_path, image_folder):
+    image_folder(tmp_path / "flat", ["cat", "dog"], n=5, size=(6, 6))
     d = load_dataset(f"imagefolder:{tmp_path / 'flat'}", (4, 4), 3, val_fraction=0.2)
     assert d.classes == ("cat", "dog") and (len(d.train), len(d.test)) == (8, 2) and not d.in_memory
     assert ImageTransform((4, 4), 3, Preprocess())(d.train[0]["image"]).shape == (4, 4, 3)
-    _folder(tmp_path / "split" / "train", ["a", "b"], n=2)
-    _folder(tmp_path / "split" / "val", ["a", "b"], n=1)
+    image_folder(tmp_path / "split" / "train", ["a", "b"], n=2, size=(6, 6))
+    image_folder(tmp_path / "split" / "val", ["a", "b"], n=1, size=(6, 6))
     d = load_dataset(f"imagefolder:{tmp_path / 'split'}", (6, 6), 1)
     assert (len(d.train), len(d.test), d.channels) == (4, 2, 1)
-    assert native_channels(f"imagefolder:{tmp_path}") == 3
+    assert read_dataset(f"imagefolder:{tmp_path / 'split'}").channels == 3  # RGB until fit to a model
 
 
-def test_imagefolder_bad_input(tmp_path):
+def test_imagefolder_bad_input(tmp_path, image_folder):
     with pytest.raises(FileNotFoundError, match="no such folder"):
         load_dataset(f"imagefolder:{tmp_path / 'missing'}", (4, 4), 3)
     (tmp_path / "empty" / "a").mkdir(parents=True)
     (tmp_path / "empty" / "b").mkdir(parents=True)
     with pytest.raises(ValueError, match="empty"):
         load_dataset(f"imagefolder:{tmp_path / 'empty'}", (4, 4), 3)
-    _folder(tmp_path / "one", ["only"], n=4)
+    image_folder(tmp_path / "flat", ["loose"], n=4, size=(6, 6))
+    for f in (tmp_path / "flat" / "loose").iterdir():
+        f.rename(tmp_path / "flat" / f.name)  # images straight in the folder, no class folders
+    (tmp_path / "flat" / "loose").rmdir()
+    with pytest.raises(
+        ValueError, match=r"flat: holds 4 image file\(s\) \(0.png, 1.png, 2.png, ...\) but no class folders"
+    ):
+        load_dataset(f"imagefolder:{tmp_path / 'flat'}", (4, 4), 3)
+    image_folder(tmp_path / "one", ["only"], n=4, size=(6, 6))
     with pytest.raises(ValueError, match="one class only"):
         load_dataset(f"imagefolder:{tmp_path / 'one'}", (4, 4), 3)
-    _folder(tmp_path / "bad", ["a", "b"], n=4)
+    image_folder(tmp_path / "bad", ["a", "b"], n=4, size=(6, 6))
     (tmp_path / "bad" / "b" / "2.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
     whole = (tmp_path / "bad" / "a" / "1.png").read_bytes()
     (tmp_path / "bad" / "a" / "1.png").write_bytes(whole[: len(whole) // 2])  # truncated

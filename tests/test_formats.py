@@ -173,13 +173,49 @@ def test_writer_reports_fields_a_format_does_not_record(tmp_path, small_cfg, ran
     assert load_checkpoint(tmp_path / "b.npz", gelu="exact", ln_eps=1e-5).cfg == cfg
 
 
+@pytest.mark.parametrize("family", ["original_vit", "big_vision"])
+def test_writing_a_zero_head_to_npz_says_readers_drop_it(tmp_path, small_cfg, random_state, family):
+    """Both .npz families note an all-zero head (the original ViT's used to lose the note to the
+    position-embedding notes), and a reader drops that head as said."""
+    state = random_state(small_cfg)
+    state = {
+        **state,
+        "head.weight": np.zeros_like(state["head.weight"]),
+        "head.bias": np.zeros_like(state["head.bias"]),
+    }
+    report = save_checkpoint(tmp_path / "z.npz", small_cfg, state, family)
+    assert "the head is all zeros: readers drop it unless given num_classes (--num-classes)" in report.notes
+    assert load_checkpoint(tmp_path / "z.npz").cfg.num_classes == 0
+
+
+def test_the_timm_call_names_the_model_s_own_timm_architecture():
+    """A variant is built by its registered timm name (not vit_base_patch16_224 for every model)."""
+    from vit_common.checkpoints.formats.timm import timm_load_call, timm_model_name
+
+    names = {v: timm_model_name(ViTConfig.from_name(v)) for v in ("Ti/16", "S/32", "B/8", "L/16", "H/14", "G/14")}
+    assert names == {
+        "Ti/16": "vit_tiny_patch16_224",
+        "S/32": "vit_small_patch32_224",
+        "B/8": "vit_base_patch8_224",
+        "L/16": "vit_large_patch16_224",
+        "H/14": "vit_huge_patch14_224",
+        "G/14": "vit_gigantic_patch14_224",
+    }
+    deit = ViTConfig.from_name("S/16", dist_token=True, head_dist=True)
+    assert "timm.create_model('deit_small_distilled_patch16_224', pretrained=False" in timm_load_call("d.pth", deit)
+    assert (
+        timm_model_name(ViTConfig.from_name("mu/16")) is None and timm_model_name(ViTConfig.from_name("M/16")) is None
+    )
+
+
 def test_timm_safetensors_we_write_carry_the_config(tmp_path, small_cfg, random_state):
     """timm files we write as .safetensors store the config in the header (timm ignores it): they read
     back with every field declared, no warning, and say how timm loads them strictly."""
     cfg = small_cfg.replace(gelu="quick", num_heads=8, ln_eps=1e-5, pool="avgmax", fc_norm=False, reg_tokens=2)
     report = save_checkpoint(tmp_path / "t.safetensors", cfg, random_state(cfg), "timm")
     assert report.warnings == []
-    assert "timm.create_model('vit_base_patch16_224', pretrained=False" in report.load_call
+    assert "from timm.models.vision_transformer import VisionTransformer" in report.load_call  # no timm name
+    assert "model = VisionTransformer(" in report.load_call and "create_model" not in report.load_call
     assert "global_pool='avgmax'" in report.load_call and "fc_norm=False" in report.load_call
     assert "norm_layer=partial(LayerNorm, eps=1e-05)" in report.load_call
     ckpt = load_checkpoint(tmp_path / "t.safetensors")

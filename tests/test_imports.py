@@ -30,7 +30,7 @@ def _loaded_after(statement: str) -> set[str]:
         ),
         ("import vit_torch", JAX_MODULES),
         ("import vit_jax", TORCH_MODULES),
-        ("import vit_jax.train, vit_jax.data", TORCH_MODULES),
+        ("import vit_jax.train, vit_jax.data, vit_jax.finetune", TORCH_MODULES),
         ("import vit_cli.main as m; m.build_parser()", JAX_MODULES + TORCH_MODULES),
     ],
 )
@@ -38,6 +38,38 @@ def test_import_isolation(statement, forbidden):
     loaded = _loaded_after(statement)
     assert not loaded & set(forbidden), f"{statement!r} loaded {sorted(loaded & set(forbidden))}"
     assert "numpy" in loaded  # the probe itself works
+
+
+JAX_FAMILY = {"jax", "jaxlib", "flax", "optax", "orbax", "grain", "vit_jax"}
+TORCH_FAMILY = {"torch", "torchvision", "timm", "transformers", "vit_torch"}
+
+
+def _imported(node) -> set[str]:
+    """Top-level package names imported anywhere under ``node`` (an ast node)."""
+    names = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Import):
+            names |= {a.name.split(".")[0] for a in n.names}
+        elif isinstance(n, ast.ImportFrom) and n.module and not n.level:
+            names.add(n.module.split(".")[0])
+    return names
+
+
+def test_tests_need_one_framework_and_parity_tests_two():
+    """The rule of README's Layout: a file of tests/ imports at most one framework (JAX's family or
+    torch's, its twin included) at its top and in any one function; both, or a twin and its reference
+    library, is a parity test (parity_tests/)."""
+    root = Path(__file__).resolve().parents[1]
+    both = []
+    for path in sorted((root / "tests").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        top = _imported(ast.Module([n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))], []))
+        functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for scope in [top, *(top | _imported(f) for f in functions)]:
+            if scope & JAX_FAMILY and scope & TORCH_FAMILY:
+                both.append(f"{path.name}: {sorted(scope & (JAX_FAMILY | TORCH_FAMILY))}")
+                break
+    assert not both, both
 
 
 ROOTS = ("vit_common", "vit_cli")  # the twins' weights <-> formats pairs are a known circle (issue 21)

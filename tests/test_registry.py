@@ -46,6 +46,7 @@ def test_each_format_answers_its_own_questions(tmp_path):
     assert REGISTRY["timm"].export_name(Path("in/w.pth")) == "model_timm.pth"
     assert REGISTRY["timm"].export_name(Path("in/w.safetensors")) == "model_timm.safetensors"
     assert REGISTRY["timm"].export_name(tmp_path) == "model_timm"  # a timm hub folder: a hub folder
+    assert REGISTRY["timm"].export_name(Path("hf-hub:timm/vit_base_patch16_224.augreg_in1k")) == "model_timm"
     references = {n: (f.reference.library, f.reference.loader) if f.reference else None for n, f in REGISTRY.items()}
     assert references == {
         "orbax": None,

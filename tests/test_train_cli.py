@@ -6,7 +6,6 @@ import argparse
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from vit_cli.main import build_parser, main
 
@@ -14,16 +13,6 @@ TINY = (
     "--image-size 8 --patch-size 4 --width 16 --depth 1 --num-heads 2 --mlp-dim 32 --batch-size 4 "
     "--epochs 1 --no-progress --no-parity"
 ).split()
-
-
-def folder(root, classes, n=3, corrupt=None):
-    for c in classes:
-        (root / c).mkdir(parents=True)
-        for i in range(n):
-            Image.fromarray(np.full((8, 8, 3), 30 * i, np.uint8)).save(root / c / f"{i}.png")
-    if corrupt:
-        (root / corrupt).write_bytes(b"GIF89a broken")
-    return root
 
 
 @pytest.mark.parametrize(
@@ -39,13 +28,13 @@ def folder(root, classes, n=3, corrupt=None):
         ("timeout", "--heartbeat-timeout: '0': expected an integer in [1, "),
     ],
 )
-def test_bad_input_exits_2_with_a_clear_message(case, message, tmp_path, capsys):
+def test_bad_input_exits_2_with_a_clear_message(case, message, tmp_path, capsys, image_folder):
     out = tmp_path / "run"
     data = {
         "missing": tmp_path / "nowhere",
         "empty": tmp_path / "empty",
-        "one_class": folder(tmp_path / "one", ["a"]),
-        "corrupt": folder(tmp_path / "bad", ["a", "b"], corrupt="b/1.gif"),
+        "one_class": image_folder(tmp_path / "one", ["a"]),
+        "corrupt": image_folder(tmp_path / "bad", ["a", "b"], corrupt="b/1.gif"),
     }
     (tmp_path / "empty" / "a").mkdir(parents=True)
     args = [
@@ -54,7 +43,7 @@ def test_bad_input_exits_2_with_a_clear_message(case, message, tmp_path, capsys)
         "--out",
         str(out),
         "--dataset",
-        f"imagefolder:{data.get(case, folder(tmp_path / 'ok', 'xy'))}",
+        f"imagefolder:{data.get(case, image_folder(tmp_path / 'ok', 'xy'))}",
     ]
     if case == "patch":
         args += ["--image-size", "10"]
@@ -82,32 +71,31 @@ def test_help_explains_every_flag():
 
 
 @pytest.fixture
-def tiny_checkpoint(tmp_path):
+def tiny_checkpoint(tmp_path, random_state):
     """Our file of a tiny ViT: 8 px, patch 4, width 16, 3 classes, RGB."""
     from vit_common.checkpoints.convert import save_checkpoint
     from vit_common.config import ViTConfig
-    from vit_common.state import canonical_shapes
 
     cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
-    rng = np.random.default_rng(0)
-    state = {k: rng.standard_normal(s).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
-    save_checkpoint(tmp_path / "ckpt.safetensors", cfg, state, "canonical")
+    save_checkpoint(tmp_path / "ckpt.safetensors", cfg, random_state(cfg), "canonical")
     return tmp_path / "ckpt.safetensors"
 
 
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--variant", "Ti/16"], "--variant Ti/16 has width=192, the checkpoint width=16"),
-        (["--width", "32"], "--width 32, the checkpoint has width=16"),
+        (["--variant", "Ti/16"], "is not the model asked for: width=192, the checkpoint has width=16"),
+        (["--width", "32"], "is not the model asked for: width=32, the checkpoint has width=16"),
         (["--image-size", "10"], "image_size=(10, 10) is not a multiple of patch_size=(4, 4)"),
         (["--freeze", "--layer-decay", "0.7"], "freeze=True with layer_decay=0.7"),
         (["--init", "nowhere.safetensors"], "nowhere.safetensors: no such file"),
     ],
 )
-def test_bad_fine_tuning_input_exits_2_naming_the_value(tiny_checkpoint, tmp_path, capsys, extra, message):
+def test_bad_fine_tuning_input_exits_2_naming_the_value(
+    tiny_checkpoint, tmp_path, capsys, extra, message, image_folder
+):
     out = tmp_path / "run"
-    data = folder(tmp_path / "imgs", "xy")
+    data = image_folder(tmp_path / "imgs", "xy")
     args = ["train", "--dataset", f"imagefolder:{data}", "--init", str(tiny_checkpoint), "--out", str(out)]
     assert main([*args, "--batch-size", "4", "--epochs", "1", "--no-progress", "--no-parity", *extra]) == 2
     last = capsys.readouterr().err.splitlines()[-1]
@@ -124,7 +112,9 @@ def test_freeze_needs_a_checkpoint(capsys):
     "extra, message",
     [
         (["--set", "width=64"], "--set width: use --width"),
-        (["--set", "class_token=false"], "--set class_token: use --pool"),
+        (["--set", "class_token=false"], "--set class_token: use --class-token / --no-class-token"),
+        (["--set", "gelu=tanh"], "--set gelu: use --gelu"),
+        (["--set", "in_chans=3"], "--set in_chans: use --dataset (its channels)"),
         (["--strict"], "--source-image-size and --strict describe the checkpoint of --init"),
         (["--source-image-size", "224"], "--source-image-size and --strict describe the checkpoint of --init"),
     ],
@@ -136,20 +126,45 @@ def test_checkpoint_flags_without_a_checkpoint_are_refused(extra, message, tmp_p
     assert not out.exists()
 
 
-def test_set_without_init_configures_the_new_model(tmp_path):
-    """From scratch, --set gives the fields no flag of vit train sets (not silently ignored)."""
+def test_model_flags_configure_the_new_model(tmp_path):
+    """From scratch, the flags made from ViTConfig fields set the model (not silently ignored), and --set
+    the one field without a flag."""
     import json
 
     out = tmp_path / "run"
-    settings = ["--set", "gelu=tanh", "--set", "ln_eps=1e-5", "--set", "dynamic_img_pad=true"]
-    assert main(["train", "--dataset", "digits", *TINY, "--image-size", "10", "--out", str(out), *settings]) == 0
+    flags = ["--gelu", "tanh", "--ln-eps", "1e-5", "--dynamic-img-pad", "--qk-norm", "--reg-tokens", "2"]
+    flags += ["--pool", "map", "--no-qkv-bias", "--set", "param_dtype=float32"]
+    assert main(["train", "--dataset", "digits", *TINY, "--image-size", "10", "--out", str(out), *flags]) == 0
     model = json.loads((out / "config.json").read_text())["model"]
-    got = (model["gelu"], model["ln_eps"], model["dynamic_img_pad"], model["image_size"])
-    assert got == ("tanh", 1e-5, True, [10, 10])
+    got = [model[k] for k in ("gelu", "ln_eps", "dynamic_img_pad", "image_size", "qk_norm", "reg_tokens", "pool")]
+    assert got == ["tanh", 1e-5, True, [10, 10], True, 2, "map"]
+    assert (model["qkv_bias"], model["class_token"], model["posemb_prefix"]) == (False, False, True)
 
 
-def test_a_warmup_as_long_as_the_run_is_warned(tmp_path, capsys):
-    data = folder(tmp_path / "imgs", "xy", n=6)  # 10 training images: 3 steps of 4
+def test_model_flags_come_from_the_config_fields():
+    """Every ViTConfig field but the dataset's (classes, channels) and the parameter dtype is a `vit train`
+    flag carrying the field's help and choices; none is set unless given."""
+    import dataclasses
+
+    from vit_common.config import ViTConfig
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    actions = {a.dest: a for a in sub.choices["train"]._actions}
+    args = parser.parse_args(["train"])
+    for f in dataclasses.fields(ViTConfig):
+        if f.name in ("num_classes", "in_chans", "param_dtype"):
+            assert f.name not in actions, f.name
+            continue
+        assert f.metadata["help"] in actions[f.name].help and getattr(args, f.name) is None, f.name
+        if f.name != "dtype":
+            assert actions[f.name].choices == f.metadata.get("choices"), f.name
+    assert actions["pool"].choices == ("token", "gap", "max", "avgmax", "map", "token_gap", "none")
+    assert actions["dtype"].choices == ("float32", "bfloat16")
+
+
+def test_a_warmup_as_long_as_the_run_is_warned(tmp_path, capsys, image_folder):
+    data = image_folder(tmp_path / "imgs", "xy", n=6)  # 10 training images: 3 steps of 4
     assert main(["train", "--dataset", f"imagefolder:{data}", *TINY, "--out", str(tmp_path / "run")]) == 0
     assert "--warmup-steps 300 is not below the run's 3 steps" in capsys.readouterr().err
 
@@ -167,22 +182,24 @@ def test_an_interrupted_run_says_how_to_resume(tmp_path, capsys, monkeypatch):
 
 
 def test_train_flags_come_from_the_config_fields():
-    """Every TrainConfig and Augment field is a `vit train` flag with the field's help and default."""
+    """Every TrainConfig, RunOptions and Augment field is a `vit train` flag with the field's help and
+    default."""
     import dataclasses
 
     from vit_common.data.datasets import Augment
-    from vit_common.data.train_config import TrainConfig
+    from vit_common.data.train_config import RunOptions, TrainConfig
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     actions = {a.dest: a for a in sub.choices["train"]._actions}
-    for cls in (TrainConfig, Augment):
+    for cls in (TrainConfig, RunOptions, Augment):
         for f in dataclasses.fields(cls):
             if f.name == "augment":
                 continue
             assert f.metadata["help"] in actions[f.name].help, f.name
-            if cls is TrainConfig:
+            if cls is not Augment:
                 assert actions[f.name].default == f.default, f.name
+    assert parser.parse_args(["train", "--no-progress", "--keep", "5"]).progress is False
     args = parser.parse_args(["train", "--dataset", "imagefolder:x", "--shift", "3"])
     from vit_cli.train import train_config
 
@@ -195,15 +212,15 @@ def test_train_flags_come_from_the_config_fields():
 def test_a_head_follows_the_class_names():
     """--init with the dataset's class count: the head is kept for the same names, its rows reordered for
     the same names in another order, replaced by zeros for other names (each change reported)."""
-    from vit_cli.train import _match_head
     from vit_common.checkpoints.formats.provenance import Report
+    from vit_jax.finetune import match_head
 
     state = {"head.weight": np.arange(6.0).reshape(3, 2), "head.bias": np.arange(3.0)}
     report = Report()
-    assert _match_head(state, ("a", "b", "c"), ("a", "b", "c"), report) is state and not report.notes
-    moved = _match_head(state, ("a", "b", "c"), ("c", "a", "b"), report)
+    assert match_head(state, ("a", "b", "c"), ("a", "b", "c"), report) is state and not report.notes
+    moved = match_head(state, ("a", "b", "c"), ("c", "a", "b"), report)
     np.testing.assert_array_equal(moved["head.bias"], [2.0, 0.0, 1.0])
     np.testing.assert_array_equal(moved["head.weight"][0], [4.0, 5.0])
-    fresh = _match_head(state, ("a", "b", "c"), ("x", "y", "z"), report)
+    fresh = match_head(state, ("a", "b", "c"), ("x", "y", "z"), report)
     assert not fresh["head.weight"].any() and not fresh["head.bias"].any()
     assert "reordered" in report.notes[0] and "zero-initialised" in report.notes[1]

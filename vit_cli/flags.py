@@ -34,12 +34,14 @@ def add_flags(
     skip: tuple[str, ...] = (),
     given_only: bool = False,
     defaults_help: dict[str, str] | None = None,
+    choices: dict[str, tuple] | None = None,
 ) -> None:
     """Add a flag per field of the dataclass ``cls``: the fields in ``only`` (all if None), in that order,
     except ``skip`` and dataclass-typed fields.
 
     ``given_only``: every flag defaults to None (so ``values`` returns only what was given) and its help
     says where the value comes from otherwise: ``defaults_help[name]``, or the field's default.
+    ``choices[name]``: the values this command takes, a subset of the field's ``choices``.
     """
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -61,7 +63,9 @@ def add_flags(
             kw |= {"type": kind, "nargs": "+", "metavar": f.name.upper()}
         else:
             kw["type"] = f.metadata["range"].flag_type() if "range" in f.metadata else kind
-        if "choices" in f.metadata:
+        if f.name in (choices or {}):
+            kw["choices"] = choices[f.name]
+        elif "choices" in f.metadata:
             kw["choices"] = f.metadata["choices"]
         kw["default"] = None if given_only else default
         group.add_argument(f.metadata.get("flag") or "--" + f.name.replace("_", "-"), **kw)
@@ -71,6 +75,12 @@ def _dest(f: dataclasses.Field) -> str:
     """The namespace attribute of a field's flag: its ``flag`` metadata as argparse names it, else the field."""
     flag = f.metadata.get("flag")
     return flag.lstrip("-").replace("-", "_") if flag else f.name
+
+
+def flag_name(cls: type, name: str) -> str:
+    """The flag ``add_flags`` makes for field ``name`` of ``cls``: ``--x``, or ``--x / --no-x`` for a bool."""
+    flag = "--" + name.replace("_", "-")
+    return f"{flag} / --no-{flag[2:]}" if typing.get_type_hints(cls)[name] is bool else flag
 
 
 def values(cls: type, args: argparse.Namespace) -> dict[str, Any]:

@@ -107,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"ViT {args.source}")
     print("\n".join(_summary(cfg)))
     print("  config")
-    for k, v in cfg.to_dict().items():
-        print(f"    {k:18s}{v}")
+    fields = cfg.to_dict()
+    width = max(map(len, fields)) + 2  # the longest name (pool_include_prefix) still has a gap after it
+    for k, v in fields.items():
+        print(f"    {k:{width}s}{v}")
     return 0

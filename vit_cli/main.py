@@ -54,12 +54,48 @@ def missing_extra(e: ModuleNotFoundError) -> str | None:
     return f'this needs {top}, which is not installed: pip install "vit-twins[{EXTRAS[top]}]"'
 
 
-class UsageError(Exception):
-    """Bad usage or input: printed without a traceback, exit code 2."""
+class Parser(argparse.ArgumentParser):
+    """``vit``'s parsers: a flag is its whole name (no prefix matching: ``--epoch`` is not ``--epochs``),
+    and a subcommand's parser refuses what it does not know itself, printing its own usage and the
+    closest flags (``difflib``), not the top-level usage."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extra = super().parse_known_args(args, namespace)
+        if extra and self.prog != "vit":  # a subcommand's: its own usage, a suggestion
+            self.error(unknown_arguments(self, extra))
+        return namespace, extra
+
+
+def unknown_arguments(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """'unrecognized arguments: A B' with, for each unknown flag, the closest flags of ``parser``."""
+    import difflib
+
+    flags = [f for f in parser._option_string_actions if f.startswith("--")]
+    hints = []
+    for word in (w.split("=", 1)[0] for w in extra if w.startswith("--")):
+        close = difflib.get_close_matches(word, flags, n=3, cutoff=0.8)
+        if close:
+            hints.append(f"{word}: did you mean {' or '.join(close)}?")
+    return f"unrecognized arguments: {' '.join(extra)}" + (f" ({'; '.join(hints)})" if hints else "")
+
+
+def version() -> str:
+    """The installed vit-twins version (pyproject.toml's, through the package metadata)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("vit-twins")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vit", description="One Vision Transformer in JAX and PyTorch, proven equal.")
+    parser = Parser(prog="vit", description="One Vision Transformer in JAX and PyTorch, proven equal.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS.values():
         importlib.import_module(module).add_parser(sub)
@@ -91,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `vit info B/16 | head -1`: the reader left, nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (UsageError, ValueError, OSError) as e:  # bad input or an unusable path (missing, a folder, ...)
+    except (ValueError, OSError) as e:  # bad input or an unusable path (missing, a folder, ...)
         print(f"vit {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -21,19 +21,23 @@ import sys
 from pathlib import Path
 
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
-from vit_cli.flags import add_flags, values
+from vit_cli.flags import add_flags, flag_name, values
 from vit_cli.main import HelpFormatter
 from vit_cli.run_model import class_list
+from vit_common.config import VARIANTS, ViTConfig
 from vit_common.data.datasets import Augment, check_outside, natural_images
 from vit_common.data.images import Preprocess
-from vit_common.data.train_config import TrainConfig
+from vit_common.data.train_config import RunOptions, TrainConfig
 from vit_common.system import io
-from vit_common.system.validate import arg, check_model_size, float_in, int_in
+from vit_common.system.validate import arg, check_model_size, int_in
 
 # The demo model: 28x28 inputs, 7x7 patches, 16 tokens (no class token: average pooling).
 DEMO_MODEL = dict(image_size=28, patch_size=7, width=128, depth=4, num_heads=4, mlp_dim=256, pool="gap")
-# Architecture flags: with --init they must agree with the checkpoint (image size excepted: it resamples).
-ARCH_FLAGS = ("patch_size", "width", "depth", "num_heads", "mlp_dim", "pool", "posemb")
+# ViTConfig fields with a flag of their own: all but those the dataset sets and the parameter dtype
+# (the trainer keeps parameters and optimizer state in float32; --set param_dtype for another).
+FROM_DATASET = {"num_classes": "--dataset (its classes)", "in_chans": "--dataset (its channels)"}
+MODEL_FLAGS = tuple(f.name for f in dataclasses.fields(ViTConfig) if f.name not in (*FROM_DATASET, "param_dtype"))
+DTYPES = ("float32", "bfloat16")  # compute dtypes the trainer takes (float16 would need loss scaling)
 OPTIMISATION = (
     "epochs batch_size lr warmup_steps min_lr_ratio weight_decay b1 b2 label_smoothing grad_clip accum_steps seed"
 ).split()
@@ -48,9 +52,20 @@ def default_cache_dir() -> str:
     return str(Path(base) / "vit-twins" / "jax")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from vit_common.config import VARIANTS
+def model_defaults() -> dict[str, str]:
+    """What a model flag not given means (the help of each ``MODEL_FLAGS`` flag)."""
+    fields = {f.name: f.default for f in dataclasses.fields(ViTConfig)}
+    out = {k: f"default {fields[k]!r}, or --init's" for k in MODEL_FLAGS}
+    out |= {k: f"demo {v}, or --variant's / --init's" for k, v in DEMO_MODEL.items()}
+    out["pool"] = f"demo {DEMO_MODEL['pool']}, variants token, or --init's"
+    out["image_size"] = f"demo {DEMO_MODEL['image_size']}, or --init's; with --init the position embedding is resampled"
+    out["class_token"] = "on with --pool token, or --init's"
+    out["posemb_prefix"] = "on with --posemb learn (sincos2d rows cover the patches only), or --init's"
+    out["dtype"] = "float32; parameters and optimizer state stay float32"
+    return out
 
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
         help="train or fine-tune the JAX twin (default: the built-in MNIST demo), export, check in PyTorch",
@@ -88,67 +103,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_flags(
         pre, Preprocess, given_only=True, defaults_help=dict.fromkeys(Preprocess.__dataclass_fields__, "see above")
     )
-    m = p.add_argument_group("model (defaults: the demo model, --variant's, or --init's)")
+    m = p.add_argument_group(
+        "model (a ViTConfig field each; defaults: the demo model, --variant's, or --init's; with --init a field "
+        "that changes the model's function is a check that the checkpoint has it, the others replace its)"
+    )
     m.add_argument(
         "--variant",
         default=None,
         help=f"start from a variant NAME/PATCH, NAME one of {', '.join(VARIANTS)} (e.g. Ti/16); with --init, "
         "a check that the checkpoint is one",
     )
-    m.add_argument(
-        "--image-size",
-        type=arg(int_in, 1),
-        default=None,
-        help=f"square image size in pixels; images are resized to it (demo {DEMO_MODEL['image_size']}); with "
-        "--init the position embedding is resampled to it",
-    )
-    m.add_argument(
-        "--patch-size", type=arg(int_in, 1), default=None, help=f"patch size P (demo {DEMO_MODEL['patch_size']})"
-    )
-    m.add_argument("--width", type=arg(int_in, 1), default=None, help=f"width D (demo {DEMO_MODEL['width']})")
-    m.add_argument("--depth", type=arg(int_in, 1), default=None, help=f"number of blocks (demo {DEMO_MODEL['depth']})")
-    m.add_argument(
-        "--num-heads", type=arg(int_in, 1), default=None, help=f"attention heads N (demo {DEMO_MODEL['num_heads']})"
-    )
-    m.add_argument(
-        "--mlp-dim", type=arg(int_in, 1), default=None, help=f"MLP hidden width F (demo {DEMO_MODEL['mlp_dim']})"
-    )
-    m.add_argument(
-        "--pool",
-        choices=("token", "gap", "map"),
-        default=None,
-        help="pooling before the head: class token, global average or attention pooling; only 'token' has a "
-        f"class token (demo {DEMO_MODEL['pool']}, variants token)",
-    )
-    m.add_argument("--posemb", choices=("learn", "sincos2d"), default=None, help="position embedding (default learn)")
-    m.add_argument(
-        "--dropout",
-        type=arg(float_in, 0, 1, hi_open=True),
-        default=None,
-        help="dropout rate (default 0, or the checkpoint's)",
-    )
-    m.add_argument(
-        "--drop-path",
-        type=arg(float_in, 0, 1, hi_open=True),
-        default=None,
-        help="stochastic depth rate of the last block (default 0, or the checkpoint's)",
-    )
-    m.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16"),
-        default="float32",
-        help="compute dtype; parameters and optimizer state stay float32",
+    add_flags(
+        m, ViTConfig, only=MODEL_FLAGS, given_only=True, defaults_help=model_defaults(), choices={"dtype": DTYPES}
     )
     add_flags(m, TrainConfig, only=("remat",))
     o = p.add_argument_group("optimisation")
     add_flags(o, TrainConfig, only=tuple(OPTIMISATION))
     r = p.add_argument_group("run")
     r.add_argument("--out", default=None, help="run folder (default: runs/<dataset name>)")
-    r.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run in --out from its latest checkpoint (same config required)",
-    )
+    add_flags(r, RunOptions, only=("resume",))
     add_flags(r, TrainConfig, only=("sharding",))
     r.add_argument(
         "--cpu-devices",
@@ -164,17 +137,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="JAX's persistent compilation cache, so a second run of the same configuration skips compiling "
         "(default: $JAX_COMPILATION_CACHE_DIR, else ~/.cache/vit-twins/jax); 'off' to turn it off",
     )
-    r.add_argument(
-        "--ckpt-every", type=arg(int_in, 0), default=200, help="checkpoint every this many steps (and at the end)"
-    )
-    r.add_argument("--keep", type=arg(int_in, 1), default=3, help="checkpoints to keep")
-    r.add_argument(
-        "--log-every", type=arg(int_in, 1), default=10, help="write a metrics.jsonl line every this many steps"
-    )
-    r.add_argument(
-        "--eval-every", type=arg(int_in, 1), default=1, help="evaluate on the test set every this many epochs"
-    )
-    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_flags(r, RunOptions, only=("ckpt_every", "keep", "log_every", "eval_every", "progress"))
     r.add_argument("--no-parity", action="store_true", help="skip the PyTorch and library checks of the exports")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     g = p.add_argument_group(
@@ -184,55 +147,42 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-# ViTConfig fields a model trained from scratch takes from vit train's flags (or the dataset), not --set.
-SCRATCH_FLAGS = {
-    **{k: "--" + k.replace("_", "-") for k in ("patch_size", "width", "depth", "num_heads", "mlp_dim", "pool")},
-    **{k: "--" + k.replace("_", "-") for k in ("posemb", "dropout", "drop_path", "dtype")},
-    "class_token": "--pool (token: a class token)",
-    "posemb_prefix": "--posemb",
-    "in_chans": "--dataset (its channels)",
-}
-
-
-def model_config(args: argparse.Namespace, num_classes: int, in_chans: int):
-    """The ViTConfig the flags describe (the demo model, or --variant, with any overrides, --set's
-    included).
+def model_config(args: argparse.Namespace, num_classes: int, in_chans: int) -> ViTConfig:
+    """The ViTConfig of a model trained from scratch: the demo model, or --variant's row and patch size,
+    with the model flags given on top, ``num_classes`` and ``in_chans`` from the dataset; --pool token
+    brings a class token, --posemb learn prefix rows, unless those flags are given too.
 
     Raises:
-        ValueError: --set of a field that a flag of vit train sets (``SCRATCH_FLAGS``).
+        ValueError: --set of a field that has a flag (or that the dataset sets), naming the flag; an
+            invalid combination (``ViTConfig``).
     """
-    from vit_common.config import ViTConfig
-
-    fields = {
-        "image_size": args.image_size,
-        "patch_size": args.patch_size,
-        "width": args.width,
-        "depth": args.depth,
-        "num_heads": args.num_heads,
-        "mlp_dim": args.mlp_dim,
-    }
-    given = {k: v for k, v in fields.items() if v is not None}
-    pool = args.pool or ("token" if args.variant else DEMO_MODEL["pool"])
-    posemb = args.posemb or "learn"
-    common = dict(
-        num_classes=num_classes,
-        in_chans=in_chans,
-        pool=pool,
-        class_token=pool == "token",
-        posemb=posemb,
-        posemb_prefix=posemb == "learn",  # sincos2d rows cover the patches only
-        dropout=args.dropout or 0.0,
-        drop_path=args.drop_path or 0.0,
-        dtype=args.dtype,
-    )
     settings = dict(args.settings)
-    flagged = [f"--set {k}: use {SCRATCH_FLAGS[k]}" for k in settings if k in SCRATCH_FLAGS]
+    flagged = [
+        f"--set {k}: use {FROM_DATASET.get(k) or flag_name(ViTConfig, k)}"
+        for k in settings
+        if k in MODEL_FLAGS or k in FROM_DATASET
+    ]
     if flagged:
         raise ValueError(f"{'; '.join(flagged)} (a model trained from scratch takes that field from its flag)")
-    overrides = {"image_size": DEMO_MODEL["image_size"], **given, **common, **settings}
-    if args.variant:
-        return ViTConfig.from_name(args.variant, **overrides)
-    return ViTConfig(**{**DEMO_MODEL, **overrides})
+    given = values(ViTConfig, args)
+    pool = given.get("pool") or ("token" if args.variant else DEMO_MODEL["pool"])
+    posemb = given.get("posemb", "learn")
+    base = variant_fields(args.variant) if args.variant else DEMO_MODEL
+    derived = dict(class_token=pool == "token", posemb_prefix=posemb == "learn")
+    dataset = dict(num_classes=num_classes, in_chans=in_chans)
+    return ViTConfig(
+        **{"image_size": DEMO_MODEL["image_size"], **base, "pool": pool, **derived, **dataset, **given, **settings}
+    )
+
+
+def variant_fields(name: str) -> dict:
+    """The fields --variant NAME/PATCH sets: its VARIANTS row and the patch size.
+
+    Raises:
+        ValueError: a malformed or unknown name (``ViTConfig.from_name``).
+    """
+    cfg = ViTConfig.from_name(name, dynamic_img_pad=True)  # any patch size: 224 px padded to it
+    return {k: getattr(cfg, k) for k in (*VARIANTS[cfg.variant], "patch_size")}
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
@@ -241,121 +191,19 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**values(TrainConfig, args), augment=augment)
 
 
-def check_flags_against(cfg, args: argparse.Namespace, path: str) -> None:
-    """With --init: every architecture flag given (and --variant) must describe the checkpoint.
-
-    Raises:
-        ValueError: naming the flag, its value and the checkpoint's.
-    """
-    from vit_common.config import VARIANTS
-
-    bad = []
-    if args.variant:
-        name = args.variant.split("/")[0].strip()
-        row = VARIANTS.get(name)
-        if row is None:
-            raise ValueError(f"--variant {args.variant!r}: unknown name {name!r}; known: {', '.join(VARIANTS)}")
-        bad += [
-            f"--variant {args.variant} has {k}={v}, the checkpoint {k}={getattr(cfg, k)}"
-            for k, v in row.items()
-            if getattr(cfg, k) != v
-        ]
-        patch = args.variant.split("/")[-1].strip()
-        if patch.isdigit() and (int(patch), int(patch)) != tuple(cfg.patch_size):
-            bad.append(f"--variant {args.variant} has patch_size={patch}, the checkpoint {cfg.patch_size[0]}")
-    for k in ARCH_FLAGS:
-        v = getattr(args, k)
-        have = cfg.patch_size[0] if k == "patch_size" and cfg.patch_size[0] == cfg.patch_size[1] else getattr(cfg, k)
-        if v is not None and v != have:
-            bad.append(f"--{k.replace('_', '-')} {v}, the checkpoint has {k}={have!r}")
-    if bad:
-        raise ValueError(f"{path} does not match the model flags: " + "; ".join(bad))
+def init_fields(args: argparse.Namespace) -> dict:
+    """With --init: the ViTConfig fields --variant and the model flags give (``vit_jax.finetune.load_init``'s
+    ``given``: those that change the function are checked against the checkpoint, the others replace
+    its values); --image-size is the size to train at."""
+    given = variant_fields(args.variant) if args.variant else {}
+    return given | {k: v for k, v in values(ViTConfig, args).items() if k != "image_size"}
 
 
-def _readers(path: str) -> dict:
-    """The checkpoint readers ``path`` needs (vit_common.checkpoints.convert: orbax folders need jax, PyTorch
-    .pth/.bin files torch, which is imported only then)."""
-    from vit_common.checkpoints.convert import needs
+def _torch_formats():
+    """``vit_torch.formats`` (imports torch): the readers and writers of .pth/.bin files."""
+    import vit_torch.formats
 
-    if needs(path) == "torch":
-        from vit_torch.formats import READERS
-    else:
-        from vit_jax.formats import READERS
-    return READERS
-
-
-def _writers(fmt: str, path: Path) -> dict:
-    if fmt == "orbax":
-        from vit_jax.formats import WRITERS
-
-        return WRITERS
-    if fmt == "timm" and path.suffix in (".pth", ".pt", ".bin"):
-        from vit_torch.formats import WRITERS
-
-        return WRITERS
-    return {}
-
-
-def load_init(args, tcfg: TrainConfig, name_classes, preprocess_flags: dict, log):
-    """Read --init: (config, float32 weights, ModelInfo, data with ``name_classes`` applied, conversion
-    report) for the dataset.
-
-    The checkpoint is read once for its config (image size, channels, preprocessing) and again for the
-    dataset's class count and image size, which replace its head (zero-initialised, reported) and
-    resample its position embedding with the file's own method.
-    """
-    import numpy as np
-
-    from vit_common.checkpoints.convert import load_checkpoint
-    from vit_common.checkpoints.metadata import with_overrides
-    from vit_common.data.datasets import load_dataset
-
-    readers = _readers(tcfg.init)
-    overrides = checkpoint_options(args)
-    first = load_checkpoint(tcfg.init, readers=readers, **overrides)
-    check_flags_against(first.cfg, args, tcfg.init)
-    size = first.cfg.image_size if args.image_size is None else (args.image_size, args.image_size)
-    probe = first.cfg.replace(image_size=size)  # an image size the patch does not divide fails here, named
-    info = with_overrides(first.info, preprocess_flags, None)
-    data = load_dataset(
-        tcfg.dataset, probe.image_size, probe.in_chans, val_fraction=tcfg.val_fraction, preprocess=info.preprocess
-    )
-    data = name_classes(data)
-    ckpt = load_checkpoint(tcfg.init, readers=readers, image_size=size, num_classes=data.num_classes, **overrides)
-    report, state = ckpt.report, dict(ckpt.state)
-    if info.classes is not None and len(info.classes) == data.num_classes == first.cfg.num_classes:
-        state = _match_head(state, info.classes, data.classes, report)
-    for line in report.lines():
-        log(f"  {line}")
-    log(f"  preprocessing {json.dumps(info.preprocess.to_dict())} ({info.preprocess_source})")
-    for w in info.warnings:
-        log(f"  WARNING  {w}")
-    cfg = ckpt.cfg.replace(
-        dropout=ckpt.cfg.dropout if args.dropout is None else args.dropout,
-        drop_path=ckpt.cfg.drop_path if args.drop_path is None else args.drop_path,
-        dtype=args.dtype,
-        param_dtype="float32",
-    )
-    weights = {k: np.asarray(v, np.float32) for k, v in state.items()}
-    return cfg, weights, info, data, report
-
-
-def _match_head(state: dict, have: tuple[str, ...], want: tuple[str, ...], report) -> dict:
-    """The head for the dataset's class order: kept if the checkpoint's class names are the same list,
-    rows reordered if they are the same names in another order, zero-initialised otherwise."""
-    import numpy as np
-
-    if tuple(have) == tuple(want) or "head.weight" not in state:
-        return state
-    if sorted(have) == sorted(want):
-        order = [have.index(c) for c in want]
-        report.notes.append(f"head rows reordered from the checkpoint's class order {list(have)} to the dataset's")
-        return {**state, "head.weight": state["head.weight"][order], "head.bias": state["head.bias"][order]}
-    report.notes.append(
-        f"new {len(want)}-class head, zero-initialised: the checkpoint's classes {list(have)} are not the "
-        f"dataset's {list(want)}"
-    )
-    return {**state, "head.weight": np.zeros_like(state["head.weight"]), "head.bias": np.zeros_like(state["head.bias"])}
+    return vit_torch.formats
 
 
 def run(args: argparse.Namespace) -> int:
@@ -366,11 +214,8 @@ def run(args: argparse.Namespace) -> int:
         DestinationError: another run holds the folder, or the folder holds files this run would
             replace that vit did not write (``vit_common.system.io``).
     """
-    import contextlib
     import functools
     import time
-
-    from vit_common.system import io
 
     started = getattr(args, "started", time.perf_counter())
     split_cpu(args)  # before JAX is imported
@@ -430,9 +275,19 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
 
     import jax
 
+    from vit_common.checkpoints.convert import needs
     from vit_common.checkpoints.metadata import ModelInfo
-    from vit_common.data.datasets import load_dataset, native_channels
-    from vit_jax.train import NonFiniteError, Trainer, enable_compile_cache, fit
+    from vit_common.data.datasets import read_dataset
+    from vit_jax.finetune import export, load_init
+    from vit_jax.train import (
+        NonFiniteError,
+        Trainer,
+        enable_compile_cache,
+        fit,
+        read_json,
+        saved_steps,
+        schedule_change,
+    )
 
     cache = args.compile_cache or default_cache_dir()
     if cache == "off":
@@ -455,28 +310,38 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
             )
         return dataclasses.replace(data, classes=tuple(args.classes))
 
+    raw = named(read_dataset(tcfg.dataset, val_fraction=tcfg.val_fraction))  # its classes and channels
     preprocess_flags = values(Preprocess, args)
-    weights, report = None, None
+    weights, report, torch_io = None, None, tcfg.init is not None and needs(tcfg.init) == "torch"
     if tcfg.init:
         log(f"vit train: fine-tuning {tcfg.init}")
-        cfg, weights, info, data, report = load_init(args, tcfg, named, preprocess_flags, log)
+        size = None if args.image_size is None else (args.image_size, args.image_size)
+        init = load_init(
+            tcfg.init,
+            raw,
+            image_size=size,
+            given=init_fields(args),
+            options=checkpoint_options(args),
+            preprocess=preprocess_flags,
+            readers=_torch_formats().READERS if torch_io else None,
+        )
+        cfg, weights, info, data, report = init.cfg, init.weights, init.info, init.data, init.report
+        for line in report.lines():
+            log(f"  {line}")
+        log(f"  preprocessing {json.dumps(info.preprocess.to_dict())} ({info.preprocess_source})")
+        for w in info.warnings:
+            log(f"  WARNING  {w}")
         preprocess = info.preprocess
     else:
-        channels = native_channels(tcfg.dataset)
-        probe = model_config(args, num_classes=2, in_chans=channels)  # validates sizes before loading any data
-        check_model_size(probe, "the model flags", batch=tcfg.batch_size // tcfg.accum_steps, training=True)
+        cfg = model_config(args, num_classes=raw.num_classes, in_chans=raw.channels)
+        check_model_size(cfg, "the model flags", batch=tcfg.batch_size // tcfg.accum_steps, training=True)
         default = (
             Preprocess(interpolation="bicubic", crop_pct=0.875, crop_mode="center")
             if natural_images(tcfg.dataset)
             else Preprocess()
         )
         preprocess = default.replace(**preprocess_flags)
-        data = named(
-            load_dataset(
-                tcfg.dataset, probe.image_size, channels, val_fraction=tcfg.val_fraction, preprocess=preprocess
-            )
-        )
-        cfg = probe.replace(num_classes=data.num_classes)
+        data = raw.fit(cfg.image_size, cfg.in_chans, preprocess)
         info = ModelInfo(preprocess, "given" if preprocess_flags else "vit train's default")
     workers = args.data_workers
     if workers == -1:
@@ -496,16 +361,17 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
         f"{jax.devices()[0].platform} device(s), {workers} data worker(s); compilation cache {cache}; "
         f"run folder {out}"
     )
+    if args.resume and (out / "config.json").is_file():
+        saved_epochs = read_json(out / "config.json").get("train", {}).get("epochs", tcfg.epochs)
+        steps = saved_steps(out / "checkpoints")
+        change = schedule_change(trainer, saved_epochs, steps[-1] if steps else 0)
+        if change:
+            log(f"vit train: {change}")
     try:
         state, summary = fit(
             trainer,
             out,
-            resume=args.resume,
-            ckpt_every=args.ckpt_every,
-            keep=args.keep,
-            log_every=args.log_every,
-            eval_every=args.eval_every,
-            progress=not args.no_progress and not args.json,
+            dataclasses.replace(RunOptions(**values(RunOptions, args)), progress=args.progress and not args.json),
             started=started,
             compile_cache=cache != "off",
         )
@@ -516,8 +382,19 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     if not lead:
         return 0
     with io.overwriting() if args.resume else contextlib.nullcontext():  # fit proved a resumed folder the run's
-        exports, load_calls = export(out, cfg.replace(dtype="float32"), weights, preprocess, data.classes, report, log)
+        done = export(
+            out,
+            cfg.replace(dtype="float32"),
+            weights,
+            preprocess=preprocess,
+            classes=data.classes,
+            source=report,
+            writers=_torch_formats().WRITERS if torch_io else None,
+        )
         plot_curves(out / "metrics.jsonl", out / "curves.png")
+    for line in done.lines:
+        log(f"  {line}")
+    exports, load_calls = done.paths, done.load_calls
     summary["model"] = str(out / "model.safetensors")
     summary["exports"] = {fmt: str(path) for fmt, path in exports.items()}
     summary["load_calls"] = {str(exports[fmt]): call for fmt, call in load_calls.items()}
@@ -535,36 +412,6 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     summary["wall_seconds"] = time.perf_counter() - started
     print_summary(summary, args.json)
     return 0 if ok else 1
-
-
-def export(out: Path, cfg, weights, preprocess, classes, report, log) -> tuple[dict[str, Path], dict[str, str]]:
-    """Write model.safetensors (ours), model_timm.safetensors and, after --init, the model in the
-    checkpoint's own format (model_hf/, model_big_vision.npz, ...). Returns ({format: path} of the
-    exports besides ours, {format: the library call that loads that export strictly}); a format that
-    cannot hold the model is skipped with a note."""
-    from vit_common.checkpoints.convert import save_checkpoint
-    from vit_common.checkpoints.registry import REGISTRY
-
-    ours = REGISTRY["canonical"]
-    save_checkpoint(out / ours.export_name(), cfg, weights, ours.name, preprocess=preprocess, classes=classes)
-    targets = {"timm": out / REGISTRY["timm"].export_name()}
-    if report is not None and report.format != ours.name:
-        targets[report.format] = out / REGISTRY[report.format].export_name(Path(report.source))
-    written, load_calls = {}, {}
-    for fmt, path in targets.items():
-        try:
-            r = save_checkpoint(
-                path, cfg, weights, fmt, writers=_writers(fmt, path), preprocess=preprocess, classes=classes
-            )
-        except (ValueError, ImportError) as e:
-            log(f"  not exported as {fmt}: {e}")
-            continue
-        for line in r.notes + r.warnings:
-            log(f"  {path.name}: {line}")
-        written[fmt] = path
-        if r.load_call:
-            load_calls[fmt] = r.load_call
-    return written, load_calls
 
 
 def split_cpu(args: argparse.Namespace) -> None:
@@ -676,11 +523,15 @@ def print_summary(summary: dict, as_json: bool) -> None:
         print(json.dumps(summary))
         return
     ips = summary["images_per_s"]
+    steps, start = summary["steps"], summary["start"]
+    if steps == start:
+        trained = f"the run had finished at step {steps}: nothing to train, exported again"
+    else:
+        trained = f"{steps - start} steps" + (f" ({start + 1}-{steps}, resumed)" if start else "")
+        trained += f" in {summary['train_seconds']:.1f} s" + (f" ({ips:.0f} images/s)" if ips else "")
     print(
         f"test accuracy {summary['test_accuracy']:.4f} ({summary['test_count']} images), test loss "
-        f"{summary['test_loss']:.4f}; {summary['steps']} steps in {summary['train_seconds']:.1f} s"
-        + (f" ({ips:.0f} images/s)" if ips else "")
-        + f"; {summary['wall_seconds']:.1f} s in all"
+        f"{summary['test_loss']:.4f}; {trained}; {summary['wall_seconds']:.1f} s in all"
     )
     print(f"model: {summary['model']}" + "".join(f", {p}" for p in summary["exports"].values()))
     for path, call in summary["load_calls"].items():

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vit_common.posemb import METHODS
-from vit_common.system.validate import float_in, int_in
+from vit_common.system.validate import Range, check_fields, int_in
 
 # One row per width/depth/MLP/heads. Sources: big_vision `models/vit.py` decode_variant, ViT paper
 # (Dosovitskiy et al. 2021) Table 1, So400m from Alabdulmohsin et al. 2023 ("Getting ViT in shape").
@@ -29,16 +29,6 @@ VARIANTS: dict[str, dict[str, int]] = {
     "H": dict(width=1280, depth=32, mlp_dim=5120, num_heads=16),
     "g": dict(width=1408, depth=40, mlp_dim=6144, num_heads=16),
     "G": dict(width=1664, depth=48, mlp_dim=8192, num_heads=16),
-}
-
-_CHOICES = {
-    "gelu": ("exact", "tanh", "quick"),
-    "mlp_type": ("plain", "swiglu"),
-    "pool": ("token", "gap", "max", "avgmax", "map", "token_gap", "none"),
-    "posemb": ("learn", "sincos2d", "none"),
-    "attn_impl": ("fused", "explicit"),
-    "dtype": ("float32", "float64", "bfloat16", "float16"),
-    "param_dtype": ("float32", "float64", "bfloat16", "float16"),
 }
 
 
@@ -86,127 +76,173 @@ def _pair(v: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
     return int_in(f"{name}[0]", v[0]), int_in(f"{name}[1]", v[1])
 
 
+def _field(default: Any, text: str, **extra: Any) -> Any:
+    """A config field whose metadata holds its help text (what it means, its source) and, where it
+    has them, its ``choices`` and ``range`` (``vit_common.system.validate.Range``): ``ViTConfig`` checks
+    them on construction and ``vit train`` generates its model flags from them."""
+    return dataclasses.field(default=default, metadata={"help": text, **extra})
+
+
+POSITIVE = Range(1, integer=True)
+COUNT = Range(0, integer=True)
+RATE = Range(0, 1, hi_open=True)
+
+
 @dataclass(frozen=True)
 class ViTConfig:
     """Every architectural choice of a ViT, as timm, big_vision and the original ViT need them.
 
     Defaults are timm's ``vit_base_patch16_224`` (exact GELU, LayerNorm eps 1e-6, class-token pooling).
+    Each field's meaning and source is the help text in its metadata (``dataclasses.fields``; ``vit
+    train --help`` lists them), with its ``choices`` or ``range`` where it has them.
     Fields that change the function a checkpoint computes are listed in ``FUNCTION_FIELDS``; the rest
     (``RUNTIME_FIELDS``) are training and execution choices.
     Derived values (``grid``, ``num_patches``, ``num_prefix_tokens``, ``seq_len``, ``head_dim``) are
     properties. An invalid combination raises ``ValueError`` naming the values.
-
-    Fields:
-        image_size: int or (H, W) in pixels; an int means square.
-        patch_size: P, int or (P_h, P_w); the patch embedding is a stride-P convolution with VALID padding.
-        patch_bias: the patch-embedding convolution has a bias (False in CLIP image towers, where timm's
-            ``pre_norm=True`` drops it).
-        in_chans: C.
-        num_classes: K; 0 means backbone only (no head, logits are the pre-logits features).
-        width, depth, num_heads, mlp_dim: D, number of blocks, N, F.
-        qkv_bias: bias on the fused qkv projection (timm default True).
-        qk_norm: LayerNorm over head_dim on q and k (timm ``qk_norm``).
-        ln_eps: epsilon of every LayerNorm (timm/big_vision 1e-6, HF ViT 1e-12, torch default 1e-5).
-        mlp_type: the block MLP. 'plain': fc1 [F, D] -> GELU -> fc2 [D, F]. 'swiglu': the gated unit of
-            Shazeer 2020 ("GLU Variants Improve Transformer"), fc2(silu(g) * v) with [g; v] = fc1(x), fc1
-            [2F, D] packed gate rows first, fc2 [D, F]: timm ``SwiGLUPacked`` (``GluMlp(gate_last=False)``,
-            ``vit_giant_patch14_dinov2``), HF ``Dinov2SwiGLUFFN``. mlp_dim is F, the gated width (HF
-            DINOv2 rounds it: ``(int(D * mlp_ratio * 2 / 3) + 7) // 8 * 8``); gelu does not apply to it.
-            Not combined with pool='map' (timm's MAP head has its own plain MLP).
-        gelu: the MLP's GELU: 'exact' x/2 (1 + erf(x / sqrt 2)) (timm, HF, torch default), 'tanh' (the tanh
-            approximation: big_vision, original ViT, jax default) or 'quick' x sigmoid(1.702 x) (OpenAI
-            CLIP's QuickGELU; timm ``act_layer='quick_gelu'``, HF ``hidden_act='quick_gelu'``).
-        pool: how the final tokens become one vector: 'token' (class token), 'gap' (mean over tokens),
-            'max' (per-channel max), 'avgmax' ((max + mean) / 2; timm ``global_pool='avgmax'``), 'map'
-            (attention-pooling head), 'token_gap' (concat(class token, mean of the pooled tokens) [2D]: HF
-            ``Dinov2ForImageClassification`` and ``Dinov2WithRegistersForImageClassification``, whose mean
-            leaves the class and register tokens out), 'none' (every token; the head, if any, is applied
-            per token).
-        pool_include_prefix: 'gap', 'max', 'avgmax' and 'map' pool over the prefix tokens (class,
-            distillation, register) too; False pools the patch tokens only (timm ``pool_include_prefix``,
-            default False, which also applies to its MAP head).
-        class_token: prepend a learned class token.
-        dist_token: prepend a learned distillation token right after the class token (DeiT, Touvron et
-            al. 2021; timm ``VisionTransformerDistilled``, HF ``DeiTModel``). Needs class_token.
-        head_dist: DeiT's distilled head: a second head ``head_dist`` reads the distillation token, the
-            first reads the class token, and the output is the mean of the two (what timm's distilled
-            model and HF ``DeiTForImageClassificationWithTeacher`` return in eval mode; without a head,
-            the mean of the two tokens). Needs dist_token and pool='token'.
-        reg_tokens: number of register tokens (Darcet et al. 2024), after the class (and distillation)
-            token.
-        posemb: 'learn' (a ``pos_embed`` parameter), 'sincos2d' (fixed, big_vision
-            ``posemb_sincos_2d``), 'none'.
-        posemb_prefix: ``pos_embed`` has rows for the prefix (class and register) tokens, added after
-            they are prepended (timm default, original ViT). False: rows for patches only, added before
-            the prefix tokens are prepended (timm ``no_embed_class``, big_vision, DeiT III).
-        norm_pre: a LayerNorm on the tokens before the first block (CLIP's ``ln_pre``, timm
-            ``pre_norm=True`` as ``norm_pre``).
-        fc_norm: LayerNorm after pooling instead of before it (timm ``fc_norm``; MAE/BEiT-style gap).
-        head_bias: the head (and head_dist) has a bias; False for CLIP's ``visual_projection`` (HF
-            ``CLIPVisionModelWithProjection``), a bias-free projection used as the head.
-        rep_size: width of the pre-logits dense + tanh layer (original ViT ``representation_size``,
-            HF ``ViTModel`` pooler); 0 means none.
-        layer_scale: LayerScale initial value (``ls1.gamma``/``ls2.gamma``); None means no LayerScale.
-        dropout: dropout rate after position embedding, attention projection, MLP layers and before
-            the head.
-        attn_dropout: dropout rate on attention probabilities.
-        drop_path: stochastic-depth rate of the last block; block i uses ``drop_path * i / (depth-1)``
-            (timm). Active in training mode only.
-        dynamic_img_size: accept image sizes other than ``image_size``; the position embedding is
-            resampled to the new grid with ``posemb_resample`` (see ``vit_common.posemb``).
-        dynamic_img_pad: zero-pad images on the bottom/right to a multiple of the patch size.
-        posemb_resample: resampling method name from ``vit_common.posemb.METHODS``.
-        attn_impl: 'fused' (the platform's fastest attention kernel; torch scaled_dot_product_attention)
-            or 'explicit' (softmax written out; the only path that can return attention probabilities).
-            Attention dropout in training, and float64, always take the explicit path: the fused
-            kernels have no dropout, and JAX's rounds float64 logits to float32.
-        attn_backend: JAX only, the fused path's kernel: None (the fastest one that supports the
-            platform, dtype, head dim and mode: cuDNN flash attention on NVIDIA GPUs for bf16/fp16,
-            the written-out softmax on CPU, else ``jax.nn.dot_product_attention``'s XLA form; see
-            ``vit_jax.platforms.choose_attention``), 'xla' or 'cudnn' (taken as asked; 'cudnn' fails
-            where there is no cuDNN). The torch twin lets SDPA choose.
-        dtype: compute dtype. Attention logits, softmax and LayerNorm statistics are always computed
-            in at least float32.
-        param_dtype: dtype of stored parameters.
     """
 
-    image_size: int | tuple[int, int] = 224
-    patch_size: int | tuple[int, int] = 16
-    patch_bias: bool = True
-    in_chans: int = 3
-    num_classes: int = 1000
-    width: int = 768
-    depth: int = 12
-    num_heads: int = 12
-    mlp_dim: int = 3072
-    qkv_bias: bool = True
-    qk_norm: bool = False
-    ln_eps: float = 1e-6
-    gelu: str = "exact"
-    mlp_type: str = "plain"
-    pool: str = "token"
-    pool_include_prefix: bool = False
-    class_token: bool = True
-    dist_token: bool = False
-    head_dist: bool = False
-    reg_tokens: int = 0
-    posemb: str = "learn"
-    posemb_prefix: bool = True
-    norm_pre: bool = False
-    fc_norm: bool = False
-    head_bias: bool = True
-    rep_size: int = 0
-    layer_scale: float | None = None
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
-    drop_path: float = 0.0
-    dynamic_img_size: bool = False
-    dynamic_img_pad: bool = False
-    posemb_resample: str = "bicubic_aa"
-    attn_impl: str = "fused"
-    attn_backend: str | None = None
-    dtype: str = "float32"
-    param_dtype: str = "float32"
+    image_size: int | tuple[int, int] = _field(224, "image size in pixels: an int (square) or (H, W)")
+    patch_size: int | tuple[int, int] = _field(
+        16, "patch size P, int or (P_h, P_w): the patch embedding is a stride-P convolution, VALID padding"
+    )
+    patch_bias: bool = _field(
+        True, "the patch-embedding convolution has a bias (False in CLIP image towers: timm pre_norm=True)"
+    )
+    in_chans: int = _field(3, "input channels C", range=POSITIVE)
+    num_classes: int = _field(
+        1000, "classes K; 0 = backbone only (no head: the logits are the pre-logits)", range=COUNT
+    )
+    width: int = _field(768, "width D", range=POSITIVE)
+    depth: int = _field(12, "number of blocks", range=POSITIVE)
+    num_heads: int = _field(12, "attention heads N (must divide the width)", range=POSITIVE)
+    mlp_dim: int = _field(3072, "MLP hidden width F", range=POSITIVE)
+    qkv_bias: bool = _field(True, "bias on the fused qkv projection (timm default True)")
+    qk_norm: bool = _field(False, "LayerNorm over head_dim on q and k (timm qk_norm)")
+    ln_eps: float = _field(
+        1e-6,
+        "epsilon of every LayerNorm (timm/big_vision 1e-6, HF ViT 1e-12, torch default 1e-5)",
+        range=Range(0, 1, lo_open=True),
+    )
+    gelu: str = _field(
+        "exact",
+        "the MLP's GELU: exact x/2 (1 + erf(x / sqrt 2)) (timm, HF, torch default), tanh (the tanh "
+        "approximation: big_vision, original ViT, jax default) or quick x sigmoid(1.702 x) (OpenAI CLIP's "
+        "QuickGELU; timm act_layer='quick_gelu', HF hidden_act='quick_gelu')",
+        choices=("exact", "tanh", "quick"),
+    )
+    mlp_type: str = _field(
+        "plain",
+        "the block MLP: plain (fc1 [F, D], GELU, fc2 [D, F]) or swiglu (Shazeer 2020, GLU Variants Improve "
+        "Transformer: fc2(silu(g) * v), [g; v] = fc1(x), fc1 [2F, D] packed gate rows first as timm "
+        "SwiGLUPacked (GluMlp(gate_last=False), vit_giant_patch14_dinov2) and HF Dinov2SwiGLUFFN; mlp_dim is "
+        "F, the gated width, which HF DINOv2 rounds: (int(D * mlp_ratio * 2 / 3) + 7) // 8 * 8; gelu does not "
+        "apply; not with pool map, whose MLP is plain)",
+        choices=("plain", "swiglu"),
+    )
+    pool: str = _field(
+        "token",
+        "how the final tokens become one vector: token (the class token), gap (mean over tokens), max "
+        "(per-channel max), avgmax ((max + mean) / 2; timm global_pool='avgmax'), map (attention-pooling "
+        "head), token_gap (concat(class token, mean of the pooled tokens) [2D]: HF "
+        "Dinov2ForImageClassification and Dinov2WithRegistersForImageClassification, whose mean leaves the "
+        "class and register tokens out), none (every token; the head, if any, applied per token)",
+        choices=("token", "gap", "max", "avgmax", "map", "token_gap", "none"),
+    )
+    pool_include_prefix: bool = _field(
+        False,
+        "gap, max, avgmax and map pool over the prefix tokens (class, distillation, register) too; off: "
+        "the patch tokens only (timm pool_include_prefix, default False, which also applies to its MAP head)",
+    )
+    class_token: bool = _field(True, "prepend a learned class token")
+    dist_token: bool = _field(
+        False,
+        "prepend a learned distillation token right after the class token (DeiT, Touvron et al. 2021; timm "
+        "VisionTransformerDistilled, HF DeiTModel); needs class_token",
+    )
+    head_dist: bool = _field(
+        False,
+        "DeiT's distilled head: a second head head_dist reads the distillation token, the first the class "
+        "token, and the output is their mean (timm's distilled model and HF "
+        "DeiTForImageClassificationWithTeacher in eval mode; without a head, the mean of the two tokens); "
+        "needs dist_token and pool token",
+    )
+    reg_tokens: int = _field(
+        0, "register tokens (Darcet et al. 2024), after the class (and distillation) token", range=COUNT
+    )
+    posemb: str = _field(
+        "learn",
+        "position embedding: learn (a pos_embed parameter), sincos2d (fixed, big_vision posemb_sincos_2d), none",
+        choices=("learn", "sincos2d", "none"),
+    )
+    posemb_prefix: bool = _field(
+        True,
+        "pos_embed has rows for the prefix (class and register) tokens, added after they are prepended "
+        "(timm default, original ViT); off: rows for the patches only, added before the prefix tokens are "
+        "prepended (timm no_embed_class, big_vision, DeiT III)",
+    )
+    norm_pre: bool = _field(
+        False, "a LayerNorm on the tokens before the first block (CLIP's ln_pre, timm pre_norm=True as norm_pre)"
+    )
+    fc_norm: bool = _field(False, "LayerNorm after pooling instead of before it (timm fc_norm; MAE/BEiT-style gap)")
+    head_bias: bool = _field(
+        True,
+        "the head (and head_dist) has a bias; off for CLIP's visual_projection (HF "
+        "CLIPVisionModelWithProjection), a bias-free projection used as the head",
+    )
+    rep_size: int = _field(
+        0,
+        "width of the pre-logits dense + tanh layer (original ViT representation_size, HF ViTModel pooler); 0 = none",
+        range=COUNT,
+    )
+    layer_scale: float | None = _field(
+        None,
+        "LayerScale initial value (ls1.gamma / ls2.gamma; Touvron et al. 2021, CaiT); unset = no LayerScale",
+        range=Range(0, lo_open=True),
+    )
+    dropout: float = _field(
+        0.0,
+        "dropout rate after the position embedding, attention projection, MLP layers and before the head",
+        range=RATE,
+    )
+    attn_dropout: float = _field(0.0, "dropout rate on the attention probabilities", range=RATE)
+    drop_path: float = _field(
+        0.0,
+        "stochastic-depth rate of the last block; block i uses drop_path * i / (depth - 1) (timm); training only",
+        range=RATE,
+    )
+    dynamic_img_size: bool = _field(
+        False,
+        "accept image sizes other than image_size: the position embedding is resampled to the new grid "
+        "with posemb_resample (vit_common.posemb)",
+    )
+    dynamic_img_pad: bool = _field(False, "zero-pad images on the bottom/right to a multiple of the patch size")
+    posemb_resample: str = _field(
+        "bicubic_aa", "how the position embedding is resampled (vit_common.posemb.METHODS)", choices=tuple(METHODS)
+    )
+    attn_impl: str = _field(
+        "fused",
+        "fused (the platform's fastest attention kernel; torch scaled_dot_product_attention) or explicit "
+        "(softmax written out: the only path that returns attention probabilities); attention dropout in "
+        "training and float64 always take the explicit path (the fused kernels have no dropout, and JAX's "
+        "rounds float64 logits to float32)",
+        choices=("fused", "explicit"),
+    )
+    attn_backend: str | None = _field(
+        None,
+        "JAX only, the fused path's kernel: unset = the fastest one that supports the platform, dtype, head "
+        "dim and mode (cuDNN flash attention on NVIDIA GPUs for bf16/fp16, the written-out softmax on CPU, "
+        "else jax.nn.dot_product_attention's XLA form; vit_jax.platforms.choose_attention), xla or cudnn "
+        "(taken as asked; cudnn fails where there is no cuDNN); the torch twin lets SDPA choose",
+        choices=("xla", "cudnn"),
+    )
+    dtype: str = _field(
+        "float32",
+        "compute dtype; attention logits, softmax and LayerNorm statistics are always computed in at least float32",
+        choices=("float32", "float64", "bfloat16", "float16"),
+    )
+    param_dtype: str = _field(
+        "float32", "dtype of the stored parameters", choices=("float32", "float64", "bfloat16", "float16")
+    )
 
     def __post_init__(self) -> None:
         # Normalise sizes to tuples so that equal configs compare (and hash) equal.
@@ -215,20 +251,16 @@ class ViTConfig:
         self._validate()
 
     def _validate(self) -> None:
-        for name, allowed in _CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r}: expected one of {allowed}")
-        for name in ("in_chans", "width", "depth", "num_heads", "mlp_dim"):
-            int_in(name, getattr(self, name), 1)
-        for name in ("num_classes", "reg_tokens", "rep_size"):
-            int_in(name, getattr(self, name), 0)
+        for f in dataclasses.fields(self):
+            value, allowed = getattr(self, f.name), f.metadata.get("choices")
+            unset = value is None and f.default is None  # an optional choice left to the twin (attn_backend)
+            if allowed and value not in allowed and not unset:
+                raise ValueError(
+                    f"{f.name}={value!r}: expected one of {allowed}{' or None' if f.default is None else ''}"
+                )
+        check_fields(self)
         if self.width % self.num_heads:
             raise ValueError(f"width={self.width} is not divisible by num_heads={self.num_heads}")
-        float_in("ln_eps", self.ln_eps, 0, 1, lo_open=True)
-        for name in ("dropout", "attn_dropout", "drop_path"):
-            float_in(name, getattr(self, name), 0, 1, hi_open=True)
-        if self.layer_scale is not None:
-            float_in("layer_scale", self.layer_scale, 0, lo_open=True)
         for name in _FLAGS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected True or False")
@@ -269,10 +301,6 @@ class ViTConfig:
                 )
             if self.width % 4:
                 raise ValueError(f"posemb='sincos2d' needs width divisible by 4, got width={self.width}")
-        if self.attn_backend not in (None, "xla", "cudnn"):
-            raise ValueError(f"attn_backend={self.attn_backend!r}: expected None, 'xla' or 'cudnn'")
-        if self.posemb_resample not in METHODS:
-            raise ValueError(f"posemb_resample={self.posemb_resample!r}: expected one of {tuple(METHODS)}")
         (h, w), (ph, pw) = self.image_size, self.patch_size
         if (h % ph or w % pw) and not (self.dynamic_img_pad or self.dynamic_img_size):
             raise ValueError(

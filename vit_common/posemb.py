@@ -24,8 +24,6 @@ Methods, each named after what it reproduces exactly (align_corners=False unless
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 METHODS = ("bicubic_aa", "bicubic", "bilinear_aa", "bilinear", "bilinear_corners")
@@ -165,19 +163,3 @@ def sincos2d(grid: tuple[int, int], width: int, temperature: float = 10_000.0) -
     ox = np.einsum("m,d->md", x.reshape(-1).astype(np.float64), omega)
     oy = np.einsum("m,d->md", y.reshape(-1).astype(np.float64), omega)
     return np.concatenate([np.sin(ox), np.cos(ox), np.sin(oy), np.cos(oy)], axis=1)
-
-
-def grid_from_length(length: int, num_prefix_tokens: int) -> tuple[int, int]:
-    """Square grid for a pos_embed of ``length`` rows; only for files that store no grid at all.
-
-    Raises:
-        ValueError: if the patch rows do not form a square.
-    """
-    n = length - num_prefix_tokens
-    side = math.isqrt(max(n, 0))
-    if n <= 0 or side * side != n:
-        raise ValueError(
-            f"cannot infer a square grid from {length} pos_embed rows with {num_prefix_tokens} prefix "
-            "tokens; give the grid explicitly"
-        )
-    return side, side

@@ -18,8 +18,6 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
@@ -31,12 +29,9 @@ from vit_common.checkpoints.formats.stored import FORMAT_TAG, config_from_json, 
 from vit_common.config import ViTConfig
 from vit_common.system.io import atomic_write_dir, folder_mark, write_json
 from vit_common.system.validate import check_model_size
+from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
 from vit_jax.model import VisionTransformer
 from vit_jax.weights import check_float64, from_numpy, to_numpy
-
-
-def _is_key(x) -> bool:
-    return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
 def _pure_dict(state: nnx.State) -> dict:
@@ -44,31 +39,27 @@ def _pure_dict(state: nnx.State) -> dict:
     return nnx.to_pure_dict(state) if hasattr(nnx, "to_pure_dict") else state.to_pure_dict()
 
 
-def _storable(tree, key_leaf):
-    """Nested dict with string keys (orbax), PRNG-key leaves replaced by ``key_leaf(key)``."""
-    if isinstance(tree, Mapping):
-        return {str(k): _storable(v, key_leaf) for k, v in tree.items()}
-    return key_leaf(tree) if _is_key(tree) else tree
+def _string_keys(tree):
+    """Nested dict with string keys (what orbax stores; NNX pure dicts index lists by int)."""
+    return {str(k): _string_keys(v) for k, v in tree.items()} if isinstance(tree, Mapping) else tree
 
 
-def _unpure(template, restored, impl: str):
-    """Restored nested dict -> the template's structure (int list indices), keys wrapped again."""
+def _template_keys(template, restored):
+    """A restored nested dict (string keys) in ``template``'s structure (its int list indices)."""
     if isinstance(template, Mapping):
-        return {k: _unpure(v, restored[str(k)], impl) for k, v in template.items()}
-    return jax.random.wrap_key_data(restored, impl=impl) if _is_key(template) else restored
+        return {k: _template_keys(v, restored[str(k)]) for k, v in template.items()}
+    return restored
 
 
 def save_orbax(path: str | os.PathLike, model: VisionTransformer) -> None:
     """Save ``model`` (its whole NNX state) and its config to the folder ``path``, atomically."""
     state = nnx.state(model)
-    keys = [v for v in jax.tree.leaves(_pure_dict(state)) if _is_key(v)]
-    impl = str(jax.random.key_impl(keys[0])) if keys else ""
-    meta = {"format": FORMAT_TAG, "vit_config": model.cfg.to_json(), "rng_impl": impl}
+    meta = {"format": FORMAT_TAG, "vit_config": model.cfg.to_json(), "rng_impl": key_impl_name(_pure_dict(state))}
 
     def write(tmp: Path) -> None:
         write_json(tmp / ORBAX_CONFIG, folder_mark(meta, [ORBAX_CONFIG, "state"]), indent=1)
         ckptr = ocp.StandardCheckpointer()
-        ckptr.save((tmp / "state").absolute(), _storable(_pure_dict(state), jax.random.key_data))
+        ckptr.save((tmp / "state").absolute(), _string_keys(keys_to_data(_pure_dict(state))))
         ckptr.wait_until_finished()
         ckptr.close()
 
@@ -100,14 +91,13 @@ def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:
     template = _pure_dict(abstract_state)
     ckptr = ocp.StandardCheckpointer()
     try:
-        restored = ckptr.restore(
-            (path / "state").absolute(), _storable(template, lambda k: jax.eval_shape(jax.random.key_data, k))
-        )
+        restored = ckptr.restore((path / "state").absolute(), _string_keys(keys_to_data(template)))
     except (ValueError, KeyError, TypeError, FileNotFoundError, OSError) as e:
         raise FormatError(f"{path}: orbax could not restore the state for the stored config ({e})") from e
     finally:
         ckptr.close()
-    nnx.replace_by_pure_dict(abstract_state, _unpure(template, restored, meta.get("rng_impl") or None))
+    restored = data_to_keys(_template_keys(template, restored), template, meta.get("rng_impl") or None)
+    nnx.replace_by_pure_dict(abstract_state, restored)
     model = nnx.merge(graphdef, abstract_state)
     model.eval()
     return model

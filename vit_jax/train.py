@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -39,10 +40,11 @@ from jax.sharding import PartitionSpec as P
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import Dataset, batches_per_epoch, examples_before, fingerprint_changes
 from vit_common.data.images import Preprocess
-from vit_common.data.train_config import TrainConfig
+from vit_common.data.train_config import RunOptions, TrainConfig
 from vit_common.system import io
 from vit_jax.data import eval_batches, iterate, train_batches, transform_for
-from vit_jax.model import Block, VisionTransformer
+from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
+from vit_jax.model import VisionTransformer
 from vit_jax.weights import from_numpy, to_numpy
 
 # Leaf names that never get weight decay besides 1-D tensors (biases, norm scales, LayerScale).
@@ -74,21 +76,11 @@ def _fsdp_spec(shape: tuple[int, ...], n: int) -> P:
 # --------------------------------------------------------------------------------- the model
 
 
-class RematBlock(Block):
-    """A Block recomputed in the backward pass (``nnx.remat``): same parameters, same paths."""
-
-    def __call__(self, x: jax.Array, *, return_attn: bool = False):
-        if return_attn:
-            return super().__call__(x, return_attn=True)
-        return nnx.remat(lambda block, h: Block.__call__(block, h))(self, x)
-
-
 def build_model(cfg: ViTConfig, seed: int, remat: bool = False) -> VisionTransformer:
-    """A freshly initialised VisionTransformer (training mode); ``remat`` swaps in RematBlock."""
+    """A freshly initialised VisionTransformer (training mode); ``remat``: each block recomputed in the
+    backward pass (``VisionTransformer.set_grad_checkpointing``)."""
     model = VisionTransformer(cfg, rngs=nnx.Rngs(seed))
-    if remat:
-        for block in model.blocks:
-            block.__class__ = RematBlock
+    model.set_grad_checkpointing(remat)
     return model
 
 
@@ -127,6 +119,20 @@ def trainable_mask(params: nnx.State, tcfg: TrainConfig) -> nnx.State:
     return jax.tree_util.tree_map_with_path(lambda p, _: not tcfg.freeze or _top_keys(p)[0] == "head", params)
 
 
+def lr_schedule(tcfg: TrainConfig, total_steps: int) -> optax.Schedule:
+    """The learning rate of each of ``total_steps`` optimizer steps: linear warmup from 0 to ``lr`` over
+    ``warmup_steps`` (at most all steps but one), then cosine decay to ``lr * min_lr_ratio`` at the last
+    (``optax.warmup_cosine_decay_schedule``)."""
+    warmup = min(tcfg.warmup_steps, max(total_steps - 1, 0))
+    return optax.warmup_cosine_decay_schedule(
+        0.0,
+        tcfg.lr,
+        warmup_steps=warmup,
+        decay_steps=max(total_steps, warmup + 1),
+        end_value=tcfg.lr * tcfg.min_lr_ratio,
+    )
+
+
 def make_optimizer(
     tcfg: TrainConfig, total_steps: int, depth: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -139,14 +145,7 @@ def make_optimizer(
     weight decay included (``optax.multi_transform`` of ``optax.scale``), as a per-group learning rate
     does in timm's and BEiT's fine-tuning.
     """
-    warmup = min(tcfg.warmup_steps, max(total_steps - 1, 0))
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0,
-        tcfg.lr,
-        warmup_steps=warmup,
-        decay_steps=max(total_steps, warmup + 1),
-        end_value=tcfg.lr * tcfg.min_lr_ratio,
-    )
+    schedule = lr_schedule(tcfg, total_steps)
     adamw = optax.adamw(schedule, b1=tcfg.b1, b2=tcfg.b2, weight_decay=tcfg.weight_decay, mask=decay_mask)
     tx = optax.chain(optax.clip_by_global_norm(tcfg.grad_clip), adamw) if tcfg.grad_clip else adamw
     if tcfg.freeze:
@@ -246,14 +245,11 @@ class Trainer:
         the random-initialiser kernels compile once per process and shape (XLA's threefry kernels are
         slow to compile), and the values do not depend on the device count.
         """
-        if self.init_weights is None:
-            model = build_model(self.cfg, self.tcfg.seed, self.tcfg.remat)
+        if self.init_weights is None:  # the state only: remat (a part of the graphdef) changes none of it
+            model = build_model(self.cfg, self.tcfg.seed)
         else:
             model = from_numpy(self.cfg, self.init_weights, seed=self.tcfg.seed)
             model.train()
-            if self.tcfg.remat:
-                for block in model.blocks:
-                    block.__class__ = RematBlock
         _, params, rest = nnx.split(model, nnx.Param, ...)
         state = {"step": jnp.zeros((), jnp.int32), "params": params, "rest": rest, "opt_state": self.tx.init(params)}
         host = jax.tree.map(np.asarray, keys_to_data(state))
@@ -481,26 +477,6 @@ def _cache_events() -> dict[str, int]:
 # ---------------------------------------------------------------------------------- checkpoints
 
 
-def _is_key(x) -> bool:
-    return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
-
-
-def keys_to_data(tree):
-    """Replace typed PRNG key arrays by their uint32 key data (checkpoint formats and abstract
-    restores handle plain integers in every orbax version; typed key dtypes not always)."""
-    return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
-
-
-def data_to_keys(tree, template, impl: str):
-    """Inverse of ``keys_to_data``: wrap uint32 data back into keys wherever ``template`` has keys."""
-    return jax.tree.map(lambda x, t: jax.random.wrap_key_data(x, impl=impl) if _is_key(t) else x, tree, template)
-
-
-def key_impl_name() -> str:
-    """Name of the default PRNG implementation (the one nnx.Rngs uses), e.g. 'threefry2x32'."""
-    return str(jax.random.key_impl(jax.random.key(0)))
-
-
 class Checkpoints:
     """Orbax CheckpointManager over ``directory``: train state + JSON metadata per step.
 
@@ -526,7 +502,7 @@ class Checkpoints:
 
     def save(self, step: int, state, meta: dict) -> None:
         """Save ``state`` (any pytree; PRNG keys stored as key data) and JSON ``meta`` at ``step``."""
-        meta = {**meta, "key_impl": key_impl_name()}
+        meta = {**meta, "key_impl": key_impl_name(state) or key_impl_name()}
         self.manager.save(
             step,
             args=ocp.args.Composite(state=ocp.args.StandardSave(keys_to_data(state)), meta=ocp.args.JsonSave(meta)),
@@ -541,18 +517,7 @@ class Checkpoints:
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"{self.manager.directory}: no checkpoint to resume from")
-        target = jax.tree.map(
-            lambda x: (
-                jax.ShapeDtypeStruct(
-                    jax.eval_shape(jax.random.key_data, x).shape,
-                    jnp.uint32,
-                    sharding=getattr(x, "sharding", None),
-                )
-                if _is_key(x)
-                else x
-            ),
-            abstract_state,
-        )
+        target = keys_to_data(abstract_state)
         out = self.manager.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
         )
@@ -582,11 +547,12 @@ def sharded_abstract(trainer: Trainer):
 
 
 def config_mismatch(saved: dict, current: dict) -> list[str]:
-    """Fields (section.field) whose values differ between two config.json dicts."""
+    """Fields (section.field) whose values differ between two config.json dicts, except those a resumed
+    run may change: ``TrainConfig.settings()`` and ``epochs`` (see ``schedule_change``)."""
     out = []
     for section in ("model", "train", "preprocess"):
         a, b = saved.get(section, {}), current.get(section, {})
-        free = TrainConfig.settings() if section == "train" else []
+        free = [*TrainConfig.settings(), "epochs"] if section == "train" else []
         out += [
             f"{section}.{k}: checkpoint has {a.get(k)!r}, now {b.get(k)!r}"
             for k in sorted(set(a) | set(b))
@@ -618,6 +584,32 @@ def check_same_data(out: Path, saved: dict, fingerprint: dict, lead: bool) -> No
         )
     for w in warnings if lead else []:
         print(f"vit train: warning: dataset: {w}; resuming as the same data", file=sys.stderr)
+
+
+def schedule_change(trainer: Trainer, saved_epochs: int, step: int) -> str | None:
+    """What resuming at ``step`` a run saved with ``saved_epochs`` changes when ``trainer`` has another
+    epoch count: the learning-rate schedule (warmup + cosine decay) is recomputed for the new total, so
+    from ``step`` on the rate follows the new curve (as timm's and transformers' Trainer do on a resume
+    with more epochs). None when the epoch count is the same.
+
+    Raises:
+        ValueError: the new total ends before ``step``, where the checkpoint already is.
+    """
+    tcfg, total = trainer.tcfg, trainer.total_steps
+    if saved_epochs == tcfg.epochs:
+        return None
+    if total < step:
+        raise ValueError(
+            f"--epochs {tcfg.epochs} ({total} steps) ends before the checkpoint's step {step}; expected "
+            f"--epochs >= {-(-step // trainer.steps_per_epoch)}"
+        )
+    old = lr_schedule(tcfg, trainer.steps_per_epoch * saved_epochs)
+    was, now = float(old(step)), float(trainer.schedule(step))
+    return (
+        f"--epochs {tcfg.epochs} (the run was started with {saved_epochs}): the learning-rate schedule is "
+        f"recomputed for {total} steps, so from step {step} on it follows the new one (lr {now:.3g} at step "
+        f"{step + 1}, where the old schedule had {was:.3g})"
+    )
 
 
 def read_json(path: Path) -> dict:
@@ -661,50 +653,48 @@ RUN_FILES = ("config.json", "metrics.jsonl", "model.safetensors", "model_timm.sa
 def fit(
     trainer: Trainer,
     out: str | os.PathLike,
+    options: RunOptions | None = None,
     *,
-    resume: bool = False,
-    ckpt_every: int = 0,
-    keep: int = 3,
-    log_every: int = 10,
-    eval_every: int = 1,
-    progress: bool = True,
     started: float | None = None,
     compile_cache: bool = False,
 ) -> tuple[dict, dict]:
     """Train to the last step, writing into ``out``: config.json, metrics.jsonl, checkpoints/.
 
-    A checkpoint (state; the data position is the step, one batch per step) is saved every
-    ``ckpt_every`` steps (0 = only at the end) and at the last step; ``resume`` continues from the
-    latest one, so an interrupted run ends with the same state as an uninterrupted one. The test set is
-    evaluated every ``eval_every`` epochs and at the end. metrics.jsonl gets one line when the process's
-    first step is done (``time_to_first_step_s``: seconds since ``started``, a ``time.perf_counter``
-    value, default the call of ``fit``; ``compile_cache``: 'off' unless ``compile_cache`` says JAX's
+    ``options`` (``vit_common.data.train_config.RunOptions``): a checkpoint (state; the data position
+    is the step, one batch per step) is saved every ``ckpt_every`` steps (0 = only at the end) and at
+    the last step, the last ``keep`` kept; ``resume`` continues from the latest one, so an interrupted
+    run ends with the same state as an uninterrupted one. The test set is evaluated every
+    ``eval_every`` epochs and at the end; ``progress`` shows a tqdm bar on process 0 (default
+    ``RunOptions()``). metrics.jsonl gets one line when the process's first step is done
+    (``time_to_first_step_s``: seconds since ``started``, a ``time.perf_counter`` value, default the
+    call of ``fit``; ``compile_cache``: 'off' unless ``compile_cache`` says JAX's
     persistent compilation cache is on, then 'warm' if the training step's program came from it, else
     'cold'), one per ``log_every`` steps (loss, accuracy, lr, grad_norm, images_per_s averaged since the
     previous line) and one per evaluation. With several processes every process calls ``fit``
     alike, and process 0 alone writes config.json and metrics.jsonl.
 
     Returns:
-        (final state, summary dict: steps, test_loss, test_accuracy, images_per_s, train_seconds).
+        (final state, summary dict: steps (the last), start (the step it resumed at, 0 for a fresh run),
+        test_loss, test_accuracy, images_per_s, train_seconds).
 
     Raises:
         ValueError: ``out`` already holds a run and ``resume`` is off, or ``resume`` with a config that
-            differs from the saved one (every differing field listed).
+            differs from the saved one (every differing field listed; ``epochs`` may differ, which
+            recomputes the schedule: ``schedule_change``), or with an epoch count that ends before the
+            checkpoint.
         FileNotFoundError: ``resume`` without a run in ``out``. A run stopped before its first complete
             checkpoint resumes from step 0.
         NonFiniteError: NaN or Inf in the loss or gradients; the last good checkpoint stays intact.
         DestinationError: a fresh run's ``out`` holds a file of ``RUN_FILES`` that vit did not write
             (checked first; a resumed run's config.json proves its files are the run's).
     """
-    import time
-
-    from tqdm import tqdm
-
+    options = options or RunOptions()
     started = time.perf_counter() if started is None else started
     out = Path(out)
     lead = jax.process_index() == 0
     config, metrics_path = run_config(trainer), out / "metrics.jsonl"
     saved = saved_steps(out / "checkpoints")
+    resume = options.resume
     if resume:
         if not (out / "config.json").exists():
             raise FileNotFoundError(f"{out}: no run to resume (config.json is missing)")
@@ -717,6 +707,8 @@ def fit(
                 + "\n  ".join(diff)
             )
         check_same_data(out, saved_config, config["dataset"], lead)
+        saved_epochs = saved_config.get("train", {}).get("epochs", trainer.tcfg.epochs)
+        schedule_change(trainer, saved_epochs, saved[-1] if saved else 0)
     elif saved or metrics_path.exists():
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
     elif lead:
@@ -727,7 +719,7 @@ def fit(
 
         multihost_utils.sync_global_devices("vit_train:folder_checked")
     # removes temporary folders a killed run left
-    ckpts = Checkpoints(out / "checkpoints", keep, trainer.tcfg.barrier_timeout)
+    ckpts = Checkpoints(out / "checkpoints", options.keep, trainer.tcfg.barrier_timeout)
     # The first batches are made while the state is built and the step compiles (the batch position is
     # the step: a resumed run starts at its latest checkpoint's).
     it = trainer.train_iterator(start=saved[-1] if saved and resume else 0)
@@ -753,12 +745,8 @@ def fit(
             it,
             ckpts,
             metrics_path,
-            ckpt_every=ckpt_every,
-            log_every=log_every,
-            eval_every=eval_every,
-            bar=tqdm if progress and lead else None,
+            options,
             lead=lead,
-            clock=time.perf_counter,
             started=started,
             compile_cache="off" if not compile_cache else "warm" if hits and not misses else "cold",
         )
@@ -776,20 +764,20 @@ def _loop(
     it,
     ckpts,
     metrics_path,
+    options: RunOptions,
     *,
-    ckpt_every,
-    log_every,
-    eval_every,
-    bar,
-    lead,
-    clock,
-    started,
-    compile_cache,
+    lead: bool,
+    started: float,
+    compile_cache: str,
 ) -> tuple[dict, dict]:
+    from tqdm import tqdm
+
+    clock = time.perf_counter
+    ckpt_every, log_every, eval_every = options.ckpt_every, options.log_every, options.eval_every
     tcfg, spe, total, start = t.tcfg, t.steps_per_epoch, t.total_steps, it.position  # one batch per step
     n_train = len(t.data.train)
     pbar = (
-        bar(
+        tqdm(
             total=tcfg.epochs * n_train,
             initial=examples_before(start, n_train, tcfg.batch_size),
             unit="img",
@@ -797,7 +785,7 @@ def _loop(
             dynamic_ncols=True,
             desc="train",
         )
-        if bar
+        if options.progress and lead
         else None
     )
     log = io.open_log(metrics_path) if lead else None
@@ -885,6 +873,7 @@ def _loop(
         test = t.evaluate(state, t.data.test)
     summary = {
         "steps": total,
+        "start": start,
         "test_loss": test["loss"],
         "test_accuracy": test["accuracy"],
         "test_count": test["count"],

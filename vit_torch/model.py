@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from vit_common.config import ViTConfig
 from vit_common.posemb import resample_matrices, sincos2d
@@ -295,11 +296,13 @@ class VisionTransformer(nn.Module):
     head_dist the mean of both heads, in training too). ``forward_intermediates(images)`` gives
     (logits, dict of named tensors), attention and each head's logits included.
     Freshly built modules are in training mode (torch convention); call ``.eval()`` for inference.
+    ``set_grad_checkpointing()`` recomputes each block in the backward pass (timm's name).
     """
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.cfg = cfg
+        self.grad_checkpointing = False
         pd = _dt(cfg.param_dtype)
         self.patch_embed = PatchEmbed(cfg)
         self.cls_token = nn.Parameter(torch.empty(1, 1, cfg.width, dtype=pd)) if cfg.class_token else None
@@ -377,7 +380,10 @@ class VisionTransformer(nn.Module):
             if record:
                 out["norm_pre"] = x
         for i, block in enumerate(self.blocks):
-            x, probs = block(x, return_attn=record)
+            if self.grad_checkpointing and not record and torch.is_grad_enabled():  # recomputed in backward
+                x, probs = checkpoint(block, x, use_reentrant=False)
+            else:
+                x, probs = block(x, return_attn=record)
             if record:
                 out[f"block{i:02d}"], out[f"attn{i:02d}"] = x, probs
         if self.norm is not None:
@@ -421,6 +427,13 @@ class VisionTransformer(nn.Module):
         if record:
             out["logits"] = x
         return x
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block in the backward pass instead of keeping its activations
+        (``torch.utils.checkpoint``, non-reentrant, RNG state preserved; timm's
+        ``set_grad_checkpointing``): the same values and gradients for less memory. Only while
+        gradients are recorded; ``forward_intermediates`` is never recomputed."""
+        self.grad_checkpointing = bool(enable)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Images [B, C, H, W] -> logits [B, K] (features [B, D'] when num_classes=0)."""

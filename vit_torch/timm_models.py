@@ -220,7 +220,9 @@ def export_timm(name: str, path: str | Path, pretrained: bool = False, **kwargs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vit_torch.timm_models", description=export_timm.__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m vit_torch.timm_models", description=export_timm.__doc__, allow_abbrev=False
+    )
     p.add_argument("name", help="timm model name, e.g. vit_tiny_patch16_224")
     p.add_argument("out", nargs="?", help="the .safetensors file to write (not with --config)")
     p.add_argument("--config", action="store_true", help="print the model's ViTConfig as JSON instead (meta device)")

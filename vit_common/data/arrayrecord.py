@@ -232,7 +232,7 @@ def write_arrayrecord(stored: Stored, dst: Path, shard_size: int = 1024) -> dict
             written[split] = n
         info = {"format": FORMAT, "record": RECORD_LAYOUT, "classes": list(stored.classes), "records": written}
         files = [INFO, *(e.name for e in os.scandir(tmp))]  # dataset.json lists the folder: it proves it ours
-        (tmp / INFO).write_text(io.json_text(io.folder_mark(info, files)), encoding="utf-8")
+        io.write_json(tmp / INFO, io.folder_mark(info, files))
 
     io.atomic_write_dir(dst, write)
     return written

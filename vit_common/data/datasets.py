@@ -106,16 +106,37 @@ class Dataset:
     """A labelled image set split into train and test sources.
 
     ``classes`` are the K class names (label k is ``classes[k]``); ``image_size`` (H, W) and ``channels``
-    C are what every example becomes.
+    C are what every example becomes (an image folder not yet ``fit`` to a model: ``image_size`` None,
+    C 3, the files' own sizes).
     """
 
     name: str
     train: ArraySource | FileSource | Subset
     test: ArraySource | FileSource | Subset
     classes: tuple[str, ...]
-    image_size: tuple[int, int]
+    image_size: tuple[int, int] | None
     channels: int
     files: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)  # see Stored
+
+    def fit(self, image_size: tuple[int, int], channels: int, preprocess: Preprocess | None = None) -> Dataset:
+        """This dataset as the input of a model taking (H, W) = ``image_size`` and C = ``channels``:
+        arrays of another size or channel count are resized now with ``preprocess``'s evaluation geometry
+        (default ``Preprocess()``: bilinear, squash); image files are decoded to that size when used.
+
+        Raises:
+            ValueError: ``channels`` is not 1 or 3.
+        """
+        size = (int(image_size[0]), int(image_size[1]))
+        if not self.in_memory or (size, channels) == (self.image_size, self.channels):
+            return dataclasses.replace(self, image_size=size, channels=channels)
+        pp = preprocess or Preprocess()
+
+        def prepare(images: np.ndarray) -> np.ndarray:
+            resized = (eval_resize_crop(to_channels(from_array(im), channels), size, pp) for im in images)
+            return np.stack([to_array(im, channels) for im in resized])
+
+        train, test = (ArraySource(prepare(s.images), s.labels) for s in (self.train, self.test))
+        return dataclasses.replace(self, train=train, test=test, image_size=size, channels=channels)
 
     @property
     def num_classes(self) -> int:
@@ -142,23 +163,6 @@ class Dataset:
     def in_memory(self) -> bool:
         """True for array datasets (nothing to decode), False for stored ones (image folders, hf:, arrayrecord:)."""
         return isinstance(self.train, ArraySource)
-
-
-def native_channels(spec: str) -> int:
-    """C of a dataset as stored: 1 for the digit sets, 3 for image folders, the array's for npz.
-
-    Raises:
-        FileNotFoundError / ValueError: as ``load_dataset``.
-    """
-    kind, _, arg = spec.partition(":")
-    if kind in ("mnist5k", "digits"):
-        return 1
-    if kind in STORED_KINDS:
-        return 3
-    if kind == "npz":
-        x = _read_npz(arg)["x"]
-        return x.shape[3] if x.ndim == 4 else 1  # other shapes are reported by load_dataset
-    raise ValueError(_unknown(spec))
 
 
 def _unknown(spec: str) -> str:
@@ -199,17 +203,11 @@ def check_outside(spec: str, out: str | os.PathLike, flag: str = "--out") -> Non
         )
 
 
-def load_dataset(
-    spec: str,
-    image_size: tuple[int, int],
-    channels: int,
-    *,
-    val_fraction: float = 0.2,
-    preprocess: Preprocess | None = None,
-) -> Dataset:
-    """Load the dataset named by ``spec`` (module docstring) for a model taking (H, W) = ``image_size``.
-
-    Array datasets are resized now with ``preprocess``'s evaluation geometry (default: bilinear, squash).
+def read_dataset(spec: str, *, val_fraction: float = 0.2) -> Dataset:
+    """The dataset named by ``spec`` (module docstring) as stored, split and checked: its classes and
+    channels C (1 for the digit sets, an npz's own, 3 for image folders) are known before any model is
+    chosen. Array datasets keep their stored size (H, W); an image folder's ``image_size`` is None
+    (its files differ). ``Dataset.fit`` makes either the input of a model.
 
     Raises:
         FileNotFoundError: a folder or file that does not exist.
@@ -219,23 +217,34 @@ def load_dataset(
     """
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction={val_fraction}: expected a float in (0, 1)")
-    size = tuple(image_size)
-    pp = preprocess or Preprocess()
     kind, _, arg = spec.partition(":")
     if kind == "mnist5k" and not arg:
         x, y = _mnist5k()
         tr, te = _split(y, 0.2)  # 100 of each digit's 500
-        return _from_arrays(spec, x, y, tr, te, [str(k) for k in range(10)], size, channels, pp)
+        return _from_arrays(spec, x, y, tr, te, [str(k) for k in range(10)])
     if kind == "digits" and not arg:
         images, target = _digits()
         x = np.round(images * (255.0 / 16.0)).astype(np.uint8)  # values 0..16 -> 0..255
         tr, te = _split(target, val_fraction)
-        return _from_arrays(spec, x, target, tr, te, [str(k) for k in range(10)], size, channels, pp)
+        return _from_arrays(spec, x, target, tr, te, [str(k) for k in range(10)])
     if kind == "npz" and arg:
-        return _npz(spec, arg, size, channels, val_fraction, pp)
+        return _npz(spec, arg, val_fraction)
     if kind in STORED_KINDS and arg:
-        return _from_stored(spec, open_stored(spec), size, channels, val_fraction)
+        return _from_stored(spec, open_stored(spec), val_fraction)
     raise ValueError(_unknown(spec))
+
+
+def load_dataset(
+    spec: str,
+    image_size: tuple[int, int],
+    channels: int,
+    *,
+    val_fraction: float = 0.2,
+    preprocess: Preprocess | None = None,
+) -> Dataset:
+    """``read_dataset(spec, val_fraction=...).fit(image_size, channels, preprocess)``: the dataset for a
+    model taking (H, W) = ``image_size`` and C = ``channels``. Raises as ``read_dataset``."""
+    return read_dataset(spec, val_fraction=val_fraction).fit(image_size, channels, preprocess)
 
 
 def open_stored(spec: str) -> Stored:
@@ -312,14 +321,11 @@ def _check_labels(spec: str, y: np.ndarray) -> None:
         raise ValueError(f"dataset {spec!r} has one class only (label {y[0]}); training needs at least two")
 
 
-def _from_arrays(spec, x, y, tr, te, classes, size, channels, pp: Preprocess) -> Dataset:
-    def prepare(im: np.ndarray) -> np.ndarray:
-        if im.shape[:2] == size and (im.ndim == 2 and channels == 1 or im.ndim == 3 and im.shape[2] == channels):
-            return im if im.ndim == 3 else im[:, :, None]
-        return to_array(eval_resize_crop(to_channels(from_array(im), channels), size, pp), channels)
-
-    x = np.stack([prepare(im) for im in x])
+def _from_arrays(spec, x, y, tr, te, classes) -> Dataset:
+    """A Dataset of uint8 images ``x`` [N, H, W] or [N, H, W, C] as stored, split into ``tr`` and ``te``."""
+    x = x if x.ndim == 4 else x[..., None]
     y = np.asarray(y, np.int32)
+    size, channels = (x.shape[1], x.shape[2]), x.shape[3]
     return Dataset(spec, ArraySource(x[tr], y[tr]), ArraySource(x[te], y[te]), tuple(classes), size, channels)
 
 
@@ -357,7 +363,7 @@ def _npz_images(path: str, x: np.ndarray, y: np.ndarray, which: str) -> tuple[np
     return x, y.astype(np.int32)
 
 
-def _npz(spec, path, size, channels, val_fraction, pp) -> Dataset:
+def _npz(spec, path, val_fraction) -> Dataset:
     a = _read_npz(path)
     x, y = _npz_images(path, a["x"], a["y"], "x/y")
     files = file_stats(Path(path).resolve().parent, [Path(path).resolve()])
@@ -375,7 +381,7 @@ def _npz(spec, path, size, channels, val_fraction, pp) -> Dataset:
     else:
         tr, te = _split(y, val_fraction)
     classes = [str(k) for k in range(int(y.max()) + 1)]
-    data = _from_arrays(spec, x, y, tr, te, classes, size, channels, pp)
+    data = _from_arrays(spec, x, y, tr, te, classes)
     return dataclasses.replace(data, files=files)
 
 
@@ -420,6 +426,17 @@ def _class_files(root: Path) -> dict[str, list[Path]]:
         c: sorted(p for p in d.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and not p.is_dir())
         for c, d in sorted(folders.items())
     }
+    if not files:
+        loose = [p.name for p in sorted(root.iterdir()) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+        what = (
+            f"holds {len(loose)} image file(s) ({', '.join(loose[:3])}{', ...' if len(loose) > 3 else ''}) but"
+            if loose
+            else "has"
+        )
+        raise ValueError(
+            f"{root}: {what} no class folders; expected one folder of images per class (PATH/CLASS/IMAGE), "
+            "or PATH/train and PATH/val holding such folders"
+        )
     empty = [c for c, f in files.items() if not f]
     if empty and len(empty) < len(files):
         raise ValueError(f"{root}: class folder(s) {empty} hold no images ({', '.join(IMAGE_SUFFIXES)})")
@@ -487,14 +504,14 @@ def verify_stored(spec: str, stored: Stored) -> None:
     _verify([stored.train] + ([stored.test] if stored.test is not None else []))
 
 
-def _from_stored(spec: str, stored: Stored, size, channels, val_fraction) -> Dataset:
+def _from_stored(spec: str, stored: Stored, val_fraction) -> Dataset:
     """Check every image, split (``val_fraction``, unless the dataset has a test split), build the Dataset."""
     verify_stored(spec, stored)
     train, test = stored.train, stored.test
     if test is None:
         tr, te = _split(train.labels, val_fraction)
         train, test = train.take(tr), train.take(te)
-    return Dataset(spec, train, test, stored.classes, size, channels, stored.files)
+    return Dataset(spec, train, test, stored.classes, None, 3, stored.files)  # files decode at any size
 
 
 def _listed(what: str, names: list[str]) -> str:

@@ -1,4 +1,5 @@
-"""``TrainConfig``: everything besides the model that determines a training run's numbers.
+"""``TrainConfig``: everything besides the model that determines a training run's numbers, and
+``RunOptions``: how a run is carried out and recorded, which changes none of them.
 
 Each field carries its help text in its metadata; ``vit train``'s flags are generated from the fields
 (``--batch-size`` from ``batch_size``), so a new option is one field here. Framework-free, so the
@@ -150,3 +151,39 @@ class TrainConfig:
         """Fields that do not change a run's numbers (``affects_results`` False in their metadata): how a
         multi-process run waits for its processes. A resumed run may change them."""
         return [f.name for f in dataclasses.fields(cls) if not f.metadata.get("affects_results", True)]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How ``vit_jax.train.fit`` carries out and records a run: where it starts, how often it
+    checkpoints, logs and evaluates, whether it shows progress. None of it changes the run's numbers
+    (a resumed run may change any of them).
+
+    Raises (on construction):
+        ValueError: a value out of its field's range.
+    """
+
+    resume: bool = field(
+        default=False,
+        metadata=_help(
+            "continue the run in --out from its latest checkpoint (the same config, except --epochs, which "
+            "extends or shortens the run with the schedule recomputed)"
+        ),
+    )
+    ckpt_every: int = field(
+        default=200,
+        metadata=_help(
+            "checkpoint every this many steps (and at the end); 0 = at the end only", range=Range(0, integer=True)
+        ),
+    )
+    keep: int = field(default=3, metadata=_help("checkpoints to keep", range=POSITIVE_INT))
+    log_every: int = field(
+        default=10, metadata=_help("write a metrics.jsonl line every this many steps", range=POSITIVE_INT)
+    )
+    eval_every: int = field(
+        default=1, metadata=_help("evaluate on the test set every this many epochs", range=POSITIVE_INT)
+    )
+    progress: bool = field(default=True, metadata=_help("a progress bar on process 0"))
+
+    def __post_init__(self):
+        check_fields(self)

@@ -15,7 +15,6 @@ import numpy as np
 from vit_common.checkpoints.formats import timm
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Source, WriteOptions
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
-from vit_common.checkpoints.formats.source import read_safetensors
 from vit_common.checkpoints.formats.stored import (
     FORMAT_TAG,
     assumed_meta,
@@ -79,16 +78,3 @@ def save_canonical(
     """
     check_state(canonical_shapes(cfg), state)
     io.save_safetensors(path, state, {**dict(extra), "format": FORMAT_TAG, "vit_config": cfg.to_json()})
-
-
-def load_canonical(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, np.ndarray]]:
-    """Read our own file back: (config, canonical state), checked against each other.
-
-    Raises:
-        ValueError (FormatError): not our file (no stored config) or unreadable; StateMismatchError if
-            the tensors do not fit the stored config.
-    """
-    state, meta = read_safetensors(path)
-    cfg = stored_config(meta, str(path))
-    check_state(canonical_shapes(cfg), state, context=str(path))
-    return cfg, state

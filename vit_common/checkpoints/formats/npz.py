@@ -359,7 +359,8 @@ def prepare(
     if cfg.num_classes and not any(np.any(np.asarray(state[k])) for k in ("head.weight", "head.bias")):
         notes.append("the head is all zeros: readers drop it unless given num_classes (--num-classes)")
     if family == "original_vit":
-        cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=True)
+        cfg, state, posemb_notes = materialize_posemb(cfg, state, prefix_rows=True)
+        notes += posemb_notes
     state = dict(state)
     if any(np.asarray(v).dtype.name == "bfloat16" for v in state.values()):
         state = {k: np.asarray(v).astype(np.float32) for k, v in state.items()}

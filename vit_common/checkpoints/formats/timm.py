@@ -82,6 +82,7 @@ from vit_common.checkpoints.formats.rules import (
 )
 from vit_common.checkpoints.formats.source import TORCH_SUFFIXES, read_safetensors
 from vit_common.checkpoints.formats.stored import assumed_meta, config_from_json, decode_stored
+from vit_common.checkpoints.hub import is_hub_id
 from vit_common.checkpoints.metadata import Declared, info_metadata
 from vit_common.config import ViTConfig
 from vit_common.data.images import CROP_MODES, INTERPOLATIONS, PRESETS, Preprocess
@@ -771,7 +772,7 @@ class Timm(Format):
         if enc.config_json is not None:
 
             def write_folder(tmp: Path) -> None:
-                io.write_json(tmp / "config.json", enc.config_json)
+                io.write_json(tmp / "config.json", io.folder_mark(enc.config_json, ["config.json", HUB_WEIGHTS]))
                 if enc.shared is None:
                     io.save_safetensors(tmp / HUB_WEIGHTS, enc.tensors, enc.meta)
                 else:
@@ -793,8 +794,8 @@ class Timm(Format):
 
     def export_name(self, source: Path | None = None) -> str:
         """``model_timm.safetensors``; ``model_timm.pth`` (.pt, .bin) after a PyTorch pickle source, the
-        hub folder ``model_timm`` after a hub folder."""
-        if source is not None and Path(source).is_dir():
+        hub folder ``model_timm`` after a hub folder (or a hub id ``hf-hub:ORG/NAME``, which is one)."""
+        if source is not None and (is_hub_id(str(source)) or Path(source).is_dir()):
             return "model_timm"
         suffix = Path(source).suffix if source is not None else ""
         return f"model_timm{suffix if suffix in TORCH_SUFFIXES else '.safetensors'}"
@@ -865,14 +866,31 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
     ) | ({"mlp_layer": "SwiGLUPacked"} if gated else {})
 
 
-# timm model names whose entry point takes every keyword of timm_kwargs (which override its defaults).
-TIMM_BASE_NAMES = {False: "vit_base_patch16_224", True: "deit_base_distilled_patch16_224"}
+# timm's registered names of the variants (timm/models/vision_transformer.py and deit.py): each entry
+# point sets only patch_size, embed_dim, depth, num_heads (and mlp_ratio), which timm_load_call always
+# spells out, so the name says what the model is and every other keyword overrides timm's defaults.
+_TIMM_SIZES = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge", "g": "giant", "G": "gigantic"}
+TIMM_NAMES = {
+    **{(v, p, False): f"vit_{_TIMM_SIZES[v]}_patch{p}_224" for v, p in (("Ti", 16), ("S", 16), ("S", 32), ("S", 8))},
+    **{(v, p, False): f"vit_{_TIMM_SIZES[v]}_patch{p}_224" for v, p in (("B", 16), ("B", 32), ("B", 8), ("L", 16))},
+    **{(v, p, False): f"vit_{_TIMM_SIZES[v]}_patch{p}_224" for v, p in (("L", 32), ("H", 14), ("g", 14), ("G", 14))},
+    **{(v, 16, True): f"deit_{_TIMM_SIZES[v]}_distilled_patch16_224" for v in ("Ti", "S", "B")},
+}
+
+
+def timm_model_name(cfg: ViTConfig) -> str | None:
+    """timm's registered name of ``cfg``'s variant and patch (e.g. ``vit_small_patch16_224`` for S/16,
+    ``deit_base_distilled_patch16_224`` for a distilled B/16), or None for a model timm has no name for
+    (then its class, ``VisionTransformer`` or ``VisionTransformerDistilled``, builds it)."""
+    p = cfg.patch_size[0] if cfg.patch_size[0] == cfg.patch_size[1] else None
+    return TIMM_NAMES.get((cfg.variant, p, cfg.head_dist))
 
 
 def timm_load_call(path: str | Path, cfg: ViTConfig) -> str:
-    """Python code building the timm model for ``cfg`` with ``timm.create_model`` and loading the file at
-    ``path`` into it with ``strict=True``. Every keyword that differs from timm's defaults is spelled out
-    (run-time choices such as dropout are left at timm's defaults).
+    """Python code building the timm model for ``cfg`` (``timm.create_model`` of its registered name,
+    ``timm_model_name``, else timm's class) and loading the file at ``path`` into it with
+    ``strict=True``. Every keyword that differs from timm's defaults is spelled out (run-time choices
+    such as dropout are left at timm's defaults).
 
     Raises:
         ValueError: timm cannot build this config.
@@ -913,6 +931,14 @@ def timm_load_call(path: str | Path, cfg: ViTConfig) -> str:
         lines += ["import torch", f"state = torch.load({str(path)!r}, weights_only=True)"]
     else:
         lines += ["from safetensors.torch import load_file", f"state = load_file({str(path)!r})"]
-    lines.append(f"model = timm.create_model({TIMM_BASE_NAMES[cfg.head_dist]!r}, pretrained=False, {', '.join(args)})")
+    name = timm_model_name(cfg)
+    if name is not None:
+        lines.append(f"model = timm.create_model({name!r}, pretrained=False, {', '.join(args)})")
+    else:
+        module, cls = (
+            ("deit", "VisionTransformerDistilled") if cfg.head_dist else ("vision_transformer", "VisionTransformer")
+        )
+        lines.append(f"from timm.models.{module} import {cls}")
+        lines.append(f"model = {cls}({', '.join(args)})  # timm has no registered name for this size")
     lines.append("model.load_state_dict(state, strict=True)")
     return "\n".join(lines)

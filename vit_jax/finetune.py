@@ -1,0 +1,211 @@
+"""Fine-tuning the JAX twin from a checkpoint of any format: the checkpoint read once for a dataset, its
+head matched to the dataset's classes, and the result exported in the checkpoint's own format.
+
+The config is resolved in one order: the dataset (``vit_common.data.datasets.read_dataset``: its classes
+and channels) -> the checkpoint, read once with the dataset's class count and the image size to train at
+-> the config (fields the caller gives checked or applied) -> the dataset fit to that config. ``vit
+train --init`` is this module and ``vit_jax.train``; the checks of the exports in vit_torch, timm and
+transformers run where torch may be imported (``vit_cli.train.export_parity``), so importing this module
+loads no torch. Readers and writers of PyTorch ``.pth``/``.bin`` files are passed in
+(``vit_torch.formats.READERS`` / ``WRITERS``), as ``vit_common.checkpoints.convert`` takes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
+from vit_common.checkpoints.formats.provenance import Report
+from vit_common.checkpoints.metadata import ModelInfo, with_overrides
+from vit_common.checkpoints.registry import REGISTRY
+from vit_common.config import RUNTIME_FIELDS, ViTConfig
+from vit_common.data.datasets import Dataset
+from vit_common.data.images import Preprocess
+from vit_jax.formats import READERS, WRITERS
+
+# Fields a caller does not give to ``load_init``: the dataset decides them (classes, channels), or
+# they are arguments of their own (the image size to train at).
+NOT_GIVEN = frozenset({"num_classes", "in_chans", "image_size"})
+
+
+@dataclass
+class Init:
+    """What fine-tuning starts from.
+
+    ``cfg``: the checkpoint's config with the dataset's class count K, the image size to train at,
+    float32 parameters and the given runtime fields; ``weights``: its canonical state, float32 (a new
+    head zero-initialised, position embedding resampled); ``info``: preprocessing and class names with
+    their provenance (from the same read, the given preprocessing fields on top); ``report``: how the
+    checkpoint was read (format, where each field came from, what changed); ``data``: the dataset fit
+    to ``cfg`` (its image size, the checkpoint's channels, the checkpoint's preprocessing).
+    """
+
+    cfg: ViTConfig
+    weights: dict[str, np.ndarray]
+    info: ModelInfo
+    report: Report
+    data: Dataset
+
+
+def load_init(
+    path: str | Path,
+    data: Dataset,
+    *,
+    image_size: int | tuple[int, int] | None = None,
+    given: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+    preprocess: Mapping[str, Any] | None = None,
+    readers: Mapping[str, Any] | None = None,
+) -> Init:
+    """Read the checkpoint at ``path`` once, for ``data`` (``read_dataset``'s, classes named).
+
+    Args:
+        image_size: train at this size (S or (H, W)); the position embedding is resampled with the
+            config's ``posemb_resample``. Default: the checkpoint's.
+        given: ViTConfig fields of the model asked for. Fields that change the function
+            (``FUNCTION_FIELDS``) must be the checkpoint's: a check, as the file decides them (correct
+            what a file stores wrongly with ``options``); runtime fields (``RUNTIME_FIELDS``: dropout,
+            drop path, dtype, ...) replace the checkpoint's. ``dtype`` is float32 unless given.
+        options: ``load_checkpoint`` keywords: config overrides of what the file stores or lacks,
+            ``source_image_size``, ``strict``.
+        preprocess: ``Preprocess`` fields replacing what the file declares.
+        readers: container readers besides orbax's (``vit_torch.formats.READERS`` for .pth/.bin).
+
+    The head: the dataset's K classes replace one of another count with a zero-initialised head
+    (big_vision ``head_zeroinit``); a head of K rows is kept when the checkpoint names the same classes,
+    its rows reordered when it names them in another order, zeroed when it names others (each change
+    a note of ``report``).
+
+    Raises:
+        ValueError: a field of ``given`` that is not the checkpoint's, or that has no place here
+            (``NOT_GIVEN``: named with where it comes from); whatever ``load_checkpoint`` raises (an
+            image size the patch does not divide, an unreadable file, ...); an invalid preprocessing field.
+        FileNotFoundError: no such checkpoint.
+    """
+    given = dict(given or {})
+    misplaced = sorted(set(given) & NOT_GIVEN)
+    if misplaced:
+        raise ValueError(
+            f"{', '.join(misplaced)}: not given for fine-tuning (the dataset sets num_classes and in_chans; "
+            "image_size is the argument image_size)"
+        )
+    runtime = {k: v for k, v in given.items() if k in RUNTIME_FIELDS}
+    ckpt = load_checkpoint(
+        path,
+        readers={**READERS, **(readers or {})},
+        image_size=image_size,
+        num_classes=data.num_classes,
+        **{**dict(options or {}), **runtime},
+    )
+    report, state = ckpt.report, dict(ckpt.state)
+    check_given(ckpt.cfg, {k: v for k, v in given.items() if k not in RUNTIME_FIELDS}, str(path))
+    info = with_overrides(ckpt.info, dict(preprocess or {}), None)
+    if info.classes is not None and len(info.classes) == data.num_classes:
+        state = match_head(state, info.classes, data.classes, report)
+    cfg = ckpt.cfg.replace(dtype=runtime.get("dtype", "float32"), param_dtype="float32")
+    weights = {k: np.asarray(v, np.float32) for k, v in state.items()}
+    return Init(cfg, weights, info, report, data.fit(cfg.image_size, cfg.in_chans, info.preprocess))
+
+
+def check_given(cfg: ViTConfig, given: Mapping[str, Any], path: str) -> None:
+    """Every field of ``given`` must have the value ``cfg`` (a checkpoint's) has; an int patch size
+    stands for a square one.
+
+    Raises:
+        ValueError: naming each field, the value asked for and the checkpoint's.
+    """
+    bad = []
+    for k, v in given.items():
+        have = getattr(cfg, k)
+        want = (v, v) if k == "patch_size" and isinstance(v, int) else v
+        if want != have:
+            shown = have[0] if k == "patch_size" and have[0] == have[1] else have
+            bad.append(f"{k}={v!r}, the checkpoint has {k}={shown!r}")
+    if bad:
+        raise ValueError(
+            f"{path} is not the model asked for: {'; '.join(bad)} (a field the file stores wrongly is "
+            "corrected as an override of the read: vit train --set FIELD=VALUE)"
+        )
+
+
+def match_head(
+    state: dict[str, np.ndarray], have: tuple[str, ...], want: tuple[str, ...], report: Report
+) -> dict[str, np.ndarray]:
+    """The head for the dataset's class order ``want``, given the checkpoint's class names ``have``
+    (both K long, the head ``head.weight`` [K, D], ``head.bias`` [K]): kept if they are the same list,
+    rows reordered if they are the same names in another order, zero-initialised otherwise; each change
+    a note of ``report``. A state without a head is returned as it is."""
+    if tuple(have) == tuple(want) or "head.weight" not in state:
+        return state
+    if sorted(have) == sorted(want):
+        order = [have.index(c) for c in want]
+        report.notes.append(f"head rows reordered from the checkpoint's class order {list(have)} to the dataset's")
+        return {**state, "head.weight": state["head.weight"][order], "head.bias": state["head.bias"][order]}
+    report.notes.append(
+        f"new {len(want)}-class head, zero-initialised: the checkpoint's classes {list(have)} are not the "
+        f"dataset's {list(want)}"
+    )
+    return {**state, "head.weight": np.zeros_like(state["head.weight"]), "head.bias": np.zeros_like(state["head.bias"])}
+
+
+@dataclass
+class Exported:
+    """What ``export`` wrote: ``paths`` {format: path} of the exports besides ours, ``load_calls``
+    {format: the library call that loads that export strictly}, ``lines`` what to tell the user (each
+    export's notes and warnings, each format that could not hold the model)."""
+
+    paths: dict[str, Path] = field(default_factory=dict)
+    load_calls: dict[str, str] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+
+
+def export_targets(out: Path, source: Report | None) -> dict[str, Path]:
+    """{format: path} of the exports besides ours: model_timm.safetensors, and after fine-tuning the
+    model in the checkpoint's own format, named by its registry entry (``Format.export_name``:
+    model_hf/, model_big_vision.npz, model_orbax/, a timm .pth/.bin source as model_timm.pth/.bin)."""
+    targets = {"timm": out / REGISTRY["timm"].export_name()}
+    if source is not None and source.format != "canonical":
+        targets[source.format] = out / REGISTRY[source.format].export_name(Path(source.source))
+    return targets
+
+
+def export(
+    out: Path,
+    cfg: ViTConfig,
+    weights: Mapping[str, np.ndarray],
+    *,
+    preprocess: Preprocess,
+    classes: tuple[str, ...] | None,
+    source: Report | None = None,
+    writers: Mapping[str, Any] | None = None,
+) -> Exported:
+    """Write ``out``/model.safetensors (ours: config, preprocessing and class names in its metadata) and
+    the ``export_targets``; ``weights`` the canonical state of ``cfg``, ``source`` the report of the
+    checkpoint fine-tuned (None for a fresh model), ``writers`` container writers besides orbax's
+    (``vit_torch.formats.WRITERS`` for .pth/.bin). A format that cannot hold the model, or whose writer
+    is not given, is skipped with a line saying why.
+
+    Raises:
+        ValueError: ours cannot be written (as ``save_checkpoint``).
+    """
+    ours = REGISTRY["canonical"]
+    save_checkpoint(out / ours.export_name(), cfg, weights, ours.name, preprocess=preprocess, classes=classes)
+    done = Exported()
+    for fmt, path in export_targets(out, source).items():
+        try:
+            r = save_checkpoint(
+                path, cfg, weights, fmt, writers={**WRITERS, **(writers or {})}, preprocess=preprocess, classes=classes
+            )
+        except (ValueError, ImportError) as e:
+            done.lines.append(f"not exported as {fmt}: {e}")
+            continue
+        done.lines += [f"{path.name}: {line}" for line in r.notes + r.warnings]
+        done.paths[fmt] = path
+        if r.load_call:
+            done.load_calls[fmt] = r.load_call
+    return done
