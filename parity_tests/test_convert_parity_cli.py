@@ -63,6 +63,8 @@ def test_convert_cli_prints_the_report_and_exit_codes(tmp_path, capsys, small_cf
             "3",
             "--set",
             "num_heads=8",
+            "--accept-assumed",  # a .pth states no GELU, eps, pooling: HF's config.json would
+            "all",
         ]
     )
     out = capsys.readouterr().out
@@ -93,7 +95,8 @@ def test_convert_imports_a_framework_only_when_the_format_needs_it(tmp_path, sma
     code = (
         "import sys; from vit_cli.main import main; "
         f"rc = main(['convert', {str(tmp_path / 'm.safetensors')!r}, {str(tmp_path / 'm.npz')!r}]); "
-        f"rc += main(['convert', {str(tmp_path / 'm.npz')!r}, {str(tmp_path / 'hf')!r}, '--to', 'hf']); "
+        f"rc += main(['convert', {str(tmp_path / 'm.npz')!r}, {str(tmp_path / 'hf')!r}, '--to', 'hf', "
+        "'--accept-assumed', 'all']); "
         "print(rc, 'jax' in sys.modules, 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
@@ -212,3 +215,25 @@ def test_parity_images_take_the_folder_layouts_of_training(tmp_path, capsys, sma
     assert main([*args, str(tmp_path / "r.json"), "--max-images", "2"]) == 0
     assert json.loads((tmp_path / "r.json").read_text())["images"] == ["train/cat/0.png", "train/dog/1.png"]
     capsys.readouterr()
+
+
+def test_parity_names_a_zero_head_and_the_rows_that_carry_no_information(tmp_path, capsys, small_cfg, random_state):
+    """After `vit convert --num-classes 5` the head is zeros and every logit 0: the verdict says the logits
+    (and their top-1 agreement) prove nothing, and which rows do."""
+    save_checkpoint(tmp_path / "m.safetensors", small_cfg, random_state(small_cfg, scale=0.2))
+    assert (
+        main(["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "z.safetensors"), "--num-classes", "5"]) == 0
+    )
+    capsys.readouterr()
+    assert main(["parity", str(tmp_path / "z.safetensors")]) == 0
+    out = capsys.readouterr().out
+    verdict = out.strip().splitlines()[-1]
+    assert verdict.startswith("PASS: every tensor within its tolerance; informative rows: patch_embed, ")
+    assert verdict.endswith(
+        "pre_logits; uninformative (one value throughout, proving nothing): logits (the head's weights are all "
+        "zeros: each logit is its bias; the pre_logits row is the real check) (top-1 agreement too)"
+    )
+    assert "logits" in out and "(one value throughout: uninformative)" in out
+    result = run_parity(tmp_path / "m.safetensors")
+    assert result.verdict == "PASS: every tensor within its tolerance" and result.head is None
+    assert all(r.to_dict()["informative"] for r in result.rows)

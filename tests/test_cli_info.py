@@ -34,7 +34,7 @@ def test_an_output_path_that_is_a_folder_exits_2(tmp_path, capsys, small_cfg, ra
     assert main(["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "out.npz")]) == 2
     assert "out.npz is a folder: expected a file path" in capsys.readouterr().err
     assert main(["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "m.safetensors")]) == 2
-    assert "is the source file itself" in capsys.readouterr().err
+    assert "m.safetensors: the output is the source " in capsys.readouterr().err
 
 
 def test_info_of_a_checkpoint_prints_the_provenance_of_each_field(tmp_path, capsys, small_cfg, random_state):

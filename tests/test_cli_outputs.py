@@ -51,3 +51,76 @@ def test_assumptions_are_one_warning_line_each(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err and all(line.startswith(f"vit: warning: {tmp_path / 't.safetensors'}: ") for line in err), err
     assert any("gelu='exact' is assumed" in line for line in err) and not any("num_heads" in line for line in err)
+
+
+@pytest.fixture
+def tiny_eval(tmp_path):
+    """A 3-class model of 8 px and an npz dataset of 6 test images."""
+    import numpy as np
+
+    from vit_common.checkpoints.convert import save_checkpoint
+    from vit_common.config import ViTConfig
+    from vit_common.state import canonical_shapes
+
+    cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
+    rng = np.random.default_rng(0)
+    state = {k: rng.standard_normal(s).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
+    save_checkpoint(tmp_path / "m.safetensors", cfg, state, "canonical")
+    x = rng.integers(0, 256, (6, 8, 8), np.uint8)
+    np.savez(tmp_path / "d.npz", x=x, y=np.arange(6) % 3, x_test=x, y_test=np.arange(6) % 3)
+    return tmp_path / "m.safetensors", f"npz:{tmp_path / 'd.npz'}"
+
+
+@pytest.fixture
+def readonly_folder(tmp_path):
+    """A folder nobody may create files in: a read-only tmpfs for root (whom permissions do not stop)."""
+    import os
+    import subprocess
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        yield folder
+        folder.chmod(0o755)
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)]).returncode:
+        pytest.skip("a read-only folder for root needs a tmpfs mount")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def test_an_unwritable_current_folder_is_refused_before_the_evaluation(tiny_eval, readonly_folder, capsys, monkeypatch):
+    model, data = tiny_eval
+    monkeypatch.chdir(readonly_folder)
+
+    def work(*args, **kwargs):
+        raise AssertionError("the evaluation started before the destination was checked")
+
+    monkeypatch.setattr(vit_cli.run_model, "load_with_info", work)
+    assert main(["evaluate", str(model), "--dataset", data]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"vit evaluate: error: confusion.png: cannot be written (folder {readonly_folder} is not writable); "
+        "choose another path"
+    ], err
+
+
+def test_the_result_is_printed_before_the_picture_is_drawn(tiny_eval, tmp_path, capsys, monkeypatch):
+    """A picture that fails to draw (here: a full disk) loses no result: accuracy and counts came first."""
+    import json
+
+    import vit_cli.evaluate
+
+    model, data = tiny_eval
+
+    def full_disk(*args, **kwargs):
+        raise OSError(f"{tmp_path / 'c.png'}: could not be written (No space left on device); nothing was written")
+
+    monkeypatch.setattr(vit_cli.evaluate, "confusion_png", full_disk)
+    rc = main(["evaluate", str(model), "--dataset", data, "--confusion", str(tmp_path / "c.png"), "--json"])
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert rc == 2 and "No space left on device" in err
+    assert result["images"] == 6 and sum(map(sum, result["confusion_matrix"])) == 6
+    assert result["accuracy"] == sum(result["confusion_matrix"][k][k] for k in range(3)) / 6

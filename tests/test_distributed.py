@@ -1,4 +1,5 @@
-"""Multi-process start-up from the environment, and the settings a resumed run may change.
+"""Multi-process start-up from the environment (processes that disagree, a port in use, a process that
+never starts: one line each, before any work), and the settings a resumed run may change.
 
 The processes themselves (training, a lost process, resume) are tested in
 parity_tests/test_train_multiprocess.py.
@@ -6,10 +7,19 @@ parity_tests/test_train_multiprocess.py.
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest
 
-from vit_jax.distributed import cluster_env
+from vit_jax.distributed import cluster_env, disagreement, run_digest
 from vit_jax.train import TrainConfig, config_mismatch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_environment_names_the_processes_or_leaves_one():
@@ -29,6 +39,94 @@ def test_resume_may_change_the_timeouts_but_nothing_else():
     saved = {"model": {}, "train": TrainConfig().to_dict()}
     now = {"model": {}, "train": TrainConfig(heartbeat_timeout=5, barrier_timeout=60, lr=1e-3).to_dict()}
     assert config_mismatch(saved, now) == ["train.lr: checkpoint has 0.002, now 0.001"]
+    # a run started by a version without a field (recipe, mlp_type): the field counts as its default
+    older = {"model": {"width": 16}, "train": {k: v for k, v in TrainConfig().to_dict().items() if k != "recipe"}}
+    newer = {"model": {"width": 16, "qk_norm": False}, "train": TrainConfig().to_dict()}
+    assert config_mismatch(older, newer) == []
+    other = {**newer, "train": TrainConfig(recipe="timm").to_dict(), "model": {"width": 16, "qk_norm": True}}
+    assert config_mismatch(older, other) == [
+        "model.qk_norm: checkpoint has False, now True",
+        "train.recipe: checkpoint has 'twins', now 'timm'",
+    ]
     for name in TrainConfig.settings():
         with pytest.raises(ValueError, match=f"{name}=0: expected an integer in \\[1, "):
             TrainConfig(**{name: 0})
+
+
+# Two `vit train` processes on localhost, as in parity_tests/test_train_multiprocess.py, stopped before any work.
+TINY = "train --image-size 8 --patch-size 4 --width 16 --depth 1 --num-heads 2 --mlp-dim 32 --batch-size 4 --epochs 1"
+DRIVER = "import sys; from vit_cli.main import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _processes(tmp_path, flags: list[list[str]], port: int | None = None, n: int | None = None) -> list:
+    """Start one `vit train` per entry of ``flags`` (its extra flags) as the processes of one job of ``n``;
+    return (exit code, stderr) of each."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.integers(0, 256, (8, 8, 8), np.uint8), y=np.arange(8) % 2)
+    port = port or _free_port()
+    procs = []
+    for i, extra in enumerate(flags):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}"}
+        env |= {"JAX_NUM_PROCESSES": str(n or len(flags)), "JAX_PROCESS_ID": str(i), "JAX_PLATFORMS": "cpu"}
+        argv = [*TINY.split(), "--dataset", f"npz:{tmp_path / 'd.npz'}", "--no-progress", "--no-parity"]
+        argv += ["--compile-cache", "off", "--cpu-devices", "1", "--init-timeout", "20", *extra]
+        procs.append(
+            subprocess.Popen([sys.executable, "-c", DRIVER, *argv], env=env, stderr=subprocess.PIPE, text=True)
+        )
+    return [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+
+
+def _one_line(err: str) -> str:
+    assert "Traceback" not in err and "Check failure" not in err and "*** " not in err, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("vit train: error: ")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_processes_that_disagree_stop_before_any_work_naming_the_fields(tmp_path):
+    out = tmp_path / "run"
+    results = _processes(tmp_path, [["--out", str(out)], ["--out", str(out), "--lr", "0.01", "--seed", "3"]])
+    for rc, err in results:
+        assert rc == 2
+        assert _one_line(err) == (
+            "vit train: error: the processes of this run disagree on --lr (process 0: 0.002, process 1: 0.01); "
+            "--seed (process 0: 0, process 1: 3); start every process with the same flags"
+        )
+    assert not out.exists()  # no work: not even the lock
+
+
+def test_a_coordinator_port_in_use_is_one_line_naming_the_address(tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        [(rc, err)] = _processes(tmp_path, [["--out", str(tmp_path / "run")]], port=port, n=2)
+    assert rc == 2
+    assert _one_line(err).startswith(f"vit train: error: JAX_COORDINATOR_ADDRESS=127.0.0.1:{port}: process 0 cannot")
+
+
+def test_a_process_that_never_starts_is_one_line_after_the_init_timeout(tmp_path):
+    [(rc, err)] = _processes(tmp_path, [["--out", str(tmp_path / "run"), "--init-timeout", "3"]], n=2)
+    assert rc == 2
+    assert _one_line(err).startswith(
+        "vit train: error: process 0 of 2: not every process joined the coordinator 127.0.0.1:"
+    )
+    assert "within --init-timeout 3 s" in err and not (tmp_path / "run").exists()
+
+
+def test_disagreement_names_every_differing_field_and_only_those():
+    runs = {
+        0: {"--lr": 0.1, "--out": "/a", "--seed": 0},
+        1: {"--lr": 0.1, "--out": "/b", "--seed": 0},
+        2: {"--lr": 0.1},
+    }
+    assert disagreement(runs) == (
+        "the processes of this run disagree on --out (process 0: /a, process 1: /b, process 2: (not given)); "
+        "--seed (process 0: 0, process 1: 0, process 2: (not given)); start every process with the same flags"
+    )
+    assert disagreement({0: {"--lr": [1, 2]}, 1: {"--lr": [1, 2]}}) is None
+    assert run_digest({"b": 1, "a": 2}) == run_digest({"a": 2, "b": 1})

@@ -622,7 +622,9 @@ def test_assumed_fields_stay_assumed_through_a_conversion(tmp_path, small_cfg, r
     save_safetensors(tmp_path / "bare.safetensors", random_state(small_cfg))
     source = load_checkpoint(tmp_path / "bare.safetensors").report.assumed
     for name, fmt in (("a.safetensors", "canonical"), ("t.safetensors", "timm"), ("hf", "hf")):
-        report = convert(tmp_path / "bare.safetensors", tmp_path / name, to_fmt=fmt, source_image_size=32)
+        report = convert(
+            tmp_path / "bare.safetensors", tmp_path / name, to_fmt=fmt, source_image_size=32, accept_assumed="all"
+        )
         again = load_checkpoint(tmp_path / name).report
         assert again.assumed == report.assumed and set(again.assumed) == set(source) - {"image_size", "posemb_prefix"}
         assert "assumed when this file was converted" in again.provenance["gelu"].source
@@ -645,3 +647,31 @@ def test_a_given_head_count_is_used_where_no_rule_guesses_one(tmp_path):
     ckpt = load_checkpoint(tmp_path / "t.safetensors", num_heads=2)
     assert ckpt.cfg.num_heads == 2 and ckpt.report.provenance["num_heads"].kind == "given"
     assert all(np.array_equal(ckpt.state[k], v) for k, v in state.items())
+
+
+def test_an_assumed_field_is_not_written_as_fact_unless_given_or_accepted(tmp_path, small_cfg, random_state):
+    """timm file (no config) -> HF / timm: refused naming every assumed field; accepted by name, or given."""
+    from vit_common.checkpoints.convert import convert
+    from vit_common.system.io import save_safetensors
+
+    save_safetensors(tmp_path / "bare.safetensors", random_state(small_cfg))
+    assumed = load_checkpoint(tmp_path / "bare.safetensors", source_image_size=32).report.assumed
+    assert "gelu" in assumed and "ln_eps" in assumed
+    for fmt, name in (("hf", "hf"), ("timm", "t.safetensors")):
+        with pytest.raises(
+            ValueError, match=rf"{name}: {fmt} readers take every config field as fact, and .*gelu='exact'"
+        ):
+            convert(tmp_path / "bare.safetensors", tmp_path / name, to_fmt=fmt, source_image_size=32)
+        assert not (tmp_path / name).exists()
+        with pytest.raises(ValueError, match=rf"--accept-assumed {','.join(a for a in assumed if a != 'gelu')} "):
+            convert(
+                tmp_path / "bare.safetensors",
+                tmp_path / name,
+                to_fmt=fmt,
+                source_image_size=32,
+                accept_assumed=("gelu",),
+            )
+        given = {k: getattr(small_cfg, k) for k in assumed}
+        report = convert(tmp_path / "bare.safetensors", tmp_path / name, to_fmt=fmt, source_image_size=32, **given)
+        back = load_checkpoint(tmp_path / name).cfg
+        assert report.assumed == [] and all(getattr(back, k) == getattr(small_cfg, k) for k in assumed)

@@ -86,7 +86,7 @@ def run_folder(tmp: Path) -> list[str]:
     (run / "checkpoints" / "200").mkdir(parents=True)
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
     _ours(run / "model.safetensors", SMALL.to_json())
-    return ["convert", str(run / "model.safetensors"), str(run), "--to", "orbax"]
+    return ["convert", str(_model(tmp)), str(run), "--to", "orbax"]  # (a source inside: check_apart's case)
 
 
 def foreign_npz(tmp: Path) -> list[str]:
@@ -175,19 +175,24 @@ def hf_index_traversal(tmp: Path) -> list[str]:
 
 def npz_claims_1e12(tmp: Path) -> list[str]:
     with zipfile.ZipFile(tmp / "big.npz", "w") as zf:
-        zf.writestr("embedding/kernel.npy", _npy_header((10**6, 10**6)) + b"\0" * 64)
+        zf.writestr("embedding/kernel.npy", _npy_header((1000, 1000, 1000, 1000)) + b"\0" * 64)
     return ["convert", str(tmp / "big.npz"), str(tmp / "out.safetensors")]
 
 
-def npz_inflates(tmp: Path) -> list[str]:
-    """A 256 MiB member of zeros, compressed to a few hundred KB, under VIT_MAX_BYTES=64M."""
-    with zipfile.ZipFile(tmp / "bomb.npz", "w", zipfile.ZIP_DEFLATED) as zf:
-        with zf.open("embedding/kernel.npy", "w", force_zip64=True) as fh:
-            fh.write(_npy_header((2**26,)))
-            zeros = bytes(2**24)
-            for _ in range(16):
-                fh.write(zeros)
-    return ["convert", str(tmp / "bomb.npz"), str(tmp / "out.safetensors")]
+def npz_inflates(shape: tuple[int, ...]) -> Callable[[Path], list[str]]:
+    """A 256 MiB member of zeros of ``shape``, compressed to a few hundred KB."""
+
+    def build(tmp: Path) -> list[str]:
+        with zipfile.ZipFile(tmp / "bomb.npz", "w", zipfile.ZIP_DEFLATED) as zf:
+            with zf.open("embedding/kernel.npy", "w", force_zip64=True) as fh:
+                fh.write(_npy_header(shape))
+                zeros = bytes(2**24)
+                for _ in range(16):
+                    fh.write(zeros)
+        return ["convert", str(tmp / "bomb.npz"), str(tmp / "out.safetensors")]
+
+    build.__name__ = f"npz inflates {len(shape)}-D"
+    return build
 
 
 def npz_object_member(tmp: Path) -> list[str]:
@@ -236,6 +241,13 @@ def hf_config_value(key: str, text: str) -> Callable[[Path], list[str]]:
 
     build.__name__ = f"hf {text}"
     return build
+
+
+def deep_hf_config(tmp: Path) -> list[str]:
+    """An HF folder whose config.json is nested 100,000 deep (a RecursionError traceback before)."""
+    save_checkpoint(tmp / "hf", SMALL, _state(), "hf")
+    (tmp / "hf" / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    return ["convert", str(tmp / "hf"), str(tmp / "out.npz")]
 
 
 def int_weights(tmp: Path) -> list[str]:
@@ -342,6 +354,64 @@ def train_while_another_runs(tmp: Path) -> list[str]:
     HOLDERS.append(holder)
     data = _dataset(tmp / "d.npz", [0, 1] * 4)
     return [*TRAIN, "--dataset", f"npz:{data}", "--out", str(tmp / "run"), "--resume"]
+
+
+def lock_is_a_link(target: str) -> Callable[[Path], list[str]]:
+    """A ``.vit-lock`` planted in a run folder as a link to a file of the user's (or a dangling one)."""
+
+    def build(tmp: Path) -> list[str]:
+        (tmp / "run").mkdir()
+        if target == "file":
+            (tmp / "victim.txt").write_text("the user's file\n")
+        os.symlink(tmp / "victim.txt", tmp / "run" / io.LOCK)
+        data = _dataset(tmp / "d.npz", [0, 1] * 4)
+        return [*TRAIN, "--dataset", f"npz:{data}", "--out", str(tmp / "run")]
+
+    build.__name__ = f"lock linked to {'a file' if target == 'file' else 'nothing'}"
+    return build
+
+
+def init_inside_out(tmp: Path) -> list[str]:
+    """Fine-tuning a run's own model.safetensors into that run folder (its export would replace it)."""
+    (tmp / "run").mkdir()
+    _ours(tmp / "run" / "model.safetensors", SMALL.replace(image_size=8, patch_size=4).to_json(), None)
+    data = _dataset(tmp / "d.npz", [0, 1] * 4)
+    init = ["--init", str(tmp / "run" / "model.safetensors")]
+    return ["train", *init, "--no-progress", "--no-parity", "--dataset", f"npz:{data}", "--out", str(tmp / "run")]
+
+
+def export_onto_a_users_folder(tmp: Path) -> list[str]:
+    """Fine-tuning an HF folder into a run folder whose model_hf/ (the export in --init's format) is the
+    user's: refused before the training, not after it."""
+    save_checkpoint(tmp / "hf", SMALL, _state(), "hf")
+    (tmp / "run" / "model_hf").mkdir(parents=True)
+    (tmp / "run" / "model_hf" / "notes.txt").write_text("mine\n")
+    data = _dataset(tmp / "d.npz", [0, 1] * 4)
+    flags = ["--no-progress", "--no-parity", "--compile-cache", "off", "--epochs", "1", "--batch-size", "4"]
+    return ["train", "--init", str(tmp / "hf"), "--dataset", f"npz:{data}", "--out", str(tmp / "run"), *flags]
+
+
+def _bare_timm(tmp: Path) -> Path:
+    """A timm-style .safetensors: tensors only, so GELU, eps, pooling... are assumed when read."""
+    save_file(_state(), str(tmp / "bare.safetensors"))
+    return tmp / "bare.safetensors"
+
+
+def assumed_into_hf(tmp: Path) -> list[str]:
+    return ["convert", str(_bare_timm(tmp)), str(tmp / "hf"), "--to", "hf", "--source-image-size", "32"]
+
+
+def assumed_into_train_exports(tmp: Path) -> list[str]:
+    """Fine-tuning a timm file that states no config: its timm export would print assumed fields as fact."""
+    data = _dataset(tmp / "d.npz", [0, 1] * 4)
+    flags = ["--no-progress", "--no-parity", "--compile-cache", "off", "--epochs", "1", "--batch-size", "4"]
+    init = ["--init", str(_bare_timm(tmp)), "--source-image-size", "32"]
+    return ["train", *init, "--dataset", f"npz:{data}", "--out", str(tmp / "run"), *flags]
+
+
+def convert_checkpoint_into_its_source(tmp: Path) -> list[str]:
+    save_checkpoint(tmp / "hf", SMALL, _state(), "hf")
+    return ["convert", str(tmp / "hf"), str(tmp / "hf" / "copy.npz")]
 
 
 HOLDERS: list[subprocess.Popen] = []  # processes a case started, ended when the case ends
@@ -484,6 +554,46 @@ def bad_limit(tmp: Path) -> list[str]:
     return ["convert", str(_model(tmp)), str(tmp / "out.npz")]
 
 
+def _many_classes(tmp: Path, k: int = 1000) -> tuple[Path, Path]:
+    """A K-class model (ImageNet's count) and an npz dataset of K test images, one per class."""
+    cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=k)
+    model = _ours(tmp / "k.safetensors", cfg.to_json(), _state(cfg))
+    x = np.random.default_rng(0).integers(0, 256, (k, 8, 8), np.uint8)
+    np.savez(tmp / "k.npz", x=x, y=np.arange(k), x_test=x, y_test=np.arange(k))
+    return model, tmp / "k.npz"
+
+
+def evaluate_1000_classes(tmp: Path) -> list[str]:
+    model, data = _many_classes(tmp)
+    return ["evaluate", str(model), "--dataset", f"npz:{data}", "--confusion", str(tmp / "c.png")]
+
+
+def _bounded_png(tmp: Path, out: str) -> None:
+    """The picture is at most 2,000 px a side (it was 45,200), the line names where the counts are."""
+    from PIL import Image
+
+    assert max(Image.open(tmp / "c.png").size) <= 2000
+    assert f"{tmp / 'c.png'} (1000 classes: a heat map without class labels; the counts: --confusion" in out
+    assert "per class (1000 classes; the 10 lowest" in out
+
+
+def evaluate_1000_classes_csv(tmp: Path) -> list[str]:
+    model, data = _many_classes(tmp)
+    return ["evaluate", str(model), "--dataset", f"npz:{data}", "--confusion", str(tmp / "c.csv"), "--json"]
+
+
+def _counts_csv(tmp: Path, out: str) -> None:
+    """The CSV and the JSON hold the same 1000 x 1000 counts, one image per true class."""
+    import csv
+
+    rows = list(csv.reader((tmp / "c.csv").open()))
+    counts = np.array([r[1:] for r in rows[1:]], np.int64)
+    assert rows[0][:3] == ["true/predicted", "0", "1"] and counts.shape == (1000, 1000)
+    result = json.loads(out.splitlines()[0])
+    assert np.array_equal(counts, np.array(result["confusion_matrix"])) and (counts.sum(1) == 1).all()
+    assert result["accuracy"] == np.trace(counts) / 1000
+
+
 def bf16_to_every_format(tmp: Path) -> list[str]:
     _ours(tmp / "bf.safetensors", SMALL.to_json(), _state(dtype=ml_dtypes.bfloat16))
     return ["convert", str(tmp / "bf.safetensors"), str(tmp / "bf.npz")]
@@ -551,9 +661,17 @@ CASES = [
     Case(huge_head, r"num_classes=2000000000: a model .* beyond the limit", child=True),
     Case(deep_orbax_config, r"{tmp}/ob: a model with depth=1000000000.* beyond the limit", child=True),
     Case(hf_index_traversal, r"{tmp}/hf/model.safetensors.index.json: weight_map names files outside the folder"),
-    Case(npz_claims_1e12, r"{tmp}/big.npz: .*member 'embedding/kernel' \(\(1000000, 1000000\)", child=True),
+    Case(npz_claims_1e12, r"{tmp}/big.npz: .*member 'embedding/kernel' \(\(1000, 1000, 1000, 1000\)", child=True),
     Case(
-        npz_inflates, r"{tmp}/bomb.npz: .*embedding/kernel.* beyond the limit", child=True, env={"VIT_MAX_BYTES": "64M"}
+        npz_inflates((2**26, 1, 1, 1)),
+        r"{tmp}/bomb.npz: .*embedding/kernel.* beyond the limit",
+        child=True,
+        env={"VIT_MAX_BYTES": "64M"},
+    ),
+    Case(
+        npz_inflates((2**26,)),
+        r"{tmp}/bomb.npz: member 'embedding/kernel' has shape \(67108864,\), the format's is 4-D; refused before",
+        child=True,
     ),
     Case(npz_object_member, r"{tmp}/obj.npz: member 'x' holds Python objects"),
     Case(bad_limit, r"VIT_MAX_BYTES='lots': expected a positive size", env={"VIT_MAX_BYTES": "lots"}),
@@ -565,6 +683,7 @@ CASES = [
     Case(set_value("num_heads=true"), r"num_heads=True: expected an integer"),
     Case(hf_config_value("layer_norm_eps", '"layer_norm_eps": Infinity'), r"{tmp}/hf: .*ln_eps=inf: expected a finite"),
     Case(hf_config_value("layer_norm_eps", '"layer_norm_eps": "tiny"'), r"{tmp}/hf.*layer_norm_eps|ln_eps='tiny'"),
+    Case(deep_hf_config, r"{tmp}/hf/config.json: JSON nested deeper than 64 levels"),
     Case(int_weights, r"{tmp}/int.safetensors: tensors that are not floating point: head.bias \(int64\)"),
     Case(nan_weights_predict, r"{tmp}/nan.safetensors: the logits of {tmp}/img.png are NaN or Inf"),
     Case(nan_weights_parity, "", code=1, check=_parity_fails),
@@ -603,6 +722,18 @@ CASES = [
     ),
     Case(train_into_a_user_folder, r"{tmp}/run/config.json: exists and vit cannot tell it wrote it"),
     Case(train_while_another_runs, r"{tmp}/run: in use by another vit train \(pid \d+\)"),
+    Case(lock_is_a_link("file"), r"{tmp}/run/.vit-lock: a symbolic link where vit keeps its lock file"),
+    Case(lock_is_a_link("nothing"), r"{tmp}/run/.vit-lock: a symbolic link where vit keeps its lock file"),
+    Case(init_inside_out, r"{tmp}/run: the output holds --init {tmp}/run/model.safetensors; write the output"),
+    Case(export_onto_a_users_folder, r"{tmp}/run/model_hf: a folder holding things vit did not write .*notes.txt"),
+    Case(
+        assumed_into_hf, r"{tmp}/hf: hf readers take every config field as fact, and .*gelu='exact'.* --accept-assumed"
+    ),
+    Case(
+        assumed_into_train_exports,
+        r"{tmp}/run/model_timm.safetensors: timm readers take every config field as fact, and .*--accept-assumed",
+    ),
+    Case(convert_checkpoint_into_its_source, r"{tmp}/hf/copy.npz: the output lies inside the source {tmp}/hf; write"),
     # 4. tracebacks instead of named errors
     Case(bomb_predict, r"{tmp}/bomb.png: unreadable image \(Image size \(400000000 pixels\) exceeds limit"),
     Case(bomb_in_image_folder, r"{tmp}/imgs/b/3.png: unreadable image \(Image size \(400000000 pixels\) exceeds limit"),
@@ -612,6 +743,9 @@ CASES = [
     Case(set_collides, r"'image_size=64': image_size is not set with --set; use --source-image-size"),
     Case(set_value("nonsense=1"), r"'nonsense' is not a ViTConfig field"),
     Case(bf16_to_every_format, "", code=0, check=_bf16_exact, creates=("bf.npz",)),
+    # output that grows with the square of its input: bounded, the results first
+    Case(evaluate_1000_classes, "", code=0, child=True, check=_bounded_png, creates=("c.png",)),
+    Case(evaluate_1000_classes_csv, "", code=0, child=True, check=_counts_csv, creates=("c.csv",)),
     # never unpickle
     Case(pickle_pth, r"{tmp}/evil.pth: .*(blocked|weights-only|not allowed|refus)", check=_no_payload),
     Case(pickle_stream, r"{tmp}/evil.bin", check=_no_payload),

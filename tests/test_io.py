@@ -182,6 +182,46 @@ def test_a_folder_lock_is_refused_at_once_naming_the_holder_and_released_by_kill
     assert not (tmp_path / "new").exists()  # a folder the lock made, left empty, goes too
 
 
+def test_a_lock_or_log_is_never_opened_through_a_link_nor_a_fifo(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine\n")
+    (tmp_path / "run").mkdir()
+    os.symlink(victim, tmp_path / "run" / io.LOCK)
+    with pytest.raises(io.DestinationError, match=r"run/\.vit-lock: a symbolic link"):
+        with io.folder_lock(tmp_path / "run", "vit train"):
+            pass
+    os.symlink(victim, tmp_path / "run" / "metrics.jsonl")
+    with pytest.raises(io.DestinationError, match=r"run/metrics.jsonl: a symbolic link"):
+        io.Log(tmp_path / "run" / "metrics.jsonl")
+    assert victim.read_text() == "mine\n"
+    (tmp_path / "fifo-run").mkdir()
+    os.mkfifo(tmp_path / "fifo-run" / io.LOCK)
+    with pytest.raises(io.DestinationError, match=r"fifo-run/\.vit-lock: not a regular file"):  # not a hang
+        with io.folder_lock(tmp_path / "fifo-run", "vit train"):
+            pass
+
+
+def test_a_lock_file_put_in_place_of_ours_is_not_removed(tmp_path):
+    with io.folder_lock(tmp_path / "run", "vit train"):
+        os.unlink(tmp_path / "run" / io.LOCK)
+        (tmp_path / "run" / io.LOCK).write_text("another's\n")
+    assert (tmp_path / "run" / io.LOCK).read_text() == "another's\n"
+
+
+def test_an_output_that_is_inside_or_holds_an_input_is_refused(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "m.safetensors").write_bytes(b"x")
+    os.symlink(tmp_path / "run", tmp_path / "alias")
+    for out, inp, how in [
+        ("run/m.safetensors", "alias/m.safetensors", "is"),
+        ("run/m.safetensors/x", "run/m.safetensors", "lies inside"),
+        ("alias", "run/m.safetensors", "holds"),
+    ]:
+        with pytest.raises(ValueError, match=f"{out}: the output {how} --init {tmp_path / inp};"):
+            io.check_apart(tmp_path / out, {"--init": tmp_path / inp})
+    io.check_apart(tmp_path / "run2", {"--init": tmp_path / "run" / "m.safetensors", "--dataset": None})
+
+
 def test_a_shared_file_is_a_hard_link_or_else_a_relative_symbolic_link(tmp_path, monkeypatch):
     import errno
 

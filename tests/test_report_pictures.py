@@ -69,3 +69,12 @@ def test_report_without_maps_and_bad_input(tmp_path):
         bad = {"jax": np.zeros((3, 3)), "torch": np.zeros((3, 4))}
         write_parity_report(tmp_path / "bad", _synthetic_rows(), bad)
     assert not (tmp_path / "bad").exists()
+
+
+def test_diffs_picture_is_bounded_for_any_depth(tmp_path):
+    """200 rows (a 100-block model) draw 4,000 px wide, not 5,800: the width stops growing at 40 inches."""
+    ref = np.ones(3)
+    rows = [diff_row(f"block{i:03d}", ref, ref, "tensor", "float32") for i in range(200)]
+    paths = write_parity_report(tmp_path, rows)
+    with Image.open(paths["diffs"]) as im:
+        assert im.size == (4000, 320)

@@ -207,6 +207,29 @@ def test_fingerprint_lists_what_changed_and_mtimes_alone_only_warn(tmp_path):
     assert errors[0] == "classes: the run has ['cat', 'dog', 'emu'], the data now ['bird', 'cat', 'dog']"
 
 
+def test_a_large_dataset_is_fingerprinted_by_folder(tmp_path, monkeypatch):
+    """Beyond FINGERPRINT_FILES files the fingerprint holds a digest per folder (config.json stays small):
+    changes are named by folder; a smaller dataset saved with a file list compares against it too."""
+    import vit_common.data.datasets as datasets
+
+    spec = _folder(tmp_path / "f", _images(3))
+    listed = load_dataset(spec, (8, 8), 3).fingerprint
+    monkeypatch.setattr(datasets, "FINGERPRINT_FILES", 4)
+    before = load_dataset(spec, (8, 8), 3).fingerprint
+    assert "files" not in before and sorted(before["folders"]) == list(CLASSES)
+    assert [n for n, _, _ in before["folders"].values()] == [3, 3, 3]
+    assert fingerprint_changes(listed, before) == ([], [])
+    os.utime(tmp_path / "f" / "cat" / "000.jpg", ns=(1, 1))
+    errors, warnings = fingerprint_changes(before, load_dataset(spec, (8, 8), 3).fingerprint)
+    assert errors == [] and warnings == ["folder(s) whose files have other modification times only (1): cat"]
+    (tmp_path / "f" / "dog" / "009.jpg").write_bytes(_jpeg(99))
+    errors, _ = fingerprint_changes(before, load_dataset(spec, (8, 8), 3).fingerprint)
+    assert errors == [
+        "train images: the run has 6, the data now 7",
+        "folders whose files were added, removed or resized (1): dog",
+    ]
+
+
 def test_every_stored_kind_fingerprints_the_files_it_reads(tmp_path):
     """hf: (save_to_disk's Arrow and JSON files), arrayrecord: (the shards and dataset.json) and npz:
     (the file) list their files; a shard removed is a change; an .npz rewritten at the same size with

@@ -108,3 +108,56 @@ def test_corrupted_pth_raises_only_documented_errors(cut, flips, small_cfg, rand
             pass
     finally:
         shutil.rmtree(work)
+
+
+def test_a_training_checkpoint_with_ema_weights_reads_them_as_timm_does_and_says_so(
+    tmp_path, small_cfg, random_state, assert_same_state, capsys
+):
+    """state_dict and state_dict_ema: EMA by default (timm's load_checkpoint, use_ema=True), stated on
+    every read (vit predict prints it), and --weights-entry picks either."""
+    import timm
+    from PIL import Image
+
+    from vit_cli.main import main
+    from vit_common.checkpoints.formats.source import weights_entry
+
+    raw, ema = random_state(small_cfg, seed=1), random_state(small_cfg, seed=2)
+    path = tmp_path / "train.pth.tar"
+    torch.save({"epoch": 3, "state_dict": _torch(raw), "state_dict_ema": _torch(ema)}, path)
+    assert_same_state(load_checkpoint(path, readers=READERS).state, ema)
+    model = timm.create_model(
+        "vit_base_patch16_224",
+        pretrained=False,
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        mlp_ratio=small_cfg.mlp_dim / 32,
+        num_classes=10,
+        act_layer="gelu",
+    )
+    timm.models.load_checkpoint(model, str(path))  # timm's own choice
+    assert_same_state({k: v.numpy() for k, v in model.state_dict().items()}, ema)
+    with weights_entry("state_dict"):
+        ckpt = load_checkpoint(path, readers=READERS)
+    assert_same_state(ckpt.state, raw)
+    assert "'state_dict_ema': weights not used: the model is 'state_dict' (training weights; asked for)" in (
+        " ".join(ckpt.report.warnings)
+    )
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "x.png")
+    argv = ["predict", str(path), str(tmp_path / "x.png"), "--framework", "torch", "--set", "num_heads=2"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"vit: warning: {path}: 'state_dict': weights not used: the model is 'state_dict_ema' (EMA weights; "
+        "timm's loader's choice, EMA first); --weights-entry state_dict reads these"
+    ) in err
+    assert main([*argv, "--weights-entry", "model_ema"]) == 2
+    assert (
+        f"{path}: --weights-entry model_ema: the file holds ['state_dict_ema', 'state_dict']" in capsys.readouterr().err
+    )
+
+
+def _torch(state: dict) -> dict:
+    return {k: torch.from_numpy(v) for k, v in state.items()}

@@ -15,6 +15,7 @@ from flax import nnx
 
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import ArraySource, Augment, Dataset
+from vit_common.recipes import get_recipe
 from vit_common.tolerance import compare
 from vit_jax.data import iterate, train_batches
 from vit_jax.model import VisionTransformer
@@ -133,8 +134,10 @@ def test_accumulation_and_remat_give_the_same_gradients(reference, option):
 
 
 def test_weight_decay_mask_skips_biases_norms_tokens_and_posemb():
-    _, params, _ = nnx.split(VisionTransformer(TINY, rngs=nnx.Rngs(0)), nnx.Param, ...)
-    mask = {".".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(decay_mask(params))}
+    model = VisionTransformer(TINY, rngs=nnx.Rngs(0))
+    _, params, _ = nnx.split(model, nnx.Param, ...)
+    masked = decay_mask(params, get_recipe("twins"), model.no_weight_decay())
+    mask = {".".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(masked)}
     decayed = sorted(k for k, v in mask.items() if v)
     assert decayed == sorted(
         [f"blocks.{i}.{m}.kernel" for i in range(2) for m in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")]
@@ -236,14 +239,16 @@ def test_fine_tuning_starts_from_the_given_weights_and_freeze_trains_the_head_on
 
 def test_layer_decay_scales_each_layer_s_update():
     """The update of a parameter in layer l is the plain AdamW update times r^(depth + 1 - l): the
-    embeddings r^3 (depth 2), block 0 r^2, block 1 r, the final norm and head 1."""
-    _, params, _ = nnx.split(VisionTransformer(TINY, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    embeddings r^3 (depth 2), block 0 r^2, block 1 and the final norm r (timm groups them), the head 1."""
+    model = VisionTransformer(TINY, rngs=nnx.Rngs(0))
+    _, params, _ = nnx.split(model, nnx.Param, ...)
     ids = {".".join(map(str, p)): int(v.get_value()) for p, v in nnx.to_flat_state(layer_ids(params, 2))}
     assert ids["pos_embed"] == ids["patch_embed.proj.kernel"] == 0 and ids["blocks.1.mlp.fc1.kernel"] == 2
-    assert ids["norm.scale"] == ids["head.kernel"] == 3
+    assert ids["norm.scale"] == 2 and ids["head.kernel"] == 3
     grads = jax.tree.map(lambda x: jnp.full_like(x, 0.01), params)
-    plain, _ = make_optimizer(dataclasses.replace(BASE, warmup_steps=0), 10, 2)
-    decayed, _ = make_optimizer(dataclasses.replace(BASE, warmup_steps=0, layer_decay=0.5), 10, 2)
+    nwd = model.no_weight_decay()
+    plain, _ = make_optimizer(dataclasses.replace(BASE, warmup_steps=0), 10, 2, no_weight_decay=nwd)
+    decayed, _ = make_optimizer(dataclasses.replace(BASE, warmup_steps=0, layer_decay=0.5), 10, 2, no_weight_decay=nwd)
     up_plain = _flat(plain.update(grads, plain.init(params), params)[0])
     up_decay = _flat(decayed.update(grads, decayed.init(params), params)[0])
     for name, u in up_plain.items():

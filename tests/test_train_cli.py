@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 import numpy as np
 import pytest
@@ -224,3 +225,61 @@ def test_a_head_follows_the_class_names():
     fresh = match_head(state, ("a", "b", "c"), ("x", "y", "z"), report)
     assert not fresh["head.weight"].any() and not fresh["head.bias"].any()
     assert "reordered" in report.notes[0] and "zero-initialised" in report.notes[1]
+
+
+def test_resume_drops_a_cut_metrics_line_and_falls_back_from_a_damaged_checkpoint(tmp_path, capsys):
+    """A kill cut the last metrics line and a full disk truncated the latest checkpoint's files: --resume
+    continues from the checkpoint before it, and ends with the uninterrupted run's weights, bit for bit."""
+    from safetensors.numpy import load_file
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.integers(0, 256, (16, 8, 8), np.uint8), y=np.arange(16) % 2)
+    out = tmp_path / "run"
+    args = [
+        *"train --image-size 8 --patch-size 4 --width 16 --depth 1 --num-heads 2 --mlp-dim 32 --batch-size 4".split(),
+        *"--epochs 1 --no-progress --no-parity --compile-cache off --ckpt-every 1 --keep 5 --log-every 1".split(),
+        *["--dataset", f"npz:{tmp_path / 'd.npz'}", "--out", str(out)],
+    ]
+    assert main(args) == 0
+    done = load_file(out / "model.safetensors")
+    for f in (out / "checkpoints" / "3").rglob("*"):
+        if f.is_file():
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    with open(out / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 4, "loss": 0.6')  # a line a kill cut
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert f"vit train: warning: {out / 'checkpoints'}/3: does not restore (" in err
+    again = load_file(out / "model.safetensors")
+    assert all(np.array_equal(again[k], done[k]) for k in done)
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]  # step 3 again, once; the cut line gone
+    assert rows[:3] == [json.loads(ln) for ln in lines[:3]]
+
+
+def test_a_metrics_line_without_a_step_names_the_file_and_line(tmp_path):
+    from vit_jax.train import _truncate_metrics
+
+    (tmp_path / "m.jsonl").write_text('{"step": 1}\n{"loss": 2}\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"m.jsonl:2: a metrics line without an integer 'step'"):
+        _truncate_metrics(tmp_path / "m.jsonl", 3)
+    (tmp_path / "m.jsonl").write_text('{"step": 1}\n{"st\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"m.jsonl:2: not readable JSON"):
+        _truncate_metrics(tmp_path / "m.jsonl", 3)
+
+
+def test_an_unusable_compilation_cache_is_a_warning_and_the_run_goes_on_uncached(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.integers(0, 256, (10, 8, 8), np.uint8), y=np.arange(10) % 2)
+    (tmp_path / "cache").write_text("a file where the cache folder would be\n")
+    args = [
+        *"train --image-size 8 --patch-size 4 --width 16 --depth 1 --num-heads 2 --mlp-dim 32 --batch-size 4".split(),
+        *["--epochs", "1", "--no-progress", "--no-parity", "--json", "--compile-cache", str(tmp_path / "cache")],
+        *["--dataset", f"npz:{tmp_path / 'd.npz'}", "--out", str(tmp_path / "run")],
+    ]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert f"vit train: warning: compilation cache unusable ({tmp_path / 'cache'}: cannot be made (" in err
+    assert json.loads(out)["steps"] == 2 and (tmp_path / "cache").read_text().startswith("a file")

@@ -43,8 +43,9 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser, set_also: str = "") -> 
     """What every command that reads a checkpoint takes: ``--set FIELD=VALUE`` (repeatable; ->
     ``args.settings``, a list of (field, value) config overrides; ``set_also``: what else it does in
     this command), ``--source-image-size`` (the size a file that stores none was trained at) and
-    ``--strict`` (refuse to assume). ``checkpoint_options(args)`` turns them into ``load_checkpoint`` /
-    ``load_model`` keywords."""
+    ``--strict`` (refuse to assume) and ``--weights-entry`` (which weights of a training checkpoint:
+    applied around the whole command by ``vit_cli.main``). ``checkpoint_options(args)`` turns the others
+    into ``load_checkpoint`` / ``load_model`` keywords."""
     p.add_argument(
         "--set",
         dest="settings",
@@ -63,10 +64,49 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser, set_also: str = "") -> 
         "needed for a non-square patch grid",
     )
     p.add_argument(
+        "--weights-entry",
+        default="auto",
+        metavar="ENTRY",
+        help="which weights of a timm training checkpoint (.pth holding state_dict and state_dict_ema) to read: "
+        "state_dict_ema, model_ema, state_dict, model or module; auto (default) takes the EMA weights when "
+        "present, as timm's own loader does; the choice is printed as a warning",
+    )
+    p.add_argument(
         "--strict",
         action="store_true",
         help="refuse a checkpoint whose config would have to be assumed (head count, pooling, GELU, "
         "LayerNorm eps, image size, ...) instead of warning; pass what it lacks with --set / --source-image-size",
+    )
+
+
+def accepted_fields(text: str) -> tuple[str, ...] | str:
+    """``--accept-assumed``'s value: "all", or comma-separated ViTConfig fields.
+
+    Raises:
+        argparse.ArgumentTypeError: a name that is not a ViTConfig field.
+    """
+    from vit_common.config import ViTConfig
+
+    if text.strip() == "all":
+        return "all"
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in ViTConfig.__dataclass_fields__]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected all or ViTConfig fields, comma-separated; not {unknown}")
+    return names
+
+
+def add_accept_assumed(p: argparse.ArgumentParser) -> None:
+    """``--accept-assumed FIELD,...|all`` (-> ``args.accept_assumed``) of every command that writes a
+    checkpoint: a field the source does not state is written into an HF config.json or a timm call (whose
+    readers take it as fact) only when given with --set or accepted here."""
+    p.add_argument(
+        "--accept-assumed",
+        type=accepted_fields,
+        default=(),
+        metavar="FIELD,...|all",
+        help="write these assumed config fields (or all) into formats whose readers take them as fact (an HF "
+        "config.json, the printed timm call); without it such a write is refused, naming the fields",
     )
 
 
@@ -120,6 +160,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_checkpoint_arguments(p)
     add_write_options(p)
+    add_accept_assumed(p)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=run)
 
@@ -210,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
         readers=readers_for(src),
         writers=writers,
         write_options=options,
+        accept_assumed=args.accept_assumed,
         image_size=args.image_size,
         num_classes=args.num_classes,
         **checkpoint_options(args),

@@ -1,4 +1,11 @@
-"""`vit evaluate CHECKPOINT --dataset ...`: accuracy and a confusion-matrix PNG for a trained model."""
+"""`vit evaluate CHECKPOINT --dataset ...`: accuracy and a confusion matrix for a trained model.
+
+The results are printed before anything is drawn, and every figure is bounded in size whatever the class
+count K: a PNG is at most ``MAX_INCHES`` x 100 dpi pixels a side (2,000 px); up to ``MAX_LABELLED``
+classes it names every class (and up to ``MAX_VALUES`` shows every count), above that it is a heat map
+of the row-normalised matrix without labels, and the counts are in the output the user asked for
+(``--confusion FILE.csv``, or the ``--json`` object's ``confusion_matrix``), as the printed line says.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,11 @@ from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
 from vit_cli.main import HelpFormatter
 from vit_cli.run_model import add_image_flags
 from vit_common.system.validate import arg, float_in, int_in
+
+MAX_INCHES = 20.0  # a confusion PNG's side at most (x 100 dpi = 2,000 px; 1,000 classes once drew 45,200 px)
+MAX_LABELLED = 50  # classes up to which the PNG names each class on its axes
+MAX_VALUES = 30  # classes up to which the PNG writes each count in its cell
+SUFFIXES = (".png", ".csv")  # what --confusion writes: a picture, or the counts as numbers
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,8 +47,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--framework", choices=("jax", "torch"), default="jax", help="which twin runs the model")
     p.add_argument("--batch-size", type=arg(int_in, 1), default=256, help="images per forward pass")
     add_image_flags(p)
-    p.add_argument("--confusion", default="confusion.png", help="where to write the confusion-matrix PNG")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--confusion",
+        default="confusion.png",
+        help="where to write the confusion matrix: .png a picture (at most 2,000 px a side; above "
+        f"{MAX_LABELLED} classes a heat map without class labels), .csv the counts (rows true, columns predicted)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object (with the counts, confusion_matrix)")
     p.set_defaults(func=run)
 
 
@@ -48,11 +65,14 @@ def run(args: argparse.Namespace) -> int:
     from vit_cli.run_model import class_names, load_with_info, logits
     from vit_common.data.datasets import EvalBatches, ImageTransform, load_dataset
     from vit_common.data.images import Preprocess
-    from vit_common.system.io import check_destination
+    from vit_common.system.io import check_destination, check_writable
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size={args.batch_size}: expected a positive int")
+    if Path(args.confusion).suffix.lower() not in SUFFIXES:
+        raise ValueError(f"--confusion {args.confusion}: expected a .png or .csv file")
     check_destination(args.confusion)  # refused before the evaluation, not after it
+    check_writable(args.confusion)
     model, info = load_with_info(
         args.checkpoint, args.framework, checkpoint_options(args), values(Preprocess, args), args.classes
     )
@@ -77,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     mask = np.concatenate([b["mask"] for b in batches]) > 0
     label = to_model[np.concatenate([b["label"] for b in batches])[mask]]
     pred = pred[mask]
-    matrix = confusion_png(label, pred, classes, Path(args.confusion), title=f"{args.dataset} {args.split}")
+    matrix = confusion_counts(label, pred, len(classes))
     per_class = {classes[k]: float(matrix[k, k] / matrix[k].sum()) for k in range(len(matrix)) if matrix[k].sum()}
     result = {
         "checkpoint": str(args.checkpoint),
@@ -91,17 +111,66 @@ def run(args: argparse.Namespace) -> int:
         "classes_source": info.classes_source,
         "preprocess": info.preprocess.to_dict(),
         "preprocess_source": info.preprocess_source,
-        "confusion_png": args.confusion,
+        "confusion": args.confusion,
+        "confusion_matrix": matrix.tolist(),
     }
-    if args.json:
-        print(json.dumps(result))
+    path = Path(args.confusion)
+    if args.json:  # printed before anything is drawn: a failed picture loses no result
+        print(json.dumps(result), flush=True)
     else:
         print(
             f"accuracy {result['accuracy']:.4f} on {result['images']} {args.split} images of {args.dataset} "
-            f"({args.framework}); confusion matrix: {args.confusion}"
+            f"({args.framework}); confusion matrix: {confusion_line(path, len(classes))}"
         )
-        print("per class: " + ", ".join(f"{k} {v:.3f}" for k, v in per_class.items()))
+        print(per_class_line(per_class), flush=True)
+    if path.suffix.lower() == ".csv":
+        confusion_csv(matrix, classes, path)
+    else:
+        confusion_png(matrix, classes, path, title=f"{args.dataset} {args.split}: accuracy {result['accuracy']:.4f}")
     return 0
+
+
+def per_class_line(per_class: dict[str, float]) -> str:
+    """Every class's accuracy up to ``MAX_LABELLED`` classes, else the 10 lowest (one bounded line)."""
+    if len(per_class) <= MAX_LABELLED:
+        return "per class: " + ", ".join(f"{k} {v:.3f}" for k, v in per_class.items())
+    lowest = sorted(per_class.items(), key=lambda kv: kv[1])[:10]
+    return f"per class ({len(per_class)} classes; the 10 lowest, all in --json): " + ", ".join(
+        f"{k} {v:.3f}" for k, v in lowest
+    )
+
+
+def confusion_line(path: Path, k: int) -> str:
+    """What the printed result says about the confusion matrix of ``k`` classes written to ``path``."""
+    if path.suffix.lower() == ".csv" or k <= MAX_LABELLED:
+        return str(path)
+    return (
+        f"{path} ({k} classes: a heat map without class labels; the counts: --confusion FILE.csv, "
+        "or --json's confusion_matrix)"
+    )
+
+
+def confusion_counts(label, pred, k: int):
+    """int64 [K, K] counts, rows the true class, columns the predicted one."""
+    from sklearn.metrics import confusion_matrix
+
+    return confusion_matrix(label, pred, labels=list(range(k))).astype("int64")
+
+
+def confusion_csv(matrix, classes: list[str], path: Path) -> None:
+    """The counts as CSV (csv module quoting): a header ``true/predicted`` + the class names, then one row
+    per true class, its name first."""
+    import csv
+    import io as text_io
+
+    from vit_common.system.io import write_text
+
+    buf = text_io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["true/predicted", *classes])
+    for name, row in zip(classes, matrix.tolist(), strict=True):
+        w.writerow([name, *row])
+    write_text(path, buf.getvalue())
 
 
 def label_map(data_classes, model_classes, num_classes: int, dataset: str):
@@ -127,24 +196,30 @@ def label_map(data_classes, model_classes, num_classes: int, dataset: str):
     return np.array([index[c] for c in data_classes])
 
 
-def confusion_png(label, pred, classes: list[str], png: Path, title: str):
-    """Write the K x K confusion matrix (rows true, columns predicted) as a PNG; return the counts."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from sklearn.metrics import ConfusionMatrixDisplay, confusion_matrix
+def confusion_png(matrix, classes: list[str], png: Path, title: str) -> None:
+    """Draw the [K, K] counts ``matrix`` (rows true, columns predicted) as a PNG of at most
+    ``MAX_INCHES`` x 100 dpi pixels a side: with class names up to ``MAX_LABELLED`` classes (counts in
+    the cells up to ``MAX_VALUES``), else a heat map of each row's share without labels."""
+    from matplotlib.figure import Figure
 
     from vit_common.system.io import PNG_TEXT, atomic_write
 
-    matrix = confusion_matrix(label, pred, labels=list(range(len(classes))))
-    size = max(5.0, 0.45 * len(classes) + 2)
-    fig, ax = plt.subplots(figsize=(size, size))
-    ConfusionMatrixDisplay(matrix, display_labels=classes).plot(
-        ax=ax, colorbar=False, cmap="Blues", include_values=len(classes) <= 30
-    )
-    ax.set_title(f"{title}: accuracy {(label == pred).mean():.4f}")
+    k = len(classes)
+    size = min(max(5.0, 0.45 * k + 2), MAX_INCHES)
+    fig = Figure(figsize=(size, size), dpi=100)
+    ax = fig.subplots()
+    if k <= MAX_LABELLED:
+        from sklearn.metrics import ConfusionMatrixDisplay
+
+        ConfusionMatrixDisplay(matrix, display_labels=classes).plot(
+            ax=ax, colorbar=False, cmap="Blues", include_values=k <= MAX_VALUES
+        )
+    else:
+        rows = matrix.sum(1, keepdims=True)
+        share = matrix / (rows + (rows == 0))
+        im = ax.imshow(share, cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
+        ax.set(xlabel=f"predicted class (0..{k - 1})", ylabel=f"true class (0..{k - 1})")
+    ax.set_title(title)
     fig.tight_layout()
     atomic_write(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png", metadata=PNG_TEXT))
-    plt.close(fig)
-    return matrix

@@ -21,12 +21,15 @@ COMMANDS = {
     "parity": "vit_cli.parity",
     "attention": "vit_cli.attention",
     "train": "vit_cli.train",
+    "train-parity": "vit_cli.train_parity",
+    "recipes": "vit_cli.recipes",
     "evaluate": "vit_cli.evaluate",
     "predict": "vit_cli.predict",
     "bench": "vit_cli.bench",
     "data": "vit_cli.data",
 }
-WRITING = ("convert", "parity", "attention", "train", "evaluate", "bench", "data")  # commands that write files
+# commands that write files
+WRITING = ("convert", "parity", "attention", "train", "train-parity", "evaluate", "bench", "data")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -109,6 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _weights_entry(args: argparse.Namespace):
+    """The ``--weights-entry`` of a command that reads checkpoints, around the whole command."""
+    import contextlib
+
+    if getattr(args, "weights_entry", None) is None:
+        return contextlib.nullcontext()
+    from vit_common.checkpoints.formats.source import weights_entry
+
+    return weights_entry(args.weights_entry)
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     parser = build_parser()
@@ -116,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args.started = started  # `time.perf_counter()` when the command started
     reuse_freed_memory()  # before JAX starts its threads; see vit_common/system/host_memory.py
     try:
-        with io.overwriting(getattr(args, "overwrite", False)):
+        with io.overwriting(getattr(args, "overwrite", False)), _weights_entry(args):
             return int(args.func(args) or 0)
     except ModuleNotFoundError as e:
         advice = missing_extra(e)

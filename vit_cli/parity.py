@@ -29,7 +29,9 @@ class Row:
     'attnNN', 'norm', 'attn_pool', 'pre_logits', 'logits'); ``what``: 'tensor' or 'attention' (which
     tolerance applies); ``dtype`` of the run; ``twins``: JAX twin vs torch twin (torch is the
     reference; its ``mean_abs`` is mean |JAX - torch|, its ``scale`` max |torch|); ``against``: the
-    --against library vs the torch twin, or None where that library exposes no such tensor.
+    --against library vs the torch twin, or None where that library exposes no such tensor; ``constant``:
+    the torch twin's tensor holds one value throughout (every logit 0 after a zero head): agreement on it
+    proves nothing about the weights before it, so the verdict names it as uninformative.
     """
 
     name: str
@@ -37,6 +39,7 @@ class Row:
     dtype: str
     twins: Comparison
     against: Comparison | None = None
+    constant: bool = False
 
     @property
     def ok(self) -> bool:
@@ -58,6 +61,7 @@ class Row:
             "rel": t.rel,
             "ok": self.ok,
             "against": None if a is None else {"max_abs": a.max_abs, "rel": a.rel, "ok": a.ok},
+            "informative": not self.constant,
         }
 
 
@@ -71,7 +75,8 @@ class ParityResult:
     twins; None without a head), ``against`` (library name or None) and ``against_agreement`` (its top-1
     agreement with the torch twin), ``conversion`` (the read report as a dict), ``outputs`` (only with
     ``keep_outputs=True``: {'jax' | 'torch' | library: {name: numpy array}}, attention maps [B, N, L, L]),
-    ``assumed`` (config fields the file does not state and the run assumed, each as "name=value").
+    ``assumed`` (config fields the file does not state and the run assumed, each as "name=value"),
+    ``head`` (None, or what makes the head uninformative: all zeros, or constant rows).
     ``ok`` is True when every row is within its bound; with ``assumed`` fields that proves the twins
     (and the library) equal to each other under those assumptions, not to the model that wrote the file.
     """
@@ -88,6 +93,7 @@ class ParityResult:
     conversion: dict = field(default_factory=dict)
     outputs: dict[str, dict[str, np.ndarray]] | None = None
     assumed: list[str] = field(default_factory=list)
+    head: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -98,13 +104,23 @@ class ParityResult:
         """One line: PASS / FAIL, and what a PASS proves when the config had to be assumed."""
         if not self.ok:
             return "FAIL: " + ", ".join(r.name for r in self.rows if not r.ok) + " beyond tolerance"
+        informative = [r.name for r in self.rows if not r.constant]
+        constant = [r.name for r in self.rows if r.constant]
+        rows = (
+            f"; informative rows: {', '.join(informative) or 'none'}; uninformative (one value throughout, "
+            f"proving nothing): {', '.join(constant)}"
+            + (f" ({self.head})" if self.head else "")
+            + (" (top-1 agreement too)" if "logits" in constant else "")
+            if constant
+            else ""
+        )
         if not self.assumed:
-            return "PASS: every tensor within its tolerance"
+            return "PASS: every tensor within its tolerance" + rows
         lib = f" and {self.against}" if self.against else ""
         return (
             f"PASS UNDER ASSUMPTIONS: every tensor within its tolerance, which proves the twins{lib} equal to "
             f"each other with {', '.join(self.assumed)} as assumed, not equal to the model that wrote the file "
-            "(it does not state these; pass them with --set / --source-image-size, or --strict to refuse)"
+            "(it does not state these; pass them with --set / --source-image-size, or --strict to refuse)" + rows
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -121,6 +137,7 @@ class ParityResult:
             "rows": [r.to_dict() for r in self.rows],
             "conversion": self.conversion,
             "assumed": list(self.assumed),
+            "head": self.head,
             "verdict": self.verdict,
         }
 
@@ -258,7 +275,8 @@ def run_parity(
         what = "attention" if name.startswith("attn") else "tensor"
         a = out_a.get(name) if out_a else None
         against_row = None if a is None else compare(name, a, ref, what, dtype)
-        rows.append(Row(name, what, dtype, compare(name, out_j[name], ref, what, dtype), against_row))
+        constant = bool(ref.size) and bool(np.all(ref == ref.flat[0]))
+        rows.append(Row(name, what, dtype, compare(name, out_j[name], ref, what, dtype), against_row, constant))
     outputs = None
     if keep_outputs:
         outputs = {"jax": out_j, "torch": out_t} | ({against: out_a} if out_a else {})
@@ -275,7 +293,23 @@ def run_parity(
         conversion=ckpt.report.to_dict(),
         outputs=outputs,
         assumed=[f"{k}={getattr(ckpt.report.config, k)!r}" for k in ckpt.report.assumed],
+        head=head_note(ckpt.state),
     )
+
+
+def head_note(state: dict) -> str | None:
+    """What makes a classifier head (head.weight [K, D], head.bias [K]) carry no information, or None:
+    all-zero weights (every logit is its bias: a head ``vit convert --num-classes`` replaced) or rows
+    all equal with one bias (every class scores alike)."""
+    w, b = state.get("head.weight"), state.get("head.bias")
+    if w is None or not np.size(w):
+        return None
+    b = np.zeros(len(w)) if b is None else np.asarray(b)
+    if not np.any(w):
+        return "the head's weights are all zeros: each logit is its bias; the pre_logits row is the real check"
+    if np.all(w == w[:1]) and np.all(b == b.flat[0]):
+        return "the head's rows are all equal: every class scores alike; the pre_logits row is the real check"
+    return None
 
 
 def format_table(result: ParityResult) -> str:
@@ -308,7 +342,9 @@ def format_table(result: ParityResult) -> str:
         if lib:
             a = r.against
             line += "   | " + (f"{a.max_abs:>20.2e}{a.rel:>11.2e}  {'ok' if a.ok else 'FAIL'}" if a else f"{'-':>20}")
-        lines.append(line)
+        lines.append(line + ("  (one value throughout: uninformative)" if r.constant else ""))
+    if result.head:
+        lines.append(f"NOTE  {result.head}")
     if result.agreement is not None:
         lines.append(
             f"top-1 agreement JAX vs torch: {result.agreement:.0%}"

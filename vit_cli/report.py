@@ -35,6 +35,7 @@ import numpy as np
 from vit_common.system.io import PNG_TEXT, atomic_write, write_text
 from vit_common.tolerance import Comparison, compare
 
+MAX_WIDTH = 40.0  # inches (4,000 px at 100 dpi): diffs.png's width for any depth; the panels are fixed in number
 ROW_KEYS = ("name", "what", "dtype", "max_abs", "mean_abs", "scale", "kind", "bound")
 
 
@@ -87,12 +88,13 @@ def plot_diffs(path: str | os.PathLike, rows: Sequence[Mapping], title: str) -> 
     """Write diffs.png: per (what, kind) group, max and mean difference per row against the bound.
 
     'rel' rows are drawn as |diff| / max |reference|, 'abs' rows as |diff|, so each panel shares the
-    units of its bound. Exact zeros are drawn on the panel's floor (hollow markers).
+    units of its bound. Exact zeros are drawn on the panel's floor (hollow markers). The picture is at
+    most ``MAX_WIDTH`` inches wide whatever the number of rows.
     """
     from matplotlib.figure import Figure
 
     groups = _groups(rows)
-    width = max(6.0, 0.28 * max(len(g) for g in groups.values()) + 2.0)
+    width = min(max(6.0, 0.28 * max(len(g) for g in groups.values()) + 2.0), MAX_WIDTH)
     fig = Figure(figsize=(width, 3.2 * len(groups)), dpi=100)
     axes = fig.subplots(len(groups), 1, squeeze=False)[:, 0]
     for ax, ((what, kind), group) in zip(axes, groups.items(), strict=True):

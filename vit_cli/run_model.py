@@ -9,7 +9,6 @@ TF32, the frameworks' settings restored afterwards). ``load`` imports only the f
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -63,8 +62,10 @@ def _run_classes(checkpoint, num_classes: int) -> tuple[str, ...] | None:
     cfg_json = (p if p.is_dir() else p.parent) / "config.json"
     if not cfg_json.is_file():
         return None
+    from vit_common.system.io import read_json
+
     try:
-        classes = json.loads(cfg_json.read_text()).get("classes")
+        classes = read_json(cfg_json).get("classes")
     except (ValueError, AttributeError, OSError):
         return None
     if isinstance(classes, list) and len(classes) == num_classes and all(isinstance(c, str) for c in classes):

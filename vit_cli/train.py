@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
+from vit_cli.convert import add_accept_assumed, add_checkpoint_arguments, checkpoint_options
 from vit_cli.flags import add_flags, flag_name, values
 from vit_cli.main import HelpFormatter
 from vit_cli.run_model import class_list
@@ -39,7 +39,8 @@ FROM_DATASET = {"num_classes": "--dataset (its classes)", "in_chans": "--dataset
 MODEL_FLAGS = tuple(f.name for f in dataclasses.fields(ViTConfig) if f.name not in (*FROM_DATASET, "param_dtype"))
 DTYPES = ("float32", "bfloat16")  # compute dtypes the trainer takes (float16 would need loss scaling)
 OPTIMISATION = (
-    "epochs batch_size lr warmup_steps min_lr_ratio weight_decay b1 b2 label_smoothing grad_clip accum_steps seed"
+    "epochs batch_size lr warmup_steps min_lr_ratio weight_decay recipe b1 b2 label_smoothing grad_clip accum_steps "
+    "seed"
 ).split()
 
 
@@ -97,6 +98,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f = p.add_argument_group("fine-tuning")
     add_flags(f, TrainConfig, only=("init", "freeze", "layer_decay"))
     add_checkpoint_arguments(f, set_also="; without --init, a field of the new model, e.g. gelu or ln_eps")
+    add_accept_assumed(f)
     pre = p.add_argument_group(
         "preprocessing (default: the checkpoint's with --init, else [-1, 1], see vit_common.data.images)"
     )
@@ -213,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         DestinationError: another run holds the folder, or the folder holds files this run would
             replace that vit did not write (``vit_common.system.io``).
+        ValueError: --out is, lies inside or holds --init's checkpoint.
     """
     import functools
     import time
@@ -223,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
     if tcfg.init is None and (args.source_image_size is not None or args.strict):
         raise ValueError("--source-image-size and --strict describe the checkpoint of --init; there is none")
     out = Path(args.out or Path("runs") / args.dataset.split(":")[0])
+    io.check_apart(out, {"--init": tcfg.init})  # the exports would replace the checkpoint being fine-tuned
     check_outside(tcfg.dataset, out)  # before the lock makes the folder
 
     from vit_jax import distributed
@@ -235,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
     )
     lead = cluster is None or cluster.index == 0
     try:
+        if cluster:  # before any work: processes started with other flags stop here, all of them
+            cluster.agree(run_fields(args, out), tcfg.init_timeout)
         with io.folder_lock(out, "vit train") if lead else contextlib.nullcontext():  # one run per folder
             code = train(args, tcfg, out, started)
     except BaseException as e:
@@ -247,6 +253,18 @@ def run(args: argparse.Namespace) -> int:
     if cluster:
         cluster.leave()
     return code
+
+
+# Flags each process of a multi-process run may set for itself (its host's devices, cache, console).
+PER_PROCESS = ("command", "compile_cache", "cpu_devices", "data_workers", "func", "json", "no_progress", "started")
+
+
+def run_fields(args: argparse.Namespace, out: Path) -> dict:
+    """{flag: value} of everything that decides a run's result (all flags but ``PER_PROCESS`` and the
+    timeouts), --out as an absolute path: what every process of a multi-process run must agree on."""
+    skip = set(PER_PROCESS) | set(TrainConfig.settings())  # the timeouts: a resumed run may change them too
+    fields = {f"--{k.replace('_', '-')}": v for k, v in vars(args).items() if k not in skip}
+    return fields | {"--out": str(out.absolute())}
 
 
 def resume_from(out: Path) -> str:
@@ -278,24 +296,31 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     from vit_common.checkpoints.convert import needs
     from vit_common.checkpoints.metadata import ModelInfo
     from vit_common.data.datasets import read_dataset
-    from vit_jax.finetune import export, load_init
+    from vit_jax.finetune import check_exports, export, load_init
     from vit_jax.train import (
         NonFiniteError,
         Trainer,
         enable_compile_cache,
         fit,
-        read_json,
         saved_steps,
         schedule_change,
     )
 
-    cache = args.compile_cache or default_cache_dir()
-    if cache == "off":
-        jax.config.update("jax_enable_compilation_cache", False)
-    else:
-        cache = str(enable_compile_cache(cache))
     lead = jax.process_index() == 0
     quiet = args.json or not lead
+    cache = args.compile_cache or default_cache_dir()
+    if cache != "off":
+        try:
+            cache = str(enable_compile_cache(cache))
+        except OSError as e:  # the cache only saves time: the run goes on without it
+            print(
+                f"vit train: warning: compilation cache unusable ({e}); compiling without it "
+                "(--compile-cache off or another folder avoids this warning)",
+                file=sys.stderr,
+            )
+            cache = "off"
+    if cache == "off":
+        jax.config.update("jax_enable_compilation_cache", False)
 
     def log(line: str) -> None:
         if not quiet:
@@ -347,6 +372,8 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
     if workers == -1:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         workers = 0 if data.in_memory else cores
+    if lead:  # the exports are refused now, not after the training
+        check_exports(out, cfg, report, args.accept_assumed)
     trainer = Trainer(cfg, tcfg, data, preprocess=preprocess, weights=weights, workers=workers)
     if tcfg.warmup_steps >= trainer.total_steps > 1:
         log(
@@ -362,7 +389,7 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
         f"run folder {out}"
     )
     if args.resume and (out / "config.json").is_file():
-        saved_epochs = read_json(out / "config.json").get("train", {}).get("epochs", tcfg.epochs)
+        saved_epochs = io.read_json(out / "config.json").get("train", {}).get("epochs", tcfg.epochs)
         steps = saved_steps(out / "checkpoints")
         change = schedule_change(trainer, saved_epochs, steps[-1] if steps else 0)
         if change:
@@ -390,6 +417,7 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float) -> int:
             classes=data.classes,
             source=report,
             writers=_torch_formats().WRITERS if torch_io else None,
+            accept_assumed=args.accept_assumed,
         )
         plot_curves(out / "metrics.jsonl", out / "curves.png")
     for line in done.lines:

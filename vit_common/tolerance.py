@@ -21,6 +21,18 @@ TOLERANCES: dict[tuple[str, str], tuple[str, float]] = {
     ("gradient", "float64"): ("rel", 1e-9),
     ("gradient", "float32"): ("rel", 1e-4),
     ("tensor", "bfloat16"): ("rel", 2e-2),  # bf16 compute against a float64 reference
+    # Twin training (vit_cli/train_parity.py): parameters and Adam moments after K optimizer steps.
+    ("train", "float64"): ("rel", 1e-10),
+    # float32: Adam divides each gradient by its own root mean square, so a gradient that is zero but for
+    # rounding (the key part of qkv.bias: softmax ignores a key bias) gets an update of the lr's size from
+    # noise; measured on a depth-2 width-16 model (benchmarks/train_parity_table.py): 7.5e-4 after step 1,
+    # 2.7e-4 after 10, the worst tensor a qkv.bias.
+    ("train", "float32"): ("rel", 1e-2),
+    # bf16 compute, or a first moment stored in bf16 (big_vision): optax rounds b1 * m to bf16 before adding
+    # (1 - b1) g, torch lerps in the parameter dtype, so where the two terms cancel the stored moments part
+    # by several bf16 steps (measured on a depth-2 width-16 model, float64, 10 steps: parameters 1.2e-2,
+    # first moment 4.7e-2).
+    ("train", "bfloat16"): ("rel", 1e-1),
 }
 
 

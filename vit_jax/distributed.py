@@ -18,25 +18,43 @@ that never returns (GPU collectives wait for a lost peer) is stopped the same wa
 The runtime cannot be kept from aborting when process 0 itself is lost: the service dies with it,
 and JAX ends the other processes at once with its own message and stack dump.
 
+Start-up failures are one line each instead of JAX's abort (a C++ stack dump): process 0 first binds
+the coordinator's port itself (a port in use is named with its address), and a process whose
+``jax.distributed.initialize`` has not returned after ``init_timeout`` seconds (a process that never
+started, a coordinator nobody listens on) says so and exits with ``EXIT_START``, before JAX's own
+deadline (``init_timeout`` + ``_JAX_GRACE``) aborts it. The runtime does not tell Python which processes
+are missing, so the line names the address, the count expected and this process's id.
+
+Before any work, ``Cluster.agree`` has every process publish its run's fields (what decides the
+result: the run config, the model flags, the absolute run folder) and their sha256 through the
+coordination service; every process compares all the others' hashes with its own, and a difference
+stops each process with one line naming the fields that differ and each process's value.
+
 ``get_live_nodes`` and the distributed client are internal JAX API (the one
 ``jax.experimental.multihost_utils.live_devices`` builds on); they are the same in jax 0.10 and 0.11.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import jax
 from jax._src import distributed as _jax_distributed
 
 EXIT_LOST = 75  # sysexits.h EX_TEMPFAIL: the run stopped through no fault of its own; start it again
 POLL_SECONDS = 1.0  # how often the watchdog asks the service which processes are alive
+EXIT_START = 2  # a start-up failure (a port in use, processes that never joined): bad input to the run
 _LEFT = "vit/left/"  # key-value store: process id -> how it left ("done" or the error that stopped it)
+_RUN = "vit/run/"  # key-value store: process id -> {"sha256": ..., "fields": {name: value}} of its run
+_JAX_GRACE = 30  # seconds JAX's own start-up deadline lies after ours (its expiry is an abort)
 
 
 def cluster_env(env=os.environ) -> dict | None:
@@ -78,16 +96,84 @@ def start(
     kwargs = cluster_env()
     if kwargs is None:
         return None
+    address = os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if address and kwargs.get("process_id") == 0:
+        check_port(address)
     jax.config.update("jax_enable_recoverability", True)
+    joined = threading.Event()
+    timer = threading.Thread(
+        target=_start_deadline, args=(joined, init_timeout, address, kwargs), name="vit-start", daemon=True
+    )
+    timer.start()
     jax.distributed.initialize(
         **kwargs,
-        initialization_timeout=init_timeout,
+        initialization_timeout=init_timeout + _JAX_GRACE,
         heartbeat_timeout_seconds=heartbeat_timeout,
         shutdown_timeout_seconds=shutdown_timeout,
     )
+    joined.set()
     cluster = Cluster(_jax_distributed.global_state.client, heartbeat_timeout, shutdown_timeout, describe)
     cluster.watch()
     return cluster
+
+
+def check_port(address: str) -> None:
+    """Raise unless this host can listen on ``address`` (HOST:PORT), the coordinator's, now.
+
+    Raises:
+        ValueError: not HOST:PORT, or the port is in use (or not this host's): naming the address.
+    """
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"JAX_COORDINATOR_ADDRESS={address!r}: expected HOST:PORT")
+    try:
+        with socket.create_server((host.strip("[]"), int(port)), family=_family(host)):
+            pass
+    except OSError as e:
+        raise ValueError(
+            f"JAX_COORDINATOR_ADDRESS={address}: process 0 cannot listen there ({e.strerror or e}); "
+            "choose a free port on process 0's host"
+        ) from None
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _start_deadline(joined: threading.Event, seconds: int, address: str | None, kwargs: dict) -> None:
+    """If the processes have not all joined within ``seconds``, say so in one line and exit."""
+    if joined.wait(seconds):
+        return
+    n, me = kwargs.get("num_processes", "?"), kwargs.get("process_id", "?")
+    where = f"the coordinator {address}" if address else "the job's coordinator"
+    print(
+        f"vit train: error: process {me} of {n}: not every process joined {where} within --init-timeout "
+        f"{seconds} s (a process that never started, another JAX_NUM_PROCESSES, or nobody listening there); "
+        "start all processes with the same environment",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(EXIT_START)
+
+
+def run_digest(fields: Mapping[str, object]) -> tuple[str, str]:
+    """(canonical JSON text of ``fields``, its sha256 in hex): what ``Cluster.agree`` compares."""
+    text = json.dumps(dict(fields), sort_keys=True, default=str)
+    return text, hashlib.sha256(text.encode()).hexdigest()
+
+
+def disagreement(runs: Mapping[int, Mapping[str, object]]) -> str | None:
+    """One line naming each field on which the processes' runs ({process id: fields}) differ, with each
+    process's value, or None when they agree."""
+    names = sorted(set().union(*runs.values()))
+    parts = []
+    for name in names:
+        values = {k: runs[k].get(name, "(not given)") for k in sorted(runs)}
+        if len({json.dumps(v, sort_keys=True, default=str) for v in values.values()}) > 1:
+            parts.append(f"{name} ({', '.join(f'process {k}: {v}' for k, v in values.items())})")
+    if not parts:
+        return None
+    return "the processes of this run disagree on " + "; ".join(parts) + "; start every process with the same flags"
 
 
 class Cluster:
@@ -111,6 +197,22 @@ class Cluster:
 
     def watch(self) -> None:
         self._thread.start()
+
+    def agree(self, fields: Mapping[str, object], timeout: int) -> None:
+        """Publish this process's run ``fields`` ({flag: value}, JSON-serialisable) and compare their hash
+        with every other process's (waiting at most ``timeout`` s for each), before any work.
+
+        Raises:
+            ValueError: the processes' fields differ (``disagreement``: the fields, each process's value).
+        """
+        text, digest = run_digest(fields)
+        self.client.key_value_set(f"{_RUN}{self.index}", json.dumps({"sha256": digest, "fields": json.loads(text)}))
+        runs = {
+            k: json.loads(self.client.blocking_key_value_get(f"{_RUN}{k}", timeout * 1000)) for k in range(self.count)
+        }
+        if all(r["sha256"] == digest for r in runs.values()):
+            return
+        raise ValueError(disagreement({k: r["fields"] for k, r in runs.items()}))
 
     def _live(self) -> set[int]:
         return set(self.client.get_live_nodes(list(range(self.count))))

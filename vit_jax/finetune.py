@@ -12,20 +12,22 @@ loads no torch. Readers and writers of PyTorch ``.pth``/``.bin`` files are passe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
+from vit_common.checkpoints.convert import check_assumed, load_checkpoint, save_checkpoint
 from vit_common.checkpoints.formats.provenance import Report
+from vit_common.checkpoints.formats.timm import TimmWriteOptions
 from vit_common.checkpoints.metadata import ModelInfo, with_overrides
 from vit_common.checkpoints.registry import REGISTRY
 from vit_common.config import RUNTIME_FIELDS, ViTConfig
 from vit_common.data.datasets import Dataset
 from vit_common.data.images import Preprocess
+from vit_common.system.io import check_destination
 from vit_jax.formats import READERS, WRITERS
 
 # Fields a caller does not give to ``load_init``: the dataset decides them (classes, channels), or
@@ -174,6 +176,20 @@ def export_targets(out: Path, source: Report | None) -> dict[str, Path]:
     return targets
 
 
+def check_exports(out: Path, cfg: ViTConfig, source: Report | None, accept_assumed: Sequence[str] | str = ()) -> None:
+    """Refuse, before any training, an export path that holds something vit did not write, and an export
+    that would state as fact a field the fine-tuned checkpoint did not state (``source.assumed``, unless in
+    ``accept_assumed``: --accept-assumed).
+
+    Raises:
+        DestinationError: naming the path (``vit_common.system.io.check_destination``).
+        ValueError: naming the export and the fields (``vit_common.checkpoints.convert.check_assumed``).
+    """
+    for fmt, path in export_targets(out, source).items():
+        check_destination(path, folder=REGISTRY[fmt].folder)
+        check_assumed(path, fmt, cfg, source.assumed if source is not None else (), accept_assumed)
+
+
 def export(
     out: Path,
     cfg: ViTConfig,
@@ -183,23 +199,37 @@ def export(
     classes: tuple[str, ...] | None,
     source: Report | None = None,
     writers: Mapping[str, Any] | None = None,
+    accept_assumed: Sequence[str] | str = (),
 ) -> Exported:
     """Write ``out``/model.safetensors (ours: config, preprocessing and class names in its metadata) and
     the ``export_targets``; ``weights`` the canonical state of ``cfg``, ``source`` the report of the
     checkpoint fine-tuned (None for a fresh model), ``writers`` container writers besides orbax's
-    (``vit_torch.formats.WRITERS`` for .pth/.bin). A format that cannot hold the model, or whose writer
-    is not given, is skipped with a line saying why.
+    (``vit_torch.formats.WRITERS`` for .pth/.bin). Fields the source did not state (``source.assumed``)
+    stay recorded as assumed where a format can say so; ``accept_assumed`` as ``save_checkpoint``'s
+    (``check_exports`` refused the others before the training). A timm .safetensors export shares the
+    bytes of ours (one copy of the tensors on disk: ``TimmWriteOptions.weights_from``). A format that
+    cannot hold the model, or whose writer is not given, is skipped with a line saying why.
 
     Raises:
         ValueError: ours cannot be written (as ``save_checkpoint``).
     """
     ours = REGISTRY["canonical"]
-    save_checkpoint(out / ours.export_name(), cfg, weights, ours.name, preprocess=preprocess, classes=classes)
+    kept = dict(assumed=source.assumed if source is not None else (), accept_assumed=accept_assumed)
+    save_checkpoint(out / ours.export_name(), cfg, weights, ours.name, preprocess=preprocess, classes=classes, **kept)
     done = Exported()
     for fmt, path in export_targets(out, source).items():
+        options = TimmWriteOptions(weights_from=str(out / ours.export_name())) if fmt == "timm" else None
         try:
             r = save_checkpoint(
-                path, cfg, weights, fmt, writers={**WRITERS, **(writers or {})}, preprocess=preprocess, classes=classes
+                path,
+                cfg,
+                weights,
+                fmt,
+                writers={**WRITERS, **(writers or {})},
+                options=options,
+                preprocess=preprocess,
+                classes=classes,
+                **kept,
             )
         except (ValueError, ImportError) as e:
             done.lines.append(f"not exported as {fmt}: {e}")

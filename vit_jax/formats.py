@@ -10,12 +10,14 @@ timm hub folder's config.json through timm in a child process (vit_jax never imp
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib.util
-import json
+import logging
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +29,7 @@ from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.provenance import common_float_dtype
 from vit_common.checkpoints.formats.stored import FORMAT_TAG, config_from_json, stored_config
 from vit_common.config import ViTConfig
-from vit_common.system.io import atomic_write_dir, folder_mark, write_json
+from vit_common.system.io import atomic_write_dir, folder_mark, read_json, write_json
 from vit_common.system.validate import check_model_size
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
 from vit_jax.model import VisionTransformer
@@ -51,6 +53,38 @@ def _template_keys(template, restored):
     return restored
 
 
+@contextlib.contextmanager
+def quiet_orbax() -> Iterator[None]:
+    """Orbax's own error reports off while the block runs: a failed write (a full disk) is raised to the
+    caller, which names it in one line, while orbax's threads log the same error with tracebacks through
+    absl, asyncio and concurrent.futures, and tensorstore's callbacks print "Event loop is closed"
+    tracebacks from C to file descriptor 2. So the loggers are raised to CRITICAL (and stay there after a
+    failure, since orbax's threads report on) and fd 2 points at /dev/null while the block runs.
+    Callbacks that run after the block can still print (see docs/known_faults.md)."""
+    loggers = [logging.getLogger(name) for name in ("absl", "asyncio", "concurrent.futures")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        gc.collect()
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        if not failed:
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)
+
+
 def save_orbax(path: str | os.PathLike, model: VisionTransformer) -> None:
     """Save ``model`` (its whole NNX state) and its config to the folder ``path``, atomically."""
     state = nnx.state(model)
@@ -59,11 +93,14 @@ def save_orbax(path: str | os.PathLike, model: VisionTransformer) -> None:
     def write(tmp: Path) -> None:
         write_json(tmp / ORBAX_CONFIG, folder_mark(meta, [ORBAX_CONFIG, "state"]), indent=1)
         ckptr = ocp.StandardCheckpointer()
-        ckptr.save((tmp / "state").absolute(), _string_keys(keys_to_data(_pure_dict(state))))
-        ckptr.wait_until_finished()
-        ckptr.close()
+        try:
+            ckptr.save((tmp / "state").absolute(), _string_keys(keys_to_data(_pure_dict(state))))
+            ckptr.wait_until_finished()
+        finally:
+            ckptr.close()
 
-    atomic_write_dir(path, write)
+    with quiet_orbax():
+        atomic_write_dir(path, write)
 
 
 def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:
@@ -77,7 +114,7 @@ def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:
     """
     path = Path(path)
     try:
-        meta = json.loads((path / ORBAX_CONFIG).read_text())
+        meta = read_json(path / ORBAX_CONFIG)  # bounded in size and depth
     except (OSError, ValueError) as e:
         raise FormatError(f"{path}: no readable {ORBAX_CONFIG} ({e})") from e
     if not isinstance(meta, dict):

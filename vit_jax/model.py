@@ -188,11 +188,13 @@ class DropPath(nnx.Module):
         self.deterministic = False
         self.rngs = rngs["dropout"].fork() if rate > 0 else None
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+        """x [B, ...]; ``mask`` [B] (1 keep, 0 drop) given from outside (the twins' parity mode), else drawn."""
         if self.rate == 0 or self.deterministic:
             return x
         keep = 1.0 - self.rate
-        mask = jax.random.bernoulli(self.rngs(), keep, (x.shape[0],) + (1,) * (x.ndim - 1))
+        shape = (x.shape[0],) + (1,) * (x.ndim - 1)
+        mask = jax.random.bernoulli(self.rngs(), keep, shape) if mask is None else mask.reshape(shape) > 0
         return jnp.where(mask, x / keep, jnp.zeros_like(x))
 
 
@@ -209,11 +211,16 @@ class Block(nnx.Module):
         self.ls2 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path2 = DropPath(drop_path, rngs=rngs)
 
-    def __call__(self, x: jax.Array, *, return_attn: bool = False) -> tuple[jax.Array, jax.Array | None]:
+    def __call__(
+        self, x: jax.Array, *, return_attn: bool = False, drop_mask: jax.Array | None = None
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """x [B, L, D] -> ([B, L, D], probabilities or None); ``drop_mask`` [B, 2]: both branches' drop-path
+        masks (parity mode), else drawn."""
+        m1, m2 = (None, None) if drop_mask is None else (drop_mask[:, 0], drop_mask[:, 1])
         y, probs = self.attn(self.norm1(x), return_attn=return_attn)
-        x = x + self.drop_path1(self.ls1(y) if self.ls1 is not None else y)
+        x = x + self.drop_path1(self.ls1(y) if self.ls1 is not None else y, m1)
         y = self.mlp(self.norm2(x))
-        x = x + self.drop_path2(self.ls2(y) if self.ls2 is not None else y)
+        x = x + self.drop_path2(self.ls2(y) if self.ls2 is not None else y, m2)
         return x, probs
 
 
@@ -303,6 +310,12 @@ class VisionTransformer(nnx.Module):
         self.head = _linear(cfg, cfg.features_dim, k, rngs, bias) if k else None
         self.head_dist = _linear(cfg, cfg.features_dim, k, rngs, bias) if k and cfg.head_dist else None
 
+    def no_weight_decay(self) -> frozenset[str]:
+        """Canonical names exempt from weight decay besides rank <= 1 tensors: timm's
+        ``VisionTransformer.no_weight_decay`` (``timm/models/vision_transformer.py``). Which tensors a run
+        decays is its recipe's choice (``vit_common.recipes.decays``)."""
+        return frozenset({"pos_embed", "cls_token", "reg_token", "dist_token"})
+
     def _embed(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Images [B, H, W, C] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D])."""
         cfg = self.cfg
@@ -336,8 +349,9 @@ class VisionTransformer(nnx.Module):
             tokens = jnp.concatenate(prefix + [patches + pe_grid if pe_grid is not None else patches], 1)
         return patches, self.pos_drop(tokens)
 
-    def _forward(self, x: jax.Array, out: dict | None) -> jax.Array:
-        """The one forward pass; records named intermediates into ``out`` when it is a dict."""
+    def _forward(self, x: jax.Array, out: dict | None, drop_masks: jax.Array | None = None) -> jax.Array:
+        """The one forward pass; records named intermediates into ``out`` when it is a dict; ``drop_masks``
+        [B, depth, 2] the blocks' drop-path masks (``__call__``)."""
         cfg = self.cfg
         record = out is not None
         patches, x = self._embed(x)
@@ -349,10 +363,11 @@ class VisionTransformer(nnx.Module):
                 out["norm_pre"] = x
         for i, block in enumerate(self.blocks):
             x = self.platform.residual(x)  # identity but on CPU
+            mask = None if drop_masks is None else drop_masks[:, i]
             if self.grad_checkpointing and not record:  # recomputed in the backward pass
-                x, probs = nnx.remat(lambda blk, h: blk(h))(block, x)
+                x, probs = nnx.remat(lambda blk, h, m: blk(h, drop_mask=m))(block, x, mask)
             else:
-                x, probs = block(x, return_attn=record)
+                x, probs = block(x, return_attn=record, drop_mask=mask)
             if record:
                 out[f"block{i:02d}"], out[f"attn{i:02d}"] = x, probs
         if self.norm is not None:
@@ -403,9 +418,14 @@ class VisionTransformer(nnx.Module):
         for less memory and about a third more compute. ``forward_intermediates`` is never recomputed."""
         self.grad_checkpointing = bool(enable)
 
-    def __call__(self, images: jax.Array) -> jax.Array:
-        """Images [B, H, W, C] -> logits [B, K] (features [B, D'] when num_classes=0)."""
-        return self._forward(images, None)
+    def __call__(self, images: jax.Array, *, drop_masks: jax.Array | None = None) -> jax.Array:
+        """Images [B, H, W, C] -> logits [B, K] (features [B, D'] when num_classes=0).
+
+        ``drop_masks`` float [B, depth, 2] (1 keep, 0 drop): in training, block i's two drop-path
+        branches take rows [:, i, 0] and [:, i, 1] instead of drawing their own, so that both twins drop
+        the same samples (the parity mode of twin training); ignored where drop_path is 0 or in eval.
+        """
+        return self._forward(images, None, drop_masks)
 
     def forward_intermediates(self, images: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Logits and every named intermediate; attention always takes the explicit path.

@@ -10,10 +10,11 @@ parameters and optimizer state are replicated ('dp', data parallel) or each arra
 largest axis divisible by the device count ('fsdp', ZeRO-3 style; XLA inserts the gathers).
 Multi-process runs start (and stop when a process is lost) through ``vit_jax.distributed``.
 
-Optimizer (optax): global-norm gradient clipping, then AdamW with linear warmup + cosine decay and
-no weight decay on biases, norms, class/register tokens, position embeddings and the MAP probe
-(timm ``no_weight_decay`` convention); for fine-tuning, optionally the head only (``freeze``) or
-layer-wise learning-rate decay (``layer_decay``), see ``make_optimizer``. Loss: softmax cross-entropy
+Optimizer (optax): global-norm gradient clipping, then AdamW with linear warmup + cosine decay, the
+decay mask and conventions of ``tcfg.recipe`` (``vit_common.recipes``; the default ``twins``: no weight
+decay on biases, norms, class/register tokens, position embeddings and the MAP probe); for
+fine-tuning, optionally the head only (``freeze``) or layer-wise learning-rate decay (``layer_decay``),
+see ``make_optimizer``. ``vit_torch/train.py`` is the same step in PyTorch. Loss: softmax cross-entropy
 against label-smoothed (and mixup/cutmix-mixed) targets, averaged over the real (mask 1) examples of
 the batch; gradient accumulation scans over micro-batches and divides by the batch's real count, so it
 equals one big batch.
@@ -22,10 +23,12 @@ equals one big batch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import jax
@@ -37,18 +40,18 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from vit_common import recipes
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import Dataset, batches_per_epoch, examples_before, fingerprint_changes
 from vit_common.data.images import Preprocess
 from vit_common.data.train_config import RunOptions, TrainConfig
+from vit_common.recipes import TORCH_CLIP_EPS, Recipe, decays, get_recipe, schedule_steps
 from vit_common.system import io
+from vit_common.system.validate import regular_file
 from vit_jax.data import eval_batches, iterate, train_batches, transform_for
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
 from vit_jax.model import VisionTransformer
-from vit_jax.weights import from_numpy, to_numpy
-
-# Leaf names that never get weight decay besides 1-D tensors (biases, norm scales, LayerScale).
-NO_DECAY = frozenset({"cls_token", "reg_token", "pos_embed", "latent"})
+from vit_jax.weights import _canonical_name, from_numpy, to_numpy
 
 
 class NonFiniteError(RuntimeError):
@@ -84,18 +87,15 @@ def build_model(cfg: ViTConfig, seed: int, remat: bool = False) -> VisionTransfo
     return model
 
 
-def _leaf_name(path) -> str:
-    """The parameter's own name: the last dict key of its pytree path (after it come Variable fields)."""
-    return next(str(k.key) for k in reversed(path) if isinstance(k, jax.tree_util.DictKey))
+def _canonical(path) -> str:
+    """The canonical (timm) name of the parameter at a pytree path of an ``nnx.Param`` State."""
+    return _canonical_name(tuple(str(k) for k in _top_keys(path)))[0]
 
 
-def decay_mask(params: nnx.State) -> nnx.State:
-    """True where AdamW applies weight decay: tensors of rank >= 2 except tokens and embeddings."""
-    return jax.tree_util.tree_map_with_path(lambda p, x: x.ndim >= 2 and _leaf_name(p) not in NO_DECAY, params)
-
-
-# Top-level modules of the embedding stem: layer 0 of layer-wise decay (timm ViT ``group_matcher`` stem).
-STEM = frozenset({"patch_embed", "cls_token", "reg_token", "pos_embed"})
+def decay_mask(params: nnx.State, recipe: Recipe, no_weight_decay: Collection[str]) -> nnx.State:
+    """True where AdamW applies weight decay under ``recipe`` (``vit_common.recipes.decays`` on canonical
+    names; ``no_weight_decay`` the model's ``no_weight_decay()``)."""
+    return jax.tree_util.tree_map_with_path(lambda p, x: decays(recipe, _canonical(p), x.ndim, no_weight_decay), params)
 
 
 def _top_keys(path) -> list:
@@ -103,15 +103,12 @@ def _top_keys(path) -> list:
 
 
 def layer_ids(params: nnx.State, depth: int) -> nnx.State:
-    """Each parameter's layer for layer-wise decay: 0 the stem (patch embedding, tokens, position
-    embedding), i + 1 block i, ``depth + 1`` everything after the blocks (norms, pooling, head), as BEiT
-    and timm's ``param_groups_layer_decay`` number them."""
-
-    def layer(path, _):
-        top = _top_keys(path)
-        return 0 if top[0] in STEM else int(top[1]) + 1 if top[0] == "blocks" else depth + 1
-
-    return jax.tree_util.tree_map_with_path(layer, params)
+    """Each parameter's layer for layer-wise decay, numbered as timm's ``param_groups_layer_decay``
+    (``vit_common.recipes.layer_ids``): 0 the stem (patch embedding, tokens, position embedding,
+    norm_pre), i + 1 block i, the final norm with the last block, ``depth + 1`` what follows it."""
+    names = jax.tree_util.tree_leaves(jax.tree_util.tree_map_with_path(lambda p, _: _canonical(p), params))
+    ids = recipes.layer_ids(names, depth)
+    return jax.tree_util.tree_map_with_path(lambda p, _: ids[_canonical(p)], params)
 
 
 def trainable_mask(params: nnx.State, tcfg: TrainConfig) -> nnx.State:
@@ -119,41 +116,94 @@ def trainable_mask(params: nnx.State, tcfg: TrainConfig) -> nnx.State:
     return jax.tree_util.tree_map_with_path(lambda p, _: not tcfg.freeze or _top_keys(p)[0] == "head", params)
 
 
+def _clip(recipe: Recipe, max_norm: float) -> optax.GradientTransformation:
+    """Global-norm clipping as the recipe's library does it: optax's ``clip_by_global_norm`` (g x max /
+    norm), or torch's ``clip_grad_norm_`` (g x min(1, max / (norm + 1e-6)), ``torch/nn/utils/clip_grad.py``),
+    the latter as an ``optax.stateless`` scaling."""
+    if recipe.clip == "optax":
+        return optax.clip_by_global_norm(max_norm)
+
+    def scale(updates, params):
+        coef = jnp.minimum(max_norm / (optax.tree_utils.tree_norm(updates) + TORCH_CLIP_EPS), 1.0)
+        return jax.tree.map(lambda g: g * coef.astype(g.dtype), updates)
+
+    return optax.stateless(scale)
+
+
+def _schedule(peak: float, warmup: int, decay_steps: int, end_ratio: float) -> optax.Schedule:
+    """optax's warmup-cosine from 0 to ``peak`` and down to ``peak * end_ratio``. optax computes it in
+    float32 even with jax_enable_x64 on (from the int32 count); then the count enters as float64, so a
+    float64 run's learning rate is float64, as torch's Python-float one (``vit_common.recipes.lr_factor``)."""
+    base = optax.warmup_cosine_decay_schedule(
+        0.0, peak, warmup_steps=warmup, decay_steps=decay_steps, end_value=peak * end_ratio
+    )
+    if not jax.config.jax_enable_x64:
+        return base
+    return lambda count: base(jnp.asarray(count, jnp.float64))
+
+
 def lr_schedule(tcfg: TrainConfig, total_steps: int) -> optax.Schedule:
     """The learning rate of each of ``total_steps`` optimizer steps: linear warmup from 0 to ``lr`` over
     ``warmup_steps`` (at most all steps but one), then cosine decay to ``lr * min_lr_ratio`` at the last
-    (``optax.warmup_cosine_decay_schedule``)."""
-    warmup = min(tcfg.warmup_steps, max(total_steps - 1, 0))
-    return optax.warmup_cosine_decay_schedule(
-        0.0,
-        tcfg.lr,
-        warmup_steps=warmup,
-        decay_steps=max(total_steps, warmup + 1),
-        end_value=tcfg.lr * tcfg.min_lr_ratio,
-    )
+    (``vit_common.recipes.schedule_steps``, ``_schedule``)."""
+    warmup, decay_steps = schedule_steps(tcfg.warmup_steps, total_steps)
+    return _schedule(tcfg.lr, warmup, decay_steps, tcfg.min_lr_ratio)
 
 
 def make_optimizer(
-    tcfg: TrainConfig, total_steps: int, depth: int
+    tcfg: TrainConfig, total_steps: int, depth: int, *, no_weight_decay: Collection[str]
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """(optimizer, learning-rate schedule) for ``total_steps`` optimizer steps of a ``depth``-block model.
+    """(optimizer, learning-rate schedule) for ``total_steps`` optimizer steps of a ``depth``-block model
+    under ``tcfg.recipe`` (``vit_common.recipes``); ``no_weight_decay`` is the model's ``no_weight_decay()``.
 
-    Global-norm clipping, then AdamW with linear warmup and cosine decay (weight decay masked, see the
-    module docstring). ``freeze``: the same on the head only, every other parameter left unchanged
+    Global-norm clipping (the recipe's), then AdamW with linear warmup and cosine decay: ``optax.adamw``
+    with the recipe's decay mask, or for big_vision ``big_vision/optax.py``'s chain ``scale_by_adam
+    (mu_dtype=bfloat16), scale(lr), add_decayed_weights(wd, kernels), scale_by_schedule(lr(t) / lr),
+    scale(-1)``. ``freeze``: the same on the head only, every other parameter left unchanged
     (``optax.multi_transform`` with ``set_to_zero``); clipping then sees the head's gradient only.
-    ``layer_decay`` r: the update of a parameter in layer l (``layer_ids``) scaled by r^(depth + 1 - l),
-    weight decay included (``optax.multi_transform`` of ``optax.scale``), as a per-group learning rate
-    does in timm's and BEiT's fine-tuning.
+    ``layer_decay`` r: the update of a parameter in layer l (``layer_ids``) scaled by r^(L - l), L the
+    top layer, as timm's per-group lr_scale does (weight decay included); for big_vision as its
+    ``lr_mults``, before the decay, which it then does not scale.
     """
+    recipe = get_recipe(tcfg.recipe)
+    warmup, decay_steps = schedule_steps(tcfg.warmup_steps, total_steps)
     schedule = lr_schedule(tcfg, total_steps)
-    adamw = optax.adamw(schedule, b1=tcfg.b1, b2=tcfg.b2, weight_decay=tcfg.weight_decay, mask=decay_mask)
-    tx = optax.chain(optax.clip_by_global_norm(tcfg.grad_clip), adamw) if tcfg.grad_clip else adamw
+    mask = lambda p: decay_mask(p, recipe, no_weight_decay)  # noqa: E731
+    layered = tcfg.layer_decay != 1 and not tcfg.freeze
+
+    def layer_scale() -> optax.GradientTransformation:
+        def exponents(p):
+            names = jax.tree_util.tree_map_with_path(lambda q, _: _canonical(q), p)
+            table = recipes.layer_exponents(jax.tree_util.tree_leaves(names), depth)
+            return jax.tree.map(lambda n: table[n], names)
+
+        return optax.multi_transform({k: optax.scale(tcfg.layer_decay**k) for k in range(depth + 2)}, exponents)
+
+    if recipe.decay_scaled_by_lr:
+        adamw = optax.adamw(
+            schedule,
+            b1=tcfg.b1,
+            b2=tcfg.b2,
+            eps=recipe.eps,
+            weight_decay=tcfg.weight_decay,
+            mask=mask,
+            mu_dtype=recipe.mu_dtype,
+        )
+        tx = optax.chain(adamw, layer_scale()) if layered else adamw
+    else:
+        relative = _schedule(1.0, warmup, decay_steps, tcfg.min_lr_ratio)
+        tx = optax.chain(
+            optax.scale_by_adam(b1=tcfg.b1, b2=tcfg.b2, eps=recipe.eps, mu_dtype=recipe.mu_dtype),
+            optax.scale(tcfg.lr),
+            *([layer_scale()] if layered else []),
+            optax.add_decayed_weights(tcfg.weight_decay, mask),
+            optax.scale_by_schedule(relative),
+            optax.scale(-1.0),
+        )
+    tx = optax.chain(_clip(recipe, tcfg.grad_clip), tx) if tcfg.grad_clip else tx
     if tcfg.freeze:
         labels = lambda p: jax.tree.map(lambda m: "train" if m else "frozen", trainable_mask(p, tcfg))  # noqa: E731
         tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
-    elif tcfg.layer_decay != 1:
-        scales = {layer: optax.scale(tcfg.layer_decay ** (depth + 1 - layer)) for layer in range(depth + 2)}
-        tx = optax.chain(tx, optax.multi_transform(scales, lambda p: layer_ids(p, depth)))
     return tx, schedule
 
 
@@ -206,9 +256,10 @@ class Trainer:
             )
         self.steps_per_epoch = batches_per_epoch(len(data.train), tcfg.batch_size)
         self.total_steps = self.steps_per_epoch * tcfg.epochs
-        self.tx, self.schedule = make_optimizer(tcfg, self.total_steps, cfg.depth)
-
         model = nnx.eval_shape(lambda: build_model(cfg, tcfg.seed, tcfg.remat))
+        self.tx, self.schedule = make_optimizer(
+            tcfg, self.total_steps, cfg.depth, no_weight_decay=model.no_weight_decay()
+        )
         model.eval()
         self.eval_graphdef = nnx.graphdef(model)
         model.train()
@@ -360,14 +411,16 @@ class Trainer:
         return to_numpy(nnx.merge(self.eval_graphdef, params, state["rest"]))
 
 
-def _forward(graphdef, params, rest, images):
-    """(logits float32 [B, K], the model's non-parameter state after the call).
+def _forward(graphdef, params, rest, images, drop_masks=None):
+    """(logits [B, K] in at least float32 (float64 models keep float64), the model's non-parameter
+    state after the call); ``drop_masks`` [B, depth, 2] the parity mode's drop-path masks, or None.
 
     ``rest`` is rebuilt by an identity tree map so that its Variables (dropout RNG counters) belong
     to the current trace: NNX refuses to update a Variable created outside ``jax.value_and_grad``.
     """
     model = nnx.merge(graphdef, params, jax.tree.map(lambda v: v, rest))
-    logits = model(images).astype(jnp.float32)
+    logits = model(images, drop_masks=drop_masks)
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     return logits, nnx.state(model, nnx.Not(nnx.Param))
 
 
@@ -377,15 +430,17 @@ def loss_and_grads(t: Trainer, params, rest, batch: dict):
     Returns (grads summed over the real examples, rest after the forward passes, loss sum, correct
     count). Micro-batch i holds rows i, i+A, i+2A, ... so each keeps the batch's device split. With
     ``freeze`` the frozen parameters enter through ``stop_gradient``: their gradients are zeros and no
-    backward pass runs through the frozen layers.
+    backward pass runs through the frozen layers. A batch with "drop_masks" float [B, depth, 2] hands
+    them to the model (the twins' parity mode, ``VisionTransformer.__call__``).
     """
     tcfg, a = t.tcfg, t.tcfg.accum_steps
 
     def loss_sum(p, rest, mb):
         if tcfg.freeze:
             p = jax.tree.map(lambda train, x: x if train else jax.lax.stop_gradient(x), t.trainable, p)
-        logits, rest = _forward(t.train_graphdef, p, rest, mb["image"])
-        targets = optax.smooth_labels(mb["target"], tcfg.label_smoothing) if tcfg.label_smoothing else mb["target"]
+        logits, rest = _forward(t.train_graphdef, p, rest, mb["image"], mb.get("drop_masks"))
+        targets = mb["target"].astype(logits.dtype)
+        targets = optax.smooth_labels(targets, tcfg.label_smoothing) if tcfg.label_smoothing else targets
         ce = optax.softmax_cross_entropy(logits, targets)  # [b]
         correct = ((jnp.argmax(logits, -1) == mb["label"]) * mb["mask"]).sum()
         return (ce * mb["mask"]).sum(), (rest, correct)
@@ -397,7 +452,8 @@ def loss_and_grads(t: Trainer, params, rest, batch: dict):
 
     micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(x.shape[0] // a, a, *x.shape[1:]), 0, 1), batch)
     zero = jnp.zeros((), jnp.float32)
-    init = (jax.tree.map(jnp.zeros_like, params), rest, zero, zero)
+    loss0 = jnp.zeros((), jnp.promote_types(t.cfg.dtype, jnp.float32))  # the logits' dtype (_forward)
+    init = (jax.tree.map(jnp.zeros_like, params), rest, loss0, zero)
     return jax.lax.scan(accumulate, init, micro)[0]
 
 
@@ -451,9 +507,19 @@ _LISTENING = []
 def enable_compile_cache(directory: str | os.PathLike) -> Path:
     """Turn on JAX's persistent compilation cache in ``directory`` (made if missing) for every program,
     however fast it compiled, so that a second run of the same configuration skips XLA compilation.
-    Must run before the first compilation. Returns the directory."""
+    Must run before the first compilation. Returns the directory.
+
+    Raises:
+        OSError: ``directory`` cannot be made (a file in its place) or is not writable (a read-only
+            disk, another user's folder); the message names it and nothing was turned on.
+    """
     path = Path(directory).expanduser().absolute()
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"{path}: cannot be made ({e.strerror})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise OSError(f"{path}: not writable")
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -524,6 +590,29 @@ class Checkpoints:
         meta = dict(out["meta"])
         return data_to_keys(out["state"], abstract_state, meta["key_impl"]), meta
 
+    def restore_complete(self, abstract_state, steps: list[int]):
+        """(step, state) of the latest of ``steps`` that restores; a checkpoint that does not (truncated or
+        damaged files, e.g. a disk that filled) is reported on stderr and the one before it is tried.
+
+        Raises:
+            ValueError: none restores (naming the folder and the latest one's error).
+        """
+        import sys
+
+        first = None
+        for step in reversed(steps):
+            try:
+                return step, self.restore(abstract_state, step=step)[0]
+            except Exception as e:  # orbax and its JSON/tensorstore readers raise many types
+                first = first or e
+                line = f"{e}".splitlines()[0] if str(e) else type(e).__name__
+                print(
+                    f"vit train: warning: {self.manager.directory}/{step}: does not restore ({line}); "
+                    "trying the checkpoint before it",
+                    file=sys.stderr,
+                )
+        raise ValueError(f"{self.manager.directory}: no checkpoint restores (the latest: {first})") from first
+
     def wait(self) -> None:
         self.manager.wait_until_finished()
 
@@ -546,12 +635,27 @@ def sharded_abstract(trainer: Trainer):
     )
 
 
+def _json_defaults(cls) -> dict:
+    """{field: its default as config.json stores it} of a config dataclass (tuples as lists)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = list(f.default) if isinstance(f.default, tuple) else f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return out
+
+
 def config_mismatch(saved: dict, current: dict) -> list[str]:
     """Fields (section.field) whose values differ between two config.json dicts, except those a resumed
-    run may change: ``TrainConfig.settings()`` and ``epochs`` (see ``schedule_change``)."""
+    run may change: ``TrainConfig.settings()`` and ``epochs`` (see ``schedule_change``). A field the
+    saved config lacks (the run was started by a version without it) counts as its default then."""
     out = []
+    defaults = {"model": _json_defaults(ViTConfig), "train": _json_defaults(TrainConfig)}
     for section in ("model", "train", "preprocess"):
         a, b = saved.get(section, {}), current.get(section, {})
+        a = {**{k: v for k, v in defaults.get(section, {}).items() if k in b}, **a}
         free = [*TrainConfig.settings(), "epochs"] if section == "train" else []
         out += [
             f"{section}.{k}: checkpoint has {a.get(k)!r}, now {b.get(k)!r}"
@@ -612,11 +716,6 @@ def schedule_change(trainer: Trainer, saved_epochs: int, step: int) -> str | Non
     )
 
 
-def read_json(path: Path) -> dict:
-    with open(path) as f:
-        return json.load(f)
-
-
 # -------------------------------------------------------------------------------------- the run
 
 
@@ -626,11 +725,28 @@ def write_json(path: Path, obj) -> None:
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop metric lines written after ``step`` (by a run that was killed later than its checkpoint)."""
+    """Drop metric lines written after ``step`` (by a run that was killed later than its checkpoint), and a
+    last line a kill cut short (not JSON).
+
+    Raises:
+        ValueError: a line before the last is not JSON or has no integer 'step' (naming file:line).
+    """
     if not path.exists():
         return
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-    io.write_text(path, "".join(ln + "\n" for ln in lines))
+    lines = [(i, ln) for i, ln in enumerate(regular_file(path).read_text().splitlines(), 1) if ln.strip()]
+    kept = []
+    for n, (i, ln) in enumerate(lines):
+        try:
+            row = io.parse_json(ln, f"{path}:{i}")
+        except ValueError:
+            if n == len(lines) - 1:  # the line a kill cut short: dropped
+                break
+            raise
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            raise ValueError(f"{path}:{i}: a metrics line without an integer 'step'")
+        if row["step"] <= step:
+            kept.append(ln)
+    io.write_text(path, "".join(ln + "\n" for ln in kept))
 
 
 def run_config(trainer: Trainer) -> dict:
@@ -678,12 +794,14 @@ def fit(
         test_loss, test_accuracy, images_per_s, train_seconds).
 
     Raises:
-        ValueError: ``out`` already holds a run and ``resume`` is off, or ``resume`` with a config that
+        ValueError: ``out`` holds a checkpoint and ``resume`` is off, or ``resume`` with a config that
             differs from the saved one (every differing field listed; ``epochs`` may differ, which
             recomputes the schedule: ``schedule_change``), or with an epoch count that ends before the
-            checkpoint.
+            checkpoint; a metrics line before the last that is not JSON or has no step (a last line a
+            kill cut is dropped).
         FileNotFoundError: ``resume`` without a run in ``out``. A run stopped before its first complete
-            checkpoint resumes from step 0.
+            checkpoint starts again from step 0, with or without ``resume`` and with any config; a
+            latest checkpoint that does not restore is reported and the one before it used.
         NonFiniteError: NaN or Inf in the loss or gradients; the last good checkpoint stays intact.
         DestinationError: a fresh run's ``out`` holds a file of ``RUN_FILES`` that vit did not write
             (checked first; a resumed run's config.json proves its files are the run's).
@@ -698,20 +816,24 @@ def fit(
     if resume:
         if not (out / "config.json").exists():
             raise FileNotFoundError(f"{out}: no run to resume (config.json is missing)")
-        saved_config = read_json(out / "config.json")
+        saved_config = io.read_json(out / "config.json")  # bounded, named
         saved_config.pop(io.OWNER_KEY, None)  # the mark write_json adds (vit_common.system.io)
         diff = config_mismatch(saved_config, config)
-        if diff:
+        if diff and saved:  # with no checkpoint there is nothing to continue: the new config starts afresh
             raise ValueError(
                 f"{out}: the checkpoint was made with a different config (keep it, or choose another --out):\n  "
                 + "\n  ".join(diff)
             )
-        check_same_data(out, saved_config, config["dataset"], lead)
+        if saved:  # (without a checkpoint nothing continues: any data starts afresh)
+            check_same_data(out, saved_config, config["dataset"], lead)
         saved_epochs = saved_config.get("train", {}).get("epochs", trainer.tcfg.epochs)
         schedule_change(trainer, saved_epochs, saved[-1] if saved else 0)
-    elif saved or metrics_path.exists():
+    elif saved:
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
-    elif lead:
+    # a run stopped before its first checkpoint: its config.json (ours by its content) shows the folder is
+    # a run's, so the same command replaces that run's files (metrics.jsonl proves nothing by itself)
+    restart = not resume and io.owned(out / "config.json")
+    if lead and not resume and not restart:
         for name in RUN_FILES:  # refused before any work, not at the end: files vit did not write stay
             io.check_destination(out / name)
     if jax.process_count() > 1:  # every process has read the folder before process 0 writes to it
@@ -720,17 +842,16 @@ def fit(
         multihost_utils.sync_global_devices("vit_train:folder_checked")
     # removes temporary folders a killed run left
     ckpts = Checkpoints(out / "checkpoints", options.keep, trainer.tcfg.barrier_timeout)
-    # The first batches are made while the state is built and the step compiles (the batch position is
-    # the step: a resumed run starts at its latest checkpoint's).
-    it = trainer.train_iterator(start=saved[-1] if saved and resume else 0)
+    start, state = ckpts.restore_complete(sharded_abstract(trainer), saved) if saved and resume else (0, None)
+    # The first batches are made while the step compiles (the batch position is the step: a resumed run
+    # starts at the checkpoint it restored).
+    it = trainer.train_iterator(start=start)
     files = contextlib.ExitStack()
-    if resume:  # its config.json shows the folder is this run's (copied, perhaps): its files are ours to
-        files.enter_context(io.overwriting())  # replace, its metrics.jsonl to append to, marked or not
+    if resume or restart:  # its config.json shows the folder is this run's (copied, perhaps): its files are
+        files.enter_context(io.overwriting())  # ours to replace, its metrics.jsonl to append to, marked or not
     try:
         it.start_prefetch()
-        if saved and resume:
-            state, _ = ckpts.restore(sharded_abstract(trainer), step=it.position)
-        else:  # a fresh run, or a resumed one that was stopped before its first complete checkpoint
+        if state is None:  # a fresh run, or a resumed one that was stopped before its first complete checkpoint
             state = trainer.init_state()
         before = _cache_events()
         trainer.compile()  # while the first batches are made

@@ -23,12 +23,9 @@ import numpy as np
 import torch
 
 from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.source import WEIGHT_ENTRIES, choose_weights
 from vit_common.system.io import atomic_write
 from vit_torch.weights import numpy_to_tensor, tensor_to_numpy
-
-# Entries of training checkpoints that hold the weights, in the order they are preferred (timm's
-# load_state_dict takes 'state_dict' or 'model'; EMA weights only when nothing else is there).
-WEIGHT_ENTRIES = ("state_dict", "model", "module", "state_dict_ema", "model_ema")
 
 
 def _safe_globals() -> list:
@@ -98,24 +95,33 @@ def _load(path: str | os.PathLike):
 def read_torch_file(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], list[tuple[str, str]]]:
     """(tensors as numpy, dropped entries with reasons) of a .pth/.pt/.bin file.
 
-    A plain state_dict is returned whole; a training checkpoint's weights are taken from the first of
-    ``WEIGHT_ENTRIES`` it has, and its other entries (optimizer, epoch, args, EMA copy...) are reported
-    as dropped. Non-tensor values inside the state_dict are dropped and reported too.
+    A plain state_dict is returned whole; a training checkpoint's weights are taken from the entry
+    ``vit_common.checkpoints.formats.source.choose_weights`` picks (``--weights-entry``; by default the
+    first of ``WEIGHT_ENTRIES`` it has: EMA weights first, as timm's loader), its other weight entries
+    are reported as dropped with the line stating the choice, and its other entries (optimizer, epoch,
+    args...) as dropped. Non-tensor values inside the state_dict are dropped and reported too.
 
     Raises:
-        FormatError: unreadable, refused by the weights-only loader, or holding no state_dict.
+        FormatError: unreadable, refused by the weights-only loader, holding no state_dict, or lacking
+            the entry asked for.
     """
     obj = _load(path)
     dropped: list[tuple[str, str]] = []
     if not _is_state_dict(obj):
-        entry = next((k for k in WEIGHT_ENTRIES if isinstance(obj, Mapping) and _is_state_dict(obj.get(k))), None)
-        if entry is None:
+        present = [k for k in WEIGHT_ENTRIES if isinstance(obj, Mapping) and _is_state_dict(obj.get(k))]
+        if not present:
             keys = list(obj)[:8] if isinstance(obj, Mapping) else type(obj).__name__
             raise FormatError(
                 f"{path}: holds no state_dict of tensors (top level: {keys}); expected one of "
                 f"{WEIGHT_ENTRIES} or a plain state_dict"
             )
-        dropped += [(str(k), f"training-checkpoint entry, the weights come from {entry!r}") for k in obj if k != entry]
+        entry, others = choose_weights(path, present)
+        dropped += others
+        dropped += [
+            (str(k), f"training-checkpoint entry, the weights come from {entry!r}")
+            for k in obj
+            if k != entry and k not in present
+        ]
         obj = obj[entry]
     tensors = {}
     for k, v in obj.items():

@@ -205,11 +205,13 @@ class DropPath(nn.Module):
         super().__init__()
         self.rate = rate
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, ...]; ``mask`` [B] (1 keep, 0 drop) given from outside (the twins' parity mode), else drawn."""
         if self.rate == 0 or not self.training:
             return x
         keep = 1.0 - self.rate
-        mask = torch.empty((x.shape[0],) + (1,) * (x.ndim - 1), device=x.device).bernoulli_(keep)
+        shape = (x.shape[0],) + (1,) * (x.ndim - 1)
+        mask = torch.empty(shape, device=x.device).bernoulli_(keep) if mask is None else mask.reshape(shape)
         return torch.where(mask.bool(), x / keep, torch.zeros_like(x))
 
 
@@ -232,11 +234,16 @@ class Block(nn.Module):
         self.ls2 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path2 = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor, *, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, x: torch.Tensor, *, return_attn: bool = False, drop_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [B, L, D] -> ([B, L, D], probabilities or None); ``drop_mask`` [B, 2]: both branches' drop-path
+        masks (parity mode), else drawn."""
+        m1, m2 = (None, None) if drop_mask is None else (drop_mask[:, 0], drop_mask[:, 1])
         y, probs = self.attn(self.norm1(x), return_attn=return_attn)
-        x = x + self.drop_path1(self.ls1(y) if self.ls1 is not None else y)
+        x = x + self.drop_path1(self.ls1(y) if self.ls1 is not None else y, m1)
         y = self.mlp(self.norm2(x))
-        x = x + self.drop_path2(self.ls2(y) if self.ls2 is not None else y)
+        x = x + self.drop_path2(self.ls2(y) if self.ls2 is not None else y, m2)
         return x, probs
 
 
@@ -331,6 +338,12 @@ class VisionTransformer(nn.Module):
         if self.pos_embed is not None and not self.pos_embed.is_meta:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
 
+    def no_weight_decay(self) -> frozenset[str]:
+        """Canonical names exempt from weight decay besides rank <= 1 tensors: timm's
+        ``VisionTransformer.no_weight_decay`` (``timm/models/vision_transformer.py``). Which tensors a run
+        decays is its recipe's choice (``vit_common.recipes.decays``)."""
+        return frozenset({"pos_embed", "cls_token", "reg_token", "dist_token"})
+
     def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Images [B, C, H, W] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D])."""
         cfg = self.cfg
@@ -368,8 +381,9 @@ class VisionTransformer(nn.Module):
             tokens = torch.cat(prefix + [patches + pe_grid if pe_grid is not None else patches], dim=1)
         return patches, self.pos_drop(tokens)
 
-    def _forward(self, x: torch.Tensor, out: dict | None) -> torch.Tensor:
-        """The one forward pass; records named intermediates into ``out`` when it is a dict."""
+    def _forward(self, x: torch.Tensor, out: dict | None, drop_masks: torch.Tensor | None = None) -> torch.Tensor:
+        """The one forward pass; records named intermediates into ``out`` when it is a dict; ``drop_masks``
+        [B, depth, 2] the blocks' drop-path masks (``forward``)."""
         cfg = self.cfg
         record = out is not None
         patches, x = self._embed(x)
@@ -380,10 +394,11 @@ class VisionTransformer(nn.Module):
             if record:
                 out["norm_pre"] = x
         for i, block in enumerate(self.blocks):
+            mask = None if drop_masks is None else drop_masks[:, i]
             if self.grad_checkpointing and not record and torch.is_grad_enabled():  # recomputed in backward
-                x, probs = checkpoint(block, x, use_reentrant=False)
+                x, probs = checkpoint(block, x, drop_mask=mask, use_reentrant=False)
             else:
-                x, probs = block(x, return_attn=record)
+                x, probs = block(x, return_attn=record, drop_mask=mask)
             if record:
                 out[f"block{i:02d}"], out[f"attn{i:02d}"] = x, probs
         if self.norm is not None:
@@ -435,9 +450,14 @@ class VisionTransformer(nn.Module):
         gradients are recorded; ``forward_intermediates`` is never recomputed."""
         self.grad_checkpointing = bool(enable)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Images [B, C, H, W] -> logits [B, K] (features [B, D'] when num_classes=0)."""
-        return self._forward(images, None)
+    def forward(self, images: torch.Tensor, *, drop_masks: torch.Tensor | None = None) -> torch.Tensor:
+        """Images [B, C, H, W] -> logits [B, K] (features [B, D'] when num_classes=0).
+
+        ``drop_masks`` float [B, depth, 2] (1 keep, 0 drop): in training, block i's two drop-path
+        branches take rows [:, i, 0] and [:, i, 1] instead of drawing their own, so that both twins drop
+        the same samples (the parity mode of twin training); ignored where drop_path is 0 or in eval.
+        """
+        return self._forward(images, None, drop_masks)
 
     def forward_intermediates(self, images: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Logits and every named intermediate; attention always takes the explicit path.

@@ -56,6 +56,7 @@ from vit_common.checkpoints.formats.source import (
     HF_WEIGHTS,
     ORBAX_CONFIG,
     TORCH_SUFFIXES,
+    WEIGHT_ENTRIES,
     container_needs,
     load_tensors,
     open_source,
@@ -299,6 +300,8 @@ def load_checkpoint(
         dropped=list(src.dropped) + list(dec.dropped),
         notes=list(dec.notes),
     )
+    # which of a training checkpoint's weight entries was read: a warning, so every command states it
+    report.warnings += [f"{k!r}: {why}" for k, why in src.dropped if k in WEIGHT_ENTRIES]
     cfg, state = dec.cfg, dict(dec.state)
     if num_classes is not None:
         report.provenance["num_classes"] = Origin(GIVEN, "num_classes")
@@ -368,6 +371,34 @@ def _read_back(f: Format, enc: Encoded, assumed: Sequence[str]) -> list[str]:
     return lost
 
 
+# Formats whose readers take the config they are given as fact: transformers reads an HF config.json
+# (hidden_act, layer_norm_eps, ...) and the timm call printed for a timm file names act_layer, num_heads,
+# global_pool, ...; neither can say that a value was assumed.
+DECLARING = ("hf", "timm")
+
+
+def check_assumed(
+    path: str | os.PathLike, fmt: str, cfg: ViTConfig, assumed: Sequence[str], accept: Sequence[str] | str = ()
+) -> None:
+    """Refuse to write fields that were ``assumed`` into a format of ``DECLARING``, unless each is in
+    ``accept`` (or ``accept`` is "all"): the file would state a guess as a fact.
+
+    Raises:
+        ValueError: naming the path, each field and its assumed value, and the two ways out.
+    """
+    if fmt not in DECLARING or accept == "all":
+        return
+    refused = [k for k in assumed if k not in accept]
+    if refused:
+        values = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in refused)
+        raise ValueError(
+            f"{path}: {fmt} readers take every config field as fact, and {values} "
+            f"{'was' if len(refused) == 1 else 'were'} assumed (the source does not state "
+            f"{'it' if len(refused) == 1 else 'them'}): give the value with --set (or --source-image-size), or "
+            f"write the assumption as fact with --accept-assumed {','.join(refused)} (or all)"
+        )
+
+
 def save_checkpoint(
     path: str | os.PathLike,
     cfg: ViTConfig,
@@ -377,6 +408,7 @@ def save_checkpoint(
     writers: Mapping[str, Callable] | None = None,
     options: WriteOptions | None = None,
     assumed: Sequence[str] = (),
+    accept_assumed: Sequence[str] | str = (),
     preprocess: Preprocess | None = None,
     classes: Sequence[str] | None = None,
 ) -> Report:
@@ -386,7 +418,9 @@ def save_checkpoint(
     ``spelling`` of HF keys; ``formats.npz.NpzWriteOptions``: ``prefix`` and ``scan`` of .npz layouts;
     None: its defaults). ``assumed``: config fields that were assumed when the state was read (a
     ``report.assumed``), recorded where the format can (our and timm's .safetensors, HF config.json) so
-    they stay assumed, warned where it cannot. ``preprocess`` and ``classes`` (K names) are recorded
+    they stay assumed, warned where it cannot; a format whose readers take its config as fact
+    (``DECLARING``: HF, timm) is refused unless the fields are in ``accept_assumed`` (or it is "all";
+    ``check_assumed``). ``preprocess`` and ``classes`` (K names) are recorded
     where the format can hold them (``vit_common.checkpoints.metadata``): safetensors metadata of our and timm files,
     an HF folder's preprocessor_config.json and id2label; other formats get a note. Nothing is written
     unless the whole conversion succeeds; an existing destination is replaced only if it is provably ours
@@ -395,7 +429,8 @@ def save_checkpoint(
 
     Raises:
         StateMismatchError / ValueError: the state does not fit, the format cannot hold the config, or
-            ``options`` are another format's.
+            it would state an assumed field as fact (``check_assumed``), or ``options`` are another
+            format's.
         FormatError: a writer this format needs (torch, orbax) was not given.
         DestinationError (an OSError): ``path`` holds something vit did not write (checked first).
     """
@@ -405,6 +440,7 @@ def save_checkpoint(
     if type(options) is not f.write_options:
         raise ValueError(f"{type(options).__name__} are not the {f.name} format's options ({f.write_options.__name__})")
     io.check_destination(path, folder=f.writes_folder(path))
+    check_assumed(path, f.name, cfg, assumed, accept_assumed)
     check_canonical(cfg, state, f"writing {f.name}")
     enc = f.encode(cfg, state, path, options, tuple(assumed))
     report = Report(config=enc.cfg, notes=list(enc.notes) + f.record_info(enc, preprocess, classes))
@@ -424,23 +460,24 @@ def convert(
     readers=None,
     writers=None,
     write_options: WriteOptions | None = None,
+    accept_assumed: Sequence[str] | str = (),
     **read_options: Any,
 ) -> Report:
     """Read ``src`` (a path, or a ``Source`` from ``open_checkpoint``; see ``load_checkpoint`` for
-    ``read_options``) and write ``dst`` (``write_options`` as ``save_checkpoint``'s ``options``); one
-    report for both.
+    ``read_options``) and write ``dst`` (``write_options`` as ``save_checkpoint``'s ``options``,
+    ``accept_assumed`` as its own); one report for both.
 
     Preprocessing and class names that ``src`` declares (``vit_common.checkpoints.metadata``) are written where
     ``dst``'s format holds them; assumed ones are not (the destination would declare a guess), nor class
     names for a replaced head.
 
     Raises:
-        ValueError: ``dst`` is ``src`` (the source would be replaced by its own conversion); and what
+        ValueError: ``dst`` is ``src``, lies inside it or holds it (the source would be replaced by its own
+            conversion: ``vit_common.system.io.check_apart``); and what
             ``load_checkpoint`` and ``save_checkpoint`` raise.
     """
     src = open_checkpoint(src)
-    if Path(dst).resolve() == src.path.resolve():
-        raise ValueError(f"{dst} is the source file itself: write the conversion somewhere else")
+    io.check_apart(dst, {"the source": src.path})
     ckpt = load_checkpoint(src, fmt=from_fmt, readers=readers, **read_options)
     info = ckpt.info
     declared = dict(
@@ -455,6 +492,7 @@ def convert(
         writers=writers,
         options=write_options,
         assumed=ckpt.report.assumed,
+        accept_assumed=accept_assumed,
         **declared,
     )
     report = ckpt.report

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vit_common.data.images import Preprocess
-from vit_common.system.io import read_json
+from vit_common.system.io import parse_json, read_json
 
 # transformers' PILImageResampling values (= Pillow's Image.Resampling) of the filters we use.
 _HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
@@ -46,10 +46,7 @@ def declared_in_metadata(meta: dict[str, str], where: str) -> Declared:
     found: dict[str, Any] = {}
     for key in ("preprocess", "classes"):
         if key in meta:
-            try:
-                found[key] = json.loads(meta[key])
-            except ValueError as e:
-                raise ValueError(f"{where}: metadata {key!r} is not JSON ({e})") from e
+            found[key] = parse_json(meta[key], f"{where}: metadata {key!r}")  # bounded in size and depth
     return Declared(found.get("preprocess"), where, found.get("classes"), where)
 
 

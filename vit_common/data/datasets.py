@@ -147,17 +147,21 @@ class Dataset:
         """What identifies the data a run trained on, stored in its config.json and compared on resume
         (``fingerprint_changes``): class names, train and test counts, the SHA-256 of the labels in
         order (a file rewritten at the same size with other labels is a change), and every file read with
-        its size and modification time (relative to the dataset's folder)."""
+        its size and modification time (relative to the dataset's folder), or beyond
+        ``FINGERPRINT_FILES`` files a digest per folder."""
         import hashlib
 
         labels = np.concatenate([self.train.labels, self.test.labels]).astype("<i4").tobytes()
-        return {
+        out = {
             "classes": list(self.classes),
             "train": len(self.train),
             "test": len(self.test),
             "labels": hashlib.sha256(labels).hexdigest(),  # of train then test labels, int32 little-endian
-            "files": {k: list(v) for k, v in sorted(self.files.items())},
         }
+        files = {k: list(v) for k, v in sorted(self.files.items())}
+        if len(files) <= FINGERPRINT_FILES:
+            return {**out, "files": files}
+        return {**out, "folders": _folder_digests(files)}
 
     @property
     def in_memory(self) -> bool:
@@ -518,6 +522,55 @@ def _listed(what: str, names: list[str]) -> str:
     return f"{what} ({len(names)}): " + ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
 
 
+# A fingerprint lists each file up to this many files; beyond (an ImageNet-sized image folder: 1.28
+# million files would make config.json some 130 MB) it holds a digest per folder instead, so that a
+# change is named by folder, and config.json stays small enough to be read back within io's JSON bound.
+FINGERPRINT_FILES = 20_000
+
+
+def _folder_digests(files: dict[str, list[int]]) -> dict[str, list]:
+    """{folder (a file's relative parent, "." at the top): [file count, SHA-256 of its "name<TAB>size"
+    lines, SHA-256 of its modification times]}, each in file-name order."""
+    import hashlib
+
+    groups: dict[str, list[tuple[str, int, int]]] = {}
+    for rel, (size, mtime) in sorted(files.items()):
+        parent, _, name = rel.rpartition("/")
+        groups.setdefault(parent or ".", []).append((name, size, mtime))
+    return {
+        folder: [
+            len(entries),
+            hashlib.sha256("".join(f"{n}\t{z}\n" for n, z, _ in entries).encode()).hexdigest(),
+            hashlib.sha256("".join(f"{t}\n" for _, _, t in entries).encode()).hexdigest(),
+        ]
+        for folder, entries in groups.items()
+    }
+
+
+def _folder_changes(errors: list[str], saved: dict, now: dict) -> tuple[list[str], list[str]]:
+    """``fingerprint_changes`` of fingerprints of which one holds folder digests (``FINGERPRINT_FILES``):
+    folders added, removed or whose files (names, sizes) changed are errors; folders whose files differ
+    in modification times alone are a warning."""
+    a, b = (fp["folders"] if "folders" in fp else _folder_digests(fp.get("files", {})) for fp in (saved, now))
+    errors += [
+        _listed(what, names)
+        for what, names in (
+            ("folders added", sorted(set(b) - set(a))),
+            ("folders removed", sorted(set(a) - set(b))),
+            (
+                "folders whose files were added, removed or resized",
+                sorted(k for k in set(a) & set(b) if a[k][:2] != b[k][:2]),
+            ),
+        )
+        if names
+    ]
+    if not errors and saved.get("labels") != now["labels"]:
+        errors.append("labels: the same counts, but other labels or another order of them")
+    touched = sorted(k for k in set(a) & set(b) if a[k][:2] == b[k][:2] and a[k][2] != b[k][2])
+    warnings = [_listed("folder(s) whose files have other modification times only", touched)] if touched else []
+    return errors, warnings
+
+
 def fingerprint_changes(saved: dict, now: dict) -> tuple[list[str], list[str]]:
     """(errors, warnings) comparing a run's stored ``Dataset.fingerprint`` with the data's now.
 
@@ -532,6 +585,8 @@ def fingerprint_changes(saved: dict, now: dict) -> tuple[list[str], list[str]]:
     for split in ("train", "test"):
         if saved.get(split) != now[split]:
             errors.append(f"{split} images: the run has {saved.get(split)}, the data now {now[split]}")
+    if "files" not in saved or "files" not in now:  # a large dataset: compared folder by folder
+        return _folder_changes(errors, saved, now)
     a, b = saved.get("files", {}), now["files"]
     errors += [
         _listed(what, names)

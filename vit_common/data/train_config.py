@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from vit_common.data.datasets import Augment
+from vit_common.recipes import DEFAULT_RECIPE, RECIPES
 from vit_common.system.validate import Range, check_fields
 
 POSITIVE_INT = Range(1, integer=True)
@@ -68,8 +69,9 @@ class TrainConfig:
     layer_decay: float = field(
         default=1.0,
         metadata=_help(
-            "layer-wise learning-rate decay (BEiT, MAE fine-tuning): block i of D gets lr x decay^(D - i), "
-            "the embeddings decay^(D + 1), the final norm and head the full lr; 1 = off",
+            "layer-wise learning-rate decay (BEiT, MAE fine-tuning; layers as timm's param_groups_layer_decay): "
+            "block i of D gets lr x decay^(D - i), the embeddings and norm_pre decay^(D + 1), the final norm "
+            "that of the last block, the head the full lr; 1 = off",
             range=Range(0, 1, lo_open=True),
         ),
     )
@@ -86,7 +88,16 @@ class TrainConfig:
     )
     weight_decay: float = field(
         default=0.05,
-        metadata=_help("AdamW weight decay (not on biases, norms, tokens, position embeddings)", range=Range(0)),
+        metadata=_help("AdamW weight decay, in --recipe's units (which tensors decay: the recipe)", range=Range(0)),
+    )
+    recipe: str = field(
+        default=DEFAULT_RECIPE,
+        metadata=_help(
+            "optimizer recipe (vit_common/recipes.py): twins (this trainer's own), timm (timm's train.py), "
+            "torch (AdamW on every tensor), big_vision (decay not scaled by --lr, kernels only, bfloat16 "
+            "first moment), optax (optax.adamw)",
+            choices=tuple(RECIPES),
+        ),
     )
     b1: float = field(default=0.9, metadata=_help("Adam first-moment decay rate", range=Range(0, 1, hi_open=True)))
     b2: float = field(default=0.999, metadata=_help("Adam second-moment decay rate", range=Range(0, 1, hi_open=True)))
@@ -132,6 +143,7 @@ class TrainConfig:
                 f"an int >= 1 dividing batch_size={self.batch_size}",
             ),
             (self.sharding in ("dp", "fsdp"), "sharding", "'dp' or 'fsdp'"),
+            (self.recipe in RECIPES, "recipe", f"one of {', '.join(RECIPES)}"),
             (not self.freeze or self.init is not None, "freeze", "--init too: a fresh model has nothing to freeze"),
         ]
         for ok, name, expected in checks:

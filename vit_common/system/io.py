@@ -19,7 +19,9 @@ naming the path, unless the caller deliberately replaces a file (``overwriting()
 ``--overwrite``); a folder holding things we did not write is never replaced. Temporaries are named
 ``TMP_PREFIX`` + the writer's process id, so the next write into a folder removes those a killed process
 left behind. A failed write (a full disk, a quota) raises ``OSError`` naming the destination, which is
-left as it was.
+left as it was. Files vit creates in place (a folder's lock, a metrics log) are never opened through a
+symbolic link (``O_NOFOLLOW``) and only if they are regular files, and a lock file is removed only if it
+is the one this process holds; ``check_apart`` refuses an output that is, lies inside or holds an input.
 
 Reading JSON is here too, so that every JSON file is parsed the same way and every error names its path.
 """
@@ -33,6 +35,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -257,6 +260,20 @@ def check_destination(path: str | os.PathLike, *, folder: bool = False) -> None:
     raise DestinationError(f"{path}: exists and vit cannot tell it wrote it; pass --overwrite to replace it")
 
 
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise unless the nearest existing folder above ``path`` lets this process create files in it (so
+    that an unwritable current folder is refused before the work, not after it).
+
+    Raises:
+        PermissionError: naming the folder and ``path``.
+    """
+    folder = Path(path).absolute().parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(f"{path}: cannot be written (folder {folder} is not writable); choose another path")
+
+
 def _failed(path: Path, e: BaseException, existed: bool) -> BaseException:
     """``e`` as one line naming the destination if it is an OSError (a full disk, a quota, a permission)
     or the writing library's own error on a full disk (safetensors and torch raise their own types);
@@ -272,7 +289,7 @@ def _failed(path: Path, e: BaseException, existed: bool) -> BaseException:
     if isinstance(e, DestinationError) or e.errno is None:
         return e
     kept = "the old file is unchanged" if existed else "nothing was written"
-    failed = OSError(f"{path}: could not be written ({e.strerror or e}); {kept}")
+    failed = OSError(f"{path}: could not be written ({e.strerror or os.strerror(e.errno)}); {kept}")
     failed.errno = e.errno
     return failed
 
@@ -368,7 +385,7 @@ def folder_lock(folder: str | os.PathLike, what: str) -> Iterator[Path]:
     made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+        fd = _open_lock(folder / LOCK)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -381,7 +398,7 @@ def folder_lock(folder: str | os.PathLike, what: str) -> Iterator[Path]:
                 f"{folder}: in use by another {what} (pid {holder}); wait for it to end or use another folder"
             ) from None
         try:  # the lock file a releasing holder removed is not the one to hold: take the new one
-            if os.stat(folder / LOCK).st_ino == os.fstat(fd).st_ino:
+            if os.stat(folder / LOCK, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
                 break
         except FileNotFoundError:
             pass
@@ -391,10 +408,57 @@ def folder_lock(folder: str | os.PathLike, what: str) -> Iterator[Path]:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield folder
     finally:
-        os.unlink(folder / LOCK)
+        with contextlib.suppress(OSError):  # only the lock file this process holds, not one put in its place
+            if os.stat(folder / LOCK, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                os.unlink(folder / LOCK)
         os.close(fd)
         if made and not any(folder.iterdir()):
             folder.rmdir()
+
+
+def _open_lock(path: Path) -> int:
+    """``path`` opened for reading and writing, created if missing, never through a link (``O_NOFOLLOW``)
+    and only if it is a regular file (a FIFO or device is closed unread).
+
+    Raises:
+        DestinationError: ``path`` is a symbolic link (dangling or not) or not a regular file.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666 & ~_umask())
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise DestinationError(
+            f"{path}: a symbolic link where vit keeps its lock file; vit never writes through links: remove it"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DestinationError(f"{path}: not a regular file where vit keeps its lock file: remove it")
+    return fd
+
+
+def check_apart(output: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None]) -> None:
+    """Raise if ``output`` is one of ``inputs`` ({what, e.g. '--init': path}), lies inside one (a folder),
+    or holds one (writing it would replace or remove an input). Links are resolved; inputs that are None
+    are skipped.
+
+    Raises:
+        ValueError: naming the output, the input and how they overlap.
+    """
+    out = Path(output).resolve()
+    for what, path in inputs.items():
+        if path is None:
+            continue
+        src = Path(path).resolve()
+        if out == src:
+            how = "is"
+        elif src in out.parents:
+            how = "lies inside"
+        elif out in src.parents:
+            how = "holds"
+        else:
+            continue
+        raise ValueError(f"{output}: the output {how} {what} {path}; write the output somewhere else")
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -435,7 +499,14 @@ class Log:
 
     def __init__(self, path: Path):
         self.path = path
-        self._fh = open(path, "a", encoding="utf-8")
+        try:  # never through a link planted where the log goes
+            self._fh = open(
+                path, "a", encoding="utf-8", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW, 0o666)
+            )
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise DestinationError(f"{path}: a symbolic link; vit never writes through links: remove it") from None
 
     def write(self, text: str) -> int:
         return self._fh.write(text)
@@ -473,17 +544,48 @@ def open_log(path: str | os.PathLike) -> Log:
     return Log(path)
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    """The parsed content of a JSON file.
+JSON_BYTES = 16 << 20  # a bookkeeping JSON file (config, metadata, metrics line) at most: 16 MiB
+JSON_DEPTH = 64  # nesting at most (ours is 3 deep; a config.json nested 100,000 deep was a RecursionError)
+
+
+def parse_json(text: str | bytes, where: str, *, limit: int = JSON_BYTES) -> Any:
+    """``text`` parsed as JSON, bounded in size (``limit`` bytes) and nesting (``JSON_DEPTH``).
 
     Raises:
-        ValueError: the file cannot be read (missing, a FIFO or device: see ``regular_file``) or is not
-            JSON; the message names the path.
+        ValueError: not JSON, larger or deeper than the bounds; the message starts with ``where``
+            (the file, or file:line).
+    """
+    if len(text) > limit:
+        raise ValueError(f"{where}: {len(text):,} bytes of JSON, more than the {limit:,} a bookkeeping file may hold")
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{where}: JSON nested deeper than {JSON_DEPTH} levels") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{where}: not readable JSON ({e})") from None
+    level, depth = [obj], 0
+    while level:
+        depth += 1
+        if depth > JSON_DEPTH:
+            raise ValueError(f"{where}: JSON nested deeper than {JSON_DEPTH} levels")
+        level = [v for o in level if isinstance(o, (dict, list)) for v in (o.values() if isinstance(o, dict) else o)]
+    return obj
+
+
+def read_json(path: str | os.PathLike, *, limit: int = JSON_BYTES) -> Any:
+    """The parsed content of a JSON file: a regular file (FIFOs, devices and links to them refused before
+    opening), at most ``limit`` bytes read, nested at most ``JSON_DEPTH`` deep.
+
+    Raises:
+        ValueError: the file cannot be read (missing, a FIFO or device: see ``regular_file``), is larger
+            or deeper than the bounds, or is not JSON; the message names the path.
     """
     try:
-        return json.loads(regular_file(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+        with open(regular_file(path), "rb") as fh:
+            data = fh.read(limit + 1)
+    except (OSError, ValueError) as e:
         raise ValueError(f"{path}: not readable JSON ({e})") from e
+    return parse_json(data, str(path), limit=limit)
 
 
 def save_safetensors(

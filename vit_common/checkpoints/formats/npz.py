@@ -63,11 +63,12 @@ from vit_common.checkpoints.formats.rules import (
     to_canonical,
     unsupported,
 )
+from vit_common.checkpoints.formats.source import NPZ_PREFIXES
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
 from vit_common.system import io
 
-PREFIXES = ("", "opt/target/", "params/", "params/img/")
+PREFIXES = NPZ_PREFIXES
 POSEMB_KEYS = ("pos_embedding", "Transformer/posembed_input/pos_embedding", "Transformer/pos_embedding")
 _COUNTERS = {  # block sub-module names: norm1, attention, norm2, mlp
     "old": ("LayerNorm_0", "MultiHeadDotProductAttention_1", "LayerNorm_2", "MlpBlock_3"),

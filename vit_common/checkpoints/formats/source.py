@@ -8,11 +8,14 @@ orbax folders are read through callables the framework adapters provide
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import math
 import os
+import re
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,54 @@ TORCH_SUFFIXES = (".pth", ".pt", ".bin")
 _ML_DTYPES = {"BF16": ml_dtypes.bfloat16}  # safetensors dtypes numpy lacks, read through ml_dtypes
 
 Reader = Callable[..., Any]
+
+# A training checkpoint's entries that hold weights. "auto" takes the first present in this order, the
+# one timm's own loader takes (timm/models/_helpers.py load_state_dict, use_ema=True by default): the EMA
+# weights when the file has them, since they are what timm evaluates and exports.
+WEIGHT_ENTRIES = ("state_dict_ema", "model_ema", "state_dict", "model", "module")
+EMA_ENTRIES = ("state_dict_ema", "model_ema")
+_WEIGHTS_ENTRY = contextvars.ContextVar("vit_weights_entry", default="auto")
+
+
+@contextlib.contextmanager
+def weights_entry(entry: str | None) -> Iterator[None]:
+    """Within this block, training checkpoints are read from ``entry`` (one of ``WEIGHT_ENTRIES``, or
+    "auto"/None: the first present); the command's ``--weights-entry``.
+
+    Raises:
+        ValueError: ``entry`` is not one of them.
+    """
+    entry = entry or "auto"
+    if entry != "auto" and entry not in WEIGHT_ENTRIES:
+        raise ValueError(f"--weights-entry {entry!r}: expected auto or one of {', '.join(WEIGHT_ENTRIES)}")
+    token = _WEIGHTS_ENTRY.set(entry)
+    try:
+        yield
+    finally:
+        _WEIGHTS_ENTRY.reset(token)
+
+
+def choose_weights(path: str | os.PathLike, present: list[str]) -> tuple[str, list[tuple[str, str]]]:
+    """(the entry of a training checkpoint at ``path`` to read, the other weight entries with the line
+    that states the choice) among the weight entries ``present`` (in ``WEIGHT_ENTRIES`` order).
+
+    Raises:
+        FormatError: the entry asked for (``weights_entry``) is not in the file.
+    """
+    asked = _WEIGHTS_ENTRY.get()
+    if asked != "auto" and asked not in present:
+        raise FormatError(f"{path}: --weights-entry {asked}: the file holds {present or 'no weight entries'}")
+    chosen = present[0] if asked == "auto" else asked
+    how = (
+        "asked for" if asked != "auto" else "timm's loader's choice, EMA first" if len(present) > 1 else "the one there"
+    )
+    kind = "EMA weights" if chosen in EMA_ENTRIES else "training weights"
+    others = [
+        (k, f"weights not used: the model is {chosen!r} ({kind}; {how}); --weights-entry {k} reads these")
+        for k in present
+        if k != chosen
+    ]
+    return chosen, others
 
 
 def json_object(path: Path) -> dict:
@@ -70,18 +121,51 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
     return {k: tensors[k] for k in names}, meta
 
 
+NPZ_PREFIXES = ("", "opt/target/", "params/", "params/img/")  # the flax .npz layouts' key prefixes
+# Dimensions the flax .npz layouts (original ViT, big_vision) fix, by member name without the prefix:
+# matched in order, first match wins; under ``Transformer/encoderblock/`` (scan=True) one more, the layers.
+_NDIM = (
+    (re.compile(r"^embedding/kernel$"), 4),  # (P, P, C, D)
+    (re.compile(r"^(cls|MAPHead_0/probe)$"), 3),  # (1, 1, D)
+    (re.compile(r"(^|/)pos_embedding$"), 3),  # (1, L, D)
+    (re.compile(r"MultiHeadDotProductAttention_\d+/(query|key|value)/kernel$"), 3),  # (D, N, D/N)
+    (re.compile(r"MultiHeadDotProductAttention_\d+/(query|key|value)/bias$"), 2),  # (N, D/N)
+    (re.compile(r"MultiHeadDotProductAttention_\d+/out/kernel$"), 3),  # (N, D/N, D)
+    (re.compile(r"(MlpBlock_\d+/Dense_\d+|^pre_logits|^head)/kernel$"), 2),  # dense (in, out)
+    (
+        re.compile(
+            r"(LayerNorm_\d+|encoder_norm|MlpBlock_\d+/Dense_\d+|/out|^pre_logits|^head|^embedding)/(bias|scale)$"
+        ),
+        1,
+    ),
+)
+
+
+def expected_ndim(name: str) -> int | None:
+    """The number of dimensions the flax .npz layouts fix for member ``name``, or None for names they do
+    not define (optimizer state, a text tower): checked from the member's header before its data is read."""
+    prefix = max((p for p in NPZ_PREFIXES if name.startswith(p)), key=len)
+    key = name[len(prefix) :]
+    for pattern, ndim in _NDIM:
+        if pattern.search(key):
+            return ndim + key.startswith("Transformer/encoderblock/")
+    return None
+
+
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """The arrays of an .npz file, read without pickle (what ``np.load(allow_pickle=False)`` guarantees)
     and with every declared size checked first.
 
-    Each member's header is parsed and its declared byte size compared with the member's real size
+    Each member's header is parsed, its dimensions compared with those the layouts fix for its name
+    (``expected_ndim``), and its declared byte size compared with the member's real size
     (the zip's declared uncompressed size: reading stops there) and with
     ``vit_common.system.validate.memory_limit()`` before any array is allocated, so a corrupt header or a
     compressed bomb cannot ask for terabytes.
 
     Raises:
-        FormatError: not a regular file, not a zip of .npy members, a pickled (object) array, a corrupt
-            member, or members declaring more bytes than the memory limit.
+        FormatError: not a regular file, not a zip of .npy members, a pickled (object) array, a member
+            of the wrong number of dimensions for its name, a corrupt member, or members declaring more
+            bytes than the memory limit.
     """
     out, total = {}, 0
     try:
@@ -100,6 +184,12 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
                     shape, fortran, dtype = read_header(fp)
                     if dtype.hasobject:
                         raise FormatError(f"{path}: member {name!r} holds Python objects (pickle); refused")
+                    ndim = expected_ndim(name)
+                    if ndim is not None and len(shape) != ndim:
+                        raise FormatError(
+                            f"{path}: member {name!r} has shape {shape}, the format's is {ndim}-D; refused "
+                            "before reading its data"
+                        )
                     need, have = math.prod(shape) * dtype.itemsize, info.file_size - fp.tell()
                     total += need
                     check_bytes(f"{path}: member {name!r} ({shape} {dtype}) and those before it", total)

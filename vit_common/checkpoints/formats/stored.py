@@ -15,6 +15,7 @@ from vit_common.checkpoints.formats.provenance import ASSUMED_KEY, carried_assum
 from vit_common.checkpoints.formats.rules import copy, to_canonical
 from vit_common.config import FUNCTION_FIELDS, ViTConfig
 from vit_common.state import canonical_shapes
+from vit_common.system import io
 from vit_common.system.validate import check_holds
 
 FORMAT_TAG = "vit-twins/canonical/1"
@@ -31,7 +32,7 @@ def config_from_json(text: str, context: str) -> tuple[ViTConfig, list[str]]:
         FormatError: not JSON, not an object, or an invalid config.
     """
     try:
-        d = json.loads(text)
+        d = io.parse_json(text, f"{context}: the stored ViTConfig")
         if not isinstance(d, dict):
             raise ValueError(f"expected a JSON object, got {type(d).__name__}")
         notes = []

@@ -1,0 +1,182 @@
+"""Twin training: the JAX step (optax) and the torch step (torch.optim) from one TrainConfig agree in every
+parameter and both Adam moments, step after step, for each recipe (vit_cli/train_parity.py).
+
+float64 on CPU, a depth-2 width-16 model, the one input pipeline's batches; bounds from
+vit_common/tolerance.py ("train" rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from vit_cli.train_parity import compare_training, drop_path_masks
+from vit_common.config import ViTConfig
+from vit_common.data.datasets import ArraySource, Augment, Dataset
+from vit_common.data.train_config import TrainConfig
+from vit_common.recipes import RECIPES, translate
+from vit_common.tolerance import compare
+
+TINY = ViTConfig(
+    image_size=8, patch_size=4, in_chans=1, num_classes=3, width=16, depth=2, num_heads=2, mlp_dim=32,
+    dtype="float64", param_dtype="float64", drop_path=0.2,
+)  # fmt: skip
+# Every option of the step at once: accumulation over 2 micro-batches, a clip that triggers (the gradient
+# norm is 0.8-3), label smoothing, mixup, layer-wise decay; 16 examples in batches of 8: 10 steps.
+FULL = TrainConfig(
+    batch_size=8, epochs=5, warmup_steps=2, lr=1e-2, weight_decay=0.05, grad_clip=0.5, accum_steps=2,
+    label_smoothing=0.1, layer_decay=0.75, augment=Augment(mixup=0.8),
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data() -> Dataset:
+    rng = np.random.default_rng(0)
+
+    def src(n):
+        return ArraySource(rng.integers(0, 256, (n, 8, 8, 1), dtype=np.uint8), np.arange(n) % 3)
+
+    return Dataset("tiny", src(16), src(4), ("a", "b", "c"), (8, 8), 1)
+
+
+@pytest.fixture
+def f64_moment(monkeypatch):
+    """big_vision's recipe with its first moment in the parameter dtype: everything but the bf16 rounding."""
+    monkeypatch.setitem(RECIPES, "big_vision", dataclasses.replace(RECIPES["big_vision"], mu_dtype=None))
+
+
+@pytest.mark.parametrize("recipe", ["twins", "timm", "torch", "optax", "big_vision"])
+def test_ten_steps_of_each_recipe_agree_to_1e_10(x64, data, recipe, request):
+    if recipe == "big_vision":
+        request.getfixturevalue("f64_moment")
+    r = compare_training(TINY, dataclasses.replace(FULL, recipe=recipe), data, 10)
+    assert r.dtype == "float64" and r.bound == ("rel", 1e-10)
+    assert len(r.rows) == 10 and r.ok, r.rows[r.first_bad_step - 1]
+    assert all(max(row.params, row.mu, row.nu) <= 1e-10 for row in r.rows)
+    assert all(row.grad_norm[1] > FULL.grad_clip for row in r.rows)  # the clip triggered at every step
+    assert max(abs(a - b) for row in r.rows for a, b in [row.loss, row.lr]) < 1e-12
+    assert r.rows[-1].lr[1] > 0 and r.rows[0].lr == (0.0, 0.0)  # warmup from 0
+
+
+def test_big_vision_bf16_first_moment_agrees_within_the_bf16_bound(x64, data):
+    """The first update uses the unrounded moment in both (optax's scale_by_adam, torch before its hook):
+    step 1 agrees to 1e-10; after that the stored bf16 moments part within the bf16 bound."""
+    tcfg = dataclasses.replace(FULL, recipe="big_vision", warmup_steps=0, epochs=2)
+    r = compare_training(TINY, tcfg, data, 4)
+    assert r.dtype == "bfloat16" and r.ok, r.rows
+    assert r.rows[0].params <= 1e-10
+    assert max(row.mu for row in r.rows[1:]) > 1e-4  # the rounding is real: not a float64 run
+
+
+def test_freeze_trains_the_head_alike_in_both_twins(x64, data):
+    tcfg = dataclasses.replace(FULL, recipe="timm", init="weights", freeze=True, layer_decay=1.0, epochs=2)
+    r = compare_training(TINY, tcfg, data, 3)
+    assert r.ok and r.bound == ("rel", 1e-10), r.rows
+    assert {r.rows[0].mu_worst, r.rows[0].nu_worst} <= {"head.weight", "head.bias"}  # moments of the head only
+
+
+def test_drop_path_masks_are_the_numpy_draws_both_twins_take():
+    masks = drop_path_masks(TINY, seed=0, step=3, batch_size=64)
+    assert masks.shape == (64, 2, 2) and set(np.unique(masks)) == {0.0, 1.0}
+    assert masks[:, 0].all()  # block 0's rate is 0 (linspace(0, 0.2, 2)), block 1 drops about 20%
+    assert 0.05 < 1 - masks[:, 1].mean() < 0.4
+    np.testing.assert_array_equal(masks, drop_path_masks(TINY, seed=0, step=3, batch_size=64))
+
+
+def test_timm_and_big_vision_with_the_same_numbers_part_and_meet_after_translation(x64, data, f64_moment):
+    """JAX big_vision vs torch timm with weight_decay=0.05 at lr=1e-2: big_vision's decay is not scaled by
+    the lr, so they part at the first step that moves; with big_vision's wd translated (5e-4) they agree
+    (clip and layer decay off: what the translation cannot keep, see translate().lost)."""
+    base = dataclasses.replace(FULL, warmup_steps=0, grad_clip=0.0, layer_decay=1.0, epochs=1)
+    timm = dataclasses.replace(base, recipe="timm")
+    same = compare_training(TINY, dataclasses.replace(base, recipe="big_vision"), data, 2, torch_tcfg=timm)
+    assert same.first_bad_step == 1 and same.rows[0].params > 1e-4
+    wd = translate(0.05, base.lr, "timm", "big_vision").weight_decay
+    assert wd == pytest.approx(5e-4, rel=1e-12)
+    met = compare_training(
+        TINY, dataclasses.replace(base, recipe="big_vision", weight_decay=wd), data, 2, torch_tcfg=timm
+    )
+    assert met.ok, met.rows
+
+
+def test_a_wrong_optimizer_setting_on_one_side_is_caught_at_step_1(x64, data):
+    tcfg = dataclasses.replace(FULL, warmup_steps=0, epochs=1)
+    r = compare_training(TINY, tcfg, data, 1, torch_tcfg=dataclasses.replace(tcfg, b1=0.95))
+    assert r.first_bad_step == 1 and r.rows[0].mu > 1e-3
+
+
+def test_bad_requests_are_refused(data):
+    with pytest.raises(ValueError, match="steps=0: expected 1 <= K <= 10"):
+        compare_training(TINY.replace(dtype="float32", param_dtype="float32"), FULL, data, 0)
+    with pytest.raises(ValueError, match="dropout=0.1, attn_dropout=0.0: the twins share drop-path masks only"):
+        compare_training(TINY.replace(dropout=0.1), FULL, data, 1)
+    with pytest.raises(ValueError, match=r"differ in \['batch_size'\]"):
+        compare_training(TINY, FULL, data, 1, torch_tcfg=dataclasses.replace(FULL, batch_size=4))
+
+
+def test_the_command_reports_every_step_and_exits_1_where_the_twins_part(npz, tmp_path, capsys):
+    """`vit train-parity`: float64, the torch twin with another weight decay: JSON of both steps, a plot, the
+    verdict on stdout, exit code 1; the parting shows at step 1 in a decayed kernel."""
+    from vit_cli.main import main
+
+    argv = ["train-parity", "--steps", "2", "--dataset", f"npz:{npz}", "--image-size", "8", "--patch-size", "4"]
+    argv += ["--width", "16", "--depth", "1", "--num-heads", "2", "--mlp-dim", "32", "--batch-size", "8"]
+    argv += ["--epochs", "1", "--warmup-steps", "0", "--torch-weight-decay", "0.5"]
+    argv += ["--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "JAX (twins) vs torch (twins), float64, bound rel 1e-10" in out and "the twins part at step 1" in out
+    import json
+
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["ok"] is False and report["first_bad_step"] == 1 and len(report["steps"]) == 2
+    assert report["steps"][0]["params_worst"].endswith(".weight") and report["steps"][0]["nu"] < 1e-10
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.png"]  # nothing else left beside them
+
+
+def test_adam_state_crosses_frameworks_k_torch_then_k_jax_equals_2k_jax(x64, data):
+    """Optimizer state by canonical names: 3 torch steps, then the JAX twin continues from torch's weights,
+    moments and step for 3 more = 6 JAX steps; and 3 JAX steps continued by torch = 6 torch steps."""
+    import vit_jax.train as jt
+    import vit_torch.train as tt
+    from vit_jax.optimizer_state import adam_state, train_state
+
+    k, tcfg = 3, dataclasses.replace(FULL, recipe="timm", epochs=3)
+    torch_run = tt.Trainer(TINY, tcfg, data)
+    w0 = torch_run.weights()
+    jax_run = jt.Trainer(TINY, tcfg, data, weights=w0)
+    it = jax_run.train_iterator()
+    batches = [{**next(it), "drop_masks": drop_path_masks(TINY, tcfg.seed, s, tcfg.batch_size)} for s in range(2 * k)]
+    it.close()
+    step = lambda trainer, state, b: trainer.train_step(state, b)[0]  # noqa: E731
+    state = jax_run.init_state()
+    for b in batches[:k]:
+        state = step(jax_run, state, b)
+    half = jax_run.weights(state), adam_state(state["opt_state"])
+    for b in batches[k:]:
+        state = step(jax_run, state, b)
+    jax_2k = jax_run.weights(state), adam_state(state["opt_state"])
+    for b in batches[:k]:
+        torch_run.train_step(b, b["drop_masks"])
+    cont = train_state(jax_run, torch_run.weights(), torch_run.adam_state())
+    for b in batches[k:]:
+        cont = step(jax_run, cont, b)
+    torch_then_jax = jax_run.weights(cont), adam_state(cont["opt_state"])
+    torch_cont = tt.Trainer(TINY, tcfg, data, weights=half[0])
+    torch_cont.load_adam_state(half[1])
+    for b in batches[k:]:
+        torch_run.train_step(b, b["drop_masks"])
+        torch_cont.train_step(b, b["drop_masks"])
+    torch_2k = torch_run.weights(), torch_run.adam_state()
+    jax_then_torch = torch_cont.weights(), torch_cont.adam_state()
+    assert torch_then_jax[1]["count"] == jax_2k[1]["count"] == jax_then_torch[1]["count"] == 2 * k
+    for (w, m), (w_ref, m_ref) in [(torch_then_jax, jax_2k), (jax_then_torch, torch_2k)]:
+        for table, ref in [(w, w_ref), (m["mu"], m_ref["mu"]), (m["nu"], m_ref["nu"])]:
+            for name in ref:
+                c = compare(name, table[name], ref[name], "train", "float64")
+                assert c.ok, c
+    with pytest.raises(ValueError, match=r"missing \['head.bias'\]"):
+        torch_cont.load_adam_state({**half[1], "mu": {n: v for n, v in half[1]["mu"].items() if n != "head.bias"}})

@@ -1,0 +1,316 @@
+"""`vit train-parity`: does a JAX training run reproduce the PyTorch one, step by step?
+
+``vit train-parity --steps K`` (flags of ``vit train``'s model and optimisation, ``--torch-recipe``,
+``--json``, ``--plot``) runs ``compare_training`` and prints one line a step; exit code 1 when the
+twins part, 2 on bad input.
+
+``compare_training`` gives both twins the same initial weights and the same K batches from the one
+input pipeline (``vit_jax.train.Trainer.train_iterator``: augmentation, mixup / cutmix and padding drawn
+in numpy), takes K optimizer steps in each (``vit_jax.train`` with optax, ``vit_torch.train`` with
+torch.optim), and after every step compares the loss, the gradient norm, the learning rate, every
+parameter and both Adam moments by canonical name. Drop path runs in the parity mode: both twins take
+the same masks, drawn in numpy per step (``drop_path_masks``); dropout has no parity mode yet, so a
+config with dropout is refused.
+
+Each twin may run its own ``TrainConfig`` (another recipe, another weight decay): a run of one recipe
+against another shows at which step and in which tensor they part. Bounds: ``vit_common.tolerance``'s
+"train" rows for the run's dtype (bfloat16 when a recipe keeps its first moment in bfloat16).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from vit_common.config import ViTConfig
+from vit_common.data.datasets import Dataset, batches_per_epoch
+from vit_common.data.train_config import TrainConfig
+from vit_common.recipes import get_recipe
+from vit_common.tolerance import compare, tolerance
+
+_DROP = 2  # first word of the drop-path masks' seeds (the pipeline's examples use 0, its batches 1)
+
+
+def drop_path_masks(cfg: ViTConfig, seed: int, step: int, batch_size: int) -> np.ndarray:
+    """float32 [B, depth, 2] keep masks (1 keep, 0 drop) of both drop-path branches of every block for
+    optimizer step ``step``, from a numpy generator seeded by (seed, 2, step); block i drops with the
+    rate both twins give it (``linspace(0, drop_path, depth)``, timm's stochastic-depth rule)."""
+    rates = np.linspace(0.0, cfg.drop_path, cfg.depth) if cfg.depth > 1 else np.array([cfg.drop_path])
+    rng = np.random.default_rng((seed, _DROP, step))
+    return (rng.random((batch_size, cfg.depth, 2)) >= rates[None, :, None]).astype(np.float32)
+
+
+@dataclass
+class StepRow:
+    """One optimizer step of both twins: (JAX, torch) metrics, and the largest relative difference
+    (max |JAX - torch| / max |torch| of a tensor) over the parameters and each Adam moment, with the
+    tensor that has it."""
+
+    step: int
+    loss: tuple[float, float]
+    grad_norm: tuple[float, float]
+    lr: tuple[float, float]
+    params: float
+    params_worst: str
+    mu: float
+    mu_worst: str
+    nu: float
+    nu_worst: str
+
+    @property
+    def worst(self) -> float:
+        return max(self.params, self.mu, self.nu)
+
+
+@dataclass
+class TrainParity:
+    """``compare_training``'s result: the rows, the bound (kind, value) of ``dtype`` and the verdict."""
+
+    dtype: str
+    recipes: tuple[str, str]
+    bound: tuple[str, float]
+    rows: list[StepRow] = field(default_factory=list)
+
+    @property
+    def first_bad_step(self) -> int | None:
+        return next((r.step for r in self.rows if not r.worst <= self.bound[1]), None)
+
+    @property
+    def ok(self) -> bool:
+        return self.first_bad_step is None
+
+    def to_dict(self) -> dict:
+        return {
+            "dtype": self.dtype,
+            "recipes": {"jax": self.recipes[0], "torch": self.recipes[1]},
+            "bound": {"kind": self.bound[0], "value": self.bound[1]},
+            "ok": self.ok,
+            "first_bad_step": self.first_bad_step,
+            "steps": [dataclasses.asdict(r) for r in self.rows],
+        }
+
+
+def _largest(a: dict[str, np.ndarray], b: dict[str, np.ndarray], what: str, dtype: str) -> tuple[float, str]:
+    """(largest relative difference over the tensors of ``a`` vs reference ``b``, its name).
+
+    Raises:
+        ValueError: the two hold different names.
+    """
+    if a.keys() != b.keys():
+        raise ValueError(f"{what}: JAX has {sorted(set(a) - set(b))} more, torch {sorted(set(b) - set(a))} more")
+    worst = (0.0, "")
+    for name in a:
+        c = compare(name, a[name], b[name], "train", dtype)
+        worst = max(worst, (c.rel, name))
+    return worst
+
+
+def run_dtype(cfg: ViTConfig, *tcfgs: TrainConfig) -> str:
+    """The dtype whose "train" bound applies: bfloat16 when the model computes in it or a recipe keeps
+    its first moment in it, else the model's parameter dtype."""
+    if cfg.dtype == "bfloat16" or any(get_recipe(t.recipe).mu_dtype == "bfloat16" for t in tcfgs):
+        return "bfloat16"
+    return cfg.param_dtype
+
+
+def compare_training(
+    cfg: ViTConfig,
+    tcfg: TrainConfig,
+    data: Dataset,
+    steps: int,
+    *,
+    torch_tcfg: TrainConfig | None = None,
+    weights: dict[str, np.ndarray] | None = None,
+) -> TrainParity:
+    """K = ``steps`` optimizer steps of the JAX twin under ``tcfg`` and of the torch twin under
+    ``torch_tcfg`` (default the same), from ``weights`` (default the torch twin's initialisation with
+    ``torch_tcfg.seed``: torch draws it in milliseconds, JAX compiles a kernel per shape), on the same
+    batches; see the module docstring. float64 needs jax_enable_x64 on.
+
+    Raises:
+        ValueError: steps < 1 or more than the run has, a config with dropout or attention dropout (no
+            parity mode), configs whose batches differ (batch size, epochs, seed, augmentation), or
+            anything the trainers refuse.
+    """
+    import vit_jax.train as jt
+    import vit_torch.train as tt
+    from vit_jax.optimizer_state import adam_state
+
+    torch_tcfg = tcfg if torch_tcfg is None else torch_tcfg
+    if cfg.dropout or cfg.attn_dropout:
+        raise ValueError(
+            f"dropout={cfg.dropout}, attn_dropout={cfg.attn_dropout}: the twins share drop-path masks only; "
+            "compare with dropout=0 and attn_dropout=0"
+        )
+    same = ("batch_size", "epochs", "seed", "augment", "dataset", "accum_steps")
+    differ = [k for k in same if getattr(tcfg, k) != getattr(torch_tcfg, k)]
+    if differ:
+        raise ValueError(f"the twins' train configs differ in {differ}: their batches would not be the same")
+    total = batches_per_epoch(len(data.train), tcfg.batch_size) * tcfg.epochs
+    if not 1 <= steps <= total:
+        raise ValueError(f"steps={steps}: expected 1 <= K <= {total} (the run's steps)")
+    torch_trainer = tt.Trainer(cfg, torch_tcfg, data, weights=weights)
+    weights = torch_trainer.weights() if weights is None else weights
+    jax_trainer = jt.Trainer(cfg, tcfg, data, weights=weights)
+    dtype = run_dtype(cfg, tcfg, torch_tcfg)
+    out = TrainParity(dtype, (tcfg.recipe, torch_tcfg.recipe), tolerance("train", dtype))
+    state = jax_trainer.init_state()
+    it = jax_trainer.train_iterator()
+    try:
+        for k in range(steps):
+            batch = next(it)
+            masks = drop_path_masks(cfg, tcfg.seed, k, tcfg.batch_size) if cfg.drop_path else None
+            state, mj = jax_trainer.train_step(state, batch if masks is None else {**batch, "drop_masks": masks})
+            mt = torch_trainer.train_step(batch, masks)
+            a, b = adam_state(state["opt_state"]), torch_trainer.adam_state()
+            p = _largest(jax_trainer.weights(state), torch_trainer.weights(), "parameters", dtype)
+            mu, nu = (_largest(a[m], b[m], m, dtype) for m in ("mu", "nu"))
+            pairs = [(float(mj[key]), float(mt[key])) for key in ("loss", "grad_norm", "lr")]
+            out.rows.append(StepRow(k + 1, *pairs, *p, *mu, *nu))
+    finally:
+        it.close()
+        jax_trainer.close()
+    return out
+
+
+def format_table(result: TrainParity) -> str:
+    """One line a step: both losses, gradient norms and learning rates, the largest relative differences,
+    and the verdict against the bound."""
+    kind, bound = result.bound
+    lines = [
+        f"JAX ({result.recipes[0]}) vs torch ({result.recipes[1]}), {result.dtype}, bound {kind} {bound:.0e}",
+        f"{'step':>4} {'loss jax':>12} {'loss torch':>12} {'grad_norm':>10} {'lr':>9} "
+        f"{'params':>9} {'mu':>9} {'nu':>9}  worst tensor",
+    ]
+    for r in result.rows:
+        worst = max((r.params, r.params_worst), (r.mu, "mu " + r.mu_worst), (r.nu, "nu " + r.nu_worst))[1]
+        lines.append(
+            f"{r.step:>4} {r.loss[0]:>12.8f} {r.loss[1]:>12.8f} {r.grad_norm[1]:>10.4g} {r.lr[1]:>9.3g} "
+            f"{r.params:>9.2e} {r.mu:>9.2e} {r.nu:>9.2e}  {worst}{'' if r.worst <= bound else '  FAIL'}"
+        )
+    bad = result.first_bad_step
+    lines.append("verdict: ok" if bad is None else f"verdict: the twins part at step {bad}")
+    return "\n".join(lines)
+
+
+def plot(result: TrainParity, path: Path) -> None:
+    """The largest relative differences (parameters, mu, nu) against the step, log scale, with the bound."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vit_common.system import io
+
+    steps = [r.step for r in result.rows]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for key in ("params", "mu", "nu"):
+        ax.plot(steps, [max(getattr(r, key), 1e-300) for r in result.rows], marker="o", ms=3, label=key)
+    ax.axhline(result.bound[1], color="k", ls="--", lw=1, label=f"bound {result.bound[1]:.0e}")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("max |JAX - torch| / max |torch|")
+    ax.set_title(f"JAX {result.recipes[0]} vs torch {result.recipes[1]} ({result.dtype})", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    io.atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100, metadata=io.PNG_TEXT))
+    plt.close(fig)
+
+
+def add_parser(sub) -> None:
+    from vit_cli.flags import add_flags
+    from vit_cli.main import HelpFormatter
+    from vit_cli.train import DEMO_MODEL, OPTIMISATION
+    from vit_common.data.datasets import Augment
+    from vit_common.recipes import RECIPES
+    from vit_common.system.validate import arg, float_in, int_in
+
+    p = sub.add_parser(
+        "train-parity",
+        help="train K steps in both twins from the same weights and batches, compare every parameter and moment",
+        formatter_class=HelpFormatter,
+        description="Does my JAX run reproduce my PyTorch run? The same initial weights and the same K batches "
+        "(one input pipeline) go through K optimizer steps of the JAX twin (optax) and of the torch twin "
+        "(torch.optim); per step it prints both losses, the gradient norm, the learning rate and the largest "
+        "relative difference of the parameters and of both Adam moments, and a verdict against the tolerance "
+        "table. --torch-recipe / --torch-weight-decay give the torch twin other settings, to see where two "
+        "recipes part. Exit code 1 when the twins part, 2 on bad input.",
+    )
+    p.add_argument("--steps", type=arg(int_in, 1), required=True, metavar="K", help="optimizer steps in each twin")
+    m = p.add_argument_group("model (default: vit train's demo model)")
+    m.add_argument("--variant", default=None, help="start from a variant NAME/PATCH (e.g. Ti/16)")
+    for name in ("image_size", "patch_size", "width", "depth", "num_heads", "mlp_dim"):
+        demo = DEMO_MODEL.get(name)
+        m.add_argument("--" + name.replace("_", "-"), type=arg(int_in, 1), default=None, help=f"{name} (demo {demo})")
+    m.add_argument("--pool", choices=("token", "gap", "map"), default=None, help="pooling (demo gap)")
+    m.add_argument(
+        "--drop-path",
+        type=arg(float_in, 0, 1, hi_open=True),
+        default=None,
+        help="stochastic depth rate of the last block; both twins take the same masks (default 0)",
+    )
+    m.add_argument(
+        "--dtype",
+        choices=("float64", "float32", "bfloat16"),
+        default="float64",
+        help="float64: parameters and compute (bound 1e-10); float32; bfloat16 compute, float32 parameters",
+    )
+    o = p.add_argument_group("training (both twins; the torch twin's may differ by the flags below)")
+    add_flags(o, TrainConfig, only=("dataset", "val_fraction", "layer_decay", *OPTIMISATION))
+    add_flags(o, Augment)
+    t = p.add_argument_group("the torch twin's own settings (default: the same as the JAX twin's)")
+    t.add_argument("--torch-recipe", choices=tuple(RECIPES), default=None, help="the torch twin's recipe")
+    t.add_argument("--torch-weight-decay", type=arg(float_in, 0), default=None, help="the torch twin's weight decay")
+    t.add_argument("--torch-lr", type=arg(float_in, 0, lo_open=True), default=None, help="the torch twin's lr")
+    r = p.add_argument_group("output")
+    r.add_argument("--json", default=None, metavar="PATH", help="write the report (every step) as JSON here")
+    r.add_argument("--plot", default=None, metavar="PATH", help="write the differences against the step as a PNG")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from vit_cli.flags import values
+    from vit_cli.train import model_config
+    from vit_common.data.datasets import Augment, load_dataset, native_channels
+    from vit_common.system import io
+
+    for path in (args.json, args.plot):
+        if path is not None:
+            io.check_destination(path)
+    augment = Augment(**values(Augment, args))
+    tcfg = TrainConfig(**values(TrainConfig, args), augment=augment)
+    torch_tcfg = dataclasses.replace(
+        tcfg,
+        **{
+            k: v
+            for k, v in (
+                ("recipe", args.torch_recipe),
+                ("weight_decay", args.torch_weight_decay),
+                ("lr", args.torch_lr),
+            )
+            if v is not None
+        },
+    )
+    args.posemb, args.dropout, args.settings = None, None, []  # what model_config reads besides these flags
+    channels = native_channels(tcfg.dataset)
+    dtype = args.dtype
+    args.dtype = "float32" if dtype == "float64" else dtype
+    probe = model_config(args, num_classes=2, in_chans=channels)
+    if dtype == "float64":
+        probe = probe.replace(dtype="float64", param_dtype="float64")
+    data = load_dataset(tcfg.dataset, probe.image_size, channels, val_fraction=tcfg.val_fraction)
+    cfg = probe.replace(num_classes=data.num_classes)
+
+    import jax
+
+    with jax.enable_x64(dtype == "float64"):  # a context: it wins over an enclosing one, and is undone after
+        result = compare_training(cfg, tcfg, data, args.steps, torch_tcfg=torch_tcfg)
+    print(format_table(result))
+    if args.json is not None:
+        io.write_json(args.json, result.to_dict())
+    if args.plot is not None:
+        plot(result, Path(args.plot))
+    return 0 if result.ok else 1
