@@ -58,6 +58,8 @@ def _timm_cases() -> dict[str, dict]:
         "dinov2_style": dict(init_values=1e-5, reg_tokens=4, no_embed_class=True, dynamic_img_size=True),
         "siglip_style": dict(global_pool="map", class_token=False, act_layer="gelu_tanh"),
         "clip_style": dict(pre_norm=True, act_layer="quick_gelu"),
+        "swiglu_packed": dict(mlp_layer="SwiGLUPacked"),  # gate rows first in fc1 (vit_giant_patch14_dinov2)
+        "swiglu_split": dict(mlp_layer="SwiGLU"),  # fc1_g (gate) and fc1_x
     }
     return cases
 
@@ -68,8 +70,6 @@ TIMM_REFUSED = {
     "proj_bias_false": (dict(proj_bias=False), "proj_bias=False"),
     "scale_attn_norm": (dict(scale_attn_norm=True), "a LayerNorm inside attention or the MLP"),
     "scale_mlp_norm": (dict(scale_mlp_norm=True), "a LayerNorm inside attention or the MLP"),
-    "swiglu_packed": (dict(mlp_layer="SwiGLUPacked"), "a gated MLP (SwiGLU"),
-    "swiglu": (dict(mlp_layer="SwiGLU"), "a gated MLP (SwiGLU)"),
     "embed_norm": (dict(embed_norm_layer="layernorm"), "a LayerNorm inside the patch embedding"),
     "non_square_refused": (dict(img_size=(32, 40)), "--source-image-size HxW"),  # 4x5 + 1 rows: no square
     "eva_q_v_bias": (dict(model="Eva"), "separate q_bias/v_bias attention biases"),
@@ -80,9 +80,9 @@ TIMM_CASES = _timm_cases() | {k: kw for k, (kw, _) in TIMM_REFUSED.items()}
 # timm hub folders (timm's save_for_hf: config.json + model.safetensors) of every timm architecture the
 # twins can build, one per distinct structure, each at test width (embed_dim 32, depth 1, 2 heads, a 2x2
 # patch grid, 3 classes where the name has a head). timm 1.0.31 registers 179 names in vision_transformer
-# and deit; built on the meta device, 140 are models the twins implement, in these 28 structures (class
-# and register tokens, pooling, fc_norm, pre_norm, qkv bias, qk_norm, LayerScale, GELU, eps, distilled,
-# heads), and 39 are refused for these 10 reasons. Name -> image size (the name's patch x 2).
+# and deit; built on the meta device, 143 are models the twins implement, in these 31 structures (class
+# and register tokens, pooling, fc_norm, pre_norm, qkv bias, qk_norm, LayerScale, GELU, SwiGLU, eps,
+# distilled, heads), and 36 are refused, in these 9 kinds. Name -> image size (the name's patch x 2).
 TIMM_HUB_CASES = {
     "deit3_base_patch16_224": 32,  # and 7 more names of this structure
     "deit_base_distilled_patch16_224": 32,  # 3 more
@@ -95,6 +95,9 @@ TIMM_HUB_CASES = {
     "vit_base_patch14_dinov2": 28,  # 2 more
     "vit_base_patch14_reg1_tipsv2": 28,  # 2 more
     "vit_base_patch14_reg4_dinov2": 28,  # 2 more
+    "vit_giant_patch14_dinov2": 28,  # SwiGLUPacked (gate rows first), as the two below
+    "vit_giant_patch14_reg1_tipsv2": 28,
+    "vit_giant_patch14_reg4_dinov2": 28,
     "vit_base_patch16_224_miil": 32,
     "vit_base_patch16_clip_224": 32,  # 18 more
     "vit_base_patch16_clip_quickgelu_224": 32,  # 6 more
@@ -114,7 +117,7 @@ TIMM_HUB_CASES = {
     "vit_so150m_patch16_reg4_map_256": 32,
 }
 TIMM_HUB_REFUSED = {  # name -> (image size, the words of the refusal)
-    "aimv2_1b_patch14_224": (28, "the twins do not implement its MLP SwiGLU"),  # 11 more
+    "aimv2_1b_patch14_224": (28, "a norm other than LayerNorm (RmsNorm)"),  # 11 more
     "beit3_base_patch16_224": (32, "a LayerNorm inside attention, MLP or patch embedding"),  # 3 more
     "test_vit4": (32, "a norm other than LayerNorm (RmsNorm)"),
     "vit_base_patch16_18x2_224": (32, "its block ParallelThingsBlock"),  # 5 more (ParallelScalingBlock)
@@ -122,7 +125,6 @@ TIMM_HUB_REFUSED = {  # name -> (image size, the words of the refusal)
     "vit_base_patch16_rpn_224": (32, "its block ResPostBlock"),
     "vit_dlittle_patch16_reg1_gap_256": (32, "its attention DiffAttention"),  # 1 more
     "vit_dpwee_patch16_reg1_gap_256": (32, "its block DiffParallelScalingBlock"),
-    "vit_giant_patch14_dinov2": (28, "the twins do not implement its MLP GluMlp"),  # 2 more
     "vit_so400m_patch14_siglip_384": (30, "image_size=(30, 30) is not a multiple of patch_size=(14, 14)"),  # 1 more
 }
 TIMM_HUB_ALL = TIMM_HUB_CASES | {k: size for k, (size, _) in TIMM_HUB_REFUSED.items()}

@@ -96,6 +96,13 @@ FEATURES = {
     "deit_distilled_backbone": (dict(dist_token=True, head_dist=True, num_classes=0), None),
     "deit_dist_token_cls_head": (dict(dist_token=True, posemb_prefix=False), None),
     "clip_style": (dict(norm_pre=True, patch_bias=False, gelu="quick"), None),
+    "clip_projection_head": (dict(norm_pre=True, patch_bias=False, gelu="quick", head_bias=False), None),
+    "swiglu": (dict(mlp_type="swiglu", mlp_dim=40), None),
+    "dinov2_classifier": (dict(pool="token_gap", layer_scale=0.1), None),
+    "dinov2_classifier_registers_swiglu": (
+        dict(pool="token_gap", reg_tokens=2, posemb_prefix=False, mlp_type="swiglu", mlp_dim=24, layer_scale=0.1),
+        None,
+    ),
     "none": (dict(pool="none"), None),
     "registers": (dict(reg_tokens=4), None),
     "registers_no_embed_class": (dict(reg_tokens=4, posemb_prefix=False), None),
@@ -309,7 +316,7 @@ def _grads(cfg: ViTConfig, state, x: np.ndarray, labels: np.ndarray, checkpointi
     return (float(loss_j), vit_jax.weights.params_to_numpy(cfg, g)), (float(loss_t), grads_t)
 
 
-@pytest.mark.parametrize("feature", ["token", "everything", "gap", "none_pre_logits"])
+@pytest.mark.parametrize("feature", ["token", "everything", "gap", "none_pre_logits", "swiglu"])
 def test_gradients_equal_in_float64(feature, x64, small_cfg):
     overrides = FEATURES[feature][0] if feature in FEATURES else dict(pool="gap", class_token=False, rep_size=8)
     cfg = small_cfg.replace(**overrides, dtype="float64", param_dtype="float64")

@@ -51,6 +51,34 @@ def test_prefix_tokens_and_new_fields_in_param_count():
     assert ViTConfig.from_name("Ti/16").inert_fields() == {"pool_include_prefix"}
 
 
+def test_gated_mlp_token_gap_and_bias_free_head_in_param_count():
+    """timm's vit_giant_patch14_dinov2 (SwiGLUPacked, gated width 4096, LayerScale, 518 px, no head) has
+    1,136,479,232 parameters in timm 1.0.31; DINOv2's classifier reads [class token, mean] (2D inputs);
+    CLIP's projection has no bias."""
+    g = ViTConfig(
+        image_size=518,
+        patch_size=14,
+        width=1536,
+        depth=40,
+        num_heads=24,
+        mlp_dim=4096,
+        mlp_type="swiglu",
+        layer_scale=1e-5,
+        num_classes=0,
+    )
+    assert g.param_count() == 1_136_479_232
+    plain = g.replace(mlp_type="plain")
+    assert g.param_count() - plain.param_count() == 40 * (1536 * 4096 + 4096)  # one more D x F matrix and bias
+    assert g.flops() - plain.flops() == 40 * 2 * g.seq_len * 1536 * 4096
+    assert "gelu" in g.inert_fields() and "gelu" not in plain.inert_fields()
+    dino = ViTConfig.from_name("S/14", pool="token_gap", num_classes=1000)
+    assert dino.features_dim == 768
+    assert dino.param_count() == ViTConfig.from_name("S/14", num_classes=1000).param_count() + 384 * 1000
+    clip = ViTConfig.from_name("B/16", num_classes=512, head_bias=False)
+    assert clip.param_count() == ViTConfig.from_name("B/16", num_classes=512).param_count() - 512
+    assert "head_bias" in clip.replace(num_classes=0).inert_fields()
+
+
 def test_json_round_trip_is_exact():
     cfg = ViTConfig.from_name("B/16", image_size=(384, 256), reg_tokens=4, layer_scale=1e-5, gelu="tanh")
     assert ViTConfig.from_json(cfg.to_json()) == cfg
@@ -78,6 +106,12 @@ def test_json_round_trip_is_exact():
         (dict(dist_token=True, head_dist=True, pool="gap"), "got pool='gap'"),
         (dict(dist_token=True, head_dist=True, rep_size=8), "got rep_size=8"),
         (dict(qkv_bias=1), "qkv_bias=1: expected True or False"),
+        (dict(mlp_type="geglu"), "mlp_type='geglu'"),
+        (dict(mlp_type="swiglu", pool="map"), "mlp_type='swiglu' with pool='map'"),
+        (dict(pool="token_gap", class_token=False), "pool='token_gap' needs class_token=True"),
+        (dict(pool="token_gap", fc_norm=True), "got fc_norm=True, rep_size=0"),
+        (dict(pool="token_gap", rep_size=8), "got fc_norm=False, rep_size=8"),
+        (dict(head_bias=0), "head_bias=0: expected True or False"),
     ],
 )
 def test_invalid_configs_name_the_values(kwargs, message):

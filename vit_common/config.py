@@ -45,6 +45,7 @@ _FLAGS = (
     "fc_norm",
     "dynamic_img_size",
     "dynamic_img_pad",
+    "head_bias",
 )
 # Training and execution choices: they do not change the function a set of weights computes at its
 # image size (LayerScale's init value only matters before the gammas are loaded).
@@ -129,12 +130,23 @@ class ViTConfig:
         "QuickGELU; timm act_layer='quick_gelu', HF hidden_act='quick_gelu')",
         choices=("exact", "tanh", "quick"),
     )
+    mlp_type: str = _field(
+        "plain",
+        "the block MLP: plain (fc1 [F, D], GELU, fc2 [D, F]) or swiglu (Shazeer 2020, GLU Variants Improve "
+        "Transformer: fc2(silu(g) * v), [g; v] = fc1(x), fc1 [2F, D] packed gate rows first as timm "
+        "SwiGLUPacked (GluMlp(gate_last=False), vit_giant_patch14_dinov2) and HF Dinov2SwiGLUFFN; mlp_dim is "
+        "F, the gated width, which HF DINOv2 rounds: (int(D * mlp_ratio * 2 / 3) + 7) // 8 * 8; gelu does not "
+        "apply; not with pool map, whose MLP is plain)",
+        choices=("plain", "swiglu"),
+    )
     pool: str = _field(
         "token",
         "how the final tokens become one vector: token (the class token), gap (mean over tokens), max "
         "(per-channel max), avgmax ((max + mean) / 2; timm global_pool='avgmax'), map (attention-pooling "
-        "head), none (every token; the head, if any, applied per token)",
-        choices=("token", "gap", "max", "avgmax", "map", "none"),
+        "head), token_gap (concat(class token, mean of the pooled tokens) [2D]: HF "
+        "Dinov2ForImageClassification and Dinov2WithRegistersForImageClassification, whose mean leaves the "
+        "class and register tokens out), none (every token; the head, if any, applied per token)",
+        choices=("token", "gap", "max", "avgmax", "map", "token_gap", "none"),
     )
     pool_include_prefix: bool = _field(
         False,
@@ -172,6 +184,11 @@ class ViTConfig:
         False, "a LayerNorm on the tokens before the first block (CLIP's ln_pre, timm pre_norm=True as norm_pre)"
     )
     fc_norm: bool = _field(False, "LayerNorm after pooling instead of before it (timm fc_norm; MAE/BEiT-style gap)")
+    head_bias: bool = _field(
+        True,
+        "the head (and head_dist) has a bias; off for CLIP's visual_projection (HF "
+        "CLIPVisionModelWithProjection), a bias-free projection used as the head",
+    )
     rep_size: int = _field(
         0,
         "width of the pre-logits dense + tanh layer (original ViT representation_size, HF ViTModel pooler); 0 = none",
@@ -247,8 +264,17 @@ class ViTConfig:
         for name in _FLAGS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected True or False")
-        if self.pool == "token" and not self.class_token:
-            raise ValueError("pool='token' needs class_token=True; use pool='gap', 'max', 'avgmax', 'map' or 'none'")
+        if self.pool in ("token", "token_gap") and not self.class_token:
+            raise ValueError(
+                f"pool={self.pool!r} needs class_token=True; use pool='gap', 'max', 'avgmax', 'map' or 'none'"
+            )
+        if self.pool == "token_gap" and (self.fc_norm or self.rep_size):
+            raise ValueError(
+                f"pool='token_gap' (a [2D] feature, HF DINOv2's classifier input) takes neither fc_norm nor "
+                f"rep_size; got fc_norm={self.fc_norm}, rep_size={self.rep_size}"
+            )
+        if self.mlp_type == "swiglu" and self.pool == "map":
+            raise ValueError("mlp_type='swiglu' with pool='map': the MAP head's MLP would be ambiguous; use one")
         if self.dist_token and not self.class_token:
             raise ValueError("dist_token=True needs class_token=True: the distillation token follows it (DeiT)")
         if self.head_dist:
@@ -340,8 +366,8 @@ class ViTConfig:
 
     @property
     def features_dim(self) -> int:
-        """Width of the head's input (pre-logits)."""
-        return self.rep_size or self.width
+        """Width of the head's input (pre-logits): rep_size, 2 D for pool='token_gap', else D."""
+        return self.rep_size or (2 * self.width if self.pool == "token_gap" else self.width)
 
     def inert_fields(self) -> frozenset[str]:
         """Fields whose value changes nothing given the others (e.g. pool_include_prefix without prefix
@@ -351,6 +377,10 @@ class ViTConfig:
             inert.add("pool_include_prefix")
         if not self.num_prefix_tokens or self.posemb != "learn":
             inert.add("posemb_prefix")
+        if self.mlp_type == "swiglu":
+            inert.add("gelu")
+        if not self.num_classes:
+            inert.add("head_bias")
         return frozenset(inert)
 
     # ------------------------------------------------------------------------------- constructors
@@ -421,7 +451,8 @@ class ViTConfig:
         n += d * self.num_prefix_tokens  # cls_token, reg_token
         if self.posemb == "learn":
             n += self.posemb_len * d
-        block = ln + linear(d, 3 * d, self.qkv_bias) + linear(d, d) + ln + linear(d, f) + linear(f, d)
+        mlp = linear(d, 2 * f if self.mlp_type == "swiglu" else f) + linear(f, d)
+        block = ln + linear(d, 3 * d, self.qkv_bias) + linear(d, d) + ln + mlp
         if self.qk_norm:
             block += 2 * 2 * self.head_dim
         if self.layer_scale is not None:
@@ -435,7 +466,7 @@ class ViTConfig:
         if self.rep_size:
             n += linear(d, self.rep_size)
         if k:
-            n += linear(self.features_dim, k) * (2 if self.head_dist else 1)  # head (and head_dist)
+            n += linear(self.features_dim, k, self.head_bias) * (2 if self.head_dist else 1)  # head (and head_dist)
         return n
 
     def flops(self, image_size: tuple[int, int] | int | None = None) -> int:
@@ -443,7 +474,8 @@ class ViTConfig:
 
         Formula (L tokens, D width, F mlp_dim, N' patches, K classes, P patch):
             patch embedding 2 N' C P^2 D
-            per block       2 L (3D^2 + D^2 + 2 D F)  (qkv, proj, mlp) + 4 L^2 D (q k^T and attn v)
+            per block       2 L (3D^2 + D^2 + 2 D F)  (qkv, proj, mlp; 3 D F for swiglu's 2F-row fc1)
+                            + 4 L^2 D (q k^T and attn v)
             MAP head        2 D^2 + 2 L' D (2D) + 4 L' D + 2 D^2 + 4 D F  (q, kv, attention, proj, mlp;
                             L' the tokens it pools: L, or the patches without pool_include_prefix)
             pre-logits      2 D R;  head 2 R K  (per token when pool='none'; twice with head_dist)
@@ -458,7 +490,8 @@ class ViTConfig:
         d, f = self.width, self.mlp_dim
         ph, pw = self.patch_size
         total = 2 * n_patch * self.in_chans * ph * pw * d
-        total += self.depth * (2 * seq * (4 * d * d + 2 * d * f) + 4 * seq * seq * d)
+        mlp_macs = (3 if self.mlp_type == "swiglu" else 2) * d * f
+        total += self.depth * (2 * seq * (4 * d * d + mlp_macs) + 4 * seq * seq * d)
         if self.pool == "map":
             total += 2 * d * d + 2 * pooled * d * 2 * d + 4 * pooled * d + 2 * d * d + 4 * d * f
         rows = seq if self.pool == "none" else 1

@@ -1,5 +1,10 @@
 """The canonical weight state: a flat dict of numpy arrays in timm's names and PyTorch layouts.
 
+A gated MLP (``mlp_type='swiglu'``) is stored as timm's ``vit_giant_patch14_dinov2`` stores it:
+``mlp.fc1`` [2F, D] with the gate's rows first (``SwiGLUPacked``), ``mlp.fc2`` [D, F]; readers of other
+packings (timm ``SwiGLU``'s ``fc1_g``/``fc1_x``, ``GluMlp``'s gate-last ``fc1``, HF DINOv2's
+``weights_in`` / ``gate_proj`` + ``up_proj``) map them to this one explicitly.
+
 ``canonical_shapes(cfg)`` is the single description of which tensors a config has; both twins'
 ``to_numpy`` produce exactly these keys and shapes, and every reader and writer checks against it.
 """
@@ -36,8 +41,9 @@ def _norm(prefix: str, d: int) -> dict[str, tuple[int, ...]]:
     return {f"{prefix}.weight": (d,), f"{prefix}.bias": (d,)}
 
 
-def _mlp(prefix: str, d: int, f: int) -> dict[str, tuple[int, ...]]:
-    return {**_linear(f"{prefix}.fc1", d, f), **_linear(f"{prefix}.fc2", f, d)}
+def _mlp(prefix: str, d: int, f: int, gated: bool = False) -> dict[str, tuple[int, ...]]:
+    """fc1 and fc2; a gated (SwiGLU) fc1 packs [gate; value] rows, [2F, D] (timm ``SwiGLUPacked``)."""
+    return {**_linear(f"{prefix}.fc1", d, 2 * f if gated else f), **_linear(f"{prefix}.fc2", f, d)}
 
 
 def canonical_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
@@ -69,7 +75,7 @@ def canonical_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
         if cfg.layer_scale is not None:
             s[f"{b}.ls1.gamma"] = (d,)
         s.update(_norm(f"{b}.norm2", d))
-        s.update(_mlp(f"{b}.mlp", d, f))
+        s.update(_mlp(f"{b}.mlp", d, f, cfg.mlp_type == "swiglu"))
         if cfg.layer_scale is not None:
             s[f"{b}.ls2.gamma"] = (d,)
     if not cfg.fc_norm:
@@ -86,9 +92,9 @@ def canonical_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
     if cfg.rep_size:
         s.update(_linear("pre_logits.fc", d, cfg.rep_size))
     if cfg.num_classes:
-        s.update(_linear("head", cfg.features_dim, cfg.num_classes))
+        s.update(_linear("head", cfg.features_dim, cfg.num_classes, cfg.head_bias))
         if cfg.head_dist:
-            s.update(_linear("head_dist", cfg.features_dim, cfg.num_classes))
+            s.update(_linear("head_dist", cfg.features_dim, cfg.num_classes, cfg.head_bias))
     return s
 
 

@@ -151,6 +151,24 @@ class Mlp(nnx.Module):
         return self.drop2(self.fc2(self.drop1(h)))
 
 
+class GluMlp(nnx.Module):
+    """Gated MLP (mlp_type='swiglu'): fc1 [D, 2F] -> [g; v] -> silu(g) * v -> dropout -> fc2 -> dropout.
+
+    The gate's columns come first in fc1 (timm ``SwiGLUPacked`` = ``GluMlp(act_layer=SiLU,
+    gate_last=False)``; HF ``Dinov2SwiGLUFFN`` computes the same with ``gate_proj`` and ``up_proj``).
+    """
+
+    def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
+        self.fc1 = _linear(cfg, cfg.width, 2 * cfg.mlp_dim, rngs)
+        self.drop1 = _dropout(cfg.dropout, rngs)
+        self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width, rngs)
+        self.drop2 = _dropout(cfg.dropout, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        gate, value = jnp.split(self.fc1(x), 2, axis=-1)  # each [..., F]
+        return self.drop2(self.fc2(self.drop1(jax.nn.silu(gate) * value)))
+
+
 class LayerScale(nnx.Module):
     """Per-channel scale ``gamma`` [D] initialised to cfg.layer_scale (Touvron et al. 2021, CaiT)."""
 
@@ -189,7 +207,7 @@ class Block(nnx.Module):
         self.ls1 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path1 = DropPath(drop_path, rngs=rngs)
         self.norm2 = _layer_norm(cfg, cfg.width, rngs)
-        self.mlp = Mlp(cfg, rngs=rngs)
+        self.mlp = GluMlp(cfg, rngs=rngs) if cfg.mlp_type == "swiglu" else Mlp(cfg, rngs=rngs)
         self.ls2 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path2 = DropPath(drop_path, rngs=rngs)
 
@@ -288,10 +306,9 @@ class VisionTransformer(nnx.Module):
         self.fc_norm = _layer_norm(cfg, cfg.width, rngs) if cfg.fc_norm else None
         self.pre_logits = PreLogits(cfg, rngs=rngs) if cfg.rep_size else None
         self.head_drop = _dropout(cfg.dropout, rngs)
-        self.head = _linear(cfg, cfg.features_dim, cfg.num_classes, rngs) if cfg.num_classes else None
-        self.head_dist = (
-            _linear(cfg, cfg.features_dim, cfg.num_classes, rngs) if cfg.num_classes and cfg.head_dist else None
-        )
+        k, bias = cfg.num_classes, cfg.head_bias
+        self.head = _linear(cfg, cfg.features_dim, k, rngs, bias) if k else None
+        self.head_dist = _linear(cfg, cfg.features_dim, k, rngs, bias) if k and cfg.head_dist else None
 
     def no_weight_decay(self) -> frozenset[str]:
         """Canonical names exempt from weight decay besides rank <= 1 tensors: timm's
@@ -367,6 +384,8 @@ class VisionTransformer(nnx.Module):
             x = pooled.max(axis=1)
         elif cfg.pool == "avgmax":
             x = 0.5 * (pooled.max(axis=1) + pooled.mean(axis=1))
+        elif cfg.pool == "token_gap":  # HF Dinov2ForImageClassification: [class token, mean of patches]
+            x = jnp.concatenate([x[:, 0], pooled.mean(axis=1)], axis=-1)
         elif cfg.pool == "map":
             x, probs = self.attn_pool(pooled, return_attn=record)
             if record:
@@ -414,7 +433,8 @@ class VisionTransformer(nnx.Module):
         Keys: 'patch_embed' [B, h*w, D], 'pos_embed' [B, L, D], 'norm_pre' (norm_pre only; the block
         input) [B, L, D], 'blockNN' [B, L, D], 'attnNN' [B, N, L, L] (rows sum to 1), 'norm' [B, L, D],
         'attn_pool' [B, N, 1, L'] (MAP only; L' = L, or the patches without pool_include_prefix),
-        'pre_logits' [B, D'], with head_dist also 'pre_logits_dist' [B, D] and, with a head, 'head' and
+        'pre_logits' [B, D'] (D' = rep_size, 2 D for pool='token_gap', else D), with head_dist also
+        'pre_logits_dist' [B, D] and, with a head, 'head' and
         'head_dist' [B, K] (each head's logits), 'logits' [B, K]. The same keys as the torch twin.
         """
         out: dict[str, jax.Array] = {}

@@ -168,6 +168,25 @@ class Mlp(nn.Module):
         return self.drop2(self.fc2(self.drop1(h)))
 
 
+class GluMlp(nn.Module):
+    """Gated MLP (mlp_type='swiglu'): fc1 [2F, D] -> [g; v] -> silu(g) * v -> dropout -> fc2 -> dropout.
+
+    The gate's rows come first in fc1 (timm ``SwiGLUPacked`` = ``GluMlp(act_layer=SiLU,
+    gate_last=False)``; HF ``Dinov2SwiGLUFFN`` computes the same with ``gate_proj`` and ``up_proj``).
+    """
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.fc1 = _linear(cfg, cfg.width, 2 * cfg.mlp_dim)
+        self.drop1 = nn.Dropout(cfg.dropout)
+        self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width)
+        self.drop2 = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, value = self.fc1(x).chunk(2, dim=-1)  # each [..., F]
+        return self.drop2(self.fc2(self.drop1(F.silu(gate) * value)))
+
+
 class LayerScale(nn.Module):
     """Per-channel scale ``gamma`` [D] initialised to cfg.layer_scale (Touvron et al. 2021, CaiT)."""
 
@@ -211,7 +230,7 @@ class Block(nn.Module):
         self.ls1 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = _layer_norm(cfg, cfg.width)
-        self.mlp = Mlp(cfg)
+        self.mlp = GluMlp(cfg) if cfg.mlp_type == "swiglu" else Mlp(cfg)
         self.ls2 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path2 = DropPath(drop_path)
 
@@ -308,8 +327,9 @@ class VisionTransformer(nn.Module):
         self.fc_norm = _layer_norm(cfg, cfg.width) if cfg.fc_norm else None
         self.pre_logits = PreLogits(cfg) if cfg.rep_size else None
         self.head_drop = nn.Dropout(cfg.dropout)
-        self.head = _linear(cfg, cfg.features_dim, cfg.num_classes) if cfg.num_classes else None
-        self.head_dist = _linear(cfg, cfg.features_dim, cfg.num_classes) if cfg.num_classes and cfg.head_dist else None
+        k, bias = cfg.num_classes, cfg.head_bias
+        self.head = _linear(cfg, cfg.features_dim, k, bias) if k else None
+        self.head_dist = _linear(cfg, cfg.features_dim, k, bias) if k and cfg.head_dist else None
         if self.dist_token is not None and not self.dist_token.is_meta:
             nn.init.trunc_normal_(self.dist_token, std=0.02)  # timm VisionTransformerDistilled
         for p in (self.cls_token, self.reg_token):
@@ -395,6 +415,8 @@ class VisionTransformer(nn.Module):
             x = pooled.amax(dim=1)
         elif cfg.pool == "avgmax":
             x = 0.5 * (pooled.amax(dim=1) + pooled.mean(dim=1))
+        elif cfg.pool == "token_gap":  # HF Dinov2ForImageClassification: [class token, mean of patches]
+            x = torch.cat([x[:, 0], pooled.mean(dim=1)], dim=-1)
         elif cfg.pool == "map":
             x, probs = self.attn_pool(pooled, return_attn=record)
             if record:
@@ -443,7 +465,8 @@ class VisionTransformer(nn.Module):
         Keys: 'patch_embed' [B, h*w, D], 'pos_embed' [B, L, D], 'norm_pre' (norm_pre only; the block
         input) [B, L, D], 'blockNN' [B, L, D], 'attnNN' [B, N, L, L] (rows sum to 1), 'norm' [B, L, D],
         'attn_pool' [B, N, 1, L'] (MAP only; L' = L, or the patches without pool_include_prefix),
-        'pre_logits' [B, D'], with head_dist also 'pre_logits_dist' [B, D] and, with a head, 'head' and
+        'pre_logits' [B, D'] (D' = rep_size, 2 D for pool='token_gap', else D), with head_dist also
+        'pre_logits_dist' [B, D] and, with a head, 'head' and
         'head_dist' [B, K] (each head's logits), 'logits' [B, K]. The same keys as the JAX twin.
         """
         out: dict[str, torch.Tensor] = {}

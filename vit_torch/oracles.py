@@ -29,6 +29,10 @@ def timm_model_kwargs(cfg: ViTConfig) -> dict:
 
     kw = timm_kwargs(cfg)
     kw["norm_layer"] = partial(LayerNorm, eps=kw.pop("norm_eps"))
+    if kw.pop("mlp_layer", None):
+        from timm.layers import SwiGLUPacked
+
+        kw["mlp_layer"] = SwiGLUPacked
     return kw
 
 

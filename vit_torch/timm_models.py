@@ -57,7 +57,7 @@ def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
         FormatError: naming what the model has and the twins lack (another model class, block, attention,
             MLP, activation, norm, pooling).
     """
-    from timm.layers import AttentionPoolLatent, PatchEmbed
+    from timm.layers import AttentionPoolLatent, GluMlp, PatchEmbed, SwiGLU
     from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import Attention, Block, Mlp, VisionTransformer
 
@@ -66,10 +66,11 @@ def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
         raise FormatError(f"timm model {name!r} is a {type(m).__name__}, not a timm VisionTransformer")
     blocks = list(m.blocks)
     b0 = blocks[0]
+    mlp = getattr(b0, "mlp", None)  # parallel blocks have none: refused as their block below
     parts = {
         "block": (b0, Block),
         "attention": (getattr(b0, "attn", None), Attention),
-        "MLP": (getattr(b0, "mlp", None), Mlp),
+        "MLP": (mlp, type(mlp) if isinstance(mlp, (GluMlp, SwiGLU)) else Mlp),
         "patch embedding": (m.patch_embed, PatchEmbed),
     }
     lacks = [f"{what} {type(obj).__name__}" for what, (obj, cls) in parts.items() if type(obj) is not cls]
@@ -88,6 +89,11 @@ def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
         raise FormatError(f"timm model {name!r}: attention pooling {type(m.attn_pool).__name__} other than MAP")
     if isinstance(m.norm, nn.Identity) and isinstance(m.fc_norm, nn.Identity):
         raise FormatError(f"timm model {name!r}: no final LayerNorm (final_norm=False)")
+    gated = isinstance(b0.mlp, (GluMlp, SwiGLU))
+    if gated and type(b0.mlp.act) is not nn.SiLU:
+        raise FormatError(
+            f"timm model {name!r}: a gated MLP with {type(b0.mlp.act).__name__}; the twins' gate is SiLU (SwiGLU)"
+        )
     distilled = isinstance(m, VisionTransformerDistilled)
     return ViTConfig(
         image_size=tuple(m.patch_embed.img_size),
@@ -98,11 +104,12 @@ def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
         width=m.embed_dim,
         depth=len(blocks),
         num_heads=b0.attn.num_heads,
-        mlp_dim=b0.mlp.fc1.out_features,
+        mlp_dim=b0.mlp.fc2.in_features,
+        mlp_type="swiglu" if gated else "plain",
         qkv_bias=b0.attn.qkv.bias is not None,
         qk_norm=not isinstance(b0.attn.q_norm, nn.Identity),
         ln_eps=float(b0.norm1.eps),
-        gelu=_gelu(b0.mlp.act, name),
+        gelu="exact" if gated else _gelu(b0.mlp.act, name),
         pool=_POOLS[m.global_pool],
         pool_include_prefix=bool(m.pool_include_prefix),
         class_token=m.cls_token is not None,
@@ -117,6 +124,24 @@ def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
         dynamic_img_size=bool(m.dynamic_img_size),
         dynamic_img_pad=bool(getattr(m.patch_embed, "dynamic_img_pad", False)),
     )
+
+
+def canonical_from_timm(model: nn.Module, cfg: ViTConfig) -> dict[str, np.ndarray]:
+    """The canonical state of a timm ViT whose config is ``cfg`` (``timm_config``): its state_dict, with a
+    gated MLP packed as ours, gate rows first: timm ``SwiGLU``'s fc1_g then fc1_x, ``GluMlp``'s fc1
+    halves swapped when ``gate_last`` (timm's default; ``SwiGLUPacked`` has the gate first already)."""
+    from timm.layers import GluMlp
+
+    from vit_common.checkpoints.formats.rules import to_canonical
+    from vit_common.checkpoints.formats.timm import timm_rules
+
+    tensors = {k: np.ascontiguousarray(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
+    mlp = model.blocks[0].mlp
+    state = to_canonical(timm_rules(cfg, split_gate=hasattr(mlp, "fc1_g")), tensors, type(model).__name__)
+    if isinstance(mlp, GluMlp) and mlp.gate_last:
+        f = cfg.mlp_dim
+        state = {k: np.concatenate([v[f:], v[:f]]) if ".mlp.fc1." in k else v for k, v in state.items()}
+    return state
 
 
 def timm_model_config(name: str, **kwargs: Any) -> ViTConfig:
@@ -172,7 +197,7 @@ def timm_checkpoint(name: str, pretrained: bool = False, **kwargs: Any) -> tuple
         torch.manual_seed(0)
         model = timm.create_model(name, pretrained=pretrained, **kwargs).eval()
     cfg = timm_config(model, name)
-    state = {k: np.ascontiguousarray(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
+    state = canonical_from_timm(model, cfg)
     twin = from_numpy(cfg, state)
     x = torch.from_numpy(np.random.default_rng(0).standard_normal((2, cfg.in_chans, *cfg.image_size), np.float32))
     with torch.no_grad():

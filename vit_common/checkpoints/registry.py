@@ -11,7 +11,7 @@ format modules never import it, so the registry sits above them.
 
 from __future__ import annotations
 
-from vit_common.checkpoints.formats import big_vision, canonical, hf, orbax, original_vit, timm
+from vit_common.checkpoints.formats import big_vision, canonical, hf, hf_families, orbax, original_vit, timm
 from vit_common.checkpoints.formats.protocol import Format
 
 REGISTRY: dict[str, Format] = {
@@ -19,6 +19,7 @@ REGISTRY: dict[str, Format] = {
     for f in (
         orbax.FORMAT,
         canonical.FORMAT,
+        hf_families.FORMAT,
         hf.FORMAT,
         timm.FORMAT,
         original_vit.FORMAT,

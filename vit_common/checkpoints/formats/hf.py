@@ -36,8 +36,9 @@ blocks.i.mlp.fc1/fc2  encoder.layer.i.intermediate.dense /            layers.i.m
 Embeddings are ``embeddings.{cls_token, distillation_token, position_embeddings,
 patch_embeddings.projection}``, the final norm ``layernorm``; task models prefix these with ``vit.`` or
 ``deit.``. ``hidden_act`` 'gelu' / 'gelu_python' = exact erf, 'gelu_pytorch_tanh' / 'gelu_new' = the tanh
-approximation, 'quick_gelu' = x sigmoid(1.702 x); LayerNorm eps defaults to 1e-12. Other model types
-(BEiT, DINOv2, ViT-MAE, ...) and masked-image-modelling heads are refused by name.
+approximation, 'quick_gelu' = x sigmoid(1.702 x); LayerNorm eps defaults to 1e-12. SigLIP, CLIP, DINOv2,
+ViT-MAE, ViT-MSN and I-JEPA folders are the ``hf_family`` format's (``hf_families.py``); other model types
+(BEiT, data2vec-vision, DINOv3, SigLIP2, AIMv2, ...) and masked-image-modelling heads are refused by name.
 """
 
 from __future__ import annotations
@@ -96,26 +97,75 @@ _ACT_TO_GELU = {
     "quick_gelu": "quick",
 }
 _GELU_TO_ACT = {"exact": "gelu", "tanh": "gelu_pytorch_tanh", "quick": "quick_gelu"}
-_NAMES = {  # spelling -> (layer prefix, q, k, v, o, fc1, fc2)
-    "v4": (
-        "encoder.layer.{i}.",
-        "attention.attention.query",
-        "attention.attention.key",
-        "attention.attention.value",
-        "attention.output.dense",
-        "intermediate.dense",
-        "output.dense",
-    ),
-    "v5": (
-        "layers.{i}.",
-        "attention.q_proj",
-        "attention.k_proj",
-        "attention.v_proj",
-        "attention.o_proj",
-        "mlp.fc1",
-        "mlp.fc2",
-    ),
+# The one table of block key spellings of the HF ViT-family model types (this format's ViT and DeiT, and
+# hf_families.py's): style -> spelling -> (layer prefix, norm1, q, k, v, o, norm2, fc1, fc2). 'vit' is
+# ViT, DeiT, ViT-MAE, ViT-MSN and I-JEPA; 'dinov2' both DINOv2 types; 'clip' SigLIP and CLIP (one
+# spelling). v4 is what save_pretrained writes, v5 the transformers 5 module names, as transformers'
+# conversion_mapping.py renames them (ViTModel, Dinov2Model, ViTMAEForPreTraining entries).
+BLOCK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
+    "vit": {
+        "v4": (
+            "encoder.layer.{i}.",
+            "layernorm_before",
+            "attention.attention.query",
+            "attention.attention.key",
+            "attention.attention.value",
+            "attention.output.dense",
+            "layernorm_after",
+            "intermediate.dense",
+            "output.dense",
+        ),
+        "v5": (
+            "layers.{i}.",
+            "layernorm_before",
+            "attention.q_proj",
+            "attention.k_proj",
+            "attention.v_proj",
+            "attention.o_proj",
+            "layernorm_after",
+            "mlp.fc1",
+            "mlp.fc2",
+        ),
+    },
+    "dinov2": {
+        "v4": (
+            "encoder.layer.{i}.",
+            "norm1",
+            "attention.attention.query",
+            "attention.attention.key",
+            "attention.attention.value",
+            "attention.output.dense",
+            "norm2",
+            "mlp.fc1",
+            "mlp.fc2",
+        ),
+        "v5": (
+            "encoder.layer.{i}.",
+            "norm1",
+            "attention.q_proj",
+            "attention.k_proj",
+            "attention.v_proj",
+            "attention.o_proj",
+            "norm2",
+            "mlp.fc1",
+            "mlp.fc2",
+        ),
+    },
+    "clip": {
+        "v4": (
+            "encoder.layers.{i}.",
+            "layer_norm1",
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.out_proj",
+            "layer_norm2",
+            "mlp.fc1",
+            "mlp.fc2",
+        ),
+    },
 }
+_NAMES = BLOCK_KEYS["vit"]
 _PATCH_KEY = "embeddings.patch_embeddings.projection.weight"
 MODEL_TYPES = ("vit", "deit")
 # architecture -> (model_type, head): 'backbone' | 'classify' | 'teacher'
@@ -133,14 +183,27 @@ _REFUSED_ARCHITECTURES = {
 _REFUSED_MODEL_TYPES = {
     "beit": "relative position tables and q/v biases",
     "data2vec-vision": "relative position tables and q/v biases",
-    "dinov2": "DINOv2's own module layout (read timm's DINOv2 files instead)",
-    "dinov2_with_registers": "DINOv2's own module layout (read timm's DINOv2 files instead)",
-    "vit_mae": "ViT-MAE's random masking and decoder",
-    "vit_msn": "ViT-MSN's module layout",
     "vit_hybrid": "a convolutional stem",
-    "clip_vision_model": "CLIP's own module layout (read timm's CLIP files instead)",
-    "siglip_vision_model": "SigLIP's own module layout (read timm's SigLIP files instead)",
+    "dinov3_vit": "rotary position embeddings (DINOv3)",
+    "perception_lm": "rotary position embeddings (Perception Encoder)",
+    "pe_video": "rotary position embeddings (Perception Encoder)",
+    "siglip2": "NaFlex variable-resolution patches (SigLIP2)",
+    "siglip2_vision_model": "NaFlex variable-resolution patches (SigLIP2)",
+    "aimv2": "RMSNorm (AIMv2)",
+    "aimv2_vision_model": "RMSNorm (AIMv2)",
 }
+# Model types another format reads (``hf_families.FAMILIES``: that module imports this one).
+_FAMILY_MODEL_TYPES = (
+    "siglip_vision_model",
+    "siglip",
+    "clip_vision_model",
+    "clip",
+    "dinov2",
+    "dinov2_with_registers",
+    "vit_mae",
+    "vit_msn",
+    "ijepa",
+)
 
 
 def is_hf(keys) -> bool:
@@ -191,6 +254,8 @@ def _architecture(config: Mapping[str, Any] | None, tensors: Mapping[str, np.nda
             notes.append(f"config.json has no model_type: {model_type} read from the tensors")
     if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
         what = _REFUSED_MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
+        if model_type in _FAMILY_MODEL_TYPES:
+            raise FormatError(f"{context}: model_type={model_type!r} is the hf_family format's (--from hf_family)")
         raise FormatError(
             f"{context}: config.json model_type={model_type!r} is not supported"
             + (f" (the twins lack {what})" if what else "")
@@ -220,7 +285,7 @@ def rules(cfg: ViTConfig, spelling: str = "v4", prefix: str = "", head: str = "c
     """File <-> canonical rules for an HF ViT/DeiT with ``cfg``; ``prefix`` is 'vit.' or 'deit.' for task
     models; ``head`` is 'backbone', 'classify' or 'teacher'."""
     d = cfg.width
-    layer, q, k, v, o, fc1, fc2 = _NAMES[spelling]
+    layer, n1, q, k, v, o, n2, fc1, fc2 = _NAMES[spelling]
     e = prefix + "embeddings."
     ph, pw = cfg.patch_size
     r = [
@@ -233,7 +298,7 @@ def rules(cfg: ViTConfig, spelling: str = "v4", prefix: str = "", head: str = "c
         r.append(copy(e + "distillation_token", "dist_token", (1, 1, d)))
     for i in range(cfg.depth):
         lp, b = prefix + layer.format(i=i), f"blocks.{i}."
-        r += [copy(f"{lp}layernorm_before.{w}", f"{b}norm1.{w}", (d,)) for w in ("weight", "bias")]
+        r += [copy(f"{lp}{n1}.{w}", f"{b}norm1.{w}", (d,)) for w in ("weight", "bias")]
         r.append(Rule(b + "attn.qkv.weight", tuple(Piece(f"{lp}{n}.weight", (d, d)) for n in (q, k, v))))
         if cfg.qkv_bias:
             r.append(Rule(b + "attn.qkv.bias", tuple(Piece(f"{lp}{n}.bias", (d,)) for n in (q, k, v))))
@@ -241,7 +306,7 @@ def rules(cfg: ViTConfig, spelling: str = "v4", prefix: str = "", head: str = "c
             copy(f"{lp}{o}.weight", b + "attn.proj.weight", (d, d)),
             copy(f"{lp}{o}.bias", b + "attn.proj.bias", (d,)),
         ]
-        r += [copy(f"{lp}layernorm_after.{w}", f"{b}norm2.{w}", (d,)) for w in ("weight", "bias")]
+        r += [copy(f"{lp}{n2}.{w}", f"{b}norm2.{w}", (d,)) for w in ("weight", "bias")]
         r += [
             copy(f"{lp}{fc1}.weight", b + "mlp.fc1.weight", (cfg.mlp_dim, d)),
             copy(f"{lp}{fc1}.bias", b + "mlp.fc1.bias", (cfg.mlp_dim,)),
@@ -305,6 +370,8 @@ def read_tensors(
         "fc_norm": arch_origin,
         "patch_bias": arch_origin,
         "qk_norm": arch_origin,
+        "mlp_type": arch_origin,
+        "head_bias": arch_origin,
     }
     f: dict[str, Any] = dict(
         class_token=True,
@@ -319,6 +386,8 @@ def read_tensors(
         fc_norm=False,
         patch_bias=True,
         qk_norm=False,
+        mlp_type="plain",
+        head_bias=True,
     )
     prov: dict[str, Origin] = dict(arch_prov)
     if config is not None:
@@ -356,11 +425,11 @@ def read_tensors(
         depth = 0
         while f"{layer.format(i=depth)}layernorm_before.weight" in tensors:
             depth += 1
-        fc1 = tensors.get(f"{layer.format(i=0)}{_NAMES[spelling][5]}.weight")
+        fc1 = tensors.get(f"{layer.format(i=0)}{_NAMES[spelling][7]}.weight")
         if depth == 0 or fc1 is None or np.ndim(fc1) != 2:
             raise FormatError(f"{context}: no {layer.format(i=0)}layernorm_before.weight / 2-D fc1 weight")
         f.update(width=d, depth=depth, mlp_dim=np.shape(fc1)[0], in_chans=c, patch_size=(ph, pw))
-        f["qkv_bias"] = f"{layer.format(i=0)}{_NAMES[spelling][1]}.bias" in tensors
+        f["qkv_bias"] = f"{layer.format(i=0)}{_NAMES[spelling][2]}.bias" in tensors
         prov.update({k: derived("tensor shapes") for k in ("width", "depth", "mlp_dim", "in_chans", "patch_size")})
         prov["qkv_bias"] = derived("tensors present")
         if "num_heads" not in overrides:  # given: no guess, and no refusal where no rule guesses one
@@ -471,6 +540,8 @@ class HuggingFace(Format):
                 "norm_pre": cfg.norm_pre,
                 "patch_bias=False": not cfg.patch_bias,
                 "posemb='none'": cfg.posemb == "none",
+                "mlp_type='swiglu'": cfg.mlp_type == "swiglu",
+                "head_bias=False (the classifier has a bias)": not cfg.head_bias,
                 "both rep_size and a head (ViTModel has the pooler, ViTForImageClassification the classifier)": (
                     cfg.rep_size > 0 and cfg.num_classes > 0
                 ),

@@ -250,6 +250,8 @@ def read(
         patch_bias=True,
         qk_norm=False,
         dist_token=False,
+        mlp_type="plain",
+        head_bias=True,
         head_dist=False,
         reg_tokens=0,
         norm_pre=False,
@@ -335,6 +337,8 @@ def cannot_hold(cfg: ViTConfig) -> list[str]:
             "a class token with pool other than 'token'": cfg.class_token and cfg.pool != "token",
             "pool_include_prefix=True": cfg.pool_include_prefix and cfg.num_prefix_tokens > 0,
             "quick GELU": cfg.gelu == "quick",
+            "mlp_type='swiglu'": cfg.mlp_type == "swiglu",
+            "head_bias=False": not cfg.head_bias,
         },
     )
 

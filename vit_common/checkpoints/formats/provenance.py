@@ -188,7 +188,7 @@ UNSUPPORTED_TENSORS: tuple[tuple[re.Pattern, str], ...] = (
         re.compile(r"relative_position_(bias_table|index)$|(^|\.)rel_pos_bias\.|(^|\.)rel_pos_"),
         "relative position tables (BEiT, EVA, Swin-style relative position bias)",
     ),
-    (re.compile(r"(^|\.)mlp\.fc1_[gx]\.|(^|\.)mlp\.w12\."), "a gated MLP (SwiGLU)"),
+    (re.compile(r"(^|\.)mlp\.w12\."), "a gated MLP packed as xformers' w12/w3 (convert with timm first)"),
     (
         re.compile(r"(^|\.)attn\.norm\.|(^|\.)mlp\.norm\."),
         "a LayerNorm inside attention or the MLP (timm scale_*_norm)",

@@ -71,7 +71,15 @@ from vit_common.checkpoints.formats.provenance import (
     shape_fields,
     square_grid_origin,
 )
-from vit_common.checkpoints.formats.rules import copy, materialize_posemb, refuse, to_canonical, unsupported
+from vit_common.checkpoints.formats.rules import (
+    Piece,
+    Rule,
+    copy,
+    materialize_posemb,
+    refuse,
+    to_canonical,
+    unsupported,
+)
 from vit_common.checkpoints.formats.source import TORCH_SUFFIXES, read_safetensors
 from vit_common.checkpoints.formats.stored import assumed_meta, config_from_json, decode_stored
 from vit_common.checkpoints.hub import is_hub_id
@@ -116,6 +124,24 @@ def _pooling(t: Mapping[str, np.ndarray], fc_norm: bool, class_token: bool) -> t
     if class_token:
         return "token", assumed("not stored; timm's default global_pool='token' (avg with fc_norm=False is possible)")
     return "gap", assumed("not stored; no class token: timm's avg assumed (max, avgmax or none are possible)")
+
+
+_FC1 = re.compile(r"^(blocks\.\d+\.mlp)\.fc1\.(weight|bias)$")
+
+
+def timm_rules(cfg: ViTConfig, split_gate: bool = False) -> list[Rule]:
+    """timm state_dict -> canonical state for ``cfg``: each tensor itself, or with ``split_gate`` (timm
+    ``SwiGLU``) each canonical fc1 [2F, ...] = the gate's ``fc1_g`` rows then the value's ``fc1_x`` rows
+    (our packed fc1 puts the gate first, as timm's ``SwiGLUPacked``)."""
+    rules = []
+    for key, shape in canonical_shapes(cfg).items():
+        m = _FC1.match(key) if split_gate else None
+        if m is None:
+            rules.append(copy(key, key, shape))
+            continue
+        half = (shape[0] // 2,) + tuple(shape[1:])
+        rules.append(Rule(key, (Piece(f"{m[1]}.fc1_g.{m[2]}", half), Piece(f"{m[1]}.fc1_x.{m[2]}", half))))
+    return rules
 
 
 def infer(
@@ -163,21 +189,30 @@ def infer(
     depth = 0
     while f"blocks.{depth}.norm1.weight" in t:
         depth += 1
-    fc1, fc2 = t.get("blocks.0.mlp.fc1.weight"), t.get("blocks.0.mlp.fc2.weight")
-    if depth == 0 or fc1 is None or np.ndim(fc1) != 2:
-        raise FormatError(f"{context}: no blocks.0.norm1.weight / 2-D blocks.0.mlp.fc1.weight")
-    if fc2 is not None and np.ndim(fc2) == 2 and np.shape(fc2)[1] != np.shape(fc1)[0]:
-        refuse_unsupported(
-            (),
-            context,
-            {
-                f"a gated MLP (SwiGLU: blocks.0.mlp.fc1 has {np.shape(fc1)[0]} rows, fc2 takes "
-                f"{np.shape(fc2)[1]}, timm mlp_layer=SwiGLUPacked)": True
-            },
+    split_gate = "blocks.0.mlp.fc1_g.weight" in t  # timm SwiGLU: fc1_g (gate) and fc1_x (value)
+    fc1 = t.get("blocks.0.mlp.fc1_g.weight" if split_gate else "blocks.0.mlp.fc1.weight")
+    fc2 = t.get("blocks.0.mlp.fc2.weight")
+    if depth == 0 or fc1 is None or np.ndim(fc1) != 2 or fc2 is None or np.ndim(fc2) != 2:
+        raise FormatError(f"{context}: no blocks.0.norm1.weight / 2-D blocks.0.mlp.fc1.weight and fc2.weight")
+    f, prov = shape_fields(patch_size=(ph, pw), in_chans=c, width=d, depth=depth, num_classes=0)
+    f["mlp_dim"] = np.shape(fc2)[1]
+    prov["mlp_dim"] = derived("blocks.0.mlp.fc2 columns")
+    if split_gate:
+        f["mlp_type"] = "swiglu"
+        prov["mlp_type"] = derived("blocks.0.mlp.fc1_g / fc1_x: timm SwiGLU, gate fc1_g")
+    elif np.shape(fc1)[0] == 2 * np.shape(fc2)[1]:
+        f["mlp_type"] = "swiglu"
+        prov["mlp_type"] = assumed(
+            "blocks.0.mlp.fc1 has 2 x fc2's columns: a packed gated MLP, read with the gate rows first as timm's "
+            "SwiGLUPacked (vit_giant_patch14_dinov2); a GluMlp(gate_last=True) file needs its fc1 halves swapped"
         )
-    f, prov = shape_fields(
-        patch_size=(ph, pw), in_chans=c, width=d, depth=depth, mlp_dim=np.shape(fc1)[0], num_classes=0
-    )
+    elif np.shape(fc1)[0] == np.shape(fc2)[1]:
+        f["mlp_type"], prov["mlp_type"] = "plain", derived("blocks.0.mlp.fc1 rows = fc2 columns")
+    else:
+        raise FormatError(
+            f"{context}: blocks.0.mlp.fc1 has {np.shape(fc1)[0]} rows and fc2 takes {np.shape(fc2)[1]}: "
+            "neither a plain MLP nor a packed gated one"
+        )
     flags = {
         "patch_bias": "patch_embed.proj.bias" in t,
         "qkv_bias": "blocks.0.attn.qkv.bias" in t,
@@ -208,6 +243,8 @@ def infer(
     if "head.weight" in t and np.ndim(t["head.weight"]) == 2:
         f["num_classes"] = np.shape(t["head.weight"])[0]
     prov["num_classes"] = derived("head shape")
+    f["head_bias"] = "head.bias" in t or "head.weight" not in t
+    prov["head_bias"] = derived("head.bias present or not")
     num_prefix = int(f["class_token"]) + int(f["dist_token"]) + f["reg_tokens"]
     if "pos_embed" in t and np.ndim(t["pos_embed"]) == 3:
         f["posemb"] = "learn"
@@ -231,7 +268,7 @@ def infer(
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
     cfg = build_config(f, prov, overrides, context)
-    rules = [copy(k, k, s) for k, s in canonical_shapes(cfg).items()]
+    rules = timm_rules(cfg, split_gate)
     layout = "timm VisionTransformerDistilled state_dict" if cfg.dist_token else "timm state_dict"
     return Decoded(cfg, to_canonical(rules, t, context), layout, prov, [], notes)
 
@@ -537,7 +574,8 @@ def hub_config_json(cfg: ViTConfig, assumed=()) -> dict[str, Any]:
 
 def hub_cannot_hold(cfg: ViTConfig) -> list[str]:
     """What a timm hub folder cannot hold beyond a timm file: a LayerNorm eps no architecture builds
-    (timm's ``norm_layer`` is not a JSON value), distilled with eps 1e-5."""
+    (timm's ``norm_layer`` is not a JSON value), distilled with eps 1e-5, a gated MLP (``mlp_layer`` is a
+    class too)."""
     eps = "1e-6" if cfg.head_dist else "1e-6 or 1e-5 (CLIP's)"
     return unsupported(
         "timm hub folder",
@@ -546,6 +584,8 @@ def hub_cannot_hold(cfg: ViTConfig) -> list[str]:
             "a timm .safetensors file records it in its metadata)": (
                 cfg.ln_eps != 1e-6 if cfg.head_dist else cfg.ln_eps not in HUB_ARCHITECTURES
             ),
+            "mlp_type='swiglu' (model_args cannot name timm's SwiGLUPacked class; a timm .safetensors file "
+            "can hold it)": cfg.mlp_type == "swiglu",
         },
     )
 
@@ -658,6 +698,10 @@ class Timm(Format):
             "timm",
             {
                 f"rep_size={cfg.rep_size} (timm's VisionTransformer has no pre-logits layer)": cfg.rep_size > 0,
+                f"pool={cfg.pool!r} (timm's VisionTransformer has no [class token, mean] pooling)": (
+                    cfg.pool not in POOL_TO_TIMM
+                ),
+                "head_bias=False (timm's head has a bias)": not cfg.head_bias,
                 f"norm_pre={cfg.norm_pre} with patch_bias={cfg.patch_bias} (timm's pre_norm adds norm_pre and "
                 "drops the patch-embedding bias together)": cfg.norm_pre == cfg.patch_bias,
                 "dist_token without head_dist (timm's distilled ViT always reads both tokens)": (
@@ -766,7 +810,10 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
 
     ``act_layer`` is given by name ('gelu' exact, 'gelu_tanh', 'quick_gelu'); timm's default LayerNorm
     eps is 1e-6, so ``ln_eps`` is returned under the key ``'norm_eps'`` for the caller to turn into a
-    ``norm_layer`` (a torch object, which vit_common cannot build). Drop rates map one to one.
+    ``norm_layer`` (a torch object, which vit_common cannot build). A gated MLP is returned as
+    ``'mlp_layer': 'SwiGLUPacked'`` (``timm.layers.SwiGLUPacked``, for the caller to import) with
+    ``act_layer='silu'`` and ``mlp_ratio`` = 2F / D, since timm's width is the packed fc1's, as
+    ``vit_giant_patch14_dinov2``. Drop rates map one to one.
 
     Raises:
         ValueError: timm cannot build this config (names every reason).
@@ -782,8 +829,10 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
             },
         ),
     )
-    ratio = cfg.mlp_dim / cfg.width
-    while int(cfg.width * ratio) < cfg.mlp_dim:  # timm computes int(width * mlp_ratio)
+    gated = cfg.mlp_type == "swiglu"
+    hidden = 2 * cfg.mlp_dim if gated else cfg.mlp_dim
+    ratio = hidden / cfg.width
+    while int(cfg.width * ratio) < hidden:  # timm computes int(width * mlp_ratio)
         ratio = float(np.nextafter(ratio, np.inf))
     return dict(
         img_size=tuple(cfg.image_size),
@@ -812,9 +861,9 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         proj_drop_rate=cfg.dropout,
         attn_drop_rate=cfg.attn_dropout,
         drop_path_rate=cfg.drop_path,
-        act_layer=GELU_TO_TIMM[cfg.gelu],
+        act_layer="silu" if gated else GELU_TO_TIMM[cfg.gelu],
         norm_eps=cfg.ln_eps,
-    )
+    ) | ({"mlp_layer": "SwiGLUPacked"} if gated else {})
 
 
 # timm's registered names of the variants (timm/models/vision_transformer.py and deit.py): each entry
@@ -848,6 +897,7 @@ def timm_load_call(path: str | Path, cfg: ViTConfig) -> str:
     """
     kw = timm_kwargs(cfg.replace(dropout=0.0, attn_dropout=0.0, drop_path=0.0))
     eps = kw.pop("norm_eps")
+    mlp_layer = kw.pop("mlp_layer", None)
     defaults = dict(
         in_chans=3,
         global_pool="token",
@@ -874,6 +924,9 @@ def timm_load_call(path: str | Path, cfg: ViTConfig) -> str:
     if eps != 1e-6:
         lines += ["from functools import partial", "from timm.layers import LayerNorm"]
         args.append(f"norm_layer=partial(LayerNorm, eps={eps!r})")
+    if mlp_layer:
+        lines.append(f"from timm.layers import {mlp_layer}")
+        args.append(f"mlp_layer={mlp_layer}")
     if Path(path).suffix in TORCH_SUFFIXES:
         lines += ["import torch", f"state = torch.load({str(path)!r}, weights_only=True)"]
     else:

@@ -1,0 +1,353 @@
+"""transformers SigLIP, CLIP, DINOv2 (with registers), ViT-MAE, ViT-MSN and I-JEPA folders into both
+twins, transformers 5.24 as the oracle: tiny random models (width 32, depth 2) written by
+``save_pretrained`` (v4 key names) or from ``state_dict()`` (v5 module names), compared in float32 on
+the output, every block's hidden state and attention map, and at sizes other than the native one."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.torch import save_file
+
+import vit_jax
+import vit_torch
+from vit_common.checkpoints.convert import load_checkpoint
+from vit_common.config import FUNCTION_FIELDS
+from vit_common.tolerance import compare
+
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)
+TEXT = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, vocab_size=40)
+# case -> (architecture, config class, config kwargs, what transformers' output is compared with)
+CASES = {
+    "siglip_vision": ("SiglipVisionModel", "SiglipVisionConfig", dict(intermediate_size=48), "pooler_output"),
+    "siglip_two_tower": ("SiglipModel", "SiglipConfig", dict(intermediate_size=48), "vision_pooler"),
+    "siglip_classify": ("SiglipForImageClassification", "SiglipConfig", dict(intermediate_size=48), "logits"),
+    "clip_vision": ("CLIPVisionModel", "CLIPVisionConfig", dict(intermediate_size=48), "pooler_output"),
+    "clip_projection": (
+        "CLIPVisionModelWithProjection",
+        "CLIPVisionConfig",
+        dict(intermediate_size=48, projection_dim=24),
+        "image_embeds",
+    ),
+    "clip_two_tower": ("CLIPModel", "CLIPConfig", dict(intermediate_size=48), "image_features"),
+    "dinov2": ("Dinov2Model", "Dinov2Config", dict(mlp_ratio=3), "pooler_output"),
+    "dinov2_classify_swiglu": (
+        "Dinov2ForImageClassification",
+        "Dinov2Config",
+        dict(mlp_ratio=4, use_swiglu_ffn=True, num_labels=5),
+        "logits",
+    ),
+    "dinov2_registers_classify": (
+        "Dinov2WithRegistersForImageClassification",
+        "Dinov2WithRegistersConfig",
+        dict(mlp_ratio=2, num_register_tokens=3, num_labels=5),
+        "logits",
+    ),
+    "dinov2_registers_swiglu": (
+        "Dinov2WithRegistersModel",
+        "Dinov2WithRegistersConfig",
+        dict(mlp_ratio=4, num_register_tokens=2, use_swiglu_ffn=True),
+        "pooler_output",
+    ),
+    "vit_mae": ("ViTMAEModel", "ViTMAEConfig", dict(intermediate_size=48, mask_ratio=0.0), "cls"),
+    "vit_msn_classify": (
+        "ViTMSNForImageClassification",
+        "ViTMSNConfig",
+        dict(intermediate_size=48, num_labels=5),
+        "logits",
+    ),
+    "ijepa_classify": (
+        "IJepaForImageClassification",
+        "IJepaConfig",
+        dict(intermediate_size=48, num_labels=5),
+        "logits",
+    ),
+}
+TWO_TOWER = ("SiglipConfig", "CLIPConfig")
+
+
+def _build(case: str, seed: int = 0):
+    arch, config_cls, kw, _ = CASES[case]
+    cls = getattr(transformers, config_cls)
+    if config_cls in TWO_TOWER:
+        extra = {"projection_dim": 24} if config_cls == "CLIPConfig" else {}
+        labels = {k: kw.pop(k) for k in ("num_labels",) if k in kw}
+        config = cls(vision_config={**SMALL, **kw}, text_config=TEXT, **extra, **labels)
+        if arch == "SiglipForImageClassification":
+            config.num_labels = 5
+    else:
+        config = cls(**{**SMALL, **kw})
+    torch.manual_seed(seed)
+    model = getattr(transformers, arch)._from_config(config, attn_implementation="eager")
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(torch.randn(p.shape, generator=g) * (0.1 if "norm" in name else 0.05))
+    return model.eval()
+
+
+def _vision(model):
+    """The module whose hidden states are the image tower's (a two-tower or task model's vision part)."""
+    for name in ("vision_model", "dinov2", "dinov2_with_registers", "vit", "ijepa"):
+        if hasattr(model, name):
+            return getattr(model, name)
+    return model
+
+
+def _reference(case: str, model, x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """transformers' output (as CASES names it) and its intermediates: per-block hidden states and
+    attention maps, as our intermediates' names. At a size other than 32x32 the position embedding is
+    interpolated (DINOv2 always does; the others are asked to with interpolate_pos_encoding=True)."""
+    what = CASES[case][3]
+    pixels = torch.from_numpy(x)
+    kw = (
+        {"noise": torch.arange(x.shape[0] * 16, dtype=torch.float32).reshape(x.shape[0], 16)}
+        if case == "vit_mae"
+        else {}
+    )
+    top = {"interpolate_pos_encoding": True} if x.shape[2:] != (32, 32) and not case.startswith("dinov2") else {}
+    with torch.no_grad():
+        inner = _vision(model)(pixels, output_hidden_states=True, output_attentions=True, **kw, **top)
+        if what == "logits":
+            out = model(pixels, **top).logits
+        elif what == "image_embeds":
+            out = model(pixels, **top).image_embeds
+        elif what == "image_features":
+            out = model.visual_projection(inner.pooler_output)
+        elif what == "cls":
+            out = inner.last_hidden_state[:, 0]
+        else:
+            out = inner.pooler_output
+    hidden = inner.hidden_states
+    inter = {f"block{i:02d}": h.numpy() for i, h in enumerate(hidden[1:])}
+    inter |= {f"attn{i:02d}": a.numpy() for i, a in enumerate(inner.attentions)}
+    return out.numpy(), inter
+
+
+def _save(model, folder, spelling: str) -> None:
+    if spelling == "v4":
+        model.save_pretrained(folder)  # transformers 5 writes the v4 names to disk
+    else:
+        folder.mkdir()
+        model.config.to_json_file(folder / "config.json")
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "model.safetensors")
+
+
+def _twins(folder, x: np.ndarray, **load) -> list[tuple[str, np.ndarray, dict]]:
+    jm = vit_jax.load_model(folder, attn_impl="explicit", **load)
+    tm = vit_torch.load_model(folder, **load)
+    lj, oj = jm.forward_intermediates(jnp.asarray(x.transpose(0, 2, 3, 1)))
+    with torch.no_grad():
+        lt, ot = tm.forward_intermediates(torch.from_numpy(x))
+    return [
+        ("jax", np.asarray(lj), {k: np.asarray(v) for k, v in oj.items()}),
+        ("torch", lt.numpy(), {k: v.numpy() for k, v in ot.items()}),
+    ]
+
+
+def _check(case: str, model, folder, x: np.ndarray, **load) -> None:
+    ref, inter = _reference(case, model, x)
+    for twin, logits, out in _twins(folder, x, **load):
+        assert compare(f"{twin} {CASES[case][3]}", logits, ref, "tensor", "float32").ok
+        for k, v in inter.items():
+            assert compare(f"{twin} {k}", out[k], v, "attention" if k.startswith("attn") else "tensor", "float32").ok
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_family_folder_equals_transformers(case, tmp_path, images):
+    """Each family's folder (v4 names, as save_pretrained writes) loads into both twins with nothing
+    assumed, and gives transformers' output, every block's hidden state and every attention map."""
+    model = _build(case)
+    _save(model, tmp_path / "hf", "v4")
+    ckpt = load_checkpoint(tmp_path / "hf", strict=True)
+    assert ckpt.report.assumed == [] and set(ckpt.report.provenance) == set(FUNCTION_FIELDS)
+    assert ckpt.report.layout.startswith(CASES[case][0])
+    _check(case, model, tmp_path / "hf", images(2, (32, 32)))
+
+
+@pytest.mark.parametrize("case", ["dinov2_classify_swiglu", "dinov2_registers_classify", "vit_mae", "ijepa_classify"])
+def test_v5_module_names(case, tmp_path, images):
+    """The transformers-5 module names (``state_dict()``: ``attention.q_proj``, DINOv2's SwiGLU as
+    ``gate_proj``/``up_proj``/``down_proj``, ViT-style ``layers.i``) read as the v4 file names do."""
+    model = _build(case)
+    _save(model, tmp_path / "hf", "v5")
+    ckpt = load_checkpoint(tmp_path / "hf", strict=True)
+    assert ckpt.report.layout == f"{CASES[case][0]}, v5 key names"
+    _check(case, model, tmp_path / "hf", images(2, (32, 32)))
+
+
+def test_two_tower_folders_report_the_text_tower_as_ignored(tmp_path):
+    for case in ("siglip_two_tower", "clip_two_tower"):
+        _build(case).save_pretrained(tmp_path / case)
+        ckpt = load_checkpoint(tmp_path / case, strict=True)
+        ignored = [k for k, _ in ckpt.report.dropped]
+        assert ignored and all(k.startswith(("text_model.", "text_projection", "logit_")) for k in ignored)
+        assert any(k.startswith("text_model.") for k in ignored)
+
+
+def test_clip_projection_is_the_bias_free_head(tmp_path):
+    _build("clip_projection").save_pretrained(tmp_path / "clip")
+    ckpt = load_checkpoint(tmp_path / "clip", strict=True)
+    cfg = ckpt.cfg
+    assert (cfg.num_classes, cfg.head_bias, cfg.norm_pre, cfg.patch_bias, cfg.gelu, cfg.ln_eps) == (
+        24,
+        False,
+        True,
+        False,
+        "quick",
+        1e-5,
+    )
+
+
+@pytest.mark.parametrize(
+    "case, method, hw",
+    [
+        ("dinov2", "bicubic", (48, 40)),
+        ("dinov2_registers_classify", "bicubic_aa", (24, 24)),
+        ("dinov2_registers_classify", "bicubic_aa", (48, 56)),
+        ("siglip_vision", "bicubic", (48, 40)),
+        ("clip_projection", "bicubic", (24, 40)),
+    ],
+)
+def test_position_embedding_resampled_as_transformers(case, method, hw, tmp_path, images):
+    """At a size other than the native 32x32, both twins (the table resampled at load) equal transformers'
+    own interpolate_pos_encoding: bicubic without antialias (dinov2, SigLIP, CLIP), dinov2_with_registers
+    with it (a smaller size is where antialias shows: the other method fails there)."""
+    model = _build(case)
+    model.save_pretrained(tmp_path / "hf")
+    ckpt = load_checkpoint(tmp_path / "hf")
+    assert ckpt.cfg.posemb_resample == method
+    x = images(2, hw)
+    ref, _ = _reference(case, model, x)
+    for _, logits, _ in _twins(tmp_path / "hf", x, image_size=hw):
+        assert compare("logits", logits, ref, "tensor", "float32").ok
+    if hw == (24, 24):
+        other = "bicubic" if method == "bicubic_aa" else "bicubic_aa"
+        wrong = vit_torch.load_model(tmp_path / "hf", image_size=hw, posemb_resample=other)
+        with torch.no_grad():
+            assert not compare("other method", wrong(torch.from_numpy(x)).numpy(), ref, "tensor", "float32").ok
+
+
+@pytest.mark.parametrize(
+    "arch, config_cls, what",
+    [
+        ("CLIPForImageClassification", "CLIPConfig", "a classifier on the mean of un-normalised patch tokens"),
+        ("ViTMAEForPreTraining", "ViTMAEConfig", "masked-image-modelling decoder"),
+    ],
+)
+def test_refused_by_name(arch, config_cls, what, tmp_path):
+    cls = getattr(transformers, config_cls)
+    config = cls(vision_config=SMALL, text_config=TEXT) if config_cls in TWO_TOWER else cls(**SMALL)
+    getattr(transformers, arch)(config).save_pretrained(tmp_path / "hf")
+    with pytest.raises(ValueError, match=what):
+        load_checkpoint(tmp_path / "hf")
+
+
+WRITTEN = {  # case -> the architecture our export is: the family that holds the model
+    "siglip_vision": "SiglipVisionModel",
+    "siglip_two_tower": "SiglipVisionModel",
+    "clip_vision": "CLIPVisionModel",
+    "clip_projection": "CLIPVisionModelWithProjection",
+    "clip_two_tower": "CLIPVisionModelWithProjection",
+    "dinov2": "Dinov2Model",
+    "dinov2_classify_swiglu": "Dinov2ForImageClassification",
+    "dinov2_registers_classify": "Dinov2WithRegistersForImageClassification",
+    "dinov2_registers_swiglu": "Dinov2WithRegistersModel",
+    "ijepa_classify": "IJepaForImageClassification",
+}
+
+
+@pytest.mark.parametrize(
+    "case, spelling",
+    [(case, "v4") for case in WRITTEN] + [("dinov2_classify_swiglu", "v5"), ("dinov2_registers_swiglu", "v5")],
+)
+def test_written_folder_loads_strictly_in_transformers(case, spelling, tmp_path, images):
+    """Each family read, then written as hf_family: transformers loads the folder with the call the
+    report prints (no missing, unexpected or mismatched tensor) and gives the source model's output; a
+    two-tower folder is written as its vision tower."""
+    from vit_common.checkpoints.convert import save_checkpoint
+    from vit_common.checkpoints.formats.hf import HfWriteOptions
+
+    model = _build(case)
+    model.save_pretrained(tmp_path / "src")
+    ckpt = load_checkpoint(tmp_path / "src", strict=True)
+    report = save_checkpoint(tmp_path / "out", ckpt.cfg, ckpt.state, "hf_family", options=HfWriteOptions(spelling))
+    arch = WRITTEN[case]
+    assert f"transformers.{arch}.from_pretrained(" in report.load_call
+    loaded, info = getattr(transformers, arch).from_pretrained(
+        tmp_path / "out", output_loading_info=True, attn_implementation="eager"
+    )
+    assert not any(v for k, v in info.items() if k != "error_msgs") and not info.get("error_msgs"), info
+    x = images(2, (32, 32))
+    ref, _ = _reference(case, model, x)
+    with torch.no_grad():
+        out = loaded.eval()(torch.from_numpy(x))
+    got = (
+        out.logits
+        if hasattr(out, "logits")
+        else out.image_embeds
+        if hasattr(out, "image_embeds")
+        else out.pooler_output
+    )
+    assert compare("written folder", got.numpy(), ref, "tensor", "float32").ok
+    back = load_checkpoint(tmp_path / "out", strict=True)
+    assert back.cfg == ckpt.cfg and all(np.array_equal(back.state[k], v) for k, v in ckpt.state.items())
+
+
+def test_models_no_family_holds_are_refused_by_name(tmp_path, small_cfg, random_state):
+    from vit_common.checkpoints.convert import save_checkpoint
+
+    with pytest.raises(ValueError, match="no SigLIP, CLIP, DINOv2 or I-JEPA model has class_token=True, pool='token'"):
+        save_checkpoint(tmp_path / "a", small_cfg, random_state(small_cfg), "hf_family")
+    cfg = small_cfg.replace(layer_scale=0.1, qk_norm=True, num_classes=0)
+    with pytest.raises(ValueError, match="the hf_family format cannot hold this model: qk_norm"):
+        save_checkpoint(tmp_path / "b", cfg, random_state(cfg), "hf_family")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize(
+    "case, edit, message",
+    [
+        ("dinov2", {"mlp_ratio": float("inf")}, r"mlp_ratio=inf: expected a number in \(0, 64\]"),
+        ("dinov2", {"hidden_act": "relu"}, "hidden_act='relu'"),
+        ("siglip_two_tower", {"vision_config": None}, "has no vision_config object"),
+        ("clip_vision", {"architectures": ["CLIPTextModel"]}, "architecture 'CLIPTextModel' is not supported"),
+    ],
+)
+def test_bad_family_configs_are_one_line_errors(case, edit, message, tmp_path):
+    import json
+
+    from vit_common.checkpoints.formats.errors import FormatError
+
+    _build(case).save_pretrained(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text()) | edit
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FormatError, match=message):
+        load_checkpoint(tmp_path / "hf")
+
+
+@pytest.mark.parametrize(
+    "model_type, what",
+    [
+        ("dinov3_vit", "rotary position embeddings"),
+        ("siglip2_vision_model", "NaFlex variable-resolution patches"),
+        ("aimv2_vision_model", "RMSNorm"),
+        ("beit", "relative position tables"),
+        ("data2vec-vision", "relative position tables"),
+    ],
+)
+def test_other_vision_towers_are_refused_by_name(model_type, what, tmp_path):
+    import json
+
+    from vit_common.system.io import save_safetensors
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"model_type": model_type}))
+    save_safetensors(
+        tmp_path / "hf" / "model.safetensors", {"embeddings.patch_embeddings.weight": np.ones((2, 3, 4, 4), np.float32)}
+    )
+    with pytest.raises(ValueError, match=f"model_type='{model_type}' is not supported .the twins lack {what}"):
+        load_checkpoint(tmp_path / "hf")
