@@ -206,6 +206,9 @@ def test_train_flags_come_from_the_config_fields():
         for f in dataclasses.fields(cls):
             if f.name == "augment":
                 continue
+            if "flag" in f.metadata:  # a flag of its own spelling sets it (--eval-every N|Nsteps)
+                assert any(f.metadata["flag"] in a.option_strings for a in actions.values()), f.name
+                continue
             assert f.metadata["help"] in actions[f.name].help, f.name
             if cls is not Augment:
                 assert actions[f.name].default == f.default, f.name

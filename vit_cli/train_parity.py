@@ -274,7 +274,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from vit_cli.flags import values
     from vit_cli.train import model_config
-    from vit_common.data.datasets import Augment, load_dataset, native_channels
+    from vit_common.data.datasets import Augment, read_dataset
     from vit_common.system import io
 
     for path in (args.json, args.plot):
@@ -295,14 +295,13 @@ def run(args) -> int:
         },
     )
     args.posemb, args.dropout, args.settings = None, None, []  # what model_config reads besides these flags
-    channels = native_channels(tcfg.dataset)
+    raw = read_dataset(tcfg.dataset, val_fraction=tcfg.val_fraction)  # its classes and channels
     dtype = args.dtype
     args.dtype = "float32" if dtype == "float64" else dtype
-    probe = model_config(args, num_classes=2, in_chans=channels)
+    cfg = model_config(args, num_classes=raw.num_classes, in_chans=raw.channels)
     if dtype == "float64":
-        probe = probe.replace(dtype="float64", param_dtype="float64")
-    data = load_dataset(tcfg.dataset, probe.image_size, channels, val_fraction=tcfg.val_fraction)
-    cfg = probe.replace(num_classes=data.num_classes)
+        cfg = cfg.replace(dtype="float64", param_dtype="float64")
+    data = raw.fit(cfg.image_size, cfg.in_chans)
 
     import jax
 

@@ -209,13 +209,17 @@ class RunOptions:
     log_every: int = field(
         default=10, metadata=_help("write a metrics.jsonl line every this many steps", range=POSITIVE_INT)
     )
+    # eval_every and eval_every_steps share one flag, --eval-every N|Nepochs|Nsteps ("flag" in the metadata)
     eval_every: int = field(
-        default=1, metadata=_help("evaluate on the test set every this many epochs", range=POSITIVE_INT)
+        default=1,
+        metadata=_help("evaluate on the test set every this many epochs", range=POSITIVE_INT, flag="--eval-every"),
     )
     eval_every_steps: int = field(
         default=0,
         metadata=_help(
-            "evaluate on the test set every this many steps instead (0 = by epochs)", range=Range(0, integer=True)
+            "evaluate on the test set every this many steps instead (0 = by epochs)",
+            range=Range(0, integer=True),
+            flag="--eval-every",
         ),
     )
     progress: bool = field(default=True, metadata=_help("a progress bar on process 0"))

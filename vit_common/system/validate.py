@@ -115,16 +115,20 @@ class Range:
 
 
 def check_fields(obj: Any) -> None:
-    """Check every field of the dataclass instance ``obj`` whose metadata holds a ``Range`` (None passes:
-    an optional field left unset).
+    """Check every field of the dataclass instance ``obj`` whose metadata holds a ``Range`` (None passes
+    only for an optional field, one whose default is None, left unset).
 
     Raises:
-        ValueError: the first field out of its range, naming it, its value and the range.
+        ValueError: the first field out of its range, or None where a number is needed, naming it, its
+            value and the range.
     """
     for f in dataclasses.fields(obj):
-        bounds = f.metadata.get("range")
-        if bounds is not None and getattr(obj, f.name) is not None:
-            bounds.check(f.name, getattr(obj, f.name))
+        bounds, value = f.metadata.get("range"), getattr(obj, f.name)
+        if bounds is None or (value is None and f.default is None):
+            continue
+        if value is None:
+            raise ValueError(f"{f.name}=None: expected a number")
+        bounds.check(f.name, value)
 
 
 def memory_limit() -> int:

@@ -172,7 +172,9 @@ def _pair(v: Any, name: str, context: str) -> tuple[int, int]:
 
 def is_family(config: Mapping[str, Any] | None) -> bool:
     """True if an HF config.json names one of ``FAMILIES``' model types (``hf._FAMILY_MODEL_TYPES``)."""
-    return isinstance(config, Mapping) and config.get("model_type") in FAMILIES
+    return (
+        isinstance(config, Mapping) and isinstance(config.get("model_type"), str) and config["model_type"] in FAMILIES
+    )
 
 
 class _Config:
