@@ -124,3 +124,26 @@ def test_the_result_is_printed_before_the_picture_is_drawn(tiny_eval, tmp_path, 
     assert rc == 2 and "No space left on device" in err
     assert result["images"] == 6 and sum(map(sum, result["confusion_matrix"])) == 6
     assert result["accuracy"] == sum(result["confusion_matrix"][k][k] for k in range(3)) / 6
+
+
+def test_the_attention_figure_is_bounded_whatever_the_depth_and_heads(tmp_path, capsys, random_state):
+    """Depth 40 and 16 heads: the figure draws 12 blocks (with --layer all) or 12 heads, evenly spaced and
+    named in the output, so it stays 2 rows of 8 panels of 200 x 240 px; every block's overlay is written."""
+    import numpy as np
+    from PIL import Image
+
+    from vit_common.checkpoints.convert import save_checkpoint
+    from vit_common.config import ViTConfig
+
+    cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=40, num_heads=16, mlp_dim=32, num_classes=2)
+    save_checkpoint(tmp_path / "deep.safetensors", cfg, random_state(cfg, scale=0.1), "canonical")
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (8, 8, 3), np.uint8)).save(tmp_path / "x.png")
+    run = ["attention", str(tmp_path / "x.png"), "--checkpoint", str(tmp_path / "deep.safetensors")]
+    assert main([*run, "--layer", "all", "--out", str(tmp_path / "all")]) == 0
+    printed = capsys.readouterr().out
+    assert "figure: blocks 0, 4, 7, 11, 14, 18, 21, 25, 28, 32, 35, 39 of 40 (at most 12, evenly spaced" in printed
+    assert Image.open(tmp_path / "all" / "x_attention.png").size == (1600, 480)  # input + 12 blocks + rollout
+    assert len(list((tmp_path / "all").glob("x_overlay_block*.png"))) == 40
+    assert main([*run, "--out", str(tmp_path / "last")]) == 0
+    assert "figure: heads 0, 1, 3, 4, 5, 7, 8, 10, 11, 12, 14, 15 of 16 (at most 12" in capsys.readouterr().out
+    assert Image.open(tmp_path / "last" / "x_attention.png").size == (1600, 480)  # input, 12 heads, fused, rollout

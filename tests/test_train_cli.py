@@ -295,3 +295,37 @@ def test_an_unusable_compilation_cache_is_a_warning_and_the_run_goes_on_uncached
     out, err = capsys.readouterr()
     assert f"vit train: warning: compilation cache unusable ({tmp_path / 'cache'}: cannot be made (" in err
     assert json.loads(out)["steps"] == 2 and (tmp_path / "cache").read_text().startswith("a file")
+
+
+def test_a_resumed_fine_tuning_needs_its_init_file_no_more(tmp_path, capsys, random_state):
+    """Fine-tune a timm .safetensors with checkpoints, delete it, then --resume with one epoch more: the run
+    folder's config.json and checkpoint hold everything, and the export is in the source's format again."""
+    from safetensors.numpy import load_file
+
+    from vit_common.checkpoints.convert import save_checkpoint
+    from vit_common.config import ViTConfig
+
+    cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
+    save_checkpoint(tmp_path / "src.safetensors", cfg, random_state(cfg), "timm")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.integers(0, 256, (16, 8, 8, 3), np.uint8), y=np.arange(16) % 2)
+    out = tmp_path / "run"
+    args = [
+        *["train", "--init", str(tmp_path / "src.safetensors"), "--dataset", f"npz:{tmp_path / 'd.npz'}"],
+        *["--out", str(out), "--batch-size", "4", "--no-progress", "--no-parity", "--compile-cache", "off"],
+        *["--ckpt-every", "1", "--json"],
+    ]
+    assert main([*args, "--epochs", "1"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert json.loads((out / "config.json").read_text())["init"] == {
+        "source": str(tmp_path / "src.safetensors"),
+        "format": "timm",
+        "assumed": [],
+    }
+    (tmp_path / "src.safetensors").unlink()
+    assert main([*args, "--epochs", "2", "--resume"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["start"], summary["steps"]) == (first["steps"], 2 * first["steps"])
+    assert summary["exports"] == {"timm": str(out / "model_timm.safetensors")}
+    back, ours = load_file(out / "model_timm.safetensors"), load_file(out / "model.safetensors")
+    assert set(back) == set(ours) and all(back[k].tobytes() == ours[k].tobytes() for k in ours)

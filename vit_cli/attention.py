@@ -3,7 +3,10 @@
 Per image STEM, written to --out:
   STEM_attention.png       the image, then one panel per map (per head of the chosen block plus the
                            head-fused map, or one fused map per block with --layer all; the MAP probe;
-                           the rollout), each overlaid on the image; colours scaled per panel
+                           the rollout), each overlaid on the image; colours scaled per panel. Bounded
+                           whatever the depth and head count: at most FIGURE_BLOCKS blocks and
+                           FIGURE_HEADS heads, evenly spaced (``spread``; the choice printed and in the
+                           JSON's ``figure``), so at most 16 panels, 2 rows of 8: 1600 x 480 px
   STEM_overlay_blockNN.png the head-fused (or --head H) map of each chosen block, at the model's input size
   STEM_overlay_probe.png   the MAP probe's map (pool='map' only), input size
   STEM_overlay_rollout.png the rollout map, input size
@@ -28,6 +31,8 @@ from vit_cli.run_model import add_image_flags
 
 PANEL_PX = (200, 240)  # width, height of one figure panel in pixels (figure dpi 100)
 MAX_COLS = 8
+FIGURE_BLOCKS = 12  # blocks drawn in the figure at most (every block still gets its overlay and array)
+FIGURE_HEADS = 12  # heads drawn in the figure at most
 ALPHA = 0.6  # opacity of the attention colours over the image
 CMAP = "inferno"
 
@@ -152,6 +157,11 @@ def panel_grid(n: int) -> tuple[int, int]:
     return math.ceil(n / cols), cols
 
 
+def spread(n: int, k: int) -> list[int]:
+    """At most ``k`` (>= 2) of the indices 0..n-1, evenly spaced, the first and the last among them."""
+    return sorted({round(x) for x in np.linspace(0, n - 1, min(n, k))})
+
+
 def _write_png(path: Path, rgb: np.ndarray) -> None:
     from PIL import Image
     from PIL.PngImagePlugin import PngInfo
@@ -205,8 +215,11 @@ def _selected(per_head: np.ndarray, head: int | str) -> np.ndarray:
     return per_head[head] if isinstance(head, int) else fused_rows(per_head, head)
 
 
-def _image_outputs(b: int, image: np.ndarray, maps, cfg, args, out: Path, stem: str) -> tuple[list, dict, list]:
-    """Write one image's overlays and arrays: (figure panels, shares per map, files written)."""
+def _image_outputs(
+    b: int, image: np.ndarray, maps, cfg, args, out: Path, stem: str, figure: dict
+) -> tuple[list, dict, list]:
+    """Write one image's overlays and arrays: (figure panels, shares per map, files written); the figure
+    panels only of the blocks and heads in ``figure`` ({"blocks": [...], "heads": [...]})."""
     from vit_cli.attention_maps import split_tokens
 
     def grid(dist: np.ndarray) -> np.ndarray:  # [..., L] -> patch grid [..., h, w]
@@ -230,12 +243,14 @@ def _image_outputs(b: int, image: np.ndarray, maps, cfg, args, out: Path, stem: 
             share[key] = {"heads": [shares(d, cfg) for d in per_head], str(head): shares(selected, cfg)}
             if every_head and isinstance(head, str):
                 panels += [
-                    (f"{label} head {n}\n{_share_text(shares(d, cfg))}", grid(d)) for n, d in enumerate(per_head)
+                    (f"{label} head {n}\n{_share_text(shares(per_head[n], cfg))}", grid(per_head[n]))
+                    for n in figure["heads"]
                 ]
         else:
             share[key] = shares(selected, cfg)
         name = label if per_head is None else f"{label} {fusion}"
-        panels.append((f"{name}\n{_share_text(shares(selected, cfg))}", grid(selected)))
+        if not key.startswith("block") or int(key[5:]) in figure["blocks"]:
+            panels.append((f"{name}\n{_share_text(shares(selected, cfg))}", grid(selected)))
         files.append(out / f"{stem}_overlay_{key}.png")
         _write_png(files[-1], overlay(image, grid(selected)))
     arrays = {
@@ -292,10 +307,14 @@ def run(args: argparse.Namespace) -> int:
         f"{list(pp.std)} ({info.preprocess_source})"
     )
     names = class_names(info, cfg.num_classes)
+    figure_maps = {
+        "blocks": [maps.layers[i] for i in spread(len(maps.layers), FIGURE_BLOCKS)],
+        "heads": spread(cfg.num_heads, FIGURE_HEADS),
+    }
     out = Path(args.out)
     reports = []
     for b, (path, stem) in enumerate(zip(files, stems, strict=True)):
-        panels, share, files = _image_outputs(b, images[b], maps, cfg, args, out, stem)
+        panels, share, files = _image_outputs(b, images[b], maps, cfg, args, out, stem, figure_maps)
         figure, summary = out / f"{stem}_attention.png", out / f"{stem}_attention.json"
         write_figure(figure, images[b], panels, f"{Path(path).name}: {query}; colours scaled per panel")
         report = {
@@ -312,6 +331,7 @@ def run(args: argparse.Namespace) -> int:
             },
             "preprocess": preprocess,
             "layers": list(maps.layers),
+            "figure": figure_maps,
             "head": args.head,
             "shows": shows,
             "shares": share,
@@ -334,6 +354,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"  input: {preprocess}")
     for k, v in shows.items():
         print(f"  {k}: {v}")
+    if args.method != "rollout" and len(figure_maps["blocks"]) < len(maps.layers):
+        print(
+            f"  figure: blocks {', '.join(map(str, figure_maps['blocks']))} of {len(maps.layers)} (at most "
+            f"{FIGURE_BLOCKS}, evenly spaced; every block's overlay and array are written)"
+        )
+    if len(maps.layers) == 1 and isinstance(args.head, str) and len(figure_maps["heads"]) < cfg.num_heads:
+        print(
+            f"  figure: heads {', '.join(map(str, figure_maps['heads']))} of {cfg.num_heads} (at most "
+            f"{FIGURE_HEADS}, evenly spaced; the .npy holds every head)"
+        )
     for r in reports:
         pred = r.get("prediction")
         pred = f" predicted class {pred['class']} (p={pred['probability']:.2f})" if pred else ""

@@ -429,7 +429,7 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float, stop=None) 
     from vit_common.checkpoints.metadata import ModelInfo
     from vit_common.data.datasets import read_dataset
     from vit_common.system.peaks import datasheet_peak
-    from vit_jax.finetune import check_exports, export, load_init
+    from vit_jax.finetune import check_exports, export, export_targets, init_record, load_init, resumed_init
     from vit_jax.train import (
         NonFiniteError,
         Trainer,
@@ -470,10 +470,20 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float, stop=None) 
 
     raw = named(read_dataset(tcfg.dataset, val_fraction=tcfg.val_fraction))  # its classes and channels
     preprocess_flags = values(Preprocess, args)
-    weights, report, torch_io = None, None, tcfg.init is not None and needs(tcfg.init) == "torch"
-    if tcfg.init:
+    weights, report, torch_io = None, None, False
+    saved = io.read_json(out / "config.json") if args.resume and (out / "config.json").is_file() else {}
+    size = None if args.image_size is None else (args.image_size, args.image_size)
+    if tcfg.init and "init" in saved and saved_steps(out / "checkpoints"):  # the checkpoint holds the weights
+        log(f"vit train: resuming the fine-tuning of {tcfg.init} from {out}/config.json (not read again)")
+        init = resumed_init(saved, raw, image_size=size, given=init_fields(args), preprocess=preprocess_flags)
+        torch_io = any(
+            needs(path, fmt, writing=True) == "torch" for fmt, path in export_targets(out, init.report).items()
+        )
+        cfg, info, data, report = init.cfg, init.info, init.data, init.report
+        preprocess = info.preprocess
+    elif tcfg.init:
         log(f"vit train: fine-tuning {tcfg.init}")
-        size = None if args.image_size is None else (args.image_size, args.image_size)
+        torch_io = needs(tcfg.init) == "torch"
         init = load_init(
             tcfg.init,
             raw,
@@ -522,8 +532,8 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float, stop=None) 
         f"{jax.devices()[0].platform} device(s), {workers} data worker(s); compilation cache {cache}; "
         f"run folder {out}"
     )
-    if args.resume and (out / "config.json").is_file():
-        saved_epochs = io.read_json(out / "config.json").get("train", {}).get("epochs", tcfg.epochs)
+    if saved:
+        saved_epochs = saved.get("train", {}).get("epochs", tcfg.epochs)
         steps = saved_steps(out / "checkpoints")
         change = schedule_change(trainer, saved_epochs, steps[-1] if steps else 0)
         if change:
@@ -541,6 +551,7 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float, stop=None) 
             if args.peak_tflops
             else datasheet_peak(jax.devices()[0].device_kind, cfg.dtype),
             profile_steps=args.profile_steps,
+            init=init_record(report) if report is not None else None,
         )
     except NonFiniteError as e:
         print(f"vit train: {e}", file=sys.stderr)

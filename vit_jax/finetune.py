@@ -44,11 +44,12 @@ class Init:
     head zero-initialised, position embedding resampled); ``info``: preprocessing and class names with
     their provenance (from the same read, the given preprocessing fields on top); ``report``: how the
     checkpoint was read (format, where each field came from, what changed); ``data``: the dataset fit
-    to ``cfg`` (its image size, the checkpoint's channels, the checkpoint's preprocessing).
+    to ``cfg`` (its image size, the checkpoint's channels, the checkpoint's preprocessing). A resumed
+    run's Init (``resumed_init``) has no ``weights``: its checkpoint holds them.
     """
 
     cfg: ViTConfig
-    weights: dict[str, np.ndarray]
+    weights: dict[str, np.ndarray] | None
     info: ModelInfo
     report: Report
     data: Dataset
@@ -112,6 +113,48 @@ def load_init(
     cfg = ckpt.cfg.replace(dtype=runtime.get("dtype", "float32"), param_dtype="float32")
     weights = {k: np.asarray(v, np.float32) for k, v in state.items()}
     return Init(cfg, weights, info, report, data.fit(cfg.image_size, cfg.in_chans, info.preprocess))
+
+
+def init_record(report: Report) -> dict[str, Any]:
+    """What a run stores in its config.json (``init``) of the checkpoint it fine-tunes, so that a resume
+    needs the checkpoint no more: its path (``source``), format name and the fields it did not state
+    (``assumed``), all the exports need (``export_targets``, ``check_exports``)."""
+    return {"source": report.source, "format": report.format, "assumed": list(report.assumed)}
+
+
+def resumed_init(
+    saved: Mapping[str, Any],
+    data: Dataset,
+    *,
+    image_size: tuple[int, int] | None = None,
+    given: Mapping[str, Any] | None = None,
+    preprocess: Mapping[str, Any] | None = None,
+) -> Init:
+    """The Init of a fine-tuning run resumed from its folder, without reading its ``--init`` checkpoint
+    again: ``saved`` is the run's config.json (``model``, ``preprocess``, ``init``: ``init_record``'s),
+    ``data``, ``image_size`` (H, W), ``given`` and ``preprocess`` as ``load_init``'s. The config is the
+    run's, with the image size, the given runtime fields (``dtype`` float32 unless given) and the given
+    preprocessing fields on top, so a flag the run was not started with shows as a config difference
+    when ``vit_jax.train.fit`` compares the two.
+    ``weights`` is None (the run's checkpoint holds them).
+
+    Raises:
+        ValueError: a field of ``given`` that changes the function and is not the run's (as
+            ``check_given``); a config.json without the sections named above, naming the file's section.
+    """
+    missing = [k for k in ("model", "preprocess", "init") if not isinstance(saved.get(k), Mapping)]
+    if missing:
+        raise ValueError(f"the run's config.json has no {', '.join(missing)} section: it cannot be resumed")
+    given = dict(given or {})
+    record = saved["init"]
+    runtime = {k: v for k, v in given.items() if k in RUNTIME_FIELDS}
+    cfg = ViTConfig.from_dict(dict(saved["model"]))
+    check_given(cfg, {k: v for k, v in given.items() if k not in RUNTIME_FIELDS | NOT_GIVEN}, record["source"])
+    cfg = cfg.replace(**{"dtype": "float32", **runtime}, param_dtype="float32", image_size=image_size or cfg.image_size)
+    pre = Preprocess.from_dict(dict(saved["preprocess"])).replace(**dict(preprocess or {}))
+    info = ModelInfo(pre, "the run's config.json")
+    report = Report(source=record["source"], format=record["format"], assumed=list(record["assumed"]), config=cfg)
+    return Init(cfg, None, info, report, data.fit(cfg.image_size, cfg.in_chans, pre))
 
 
 def check_given(cfg: ViTConfig, given: Mapping[str, Any], path: str) -> None:

@@ -30,8 +30,9 @@ import json
 import os
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -819,6 +820,7 @@ def fit(
     tensorboard: str | os.PathLike | None = None,
     peak_flops: float | None = None,
     profile_steps: tuple[int, int] | None = None,
+    init: Mapping[str, Any] | None = None,
 ) -> tuple[dict, dict]:
     """Train to the last step, writing into ``out``: config.json, metrics.jsonl, checkpoints/.
 
@@ -843,6 +845,8 @@ def fit(
     same values and the step time, images/s per device and MFU against ``peak_flops`` per device
     (``vit_jax.observe.Summaries``). ``profile_steps`` (A, B): a ``jax.profiler`` trace of steps A..B
     (1-based) into ``out``/profile. Each step runs inside a ``jax.profiler.StepTraceAnnotation``.
+    ``init``: what the run fine-tunes (``vit_jax.finetune.init_record``), stored as config.json's ``init``
+    so that a resume takes it from there and does not read that checkpoint again.
     With several processes every process calls ``fit`` alike, and process 0 alone writes config.json,
     metrics.jsonl, the event files and the trace.
 
@@ -874,7 +878,7 @@ def fit(
     if profile_steps and profile_steps[1] > trainer.total_steps:
         a, b = profile_steps
         raise ValueError(f"--profile-steps {a}:{b}: the run has steps 1 to {trainer.total_steps}")
-    config, metrics_path = run_config(trainer), out / "metrics.jsonl"
+    config, metrics_path = run_config(trainer) | ({"init": dict(init)} if init else {}), out / "metrics.jsonl"
     saved = saved_steps(out / "checkpoints")
     resume = options.resume
     if resume:
