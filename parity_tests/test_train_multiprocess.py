@@ -279,9 +279,9 @@ def test_a_process_that_stops_answering_is_declared_lost_and_one_process_resumes
 
 
 @pytest.mark.xfail(
-    reason="timing: JAX's preemption notice travels through the coordination service and, on a quiet machine, "
-    "reaches the processes of this 9-step tiny run only after its last step (the run then stops during its "
-    "exports, exit 3, resumable); it passed on a loaded machine where steps take longer",
+    reason="timing: JAX's preemption notice travels through the coordination service and can reach the "
+    "processes of this 9-step tiny run only after its last step (the run then stops during its exports, exit 3, "
+    "resumable): it failed twice and passed twice on this 2-core machine",
     strict=False,
 )
 def test_sigterm_to_one_process_stops_both_at_one_step_with_a_checkpoint_and_resume_ends_bit_exact(
