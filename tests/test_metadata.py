@@ -24,10 +24,12 @@ def state(cfg: ViTConfig = CFG) -> dict:
 
 def test_our_files_declare_what_they_were_trained_with(tmp_path):
     pp = Preprocess(IMAGENET_MEAN, (0.2, 0.3, 0.4), "bicubic", 0.875, "center")
-    for fmt, name in (("canonical", "m.safetensors"), ("timm", "t.safetensors"), ("hf", "hf")):
+    # transformers' processors state sizes in pixels: the shorter side to floor(32 / 0.875), a 32x32 crop
+    hf_pp = Preprocess(IMAGENET_MEAN, (0.2, 0.3, 0.4), "bicubic", 1.0, "center", resize_size=(36,), crop_size=(32, 32))
+    for fmt, name, want in (("canonical", "m.safetensors", pp), ("timm", "t.safetensors", pp), ("hf", "hf", hf_pp)):
         save_checkpoint(tmp_path / name, CFG, state(), fmt, preprocess=pp, classes=["cat", "dog", "emu"])
         info = load_checkpoint(tmp_path / name, num_heads=4).info
-        assert info.preprocess == pp and info.preprocess_source.startswith("declared"), (fmt, info)
+        assert info.preprocess == want and info.preprocess_source.startswith("declared"), (fmt, info)
         assert info.classes == ("cat", "dog", "emu") and not info.warnings, (fmt, info)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["id2label"] == {"0": "cat", "1": "dog", "2": "emu"} and config["label2id"]["emu"] == 2
@@ -59,13 +61,20 @@ def test_transformers_reads_our_hf_folder_preprocessing_and_we_read_its(tmp_path
     assert proc.size == {"height": 32, "width": 32} and list(proc.image_mean) == [0.5] * 3
     ViTImageProcessor(image_mean=[0.1, 0.2, 0.3], image_std=[1, 1, 1], resample=3).save_pretrained(tmp_path / "v")
     assert hf_preprocess(json.loads((tmp_path / "v" / "preprocessor_config.json").read_text()), "v") == Preprocess(
-        (0.1, 0.2, 0.3), (1.0, 1.0, 1.0), "bicubic", 1.0, "squash"
+        (0.1, 0.2, 0.3), (1.0, 1.0, 1.0), "bicubic", 1.0, "squash", resize_size=(224, 224)
     )
     DeiTImageProcessor().save_pretrained(tmp_path / "d")
     deit = hf_preprocess(json.loads((tmp_path / "d" / "preprocessor_config.json").read_text()), "d")
-    assert (deit.crop_pct, deit.crop_mode, deit.interpolation) == (0.875, "squash", "bicubic")
-    with pytest.raises(ValueError, match="rescale_factor=0.5"):
-        hf_preprocess({"rescale_factor": 0.5}, "x")
+    assert (deit.resize_size, deit.crop_size, deit.crop_mode, deit.interpolation) == (
+        (256, 256),
+        (224, 224),
+        "squash",
+        "bicubic",
+    )
+    ViTImageProcessor(do_rescale=False, rescale_factor=0.5).save_pretrained(tmp_path / "r")
+    assert hf_preprocess(json.loads((tmp_path / "r" / "preprocessor_config.json").read_text()), "r").rescale_factor == 1
+    with pytest.raises(ValueError, match="x: cannot read the preprocessing .*do_pad=True"):
+        hf_preprocess({"image_processor_type": "ViTImageProcessor", "do_pad": True}, "x")
 
 
 def test_malformed_declarations_are_errors_naming_the_file(tmp_path):
@@ -89,7 +98,7 @@ def test_convert_carries_what_the_source_declares(tmp_path):
     convert(tmp_path / "hf", tmp_path / "m.safetensors")
     convert(tmp_path / "m.safetensors", tmp_path / "t.safetensors", to_fmt="timm")
     info = load_checkpoint(tmp_path / "t.safetensors", num_heads=4).info
-    assert info.preprocess == pp and info.classes == ("x", "y", "z")
+    assert info.preprocess == pp.replace(resize_size=(32, 32)) and info.classes == ("x", "y", "z")
     convert(tmp_path / "m.safetensors", tmp_path / "k5.safetensors", num_classes=5)
     assert load_checkpoint(tmp_path / "k5.safetensors").info.classes is None
     save_checkpoint(tmp_path / "plain.safetensors", CFG, state(), "timm")

@@ -300,12 +300,7 @@ def run(args: argparse.Namespace) -> int:
         "map": "blocks: mean over patch queries; probe and rollout: MAP probe",
     }.get(cfg.pool, f"mean over patch queries (pool={cfg.pool!r})")
     h, w = cfg.image_size
-    pp = info.preprocess
-    preprocess = (
-        f"{'shorter side' if pp.crop_mode == 'center' else 'both sides'} resized ({pp.interpolation}, Pillow) to "
-        f"{h}x{w} / {pp.crop_pct} and centre-cropped to {h}x{w}, then (pixel / 255 - mean {list(pp.mean)}) / std "
-        f"{list(pp.std)} ({info.preprocess_source})"
-    )
+    preprocess = f"{info.preprocess.describe(cfg.image_size)} ({info.preprocess_source})"
     names = class_names(info, cfg.num_classes)
     figure_maps = {
         "blocks": [maps.layers[i] for i in spread(len(maps.layers), FIGURE_BLOCKS)],

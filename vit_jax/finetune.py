@@ -108,6 +108,13 @@ def load_init(
     report, state = ckpt.report, dict(ckpt.state)
     check_given(ckpt.cfg, {k: v for k, v in given.items() if k not in RUNTIME_FIELDS}, str(path))
     info = with_overrides(ckpt.info, dict(preprocess or {}), None)
+    resized = info.preprocess.at_size(ckpt.cfg.image_size)
+    if resized != info.preprocess:
+        report.notes.append(
+            f"preprocessing scaled to {ckpt.cfg.image_size[0]}x{ckpt.cfg.image_size[1]}: resize_size "
+            f"{list(resized.resize_size)}, crop_size {resized.crop_size and list(resized.crop_size)}"
+        )
+        info.preprocess = resized
     if info.classes is not None and len(info.classes) == data.num_classes:
         state = match_head(state, info.classes, data.classes, report)
     cfg = ckpt.cfg.replace(dtype=runtime.get("dtype", "float32"), param_dtype="float32")

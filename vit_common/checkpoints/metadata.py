@@ -13,6 +13,7 @@ store, so our files read back as declared.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,64 @@ from typing import Any
 from vit_common.data.images import Preprocess
 from vit_common.system.io import parse_json, read_json
 
-# transformers' PILImageResampling values (= Pillow's Image.Resampling) of the filters we use.
+# transformers' PILImageResampling values (= Pillow's Image.Resampling) of the filters we use (4 BOX and
+# 5 HAMMING are not among them).
 _HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
+
+# The image-processor classes of the HF ViT-family folders and the defaults each applies to a key its
+# preprocessor_config.json omits: transformers 5.24 models/{vit,deit,siglip,clip,bit}/image_processing_*.py
+# (the torchvision and the PIL class of each set the same), over BaseImageProcessor's
+# (image_processing_utils.py: rescale_factor 1/255, default_to_square True; None where nothing is set).
+# IMAGENET_STANDARD_MEAN/STD and OPENAI_CLIP_MEAN/STD: transformers image_utils.py.
+_STANDARD = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+_CLIP = {"image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}
+_BASE = {
+    "do_resize": True, "do_rescale": True, "do_normalize": True, "rescale_factor": 1 / 255,
+    "default_to_square": True, "do_center_crop": None, "crop_size": None, "do_convert_rgb": None,
+}  # fmt: skip
+HF_PROCESSORS: dict[str, dict[str, Any]] = {
+    "ViTImageProcessor": _BASE | _STANDARD | {"resample": 2, "size": {"height": 224, "width": 224}},
+    "DeiTImageProcessor": _BASE | _STANDARD | {
+        "resample": 3, "size": {"height": 256, "width": 256}, "crop_size": {"height": 224, "width": 224},
+        "do_center_crop": True,
+    },
+    "SiglipImageProcessor": _BASE | _STANDARD | {
+        "resample": 3, "size": {"height": 224, "width": 224}, "default_to_square": False, "do_convert_rgb": True,
+    },
+    "CLIPImageProcessor": _BASE | _CLIP | {
+        "resample": 3, "size": {"shortest_edge": 224}, "default_to_square": False,
+        "crop_size": {"height": 224, "width": 224}, "do_center_crop": True, "do_convert_rgb": True,
+    },
+    "BitImageProcessor": _BASE | _CLIP | {  # DINOv2's
+        "resample": 3, "size": {"shortest_edge": 224}, "default_to_square": False,
+        "crop_size": {"height": 224, "width": 224}, "do_center_crop": True, "do_convert_rgb": True,
+    },
+}  # fmt: skip
+# The class of a file that names none, by the folder's model_type (image_processing_auto.py's mapping).
+HF_MODEL_PROCESSORS = {
+    "vit": "ViTImageProcessor", "vit_mae": "ViTImageProcessor", "vit_msn": "ViTImageProcessor",
+    "ijepa": "ViTImageProcessor", "deit": "DeiTImageProcessor", "siglip": "SiglipImageProcessor",
+    "clip": "CLIPImageProcessor", "dinov2": "BitImageProcessor",
+}  # fmt: skip
+HF_KEYS_READ = (
+    "do_resize", "size", "default_to_square", "resample", "do_center_crop", "crop_size", "do_rescale",
+    "rescale_factor", "do_normalize", "image_mean", "image_std", "do_convert_rgb",
+)  # fmt: skip
+# Keys that name the class or its processor (read by ``_processor_type``, or nothing to compute).
+HF_KEYS_NAMING = ("image_processor_type", "feature_extractor_type", "processor_class", "_processor_class")
+# Keys the processors take that change no pixel at these values (else refused by name): padding off, the
+# output layout channels-first, runtime options; ``crop_pct``, which these classes keep unused.
+HF_KEYS_WITHOUT_EFFECT = {
+    "do_pad": lambda v, c: not v,
+    "pad_size": lambda v, c: not c.get("do_pad"),
+    "data_format": lambda v, c: v in (None, "channels_first"),
+    "input_data_format": lambda v, c: v is None,
+    "return_tensors": lambda v, c: True,
+    "device": lambda v, c: True,
+    "disable_grouping": lambda v, c: True,
+    "image_seq_length": lambda v, c: True,
+    "crop_pct": lambda v, c: True,
+}
 OVERRIDE_FLAGS = "--mean/--std/--interpolation/--crop-pct/--crop-mode"
 
 
@@ -80,35 +137,109 @@ def _classes(value: Any, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def hf_preprocess(config: dict, where: str) -> Preprocess:
-    """The ``Preprocess`` of a transformers image-processor config (preprocessor_config.json).
-
-    ``size`` {"height", "width"} resizes both sides (squash), {"shortest_edge": S} the shorter one; with
-    ``do_center_crop`` the crop (``crop_size``) over the resize gives crop_pct; ``crop_pct`` is read
-    where a processor stores it. ``do_normalize`` False means mean 0, std 1.
+def _processor_type(config: dict, model_type: Any) -> str:
+    """The image-processor class ``config`` names, as ``AutoImageProcessor.from_pretrained`` finds it
+    (transformers 5.24 ``models/auto/image_processing_auto.py``): ``image_processor_type`` without the
+    backend suffix ('Fast': torchvision, 'Pil': PIL; both compute the same), else
+    ``feature_extractor_type`` ('XFeatureExtractor' -> 'XImageProcessor'), else the folder's model_type.
 
     Raises:
-        ValueError: a rescale other than 1/255, an unknown resample filter or malformed values (named).
+        ValueError: a type the project does not read, or none found (named).
+    """
+    name = config.get("image_processor_type")
+    if name is None and isinstance(config.get("feature_extractor_type"), str):
+        name = config["feature_extractor_type"].replace("FeatureExtractor", "ImageProcessor")
+    if name is None:
+        name = HF_MODEL_PROCESSORS.get(model_type) if isinstance(model_type, str) else None
+        if name is None:
+            raise ValueError(
+                f"no image_processor_type, and model_type={model_type!r} names none "
+                f"(the project reads {', '.join(sorted(HF_MODEL_PROCESSORS))})"
+            )
+    if isinstance(name, str):
+        name = name.removesuffix("Fast").removesuffix("Pil")
+    if name not in HF_PROCESSORS:
+        raise ValueError(f"image_processor_type={name!r} (the project reads {', '.join(HF_PROCESSORS)})")
+    return name
+
+
+def _pixels(value: Any, key: str, default_to_square: bool) -> tuple[int, ...]:
+    """A transformers size value as ``Preprocess`` holds it: (S,) for a shortest edge, (H, W) for both
+    sides; an int as ``image_processing_utils.get_size_dict`` reads it (``default_to_square``: a square,
+    else a shortest edge), a list as (height, width).
+
+    Raises:
+        ValueError: another key set (longest_edge, max_height/max_width, min/max_pixels) or bad numbers.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        out = (value, value) if default_to_square else (value,)
+    elif isinstance(value, list) and len(value) == 2:
+        out = tuple(value)
+    elif isinstance(value, dict) and set(value) == {"height", "width"}:
+        out = (value["height"], value["width"])
+    elif isinstance(value, dict) and set(value) == {"shortest_edge"} and key == "size":
+        out = (value["shortest_edge"],)
+    else:
+        shapes = "{height, width} or {shortest_edge}" if key == "size" else "{height, width}"
+        raise ValueError(f"{key}={value!r} (the project resizes to {shapes})")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in out):
+        raise ValueError(f"{key}={value!r}: expected positive integers")
+    return out
+
+
+def hf_preprocess(config: dict, where: str, model_type: Any = None) -> Preprocess:
+    """The ``Preprocess`` of a transformers image-processor config (preprocessor_config.json), as its
+    processor class computes it: the class's own defaults (``HF_PROCESSORS``) for each key the file
+    omits or sets to null, then resize (``size``: {height, width} both sides, {shortest_edge} the shorter
+    one, an int as the class's ``default_to_square`` says), centre crop (``do_center_crop``,
+    ``crop_size``), rescale (``do_rescale``, ``rescale_factor``), normalise (``do_normalize``,
+    ``image_mean``, ``image_std``). ``model_type`` (the folder's config.json) names the class where the
+    file does not. ``do_convert_rgb`` needs nothing: the project always converts to the model's channels
+    (transformers without it refuses a grey or RGBA image). ``crop_pct`` is not read by these classes
+    (transformers 5.24 keeps it unused), so it is not read here either.
+
+    Raises:
+        ValueError: anything the project cannot compute, by name (an unknown processor type or key,
+            ``do_resize`` false, ``do_pad`` true, a resample other than nearest/lanczos/bilinear/bicubic,
+            a size form it cannot resize to, a shortest-edge resize without a crop (images of varying
+            size), ``do_center_crop`` without ``crop_size``, malformed values); the message names ``where``.
     """
     try:
-        if config.get("do_rescale", True) and abs(float(config.get("rescale_factor", 1 / 255)) * 255 - 1) > 1e-6:
-            raise ValueError(f"rescale_factor={config.get('rescale_factor')!r} (only 1/255 is supported)")
-        resample = config.get("resample", 2)
-        if resample not in _HF_RESAMPLE:
-            raise ValueError(f"resample={resample!r} (supported: {_HF_RESAMPLE})")
-        if config.get("do_normalize", True):
-            mean, std = config.get("image_mean", [0.5] * 3), config.get("image_std", [0.5] * 3)
+        name = _processor_type(config, model_type)
+        unknown = sorted(set(config) - set(HF_KEYS_READ) - set(HF_KEYS_NAMING) - set(HF_KEYS_WITHOUT_EFFECT))
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))}: not a key the project reads for {name}")
+        for key, ok in HF_KEYS_WITHOUT_EFFECT.items():
+            if key in config and not ok(config[key], config):
+                raise ValueError(f"{key}={config[key]!r} (the project cannot compute it)")
+        got = HF_PROCESSORS[name] | {k: v for k, v in config.items() if k in HF_KEYS_READ and v is not None}
+        for key in ("do_resize", "do_center_crop", "do_rescale", "do_normalize", "do_convert_rgb", "default_to_square"):
+            if got[key] is not None and not isinstance(got[key], bool):
+                raise ValueError(f"{key}={got[key]!r}: expected true or false")
+        if not got["do_resize"]:
+            raise ValueError("do_resize=false (images would enter at their own sizes; the project resizes)")
+        resample = got["resample"]
+        if isinstance(resample, bool) or resample not in _HF_RESAMPLE:
+            raise ValueError(f"resample={resample!r} (the project resamples with {_HF_RESAMPLE})")
+        resize = _pixels(got["size"], "size", got["default_to_square"])
+        crop = None
+        if got["do_center_crop"]:
+            if got["crop_size"] is None:
+                raise ValueError("do_center_crop=true without crop_size")
+            crop = _pixels(got["crop_size"], "crop_size", True)
+        elif len(resize) == 1:
+            raise ValueError(f"size={got['size']!r} without a centre crop (images of varying size)")
+        if got["do_normalize"]:
+            mean, std = (tuple(v) if isinstance(v, list) else (v,) for v in (got["image_mean"], got["image_std"]))
+            if len(set(mean)) == len(set(std)) == 1:  # one value for every channel
+                mean, std = mean[:1], std[:1]
         else:
-            mean, std = [0.0], [1.0]
-        size = config.get("size") or {"height": 224, "width": 224}
-        crop_mode = "center" if isinstance(size, dict) and "shortest_edge" in size else "squash"
-        crop_pct = 1.0
-        if config.get("crop_pct"):
-            crop_pct = float(config["crop_pct"])
-        elif config.get("do_center_crop") and isinstance(config.get("crop_size"), dict):
-            edge = size.get("shortest_edge") or size.get("height")
-            crop_pct = float(config["crop_size"].get("height")) / float(edge)
-        return Preprocess(tuple(mean), tuple(std), _HF_RESAMPLE[resample], min(crop_pct, 1.0), crop_mode)
+            mean, std = (0.0,), (1.0,)
+        rescale = got["rescale_factor"] if got["do_rescale"] else 1.0
+        mode = "center" if len(resize) == 1 else "squash"
+        return Preprocess(
+            mean, std, _HF_RESAMPLE[resample], 1.0, mode, rescale_factor=rescale, resize_size=resize, crop_size=crop
+        )
     except (TypeError, AttributeError, ValueError) as e:
         raise ValueError(f"{where}: cannot read the preprocessing ({e})") from e
 
@@ -153,8 +284,9 @@ def read_info(src, fmt) -> ModelInfo:
     return info
 
 
-def hf_preprocess_file(folder: Path) -> Preprocess | None:
-    """The ``Preprocess`` of ``folder``'s preprocessor_config.json (``hf_preprocess``), None if it has none.
+def hf_preprocess_file(folder: Path, model_type: Any = None) -> Preprocess | None:
+    """The ``Preprocess`` of ``folder``'s preprocessor_config.json (``hf_preprocess``; ``model_type`` the
+    folder's config.json names), None if it has none.
 
     Raises:
         ValueError: the file is not a JSON object, or its preprocessing cannot be read (names the file).
@@ -165,7 +297,7 @@ def hf_preprocess_file(folder: Path) -> Preprocess | None:
     config = read_json(p)
     if not isinstance(config, dict):
         raise ValueError(f"{p}: not a readable JSON object")
-    return hf_preprocess(config, str(p))
+    return hf_preprocess(config, str(p), model_type)
 
 
 def with_overrides(info: ModelInfo, preprocess: dict[str, Any], classes: list[str] | None) -> ModelInfo:
@@ -208,30 +340,67 @@ def hf_labels(classes: tuple[str, ...] | list[str] | None, num_classes: int) -> 
     return {"id2label": {str(i): n for i, n in enumerate(names)}, "label2id": {n: i for i, n in enumerate(names)}}
 
 
-def hf_preprocessor_config(preprocess: Preprocess, image_size: tuple[int, int], channels: int) -> dict[str, Any]:
-    """preprocessor_config.json of a transformers image processor doing what ``preprocess`` does at
-    ``image_size`` (H, W) for C = ``channels``: ViTImageProcessor for a squash resize with crop_pct 1,
-    DeiTImageProcessor-style resize + centre crop (``size``/``crop_size``, and ``crop_pct``) otherwise."""
+def hf_preprocessor_config(
+    preprocess: Preprocess, image_size: tuple[int, int], channels: int
+) -> tuple[dict[str, Any], list[str]]:
+    """(preprocessor_config.json, notes) of a transformers image processor doing what ``preprocess``
+    does at ``image_size`` (H, W) for C = ``channels``: every key stated, so ``hf_preprocess`` reads it
+    back equal for a transformers geometry (``Preprocess.resize_size``). ViTImageProcessor for a resize to
+    both sides without a crop, DeiTImageProcessor with a crop, CLIPImageProcessor for a shorter-side resize
+    and crop. timm's rule (``size / crop_pct``) becomes the sizes it gives at (H, W); a note says where the
+    pixels can differ: transformers centres a crop at ``floor((in - out) / 2)``, timm at Python's
+    ``round``, one pixel apart where ``in - out`` is 3 mod 4 (always known for 'squash'; on the longer
+    side of some images for 'center').
+
+    Raises:
+        ValueError: mean/std that do not fit C; timm's 'center' rule for a non-square size (timm
+            ``ResizeKeepRatio``, which no transformers processor computes); a transformers geometry whose
+            output is not (H, W).
+    """
     h, w = image_size
     preprocess.channel_stats(channels)  # raises if mean/std do not fit C
     mean, std = (list(v) * (channels if len(v) == 1 else 1) for v in (preprocess.mean, preprocess.std))
-    resample = {v: k for k, v in _HF_RESAMPLE.items()}[preprocess.interpolation]
+    notes: list[str] = []
+    resize, crop = preprocess.resize_size, preprocess.crop_size
+    if resize is None:  # timm's rule, at this size
+        sh, sw = math.floor(h / preprocess.crop_pct), math.floor(w / preprocess.crop_pct)
+        if preprocess.crop_mode == "center":
+            if h != w:
+                raise ValueError(
+                    f"crop_mode 'center' at {h}x{w}: timm resizes to cover both sides (ResizeKeepRatio), which "
+                    "no transformers image processor computes"
+                )
+            resize, crop = (sh,), (h, w)
+            notes.append(
+                f"preprocessor_config.json: transformers floors the crop offset where timm rounds it, so the "
+                f"{h}x{w} crop sits one pixel before timm's along a side {sh} resized exceeds it by 3 mod 4 "
+                "pixels (the longer side of some images)"
+            )
+        else:
+            resize, crop = (sh, sw), (h, w) if (sh, sw) != (h, w) else None
+            if any((a - b) % 4 == 3 for a, b in ((sh, h), (sw, w))):
+                notes.append(
+                    f"preprocessor_config.json: the {h}x{w} crop of {sh}x{sw} sits one pixel before timm's "
+                    "(transformers floors the offset, timm rounds it)"
+                )
+    out = crop or resize
+    if len(out) != 2 or tuple(out) != (h, w):
+        raise ValueError(f"the preprocessing gives {list(out)} images; the model takes {h}x{w}")
+    size = {"shortest_edge": resize[0]} if len(resize) == 1 else {"height": resize[0], "width": resize[1]}
+    name = "CLIPImageProcessor" if len(resize) == 1 else "DeiTImageProcessor" if crop else "ViTImageProcessor"
     config: dict[str, Any] = {
-        "image_processor_type": "ViTImageProcessor",
+        "image_processor_type": name,
         "do_resize": True,
-        "resample": resample,
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
+        "size": size,
+        "resample": {v: k for k, v in _HF_RESAMPLE.items()}[preprocess.interpolation],
+        "do_center_crop": crop is not None,
+        "do_rescale": preprocess.rescale_factor != 1,
+        "rescale_factor": preprocess.rescale_factor,
         "do_normalize": True,
         "image_mean": mean,
         "image_std": std,
-        "size": {"height": h, "width": w},
+        "do_convert_rgb": True,
     }
-    if preprocess.crop_pct < 1 or preprocess.crop_mode == "center":
-        sh, sw = int(h / preprocess.crop_pct), int(w / preprocess.crop_pct)
-        config["image_processor_type"] = "DeiTImageProcessor"
-        config["size"] = {"shortest_edge": sh} if preprocess.crop_mode == "center" else {"height": sh, "width": sw}
-        config["do_center_crop"] = True
-        config["crop_size"] = {"height": h, "width": w}
-        config["crop_pct"] = preprocess.crop_pct
-    return config
+    if crop is not None:
+        config["crop_size"] = {"height": crop[0], "width": crop[1]}
+    return config, notes

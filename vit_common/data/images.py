@@ -11,7 +11,8 @@ every command feeds a model the same pixels:
    YCbCr and bilevel images are converted by Pillow.
 3. ``eval_resize_crop`` (evaluation, prediction) or ``random_resized_crop`` (training): Pillow resizes,
    which low-pass filter when shrinking.
-4. ``normalize``: ``(x / 255 - mean) / std`` per channel, float32.
+4. ``normalize``: ``(x * rescale_factor - mean) / std`` per channel (rescale_factor 1/255 but where a
+   transformers processor says ``do_rescale`` false), float32.
 
 ``Preprocess`` holds the choices a checkpoint was trained with (mean, std, resize filter, crop) and
 ``PRESETS`` the usual ones. Pillow is imported when a function needs it.
@@ -20,6 +21,7 @@ every command feeds a model the same pixels:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Sequence
@@ -48,8 +50,8 @@ class Preprocess:
 
     Fields:
         mean, std: one value for every channel, or one per channel, subtracted from and dividing the pixels
-            scaled to [0, 1]. mean = std = 0.5 maps pixels to [-1, 1] (big_vision ``value_range(-1, 1)``,
-            HF ViT, timm augreg); mean 0 and std 1 keep [0, 1].
+            times ``rescale_factor`` (in [0, 1] for the usual 1/255). mean = std = 0.5 maps pixels to [-1, 1]
+            (big_vision ``value_range(-1, 1)``, HF ViT, timm augreg); mean 0 and std 1 keep [0, 1].
         interpolation: Pillow resampling filter of every resize ('nearest', 'bilinear', 'bicubic',
             'lanczos'); Pillow widens the filter when shrinking (antialiasing).
         crop_pct: evaluation resizes to ``size / crop_pct`` (floor) and centre-crops ``size`` (timm
@@ -57,10 +59,20 @@ class Preprocess:
         crop_mode: 'center' resizes the shorter side keeping the aspect ratio (torchvision ``Resize(int)``)
             before the crop; 'squash' resizes both sides, ignoring the aspect ratio (transformers'
             ViTImageProcessor, the original ViT's evaluation).
+        rescale_factor: what the 0..255 pixels are multiplied by before mean and std (transformers'
+            ``rescale_factor``; 1/255 everywhere but a processor with ``do_rescale`` false, which is 1).
+        resize_size, crop_size: the geometry of a transformers image processor, in pixels, instead of
+            timm's ``size / crop_pct``: ``resize_size`` (S,) resizes the shorter side to S and the longer
+            one to ``int(S * long / short)`` (crop_mode 'center'; transformers ``shortest_edge``), (H, W)
+            both sides (crop_mode 'squash'); then ``crop_size`` (H, W), if given, is cut at offset
+            ``floor((in - out) / 2)``, zero-padded where the image is smaller (transformers
+            ``image_transforms.center_crop``). The result must be the model's size. None: timm's rule.
 
     Raises:
-        ValueError: an unknown filter or crop mode, a std <= 0, a crop_pct outside (0, 1], or mean and std
-            of different lengths.
+        ValueError: an unknown filter or crop mode, a std <= 0, a crop_pct outside (0, 1], mean and std
+            of different lengths, a rescale_factor that is not a positive finite number, sizes that are
+            not positive integers, or a transformers geometry with crop_pct other than 1, a crop_mode
+            that does not match its resize, or a crop without a resize.
     """
 
     mean: tuple[float, ...] = field(
@@ -80,6 +92,16 @@ class Preprocess:
             "choices": CROP_MODES,
         },
     )
+    rescale_factor: float = field(
+        default=1 / 255, metadata={"help": "pixels (0..255) are multiplied by this before mean/std"}
+    )
+    resize_size: tuple[int, ...] | None = field(
+        default=None,
+        metadata={"help": "evaluation resize in pixels as transformers does it: S (shorter side) or H W (both)"},
+    )
+    crop_size: tuple[int, ...] | None = field(
+        default=None, metadata={"help": "with --resize-size: the centre crop H W (transformers' crop_size)"}
+    )
 
     def __post_init__(self) -> None:
         for name in ("mean", "std"):
@@ -98,6 +120,27 @@ class Preprocess:
             raise ValueError(f"crop_mode={self.crop_mode!r}: expected one of {CROP_MODES}")
         if not 0 < self.crop_pct <= 1:
             raise ValueError(f"crop_pct={self.crop_pct!r}: expected a fraction in (0, 1]")
+        rescale = self.rescale_factor
+        if isinstance(rescale, bool) or not isinstance(rescale, (int, float)) or not 0 < rescale < math.inf:
+            raise ValueError(f"rescale_factor={rescale!r}: expected a positive finite number")
+        object.__setattr__(self, "rescale_factor", float(rescale))
+        for name, lengths in (("resize_size", (1, 2)), ("crop_size", (2,))):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            v = (v,) if isinstance(v, int) else tuple(v)
+            if len(v) not in lengths or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
+                raise ValueError(f"{name}={list(v)}: expected {' or '.join(map(str, lengths))} positive integers")
+            object.__setattr__(self, name, v)
+        if self.resize_size is None:
+            if self.crop_size is not None:
+                raise ValueError(f"crop_size={list(self.crop_size)} without resize_size: expected both or neither")
+        elif self.crop_pct != 1 or self.crop_mode != ("center" if len(self.resize_size) == 1 else "squash"):
+            mode = "center" if len(self.resize_size) == 1 else "squash"
+            raise ValueError(
+                f"resize_size={list(self.resize_size)} with crop_pct={self.crop_pct} and crop_mode="
+                f"{self.crop_mode!r}: a transformers geometry takes crop_pct 1 and crop_mode {mode!r}"
+            )
 
     def replace(self, **changes: Any) -> Preprocess:
         return dataclasses.replace(self, **changes)
@@ -105,7 +148,41 @@ class Preprocess:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["mean"], d["std"] = list(self.mean), list(self.std)
+        for name in ("resize_size", "crop_size"):
+            d[name] = None if d[name] is None else list(d[name])
         return d
+
+    def at_size(self, size: int | Sequence[int]) -> Preprocess:
+        """This preprocessing for a model of another ``size`` (H, W): a transformers geometry whose output
+        is not (H, W) has its sizes scaled to give (H, W) (rounded; a fine-tuning run at a new resolution);
+        timm's rule, relative to the size already, is returned as is."""
+        h, w = _size(size)
+        if self.resize_size is None:
+            return self
+        out = self.crop_size or self.resize_size
+        if len(out) == 1 or tuple(out) == (h, w):
+            return self
+        scale = (h / out[0], w / out[1])
+        if len(self.resize_size) == 1:
+            resize = (round(self.resize_size[0] * min(scale)),)
+        else:
+            resize = tuple(round(s * f) for s, f in zip(self.resize_size, scale, strict=True))
+        return self.replace(resize_size=resize, crop_size=None if self.crop_size is None else (h, w))
+
+    def describe(self, size: int | Sequence[int]) -> str:
+        """What ``eval_resize_crop`` and ``normalize`` do to an image for a model of ``size`` (H, W), in words."""
+        h, w = _size(size)
+        side = "shorter side" if self.crop_mode == "center" else "both sides"
+        if self.resize_size is None:
+            geometry = f"{side} resized ({self.interpolation}, Pillow) to {h}x{w} / {self.crop_pct}"
+        else:
+            to = "x".join(map(str, self.resize_size))
+            geometry = f"{side} resized ({self.interpolation}, Pillow) to {to} as transformers does"
+        rescale = "pixel / 255" if self.rescale_factor * 255 == 1 else f"pixel * {self.rescale_factor:g}"
+        return (
+            f"{geometry} and centre-cropped to {h}x{w}, then ({rescale} - mean {list(self.mean)}) / std "
+            f"{list(self.std)}"
+        )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Preprocess:
@@ -307,6 +384,8 @@ def eval_resize_crop(image, size: int | Sequence[int], preprocess: Preprocess):
     as is. Source: timm ``data/transforms_factory.py`` ``transforms_imagenet_eval``.
     """
     h, w = _size(size)
+    if preprocess.resize_size is not None:
+        return _transformers_resize_crop(image, (h, w), preprocess)
     if image.size == (w, h) and preprocess.crop_pct == 1:
         return image
     sh, sw = math.floor(h / preprocess.crop_pct), math.floor(w / preprocess.crop_pct)
@@ -322,6 +401,38 @@ def eval_resize_crop(image, size: int | Sequence[int], preprocess: Preprocess):
         image = image.resize((rw, rh), _filter(preprocess.interpolation))
     top, left = int(round((rh - h) / 2.0)), int(round((rw - w) / 2.0))
     return image.crop((left, top, left + w, top + h)) if (rw, rh) != (w, h) else image
+
+
+def _transformers_resize_crop(image, size: tuple[int, int], preprocess: Preprocess):
+    """``eval_resize_crop`` for a transformers geometry (``Preprocess.resize_size``), as the PIL backend of
+    its image processors computes it (transformers ``image_processing_backends.PilBackend.resize`` and
+    ``image_transforms.get_resize_output_image_size`` / ``center_crop``).
+
+    Raises:
+        ValueError: the processor's output is not ``size`` (H, W), the model's.
+    """
+    iw, ih = image.size
+    if len(preprocess.resize_size) == 1:
+        short, long = (iw, ih) if iw <= ih else (ih, iw)
+        s = preprocess.resize_size[0]
+        new_short, new_long = s, int(s * long / short)
+        rw, rh = (new_short, new_long) if iw <= ih else (new_long, new_short)
+    else:
+        rh, rw = preprocess.resize_size
+    out = preprocess.crop_size or (rh, rw)
+    if tuple(out) != size:
+        raise ValueError(
+            f"the preprocessing (resize_size={list(preprocess.resize_size)}, crop_size="
+            f"{preprocess.crop_size and list(preprocess.crop_size)}) gives {out[0]}x{out[1]} images; "
+            f"the model takes {size[0]}x{size[1]}"
+        )
+    if (rw, rh) != (iw, ih):
+        image = image.resize((rw, rh), _filter(preprocess.interpolation))
+    if preprocess.crop_size is None or (rh, rw) == size:
+        return image
+    h, w = size
+    top, left = (rh - h) // 2, (rw - w) // 2  # floor: negative where the crop is larger (Pillow pads with 0)
+    return image.crop((left, top, left + w, top + h))
 
 
 def random_resized_crop(
@@ -368,17 +479,35 @@ def random_resized_crop(
 # ------------------------------------------------------------------------------------ normalise
 
 
-def normalize(images: np.ndarray, preprocess: Preprocess | None = None) -> np.ndarray:
-    """uint8 (or float 0..255) [..., H, W, C] -> float32 ``(x / 255 - mean) / std`` per channel.
+@functools.lru_cache(maxsize=8)
+def _uint8_divisor(rescale_factor: float) -> np.float32 | None:
+    """A float32 d with float32 ``x / d`` equal to the float64 ``x * rescale_factor`` rounded to float32 on
+    every uint8 x (255 for 1/255, 1 for 1: a division in place is 3x faster than a table look-up), or None."""
+    x = np.arange(256, dtype=np.float64)
+    d = np.float32(1 / rescale_factor)
+    return d if np.array_equal(x.astype(np.float32) / d, (x * rescale_factor).astype(np.float32)) else None
 
+
+def normalize(images: np.ndarray, preprocess: Preprocess | None = None) -> np.ndarray:
+    """uint8 (or float 0..255) [..., H, W, C] -> float32 ``(x * rescale_factor - mean) / std`` per channel.
+
+    The product is the float64 one rounded to float32, then mean and std are applied in float32:
+    transformers ``image_transforms.rescale`` and ``normalize`` (its PIL backend), bit for bit.
     ``preprocess`` None means ``Preprocess()``: mean = std = 0.5 (values in [-1, 1]).
 
     Raises:
         ValueError: mean/std do not fit C (see ``Preprocess.channel_stats``).
     """
-    mean, std = (preprocess or Preprocess()).channel_stats(images.shape[-1])
-    out = np.array(images, np.float32)  # in place from here: the same operations, no temporaries
-    out /= np.float32(255.0)
+    preprocess = preprocess or Preprocess()
+    mean, std = preprocess.channel_stats(images.shape[-1])
+    divisor = _uint8_divisor(preprocess.rescale_factor) if images.dtype == np.uint8 else None
+    if divisor is not None:  # in place from here: the same operations, no temporaries
+        out = np.array(images, np.float32)
+        out /= divisor
+    elif images.dtype == np.uint8:
+        out = (np.arange(256, dtype=np.float64) * preprocess.rescale_factor).astype(np.float32)[images]
+    else:
+        out = (np.asarray(images, np.float64) * preprocess.rescale_factor).astype(np.float32)
     if out.ndim >= 2:  # rows of W * C values: numpy's inner loop over 3 channels alone is slow
         w, c = out.shape[-2:]
         rows = out.reshape(*out.shape[:-2], w * c)

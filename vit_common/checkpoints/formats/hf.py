@@ -554,7 +554,8 @@ class HuggingFace(Format):
         preprocessor_config.json and config.json ``id2label`` (``src.config``; LABEL_i names none)."""
         found = super().declared(src)
         folder = src.path if src.path.is_dir() else src.path.parent
-        pre, pre_where = hf_preprocess_file(folder), str(folder / "preprocessor_config.json")
+        model_type = (src.config or {}).get("model_type")
+        pre, pre_where = hf_preprocess_file(folder, model_type), str(folder / "preprocessor_config.json")
         if pre is None:
             pre, pre_where = found.preprocess, found.preprocess_where
         classes, classes_where = found.classes, found.classes_where
@@ -566,10 +567,11 @@ class HuggingFace(Format):
         """Class names as config.json ``id2label``/``label2id``, preprocessing as preprocessor_config.json."""
         if classes is not None and enc.cfg.num_classes:
             enc.config_json |= hf_labels(classes, enc.cfg.num_classes)
+        notes: list[str] = []
         if preprocess is not None:
-            pre = hf_preprocessor_config(preprocess, enc.cfg.image_size, enc.cfg.in_chans)
+            pre, notes = hf_preprocessor_config(preprocess, enc.cfg.image_size, enc.cfg.in_chans)
             enc.json_files["preprocessor_config.json"] = pre
-        return []
+        return notes
 
     def encode(self, cfg: ViTConfig, state, path: Path, options: HfWriteOptions, assumed=()) -> Encoded:
         refuse("Hugging Face ViT", self.cannot_hold(cfg))

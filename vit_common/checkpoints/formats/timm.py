@@ -590,6 +590,34 @@ def hub_cannot_hold(cfg: ViTConfig) -> list[str]:
     )
 
 
+def timm_preprocess(preprocess: Preprocess, image_size: tuple[int, int]) -> tuple[Preprocess, list[str]]:
+    """(``preprocess`` as timm's ``size / crop_pct`` rule, notes) at ``image_size`` (H, W): a
+    transformers geometry (``Preprocess.resize_size``, read from a preprocessor_config.json) becomes the
+    crop_pct of its crop over its resize, with a note, as timm rounds the crop offset where transformers
+    floors it and its resize is ``floor(size / crop_pct)``.
+
+    Raises:
+        ValueError: a rescale_factor other than 1/255 (timm's ``ToTensor`` divides by 255), a crop larger
+            than the resize, or one whose sides scale differently.
+    """
+    if abs(preprocess.rescale_factor * 255 - 1) > 1e-12:
+        raise ValueError(f"rescale_factor={preprocess.rescale_factor!r}: timm's pretrained_cfg scales pixels by 1/255")
+    if preprocess.resize_size is None:
+        return preprocess, []
+    resize = preprocess.resize_size
+    crop = preprocess.crop_size or (resize if len(resize) == 2 else image_size)
+    pcts = {c / r for c, r in zip(crop, resize * 2 if len(resize) == 1 else resize, strict=True)}
+    if len(pcts) != 1 or max(pcts) > 1:
+        raise ValueError(f"resize_size={list(resize)} with crop_size={list(crop)}: timm's crop_pct cannot give it")
+    mode = "center" if len(resize) == 1 else "squash"
+    timm = preprocess.replace(resize_size=None, crop_size=None, crop_pct=pcts.pop(), crop_mode=mode)
+    return timm, [
+        f"pretrained_cfg: transformers' resize to {list(resize)} and crop to {list(crop)} as timm's crop_pct "
+        f"{timm.crop_pct:.6g} ({mode}); timm rounds the crop offset where transformers floors it, a pixel apart "
+        "on some images"
+    ]
+
+
 def hub_pretrained_cfg(preprocess: Preprocess, channels: int) -> dict[str, Any]:
     """``pretrained_cfg`` entries of ``preprocess`` for C = ``channels`` (mean and std per channel).
 
@@ -729,13 +757,15 @@ class Timm(Format):
             return [f"{enc.shared.name}, whose bytes this file shares, does not record {lacks}"] if lacks else []
         if enc.config_json is None:
             return super().record_info(enc, preprocess, classes)
+        notes: list[str] = []
         if preprocess is not None:
+            preprocess, notes = timm_preprocess(preprocess, enc.cfg.image_size)
             enc.config_json["pretrained_cfg"] |= hub_pretrained_cfg(preprocess, enc.cfg.in_chans)
         if classes is not None and enc.cfg.num_classes:
             if len(classes) != enc.cfg.num_classes:
                 raise ValueError(f"{len(classes)} class names for a model with {enc.cfg.num_classes} classes")
             enc.config_json["label_names"] = [str(c) for c in classes]
-        return []
+        return notes
 
     def writes_folder(self, path: Path) -> bool:
         """A destination without a file suffix is a hub folder; .safetensors, .pth, .pt, .bin a file."""
