@@ -33,6 +33,14 @@ TOLERANCES: dict[tuple[str, str], tuple[str, float]] = {
     # by several bf16 steps (measured on a depth-2 width-16 model, float64, 10 steps: parameters 1.2e-2,
     # first moment 4.7e-2).
     ("train", "bfloat16"): ("rel", 1e-1),
+    # Evaluation preprocessing against transformers' image processors (parity_tests/test_preprocess_transformers.py),
+    # in uint8 levels: |ours - theirs| * std / rescale_factor. Its PIL backend makes the same Pillow resize
+    # and float operations: equal. Its torchvision backend resizes with torchvision's antialiased kernels,
+    # measured on skimage's photos at 224 px: 1 level (bilinear), 3 (bicubic), 4 (lanczos); its nearest
+    # (NEAREST_EXACT) and its zero padding of a crop larger than the image (floor on the top/left side,
+    # where the PIL backend puts the ceiling) depart from the PIL backend itself and are not bounded here.
+    ("pixels_pil", "uint8"): ("abs", 0.0),
+    ("pixels_torchvision", "uint8"): ("abs", 4.0),
 }
 
 

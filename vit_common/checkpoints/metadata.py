@@ -68,16 +68,16 @@ HF_KEYS_READ = (
 HF_KEYS_NAMING = ("image_processor_type", "feature_extractor_type", "processor_class", "_processor_class")
 # Keys the processors take that change no pixel at these values (else refused by name): padding off, the
 # output layout channels-first, runtime options; ``crop_pct``, which these classes keep unused.
-HF_KEYS_WITHOUT_EFFECT = {
-    "do_pad": lambda v, c: not v,
-    "pad_size": lambda v, c: not c.get("do_pad"),
-    "data_format": lambda v, c: v in (None, "channels_first"),
-    "input_data_format": lambda v, c: v is None,
-    "return_tensors": lambda v, c: True,
-    "device": lambda v, c: True,
-    "disable_grouping": lambda v, c: True,
-    "image_seq_length": lambda v, c: True,
-    "crop_pct": lambda v, c: True,
+HF_KEYS_WITHOUT_EFFECT = {  # key: (whether the value changes no pixel, what the project does instead)
+    "do_pad": (lambda v, c: not v, "the project pads no batch"),
+    "pad_size": (lambda v, c: not c.get("do_pad"), "the project pads no batch"),
+    "data_format": (lambda v, c: v in (None, "channels_first"), "each twin lays its input out itself"),
+    "input_data_format": (lambda v, c: v is None, "images are decoded by Pillow"),
+    "return_tensors": (lambda v, c: True, ""),
+    "device": (lambda v, c: True, ""),
+    "disable_grouping": (lambda v, c: True, ""),
+    "image_seq_length": (lambda v, c: True, ""),
+    "crop_pct": (lambda v, c: True, ""),
 }
 OVERRIDE_FLAGS = "--mean/--std/--interpolation/--crop-pct/--crop-mode"
 
@@ -209,9 +209,9 @@ def hf_preprocess(config: dict, where: str, model_type: Any = None) -> Preproces
         unknown = sorted(set(config) - set(HF_KEYS_READ) - set(HF_KEYS_NAMING) - set(HF_KEYS_WITHOUT_EFFECT))
         if unknown:
             raise ValueError(f"{', '.join(map(repr, unknown))}: not a key the project reads for {name}")
-        for key, ok in HF_KEYS_WITHOUT_EFFECT.items():
+        for key, (ok, instead) in HF_KEYS_WITHOUT_EFFECT.items():
             if key in config and not ok(config[key], config):
-                raise ValueError(f"{key}={config[key]!r} (the project cannot compute it)")
+                raise ValueError(f"{key}={config[key]!r} ({instead})")
         got = HF_PROCESSORS[name] | {k: v for k, v in config.items() if k in HF_KEYS_READ and v is not None}
         for key in ("do_resize", "do_center_crop", "do_rescale", "do_normalize", "do_convert_rgb", "default_to_square"):
             if got[key] is not None and not isinstance(got[key], bool):

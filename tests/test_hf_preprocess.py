@@ -1,0 +1,168 @@
+"""transformers' image-processor configs read as each processor type applies them (numpy and Pillow only;
+parity_tests/test_preprocess_transformers.py holds the pixels against transformers itself): the class defaults of
+each type, the size forms, what is refused by name, the transformers geometry of ``eval_resize_crop``
+(floor offset, zero padding), ``rescale_factor`` in ``normalize``, and the writers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from vit_common.checkpoints.formats.timm import timm_preprocess
+from vit_common.checkpoints.metadata import HF_PROCESSORS, hf_preprocess, hf_preprocessor_config
+from vit_common.data.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess, eval_resize_crop, from_array, normalize
+
+CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+SQUASH_224 = dict(crop_mode="squash", resize_size=(224, 224))
+EDGE_224 = dict(crop_mode="center", resize_size=(224,), crop_size=(224, 224))
+DEFAULTS = {  # what each type computes from a file that names it alone (transformers 5.24 class attributes)
+    "ViTImageProcessor": Preprocess((0.5,), (0.5,), "bilinear", **SQUASH_224),
+    "DeiTImageProcessor": Preprocess(
+        (0.5,), (0.5,), "bicubic", crop_mode="squash", resize_size=(256, 256), crop_size=(224, 224)
+    ),
+    "SiglipImageProcessor": Preprocess((0.5,), (0.5,), "bicubic", **SQUASH_224),
+    "CLIPImageProcessor": Preprocess(CLIP_MEAN, CLIP_STD, "bicubic", **EDGE_224),
+    "BitImageProcessor": Preprocess(CLIP_MEAN, CLIP_STD, "bicubic", **EDGE_224),
+}
+
+
+@pytest.mark.parametrize("name", HF_PROCESSORS)
+def test_each_type_s_own_defaults_fill_what_the_file_omits(name):
+    assert hf_preprocess({"image_processor_type": name}, "p") == DEFAULTS[name]
+    for spelled in (name + "Fast", name + "Pil"):  # the torchvision and the PIL class of one type
+        assert hf_preprocess({"image_processor_type": spelled}, "p") == DEFAULTS[name]
+    nulls = {"image_processor_type": name, "size": None, "resample": None, "image_mean": None, "do_rescale": None}
+    assert hf_preprocess(nulls, "p") == DEFAULTS[name]  # null is the class default, as transformers reads it
+
+
+@pytest.mark.parametrize(
+    ("model_type", "name"),
+    [("vit", "ViTImageProcessor"), ("vit_mae", "ViTImageProcessor"), ("vit_msn", "ViTImageProcessor"),
+     ("ijepa", "ViTImageProcessor"), ("deit", "DeiTImageProcessor"), ("dinov2", "BitImageProcessor"),
+     ("siglip", "SiglipImageProcessor"), ("clip", "CLIPImageProcessor")],
+)  # fmt: skip
+def test_a_file_naming_no_type_takes_the_folder_s_model_type(model_type, name):
+    assert hf_preprocess({}, "p", model_type) == DEFAULTS[name]
+    legacy = {"feature_extractor_type": name.replace("ImageProcessor", "FeatureExtractor")}
+    assert hf_preprocess(legacy, "p", "bert") == DEFAULTS[name]  # the v4 key wins over the model type
+
+
+def test_size_forms_as_transformers_reads_them():
+    def read(**keys):
+        return hf_preprocess({"image_processor_type": "CLIPImageProcessor", **keys}, "p")
+
+    assert read(size=256).resize_size == (256,)  # CLIP: default_to_square False, an int is the shorter side
+    assert read(size=256, default_to_square=True).resize_size == (256, 256)
+    assert read(size=[300, 200], do_center_crop=False).resize_size == (300, 200)
+    assert read(crop_size=200).crop_size == (200, 200)  # crop sizes are always squared
+    deit = hf_preprocess({"feature_extractor_type": "DeiTFeatureExtractor", "size": 256, "crop_size": 224}, "p")
+    assert (deit.resize_size, deit.crop_size) == ((256, 256), (224, 224))  # DeiT squares an int size
+    rescale = hf_preprocess({"image_processor_type": "ViTImageProcessor", "rescale_factor": 1 / 127.5}, "p")
+    assert rescale.rescale_factor == 1 / 127.5
+    off = hf_preprocess({"image_processor_type": "ViTImageProcessor", "do_rescale": False, "do_normalize": False}, "p")
+    assert (off.rescale_factor, off.mean, off.std) == (1.0, (0.0,), (1.0,))
+    assert read(crop_pct=0.5) == DEFAULTS["CLIPImageProcessor"]  # these classes do not read crop_pct
+
+
+@pytest.mark.parametrize(
+    ("keys", "named"),
+    [
+        ({"image_processor_type": "ConvNextImageProcessor"}, "image_processor_type='ConvNextImageProcessor'"),
+        ({}, "no image_processor_type, and model_type=None"),
+        ({"do_pad": True}, "do_pad=True"),
+        ({"data_format": "channels_last"}, "data_format='channels_last'"),
+        ({"resample": 4}, "resample=4"),
+        ({"do_resize": False}, "do_resize=false"),
+        ({"size": {"shortest_edge": 224, "longest_edge": 400}}, "size="),
+        ({"size": {"max_height": 224, "max_width": 224}}, "size="),
+        ({"size": {"shortest_edge": 224}}, "without a centre crop"),
+        ({"do_center_crop": True}, "do_center_crop=true without crop_size"),
+        ({"rescale_factor": 0}, "rescale_factor=0"),
+        ({"use_square_size": True}, "'use_square_size': not a key"),
+        ({"do_normalize": "yes"}, "do_normalize='yes'"),
+    ],
+)
+def test_what_the_project_cannot_compute_is_refused_by_name(keys, named):
+    config = {"image_processor_type": "ViTImageProcessor", **keys} if keys else {}
+    with pytest.raises(ValueError, match=f"^f.json: cannot read the preprocessing .*{named}"):
+        hf_preprocess(config, "f.json")
+
+
+def test_a_transformers_geometry_is_one_preprocessing_field_set():
+    pp = Preprocess(IMAGENET_MEAN, IMAGENET_STD, "bicubic", crop_mode="center", rescale_factor=1.0,
+                    resize_size=(256,), crop_size=(224, 224))  # fmt: skip
+    assert Preprocess.from_dict(json.loads(json.dumps(pp.to_dict()))) == pp
+    for bad, named in (
+        (dict(resize_size=(256,), crop_pct=0.9, crop_mode="center"), "crop_pct 1 and crop_mode 'center'"),
+        (dict(resize_size=(256, 256), crop_mode="center"), "crop_mode 'squash'"),
+        (dict(crop_size=(224, 224)), "without resize_size"),
+        (dict(resize_size=(0, 3)), r"resize_size=\[0, 3\]"),
+        (dict(rescale_factor=-1.0), "rescale_factor=-1.0"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            Preprocess(**bad)
+
+
+def test_the_crop_sits_at_the_floor_of_the_margin_and_pads_with_zeros():
+    """A 4x7 (W x H) image: the shorter side is already 4, the 4x4 crop starts at row floor(3 / 2) = 1
+    (timm's round would start at 2); a 6x6 crop of a 4x4 image starts at floor(-2 / 2) = -1: one zero row
+    and column on each side."""
+    image = np.arange(28, dtype=np.uint8).reshape(7, 4)
+    pp = Preprocess(interpolation="nearest", crop_mode="center", resize_size=(4,), crop_size=(4, 4))
+    np.testing.assert_array_equal(np.asarray(eval_resize_crop(from_array(image), 4, pp)), image[1:5])
+    timm = Preprocess(interpolation="nearest", crop_mode="center")
+    np.testing.assert_array_equal(np.asarray(eval_resize_crop(from_array(image), 4, timm)), image[2:6])
+    pad = Preprocess(interpolation="nearest", crop_mode="center", resize_size=(4,), crop_size=(6, 6))
+    want = np.zeros((6, 6), np.uint8)
+    want[1:5, 1:5] = image[:4]
+    np.testing.assert_array_equal(np.asarray(eval_resize_crop(from_array(image[:4]), 6, pad)), want)
+    with pytest.raises(ValueError, match="gives 6x6 images; the model takes 8x8"):
+        eval_resize_crop(from_array(image), 8, pad)
+
+
+def test_rescale_factor_scales_before_mean_and_std():
+    x = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
+    raw = Preprocess((127.5,), (127.5,), rescale_factor=1.0)  # do_rescale false: 0..255 normalised
+    np.testing.assert_array_equal(normalize(x, raw), (x.astype(np.float32) - 127.5) / np.float32(127.5))
+    odd = Preprocess((0.1,), (0.7,), rescale_factor=0.0039215689)  # no float32 divisor matches: a table
+    want = ((x.astype(np.float64) * 0.0039215689).astype(np.float32) - np.float32(0.1)) / np.float32(0.7)
+    np.testing.assert_array_equal(normalize(x, odd), want)
+    np.testing.assert_array_equal(normalize(x.astype(np.float32), odd), want)
+
+
+def test_a_geometry_scales_to_a_new_model_size():
+    pp = DEFAULTS["DeiTImageProcessor"]
+    assert pp.at_size(224) == pp
+    assert (pp.at_size(448).resize_size, pp.at_size(448).crop_size) == ((512, 512), (448, 448))
+    edge = DEFAULTS["CLIPImageProcessor"].at_size((336, 336))
+    assert (edge.resize_size, edge.crop_size) == ((336,), (336, 336))
+    assert Preprocess().at_size(64) == Preprocess()  # timm's rule is relative already
+
+
+def test_the_written_config_states_every_key_and_reads_back_equal():
+    for pp in DEFAULTS.values():
+        config, notes = hf_preprocessor_config(pp, (224, 224), 3)
+        assert hf_preprocess(config, "w") == pp and notes == []
+        assert set(config) - {"crop_size"} == set(
+            hf_preprocessor_config(DEFAULTS["ViTImageProcessor"], (224, 224), 3)[0]
+        )
+    config, notes = hf_preprocessor_config(Preprocess(crop_pct=0.875, crop_mode="center"), (224, 224), 3)
+    assert config["size"] == {"shortest_edge": 256} and "floors the crop offset" in notes[0]
+    config, notes = hf_preprocessor_config(Preprocess(crop_pct=0.9), (224, 224), 3)  # 248 - 224 = 24: same
+    assert config["size"] == {"height": 248, "width": 248} and notes == []
+    _, notes = hf_preprocessor_config(Preprocess(crop_pct=0.95), (221, 221), 3)  # 232 - 221 = 11 = 3 mod 4
+    assert "one pixel before timm's" in notes[0]
+    with pytest.raises(ValueError, match="ResizeKeepRatio"):
+        hf_preprocessor_config(Preprocess(crop_mode="center"), (224, 320), 3)
+    with pytest.raises(ValueError, match=r"gives \[256, 256\] images; the model takes 224x224"):
+        hf_preprocessor_config(Preprocess(resize_size=(256, 256)), (224, 224), 3)
+
+
+def test_a_timm_hub_folder_takes_a_transformers_geometry_as_crop_pct():
+    pp, notes = timm_preprocess(DEFAULTS["DeiTImageProcessor"], (224, 224))
+    assert (pp.crop_pct, pp.crop_mode, pp.resize_size) == (0.875, "squash", None) and "timm rounds" in notes[0]
+    assert timm_preprocess(Preprocess(), (224, 224)) == (Preprocess(), [])
+    with pytest.raises(ValueError, match="rescale_factor=1.0: timm"):
+        timm_preprocess(Preprocess(rescale_factor=1.0), (224, 224))
