@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 from vit_common.checkpoints.formats.timm import timm_preprocess
-from vit_common.checkpoints.metadata import HF_PROCESSORS, hf_preprocess, hf_preprocessor_config
+from vit_common.checkpoints.metadata import (
+    HF_PROCESSORS,
+    ModelInfo,
+    hf_preprocess,
+    hf_preprocessor_config,
+    with_overrides,
+)
 from vit_common.data.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess, eval_resize_crop, from_array, normalize
 
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
@@ -47,6 +53,13 @@ def test_a_file_naming_no_type_takes_the_folder_s_model_type(model_type, name):
     assert hf_preprocess({}, "p", model_type) == DEFAULTS[name]
     legacy = {"feature_extractor_type": name.replace("ImageProcessor", "FeatureExtractor")}
     assert hf_preprocess(legacy, "p", "bert") == DEFAULTS[name]  # the v4 key wins over the model type
+
+
+@pytest.mark.parametrize("model_type", ["clip_vision_model", "siglip_vision_model", "dinov2_with_registers"])
+def test_a_model_type_transformers_maps_to_no_processor_is_refused_as_there(model_type):
+    """AutoImageProcessor 5.24 finds no class for these without image_processor_type (tried)."""
+    with pytest.raises(ValueError, match=f"no image_processor_type, and model_type='{model_type}' names none"):
+        hf_preprocess({}, "p", model_type)
 
 
 def test_size_forms_as_transformers_reads_them():
@@ -103,6 +116,15 @@ def test_a_transformers_geometry_is_one_preprocessing_field_set():
     ):
         with pytest.raises(ValueError, match=named):
             Preprocess(**bad)
+
+
+def test_a_crop_pct_given_over_a_transformers_geometry_asks_for_timm_s_rule():
+    info = ModelInfo(DEFAULTS["DeiTImageProcessor"], "declared: p")
+    given = with_overrides(info, {"crop_pct": 0.9, "crop_mode": "center"}, None).preprocess
+    assert given == DEFAULTS["DeiTImageProcessor"].replace(
+        resize_size=None, crop_size=None, crop_pct=0.9, crop_mode="center"
+    )
+    assert with_overrides(info, {"interpolation": "bilinear"}, None).preprocess.resize_size == (256, 256)
 
 
 def test_the_crop_sits_at_the_floor_of_the_margin_and_pads_with_zeros():

@@ -54,7 +54,8 @@ HF_PROCESSORS: dict[str, dict[str, Any]] = {
         "crop_size": {"height": 224, "width": 224}, "do_center_crop": True, "do_convert_rgb": True,
     },
 }  # fmt: skip
-# The class of a file that names none, by the folder's model_type (image_processing_auto.py's mapping).
+# The class of a file that names none, by the folder's model_type (image_processing_auto.py's mapping,
+# which has no entry for clip_vision_model, siglip_vision_model or dinov2_with_registers either).
 HF_MODEL_PROCESSORS = {
     "vit": "ViTImageProcessor", "vit_mae": "ViTImageProcessor", "vit_msn": "ViTImageProcessor",
     "ijepa": "ViTImageProcessor", "deit": "DeiTImageProcessor", "siglip": "SiglipImageProcessor",
@@ -302,11 +303,15 @@ def hf_preprocess_file(folder: Path, model_type: Any = None) -> Preprocess | Non
 
 def with_overrides(info: ModelInfo, preprocess: dict[str, Any], classes: list[str] | None) -> ModelInfo:
     """``info`` with preprocessing fields and class names given on the command line (provenance 'given').
+    A crop_pct or crop_mode without resize_size/crop_size asks for timm's rule: a transformers geometry
+    the file declares is dropped for it.
 
     Raises:
         ValueError: an invalid field value (named).
     """
     given = {k: v for k, v in preprocess.items() if v is not None}
+    if {"crop_pct", "crop_mode"} & set(given) and not {"resize_size", "crop_size"} & set(given):
+        given |= {"resize_size": None, "crop_size": None}  # timm's size / crop_pct rule asked for
     out = ModelInfo(info.preprocess, info.preprocess_source, info.classes, info.classes_source, list(info.warnings))
     if given:
         out.preprocess = info.preprocess.replace(**given)
