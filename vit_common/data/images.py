@@ -381,7 +381,11 @@ def eval_resize_crop(image, size: int | Sequence[int], preprocess: Preprocess):
     otherwise) keeping the aspect ratio, the other side truncated as torchvision's ``Resize(int)``;
     'squash' resizes each side to its target. The crop offset is ``round((in - out) / 2)`` (Python's
     rounding, as torchvision's ``CenterCrop``). An image already at (H, W) with crop_pct 1 is returned
-    as is. Source: timm ``data/transforms_factory.py`` ``transforms_imagenet_eval``.
+    as is. Source: timm ``data/transforms_factory.py`` ``transforms_imagenet_eval``. A transformers
+    geometry (``Preprocess.resize_size``) is applied as its image processors apply it instead.
+
+    Raises:
+        ValueError: a transformers geometry whose output is not (H, W).
     """
     h, w = _size(size)
     if preprocess.resize_size is not None:
