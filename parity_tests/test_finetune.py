@@ -149,6 +149,7 @@ def test_fine_tuning_hands_back_the_checkpoint_s_format_checked_by_its_library(t
         config = json.loads((out / "model_hf" / "config.json").read_text())
         assert config["id2label"] == {"0": "ant", "1": "bee", "2": "cat"} and config["image_size"] == 24
         assert "pos_embed grid 2x2 -> 3x3 with bicubic" in err
+        assert "preprocessing scaled to 24x24: resize_size [24, 24]" in err  # the processor's 16x16 squash
         processor = transformers.AutoImageProcessor.from_pretrained(out / "model_hf")
         assert list(processor.image_mean) == [0.485, 0.456, 0.406] and processor.resample == 3  # as it came in
         assert "declared: " in err and "preprocessor_config.json" in err
