@@ -53,6 +53,7 @@ CASES = {
         "pooler_output",
     ),
     "vit_mae": ("ViTMAEModel", "ViTMAEConfig", dict(intermediate_size=48, mask_ratio=0.0), "cls"),
+    "vit_msn": ("ViTMSNModel", "ViTMSNConfig", dict(intermediate_size=48), "cls"),
     "vit_msn_classify": (
         "ViTMSNForImageClassification",
         "ViTMSNConfig",
@@ -351,3 +352,69 @@ def test_other_vision_towers_are_refused_by_name(model_type, what, tmp_path):
     )
     with pytest.raises(ValueError, match=f"model_type='{model_type}' is not supported .the twins lack {what}"):
         load_checkpoint(tmp_path / "hf")
+
+
+def _mae_noise(x: np.ndarray) -> dict:
+    """ViTMAEModel's per-patch noise in patch order: with mask_ratio=0 its shuffle is then the identity,
+    so its hidden states are in our token order (its class token does not depend on the order)."""
+    n = (x.shape[2] // 8) * (x.shape[3] // 8)
+    return {"noise": torch.arange(x.shape[0] * n, dtype=torch.float32).reshape(x.shape[0], n)}
+
+
+@pytest.mark.parametrize(
+    "case, arch, spelling",
+    [
+        ("vit_mae", "ViTMAEModel", "v4"),
+        ("vit_mae", "ViTMAEModel", "v5"),
+        ("vit_msn", "ViTMSNModel", "v4"),
+        ("vit_msn_classify", "ViTMSNForImageClassification", "v5"),
+    ],
+)
+def test_mae_and_msn_are_written_as_their_own_model_types(case, arch, spelling, tmp_path, images):
+    """A ViT-MAE / ViT-MSN folder converted --to hf_family is written as its own model_type (config.json
+    and key layout), which transformers loads strictly, giving the source model's output and every
+    hidden state (ViTMAEModel with mask_ratio=0, in patch order); it reads back bit-exact."""
+    import json
+
+    from vit_common.checkpoints.convert import convert
+    from vit_common.checkpoints.formats.hf import HfWriteOptions
+
+    model = _build(case)
+    model.save_pretrained(tmp_path / "src")
+    report = convert(tmp_path / "src", tmp_path / "out", to_fmt="hf_family", write_options=HfWriteOptions(spelling))
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (config["model_type"], config["architectures"]) == (case.removesuffix("_classify"), [arch])
+    assert f"transformers.{arch}.from_pretrained(" in report.load_call
+    loaded, info = getattr(transformers, arch).from_pretrained(
+        tmp_path / "out", output_loading_info=True, attn_implementation="eager"
+    )
+    assert not any(v for k, v in info.items() if k != "error_msgs") and not info.get("error_msgs"), info
+    x = images(2, (32, 32))
+    ref, inter = _reference(case, model, x)
+    kw = _mae_noise(x) if case == "vit_mae" else {}
+    with torch.no_grad():
+        inner = _vision(loaded.eval())(torch.from_numpy(x), output_hidden_states=True, **kw)
+        got = loaded(torch.from_numpy(x)).logits if "Classification" in arch else inner.last_hidden_state[:, 0]
+    assert compare("written folder", got.numpy(), ref, "tensor", "float32").ok
+    for i, h in enumerate(inner.hidden_states[1:]):
+        assert compare(f"block{i:02d}", h.numpy(), inter[f"block{i:02d}"], "tensor", "float32").ok
+    src, back = load_checkpoint(tmp_path / "src", strict=True), load_checkpoint(tmp_path / "out", strict=True)
+    assert back.report.model_type == src.report.model_type == config["model_type"]
+    assert back.cfg == src.cfg and all(np.array_equal(back.state[k], v) for k, v in src.state.items())
+
+
+def test_a_plain_vit_is_written_as_msn_when_asked_and_refused_where_the_type_cannot_hold_it(tmp_path):
+    """``vit convert --to hf_family --hf-model-type vit_msn`` writes an HF ViT classifier as ViT-MSN's
+    (exit 0, loaded strictly); vit_mae has no classifier: refused by name, exit 2, nothing written."""
+    from vit_cli.main import main
+
+    transformers.ViTForImageClassification(
+        transformers.ViTConfig(**SMALL, intermediate_size=48, num_labels=3)
+    ).save_pretrained(tmp_path / "vit")
+    argv = ["convert", str(tmp_path / "vit"), str(tmp_path / "msn"), "--to", "hf_family", "--hf-model-type"]
+    assert main([*argv, "vit_msn"]) == 0
+    _, info = transformers.ViTMSNForImageClassification.from_pretrained(tmp_path / "msn", output_loading_info=True)
+    assert not any(v for k, v in info.items() if k != "error_msgs"), info
+    argv[2] = str(tmp_path / "mae")
+    assert main([*argv, "vit_mae"]) == 2
+    assert not (tmp_path / "mae").exists()
