@@ -418,3 +418,24 @@ def test_a_plain_vit_is_written_as_msn_when_asked_and_refused_where_the_type_can
     argv[2] = str(tmp_path / "mae")
     assert main([*argv, "vit_mae"]) == 2
     assert not (tmp_path / "mae").exists()
+
+
+@pytest.mark.parametrize("case", ["siglip_two_tower", "clip_projection", "dinov2_registers_classify", "vit_mae"])
+def test_parity_against_transformers_of_the_folders_model_type(case, tmp_path, capsys):
+    """``vit parity FOLDER --against transformers`` compares both twins with the transformers class of
+    the folder's model type (a two-tower folder's vision tower): exit 0, and the JSON's logits (pooled
+    features or projection), every block and every attention map have a passing transformers column."""
+    import json
+
+    from vit_cli.main import main
+
+    _build(case).save_pretrained(tmp_path / "hf")
+    argv = ["parity", str(tmp_path / "hf"), "--against", "transformers", "--json", str(tmp_path / "r.json")]
+    assert main(argv) == 0
+    assert "transformers max abs" in capsys.readouterr().out
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["format"] == "hf_family" and res["against"] == "transformers" and res["ok"]
+    rows = {r["name"]: r for r in res["rows"]}
+    compared = [n for n in ("block00", "block01", "attn00", "attn01", "logits") if rows[n]["against"] is not None]
+    assert compared == ["block00", "block01", "attn00", "attn01", "logits"]
+    assert all(rows[n]["against"]["ok"] and rows[n]["against"]["rel"] < 1e-5 for n in compared)

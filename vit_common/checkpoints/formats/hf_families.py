@@ -616,7 +616,6 @@ class HfFamilies(HuggingFace):
     name = "hf_family"
     description = "Hugging Face transformers SigLIP, CLIP, DINOv2, ViT-MAE, ViT-MSN or I-JEPA folder"
     signature = "a folder whose config.json model_type is " + ", ".join(FAMILIES)
-    reference = None  # vit_torch.oracles.library_logits builds ViTForImageClassification for 'from_pretrained'
 
     def export_name(self, source=None) -> str:
         return "model_hf_family"
