@@ -26,6 +26,12 @@ CASES = {
     "siglip_two_tower": ("SiglipModel", "SiglipConfig", dict(intermediate_size=48), "vision_pooler"),
     "siglip_classify": ("SiglipForImageClassification", "SiglipConfig", dict(intermediate_size=48), "logits"),
     "clip_vision": ("CLIPVisionModel", "CLIPVisionConfig", dict(intermediate_size=48), "pooler_output"),
+    "clip_vision_gelu": (
+        "CLIPVisionModel",
+        "CLIPVisionConfig",
+        dict(intermediate_size=48, hidden_act="gelu"),
+        "pooler_output",
+    ),
     "clip_projection": (
         "CLIPVisionModelWithProjection",
         "CLIPVisionConfig",
@@ -34,6 +40,7 @@ CASES = {
     ),
     "clip_two_tower": ("CLIPModel", "CLIPConfig", dict(intermediate_size=48), "image_features"),
     "dinov2": ("Dinov2Model", "Dinov2Config", dict(mlp_ratio=3), "pooler_output"),
+    "dinov2_swiglu": ("Dinov2Model", "Dinov2Config", dict(mlp_ratio=4, use_swiglu_ffn=True), "pooler_output"),
     "dinov2_classify_swiglu": (
         "Dinov2ForImageClassification",
         "Dinov2Config",
@@ -45,6 +52,12 @@ CASES = {
         "Dinov2WithRegistersConfig",
         dict(mlp_ratio=2, num_register_tokens=3, num_labels=5),
         "logits",
+    ),
+    "dinov2_reg4": (
+        "Dinov2WithRegistersModel",
+        "Dinov2WithRegistersConfig",
+        dict(mlp_ratio=4, num_register_tokens=4),
+        "pooler_output",
     ),
     "dinov2_registers_swiglu": (
         "Dinov2WithRegistersModel",
@@ -439,3 +452,46 @@ def test_parity_against_transformers_of_the_folders_model_type(case, tmp_path, c
     compared = [n for n in ("block00", "block01", "attn00", "attn01", "logits") if rows[n]["against"] is not None]
     assert compared == ["block00", "block01", "attn00", "attn01", "logits"]
     assert all(rows[n]["against"]["ok"] and rows[n]["against"]["rel"] < 1e-5 for n in compared)
+
+
+# case -> (timm architecture, its keywords at test width): timm's name fixes the rest (class token, pooling,
+# pre-norm, eps, LayerScale, registers, the packed SwiGLU). mlp_ratio gives each folder's MLP width;
+# vit_giant_patch14_dinov2's SwiGLUPacked halves 2 * 88 rows, as HF's SwiGLU FFN rounds 32 * 4 * 2/3.
+TIMM_NAMES = {
+    "siglip_vision": ("vit_base_patch16_siglip_224", dict(mlp_ratio=1.5, act_layer="gelu_tanh")),
+    "siglip_two_tower": ("vit_base_patch16_siglip_224", dict(mlp_ratio=1.5, act_layer="gelu_tanh")),
+    "clip_vision": ("vit_base_patch16_clip_quickgelu_224", dict(mlp_ratio=1.5)),
+    "clip_vision_gelu": ("vit_base_patch16_clip_224", dict(mlp_ratio=1.5)),
+    "dinov2": ("vit_small_patch14_dinov2", dict(mlp_ratio=3)),
+    "dinov2_swiglu": ("vit_giant_patch14_dinov2", dict(mlp_ratio=5.5)),
+    "dinov2_reg4": ("vit_small_patch14_reg4_dinov2", dict(mlp_ratio=4)),
+}
+
+
+@pytest.mark.parametrize("case", TIMM_NAMES)
+def test_converted_to_timm_loads_strictly_in_timms_own_architecture(case, tmp_path, images):
+    """A transformers SigLIP / CLIP / DINOv2 (registers, SwiGLU) vision folder, ``vit convert --to timm``:
+    timm's own architecture for that model (built at test width) loads the file strictly and gives
+    transformers' pooled features within 1e-5. timm's SigLIP names build exact GELU where transformers'
+    SigLIP has the tanh one: act_layer='gelu_tanh' is passed (the name alone is 2.6e-4 off here)."""
+    import timm
+    from safetensors.torch import load_file
+
+    from vit_cli.main import main
+
+    model = _build(case)
+    model.save_pretrained(tmp_path / "hf")
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "t.safetensors"), "--to", "timm"]) == 0
+    name, kw = TIMM_NAMES[case]
+    size = dict(embed_dim=32, depth=2, num_heads=4, img_size=32, patch_size=8, num_classes=0)
+    tm = timm.create_model(name, pretrained=False, **size, **kw).eval()
+    tm.load_state_dict(load_file(tmp_path / "t.safetensors"), strict=True)
+    x = images(2, (32, 32))
+    ref, _ = _reference(case, model, x)
+    with torch.no_grad():
+        assert compare(name, tm(torch.from_numpy(x)).numpy(), ref, "tensor", "float32").ok
+    if "act_layer" in kw:
+        plain = timm.create_model(name, pretrained=False, **size, mlp_ratio=kw["mlp_ratio"]).eval()
+        plain.load_state_dict(load_file(tmp_path / "t.safetensors"), strict=True)
+        with torch.no_grad():
+            assert not compare(name, plain(torch.from_numpy(x)).numpy(), ref, "tensor", "float32").ok
