@@ -495,3 +495,72 @@ def test_converted_to_timm_loads_strictly_in_timms_own_architecture(case, tmp_pa
         plain.load_state_dict(load_file(tmp_path / "t.safetensors"), strict=True)
         with torch.no_grad():
             assert not compare(name, plain(torch.from_numpy(x)).numpy(), ref, "tensor", "float32").ok
+
+
+def _big_vision_siglip_names(depth: int, prefix: str = "params/img/") -> set[str]:
+    """The parameter names big_vision gives a SigLIP image tower (``pool_type='map'``, no class token, no
+    head: ``out_dim=(None, ...)``), flattened with '/' as its .npz checkpoints are, from big_vision
+    0127fb6 ``big_vision/models/vit.py``: ``_Model`` (``nn.Conv(name="embedding")``, ``get_posemb(...,
+    "pos_embedding")``, ``Encoder(name="Transformer")``, ``MAPHead``), ``Encoder`` (``encoderblock_{i}``,
+    ``nn.LayerNorm(name="encoder_norm")``), ``Encoder1DBlock`` (LayerNorm_0, MultiHeadDotProductAttention_0,
+    LayerNorm_1, MlpBlock_0), ``MlpBlock`` (Dense_0, Dense_1), ``MAPHead`` (``probe``,
+    MultiHeadDotProductAttention_0, LayerNorm_0, MlpBlock_0); flax's attention has query/key/value/out;
+    ``models/proj/image_text/two_towers.py`` names the image tower ``img``."""
+    attn = [
+        f"MultiHeadDotProductAttention_0/{m}/{w}" for m in ("query", "key", "value", "out") for w in ("kernel", "bias")
+    ]
+    norm = lambda n: [f"{n}/scale", f"{n}/bias"]  # noqa: E731
+    mlp = [f"MlpBlock_0/Dense_{j}/{w}" for j in (0, 1) for w in ("kernel", "bias")]
+    names = ["embedding/kernel", "embedding/bias", "pos_embedding", *norm("Transformer/encoder_norm")]
+    for i in range(depth):
+        b = f"Transformer/encoderblock_{i}/"
+        names += [b + n for n in [*norm("LayerNorm_0"), *attn, *norm("LayerNorm_1"), *mlp]]
+    names += ["MAPHead_0/probe"] + [f"MAPHead_0/{n}" for n in [*attn, *norm("LayerNorm_0"), *mlp]]
+    return {prefix + n for n in names}
+
+
+def test_siglip_as_a_big_vision_npz_reads_and_writes_exactly(tmp_path, images):
+    """A transformers SigLIP vision folder, ``vit convert --to big_vision --npz-prefix params/img/``: the
+    .npz holds exactly the names big_vision's SigLIP image tower has (flax layouts: DenseGeneral q/k/v
+    (D, N, D/N), conv kernel HWIO); read back it is the same model bit for bit, equal to transformers; a
+    two-tower file's text tower, ``t`` and ``b`` are reported as ignored, each by name."""
+    from vit_cli.main import main
+
+    model = _build("siglip_vision")
+    model.save_pretrained(tmp_path / "hf")
+    npz = tmp_path / "siglip.npz"
+    assert main(["convert", str(tmp_path / "hf"), str(npz), "--to", "big_vision", "--npz-prefix", "params/img/"]) == 0
+    with np.load(npz) as z:
+        files = {k: z[k] for k in z.files}
+    assert set(files) == _big_vision_siglip_names(2)
+    p = "params/img/"
+    assert files[p + "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"].shape == (32, 4, 8)
+    assert files[p + "MAPHead_0/MultiHeadDotProductAttention_0/out/kernel"].shape == (4, 8, 32)
+    assert files[p + "embedding/kernel"].shape == (8, 8, 3, 32) and files[p + "pos_embedding"].shape == (1, 16, 32)
+    src = load_checkpoint(tmp_path / "hf", strict=True)
+    files |= {
+        "params/txt/Embed_0/embedding": np.ones((40, 16), np.float32),
+        "params/t": np.array([2.3], np.float32),
+        "params/b": np.array([-10.0], np.float32),
+    }
+    np.savez(tmp_path / "two_tower.npz", **files)
+    for path in (npz, tmp_path / "two_tower.npz"):
+        back = load_checkpoint(path)
+        assert back.report.format == "big_vision"
+        assert back.cfg == src.cfg.replace(posemb_resample="bilinear_corners")
+        assert (
+            all(np.array_equal(back.state[k], v) for k, v in src.state.items())
+            and back.state.keys() == src.state.keys()
+        )
+    why = dict(back.report.dropped)
+    assert set(why) == {"params/txt/Embed_0/embedding", "params/t", "params/b"}
+    assert "text tower" in why["params/txt/Embed_0/embedding"] and "temperature t" in why["params/t"]
+    assert "logit bias b" in why["params/b"]
+    x = images(2, (32, 32))
+    ref, _ = _reference("siglip_vision", model, x)
+    with torch.no_grad():
+        got = vit_torch.load_model(npz, source_image_size=32, gelu="tanh", ln_eps=1e-6, strict=True)(
+            torch.from_numpy(x)
+        )
+    got = got.numpy()
+    assert compare("big_vision npz", got, ref, "tensor", "float32").ok
