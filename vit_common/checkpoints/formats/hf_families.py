@@ -37,8 +37,10 @@ writes and the v5 module names of transformers 5 ``state_dict()``, as transforme
 and ``mlp.weights_out`` / ``mlp.down_proj``. Position embeddings are resampled as transformers'
 ``interpolate_pos_encoding`` does: bicubic without antialias, but with it for dinov2_with_registers.
 Written (``family_for``): the family that holds the model, a two-tower folder as its vision tower, DINOv2
-with a zero ``mask_token`` and (registers) a zero class position row; ViT-MAE and ViT-MSN models are plain
-HF ViTs, which the hf format writes. Still refused by name: CLIPForImageClassification (a mean of
+with a zero ``mask_token`` and (registers) a zero class position row. A plain ViT (class token pooling)
+is the hf format's unless written as ``vit_mae`` (``ViTMAEModel``, ``mask_ratio`` 0) or ``vit_msn``:
+``HfWriteOptions.model_type`` (``--hf-model-type``), which ``complete_options`` sets from a source read
+from such a folder. Still refused by name: CLIPForImageClassification (a mean of
 un-normalised tokens), ViTMAEForPreTraining (its decoder), and in ``hf.py`` relative position bias (BEiT,
 data2vec-vision), rotary embeddings (DINOv3, Perception Encoder), NaFlex SigLIP2 and AIMv2's RMSNorm.
 """
