@@ -891,7 +891,8 @@ def fit(
 
     Returns:
         (final state, summary dict: steps (the last), start (the step it resumed at, 0 for a fresh run),
-        test_loss, test_accuracy, images_per_s, train_seconds, and with ``keep_best`` (a key of
+        test_loss, test_accuracy, test_count (with an EMA also test_ema_loss, test_ema_accuracy,
+        test_ema_top5_accuracy), images_per_s, train_seconds, and with ``keep_best`` (a key of
         ``Checkpoints.BEST``: the checkpoint of the best evaluation by it is kept beside the last
         ``keep``; every evaluation step is checkpointed) best_checkpoint {step, metric}).
 
