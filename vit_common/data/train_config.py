@@ -115,6 +115,7 @@ class TrainConfig:
             "after every optimizer step, the first update a copy), evaluated beside the raw weights and "
             "checkpointed; off by default",
             range=Range(0, 1, lo_open=True, hi_open=True),
+            metavar="DECAY",
         ),
     )
     ema_warmup: bool = field(
