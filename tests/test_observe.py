@@ -152,11 +152,16 @@ def test_wandb_offline_gets_the_tensorboard_scalars_and_the_config_and_the_ema_i
     metrics.jsonl, and the summary line."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     run = tmp_path / "run"
-    assert main(["train", *TINY, "--out", str(run), "--ema", "0.9", "--wandb", "--eval-every", "3steps"]) == 0
-    assert "EMA weights: test accuracy " in capsys.readouterr().out
+    extra = ["--ema", "0.9", "--wandb", "--eval-every", "2steps", "--keep", "1", "--keep-best", "test_ema_loss"]
+    assert main(["train", *TINY, "--out", str(run), *extra]) == 0
+    out = capsys.readouterr().out
+    assert "EMA weights: test accuracy " in out
     lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
     test = {r["step"]: r for r in lines if "test_loss" in r}
-    assert sorted(test) == [3, 6] and all(r["test_ema_loss"] != r["test_loss"] for r in test.values())
+    assert sorted(test) == [2, 4, 6] and all(r["test_ema_loss"] != r["test_loss"] for r in test.values())
+    best = min(test, key=lambda s: test[s]["test_ema_loss"])  # the EMA's best, kept beside the last
+    assert sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == sorted({best, 6})
+    assert f"best checkpoint by test_ema_loss: step {best}" in out
     tb = scalars(run / "tensorboard")
     for k in ("loss", "accuracy", "top5_accuracy"):
         assert tb[f"test_ema/{k}"] == {s: np.float32(r[f"test_ema_{k}"]) for s, r in test.items()}, k
@@ -186,4 +191,14 @@ def test_wandb_not_installed_is_one_line_naming_the_extra(tmp_path, capsys, monk
     assert main(["train", *TINY, "--out", str(tmp_path / "run"), "--wandb"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[-1] == 'vit train: error: --wandb: wandb is not installed (pip install "vit-twins[wandb]")'
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_ema_metric_for_keep_best_needs_ema(tmp_path, capsys):
+    assert main(["train", *TINY, "--out", str(tmp_path / "run"), "--keep-best", "test_ema_accuracy"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == (
+        "vit train: error: --keep-best test_ema_accuracy: this run keeps no moving average of the weights; "
+        "pass --ema DECAY too"
+    )
     assert list(tmp_path.iterdir()) == []

@@ -601,6 +601,7 @@ class Checkpoints:
 
     # metric -> whether larger is better
     BEST = {"test_accuracy": True, "test_top5_accuracy": True, "test_loss": False}
+    BEST |= {"test_ema_accuracy": True, "test_ema_top5_accuracy": True, "test_ema_loss": False}
 
     def __init__(
         self, directory: str | os.PathLike, keep: int = 3, barrier_timeout: int = 1200, best: str | None = None
@@ -897,12 +898,12 @@ def fit(
         ``keep``; every evaluation step is checkpointed) best_checkpoint {step, metric}).
 
     Raises:
-        ValueError: ``profile_steps`` outside the run's steps; ``export_ema`` without ``tcfg.ema``;
-            ``wandb`` asked for and not installed (naming the extra); ``out`` holds a checkpoint and ``resume``
-            is off, or ``resume`` with a config that differs from the saved one (every differing field
-            listed; ``epochs`` may differ, which recomputes the schedule: ``schedule_change``), or with an
-            epoch count that ends before the checkpoint; a metrics line before the last that is not JSON or
-            has no step (a last line a kill cut is dropped).
+        ValueError: ``profile_steps`` outside the run's steps; ``export_ema`` or a ``keep_best`` of the EMA
+            without ``tcfg.ema``; ``wandb`` asked for and not installed (naming the extra); ``out`` holds a
+            checkpoint and ``resume`` is off, or ``resume`` with a config that differs from the saved one
+            (every differing field listed; ``epochs`` may differ, which recomputes the schedule:
+            ``schedule_change``), or with an epoch count that ends before the checkpoint; a metrics line
+            before the last that is not JSON or has no step (a last line a kill cut is dropped).
         FileNotFoundError: ``resume`` without a run in ``out``. A run stopped before its first complete
             checkpoint starts again from step 0, with or without ``resume`` and with any config; a
             latest checkpoint that does not restore is reported and the one before it used.
@@ -919,8 +920,12 @@ def fit(
     if profile_steps and profile_steps[1] > trainer.total_steps:
         a, b = profile_steps
         raise ValueError(f"--profile-steps {a}:{b}: the run has steps 1 to {trainer.total_steps}")
-    if options.export_ema and trainer.tcfg.ema is None:
-        raise ValueError("--export-ema: this run keeps no moving average of the weights; pass --ema DECAY too")
+    for asked, flag in (
+        (options.export_ema, "--export-ema"),
+        ((options.keep_best or "").startswith("test_ema_"), f"--keep-best {options.keep_best}"),
+    ):
+        if asked and trainer.tcfg.ema is None:
+            raise ValueError(f"{flag}: this run keeps no moving average of the weights; pass --ema DECAY too")
     if options.wandb:
         require_wandb()
     config, metrics_path = run_config(trainer) | ({"init": dict(init)} if init else {}), out / "metrics.jsonl"

@@ -16,6 +16,7 @@ from vit_common.recipes import DEFAULT_RECIPE, RECIPES
 from vit_common.system.validate import Range, check_fields
 
 POSITIVE_INT = Range(1, integer=True)
+EMA_METRICS = ("test_ema_accuracy", "test_ema_top5_accuracy", "test_ema_loss")  # evaluations of the --ema weights
 
 
 def _help(text: str, **extra) -> dict:
@@ -263,8 +264,8 @@ class RunOptions:
         default=None,
         metadata=_help(
             "also keep the checkpoint of the best evaluation by this metric (every evaluation is checkpointed; "
-            "orbax's BestN); the summary names its step",
-            choices=("test_accuracy", "test_top5_accuracy", "test_loss"),
+            "orbax's BestN; the test_ema_ metrics need --ema); the summary names its step",
+            choices=("test_accuracy", "test_top5_accuracy", "test_loss", *EMA_METRICS),
         ),
     )
     log_every: int = field(
