@@ -356,7 +356,7 @@ def test_ema_resumes_bit_exactly_and_export_ema_exports_it_leaving_the_training_
     assert main([*base, "--out", str(plain)]) == 0
     args = [*base, "--out", str(run), "--ema", "0.5", "--export-ema"]
     assert main(args) == 0
-    assert "(EMA (decay 0.5) weights)" in capsys.readouterr().out
+    assert "the exports hold the EMA weights (decay 0.5)\n" in capsys.readouterr().out
     done, evals = load_file(run / "model.safetensors"), (run / "metrics.jsonl").read_text().splitlines()[-1]
     shutil.rmtree(run / "checkpoints" / "3")  # the last: the resume runs step 3 again
     assert main([*args, "--resume"]) == 0

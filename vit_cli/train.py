@@ -471,8 +471,9 @@ def print_summary(summary: dict, as_json: bool) -> None:
         print(
             f"EMA weights: test accuracy {summary['test_ema_accuracy']:.4f}, test loss {summary['test_ema_loss']:.4f}"
         )
-    exported = f" ({summary['exported_weights']} weights)" if "exported_weights" in summary else ""
-    print(f"model: {summary['model']}" + "".join(f", {p}" for p in summary["exports"].values()) + exported)
+    print(f"model: {summary['model']}" + "".join(f", {p}" for p in summary["exports"].values()))
+    if "exported_weights" in summary:
+        print(f"the exports hold {summary['exported_weights']}")
     if "best_checkpoint" in summary:
         best = summary["best_checkpoint"]
         print(f"best checkpoint by {best['metric']}: step {best['step']}")

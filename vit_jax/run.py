@@ -322,7 +322,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     export_ema = spec.options.export_ema  # the moving average instead of the weights (fit checked tcfg.ema)
     weights = trainer.weights(state, ema=export_ema)  # every process takes part in gathering them
     if tcfg.ema is not None:
-        summary["exported_weights"] = f"EMA (decay {tcfg.ema})" if export_ema else "raw (not the EMA)"
+        summary["exported_weights"] = f"the EMA weights (decay {tcfg.ema})" if export_ema else "the raw weights"
     if stop is not None:
         stop.finishing()  # a signal from here on stops at once; --resume writes the exports
     if not lead:
