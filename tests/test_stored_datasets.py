@@ -228,10 +228,17 @@ def test_tfds_prepared_as_arrayrecord_gives_the_image_folders_batches(tmp_path):
     assert sorted(d.fingerprint["files"]) == sorted(os.listdir(version))
 
 
-def test_bad_tfds_datasets_are_refused_by_name(tmp_path):
+def test_bad_tfds_datasets_are_refused_by_name(tmp_path, capsys):
+    from vit_cli.main import main
+
     version = _tfds(tmp_path, {"test": _images(1)})
     with pytest.raises(ValueError, match=r"tfds:.*/tiny/1.0.0: no train split \(splits: test\)"):
         load_dataset(f"tfds:{version}", (8, 8), 3)
+    capsys.readouterr()
+    assert main(["train", "--dataset", f"tfds:{version}", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"vit train: error: tfds:{version}: no train split (splits: test)"], err
+    assert not (tmp_path / "run").exists()
     with pytest.raises(FileNotFoundError, match=r"tfds:.*/missing: no such folder"):
         load_dataset(f"tfds:{tmp_path / 'missing'}", (8, 8), 3)
     with pytest.raises(ValueError, match=r"tfds:.*/src: no dataset_info.json in it or in a version folder"):
