@@ -27,7 +27,10 @@ are missing, so the line names the address, the count expected and this process'
 processes register themselves through the service's key-value store to find out: in jax 0.10 the
 connect's ``RegisterTask`` call itself waits until every process has registered, and a key-value call
 made from another thread before it returns aborts the process ("wrong service incarnation"); at the
-deadline the runtime's own error is ``DEADLINE_EXCEEDED`` on ``RegisterTask``, naming no process.
+deadline the runtime's own error is ``DEADLINE_EXCEEDED`` on ``RegisterTask``, naming no process. Only the
+service's own register barrier names them ("Some timed out task names: 2"), in the text of the abort it
+causes in every process, and only when its ``cluster_register_timeout`` (which ``jax.distributed.initialize``
+does not expose) expires first.
 
 Before any work, ``Cluster.agree`` has every process publish its run's fields (what decides the
 result: the run config, the model flags, the absolute run folder) and their sha256 through the
