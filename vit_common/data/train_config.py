@@ -47,6 +47,7 @@ class TrainConfig:
             "per class; PATH/train + PATH/val or split by --val-fraction), hf:PATH (a Hugging Face dataset: "
             "a save_to_disk folder or a folder of Parquet files; Image and ClassLabel columns), "
             "arrayrecord:PATTERN (a folder or glob of ArrayRecord files that `vit data convert` writes), "
+            "tfds:PATH (a TensorFlow Datasets folder prepared as ArrayRecord, read without TensorFlow), "
             "npz:PATH (x, y arrays)"
         ),
     )

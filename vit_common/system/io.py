@@ -274,6 +274,27 @@ def check_writable(path: str | os.PathLike) -> None:
         raise PermissionError(f"{path}: cannot be written (folder {folder} is not writable); choose another path")
 
 
+FOLDER_OVERHEAD = 256 << 10  # bytes a checkpoint folder needs beside its arrays (metadata, index, block rounding)
+
+
+def check_free_space(folder: str | os.PathLike, nbytes: int) -> None:
+    """Raise before a write of about ``nbytes`` (plus ``FOLDER_OVERHEAD``) into ``folder`` that cannot fit
+    in the space its file system has free for this user (``os.statvfs``'s ``f_bavail``).
+
+    Raises:
+        OSError: ENOSPC, saying how much is needed and how much is free (``atomic_write`` /
+            ``atomic_write_dir`` name the destination).
+    """
+    st = os.statvfs(folder)
+    free, need = st.f_bavail * st.f_frsize, nbytes + FOLDER_OVERHEAD
+    if free < need:
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: needs {_size(need)}, {_size(free)} free")
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB" if nbytes >= 10 << 20 else f"{nbytes >> 10} KiB"
+
+
 def _failed(path: Path, e: BaseException, existed: bool) -> BaseException:
     """``e`` as one line naming the destination if it is an OSError (a full disk, a quota, a permission)
     or the writing library's own error on a full disk (safetensors and torch raise their own types);
