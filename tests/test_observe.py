@@ -83,11 +83,13 @@ def test_no_mfu_without_a_known_peak(tmp_path):
         (["--profile-steps", "5:7"], "vit train: error: --profile-steps 5:7: the run has steps 1 to 6"),
         (
             ["--tensorboard", "{tmp}/f/tb"],
-            "vit train: error: --tensorboard {tmp}/f/tb: {tmp}/f is not a folder",
+            "vit train: error: --tensorboard {tmp}/f/tb: cannot be written ({tmp}/f is not a folder); "
+            "choose another path",
         ),
         pytest.param(
             ["--tensorboard", "{tmp}/locked/tb"],
-            "vit train: error: --tensorboard {tmp}/locked/tb: {tmp}/locked is not writable",
+            "vit train: error: --tensorboard {tmp}/locked/tb: cannot be written (folder {tmp}/locked is not writable); "
+            "choose another path",
             marks=pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only folder"),
         ),
     ],

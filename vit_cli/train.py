@@ -79,24 +79,6 @@ def tensorboard_dir(args: argparse.Namespace, out: Path) -> Path | None:
     return Path(args.tensorboard) if args.tensorboard else out / "tensorboard"
 
 
-def check_writable(folder: Path | None, flag: str) -> None:
-    """Refuse, before any work, a folder that cannot be made or written: its nearest existing ancestor
-    must be a folder this process may write into (nothing is created here).
-
-    Raises:
-        ValueError: naming ``flag``, the folder and why.
-    """
-    if folder is None:
-        return
-    here = folder.absolute()
-    while not here.exists() and not here.is_symlink():
-        here = here.parent
-    if not here.is_dir():
-        raise ValueError(f"{flag} {folder}: {here} is not a folder")
-    if not os.access(here, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {folder}: {here} is not writable")
-
-
 def default_cache_dir() -> str:
     """Where the compilation cache goes by default: $JAX_COMPILATION_CACHE_DIR if set, else
     $XDG_CACHE_HOME/vit-twins/jax (``~/.cache/vit-twins/jax``)."""
@@ -313,7 +295,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / args.dataset.split(":")[0])
     io.check_apart(out, {"--init": tcfg.init})  # the exports would replace the checkpoint being fine-tuned
     check_outside(tcfg.dataset, out)  # before the lock makes the folder
-    check_writable(tensorboard_dir(args, out), "--tensorboard")
+    if tensorboard_dir(args, out) is not None:
+        io.check_writable(tensorboard_dir(args, out), "--tensorboard", folder=True)
     spec = run_spec(args, tcfg, out)
 
     from vit_jax.run import run_training
