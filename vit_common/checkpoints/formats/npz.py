@@ -327,8 +327,11 @@ def read(
         t = {k: v for k, v in t.items() if not k.startswith(prefix + "head/")}
         f["num_classes"] = 0
     f["gelu"], f["ln_eps"] = "tanh", 1e-6
-    prov["gelu"] = assumed("not stored; the original ViT and big_vision use flax nn.gelu (tanh approximation)")
-    prov["ln_eps"] = assumed("not stored; flax LayerNorm's eps 1e-6")
+    prov["gelu"] = assumed(
+        ".npz files cannot hold the GELU, even one given when this file was written; the original ViT and "
+        "big_vision use flax nn.gelu (tanh approximation)"
+    )
+    prov["ln_eps"] = assumed(".npz files cannot hold the LayerNorm eps; flax LayerNorm's eps 1e-6")
     f["posemb_resample"] = "bilinear_corners"  # big_vision / original ViT resample with scipy zoom order 1
     dt = common_float_dtype(t)
     if dt in ("float32", "float64", "bfloat16", "float16"):
