@@ -68,7 +68,8 @@ def test_pooling_a_timm_file_cannot_show_is_warned_and_the_flag_gives_timm_exact
     path = tmp_path / "t.safetensors"
     save_file({k: v.contiguous() for k, v in tm.state_dict().items()}, path)
     report = load_checkpoint(path).report
-    assert "pool" in report.assumed and any(w.startswith("pool=") and "--set pool=" in w for w in report.warnings)
+    assert "pool" in report.assumed and any(line.startswith("pool = ") for line in report.assumptions)
+    assert "--set FIELD=VALUE" in report.assumption_block()[0]
     if kw.get("reg_tokens"):
         assert "pool_include_prefix" in report.assumed
     with pytest.raises(FormatError, match="strict reading refuses assumptions.*pool"):
@@ -125,7 +126,9 @@ def test_parity_verdict_names_a_guessed_head_count_and_our_timm_export_needs_no_
     save_file({k: v.contiguous() for k, v in tm.state_dict().items()}, path)
     assert main(["parity", str(path), "--against", "timm", "--json", str(tmp_path / "p.json")]) == 0
     out = capsys.readouterr().out
-    assert "PASS UNDER ASSUMPTIONS" in out and "num_heads=1" in out and "not equal to the model that wrote" in out
+    assert "PASS UNDER ASSUMPTIONS (6 fields assumed: image_size, num_heads, ln_eps, gelu, pool, posemb_prefix)" in out
+    assert "\n  num_heads = 1 (not stored; width / 64 (head_dim 64))\n" in out
+    assert "not equal to the model that wrote" in out
     assert "num_heads=1" in json.loads((tmp_path / "p.json").read_text())["assumed"]
     x = images(2, (32, 32))
     ref = _out(tm, x)

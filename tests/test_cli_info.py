@@ -49,9 +49,11 @@ def test_info_of_a_checkpoint_prints_the_provenance_of_each_field(tmp_path, caps
     assert "timm (timm state_dict)" in out and f"{small_cfg.param_count():,}" in out
     lines = {line.split()[0]: line for line in out.splitlines() if " = " in line}
     assert "derived" in lines["width"] and "tensor shapes" in lines["width"]
-    assert "assumed" in lines["gelu"] and "<- assumed" in lines["gelu"]
+    assert lines["gelu"].strip() == "gelu = 'exact' (not stored; timm's default nn.GELU (exact erf))"
     assert "run-time" in lines["dropout"]
-    assert "WARNING         num_heads=2 is assumed" in out and "--set num_heads=VALUE" in out
+    assert "  assumed         6 fields assumed: image_size, num_heads, ln_eps, gelu, pool, posemb_prefix (" in out
+    named = [line.split()[0] for line in out.splitlines() if " = " in line]
+    assert "WARNING" not in out and len(named) == len(set(named)), "each field on one line, assumed ones in the block"
     assert main(["info", str(tmp_path / "timm.safetensors"), "--set", "num_heads=2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["provenance"]["num_heads"] == {"kind": "given", "source": "passed by the caller"}

@@ -49,8 +49,11 @@ def test_assumptions_are_one_warning_line_each(tmp_path, capsys):
     Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / "x.png")
     assert main(["predict", str(tmp_path / "t.safetensors"), str(tmp_path / "x.png"), "--set", "num_heads=2"]) == 0
     err = capsys.readouterr().err.splitlines()
-    assert err and all(line.startswith(f"vit: warning: {tmp_path / 't.safetensors'}: ") for line in err), err
-    assert any("gelu='exact' is assumed" in line for line in err) and not any("num_heads" in line for line in err)
+    head = f"vit: warning: {tmp_path / 't.safetensors'}: "
+    assert err[0].startswith(head + "5 fields assumed: image_size, ln_eps, gelu, pool, posemb_prefix ("), err
+    assert err[3] == "  gelu = 'exact' (not stored; timm's default nn.GELU (exact erf))"
+    assert all(line.startswith("  ") for line in err[1:6]) and all(line.startswith(head) for line in err[6:])
+    assert not any("num_heads" in line for line in err)
 
 
 @pytest.fixture

@@ -547,9 +547,11 @@ def test_assumed_fields_are_warned_with_their_flag_and_strict_refuses_them(tmp_p
     save_safetensors(tmp_path / "t.safetensors", random_state(cfg))
     report = load_checkpoint(tmp_path / "t.safetensors").report
     assert report.assumed == ["image_size", "num_heads", "ln_eps", "gelu", "pool", "posemb_prefix"]
-    heads = next(w for w in report.warnings if w.startswith("num_heads=2"))
-    assert "width / 64" in heads and "--set num_heads=VALUE (num_heads=VALUE)" in heads
-    assert any("--source-image-size HxW" in w for w in report.warnings)
+    block = report.assumption_block()
+    assert len(block) == 7 and report.warnings == []
+    assert block[0].startswith("6 fields assumed: image_size, num_heads, ln_eps, gelu, pool, posemb_prefix (")
+    assert "--set FIELD=VALUE (the size: --source-image-size HxW)" in block[0]
+    assert block[2] == "  num_heads = 2 (not stored; width / 64 (head_dim 64))"
     given = dict(num_heads=4, gelu="exact", ln_eps=1e-6, pool="token", source_image_size=32)
     quiet = load_checkpoint(tmp_path / "t.safetensors", strict=True, **given)
     assert quiet.report.warnings == [] and quiet.cfg == cfg
@@ -558,7 +560,7 @@ def test_assumed_fields_are_warned_with_their_flag_and_strict_refuses_them(tmp_p
         load_checkpoint(tmp_path / "t.safetensors", strict=True)
     with pytest.warns(UserWarning) as issued:
         assert read_checkpoint(tmp_path / "t.safetensors")[0].num_heads == 2
-    assert len(issued) == len(report.warnings) and any("num_heads=2 is assumed" in str(w.message) for w in issued)
+    assert len(issued) == 1 and str(issued[0].message) == f"{tmp_path / 't.safetensors'}: " + "\n".join(block)
 
 
 def test_writes_refuse_a_folder_path_and_get_the_usual_file_mode(tmp_path, small_cfg, random_state):
@@ -631,7 +633,10 @@ def test_assumed_fields_stay_assumed_through_a_conversion(tmp_path, small_cfg, r
         with pytest.raises(FormatError, match="strict reading refuses"):
             load_checkpoint(tmp_path / name, strict=True)
     report = convert(tmp_path / "bare.safetensors", tmp_path / "b.npz", num_heads=2, gelu="exact", ln_eps=1e-6)
-    assert any(w.startswith("pool='token' was assumed") and "cannot record that" in w for w in report.warnings)
+    assert report.warnings[-1] == (
+        "big_vision files cannot record that image_size, pool, posemb_prefix were assumed (the source did not state "
+        "them): readers of this file will take them as derived"
+    )
 
 
 def test_a_given_head_count_is_used_where_no_rule_guesses_one(tmp_path):

@@ -141,9 +141,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Read SRC (format detected from its contents) and write DST. Prints what was read "
         "(format, variant, parameter count), where each config field came from (declared by the file, "
         "derived from tensor shapes, assumed, or given by you), what was dropped or resampled and why, "
-        "and the timm or transformers code that loads DST strictly. Every assumed field that changes the "
-        f"model is a warning naming its flag; --strict refuses them. Formats: {formats}. Nothing is "
-        "written unless the whole conversion succeeds.",
+        "and the timm or transformers code that loads DST strictly. The assumed fields that change the "
+        "model are listed in one block and named on the 'wrote' line; --strict refuses them. "
+        f"Formats: {formats}. Nothing is written unless the whole conversion succeeds.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("src", help="checkpoint file or folder to read")

@@ -68,6 +68,8 @@ def _checkpoint(args: argparse.Namespace) -> int:
         print(f"  dropped         {k}: {why}")
     for n in report.notes:
         print(f"  note            {n}")
+    for i, line in enumerate(report.assumption_block()):
+        print(f"  {'assumed' if i == 0 else '':16s}{line}")
     for w in report.warnings:
         print(f"  WARNING         {w}")
     return 0

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
+from vit_common.checkpoints.formats.provenance import assumed_summary, assumption_block, provenance_table
 from vit_common.system.io import check_destination, write_json
 from vit_common.system.validate import arg, int_in
 from vit_common.tolerance import Comparison, compare
@@ -117,10 +118,11 @@ class ParityResult:
         if not self.assumed:
             return "PASS: every tensor within its tolerance" + rows
         lib = f" and {self.against}" if self.against else ""
+        names = [a.partition("=")[0] for a in self.assumed]
         return (
-            f"PASS UNDER ASSUMPTIONS: every tensor within its tolerance, which proves the twins{lib} equal to "
-            f"each other with {', '.join(self.assumed)} as assumed, not equal to the model that wrote the file "
-            "(it does not state these; pass them with --set / --source-image-size, or --strict to refuse)" + rows
+            f"PASS UNDER ASSUMPTIONS ({assumed_summary(names)}): every tensor within its tolerance, which proves "
+            f"the twins{lib} equal to each other with these as assumed, not equal to the model that wrote the "
+            "file (it does not state them; pass them with --set / --source-image-size, or --strict to refuse)" + rows
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -189,23 +191,17 @@ def _against_timm(cfg, state, x, dtype):
     return {k: v.numpy() for k, v in out.items()}
 
 
-def _against_transformers(cfg, state, x, dtype):
+def _against_transformers(cfg, state, x, dtype, source):
+    """transformers' model of ``cfg`` (``vit_torch.oracles.hf_model``: the class of the source folder's
+    model type where transformers defines the source format, ``source`` being its report) on ``x``."""
     import torch
 
-    from vit_torch.oracles import hf_model
+    from vit_torch.oracles import hf_model, transformers_outputs
 
-    model = hf_model(cfg.replace(param_dtype=dtype), {k: np.asarray(v).astype(dtype) for k, v in state.items()})
+    state = {k: np.asarray(v).astype(dtype) for k, v in state.items()}
+    model = hf_model(cfg.replace(param_dtype=dtype), state, fmt=source.format, model_type=source.model_type or None)
     with torch.no_grad():
-        res = model(torch.from_numpy(x), output_hidden_states=True, output_attentions=True)
-    out = {"pos_embed": res.hidden_states[0]}
-    out |= {f"block{i:02d}": h for i, h in enumerate(res.hidden_states[1:])}
-    out |= {f"attn{i:02d}": a for i, a in enumerate(res.attentions)}
-    if cfg.num_classes:
-        out["logits"] = res.logits
-    else:
-        out["norm"] = res.last_hidden_state
-        if res.pooler_output is not None:
-            out["pre_logits"] = out["logits"] = res.pooler_output
+        out = transformers_outputs(model, torch.from_numpy(x), cfg)
     return {k: v.numpy() for k, v in out.items()}
 
 
@@ -269,7 +265,7 @@ def run_parity(
         if against == "timm":
             out_a = _against_timm(ckpt.cfg, ckpt.state, x, dtype)
         elif against == "transformers":
-            out_a = _against_transformers(ckpt.cfg, ckpt.state, x, dtype)
+            out_a = _against_transformers(ckpt.cfg, ckpt.state, x, dtype, ckpt.report)
     rows = []
     for name, ref in out_t.items():
         what = "attention" if name.startswith("attn") else "tensor"
@@ -321,12 +317,10 @@ def format_table(result: ParityResult) -> str:
         head += f"   | {lib + ' max abs':>20}{'rel':>11}  ok"
     config = result.conversion.get("config") or {}
     provenance = result.conversion.get("provenance", {})
+    assumed = result.conversion.get("assumed", [])
     lines = [f"config of {result.checkpoint} ({result.format}): value, then where it came from"]
-    lines += [
-        f"  {k:20s} = {config.get(k)!r:24s} {o['kind']:9s} {o['source']}"
-        + ("  <- assumed" if k in result.conversion.get("assumed", []) else "")
-        for k, o in provenance.items()
-    ]
+    lines += [f"  {line}" for line in provenance_table(config, provenance, assumed)]
+    lines += assumption_block(assumed, result.conversion.get("assumptions", []))
     lines += [
         f"parity of {result.checkpoint} ({result.format}, {result.variant}), {result.dtype}, "
         f"{len(result.images)} image(s): JAX twin vs torch twin" + (f", and {lib} vs torch twin" if lib else ""),

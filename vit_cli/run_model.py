@@ -25,8 +25,9 @@ def load(path, framework: str, options=()):
 def load_with_info(path, framework: str, options=(), preprocess: dict | None = None, classes=None):
     """(model in eval mode, ``vit_common.checkpoints.metadata.ModelInfo``) of the checkpoint at ``path`` in the twin
     ``framework`` ('jax' | 'torch'), ``options`` as ``load``; ``preprocess`` fields and ``classes`` given
-    on the command line replace what the file says. The conversion's warnings (guessed fields) and
-    assumed preprocessing are printed to stderr, a line each ("vit: warning: PATH: ...").
+    on the command line replace what the file says. The assumed fields (one block: a line naming them,
+    then one per field), the conversion's other warnings and assumed preprocessing are printed to
+    stderr ("vit: warning: PATH: ...").
 
     Raises:
         ValueError: an unknown framework; what ``vit_common.checkpoints.convert.load_checkpoint`` raises.
@@ -44,6 +45,9 @@ def load_with_info(path, framework: str, options=(), preprocess: dict | None = N
         raise ValueError(f"framework={framework!r}: expected 'jax' or 'torch'")
     ckpt = load_checkpoint(path, readers=READERS, **dict(options))
     info = with_overrides(ckpt.info, preprocess or {}, classes)
+    block = ckpt.report.assumption_block()
+    if block:
+        print(f"vit: warning: {path}: {block[0]}", *block[1:], sep="\n", file=sys.stderr)
     for w in [*ckpt.report.warnings, *info.warnings]:
         print(f"vit: warning: {path}: {w}", file=sys.stderr)
     if info.classes is None:

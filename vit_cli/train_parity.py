@@ -8,7 +8,8 @@ twins part, 2 on bad input.
 input pipeline (``vit_jax.train.Trainer.train_iterator``: augmentation, mixup / cutmix and padding drawn
 in numpy), takes K optimizer steps in each (``vit_jax.train`` with optax, ``vit_torch.train`` with
 torch.optim), and after every step compares the loss, the gradient norm, the learning rate, every
-parameter and both Adam moments by canonical name. Drop path runs in the parity mode: both twins take
+parameter and both Adam moments by canonical name, and with ``--ema`` the moving averages of the weights
+(``vit_jax.train.ema_update`` against ``vit_torch.train.ModelEma``). Drop path runs in the parity mode: both twins take
 the same masks, drawn in numpy per step (``drop_path_masks``); dropout has no parity mode yet, so a
 config with dropout is refused.
 
@@ -46,8 +47,8 @@ def drop_path_masks(cfg: ViTConfig, seed: int, step: int, batch_size: int) -> np
 @dataclass
 class StepRow:
     """One optimizer step of both twins: (JAX, torch) metrics, and the largest relative difference
-    (max |JAX - torch| / max |torch| of a tensor) over the parameters and each Adam moment, with the
-    tensor that has it."""
+    (max |JAX - torch| / max |torch| of a tensor) over the parameters, each Adam moment and (with an
+    EMA, else 0 and "") the moving average of the weights, with the tensor that has it."""
 
     step: int
     loss: tuple[float, float]
@@ -59,10 +60,12 @@ class StepRow:
     mu_worst: str
     nu: float
     nu_worst: str
+    ema: float = 0.0
+    ema_worst: str = ""
 
     @property
     def worst(self) -> float:
-        return max(self.params, self.mu, self.nu)
+        return max(self.params, self.mu, self.nu, self.ema)
 
 
 @dataclass
@@ -81,6 +84,11 @@ class TrainParity:
     @property
     def ok(self) -> bool:
         return self.first_bad_step is None
+
+    @property
+    def has_ema(self) -> bool:
+        """Whether the rows compare moving averages of the weights too (``--ema``)."""
+        return any(r.ema_worst for r in self.rows)
 
     def to_dict(self) -> dict:
         return {
@@ -132,8 +140,8 @@ def compare_training(
 
     Raises:
         ValueError: steps < 1 or more than the run has, a config with dropout or attention dropout (no
-            parity mode), configs whose batches differ (batch size, epochs, seed, augmentation), or
-            anything the trainers refuse.
+            parity mode), configs whose batches differ (batch size, epochs, seed, augmentation), an EMA
+            in one twin only, or anything the trainers refuse.
     """
     import vit_jax.train as jt
     import vit_torch.train as tt
@@ -149,6 +157,8 @@ def compare_training(
     differ = [k for k in same if getattr(tcfg, k) != getattr(torch_tcfg, k)]
     if differ:
         raise ValueError(f"the twins' train configs differ in {differ}: their batches would not be the same")
+    if (tcfg.ema is None) != (torch_tcfg.ema is None):
+        raise ValueError(f"ema={tcfg.ema} (JAX) and {torch_tcfg.ema} (torch): an EMA in both twins or in neither")
     total = batches_per_epoch(len(data.train), tcfg.batch_size) * tcfg.epochs
     if not 1 <= steps <= total:
         raise ValueError(f"steps={steps}: expected 1 <= K <= {total} (the run's steps)")
@@ -169,7 +179,12 @@ def compare_training(
             p = _largest(jax_trainer.weights(state), torch_trainer.weights(), "parameters", dtype)
             mu, nu = (_largest(a[m], b[m], m, dtype) for m in ("mu", "nu"))
             pairs = [(float(mj[key]), float(mt[key])) for key in ("loss", "grad_norm", "lr")]
-            out.rows.append(StepRow(k + 1, *pairs, *p, *mu, *nu))
+            ema = (
+                ()
+                if tcfg.ema is None
+                else _largest(jax_trainer.weights(state, ema=True), torch_trainer.weights(ema=True), "ema", dtype)
+            )
+            out.rows.append(StepRow(k + 1, *pairs, *p, *mu, *nu, *ema))
     finally:
         it.close()
         jax_trainer.close()
@@ -177,19 +192,22 @@ def compare_training(
 
 
 def format_table(result: TrainParity) -> str:
-    """One line a step: both losses, gradient norms and learning rates, the largest relative differences,
-    and the verdict against the bound."""
+    """One line a step: both losses, gradient norms and learning rates, the largest relative differences
+    (and the EMA's, when the run keeps one), and the verdict against the bound."""
     kind, bound = result.bound
+    has_ema = result.has_ema
     lines = [
         f"JAX ({result.recipes[0]}) vs torch ({result.recipes[1]}), {result.dtype}, bound {kind} {bound:.0e}",
         f"{'step':>4} {'loss jax':>12} {'loss torch':>12} {'grad_norm':>10} {'lr':>9} "
-        f"{'params':>9} {'mu':>9} {'nu':>9}  worst tensor",
+        f"{'params':>9} {'mu':>9} {'nu':>9}{' ' + 'ema'.rjust(9) if has_ema else ''}  worst tensor",
     ]
     for r in result.rows:
-        worst = max((r.params, r.params_worst), (r.mu, "mu " + r.mu_worst), (r.nu, "nu " + r.nu_worst))[1]
+        tables = [(r.params, r.params_worst), (r.mu, "mu " + r.mu_worst), (r.nu, "nu " + r.nu_worst)]
+        tables += [(r.ema, "ema " + r.ema_worst)] if has_ema else []
         lines.append(
             f"{r.step:>4} {r.loss[0]:>12.8f} {r.loss[1]:>12.8f} {r.grad_norm[1]:>10.4g} {r.lr[1]:>9.3g} "
-            f"{r.params:>9.2e} {r.mu:>9.2e} {r.nu:>9.2e}  {worst}{'' if r.worst <= bound else '  FAIL'}"
+            + " ".join(f"{v:>9.2e}" for v, _ in tables)
+            + f"  {max(tables)[1]}{'' if r.worst <= bound else '  FAIL'}"
         )
     bad = result.first_bad_step
     lines.append("verdict: ok" if bad is None else f"verdict: the twins part at step {bad}")
@@ -207,7 +225,7 @@ def plot(result: TrainParity, path: Path) -> None:
 
     steps = [r.step for r in result.rows]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for key in ("params", "mu", "nu"):
+    for key in ("params", "mu", "nu", *(("ema",) if result.has_ema else ())):
         ax.plot(steps, [max(getattr(r, key), 1e-300) for r in result.rows], marker="o", ms=3, label=key)
     ax.axhline(result.bound[1], color="k", ls="--", lw=1, label=f"bound {result.bound[1]:.0e}")
     ax.set_yscale("log")

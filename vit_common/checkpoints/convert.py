@@ -22,10 +22,11 @@ vit_jax.formats.read_orbax}`` and ``writers={"torch": ..., "orbax": ...}`` (``vi
 etc.). ``needs(path)`` says which one a path needs, so a caller imports only that framework.
 
 Every read checks that each file tensor is used exactly once and each canonical tensor is filled, records
-where each config field came from (declared, derived, assumed, given: ``formats.provenance.Origin``), warns
-each assumed field that changes the function with the flag that supplies it, and with ``strict=True``
-refuses them. Every write builds all tensors in memory first, reads them back through the same format
-(bit-exact, or it raises), writes atomically and says which library call loads the file strictly.
+where each config field came from (declared, derived, assumed, given: ``formats.provenance.Origin``), lists
+the assumed fields that change the function in one block (``Report.assumption_block``: how to supply
+them, then ``field = value (why)`` each), and with ``strict=True`` refuses them. Every write builds all
+tensors in memory first, reads them back through the same format (bit-exact, or it raises), writes
+atomically and says which library call loads the file strictly.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from vit_common.checkpoints.formats.provenance import (
     Origin,
     Report,
     assumed_fields,
+    assumption_line,
     build_config,
     flag_for,
 )
@@ -210,15 +212,6 @@ def _apply_overrides(dec: Decoded, overrides: Mapping[str, Any], context: str) -
         dec.cfg = build_config(dec.cfg.to_dict(), dec.provenance, rest, context)
 
 
-def assumption_warnings(cfg: ViTConfig, provenance: Mapping[str, Origin]) -> list[str]:
-    """One warning per assumed field that changes the function, naming the flag that supplies it."""
-    return [
-        f"{k}={getattr(cfg, k)!r} is assumed ({provenance[k].source}): wrong if the model was made "
-        f"otherwise; pass {flag_for(k)}"
-        for k in assumed_fields(cfg, provenance)
-    ]
-
-
 def load_checkpoint(
     path: str | os.PathLike | Source,
     *,
@@ -299,6 +292,7 @@ def load_checkpoint(
         provenance=dict(dec.provenance),
         dropped=list(src.dropped) + list(dec.dropped),
         notes=list(dec.notes),
+        model_type=dec.model_type,
     )
     # which of a training checkpoint's weight entries was read: a warning, so every command states it
     report.warnings += [f"{k!r}: {why}" for k, why in src.dropped if k in WEIGHT_ENTRIES]
@@ -317,7 +311,7 @@ def load_checkpoint(
             f"{path}: strict reading refuses assumptions, and the file does not say "
             + "; ".join(f"{k} (assumed {getattr(dec.cfg, k)!r}: pass {flag_for(k)})" for k in report.assumed)
         )
-    report.warnings += assumption_warnings(dec.cfg, report.provenance)
+    report.assumptions = [assumption_line(dec.cfg, k, report.provenance[k]) for k in report.assumed]
     report.warnings += [f"{k} holds NaN or Inf" for k in nonfinite(state)]
     report.config = cfg
     return Checkpoint(cfg, state, report, read_info(src, f))
@@ -326,10 +320,12 @@ def load_checkpoint(
 def read_checkpoint(path: str | os.PathLike, **kwargs: Any) -> tuple[ViTConfig, dict[str, np.ndarray]]:
     """(config, canonical state) of any supported checkpoint; arguments as ``load_checkpoint``.
 
-    The report's warnings (assumed fields, NaN/Inf tensors) are issued as ``UserWarning``s.
+    The assumed fields are issued as one ``UserWarning`` (the report's ``assumption_block``), the
+    report's other warnings (NaN/Inf tensors, the weights entry read) one each.
     """
     ckpt = load_checkpoint(path, **kwargs)
-    for w in ckpt.report.warnings:
+    block = ckpt.report.assumption_block()
+    for w in (["\n".join(block)] if block else []) + ckpt.report.warnings:
         warnings.warn(f"{path}: {w}", UserWarning, stacklevel=2)
     return ckpt.cfg, ckpt.state
 
@@ -358,16 +354,20 @@ def _read_back(f: Format, enc: Encoded, assumed: Sequence[str]) -> list[str]:
         value, back = getattr(enc.cfg, name), getattr(dec.cfg, name)
         if back != value:
             lost.append(
-                f"{f.name} files do not record {name}={value!r} (it reads back as {back!r}); pass "
+                f"{f.name} files cannot hold {name}={value!r} (it reads back as {back!r}); pass "
                 f"{flag_for(name, value)} when reading the file"
             )
+    hardened = {}
     for name in assumed:
         origin = dec.provenance.get(name)
         if origin is not None and origin.kind != ASSUMED and getattr(enc.cfg, name) == getattr(dec.cfg, name):
-            lost.append(
-                f"{name}={getattr(enc.cfg, name)!r} was assumed (its source did not state it), and {f.name} files "
-                f"cannot record that: readers of this file will take it as {origin.kind}"
-            )
+            hardened.setdefault(origin.kind, []).append(name)
+    lost += [
+        f"{f.name} files cannot record that {', '.join(names)} {'was' if len(names) == 1 else 'were'} assumed "
+        f"(the source did not state {'it' if len(names) == 1 else 'them'}): readers of this file will take "
+        f"{'it' if len(names) == 1 else 'them'} as {kind}"
+        for kind, names in hardened.items()
+    ]
     return lost
 
 
@@ -469,7 +469,8 @@ def convert(
 
     Preprocessing and class names that ``src`` declares (``vit_common.checkpoints.metadata``) are written where
     ``dst``'s format holds them; assumed ones are not (the destination would declare a guess), nor class
-    names for a replaced head.
+    names for a replaced head. Write options left unset are completed from the source by ``dst``'s format
+    (``Format.complete_options``: an hf_family folder read from a ``vit_mae`` folder is written as one).
 
     Raises:
         ValueError: ``dst`` is ``src``, lies inside it or holds it (the source would be replaced by its own
@@ -484,13 +485,15 @@ def convert(
         preprocess=info.preprocess if info.preprocess_source.startswith("declared") else None,
         classes=info.classes if info.classes is not None and len(info.classes) == ckpt.cfg.num_classes else None,
     )
+    f = _format(to_fmt or output_format(dst))
+    options = f.complete_options(f.write_options() if write_options is None else write_options, ckpt.report)
     out = save_checkpoint(
         dst,
         ckpt.cfg,
         ckpt.state,
         to_fmt,
         writers=writers,
-        options=write_options,
+        options=options,
         assumed=ckpt.report.assumed,
         accept_assumed=accept_assumed,
         **declared,

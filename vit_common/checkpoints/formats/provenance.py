@@ -218,8 +218,10 @@ class Report:
     """What a conversion read, where each config field came from, what it dropped, resampled and wrote.
 
     ``provenance`` maps each config field that changes the function to its ``Origin``; ``assumed``
-    lists those that were assumed and matter (each also has a warning naming its flag).
+    lists those that were assumed and matter, ``assumptions`` one line for each, ``field = value (why)``
+    (printed as one block, ``assumption_block``, and named in the summary, ``assumed_summary``).
     ``load_call`` is the library code that loads a written file strictly (timm or transformers).
+    ``model_type`` is the transformers model_type an HF source folder declares ('' for other sources).
     """
 
     source: str = ""
@@ -228,6 +230,7 @@ class Report:
     tensors_read: int = 0
     provenance: dict[str, Origin] = field(default_factory=dict)
     assumed: list[str] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
     dropped: list[tuple[str, str]] = field(default_factory=list)
     resampled: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -236,6 +239,7 @@ class Report:
     written: str = ""
     written_format: str = ""
     load_call: str = ""
+    model_type: str = ""
 
     @property
     def variant(self) -> str:
@@ -248,13 +252,18 @@ class Report:
         return f"custom (width {cfg.width}, depth {cfg.depth}, heads {cfg.num_heads}, mlp {cfg.mlp_dim}, patch {p})"
 
     def provenance_lines(self) -> list[str]:
-        """One line per config field: name, value, kind and source (assumed fields marked)."""
-        cfg = self.config
-        out = []
-        for k, origin in self.provenance.items():
-            mark = "  <- assumed" if k in self.assumed else ""
-            out.append(f"{k:20s} = {getattr(cfg, k, '?')!r:24s} {origin.kind:9s} {origin.source}{mark}")
-        return out
+        """One line per config field but the assumed ones (``assumption_block`` lists those): name,
+        value, kind and source."""
+        return provenance_table(self.config.to_dict() if self.config else {}, self.provenance, self.assumed)
+
+    @property
+    def assumed_summary(self) -> str:
+        """'3 fields assumed: gelu, ln_eps, num_heads', or '' when nothing was assumed."""
+        return assumed_summary(self.assumed)
+
+    def assumption_block(self) -> list[str]:
+        """The assumed fields as one block (``assumption_block``); [] when nothing was assumed."""
+        return assumption_block(self.assumed, self.assumptions)
 
     def lines(self) -> list[str]:
         cfg = self.config
@@ -272,9 +281,11 @@ class Report:
         out += [f"dropped  {k}: {why}" for k, why in self.dropped]
         out += [f"resampled {r}" for r in self.resampled]
         out += [f"note     {n}" for n in self.notes]
+        out += [f"{'assumed' if i == 0 else '':9s}{line}" for i, line in enumerate(self.assumption_block())]
         out += [f"WARNING  {w}" for w in self.warnings]
         if self.written:
-            out.append(f"wrote    {self.written} ({self.written_format})")
+            summary = f"; {self.assumed_summary}" if self.assumed else ""
+            out.append(f"wrote    {self.written} ({self.written_format}){summary}")
         if self.load_call:
             out.append("load it with:")
             out += [f"    {line}" for line in self.load_call.splitlines()]
@@ -293,6 +304,7 @@ class Report:
             "tensors_read": self.tensors_read,
             "provenance": {k: {"kind": o.kind, "source": o.source} for k, o in self.provenance.items()},
             "assumed": list(self.assumed),
+            "assumptions": list(self.assumptions),
             "dropped": [list(d) for d in self.dropped],
             "resampled": list(self.resampled),
             "notes": list(self.notes),
@@ -301,7 +313,47 @@ class Report:
             "written": self.written,
             "written_format": self.written_format,
             "load_call": self.load_call,
+            "model_type": self.model_type,
         }
+
+
+def provenance_table(config: Mapping[str, Any], provenance: Mapping[str, Origin | Mapping], skip=()) -> list[str]:
+    """One line per field of ``provenance`` not in ``skip``: name, its value in ``config`` (a
+    ``ViTConfig.to_dict()``), kind and source. ``provenance`` values are Origins or their dicts."""
+    out = []
+    for k, o in provenance.items():
+        if k not in skip:
+            kind, source = (o.kind, o.source) if isinstance(o, Origin) else (o["kind"], o["source"])
+            value = config.get(k, "?")
+            value = tuple(value) if isinstance(value, list) else value
+            out.append(f"{k:20s} = {value!r:24s} {kind:9s} {source}")
+    return out
+
+
+def assumption_line(cfg: ViTConfig, name: str, origin: Origin) -> str:
+    """``field = value (why)`` of an assumed field, as ``Report.assumptions`` holds it."""
+    return f"{name} = {getattr(cfg, name)!r} ({origin.source})"
+
+
+def assumed_summary(names) -> str:
+    """'3 fields assumed: gelu, ln_eps, num_heads' (or '1 field assumed: gelu'); '' for no names."""
+    if not names:
+        return ""
+    return f"{len(names)} field{'s' if len(names) != 1 else ''} assumed: {', '.join(names)}"
+
+
+def assumption_block(names, lines) -> list[str]:
+    """What was assumed, as one block: a header line (how many, which, how to give them) and one line
+    per field, ``field = value (why)`` (``lines``, from ``assumption_line``), indented; [] for no names.
+    Every command that reads a checkpoint prints it instead of one warning per field."""
+    if not names:
+        return []
+    how = "--set FIELD=VALUE" + (" (the size: --source-image-size HxW)" if "image_size" in names else "")
+    head = (
+        f"{assumed_summary(names)} (the file does not state them; wrong if the model was made otherwise: "
+        f"give each with {how}, or --strict to refuse)"
+    )
+    return [head] + [f"  {line}" for line in lines]
 
 
 def build_config(fields: dict, provenance: dict[str, Origin], overrides: Mapping, context: str) -> ViTConfig:
