@@ -24,6 +24,7 @@ from vit_cli.convert import add_accept_assumed, add_checkpoint_arguments, checkp
 from vit_cli.flags import add_flags, flag_name, values
 from vit_cli.main import HelpFormatter
 from vit_cli.run_model import class_list
+from vit_common.checkpoints.formats.source import training_weights_entry, weights_entry
 from vit_common.config import VARIANTS, ViTConfig
 from vit_common.data.datasets import Augment, check_outside, natural_images
 from vit_common.data.images import Preprocess
@@ -153,7 +154,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a = p.add_argument_group("augmentation (defaults: image folders --crop-scale 0.08 --flip, others --shift 2)")
     add_flags(a, Augment, given_only=True, defaults_help=dict.fromkeys(Augment.__dataclass_fields__, "see above"))
     f = p.add_argument_group("fine-tuning")
-    add_flags(f, TrainConfig, only=("init", "freeze", "layer_decay"))
+    add_flags(f, TrainConfig, only=("init", "init_optimizer", "freeze", "layer_decay"))
     add_checkpoint_arguments(f, set_also="; without --init, a field of the new model, e.g. gelu or ln_eps")
     add_accept_assumed(f)
     pre = p.add_argument_group(
@@ -430,6 +431,7 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float, stop=None) 
     from vit_common.data.datasets import read_dataset
     from vit_common.system.peaks import datasheet_peak
     from vit_jax.finetune import check_exports, export, export_targets, init_record, load_init, resumed_init
+    from vit_jax.optimizer_state import check_moments
     from vit_jax.train import (
         NonFiniteError,
         Trainer,
@@ -470,7 +472,7 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float, stop=None) 
 
     raw = named(read_dataset(tcfg.dataset, val_fraction=tcfg.val_fraction))  # its classes and channels
     preprocess_flags = values(Preprocess, args)
-    weights, report, torch_io = None, None, False
+    weights, moments, report, torch_io = None, None, None, False
     saved = io.read_json(out / "config.json") if args.resume and (out / "config.json").is_file() else {}
     size = None if args.image_size is None else (args.image_size, args.image_size)
     if tcfg.init and "init" in saved and saved_steps(out / "checkpoints"):  # the checkpoint holds the weights
@@ -484,15 +486,23 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float, stop=None) 
     elif tcfg.init:
         log(f"vit train: fine-tuning {tcfg.init}")
         torch_io = needs(tcfg.init) == "torch"
-        init = load_init(
-            tcfg.init,
-            raw,
-            image_size=size,
-            given=init_fields(args),
-            options=checkpoint_options(args),
-            preprocess=preprocess_flags,
-            readers=_torch_formats().READERS if torch_io else None,
-        )
+        if tcfg.init_optimizer and not torch_io:
+            raise ValueError(f"--init-optimizer: {tcfg.init} is no PyTorch training checkpoint (timm's .pth.tar)")
+        entry = training_weights_entry(args.weights_entry) if tcfg.init_optimizer else args.weights_entry
+        with weights_entry(entry):
+            init = load_init(
+                tcfg.init,
+                raw,
+                image_size=size,
+                given=init_fields(args),
+                options=checkpoint_options(args),
+                preprocess=preprocess_flags,
+                readers=_torch_formats().READERS if torch_io else None,
+            )
+        if tcfg.init_optimizer:
+            moments = _torch_formats().read_timm_optimizer(tcfg.init, entry)
+            check_moments(moments, init.weights)
+            log(f"  continuing the AdamW state of {tcfg.init} ({entry!r}, {moments['count']} steps taken)")
         cfg, weights, info, data, report = init.cfg, init.weights, init.info, init.data, init.report
         for line in report.lines():
             log(f"  {line}")
@@ -517,7 +527,7 @@ def train(args: argparse.Namespace, tcfg, out: Path, started: float, stop=None) 
         workers = 0 if data.in_memory else cores
     if lead:  # the exports are refused now, not after the training
         check_exports(out, cfg, report, args.accept_assumed)
-    trainer = Trainer(cfg, tcfg, data, preprocess=preprocess, weights=weights, workers=workers)
+    trainer = Trainer(cfg, tcfg, data, preprocess=preprocess, weights=weights, moments=moments, workers=workers)
     if tcfg.warmup_steps >= trainer.total_steps > 1:
         log(
             f"vit train: warning: --warmup-steps {tcfg.warmup_steps} is not below the run's {trainer.total_steps} "

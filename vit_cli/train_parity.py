@@ -8,9 +8,9 @@ twins part, 2 on bad input.
 input pipeline (``vit_jax.train.Trainer.train_iterator``: augmentation, mixup / cutmix and padding drawn
 in numpy), takes K optimizer steps in each (``vit_jax.train`` with optax, ``vit_torch.train`` with
 torch.optim), and after every step compares the loss, the gradient norm, the learning rate, every
-parameter and both Adam moments by canonical name. Drop path runs in the parity mode: both twins take
-the same masks, drawn in numpy per step (``drop_path_masks``); dropout has no parity mode yet, so a
-config with dropout is refused.
+parameter and both Adam moments by canonical name. Drop path, dropout and attention dropout run in the
+parity mode: both twins take the same keep masks, drawn in numpy per step (``drop_path_masks``,
+``dropout_masks``).
 
 Each twin may run its own ``TrainConfig`` (another recipe, another weight decay): a run of one recipe
 against another shows at which step and in which tensor they part. Bounds: ``vit_common.tolerance``'s
@@ -32,6 +32,7 @@ from vit_common.recipes import get_recipe
 from vit_common.tolerance import compare, tolerance
 
 _DROP = 2  # first word of the drop-path masks' seeds (the pipeline's examples use 0, its batches 1)
+_DROPOUT = 3  # first word of the dropout masks' seeds
 
 
 def drop_path_masks(cfg: ViTConfig, seed: int, step: int, batch_size: int) -> np.ndarray:
@@ -41,6 +42,41 @@ def drop_path_masks(cfg: ViTConfig, seed: int, step: int, batch_size: int) -> np
     rates = np.linspace(0.0, cfg.drop_path, cfg.depth) if cfg.depth > 1 else np.array([cfg.drop_path])
     rng = np.random.default_rng((seed, _DROP, step))
     return (rng.random((batch_size, cfg.depth, 2)) >= rates[None, :, None]).astype(np.float32)
+
+
+def dropout_sites(cfg: ViTConfig, batch_size: int) -> dict[str, tuple[tuple[int, ...], float]]:
+    """{module path: (input shape, rate)} of every live dropout of both twins' training forward, in
+    the order of the forward: "pos_drop" [B, L, D], per block i "blocks.{i}.attn.attn_drop" [B, N, L, L]
+    (attention probabilities), "blocks.{i}.attn.proj_drop" [B, L, D], "blocks.{i}.mlp.drop1" [B, L, F],
+    "blocks.{i}.mlp.drop2" [B, L, D], the MAP head's "attn_pool.mlp.drop1" [B, 1, F] and ".drop2"
+    [B, 1, D], "head_drop" [B, D'] ([B, L, D'] with pool='none') and, with a distilled head,
+    "head_drop_dist" [B, D]. L = ``cfg.seq_len``, F = ``cfg.mlp_dim``, D' = ``cfg.features_dim``."""
+    b, n, d, f, l = batch_size, cfg.num_heads, cfg.width, cfg.mlp_dim, cfg.seq_len
+    p, a = cfg.dropout, cfg.attn_dropout
+    sites = {"pos_drop": ((b, l, d), p)}
+    for i in range(cfg.depth):
+        sites |= {
+            f"blocks.{i}.attn.attn_drop": ((b, n, l, l), a),
+            f"blocks.{i}.attn.proj_drop": ((b, l, d), p),
+            f"blocks.{i}.mlp.drop1": ((b, l, f), p),
+            f"blocks.{i}.mlp.drop2": ((b, l, d), p),
+        }
+    if cfg.pool == "map":
+        sites |= {"attn_pool.mlp.drop1": ((b, 1, f), p), "attn_pool.mlp.drop2": ((b, 1, d), p)}
+    sites["head_drop"] = ((b, l, cfg.features_dim) if cfg.pool == "none" else (b, cfg.features_dim), p)
+    if cfg.head_dist:
+        sites["head_drop_dist"] = ((b, d), p)
+    return {k: v for k, v in sites.items() if v[1] > 0}
+
+
+def dropout_masks(cfg: ViTConfig, seed: int, step: int, batch_size: int) -> dict[str, np.ndarray]:
+    """{module path: float32 keep mask (1 keep, 0 drop)} of every live dropout (``dropout_sites``) for
+    optimizer step ``step``, drawn in that order from one numpy generator seeded by (seed, 3, step);
+    each element is kept with probability 1 - rate, as ``nn.Dropout`` and ``nnx.Dropout`` keep it."""
+    rng = np.random.default_rng((seed, _DROPOUT, step))
+    return {
+        k: (rng.random(shape) >= rate).astype(np.float32) for k, (shape, rate) in dropout_sites(cfg, batch_size).items()
+    }
 
 
 @dataclass
@@ -131,20 +167,14 @@ def compare_training(
     batches; see the module docstring. float64 needs jax_enable_x64 on.
 
     Raises:
-        ValueError: steps < 1 or more than the run has, a config with dropout or attention dropout (no
-            parity mode), configs whose batches differ (batch size, epochs, seed, augmentation), or
-            anything the trainers refuse.
+        ValueError: steps < 1 or more than the run has, configs whose batches differ (batch size,
+            epochs, seed, augmentation), or anything the trainers refuse.
     """
     import vit_jax.train as jt
     import vit_torch.train as tt
     from vit_jax.optimizer_state import adam_state
 
     torch_tcfg = tcfg if torch_tcfg is None else torch_tcfg
-    if cfg.dropout or cfg.attn_dropout:
-        raise ValueError(
-            f"dropout={cfg.dropout}, attn_dropout={cfg.attn_dropout}: the twins share drop-path masks only; "
-            "compare with dropout=0 and attn_dropout=0"
-        )
     same = ("batch_size", "epochs", "seed", "augment", "dataset", "accum_steps")
     differ = [k for k in same if getattr(tcfg, k) != getattr(torch_tcfg, k)]
     if differ:
@@ -163,8 +193,10 @@ def compare_training(
         for k in range(steps):
             batch = next(it)
             masks = drop_path_masks(cfg, tcfg.seed, k, tcfg.batch_size) if cfg.drop_path else None
-            state, mj = jax_trainer.train_step(state, batch if masks is None else {**batch, "drop_masks": masks})
-            mt = torch_trainer.train_step(batch, masks)
+            drops = dropout_masks(cfg, tcfg.seed, k, tcfg.batch_size) or None
+            extra = {n: v for n, v in (("drop_masks", masks), ("dropout_masks", drops)) if v is not None}
+            state, mj = jax_trainer.train_step(state, {**batch, **extra})
+            mt = torch_trainer.train_step(batch, masks, drops)
             a, b = adam_state(state["opt_state"]), torch_trainer.adam_state()
             p = _largest(jax_trainer.weights(state), torch_trainer.weights(), "parameters", dtype)
             mu, nu = (_largest(a[m], b[m], m, dtype) for m in ("mu", "nu"))
@@ -252,6 +284,16 @@ def add_parser(sub) -> None:
         default=None,
         help="stochastic depth rate of the last block; both twins take the same masks (default 0)",
     )
+    for name, what in (
+        ("dropout", "dropout (position embedding, projections, MLP, head)"),
+        ("attn_dropout", "attention dropout"),
+    ):
+        m.add_argument(
+            "--" + name.replace("_", "-"),
+            type=arg(float_in, 0, 1, hi_open=True),
+            default=None,
+            help=f"{what} rate; both twins take the same masks (default 0)",
+        )
     m.add_argument(
         "--dtype",
         choices=("float64", "float32", "bfloat16"),
@@ -294,7 +336,7 @@ def run(args) -> int:
             if v is not None
         },
     )
-    args.posemb, args.dropout, args.settings = None, None, []  # what model_config reads besides these flags
+    args.posemb, args.settings = None, []  # what model_config reads besides these flags
     raw = read_dataset(tcfg.dataset, val_fraction=tcfg.val_fraction)  # its classes and channels
     dtype = args.dtype
     args.dtype = "float32" if dtype == "float64" else dtype
