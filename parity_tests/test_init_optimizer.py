@@ -137,3 +137,25 @@ def test_a_checkpoint_whose_optimizer_state_does_not_fit_is_refused(run, tmp_pat
         check_moments({**moments, "mu": head}, {n: np.zeros(v.shape) for n, v in moments["nu"].items()})
     with pytest.raises(ValueError, match="--weights-entry state_dict_ema with --init-optimizer"):
         training_weights_entry("state_dict_ema")
+
+
+def test_vit_train_refuses_moments_that_do_not_fit_the_model(run, npz, tmp_path, capsys):
+    """At --image-size 16 the position embedding is resampled (5 -> 17 rows): its moments cannot continue,
+    one line naming it, exit 2, nothing written; a file with no optimizer state is refused likewise."""
+    from vit_cli.main import main
+
+    path, *_ = run
+    out = tmp_path / "ft"
+    argv = ["train", "--dataset", f"npz:{npz}", "--init", str(path), "--init-optimizer", "--out", str(out)]
+    argv += ["--set", "num_heads=2"]  # a timm file stores no head count
+    assert main([*argv, "--no-progress", "--epochs", "1", "--batch-size", "4", "--image-size", "16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(
+        "vit train: error: optimizer state mu of 'pos_embed': shape (1, 5, 16), the model's (1, 17, 16)"
+    )
+    assert not out.exists() or not any(out.iterdir())
+    plain = tmp_path / "weights.pth"
+    torch.save(timm_model(TINY).state_dict(), plain)
+    argv[4] = str(plain)
+    assert main([*argv, "--no-progress", "--epochs", "1", "--batch-size", "4"]) == 2
+    assert "holds no optimizer state" in capsys.readouterr().err
