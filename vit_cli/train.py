@@ -12,9 +12,7 @@ vit_jax). Several processes (hosts) train as one when the environment names them
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import importlib.util
 import json
 import os
 import sys
@@ -24,13 +22,12 @@ from vit_cli.convert import add_accept_assumed, add_checkpoint_arguments, checkp
 from vit_cli.flags import add_flags, flag_name, values
 from vit_cli.main import HelpFormatter
 from vit_cli.run_model import class_list
-from vit_common.checkpoints.formats.source import training_weights_entry, weights_entry
 from vit_common.config import VARIANTS, ViTConfig
-from vit_common.data.datasets import Augment, check_outside, natural_images
+from vit_common.data.datasets import Augment, check_outside
 from vit_common.data.images import Preprocess
 from vit_common.data.train_config import RunOptions, TrainConfig
 from vit_common.system import io
-from vit_common.system.validate import arg, check_model_size, float_in, int_in
+from vit_common.system.validate import arg, float_in, int_in
 
 # The demo model: 28x28 inputs, 7x7 patches, 16 tokens (no class token: average pooling).
 DEMO_MODEL = dict(image_size=28, patch_size=7, width=128, depth=4, num_heads=4, mlp_dim=256, pool="gap")
@@ -239,14 +236,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def model_config(args: argparse.Namespace, num_classes: int, in_chans: int) -> ViTConfig:
-    """The ViTConfig of a model trained from scratch: the demo model, or --variant's row and patch size,
-    with the model flags given on top, ``num_classes`` and ``in_chans`` from the dataset; --pool token
-    brings a class token, --posemb learn prefix rows, unless those flags are given too.
+def model_fields(args: argparse.Namespace) -> dict:
+    """The ViTConfig fields of a model trained from scratch but ``num_classes`` and ``in_chans`` (the
+    dataset's): the demo model, or --variant's row and patch size, with the model flags given on top;
+    --pool token brings a class token, --posemb learn prefix rows, unless those flags are given too.
 
     Raises:
-        ValueError: --set of a field that has a flag (or that the dataset sets), naming the flag; an
-            invalid combination (``ViTConfig``).
+        ValueError: --set of a field that has a flag (or that the dataset sets), naming the flag.
     """
     settings = dict(args.settings)
     flagged = [
@@ -261,10 +257,17 @@ def model_config(args: argparse.Namespace, num_classes: int, in_chans: int) -> V
     posemb = given.get("posemb", "learn")
     base = variant_fields(args.variant) if args.variant else DEMO_MODEL
     derived = dict(class_token=pool == "token", posemb_prefix=posemb == "learn")
-    dataset = dict(num_classes=num_classes, in_chans=in_chans)
-    return ViTConfig(
-        **{"image_size": DEMO_MODEL["image_size"], **base, "pool": pool, **derived, **dataset, **given, **settings}
-    )
+    return {"image_size": DEMO_MODEL["image_size"], **base, "pool": pool, **derived, **given, **settings}
+
+
+def model_config(args: argparse.Namespace, num_classes: int, in_chans: int) -> ViTConfig:
+    """The ViTConfig of a model trained from scratch: ``model_fields`` with ``num_classes`` and
+    ``in_chans`` from the dataset.
+
+    Raises:
+        ValueError: as ``model_fields``; an invalid combination (``ViTConfig``).
+    """
+    return ViTConfig(**model_fields(args), num_classes=num_classes, in_chans=in_chans)
 
 
 def variant_fields(name: str) -> dict:
@@ -291,23 +294,15 @@ def init_fields(args: argparse.Namespace) -> dict:
     return given | {k: v for k, v in values(ViTConfig, args).items() if k != "image_size"}
 
 
-def _torch_formats():
-    """``vit_torch.formats`` (imports torch): the readers and writers of .pth/.bin files."""
-    import vit_torch.formats
-
-    return vit_torch.formats
-
-
 def run(args: argparse.Namespace) -> int:
-    """``vit train``: the run folder is locked while the run lasts (process 0 holds it), so a second run
-    or ``--resume`` on it is refused at once, naming the holder.
+    """``vit train``: the flags read into a ``vit_jax.run.RunSpec`` (refused before any process starts
+    where they can be), ``vit_jax.run.run_training`` of it, and its summary printed.
 
     Raises:
         DestinationError: another run holds the folder, or the folder holds files this run would
             replace that vit did not write (``vit_common.system.io``).
         ValueError: --out is, lies inside or holds --init's checkpoint.
     """
-    import functools
     import time
 
     started = getattr(args, "started", time.perf_counter())
@@ -319,46 +314,43 @@ def run(args: argparse.Namespace) -> int:
     io.check_apart(out, {"--init": tcfg.init})  # the exports would replace the checkpoint being fine-tuned
     check_outside(tcfg.dataset, out)  # before the lock makes the folder
     check_writable(tensorboard_dir(args, out), "--tensorboard")
+    spec = run_spec(args, tcfg, out)
 
-    from vit_jax import distributed
-    from vit_jax.data import DataWorkerError
-    from vit_jax.distributed import EXIT_LOST
-    from vit_jax.preemption import EXIT_STOPPED, Stopped, StopSignals
+    from vit_jax.run import run_training
 
-    cluster = distributed.start(  # before any other JAX call; None for one process
-        heartbeat_timeout=tcfg.heartbeat_timeout,
-        init_timeout=tcfg.init_timeout,
-        shutdown_timeout=tcfg.shutdown_timeout,
-        describe=functools.partial(stop_line, out, tcfg.heartbeat_timeout),
-    )
-    lead = cluster is None or cluster.index == 0
-    stop = StopSignals(multiprocess=cluster is not None)
-    try:
-        if cluster:  # before any work: processes started with other flags stop here, all of them
-            cluster.agree(run_fields(args, out), tcfg.init_timeout)
-        with stop, io.folder_lock(out, "vit train") if lead else contextlib.nullcontext():  # one run per folder
-            code = train(args, tcfg, out, started, stop)
-    except Stopped as e:
-        if cluster:  # stopped at the sync point or after the steps, every process alike; else the others stop
-            cluster.leave(e if stop.phase == "start-up" else None)
-        if lead:
-            print(stopped_line(e, stop.phase, out), file=sys.stderr)
-        return EXIT_STOPPED
-    except BaseException as e:
-        if cluster:
-            cluster.check(e)  # if a process was lost, this process ends here with one line saying so
-            cluster.leave(e)
-        if isinstance(e, DataWorkerError):
-            print(
-                f"vit train: error: {e}; pass fewer --data-workers or a smaller --batch-size if memory ran out. "
-                f"The same command with --resume continues {resume_from(out)}",
-                file=sys.stderr,
-            )
-            return EXIT_LOST
-        raise
-    if cluster:
-        cluster.leave()
+    code, summary = run_training(spec, None if args.no_parity else export_parity, started=started)
+    if summary is not None:
+        print_summary(summary, args.json)
     return code
+
+
+def run_spec(args: argparse.Namespace, tcfg: TrainConfig, out: Path):
+    """The ``vit_jax.run.RunSpec`` of the flags (``tcfg`` ``train_config``'s, ``out`` the run folder).
+
+    Raises:
+        ValueError: as ``model_fields`` (without --init).
+    """
+    from vit_jax.run import RunSpec
+
+    return RunSpec(
+        train=tcfg,
+        options=run_options(args),
+        out=out,
+        model={} if tcfg.init else model_fields(args),
+        given=init_fields(args) if tcfg.init else {},
+        checkpoint_options=checkpoint_options(args),
+        preprocess=values(Preprocess, args),
+        image_size=args.image_size,
+        classes=None if args.classes is None else tuple(args.classes),
+        data_workers=args.data_workers,
+        compile_cache=args.compile_cache or default_cache_dir(),
+        tensorboard=tensorboard_dir(args, out),
+        peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
+        profile_steps=args.profile_steps,
+        accept_assumed=args.accept_assumed,
+        quiet=args.json,
+        agree=run_fields(args, out),
+    )
 
 
 # Flags each process of a multi-process run may set for itself (its host's devices, cache, console).
@@ -381,228 +373,6 @@ def run_options(args: argparse.Namespace) -> RunOptions:
     return RunOptions(
         **given | {"eval_every": n if unit == "epochs" else 1, "eval_every_steps": n if unit == "steps" else 0}
     )
-
-
-def stopped_line(e, phase: str, out: Path) -> str:
-    """The one line of a run stopped by a signal (``vit_jax.preemption.Stopped``) in ``phase``."""
-    if e.step is not None:
-        return (
-            f"vit train: stopped by {e.signal} after step {e.step}, its checkpoint written; the same command "
-            f"with --resume continues from it"
-        )
-    if phase == "finishing":
-        return (
-            f"vit train: stopped by {e.signal} after the last step, before the exports were all written; the same "
-            "command with --resume writes them"
-        )
-    if (out / "config.json").exists():
-        return f"vit train: stopped by {e.signal}; the same command with --resume continues {resume_from(out)}"
-    return f"vit train: stopped by {e.signal} before training began; the same command starts it again"
-
-
-def resume_from(out: Path) -> str:
-    """Where --resume continues the run in ``out``: its latest complete checkpoint, or step 0."""
-    from vit_jax.train import saved_steps
-
-    steps = saved_steps(out / "checkpoints")
-    return f"from the checkpoint of step {steps[-1]}" if steps else "from step 0 (no checkpoint was written yet)"
-
-
-def stop_line(out: Path, heartbeat_timeout: int, lost: list[int], failed: dict[int, str]) -> str:
-    """What a process prints when another one was lost or stopped with an error (see vit_jax.distributed)."""
-    import jax
-
-    n = jax.process_count()
-    if lost:
-        lost_ = ", ".join(map(str, lost))
-        what = f"lost process {lost_} of {n} (heartbeats stopped; --heartbeat-timeout {heartbeat_timeout})"
-    else:
-        what = "; ".join(f"process {k} of {n} stopped with an {how}" for k, how in sorted(failed.items()))
-    return f"vit train: {what}; stopping. Start all {n} processes again with --resume to continue {resume_from(out)}."
-
-
-def train(args: argparse.Namespace, tcfg, out: Path, started: float, stop=None) -> int:
-    import time
-
-    import jax
-
-    from vit_common.checkpoints.convert import needs
-    from vit_common.checkpoints.metadata import ModelInfo
-    from vit_common.data.datasets import read_dataset
-    from vit_common.system.peaks import datasheet_peak
-    from vit_jax.finetune import check_exports, export, export_targets, init_record, load_init, resumed_init
-    from vit_jax.optimizer_state import check_moments
-    from vit_jax.train import (
-        NonFiniteError,
-        Trainer,
-        enable_compile_cache,
-        fit,
-        saved_steps,
-        schedule_change,
-    )
-
-    lead = jax.process_index() == 0
-    quiet = args.json or not lead
-    cache = args.compile_cache or default_cache_dir()
-    if cache != "off":
-        try:
-            cache = str(enable_compile_cache(cache))
-        except OSError as e:  # the cache only saves time: the run goes on without it
-            print(
-                f"vit train: warning: compilation cache unusable ({e}); compiling without it "
-                "(--compile-cache off or another folder avoids this warning)",
-                file=sys.stderr,
-            )
-            cache = "off"
-    if cache == "off":
-        jax.config.update("jax_enable_compilation_cache", False)
-
-    def log(line: str) -> None:
-        if not quiet:
-            print(line, file=sys.stderr)
-
-    def named(data):
-        if args.classes is None:
-            return data
-        if len(args.classes) != data.num_classes:
-            raise ValueError(
-                f"--classes names {len(args.classes)} classes, dataset {data.name!r} has {data.num_classes}"
-            )
-        return dataclasses.replace(data, classes=tuple(args.classes))
-
-    raw = named(read_dataset(tcfg.dataset, val_fraction=tcfg.val_fraction))  # its classes and channels
-    preprocess_flags = values(Preprocess, args)
-    weights, moments, report, torch_io = None, None, None, False
-    saved = io.read_json(out / "config.json") if args.resume and (out / "config.json").is_file() else {}
-    size = None if args.image_size is None else (args.image_size, args.image_size)
-    if tcfg.init and "init" in saved and saved_steps(out / "checkpoints"):  # the checkpoint holds the weights
-        log(f"vit train: resuming the fine-tuning of {tcfg.init} from {out}/config.json (not read again)")
-        init = resumed_init(saved, raw, image_size=size, given=init_fields(args), preprocess=preprocess_flags)
-        torch_io = any(
-            needs(path, fmt, writing=True) == "torch" for fmt, path in export_targets(out, init.report).items()
-        )
-        cfg, info, data, report = init.cfg, init.info, init.data, init.report
-        preprocess = info.preprocess
-    elif tcfg.init:
-        log(f"vit train: fine-tuning {tcfg.init}")
-        torch_io = needs(tcfg.init) == "torch"
-        if tcfg.init_optimizer and not torch_io:
-            raise ValueError(f"--init-optimizer: {tcfg.init} is no PyTorch training checkpoint (timm's .pth.tar)")
-        entry = training_weights_entry(args.weights_entry) if tcfg.init_optimizer else args.weights_entry
-        with weights_entry(entry):
-            init = load_init(
-                tcfg.init,
-                raw,
-                image_size=size,
-                given=init_fields(args),
-                options=checkpoint_options(args),
-                preprocess=preprocess_flags,
-                readers=_torch_formats().READERS if torch_io else None,
-            )
-        if tcfg.init_optimizer:
-            moments = _torch_formats().read_timm_optimizer(tcfg.init, entry)
-            check_moments(moments, init.weights)
-            log(f"  continuing the AdamW state of {tcfg.init} ({entry!r}, {moments['count']} steps taken)")
-        cfg, weights, info, data, report = init.cfg, init.weights, init.info, init.data, init.report
-        for line in report.lines():
-            log(f"  {line}")
-        log(f"  preprocessing {json.dumps(info.preprocess.to_dict())} ({info.preprocess_source})")
-        for w in info.warnings:
-            log(f"  WARNING  {w}")
-        preprocess = info.preprocess
-    else:
-        cfg = model_config(args, num_classes=raw.num_classes, in_chans=raw.channels)
-        check_model_size(cfg, "the model flags", batch=tcfg.batch_size // tcfg.accum_steps, training=True)
-        default = (
-            Preprocess(interpolation="bicubic", crop_pct=0.875, crop_mode="center")
-            if natural_images(tcfg.dataset)
-            else Preprocess()
-        )
-        preprocess = default.replace(**preprocess_flags)
-        data = raw.fit(cfg.image_size, cfg.in_chans, preprocess)
-        info = ModelInfo(preprocess, "given" if preprocess_flags else "vit train's default")
-    workers = args.data_workers
-    if workers == -1:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        workers = 0 if data.in_memory else cores
-    if lead:  # the exports are refused now, not after the training
-        check_exports(out, cfg, report, args.accept_assumed)
-    trainer = Trainer(cfg, tcfg, data, preprocess=preprocess, weights=weights, moments=moments, workers=workers)
-    if tcfg.warmup_steps >= trainer.total_steps > 1:
-        log(
-            f"vit train: warning: --warmup-steps {tcfg.warmup_steps} is not below the run's {trainer.total_steps} "
-            f"steps: the learning rate rises for the whole run and never decays (pass --warmup-steps < "
-            f"{trainer.total_steps})"
-        )
-    log(
-        f"vit train: {data.name}: {len(data.train)} train / {len(data.test)} test images, "
-        f"{data.num_classes} classes; ViT {cfg.width}x{cfg.depth} patch {cfg.patch_size[0]} "
-        f"({cfg.param_count():,} parameters, {cfg.flops() / 1e9:.3g} GFLOPs per image); "
-        f"{trainer.total_steps} steps on {trainer.mesh.size} "
-        f"{jax.devices()[0].platform} device(s), {workers} data worker(s); compilation cache {cache}; "
-        f"run folder {out}"
-    )
-    if saved:
-        saved_epochs = saved.get("train", {}).get("epochs", tcfg.epochs)
-        steps = saved_steps(out / "checkpoints")
-        change = schedule_change(trainer, saved_epochs, steps[-1] if steps else 0)
-        if change:
-            log(f"vit train: {change}")
-    try:
-        state, summary = fit(
-            trainer,
-            out,
-            run_options(args),
-            started=started,
-            compile_cache=cache != "off",
-            stop=stop,
-            tensorboard=tensorboard_dir(args, out),
-            peak_flops=args.peak_tflops * 1e12
-            if args.peak_tflops
-            else datasheet_peak(jax.devices()[0].device_kind, cfg.dtype),
-            profile_steps=args.profile_steps,
-            init=init_record(report) if report is not None else None,
-        )
-    except NonFiniteError as e:
-        print(f"vit train: {e}", file=sys.stderr)
-        return 1
-    weights = trainer.weights(state)  # every process takes part in gathering sharded parameters
-    if stop is not None:
-        stop.finishing()  # a signal from here on stops at once; --resume writes the exports
-    if not lead:
-        return 0
-    with io.overwriting() if args.resume else contextlib.nullcontext():  # fit proved a resumed folder the run's
-        done = export(
-            out,
-            cfg.replace(dtype="float32"),
-            weights,
-            preprocess=preprocess,
-            classes=data.classes,
-            source=report,
-            writers=_torch_formats().WRITERS if torch_io else None,
-            accept_assumed=args.accept_assumed,
-        )
-        plot_curves(out / "metrics.jsonl", out / "curves.png")
-    for line in done.lines:
-        log(f"  {line}")
-    exports, load_calls = done.paths, done.load_calls
-    summary["model"] = str(out / "model.safetensors")
-    summary["exports"] = {fmt: str(path) for fmt, path in exports.items()}
-    summary["load_calls"] = {str(exports[fmt]): call for fmt, call in load_calls.items()}
-    ok = True
-    if not args.no_parity and importlib.util.find_spec("torch") is None:
-        log('vit train: no PyTorch check of the exports: torch is not installed (pip install "vit-twins[torch]")')
-    elif not args.no_parity:
-        from vit_jax.train import write_json
-
-        parity = export_parity(out / "model.safetensors", exports, trainer)
-        with io.overwriting() if args.resume else contextlib.nullcontext():
-            write_json(out / "parity.json", parity)
-        summary["parity"] = parity
-        ok = parity["ok"] and all(c.get("ok", True) for c in parity["library"].values())
-    summary["wall_seconds"] = time.perf_counter() - started
-    print_summary(summary, args.json)
-    return 0 if ok else 1
 
 
 def split_cpu(args: argparse.Namespace) -> None:
@@ -680,33 +450,6 @@ def export_parity(path: Path, exports: dict[str, Path], trainer) -> dict:
             continue
         result["library"][fmt] = {"file": str(file), "library": library} | check(np.concatenate(logits)[mask])
     return result
-
-
-def plot_curves(metrics: Path, png: Path) -> None:
-    """Loss and accuracy against step (train lines and test points) as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln.strip()]
-    tr = [r for r in rows if "loss" in r]
-    te = [r for r in rows if "test_loss" in r]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.plot([r["step"] for r in tr], [r["loss"] for r in tr], label="train")
-    a.plot([r["step"] for r in te], [r["test_loss"] for r in te], "o-", label="test")
-    a.set(xlabel="step", ylabel="cross-entropy loss", title="loss")
-    b.plot([r["step"] for r in tr], [r["accuracy"] for r in tr], label="train")
-    b.plot([r["step"] for r in te], [r["test_accuracy"] for r in te], "o-", label="test")
-    b.set(xlabel="step", ylabel="accuracy", title="accuracy", ylim=(0, 1))
-    for ax in (a, b):
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    from vit_common.system.io import PNG_TEXT, atomic_write
-
-    atomic_write(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png", metadata=PNG_TEXT))
-    plt.close(fig)
 
 
 def print_summary(summary: dict, as_json: bool) -> None:

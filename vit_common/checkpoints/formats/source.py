@@ -62,6 +62,11 @@ def weights_entry(entry: str | None) -> Iterator[None]:
         _WEIGHTS_ENTRY.reset(token)
 
 
+def current_weights_entry() -> str:
+    """The weights entry training checkpoints are read from here ("auto" outside ``weights_entry``)."""
+    return _WEIGHTS_ENTRY.get()
+
+
 def training_weights_entry(entry: str | None) -> str:
     """The weights entry to read when a training checkpoint's optimizer state is continued (``vit train
     --init-optimizer``): the moments belong to the weights the optimizer stepped, timm's ``state_dict``,

@@ -1,0 +1,395 @@
+"""A run of ``vit train`` as a library: train or fine-tune the JAX twin in a run folder, export it, and
+check the exports.
+
+``run_training(spec)`` does what ``vit train`` does after reading its flags: it starts the processes of
+a multi-process run (``vit_jax.distributed``), takes the run folder's lock, reads the dataset, builds
+the model (a fresh one from ``RunSpec.model``, or the checkpoint of ``TrainConfig.init`` through
+``vit_jax.finetune``), trains it (``vit_jax.train.fit``), exports it (``vit_jax.finetune.export``),
+plots curves.png and checks the exports with the ``parity`` function it is given. That check runs the
+exports in PyTorch and in their libraries, so it is passed in (``vit_cli.train.export_parity``) and
+importing this module loads no torch. Progress goes to stderr, a line each ("vit train: ..."), on
+process 0 and unless ``RunSpec.quiet``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib.util
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vit_common.config import ViTConfig
+from vit_common.data.datasets import natural_images
+from vit_common.data.images import Preprocess
+from vit_common.data.train_config import RunOptions, TrainConfig
+from vit_common.system import io
+from vit_common.system.validate import check_model_size
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a run is, as values (``vit train``'s flags, read).
+
+    ``train``: the TrainConfig (``train.init``: the checkpoint to fine-tune, or None); ``options``:
+    ``fit``'s RunOptions (``options.resume`` continues the run in ``out``); ``out``: the run folder;
+    ``model``: the ViTConfig fields of a fresh model but ``num_classes`` and ``in_chans``, which the
+    dataset gives (unused with ``train.init``); ``given``: with ``train.init``, the ViTConfig fields asked
+    for (``vit_jax.finetune.load_init``'s); ``checkpoint_options``: ``load_checkpoint`` keywords for the
+    init checkpoint; ``preprocess``: Preprocess fields given; ``image_size``: the size S to train at
+    (None: the model's); ``classes``: names of the dataset's labels 0..K-1 (None: the dataset's);
+    ``data_workers``: input-pipeline processes (-1: one per usable core for image folders, none for
+    in-memory datasets); ``compile_cache``: JAX's persistent compilation cache folder, or 'off';
+    ``tensorboard``: the folder of the event files (None: none); ``peak_flops``: FLOP/s of one device
+    for the MFU (None: the datasheet's); ``profile_steps``: (A, B) 1-based steps to trace;
+    ``accept_assumed``: fields the exports may state that the init checkpoint did not; ``quiet``: no
+    progress lines; ``agree``: what every process of a multi-process run must agree on (flag: value).
+    """
+
+    train: TrainConfig
+    options: RunOptions
+    out: Path
+    model: Mapping[str, Any] = field(default_factory=dict)
+    given: Mapping[str, Any] = field(default_factory=dict)
+    checkpoint_options: Mapping[str, Any] = field(default_factory=dict)
+    preprocess: Mapping[str, Any] = field(default_factory=dict)
+    image_size: int | None = None
+    classes: tuple[str, ...] | None = None
+    data_workers: int = -1
+    compile_cache: str = "off"
+    tensorboard: Path | None = None
+    peak_flops: float | None = None
+    profile_steps: tuple[int, int] | None = None
+    accept_assumed: Sequence[str] | str = ()
+    quiet: bool = False
+    agree: Mapping[str, Any] = field(default_factory=dict)
+
+
+# The check of the exports: (our model.safetensors, {format: export path}, the Trainer) -> parity.json's
+# dict, with "ok" and "library" {format: {"ok": ...}} (``vit_cli.train.export_parity``).
+Parity = Callable[[Path, dict[str, Path], Any], dict]
+
+
+def _torch_formats():
+    """``vit_torch.formats`` (imports torch): the readers and writers of .pth/.bin files."""
+    import vit_torch.formats
+
+    return vit_torch.formats
+
+
+def run_training(
+    spec: RunSpec, parity: Parity | None = None, *, started: float | None = None
+) -> tuple[int, dict | None]:
+    """The run of ``spec``, ``started`` at that ``time.perf_counter()`` (default: now; the summary's
+    wall_seconds and metrics.jsonl's time_to_first_step_s count from it). The run folder is locked while
+    the run lasts (process 0 holds it), so a second run or a resume on it is refused at once, naming the
+    holder.
+
+    Returns:
+        (exit code: 0 done, 1 the loss turned NaN/Inf or an export check failed, 3 a signal stopped the
+        run after checkpointing the step reached (``vit_jax.preemption.EXIT_STOPPED``), 75 a process or
+        a data worker was lost (``vit_jax.distributed.EXIT_LOST``); the summary (``fit``'s, with the
+        model, exports, load calls, parity and wall_seconds) on process 0 of a finished run, else None).
+
+    Raises:
+        DestinationError: another run holds the folder, or the folder holds files this run would
+            replace that vit did not write (``vit_common.system.io``).
+        ValueError: whatever the dataset, the model or the checkpoint refuses.
+    """
+    from vit_jax import distributed
+    from vit_jax.data import DataWorkerError
+    from vit_jax.distributed import EXIT_LOST
+    from vit_jax.preemption import EXIT_STOPPED, Stopped, StopSignals
+
+    started = time.perf_counter() if started is None else started
+    tcfg, out = spec.train, spec.out
+    cluster = distributed.start(  # before any other JAX call; None for one process
+        heartbeat_timeout=tcfg.heartbeat_timeout,
+        init_timeout=tcfg.init_timeout,
+        shutdown_timeout=tcfg.shutdown_timeout,
+        describe=functools.partial(stop_line, out, tcfg.heartbeat_timeout),
+    )
+    lead = cluster is None or cluster.index == 0
+    stop = StopSignals(multiprocess=cluster is not None)
+    try:
+        if cluster:  # before any work: processes started with other flags stop here, all of them
+            cluster.agree(dict(spec.agree), tcfg.init_timeout)
+        with stop, io.folder_lock(out, "vit train") if lead else contextlib.nullcontext():  # one run per folder
+            result = train(spec, started, stop, parity)
+    except Stopped as e:
+        if cluster:  # stopped at the sync point or after the steps, every process alike; else the others stop
+            cluster.leave(e if stop.phase == "start-up" else None)
+        if lead:
+            print(stopped_line(e, stop.phase, out), file=sys.stderr)
+        return EXIT_STOPPED, None
+    except BaseException as e:
+        if cluster:
+            cluster.check(e)  # if a process was lost, this process ends here with one line saying so
+            cluster.leave(e)
+        if isinstance(e, DataWorkerError):
+            print(
+                f"vit train: error: {e}; pass fewer --data-workers or a smaller --batch-size if memory ran out. "
+                f"The same command with --resume continues {resume_from(out)}",
+                file=sys.stderr,
+            )
+            return EXIT_LOST, None
+        raise
+    if cluster:
+        cluster.leave()
+    return result
+
+
+def stopped_line(e, phase: str, out: Path) -> str:
+    """The one line of a run stopped by a signal (``vit_jax.preemption.Stopped``) in ``phase``."""
+    if e.step is not None:
+        return (
+            f"vit train: stopped by {e.signal} after step {e.step}, its checkpoint written; the same command "
+            f"with --resume continues from it"
+        )
+    if phase == "finishing":
+        return (
+            f"vit train: stopped by {e.signal} after the last step, before the exports were all written; the same "
+            "command with --resume writes them"
+        )
+    if (out / "config.json").exists():
+        return f"vit train: stopped by {e.signal}; the same command with --resume continues {resume_from(out)}"
+    return f"vit train: stopped by {e.signal} before training began; the same command starts it again"
+
+
+def resume_from(out: Path) -> str:
+    """Where --resume continues the run in ``out``: its latest complete checkpoint, or step 0."""
+    from vit_jax.train import saved_steps
+
+    steps = saved_steps(out / "checkpoints")
+    return f"from the checkpoint of step {steps[-1]}" if steps else "from step 0 (no checkpoint was written yet)"
+
+
+def stop_line(out: Path, heartbeat_timeout: int, lost: list[int], failed: dict[int, str]) -> str:
+    """What a process prints when another one was lost or stopped with an error (see vit_jax.distributed)."""
+    import jax
+
+    n = jax.process_count()
+    if lost:
+        lost_ = ", ".join(map(str, lost))
+        what = f"lost process {lost_} of {n} (heartbeats stopped; --heartbeat-timeout {heartbeat_timeout})"
+    else:
+        what = "; ".join(f"process {k} of {n} stopped with an {how}" for k, how in sorted(failed.items()))
+    return f"vit train: {what}; stopping. Start all {n} processes again with --resume to continue {resume_from(out)}."
+
+
+def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None) -> tuple[int, dict | None]:
+    """The run inside the lock (``run_training``'s return value)."""
+    import jax
+
+    from vit_common.checkpoints.convert import needs
+    from vit_common.checkpoints.formats.source import current_weights_entry, training_weights_entry, weights_entry
+    from vit_common.checkpoints.metadata import ModelInfo
+    from vit_common.data.datasets import read_dataset
+    from vit_common.system.peaks import datasheet_peak
+    from vit_jax.finetune import check_exports, export, export_targets, init_record, load_init, resumed_init
+    from vit_jax.optimizer_state import check_moments
+    from vit_jax.train import (
+        NonFiniteError,
+        Trainer,
+        enable_compile_cache,
+        fit,
+        saved_steps,
+        schedule_change,
+    )
+
+    tcfg, out = spec.train, spec.out
+    lead = jax.process_index() == 0
+    quiet = spec.quiet or not lead
+    cache = spec.compile_cache
+    if cache != "off":
+        try:
+            cache = str(enable_compile_cache(cache))
+        except OSError as e:  # the cache only saves time: the run goes on without it
+            print(
+                f"vit train: warning: compilation cache unusable ({e}); compiling without it "
+                "(--compile-cache off or another folder avoids this warning)",
+                file=sys.stderr,
+            )
+            cache = "off"
+    if cache == "off":
+        jax.config.update("jax_enable_compilation_cache", False)
+
+    def log(line: str) -> None:
+        if not quiet:
+            print(line, file=sys.stderr)
+
+    def named(data):
+        if spec.classes is None:
+            return data
+        if len(spec.classes) != data.num_classes:
+            raise ValueError(
+                f"--classes names {len(spec.classes)} classes, dataset {data.name!r} has {data.num_classes}"
+            )
+        return dataclasses.replace(data, classes=tuple(spec.classes))
+
+    raw = named(read_dataset(tcfg.dataset, val_fraction=tcfg.val_fraction))  # its classes and channels
+    preprocess_flags = dict(spec.preprocess)
+    weights, moments, report, torch_io = None, None, None, False
+    resume = spec.options.resume
+    saved = io.read_json(out / "config.json") if resume and (out / "config.json").is_file() else {}
+    size = None if spec.image_size is None else (spec.image_size, spec.image_size)
+    if tcfg.init and "init" in saved and saved_steps(out / "checkpoints"):  # the checkpoint holds the weights
+        log(f"vit train: resuming the fine-tuning of {tcfg.init} from {out}/config.json (not read again)")
+        init = resumed_init(saved, raw, image_size=size, given=spec.given, preprocess=preprocess_flags)
+        torch_io = any(
+            needs(path, fmt, writing=True) == "torch" for fmt, path in export_targets(out, init.report).items()
+        )
+        cfg, info, data, report = init.cfg, init.info, init.data, init.report
+        preprocess = info.preprocess
+    elif tcfg.init:
+        log(f"vit train: fine-tuning {tcfg.init}")
+        torch_io = needs(tcfg.init) == "torch"
+        if tcfg.init_optimizer and not torch_io:
+            raise ValueError(f"--init-optimizer: {tcfg.init} is no PyTorch training checkpoint (timm's .pth.tar)")
+        entry = current_weights_entry()
+        entry = training_weights_entry(entry) if tcfg.init_optimizer else entry
+        with weights_entry(entry):
+            init = load_init(
+                tcfg.init,
+                raw,
+                image_size=size,
+                given=spec.given,
+                options=spec.checkpoint_options,
+                preprocess=preprocess_flags,
+                readers=_torch_formats().READERS if torch_io else None,
+            )
+        if tcfg.init_optimizer:
+            moments = _torch_formats().read_timm_optimizer(tcfg.init, entry)
+            check_moments(moments, init.weights)
+            log(f"  continuing the AdamW state of {tcfg.init} ({entry!r}, {moments['count']} steps taken)")
+        cfg, weights, info, data, report = init.cfg, init.weights, init.info, init.data, init.report
+        for line in report.lines():
+            log(f"  {line}")
+        log(f"  preprocessing {json.dumps(info.preprocess.to_dict())} ({info.preprocess_source})")
+        for w in info.warnings:
+            log(f"  WARNING  {w}")
+        preprocess = info.preprocess
+    else:
+        cfg = ViTConfig(**spec.model, num_classes=raw.num_classes, in_chans=raw.channels)
+        check_model_size(cfg, "the model flags", batch=tcfg.batch_size // tcfg.accum_steps, training=True)
+        default = (
+            Preprocess(interpolation="bicubic", crop_pct=0.875, crop_mode="center")
+            if natural_images(tcfg.dataset)
+            else Preprocess()
+        )
+        preprocess = default.replace(**preprocess_flags)
+        data = raw.fit(cfg.image_size, cfg.in_chans, preprocess)
+        info = ModelInfo(preprocess, "given" if preprocess_flags else "vit train's default")
+    workers = spec.data_workers
+    if workers == -1:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = 0 if data.in_memory else cores
+    if lead:  # the exports are refused now, not after the training
+        check_exports(out, cfg, report, spec.accept_assumed)
+    trainer = Trainer(cfg, tcfg, data, preprocess=preprocess, weights=weights, moments=moments, workers=workers)
+    if tcfg.warmup_steps >= trainer.total_steps > 1:
+        log(
+            f"vit train: warning: --warmup-steps {tcfg.warmup_steps} is not below the run's {trainer.total_steps} "
+            f"steps: the learning rate rises for the whole run and never decays (pass --warmup-steps < "
+            f"{trainer.total_steps})"
+        )
+    log(
+        f"vit train: {data.name}: {len(data.train)} train / {len(data.test)} test images, "
+        f"{data.num_classes} classes; ViT {cfg.width}x{cfg.depth} patch {cfg.patch_size[0]} "
+        f"({cfg.param_count():,} parameters, {cfg.flops() / 1e9:.3g} GFLOPs per image); "
+        f"{trainer.total_steps} steps on {trainer.mesh.size} "
+        f"{jax.devices()[0].platform} device(s), {workers} data worker(s); compilation cache {cache}; "
+        f"run folder {out}"
+    )
+    if saved:
+        saved_epochs = saved.get("train", {}).get("epochs", tcfg.epochs)
+        steps = saved_steps(out / "checkpoints")
+        change = schedule_change(trainer, saved_epochs, steps[-1] if steps else 0)
+        if change:
+            log(f"vit train: {change}")
+    try:
+        state, summary = fit(
+            trainer,
+            out,
+            spec.options,
+            started=started,
+            compile_cache=cache != "off",
+            stop=stop,
+            tensorboard=spec.tensorboard,
+            peak_flops=spec.peak_flops if spec.peak_flops else datasheet_peak(jax.devices()[0].device_kind, cfg.dtype),
+            profile_steps=spec.profile_steps,
+            init=init_record(report) if report is not None else None,
+        )
+    except NonFiniteError as e:
+        print(f"vit train: {e}", file=sys.stderr)
+        return 1, None
+    weights = trainer.weights(state)  # every process takes part in gathering sharded parameters
+    if stop is not None:
+        stop.finishing()  # a signal from here on stops at once; --resume writes the exports
+    if not lead:
+        return 0, None
+    with io.overwriting() if resume else contextlib.nullcontext():  # fit proved a resumed folder the run's
+        done = export(
+            out,
+            cfg.replace(dtype="float32"),
+            weights,
+            preprocess=preprocess,
+            classes=data.classes,
+            source=report,
+            writers=_torch_formats().WRITERS if torch_io else None,
+            accept_assumed=spec.accept_assumed,
+        )
+        plot_curves(out / "metrics.jsonl", out / "curves.png")
+    for line in done.lines:
+        log(f"  {line}")
+    exports, load_calls = done.paths, done.load_calls
+    summary["model"] = str(out / "model.safetensors")
+    summary["exports"] = {fmt: str(path) for fmt, path in exports.items()}
+    summary["load_calls"] = {str(exports[fmt]): call for fmt, call in load_calls.items()}
+    ok = True
+    if parity is not None and importlib.util.find_spec("torch") is None:
+        log('vit train: no PyTorch check of the exports: torch is not installed (pip install "vit-twins[torch]")')
+    elif parity is not None:
+        from vit_jax.train import write_json
+
+        result = parity(out / "model.safetensors", exports, trainer)
+        with io.overwriting() if resume else contextlib.nullcontext():
+            write_json(out / "parity.json", result)
+        summary["parity"] = result
+        ok = result["ok"] and all(c.get("ok", True) for c in result["library"].values())
+    summary["wall_seconds"] = time.perf_counter() - started
+    return (0 if ok else 1), summary
+
+
+def plot_curves(metrics: Path, png: Path) -> None:
+    """Loss and accuracy against step (train lines and test points) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln.strip()]
+    tr = [r for r in rows if "loss" in r]
+    te = [r for r in rows if "test_loss" in r]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.plot([r["step"] for r in tr], [r["loss"] for r in tr], label="train")
+    a.plot([r["step"] for r in te], [r["test_loss"] for r in te], "o-", label="test")
+    a.set(xlabel="step", ylabel="cross-entropy loss", title="loss")
+    b.plot([r["step"] for r in tr], [r["accuracy"] for r in tr], label="train")
+    b.plot([r["step"] for r in te], [r["test_accuracy"] for r in te], "o-", label="test")
+    b.set(xlabel="step", ylabel="accuracy", title="accuracy", ylim=(0, 1))
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    from vit_common.system.io import PNG_TEXT, atomic_write
+
+    atomic_write(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png", metadata=PNG_TEXT))
+    plt.close(fig)
