@@ -72,28 +72,38 @@ def _random_state(cfg: ViTConfig, seed: int = 0, dtype=np.float32, scale: float 
     return {k: (scale * rng.standard_normal(s)).astype(dtype) for k, s in canonical_shapes(cfg).items()}
 
 
-def _image_folder(root, classes, n: int = 3, size: tuple[int, int] = (8, 8), corrupt: str | None = None):
+def _image_folder(
+    root, classes, n: int = 3, size: tuple[int, int] = (8, 8), corrupt: str | None = None, band: bool = False
+):
     """``root`` holding a folder per class of ``n`` RGB PNGs of (H, W) = ``size``, image i of class k
-    all 40 k + i (so classes differ); ``corrupt``: a relative path written as a broken GIF. Returns root."""
+    all 40 k + i (so classes differ); with ``band``, seeded dark noise (0..59) instead with a bright band
+    (+150) over columns 8 k .. 8 k + 7 (a pattern a model can learn); ``corrupt``: a relative path written
+    as a broken GIF. Returns root."""
     from PIL import Image
 
+    rng = np.random.default_rng(0)
     for k, c in enumerate(classes):
         (root / c).mkdir(parents=True)
         for i in range(n):
-            Image.fromarray(np.full((*size, 3), 40 * k + i, np.uint8)).save(root / c / f"{i}.png")
+            if band:
+                img = rng.integers(0, 60, (*size, 3)).astype(np.uint8)
+                img[:, 8 * k : 8 * k + 8] += 150
+            else:
+                img = np.full((*size, 3), 40 * k + i, np.uint8)
+            Image.fromarray(img).save(root / c / f"{i}.png")
     if corrupt:
         (root / corrupt).write_bytes(b"GIF89a broken")
     return root
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def image_folder():
-    """``image_folder(root, classes, n=3, size=(8, 8), corrupt=None)``: an image folder dataset of
-    uniform PNGs (``_image_folder``)."""
+    """``image_folder(root, classes, n=3, size=(8, 8), corrupt=None, band=False)``: an image folder
+    dataset of uniform (or banded) PNGs (``_image_folder``)."""
     return _image_folder
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def random_state():
     """``random_state(cfg, seed=0, dtype=np.float32, scale=1.0)``: a canonical state of seeded normal
     tensors (every value distinct, so a swapped or transposed tensor cannot go unnoticed)."""

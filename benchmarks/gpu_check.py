@@ -4,11 +4,12 @@ Run through ``benchmarks/gpu_check.sh`` (installs carried wheels, sets the envir
 order; the first three (``REQUIRED``) always start, each later one only if its estimated time (``PARTS``,
 seconds on one H200, guesses) still fits the budget (--budget-s); the shell's ``timeout`` is the backstop.
 parts.json says of every part whether it ran, how long, or why not:
-    parity               OUT/parity.json: B/16 float32 with full matmul precision pinned (JAX "highest",
-                         no TF32 in torch), every intermediate of vit_jax against vit_torch; bf16 compute
-                         of both twins against a float64 reference (vit_torch in float64), intermediates
-                         through the explicit attention path and logits through the fused one (the kernel
-                         the model chose, e.g. cuDNN).
+    parity               OUT/parity.json: B/16 through the twins' runners (vit_jax.runner,
+                         vit_torch.runner: full matmul precision pinned in every run, JAX "highest", no
+                         TF32 in torch, restored after): float32, every intermediate of vit_jax against
+                         vit_torch; bf16 compute of both twins against a float64 reference (vit_torch in
+                         float64), intermediates through the explicit attention path and logits through
+                         the fused one (the kernel the model chose, e.g. cuDNN).
     B/16 infer, train    OUT/throughput.jsonl (appended per group, ``benchmarks.harness.RECORD_FIELDS``):
                          bf16 inference and training of every contender in ``CONTENDERS``; OUT/table.md
                          rewritten after each group.
@@ -83,9 +84,7 @@ def _write_json(path: Path, obj) -> None:
 
 def parity(context: dict, variant: str) -> dict:
     """``variant`` on 2 images: float32 twins (pinned precision) and bf16 twins against float64."""
-    import jax
     import torch
-    from flax import nnx
 
     from benchmarks.contenders import inputs, random_state
     from vit_common.config import ViTConfig
@@ -94,33 +93,28 @@ def parity(context: dict, variant: str) -> dict:
     from vit_jax.weights import from_numpy as jax_from_numpy
     from vit_torch import runner as torch_runner
     from vit_torch.weights import from_numpy as torch_from_numpy
-    from vit_torch.weights import tensor_to_numpy
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = ViTConfig.from_name(variant)
     state = random_state(cfg)
     images, _ = inputs(cfg, 2)
+    nhwc = images.transpose(0, 2, 3, 1)
 
     def to_np(v) -> np.ndarray:
         return np.asarray(v.astype("float32") if v.dtype != np.float64 else v)
 
     def run_jax(c: ViTConfig) -> dict[str, np.ndarray]:
-        graphdef, st = nnx.split(jax_from_numpy(c, state))
-        fwd = jax.jit(lambda s, x: nnx.merge(graphdef, s).forward_intermediates(x)[1])
-        out = fwd(st, images.transpose(0, 2, 3, 1).astype(c.dtype))
+        _, out = jax_runner.intermediates(jax_from_numpy(c, state), nhwc.astype(c.dtype))
         return {k: to_np(v) for k, v in out.items()}
 
     def run_jax_fused(c: ViTConfig) -> tuple[dict[str, np.ndarray], str]:
         model = jax_from_numpy(c, state)
-        graphdef, st = nnx.split(model)
-        logits = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))(st, images.transpose(0, 2, 3, 1).astype(c.dtype))
+        (logits,) = jax_runner.logits(model, [nhwc.astype(c.dtype)])
         return {"logits": to_np(logits)}, model.blocks[0].attn.kernel
 
     def run_torch(c: ViTConfig) -> dict[str, np.ndarray]:
-        model = torch_from_numpy(c, state, device=device)
-        with torch.inference_mode():
-            out = model.forward_intermediates(torch.from_numpy(images).to(device))[1]
-        return {k: tensor_to_numpy(v.float() if v.dtype == torch.bfloat16 else v) for k, v in out.items()}
+        _, out = torch_runner.intermediates(torch_from_numpy(c, state, device=device), nhwc)
+        return {k: to_np(v) for k, v in out.items()}
 
     def compare_all(a: dict, ref: dict, dtype: str) -> list[dict]:
         rows = []
@@ -129,22 +123,21 @@ def parity(context: dict, variant: str) -> dict:
             rows.append(compare(k, a[k], ref[k], what, dtype).to_dict())
         return rows
 
-    with torch_runner.full_precision():  # TF32 off for the whole check, as it was before it
-        with jax_runner.full_precision():
-            f32 = compare_all(run_jax(cfg), run_torch(cfg), "float32")
-        ref64 = run_torch(cfg.replace(dtype="float64", param_dtype="float64"))
-        bf16_cfg = cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
-        fused, kernel = run_jax_fused(bf16_cfg)
-        result = {
-            **context,
-            "variant": variant,
-            "batch": 2,
-            "float32_jax_vs_torch": f32,
-            "bfloat16_jax_vs_float64": compare_all(run_jax(bf16_cfg), ref64, "bfloat16"),
-            "bfloat16_jax_fused_vs_float64": compare_all(fused, ref64, "bfloat16"),
-            "bfloat16_jax_fused_kernel": kernel,
-            "bfloat16_torch_vs_float64": compare_all(run_torch(bf16_cfg), ref64, "bfloat16"),
-        }
+    # Every run through the twins' runners: full float32 matmul precision in both (no TF32), restored after.
+    f32 = compare_all(run_jax(cfg), run_torch(cfg), "float32")
+    ref64 = run_torch(cfg.replace(dtype="float64", param_dtype="float64"))
+    bf16_cfg = cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
+    fused, kernel = run_jax_fused(bf16_cfg)
+    result = {
+        **context,
+        "variant": variant,
+        "batch": 2,
+        "float32_jax_vs_torch": f32,
+        "bfloat16_jax_vs_float64": compare_all(run_jax(bf16_cfg), ref64, "bfloat16"),
+        "bfloat16_jax_fused_vs_float64": compare_all(fused, ref64, "bfloat16"),
+        "bfloat16_jax_fused_kernel": kernel,
+        "bfloat16_torch_vs_float64": compare_all(run_torch(bf16_cfg), ref64, "bfloat16"),
+    }
     keys = [k for k, v in result.items() if k.endswith("_vs_float64") or k.endswith("_vs_torch")]
     result["ok"] = all(r["ok"] for key in keys for r in result[key])
     return result

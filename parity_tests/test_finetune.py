@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from vit_cli.main import main
 from vit_common.checkpoints.convert import save_checkpoint
@@ -55,17 +54,6 @@ def test_fine_tuning_the_demo_s_timm_export_on_digits_beats_training_from_scratc
     assert config["train"]["init"] == str(timm_file) and config["preprocess"]["mean"] == [0.5]
     _, meta = read_safetensors(ft / "model_timm.safetensors")
     assert json.loads(meta["classes"]) == [str(k) for k in range(10)]
-
-
-def _image_folder(root: Path, classes: tuple[str, ...], n: int = 6) -> Path:
-    rng = np.random.default_rng(0)
-    for k, c in enumerate(classes):
-        (root / c).mkdir(parents=True)
-        for i in range(n):
-            img = rng.integers(0, 60, (20, 24, 3)).astype(np.uint8)
-            img[:, 8 * k : 8 * k + 8] += 150  # a class-dependent bright band
-            Image.fromarray(img).save(root / c / f"{i}.png")
-    return root
 
 
 def _hf_folder(path: Path) -> Path:
@@ -129,9 +117,9 @@ SOURCES = {"hf": _hf_folder, "big_vision": lambda p: _big_vision_file(p.with_suf
 
 
 @pytest.mark.parametrize("fmt", ["hf", "big_vision", "timm"])
-def test_fine_tuning_hands_back_the_checkpoint_s_format_checked_by_its_library(tmp_path, capsys, fmt):
+def test_fine_tuning_hands_back_the_checkpoint_s_format_checked_by_its_library(tmp_path, capsys, fmt, image_folder):
     src = SOURCES[fmt](tmp_path / "src")
-    data = _image_folder(tmp_path / "imgs", ("ant", "bee", "cat"))
+    data = image_folder(tmp_path / "imgs", ("ant", "bee", "cat"), n=6, size=(20, 24), band=True)
     out = tmp_path / "run"
     args = ["train", "--dataset", f"imagefolder:{data}", "--init", str(src), "--out", str(out), "--no-progress"]
     args += ["--image-size", "24"] if fmt == "hf" else ["--image-size", "32"] if fmt == "timm" else []

@@ -26,6 +26,12 @@ CASES = {
     "siglip_two_tower": ("SiglipModel", "SiglipConfig", dict(intermediate_size=48), "vision_pooler"),
     "siglip_classify": ("SiglipForImageClassification", "SiglipConfig", dict(intermediate_size=48), "logits"),
     "clip_vision": ("CLIPVisionModel", "CLIPVisionConfig", dict(intermediate_size=48), "pooler_output"),
+    "clip_vision_gelu": (
+        "CLIPVisionModel",
+        "CLIPVisionConfig",
+        dict(intermediate_size=48, hidden_act="gelu"),
+        "pooler_output",
+    ),
     "clip_projection": (
         "CLIPVisionModelWithProjection",
         "CLIPVisionConfig",
@@ -34,6 +40,7 @@ CASES = {
     ),
     "clip_two_tower": ("CLIPModel", "CLIPConfig", dict(intermediate_size=48), "image_features"),
     "dinov2": ("Dinov2Model", "Dinov2Config", dict(mlp_ratio=3), "pooler_output"),
+    "dinov2_swiglu": ("Dinov2Model", "Dinov2Config", dict(mlp_ratio=4, use_swiglu_ffn=True), "pooler_output"),
     "dinov2_classify_swiglu": (
         "Dinov2ForImageClassification",
         "Dinov2Config",
@@ -46,6 +53,12 @@ CASES = {
         dict(mlp_ratio=2, num_register_tokens=3, num_labels=5),
         "logits",
     ),
+    "dinov2_reg4": (
+        "Dinov2WithRegistersModel",
+        "Dinov2WithRegistersConfig",
+        dict(mlp_ratio=4, num_register_tokens=4),
+        "pooler_output",
+    ),
     "dinov2_registers_swiglu": (
         "Dinov2WithRegistersModel",
         "Dinov2WithRegistersConfig",
@@ -53,6 +66,7 @@ CASES = {
         "pooler_output",
     ),
     "vit_mae": ("ViTMAEModel", "ViTMAEConfig", dict(intermediate_size=48, mask_ratio=0.0), "cls"),
+    "vit_msn": ("ViTMSNModel", "ViTMSNConfig", dict(intermediate_size=48), "cls"),
     "vit_msn_classify": (
         "ViTMSNForImageClassification",
         "ViTMSNConfig",
@@ -351,3 +365,202 @@ def test_other_vision_towers_are_refused_by_name(model_type, what, tmp_path):
     )
     with pytest.raises(ValueError, match=f"model_type='{model_type}' is not supported .the twins lack {what}"):
         load_checkpoint(tmp_path / "hf")
+
+
+def _mae_noise(x: np.ndarray) -> dict:
+    """ViTMAEModel's per-patch noise in patch order: with mask_ratio=0 its shuffle is then the identity,
+    so its hidden states are in our token order (its class token does not depend on the order)."""
+    n = (x.shape[2] // 8) * (x.shape[3] // 8)
+    return {"noise": torch.arange(x.shape[0] * n, dtype=torch.float32).reshape(x.shape[0], n)}
+
+
+@pytest.mark.parametrize(
+    "case, arch, spelling",
+    [
+        ("vit_mae", "ViTMAEModel", "v4"),
+        ("vit_mae", "ViTMAEModel", "v5"),
+        ("vit_msn", "ViTMSNModel", "v4"),
+        ("vit_msn_classify", "ViTMSNForImageClassification", "v5"),
+    ],
+)
+def test_mae_and_msn_are_written_as_their_own_model_types(case, arch, spelling, tmp_path, images):
+    """A ViT-MAE / ViT-MSN folder converted --to hf_family is written as its own model_type (config.json
+    and key layout), which transformers loads strictly, giving the source model's output and every
+    hidden state (ViTMAEModel with mask_ratio=0, in patch order); it reads back bit-exact."""
+    import json
+
+    from vit_common.checkpoints.convert import convert
+    from vit_common.checkpoints.formats.hf import HfWriteOptions
+
+    model = _build(case)
+    model.save_pretrained(tmp_path / "src")
+    report = convert(tmp_path / "src", tmp_path / "out", to_fmt="hf_family", write_options=HfWriteOptions(spelling))
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (config["model_type"], config["architectures"]) == (case.removesuffix("_classify"), [arch])
+    assert f"transformers.{arch}.from_pretrained(" in report.load_call
+    loaded, info = getattr(transformers, arch).from_pretrained(
+        tmp_path / "out", output_loading_info=True, attn_implementation="eager"
+    )
+    assert not any(v for k, v in info.items() if k != "error_msgs") and not info.get("error_msgs"), info
+    x = images(2, (32, 32))
+    ref, inter = _reference(case, model, x)
+    kw = _mae_noise(x) if case == "vit_mae" else {}
+    with torch.no_grad():
+        inner = _vision(loaded.eval())(torch.from_numpy(x), output_hidden_states=True, **kw)
+        got = loaded(torch.from_numpy(x)).logits if "Classification" in arch else inner.last_hidden_state[:, 0]
+    assert compare("written folder", got.numpy(), ref, "tensor", "float32").ok
+    for i, h in enumerate(inner.hidden_states[1:]):
+        assert compare(f"block{i:02d}", h.numpy(), inter[f"block{i:02d}"], "tensor", "float32").ok
+    src, back = load_checkpoint(tmp_path / "src", strict=True), load_checkpoint(tmp_path / "out", strict=True)
+    assert back.report.model_type == src.report.model_type == config["model_type"]
+    assert back.cfg == src.cfg and all(np.array_equal(back.state[k], v) for k, v in src.state.items())
+
+
+def test_a_plain_vit_is_written_as_msn_when_asked_and_refused_where_the_type_cannot_hold_it(tmp_path):
+    """``vit convert --to hf_family --hf-model-type vit_msn`` writes an HF ViT classifier as ViT-MSN's
+    (exit 0, loaded strictly); vit_mae has no classifier: refused by name, exit 2, nothing written."""
+    from vit_cli.main import main
+
+    transformers.ViTForImageClassification(
+        transformers.ViTConfig(**SMALL, intermediate_size=48, num_labels=3)
+    ).save_pretrained(tmp_path / "vit")
+    argv = ["convert", str(tmp_path / "vit"), str(tmp_path / "msn"), "--to", "hf_family", "--hf-model-type"]
+    assert main([*argv, "vit_msn"]) == 0
+    _, info = transformers.ViTMSNForImageClassification.from_pretrained(tmp_path / "msn", output_loading_info=True)
+    assert not any(v for k, v in info.items() if k != "error_msgs"), info
+    argv[2] = str(tmp_path / "mae")
+    assert main([*argv, "vit_mae"]) == 2
+    assert not (tmp_path / "mae").exists()
+
+
+@pytest.mark.parametrize("case", ["siglip_two_tower", "clip_projection", "dinov2_registers_classify", "vit_mae"])
+def test_parity_against_transformers_of_the_folders_model_type(case, tmp_path, capsys):
+    """``vit parity FOLDER --against transformers`` compares both twins with the transformers class of
+    the folder's model type (a two-tower folder's vision tower): exit 0, and the JSON's logits (pooled
+    features or projection), every block and every attention map have a passing transformers column."""
+    import json
+
+    from vit_cli.main import main
+
+    _build(case).save_pretrained(tmp_path / "hf")
+    argv = ["parity", str(tmp_path / "hf"), "--against", "transformers", "--json", str(tmp_path / "r.json")]
+    assert main(argv) == 0
+    assert "transformers max abs" in capsys.readouterr().out
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["format"] == "hf_family" and res["against"] == "transformers" and res["ok"]
+    rows = {r["name"]: r for r in res["rows"]}
+    compared = [n for n in ("block00", "block01", "attn00", "attn01", "logits") if rows[n]["against"] is not None]
+    assert compared == ["block00", "block01", "attn00", "attn01", "logits"]
+    assert all(rows[n]["against"]["ok"] and rows[n]["against"]["rel"] < 1e-5 for n in compared)
+
+
+# case -> (timm architecture, its keywords at test width): timm's name fixes the rest (class token, pooling,
+# pre-norm, eps, LayerScale, registers, the packed SwiGLU). mlp_ratio gives each folder's MLP width;
+# vit_giant_patch14_dinov2's SwiGLUPacked halves 2 * 88 rows, as HF's SwiGLU FFN rounds 32 * 4 * 2/3.
+TIMM_NAMES = {
+    "siglip_vision": ("vit_base_patch16_siglip_224", dict(mlp_ratio=1.5, act_layer="gelu_tanh")),
+    "siglip_two_tower": ("vit_base_patch16_siglip_224", dict(mlp_ratio=1.5, act_layer="gelu_tanh")),
+    "clip_vision": ("vit_base_patch16_clip_quickgelu_224", dict(mlp_ratio=1.5)),
+    "clip_vision_gelu": ("vit_base_patch16_clip_224", dict(mlp_ratio=1.5)),
+    "dinov2": ("vit_small_patch14_dinov2", dict(mlp_ratio=3)),
+    "dinov2_swiglu": ("vit_giant_patch14_dinov2", dict(mlp_ratio=5.5)),
+    "dinov2_reg4": ("vit_small_patch14_reg4_dinov2", dict(mlp_ratio=4)),
+}
+
+
+@pytest.mark.parametrize("case", TIMM_NAMES)
+def test_converted_to_timm_loads_strictly_in_timms_own_architecture(case, tmp_path, images):
+    """A transformers SigLIP / CLIP / DINOv2 (registers, SwiGLU) vision folder, ``vit convert --to timm``:
+    timm's own architecture for that model (built at test width) loads the file strictly and gives
+    transformers' pooled features within 1e-5. timm's SigLIP names build exact GELU where transformers'
+    SigLIP has the tanh one: act_layer='gelu_tanh' is passed (the name alone is 2.6e-4 off here)."""
+    import timm
+    from safetensors.torch import load_file
+
+    from vit_cli.main import main
+
+    model = _build(case)
+    model.save_pretrained(tmp_path / "hf")
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "t.safetensors"), "--to", "timm"]) == 0
+    name, kw = TIMM_NAMES[case]
+    size = dict(embed_dim=32, depth=2, num_heads=4, img_size=32, patch_size=8, num_classes=0)
+    tm = timm.create_model(name, pretrained=False, **size, **kw).eval()
+    tm.load_state_dict(load_file(tmp_path / "t.safetensors"), strict=True)
+    x = images(2, (32, 32))
+    ref, _ = _reference(case, model, x)
+    with torch.no_grad():
+        assert compare(name, tm(torch.from_numpy(x)).numpy(), ref, "tensor", "float32").ok
+    if "act_layer" in kw:
+        plain = timm.create_model(name, pretrained=False, **size, mlp_ratio=kw["mlp_ratio"]).eval()
+        plain.load_state_dict(load_file(tmp_path / "t.safetensors"), strict=True)
+        with torch.no_grad():
+            assert not compare(name, plain(torch.from_numpy(x)).numpy(), ref, "tensor", "float32").ok
+
+
+def _big_vision_siglip_names(depth: int, prefix: str = "params/img/") -> set[str]:
+    """The parameter names big_vision gives a SigLIP image tower (``pool_type='map'``, no class token, no
+    head: ``out_dim=(None, ...)``), flattened with '/' as its .npz checkpoints are, from big_vision
+    0127fb6 ``big_vision/models/vit.py``: ``_Model`` (``nn.Conv(name="embedding")``, ``get_posemb(...,
+    "pos_embedding")``, ``Encoder(name="Transformer")``, ``MAPHead``), ``Encoder`` (``encoderblock_{i}``,
+    ``nn.LayerNorm(name="encoder_norm")``), ``Encoder1DBlock`` (LayerNorm_0, MultiHeadDotProductAttention_0,
+    LayerNorm_1, MlpBlock_0), ``MlpBlock`` (Dense_0, Dense_1), ``MAPHead`` (``probe``,
+    MultiHeadDotProductAttention_0, LayerNorm_0, MlpBlock_0); flax's attention has query/key/value/out;
+    ``models/proj/image_text/two_towers.py`` names the image tower ``img``."""
+    attn = [
+        f"MultiHeadDotProductAttention_0/{m}/{w}" for m in ("query", "key", "value", "out") for w in ("kernel", "bias")
+    ]
+    norm = lambda n: [f"{n}/scale", f"{n}/bias"]  # noqa: E731
+    mlp = [f"MlpBlock_0/Dense_{j}/{w}" for j in (0, 1) for w in ("kernel", "bias")]
+    names = ["embedding/kernel", "embedding/bias", "pos_embedding", *norm("Transformer/encoder_norm")]
+    for i in range(depth):
+        b = f"Transformer/encoderblock_{i}/"
+        names += [b + n for n in [*norm("LayerNorm_0"), *attn, *norm("LayerNorm_1"), *mlp]]
+    names += ["MAPHead_0/probe"] + [f"MAPHead_0/{n}" for n in [*attn, *norm("LayerNorm_0"), *mlp]]
+    return {prefix + n for n in names}
+
+
+def test_siglip_as_a_big_vision_npz_reads_and_writes_exactly(tmp_path, images):
+    """A transformers SigLIP vision folder, ``vit convert --to big_vision --npz-prefix params/img/``: the
+    .npz holds exactly the names big_vision's SigLIP image tower has (flax layouts: DenseGeneral q/k/v
+    (D, N, D/N), conv kernel HWIO); read back it is the same model bit for bit, equal to transformers; a
+    two-tower file's text tower, ``t`` and ``b`` are reported as ignored, each by name."""
+    from vit_cli.main import main
+
+    model = _build("siglip_vision")
+    model.save_pretrained(tmp_path / "hf")
+    npz = tmp_path / "siglip.npz"
+    assert main(["convert", str(tmp_path / "hf"), str(npz), "--to", "big_vision", "--npz-prefix", "params/img/"]) == 0
+    with np.load(npz) as z:
+        files = {k: z[k] for k in z.files}
+    assert set(files) == _big_vision_siglip_names(2)
+    p = "params/img/"
+    assert files[p + "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"].shape == (32, 4, 8)
+    assert files[p + "MAPHead_0/MultiHeadDotProductAttention_0/out/kernel"].shape == (4, 8, 32)
+    assert files[p + "embedding/kernel"].shape == (8, 8, 3, 32) and files[p + "pos_embedding"].shape == (1, 16, 32)
+    src = load_checkpoint(tmp_path / "hf", strict=True)
+    files |= {
+        "params/txt/Embed_0/embedding": np.ones((40, 16), np.float32),
+        "params/t": np.array([2.3], np.float32),
+        "params/b": np.array([-10.0], np.float32),
+    }
+    np.savez(tmp_path / "two_tower.npz", **files)
+    for path in (npz, tmp_path / "two_tower.npz"):
+        back = load_checkpoint(path)
+        assert back.report.format == "big_vision"
+        assert back.cfg == src.cfg.replace(posemb_resample="bilinear_corners")
+        assert (
+            all(np.array_equal(back.state[k], v) for k, v in src.state.items())
+            and back.state.keys() == src.state.keys()
+        )
+    why = dict(back.report.dropped)
+    assert set(why) == {"params/txt/Embed_0/embedding", "params/t", "params/b"}
+    assert "text tower" in why["params/txt/Embed_0/embedding"] and "temperature t" in why["params/t"]
+    assert "logit bias b" in why["params/b"]
+    x = images(2, (32, 32))
+    ref, _ = _reference("siglip_vision", model, x)
+    with torch.no_grad():
+        got = vit_torch.load_model(npz, source_image_size=32, gelu="tanh", ln_eps=1e-6, strict=True)(
+            torch.from_numpy(x)
+        )
+    got = got.numpy()
+    assert compare("big_vision npz", got, ref, "tensor", "float32").ok

@@ -164,15 +164,92 @@ HF_REFUSED = {
 }
 HF_ALL = HF_CASES | {k: v[:3] for k, v in HF_REFUSED.items()}
 
+# transformers vision towers beyond ViT and DeiT (the hf_family format), each at test width (32 wide, one
+# block, 4 heads, a 4x4 grid of 8 px patches): case -> (architecture, config class, config keywords, how
+# the folder is written, the image size run). Every family with and without its head, the v5 module
+# names where they differ from the v4 file names (DINOv2's attention and SwiGLU, the ViT-style types'
+# ``layers.i``), sharded folders, and sizes other than the native 32 (the position embedding resampled
+# as transformers does: DINOv2 always, the others with interpolate_pos_encoding=True).
+_MLP = dict(intermediate_size=48)
+HF_FAMILY_CASES = {
+    "siglip_vision": ("SiglipVisionModel", "SiglipVisionConfig", _MLP, "v4", (32, 32)),
+    "siglip_vision_no_head": (
+        "SiglipVisionModel",
+        "SiglipVisionConfig",
+        _MLP | dict(vision_use_head=False),
+        "v4",
+        (32, 32),
+    ),
+    "siglip_vision_sharded": ("SiglipVisionModel", "SiglipVisionConfig", _MLP, "sharded", (32, 32)),
+    "siglip_vision_48x40": ("SiglipVisionModel", "SiglipVisionConfig", _MLP, "v4", (48, 40)),
+    "siglip_two_tower": ("SiglipModel", "SiglipConfig", _MLP, "v4", (32, 32)),
+    "siglip_classify": ("SiglipForImageClassification", "SiglipConfig", _MLP, "v4", (32, 32)),
+    "clip_vision": ("CLIPVisionModel", "CLIPVisionConfig", _MLP, "v4", (32, 32)),
+    "clip_vision_gelu": ("CLIPVisionModel", "CLIPVisionConfig", _MLP | dict(hidden_act="gelu"), "v4", (32, 32)),
+    "clip_projection": (
+        "CLIPVisionModelWithProjection",
+        "CLIPVisionConfig",
+        _MLP | dict(projection_dim=24),
+        "v4",
+        (32, 32),
+    ),
+    "clip_projection_24x40": (
+        "CLIPVisionModelWithProjection",
+        "CLIPVisionConfig",
+        _MLP | dict(projection_dim=24),
+        "v4",
+        (24, 40),
+    ),
+    "clip_two_tower": ("CLIPModel", "CLIPConfig", _MLP, "v4", (32, 32)),
+    "dinov2": ("Dinov2Model", "Dinov2Config", dict(mlp_ratio=3), "v4", (32, 32)),
+    "dinov2_v5_names": ("Dinov2Model", "Dinov2Config", dict(mlp_ratio=3), "v5", (32, 32)),
+    "dinov2_sharded": ("Dinov2Model", "Dinov2Config", {}, "sharded", (32, 32)),
+    "dinov2_48x40": ("Dinov2Model", "Dinov2Config", {}, "v4", (48, 40)),
+    "dinov2_classify": ("Dinov2ForImageClassification", "Dinov2Config", {}, "v4", (32, 32)),
+    "dinov2_swiglu": ("Dinov2Model", "Dinov2Config", dict(use_swiglu_ffn=True), "v4", (32, 32)),
+    "dinov2_swiglu_v5_names": (
+        "Dinov2ForImageClassification",
+        "Dinov2Config",
+        dict(use_swiglu_ffn=True),
+        "v5",
+        (32, 32),
+    ),
+    "dinov2_registers": ("Dinov2WithRegistersModel", "Dinov2WithRegistersConfig", {}, "v4", (32, 32)),
+    "dinov2_registers_24": ("Dinov2WithRegistersModel", "Dinov2WithRegistersConfig", {}, "v4", (24, 24)),
+    "dinov2_registers_classify_v5_names": (
+        "Dinov2WithRegistersForImageClassification",
+        "Dinov2WithRegistersConfig",
+        dict(num_register_tokens=2, use_swiglu_ffn=True),
+        "v5",
+        (32, 32),
+    ),
+    "vit_mae": ("ViTMAEModel", "ViTMAEConfig", _MLP | dict(mask_ratio=0.0), "v4", (32, 32)),
+    "vit_mae_v5_names": ("ViTMAEModel", "ViTMAEConfig", _MLP | dict(mask_ratio=0.0), "v5", (32, 32)),
+    "vit_msn": ("ViTMSNModel", "ViTMSNConfig", _MLP, "v4", (32, 32)),
+    "vit_msn_classify": ("ViTMSNForImageClassification", "ViTMSNConfig", _MLP, "v4", (32, 32)),
+    "vit_msn_classify_v5_names": ("ViTMSNForImageClassification", "ViTMSNConfig", _MLP, "v5", (32, 32)),
+    "ijepa": ("IJepaModel", "IJepaConfig", _MLP, "v4", (32, 32)),
+    "ijepa_classify_v5_names": ("IJepaForImageClassification", "IJepaConfig", _MLP, "v5", (32, 32)),
+}
+HF_FAMILY_REFUSED = {  # case -> (architecture, config class, the words of the refusal)
+    "clip_classify": ("CLIPForImageClassification", "CLIPConfig", "a classifier on the mean of un-normalised"),
+    "vit_mae_pretraining": ("ViTMAEForPreTraining", "ViTMAEConfig", "ViT-MAE's masked-image-modelling decoder"),
+    "dinov2_backbone": ("Dinov2Backbone", "Dinov2Config", "a multi-stage backbone output"),
+    "data2vec_vision": ("Data2VecVisionModel", "Data2VecVisionConfig", "relative position tables and q/v biases"),
+    "dinov3": ("DINOv3ViTModel", "DINOv3ViTConfig", "rotary position embeddings (DINOv3)"),
+    "siglip2_naflex": ("Siglip2VisionModel", "Siglip2VisionConfig", "NaFlex variable-resolution patches"),
+    "aimv2": ("Aimv2VisionModel", "Aimv2VisionConfig", "RMSNorm (AIMv2)"),
+}
+
 
 def counts() -> dict[str, int]:
     """Files per outcome: timm files store no config (GELU, eps and the grid are always assumed), so
-    every supported one is 'warned'; transformers folders declare everything in config.json, timm hub
-    folders through the model timm builds from theirs."""
+    every supported one is 'warned'; transformers folders (ViT, DeiT and the other vision towers) declare
+    everything in config.json, timm hub folders through the model timm builds from theirs."""
     return {
-        "exact": len(HF_CASES) + len(TIMM_HUB_CASES),
+        "exact": len(HF_CASES) + len(TIMM_HUB_CASES) + len(HF_FAMILY_CASES),
         "warned": len(TIMM_CASES) - len(TIMM_REFUSED),
-        "refused": len(TIMM_REFUSED) + len(HF_REFUSED) + len(TIMM_HUB_REFUSED),
+        "refused": len(TIMM_REFUSED) + len(HF_REFUSED) + len(TIMM_HUB_REFUSED) + len(HF_FAMILY_REFUSED),
         "wrong": 0,
     }
 
@@ -308,6 +385,75 @@ def test_transformers_folder(case, tmp_path, hf_vit, images):
     ref = out.logits if hasattr(out, "logits") else out.pooler_output
     ref = (ref if ref is not None else out.last_hidden_state[:, 0]).numpy()
     ckpt = load_checkpoint(tmp_path / "hf", strict=True)
+    assert ckpt.report.assumed == [] and _equal(_twins(ckpt, x), ref)
+
+
+_TEXT = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, vocab_size=40)
+
+
+def _family_model(arch: str, config_cls: str, config: dict, perturb):
+    """A transformers model ``arch`` at test width (a two-tower config's vision tower, with a tiny text
+    tower), random weights perturbed, in eval mode."""
+    import transformers
+
+    small = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, image_size=32, patch_size=8)
+    cls = getattr(transformers, config_cls)
+    if config_cls in ("SiglipConfig", "CLIPConfig"):
+        extra = {"projection_dim": 24} if config_cls == "CLIPConfig" else {}
+        c = cls(vision_config=small | config, text_config=_TEXT, **extra)
+        c.num_labels = 5
+    else:
+        c = cls(**small, **config, num_labels=5)
+    torch.manual_seed(0)
+    model = getattr(transformers, arch)._from_config(c, attn_implementation="eager")
+    return perturb(model, scale=0.05)
+
+
+def _family_output(model, arch: str, x: np.ndarray) -> np.ndarray:
+    """What transformers' ``arch`` gives for images ``x`` as the twins' output: logits, CLIP's projection,
+    the pooler (SigLIP's MAP head, CLIP's and DINOv2's class token), else the class token (ViT-MAE with
+    patch-order noise, ViT-MSN), the mean of the tokens (I-JEPA) or every token (SigLIP without head)."""
+    pixels = torch.from_numpy(x)
+    top = {"interpolate_pos_encoding": True} if x.shape[2:] != (32, 32) and not arch.startswith("Dinov2") else {}
+    with torch.no_grad():
+        if arch in ("SiglipModel", "CLIPModel"):
+            pooled = model.vision_model(pixels, **top).pooler_output
+            return (model.visual_projection(pooled) if arch == "CLIPModel" else pooled).numpy()
+        n = (x.shape[2] // 8) * (x.shape[3] // 8)
+        noise = {"noise": torch.arange(n, dtype=torch.float32)[None].repeat(len(x), 1)} if arch == "ViTMAEModel" else {}
+        out = model(pixels, **noise, **top)
+    for name in ("logits", "image_embeds", "pooler_output"):
+        if getattr(out, name, None) is not None:
+            return getattr(out, name).numpy()
+    last = out.last_hidden_state
+    return (last.mean(1) if arch == "IJepaModel" else last[:, 0] if arch.startswith("ViTM") else last).numpy()
+
+
+@pytest.mark.parametrize("case", HF_FAMILY_CASES | HF_FAMILY_REFUSED)
+def test_transformers_family_folder(case, tmp_path, perturb, images):
+    if case in HF_FAMILY_REFUSED:
+        arch, config_cls, words = HF_FAMILY_REFUSED[case]
+        _family_model(arch, config_cls, {}, perturb).save_pretrained(tmp_path / "hf")
+        with pytest.raises(ValueError, match=re.escape(words)):
+            load_checkpoint(tmp_path / "hf")
+        return
+    arch, config_cls, config, how, size = HF_FAMILY_CASES[case]
+    model = _family_model(arch, config_cls, config, perturb)
+    if how == "v5":
+        (tmp_path / "hf").mkdir()
+        model.config.to_json_file(tmp_path / "hf" / "config.json")
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / "hf" / "model.safetensors")
+    else:
+        model.save_pretrained(tmp_path / "hf", **({"max_shard_size": "8KB"} if how == "sharded" else {}))
+    if how == "sharded":
+        index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+        assert len(set(index["weight_map"].values())) > 1
+    x = images(1, size)
+    ref = _family_output(model, arch, x)
+    ckpt = load_checkpoint(tmp_path / "hf", strict=True, **({"image_size": size} if size != (32, 32) else {}))
+    assert (
+        ckpt.report.format == "hf_family" and ckpt.report.layout == f"{arch}, {'v5' if how == 'v5' else 'v4'} key names"
+    )
     assert ckpt.report.assumed == [] and _equal(_twins(ckpt, x), ref)
 
 

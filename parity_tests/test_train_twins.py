@@ -215,3 +215,19 @@ def test_adam_state_crosses_frameworks_k_torch_then_k_jax_equals_2k_jax(x64, dat
                 assert c.ok, c
     with pytest.raises(ValueError, match=r"missing \['head.bias'\]"):
         torch_cont.load_adam_state({**half[1], "mu": {n: v for n, v in half[1]["mu"].items() if n != "head.bias"}})
+
+
+def test_the_twins_moving_averages_agree_to_the_float64_bound_and_a_wrong_decay_shows(x64, data):
+    """--ema with a warm-up in both twins (optax.incremental_update in the jitted step against the torch
+    twin's ModelEma): every step's EMA within 1e-10; a torch twin with another decay agrees at step 1 (the
+    first update is a copy in both) and parts in the EMA alone at step 2."""
+    knobs = dict(ema=0.8, ema_warmup=True, ema_warmup_gamma=2.0, ema_warmup_power=0.8, ema_min_decay=0.3)
+    tcfg = dataclasses.replace(FULL, recipe="timm", epochs=3, **knobs)
+    r = compare_training(TINY, tcfg, data, 6)
+    assert r.ok and r.has_ema and all(row.ema <= 1e-10 and row.ema_worst for row in r.rows), r.rows
+    plain = dataclasses.replace(tcfg, ema_warmup=False, epochs=1)
+    other = compare_training(TINY, plain, data, 2, torch_tcfg=dataclasses.replace(plain, ema=0.5))
+    assert other.first_bad_step == 2 and other.rows[0].ema <= 1e-10, other.rows
+    assert other.rows[1].ema > 1e-3 and other.rows[1].params <= 1e-10
+    with pytest.raises(ValueError, match=r"ema=0.8 \(JAX\) and None \(torch\): an EMA in both twins or in neither"):
+        compare_training(TINY, tcfg, data, 1, torch_tcfg=dataclasses.replace(tcfg, ema=None))

@@ -30,7 +30,7 @@ def _loaded_after(statement: str) -> set[str]:
         ),
         ("import vit_torch", JAX_MODULES),
         ("import vit_jax", TORCH_MODULES),
-        ("import vit_jax.train, vit_jax.data, vit_jax.finetune", TORCH_MODULES),
+        ("import vit_jax.train, vit_jax.data, vit_jax.finetune, vit_jax.run", TORCH_MODULES),
         ("import vit_cli.main as m; m.build_parser()", JAX_MODULES + TORCH_MODULES),
     ],
 )
@@ -72,7 +72,7 @@ def test_tests_need_one_framework_and_parity_tests_two():
     assert not both, both
 
 
-ROOTS = ("vit_common", "vit_cli")  # the twins' weights <-> formats pairs are a known circle (issue 21)
+ROOTS = ("vit_common", "vit_jax", "vit_torch", "vit_cli", "benchmarks")
 
 
 def _imports(path: Path, modules: set[str]) -> set[str]:

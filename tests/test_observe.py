@@ -83,11 +83,13 @@ def test_no_mfu_without_a_known_peak(tmp_path):
         (["--profile-steps", "5:7"], "vit train: error: --profile-steps 5:7: the run has steps 1 to 6"),
         (
             ["--tensorboard", "{tmp}/f/tb"],
-            "vit train: error: --tensorboard {tmp}/f/tb: {tmp}/f is not a folder",
+            "vit train: error: --tensorboard {tmp}/f/tb: cannot be written ({tmp}/f is not a folder); "
+            "choose another path",
         ),
         pytest.param(
             ["--tensorboard", "{tmp}/locked/tb"],
-            "vit train: error: --tensorboard {tmp}/locked/tb: {tmp}/locked is not writable",
+            "vit train: error: --tensorboard {tmp}/locked/tb: cannot be written (folder {tmp}/locked is not writable); "
+            "choose another path",
             marks=pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only folder"),
         ),
     ],
@@ -116,3 +118,89 @@ def test_a_malformed_window_is_a_usage_error(flag, value, message, capsys):
         main(["train", *TINY, flag, value])
     assert e.value.code == 2
     assert f"vit train: error: argument {flag}: {message}" in capsys.readouterr().err
+
+
+def wandb_records(path) -> list:
+    """The records of a wandb transaction log (``run-ID.wandb``), parsed with wandb's own protobuf schema
+    (``wandb.proto.wandb_internal_pb2.Record``). wandb 0.31 writes the file from its Go core and ships no
+    Python reader; the framing is LevelDB's log format: the 7-byte header b":W&B" + magic 0xBEE1 + version
+    0, then 32 KiB blocks of records, each crc32c (4 bytes), length (2, little-endian), type (1: whole, 2-4:
+    first, middle, last part)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, block = path.read_bytes(), 32768
+    assert data[:7] == b":W&B\xe1\xbe\x00"
+    pos, part, out = 7, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        if left < 7 or kind == 0:  # the zero padding at a block's end
+            pos += left
+            continue
+        part, pos = part + data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(part)
+            out.append(record)
+            part = b""
+    return out
+
+
+def test_wandb_offline_gets_the_tensorboard_scalars_and_the_config_and_the_ema_is_evaluated(
+    tmp_path, capsys, monkeypatch
+):
+    """--wandb with WANDB_MODE=offline: a run under RUN/wandb whose history holds every TensorBoard scalar at
+    its step and whose config is config.json's; --ema adds test_ema/* beside test/* in both and in
+    metrics.jsonl, and the summary line."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run = tmp_path / "run"
+    extra = ["--ema", "0.9", "--wandb", "--eval-every", "2steps", "--keep", "1", "--keep-best", "test_ema_loss"]
+    assert main(["train", *TINY, "--out", str(run), *extra]) == 0
+    out = capsys.readouterr().out
+    assert "EMA weights: test accuracy " in out
+    lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    test = {r["step"]: r for r in lines if "test_loss" in r}
+    assert sorted(test) == [2, 4, 6] and all(r["test_ema_loss"] != r["test_loss"] for r in test.values())
+    best = min(test, key=lambda s: test[s]["test_ema_loss"])  # the EMA's best, kept beside the last
+    assert sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == sorted({best, 6})
+    assert f"best checkpoint by test_ema_loss: step {best}" in out
+    tb = scalars(run / "tensorboard")
+    for k in ("loss", "accuracy", "top5_accuracy"):
+        assert tb[f"test_ema/{k}"] == {s: np.float32(r[f"test_ema_{k}"]) for s, r in test.items()}, k
+    (log,) = (run / "wandb").glob("offline-run-*/run-*.wandb")
+    records = wandb_records(log)
+    history: dict[str, dict[int, float]] = {}
+    for r in records:
+        if r.WhichOneof("record_type") == "history":
+            for item in r.history.item:
+                history.setdefault(item.key or "/".join(item.nested_key), {})[r.history.step.num] = json.loads(
+                    item.value_json
+                )
+    history = {k: v for k, v in history.items() if not k.startswith("_")}  # wandb's own _step, _runtime, ...
+    assert sorted(history) == sorted(tb)
+    for tag, values in tb.items():  # TensorBoard stores float32
+        assert {s: np.float32(v) for s, v in history[tag].items()} == values, tag
+    (header,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    config = {i.key: json.loads(i.value_json) for i in header.config.update}
+    saved = json.loads((run / "config.json").read_text())
+    assert header.project == "vit-twins" and header.display_name == "run"
+    assert {k: config[k] for k in ("model", "train")} == {k: saved[k] for k in ("model", "train")}
+    assert saved["train"]["ema"] == 0.9 and saved["exports"] == {"weights": "raw"}
+
+
+def test_wandb_not_installed_is_one_line_naming_the_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "wandb", None)  # import wandb raises ImportError
+    assert main(["train", *TINY, "--out", str(tmp_path / "run"), "--wandb"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == 'vit train: error: --wandb: wandb is not installed (pip install "vit-twins[wandb]")'
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_ema_metric_for_keep_best_needs_ema(tmp_path, capsys):
+    assert main(["train", *TINY, "--out", str(tmp_path / "run"), "--keep-best", "test_ema_accuracy"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == (
+        "vit train: error: --keep-best test_ema_accuracy: this run keeps no moving average of the weights; "
+        "pass --ema DECAY too"
+    )
+    assert list(tmp_path.iterdir()) == []

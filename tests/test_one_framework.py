@@ -12,14 +12,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from vit_common.checkpoints.convert import save_checkpoint
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
-from vit_common.state import canonical_shapes
 
 ROOT = Path(__file__).resolve().parents[1]
 JAX = "jax,jaxlib,flax,optax,orbax,grain"
@@ -52,17 +49,13 @@ def vit(blocked: str, *args) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(tmp_path_factory, random_state, image_folder):
     """A tiny checkpoint with class names and preprocessing, and an image folder of its classes."""
     root = tmp_path_factory.mktemp("one_framework")
     cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
-    rng = np.random.default_rng(0)
-    state = {k: rng.standard_normal(s).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
+    state = random_state(cfg)
     save_checkpoint(root / "m.safetensors", cfg, state, "canonical", preprocess=Preprocess(), classes=["a", "b", "c"])
-    for c in "abc":
-        (root / "imgs" / c).mkdir(parents=True)
-        for i in range(2):
-            Image.fromarray(rng.integers(0, 256, (10, 12, 3), dtype=np.uint8)).save(root / "imgs" / c / f"{i}.png")
+    image_folder(root / "imgs", "abc", n=2, size=(10, 12), band=True)
     return root
 
 

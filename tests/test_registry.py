@@ -52,7 +52,7 @@ def test_each_format_answers_its_own_questions(tmp_path):
         "orbax": None,
         "canonical": None,
         "hf": ("transformers", "from_pretrained"),
-        "hf_family": None,
+        "hf_family": ("transformers", "from_pretrained"),
         "timm": ("timm", "state_dict"),
         "original_vit": ("timm", "npz"),
         "big_vision": ("timm", "npz"),

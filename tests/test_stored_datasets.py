@@ -1,4 +1,4 @@
-"""Datasets people store: Hugging Face (``save_to_disk`` and Parquet) and ArrayRecord, each built here with
+"""Datasets people store: Hugging Face (``save_to_disk`` and Parquet), ArrayRecord and TFDS, each built here with
 the library that defines the format, give the same batches as the same images in an image folder:
 same splits, labels, class names, decoded pixels, augmentation; through grain's worker processes,
 resumed mid-run and split between processes. The fingerprint a resumed run compares, and bad input."""
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -171,6 +172,81 @@ def test_arrayrecord_written_by_convert_and_by_array_record_equal_the_folder(tmp
     assert direct.classes == ("0", "1", "2")  # no dataset.json beside it
     np.testing.assert_array_equal(direct.train.labels, folder.train.labels)
     _same(_batches(direct), _batches(folder))
+
+
+def _tfds(data_dir, splits: dict[str, list[tuple[bytes, int]]]) -> str:
+    """A tfds dataset ``tiny`` prepared by tfds's own builder in ArrayRecord format, without TensorFlow
+    (images given as files: tfds encodes arrays with TensorFlow); in the generator's order
+    (``disable_shuffling``). Returns its version folder."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+    files = {}
+    for split, images in splits.items():
+        (data_dir / "src" / split).mkdir(parents=True)
+        files[split] = []
+        for i, (data, label) in enumerate(images):
+            (data_dir / "src" / split / f"{i}.jpg").write_bytes(data)
+            files[split].append((str(data_dir / "src" / split / f"{i}.jpg"), label))
+
+    class Tiny(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            features = {"image": tfds.features.Image(), "label": tfds.features.ClassLabel(names=list(CLASSES))}
+            return tfds.core.DatasetInfo(
+                builder=self,
+                features=tfds.features.FeaturesDict(features),
+                supervised_keys=("image", "label"),
+                disable_shuffling=True,
+            )
+
+        def _split_generators(self, dl_manager):
+            return {split: self._generate_examples(split) for split in files}
+
+        def _generate_examples(self, split):
+            for i, (path, label) in enumerate(files[split]):
+                yield i, {"image": path, "label": label}
+
+    builder = Tiny(data_dir=str(data_dir / "tfds"), file_format="array_record")
+    builder.download_and_prepare()
+    return str(builder.data_dir)
+
+
+def test_tfds_prepared_as_arrayrecord_gives_the_image_folders_batches(tmp_path):
+    """A tfds dataset with train and validation splits, prepared and read without TensorFlow, equals the
+    image folder of the same images batch for batch: through workers, resumed, and one process's share.
+    Its JPEG bytes reach the image path as stored (not decoded by tfds)."""
+    images, test = _images(), sorted(_images(2), key=lambda t: t[1])
+    version = _tfds(tmp_path, {"train": images, "validation": test})
+    d = load_dataset(f"tfds:{version}", (8, 8), 3)
+    split = load_dataset(_split_folder(tmp_path / "split", images, test), (8, 8), 3)
+    _same_dataset(d, split)
+    assert [d.train[i]["image"] for i in range(3)] == [data for data, _ in images[:3]]
+    _same(_batches(d, workers=2, start=3), _batches(split)[3:])
+    _same(_batches(d, process_index=1, process_count=2), _batches(split, process_index=1, process_count=2))
+    by_name = load_dataset(f"tfds:{tmp_path / 'tfds' / 'tiny'}", (8, 8), 3)  # NAME folder of one version
+    np.testing.assert_array_equal(by_name.train.labels, d.train.labels)
+    assert sorted(d.fingerprint["files"]) == sorted(os.listdir(version))
+
+
+def test_bad_tfds_datasets_are_refused_by_name(tmp_path, capsys):
+    from vit_cli.main import main
+
+    version = _tfds(tmp_path, {"test": _images(1)})
+    with pytest.raises(ValueError, match=r"tfds:.*/tiny/1.0.0: no train split \(splits: test\)"):
+        load_dataset(f"tfds:{version}", (8, 8), 3)
+    capsys.readouterr()
+    assert main(["train", "--dataset", f"tfds:{version}", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"vit train: error: tfds:{version}: no train split (splits: test)"], err
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(FileNotFoundError, match=r"tfds:.*/missing: no such folder"):
+        load_dataset(f"tfds:{tmp_path / 'missing'}", (8, 8), 3)
+    with pytest.raises(ValueError, match=r"tfds:.*/src: no dataset_info.json in it or in a version folder"):
+        load_dataset(f"tfds:{tmp_path / 'src'}", (8, 8), 3)
+    info = Path(version) / "dataset_info.json"  # as tfds's default file format would have written it
+    info.write_text(info.read_text().replace('"fileFormat": "array_record"', '"fileFormat": "tfrecord"'))
+    with pytest.raises(ValueError, match=r"stored as tfrecord, which only TensorFlow reads"):
+        load_dataset(f"tfds:{version}", (8, 8), 3)
 
 
 def test_convert_of_a_parquet_dataset_keeps_its_bytes_and_class_names(tmp_path):

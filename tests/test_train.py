@@ -263,3 +263,46 @@ def test_freeze_and_layer_decay_together_are_refused():
         TrainConfig(freeze=True)
     with pytest.raises(ValueError, match="layer_decay=1.5"):
         TrainConfig(layer_decay=1.5)
+
+
+def numpy_ema_decay(step: int, decay: float, warmup: bool, gamma: float, power: float, floor: float) -> float:
+    """timm's ``ModelEmaV3.get_decay`` written out in numpy (``timm/utils/model_ema.py``): 0 at step 1."""
+    k = step - 1
+    if k <= 0:
+        return 0.0
+    return float(np.clip(1 - (1 + k / gamma) ** -power, floor, decay)) if warmup else decay
+
+
+def test_ema_after_k_steps_is_the_numpy_formula_over_the_weights_of_every_step():
+    """6 steps with a warm-up that meets its floor (step 2), its curve (3-5) and its cap (6): the jitted
+    step's EMA equals ema x decay + weights x (1 - decay) in float64 over each step's weights, within the
+    float32 bound; step 1's update is a copy; the decays are the formula's."""
+    from vit_jax.train import ema_decay
+
+    knobs = dict(ema=0.6, ema_warmup=True, ema_warmup_gamma=2.0, ema_warmup_power=0.8, ema_min_decay=0.3)
+    tcfg = TrainConfig(batch_size=4, epochs=2, warmup_steps=1, lr=1e-2, augment=Augment(), **knobs)
+    formula = [numpy_ema_decay(s, 0.6, True, 2.0, 0.8, 0.3) for s in range(1, 7)]
+    assert formula[:2] == [0.0, 0.3] and 0.3 < formula[2] < formula[4] < 0.6 == formula[5]
+    assert [tcfg.ema_decay(s) for s in range(1, 7)] == formula
+    np.testing.assert_allclose([float(ema_decay(tcfg, jnp.int32(s))) for s in range(1, 7)], formula, rtol=1e-6)
+    plain = dataclasses.replace(tcfg, ema_warmup=False)
+    assert [plain.ema_decay(s) for s in range(1, 4)] == [0.0, 0.6, 0.6]
+    t = Trainer(TINY, tcfg, tiny_data())
+    state = t.init_state()
+    assert set(state) == {"step", "params", "rest", "opt_state", "ema"}
+    it = t.train_iterator()
+    ema = {k: v.astype(np.float64) for k, v in t.weights(state).items()}
+    for step in range(1, t.total_steps + 1):
+        state, _ = t.train_step(state, next(it))
+        weights, d = t.weights(state), formula[step - 1]
+        ema = {k: ema[k] * d + weights[k] * (1 - d) for k in ema}
+        got = t.weights(state, ema=True)
+        if step == 1:
+            assert all(np.array_equal(got[k], weights[k]) for k in weights)
+        for k in ema:
+            c = compare(k, got[k], ema[k], "tensor", "float32")
+            assert c.ok, (step, c)
+    it.close()
+    assert t.total_steps == 6 and max(compare(k, got[k], weights[k], "tensor", "float32").rel for k in got) > 1e-3
+    test, test_ema = t.evaluate(state, t.data.test), t.evaluate(state, t.data.test, ema=True)
+    assert test["count"] == test_ema["count"] == 7 and test["loss"] != test_ema["loss"]

@@ -329,3 +329,75 @@ def test_a_resumed_fine_tuning_needs_its_init_file_no_more(tmp_path, capsys, ran
     assert summary["exports"] == {"timm": str(out / "model_timm.safetensors")}
     back, ours = load_file(out / "model_timm.safetensors"), load_file(out / "model.safetensors")
     assert set(back) == set(ours) and all(back[k].tobytes() == ours[k].tobytes() for k in ours)
+
+
+def test_ema_resumes_bit_exactly_and_export_ema_exports_it_leaving_the_training_as_it_was(tmp_path, capsys):
+    """--ema 0.5 --export-ema with a checkpoint a step (3 steps), the last removed, then --resume: the same exports
+    and EMA metrics, bit for bit. The last checkpoint's EMA (restored by a Trainer of config.json) is what
+    model.safetensors holds; its raw weights are those of the same run without --ema (the default keeps
+    today's numbers)."""
+    import shutil
+
+    from safetensors.numpy import load_file
+
+    from vit_common.config import ViTConfig
+    from vit_common.data.datasets import Augment, read_dataset
+    from vit_common.data.train_config import TrainConfig
+    from vit_jax.train import Checkpoints, Trainer, sharded_abstract
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.integers(0, 256, (16, 8, 8), np.uint8), y=np.arange(16) % 2)
+    base = [
+        *"train --image-size 8 --patch-size 4 --width 16 --depth 1 --num-heads 2 --mlp-dim 32 --batch-size 4".split(),
+        *"--epochs 1 --no-progress --no-parity --compile-cache off --ckpt-every 1 --keep 5 --lr 0.01".split(),
+        *["--dataset", f"npz:{tmp_path / 'd.npz'}"],
+    ]
+    plain, run = tmp_path / "plain", tmp_path / "ema"
+    assert main([*base, "--out", str(plain)]) == 0
+    args = [*base, "--out", str(run), "--ema", "0.5", "--export-ema"]
+    assert main(args) == 0
+    assert "the exports hold the EMA weights (decay 0.5)\n" in capsys.readouterr().out
+    done, evals = load_file(run / "model.safetensors"), (run / "metrics.jsonl").read_text().splitlines()[-1]
+    shutil.rmtree(run / "checkpoints" / "3")  # the last: the resume runs step 3 again
+    assert main([*args, "--resume"]) == 0
+    again = load_file(run / "model.safetensors")
+    assert all(np.array_equal(again[k], done[k]) for k in done)
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last == json.loads(evals) and {"test_ema_loss", "test_ema_accuracy"} <= set(last)
+    config = json.loads((run / "config.json").read_text())
+    assert config["exports"] == {"weights": "ema"} and config["train"]["ema"] == 0.5
+    cfg = ViTConfig.from_dict(config["model"])
+    tcfg = TrainConfig(**{**config["train"], "augment": Augment(**config["train"]["augment"])})
+    t = Trainer(cfg, tcfg, read_dataset(f"npz:{tmp_path / 'd.npz'}").fit(cfg.image_size, cfg.in_chans))
+    ckpts = Checkpoints(run / "checkpoints")
+    state, _ = ckpts.restore(sharded_abstract(t))
+    ckpts.close()
+    averaged, raw, trained = t.weights(state, ema=True), t.weights(state), load_file(plain / "model.safetensors")
+    assert int(state["step"]) == 3 and all(np.array_equal(averaged[k], done[k]) for k in done)
+    assert all(np.array_equal(raw[k], trained[k]) for k in trained)
+    assert max(float(np.abs(raw[k] - done[k]).max()) for k in done) > 1e-4  # the exports are not the raw weights
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--ema", "0"], "argument --ema: '0': expected a finite number in (0, 1)"),
+        (["--ema", "1"], "argument --ema: '1': expected a finite number in (0, 1)"),
+        (["--ema", "0.9", "--ema-min-decay", "1"], "argument --ema-min-decay: '1': expected a finite number in [0, 1)"),
+    ],
+)
+def test_a_bad_ema_decay_is_a_usage_error(extra, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", *TINY, *extra])
+    assert e.value.code == 2 and f"vit train: error: {message}" in capsys.readouterr().err
+
+
+def test_export_ema_without_ema_exits_2_with_one_line(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--dataset", "digits", "--out", str(out), "--export-ema"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert (
+        err[-1]
+        == "vit train: error: --export-ema: this run keeps no moving average of the weights; pass --ema DECAY too"
+    )
+    assert not out.exists()

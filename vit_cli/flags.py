@@ -1,9 +1,9 @@
 """Command-line flags generated from dataclass fields: one field, one flag, its help from the metadata.
 
 ``add_flags(group, cls)`` adds ``--field-name`` (or ``field.metadata["flag"]``) for each field of
-``cls`` (``field.metadata["help"]``, optional ``"choices"``); the type comes from the annotation: bool ->
-``--x/--no-x``, int / float / str, ``X | None`` -> X, ``tuple[float, ...]`` -> one or more values; a
-field with a ``Range`` in its metadata (``vit_common.system.validate``) is checked against it as the
+``cls`` (``field.metadata["help"]``, optional ``"choices"`` and ``"metavar"``); the type comes from the
+annotation: bool -> ``--x/--no-x``, int / float / str, ``X | None`` -> X, ``tuple[float, ...]`` -> one or
+more values; a field with a ``Range`` in its metadata (``vit_common.system.validate``) is checked against it as the
 flag is parsed. ``values(cls, args)`` collects the parsed values that were given.
 """
 
@@ -67,6 +67,8 @@ def add_flags(
             kw["choices"] = choices[f.name]
         elif "choices" in f.metadata:
             kw["choices"] = f.metadata["choices"]
+        if "metavar" in f.metadata:
+            kw["metavar"] = f.metadata["metavar"]
         kw["default"] = None if given_only else default
         group.add_argument(f.metadata.get("flag") or "--" + f.name.replace("_", "-"), **kw)
 

@@ -189,23 +189,17 @@ def _against_timm(cfg, state, x, dtype):
     return {k: v.numpy() for k, v in out.items()}
 
 
-def _against_transformers(cfg, state, x, dtype):
+def _against_transformers(cfg, state, x, dtype, source):
+    """transformers' model of ``cfg`` (``vit_torch.oracles.hf_model``: the class of the source folder's
+    model type where transformers defines the source format, ``source`` being its report) on ``x``."""
     import torch
 
-    from vit_torch.oracles import hf_model
+    from vit_torch.oracles import hf_model, transformers_outputs
 
-    model = hf_model(cfg.replace(param_dtype=dtype), {k: np.asarray(v).astype(dtype) for k, v in state.items()})
+    state = {k: np.asarray(v).astype(dtype) for k, v in state.items()}
+    model = hf_model(cfg.replace(param_dtype=dtype), state, fmt=source.format, model_type=source.model_type or None)
     with torch.no_grad():
-        res = model(torch.from_numpy(x), output_hidden_states=True, output_attentions=True)
-    out = {"pos_embed": res.hidden_states[0]}
-    out |= {f"block{i:02d}": h for i, h in enumerate(res.hidden_states[1:])}
-    out |= {f"attn{i:02d}": a for i, a in enumerate(res.attentions)}
-    if cfg.num_classes:
-        out["logits"] = res.logits
-    else:
-        out["norm"] = res.last_hidden_state
-        if res.pooler_output is not None:
-            out["pre_logits"] = out["logits"] = res.pooler_output
+        out = transformers_outputs(model, torch.from_numpy(x), cfg)
     return {k: v.numpy() for k, v in out.items()}
 
 
@@ -269,7 +263,7 @@ def run_parity(
         if against == "timm":
             out_a = _against_timm(ckpt.cfg, ckpt.state, x, dtype)
         elif against == "transformers":
-            out_a = _against_transformers(ckpt.cfg, ckpt.state, x, dtype)
+            out_a = _against_transformers(ckpt.cfg, ckpt.state, x, dtype, ckpt.report)
     rows = []
     for name, ref in out_t.items():
         what = "attention" if name.startswith("attn") else "tensor"

@@ -38,7 +38,7 @@ MODEL_FLAGS = tuple(f.name for f in dataclasses.fields(ViTConfig) if f.name not 
 DTYPES = ("float32", "bfloat16")  # compute dtypes the trainer takes (float16 would need loss scaling)
 OPTIMISATION = (
     "epochs batch_size lr warmup_steps min_lr_ratio weight_decay recipe b1 b2 label_smoothing grad_clip accum_steps "
-    "seed"
+    "seed ema ema_warmup ema_warmup_gamma ema_warmup_power ema_min_decay"
 ).split()
 
 
@@ -77,24 +77,6 @@ def tensorboard_dir(args: argparse.Namespace, out: Path) -> Path | None:
     if args.tensorboard == "off":
         return None
     return Path(args.tensorboard) if args.tensorboard else out / "tensorboard"
-
-
-def check_writable(folder: Path | None, flag: str) -> None:
-    """Refuse, before any work, a folder that cannot be made or written: its nearest existing ancestor
-    must be a folder this process may write into (nothing is created here).
-
-    Raises:
-        ValueError: naming ``flag``, the folder and why.
-    """
-    if folder is None:
-        return
-    here = folder.absolute()
-    while not here.exists() and not here.is_symlink():
-        here = here.parent
-    if not here.is_dir():
-        raise ValueError(f"{flag} {folder}: {here} is not a folder")
-    if not os.access(here, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {folder}: {here} is not writable")
 
 
 def default_cache_dir() -> str:
@@ -226,7 +208,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="write a jax.profiler trace of steps A to B (1-based, inclusive; process 0) into RUN/profile, for "
         "TensorBoard's profile plugin or Perfetto",
     )
-    add_flags(r, RunOptions, only=("progress",))
+    add_flags(r, RunOptions, only=("progress", "export_ema", "wandb"))
     r.add_argument("--no-parity", action="store_true", help="skip the PyTorch and library checks of the exports")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     g = p.add_argument_group(
@@ -313,7 +295,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / args.dataset.split(":")[0])
     io.check_apart(out, {"--init": tcfg.init})  # the exports would replace the checkpoint being fine-tuned
     check_outside(tcfg.dataset, out)  # before the lock makes the folder
-    check_writable(tensorboard_dir(args, out), "--tensorboard")
+    if tensorboard_dir(args, out) is not None:
+        io.check_writable(tensorboard_dir(args, out), "--tensorboard", folder=True)
     spec = run_spec(args, tcfg, out)
 
     from vit_jax.run import run_training
@@ -467,7 +450,13 @@ def print_summary(summary: dict, as_json: bool) -> None:
         f"test accuracy {summary['test_accuracy']:.4f} ({summary['test_count']} images), test loss "
         f"{summary['test_loss']:.4f}; {trained}; {summary['wall_seconds']:.1f} s in all"
     )
+    if "test_ema_accuracy" in summary:
+        print(
+            f"EMA weights: test accuracy {summary['test_ema_accuracy']:.4f}, test loss {summary['test_ema_loss']:.4f}"
+        )
     print(f"model: {summary['model']}" + "".join(f", {p}" for p in summary["exports"].values()))
+    if "exported_weights" in summary:
+        print(f"the exports hold {summary['exported_weights']}")
     if "best_checkpoint" in summary:
         best = summary["best_checkpoint"]
         print(f"best checkpoint by {best['metric']}: step {best['step']}")

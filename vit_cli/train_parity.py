@@ -8,8 +8,9 @@ twins part, 2 on bad input.
 input pipeline (``vit_jax.train.Trainer.train_iterator``: augmentation, mixup / cutmix and padding drawn
 in numpy), takes K optimizer steps in each (``vit_jax.train`` with optax, ``vit_torch.train`` with
 torch.optim), and after every step compares the loss, the gradient norm, the learning rate, every
-parameter and both Adam moments by canonical name. Drop path, dropout and attention dropout run in the
-parity mode: both twins take the same keep masks, drawn in numpy per step (``drop_path_masks``,
+parameter and both Adam moments by canonical name, and with ``--ema`` the moving averages of the weights
+(``vit_jax.train.ema_update`` against ``vit_torch.train.ModelEma``). Drop path, dropout and attention dropout
+run in the parity mode: both twins take the same keep masks, drawn in numpy per step (``drop_path_masks``,
 ``dropout_masks``).
 
 Each twin may run its own ``TrainConfig`` (another recipe, another weight decay): a run of one recipe
@@ -82,9 +83,10 @@ def dropout_masks(cfg: ViTConfig, seed: int, step: int, batch_size: int) -> dict
 @dataclass
 class StepRow:
     """One optimizer step of both twins: (JAX, torch) metrics, and the largest relative difference
-    (max |JAX - torch| / max |torch| of a tensor) over the parameters and each Adam moment, with the
-    tensor that has it. In a bfloat16-compute run ``ref`` is (JAX, torch) against the float64 reference
-    run: ||twin - ref|| / ||ref|| over all parameters at once (``_vector_rel``), else None."""
+    (max |JAX - torch| / max |torch| of a tensor) over the parameters, each Adam moment and (with an
+    EMA, else 0 and "") the moving average of the weights, with the tensor that has it. In a
+    bfloat16-compute run ``ref`` is (JAX, torch) against the float64 reference run: ||twin - ref|| /
+    ||ref|| over all parameters at once (``_vector_rel``), else None."""
 
     step: int
     loss: tuple[float, float]
@@ -96,6 +98,8 @@ class StepRow:
     mu_worst: str
     nu: float
     nu_worst: str
+    ema: float = 0.0
+    ema_worst: str = ""
     ref: tuple[float, float] | None = None
 
     @property
@@ -103,7 +107,7 @@ class StepRow:
         """What the verdict holds to the bound: with a reference run, the twins' distance from it (the
         per-tensor differences of bfloat16 compute are no measure: Adam turns a gradient that is zero but
         for rounding, as a key bias's, into a step of the lr's size); else the twins' per-tensor one."""
-        return max(self.ref) if self.ref is not None else max(self.params, self.mu, self.nu)
+        return max(self.ref) if self.ref is not None else max(self.params, self.mu, self.nu, self.ema)
 
 
 @dataclass
@@ -122,6 +126,11 @@ class TrainParity:
     @property
     def ok(self) -> bool:
         return self.first_bad_step is None
+
+    @property
+    def has_ema(self) -> bool:
+        """Whether the rows compare moving averages of the weights too (``--ema``)."""
+        return any(r.ema_worst for r in self.rows)
 
     def to_dict(self) -> dict:
         return {
@@ -177,11 +186,12 @@ def compare_training(
     ``torch_tcfg.seed``: torch draws it in milliseconds, JAX compiles a kernel per shape), on the same
     batches; see the module docstring. float64 needs jax_enable_x64 on. With bfloat16 compute a third
     run, the torch twin in float64 from the same weights, batches and masks, is the reference: each row's
-    ``ref`` holds both twins' largest parameter difference from it, held to the same bound.
+    ``ref`` holds both twins' ||twin - f64|| / ||f64||, which the verdict holds to the tolerance table's
+    "train_vs_float64" bound.
 
     Raises:
         ValueError: steps < 1 or more than the run has, configs whose batches differ (batch size,
-            epochs, seed, augmentation), or anything the trainers refuse.
+            epochs, seed, augmentation), an EMA in one twin only, or anything the trainers refuse.
     """
     import vit_jax.train as jt
     import vit_torch.train as tt
@@ -192,6 +202,8 @@ def compare_training(
     differ = [k for k in same if getattr(tcfg, k) != getattr(torch_tcfg, k)]
     if differ:
         raise ValueError(f"the twins' train configs differ in {differ}: their batches would not be the same")
+    if (tcfg.ema is None) != (torch_tcfg.ema is None):
+        raise ValueError(f"ema={tcfg.ema} (JAX) and {torch_tcfg.ema} (torch): an EMA in both twins or in neither")
     total = batches_per_epoch(len(data.train), tcfg.batch_size) * tcfg.epochs
     if not 1 <= steps <= total:
         raise ValueError(f"steps={steps}: expected 1 <= K <= {total} (the run's steps)")
@@ -217,12 +229,17 @@ def compare_training(
             p = _largest(jax_trainer.weights(state), torch_trainer.weights(), "parameters", dtype)
             mu, nu = (_largest(a[m], b[m], m, dtype) for m in ("mu", "nu"))
             pairs = [(float(mj[key]), float(mt[key])) for key in ("loss", "grad_norm", "lr")]
+            ema = (
+                ()
+                if tcfg.ema is None
+                else _largest(jax_trainer.weights(state, ema=True), torch_trainer.weights(ema=True), "ema", dtype)
+            )
             ref = None
             if reference is not None:
                 reference.train_step(batch, masks, drops)
                 w = reference.weights()
                 ref = tuple(_vector_rel(t, w) for t in (jax_trainer.weights(state), torch_trainer.weights()))
-            out.rows.append(StepRow(k + 1, *pairs, *p, *mu, *nu, ref))
+            out.rows.append(StepRow(k + 1, *pairs, *p, *mu, *nu, *ema, ref=ref))
     finally:
         it.close()
         jax_trainer.close()
@@ -230,23 +247,26 @@ def compare_training(
 
 
 def format_table(result: TrainParity) -> str:
-    """One line a step: both losses, gradient norms and learning rates, the largest relative differences,
-    and the verdict against the bound."""
+    """One line a step: both losses, gradient norms and learning rates, the largest relative differences
+    (and the EMA's, when the run keeps one), and the verdict against the bound."""
     kind, bound = result.bound
+    has_ema = result.has_ema
     lines = [
         f"JAX ({result.recipes[0]}) vs torch ({result.recipes[1]}), {result.dtype}, bound {kind} {bound:.0e}",
         f"{'step':>4} {'loss jax':>12} {'loss torch':>12} {'grad_norm':>10} {'lr':>9} "
-        f"{'params':>9} {'mu':>9} {'nu':>9}  worst tensor",
+        f"{'params':>9} {'mu':>9} {'nu':>9}{' ' + 'ema'.rjust(9) if has_ema else ''}  worst tensor",
     ]
     refs = result.rows[0].ref is not None if result.rows else False
     if refs:
         lines[1] += "; ref: ||JAX - f64||, ||torch - f64|| / ||f64||, the verdict's"
     for r in result.rows:
-        worst = max((r.params, r.params_worst), (r.mu, "mu " + r.mu_worst), (r.nu, "nu " + r.nu_worst))[1]
+        tables = [(r.params, r.params_worst), (r.mu, "mu " + r.mu_worst), (r.nu, "nu " + r.nu_worst)]
+        tables += [(r.ema, "ema " + r.ema_worst)] if has_ema else []
         vs = f"  ref {r.ref[0]:.2e} {r.ref[1]:.2e}" if refs else ""
         lines.append(
             f"{r.step:>4} {r.loss[0]:>12.8f} {r.loss[1]:>12.8f} {r.grad_norm[1]:>10.4g} {r.lr[1]:>9.3g} "
-            f"{r.params:>9.2e} {r.mu:>9.2e} {r.nu:>9.2e}  {worst}{vs}{'' if r.worst <= bound else '  FAIL'}"
+            + " ".join(f"{v:>9.2e}" for v, _ in tables)
+            + f"  {max(tables)[1]}{vs}{'' if r.worst <= bound else '  FAIL'}"
         )
     bad = result.first_bad_step
     lines.append("verdict: ok" if bad is None else f"verdict: the twins part at step {bad}")
@@ -264,7 +284,7 @@ def plot(result: TrainParity, path: Path) -> None:
 
     steps = [r.step for r in result.rows]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for key in ("params", "mu", "nu"):
+    for key in ("params", "mu", "nu", *(("ema",) if result.has_ema else ())):
         ax.plot(steps, [max(getattr(r, key), 1e-300) for r in result.rows], marker="o", ms=3, label=key)
     ax.axhline(result.bound[1], color="k", ls="--", lw=1, label=f"bound {result.bound[1]:.0e}")
     ax.set_yscale("log")

@@ -18,7 +18,7 @@ run in its data is the index of its next batch (``iterate(ds, start=...)``), whi
 needs.
 
 For your own training loop, ``train_iterator`` builds and runs the whole thing (any dataset spec:
-``hf:PATH`` and ``arrayrecord:PATTERN`` sources are read a row or record at a time in the workers)::
+``hf:PATH``, ``arrayrecord:PATTERN`` and ``tfds:PATH`` sources are read a row or record at a time in the workers)::
 
     data = load_dataset("imagefolder:photos", (224, 224), 3)
     it = train_iterator(data, batch_size=256, epochs=10, seed=0, preprocess=PRESETS["imagenet"],

@@ -23,7 +23,14 @@ the coordinator's port itself (a port in use is named with its address), and a p
 ``jax.distributed.initialize`` has not returned after ``init_timeout`` seconds (a process that never
 started, a coordinator nobody listens on) says so and exits with ``EXIT_START``, before JAX's own
 deadline (``init_timeout`` + ``_JAX_GRACE``) aborts it. The runtime does not tell Python which processes
-are missing, so the line names the address, the count expected and this process's id.
+are missing, so the line names the address, the count expected and this process's id. Nor can the
+processes register themselves through the service's key-value store to find out: in jax 0.10 the
+connect's ``RegisterTask`` call itself waits until every process has registered, and a key-value call
+made from another thread before it returns aborts the process ("wrong service incarnation"); at the
+deadline the runtime's own error is ``DEADLINE_EXCEEDED`` on ``RegisterTask``, naming no process. Only the
+service's own register barrier names them ("Some timed out task names: 2"), in the text of the abort it
+causes in every process, and only when its ``cluster_register_timeout`` (which ``jax.distributed.initialize``
+does not expose) expires first.
 
 Before any work, ``Cluster.agree`` has every process publish its run's fields (what decides the
 result: the run config, the model flags, the absolute run folder) and their sha256 through the

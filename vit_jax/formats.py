@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
@@ -29,7 +30,7 @@ from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.provenance import common_float_dtype
 from vit_common.checkpoints.formats.stored import FORMAT_TAG, config_from_json, stored_config
 from vit_common.config import ViTConfig
-from vit_common.system.io import atomic_write_dir, folder_mark, read_json, write_json
+from vit_common.system.io import atomic_write_dir, check_free_space, folder_mark, read_json, write_json
 from vit_common.system.validate import check_model_size
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
 from vit_jax.model import VisionTransformer
@@ -57,14 +58,18 @@ def _template_keys(template, restored):
 def quiet_orbax() -> Iterator[None]:
     """Orbax's own error reports off while the block runs: a failed write (a full disk) is raised to the
     caller, which names it in one line, while orbax's threads log the same error with tracebacks through
-    absl, asyncio and concurrent.futures, and tensorstore's callbacks print "Event loop is closed"
-    tracebacks from C to file descriptor 2. So the loggers are raised to CRITICAL (and stay there after a
-    failure, since orbax's threads report on) and fd 2 points at /dev/null while the block runs.
-    Callbacks that run after the block can still print (see docs/known_faults.md)."""
+    absl, asyncio and concurrent.futures, and tensorstore's done-callbacks, still running on its own threads
+    after orbax closed its asyncio loop, report ``RuntimeError('Event loop is closed')`` through
+    ``sys.unraisablehook`` (tensorstore's C++ calls ``PyErr_WriteUnraisable``). So the loggers are raised
+    to CRITICAL, fd 2 points at /dev/null while the block runs, and ``sys.unraisablehook`` drops exactly
+    that error; after a failure the loggers and the hook stay so for the rest of the process, since those
+    threads report on after the block (other unraisable errors still reach the previous hook)."""
     loggers = [logging.getLogger(name) for name in ("absl", "asyncio", "concurrent.futures")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
+    hook = sys.unraisablehook
+    sys.unraisablehook = _closed_loop_dropped(hook)
     sys.stderr.flush()
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
@@ -81,8 +86,20 @@ def quiet_orbax() -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         if not failed:
+            sys.unraisablehook = hook
             for lg, level in zip(loggers, levels, strict=True):
                 lg.setLevel(level)
+
+
+def _closed_loop_dropped(hook):
+    """``hook`` (a ``sys.unraisablehook``) except for ``RuntimeError('Event loop is closed')``."""
+
+    def drop(unraisable) -> None:
+        e = unraisable.exc_value
+        if not (isinstance(e, RuntimeError) and str(e) == "Event loop is closed"):
+            hook(unraisable)
+
+    return drop
 
 
 def save_orbax(path: str | os.PathLike, model: VisionTransformer) -> None:
@@ -90,11 +107,14 @@ def save_orbax(path: str | os.PathLike, model: VisionTransformer) -> None:
     state = nnx.state(model)
     meta = {"format": FORMAT_TAG, "vit_config": model.cfg.to_json(), "rng_impl": key_impl_name(_pure_dict(state))}
 
+    tree = _string_keys(keys_to_data(_pure_dict(state)))
+
     def write(tmp: Path) -> None:
+        check_free_space(tmp, sum(x.nbytes for x in jax.tree.leaves(tree)))  # before orbax starts its threads
         write_json(tmp / ORBAX_CONFIG, folder_mark(meta, [ORBAX_CONFIG, "state"]), indent=1)
         ckptr = ocp.StandardCheckpointer()
         try:
-            ckptr.save((tmp / "state").absolute(), _string_keys(keys_to_data(_pure_dict(state))))
+            ckptr.save((tmp / "state").absolute(), tree)
             ckptr.wait_until_finished()
         finally:
             ckptr.close()

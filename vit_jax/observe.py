@@ -1,7 +1,8 @@
-"""What a training run shows while it runs: TensorBoard event files and a ``jax.profiler`` trace.
+"""What a training run shows while it runs: TensorBoard event files, Weights & Biases, a ``jax.profiler`` trace.
 
 ``Summaries`` writes TensorBoard event files with tensorboardX (a well-kept writer that needs neither
-TensorFlow nor torch; CLU's and flax's writers need TensorFlow), on process 0 only. Tags:
+TensorFlow nor torch; CLU's and flax's writers need TensorFlow) and, when asked, the same scalars to
+Weights & Biases (``wandb``, as MaxText and levanter log), on process 0 only. Tags:
 
     model/parameters, model/gflops_per_image     at step 0 (``ViTConfig.param_count``, ``ViTConfig.flops``)
     train/loss, train/accuracy, train/lr, train/grad_norm
@@ -12,6 +13,8 @@ TensorFlow nor torch; CLU's and flax's writers need TensorFlow), on process 0 on
                                                  images/s x 3 x forward FLOPs / (peak x devices)
                                                  (``vit_common.system.peaks``); left out without a peak
     test/loss, test/accuracy, test/top5_accuracy each evaluation
+    test_ema/loss, test_ema/accuracy, test_ema/top5_accuracy
+                                                 each evaluation of a run with ``--ema`` (the moving average)
 
 ``ProfileWindow`` traces steps A..B (1-based, inclusive) with ``jax.profiler`` into a folder that
 TensorBoard's profile plugin and Perfetto open, as big_vision, scenic and MaxText trace a few early
@@ -29,45 +32,99 @@ import jax
 from vit_common.config import ViTConfig
 from vit_common.system.peaks import TRAIN_FLOPS_FACTOR
 
+WANDB_EXTRA = 'pip install "vit-twins[wandb]"'
+
+
+def require_wandb():
+    """The ``wandb`` module.
+
+    Raises:
+        ValueError: wandb is not installed (one line naming the extra that installs it).
+    """
+    try:
+        import wandb
+    except ImportError:
+        raise ValueError(f"--wandb: wandb is not installed ({WANDB_EXTRA})") from None
+    return wandb
+
 
 class Summaries:
-    """TensorBoard event files of one run in ``logdir`` (made if missing).
+    """The scalars of one run: TensorBoard event files in ``logdir`` (made if missing; None for none) and,
+    with ``wandb_dir``, a Weights & Biases run whose files go under ``wandb_dir``/wandb (``wandb.init(dir=)``)
+    with ``config`` (config.json's content) as its config. wandb's own settings apply: WANDB_MODE
+    (offline: nothing leaves the machine; ``wandb sync`` uploads later), WANDB_PROJECT (default
+    "vit-twins"), WANDB_ENTITY; its console capture is off, so the run's output stays as it is.
 
     Args:
         cfg: the model (parameter count, FLOPs).
         devices: devices the batch is split over (for the per-device rate and MFU).
         peak_flops: peak FLOP/s of one device, or None (no MFU).
+
+    Raises:
+        ValueError: ``wandb_dir`` given and wandb not installed (``require_wandb``).
     """
 
-    def __init__(self, logdir: str | os.PathLike, cfg: ViTConfig, devices: int, peak_flops: float | None):
-        from tensorboardX import SummaryWriter
-
+    def __init__(
+        self,
+        logdir: str | os.PathLike | None,
+        cfg: ViTConfig,
+        devices: int,
+        peak_flops: float | None,
+        *,
+        wandb_dir: str | os.PathLike | None = None,
+        config: dict | None = None,
+    ):
         self.devices, self.peak = devices, peak_flops
         self.flops_per_image = cfg.flops()
-        self.writer = SummaryWriter(logdir=str(Path(logdir)), flush_secs=30)
-        self.writer.add_scalar("model/parameters", cfg.param_count(), 0)
-        self.writer.add_scalar("model/gflops_per_image", self.flops_per_image / 1e9, 0)
+        self.writer = self.run = None
+        if logdir is not None:
+            from tensorboardX import SummaryWriter
+
+            self.writer = SummaryWriter(logdir=str(Path(logdir)), flush_secs=30)
+        if wandb_dir is not None:
+            wandb = require_wandb()
+            self.run = wandb.init(
+                dir=str(Path(wandb_dir)),
+                project=os.environ.get("WANDB_PROJECT") or "vit-twins",
+                name=Path(wandb_dir).absolute().name,
+                config=config,
+                settings=wandb.Settings(console="off", silent=True),
+            )
+        self._write({"model/parameters": cfg.param_count(), "model/gflops_per_image": self.flops_per_image / 1e9}, 0)
+
+    def _write(self, scalars: dict[str, float], step: int) -> None:
+        if self.writer is not None:
+            for tag, value in scalars.items():
+                self.writer.add_scalar(tag, value, step)
+        if self.run is not None:
+            self.run.log(scalars, step=step)
 
     def train(self, line: dict, step_time: float) -> None:
         """One metrics.jsonl training line (step, loss, accuracy, lr, grad_norm, images_per_s) and the
         mean seconds per step over it."""
-        s, w = line["step"], self.writer
-        for k in ("loss", "accuracy", "lr", "grad_norm"):
-            w.add_scalar(f"train/{k}", line[k], s)
-        w.add_scalar("perf/step_time_s", step_time, s)
-        w.add_scalar("perf/images_per_s_per_device", line["images_per_s"] / self.devices, s)
+        scalars = {f"train/{k}": line[k] for k in ("loss", "accuracy", "lr", "grad_norm")}
+        scalars["perf/step_time_s"] = step_time
+        scalars["perf/images_per_s_per_device"] = line["images_per_s"] / self.devices
         if self.peak:
             model_flops = line["images_per_s"] * TRAIN_FLOPS_FACTOR * self.flops_per_image
-            w.add_scalar("perf/mfu", model_flops / (self.peak * self.devices), s)
+            scalars["perf/mfu"] = model_flops / (self.peak * self.devices)
+        self._write(scalars, line["step"])
 
     def test(self, line: dict) -> None:
-        """One evaluation line (step, test_loss, test_accuracy, test_top5_accuracy)."""
-        self.writer.add_scalar("test/loss", line["test_loss"], line["step"])
-        self.writer.add_scalar("test/accuracy", line["test_accuracy"], line["step"])
-        self.writer.add_scalar("test/top5_accuracy", line["test_top5_accuracy"], line["step"])
+        """One evaluation line (step, test_loss, test_accuracy, test_top5_accuracy, and with an EMA
+        test_ema_loss, test_ema_accuracy, test_ema_top5_accuracy)."""
+        scalars = {}
+        for prefix, group in (("test_", "test"), ("test_ema_", "test_ema")):
+            for k in ("loss", "accuracy", "top5_accuracy"):
+                if prefix + k in line:
+                    scalars[f"{group}/{k}"] = line[prefix + k]
+        self._write(scalars, line["step"])
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
+        if self.run is not None:
+            self.run.finish()
 
 
 class ProfileWindow:

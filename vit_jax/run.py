@@ -330,7 +330,10 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     except NonFiniteError as e:
         print(f"vit train: {e}", file=sys.stderr)
         return 1, None
-    weights = trainer.weights(state)  # every process takes part in gathering sharded parameters
+    export_ema = spec.options.export_ema  # the moving average instead of the weights (fit checked tcfg.ema)
+    weights = trainer.weights(state, ema=export_ema)  # every process takes part in gathering them
+    if tcfg.ema is not None:
+        summary["exported_weights"] = f"the EMA weights (decay {tcfg.ema})" if export_ema else "the raw weights"
     if stop is not None:
         stop.finishing()  # a signal from here on stops at once; --resume writes the exports
     if not lead:

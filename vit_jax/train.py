@@ -1,7 +1,9 @@
 """Training the JAX twin: jit steps over a device mesh, orbax checkpoints, exact resume.
 
 The train state is one pytree ``{"step", "params", "rest", "opt_state"}``: ``params`` the model's
-``nnx.Param`` state, ``rest`` everything else the model holds (dropout / drop-path RNG streams).
+``nnx.Param`` state, ``rest`` everything else the model holds (dropout / drop-path RNG streams); with
+``tcfg.ema`` also ``"ema"``, the exponential moving average of ``params`` (timm's ``ModelEmaV3``, updated
+inside the step after the optimizer's update: ``ema_update``), so it is checkpointed with the rest.
 Both steps are ``jax.jit`` functions of (state, batch) on split NNX state, compiled once: every batch
 has the same shape because the last batch of an epoch is padded and masked (``vit_jax.data``).
 
@@ -54,7 +56,7 @@ from vit_common.system.validate import regular_file
 from vit_jax.data import DataWorkerError, eval_batches, iterate, train_batches, transform_for
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
 from vit_jax.model import VisionTransformer
-from vit_jax.observe import ProfileWindow, Summaries
+from vit_jax.observe import ProfileWindow, Summaries, require_wandb
 from vit_jax.optimizer_state import with_adam_state
 from vit_jax.preemption import Stopped, StopSignals
 from vit_jax.weights import _canonical_name, from_numpy, to_numpy
@@ -213,6 +215,28 @@ def make_optimizer(
     return tx, schedule
 
 
+def ema_decay(tcfg: TrainConfig, step: jax.Array) -> jax.Array:
+    """``TrainConfig.ema_decay`` of the traced optimizer step ``step`` (1-based, int32 scalar): timm's
+    ``ModelEmaV3.get_decay`` (``timm/utils/model_ema.py``), 0 at step 1, computed in float64 when
+    jax_enable_x64 is on (as timm's Python float) and float32 otherwise."""
+    k = jnp.maximum(step - 1, 0).astype(jnp.result_type(float))
+    decay = jnp.asarray(tcfg.ema, k.dtype)
+    if tcfg.ema_warmup:
+        warm = 1 - (1 + k / tcfg.ema_warmup_gamma) ** -tcfg.ema_warmup_power
+        decay = jnp.maximum(jnp.minimum(warm, decay), tcfg.ema_min_decay)
+    return jnp.where(k <= 0, jnp.zeros_like(decay), decay)
+
+
+def ema_update(tcfg: TrainConfig, ema: nnx.State, params: nnx.State, step: jax.Array) -> nnx.State:
+    """The moving average after optimizer step ``step`` (1-based) has made ``params``: ema x decay + params
+    x (1 - decay) (``optax.incremental_update``; timm's ``lerp_`` of every floating-point state_dict
+    tensor, ``ema_decay``), the weight cast to each tensor's dtype so the average keeps it. Every
+    parameter is floating point; the model's other state (``rest``, RNG streams) is not averaged, as timm
+    copies non-float buffers, and the EMA is evaluated with the current one."""
+    w = 1 - ema_decay(tcfg, step)
+    return jax.tree.map(lambda e, p: optax.incremental_update(p, e, w.astype(p.dtype)), ema, params)
+
+
 # --------------------------------------------------------------------------------- the steps
 
 
@@ -230,7 +254,8 @@ class Trainer:
 
     Raises:
         ValueError: batch size not divisible by device count x accum_steps, or a config that does not
-            fit the dataset (image size, channels, classes) or ``weights``.
+            fit the dataset (image size, channels, classes) or ``weights``, or an EMA of low-precision
+            parameters (``TrainConfig.check_ema_dtype``).
     """
 
     def __init__(
@@ -252,6 +277,7 @@ class Trainer:
                 f"model expects {cfg.image_size} x {cfg.in_chans} channels, dataset gives "
                 f"{data.image_size} x {data.channels}"
             )
+        tcfg.check_ema_dtype(cfg.param_dtype)
         self.cfg, self.tcfg, self.data, self.init_weights, self.workers = cfg, tcfg, data, weights, workers
         self.init_moments = moments
         self.preprocess = preprocess or Preprocess()
@@ -282,7 +308,7 @@ class Trainer:
             "params": params,
             "rest": rest,
             "opt_state": jax.eval_shape(self.tx.init, params),
-        }
+        } | ({"ema": params} if tcfg.ema is not None else {})
         rule = (lambda s: _fsdp_spec(s, n)) if tcfg.sharding == "fsdp" else (lambda s: P())
         self.state_shardings = jax.tree.map(lambda x: NamedSharding(self.mesh, rule(x.shape)), self.abstract_state)
         self.batch_sharding = NamedSharding(self.mesh, P("data"))
@@ -296,7 +322,7 @@ class Trainer:
         )
         self._eval_jit = jax.jit(
             eval_step_fn(self),
-            in_shardings=(self.state_shardings, self.batch_sharding),
+            in_shardings=(self.state_shardings["params"], self.state_shardings["rest"], self.batch_sharding),
             out_shardings=replicated,
         )
 
@@ -307,7 +333,8 @@ class Trainer:
 
         Built eagerly on the host side of JAX, then placed: every process computes the same values,
         the random-initialiser kernels compile once per process and shape (XLA's threefry kernels are
-        slow to compile), and the values do not depend on the device count.
+        slow to compile), and the values do not depend on the device count. With ``tcfg.ema`` the moving
+        average starts as a copy of the weights (timm's ``ModelEmaV3`` deep-copies the model).
         """
         if self.init_weights is None:  # the state only: remat (a part of the graphdef) changes none of it
             model = build_model(self.cfg, self.tcfg.seed)
@@ -319,6 +346,8 @@ class Trainer:
         if self.init_moments is not None:
             opt_state = with_adam_state(opt_state, self.init_moments, schedule_count=0)
         state = {"step": jnp.zeros((), jnp.int32), "params": params, "rest": rest, "opt_state": opt_state}
+        if self.tcfg.ema is not None:
+            state["ema"] = jax.tree.map(jnp.copy, params)
         host = jax.tree.map(np.asarray, keys_to_data(state))
         return data_to_keys(jax.device_put(host, self.state_shardings), state, key_impl_name())
 
@@ -370,14 +399,16 @@ class Trainer:
         examples), correct, count, grad_norm (of the trainable parameters), lr."""
         return self._train_jit(state, self.device_batch(batch))
 
-    def eval_step(self, state: dict, batch: dict) -> dict:
+    def eval_step(self, state: dict, batch: dict, *, ema: bool = False) -> dict:
         """Metrics of one batch: loss_sum, correct, correct5 (the label among the 5 highest logits, or all
         K when K < 5), count, and logits float32 [B, K] with their mask [B]
-        (padding included; all B rows of the global batch on every process)."""
-        return self._eval_jit(state, self.device_batch(batch))
+        (padding included; all B rows of the global batch on every process). ``ema``: of the moving
+        average of the weights (``state["ema"]``) instead of the weights."""
+        return self._eval_jit(state["ema" if ema else "params"], state["rest"], self.device_batch(batch))
 
-    def evaluate(self, state: dict, source, *, with_logits: bool = False) -> dict:
-        """Loss and accuracy over every example of ``source`` (each counted exactly once).
+    def evaluate(self, state: dict, source, *, with_logits: bool = False, ema: bool = False) -> dict:
+        """Loss and accuracy over every example of ``source`` (each counted exactly once), of the weights
+        or with ``ema`` of their moving average.
 
         With worker processes, the test set's batches come from one endless pass-after-pass iterator whose
         workers live until ``close()``, so that an evaluation every epoch does not start them anew.
@@ -402,7 +433,7 @@ class Trainer:
         else:
             it = iterate(batches)
         for batch in it:
-            m = jax.device_get(self.eval_step(state, batch))
+            m = jax.device_get(self.eval_step(state, batch, ema=ema))
             loss, correct, count = loss + m["loss_sum"], correct + m["correct"], count + m["count"]
             correct5 += m["correct5"]
             if with_logits:
@@ -419,12 +450,13 @@ class Trainer:
             self._test_batches.close()
             self._test_batches = None
 
-    def weights(self, state: dict) -> dict[str, np.ndarray]:
-        """The canonical state (timm names, numpy) of the model in ``state``, gathered from all devices.
+    def weights(self, state: dict, *, ema: bool = False) -> dict[str, np.ndarray]:
+        """The canonical state (timm names, numpy) of the model in ``state``, gathered from all devices;
+        ``ema``: of the moving average of its weights (``tcfg.ema``).
 
         With several processes every process must call this (the gather is collective).
         """
-        params = state["params"]
+        params = state["ema" if ema else "params"]
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
@@ -493,6 +525,8 @@ def train_step_fn(t: Trainer):
             "rest": rest,
             "opt_state": opt_state,
         }
+        if "ema" in state:
+            new["ema"] = ema_update(t.tcfg, state["ema"], new["params"], new["step"])
         metrics = {
             "loss": loss / count,
             "correct": correct,
@@ -506,8 +540,8 @@ def train_step_fn(t: Trainer):
 
 
 def eval_step_fn(t: Trainer):
-    def eval_step(state: dict, batch: dict) -> dict:
-        logits, _ = _forward(t.eval_graphdef, state["params"], state["rest"], batch["image"])
+    def eval_step(params, rest, batch: dict) -> dict:
+        logits, _ = _forward(t.eval_graphdef, params, rest, batch["image"])
         ce = optax.softmax_cross_entropy(logits, batch["target"])
         mask = batch["mask"]
         top = jax.lax.top_k(logits, min(5, logits.shape[-1]))[1]  # [B, 5]: the five highest logits' classes
@@ -581,6 +615,7 @@ class Checkpoints:
 
     # metric -> whether larger is better
     BEST = {"test_accuracy": True, "test_top5_accuracy": True, "test_loss": False}
+    BEST |= {"test_ema_accuracy": True, "test_ema_top5_accuracy": True, "test_ema_loss": False}
 
     def __init__(
         self, directory: str | os.PathLike, keep: int = 3, barrier_timeout: int = 1200, best: str | None = None
@@ -860,22 +895,29 @@ def fit(
     (``vit_jax.observe.Summaries``). ``profile_steps`` (A, B): a ``jax.profiler`` trace of steps A..B
     (1-based) into ``out``/profile. Each step runs inside a ``jax.profiler.StepTraceAnnotation``.
     ``init``: what the run fine-tunes (``vit_jax.finetune.init_record``), stored as config.json's ``init``
-    so that a resume takes it from there and does not read that checkpoint again.
+    so that a resume takes it from there and does not read that checkpoint again. With ``tcfg.ema`` every
+    evaluation also evaluates the moving average (``evaluation``: test_ema_* beside test_*, in
+    metrics.jsonl, TensorBoard and the summary) and config.json's ``exports`` says which weights the
+    exports hold (``weights``: "ema" with ``options.export_ema``, else "raw"; ``Trainer.weights(state,
+    ema=...)`` gives them). ``options.wandb``: the TensorBoard scalars and config.json also go to Weights
+    & Biases (``vit_jax.observe.Summaries``; its files under ``out``/wandb).
     With several processes every process calls ``fit`` alike, and process 0 alone writes config.json,
     metrics.jsonl, the event files and the trace.
 
     Returns:
         (final state, summary dict: steps (the last), start (the step it resumed at, 0 for a fresh run),
-        test_loss, test_accuracy, images_per_s, train_seconds, and with ``keep_best`` (a key of
+        test_loss, test_accuracy, test_count (with an EMA also test_ema_loss, test_ema_accuracy,
+        test_ema_top5_accuracy), images_per_s, train_seconds, and with ``keep_best`` (a key of
         ``Checkpoints.BEST``: the checkpoint of the best evaluation by it is kept beside the last
         ``keep``; every evaluation step is checkpointed) best_checkpoint {step, metric}).
 
     Raises:
-        ValueError: ``profile_steps`` outside the run's steps; ``out`` holds a checkpoint and ``resume``
-            is off, or ``resume`` with a config that differs from the saved one (every differing field
-            listed; ``epochs`` may differ, which recomputes the schedule: ``schedule_change``), or with an
-            epoch count that ends before the checkpoint; a metrics line before the last that is not JSON or
-            has no step (a last line a kill cut is dropped).
+        ValueError: ``profile_steps`` outside the run's steps; ``export_ema`` or a ``keep_best`` of the EMA
+            without ``tcfg.ema``; ``wandb`` asked for and not installed (naming the extra); ``out`` holds a
+            checkpoint and ``resume`` is off, or ``resume`` with a config that differs from the saved one
+            (every differing field listed; ``epochs`` may differ, which recomputes the schedule:
+            ``schedule_change``), or with an epoch count that ends before the checkpoint; a metrics line
+            before the last that is not JSON or has no step (a last line a kill cut is dropped).
         FileNotFoundError: ``resume`` without a run in ``out``. A run stopped before its first complete
             checkpoint starts again from step 0, with or without ``resume`` and with any config; a
             latest checkpoint that does not restore is reported and the one before it used.
@@ -892,7 +934,17 @@ def fit(
     if profile_steps and profile_steps[1] > trainer.total_steps:
         a, b = profile_steps
         raise ValueError(f"--profile-steps {a}:{b}: the run has steps 1 to {trainer.total_steps}")
+    for asked, flag in (
+        (options.export_ema, "--export-ema"),
+        ((options.keep_best or "").startswith("test_ema_"), f"--keep-best {options.keep_best}"),
+    ):
+        if asked and trainer.tcfg.ema is None:
+            raise ValueError(f"{flag}: this run keeps no moving average of the weights; pass --ema DECAY too")
+    if options.wandb:
+        require_wandb()
     config, metrics_path = run_config(trainer) | ({"init": dict(init)} if init else {}), out / "metrics.jsonl"
+    if trainer.tcfg.ema is not None:
+        config["exports"] = {"weights": "ema" if options.export_ema else "raw"}
     saved = saved_steps(out / "checkpoints")
     resume = options.resume
     if resume:
@@ -955,8 +1007,15 @@ def fit(
             compile_cache="off" if not compile_cache else "warm" if hits and not misses else "cold",
             stop=stop,
             sums=sums,
-            summaries=Summaries(tensorboard, trainer.cfg, trainer.mesh.size, peak_flops)
-            if tensorboard is not None and lead
+            summaries=Summaries(
+                tensorboard,
+                trainer.cfg,
+                trainer.mesh.size,
+                peak_flops,
+                wandb_dir=out if options.wandb else None,
+                config=config,
+            )
+            if (tensorboard is not None or options.wandb) and lead
             else None,
             profile=ProfileWindow(out / "profile", *profile_steps) if profile_steps and lead else None,
         )
@@ -966,6 +1025,18 @@ def fit(
         ckpts.wait()
         ckpts.close()
         files.close()
+
+
+def evaluation(t: Trainer, state: dict) -> dict:
+    """The test set's metrics as metrics.jsonl holds them: test_loss, test_accuracy, test_top5_accuracy,
+    test_count, and with an EMA (``tcfg.ema``) test_ema_loss, test_ema_accuracy, test_ema_top5_accuracy of
+    the moving average of the weights."""
+    out = {}
+    for prefix, ema in (("test_", False), ("test_ema_", True)) if "ema" in state else (("test_", False),):
+        m = t.evaluate(state, t.data.test, ema=ema)
+        out |= {f"{prefix}{k}": m[k] for k in ("loss", "accuracy", "top5_accuracy")}
+        out.setdefault("test_count", m["count"])
+    return out
 
 
 def _loop(
@@ -1077,7 +1148,7 @@ def _loop(
                     epoch=f"{s / spe:.2f}",
                     loss=f"{float(m['loss']):.3f}",
                     lr=f"{float(m['lr']):.1e}",
-                    **({"test_acc": f"{test['accuracy']:.4f}"} if test else {}),
+                    **({"test_acc": f"{test['test_accuracy']:.4f}"} if test else {}),
                     refresh=False,
                 )
             if profile:
@@ -1100,15 +1171,8 @@ def _loop(
             due = s % eval_every_steps == 0 if eval_every_steps else s % spe == 0 and (s // spe) % eval_every == 0
             evaluated = s == total or due
             if evaluated:
-                test = t.evaluate(state, t.data.test)
-                line = {
-                    "step": s,
-                    "epoch": s / spe,
-                    "test_loss": test["loss"],
-                    "test_accuracy": test["accuracy"],
-                    "test_top5_accuracy": test["top5_accuracy"],
-                    "test_count": test["count"],
-                }
+                test = evaluation(t, state)
+                line = {"step": s, "epoch": s / spe, **test}
                 write(line)
                 if summaries:
                     summaries.test(line)
@@ -1131,13 +1195,11 @@ def _loop(
         if profile:
             profile.stop()
     if not test:  # resumed after the last step: nothing ran
-        test = t.evaluate(state, t.data.test)
+        test = evaluation(t, state)
     summary = {
         "steps": total,
         "start": start,
-        "test_loss": test["loss"],
-        "test_accuracy": test["accuracy"],
-        "test_count": test["count"],
+        **{k: v for k, v in test.items() if k != "test_top5_accuracy"},
         "images_per_s": seen / timed if timed else None,
         "train_seconds": clock() - t_start,
     }

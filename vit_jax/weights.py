@@ -7,19 +7,13 @@ LayerNorm ``scale`` <-> ``weight``; every other parameter keeps its name and lay
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vit_common.checkpoints.convert import read_checkpoint
 from vit_common.config import ViTConfig
 from vit_common.state import canonical_shapes, check_state
 from vit_jax.model import VisionTransformer
@@ -107,40 +101,3 @@ def from_numpy(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, seed: int = 0
     model = nnx.merge(graphdef, params, rest)
     model.eval()
     return model
-
-
-def load_model(path, *, image_size=None, num_classes=None, **overrides) -> VisionTransformer:
-    """Load any supported checkpoint file or folder (``vit_common.checkpoints.convert.FORMATS``; PyTorch .pth/.bin
-    files need torch: convert them first) into the JAX twin, in eval mode.
-
-    ``image_size`` resamples the position embedding to that size at load time; ``num_classes`` replaces
-    a head of another size with a zero one; ``overrides`` replace config fields (``dtype="bfloat16"``,
-    ``attn_impl="explicit"``, ``num_heads=12``, ...) or are ``load_checkpoint``'s other keywords
-    (``fmt=`` to force a format, ``source_image_size=(H, W)``, ``strict=True`` to refuse any assumed
-    field). Assumed fields are issued as UserWarnings. See ``vit_common.checkpoints.convert.load_checkpoint`` for
-    the errors raised.
-    """
-    from vit_jax.formats import READERS
-
-    cfg, state = read_checkpoint(path, image_size=image_size, num_classes=num_classes, readers=READERS, **overrides)
-    return from_numpy(cfg, state)
-
-
-def from_timm(name: str, pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """The JAX twin of ``timm.create_model(name, pretrained=pretrained, **kwargs)``, through timm's own
-    loader (``pretrained=True`` downloads its weights).
-
-    timm needs torch, which vit_jax never imports: a child process (``python -m vit_torch.timm_models``)
-    builds the timm model, checks the torch twin against it and writes a timm ``.safetensors`` whose
-    header holds the config; it is read here with ``strict=True``.
-
-    Raises:
-        ValueError: the child's error (an unknown name, a model the twins do not implement), verbatim.
-    """
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / f"{name.replace('/', '_')}.safetensors"
-        cmd = [sys.executable, "-m", "vit_torch.timm_models", name, str(out), "--kwargs", json.dumps(kwargs)]
-        done = subprocess.run(cmd + ["--pretrained"] * pretrained, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise ValueError(f"timm model {name!r}: {done.stderr.strip().splitlines()[-1] if done.stderr else done}")
-        return load_model(out, strict=True)

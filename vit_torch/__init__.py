@@ -2,7 +2,8 @@
 
 from vit_common.config import VARIANTS, ViTConfig
 from vit_torch.model import VisionTransformer
-from vit_torch.weights import from_numpy, load_model, to_numpy
+from vit_torch.pretrained import load_model
+from vit_torch.weights import from_numpy, to_numpy
 
 
 def from_timm(name: str, pretrained: bool = False, **kwargs):

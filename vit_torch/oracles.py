@@ -51,22 +51,49 @@ def timm_model(cfg: ViTConfig, state: Mapping[str, np.ndarray] | None = None) ->
     return model.eval()
 
 
-def hf_model(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, spelling: str = "v4") -> torch.nn.Module:
-    """The transformers model ``vit_common.checkpoints.formats.hf.config_json`` names for ``cfg`` (ViT or DeiT:
-    backbone, classifier, or classifier with teacher), in eval mode.
+def transformers_format(cfg: ViTConfig, fmt: str | None = None) -> str:
+    """The registry format a transformers reference of ``cfg`` is written in: ``fmt`` (the source's) where
+    transformers defines it, else the first format transformers defines that can hold ``cfg`` (hf for a
+    ViT or DeiT, hf_family for SigLIP, CLIP, DINOv2, I-JEPA models).
 
-    The state is written as an HF folder (``vit_common.checkpoints.formats.hf``) and loaded with ``from_pretrained``,
-    which must report no missing, unexpected or mismatched key (else ValueError). Attention is 'eager'
-    so that attention probabilities can be returned.
+    Raises:
+        ValueError: no transformers format holds ``cfg`` (names what each lacks).
+    """
+    ours = [n for n, f in REGISTRY.items() if f.reference is not None and f.reference.library == "transformers"]
+    for name in ([fmt] if fmt in ours else []) + ours:
+        if not REGISTRY[name].cannot_hold(cfg):
+            return name
+    lacks = "; ".join(f"{n}: {', '.join(REGISTRY[n].cannot_hold(cfg))}" for n in ours)
+    raise ValueError(f"no transformers model holds this config ({lacks})")
+
+
+def hf_model(
+    cfg: ViTConfig,
+    state: Mapping[str, np.ndarray],
+    *,
+    spelling: str = "v4",
+    fmt: str | None = None,
+    model_type: str | None = None,
+) -> torch.nn.Module:
+    """The transformers model that holds ``cfg`` (``transformers_format``: ViT or DeiT as the hf format
+    writes it; SigLIP, CLIP, DINOv2, ViT-MAE, ViT-MSN or I-JEPA as hf_family does, of ``model_type``
+    where given and it holds the model), in eval mode.
+
+    The state is written as that format's folder and loaded with ``from_pretrained`` of the class its
+    config.json names, which must report no missing, unexpected or mismatched key (else ValueError).
+    Attention is 'eager' so that attention probabilities can be returned.
     """
     import transformers
 
-    from vit_common.checkpoints.formats.hf import config_json
+    from vit_common.system.io import read_json
 
-    cls = getattr(transformers, config_json(cfg)["architectures"][0])
-    kw = {} if cfg.num_classes else {"add_pooling_layer": cfg.rep_size > 0}
+    own_type = fmt == "hf_family" and model_type and not REGISTRY[fmt].cannot_hold(cfg, model_type)
+    if not own_type:  # the source's own model type is kept for ViT-MAE and ViT-MSN (else a plain ViT)
+        fmt, model_type = transformers_format(cfg, fmt), None
+    kw = {} if cfg.num_classes or fmt != "hf" else {"add_pooling_layer": cfg.rep_size > 0}
     with tempfile.TemporaryDirectory() as tmp:
-        save_checkpoint(f"{tmp}/hf", cfg, state, "hf", options=HfWriteOptions(spelling))
+        save_checkpoint(f"{tmp}/hf", cfg, state, fmt, options=HfWriteOptions(spelling, model_type))
+        cls = getattr(transformers, read_json(f"{tmp}/hf/config.json")["architectures"][0])
         model, info = cls.from_pretrained(
             f"{tmp}/hf",
             output_loading_info=True,
@@ -82,6 +109,41 @@ def hf_model(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, spelling: str =
     return model.eval()
 
 
+def transformers_outputs(model: torch.nn.Module, pixels: torch.Tensor, cfg: ViTConfig) -> dict[str, torch.Tensor]:
+    """A transformers vision model's outputs on ``pixels`` [B, C, H, W] under our intermediates' names:
+    ``blockNN`` (hidden states after each block), ``attnNN`` (probabilities [B, heads, L, L]), ``logits``
+    (the classifier's, CLIP's projection, else the pooled features: the pooler, or the class token / the
+    mean of the tokens of ``last_hidden_state`` as ``cfg.pool`` says), ``norm`` (``last_hidden_state``
+    of a backbone, except CLIP's, which is before its post-norm) and ``pos_embed`` (the embeddings, for
+    ViT and DeiT). ViT-MAE runs with patch-order noise: with mask_ratio=0 its shuffle is the identity.
+    A ViTModel without pooler and a model pooling nothing (``pool='none'``) give no ``logits``.
+    """
+    model_type = model.config.model_type
+    kw = {}
+    if model_type == "vit_mae":
+        p = model.config.patch_size
+        n = (pixels.shape[2] // p) * (pixels.shape[3] // p)
+        kw["noise"] = torch.arange(pixels.shape[0] * n, dtype=torch.float32).reshape(pixels.shape[0], n)
+    res = model(pixel_values=pixels, output_hidden_states=True, output_attentions=True, **kw)
+    out = {f"block{i:02d}": h for i, h in enumerate(res.hidden_states[1:])}
+    out |= {f"attn{i:02d}": a for i, a in enumerate(res.attentions)}
+    if model_type in ("vit", "deit"):
+        out["pos_embed"] = res.hidden_states[0]
+    last = getattr(res, "last_hidden_state", None)
+    if last is not None and model_type not in ("clip_vision_model", "clip"):
+        out["norm"] = last
+    for name in ("logits", "image_embeds", "pooler_output"):
+        if getattr(res, name, None) is not None:
+            out["logits"] = getattr(res, name)
+            if name == "pooler_output" and cfg.rep_size:
+                out["pre_logits"] = out["logits"]
+            break
+    else:
+        if last is not None and model_type not in ("vit", "deit") and cfg.pool in ("token", "gap"):
+            out["logits"] = last[:, 0] if cfg.pool == "token" else last.mean(1)
+    return out
+
+
 def library_logits(path, fmt: str, cfg: ViTConfig, batches) -> tuple[str, list[np.ndarray]]:
     """(library, logits float32 [B, K] per batch) of the checkpoint file ``path`` of format ``fmt`` as the
     library that defines the format reads it (the format's ``reference``), on ``batches`` of images
@@ -92,8 +154,8 @@ def library_logits(path, fmt: str, cfg: ViTConfig, batches) -> tuple[str, list[n
     (safetensors, or torch's weights-only loader for .pth/.bin); a timm hub folder is
     ``timm.create_model("local-dir:PATH", pretrained=True)``, timm reading its own config.json. 'npz'
     (original_vit / big_vision): timm's .npz loader (``timm.models.vision_transformer._load_weights``).
-    'from_pretrained' (hf folders): transformers' ``ViTForImageClassification.from_pretrained`` (eager
-    attention), which reads its own config.json.
+    'from_pretrained' (hf and hf_family folders): ``from_pretrained`` of the transformers class the
+    folder's config.json names (eager attention; ``transformers_outputs``' logits).
 
     Raises:
         ImportError: the library is not installed (``e.name`` names it).
@@ -106,8 +168,11 @@ def library_logits(path, fmt: str, cfg: ViTConfig, batches) -> tuple[str, list[n
     if loader == "from_pretrained":
         import transformers
 
-        model = transformers.ViTForImageClassification.from_pretrained(str(path), attn_implementation="eager")
-        run = lambda x: model(pixel_values=x).logits  # noqa: E731
+        from vit_common.system.io import read_json
+
+        arch = read_json(Path(path) / "config.json")["architectures"][0]
+        model = getattr(transformers, arch).from_pretrained(str(path), attn_implementation="eager")
+        run = lambda x: transformers_outputs(model, x, cfg)["logits"]  # noqa: E731
         library = f"transformers {transformers.__version__}"
     elif loader in ("state_dict", "npz"):
         import timm

@@ -29,11 +29,17 @@ The step (each choice the JAX step's, see ``vit_jax.train``):
   stay float32), which is what ``torch.autocast`` would do for the matmuls, without autocast's op lists
   that differ between CPU and CUDA; the loss is taken in at least float32 in both twins.
 
+- ``ema``: the moving average of the weights is timm's ``ModelEmaV3`` update (``ModelEma``; timm is not
+  a dependency of this twin, so it is written here and tested against timm's class), after the
+  optimizer and scheduler steps, as the JAX step's ``vit_jax.train.ema_update``.
+
 Dropout and drop path draw from torch's generator, seeded by ``tcfg.seed``; the parity harness feeds
 both twins the same masks instead (``drop_masks``, ``dropout_masks``).
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import torch
@@ -93,15 +99,43 @@ def make_optimizer(
     return opt, sched
 
 
+class ModelEma:
+    """An exponential moving average of ``model``'s state_dict with timm's ``ModelEmaV3`` semantics
+    (``timm/utils/model_ema.py``, defaults but ``decay``, ``use_warmup``, ``warmup_gamma``,
+    ``warmup_power``, ``min_decay`` from ``tcfg``): ``module`` starts as a deep copy of the model in eval
+    mode; ``update(model, step)`` after optimizer step ``step`` (1-based, timm's ``num_updates``) lerps
+    every floating-point tensor toward the model's by 1 - ``tcfg.ema_decay(step)`` (the first update a
+    copy) and copies the others (integer buffers).
+
+    Raises:
+        ValueError: ``tcfg.ema`` is None.
+    """
+
+    def __init__(self, model: torch.nn.Module, tcfg: TrainConfig):
+        tcfg.ema_decay(1)  # ValueError without an EMA
+        self.tcfg = tcfg
+        self.module = copy.deepcopy(model).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module, step: int) -> None:
+        weight = 1.0 - self.tcfg.ema_decay(step)
+        for ema_v, model_v in zip(self.module.state_dict().values(), model.state_dict().values(), strict=True):
+            if ema_v.is_floating_point():
+                ema_v.lerp_(model_v.to(dtype=ema_v.dtype), weight)
+            else:
+                ema_v.copy_(model_v)
+
+
 class Trainer:
     """The torch twin in training: ``train_step(batch)`` is one optimizer step, as ``vit_jax.train.Trainer``'s.
 
     ``weights`` a canonical state to start from (the parity harness gives both twins the same one), else
-    a fresh model seeded by ``tcfg.seed``. ``device`` where the model and batches live.
+    a fresh model seeded by ``tcfg.seed``. ``device`` where the model and batches live. With ``tcfg.ema``,
+    ``ema`` is the ``ModelEma`` updated after every step.
 
     Raises:
-        ValueError: a config that does not fit the dataset (image size, channels, classes), as the JAX
-            trainer's.
+        ValueError: a config that does not fit the dataset (image size, channels, classes), or an EMA of
+            low-precision parameters (``TrainConfig.check_ema_dtype``), as the JAX trainer's.
     """
 
     def __init__(
@@ -120,6 +154,7 @@ class Trainer:
                 f"model expects {cfg.image_size} x {cfg.in_chans} channels, dataset gives "
                 f"{data.image_size} x {data.channels}"
             )
+        tcfg.check_ema_dtype(cfg.param_dtype)
         self.cfg, self.tcfg, self.data, self.device = cfg, tcfg, data, torch.device(device)
         self.steps_per_epoch = batches_per_epoch(len(data.train), tcfg.batch_size)
         self.total_steps = self.steps_per_epoch * tcfg.epochs
@@ -131,6 +166,7 @@ class Trainer:
         self.model.train()
         self.recipe = get_recipe(tcfg.recipe)
         self.optimizer, self.scheduler = make_optimizer(self.model, tcfg, self.total_steps)
+        self.ema = ModelEma(self.model, tcfg) if tcfg.ema is not None else None
         self.step = 0
         torch.manual_seed(tcfg.seed)  # dropout and drop path
 
@@ -186,6 +222,8 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
+        if self.ema is not None:
+            self.ema.update(model, self.step)
         return {
             "loss": loss_sum / count,
             "correct": correct,
@@ -194,9 +232,9 @@ class Trainer:
             "lr": lr,
         }
 
-    def weights(self) -> dict[str, np.ndarray]:
-        """The canonical state of the model (numpy, timm names)."""
-        return to_numpy(self.model)
+    def weights(self, *, ema: bool = False) -> dict[str, np.ndarray]:
+        """The canonical state of the model (numpy, timm names); ``ema``: of its moving average."""
+        return to_numpy(self.ema.module if ema else self.model)
 
     def adam_state(self) -> dict:
         """{"count": steps taken, "mu": {name: exp_avg}, "nu": {name: exp_avg_sq}} (numpy, canonical

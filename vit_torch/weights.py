@@ -12,7 +12,6 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from vit_common.checkpoints.convert import read_checkpoint
 from vit_common.config import ViTConfig
 from vit_common.state import canonical_shapes, check_state
 from vit_torch.model import VisionTransformer
@@ -57,22 +56,3 @@ def from_numpy(
     tensors = {k: numpy_to_tensor(np.asarray(v)).to(device=device, dtype=pd) for k, v in state.items()}
     model.load_state_dict(tensors, strict=True, assign=True)
     return model.eval()
-
-
-def load_model(
-    path, *, image_size=None, num_classes=None, device: str | torch.device = "cpu", **overrides
-) -> VisionTransformer:
-    """Load any supported checkpoint file or folder (``vit_common.checkpoints.convert.FORMATS``; orbax folders need
-    jax: convert them first) into the torch twin, in eval mode.
-
-    ``image_size`` resamples the position embedding to that size at load time; ``num_classes`` replaces
-    a head of another size with a zero one; ``overrides`` replace config fields (``dtype="bfloat16"``,
-    ``attn_impl="explicit"``, ``num_heads=12``, ...) or are ``load_checkpoint``'s other keywords
-    (``fmt=`` to force a format, ``source_image_size=(H, W)``, ``strict=True`` to refuse any assumed
-    field). Assumed fields are issued as UserWarnings. See ``vit_common.checkpoints.convert.load_checkpoint`` for
-    the errors raised.
-    """
-    from vit_torch.formats import READERS
-
-    cfg, state = read_checkpoint(path, image_size=image_size, num_classes=num_classes, readers=READERS, **overrides)
-    return from_numpy(cfg, state, device=device)

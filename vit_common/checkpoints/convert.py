@@ -299,6 +299,7 @@ def load_checkpoint(
         provenance=dict(dec.provenance),
         dropped=list(src.dropped) + list(dec.dropped),
         notes=list(dec.notes),
+        model_type=dec.model_type,
     )
     # which of a training checkpoint's weight entries was read: a warning, so every command states it
     report.warnings += [f"{k!r}: {why}" for k, why in src.dropped if k in WEIGHT_ENTRIES]
@@ -469,7 +470,8 @@ def convert(
 
     Preprocessing and class names that ``src`` declares (``vit_common.checkpoints.metadata``) are written where
     ``dst``'s format holds them; assumed ones are not (the destination would declare a guess), nor class
-    names for a replaced head.
+    names for a replaced head. Write options left unset are completed from the source by ``dst``'s format
+    (``Format.complete_options``: an hf_family folder read from a ``vit_mae`` folder is written as one).
 
     Raises:
         ValueError: ``dst`` is ``src``, lies inside it or holds it (the source would be replaced by its own
@@ -484,13 +486,15 @@ def convert(
         preprocess=info.preprocess if info.preprocess_source.startswith("declared") else None,
         classes=info.classes if info.classes is not None and len(info.classes) == ckpt.cfg.num_classes else None,
     )
+    f = _format(to_fmt or output_format(dst))
+    options = f.complete_options(f.write_options() if write_options is None else write_options, ckpt.report)
     out = save_checkpoint(
         dst,
         ckpt.cfg,
         ckpt.state,
         to_fmt,
         writers=writers,
-        options=write_options,
+        options=options,
         assumed=ckpt.report.assumed,
         accept_assumed=accept_assumed,
         **declared,

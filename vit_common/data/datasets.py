@@ -13,6 +13,8 @@ Datasets (``load_dataset(spec, ...)``):
                              column; ``vit_common.data.hf``;
     ``arrayrecord:PATTERN``  ArrayRecord files (grain's native format) of encoded image + label records,
                              as ``vit data convert`` writes them; ``vit_common.data.arrayrecord``;
+    ``tfds:PATH``            a TensorFlow Datasets dataset prepared in ArrayRecord format (the folder
+                             holding ``dataset_info.json``), read without TensorFlow; ``vit_common.data.tfds``;
     ``npz:PATH``             arrays ``x`` [N, H, W] or [N, H, W, C] (uint8, or float in [0, 1]) and ``y``
                              [N] ints; ``x_test``/``y_test`` if present, else split by ``val_fraction``.
 
@@ -62,7 +64,7 @@ from vit_common.system.validate import Range, check_fields
 
 _SPLIT_SEED = 0  # fixed split of mnist5k, digits and any dataset split by val_fraction
 _EXAMPLE, _BATCH = 0, 1  # first words of the seeds of per-example and per-batch generators
-STORED_KINDS = ("imagefolder", "hf", "arrayrecord")  # datasets of natural images read when used
+STORED_KINDS = ("imagefolder", "hf", "arrayrecord", "tfds")  # datasets of natural images read when used
 
 
 # ----------------------------------------------------------------------------------- sources
@@ -170,7 +172,10 @@ class Dataset:
 
 
 def _unknown(spec: str) -> str:
-    return f"dataset {spec!r}: expected mnist5k, digits, imagefolder:PATH, hf:PATH, arrayrecord:PATTERN or npz:PATH"
+    return (
+        f"dataset {spec!r}: expected mnist5k, digits, imagefolder:PATH, hf:PATH, arrayrecord:PATTERN, tfds:PATH "
+        "or npz:PATH"
+    )
 
 
 def natural_images(spec: str) -> bool:
@@ -252,7 +257,7 @@ def load_dataset(
 
 
 def open_stored(spec: str) -> Stored:
-    """The splits, classes and files of an ``imagefolder:``, ``hf:`` or ``arrayrecord:`` spec, unsplit
+    """The splits, classes and files of an ``imagefolder:``, ``hf:``, ``arrayrecord:`` or ``tfds:`` spec, unsplit
     and unchecked (``load_dataset`` splits them and decodes every image once).
 
     Raises:
@@ -269,6 +274,10 @@ def open_stored(spec: str) -> Stored:
         from vit_common.data.arrayrecord import open_arrayrecord
 
         return open_arrayrecord(arg)
+    if kind == "tfds":
+        from vit_common.data.tfds import open_tfds
+
+        return open_tfds(Path(arg))
     raise ValueError(_unknown(spec))
 
 

@@ -16,6 +16,7 @@ from vit_common.recipes import DEFAULT_RECIPE, RECIPES
 from vit_common.system.validate import Range, check_fields
 
 POSITIVE_INT = Range(1, integer=True)
+EMA_METRICS = ("test_ema_accuracy", "test_ema_top5_accuracy", "test_ema_loss")  # evaluations of the --ema weights
 
 
 def _help(text: str, **extra) -> dict:
@@ -46,6 +47,7 @@ class TrainConfig:
             "per class; PATH/train + PATH/val or split by --val-fraction), hf:PATH (a Hugging Face dataset: "
             "a save_to_disk folder or a folder of Parquet files; Image and ClassLabel columns), "
             "arrayrecord:PATTERN (a folder or glob of ArrayRecord files that `vit data convert` writes), "
+            "tfds:PATH (a TensorFlow Datasets folder prepared as ArrayRecord, read without TensorFlow), "
             "npz:PATH (x, y arrays)"
         ),
     )
@@ -117,6 +119,33 @@ class TrainConfig:
     accum_steps: int = field(
         default=1, metadata=_help("micro-batches per optimizer step (must divide the batch)", range=POSITIVE_INT)
     )
+    ema: float | None = field(
+        default=None,
+        metadata=_help(
+            "keep an exponential moving average of the weights with this decay (timm's ModelEmaV3: updated "
+            "after every optimizer step, the first update a copy), evaluated beside the raw weights and "
+            "checkpointed; off by default",
+            range=Range(0, 1, lo_open=True, hi_open=True),
+            metavar="DECAY",
+        ),
+    )
+    ema_warmup: bool = field(
+        default=False,
+        metadata=_help(
+            "warm the EMA decay up: 1 - (1 + k / gamma)^-power after k steps, clipped to [--ema-min-decay, --ema] "
+            "(timm's use_warmup)"
+        ),
+    )
+    ema_warmup_gamma: float = field(
+        default=1.0, metadata=_help("gamma of --ema-warmup (timm's warmup_gamma)", range=Range(0, lo_open=True))
+    )
+    ema_warmup_power: float = field(
+        default=2 / 3, metadata=_help("power of --ema-warmup (timm's warmup_power)", range=Range(0, lo_open=True))
+    )
+    ema_min_decay: float = field(
+        default=0.0,
+        metadata=_help("lowest decay of --ema-warmup (timm's min_decay)", range=Range(0, 1, hi_open=True)),
+    )
     augment: Augment = field(default=Augment(shift=2), metadata=_help("training augmentation (its own flags)"))
     seed: int = field(
         default=0,
@@ -168,6 +197,40 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def check_ema_dtype(self, param_dtype: str) -> None:
+        """Refuse an EMA of parameters below float32: a plain update (1 - decay) x (model - ema) rounds to
+        zero there, which timm's ``ModelEmaV3`` avoids by rounding bfloat16 stochastically (not written in
+        these twins). Both twins' trainers call it.
+
+        Raises:
+            ValueError: ``ema`` set with ``param_dtype`` other than float32 / float64, naming both.
+        """
+        if self.ema is not None and param_dtype not in ("float32", "float64"):
+            raise ValueError(
+                f"ema={self.ema} with param_dtype={param_dtype!r}: expected float32 or float64 parameters (an "
+                "EMA update rounds to zero in low precision)"
+            )
+
+    def ema_decay(self, step: int) -> float:
+        """The EMA decay of the update after optimizer step ``step`` (1-based: the steps taken, this one
+        included, as timm's train.py passes ``num_updates``): timm's ``ModelEmaV3.get_decay``
+        (``timm/utils/model_ema.py``): 0 at step 1 (the EMA becomes a copy of the weights), then ``ema``,
+        or with ``ema_warmup`` 1 - (1 + k / gamma)^-power for k = step - 1, clipped to
+        [``ema_min_decay``, ``ema``]. The JAX step's traced form: ``vit_jax.train.ema_decay``.
+
+        Raises:
+            ValueError: no EMA (``ema`` is None).
+        """
+        if self.ema is None:
+            raise ValueError("ema=None: this run keeps no moving average of the weights (--ema DECAY)")
+        k = max(0, step - 1)
+        if k <= 0:
+            return 0.0
+        if not self.ema_warmup:
+            return self.ema
+        decay = 1 - (1 + k / self.ema_warmup_gamma) ** -self.ema_warmup_power
+        return max(min(decay, self.ema), self.ema_min_decay)
+
     @classmethod
     def settings(cls) -> list[str]:
         """Fields that do not change a run's numbers (``affects_results`` False in their metadata): how a
@@ -212,8 +275,8 @@ class RunOptions:
         default=None,
         metadata=_help(
             "also keep the checkpoint of the best evaluation by this metric (every evaluation is checkpointed; "
-            "orbax's BestN); the summary names its step",
-            choices=("test_accuracy", "test_top5_accuracy", "test_loss"),
+            "orbax's BestN; the test_ema_ metrics need --ema); the summary names its step",
+            choices=("test_accuracy", "test_top5_accuracy", "test_loss", *EMA_METRICS),
         ),
     )
     log_every: int = field(
@@ -233,6 +296,17 @@ class RunOptions:
         ),
     )
     progress: bool = field(default=True, metadata=_help("a progress bar on process 0"))
+    export_ema: bool = field(
+        default=False,
+        metadata=_help("export the EMA weights (--ema) instead of the raw ones; config.json's exports say which"),
+    )
+    wandb: bool = field(
+        default=False,
+        metadata=_help(
+            "also log the TensorBoard scalars and the config to Weights & Biases (process 0; its files in "
+            "RUN/wandb; WANDB_MODE=offline honoured; needs the wandb extra)"
+        ),
+    )
 
     def __post_init__(self):
         check_fields(self)

@@ -260,18 +260,45 @@ def check_destination(path: str | os.PathLike, *, folder: bool = False) -> None:
     raise DestinationError(f"{path}: exists and vit cannot tell it wrote it; pass --overwrite to replace it")
 
 
-def check_writable(path: str | os.PathLike) -> None:
-    """Raise unless the nearest existing folder above ``path`` lets this process create files in it (so
-    that an unwritable current folder is refused before the work, not after it).
+def check_writable(path: str | os.PathLike, flag: str | None = None, *, folder: bool = False) -> None:
+    """Raise unless ``path`` can be written: a file to write, or with ``folder`` a folder to make or write
+    into. Its nearest existing ancestor (an existing folder ``path`` itself) must be a folder this process
+    may create files in, so that an unusable destination is refused before the work, not after it.
+    Nothing is created.
 
     Raises:
-        PermissionError: naming the folder and ``path``.
+        NotADirectoryError: that ancestor is not a folder; PermissionError: it is not writable. Both
+            name ``flag`` (when given), ``path`` and the ancestor.
     """
-    folder = Path(path).absolute().parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise PermissionError(f"{path}: cannot be written (folder {folder} is not writable); choose another path")
+    here = Path(path).absolute() if folder else Path(path).absolute().parent
+    while not here.exists() and not here.is_symlink() and here != here.parent:
+        here = here.parent
+    name = f"{flag} {path}" if flag else str(path)
+    if not here.is_dir():
+        raise NotADirectoryError(f"{name}: cannot be written ({here} is not a folder); choose another path")
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise PermissionError(f"{name}: cannot be written (folder {here} is not writable); choose another path")
+
+
+FOLDER_OVERHEAD = 256 << 10  # bytes a checkpoint folder needs beside its arrays (metadata, index, block rounding)
+
+
+def check_free_space(folder: str | os.PathLike, nbytes: int) -> None:
+    """Raise before a write of about ``nbytes`` (plus ``FOLDER_OVERHEAD``) into ``folder`` that cannot fit
+    in the space its file system has free for this user (``os.statvfs``'s ``f_bavail``).
+
+    Raises:
+        OSError: ENOSPC, saying how much is needed and how much is free (``atomic_write`` /
+            ``atomic_write_dir`` name the destination).
+    """
+    st = os.statvfs(folder)
+    free, need = st.f_bavail * st.f_frsize, nbytes + FOLDER_OVERHEAD
+    if free < need:
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: needs {_size(need)}, {_size(free)} free")
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB" if nbytes >= 10 << 20 else f"{nbytes >> 10} KiB"
 
 
 def _failed(path: Path, e: BaseException, existed: bool) -> BaseException:

@@ -485,12 +485,18 @@ def read_tensors(
     ignored = {k for k, _ in dropped}
     kept = {k: v for k, v in tensors.items() if k not in ignored}
     state = to_canonical(rules(cfg, spelling, prefix, head), kept, context)
-    return Decoded(cfg, state, f"{arch}, {spelling} key names", prov, dropped, notes, conflicts)
+    return Decoded(cfg, state, f"{arch}, {spelling} key names", prov, dropped, notes, conflicts, model_type)
+
+
+# The model types an hf_family folder is written as (``--hf-model-type``): the two-tower ones are written
+# as their vision tower's.
+WRITTEN_FAMILY_TYPES = tuple(t for t in _FAMILY_MODEL_TYPES if t not in ("siglip", "clip"))
 
 
 @dataclass(frozen=True)
 class HfWriteOptions(WriteOptions):
-    """How an HF folder is written: ``spelling`` of the tensor names."""
+    """How an HF folder is written: ``spelling`` of the tensor names; ``model_type`` of an hf_family
+    folder (None: the source folder's where it holds the model, else the family that holds it)."""
 
     spelling: str = field(
         default="v4",
@@ -499,6 +505,15 @@ class HfWriteOptions(WriteOptions):
             "choices": tuple(_NAMES),
             "help": "HF key names to write: v4 (what save_pretrained writes; loads in transformers 4 and 5) "
             "or v5 (transformers 5 module names)",
+        },
+    )
+    model_type: str | None = field(
+        default=None,
+        metadata={
+            "flag": "--hf-model-type",
+            "choices": WRITTEN_FAMILY_TYPES,
+            "help": "transformers model_type of an hf_family folder (a plain ViT as vit_mae or vit_msn; "
+            "default: the source folder's model_type where it holds the model, else the family that holds it)",
         },
     )
 
@@ -576,6 +591,10 @@ class HuggingFace(Format):
         spelling = options.spelling
         if spelling not in _NAMES:
             raise ValueError(f"spelling={spelling!r}: expected 'v4' or 'v5'")
+        if options.model_type is not None:
+            raise ValueError(
+                f"model_type={options.model_type!r}: hf folders are vit or deit; write that model type --to hf_family"
+            )
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=True)
         config = config_json(cfg) | ({ASSUMED_KEY: sorted(assumed)} if assumed else {})  # transformers keeps it
         arch = config["architectures"][0]

@@ -37,23 +37,27 @@ writes and the v5 module names of transformers 5 ``state_dict()``, as transforme
 and ``mlp.weights_out`` / ``mlp.down_proj``. Position embeddings are resampled as transformers'
 ``interpolate_pos_encoding`` does: bicubic without antialias, but with it for dinov2_with_registers.
 Written (``family_for``): the family that holds the model, a two-tower folder as its vision tower, DINOv2
-with a zero ``mask_token`` and (registers) a zero class position row; ViT-MAE and ViT-MSN models are plain
-HF ViTs, which the hf format writes. Still refused by name: CLIPForImageClassification (a mean of
+with a zero ``mask_token`` and (registers) a zero class position row. A plain ViT (class token pooling)
+is the hf format's unless written as ``vit_mae`` (``ViTMAEModel``, ``mask_ratio`` 0) or ``vit_msn``:
+``HfWriteOptions.model_type`` (``--hf-model-type``), which ``complete_options`` sets from a source read
+from such a folder. Still refused by name: CLIPForImageClassification (a mean of
 un-normalised tokens), ViTMAEForPreTraining (its decoder), and in ``hf.py`` relative position bias (BEiT,
 data2vec-vision), rotary embeddings (DINOv3, Perception Encoder), NaFlex SigLIP2 and AIMv2's RMSNorm.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from vit_common.checkpoints.formats.errors import FormatError
-from vit_common.checkpoints.formats.hf import BLOCK_KEYS, HuggingFace
+from vit_common.checkpoints.formats.hf import BLOCK_KEYS, HfWriteOptions, HuggingFace
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Source
 from vit_common.checkpoints.formats.provenance import (
     ASSUMED_KEY,
@@ -76,6 +80,7 @@ from vit_common.checkpoints.formats.rules import (
     unsupported,
 )
 from vit_common.config import ViTConfig
+from vit_common.system import io
 
 # DINOv2's SwiGLU FFN per spelling: (packed [gate; up] or the two halves, down)
 _SWIGLU_KEYS = {
@@ -507,7 +512,7 @@ def read_family(
         kept = fold_class_row(kept, prefix)
         notes.append("position embedding's class row added to cls_token (registers follow the position embedding)")
     state = to_canonical(rules(cfg, fam.style, spelling, prefix, layer_prefix, head), kept, context)
-    return Decoded(cfg, state, f"{arch}, {spelling} key names", prov, dropped, notes, conflicts)
+    return Decoded(cfg, state, f"{arch}, {spelling} key names", prov, dropped, notes, conflicts, model_type)
 
 
 _GELU_TO_ACT = {"exact": "gelu", "tanh": "gelu_pytorch_tanh", "quick": "quick_gelu"}
@@ -523,15 +528,18 @@ def _dinov2_ratio(cfg: ViTConfig) -> int | None:
     return None
 
 
-def family_for(cfg: ViTConfig) -> tuple[str, str] | None:
-    """(model_type, architecture) of the transformers family that holds ``cfg``, or None: CLIP (norm_pre,
-    no patch bias, class token), SigLIP (no class token, MAP head or every token, no classes), DINOv2 with
-    or without registers (LayerScale and a class token; backbone or token_gap classifier), I-JEPA (no
-    class token, mean pooling). ViT-MAE and ViT-MSN folders hold HF ViTs: the hf format writes those."""
+def _holders(cfg: ViTConfig) -> dict[str, str]:
+    """model_type -> architecture of each transformers family that holds ``cfg``'s outputs, in the order
+    ``family_for`` prefers them: CLIP (norm_pre, no patch bias, class token), SigLIP (no class token, MAP
+    head or every token, no classes), DINOv2 with or without registers (LayerScale and a class token;
+    backbone or token_gap classifier), I-JEPA (no class token, mean pooling), then ViT-MAE (the encoder,
+    no classes) and ViT-MSN (backbone or classifier) for a plain ViT pooling its class token."""
+    out: dict[str, str] = {}
+    plain = cfg.class_token and cfg.pool == "token" and not cfg.norm_pre and cfg.layer_scale is None
     if cfg.norm_pre and not cfg.patch_bias and cfg.class_token and cfg.pool == "token":
-        return "clip_vision_model", ("CLIPVisionModelWithProjection" if cfg.num_classes else "CLIPVisionModel")
+        out["clip_vision_model"] = "CLIPVisionModelWithProjection" if cfg.num_classes else "CLIPVisionModel"
     if not cfg.class_token and cfg.pool in ("map", "none") and not cfg.num_classes:
-        return "siglip_vision_model", "SiglipVisionModel"
+        out["siglip_vision_model"] = "SiglipVisionModel"
     if (
         cfg.class_token
         and cfg.layer_scale is not None
@@ -543,10 +551,24 @@ def family_for(cfg: ViTConfig) -> tuple[str, str] | None:
     ):
         mt = "dinov2_with_registers" if cfg.reg_tokens else "dinov2"
         name = "Dinov2WithRegisters" if cfg.reg_tokens else "Dinov2"
-        return mt, f"{name}{'ForImageClassification' if cfg.num_classes else 'Model'}"
+        out[mt] = f"{name}{'ForImageClassification' if cfg.num_classes else 'Model'}"
     if not cfg.class_token and cfg.pool == "gap" and not cfg.reg_tokens:
-        return "ijepa", "IJepaForImageClassification" if cfg.num_classes else "IJepaModel"
-    return None
+        out["ijepa"] = "IJepaForImageClassification" if cfg.num_classes else "IJepaModel"
+    if plain and not cfg.num_classes:
+        out["vit_mae"] = "ViTMAEModel"
+    if plain:
+        out["vit_msn"] = "ViTMSNForImageClassification" if cfg.num_classes else "ViTMSNModel"
+    return out
+
+
+def family_for(cfg: ViTConfig, model_type: str | None = None) -> tuple[str, str] | None:
+    """(model_type, architecture) of the transformers family that holds ``cfg`` (``_holders``), or None:
+    ``model_type`` where given and it holds the model, else the first of CLIP, SigLIP, DINOv2 and I-JEPA
+    (a plain ViT is the hf format's unless ``vit_mae`` or ``vit_msn`` is asked for)."""
+    holders = _holders(cfg)
+    if model_type is not None:
+        return (model_type, holders[model_type]) if model_type in holders else None
+    return next(((mt, a) for mt, a in holders.items() if mt not in ("vit_mae", "vit_msn")), None)
 
 
 def config_json(cfg: ViTConfig, model_type: str, arch: str) -> dict[str, Any]:
@@ -575,8 +597,10 @@ def config_json(cfg: ViTConfig, model_type: str, arch: str) -> dict[str, Any]:
         } | ({"num_register_tokens": cfg.reg_tokens} if cfg.reg_tokens else {})
     else:
         config["intermediate_size"] = cfg.mlp_dim
-    if model_type == "ijepa":
+    if FAMILIES[model_type].style == "vit":
         config["qkv_bias"] = cfg.qkv_bias
+    if model_type == "vit_mae":
+        config["mask_ratio"] = 0.0  # ViTMAEModel encodes every patch (in its random order: attention is blind to it)
     if model_type == "siglip_vision_model":
         config["vision_use_head"] = cfg.pool == "map"
     if model_type == "clip_vision_model" and cfg.num_classes:
@@ -594,7 +618,6 @@ class HfFamilies(HuggingFace):
     name = "hf_family"
     description = "Hugging Face transformers SigLIP, CLIP, DINOv2, ViT-MAE, ViT-MSN or I-JEPA folder"
     signature = "a folder whose config.json model_type is " + ", ".join(FAMILIES)
-    reference = None  # vit_torch.oracles.library_logits builds ViTForImageClassification for 'from_pretrained'
 
     def export_name(self, source=None) -> str:
         return "model_hf_family"
@@ -611,13 +634,16 @@ class HfFamilies(HuggingFace):
             context=src.context,
         )
 
-    def cannot_hold(self, cfg: ViTConfig) -> list[str]:
-        found = family_for(cfg)
+    def cannot_hold(self, cfg: ViTConfig, model_type: str | None = None) -> list[str]:
+        """What ``cfg`` has that the family it would be written as (``family_for``, ``model_type`` where
+        given) cannot hold."""
+        found = family_for(cfg, model_type)
         if found is None:
+            which = f"{model_type} model" if model_type else "SigLIP, CLIP, DINOv2 or I-JEPA model"
             return [
-                f"no SigLIP, CLIP, DINOv2 or I-JEPA model has class_token={cfg.class_token}, pool={cfg.pool!r}, "
+                f"no {which} has class_token={cfg.class_token}, pool={cfg.pool!r}, "
                 f"num_classes={cfg.num_classes}, norm_pre={cfg.norm_pre}, LayerScale={cfg.layer_scale is not None} "
-                "(write hf for a ViT, timm or canonical)"
+                "(write hf for a ViT, or --hf-model-type vit_mae / vit_msn; timm or canonical)"
             ]
         model_type, _ = found
         style = FAMILIES[model_type].style
@@ -647,11 +673,20 @@ class HfFamilies(HuggingFace):
             },
         )
 
+    def complete_options(self, options, source) -> HfWriteOptions:
+        """A source read from a ``vit_mae`` or ``vit_msn`` folder is written as its own model type where
+        ``options`` name none and that type holds the model."""
+        mt = getattr(source, "model_type", "")
+        if isinstance(options, HfWriteOptions) and options.model_type is None and mt in ("vit_mae", "vit_msn"):
+            if source.config is not None and family_for(source.config, mt) is not None:
+                return dataclasses.replace(options, model_type=mt)
+        return options
+
     def encode(self, cfg: ViTConfig, state, path, options, assumed=()) -> Encoded:
-        refuse("hf_family", self.cannot_hold(cfg))
+        refuse("hf_family", self.cannot_hold(cfg, options.model_type))
         if options.spelling not in ("v4", "v5"):
             raise ValueError(f"spelling={options.spelling!r}: expected 'v4' or 'v5'")
-        model_type, arch = family_for(cfg)
+        model_type, arch = family_for(cfg, options.model_type)
         fam = FAMILIES[model_type]
         spelling = options.spelling if options.spelling in BLOCK_KEYS[fam.style] else "v4"
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=not cfg.reg_tokens)
@@ -675,7 +710,7 @@ class HfFamilies(HuggingFace):
         return read_family(enc.tensors, enc.config_json, context="hf_family read-back")
 
     def load_call(self, path, cfg: ViTConfig) -> str:
-        _, arch = family_for(cfg)
+        arch = io.read_json(Path(path) / "config.json")["architectures"][0]  # the folder just written
         return "\n".join(
             [
                 "import transformers",

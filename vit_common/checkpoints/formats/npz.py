@@ -3,7 +3,9 @@
 Keys are flax parameter paths joined with '/'. What varies between files, and is detected per file:
 
 - prefix: none, ``opt/target/`` (flax.optim checkpoints of the original ViT; ``opt/state/...`` is optimizer
-  state), ``params/`` or ``params/img/`` (big_vision; the image tower of a two-tower model);
+  state), ``params/`` or ``params/img/`` (big_vision; the image tower of a two-tower model such as SigLIP,
+  whose text tower ``params/txt/``, log temperature ``params/t`` and logit bias ``params/b`` are reported
+  as ignored, by name: big_vision ``models/proj/image_text/two_towers.py``);
 - block counters: pre-linen global counters ``LayerNorm_0, MultiHeadDotProductAttention_1, LayerNorm_2,
   MlpBlock_3`` (original ViT files) or linen per-type ones ``LayerNorm_0, MultiHeadDotProductAttention_0,
   LayerNorm_1, MlpBlock_0`` (big_vision ``models/vit.py`` ``Encoder1DBlock``);
@@ -80,6 +82,23 @@ _DROPPED_OUTSIDE = {
     "params/": "not a model parameter, outside params/",
     "params/img/": "outside the image tower params/img/ (e.g. the text tower of a two-tower model)",
 }
+# What else a big_vision two-tower checkpoint (SigLIP, LiT) holds beside its image tower ``params/img/``:
+# big_vision models/proj/image_text/two_towers.py names its towers 'img' and 'txt' and adds the parameters
+# 't' (log temperature) and, with bias_init (SigLIP's sigmoid loss), 'b'.
+_TWO_TOWER = {
+    "params/txt/": "the text tower of a big_vision two-tower model (SigLIP, LiT): not the image tower",
+    "params/t": "the two-tower model's log temperature t (two_towers.py): a contrastive loss parameter",
+    "params/b": "the two-tower model's logit bias b (two_towers.py bias_init, SigLIP's sigmoid loss)",
+}
+
+
+def _outside(key: str, prefix: str) -> str:
+    """Why ``key``, outside ``prefix``, is not read: a two-tower model's text tower, ``t`` and ``b`` by name."""
+    if prefix == "params/img/":
+        for start, why in _TWO_TOWER.items():
+            if key == start or (start.endswith("/") and key.startswith(start)):
+                return why
+    return _DROPPED_OUTSIDE[prefix]
 
 
 @dataclass(frozen=True)
@@ -211,7 +230,7 @@ def read(
     prefix = next((p for p in PREFIXES if p + "embedding/kernel" in tensors), None)
     if prefix is None or np.ndim(tensors[prefix + "embedding/kernel"]) != 4:
         raise FormatError(f"{context}: no 4-D embedding/kernel under any of the prefixes {PREFIXES}")
-    dropped = [(k, _DROPPED_OUTSIDE[prefix]) for k in tensors if not k.startswith(prefix)]
+    dropped = [(k, _outside(k, prefix)) for k in tensors if not k.startswith(prefix)]
     t = {k: v for k, v in tensors.items() if k.startswith(prefix)}
     ph, pw, c, d = positive_dims(np.shape(t[prefix + "embedding/kernel"]), prefix + "embedding/kernel", context)
     grid = (source_image_size[0] // ph, source_image_size[1] // pw) if source_image_size else None

@@ -36,6 +36,7 @@ class Decoded:
     dropped: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)  # stored metadata vs head shape (see convert.py)
+    model_type: str = ""  # the transformers model_type an HF folder declares ('' for other formats)
 
 
 @dataclass
@@ -183,6 +184,11 @@ class Format:
             enc.meta = {**info, **enc.meta}
             return []
         return [f"{self.name} files record no preprocessing or class names: they were not written"]
+
+    def complete_options(self, options: WriteOptions, source: Any) -> WriteOptions:
+        """``options`` with what the caller left unset taken from the ``source`` that was read (a
+        ``provenance.Report``: an HF folder's ``model_type``); the base format takes nothing from it."""
+        return options
 
     def cannot_hold(self, cfg: ViTConfig) -> list[str]:
         """Every choice of ``cfg`` this format cannot hold (empty: it can), before ``encode``'s rewrites."""

@@ -220,6 +220,7 @@ class Report:
     ``provenance`` maps each config field that changes the function to its ``Origin``; ``assumed``
     lists those that were assumed and matter (each also has a warning naming its flag).
     ``load_call`` is the library code that loads a written file strictly (timm or transformers).
+    ``model_type`` is the transformers model_type an HF source folder declares ('' for other sources).
     """
 
     source: str = ""
@@ -236,6 +237,7 @@ class Report:
     written: str = ""
     written_format: str = ""
     load_call: str = ""
+    model_type: str = ""
 
     @property
     def variant(self) -> str:
@@ -301,6 +303,7 @@ class Report:
             "written": self.written,
             "written_format": self.written_format,
             "load_call": self.load_call,
+            "model_type": self.model_type,
         }
 
 
