@@ -178,3 +178,21 @@ def test_jax_recipes_update_as_optax_adamw_and_big_vision_s_chain(x64, recipe):
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-13, atol=1e-17, err_msg=name)
     assert not np.array_equal(want["attn_pool.latent"], state["attn_pool.latent"])
+
+
+@pytest.mark.parametrize("kwargs", [dict(weight_decay=0.05, layer_decay=0.75), dict(weight_decay=0.05), {}])
+@pytest.mark.parametrize("model", list(MODELS))
+def test_timm_param_groups_give_create_optimizer_v2_s_order(model, kwargs):
+    """vit_common.recipes.timm_param_groups: the names of timm's own optimizer groups, in order (what
+    maps a timm checkpoint's optimizer state, numbered through its groups, back to names)."""
+    from timm.optim import create_optimizer_v2
+
+    from vit_common.recipes import timm_param_groups
+
+    ref = timm_model(MODELS[model])
+    opt = create_optimizer_v2(ref, "adamw", lr=1e-3, **kwargs)
+    name_of = {id(p): n for n, p in ref.named_parameters()}
+    want = [[name_of[id(p)] for p in g["params"]] for g in opt.param_groups]
+    params = [(n, p.ndim) for n, p in ref.named_parameters()]
+    got = timm_param_groups(params, kwargs.get("weight_decay", 0.0), kwargs.get("layer_decay"))
+    assert got == want and len(want) > (1 if kwargs else 0)

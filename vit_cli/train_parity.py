@@ -9,9 +9,9 @@ input pipeline (``vit_jax.train.Trainer.train_iterator``: augmentation, mixup / 
 in numpy), takes K optimizer steps in each (``vit_jax.train`` with optax, ``vit_torch.train`` with
 torch.optim), and after every step compares the loss, the gradient norm, the learning rate, every
 parameter and both Adam moments by canonical name, and with ``--ema`` the moving averages of the weights
-(``vit_jax.train.ema_update`` against ``vit_torch.train.ModelEma``). Drop path runs in the parity mode: both twins take
-the same masks, drawn in numpy per step (``drop_path_masks``); dropout has no parity mode yet, so a
-config with dropout is refused.
+(``vit_jax.train.ema_update`` against ``vit_torch.train.ModelEma``). Drop path, dropout and attention dropout
+run in the parity mode: both twins take the same keep masks, drawn in numpy per step (``drop_path_masks``,
+``dropout_masks``).
 
 Each twin may run its own ``TrainConfig`` (another recipe, another weight decay): a run of one recipe
 against another shows at which step and in which tensor they part. Bounds: ``vit_common.tolerance``'s
@@ -33,6 +33,7 @@ from vit_common.recipes import get_recipe
 from vit_common.tolerance import compare, tolerance
 
 _DROP = 2  # first word of the drop-path masks' seeds (the pipeline's examples use 0, its batches 1)
+_DROPOUT = 3  # first word of the dropout masks' seeds
 
 
 def drop_path_masks(cfg: ViTConfig, seed: int, step: int, batch_size: int) -> np.ndarray:
@@ -44,11 +45,48 @@ def drop_path_masks(cfg: ViTConfig, seed: int, step: int, batch_size: int) -> np
     return (rng.random((batch_size, cfg.depth, 2)) >= rates[None, :, None]).astype(np.float32)
 
 
+def dropout_sites(cfg: ViTConfig, batch_size: int) -> dict[str, tuple[tuple[int, ...], float]]:
+    """{module path: (input shape, rate)} of every live dropout of both twins' training forward, in
+    the order of the forward: "pos_drop" [B, L, D], per block i "blocks.{i}.attn.attn_drop" [B, N, L, L]
+    (attention probabilities), "blocks.{i}.attn.proj_drop" [B, L, D], "blocks.{i}.mlp.drop1" [B, L, F],
+    "blocks.{i}.mlp.drop2" [B, L, D], the MAP head's "attn_pool.mlp.drop1" [B, 1, F] and ".drop2"
+    [B, 1, D], "head_drop" [B, D'] ([B, L, D'] with pool='none') and, with a distilled head,
+    "head_drop_dist" [B, D]. L = ``cfg.seq_len``, F = ``cfg.mlp_dim``, D' = ``cfg.features_dim``."""
+    b, n, d, f, l = batch_size, cfg.num_heads, cfg.width, cfg.mlp_dim, cfg.seq_len
+    p, a = cfg.dropout, cfg.attn_dropout
+    sites = {"pos_drop": ((b, l, d), p)}
+    for i in range(cfg.depth):
+        sites |= {
+            f"blocks.{i}.attn.attn_drop": ((b, n, l, l), a),
+            f"blocks.{i}.attn.proj_drop": ((b, l, d), p),
+            f"blocks.{i}.mlp.drop1": ((b, l, f), p),
+            f"blocks.{i}.mlp.drop2": ((b, l, d), p),
+        }
+    if cfg.pool == "map":
+        sites |= {"attn_pool.mlp.drop1": ((b, 1, f), p), "attn_pool.mlp.drop2": ((b, 1, d), p)}
+    sites["head_drop"] = ((b, l, cfg.features_dim) if cfg.pool == "none" else (b, cfg.features_dim), p)
+    if cfg.head_dist:
+        sites["head_drop_dist"] = ((b, d), p)
+    return {k: v for k, v in sites.items() if v[1] > 0}
+
+
+def dropout_masks(cfg: ViTConfig, seed: int, step: int, batch_size: int) -> dict[str, np.ndarray]:
+    """{module path: float32 keep mask (1 keep, 0 drop)} of every live dropout (``dropout_sites``) for
+    optimizer step ``step``, drawn in that order from one numpy generator seeded by (seed, 3, step);
+    each element is kept with probability 1 - rate, as ``nn.Dropout`` and ``nnx.Dropout`` keep it."""
+    rng = np.random.default_rng((seed, _DROPOUT, step))
+    return {
+        k: (rng.random(shape) >= rate).astype(np.float32) for k, (shape, rate) in dropout_sites(cfg, batch_size).items()
+    }
+
+
 @dataclass
 class StepRow:
     """One optimizer step of both twins: (JAX, torch) metrics, and the largest relative difference
     (max |JAX - torch| / max |torch| of a tensor) over the parameters, each Adam moment and (with an
-    EMA, else 0 and "") the moving average of the weights, with the tensor that has it."""
+    EMA, else 0 and "") the moving average of the weights, with the tensor that has it. In a
+    bfloat16-compute run ``ref`` is (JAX, torch) against the float64 reference run: ||twin - ref|| /
+    ||ref|| over all parameters at once (``_vector_rel``), else None."""
 
     step: int
     loss: tuple[float, float]
@@ -62,10 +100,14 @@ class StepRow:
     nu_worst: str
     ema: float = 0.0
     ema_worst: str = ""
+    ref: tuple[float, float] | None = None
 
     @property
     def worst(self) -> float:
-        return max(self.params, self.mu, self.nu, self.ema)
+        """What the verdict holds to the bound: with a reference run, the twins' distance from it (the
+        per-tensor differences of bfloat16 compute are no measure: Adam turns a gradient that is zero but
+        for rounding, as a key bias's, into a step of the lr's size); else the twins' per-tensor one."""
+        return max(self.ref) if self.ref is not None else max(self.params, self.mu, self.nu, self.ema)
 
 
 @dataclass
@@ -116,6 +158,12 @@ def _largest(a: dict[str, np.ndarray], b: dict[str, np.ndarray], what: str, dtyp
     return worst
 
 
+def _vector_rel(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    """||a - b|| / ||b|| with every tensor of ``b`` as one vector (float64)."""
+    diff = sum(float(np.sum((np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64)) ** 2)) for k in b)
+    return float(np.sqrt(diff / sum(float(np.sum(np.asarray(b[k], np.float64) ** 2)) for k in b)))
+
+
 def run_dtype(cfg: ViTConfig, *tcfgs: TrainConfig) -> str:
     """The dtype whose "train" bound applies: bfloat16 when the model computes in it or a recipe keeps
     its first moment in it, else the model's parameter dtype."""
@@ -136,23 +184,20 @@ def compare_training(
     """K = ``steps`` optimizer steps of the JAX twin under ``tcfg`` and of the torch twin under
     ``torch_tcfg`` (default the same), from ``weights`` (default the torch twin's initialisation with
     ``torch_tcfg.seed``: torch draws it in milliseconds, JAX compiles a kernel per shape), on the same
-    batches; see the module docstring. float64 needs jax_enable_x64 on.
+    batches; see the module docstring. float64 needs jax_enable_x64 on. With bfloat16 compute a third
+    run, the torch twin in float64 from the same weights, batches and masks, is the reference: each row's
+    ``ref`` holds both twins' ||twin - f64|| / ||f64||, which the verdict holds to the tolerance table's
+    "train_vs_float64" bound.
 
     Raises:
-        ValueError: steps < 1 or more than the run has, a config with dropout or attention dropout (no
-            parity mode), configs whose batches differ (batch size, epochs, seed, augmentation), an EMA
-            in one twin only, or anything the trainers refuse.
+        ValueError: steps < 1 or more than the run has, configs whose batches differ (batch size,
+            epochs, seed, augmentation), an EMA in one twin only, or anything the trainers refuse.
     """
     import vit_jax.train as jt
     import vit_torch.train as tt
     from vit_jax.optimizer_state import adam_state
 
     torch_tcfg = tcfg if torch_tcfg is None else torch_tcfg
-    if cfg.dropout or cfg.attn_dropout:
-        raise ValueError(
-            f"dropout={cfg.dropout}, attn_dropout={cfg.attn_dropout}: the twins share drop-path masks only; "
-            "compare with dropout=0 and attn_dropout=0"
-        )
     same = ("batch_size", "epochs", "seed", "augment", "dataset", "accum_steps")
     differ = [k for k in same if getattr(tcfg, k) != getattr(torch_tcfg, k)]
     if differ:
@@ -165,16 +210,21 @@ def compare_training(
     torch_trainer = tt.Trainer(cfg, torch_tcfg, data, weights=weights)
     weights = torch_trainer.weights() if weights is None else weights
     jax_trainer = jt.Trainer(cfg, tcfg, data, weights=weights)
+    f64 = cfg.replace(dtype="float64", param_dtype="float64")
+    reference = tt.Trainer(f64, torch_tcfg, data, weights=weights) if cfg.dtype == "bfloat16" else None
     dtype = run_dtype(cfg, tcfg, torch_tcfg)
-    out = TrainParity(dtype, (tcfg.recipe, torch_tcfg.recipe), tolerance("train", dtype))
+    bound = tolerance("train_vs_float64" if reference is not None else "train", dtype)
+    out = TrainParity(dtype, (tcfg.recipe, torch_tcfg.recipe), bound)
     state = jax_trainer.init_state()
     it = jax_trainer.train_iterator()
     try:
         for k in range(steps):
             batch = next(it)
             masks = drop_path_masks(cfg, tcfg.seed, k, tcfg.batch_size) if cfg.drop_path else None
-            state, mj = jax_trainer.train_step(state, batch if masks is None else {**batch, "drop_masks": masks})
-            mt = torch_trainer.train_step(batch, masks)
+            drops = dropout_masks(cfg, tcfg.seed, k, tcfg.batch_size) or None
+            extra = {n: v for n, v in (("drop_masks", masks), ("dropout_masks", drops)) if v is not None}
+            state, mj = jax_trainer.train_step(state, {**batch, **extra})
+            mt = torch_trainer.train_step(batch, masks, drops)
             a, b = adam_state(state["opt_state"]), torch_trainer.adam_state()
             p = _largest(jax_trainer.weights(state), torch_trainer.weights(), "parameters", dtype)
             mu, nu = (_largest(a[m], b[m], m, dtype) for m in ("mu", "nu"))
@@ -184,7 +234,12 @@ def compare_training(
                 if tcfg.ema is None
                 else _largest(jax_trainer.weights(state, ema=True), torch_trainer.weights(ema=True), "ema", dtype)
             )
-            out.rows.append(StepRow(k + 1, *pairs, *p, *mu, *nu, *ema))
+            ref = None
+            if reference is not None:
+                reference.train_step(batch, masks, drops)
+                w = reference.weights()
+                ref = tuple(_vector_rel(t, w) for t in (jax_trainer.weights(state), torch_trainer.weights()))
+            out.rows.append(StepRow(k + 1, *pairs, *p, *mu, *nu, *ema, ref=ref))
     finally:
         it.close()
         jax_trainer.close()
@@ -201,13 +256,17 @@ def format_table(result: TrainParity) -> str:
         f"{'step':>4} {'loss jax':>12} {'loss torch':>12} {'grad_norm':>10} {'lr':>9} "
         f"{'params':>9} {'mu':>9} {'nu':>9}{' ' + 'ema'.rjust(9) if has_ema else ''}  worst tensor",
     ]
+    refs = result.rows[0].ref is not None if result.rows else False
+    if refs:
+        lines[1] += "; ref: ||JAX - f64||, ||torch - f64|| / ||f64||, the verdict's"
     for r in result.rows:
         tables = [(r.params, r.params_worst), (r.mu, "mu " + r.mu_worst), (r.nu, "nu " + r.nu_worst)]
         tables += [(r.ema, "ema " + r.ema_worst)] if has_ema else []
+        vs = f"  ref {r.ref[0]:.2e} {r.ref[1]:.2e}" if refs else ""
         lines.append(
             f"{r.step:>4} {r.loss[0]:>12.8f} {r.loss[1]:>12.8f} {r.grad_norm[1]:>10.4g} {r.lr[1]:>9.3g} "
             + " ".join(f"{v:>9.2e}" for v, _ in tables)
-            + f"  {max(tables)[1]}{'' if r.worst <= bound else '  FAIL'}"
+            + f"  {max(tables)[1]}{vs}{'' if r.worst <= bound else '  FAIL'}"
         )
     bad = result.first_bad_step
     lines.append("verdict: ok" if bad is None else f"verdict: the twins part at step {bad}")
@@ -270,11 +329,22 @@ def add_parser(sub) -> None:
         default=None,
         help="stochastic depth rate of the last block; both twins take the same masks (default 0)",
     )
+    for name, what in (
+        ("dropout", "dropout (position embedding, projections, MLP, head)"),
+        ("attn_dropout", "attention dropout"),
+    ):
+        m.add_argument(
+            "--" + name.replace("_", "-"),
+            type=arg(float_in, 0, 1, hi_open=True),
+            default=None,
+            help=f"{what} rate; both twins take the same masks (default 0)",
+        )
     m.add_argument(
         "--dtype",
         choices=("float64", "float32", "bfloat16"),
         default="float64",
-        help="float64: parameters and compute (bound 1e-10); float32; bfloat16 compute, float32 parameters",
+        help="float64: parameters and compute (bound 1e-10); float32; bfloat16 compute, float32 parameters, "
+        "both twins held to a float64 run of the torch twin (||twin - f64|| / ||f64||, bound 1e-2)",
     )
     o = p.add_argument_group("training (both twins; the torch twin's may differ by the flags below)")
     add_flags(o, TrainConfig, only=("dataset", "val_fraction", "layer_decay", *OPTIMISATION))
@@ -312,7 +382,7 @@ def run(args) -> int:
             if v is not None
         },
     )
-    args.posemb, args.dropout, args.settings = None, None, []  # what model_config reads besides these flags
+    args.posemb, args.settings = None, []  # what model_config reads besides these flags
     raw = read_dataset(tcfg.dataset, val_fraction=tcfg.val_fraction)  # its classes and channels
     dtype = args.dtype
     args.dtype = "float32" if dtype == "float64" else dtype

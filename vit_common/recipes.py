@@ -33,7 +33,7 @@ in its recipe's units.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatch
 
@@ -139,6 +139,40 @@ def layer_exponents(names: Iterable[str], depth: int) -> dict[str, int]:
 def layer_scales(names: Iterable[str], depth: int, layer_decay: float) -> dict[str, float]:
     """{canonical name: learning-rate scale r^k} (``layer_exponents``); all 1 when r = 1."""
     return {n: layer_decay**k if layer_decay != 1 else 1.0 for n, k in layer_exponents(names, depth).items()}
+
+
+def timm_param_groups(
+    params: Sequence[tuple[str, int]],
+    weight_decay: float,
+    layer_decay: float | None,
+    no_weight_decay: Collection[str] = ("pos_embed", "cls_token", "reg_token", "dist_token"),
+) -> list[list[str]]:
+    """The parameter groups, as lists of names, that ``timm.optim.create_optimizer_v2`` builds from a
+    model whose ``named_parameters()`` are ``params`` ((canonical name, rank), in that order, all
+    trainable) with ``weight_decay`` and ``layer_decay`` (None: off; timm's train.py ``args``).
+    ``torch.optim.Optimizer.state_dict()`` numbers the parameters 0, 1, ... through these groups in
+    order, so this maps a timm training checkpoint's optimizer state back to names.
+
+    ``timm/optim/_optim_factory.py`` / ``_param_groups.py``: with ``layer_decay`` one group per (layer,
+    decay or not) in the order first met (``param_groups_layer_decay``: no decay on rank <= 1 and
+    ``no_weight_decay``; layers as ``layer_ids``); else with ``weight_decay`` > 0 [no decay (rank <= 1,
+    ``*.bias``, ``no_weight_decay``), decay] (``param_groups_weight_decay``; an empty group is left out);
+    else one group holding everything. ``no_weight_decay``: a ViT's ``no_weight_decay()``.
+    """
+    names = [n for n, _ in params]
+    exempt = lambda n: any(fnmatch(n, p) for p in no_weight_decay)  # noqa: E731
+    if layer_decay is not None:
+        depth = 1 + max((int(n.split(".")[1]) for n in names if n.startswith("blocks.")), default=-1)
+        ids = layer_ids(names, depth)
+        groups: dict[tuple[int, bool], list[str]] = {}
+        for n, ndim in params:
+            groups.setdefault((ids[n], ndim > 1 and not exempt(n)), []).append(n)
+        return list(groups.values())
+    if not weight_decay:
+        return [names]
+    kept = {n for n, ndim in params if ndim <= 1 or n.endswith(".bias") or exempt(n)}
+    no_decay, decay = [n for n in names if n in kept], [n for n in names if n not in kept]
+    return [g for g in (no_decay, decay) if g]
 
 
 def schedule_steps(warmup_steps: int, total_steps: int) -> tuple[int, int]:

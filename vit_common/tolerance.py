@@ -41,6 +41,12 @@ TOLERANCES: dict[tuple[str, str], tuple[str, float]] = {
     # where the PIL backend puts the ceiling) depart from the PIL backend itself and are not bounded here.
     ("pixels_pil", "uint8"): ("abs", 0.0),
     ("pixels_torchvision", "uint8"): ("abs", 4.0),
+    # bf16 compute (float32 parameters and moments) against a float64 run of the same weights and batches:
+    # ||params - params_f64|| / ||params_f64|| over all parameters at once (vit_cli/train_parity.py).
+    # Measured on a depth-2 width-16 model at lr 1e-2 (the test's): 4.8e-3 (JAX) and 4.3e-3 (torch) after
+    # 5 steps, growing ~1e-3 a step: a bound for a few steps. Per tensor no bound holds: a key bias's
+    # gradient is zero but for rounding, and Adam makes it a step of the lr's size.
+    ("train_vs_float64", "bfloat16"): ("rel", 1e-2),
 }
 
 

@@ -43,6 +43,25 @@ def _dropout(rate: float, rngs: nnx.Rngs) -> nnx.Dropout:
     return nnx.Dropout(rate, rngs=rngs if rate > 0 else None)
 
 
+def _sub(masks: dict | None, prefix: str) -> dict | None:
+    """The entries of a flat ``dropout_masks`` dict under module path ``prefix``, the prefix removed."""
+    if masks is None:
+        return None
+    return {k[len(prefix) + 1 :]: v for k, v in masks.items() if k.startswith(prefix + ".")}
+
+
+def _drop(drop: nnx.Dropout, x: jax.Array, masks: dict | None, name: str) -> jax.Array:
+    """``drop(x)``; in training with ``masks`` (the parity mode) the keep mask ``masks[name]`` (x's shape,
+    1 keep, 0 drop) instead of a draw, with nnx.Dropout's scaling: kept values / (1 - rate).
+
+    Raises:
+        KeyError: a live dropout whose mask ``masks`` lacks.
+    """
+    if masks is None or drop.rate == 0 or drop.deterministic:
+        return drop(x)
+    return jnp.where(masks[name] > 0, x / (1.0 - drop.rate), jnp.zeros_like(x))
+
+
 class PatchEmbed(nnx.Module):
     """Stride-P convolution with VALID padding, bias if cfg.patch_bias: [B, H, W, C] -> [B, H/P, W/P, D]."""
 
@@ -107,8 +126,11 @@ class Attention(nnx.Module):
         self.proj = _linear(cfg, cfg.width, cfg.width, rngs)
         self.proj_drop = _dropout(cfg.dropout, rngs)
 
-    def __call__(self, x: jax.Array, *, return_attn: bool = False) -> tuple[jax.Array, jax.Array | None]:
-        """x [B, L, D] -> ([B, L, D], probabilities [B, N, L, L] if ``return_attn`` else None).
+    def __call__(
+        self, x: jax.Array, *, return_attn: bool = False, masks: dict | None = None
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """x [B, L, D] -> ([B, L, D], probabilities [B, N, L, L] if ``return_attn`` else None); ``masks``
+        {"attn_drop": [B, N, L, L], "proj_drop": [B, L, D]} the parity mode's dropout keep masks.
 
         ``return_attn=True`` takes the explicit path; so does training with attention dropout, which
         the fused kernels do not implement.
@@ -122,10 +144,10 @@ class Attention(nnx.Module):
         live_drop = self.attn_drop.rate > 0 and not self.attn_drop.deterministic
         kernel = "explicit" if return_attn or live_drop else self.kernel
         if kernel == "explicit":
-            out, probs = _attend(q, k, v, scale, self.attn_drop)
+            out, probs = _attend(q, k, v, scale, lambda p: _drop(self.attn_drop, p, masks, "attn_drop"))
         else:
             out, probs = dot_product_attention(q, k, v, scale=scale, implementation=kernel), None
-        x = self.proj_drop(self.proj(out.reshape(b, l, d)))  # [B, L, N, D/N] -> [B, L, D]
+        x = _drop(self.proj_drop, self.proj(out.reshape(b, l, d)), masks, "proj_drop")  # [B, L, D]
         return x, probs if return_attn else None
 
 
@@ -145,10 +167,11 @@ class Mlp(nnx.Module):
         self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width, rngs)
         self.drop2 = _dropout(cfg.dropout, rngs)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, masks: dict | None = None) -> jax.Array:
+        """x [..., D] -> [..., D]; ``masks`` {"drop1": [..., F], "drop2": [..., D]} (parity mode)."""
         h = self.fc1(x)
         h = quick_gelu(h) if self.quick else gelu(h, self.approximate)
-        return self.drop2(self.fc2(self.drop1(h)))
+        return _drop(self.drop2, self.fc2(_drop(self.drop1, h, masks, "drop1")), masks, "drop2")
 
 
 class GluMlp(nnx.Module):
@@ -164,9 +187,11 @@ class GluMlp(nnx.Module):
         self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width, rngs)
         self.drop2 = _dropout(cfg.dropout, rngs)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, masks: dict | None = None) -> jax.Array:
+        """x [..., D] -> [..., D]; ``masks`` {"drop1": [..., F], "drop2": [..., D]} (parity mode)."""
         gate, value = jnp.split(self.fc1(x), 2, axis=-1)  # each [..., F]
-        return self.drop2(self.fc2(self.drop1(jax.nn.silu(gate) * value)))
+        h = _drop(self.drop1, jax.nn.silu(gate) * value, masks, "drop1")
+        return _drop(self.drop2, self.fc2(h), masks, "drop2")
 
 
 class LayerScale(nnx.Module):
@@ -212,14 +237,20 @@ class Block(nnx.Module):
         self.drop_path2 = DropPath(drop_path, rngs=rngs)
 
     def __call__(
-        self, x: jax.Array, *, return_attn: bool = False, drop_mask: jax.Array | None = None
+        self,
+        x: jax.Array,
+        *,
+        return_attn: bool = False,
+        drop_mask: jax.Array | None = None,
+        masks: dict | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
         """x [B, L, D] -> ([B, L, D], probabilities or None); ``drop_mask`` [B, 2]: both branches' drop-path
-        masks (parity mode), else drawn."""
+        masks (parity mode), else drawn; ``masks`` the block's dropout masks by path ("attn.attn_drop",
+        "attn.proj_drop", "mlp.drop1", "mlp.drop2"; parity mode), else drawn."""
         m1, m2 = (None, None) if drop_mask is None else (drop_mask[:, 0], drop_mask[:, 1])
-        y, probs = self.attn(self.norm1(x), return_attn=return_attn)
+        y, probs = self.attn(self.norm1(x), return_attn=return_attn, masks=_sub(masks, "attn"))
         x = x + self.drop_path1(self.ls1(y) if self.ls1 is not None else y, m1)
-        y = self.mlp(self.norm2(x))
+        y = self.mlp(self.norm2(x), _sub(masks, "mlp"))
         x = x + self.drop_path2(self.ls2(y) if self.ls2 is not None else y, m2)
         return x, probs
 
@@ -243,7 +274,10 @@ class MAPHead(nnx.Module):
         self.mlp = Mlp(cfg, rngs=rngs)
         self.kernel = _attention_kernel(cfg)
 
-    def __call__(self, x: jax.Array, *, return_attn: bool = False) -> tuple[jax.Array, jax.Array | None]:
+    def __call__(
+        self, x: jax.Array, *, return_attn: bool = False, masks: dict | None = None
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """``masks`` {"mlp.drop1": [B, 1, F], "mlp.drop2": [B, 1, D]}: the MLP's dropout (parity mode)."""
         b, l, d = x.shape
         nh, hd = self.num_heads, self.head_dim
         q = self.q(jnp.broadcast_to(self.latent[...].astype(x.dtype), (b, 1, d))).reshape(b, 1, nh, hd)
@@ -255,7 +289,7 @@ class MAPHead(nnx.Module):
         else:
             out, probs = dot_product_attention(q, k, v, scale=hd**-0.5, implementation=kernel), None
         x = self.proj(out.reshape(b, 1, d))
-        x = x + self.mlp(self.norm(x))
+        x = x + self.mlp(self.norm(x), _sub(masks, "mlp"))
         return x[:, 0], probs if return_attn else None
 
 
@@ -347,14 +381,17 @@ class VisionTransformer(nnx.Module):
             tokens = jnp.concatenate(prefix + [patches], axis=1) + jnp.concatenate([pe_prefix, pe_grid], 1)
         else:  # no_embed_class / big_vision: add to patches, then concatenate
             tokens = jnp.concatenate(prefix + [patches + pe_grid if pe_grid is not None else patches], 1)
-        return patches, self.pos_drop(tokens)
+        return patches, tokens
 
-    def _forward(self, x: jax.Array, out: dict | None, drop_masks: jax.Array | None = None) -> jax.Array:
+    def _forward(
+        self, x: jax.Array, out: dict | None, drop_masks: jax.Array | None = None, dropout_masks: dict | None = None
+    ) -> jax.Array:
         """The one forward pass; records named intermediates into ``out`` when it is a dict; ``drop_masks``
-        [B, depth, 2] the blocks' drop-path masks (``__call__``)."""
+        [B, depth, 2] the blocks' drop-path masks, ``dropout_masks`` the dropout masks (``__call__``)."""
         cfg = self.cfg
         record = out is not None
         patches, x = self._embed(x)
+        x = _drop(self.pos_drop, x, dropout_masks, "pos_drop")
         if record:
             out["patch_embed"], out["pos_embed"] = patches, x
         if self.norm_pre is not None:
@@ -364,10 +401,11 @@ class VisionTransformer(nnx.Module):
         for i, block in enumerate(self.blocks):
             x = self.platform.residual(x)  # identity but on CPU
             mask = None if drop_masks is None else drop_masks[:, i]
+            sub = _sub(dropout_masks, f"blocks.{i}")
             if self.grad_checkpointing and not record:  # recomputed in the backward pass
-                x, probs = nnx.remat(lambda blk, h, m: blk(h, drop_mask=m))(block, x, mask)
+                x, probs = nnx.remat(lambda blk, h, m, d: blk(h, drop_mask=m, masks=d))(block, x, mask, sub)
             else:
-                x, probs = block(x, return_attn=record, drop_mask=mask)
+                x, probs = block(x, return_attn=record, drop_mask=mask, masks=sub)
             if record:
                 out[f"block{i:02d}"], out[f"attn{i:02d}"] = x, probs
         if self.norm is not None:
@@ -387,7 +425,7 @@ class VisionTransformer(nnx.Module):
         elif cfg.pool == "token_gap":  # HF Dinov2ForImageClassification: [class token, mean of patches]
             x = jnp.concatenate([x[:, 0], pooled.mean(axis=1)], axis=-1)
         elif cfg.pool == "map":
-            x, probs = self.attn_pool(pooled, return_attn=record)
+            x, probs = self.attn_pool(pooled, return_attn=record, masks=_sub(dropout_masks, "attn_pool"))
             if record:
                 out["attn_pool"] = probs
         if self.fc_norm is not None:
@@ -396,13 +434,13 @@ class VisionTransformer(nnx.Module):
             x = self.pre_logits(x)
         if record:
             out["pre_logits"] = x
-        x = self.head_drop(x)
+        x = _drop(self.head_drop, x, dropout_masks, "head_drop")
         if self.head is not None:
             x = self.head(x)
         if x_dist is not None:
             if record:
                 out["pre_logits_dist"] = x_dist
-            x_dist = self.head_drop(x_dist)
+            x_dist = _drop(self.head_drop, x_dist, dropout_masks, "head_drop_dist")
             if self.head_dist is not None:
                 x_dist = self.head_dist(x_dist)
                 if record:
@@ -418,14 +456,20 @@ class VisionTransformer(nnx.Module):
         for less memory and about a third more compute. ``forward_intermediates`` is never recomputed."""
         self.grad_checkpointing = bool(enable)
 
-    def __call__(self, images: jax.Array, *, drop_masks: jax.Array | None = None) -> jax.Array:
+    def __call__(
+        self, images: jax.Array, *, drop_masks: jax.Array | None = None, dropout_masks: dict | None = None
+    ) -> jax.Array:
         """Images [B, H, W, C] -> logits [B, K] (features [B, D'] when num_classes=0).
 
         ``drop_masks`` float [B, depth, 2] (1 keep, 0 drop): in training, block i's two drop-path
         branches take rows [:, i, 0] and [:, i, 1] instead of drawing their own, so that both twins drop
         the same samples (the parity mode of twin training); ignored where drop_path is 0 or in eval.
+        ``dropout_masks`` {module path: keep mask of that dropout's input shape} does the same for
+        dropout and attention dropout (paths as ``vit_cli.train_parity.dropout_masks`` names them:
+        "pos_drop", "blocks.{i}.attn.attn_drop", ..., "head_drop"); every live dropout needs its mask
+        (KeyError otherwise); ignored in eval.
         """
-        return self._forward(images, None, drop_masks)
+        return self._forward(images, None, drop_masks, dropout_masks)
 
     def forward_intermediates(self, images: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Logits and every named intermediate; attention always takes the explicit path.

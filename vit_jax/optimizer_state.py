@@ -10,6 +10,8 @@ form ``vit_torch.train.Trainer.adam_state`` gives, so torch's ``exp_avg`` / ``ex
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import jax
 import numpy as np
 import optax
@@ -49,10 +51,35 @@ def adam_state(opt_state) -> dict:
     return {"count": int(jax.device_get(s.count)), "mu": _named(s.mu), "nu": _named(s.nu)}
 
 
-def with_adam_state(opt_state, moments: dict):
+def check_moments(moments: dict, weights: Mapping[str, np.ndarray]) -> None:
+    """Whether ``moments`` (``adam_state``'s form) fit a model of canonical ``weights``: a moment for every
+    tensor, none for a tensor the model lacks, each of its tensor's shape.
+
+    Raises:
+        ValueError: one line naming the first tensor that does not fit.
+    """
+    for what in ("mu", "nu"):
+        missing, extra = sorted(set(weights) - set(moments[what])), sorted(set(moments[what]) - set(weights))
+        if missing or extra:
+            raise ValueError(
+                f"optimizer state {what}: no moment for {missing[:4]}{' ...' * (len(missing) > 4)}, moments of "
+                f"tensors the model lacks {extra[:4]}{' ...' * (len(extra) > 4)} ({len(moments[what])} moments, "
+                f"{len(weights)} tensors)"
+            )
+        for name, w in weights.items():
+            shape = tuple(np.shape(moments[what][name]))
+            if shape != tuple(np.shape(w)):
+                raise ValueError(
+                    f"optimizer state {what} of {name!r}: shape {shape}, the model's {tuple(np.shape(w))} (a "
+                    "replaced head or a resampled position embedding has no moments to continue)"
+                )
+
+
+def with_adam_state(opt_state, moments: dict, schedule_count: int | None = None):
     """``opt_state`` with its Adam count, mu and nu replaced by ``moments`` (``adam_state``'s form: numpy,
     canonical names and layouts), each cast to the dtype it replaces; the learning-rate schedule's
-    count (``ScaleByScheduleState``) becomes the same count, so the next step is step ``count``'s.
+    count (``ScaleByScheduleState``) becomes ``schedule_count``, by default the same count, so the next
+    step is step ``count``'s (0: a new run's schedule from its start, Adam's bias correction continued).
 
     Raises:
         ValueError: a name of the state missing from ``moments``, or a shape that differs.
@@ -77,7 +104,8 @@ def with_adam_state(opt_state, moments: dict):
             return x
         count = jax.numpy.asarray(moments["count"], x.count.dtype)
         if isinstance(x, optax.ScaleByScheduleState):
-            return optax.ScaleByScheduleState(count)
+            at = moments["count"] if schedule_count is None else schedule_count
+            return optax.ScaleByScheduleState(jax.numpy.asarray(at, x.count.dtype))
         return optax.ScaleByAdamState(count, fill(x.mu, moments["mu"], "mu"), fill(x.nu, moments["nu"], "nu"))
 
     return jax.tree.map(swap, opt_state, is_leaf=lambda x: isinstance(x, kinds))

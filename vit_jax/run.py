@@ -189,10 +189,12 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     import jax
 
     from vit_common.checkpoints.convert import needs
+    from vit_common.checkpoints.formats.source import current_weights_entry, training_weights_entry, weights_entry
     from vit_common.checkpoints.metadata import ModelInfo
     from vit_common.data.datasets import read_dataset
     from vit_common.system.peaks import datasheet_peak
     from vit_jax.finetune import check_exports, export, export_targets, init_record, load_init, resumed_init
+    from vit_jax.optimizer_state import check_moments
     from vit_jax.train import (
         NonFiniteError,
         Trainer,
@@ -234,7 +236,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
 
     raw = named(read_dataset(tcfg.dataset, val_fraction=tcfg.val_fraction))  # its classes and channels
     preprocess_flags = dict(spec.preprocess)
-    weights, report, torch_io = None, None, False
+    weights, moments, report, torch_io = None, None, None, False
     resume = spec.options.resume
     saved = io.read_json(out / "config.json") if resume and (out / "config.json").is_file() else {}
     size = None if spec.image_size is None else (spec.image_size, spec.image_size)
@@ -249,15 +251,24 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     elif tcfg.init:
         log(f"vit train: fine-tuning {tcfg.init}")
         torch_io = needs(tcfg.init) == "torch"
-        init = load_init(
-            tcfg.init,
-            raw,
-            image_size=size,
-            given=spec.given,
-            options=spec.checkpoint_options,
-            preprocess=preprocess_flags,
-            readers=_torch_formats().READERS if torch_io else None,
-        )
+        if tcfg.init_optimizer and not torch_io:
+            raise ValueError(f"--init-optimizer: {tcfg.init} is no PyTorch training checkpoint (timm's .pth.tar)")
+        entry = current_weights_entry()
+        entry = training_weights_entry(entry) if tcfg.init_optimizer else entry
+        with weights_entry(entry):
+            init = load_init(
+                tcfg.init,
+                raw,
+                image_size=size,
+                given=spec.given,
+                options=spec.checkpoint_options,
+                preprocess=preprocess_flags,
+                readers=_torch_formats().READERS if torch_io else None,
+            )
+        if tcfg.init_optimizer:
+            moments = _torch_formats().read_timm_optimizer(tcfg.init, entry)
+            check_moments(moments, init.weights)
+            log(f"  continuing the AdamW state of {tcfg.init} ({entry!r}, {moments['count']} steps taken)")
         cfg, weights, info, data, report = init.cfg, init.weights, init.info, init.data, init.report
         for line in report.lines():
             log(f"  {line}")
@@ -282,7 +293,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
         workers = 0 if data.in_memory else cores
     if lead:  # the exports are refused now, not after the training
         check_exports(out, cfg, report, spec.accept_assumed)
-    trainer = Trainer(cfg, tcfg, data, preprocess=preprocess, weights=weights, workers=workers)
+    trainer = Trainer(cfg, tcfg, data, preprocess=preprocess, weights=weights, moments=moments, workers=workers)
     if tcfg.warmup_steps >= trainer.total_steps > 1:
         log(
             f"vit train: warning: --warmup-steps {tcfg.warmup_steps} is not below the run's {trainer.total_steps} "

@@ -57,6 +57,7 @@ from vit_jax.data import DataWorkerError, eval_batches, iterate, train_batches, 
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
 from vit_jax.model import VisionTransformer
 from vit_jax.observe import ProfileWindow, Summaries, require_wandb
+from vit_jax.optimizer_state import with_adam_state
 from vit_jax.preemption import Stopped, StopSignals
 from vit_jax.weights import _canonical_name, from_numpy, to_numpy
 
@@ -245,7 +246,11 @@ class Trainer:
     ``state`` pytrees live on ``mesh`` with ``state_shardings``; batches are numpy dicts from
     ``vit_jax.data`` holding this process's rows of each global batch. ``preprocess`` is how images become
     model input (default ``Preprocess()``: [-1, 1], bilinear); ``weights`` a canonical state to start from instead of
-    a fresh initialisation (fine-tuning); ``workers`` the input pipeline's worker processes.
+    a fresh initialisation (fine-tuning); ``moments`` an Adam state to continue (``vit_jax.optimizer_state``'s
+    form: {"count", "mu", "nu"} by canonical names, e.g. a timm training checkpoint's through
+    ``vit_torch.formats.read_timm_optimizer``): the first state holds them and their count (Adam's bias
+    correction goes on), while the schedule and the data start at this run's step 0; ``workers`` the input
+    pipeline's worker processes.
 
     Raises:
         ValueError: batch size not divisible by device count x accum_steps, or a config that does not
@@ -262,6 +267,7 @@ class Trainer:
         *,
         preprocess: Preprocess | None = None,
         weights: dict[str, np.ndarray] | None = None,
+        moments: dict | None = None,
         workers: int = 0,
     ):
         if cfg.num_classes != data.num_classes:
@@ -273,6 +279,7 @@ class Trainer:
             )
         tcfg.check_ema_dtype(cfg.param_dtype)
         self.cfg, self.tcfg, self.data, self.init_weights, self.workers = cfg, tcfg, data, weights, workers
+        self.init_moments = moments
         self.preprocess = preprocess or Preprocess()
         self.train_transform = transform_for(data, self.preprocess, tcfg.augment)
         self.eval_transform = transform_for(data, self.preprocess)
@@ -321,7 +328,8 @@ class Trainer:
 
     def init_state(self) -> dict:
         """The first train state placed with ``state_shardings``: the model holding ``weights`` if given,
-        else a fresh one seeded by ``tcfg.seed`` (the dropout RNG streams are seeded by it either way).
+        else a fresh one seeded by ``tcfg.seed`` (the dropout RNG streams are seeded by it either way);
+        the Adam state ``moments`` if given, else a fresh one.
 
         Built eagerly on the host side of JAX, then placed: every process computes the same values,
         the random-initialiser kernels compile once per process and shape (XLA's threefry kernels are
@@ -334,7 +342,10 @@ class Trainer:
             model = from_numpy(self.cfg, self.init_weights, seed=self.tcfg.seed)
             model.train()
         _, params, rest = nnx.split(model, nnx.Param, ...)
-        state = {"step": jnp.zeros((), jnp.int32), "params": params, "rest": rest, "opt_state": self.tx.init(params)}
+        opt_state = self.tx.init(params)
+        if self.init_moments is not None:
+            opt_state = with_adam_state(opt_state, self.init_moments, schedule_count=0)
+        state = {"step": jnp.zeros((), jnp.int32), "params": params, "rest": rest, "opt_state": opt_state}
         if self.tcfg.ema is not None:
             state["ema"] = jax.tree.map(jnp.copy, params)
         host = jax.tree.map(np.asarray, keys_to_data(state))
@@ -357,16 +368,17 @@ class Trainer:
 
     def device_batch(self, batch: dict) -> dict:
         """This process's rows of a global batch (numpy, B / process count rows, as ``vit_jax.data``
-        gives them) -> global jax arrays of B rows sharded along "data".
+        gives them; a dict of arrays or of dicts of arrays, as the parity mode's "dropout_masks") ->
+        global jax arrays of B rows sharded along "data".
 
         Raises:
             ValueError: the batch does not have B / process count rows.
         """
         rows = self.tcfg.batch_size // jax.process_count()
-        if any(len(v) != rows for v in batch.values()):
-            shapes = {k: np.shape(v) for k, v in batch.items()}
+        if any(len(v) != rows for v in jax.tree.leaves(batch)):
+            shapes = jax.tree.map(np.shape, batch)
             raise ValueError(f"batch {shapes}: expected {rows} rows (this process's share of {self.tcfg.batch_size})")
-        return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v)) for k, v in batch.items()}
+        return jax.tree.map(lambda v: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v)), batch)
 
     def batch_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
         """The global batch the steps take, sharded along "data": image float32 [B, H, W, C], label int32
@@ -452,15 +464,16 @@ class Trainer:
         return to_numpy(nnx.merge(self.eval_graphdef, params, state["rest"]))
 
 
-def _forward(graphdef, params, rest, images, drop_masks=None):
+def _forward(graphdef, params, rest, images, drop_masks=None, dropout_masks=None):
     """(logits [B, K] in at least float32 (float64 models keep float64), the model's non-parameter
-    state after the call); ``drop_masks`` [B, depth, 2] the parity mode's drop-path masks, or None.
+    state after the call); ``drop_masks`` [B, depth, 2] and ``dropout_masks`` {module path: [B, ...]}
+    the parity mode's drop-path and dropout masks, or None.
 
     ``rest`` is rebuilt by an identity tree map so that its Variables (dropout RNG counters) belong
     to the current trace: NNX refuses to update a Variable created outside ``jax.value_and_grad``.
     """
     model = nnx.merge(graphdef, params, jax.tree.map(lambda v: v, rest))
-    logits = model(images, drop_masks=drop_masks)
+    logits = model(images, drop_masks=drop_masks, dropout_masks=dropout_masks)
     logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     return logits, nnx.state(model, nnx.Not(nnx.Param))
 
@@ -471,15 +484,16 @@ def loss_and_grads(t: Trainer, params, rest, batch: dict):
     Returns (grads summed over the real examples, rest after the forward passes, loss sum, correct
     count). Micro-batch i holds rows i, i+A, i+2A, ... so each keeps the batch's device split. With
     ``freeze`` the frozen parameters enter through ``stop_gradient``: their gradients are zeros and no
-    backward pass runs through the frozen layers. A batch with "drop_masks" float [B, depth, 2] hands
-    them to the model (the twins' parity mode, ``VisionTransformer.__call__``).
+    backward pass runs through the frozen layers. A batch with "drop_masks" float [B, depth, 2] or
+    "dropout_masks" {module path: float [B, ...]} hands them to the model (the twins' parity mode,
+    ``VisionTransformer.__call__``).
     """
     tcfg, a = t.tcfg, t.tcfg.accum_steps
 
     def loss_sum(p, rest, mb):
         if tcfg.freeze:
             p = jax.tree.map(lambda train, x: x if train else jax.lax.stop_gradient(x), t.trainable, p)
-        logits, rest = _forward(t.train_graphdef, p, rest, mb["image"], mb.get("drop_masks"))
+        logits, rest = _forward(t.train_graphdef, p, rest, mb["image"], mb.get("drop_masks"), mb.get("dropout_masks"))
         targets = mb["target"].astype(logits.dtype)
         targets = optax.smooth_labels(targets, tcfg.label_smoothing) if tcfg.label_smoothing else targets
         ce = optax.softmax_cross_entropy(logits, targets)  # [b]

@@ -118,7 +118,13 @@ def read_torch_file(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], lis
         entry, others = choose_weights(path, present)
         dropped += others
         dropped += [
-            (str(k), f"training-checkpoint entry, the weights come from {entry!r}")
+            (
+                str(k),
+                f"optimizer state, not used (vit train --init-optimizer continues with it; the weights come from "
+                f"{entry!r})"
+                if k == "optimizer"
+                else f"training-checkpoint entry, the weights come from {entry!r}",
+            )
             for k in obj
             if k != entry and k not in present
         ]
@@ -130,6 +136,68 @@ def read_torch_file(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], lis
         else:
             dropped.append((str(k), f"not a tensor ({type(v).__name__})"))
     return tensors, dropped
+
+
+def read_timm_optimizer(path: str | os.PathLike, entry: str = "state_dict") -> dict:
+    """The AdamW state of a timm training checkpoint (``timm/train.py``'s ``CheckpointSaver``: a dict of
+    ``state_dict``, ``optimizer``, ``epoch``, ``args``, maybe ``state_dict_ema``) by canonical names:
+    {"count": steps taken, "mu": {name: exp_avg}, "nu": {name: exp_avg_sq}} (numpy, PyTorch layouts),
+    the form ``vit_jax.optimizer_state.with_adam_state`` takes.
+
+    The optimizer's state numbers parameters through its groups; the names come back from the weights
+    ``entry`` (its keys in ``named_parameters()`` order, DDP's ``module.`` removed) grouped as
+    ``timm.optim.create_optimizer_v2`` groups them (``vit_common.recipes.timm_param_groups``) with the
+    checkpoint's ``args.weight_decay`` / ``args.layer_decay`` (without ``args``: layer decay where the
+    groups hold ``lr_scale``, weight-decay groups where any group decays). Read with the weights-only
+    loader, as ``read_torch_file``.
+
+    Raises:
+        FormatError: unreadable; no ``optimizer`` entry or weights ``entry``; an optimizer other than
+            Adam/AdamW (no ``exp_avg_sq``); groups whose sizes the names do not give; a moment whose shape
+            is not its parameter's (named); steps that differ between parameters.
+    """
+    from vit_common.recipes import timm_param_groups
+
+    obj = _load(path)
+    opt = obj.get("optimizer") if isinstance(obj, Mapping) else None
+    if not (isinstance(opt, Mapping) and isinstance(opt.get("state"), Mapping) and opt.get("param_groups")):
+        raise FormatError(f"{path}: holds no optimizer state (expected timm's training checkpoint: 'optimizer')")
+    weights = obj.get(entry)
+    if not _is_state_dict(weights):
+        raise FormatError(f"{path}: holds no {entry!r} weights to name the optimizer state with")
+    params = [(k.removeprefix("module."), v.ndim) for k, v in weights.items() if isinstance(v, torch.Tensor)]
+    shapes = {k.removeprefix("module."): tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
+    args, groups = obj.get("args"), opt["param_groups"]
+    if args is not None and hasattr(args, "weight_decay"):
+        wd, ld = args.weight_decay, getattr(args, "layer_decay", None)
+        how = f"args weight_decay={wd}, layer_decay={ld}"
+    else:
+        wd, ld = max(g.get("weight_decay", 0.0) for g in groups), 1.0 if "lr_scale" in groups[0] else None
+        how = "the groups' weight_decay and lr_scale (no args)"
+    named = timm_param_groups(params, wd, ld)
+    sizes, want = [len(g["params"]) for g in groups], [len(g) for g in named]
+    if sizes != want:
+        raise FormatError(
+            f"{path}: the optimizer's parameter groups hold {sizes} tensors; the {len(params)} tensors of "
+            f"{entry!r} grouped as timm.optim.create_optimizer_v2 does ({how}) give {want}"
+        )
+    index = {i: n for g, ns in zip(groups, named, strict=True) for i, n in zip(g["params"], ns, strict=True)}
+    mu, nu, steps = {}, {}, set()
+    for i, state in opt["state"].items():
+        name = index.get(i)
+        if name is None or not {"exp_avg", "exp_avg_sq", "step"} <= set(state):
+            raise FormatError(f"{path}: optimizer state {i} is not an Adam state of a parameter ({sorted(state)})")
+        for what, table in (("exp_avg", mu), ("exp_avg_sq", nu)):
+            if tuple(state[what].shape) != shapes[name]:
+                raise FormatError(
+                    f"{path}: optimizer {what} of {name!r} has shape {tuple(state[what].shape)}, the parameter "
+                    f"{shapes[name]}"
+                )
+            table[name] = tensor_to_numpy(state[what])
+        steps.add(int(state["step"]))
+    if len(steps) > 1:
+        raise FormatError(f"{path}: the parameters' Adam steps differ ({sorted(steps)}): expected one count")
+    return {"count": steps.pop() if steps else 0, "mu": mu, "nu": nu}
 
 
 def write_torch_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray]) -> None:

@@ -64,6 +64,25 @@ def _layer_norm(cfg: ViTConfig, dim: int) -> LayerNorm:
     return LayerNorm(dim, eps=cfg.ln_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
 
 
+def _sub(masks: dict | None, prefix: str) -> dict | None:
+    """The entries of a flat ``dropout_masks`` dict under module path ``prefix``, the prefix removed."""
+    if masks is None:
+        return None
+    return {k[len(prefix) + 1 :]: v for k, v in masks.items() if k.startswith(prefix + ".")}
+
+
+def _drop(drop: nn.Dropout, x: torch.Tensor, masks: dict | None, name: str) -> torch.Tensor:
+    """``drop(x)``; in training with ``masks`` (the parity mode) the keep mask ``masks[name]`` (x's shape,
+    1 keep, 0 drop) instead of a draw, with nn.Dropout's scaling: kept values / (1 - p).
+
+    Raises:
+        KeyError: a live dropout whose mask ``masks`` lacks.
+    """
+    if masks is None or drop.p == 0 or not drop.training:
+        return drop(x)
+    return torch.where(masks[name].bool(), x / (1.0 - drop.p), torch.zeros_like(x))
+
+
 def _linear(cfg: ViTConfig, d_in: int, d_out: int, bias: bool = True) -> Linear:
     return Linear(d_in, d_out, bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
 
@@ -125,23 +144,26 @@ class Attention(nn.Module):
         self.proj = _linear(cfg, cfg.width, cfg.width)
         self.proj_drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, *, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x [B, L, D] -> ([B, L, D], probabilities [B, N, L, L] or None)."""
+    def forward(
+        self, x: torch.Tensor, *, return_attn: bool = False, masks: dict | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [B, L, D] -> ([B, L, D], probabilities [B, N, L, L] or None); ``masks`` {"attn_drop":
+        [B, N, L, L], "proj_drop": [B, L, D]} the parity mode's dropout keep masks (explicit path)."""
         b, l, d = x.shape
         qkv = self.qkv(x).reshape(b, l, 3, self.num_heads, self.head_dim)  # [B, L, 3, N, D/N]
         q, k, v = qkv.unbind(2)  # each [B, L, N, D/N]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         scale = self.head_dim**-0.5
-        if self.fused and not return_attn:
+        if self.fused and not return_attn and masks is None:
             p = self.attn_drop.p if self.training else 0.0
             out = F.scaled_dot_product_attention(  # takes [B, N, L, D/N]
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=p, scale=scale
             ).transpose(1, 2)
             probs = None
         else:
-            out, probs = _attend(q, k, v, scale, self.attn_drop)
-        x = self.proj_drop(self.proj(out.reshape(b, l, d)))  # [B, L, N, D/N] -> [B, L, D]
+            out, probs = _attend(q, k, v, scale, lambda p: _drop(self.attn_drop, p, masks, "attn_drop"))
+        x = _drop(self.proj_drop, self.proj(out.reshape(b, l, d)), masks, "proj_drop")  # [B, L, D]
         return x, probs
 
 
@@ -162,10 +184,11 @@ class Mlp(nn.Module):
         self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width)
         self.drop2 = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, masks: dict | None = None) -> torch.Tensor:
+        """x [..., D] -> [..., D]; ``masks`` {"drop1": [..., F], "drop2": [..., D]} (parity mode)."""
         h = self.fc1(x)
         h = quick_gelu(h) if self.quick else F.gelu(h, approximate=self.approximate)
-        return self.drop2(self.fc2(self.drop1(h)))
+        return _drop(self.drop2, self.fc2(_drop(self.drop1, h, masks, "drop1")), masks, "drop2")
 
 
 class GluMlp(nn.Module):
@@ -182,9 +205,11 @@ class GluMlp(nn.Module):
         self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width)
         self.drop2 = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, masks: dict | None = None) -> torch.Tensor:
+        """x [..., D] -> [..., D]; ``masks`` {"drop1": [..., F], "drop2": [..., D]} (parity mode)."""
         gate, value = self.fc1(x).chunk(2, dim=-1)  # each [..., F]
-        return self.drop2(self.fc2(self.drop1(F.silu(gate) * value)))
+        h = _drop(self.drop1, F.silu(gate) * value, masks, "drop1")
+        return _drop(self.drop2, self.fc2(h), masks, "drop2")
 
 
 class LayerScale(nn.Module):
@@ -235,14 +260,20 @@ class Block(nn.Module):
         self.drop_path2 = DropPath(drop_path)
 
     def forward(
-        self, x: torch.Tensor, *, return_attn: bool = False, drop_mask: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        *,
+        return_attn: bool = False,
+        drop_mask: torch.Tensor | None = None,
+        masks: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x [B, L, D] -> ([B, L, D], probabilities or None); ``drop_mask`` [B, 2]: both branches' drop-path
-        masks (parity mode), else drawn."""
+        masks (parity mode), else drawn; ``masks`` the block's dropout masks by path ("attn.attn_drop",
+        "attn.proj_drop", "mlp.drop1", "mlp.drop2"; parity mode), else drawn."""
         m1, m2 = (None, None) if drop_mask is None else (drop_mask[:, 0], drop_mask[:, 1])
-        y, probs = self.attn(self.norm1(x), return_attn=return_attn)
+        y, probs = self.attn(self.norm1(x), return_attn=return_attn, masks=_sub(masks, "attn"))
         x = x + self.drop_path1(self.ls1(y) if self.ls1 is not None else y, m1)
-        y = self.mlp(self.norm2(x))
+        y = self.mlp(self.norm2(x), _sub(masks, "mlp"))
         x = x + self.drop_path2(self.ls2(y) if self.ls2 is not None else y, m2)
         return x, probs
 
@@ -268,7 +299,10 @@ class MAPHead(nn.Module):
         self.mlp = Mlp(cfg)
         self.fused = cfg.attn_impl == "fused"
 
-    def forward(self, x: torch.Tensor, *, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, x: torch.Tensor, *, return_attn: bool = False, masks: dict | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``masks`` {"mlp.drop1": [B, 1, F], "mlp.drop2": [B, 1, D]}: the MLP's dropout (parity mode)."""
         b, l, d = x.shape
         nh, hd = self.num_heads, self.head_dim
         q = self.q(self.latent.to(x.dtype).expand(b, 1, d)).reshape(b, 1, nh, hd)
@@ -281,7 +315,7 @@ class MAPHead(nn.Module):
         else:
             out, probs = _attend(q, k, v, hd**-0.5)  # probs [B, N, 1, L]
         x = self.proj(out.reshape(b, 1, d))
-        x = x + self.mlp(self.norm(x))
+        x = x + self.mlp(self.norm(x), _sub(masks, "mlp"))
         return x[:, 0], probs
 
 
@@ -379,14 +413,21 @@ class VisionTransformer(nn.Module):
             tokens = torch.cat(prefix + [patches], dim=1) + torch.cat([pe_prefix, pe_grid], dim=1)
         else:  # no_embed_class / big_vision: add to patches, then concatenate
             tokens = torch.cat(prefix + [patches + pe_grid if pe_grid is not None else patches], dim=1)
-        return patches, self.pos_drop(tokens)
+        return patches, tokens
 
-    def _forward(self, x: torch.Tensor, out: dict | None, drop_masks: torch.Tensor | None = None) -> torch.Tensor:
+    def _forward(
+        self,
+        x: torch.Tensor,
+        out: dict | None,
+        drop_masks: torch.Tensor | None = None,
+        dropout_masks: dict | None = None,
+    ) -> torch.Tensor:
         """The one forward pass; records named intermediates into ``out`` when it is a dict; ``drop_masks``
-        [B, depth, 2] the blocks' drop-path masks (``forward``)."""
+        [B, depth, 2] the blocks' drop-path masks, ``dropout_masks`` the dropout masks (``forward``)."""
         cfg = self.cfg
         record = out is not None
         patches, x = self._embed(x)
+        x = _drop(self.pos_drop, x, dropout_masks, "pos_drop")
         if record:
             out["patch_embed"], out["pos_embed"] = patches, x
         if self.norm_pre is not None:
@@ -395,10 +436,11 @@ class VisionTransformer(nn.Module):
                 out["norm_pre"] = x
         for i, block in enumerate(self.blocks):
             mask = None if drop_masks is None else drop_masks[:, i]
+            sub = _sub(dropout_masks, f"blocks.{i}")
             if self.grad_checkpointing and not record and torch.is_grad_enabled():  # recomputed in backward
-                x, probs = checkpoint(block, x, drop_mask=mask, use_reentrant=False)
+                x, probs = checkpoint(block, x, drop_mask=mask, masks=sub, use_reentrant=False)
             else:
-                x, probs = block(x, return_attn=record, drop_mask=mask)
+                x, probs = block(x, return_attn=record, drop_mask=mask, masks=sub)
             if record:
                 out[f"block{i:02d}"], out[f"attn{i:02d}"] = x, probs
         if self.norm is not None:
@@ -418,7 +460,7 @@ class VisionTransformer(nn.Module):
         elif cfg.pool == "token_gap":  # HF Dinov2ForImageClassification: [class token, mean of patches]
             x = torch.cat([x[:, 0], pooled.mean(dim=1)], dim=-1)
         elif cfg.pool == "map":
-            x, probs = self.attn_pool(pooled, return_attn=record)
+            x, probs = self.attn_pool(pooled, return_attn=record, masks=_sub(dropout_masks, "attn_pool"))
             if record:
                 out["attn_pool"] = probs
         if self.fc_norm is not None:
@@ -427,13 +469,13 @@ class VisionTransformer(nn.Module):
             x = self.pre_logits(x)
         if record:
             out["pre_logits"] = x
-        x = self.head_drop(x)
+        x = _drop(self.head_drop, x, dropout_masks, "head_drop")
         if self.head is not None:
             x = self.head(x)
         if x_dist is not None:
             if record:
                 out["pre_logits_dist"] = x_dist
-            x_dist = self.head_drop(x_dist)
+            x_dist = _drop(self.head_drop, x_dist, dropout_masks, "head_drop_dist")
             if self.head_dist is not None:
                 x_dist = self.head_dist(x_dist)
                 if record:
@@ -450,14 +492,20 @@ class VisionTransformer(nn.Module):
         gradients are recorded; ``forward_intermediates`` is never recomputed."""
         self.grad_checkpointing = bool(enable)
 
-    def forward(self, images: torch.Tensor, *, drop_masks: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, images: torch.Tensor, *, drop_masks: torch.Tensor | None = None, dropout_masks: dict | None = None
+    ) -> torch.Tensor:
         """Images [B, C, H, W] -> logits [B, K] (features [B, D'] when num_classes=0).
 
         ``drop_masks`` float [B, depth, 2] (1 keep, 0 drop): in training, block i's two drop-path
         branches take rows [:, i, 0] and [:, i, 1] instead of drawing their own, so that both twins drop
         the same samples (the parity mode of twin training); ignored where drop_path is 0 or in eval.
+        ``dropout_masks`` {module path: keep mask of that dropout's input shape} does the same for
+        dropout and attention dropout (paths as ``vit_cli.train_parity.dropout_masks`` names them:
+        "pos_drop", "blocks.{i}.attn.attn_drop", ..., "head_drop"); every live dropout needs its mask
+        (KeyError otherwise); ignored in eval.
         """
-        return self._forward(images, None, drop_masks)
+        return self._forward(images, None, drop_masks, dropout_masks)
 
     def forward_intermediates(self, images: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Logits and every named intermediate; attention always takes the explicit path.

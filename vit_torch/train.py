@@ -33,8 +33,8 @@ The step (each choice the JAX step's, see ``vit_jax.train``):
   a dependency of this twin, so it is written here and tested against timm's class), after the
   optimizer and scheduler steps, as the JAX step's ``vit_jax.train.ema_update``.
 
-Dropout and drop path draw from torch's generator, seeded by ``tcfg.seed``; the parity harness turns
-them off or feeds both twins the same drop-path masks (``drop_masks``).
+Dropout and drop path draw from torch's generator, seeded by ``tcfg.seed``; the parity harness feeds
+both twins the same masks instead (``drop_masks``, ``dropout_masks``).
 """
 
 from __future__ import annotations
@@ -173,10 +173,11 @@ class Trainer:
     def _tensor(self, x: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.array(x)).to(self.device)  # a writable copy: batches may be read-only
 
-    def train_step(self, batch: dict, drop_masks: np.ndarray | None = None) -> dict:
+    def train_step(self, batch: dict, drop_masks: np.ndarray | None = None, dropout_masks: dict | None = None) -> dict:
         """One optimizer step on a global batch (numpy, B rows). ``drop_masks`` float [B, depth, 2]: the
-        drop-path keep masks (1 keep, 0 drop) of every block's two branches (the parity mode, see
-        ``VisionTransformer.forward``), else the model draws its own.
+        drop-path keep masks (1 keep, 0 drop) of every block's two branches, ``dropout_masks`` {module
+        path: float [B, ...]} every live dropout's (the parity mode, see ``VisionTransformer.forward``),
+        else the model draws its own.
 
         Returns metrics as the JAX step's: loss (mean over real examples), correct, count, grad_norm (of
         the gradient before clipping), lr (this step's).
@@ -185,12 +186,17 @@ class Trainer:
         images = self._tensor(batch["image"]).permute(0, 3, 1, 2)  # [B, H, W, C] -> [B, C, H, W]
         label, target, mask = (self._tensor(batch[k]) for k in ("label", "target", "mask"))
         masks = None if drop_masks is None else self._tensor(drop_masks)
+        drops = None if dropout_masks is None else {k: self._tensor(v) for k, v in dropout_masks.items()}
         lr = tcfg.lr * self.scheduler.lr_lambdas[0](self.step)
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = correct = 0.0
         for i in range(a):
             rows = slice(i, None, a)
-            logits = model(images[rows], drop_masks=None if masks is None else masks[rows])
+            logits = model(
+                images[rows],
+                drop_masks=None if masks is None else masks[rows],
+                dropout_masks=None if drops is None else {k: v[rows] for k, v in drops.items()},
+            )
             logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
             ce = F.cross_entropy(
                 logits, target[rows].to(logits.dtype), reduction="none", label_smoothing=tcfg.label_smoothing

@@ -68,6 +68,15 @@ class TrainConfig:
         ),
     )
     freeze: bool = field(default=False, metadata=_help("train the head only (linear probe); needs --init"))
+    init_optimizer: bool = field(
+        default=False,
+        metadata=_help(
+            "continue with the AdamW state of a timm training checkpoint given to --init (timm's train.py "
+            ".pth.tar: its moments and step count, by parameter names rebuilt from its state_dict and args; "
+            "the weights are its state_dict, not the EMA); the schedule and the data start afresh. Without "
+            "it the optimizer state is dropped"
+        ),
+    )
     layer_decay: float = field(
         default=1.0,
         metadata=_help(
@@ -174,6 +183,7 @@ class TrainConfig:
             (self.sharding in ("dp", "fsdp"), "sharding", "'dp' or 'fsdp'"),
             (self.recipe in RECIPES, "recipe", f"one of {', '.join(RECIPES)}"),
             (not self.freeze or self.init is not None, "freeze", "--init too: a fresh model has nothing to freeze"),
+            (not self.init_optimizer or self.init is not None, "init_optimizer", "--init too: the checkpoint"),
         ]
         for ok, name, expected in checks:
             if not ok:

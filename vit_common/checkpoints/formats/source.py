@@ -62,6 +62,29 @@ def weights_entry(entry: str | None) -> Iterator[None]:
         _WEIGHTS_ENTRY.reset(token)
 
 
+def current_weights_entry() -> str:
+    """The weights entry training checkpoints are read from here ("auto" outside ``weights_entry``)."""
+    return _WEIGHTS_ENTRY.get()
+
+
+def training_weights_entry(entry: str | None) -> str:
+    """The weights entry to read when a training checkpoint's optimizer state is continued (``vit train
+    --init-optimizer``): the moments belong to the weights the optimizer stepped, timm's ``state_dict``,
+    so "auto"/None means "state_dict" and any non-EMA entry asked for is kept.
+
+    Raises:
+        ValueError: an EMA entry (``EMA_ENTRIES``): no optimizer stepped those weights.
+    """
+    if entry in (None, "auto"):
+        return "state_dict"
+    if entry in EMA_ENTRIES:
+        raise ValueError(
+            f"--weights-entry {entry} with --init-optimizer: the optimizer state belongs to the trained "
+            "weights ('state_dict'), not to their moving average; drop --weights-entry or --init-optimizer"
+        )
+    return entry
+
+
 def choose_weights(path: str | os.PathLike, present: list[str]) -> tuple[str, list[tuple[str, str]]]:
     """(the entry of a training checkpoint at ``path`` to read, the other weight entries with the line
     that states the choice) among the weight entries ``present`` (in ``WEIGHT_ENTRIES`` order).
