@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from vit_common.config import ViTConfig
-from vit_common.state import canonical_shapes
+from vit_common.state import random_state as _random_state
 
 # Class token + 1000-class head at 224 px. The ViT paper, timm and HF agree for Ti/16, S/16, B/16, L/16,
 # B/32, B/8, H/14; the other rows counted with timm's VisionTransformer (timm 1.0.31, built on the meta
@@ -67,11 +67,6 @@ def small_cfg() -> ViTConfig:
     return ViTConfig(**SMALL)
 
 
-def _random_state(cfg: ViTConfig, seed: int = 0, dtype=np.float32, scale: float = 1.0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {k: (scale * rng.standard_normal(s)).astype(dtype) for k, s in canonical_shapes(cfg).items()}
-
-
 def _image_folder(
     root, classes, n: int = 3, size: tuple[int, int] = (8, 8), corrupt: str | None = None, band: bool = False
 ):
@@ -105,8 +100,8 @@ def image_folder():
 
 @pytest.fixture(scope="session")
 def random_state():
-    """``random_state(cfg, seed=0, dtype=np.float32, scale=1.0)``: a canonical state of seeded normal
-    tensors (every value distinct, so a swapped or transposed tensor cannot go unnoticed)."""
+    """``vit_common.state.random_state(cfg, seed=0, scale=1.0, dtype=np.float32)``: a canonical state of
+    seeded normal tensors (no two equal, so a swapped or transposed tensor cannot go unnoticed)."""
     return _random_state
 
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import vit_common.state
 from vit_common.config import ViTConfig
-from vit_common.state import canonical_shapes
 
 CONTENDERS = ("vit_jax", "vit_torch", "vit_torch_compile", "timm", "timm_compile", "hf")
 MODES = ("infer", "train")
@@ -50,17 +50,15 @@ def model_config(cfg: ViTConfig, mode: str, dtype: str) -> ViTConfig:
 
 
 def random_state(cfg: ViTConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    """Canonical float32 weights for timing: normal(0, 0.02), LayerNorm weights 1.
+    """Canonical float32 weights for timing: ``vit_common.state.random_state`` at normal(0, 0.02),
+    LayerNorm weights 1.
 
     Drawn in numpy, so neither twin compiles its random initialisers (tens of seconds of XLA
     compilation on a small CPU); the values do not change the work.
     """
-    rng = np.random.default_rng(seed)
     return {
-        name: np.ones(shape, np.float32)
-        if "norm" in name and name.endswith(".weight")
-        else rng.normal(0.0, 0.02, shape).astype(np.float32)
-        for name, shape in canonical_shapes(cfg).items()
+        name: np.ones_like(value) if "norm" in name and name.endswith(".weight") else value
+        for name, value in vit_common.state.random_state(cfg, seed=seed, scale=0.02).items()
     }
 
 

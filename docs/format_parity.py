@@ -23,7 +23,7 @@ from vit_cli.parity import run_parity
 from vit_common.checkpoints.convert import save_checkpoint
 from vit_common.checkpoints.formats.npz import NpzWriteOptions
 from vit_common.config import ViTConfig
-from vit_common.state import canonical_shapes
+from vit_common.state import random_state
 
 
 def _randomize(model: torch.nn.Module) -> torch.nn.Module:
@@ -67,8 +67,7 @@ def main() -> None:
     cfg = ViTConfig(
         image_size=224, patch_size=16, width=192, depth=12, num_heads=3, mlp_dim=768, num_classes=1000, gelu="tanh"
     )
-    rng = np.random.default_rng(0)
-    state = {k: (0.05 * rng.standard_normal(s)).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
+    state = random_state(cfg, scale=0.05)
     save_checkpoint(folder / "orig.npz", cfg, state, "original_vit")
     cases.append(("original ViT .npz (Ti/16)", folder / "orig.npz", "timm _load_weights", {}))
     bv = cfg.replace(posemb_prefix=False)

@@ -12,14 +12,13 @@ import json
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from vit_cli.main import main
 from vit_common.checkpoints.convert import save_checkpoint
 from vit_common.checkpoints.formats.source import read_safetensors
 from vit_common.config import ViTConfig
-from vit_common.state import canonical_shapes
+from vit_common.state import random_state
 
 
 def test_accuracy(run: Path) -> float:
@@ -93,9 +92,7 @@ def _big_vision_file(path: Path) -> Path:
         class_token=False,
         posemb_prefix=False,
     )
-    rng = np.random.default_rng(0)
-    state = {k: (0.1 * rng.standard_normal(s)).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
-    save_checkpoint(path, cfg, state, "big_vision")
+    save_checkpoint(path, cfg, random_state(cfg, scale=0.1), "big_vision")
     return path
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer, _load_weights
@@ -11,7 +10,6 @@ from timm.models.vision_transformer import VisionTransformer, _load_weights
 from vit_common.checkpoints.convert import save_checkpoint
 from vit_common.checkpoints.formats.npz import NpzWriteOptions
 from vit_common.config import ViTConfig
-from vit_common.state import canonical_shapes
 
 BASE = ViTConfig(
     image_size=32,
@@ -50,10 +48,11 @@ BASE = ViTConfig(
         ),
     ],
 )
-def test_npz_export_loads_in_timm_and_both_twins(tmp_path, fmt, write, kw, timm_kw, images, assert_twins_match):
+def test_npz_export_loads_in_timm_and_both_twins(
+    tmp_path, fmt, write, kw, timm_kw, images, assert_twins_match, random_state
+):
     cfg = BASE.replace(**kw)
-    rng = np.random.default_rng(0)
-    state = {k: rng.standard_normal(s).astype(np.float32) * 0.1 for k, s in canonical_shapes(cfg).items()}
+    state = random_state(cfg, scale=0.1)
     save_checkpoint(tmp_path / "m.npz", cfg, state, fmt, options=write)
     tm = VisionTransformer(
         img_size=32,

@@ -31,21 +31,17 @@ def test_a_users_file_is_refused_before_the_work(argv, tmp_path, capsys, monkeyp
     assert out.read_bytes() == b"the user's own picture"
 
 
-def test_assumptions_are_one_warning_line_each(tmp_path, capsys):
+def test_assumptions_are_one_warning_line_each(tmp_path, capsys, random_state):
     """A timm file stores no config: `vit predict` names each assumed field on a line of its own."""
     import numpy as np
     from PIL import Image
     from safetensors.numpy import save_file
 
     from vit_common.config import ViTConfig
-    from vit_common.state import canonical_shapes
 
     cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
-    rng = np.random.default_rng(0)
-    save_file(
-        {k: rng.standard_normal(s).astype(np.float32) for k, s in canonical_shapes(cfg).items()},
-        tmp_path / "t.safetensors",
-    )
+    save_file(random_state(cfg), tmp_path / "t.safetensors")
+    rng = np.random.default_rng(1)
     Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / "x.png")
     assert main(["predict", str(tmp_path / "t.safetensors"), str(tmp_path / "x.png"), "--set", "num_heads=2"]) == 0
     err = capsys.readouterr().err.splitlines()
@@ -57,19 +53,16 @@ def test_assumptions_are_one_warning_line_each(tmp_path, capsys):
 
 
 @pytest.fixture
-def tiny_eval(tmp_path):
+def tiny_eval(tmp_path, random_state):
     """A 3-class model of 8 px and an npz dataset of 6 test images."""
     import numpy as np
 
     from vit_common.checkpoints.convert import save_checkpoint
     from vit_common.config import ViTConfig
-    from vit_common.state import canonical_shapes
 
     cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
-    rng = np.random.default_rng(0)
-    state = {k: rng.standard_normal(s).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
-    save_checkpoint(tmp_path / "m.safetensors", cfg, state, "canonical")
-    x = rng.integers(0, 256, (6, 8, 8), np.uint8)
+    save_checkpoint(tmp_path / "m.safetensors", cfg, random_state(cfg), "canonical")
+    x = np.random.default_rng(1).integers(0, 256, (6, 8, 8), np.uint8)
     np.savez(tmp_path / "d.npz", x=x, y=np.arange(6) % 3, x_test=x, y_test=np.arange(6) % 3)
     return tmp_path / "m.safetensors", f"npz:{tmp_path / 'd.npz'}"
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vit_common.config import VARIANTS, ViTConfig
-from vit_common.state import StateMismatchError, canonical_shapes, check_state
+from vit_common.state import StateMismatchError, canonical_shapes, check_state, random_state
 
 
 def test_every_variant_row_has_a_golden_count(golden_params):
@@ -165,3 +165,19 @@ def test_check_state_lists_everything_together():
     assert "missing: blocks.0.mlp.fc2.bias" in msg
     assert "unexpected: blocks.0.extra" in msg
     assert "shape: head.weight has (11, 32), expected (10, 32)" in msg
+
+
+def test_random_state_is_seeded_normal_in_canonical_order():
+    """numpy's default_rng(0) standard normals, scaled in float64 then cast, drawn in canonical order."""
+    import ml_dtypes
+
+    cfg = ViTConfig(image_size=32, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10)
+    state = random_state(cfg)
+    assert list(state) == list(canonical_shapes(cfg)) and all(v.dtype == np.float32 for v in state.values())
+    assert {k: v.shape for k, v in state.items()} == canonical_shapes(cfg)
+    assert state["cls_token"].ravel()[:3].tolist() == [np.float32(x) for x in (0.12573022, -0.13210486, 0.64042265)]
+    assert state["head.bias"][-2:].tolist() == [np.float32(1.7028193), np.float32(-0.86570704)]  # the last draws
+    same_shape = [(a, b) for a in state for b in state if a < b and state[a].shape == state[b].shape]
+    assert same_shape and not any(np.array_equal(state[a], state[b]) for a, b in same_shape)
+    low = random_state(cfg, seed=1, scale=0.2, dtype=ml_dtypes.bfloat16)["cls_token"].ravel()[:3]
+    assert low.dtype == ml_dtypes.bfloat16 and low.tolist() == [0.0693359375, 0.1640625, 0.06591796875]

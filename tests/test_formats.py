@@ -22,7 +22,7 @@ from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.hf import HfWriteOptions
 from vit_common.checkpoints.formats.npz import NpzWriteOptions
 from vit_common.config import ViTConfig
-from vit_common.state import StateMismatchError, canonical_shapes
+from vit_common.state import StateMismatchError
 from vit_common.system import io
 
 # (format, file name, write options): every container vit_common writes without a framework.
@@ -639,13 +639,12 @@ def test_assumed_fields_stay_assumed_through_a_conversion(tmp_path, small_cfg, r
     )
 
 
-def test_a_given_head_count_is_used_where_no_rule_guesses_one(tmp_path):
+def test_a_given_head_count_is_used_where_no_rule_guesses_one(tmp_path, random_state):
     """Width 16 has no variant row and is no multiple of 64: refused without num_heads, exact with it."""
     from safetensors.numpy import save_file
 
     cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
-    rng = np.random.default_rng(0)
-    state = {k: rng.standard_normal(s).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
+    state = random_state(cfg)
     save_file(state, tmp_path / "t.safetensors")
     with pytest.raises(FormatError, match=r"cannot guess num_heads for width 16.*--set num_heads=N"):
         load_checkpoint(tmp_path / "t.safetensors")

@@ -32,7 +32,7 @@ from vit_cli.main import main
 from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
 from vit_common.checkpoints.formats.canonical import FORMAT_TAG
 from vit_common.config import ViTConfig
-from vit_common.state import canonical_shapes
+from vit_common.state import random_state
 from vit_common.system import io
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,14 +41,13 @@ PEAK_MB = 1500  # a refused input costs what starting the command costs, not wha
 TIME_LIMIT = 240  # seconds a child may take before it counts as a hang
 
 
-def _state(cfg: ViTConfig = SMALL, dtype=np.float32, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {k: (0.2 * rng.standard_normal(s)).astype(dtype) for k, s in canonical_shapes(cfg).items()}
-
-
 def _ours(path: Path, cfg_json: str, state: dict | None = None) -> Path:
     """Our safetensors layout with any stored config text (the test writes it, lying or not)."""
-    save_file(state if state is not None else _state(), str(path), {"format": FORMAT_TAG, "vit_config": cfg_json})
+    save_file(
+        state if state is not None else random_state(SMALL, scale=0.2),
+        str(path),
+        {"format": FORMAT_TAG, "vit_config": cfg_json},
+    )
     return path
 
 
@@ -167,7 +166,7 @@ def deep_orbax_config(tmp: Path) -> list[str]:
 
 
 def hf_index_traversal(tmp: Path) -> list[str]:
-    save_checkpoint(tmp / "hf", SMALL, _state(), "hf")
+    save_checkpoint(tmp / "hf", SMALL, random_state(SMALL, scale=0.2), "hf")
     index = {"weight_map": {"cls_token": "../m.safetensors"}}
     (tmp / "hf" / "model.safetensors.index.json").write_text(json.dumps(index))
     return ["convert", str(tmp / "hf"), str(tmp / "out.npz")]
@@ -234,7 +233,7 @@ def set_collides(tmp: Path) -> list[str]:
 
 def hf_config_value(key: str, text: str) -> Callable[[Path], list[str]]:
     def build(tmp: Path) -> list[str]:
-        save_checkpoint(tmp / "hf", SMALL, _state(), "hf")
+        save_checkpoint(tmp / "hf", SMALL, random_state(SMALL, scale=0.2), "hf")
         cfg = json.loads((tmp / "hf" / "config.json").read_text())
         (tmp / "hf" / "config.json").write_text(json.dumps(cfg).replace(f'"{key}": {json.dumps(cfg[key])}', text))
         return ["convert", str(tmp / "hf"), str(tmp / "out.npz")]
@@ -245,27 +244,27 @@ def hf_config_value(key: str, text: str) -> Callable[[Path], list[str]]:
 
 def deep_hf_config(tmp: Path) -> list[str]:
     """An HF folder whose config.json is nested 100,000 deep (a RecursionError traceback before)."""
-    save_checkpoint(tmp / "hf", SMALL, _state(), "hf")
+    save_checkpoint(tmp / "hf", SMALL, random_state(SMALL, scale=0.2), "hf")
     (tmp / "hf" / "config.json").write_text("[" * 100_000 + "]" * 100_000)
     return ["convert", str(tmp / "hf"), str(tmp / "out.npz")]
 
 
 def int_weights(tmp: Path) -> list[str]:
-    state = _state()
+    state = random_state(SMALL, scale=0.2)
     state["head.bias"] = np.arange(10, dtype=np.int64)
     _ours(tmp / "int.safetensors", SMALL.to_json(), state)
     return ["convert", str(tmp / "int.safetensors"), str(tmp / "out.npz")]
 
 
 def nan_weights_predict(tmp: Path) -> list[str]:
-    state = _state()
+    state = random_state(SMALL, scale=0.2)
     state["head.weight"][:] = np.nan
     _ours(tmp / "nan.safetensors", SMALL.to_json(), state)
     return ["predict", str(tmp / "nan.safetensors"), str(_png(tmp / "img.png"))]
 
 
 def nan_weights_parity(tmp: Path) -> list[str]:
-    state = _state()
+    state = random_state(SMALL, scale=0.2)
     state["blocks.0.mlp.fc1.weight"][0, 0] = np.inf
     _ours(tmp / "inf.safetensors", SMALL.to_json(), state)
     return ["parity", str(tmp / "inf.safetensors")]
@@ -383,7 +382,7 @@ def init_inside_out(tmp: Path) -> list[str]:
 def export_onto_a_users_folder(tmp: Path) -> list[str]:
     """Fine-tuning an HF folder into a run folder whose model_hf/ (the export in --init's format) is the
     user's: refused before the training, not after it."""
-    save_checkpoint(tmp / "hf", SMALL, _state(), "hf")
+    save_checkpoint(tmp / "hf", SMALL, random_state(SMALL, scale=0.2), "hf")
     (tmp / "run" / "model_hf").mkdir(parents=True)
     (tmp / "run" / "model_hf" / "notes.txt").write_text("mine\n")
     data = _dataset(tmp / "d.npz", [0, 1] * 4)
@@ -393,7 +392,7 @@ def export_onto_a_users_folder(tmp: Path) -> list[str]:
 
 def _bare_timm(tmp: Path) -> Path:
     """A timm-style .safetensors: tensors only, so GELU, eps, pooling... are assumed when read."""
-    save_file(_state(), str(tmp / "bare.safetensors"))
+    save_file(random_state(SMALL, scale=0.2), str(tmp / "bare.safetensors"))
     return tmp / "bare.safetensors"
 
 
@@ -410,7 +409,7 @@ def assumed_into_train_exports(tmp: Path) -> list[str]:
 
 
 def convert_checkpoint_into_its_source(tmp: Path) -> list[str]:
-    save_checkpoint(tmp / "hf", SMALL, _state(), "hf")
+    save_checkpoint(tmp / "hf", SMALL, random_state(SMALL, scale=0.2), "hf")
     return ["convert", str(tmp / "hf"), str(tmp / "hf" / "copy.npz")]
 
 
@@ -557,7 +556,7 @@ def bad_limit(tmp: Path) -> list[str]:
 def _many_classes(tmp: Path, k: int = 1000) -> tuple[Path, Path]:
     """A K-class model (ImageNet's count) and an npz dataset of K test images, one per class."""
     cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=k)
-    model = _ours(tmp / "k.safetensors", cfg.to_json(), _state(cfg))
+    model = _ours(tmp / "k.safetensors", cfg.to_json(), random_state(cfg, scale=0.2))
     x = np.random.default_rng(0).integers(0, 256, (k, 8, 8), np.uint8)
     np.savez(tmp / "k.npz", x=x, y=np.arange(k), x_test=x, y_test=np.arange(k))
     return model, tmp / "k.npz"
@@ -595,7 +594,7 @@ def _counts_csv(tmp: Path, out: str) -> None:
 
 
 def bf16_to_every_format(tmp: Path) -> list[str]:
-    _ours(tmp / "bf.safetensors", SMALL.to_json(), _state(dtype=ml_dtypes.bfloat16))
+    _ours(tmp / "bf.safetensors", SMALL.to_json(), random_state(SMALL, scale=0.2, dtype=ml_dtypes.bfloat16))
     return ["convert", str(tmp / "bf.safetensors"), str(tmp / "bf.npz")]
 
 
@@ -603,7 +602,7 @@ def _bf16_exact(tmp: Path, out: str) -> None:
     """The .npz holds the bf16 values widened to float32, exactly; every other format holds them as bf16."""
     from vit_torch.formats import READERS, WRITERS  # orbax's bf16 round trip: tests/test_orbax.py
 
-    want = _state(dtype=ml_dtypes.bfloat16)
+    want = random_state(SMALL, scale=0.2, dtype=ml_dtypes.bfloat16)
     assert "bfloat16 tensors written as float32 (exact" in out
     back = load_checkpoint(tmp / "bf.npz").state
     assert all(np.array_equal(back[k], want[k].astype(np.float32)) for k in want)

@@ -5,21 +5,15 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
 from vit_common.checkpoints.metadata import hf_preprocess, with_overrides
 from vit_common.config import ViTConfig
 from vit_common.data.images import IMAGENET_MEAN, PRESETS, Preprocess
-from vit_common.state import canonical_shapes
+from vit_common.state import random_state
 
 CFG = ViTConfig(image_size=32, patch_size=8, width=64, depth=2, num_heads=4, mlp_dim=128, num_classes=3)
-
-
-def state(cfg: ViTConfig = CFG) -> dict:
-    rng = np.random.default_rng(0)
-    return {k: rng.standard_normal(s).astype(np.float32) for k, s in canonical_shapes(cfg).items()}
 
 
 def test_our_files_declare_what_they_were_trained_with(tmp_path):
@@ -27,7 +21,7 @@ def test_our_files_declare_what_they_were_trained_with(tmp_path):
     # transformers' processors state sizes in pixels: the shorter side to floor(32 / 0.875), a 32x32 crop
     hf_pp = Preprocess(IMAGENET_MEAN, (0.2, 0.3, 0.4), "bicubic", 1.0, "center", resize_size=(36,), crop_size=(32, 32))
     for fmt, name, want in (("canonical", "m.safetensors", pp), ("timm", "t.safetensors", pp), ("hf", "hf", hf_pp)):
-        save_checkpoint(tmp_path / name, CFG, state(), fmt, preprocess=pp, classes=["cat", "dog", "emu"])
+        save_checkpoint(tmp_path / name, CFG, random_state(CFG), fmt, preprocess=pp, classes=["cat", "dog", "emu"])
         info = load_checkpoint(tmp_path / name, num_heads=4).info
         assert info.preprocess == want and info.preprocess_source.startswith("declared"), (fmt, info)
         assert info.classes == ("cat", "dog", "emu") and not info.warnings, (fmt, info)
@@ -36,14 +30,14 @@ def test_our_files_declare_what_they_were_trained_with(tmp_path):
 
 
 def test_files_that_say_nothing_get_the_format_s_usual_choice_and_a_warning(tmp_path):
-    save_checkpoint(tmp_path / "t.safetensors", CFG, state(), "timm")
+    save_checkpoint(tmp_path / "t.safetensors", CFG, random_state(CFG), "timm")
     info = load_checkpoint(tmp_path / "t.safetensors", num_heads=4).info
     assert info.preprocess == PRESETS["imagenet"] and info.preprocess_source.startswith("assumed")
     assert info.classes is None and "--mean/--std" in info.warnings[0]
-    save_checkpoint(tmp_path / "hf", CFG, state(), "hf")  # LABEL_i placeholders are no names
+    save_checkpoint(tmp_path / "hf", CFG, random_state(CFG), "hf")  # LABEL_i placeholders are no names
     info = load_checkpoint(tmp_path / "hf").info
     assert info.preprocess == PRESETS["hf_vit"] and info.classes is None and info.warnings
-    save_checkpoint(tmp_path / "b.npz", CFG, state(), "big_vision")
+    save_checkpoint(tmp_path / "b.npz", CFG, random_state(CFG), "big_vision")
     assert load_checkpoint(tmp_path / "b.npz").info.preprocess == PRESETS["big_vision"]
     given = with_overrides(info, {"mean": (0.5,), "std": (0.5,), "crop_pct": None}, ["a", "b", "c"])
     assert given.preprocess.mean == (0.5,) and given.preprocess_source.startswith("given (mean, std)")
@@ -55,7 +49,9 @@ def test_transformers_reads_our_hf_folder_preprocessing_and_we_read_its(tmp_path
     transformers writes reads back as resize 256 + centre crop 224 (crop_pct 0.875)."""
     from transformers import AutoImageProcessor, DeiTImageProcessor, ViTImageProcessor
 
-    save_checkpoint(tmp_path / "hf", CFG, state(), "hf", preprocess=PRESETS["hf_vit"], classes=["a", "b", "c"])
+    save_checkpoint(
+        tmp_path / "hf", CFG, random_state(CFG), "hf", preprocess=PRESETS["hf_vit"], classes=["a", "b", "c"]
+    )
     proc = AutoImageProcessor.from_pretrained(tmp_path / "hf")
     assert type(proc).__name__.startswith("ViTImageProcessor")
     assert proc.size == {"height": 32, "width": 32} and list(proc.image_mean) == [0.5] * 3
@@ -80,10 +76,12 @@ def test_transformers_reads_our_hf_folder_preprocessing_and_we_read_its(tmp_path
 def test_malformed_declarations_are_errors_naming_the_file(tmp_path):
     from vit_common.checkpoints.formats.canonical import save_canonical
 
-    save_canonical(tmp_path / "m.safetensors", CFG, state(), {"preprocess": json.dumps({"mean": [0.5], "std": [0]})})
+    save_canonical(
+        tmp_path / "m.safetensors", CFG, random_state(CFG), {"preprocess": json.dumps({"mean": [0.5], "std": [0]})}
+    )
     with pytest.raises(ValueError, match="m.safetensors metadata: the stored preprocessing"):
         load_checkpoint(tmp_path / "m.safetensors")
-    save_canonical(tmp_path / "c.safetensors", CFG, state(), {"classes": json.dumps([1, 2, 3])})
+    save_canonical(tmp_path / "c.safetensors", CFG, random_state(CFG), {"classes": json.dumps([1, 2, 3])})
     with pytest.raises(ValueError, match="is not a list of strings"):
         load_checkpoint(tmp_path / "c.safetensors")
 
@@ -94,13 +92,13 @@ def test_convert_carries_what_the_source_declares(tmp_path):
     from vit_common.checkpoints.convert import convert
 
     pp = Preprocess(IMAGENET_MEAN, (0.2, 0.3, 0.4), "bicubic", 1.0, "squash")
-    save_checkpoint(tmp_path / "hf", CFG, state(), "hf", preprocess=pp, classes=["x", "y", "z"])
+    save_checkpoint(tmp_path / "hf", CFG, random_state(CFG), "hf", preprocess=pp, classes=["x", "y", "z"])
     convert(tmp_path / "hf", tmp_path / "m.safetensors")
     convert(tmp_path / "m.safetensors", tmp_path / "t.safetensors", to_fmt="timm")
     info = load_checkpoint(tmp_path / "t.safetensors", num_heads=4).info
     assert info.preprocess == pp.replace(resize_size=(32, 32)) and info.classes == ("x", "y", "z")
     convert(tmp_path / "m.safetensors", tmp_path / "k5.safetensors", num_classes=5)
     assert load_checkpoint(tmp_path / "k5.safetensors").info.classes is None
-    save_checkpoint(tmp_path / "plain.safetensors", CFG, state(), "timm")
+    save_checkpoint(tmp_path / "plain.safetensors", CFG, random_state(CFG), "timm")
     convert(tmp_path / "plain.safetensors", tmp_path / "ours.safetensors", num_heads=4)
     assert load_checkpoint(tmp_path / "ours.safetensors").info.preprocess_source.startswith("assumed")
