@@ -91,6 +91,24 @@ def _image_folder(
     return root
 
 
+def _tiny_dataset(n_train: int = 16, n_test: int = 4, seed: int = 0):
+    from vit_common.data.datasets import ArraySource, Dataset
+
+    rng = np.random.default_rng(seed)
+
+    def src(n):
+        return ArraySource(rng.integers(0, 256, (n, 8, 8, 1), dtype=np.uint8), np.arange(n) % 3)
+
+    return Dataset("tiny", src(n_train), src(n_test), ("a", "b", "c"), (8, 8), 1)
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset():
+    """``tiny_dataset(n_train=16, n_test=4, seed=0)``: a Dataset of seeded uint8 8x8 one-channel images
+    [N, 8, 8, 1], labels i % 3 of classes a, b, c (``_tiny_dataset``), for the training steps' tests."""
+    return _tiny_dataset
+
+
 @pytest.fixture(scope="session")
 def image_folder():
     """``image_folder(root, classes, n=3, size=(8, 8), corrupt=None, band=False)``: an image folder

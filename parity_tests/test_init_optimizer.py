@@ -22,7 +22,7 @@ import vit_jax.train as jt
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.source import training_weights_entry, weights_entry
 from vit_common.config import ViTConfig
-from vit_common.data.datasets import ArraySource, Augment, Dataset
+from vit_common.data.datasets import Augment, Dataset
 from vit_common.data.train_config import TrainConfig
 from vit_common.tolerance import compare
 from vit_jax.optimizer_state import adam_state, check_moments
@@ -40,13 +40,8 @@ TCFG = TrainConfig(
 
 
 @pytest.fixture(scope="module")
-def data() -> Dataset:
-    rng = np.random.default_rng(0)
-
-    def src(n):
-        return ArraySource(rng.integers(0, 256, (n, 8, 8, 1), dtype=np.uint8), np.arange(n) % 3)
-
-    return Dataset("tiny", src(16), src(4), ("a", "b", "c"), (8, 8), 1)
+def data(tiny_dataset) -> Dataset:
+    return tiny_dataset()
 
 
 def _torch_step(model, opt, batch) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from vit_cli.train_parity import compare_training, drop_path_masks, dropout_masks
 from vit_common.config import ViTConfig
-from vit_common.data.datasets import ArraySource, Augment, Dataset
+from vit_common.data.datasets import Augment, Dataset
 from vit_common.data.train_config import TrainConfig
 from vit_common.recipes import RECIPES, translate
 from vit_common.tolerance import compare
@@ -32,13 +32,8 @@ FULL = TrainConfig(
 
 
 @pytest.fixture(scope="module")
-def data() -> Dataset:
-    rng = np.random.default_rng(0)
-
-    def src(n):
-        return ArraySource(rng.integers(0, 256, (n, 8, 8, 1), dtype=np.uint8), np.arange(n) % 3)
-
-    return Dataset("tiny", src(16), src(4), ("a", "b", "c"), (8, 8), 1)
+def data(tiny_dataset) -> Dataset:
+    return tiny_dataset()
 
 
 @pytest.fixture

@@ -25,15 +25,6 @@ from vit_jax.weights import to_numpy
 TINY = ViTConfig(image_size=8, patch_size=4, in_chans=1, num_classes=3, width=16, depth=2, num_heads=2, mlp_dim=32)
 
 
-def tiny_data(n_train: int = 10, n_test: int = 7, seed: int = 0) -> Dataset:
-    rng = np.random.default_rng(seed)
-
-    def src(n):
-        return ArraySource(rng.integers(0, 256, (n, 8, 8, 1), dtype=np.uint8), np.arange(n) % 3)
-
-    return Dataset("tiny", src(n_train), src(n_test), ("a", "b", "c"), (8, 8), 1)
-
-
 def first_batch(t: Trainer) -> dict:
     tc = t.tcfg
     batches = train_batches(t.data.train, 3, batch_size=tc.batch_size, epochs=1, seed=0, transform=t.train_transform)
@@ -53,17 +44,17 @@ BASE = TrainConfig(batch_size=8, epochs=1, augment=Augment())
 
 
 @pytest.fixture(scope="module")
-def reference():
+def reference(tiny_dataset):
     """Gradients of one batch of 8 (6 real examples + 2 padding rows), accumulated in one pass."""
-    t = Trainer(TINY, BASE, tiny_data(n_train=6))
+    t = Trainer(TINY, BASE, tiny_dataset(6, 7))
     batch = first_batch(t)
     assert batch["mask"].tolist() == [1] * 6 + [0] * 2
     return t, batch, grads_of(t, batch)
 
 
-def test_steps_compile_once_and_count_every_example_once(caplog):
+def test_steps_compile_once_and_count_every_example_once(caplog, tiny_dataset):
     """Two epochs of 10 examples in batches of 4: the last batch of each epoch is partial (2 real rows)."""
-    data = tiny_data()
+    data = tiny_dataset(10, 7)
     t = Trainer(TINY, TrainConfig(batch_size=4, epochs=2, warmup_steps=1, augment=Augment(shift=1)), data)
     state = t.init_state()
     counts, evals = [], []
@@ -83,10 +74,10 @@ def test_steps_compile_once_and_count_every_example_once(caplog):
 
 
 @pytest.mark.parametrize("mixup", [0.0, 0.4], ids=["plain", "mixup"])
-def test_compile_ahead_of_the_first_batch_is_the_program_the_steps_run(caplog, mixup):
+def test_compile_ahead_of_the_first_batch_is_the_program_the_steps_run(caplog, mixup, tiny_dataset):
     """``compile()`` from shapes alone (``batch_spec``) gives the program the real batches run: no step
     compiles again, with or without mixed targets, and its values are the jitted step's."""
-    data = tiny_data()
+    data = tiny_dataset(10, 7)
     tcfg = TrainConfig(batch_size=4, epochs=1, warmup_steps=1, augment=Augment(mixup=mixup))
     t = Trainer(TINY, tcfg, data)
     state = t.init_state()
@@ -123,9 +114,9 @@ def test_padding_rows_do_not_reach_the_gradient(reference):
 
 
 @pytest.mark.parametrize("option", [dict(accum_steps=2), dict(remat=True)])
-def test_accumulation_and_remat_give_the_same_gradients(reference, option):
+def test_accumulation_and_remat_give_the_same_gradients(reference, option, tiny_dataset):
     _, batch, (grads, loss, correct) = reference
-    t = Trainer(TINY, dataclasses.replace(BASE, **option), tiny_data(n_train=6))
+    t = Trainer(TINY, dataclasses.replace(BASE, **option), tiny_dataset(6, 7))
     got, got_loss, got_correct = grads_of(t, batch)
     assert got_loss == pytest.approx(loss, rel=1e-6) and got_correct == correct
     for (path, a), (_, b) in zip(got, grads, strict=True):
@@ -146,8 +137,8 @@ def test_weight_decay_mask_skips_biases_norms_tokens_and_posemb():
     assert not mask["pos_embed"] and not mask["cls_token"] and not mask["norm.scale"]
 
 
-def test_bad_batch_or_model_for_the_dataset():
-    data = tiny_data()
+def test_bad_batch_or_model_for_the_dataset(tiny_dataset):
+    data = tiny_dataset(10, 7)
     with pytest.raises(ValueError, match="accum_steps"):
         TrainConfig(batch_size=6, accum_steps=4)
     with pytest.raises(ValueError, match="num_classes=5"):
@@ -214,13 +205,13 @@ def _flat(params) -> dict[str, np.ndarray]:
     return {".".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(params)}
 
 
-def test_fine_tuning_starts_from_the_given_weights_and_freeze_trains_the_head_only(reference):
+def test_fine_tuning_starts_from_the_given_weights_and_freeze_trains_the_head_only(reference, tiny_dataset):
     """--init: the first state holds the checkpoint's tensors; --freeze: after steps only head.* moved,
     and the frozen parameters get exactly zero gradient (stop_gradient: no backward pass through them)."""
     _, batch, _ = reference
     weights = to_numpy(VisionTransformer(TINY, rngs=nnx.Rngs(7)))
     tcfg = dataclasses.replace(BASE, init="ckpt", freeze=True, warmup_steps=0, epochs=3)
-    t = Trainer(TINY, tcfg, tiny_data(n_train=6), weights=weights)
+    t = Trainer(TINY, tcfg, tiny_dataset(6, 7), weights=weights)
     state = t.init_state()
     assert to_numpy(nnx.merge(t.eval_graphdef, state["params"], state["rest"])).keys() == weights.keys()
     start = t.weights(state)
@@ -273,7 +264,7 @@ def numpy_ema_decay(step: int, decay: float, warmup: bool, gamma: float, power: 
     return float(np.clip(1 - (1 + k / gamma) ** -power, floor, decay)) if warmup else decay
 
 
-def test_ema_after_k_steps_is_the_numpy_formula_over_the_weights_of_every_step():
+def test_ema_after_k_steps_is_the_numpy_formula_over_the_weights_of_every_step(tiny_dataset):
     """6 steps with a warm-up that meets its floor (step 2), its curve (3-5) and its cap (6): the jitted
     step's EMA equals ema x decay + weights x (1 - decay) in float64 over each step's weights, within the
     float32 bound; step 1's update is a copy; the decays are the formula's."""
@@ -287,7 +278,7 @@ def test_ema_after_k_steps_is_the_numpy_formula_over_the_weights_of_every_step()
     np.testing.assert_allclose([float(ema_decay(tcfg, jnp.int32(s))) for s in range(1, 7)], formula, rtol=1e-6)
     plain = dataclasses.replace(tcfg, ema_warmup=False)
     assert [plain.ema_decay(s) for s in range(1, 4)] == [0.0, 0.6, 0.6]
-    t = Trainer(TINY, tcfg, tiny_data())
+    t = Trainer(TINY, tcfg, tiny_dataset(10, 7))
     state = t.init_state()
     assert set(state) == {"step", "params", "rest", "opt_state", "ema"}
     it = t.train_iterator()
