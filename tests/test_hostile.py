@@ -923,6 +923,31 @@ def test_a_disk_that_fills_during_an_orbax_write_is_one_line_and_nothing_else(ch
     assert _snapshot(small_disk) == before
 
 
+def test_a_training_checkpoint_the_disk_cannot_hold_is_one_line_before_orbax_writes(small_disk, tmp_path):
+    """vit train whose run folder's disk has 64 KiB left: the config, metrics and event files fit, the
+    checkpoint (orbax's folder) does not. Refused before orbax starts (before: orbax's threads failed on
+    the full disk and printed 84 "Event loop is closed" tracebacks and five absl ERROR lines beside the
+    error), naming the folder, the step, the bytes needed and free, and where --resume continues; no
+    checkpoint folder, complete or temporary, is left."""
+    out = small_disk / "run"
+    _fill(small_disk, leave=64 << 10)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.run(
+        [sys.executable, "-m", "vit_cli.main", *TRAIN, "--dataset", "digits", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=TIME_LIMIT,
+    )
+    errors = [ln for ln in child.stderr.splitlines() if not ln.startswith("vit train: warning: ")]
+    assert child.returncode == 2 and "Traceback" not in child.stderr, child.stderr
+    assert [ln for ln in errors if "error" in ln.lower()] == errors[-1:], child.stderr
+    head = f"vit train: error: {out / 'checkpoints'}: no space for the checkpoint of step "
+    assert errors[-1].startswith(head), errors
+    assert "needs " in errors[-1] and errors[-1].endswith("--resume continues from step 0"), errors[-1]
+    assert list((out / "checkpoints").iterdir()) == []
+
+
 def test_kill_9_during_a_write_leaves_a_temporary_the_next_write_removes(tmp_path, capsys):
     child = subprocess.Popen(
         [
@@ -961,9 +986,9 @@ def test_overwrite_replaces_a_file_but_never_a_foreign_folder(tmp_path, capsys):
 
 def counts() -> dict[str, int]:
     """What README reports: every input this suite tries, and the faults (each fails a test, so 0)."""
-    # + a disk that fills during an orbax write (refused before it, or failing in it), kill -9 during a
-    # write, --overwrite vs a foreign folder
-    tried = len(CASES) + len(WRITE_FAULTS) + 4
+    # + a disk that fills during an orbax write (refused before it, or failing in it), a training
+    # checkpoint the disk cannot hold, kill -9 during a write, --overwrite vs a foreign folder
+    tried = len(CASES) + len(WRITE_FAULTS) + 5
     return {"inputs tried": tried, "crashes": 0, "hangs": 0, "silent results": 0, "data lost": 0}
 
 

@@ -647,6 +647,7 @@ class Checkpoints:
         """Save ``state`` (any pytree; PRNG keys stored as key data) and JSON ``meta`` at ``step``, with
         the evaluation ``metrics`` of that step for ``best``."""
         meta = {**meta, "key_impl": key_impl_name(state) or key_impl_name()}
+        self._check_space(step, state)
         if metrics is not None and self.best is not None:
             self._scores[step] = metrics[self.best]
         self.manager.save(
@@ -655,6 +656,36 @@ class Checkpoints:
             metrics=metrics,
             force=True,
         )
+
+    def _check_space(self, step: int, state) -> None:
+        """Refuse, before orbax starts writing, a checkpoint that the run folder's file system cannot hold:
+        the bytes this process writes (each array shard it holds with replica id 0, as orbax writes them)
+        against the space free (``io.check_free_space``). A disk that fills during a write would otherwise
+        fail inside orbax's threads, which report it many times over.
+
+        Raises:
+            OSError: ENOSPC, naming the folder, the step, what is needed and free, and where --resume
+                continues.
+        """
+        need = sum(
+            shard.data.nbytes
+            for leaf in jax.tree.leaves(state)
+            if isinstance(leaf, jax.Array)
+            for shard in leaf.addressable_shards
+            if shard.replica_id == 0
+        )
+        try:
+            io.check_free_space(self.manager.directory, need)
+        except OSError as e:
+            self.wait()  # the checkpoint before this one, if still being written, completes
+            steps = self.manager.all_steps()
+            where = f"from the checkpoint of step {max(steps)}" if steps else "from step 0"
+            full = OSError(
+                f"{self.manager.directory}: no space for the checkpoint of step {step} ({e.strerror}); "
+                f"free some, then the same command with --resume continues {where}"
+            )
+            full.errno = e.errno
+            raise full from None
 
     def best_step(self) -> int | None:
         """The step of the kept checkpoint whose ``best`` metric is best, or None (none has metrics):
