@@ -19,13 +19,14 @@ SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     from flax import nnx
     sys.path.insert(0, "tests")
-    from test_train import TINY, tiny_data
+    from test_train import TINY
+    from conftest import _tiny_dataset  # the repository root's, on PYTHONPATH (no pytest here)
     from vit_common.tolerance import compare
     from vit_jax.data import iterate, train_batches
     from vit_jax.train import Trainer, TrainConfig, make_mesh
 
     assert jax.device_count() == 8, jax.devices()
-    data = tiny_data(n_train=36, n_test=8)
+    data = _tiny_dataset(n_train=36, n_test=8)
     cfg = TINY.replace(width=32, mlp_dim=64, depth=1)  # every kernel has an axis that 8 divides
     d = cfg.width
 
