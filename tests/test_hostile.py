@@ -948,6 +948,62 @@ def test_a_training_checkpoint_the_disk_cannot_hold_is_one_line_before_orbax_wri
     assert list((out / "checkpoints").iterdir()) == []
 
 
+def _train_child(out: Path, *flags: str, check: bool = True) -> subprocess.CompletedProcess:
+    """``vit train`` on digits into ``out`` in a child; with ``check`` off the free-space check before each
+    checkpoint needs nothing, so that orbax's own write meets the full disk."""
+    code = "\n".join(
+        [
+            "import sys",
+            "from vit_common.system import io",
+            "" if check else "io.FOLDER_OVERHEAD = -(1 << 40)",
+            "from vit_cli.main import main",
+            "sys.exit(main(sys.argv[1:]))",
+        ]
+    )
+    argv = [*TRAIN, "--dataset", "digits", "--out", str(out), *flags]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, timeout=TIME_LIMIT
+    )
+
+
+def test_a_disk_that_fills_during_a_training_checkpoint_is_one_line_and_the_folder_is_removed(small_disk):
+    """The free-space check passed (here: turned off) and the disk fills while orbax's threads write the
+    final checkpoint: the run waits for the write, then stops with one line naming the folder, the step,
+    the OS's cause and where --resume continues (before: orbax's threads printed 59 tracebacks, "Task
+    exception was never retrieved", "Event loop is closed", absl ERROR lines, and the error was
+    tensorstore's 1,500-character ValueError); the incomplete checkpoint folder is removed, freeing its
+    space."""
+    out = small_disk / "run"
+    _fill(small_disk, leave=64 << 10)  # config.json, metrics.jsonl and the event file fit; the checkpoint not
+    child = _train_child(out, "--ckpt-every", "0", check=False)
+    assert child.returncode == 2 and child.stderr.count("\n") == 2, child.stderr
+    line = child.stderr.splitlines()[1]
+    assert line == (
+        f"vit train: error: {out / 'checkpoints'}: the checkpoint of step 360 could not be written (No space "
+        "left on device); free some space, then the same command with --resume continues from step 0"
+    )
+    assert list((out / "checkpoints").iterdir()) == []
+
+
+def test_run_files_on_a_full_disk_are_one_line_naming_the_file_and_no_hang(small_disk):
+    """A disk with 8 KiB left: config.json fits, then metrics.jsonl's lines or TensorBoard's event file
+    fill it. One line naming the file, the step and where --resume continues. Before, tensorboardX's writer
+    thread died on the full disk with a traceback and its queue filled, so the next add_scalar blocked for
+    ever (the run hung until killed)."""
+    out = small_disk / "run"
+    _fill(small_disk, leave=8 << 10)
+    child = _train_child(out, "--ckpt-every", "0", "--log-every", "1")
+    assert child.returncode == 2 and child.stderr.count("\n") == 2, child.stderr
+    line = child.stderr.splitlines()[1]
+    named = re.fullmatch(
+        "vit train: error: (.+): could not be written at step [0-9]+ \\(No space left on device\\); free "
+        "some space, then the same command with --resume continues from step 0",
+        line,
+    )
+    assert named and named[1] in (str(out / "metrics.jsonl"), str(out / "tensorboard")), line
+
+
 def test_kill_9_during_a_write_leaves_a_temporary_the_next_write_removes(tmp_path, capsys):
     child = subprocess.Popen(
         [
@@ -987,8 +1043,9 @@ def test_overwrite_replaces_a_file_but_never_a_foreign_folder(tmp_path, capsys):
 def counts() -> dict[str, int]:
     """What README reports: every input this suite tries, and the faults (each fails a test, so 0)."""
     # + a disk that fills during an orbax write (refused before it, or failing in it), a training
-    # checkpoint the disk cannot hold, kill -9 during a write, --overwrite vs a foreign folder
-    tried = len(CASES) + len(WRITE_FAULTS) + 5
+    # checkpoint the disk cannot hold, one during whose write it fills, run files on a full disk,
+    # kill -9 during a write, --overwrite vs a foreign folder
+    tried = len(CASES) + len(WRITE_FAULTS) + 7
     return {"inputs tried": tried, "crashes": 0, "hangs": 0, "silent results": 0, "data lost": 0}
 
 

@@ -69,7 +69,7 @@ def quiet_orbax() -> Iterator[None]:
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
     hook = sys.unraisablehook
-    sys.unraisablehook = _closed_loop_dropped(hook)
+    sys.unraisablehook = closed_loop_dropped(hook)
     sys.stderr.flush()
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
@@ -91,7 +91,7 @@ def quiet_orbax() -> Iterator[None]:
                 lg.setLevel(level)
 
 
-def _closed_loop_dropped(hook):
+def closed_loop_dropped(hook):
     """``hook`` (a ``sys.unraisablehook``) except for ``RuntimeError('Event loop is closed')``."""
 
     def drop(unraisable) -> None:

@@ -2,7 +2,12 @@
 
 ``Summaries`` writes TensorBoard event files with tensorboardX (a well-kept writer that needs neither
 TensorFlow nor torch; CLU's and flax's writers need TensorFlow) and, when asked, the same scalars to
-Weights & Biases (``wandb``, as MaxText and levanter log), on process 0 only. Tags:
+Weights & Biases (``wandb``, as MaxText and levanter log), on process 0 only. It writes through
+tensorboardX's synchronous ``EventsWriter``, flushed at each metrics line, not its ``SummaryWriter``:
+that one writes from a thread which, once a write fails (a full disk), dies with a traceback and leaves
+the queue it reads to fill, so the training loop's next ``add_scalar`` blocks for ever (the hang
+tensorboard's own writer fixed in tensorflow/tensorboard#6167); here the error reaches the loop, which
+names the file. Tags:
 
     model/parameters, model/gflops_per_image     at step 0 (``ViTConfig.param_count``, ``ViTConfig.flops``)
     train/loss, train/accuracy, train/lr, train/grad_norm
@@ -25,6 +30,7 @@ work by step.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import jax
@@ -76,11 +82,13 @@ class Summaries:
     ):
         self.devices, self.peak = devices, peak_flops
         self.flops_per_image = cfg.flops()
-        self.writer = self.run = None
+        self.events = self.run = None
+        self.logdir, self._failed = logdir, False
         if logdir is not None:
-            from tensorboardX import SummaryWriter
+            from tensorboardX.event_file_writer import EventsWriter
 
-            self.writer = SummaryWriter(logdir=str(Path(logdir)), flush_secs=30)
+            Path(logdir).mkdir(parents=True, exist_ok=True)
+            self.events = EventsWriter(str(Path(logdir) / "events"))
         if wandb_dir is not None:
             wandb = require_wandb()
             self.run = wandb.init(
@@ -93,9 +101,18 @@ class Summaries:
         self._write({"model/parameters": cfg.param_count(), "model/gflops_per_image": self.flops_per_image / 1e9}, 0)
 
     def _write(self, scalars: dict[str, float], step: int) -> None:
-        if self.writer is not None:
-            for tag, value in scalars.items():
-                self.writer.add_scalar(tag, value, step)
+        """Raises OSError: the event file cannot be written (naming its folder)."""
+        if self.events is not None:
+            from tensorboardX.proto.event_pb2 import Event
+            from tensorboardX.summary import scalar
+
+            try:
+                for tag, value in scalars.items():
+                    self.events.write_event(Event(wall_time=time.time(), step=step, summary=scalar(tag, value)))
+                self.events.flush()
+            except OSError as e:
+                self._failed = True
+                raise OSError(e.errno, e.strerror, str(self.logdir)) from None
         if self.run is not None:
             self.run.log(scalars, step=step)
 
@@ -121,8 +138,12 @@ class Summaries:
         self._write(scalars, line["step"])
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        if self.events is not None:
+            try:
+                self.events.close()
+            except OSError:
+                if not self._failed:  # else the failed write's error is on its way up: keep that one
+                    raise
         if self.run is not None:
             self.run.finish()
 

@@ -28,8 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
+import logging
 import os
+import re
+import shutil
 import sys
 import time
 from collections.abc import Collection, Mapping
@@ -639,6 +643,10 @@ class Checkpoints:
         )
         self.best, self._scores = best, {}
         self.manager = ocp.CheckpointManager(Path(directory).absolute(), options=options, item_names=("state", "meta"))
+        self._writing = None  # the step whose save is in flight (orbax writes it from its own threads)
+        self._failed = False  # a save failed and was raised (in one line); its threads report on
+        self._incomplete = None  # the step of that save, whose temporary folder ``close`` removes
+        self._quiet = _OrbaxReportsDropped(str(self.manager.directory))
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -647,6 +655,7 @@ class Checkpoints:
         """Save ``state`` (any pytree; PRNG keys stored as key data) and JSON ``meta`` at ``step``, with
         the evaluation ``metrics`` of that step for ``best``."""
         meta = {**meta, "key_impl": key_impl_name(state) or key_impl_name()}
+        self.wait()  # the save before this one (orbax waits for it too): its failure is raised as its own
         self._check_space(step, state)
         if metrics is not None and self.best is not None:
             self._scores[step] = metrics[self.best]
@@ -656,12 +665,13 @@ class Checkpoints:
             metrics=metrics,
             force=True,
         )
+        self._writing = step
 
     def _check_space(self, step: int, state) -> None:
         """Refuse, before orbax starts writing, a checkpoint that the run folder's file system cannot hold:
         the bytes this process writes (each array shard it holds with replica id 0, as orbax writes them)
-        against the space free (``io.check_free_space``). A disk that fills during a write would otherwise
-        fail inside orbax's threads, which report it many times over.
+        against the space free (``io.check_free_space``), so that a full disk is named before orbax's threads
+        start (a disk that fills during the write fails there, and ``wait`` names that).
 
         Raises:
             OSError: ENOSPC, naming the folder, the step, what is needed and free, and where --resume
@@ -676,13 +686,10 @@ class Checkpoints:
         )
         try:
             io.check_free_space(self.manager.directory, need)
-        except OSError as e:
-            self.wait()  # the checkpoint before this one, if still being written, completes
-            steps = self.manager.all_steps()
-            where = f"from the checkpoint of step {max(steps)}" if steps else "from step 0"
+        except OSError as e:  # (``save`` waited for the checkpoint before this one)
             full = OSError(
                 f"{self.manager.directory}: no space for the checkpoint of step {step} ({e.strerror}); "
-                f"free some, then the same command with --resume continues {where}"
+                f"{_then_resume(os.strerror(errno.ENOSPC), saved_steps(self.manager.directory))}"
             )
             full.errno = e.errno
             raise full from None
@@ -737,10 +744,123 @@ class Checkpoints:
         raise ValueError(f"{self.manager.directory}: no checkpoint restores (the latest: {first})") from first
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Wait for the save in flight, if any.
+
+        Raises:
+            OSError: it failed (a disk that filled after ``_check_space``, a quota, an I/O error): one
+                line naming the folder, the step, the cause (the OS error tensorstore reports) and where
+                --resume continues (``close`` removes the incomplete folder). Raised once: later waits on
+                the same failure return.
+        """
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:  # orbax re-raises its threads' errors (tensorstore's ValueError, OSError, ...)
+            step, self._writing = self._writing, None
+            if self._failed:
+                return
+            self._failed = True
+            if step is None:
+                raise
+            raise self._write_failed(step, e) from None
+        self._writing = None
+
+    def settle(self) -> list[int]:
+        """Wait for the save in flight, keeping quiet about its failure (another error is being raised),
+        and return the steps of the complete checkpoints."""
+        try:
+            self.wait()
+        except OSError:
+            pass
+        return saved_steps(self.manager.directory)
+
+    def _write_failed(self, step: int, e: Exception) -> OSError:
+        self._incomplete = step
+        reason = write_error_reason(e)
+        full = OSError(
+            f"{self.manager.directory}: the checkpoint of step {step} could not be written ({reason}); "
+            f"{_then_resume(reason, saved_steps(self.manager.directory))}"
+        )
+        full.errno = getattr(e, "errno", None)
+        return full
 
     def close(self) -> None:
-        self.manager.close()
+        """Close the manager; after a failed save also remove its incomplete folder (one process; with
+        several, orbax removes it when --resume opens the folder), now that orbax's threads are done."""
+        try:
+            self.manager.close()
+        finally:
+            if self._incomplete is not None and jax.process_count() == 1:
+                for tmp in self.manager.directory.glob(f"{self._incomplete}.orbax-checkpoint-tmp*"):
+                    shutil.rmtree(tmp, ignore_errors=True)
+            if not self._failed:  # after a failure orbax's threads may report on: stay quiet to the end
+                self._quiet.remove()
+
+
+class _OrbaxReportsDropped(logging.Filter):
+    """While installed, log records of ERROR and above that mention ``folder`` (orbax's background threads
+    report a failed write of its checkpoints through absl, asyncio and concurrent.futures, with tracebacks,
+    while ``Checkpoints`` raises the same failure in one line) are dropped, and so are the
+    ``RuntimeError('Event loop is closed')`` that tensorstore's done-callbacks report after orbax closed its
+    loop (``formats.closed_loop_dropped``); other records and unraisable errors pass."""
+
+    LOGGERS = ("absl", "asyncio", "concurrent.futures")
+
+    def __init__(self, folder: str):
+        super().__init__()
+        from vit_jax.formats import closed_loop_dropped
+
+        self.folder = folder
+        for name in self.LOGGERS:
+            logging.getLogger(name).addFilter(self)
+        self._hook, sys.unraisablehook = sys.unraisablehook, closed_loop_dropped(sys.unraisablehook)
+        self._ours = sys.unraisablehook
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        text = record.getMessage() + (repr(record.exc_info[1]) if record.exc_info and record.exc_info[1] else "")
+        return self.folder not in text
+
+    def remove(self) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeFilter(self)
+        if sys.unraisablehook is self._ours:
+            sys.unraisablehook = self._hook
+
+
+def write_error_reason(e: BaseException) -> str:
+    """The cause of a failed write as the OS names it (``os.strerror``): an OSError's, or the
+    ``os_error_code`` in tensorstore's message (orbax raises tensorstore's errors as ValueError); else the
+    error's first line (at most 300 characters)."""
+    if isinstance(e, OSError) and e.errno:
+        return e.strerror or os.strerror(e.errno)
+    text = str(e)
+    if m := re.search(r"os_error_code='?(\d+)", text):
+        return os.strerror(int(m.group(1)))
+    return (text.splitlines()[0] if text else type(e).__name__)[:300]
+
+
+@contextlib.contextmanager
+def _written(path: Path, step: int, ckpts: Checkpoints):
+    """A run file (metrics.jsonl, TensorBoard's event file) that cannot be written at ``step`` (a full disk)
+    raised as one line naming it, the cause and where --resume continues, once the checkpoint in flight
+    has settled."""
+    try:
+        yield
+    except OSError as e:
+        reason = write_error_reason(e)
+        failed = OSError(
+            f"{path}: could not be written at step {step} ({reason}); {_then_resume(reason, ckpts.settle())}"
+        )
+        failed.errno = e.errno
+        raise failed from None
+
+
+def _then_resume(reason: str, steps: list[int]) -> str:
+    """What the user does after a failed write: free space (a full disk or quota), then --resume."""
+    fix = "free some space" if reason in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT)) else "fix that"
+    where = f"from the checkpoint of step {steps[-1]}" if steps else "from step 0"
+    return f"{fix}, then the same command with --resume continues {where}"
 
 
 def saved_steps(directory: Path) -> list[int]:
@@ -1026,6 +1146,13 @@ def fit(
             out.mkdir(parents=True, exist_ok=True)
             write_json(out / "config.json", config)
             _truncate_metrics(metrics_path, it.position)
+        summaries = None
+        if (tensorboard is not None or options.wandb) and lead:
+            with _written(Path(tensorboard or out), it.position, ckpts):
+                wandb_dir = out if options.wandb else None
+                summaries = Summaries(
+                    tensorboard, trainer.cfg, trainer.mesh.size, peak_flops, wandb_dir=wandb_dir, config=config
+                )
         return _loop(
             trainer,
             state,
@@ -1038,24 +1165,17 @@ def fit(
             compile_cache="off" if not compile_cache else "warm" if hits and not misses else "cold",
             stop=stop,
             sums=sums,
-            summaries=Summaries(
-                tensorboard,
-                trainer.cfg,
-                trainer.mesh.size,
-                peak_flops,
-                wandb_dir=out if options.wandb else None,
-                config=config,
-            )
-            if (tensorboard is not None or options.wandb) and lead
-            else None,
+            summaries=summaries,
             profile=ProfileWindow(out / "profile", *profile_steps) if profile_steps and lead else None,
         )
     finally:
         it.close()
         trainer.close()
-        ckpts.wait()
-        ckpts.close()
-        files.close()
+        try:
+            ckpts.wait()
+        finally:
+            ckpts.close()
+            files.close()
 
 
 def evaluation(t: Trainer, state: dict) -> dict:
@@ -1109,8 +1229,9 @@ def _loop(
 
     def write(line: dict) -> None:
         if log:
-            log.write(json.dumps(line) + "\n")
-            log.flush()
+            with _written(metrics_path, line["step"], ckpts):
+                log.write(json.dumps(line) + "\n")
+                log.flush()
 
     acc = {"loss": 0.0, "correct": 0.0, "count": 0.0, "grad_norm": 0.0, "steps": 0, "seconds": 0.0}
     acc |= sums or {}  # the sums since the last metrics line, as the checkpoint resumed from held them
@@ -1197,7 +1318,8 @@ def _loop(
                 }
                 write(line)
                 if summaries:
-                    summaries.train(line, acc["seconds"] / acc["steps"])
+                    with _written(summaries.logdir or metrics_path.parent, s, ckpts):
+                        summaries.train(line, acc["seconds"] / acc["steps"])
                 acc = dict.fromkeys(acc, 0.0)
             due = s % eval_every_steps == 0 if eval_every_steps else s % spe == 0 and (s // spe) % eval_every == 0
             evaluated = s == total or due
@@ -1206,7 +1328,8 @@ def _loop(
                 line = {"step": s, "epoch": s / spe, **test}
                 write(line)
                 if summaries:
-                    summaries.test(line)
+                    with _written(summaries.logdir or metrics_path.parent, s, ckpts):
+                        summaries.test(line)
             stopping = stop is not None and stop.reached(s)  # every process, every step
             best = evaluated and ckpts.best is not None  # every evaluation is a candidate for the best
             if s == total or (ckpt_every and s % ckpt_every == 0) or time_due() or stopping or best:
