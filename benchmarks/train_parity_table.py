@@ -13,6 +13,15 @@ up to K). The data are 64 random images of 3 classes at the model's size: 8x8 si
 ``vit_tiny_patch16_224``); mixup, label smoothing, accumulation over 2 micro-batches, a triggered clip
 (0.5) and drop path 0.1 are on. ``--runs`` picks rows by ``JAX/torch`` recipe (``big_vision/timm+`` is
 the translated row), ``--dtypes`` by dtype.
+
+``--control EPS`` adds, per dtype, a row that is not the twins: the torch twin against itself, the second
+run from the same weights times (1 + EPS u), u uniform in [-1, 1] per element (seed 1; EPS at least the
+dtype's machine epsilon, below which float32 rounds the perturbation away), on the same
+batches and masks (``control``). A run whose dynamics amplify rounding differences parts there too, so
+a parting of the twins at about the same step is the run's, not a difference between them:
+
+    python -m benchmarks.train_parity_table --steps 100 --model ti16 --batch-size 2 --runs twins/twins \
+        --dtypes float64 --control 1e-12
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from vit_common.config import VARIANTS, ViTConfig
 from vit_common.data.datasets import ArraySource, Augment, Dataset
 from vit_common.data.train_config import TrainConfig
 from vit_common.recipes import translate
+from vit_common.tolerance import tolerance
 
 MODELS = {
     "tiny": dict(image_size=8, patch_size=4, width=16, depth=2, num_heads=2, mlp_dim=32, in_chans=1),
@@ -39,6 +49,39 @@ RUNS = [("float64", r, r, False) for r in ("twins", "timm", "torch", "optax", "b
     ("float64", "big_vision", "timm", False),
     ("float64", "big_vision", "timm", True),
 ] + [("float32", r, r, False) for r in ("twins", "timm", "torch", "optax")]  # fmt: skip
+
+
+def control(cfg: ViTConfig, tcfg: TrainConfig, data: Dataset, steps: int, eps: float) -> list[tuple[float, float]]:
+    """(largest relative difference of the parameters, of Adam's first moments) after each of ``steps``
+    steps of the torch twin against itself from weights perturbed by ``eps`` (relative, per element), on
+    the batches and drop-path / dropout masks ``compare_training`` gives both twins."""
+    import vit_jax.train as jt
+    import vit_torch.train as tt
+    from vit_cli.train_parity import drop_path_masks, dropout_masks, largest_difference
+
+    a = tt.Trainer(cfg, tcfg, data)
+    w = a.weights()
+    u = np.random.default_rng(1)
+    b = tt.Trainer(cfg, tcfg, data, weights={k: v * (1 + eps * u.uniform(-1, 1, v.shape)) for k, v in w.items()})
+    it = jt.Trainer(cfg, tcfg, data, weights=w).train_iterator()  # the one pipeline's batches
+    rows = []
+    try:
+        for k in range(steps):
+            batch = next(it)
+            masks = drop_path_masks(cfg, tcfg.seed, k, tcfg.batch_size) if cfg.drop_path else None
+            drops = dropout_masks(cfg, tcfg.seed, k, tcfg.batch_size) or None
+            a.train_step(batch, masks, drops)
+            b.train_step(batch, masks, drops)
+            mu_a, mu_b = a.adam_state()["mu"], b.adam_state()["mu"]
+            rows.append(
+                (
+                    largest_difference(b.weights(), a.weights(), "parameters", cfg.param_dtype)[0],
+                    largest_difference(mu_b, mu_a, "mu", cfg.param_dtype)[0],
+                )
+            )
+    finally:
+        it.close()
+    return rows
 
 
 def run_name(jr: str, tr: str, translated: bool) -> str:
@@ -53,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=8, help="images a step (2 micro-batches)")
     p.add_argument("--runs", nargs="+", default=None, help="rows by JAX/torch recipe (default all)")
     p.add_argument("--dtypes", nargs="+", choices=("float64", "float32"), default=("float64", "float32"))
+    p.add_argument("--control", type=float, default=None, metavar="EPS", help="add the control row per dtype")
     args = p.parse_args(argv)
     names = {run_name(*r[1:]) for r in RUNS}
     if args.runs and not set(args.runs) <= names:
@@ -92,6 +136,21 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"| {args.model} | {r.dtype} | {name} | {tr} (wd {tt.weight_decay:g}) | {cells} | "
             f"{verdict} (bound {r.bound[1]:.0e}) | {time.perf_counter() - t0:.0f} |",
+            flush=True,
+        )
+    for dtype in args.dtypes if args.control is not None else ():
+        jax.config.update("jax_enable_x64", dtype == "float64")
+        cfg = ViTConfig(**model, num_classes=3, in_chans=chans, dtype=dtype, param_dtype=dtype, drop_path=0.1)
+        t0 = time.perf_counter()
+        eps = max(args.control, float(np.finfo(dtype).eps))  # below its epsilon float32 rounds it away
+        rows = control(cfg, base, data, args.steps, eps)
+        bound = tolerance("train", dtype)[1]
+        bad = next((k + 1 for k, (params, mu) in enumerate(rows) if max(params, mu) > bound), None)
+        verdict = "equal" if bad is None else f"part at step {bad}"
+        cells = " | ".join(f"{rows[k - 1][0]:.1e}" for k in at)
+        print(
+            f"| {args.model} | {dtype} | control: torch vs torch, weights x (1 + {eps:.2g} u) | twins "
+            f"(wd {base.weight_decay:g}) | {cells} | {verdict} (bound {bound:.0e}) | {time.perf_counter() - t0:.0f} |",
             flush=True,
         )
     return 0

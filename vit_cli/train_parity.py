@@ -143,8 +143,9 @@ class TrainParity:
         }
 
 
-def _largest(a: dict[str, np.ndarray], b: dict[str, np.ndarray], what: str, dtype: str) -> tuple[float, str]:
-    """(largest relative difference over the tensors of ``a`` vs reference ``b``, its name).
+def largest_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray], what: str, dtype: str) -> tuple[float, str]:
+    """(largest relative difference over the tensors of ``a`` vs reference ``b`` (``compare``'s, the "train"
+    row of the tolerance table), its name).
 
     Raises:
         ValueError: the two hold different names.
@@ -226,13 +227,15 @@ def compare_training(
             state, mj = jax_trainer.train_step(state, {**batch, **extra})
             mt = torch_trainer.train_step(batch, masks, drops)
             a, b = adam_state(state["opt_state"]), torch_trainer.adam_state()
-            p = _largest(jax_trainer.weights(state), torch_trainer.weights(), "parameters", dtype)
-            mu, nu = (_largest(a[m], b[m], m, dtype) for m in ("mu", "nu"))
+            p = largest_difference(jax_trainer.weights(state), torch_trainer.weights(), "parameters", dtype)
+            mu, nu = (largest_difference(a[m], b[m], m, dtype) for m in ("mu", "nu"))
             pairs = [(float(mj[key]), float(mt[key])) for key in ("loss", "grad_norm", "lr")]
             ema = (
                 ()
                 if tcfg.ema is None
-                else _largest(jax_trainer.weights(state, ema=True), torch_trainer.weights(ema=True), "ema", dtype)
+                else largest_difference(
+                    jax_trainer.weights(state, ema=True), torch_trainer.weights(ema=True), "ema", dtype
+                )
             )
             ref = None
             if reference is not None:
