@@ -8,15 +8,18 @@ parity_tests/test_train_multiprocess.py.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from vit_jax.distributed import cluster_env, disagreement, run_digest
+from vit_jax.distributed import cluster_env, disagreement, roll_call, run_digest
 from vit_jax.train import TrainConfig, config_mismatch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,13 +112,106 @@ def test_a_coordinator_port_in_use_is_one_line_naming_the_address(tmp_path):
     assert _one_line(err).startswith(f"vit train: error: JAX_COORDINATOR_ADDRESS=127.0.0.1:{port}: process 0 cannot")
 
 
-def test_a_process_that_never_starts_is_one_line_after_the_init_timeout(tmp_path):
-    [(rc, err)] = _processes(tmp_path, [["--out", str(tmp_path / "run"), "--init-timeout", "3"]], n=2)
-    assert rc == 2
-    assert _one_line(err).startswith(
-        "vit train: error: process 0 of 2: not every process joined the coordinator 127.0.0.1:"
+def test_a_process_that_never_starts_is_named_in_one_line_by_every_process_that_came(tmp_path):
+    out = tmp_path / "run"
+    results = _processes(tmp_path, [["--out", str(out), "--init-timeout", "3"]] * 2, n=3)
+    for i, (rc, err) in enumerate(results):
+        assert rc == 2
+        line = _one_line(err)
+        assert re.fullmatch(
+            f"vit train: error: process {i} of 3: process 2 did not join the coordinator 127.0.0.1:[0-9]+ within "
+            "--init-timeout 3 s \\(never started, or another JAX_COORDINATOR_ADDRESS\\); start all processes "
+            "with the same environment",
+            line,
+        ), line
+    assert not out.exists()
+
+
+def _roll_call(port: int, processes: list[tuple[int, int]], timeout: int = 5) -> list[str | None]:
+    """``roll_call`` in one thread per (process id, process count); each one's error line or None."""
+    results: list[str | None] = [None] * len(processes)
+
+    def one(k: int, pid: int, n: int) -> None:
+        try:
+            roll_call(f"127.0.0.1:{port}", n, pid, timeout)
+        except ValueError as e:
+            results[k] = str(e)
+
+    threads = [threading.Thread(target=one, args=(k, *p)) for k, p in enumerate(processes)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)  # process 0 first, usually; the others retry until it listens
+    for t in threads:
+        t.join(timeout + 60)
+    return results
+
+
+def test_the_roll_call_returns_once_every_process_came_and_ignores_strangers():
+    port = _free_port()
+    strangers = []
+
+    def knock() -> None:  # a port scanner and a client speaking another protocol, while process 0 waits
+        time.sleep(0.3)
+        for payload in (b"", b"GET / HTTP/1.1\r\n\r\n", b"[" * 5000 + b"\n", b'{"vit-roll-call": 2}\n'):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(payload)
+                try:
+                    strangers.append(s.recv(100))
+                except ConnectionResetError:  # closed with the overlong line unread
+                    strangers.append(b"")
+
+    knocker = threading.Thread(target=knock)
+    knocker.start()
+    assert _roll_call_with_late(port, knocker) == [None, None, None]
+    assert strangers == [b""] * 4  # each dropped unanswered
+
+
+def _roll_call_with_late(port: int, knocker: threading.Thread) -> list[str | None]:
+    """Processes 0 and 2 at once, 1 after the strangers knocked."""
+    results: list[str | None] = [None] * 3
+
+    def one(pid: int) -> None:
+        try:
+            roll_call(f"127.0.0.1:{port}", 3, pid, 20)
+        except ValueError as e:
+            results[pid] = str(e)
+
+    threads = [threading.Thread(target=one, args=(pid,)) for pid in (0, 2)]
+    for t in threads:
+        t.start()
+    knocker.join()
+    late = threading.Thread(target=one, args=(1,))
+    late.start()
+    for t in (*threads, late):
+        t.join(60)
+    return results
+
+
+def test_the_roll_call_names_two_processes_with_one_id_or_another_count():
+    port = _free_port()
+    lines = _roll_call(port, [(0, 3), (1, 3), (1, 3)])
+    assert lines == [
+        f"process {i} of 3: two processes say JAX_PROCESS_ID=1; start all processes with the same environment"
+        for i in (0, 1, 1)
+    ]
+    port = _free_port()
+    lines = _roll_call(port, [(0, 2), (1, 3)])
+    assert lines == [
+        f"process {i} of {n}: process 1 has JAX_NUM_PROCESSES=3, process 0 has 2; start all processes with the "
+        "same environment"
+        for i, n in ((0, 2), (1, 3))
+    ]
+
+
+def test_the_roll_call_names_a_process_0_that_never_answers_and_an_id_out_of_range():
+    port = _free_port()
+    [line] = _roll_call(port, [(1, 2)], timeout=1)
+    assert line == (
+        f"process 1 of 2: process 0 did not answer at the coordinator 127.0.0.1:{port} within --init-timeout 1 s "
+        "(not started, or listening elsewhere); start all processes with the same environment"
     )
-    assert "within --init-timeout 3 s" in err and not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="^JAX_PROCESS_ID=2: expected 0 to 1 \\(JAX_NUM_PROCESSES\\)$"):
+        roll_call(f"127.0.0.1:{port}", 2, 2, 1)
 
 
 def test_disagreement_names_every_differing_field_and_only_those():

@@ -18,19 +18,21 @@ that never returns (GPU collectives wait for a lost peer) is stopped the same wa
 The runtime cannot be kept from aborting when process 0 itself is lost: the service dies with it,
 and JAX ends the other processes at once with its own message and stack dump.
 
-Start-up failures are one line each instead of JAX's abort (a C++ stack dump): process 0 first binds
-the coordinator's port itself (a port in use is named with its address), and a process whose
-``jax.distributed.initialize`` has not returned after ``init_timeout`` seconds (a process that never
-started, a coordinator nobody listens on) says so and exits with ``EXIT_START``, before JAX's own
-deadline (``init_timeout`` + ``_JAX_GRACE``) aborts it. The runtime does not tell Python which processes
-are missing, so the line names the address, the count expected and this process's id. Nor can the
-processes register themselves through the service's key-value store to find out: in jax 0.10 the
-connect's ``RegisterTask`` call itself waits until every process has registered, and a key-value call
-made from another thread before it returns aborts the process ("wrong service incarnation"); at the
-deadline the runtime's own error is ``DEADLINE_EXCEEDED`` on ``RegisterTask``, naming no process. Only the
-service's own register barrier names them ("Some timed out task names: 2"), in the text of the abort it
-causes in every process, and only when its ``cluster_register_timeout`` (which ``jax.distributed.initialize``
-does not expose) expires first.
+Start-up failures are one line each instead of JAX's abort (a C++ stack dump). The runtime does not
+tell Python which processes are missing: in jax 0.10 the connect's ``RegisterTask`` call waits until every
+process has registered, a key-value call made from another thread before it returns aborts the process
+("wrong service incarnation"), and at the deadline its error is ``DEADLINE_EXCEEDED`` naming no process
+(only the service's register barrier names them, in the text of an abort, when a timeout that
+``jax.distributed.initialize`` does not expose expires first). So when the environment names the
+coordinator, the process count and this process's id, ``roll_call`` runs before JAX's start: process 0
+listens on the coordinator's address itself (a port in use is named with its address), every other
+process connects there and says its id and count (one JSON line), and process 0 answers each once all
+have come, then closes the port for JAX's service. Processes that have not come by ``init_timeout``,
+two with one id, or another JAX_NUM_PROCESSES are one line in every process that came, naming the ids;
+a process 0 that never answers is one line in the others. A process whose ``jax.distributed.initialize``
+has not returned after ``init_timeout`` seconds after that (or, in a SLURM / Open MPI job whose
+environment JAX reads itself, at all) says so and exits with ``EXIT_START``, before JAX's own deadline
+(``init_timeout`` + ``_JAX_GRACE``) aborts it.
 
 Before any work, ``Cluster.agree`` has every process publish its run's fields (what decides the
 result: the run config, the model flags, the absolute run folder) and their sha256 through the
@@ -104,7 +106,9 @@ def start(
     if kwargs is None:
         return None
     address = os.environ.get("JAX_COORDINATOR_ADDRESS")
-    if address and kwargs.get("process_id") == 0:
+    if address and {"num_processes", "process_id"} <= set(kwargs):
+        roll_call(address, kwargs["num_processes"], kwargs["process_id"], init_timeout)
+    elif address and kwargs.get("process_id") == 0:
         check_port(address)
     jax.config.update("jax_enable_recoverability", True)
     joined = threading.Event()
@@ -130,17 +134,164 @@ def check_port(address: str) -> None:
     Raises:
         ValueError: not HOST:PORT, or the port is in use (or not this host's): naming the address.
     """
+    _listen(address).close()
+
+
+def _host_port(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"JAX_COORDINATOR_ADDRESS={address!r}: expected HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def _listen(address: str) -> socket.socket:
     try:
-        with socket.create_server((host.strip("[]"), int(port)), family=_family(host)):
-            pass
+        return socket.create_server(_host_port(address), family=_family(address.rpartition(":")[0]))
     except OSError as e:
         raise ValueError(
             f"JAX_COORDINATOR_ADDRESS={address}: process 0 cannot listen there ({e.strerror or e}); "
             "choose a free port on process 0's host"
         ) from None
+
+
+_HELLO = "vit-roll-call"  # the first key of a roll-call line: anything else connecting is not a process of ours
+_LINE_BYTES = 4096  # a roll-call line is at most this long (a reply naming thousands of ids included)
+
+
+def roll_call(address: str, num_processes: int, process_id: int, timeout: int) -> None:
+    """Have every process of the job check in with process 0 at ``address`` before JAX starts (see the
+    module docstring); returns in each process once all ``num_processes`` have, with distinct ids.
+
+    Process 0 listens on ``address``; each other process connects (retrying until ``timeout`` seconds
+    have passed), sends ``{"vit-roll-call": 1, "process_id": i, "num_processes": n}`` as a JSON line and
+    reads process 0's answer, ``{"ok": true}`` or ``{"error": LINE}``. Connections that do not send such a
+    line within 5 seconds are dropped (not a process of this job).
+
+    Raises:
+        ValueError: one line, prefixed with this process's id and the count: process 0 cannot listen on
+            ``address`` (a port in use); processes that had not come within ``timeout`` seconds (their
+            ids), two processes with one id, or one with another count (in every process that came);
+            process 0 did not answer (in the others).
+    """
+    me = f"process {process_id} of {num_processes}"
+    if not 0 <= process_id < num_processes:
+        raise ValueError(f"JAX_PROCESS_ID={process_id}: expected 0 to {num_processes - 1} (JAX_NUM_PROCESSES)")
+    if process_id == 0:
+        error = _gather(_listen(address), address, num_processes, timeout)
+    else:
+        error = _check_in(address, num_processes, process_id, timeout)
+    if error:
+        raise ValueError(f"{me}: {error}; start all processes with the same environment")
+
+
+def _gather(server: socket.socket, address: str, n: int, timeout: int) -> str | None:
+    """Process 0's side of ``roll_call``: the error line, or None once every process has come."""
+    deadline = time.monotonic() + timeout
+    came: dict[int, socket.socket] = {}
+    problems: list[str] = []
+    others: list[socket.socket] = []  # a process with a clashing id or count: told too, then closed
+    server.settimeout(POLL_SECONDS / 5)
+    try:
+        while len(came) < n - 1 and not problems and time.monotonic() < deadline:
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            hello = _read_line(conn, min(deadline, time.monotonic() + 5))
+            if not isinstance(hello, dict) or hello.get(_HELLO) != 1:
+                conn.close()  # a port scanner, a health check: not one of ours
+                continue
+            i, m = hello.get("process_id"), hello.get("num_processes")
+            if m != n:
+                problems.append(f"process {i} has JAX_NUM_PROCESSES={m}, process 0 has {n}")
+            elif not isinstance(i, int) or not 0 < i < n or i in came:
+                problems.append(f"two processes say JAX_PROCESS_ID={i}")
+            if problems:
+                others.append(conn)
+            else:
+                came[i] = conn
+        missing = sorted(set(range(1, n)) - set(came))
+        if problems:
+            error = "; ".join(problems)
+        elif missing:
+            ids = ", ".join(map(str, missing))
+            error = (
+                f"process{'es' if len(missing) > 1 else ''} {ids} did not join the coordinator {address} within "
+                f"--init-timeout {timeout} s (never started, or another JAX_COORDINATOR_ADDRESS)"
+            )
+        else:
+            error = None
+        reply = (json.dumps({"ok": True} if error is None else {"error": error}) + "\n").encode()
+        for conn in [*came.values(), *others]:
+            _answer(conn, reply)
+        return error
+    finally:
+        for conn in [*came.values(), *others]:
+            conn.close()
+        server.close()
+
+
+def _answer(conn: socket.socket, reply: bytes) -> None:
+    """Send ``reply``, then wait (a second at most) for the other side to close first, so that the
+    port's closed connections wait out their TIME_WAIT on that side, not on the port JAX binds next."""
+    try:
+        conn.sendall(reply)
+        conn.settimeout(1.0)
+        conn.recv(1)
+    except OSError:
+        pass
+
+
+def _check_in(address: str, n: int, i: int, timeout: int) -> str | None:
+    """A process's side of ``roll_call``: the error line, or None once process 0 says all have come."""
+    deadline = time.monotonic() + timeout
+    host, port = _host_port(address)
+    while True:
+        try:
+            conn = socket.create_connection((host, port), timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+            break
+        except OSError:
+            if time.monotonic() >= deadline:
+                return (
+                    f"process 0 did not answer at the coordinator {address} within --init-timeout {timeout} s "
+                    "(not started, or listening elsewhere)"
+                )
+            time.sleep(POLL_SECONDS / 5)
+    with conn:
+        try:
+            conn.sendall((json.dumps({_HELLO: 1, "process_id": i, "num_processes": n}) + "\n").encode())
+        except OSError:
+            pass
+        # process 0 answers by its own deadline, which may lie up to ``timeout`` after ours
+        reply = _read_line(conn, deadline + timeout + _JAX_GRACE)
+    if isinstance(reply, dict) and reply.get("ok") is True:
+        return None
+    if isinstance(reply, dict) and isinstance(reply.get("error"), str):
+        return reply["error"]
+    return f"the coordinator {address} did not answer as process 0 of this job does (another program there?)"
+
+
+def _read_line(conn: socket.socket, deadline: float) -> object:
+    """The JSON value of the first line ``conn`` sends before ``deadline`` (at most ``_LINE_BYTES``), or
+    None (closed, too long, not JSON, too late)."""
+    data = b""
+    while b"\n" not in data and len(data) <= _LINE_BYTES:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        conn.settimeout(left)
+        try:
+            chunk = conn.recv(_LINE_BYTES + 1 - len(data))
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        data += chunk
+    line = data.split(b"\n", 1)[0]
+    try:
+        return json.loads(line) if b"\n" in data else None
+    except (ValueError, RecursionError):
+        return None
 
 
 def _family(host: str) -> socket.AddressFamily:
