@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vit_jax import distributed
 from vit_jax.distributed import cluster_env, disagreement, roll_call, run_digest
 from vit_jax.train import TrainConfig, config_mismatch
 
@@ -35,6 +36,11 @@ def test_the_environment_names_the_processes_or_leaves_one():
     assert cluster_env({"SLURM_NTASKS": "8"}) == {} and cluster_env({"OMPI_COMM_WORLD_SIZE": "2"}) == {}
     with pytest.raises(ValueError, match="JAX_PROCESS_ID='one': expected an int"):
         cluster_env({**env, "JAX_PROCESS_ID": "one"})
+    with pytest.raises(ValueError, match="^JAX_NUM_PROCESSES=0: expected an int >= 1$"):
+        cluster_env({**env, "JAX_NUM_PROCESSES": "0", "JAX_PROCESS_ID": "0"})
+    for given, missing in (("JAX_NUM_PROCESSES", "JAX_PROCESS_ID"), ("JAX_PROCESS_ID", "JAX_NUM_PROCESSES")):
+        with pytest.raises(ValueError, match=f"^{given} is set but {missing} is not: set both"):
+            cluster_env({k: v for k, v in env.items() if k != missing})
 
 
 def test_resume_may_change_the_timeouts_but_nothing_else():
@@ -226,3 +232,19 @@ def test_disagreement_names_every_differing_field_and_only_those():
     )
     assert disagreement({0: {"--lr": [1, 2]}, 1: {"--lr": [1, 2]}}) is None
     assert run_digest({"b": 1, "a": 2}) == run_digest({"a": 2, "b": 1})
+
+
+def test_a_silent_program_on_the_coordinator_port_is_named_within_the_acknowledgement_time(monkeypatch):
+    """Something else accepts connections on the port and says nothing (or it is JAX's service of a job whose
+    processes had all come): the process stops after ``_ACK_SECONDS``, not after twice its --init-timeout."""
+    monkeypatch.setattr(distributed, "_ACK_SECONDS", 1)
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        t0 = time.monotonic()
+        [line] = _roll_call(port, [(1, 2)], timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert line == (
+        f"process 1 of 2: the coordinator 127.0.0.1:{port} did not answer as process 0 of this job does: another "
+        "program listens there, or the job's processes had all come already (a process too many, whose id "
+        "another has?); start all processes with the same environment"
+    )

@@ -70,7 +70,8 @@ def cluster_env(env=os.environ) -> dict | None:
     """``jax.distributed.initialize`` arguments the environment asks for, or None for one process.
 
     Raises:
-        ValueError: JAX_NUM_PROCESSES or JAX_PROCESS_ID is not an int.
+        ValueError: JAX_NUM_PROCESSES or JAX_PROCESS_ID is not an int, JAX_NUM_PROCESSES is below 1, or
+            one of the two is given without the other (JAX's cluster detection fills both or neither).
     """
     if env.get("JAX_COORDINATOR_ADDRESS"):
         out = {}
@@ -80,6 +81,12 @@ def cluster_env(env=os.environ) -> dict | None:
                     out[key] = int(env[name])
                 except ValueError:
                     raise ValueError(f"{name}={env[name]!r}: expected an int") from None
+        if len(out) == 1:
+            names = ["JAX_NUM_PROCESSES", "JAX_PROCESS_ID"]
+            given, missing = names if "num_processes" in out else names[::-1]
+            raise ValueError(f"{given} is set but {missing} is not: set both (and JAX_COORDINATOR_ADDRESS)")
+        if out.get("num_processes", 1) < 1:
+            raise ValueError(f"JAX_NUM_PROCESSES={out['num_processes']}: expected an int >= 1")
         return out if out.get("num_processes", 2) > 1 else None
     if int(env.get("SLURM_NTASKS", "1")) > 1 or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
         return {}
@@ -156,6 +163,7 @@ def _listen(address: str) -> socket.socket:
 
 _HELLO = "vit-roll-call"  # the first key of a roll-call line: anything else connecting is not a process of ours
 _LINE_BYTES = 4096  # a roll-call line is at most this long (a reply naming thousands of ids included)
+_ACK_SECONDS = 15  # process 0 acknowledges a check-in within this (it gives a stranger 5 s to say hello)
 
 
 def roll_call(address: str, num_processes: int, process_id: int, timeout: int) -> None:
@@ -163,9 +171,11 @@ def roll_call(address: str, num_processes: int, process_id: int, timeout: int) -
     module docstring); returns in each process once all ``num_processes`` have, with distinct ids.
 
     Process 0 listens on ``address``; each other process connects (retrying until ``timeout`` seconds
-    have passed), sends ``{"vit-roll-call": 1, "process_id": i, "num_processes": n}`` as a JSON line and
-    reads process 0's answer, ``{"ok": true}`` or ``{"error": LINE}``. Connections that do not send such a
-    line within 5 seconds are dropped (not a process of this job).
+    have passed) and sends ``{"vit-roll-call": 1, "process_id": i, "num_processes": n}`` as a JSON line;
+    process 0 acknowledges it at once with ``{"waiting": seconds}`` (the time left until its own deadline)
+    and answers ``{"ok": true}`` or ``{"error": LINE}`` by then. Connections that do not send such a line
+    within 5 seconds are dropped (not a process of this job); a process that gets no acknowledgement
+    within ``_ACK_SECONDS`` is not talking to process 0 of its job.
 
     Raises:
         ValueError: one line, prefixed with this process's id and the count: process 0 cannot listen on
@@ -197,7 +207,7 @@ def _gather(server: socket.socket, address: str, n: int, timeout: int) -> str | 
                 conn, _ = server.accept()
             except TimeoutError:
                 continue
-            hello = _read_line(conn, min(deadline, time.monotonic() + 5))
+            hello = _Lines(conn).read(min(deadline, time.monotonic() + 5))
             if not isinstance(hello, dict) or hello.get(_HELLO) != 1:
                 conn.close()  # a port scanner, a health check: not one of ours
                 continue
@@ -210,6 +220,7 @@ def _gather(server: socket.socket, address: str, n: int, timeout: int) -> str | 
                 others.append(conn)
             else:
                 came[i] = conn
+                _send(conn, {"waiting": deadline - time.monotonic()})  # how long it may wait for the answer
         missing = sorted(set(range(1, n)) - set(came))
         if problems:
             error = "; ".join(problems)
@@ -221,9 +232,9 @@ def _gather(server: socket.socket, address: str, n: int, timeout: int) -> str | 
             )
         else:
             error = None
-        reply = (json.dumps({"ok": True} if error is None else {"error": error}) + "\n").encode()
         for conn in [*came.values(), *others]:
-            _answer(conn, reply)
+            _send(conn, {"ok": True} if error is None else {"error": error})
+            _closed_by_peer(conn)
         return error
     finally:
         for conn in [*came.values(), *others]:
@@ -231,11 +242,17 @@ def _gather(server: socket.socket, address: str, n: int, timeout: int) -> str | 
         server.close()
 
 
-def _answer(conn: socket.socket, reply: bytes) -> None:
-    """Send ``reply``, then wait (a second at most) for the other side to close first, so that the
-    port's closed connections wait out their TIME_WAIT on that side, not on the port JAX binds next."""
+def _send(conn: socket.socket, message: dict) -> None:
     try:
-        conn.sendall(reply)
+        conn.sendall((json.dumps(message) + "\n").encode())
+    except OSError:
+        pass  # a process that left: it has said why itself
+
+
+def _closed_by_peer(conn: socket.socket) -> None:
+    """Wait (a second at most) for the other side to close first, so that the port's closed connections
+    wait out their TIME_WAIT on that side, not on the port JAX binds next."""
+    try:
         conn.settimeout(1.0)
         conn.recv(1)
     except OSError:
@@ -258,40 +275,48 @@ def _check_in(address: str, n: int, i: int, timeout: int) -> str | None:
                 )
             time.sleep(POLL_SECONDS / 5)
     with conn:
-        try:
-            conn.sendall((json.dumps({_HELLO: 1, "process_id": i, "num_processes": n}) + "\n").encode())
-        except OSError:
-            pass
-        # process 0 answers by its own deadline, which may lie up to ``timeout`` after ours
-        reply = _read_line(conn, deadline + timeout + _JAX_GRACE)
+        _send(conn, {_HELLO: 1, "process_id": i, "num_processes": n})
+        lines = _Lines(conn)
+        # process 0 acknowledges at once (busy with another caller for 5 s at most) with the seconds left
+        # until its own deadline, by which it answers
+        reply = lines.read(time.monotonic() + _ACK_SECONDS)
+        if isinstance(reply, dict) and isinstance(reply.get("waiting"), (int, float)):
+            reply = lines.read(time.monotonic() + min(reply["waiting"], 86400) + 5)  # (process 0's timeout)
     if isinstance(reply, dict) and reply.get("ok") is True:
         return None
     if isinstance(reply, dict) and isinstance(reply.get("error"), str):
         return reply["error"]
-    return f"the coordinator {address} did not answer as process 0 of this job does (another program there?)"
+    return (
+        f"the coordinator {address} did not answer as process 0 of this job does: another program listens there, "
+        "or the job's processes had all come already (a process too many, whose id another has?)"
+    )
 
 
-def _read_line(conn: socket.socket, deadline: float) -> object:
-    """The JSON value of the first line ``conn`` sends before ``deadline`` (at most ``_LINE_BYTES``), or
-    None (closed, too long, not JSON, too late)."""
-    data = b""
-    while b"\n" not in data and len(data) <= _LINE_BYTES:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        conn.settimeout(left)
+class _Lines:
+    """The JSON lines a socket sends, each by a deadline and at most ``_LINE_BYTES`` long."""
+
+    def __init__(self, conn: socket.socket):
+        self.conn, self.data = conn, b""
+
+    def read(self, deadline: float) -> object:
+        """The next line's JSON value, or None (closed, too long, not JSON, not by ``deadline``)."""
+        while b"\n" not in self.data:
+            left = deadline - time.monotonic()
+            if left <= 0 or len(self.data) > _LINE_BYTES:
+                return None
+            self.conn.settimeout(left)
+            try:
+                chunk = self.conn.recv(_LINE_BYTES + 1)
+            except OSError:
+                return None
+            if not chunk:
+                return None
+            self.data += chunk
+        line, self.data = self.data.split(b"\n", 1)
         try:
-            chunk = conn.recv(_LINE_BYTES + 1 - len(data))
-        except OSError:
+            return json.loads(line) if len(line) <= _LINE_BYTES else None
+        except (ValueError, RecursionError):
             return None
-        if not chunk:
-            return None
-        data += chunk
-    line = data.split(b"\n", 1)[0]
-    try:
-        return json.loads(line) if b"\n" in data else None
-    except (ValueError, RecursionError):
-        return None
 
 
 def _family(host: str) -> socket.AddressFamily:

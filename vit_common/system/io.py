@@ -525,7 +525,7 @@ class Log:
     command may open it again; ``close`` flushes. A context manager."""
 
     def __init__(self, path: Path):
-        self.path = path
+        self.path, self.failed = path, False  # failed: a flush raised
         try:  # never through a link planted where the log goes
             self._fh = open(
                 path, "a", encoding="utf-8", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW, 0o666)
@@ -543,13 +543,27 @@ class Log:
         return self._fh.fileno()
 
     def flush(self) -> None:
-        self._fh.flush()
+        try:
+            self._fh.flush()
+        except OSError:
+            self.failed = True
+            raise
         _remember(self.path)
 
     def close(self) -> None:
-        if not self._fh.closed:
+        """Flush and close. After a flush that failed (a full disk: its error went to the writer), what it
+        could not write is dropped without a second error."""
+        if self._fh.closed:
+            return
+        failed = self.failed
+        try:
             self.flush()
-            self._fh.close()
+        except OSError:
+            if not failed:
+                raise
+        finally:
+            with contextlib.suppress(OSError):  # the file is closed even when its last flush fails
+                self._fh.close()
 
     def __enter__(self) -> Log:
         return self
