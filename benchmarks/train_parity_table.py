@@ -91,12 +91,24 @@ def run_name(jr: str, tr: str, translated: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--model", choices=tuple(MODELS), default="tiny")
+    p.add_argument("--steps", type=int, default=10, help="K: optimizer steps in each twin (cells after 1, 10, K)")
+    p.add_argument("--model", choices=tuple(MODELS), default="tiny", help="tiny (8x8, depth 2), demo or ti16")
     p.add_argument("--batch-size", type=int, default=8, help="images a step (2 micro-batches)")
-    p.add_argument("--runs", nargs="+", default=None, help="rows by JAX/torch recipe (default all)")
-    p.add_argument("--dtypes", nargs="+", choices=("float64", "float32"), default=("float64", "float32"))
-    p.add_argument("--control", type=float, default=None, metavar="EPS", help="add the control row per dtype")
+    p.add_argument("--runs", nargs="*", default=None, help="rows by JAX/torch recipe (default all; none: --runs alone)")
+    p.add_argument(
+        "--dtypes",
+        nargs="+",
+        choices=("float64", "float32"),
+        default=("float64", "float32"),
+        help="compute and parameter dtypes of the rows (big_vision's rows compute in float64, mu in bfloat16)",
+    )
+    p.add_argument(
+        "--control",
+        type=float,
+        default=None,
+        metavar="EPS",
+        help="add the control row per dtype (EPS raised to the dtype's machine epsilon where smaller)",
+    )
     args = p.parse_args(argv)
     names = {run_name(*r[1:]) for r in RUNS}
     if args.runs and not set(args.runs) <= names:
@@ -121,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"| --- | --- | --- | --- | {' | '.join('---:' for _ in at)} | --- | ---: |")
     for dtype, jr, tr, translated in RUNS:
-        if dtype not in args.dtypes or (args.runs and run_name(jr, tr, translated) not in args.runs):
+        if dtype not in args.dtypes or (args.runs is not None and run_name(jr, tr, translated) not in args.runs):
             continue
         jax.config.update("jax_enable_x64", dtype == "float64")
         cfg = ViTConfig(**model, num_classes=3, in_chans=chans, dtype=dtype, param_dtype=dtype, drop_path=0.1)
@@ -133,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         name = f"{jr} (wd {wd:g}{', translated' if translated else ''})"
         verdict = "equal" if r.ok else f"part at step {r.first_bad_step}"
         cells = " | ".join(f"{r.rows[k - 1].params:.1e}" for k in at)
+        label = r.label.replace("first moment", "mu")
         print(
-            f"| {args.model} | {r.dtype} | {name} | {tr} (wd {tt.weight_decay:g}) | {cells} | "
+            f"| {args.model} | {label} | {name} | {tr} (wd {tt.weight_decay:g}) | {cells} | "
             f"{verdict} (bound {r.bound[1]:.0e}) | {time.perf_counter() - t0:.0f} |",
             flush=True,
         )

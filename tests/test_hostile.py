@@ -948,14 +948,15 @@ def test_a_training_checkpoint_the_disk_cannot_hold_is_one_line_before_orbax_wri
     assert list((out / "checkpoints").iterdir()) == []
 
 
-def _train_child(out: Path, *flags: str, check: bool = True) -> subprocess.CompletedProcess:
+def _train_child(out: Path, *flags: str, check: bool = True, prelude: str = "") -> subprocess.CompletedProcess:
     """``vit train`` on digits into ``out`` in a child; with ``check`` off the free-space check before each
-    checkpoint needs nothing, so that orbax's own write meets the full disk."""
+    checkpoint needs nothing, so that orbax's own write meets the full disk; ``prelude``: code run first."""
     code = "\n".join(
         [
             "import sys",
             "from vit_common.system import io",
             "" if check else "io.FOLDER_OVERHEAD = -(1 << 40)",
+            prelude,
             "from vit_cli.main import main",
             "sys.exit(main(sys.argv[1:]))",
         ]
@@ -986,14 +987,17 @@ def test_a_disk_that_fills_during_a_training_checkpoint_is_one_line_and_the_fold
     assert list((out / "checkpoints").iterdir()) == []
 
 
-def test_run_files_on_a_full_disk_are_one_line_naming_the_file_and_no_hang(small_disk):
+@pytest.mark.parametrize("tensorboard", [True, False], ids=["tensorboard", "metrics-only"])
+def test_run_files_on_a_full_disk_are_one_line_naming_the_file_and_no_hang(tensorboard, small_disk):
     """A disk with 8 KiB left: config.json fits, then metrics.jsonl's lines or TensorBoard's event file
     fill it. One line naming the file, the step and where --resume continues. Before, tensorboardX's writer
     thread died on the full disk with a traceback and its queue filled, so the next add_scalar blocked for
-    ever (the run hung until killed)."""
+    ever (the run hung until killed); without TensorBoard the line was a bare "[Errno 28] No space left on
+    device" (the log's close after the failed flush raised over the named error)."""
     out = small_disk / "run"
     _fill(small_disk, leave=8 << 10)
-    child = _train_child(out, "--ckpt-every", "0", "--log-every", "1")
+    off = [] if tensorboard else ["--tensorboard", "off"]
+    child = _train_child(out, "--ckpt-every", "0", "--log-every", "1", *off)
     assert child.returncode == 2 and child.stderr.count("\n") == 2, child.stderr
     line = child.stderr.splitlines()[1]
     named = re.fullmatch(
@@ -1001,7 +1005,42 @@ def test_run_files_on_a_full_disk_are_one_line_naming_the_file_and_no_hang(small
         "some space, then the same command with --resume continues from step 0",
         line,
     )
-    assert named and named[1] in (str(out / "metrics.jsonl"), str(out / "tensorboard")), line
+    files = [str(out / "metrics.jsonl")] + ([str(out / "tensorboard")] if tensorboard else [])
+    assert named and named[1] in files, line
+
+
+def test_a_disk_that_fills_before_the_exports_says_the_training_is_kept_and_resume_exports(small_disk):
+    """The disk fills after the last checkpoint, before the exports (here: the child fills it as the exports
+    start, in front of vit_jax.finetune.export). One line naming the export, the checkpoint that holds the training and that --resume writes the
+    exports (before: "nothing was written" and no word of the finished training); after space is freed the
+    same command with --resume writes them without training again."""
+    out = small_disk / "run"
+    prelude = "\n".join(
+        [
+            "import os, vit_jax.finetune",
+            "export = vit_jax.finetune.export",
+            "def full_then_export(out, *a, **k):",
+            f"    fd = os.open({str(small_disk / 'filler')!r}, os.O_WRONLY | os.O_CREAT)",
+            "    try:",
+            "        while True: os.write(fd, bytes(4096))",
+            "    except OSError: os.close(fd)",
+            "    return export(out, *a, **k)",
+            "vit_jax.finetune.export = full_then_export",
+        ]
+    )
+    child = _train_child(out, "--ckpt-every", "0", "--tensorboard", "off", prelude=prelude)
+    assert child.returncode == 2 and child.stderr.count("\n") == 2, child.stderr
+    line = child.stderr.splitlines()[1]
+    assert line.startswith(f"vit train: error: {out}/") and "could not be written (No space left on device)" in line
+    assert line.endswith(
+        f"; the training is complete (the checkpoint of step 360 in {out / 'checkpoints'}): the same command "
+        "with --resume writes the exports"
+    ), line
+    (small_disk / "filler").unlink()
+    again = _train_child(out, "--ckpt-every", "0", "--tensorboard", "off", "--resume")
+    assert again.returncode == 0, again.stderr
+    assert "nothing to train, exported again" in again.stderr + again.stdout
+    assert (out / "model.safetensors").is_file() and (out / "curves.png").is_file()
 
 
 def test_kill_9_during_a_write_leaves_a_temporary_the_next_write_removes(tmp_path, capsys):
@@ -1043,9 +1082,10 @@ def test_overwrite_replaces_a_file_but_never_a_foreign_folder(tmp_path, capsys):
 def counts() -> dict[str, int]:
     """What README reports: every input this suite tries, and the faults (each fails a test, so 0)."""
     # + a disk that fills during an orbax write (refused before it, or failing in it), a training
-    # checkpoint the disk cannot hold, one during whose write it fills, run files on a full disk,
-    # kill -9 during a write, --overwrite vs a foreign folder
-    tried = len(CASES) + len(WRITE_FAULTS) + 7
+    # checkpoint the disk cannot hold, one during whose write it fills, run files on a full disk (with
+    # and without TensorBoard), one before the exports, kill -9 during a write, --overwrite vs a foreign
+    # folder
+    tried = len(CASES) + len(WRITE_FAULTS) + 9
     return {"inputs tried": tried, "crashes": 0, "hangs": 0, "silent results": 0, "data lost": 0}
 
 

@@ -112,12 +112,22 @@ class StepRow:
 
 @dataclass
 class TrainParity:
-    """``compare_training``'s result: the rows, the bound (kind, value) of ``dtype`` and the verdict."""
+    """``compare_training``'s result: the rows, the bound (kind, value) of ``dtype`` and the verdict.
+    ``dtype`` is the bound's (``run_dtype``), ``compute`` the model's: a big_vision recipe computing in
+    float64 keeps its first moment in bfloat16 and is held to bfloat16's bound."""
 
     dtype: str
     recipes: tuple[str, str]
     bound: tuple[str, float]
     rows: list[StepRow] = field(default_factory=list)
+    compute: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The dtype as a reader should see it: "float64, first moment bfloat16" where the two differ."""
+        if self.compute is None or self.compute == self.dtype:
+            return self.dtype
+        return f"{self.compute}, first moment {self.dtype}"
 
     @property
     def first_bad_step(self) -> int | None:
@@ -215,7 +225,7 @@ def compare_training(
     reference = tt.Trainer(f64, torch_tcfg, data, weights=weights) if cfg.dtype == "bfloat16" else None
     dtype = run_dtype(cfg, tcfg, torch_tcfg)
     bound = tolerance("train_vs_float64" if reference is not None else "train", dtype)
-    out = TrainParity(dtype, (tcfg.recipe, torch_tcfg.recipe), bound)
+    out = TrainParity(dtype, (tcfg.recipe, torch_tcfg.recipe), bound, compute=cfg.dtype)
     state = jax_trainer.init_state()
     it = jax_trainer.train_iterator()
     try:
@@ -255,7 +265,7 @@ def format_table(result: TrainParity) -> str:
     kind, bound = result.bound
     has_ema = result.has_ema
     lines = [
-        f"JAX ({result.recipes[0]}) vs torch ({result.recipes[1]}), {result.dtype}, bound {kind} {bound:.0e}",
+        f"JAX ({result.recipes[0]}) vs torch ({result.recipes[1]}), {result.label}, bound {kind} {bound:.0e}",
         f"{'step':>4} {'loss jax':>12} {'loss torch':>12} {'grad_norm':>10} {'lr':>9} "
         f"{'params':>9} {'mu':>9} {'nu':>9}{' ' + 'ema'.rjust(9) if has_ema else ''}  worst tensor",
     ]

@@ -338,7 +338,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
         stop.finishing()  # a signal from here on stops at once; --resume writes the exports
     if not lead:
         return 0, None
-    with io.overwriting() if resume else contextlib.nullcontext():  # fit proved a resumed folder the run's
+    with io.overwriting() if resume else contextlib.nullcontext(), _exports_of(out, trainer.total_steps):
         done = export(
             out,
             cfg.replace(dtype="float32"),
@@ -369,6 +369,23 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
         ok = result["ok"] and all(c.get("ok", True) for c in result["library"].values())
     summary["wall_seconds"] = time.perf_counter() - started
     return (0 if ok else 1), summary
+
+
+@contextlib.contextmanager
+def _exports_of(out: Path, steps: int):
+    """An export that cannot be written after the training finished (a full disk) says so in its line: the
+    training is kept in its last checkpoint, and --resume writes the exports (nothing trains again)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno is None:
+            raise
+        failed = OSError(
+            f"{e}; the training is complete (the checkpoint of step {steps} in {out / 'checkpoints'}): "
+            "the same command with --resume writes the exports"
+        )
+        failed.errno = e.errno
+        raise failed from None
 
 
 def plot_curves(metrics: Path, png: Path) -> None:

@@ -298,7 +298,9 @@ def check_free_space(folder: str | os.PathLike, nbytes: int) -> None:
 
 
 def _size(nbytes: int) -> str:
-    return f"{nbytes / (1 << 20):.1f} MiB" if nbytes >= 10 << 20 else f"{nbytes >> 10} KiB"
+    """MiB with one decimal from 10 MiB on, else KiB with one (so that a need just above what is free
+    never reads as equal to it)."""
+    return f"{nbytes / (1 << 20):.1f} MiB" if nbytes >= 10 << 20 else f"{nbytes / (1 << 10):.1f} KiB"
 
 
 def _failed(path: Path, e: BaseException, existed: bool) -> BaseException:
