@@ -248,3 +248,46 @@ def test_a_silent_program_on_the_coordinator_port_is_named_within_the_acknowledg
         "program listens there, or the job's processes had all come already (a process too many, whose id "
         "another has?); start all processes with the same environment"
     )
+
+
+def _slurm(port: int, ntasks: int, procid: int) -> dict:
+    """The variables of a SLURM job step on this machine (what JAX's SlurmCluster reads)."""
+    return {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_NODELIST": "127.0.0.1",
+        "SLURM_NTASKS": str(ntasks),
+        "SLURM_PROCID": str(procid),
+        "SLURM_LOCALID": str(procid),
+        "JAX_COORDINATOR_PORT": str(port),
+    }
+
+
+def test_a_slurm_job_is_detected_as_jax_detects_it(monkeypatch):
+    for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in _slurm(6000, 3, 1).items():
+        monkeypatch.setenv(k, v)
+    assert cluster_env() == {}
+    assert distributed.detected_job({}, 5) == ("127.0.0.1:6000", 3, 1)
+
+
+def test_a_slurm_task_that_never_starts_is_named_by_the_others(tmp_path):
+    """Tasks 0 and 1 of a 3-task SLURM step (its variables, faked on localhost): both name task 2."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.integers(0, 256, (8, 8, 8), np.uint8), y=np.arange(8) % 2)
+    port, procs = _free_port(), []
+    for i in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_", "OMPI_"))}
+        env |= {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", **_slurm(port, 3, i)}
+        argv = [*TINY.split(), "--dataset", f"npz:{tmp_path / 'd.npz'}", "--no-progress", "--no-parity"]
+        argv += ["--compile-cache", "off", "--cpu-devices", "1", "--init-timeout", "3", "--out", str(tmp_path / "run")]
+        procs.append(
+            subprocess.Popen([sys.executable, "-c", DRIVER, *argv], env=env, stderr=subprocess.PIPE, text=True)
+        )
+    for i, p in enumerate(procs):
+        assert p.wait(timeout=120) == 2
+        line = _one_line(p.stderr.read())
+        assert line.startswith(
+            f"vit train: error: process {i} of 3: process 2 did not join the coordinator 127.0.0.1:{port} within"
+        ), line
+    assert not (tmp_path / "run").exists()

@@ -1011,9 +1011,10 @@ def test_run_files_on_a_full_disk_are_one_line_naming_the_file_and_no_hang(tenso
 
 def test_a_disk_that_fills_before_the_exports_says_the_training_is_kept_and_resume_exports(small_disk):
     """The disk fills after the last checkpoint, before the exports (here: the child fills it as the exports
-    start, in front of vit_jax.finetune.export). One line naming the export, the checkpoint that holds the training and that --resume writes the
-    exports (before: "nothing was written" and no word of the finished training); after space is freed the
-    same command with --resume writes them without training again."""
+    start, in front of vit_jax.finetune.export). One line naming the export, the checkpoint that holds the
+    training and that --resume writes the exports (before: "nothing was written" and no word of the
+    finished training); after space is freed the same command with --resume writes them without training
+    again."""
     out = small_disk / "run"
     prelude = "\n".join(
         [

@@ -23,16 +23,17 @@ tell Python which processes are missing: in jax 0.10 the connect's ``RegisterTas
 process has registered, a key-value call made from another thread before it returns aborts the process
 ("wrong service incarnation"), and at the deadline its error is ``DEADLINE_EXCEEDED`` naming no process
 (only the service's register barrier names them, in the text of an abort, when a timeout that
-``jax.distributed.initialize`` does not expose expires first). So when the environment names the
-coordinator, the process count and this process's id, ``roll_call`` runs before JAX's start: process 0
+``jax.distributed.initialize`` does not expose expires first). So once the coordinator, the process count
+and this process's id are known (from the environment, or as JAX detects a SLURM or Open MPI job:
+``detected_job``), ``roll_call`` runs before JAX's start: process 0
 listens on the coordinator's address itself (a port in use is named with its address), every other
 process connects there and says its id and count (one JSON line), and process 0 answers each once all
 have come, then closes the port for JAX's service. Processes that have not come by ``init_timeout``,
 two with one id, or another JAX_NUM_PROCESSES are one line in every process that came, naming the ids;
 a process 0 that never answers is one line in the others. A process whose ``jax.distributed.initialize``
-has not returned after ``init_timeout`` seconds after that (or, in a SLURM / Open MPI job whose
-environment JAX reads itself, at all) says so and exits with ``EXIT_START``, before JAX's own deadline
-(``init_timeout`` + ``_JAX_GRACE``) aborts it.
+has not returned after ``init_timeout`` seconds after that (or at all, where no job could be detected)
+says so and exits with ``EXIT_START``, before JAX's own deadline (``init_timeout`` + ``_JAX_GRACE``)
+aborts it.
 
 Before any work, ``Cluster.agree`` has every process publish its run's fields (what decides the
 result: the run config, the model flags, the absolute run folder) and their sha256 through the
@@ -112,11 +113,9 @@ def start(
     kwargs = cluster_env()
     if kwargs is None:
         return None
-    address = os.environ.get("JAX_COORDINATOR_ADDRESS")
-    if address and {"num_processes", "process_id"} <= set(kwargs):
-        roll_call(address, kwargs["num_processes"], kwargs["process_id"], init_timeout)
-    elif address and kwargs.get("process_id") == 0:
-        check_port(address)
+    address, n, pid = detected_job(kwargs, init_timeout)
+    if address and n is not None and pid is not None:
+        roll_call(address, n, pid, init_timeout)
     jax.config.update("jax_enable_recoverability", True)
     joined = threading.Event()
     timer = threading.Thread(
@@ -135,13 +134,23 @@ def start(
     return cluster
 
 
-def check_port(address: str) -> None:
-    """Raise unless this host can listen on ``address`` (HOST:PORT), the coordinator's, now.
+def detected_job(kwargs: dict, timeout: int) -> tuple[str | None, int | None, int | None]:
+    """(coordinator address, process count, this process's id) of the job: the environment's
+    (``cluster_env``'s ``kwargs`` and JAX_COORDINATOR_ADDRESS), the rest as ``jax.distributed.initialize``
+    detects it (SLURM, Open MPI, ...: JAX's ``ClusterEnv.auto_detect_unset_distributed_params``, internal
+    API, the same in jax 0.10 and 0.11); None for what neither gives (the roll call is then skipped and
+    JAX's start-up alone names what is missing)."""
+    address = os.environ.get("JAX_COORDINATOR_ADDRESS") or None
+    n, pid = kwargs.get("num_processes"), kwargs.get("process_id")
+    if address and n is not None and pid is not None:
+        return address, n, pid
+    try:
+        from jax._src.clusters import ClusterEnv
 
-    Raises:
-        ValueError: not HOST:PORT, or the port is in use (or not this host's): naming the address.
-    """
-    _listen(address).close()
+        address, n, pid, _ = ClusterEnv.auto_detect_unset_distributed_params(address, n, pid, None, None, timeout)
+    except Exception:  # detection is JAX's to report, when initialize runs it again
+        return None, None, None
+    return address, n, pid
 
 
 def _host_port(address: str) -> tuple[str, int]:
