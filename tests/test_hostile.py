@@ -945,7 +945,7 @@ def test_a_training_checkpoint_the_disk_cannot_hold_is_one_line_before_orbax_wri
     head = f"vit train: error: {out / 'checkpoints'}: no space for the checkpoint of step "
     assert errors[-1].startswith(head), errors
     assert "needs " in errors[-1] and errors[-1].endswith("--resume continues from step 0"), errors[-1]
-    assert list((out / "checkpoints").iterdir()) == []
+    assert not (out / "checkpoints").exists()  # no checkpoint folder, complete or temporary: not even an empty one
 
 
 def _train_child(out: Path, *flags: str, check: bool = True, prelude: str = "") -> subprocess.CompletedProcess:
@@ -984,7 +984,7 @@ def test_a_disk_that_fills_during_a_training_checkpoint_is_one_line_and_the_fold
         f"vit train: error: {out / 'checkpoints'}: the checkpoint of step 360 could not be written (No space "
         "left on device); free some space, then the same command with --resume continues from step 0"
     )
-    assert list((out / "checkpoints").iterdir()) == []
+    assert not (out / "checkpoints").exists()
 
 
 @pytest.mark.parametrize("tensorboard", [True, False], ids=["tensorboard", "metrics-only"])
@@ -1007,6 +1007,18 @@ def test_run_files_on_a_full_disk_are_one_line_naming_the_file_and_no_hang(tenso
     )
     files = [str(out / "metrics.jsonl")] + ([str(out / "tensorboard")] if tensorboard else [])
     assert named and named[1] in files, line
+
+
+def test_a_run_whose_config_the_disk_cannot_hold_leaves_no_folder(small_disk):
+    """4 KiB left: config.json does not fit. One line naming it; the run folder and its checkpoints folder,
+    which this run made, are gone again (before: both stayed, empty)."""
+    out = small_disk / "run"
+    _fill(small_disk, leave=4 << 10)
+    child = _train_child(out, "--tensorboard", "off")
+    assert child.returncode == 2 and child.stderr.splitlines()[1:] == [
+        f"vit train: error: {out / 'config.json'}: could not be written (No space left on device); nothing was written"
+    ], child.stderr
+    assert not out.exists()
 
 
 def test_a_disk_that_fills_before_the_exports_says_the_training_is_kept_and_resume_exports(small_disk):
@@ -1084,9 +1096,9 @@ def counts() -> dict[str, int]:
     """What README reports: every input this suite tries, and the faults (each fails a test, so 0)."""
     # + a disk that fills during an orbax write (refused before it, or failing in it), a training
     # checkpoint the disk cannot hold, one during whose write it fills, run files on a full disk (with
-    # and without TensorBoard), one before the exports, kill -9 during a write, --overwrite vs a foreign
-    # folder
-    tried = len(CASES) + len(WRITE_FAULTS) + 9
+    # and without TensorBoard), one for config.json, one before the exports, kill -9 during a write,
+    # --overwrite vs a foreign folder
+    tried = len(CASES) + len(WRITE_FAULTS) + 10
     return {"inputs tried": tried, "crashes": 0, "hangs": 0, "silent results": 0, "data lost": 0}
 
 

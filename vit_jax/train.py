@@ -1125,13 +1125,14 @@ def fit(
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices("vit_train:folder_checked")
+    made = not (out / "checkpoints").exists()  # by this call: removed again if the run fails while it is empty
     # removes temporary folders a killed run left
     ckpts = Checkpoints(out / "checkpoints", options.keep, trainer.tcfg.barrier_timeout, best=options.keep_best)
     start, state, meta = ckpts.restore_complete(sharded_abstract(trainer), saved) if saved and resume else (0, None, {})
     # The first batches are made while the step compiles (the batch position is the step: a resumed run
     # starts at the checkpoint it restored).
     it = trainer.train_iterator(start=start)
-    files = contextlib.ExitStack()
+    files, failed = contextlib.ExitStack(), False
     if resume or restart:  # its config.json shows the folder is this run's (copied, perhaps): its files are
         files.enter_context(io.overwriting())  # ours to replace, its metrics.jsonl to append to, marked or not
     try:
@@ -1168,14 +1169,23 @@ def fit(
             summaries=summaries,
             profile=ProfileWindow(out / "profile", *profile_steps) if profile_steps and lead else None,
         )
+    except BaseException:
+        failed = True
+        raise
     finally:
         it.close()
         trainer.close()
         try:
             ckpts.wait()
+        except BaseException:
+            failed = True
+            raise
         finally:
             ckpts.close()
             files.close()
+            if made and lead and failed:
+                with contextlib.suppress(OSError):  # only an empty folder: rmdir refuses any other
+                    (out / "checkpoints").rmdir()
 
 
 def evaluation(t: Trainer, state: dict) -> dict:
