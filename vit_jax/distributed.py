@@ -138,8 +138,8 @@ def detected_job(kwargs: dict, timeout: int) -> tuple[str | None, int | None, in
     """(coordinator address, process count, this process's id) of the job: the environment's
     (``cluster_env``'s ``kwargs`` and JAX_COORDINATOR_ADDRESS), the rest as ``jax.distributed.initialize``
     detects it (SLURM, Open MPI, ...: JAX's ``ClusterEnv.auto_detect_unset_distributed_params``, internal
-    API, the same in jax 0.10 and 0.11); None for what neither gives (the roll call is then skipped and
-    JAX's start-up alone names what is missing)."""
+    API, as jax 0.10 has it; a version where it differs or fails counts as no detection); None for what
+    neither gives (the roll call is then skipped and JAX's start-up alone names what is missing)."""
     address = os.environ.get("JAX_COORDINATOR_ADDRESS") or None
     n, pid = kwargs.get("num_processes"), kwargs.get("process_id")
     if address and n is not None and pid is not None:
