@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from vit_common.config import ViTConfig
     from vit_common.data.datasets import load_dataset
-    from vit_common.data.train_config import TrainConfig
+    from vit_common.training.train_config import TrainConfig
     from vit_jax.observe import Summaries
     from vit_jax.train import Trainer
 

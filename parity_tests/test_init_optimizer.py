@@ -23,8 +23,8 @@ from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.source import training_weights_entry, weights_entry
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import Augment, Dataset
-from vit_common.data.train_config import TrainConfig
 from vit_common.tolerance import compare
+from vit_common.training.train_config import TrainConfig
 from vit_jax.optimizer_state import adam_state, check_moments
 from vit_torch.formats import SAFE_GLOBALS, read_timm_optimizer, read_torch_file
 from vit_torch.oracles import timm_model

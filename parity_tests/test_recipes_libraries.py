@@ -20,7 +20,7 @@ import vit_torch
 import vit_torch.train as tt
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import Augment
-from vit_common.data.train_config import TrainConfig
+from vit_common.training.train_config import TrainConfig
 from vit_jax.model import VisionTransformer
 from vit_jax.weights import _canonical_name, params_to_numpy
 from vit_jax.weights import from_numpy as jax_from_numpy
@@ -183,11 +183,11 @@ def test_jax_recipes_update_as_optax_adamw_and_big_vision_s_chain(x64, recipe):
 @pytest.mark.parametrize("kwargs", [dict(weight_decay=0.05, layer_decay=0.75), dict(weight_decay=0.05), {}])
 @pytest.mark.parametrize("model", list(MODELS))
 def test_timm_param_groups_give_create_optimizer_v2_s_order(model, kwargs):
-    """vit_common.recipes.timm_param_groups: the names of timm's own optimizer groups, in order (what
+    """vit_common.training.recipes.timm_param_groups: the names of timm's own optimizer groups, in order (what
     maps a timm checkpoint's optimizer state, numbered through its groups, back to names)."""
     from timm.optim import create_optimizer_v2
 
-    from vit_common.recipes import timm_param_groups
+    from vit_common.training.recipes import timm_param_groups
 
     ref = timm_model(MODELS[model])
     opt = create_optimizer_v2(ref, "adamw", lr=1e-3, **kwargs)

@@ -15,9 +15,9 @@ import pytest
 from vit_cli.train_parity import compare_training, drop_path_masks, dropout_masks
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import Augment, Dataset
-from vit_common.data.train_config import TrainConfig
-from vit_common.recipes import RECIPES, translate
 from vit_common.tolerance import compare
+from vit_common.training.recipes import RECIPES, translate
+from vit_common.training.train_config import TrainConfig
 
 TINY = ViTConfig(
     image_size=8, patch_size=4, in_chans=1, num_classes=3, width=16, depth=2, num_heads=2, mlp_dim=32,

@@ -15,8 +15,8 @@ from flax import nnx
 
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import ArraySource, Augment, Dataset
-from vit_common.recipes import get_recipe
 from vit_common.tolerance import compare
+from vit_common.training.recipes import get_recipe
 from vit_jax.data import iterate, train_batches
 from vit_jax.model import VisionTransformer
 from vit_jax.train import Checkpoints, TrainConfig, Trainer, decay_mask, layer_ids, loss_and_grads, make_optimizer

@@ -197,7 +197,7 @@ def test_train_flags_come_from_the_config_fields():
     import dataclasses
 
     from vit_common.data.datasets import Augment
-    from vit_common.data.train_config import RunOptions, TrainConfig
+    from vit_common.training.train_config import RunOptions, TrainConfig
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -342,7 +342,7 @@ def test_ema_resumes_bit_exactly_and_export_ema_exports_it_leaving_the_training_
 
     from vit_common.config import ViTConfig
     from vit_common.data.datasets import Augment, read_dataset
-    from vit_common.data.train_config import TrainConfig
+    from vit_common.training.train_config import TrainConfig
     from vit_jax.train import Checkpoints, Trainer, sharded_abstract
 
     rng = np.random.default_rng(0)

@@ -28,9 +28,9 @@ import numpy as np
 
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import Dataset, batches_per_epoch
-from vit_common.data.train_config import TrainConfig
-from vit_common.recipes import get_recipe
 from vit_common.tolerance import compare, tolerance
+from vit_common.training.recipes import get_recipe
+from vit_common.training.train_config import TrainConfig
 
 _DROP = 2  # first word of the drop-path masks' seeds (the pipeline's examples use 0, its batches 1)
 _DROPOUT = 3  # first word of the dropout masks' seeds
@@ -315,8 +315,8 @@ def add_parser(sub) -> None:
     from vit_cli.main import HelpFormatter
     from vit_cli.train import DEMO_MODEL, OPTIMISATION
     from vit_common.data.datasets import Augment
-    from vit_common.recipes import RECIPES
     from vit_common.system.validate import arg, float_in, int_in
+    from vit_common.training.recipes import RECIPES
 
     p = sub.add_parser(
         "train-parity",

@@ -29,9 +29,9 @@ from typing import Any
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import natural_images
 from vit_common.data.images import Preprocess
-from vit_common.data.train_config import RunOptions, TrainConfig
 from vit_common.system import io
 from vit_common.system.validate import check_model_size
+from vit_common.training.train_config import RunOptions, TrainConfig
 
 
 @dataclass(frozen=True)

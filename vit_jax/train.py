@@ -15,7 +15,7 @@ A signal (SIGTERM, SIGHUP, Ctrl-C) stops ``fit`` after the step it arrives in, w
 that step (``vit_jax.preemption``); TensorBoard summaries and profiles: ``vit_jax.observe``.
 
 Optimizer (optax): global-norm gradient clipping, then AdamW with linear warmup + cosine decay, the
-decay mask and conventions of ``tcfg.recipe`` (``vit_common.recipes``; the default ``twins``: no weight
+decay mask and conventions of ``tcfg.recipe`` (``vit_common.training.recipes``; the default ``twins``: no weight
 decay on biases, norms, class/register tokens, position embeddings and the MAP probe); for
 fine-tuning, optionally the head only (``freeze``) or layer-wise learning-rate decay (``layer_decay``),
 see ``make_optimizer``. ``vit_torch/train.py`` is the same step in PyTorch. Loss: softmax cross-entropy
@@ -49,14 +49,14 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from vit_common import recipes
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import Dataset, batches_per_epoch, examples_before, fingerprint_changes
 from vit_common.data.images import Preprocess
-from vit_common.data.train_config import RunOptions, TrainConfig
-from vit_common.recipes import TORCH_CLIP_EPS, Recipe, decays, get_recipe, schedule_steps
 from vit_common.system import io
 from vit_common.system.validate import regular_file
+from vit_common.training import recipes
+from vit_common.training.recipes import TORCH_CLIP_EPS, Recipe, decays, get_recipe, schedule_steps
+from vit_common.training.train_config import RunOptions, TrainConfig
 from vit_jax.data import DataWorkerError, eval_batches, iterate, train_batches, transform_for
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
 from vit_jax.model import VisionTransformer
@@ -105,7 +105,7 @@ def _canonical(path) -> str:
 
 
 def decay_mask(params: nnx.State, recipe: Recipe, no_weight_decay: Collection[str]) -> nnx.State:
-    """True where AdamW applies weight decay under ``recipe`` (``vit_common.recipes.decays`` on canonical
+    """True where AdamW applies weight decay under ``recipe`` (``vit_common.training.recipes.decays`` on canonical
     names; ``no_weight_decay`` the model's ``no_weight_decay()``)."""
     return jax.tree_util.tree_map_with_path(lambda p, x: decays(recipe, _canonical(p), x.ndim, no_weight_decay), params)
 
@@ -116,7 +116,7 @@ def _top_keys(path) -> list:
 
 def layer_ids(params: nnx.State, depth: int) -> nnx.State:
     """Each parameter's layer for layer-wise decay, numbered as timm's ``param_groups_layer_decay``
-    (``vit_common.recipes.layer_ids``): 0 the stem (patch embedding, tokens, position embedding,
+    (``vit_common.training.recipes.layer_ids``): 0 the stem (patch embedding, tokens, position embedding,
     norm_pre), i + 1 block i, the final norm with the last block, ``depth + 1`` what follows it."""
     names = jax.tree_util.tree_leaves(jax.tree_util.tree_map_with_path(lambda p, _: _canonical(p), params))
     ids = recipes.layer_ids(names, depth)
@@ -145,7 +145,7 @@ def _clip(recipe: Recipe, max_norm: float) -> optax.GradientTransformation:
 def _schedule(peak: float, warmup: int, decay_steps: int, end_ratio: float) -> optax.Schedule:
     """optax's warmup-cosine from 0 to ``peak`` and down to ``peak * end_ratio``. optax computes it in
     float32 even with jax_enable_x64 on (from the int32 count); then the count enters as float64, so a
-    float64 run's learning rate is float64, as torch's Python-float one (``vit_common.recipes.lr_factor``)."""
+    float64 run's learning rate is float64, as torch's Python-float one (``vit_common.training.recipes.lr_factor``)."""
     base = optax.warmup_cosine_decay_schedule(
         0.0, peak, warmup_steps=warmup, decay_steps=decay_steps, end_value=peak * end_ratio
     )
@@ -157,7 +157,7 @@ def _schedule(peak: float, warmup: int, decay_steps: int, end_ratio: float) -> o
 def lr_schedule(tcfg: TrainConfig, total_steps: int) -> optax.Schedule:
     """The learning rate of each of ``total_steps`` optimizer steps: linear warmup from 0 to ``lr`` over
     ``warmup_steps`` (at most all steps but one), then cosine decay to ``lr * min_lr_ratio`` at the last
-    (``vit_common.recipes.schedule_steps``, ``_schedule``)."""
+    (``vit_common.training.recipes.schedule_steps``, ``_schedule``)."""
     warmup, decay_steps = schedule_steps(tcfg.warmup_steps, total_steps)
     return _schedule(tcfg.lr, warmup, decay_steps, tcfg.min_lr_ratio)
 
@@ -166,7 +166,7 @@ def make_optimizer(
     tcfg: TrainConfig, total_steps: int, depth: int, *, no_weight_decay: Collection[str]
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """(optimizer, learning-rate schedule) for ``total_steps`` optimizer steps of a ``depth``-block model
-    under ``tcfg.recipe`` (``vit_common.recipes``); ``no_weight_decay`` is the model's ``no_weight_decay()``.
+    under ``tcfg.recipe`` (``vit_common.training.recipes``); ``no_weight_decay`` is the model's ``no_weight_decay()``.
 
     Global-norm clipping (the recipe's), then AdamW with linear warmup and cosine decay: ``optax.adamw``
     with the recipe's decay mask, or for big_vision ``big_vision/optax.py``'s chain ``scale_by_adam
@@ -1024,7 +1024,7 @@ def fit(
 ) -> tuple[dict, dict]:
     """Train to the last step, writing into ``out``: config.json, metrics.jsonl, checkpoints/.
 
-    ``options`` (``vit_common.data.train_config.RunOptions``, default ``RunOptions()``): a checkpoint
+    ``options`` (``vit_common.training.train_config.RunOptions``, default ``RunOptions()``): a checkpoint
     (state; the data position is the step, one batch per step) is saved every ``ckpt_every`` steps (0 =
     only at the end), after the first step that ends ``ckpt_every_minutes`` minutes or more after the
     previous save (0 = off; levanter's time-based saves; with several processes process 0's clock decides

@@ -8,14 +8,14 @@ target float32 [B, K] already mixed by mixup / cutmix, mask float32 [B]).
 The step (each choice the JAX step's, see ``vit_jax.train``):
 
 - the optimizer is ``torch.optim.AdamW`` over parameter groups (``make_optimizer``): the recipe's decay
-  mask (``vit_common.recipes.decays`` with the model's ``no_weight_decay()``), layer-wise decay as each
+  mask (``vit_common.training.recipes.decays`` with the model's ``no_weight_decay()``), layer-wise decay as each
   group's ``lr_scale`` (layers as timm's ``param_groups_layer_decay``), and for big_vision (decay not
   scaled by the base lr) a group weight decay of wd / (lr x lr_scale), so that torch's
   ``p *= 1 - lr_group(t) x wd_group`` is big_vision's ``p -= (lr(t) / lr) x wd x p``. big_vision's
   bfloat16 first moment: a step post-hook (``Optimizer.register_step_post_hook``) rounds ``exp_avg`` to
   bfloat16 after each step; optax's ``scale_by_adam(mu_dtype=...)`` also updates with the unrounded
   moment and stores the rounded one.
-- the schedule: ``torch.optim.lr_scheduler.LambdaLR`` of ``vit_common.recipes.lr_factor``, optax's
+- the schedule: ``torch.optim.lr_scheduler.LambdaLR`` of ``vit_common.training.recipes.lr_factor``, optax's
   warmup-cosine written in Python floats; step 0 is the first optimizer step, as in optax.
 - global-norm clipping: ``torch.nn.utils.clip_grad_norm_`` (recipes with torch's clip: max / (norm +
   1e-6)), or optax's coefficient max / norm (``optax.clip_by_global_norm``) for the others.
@@ -47,8 +47,8 @@ import torch.nn.functional as F
 
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import Dataset, batches_per_epoch
-from vit_common.data.train_config import TrainConfig
-from vit_common.recipes import decays, get_recipe, layer_scales, lr_factor, schedule_steps
+from vit_common.training.recipes import decays, get_recipe, layer_scales, lr_factor, schedule_steps
+from vit_common.training.train_config import TrainConfig
 from vit_torch.model import VisionTransformer
 from vit_torch.weights import from_numpy, tensor_to_numpy, to_numpy
 

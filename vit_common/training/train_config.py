@@ -12,8 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from vit_common.data.datasets import Augment
-from vit_common.recipes import DEFAULT_RECIPE, RECIPES
 from vit_common.system.validate import Range, check_fields
+from vit_common.training.recipes import DEFAULT_RECIPE, RECIPES
 
 POSITIVE_INT = Range(1, integer=True)
 EMA_METRICS = ("test_ema_accuracy", "test_ema_top5_accuracy", "test_ema_loss")  # evaluations of the --ema weights
@@ -104,9 +104,9 @@ class TrainConfig:
     recipe: str = field(
         default=DEFAULT_RECIPE,
         metadata=_help(
-            "optimizer recipe (vit_common/recipes.py): twins (this trainer's own), timm (timm's train.py), "
-            "torch (AdamW on every tensor), big_vision (decay not scaled by --lr, kernels only, bfloat16 "
-            "first moment), optax (optax.adamw)",
+            "optimizer recipe (vit_common/training/recipes.py): twins (this trainer's own), timm (timm's "
+            "train.py), torch (AdamW on every tensor), big_vision (decay not scaled by --lr, kernels only, "
+            "bfloat16 first moment), optax (optax.adamw)",
             choices=tuple(RECIPES),
         ),
     )
