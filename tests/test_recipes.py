@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from vit_common.training.recipes import RECIPES, decays, get_recipe, layer_ids, lr_factor, schedule_steps, translate
-from vit_jax.train import _schedule
+from vit_jax.optim import _schedule
 
 NWD = ("pos_embed", "cls_token", "reg_token", "dist_token")  # timm VisionTransformer.no_weight_decay()
 

@@ -9,7 +9,7 @@ input pipeline (``vit_jax.train.Trainer.train_iterator``: augmentation, mixup / 
 in numpy), takes K optimizer steps in each (``vit_jax.train`` with optax, ``vit_torch.train`` with
 torch.optim), and after every step compares the loss, the gradient norm, the learning rate, every
 parameter and both Adam moments by canonical name, and with ``--ema`` the moving averages of the weights
-(``vit_jax.train.ema_update`` against ``vit_torch.train.ModelEma``). Drop path, dropout and attention dropout
+(``vit_jax.optim.ema_update`` against ``vit_torch.train.ModelEma``). Drop path, dropout and attention dropout
 run in the parity mode: both twins take the same keep masks, drawn in numpy per step (``drop_path_masks``,
 ``dropout_masks``).
 

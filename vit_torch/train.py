@@ -31,7 +31,7 @@ The step (each choice the JAX step's, see ``vit_jax.train``):
 
 - ``ema``: the moving average of the weights is timm's ``ModelEmaV3`` update (``ModelEma``; timm is not
   a dependency of this twin, so it is written here and tested against timm's class), after the
-  optimizer and scheduler steps, as the JAX step's ``vit_jax.train.ema_update``.
+  optimizer and scheduler steps, as the JAX step's ``vit_jax.optim.ema_update``.
 
 Dropout and drop path draw from torch's generator, seeded by ``tcfg.seed``; the parity harness feeds
 both twins the same masks instead (``drop_masks``, ``dropout_masks``).

@@ -216,7 +216,7 @@ class TrainConfig:
         included, as timm's train.py passes ``num_updates``): timm's ``ModelEmaV3.get_decay``
         (``timm/utils/model_ema.py``): 0 at step 1 (the EMA becomes a copy of the weights), then ``ema``,
         or with ``ema_warmup`` 1 - (1 + k / gamma)^-power for k = step - 1, clipped to
-        [``ema_min_decay``, ``ema``]. The JAX step's traced form: ``vit_jax.train.ema_decay``.
+        [``ema_min_decay``, ``ema``]. The JAX step's traced form: ``vit_jax.optim.ema_decay``.
 
         Raises:
             ValueError: no EMA (``ema`` is None).
