@@ -165,7 +165,7 @@ def stopped_line(e, phase: str, out: Path) -> str:
 
 def resume_from(out: Path) -> str:
     """Where --resume continues the run in ``out``: its latest complete checkpoint, or step 0."""
-    from vit_jax.train import saved_steps
+    from vit_jax.checkpointing import saved_steps
 
     steps = saved_steps(out / "checkpoints")
     return f"from the checkpoint of step {steps[-1]}" if steps else "from step 0 (no checkpoint was written yet)"
@@ -193,6 +193,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     from vit_common.checkpoints.metadata import ModelInfo
     from vit_common.data.datasets import read_dataset
     from vit_common.system.peaks import datasheet_peak
+    from vit_jax.checkpointing import saved_steps
     from vit_jax.finetune import check_exports, export, export_targets, init_record, load_init, resumed_init
     from vit_jax.optimizer_state import check_moments
     from vit_jax.train import (
@@ -200,7 +201,6 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
         Trainer,
         enable_compile_cache,
         fit,
-        saved_steps,
         schedule_change,
     )
 
