@@ -55,7 +55,7 @@ def control(cfg: ViTConfig, tcfg: TrainConfig, data: Dataset, steps: int, eps: f
     """(largest relative difference of the parameters, of Adam's first moments) after each of ``steps``
     steps of the torch twin against itself from weights perturbed by ``eps`` (relative, per element), on
     the batches and drop-path / dropout masks ``compare_training`` gives both twins."""
-    import vit_jax.train as jt
+    import vit_jax.trainer as jt
     import vit_torch.train as tt
     from vit_cli.train_parity import drop_path_masks, dropout_masks, largest_difference
 

@@ -170,7 +170,7 @@ def test_the_command_reports_every_step_and_exits_1_where_the_twins_part(npz, tm
 def test_adam_state_crosses_frameworks_k_torch_then_k_jax_equals_2k_jax(x64, data):
     """Optimizer state by canonical names: 3 torch steps, then the JAX twin continues from torch's weights,
     moments and step for 3 more = 6 JAX steps; and 3 JAX steps continued by torch = 6 torch steps."""
-    import vit_jax.train as jt
+    import vit_jax.trainer as jt
     import vit_torch.train as tt
     from vit_jax.optimizer_state import adam_state, train_state
 

@@ -17,11 +17,12 @@ from vit_common.config import ViTConfig
 from vit_common.data.datasets import ArraySource, Augment, Dataset
 from vit_common.tolerance import compare
 from vit_common.training.recipes import get_recipe
+from vit_common.training.train_config import TrainConfig
 from vit_jax.checkpointing import Checkpoints
 from vit_jax.data import iterate, train_batches
 from vit_jax.model import VisionTransformer
 from vit_jax.optim import decay_mask, layer_ids, make_optimizer
-from vit_jax.train import TrainConfig, Trainer, loss_and_grads
+from vit_jax.trainer import Trainer, loss_and_grads
 from vit_jax.weights import to_numpy
 
 TINY = ViTConfig(image_size=8, patch_size=4, in_chans=1, num_classes=3, width=16, depth=2, num_heads=2, mlp_dim=32)

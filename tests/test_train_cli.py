@@ -344,7 +344,7 @@ def test_ema_resumes_bit_exactly_and_export_ema_exports_it_leaving_the_training_
     from vit_common.data.datasets import Augment, read_dataset
     from vit_common.training.train_config import TrainConfig
     from vit_jax.checkpointing import Checkpoints
-    from vit_jax.train import Trainer, sharded_abstract
+    from vit_jax.trainer import Trainer, sharded_abstract
 
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "d.npz", x=rng.integers(0, 256, (16, 8, 8), np.uint8), y=np.arange(16) % 2)

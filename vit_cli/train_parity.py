@@ -5,8 +5,8 @@
 twins part, 2 on bad input.
 
 ``compare_training`` gives both twins the same initial weights and the same K batches from the one
-input pipeline (``vit_jax.train.Trainer.train_iterator``: augmentation, mixup / cutmix and padding drawn
-in numpy), takes K optimizer steps in each (``vit_jax.train`` with optax, ``vit_torch.train`` with
+input pipeline (``vit_jax.trainer.Trainer.train_iterator``: augmentation, mixup / cutmix and padding drawn
+in numpy), takes K optimizer steps in each (``vit_jax.trainer`` with optax, ``vit_torch.train`` with
 torch.optim), and after every step compares the loss, the gradient norm, the learning rate, every
 parameter and both Adam moments by canonical name, and with ``--ema`` the moving averages of the weights
 (``vit_jax.optim.ema_update`` against ``vit_torch.train.ModelEma``). Drop path, dropout and attention dropout
@@ -204,7 +204,7 @@ def compare_training(
         ValueError: steps < 1 or more than the run has, configs whose batches differ (batch size,
             epochs, seed, augmentation), an EMA in one twin only, or anything the trainers refuse.
     """
-    import vit_jax.train as jt
+    import vit_jax.trainer as jt
     import vit_torch.train as tt
     from vit_jax.optimizer_state import adam_state
 

@@ -112,7 +112,7 @@ def with_adam_state(opt_state, moments: dict, schedule_count: int | None = None)
 
 
 def train_state(trainer, weights: dict[str, np.ndarray], moments: dict) -> dict:
-    """A ``vit_jax.train.Trainer`` state at step ``moments["count"]`` holding ``weights`` (canonical) and
+    """A ``vit_jax.trainer.Trainer`` state at step ``moments["count"]`` holding ``weights`` (canonical) and
     the Adam state ``moments`` (``adam_state``'s form, e.g. ``vit_torch.train.Trainer.adam_state()``):
     the JAX twin continues a torch run. The dropout RNG streams are the trainer's fresh ones.
 

@@ -5,7 +5,7 @@
 (``vit_common.data.datasets``: the batches are numpy dicts, image float32 [B, H, W, C], label int32 [B],
 target float32 [B, K] already mixed by mixup / cutmix, mask float32 [B]).
 
-The step (each choice the JAX step's, see ``vit_jax.train``):
+The step (each choice the JAX step's, see ``vit_jax.trainer`` and ``vit_jax.optim``):
 
 - the optimizer is ``torch.optim.AdamW`` over parameter groups (``make_optimizer``): the recipe's decay
   mask (``vit_common.training.recipes.decays`` with the model's ``no_weight_decay()``), layer-wise decay as each
@@ -127,7 +127,7 @@ class ModelEma:
 
 
 class Trainer:
-    """The torch twin in training: ``train_step(batch)`` is one optimizer step, as ``vit_jax.train.Trainer``'s.
+    """The torch twin in training: ``train_step(batch)`` is one optimizer step, as ``vit_jax.trainer.Trainer``'s.
 
     ``weights`` a canonical state to start from (the parity harness gives both twins the same one), else
     a fresh model seeded by ``tcfg.seed``. ``device`` where the model and batches live. With ``tcfg.ema``,
