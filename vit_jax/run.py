@@ -196,7 +196,8 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     from vit_jax.checkpointing import saved_steps
     from vit_jax.finetune import check_exports, export, export_targets, init_record, load_init, resumed_init
     from vit_jax.optimizer_state import check_moments
-    from vit_jax.train import NonFiniteError, fit, schedule_change
+    from vit_jax.resume import schedule_change
+    from vit_jax.train import NonFiniteError, fit
     from vit_jax.trainer import Trainer, enable_compile_cache
 
     tcfg, out = spec.train, spec.out

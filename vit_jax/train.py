@@ -1,5 +1,5 @@
-"""Training the JAX twin: a whole run (``fit``) over the step of ``vit_jax.trainer``, with the resume
-rules and the files a run writes.
+"""Training the JAX twin: a whole run (``fit``) over the step of ``vit_jax.trainer`` and the files a run
+writes; the rules of ``--resume``: ``vit_jax.resume``.
 
 Multi-process runs start (and stop when a process is lost) through ``vit_jax.distributed``.
 A signal (SIGTERM, SIGHUP, Ctrl-C) stops ``fit`` after the step it arrives in, with a checkpoint of
@@ -10,10 +10,8 @@ that step (``vit_jax.preemption``); TensorBoard summaries and profiles: ``vit_ja
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,16 +20,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from vit_common.config import ViTConfig
-from vit_common.data.datasets import examples_before, fingerprint_changes
+from vit_common.data.datasets import examples_before
 from vit_common.system import io
 from vit_common.system.validate import regular_file
-from vit_common.training.train_config import RunOptions, TrainConfig
+from vit_common.training.train_config import RunOptions
 from vit_jax.checkpointing import Checkpoints, _then_resume, saved_steps, write_error_reason
 from vit_jax.data import DataWorkerError
 from vit_jax.observe import ProfileWindow, Summaries, require_wandb
-from vit_jax.optim import lr_schedule
 from vit_jax.preemption import Stopped, StopSignals
+from vit_jax.resume import check_same_data, config_mismatch, run_config, schedule_change
 from vit_jax.trainer import Trainer, _cache_events, sharded_abstract
 
 
@@ -56,87 +53,6 @@ def _written(path: Path, step: int, ckpts: Checkpoints):
         )
         failed.errno = e.errno
         raise failed from None
-
-
-def _json_defaults(cls) -> dict:
-    """{field: its default as config.json stores it} of a config dataclass (tuples as lists)."""
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = list(f.default) if isinstance(f.default, tuple) else f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-    return out
-
-
-def config_mismatch(saved: dict, current: dict) -> list[str]:
-    """Fields (section.field) whose values differ between two config.json dicts, except those a resumed
-    run may change: ``TrainConfig.settings()`` and ``epochs`` (see ``schedule_change``). A field the
-    saved config lacks (the run was started by a version without it) counts as its default then."""
-    out = []
-    defaults = {"model": _json_defaults(ViTConfig), "train": _json_defaults(TrainConfig)}
-    for section in ("model", "train", "preprocess"):
-        a, b = saved.get(section, {}), current.get(section, {})
-        a = {**{k: v for k, v in defaults.get(section, {}).items() if k in b}, **a}
-        free = [*TrainConfig.settings(), "epochs"] if section == "train" else []
-        out += [
-            f"{section}.{k}: checkpoint has {a.get(k)!r}, now {b.get(k)!r}"
-            for k in sorted(set(a) | set(b))
-            if a.get(k) != b.get(k) and k not in free
-        ]
-    return out
-
-
-def check_same_data(out: Path, saved: dict, fingerprint: dict, lead: bool) -> None:
-    """Refuse to resume on data other than the run's (``vit_common.data.datasets.fingerprint_changes``
-    against config.json's ``dataset``); files whose modification times alone changed are one warning
-    line (process 0), as is a run folder written before fingerprints were stored.
-
-    Raises:
-        ValueError: the data changed; one line listing what changed.
-    """
-    if "dataset" not in saved:
-        if lead:
-            print(
-                f"vit train: warning: {out}/config.json holds no dataset fingerprint; the data is not checked",
-                file=sys.stderr,
-            )
-        return
-    errors, warnings = fingerprint_changes(saved["dataset"], fingerprint)
-    if errors:
-        raise ValueError(
-            f"{out}: the dataset changed since the run started ({'; '.join(errors)}); resume on the run's data, "
-            "or start a new run with another --out"
-        )
-    for w in warnings if lead else []:
-        print(f"vit train: warning: dataset: {w}; resuming as the same data", file=sys.stderr)
-
-
-def schedule_change(trainer: Trainer, saved_epochs: int, step: int) -> str | None:
-    """What resuming at ``step`` a run saved with ``saved_epochs`` changes when ``trainer`` has another
-    epoch count: the learning-rate schedule (warmup + cosine decay) is recomputed for the new total, so
-    from ``step`` on the rate follows the new curve (as timm's and transformers' Trainer do on a resume
-    with more epochs). None when the epoch count is the same.
-
-    Raises:
-        ValueError: the new total ends before ``step``, where the checkpoint already is.
-    """
-    tcfg, total = trainer.tcfg, trainer.total_steps
-    if saved_epochs == tcfg.epochs:
-        return None
-    if total < step:
-        raise ValueError(
-            f"--epochs {tcfg.epochs} ({total} steps) ends before the checkpoint's step {step}; expected "
-            f"--epochs >= {-(-step // trainer.steps_per_epoch)}"
-        )
-    old = lr_schedule(tcfg, trainer.steps_per_epoch * saved_epochs)
-    was, now = float(old(step)), float(trainer.schedule(step))
-    return (
-        f"--epochs {tcfg.epochs} (the run was started with {saved_epochs}): the learning-rate schedule is "
-        f"recomputed for {total} steps, so from step {step} on it follows the new one (lr {now:.3g} at step "
-        f"{step + 1}, where the old schedule had {was:.3g})"
-    )
 
 
 # -------------------------------------------------------------------------------------- the run
@@ -170,19 +86,6 @@ def _truncate_metrics(path: Path, step: int) -> None:
         if row["step"] <= step:
             kept.append(ln)
     io.write_text(path, "".join(ln + "\n" for ln in kept))
-
-
-def run_config(trainer: Trainer) -> dict:
-    """What config.json holds: the model, train and preprocessing configs, the class names, the devices."""
-    return {
-        "model": trainer.cfg.to_dict(),
-        "train": trainer.tcfg.to_dict(),
-        "preprocess": trainer.preprocess.to_dict(),
-        "classes": list(trainer.data.classes),
-        "dataset": trainer.data.fingerprint,
-        "devices": f"{trainer.mesh.size} x {jax.devices()[0].platform}",
-        "processes": jax.process_count(),
-    }
 
 
 # What a run writes into its folder by those names (the exports' other names depend on --init's format).
