@@ -30,7 +30,11 @@ def _loaded_after(statement: str) -> set[str]:
         ),
         ("import vit_torch", JAX_MODULES),
         ("import vit_jax", TORCH_MODULES),
-        ("import vit_jax.train, vit_jax.data, vit_jax.finetune, vit_jax.run", TORCH_MODULES),
+        (
+            "import vit_jax.optim, vit_jax.trainer, vit_jax.checkpointing, vit_jax.resume, vit_jax.loop, "
+            "vit_jax.data, vit_jax.finetune, vit_jax.run",
+            TORCH_MODULES,
+        ),
         ("import vit_cli.main as m; m.build_parser()", JAX_MODULES + TORCH_MODULES),
     ],
 )

@@ -272,7 +272,7 @@ def test_resume_drops_a_cut_metrics_line_and_falls_back_from_a_damaged_checkpoin
 
 
 def test_a_metrics_line_without_a_step_names_the_file_and_line(tmp_path):
-    from vit_jax.train import _truncate_metrics
+    from vit_jax.loop import _truncate_metrics
 
     (tmp_path / "m.jsonl").write_text('{"step": 1}\n{"loss": 2}\n{"step": 3}\n')
     with pytest.raises(ValueError, match=r"m.jsonl:2: a metrics line without an integer 'step'"):

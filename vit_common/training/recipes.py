@@ -67,7 +67,7 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
-        Recipe("twins", "twins", True, None, "optax", 0.05, "vit_jax/train.py (this project's trainer)"),
+        Recipe("twins", "twins", True, None, "optax", 0.05, "vit_jax/optim.py (this project's trainer)"),
         Recipe("timm", "timm", True, None, "torch", 0.05, "timm/optim/_param_groups.py, timm/train.py"),
         Recipe("torch", "all", True, None, "torch", 1e-2, "torch/optim/adamw.py"),
         Recipe("big_vision", "kernels", False, "bfloat16", "optax", 1e-4, "big_vision/optax.py"),

@@ -240,7 +240,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How ``vit_jax.train.fit`` carries out and records a run: where it starts, how often it
+    """How ``vit_jax.loop.fit`` carries out and records a run: where it starts, how often it
     checkpoints, logs and evaluates, whether it shows progress. None of it changes the run's numbers
     (a resumed run may change any of them).
 

@@ -1,10 +1,19 @@
-"""Training the JAX twin: a whole run (``fit``) over the step of ``vit_jax.trainer`` and the files a run
-writes; the rules of ``--resume``: ``vit_jax.resume``.
+"""A whole training run of the JAX twin: ``fit`` takes the steps of a ``vit_jax.trainer.Trainer`` from step 0,
+or from the run's latest checkpoint, to the last, and writes the run folder (config.json, metrics.jsonl,
+checkpoints/).
 
-Multi-process runs start (and stop when a process is lost) through ``vit_jax.distributed``.
-A signal (SIGTERM, SIGHUP, Ctrl-C) stops ``fit`` after the step it arrives in, with a checkpoint of
-that step (``vit_jax.preemption``); TensorBoard summaries and profiles: ``vit_jax.observe``; checkpoints:
-``vit_jax.checkpointing``; the optimizer: ``vit_jax.optim``.
+``fit`` checks the folder and the flags before any work (a fresh run's ``RUN_FILES`` that vit did not
+write, ``vit_jax.resume``'s rules on a resume), restores the latest complete checkpoint
+(``vit_jax.checkpointing``), compiles the step while the first batches are made, and ``_loop`` runs the
+steps: a metrics line every ``log_every`` steps, the test set's metrics (``evaluation``) every
+``eval_every`` epochs or steps and at the end, a checkpoint every ``ckpt_every`` steps or minutes and at
+the end, TensorBoard / Weights & Biases scalars and a profile window (``vit_jax.observe``). A NaN or Inf
+loss or gradient norm stops the run (``NonFiniteError``, naming the last good checkpoint); a signal
+(SIGTERM, SIGHUP, Ctrl-C) stops it after the step it arrives in, with a checkpoint of that step
+(``vit_jax.preemption``); a run file that cannot be written (a full disk) is one line naming it and where
+``--resume`` continues. Multi-process runs start (and stop when a process is lost) through
+``vit_jax.distributed``; every process calls ``fit`` alike and process 0 alone writes the run's files.
+``vit_jax.run`` drives ``fit`` for ``vit train``.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ class NonFiniteError(RuntimeError):
     """The loss or the gradient norm became NaN or Inf."""
 
 
-# ---------------------------------------------------------------------------------- checkpoints
+# ----------------------------------------------------------------------------------- run files
 
 
 @contextlib.contextmanager
@@ -53,9 +62,6 @@ def _written(path: Path, step: int, ckpts: Checkpoints):
         )
         failed.errno = e.errno
         raise failed from None
-
-
-# -------------------------------------------------------------------------------------- the run
 
 
 def write_json(path: Path, obj) -> None:
@@ -87,6 +93,8 @@ def _truncate_metrics(path: Path, step: int) -> None:
             kept.append(ln)
     io.write_text(path, "".join(ln + "\n" for ln in kept))
 
+
+# -------------------------------------------------------------------------------------- the run
 
 # What a run writes into its folder by those names (the exports' other names depend on --init's format).
 RUN_FILES = ("config.json", "metrics.jsonl", "model.safetensors", "model_timm.safetensors", "parity.json", "curves.png")
