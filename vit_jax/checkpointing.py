@@ -10,7 +10,7 @@ complete checkpoints). orbax's own threads' reports of that failure are dropped
 (``_OrbaxReportsDropped``). With several processes every process calls every method.
 
 What the train state holds is ``vit_jax.trainer``'s; whether and where a run continues is
-``vit_jax.resume`` and ``vit_jax.loop.fit``.
+``vit_jax.resume`` and ``vit_jax.loop.fit``. The torch twin has no counterpart (see ``vit_torch.train``).
 """
 
 from __future__ import annotations

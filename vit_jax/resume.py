@@ -7,7 +7,8 @@ saved config lacks counts as its default) and the same data (``check_same_data``
 ``vit_common.data.datasets.fingerprint_changes``); another epoch count recomputes the learning-rate
 schedule for the new total (``schedule_change`` says how, and refuses a total that ends before the
 checkpoint). Each refusal is a ValueError naming what differs. ``vit_jax.loop.fit`` applies
-these rules; which checkpoints a folder holds is ``vit_jax.checkpointing.saved_steps``.
+these rules; which checkpoints a folder holds is ``vit_jax.checkpointing.saved_steps``. The torch twin has
+no counterpart (see ``vit_torch.train``).
 """
 
 from __future__ import annotations

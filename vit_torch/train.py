@@ -1,4 +1,4 @@
-"""Training the PyTorch twin: the step of ``vit_jax/train.py`` in PyTorch, from the same ``TrainConfig``.
+"""Training the PyTorch twin: the JAX twin's training step in PyTorch, from the same ``TrainConfig``.
 
 ``vit train`` stays JAX; this trainer is what the twin-training parity (``vit parity --train K``,
 ``vit_cli/train_parity.py``) drives beside it, batch by batch, from the one input pipeline
@@ -35,6 +35,18 @@ The step (each choice the JAX step's, see ``vit_jax.trainer`` and ``vit_jax.opti
 
 Dropout and drop path draw from torch's generator, seeded by ``tcfg.seed``; the parity harness feeds
 both twins the same masks instead (``drop_masks``, ``dropout_masks``).
+
+One file, where the JAX twin splits training by job into five modules: this twin takes steps and runs
+no whole training of its own (no checkpoints, resume rules or loop), and at under 300 lines it needs no
+split. What mirrors what:
+
+- ``make_optimizer`` (with ``round_first_moment``): ``vit_jax.optim.make_optimizer``;
+- ``ModelEma``: ``vit_jax.optim.ema_decay`` and ``ema_update``;
+- ``Trainer`` (``train_step``, ``weights``): ``vit_jax.trainer.Trainer`` (its ``train_step``, which runs
+  ``loss_and_grads`` and ``train_step_fn``, and ``weights``);
+- ``Trainer.adam_state`` / ``load_adam_state``: ``vit_jax.optimizer_state.adam_state`` /
+  ``with_adam_state``;
+- nothing here for ``vit_jax.checkpointing``, ``vit_jax.resume`` and ``vit_jax.loop``.
 """
 
 from __future__ import annotations
