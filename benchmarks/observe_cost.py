@@ -32,9 +32,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from vit_common.config import ViTConfig
     from vit_common.data.datasets import load_dataset
-    from vit_common.data.train_config import TrainConfig
+    from vit_common.training.train_config import TrainConfig
     from vit_jax.observe import Summaries
-    from vit_jax.train import Trainer
+    from vit_jax.trainer import Trainer
 
     data = load_dataset("mnist5k", (28, 28), 1)
     cfg = ViTConfig(**DEMO_MODEL, num_classes=data.num_classes, in_chans=1)

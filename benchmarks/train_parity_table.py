@@ -6,7 +6,7 @@
 
 Each row is one run: the JAX twin under one recipe, the torch twin under another (the same, or a
 recipe with the same numbers, or with big_vision's weight decay translated by
-``vit_common.recipes.translate``); the cells are the largest relative difference of the parameters
+``vit_common.training.recipes.translate``); the cells are the largest relative difference of the parameters
 (max |JAX - torch| / max |torch| of a tensor, the largest over tensors) after steps 1, 10 and K (those
 up to K). The data are 64 random images of 3 classes at the model's size: 8x8 single-channel (tiny),
 28x28 single-channel (demo: ``vit_cli.train.DEMO_MODEL``), 224x224 RGB (ti16: ``Ti/16``, timm's
@@ -35,9 +35,9 @@ import numpy as np
 from vit_cli.train import DEMO_MODEL
 from vit_common.config import VARIANTS, ViTConfig
 from vit_common.data.datasets import ArraySource, Augment, Dataset
-from vit_common.data.train_config import TrainConfig
-from vit_common.recipes import translate
 from vit_common.tolerance import tolerance
+from vit_common.training.recipes import translate
+from vit_common.training.train_config import TrainConfig
 
 MODELS = {
     "tiny": dict(image_size=8, patch_size=4, width=16, depth=2, num_heads=2, mlp_dim=32, in_chans=1),
@@ -55,7 +55,7 @@ def control(cfg: ViTConfig, tcfg: TrainConfig, data: Dataset, steps: int, eps: f
     """(largest relative difference of the parameters, of Adam's first moments) after each of ``steps``
     steps of the torch twin against itself from weights perturbed by ``eps`` (relative, per element), on
     the batches and drop-path / dropout masks ``compare_training`` gives both twins."""
-    import vit_jax.train as jt
+    import vit_jax.trainer as jt
     import vit_torch.train as tt
     from vit_cli.train_parity import drop_path_masks, dropout_masks, largest_difference
 

@@ -3,7 +3,7 @@
 The checkpoint is written by timm itself: a timm ViT trained 3 steps with ``timm.optim.create_optimizer_v2``
 (layer-wise decay 0.75, weight decay 0.05) and saved by ``timm.utils.CheckpointSaver`` with an EMA
 (``state_dict``, ``state_dict_ema``, ``optimizer``, ``args``, as timm's train.py). One JAX step from it
-(``vit_torch.formats.read_timm_optimizer`` -> ``vit_jax.train.Trainer(moments=)``, what ``vit train``
+(``vit_torch.formats.read_timm_optimizer`` -> ``vit_jax.trainer.Trainer(moments=)``, what ``vit train``
 calls) equals one more torch step of timm's optimizer on the same batch, float64, within the tolerance
 table's "train" bound (1e-10).
 """
@@ -18,13 +18,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import vit_jax.train as jt
+import vit_jax.trainer as jt
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.source import training_weights_entry, weights_entry
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import Augment, Dataset
-from vit_common.data.train_config import TrainConfig
 from vit_common.tolerance import compare
+from vit_common.training.train_config import TrainConfig
 from vit_jax.optimizer_state import adam_state, check_moments
 from vit_torch.formats import SAFE_GLOBALS, read_timm_optimizer, read_torch_file
 from vit_torch.oracles import timm_model

@@ -36,8 +36,8 @@ DRIVER = textwrap.dedent("""
     from vit_cli.train import split_cpu
     split_cpu(build_parser().parse_args(argv))  # as `vit train` does, before JAX is imported
     send = lambda name: os.kill(os.getpid(), getattr(signal, name))
-    from vit_jax import train
-    step = train.Trainer.train_step
+    from vit_jax import trainer
+    step = trainer.Trainer.train_step
     def signalling_step(self, state, batch):
         done = int(state["step"]) + 1  # read first: the step donates the state's buffers
         out = step(self, state, batch)
@@ -47,7 +47,7 @@ DRIVER = textwrap.dedent("""
             for child in multiprocessing.active_children():
                 os.kill(child.pid, signal.SIGKILL)
         return out
-    train.Trainer.train_step = signalling_step
+    trainer.Trainer.train_step = signalling_step
     from orbax.checkpoint.path import atomicity
     finalize = atomicity.AtomicRenameTemporaryPath.finalize
     async def signalling_finalize(self, *a, **k):

@@ -15,12 +15,12 @@ import pytest
 import torch
 from flax import nnx
 
-import vit_jax.train as jt
+import vit_jax.optim as jo
 import vit_torch
 import vit_torch.train as tt
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import Augment
-from vit_common.data.train_config import TrainConfig
+from vit_common.training.train_config import TrainConfig
 from vit_jax.model import VisionTransformer
 from vit_jax.weights import _canonical_name, params_to_numpy
 from vit_jax.weights import from_numpy as jax_from_numpy
@@ -83,7 +83,7 @@ def test_timm_recipe_groups_are_timm_s(model, layer_decay):
             lambda: VisionTransformer(cfg.replace(dtype="float32", param_dtype="float32"), rngs=nnx.Rngs(0))
         )
         _, params, _ = nnx.split(abstract, nnx.Param, ...)
-        ids = jt.layer_ids(params, cfg.depth)
+        ids = jo.layer_ids(params, cfg.depth)
         top = max(jax.tree.leaves(ids))
         for path, v in nnx.to_flat_state(ids):
             name = _canonical_name(tuple(map(str, path)))[0]
@@ -153,7 +153,7 @@ def test_jax_recipes_update_as_optax_adamw_and_big_vision_s_chain(x64, recipe):
     cfg = MODELS["map"]
     state, grads = _state(cfg), _grads(_state(cfg))
     tcfg = dataclasses.replace(TCFG, recipe=recipe, grad_clip=1.0, weight_decay=0.05 if recipe == "optax" else 1e-3)
-    ours, _ = jt.make_optimizer(tcfg, 10, cfg.depth, no_weight_decay=frozenset(["pos_embed", "cls_token"]))
+    ours, _ = jo.make_optimizer(tcfg, 10, cfg.depth, no_weight_decay=frozenset(["pos_embed", "cls_token"]))
     got = _jax_update(cfg, ours, state, grads)
     unit = optax.warmup_cosine_decay_schedule(0.0, 1.0, 0, 10, end_value=tcfg.min_lr_ratio)
     sched = lambda c: unit(jnp.asarray(c, jnp.float64))  # noqa: E731  (optax counts in float32 otherwise)
@@ -183,11 +183,11 @@ def test_jax_recipes_update_as_optax_adamw_and_big_vision_s_chain(x64, recipe):
 @pytest.mark.parametrize("kwargs", [dict(weight_decay=0.05, layer_decay=0.75), dict(weight_decay=0.05), {}])
 @pytest.mark.parametrize("model", list(MODELS))
 def test_timm_param_groups_give_create_optimizer_v2_s_order(model, kwargs):
-    """vit_common.recipes.timm_param_groups: the names of timm's own optimizer groups, in order (what
+    """vit_common.training.recipes.timm_param_groups: the names of timm's own optimizer groups, in order (what
     maps a timm checkpoint's optimizer state, numbered through its groups, back to names)."""
     from timm.optim import create_optimizer_v2
 
-    from vit_common.recipes import timm_param_groups
+    from vit_common.training.recipes import timm_param_groups
 
     ref = timm_model(MODELS[model])
     opt = create_optimizer_v2(ref, "adamw", lr=1e-3, **kwargs)

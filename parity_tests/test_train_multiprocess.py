@@ -56,8 +56,8 @@ DRIVER = textwrap.dedent("""
         return open_(file, mode, *a, **k)
     os.replace, builtins.open = replacing, opening
     if stop_at:
-        from vit_jax import train
-        step = train.Trainer.train_step
+        from vit_jax import trainer
+        step = trainer.Trainer.train_step
         def stopping_step(self, state, batch):
             done = int(state["step"])  # read first: the step donates the state's buffers
             out = step(self, state, batch)
@@ -72,7 +72,7 @@ DRIVER = textwrap.dedent("""
                         assert time.time() < deadline, "the preemption notice did not reach every process"
                         time.sleep(0.05)
             return out
-        train.Trainer.train_step = stopping_step
+        trainer.Trainer.train_step = stopping_step
     sys.exit(main(argv))
 """)
 

@@ -41,15 +41,15 @@ KILLER = textwrap.dedent("""
     from vit_cli.train import split_cpu
     split_cpu(build_parser().parse_args(argv))  # as `vit train` does, before JAX is imported
     if mode == "train":  # right after dispatching step `at`
-        from vit_jax import train
-        step = train.Trainer.train_step
+        from vit_jax import trainer
+        step = trainer.Trainer.train_step
         def killing_step(self, state, batch):
             done = int(state["step"])  # read first: the step donates the state's buffers
             out = step(self, state, batch)
             if done + 1 == at:
                 os.kill(os.getpid(), signal.SIGKILL)
             return out
-        train.Trainer.train_step = killing_step
+        trainer.Trainer.train_step = killing_step
     else:  # checkpoint: step `at` has written its files into a temporary folder, not renamed yet
         from orbax.checkpoint.path import atomicity
         finalize = atomicity.AtomicRenameTemporaryPath.finalize

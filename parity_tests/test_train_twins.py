@@ -15,9 +15,9 @@ import pytest
 from vit_cli.train_parity import compare_training, drop_path_masks, dropout_masks
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import Augment, Dataset
-from vit_common.data.train_config import TrainConfig
-from vit_common.recipes import RECIPES, translate
 from vit_common.tolerance import compare
+from vit_common.training.recipes import RECIPES, translate
+from vit_common.training.train_config import TrainConfig
 
 TINY = ViTConfig(
     image_size=8, patch_size=4, in_chans=1, num_classes=3, width=16, depth=2, num_heads=2, mlp_dim=32,
@@ -170,7 +170,7 @@ def test_the_command_reports_every_step_and_exits_1_where_the_twins_part(npz, tm
 def test_adam_state_crosses_frameworks_k_torch_then_k_jax_equals_2k_jax(x64, data):
     """Optimizer state by canonical names: 3 torch steps, then the JAX twin continues from torch's weights,
     moments and step for 3 more = 6 JAX steps; and 3 JAX steps continued by torch = 6 torch steps."""
-    import vit_jax.train as jt
+    import vit_jax.trainer as jt
     import vit_torch.train as tt
     from vit_jax.optimizer_state import adam_state, train_state
 

@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vit_common.training.train_config import TrainConfig
 from vit_jax import distributed
 from vit_jax.distributed import cluster_env, disagreement, roll_call, run_digest
-from vit_jax.train import TrainConfig, config_mismatch
+from vit_jax.resume import config_mismatch
 
 ROOT = Path(__file__).resolve().parents[1]
 

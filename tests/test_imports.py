@@ -24,13 +24,17 @@ def _loaded_after(statement: str) -> set[str]:
     [
         (
             "import vit_common, vit_common.checkpoints, vit_common.tolerance, vit_common.posemb, "
-            "vit_common.data.images, vit_common.data.datasets, vit_common.data.train_config, "
+            "vit_common.data.images, vit_common.data.datasets, vit_common.training.train_config, "
             "vit_common.system.io, vit_common.system.validate, vit_cli.attention_maps",
             JAX_MODULES + TORCH_MODULES,
         ),
         ("import vit_torch", JAX_MODULES),
         ("import vit_jax", TORCH_MODULES),
-        ("import vit_jax.train, vit_jax.data, vit_jax.finetune, vit_jax.run", TORCH_MODULES),
+        (
+            "import vit_jax.optim, vit_jax.trainer, vit_jax.checkpointing, vit_jax.resume, vit_jax.loop, "
+            "vit_jax.data, vit_jax.finetune, vit_jax.run",
+            TORCH_MODULES,
+        ),
         ("import vit_cli.main as m; m.build_parser()", JAX_MODULES + TORCH_MODULES),
     ],
 )

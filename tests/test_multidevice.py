@@ -23,7 +23,8 @@ SCRIPT = textwrap.dedent("""
     from conftest import _tiny_dataset  # the repository root's, on PYTHONPATH (no pytest here)
     from vit_common.tolerance import compare
     from vit_jax.data import iterate, train_batches
-    from vit_jax.train import Trainer, TrainConfig, make_mesh
+    from vit_common.training.train_config import TrainConfig
+    from vit_jax.trainer import Trainer, make_mesh
 
     assert jax.device_count() == 8, jax.devices()
     data = _tiny_dataset(n_train=36, n_test=8)

@@ -1,4 +1,4 @@
-"""The optimizer recipes as data (vit_common/recipes.py): masks, layer numbering, the schedule in Python
+"""The optimizer recipes as data (vit_common/training/recipes.py): masks, layer numbering, the schedule in Python
 floats against optax's, and the translation between recipes."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from vit_common.recipes import RECIPES, decays, get_recipe, layer_ids, lr_factor, schedule_steps, translate
-from vit_jax.train import _schedule
+from vit_common.training.recipes import RECIPES, decays, get_recipe, layer_ids, lr_factor, schedule_steps, translate
+from vit_jax.optim import _schedule
 
 NWD = ("pos_embed", "cls_token", "reg_token", "dist_token")  # timm VisionTransformer.no_weight_decay()
 

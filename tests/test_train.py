@@ -15,11 +15,14 @@ from flax import nnx
 
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import ArraySource, Augment, Dataset
-from vit_common.recipes import get_recipe
 from vit_common.tolerance import compare
+from vit_common.training.recipes import get_recipe
+from vit_common.training.train_config import TrainConfig
+from vit_jax.checkpointing import Checkpoints
 from vit_jax.data import iterate, train_batches
 from vit_jax.model import VisionTransformer
-from vit_jax.train import Checkpoints, TrainConfig, Trainer, decay_mask, layer_ids, loss_and_grads, make_optimizer
+from vit_jax.optim import decay_mask, layer_ids, make_optimizer
+from vit_jax.trainer import Trainer, loss_and_grads
 from vit_jax.weights import to_numpy
 
 TINY = ViTConfig(image_size=8, patch_size=4, in_chans=1, num_classes=3, width=16, depth=2, num_heads=2, mlp_dim=32)
@@ -268,7 +271,7 @@ def test_ema_after_k_steps_is_the_numpy_formula_over_the_weights_of_every_step(t
     """6 steps with a warm-up that meets its floor (step 2), its curve (3-5) and its cap (6): the jitted
     step's EMA equals ema x decay + weights x (1 - decay) in float64 over each step's weights, within the
     float32 bound; step 1's update is a copy; the decays are the formula's."""
-    from vit_jax.train import ema_decay
+    from vit_jax.optim import ema_decay
 
     knobs = dict(ema=0.6, ema_warmup=True, ema_warmup_gamma=2.0, ema_warmup_power=0.8, ema_min_decay=0.3)
     tcfg = TrainConfig(batch_size=4, epochs=2, warmup_steps=1, lr=1e-2, augment=Augment(), **knobs)

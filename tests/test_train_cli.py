@@ -197,7 +197,7 @@ def test_train_flags_come_from_the_config_fields():
     import dataclasses
 
     from vit_common.data.datasets import Augment
-    from vit_common.data.train_config import RunOptions, TrainConfig
+    from vit_common.training.train_config import RunOptions, TrainConfig
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -272,7 +272,7 @@ def test_resume_drops_a_cut_metrics_line_and_falls_back_from_a_damaged_checkpoin
 
 
 def test_a_metrics_line_without_a_step_names_the_file_and_line(tmp_path):
-    from vit_jax.train import _truncate_metrics
+    from vit_jax.loop import _truncate_metrics
 
     (tmp_path / "m.jsonl").write_text('{"step": 1}\n{"loss": 2}\n{"step": 3}\n')
     with pytest.raises(ValueError, match=r"m.jsonl:2: a metrics line without an integer 'step'"):
@@ -342,8 +342,9 @@ def test_ema_resumes_bit_exactly_and_export_ema_exports_it_leaving_the_training_
 
     from vit_common.config import ViTConfig
     from vit_common.data.datasets import Augment, read_dataset
-    from vit_common.data.train_config import TrainConfig
-    from vit_jax.train import Checkpoints, Trainer, sharded_abstract
+    from vit_common.training.train_config import TrainConfig
+    from vit_jax.checkpointing import Checkpoints
+    from vit_jax.trainer import Trainer, sharded_abstract
 
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "d.npz", x=rng.integers(0, 256, (16, 8, 8), np.uint8), y=np.arange(16) % 2)

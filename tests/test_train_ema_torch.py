@@ -13,7 +13,7 @@ from timm.utils import ModelEmaV3
 
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import Augment
-from vit_common.data.train_config import TrainConfig
+from vit_common.training.train_config import TrainConfig
 from vit_torch.train import ModelEma, Trainer
 
 TINY = ViTConfig(image_size=8, patch_size=4, in_chans=1, num_classes=3, width=16, depth=2, num_heads=2, mlp_dim=32)

@@ -1,4 +1,4 @@
-"""`vit recipes`: the optimizer recipes both twins run (vit_common/recipes.py), and the translation of a
+"""`vit recipes`: the optimizer recipes both twins run (vit_common/training/recipes.py), and the translation of a
 weight decay from one recipe to another with what it cannot keep.
 
     vit recipes                                         the table
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from vit_common.recipes import RECIPES, translate
 from vit_common.system.validate import arg, float_in
+from vit_common.training.recipes import RECIPES, translate
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

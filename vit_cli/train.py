@@ -25,9 +25,9 @@ from vit_cli.run_model import class_list
 from vit_common.config import VARIANTS, ViTConfig
 from vit_common.data.datasets import Augment, check_outside
 from vit_common.data.images import Preprocess
-from vit_common.data.train_config import RunOptions, TrainConfig
 from vit_common.system import io
 from vit_common.system.validate import arg, float_in, int_in
+from vit_common.training.train_config import RunOptions, TrainConfig
 
 # The demo model: 28x28 inputs, 7x7 patches, 16 tokens (no class token: average pooling).
 DEMO_MODEL = dict(image_size=28, patch_size=7, width=128, depth=4, num_heads=4, mlp_dim=256, pool="gap")

@@ -5,11 +5,11 @@
 twins part, 2 on bad input.
 
 ``compare_training`` gives both twins the same initial weights and the same K batches from the one
-input pipeline (``vit_jax.train.Trainer.train_iterator``: augmentation, mixup / cutmix and padding drawn
-in numpy), takes K optimizer steps in each (``vit_jax.train`` with optax, ``vit_torch.train`` with
+input pipeline (``vit_jax.trainer.Trainer.train_iterator``: augmentation, mixup / cutmix and padding drawn
+in numpy), takes K optimizer steps in each (``vit_jax.trainer`` with optax, ``vit_torch.train`` with
 torch.optim), and after every step compares the loss, the gradient norm, the learning rate, every
 parameter and both Adam moments by canonical name, and with ``--ema`` the moving averages of the weights
-(``vit_jax.train.ema_update`` against ``vit_torch.train.ModelEma``). Drop path, dropout and attention dropout
+(``vit_jax.optim.ema_update`` against ``vit_torch.train.ModelEma``). Drop path, dropout and attention dropout
 run in the parity mode: both twins take the same keep masks, drawn in numpy per step (``drop_path_masks``,
 ``dropout_masks``).
 
@@ -28,9 +28,9 @@ import numpy as np
 
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import Dataset, batches_per_epoch
-from vit_common.data.train_config import TrainConfig
-from vit_common.recipes import get_recipe
 from vit_common.tolerance import compare, tolerance
+from vit_common.training.recipes import get_recipe
+from vit_common.training.train_config import TrainConfig
 
 _DROP = 2  # first word of the drop-path masks' seeds (the pipeline's examples use 0, its batches 1)
 _DROPOUT = 3  # first word of the dropout masks' seeds
@@ -204,7 +204,7 @@ def compare_training(
         ValueError: steps < 1 or more than the run has, configs whose batches differ (batch size,
             epochs, seed, augmentation), an EMA in one twin only, or anything the trainers refuse.
     """
-    import vit_jax.train as jt
+    import vit_jax.trainer as jt
     import vit_torch.train as tt
     from vit_jax.optimizer_state import adam_state
 
@@ -315,8 +315,8 @@ def add_parser(sub) -> None:
     from vit_cli.main import HelpFormatter
     from vit_cli.train import DEMO_MODEL, OPTIMISATION
     from vit_common.data.datasets import Augment
-    from vit_common.recipes import RECIPES
     from vit_common.system.validate import arg, float_in, int_in
+    from vit_common.training.recipes import RECIPES
 
     p = sub.add_parser(
         "train-parity",

@@ -4,8 +4,8 @@ torch).
 The top of the package is the schema both twins need: ``config`` (``ViTConfig``, the variant table),
 ``state`` (the canonical flat state in timm's names), ``posemb`` (position-embedding resampling) and
 ``tolerance`` (the one table of parity bounds). The sub-packages do the other jobs: ``checkpoints``
-(every file format, conversion, provenance), ``data`` (images, datasets, the training configuration) and
-``system`` (safe writes, validation, host memory).
+(every file format, conversion, provenance), ``data`` (images, datasets), ``training`` (the training
+configuration and the optimizer recipes) and ``system`` (safe writes, validation, host memory).
 """
 
 from vit_common.config import VARIANTS, ViTConfig

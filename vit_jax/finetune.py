@@ -4,7 +4,7 @@ head matched to the dataset's classes, and the result exported in the checkpoint
 The config is resolved in one order: the dataset (``vit_common.data.datasets.read_dataset``: its classes
 and channels) -> the checkpoint, read once with the dataset's class count and the image size to train at
 -> the config (fields the caller gives checked or applied) -> the dataset fit to that config. ``vit
-train --init`` is this module and ``vit_jax.train``, driven by ``vit_jax.run``; the checks of the exports
+train --init`` is this module and ``vit_jax.loop``, driven by ``vit_jax.run``; the checks of the exports
 in vit_torch, timm and transformers run where torch may be imported (``vit_cli.train.export_parity``,
 passed to ``vit_jax.run.run_training``), so importing this module loads no torch. Readers and writers of
 PyTorch ``.pth``/``.bin`` files are passed in (``vit_torch.formats.READERS`` / ``WRITERS``), as
@@ -143,7 +143,7 @@ def resumed_init(
     ``data``, ``image_size`` (H, W), ``given`` and ``preprocess`` as ``load_init``'s. The config is the
     run's, with the image size, the given runtime fields (``dtype`` float32 unless given) and the given
     preprocessing fields on top, so a flag the run was not started with shows as a config difference
-    when ``vit_jax.train.fit`` compares the two.
+    when ``vit_jax.loop.fit`` compares the two.
     ``weights`` is None (the run's checkpoint holds them).
 
     Raises:

@@ -5,7 +5,7 @@ A model with dropout or drop path holds its RNG streams as typed key arrays (``j
 typed key dtypes not always; so a checkpoint holds each key's ``jax.random.key_data`` (uint32
 [..., 2] for threefry2x32) and the implementation's name, and a restore wraps the data again
 (``jax.random.wrap_key_data``). Used by the orbax model folders (``vit_jax.formats``) and the training
-checkpoints (``vit_jax.train.Checkpoints``).
+checkpoints (``vit_jax.checkpointing.Checkpoints``).
 """
 
 from __future__ import annotations

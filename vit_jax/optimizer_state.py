@@ -1,7 +1,7 @@
 """The JAX twin's Adam state by canonical names: what the twin-training parity compares and converts.
 
 optax keeps Adam's moments in a ``ScaleByAdamState(count, mu, nu)`` somewhere inside the chain that
-``vit_jax.train.make_optimizer`` builds (under the clip, inside ``optax.adamw``'s chain, or inside
+``vit_jax.optim.make_optimizer`` builds (under the clip, inside ``optax.adamw``'s chain, or inside
 ``multi_transform`` with ``freeze``); ``mu`` and ``nu`` are parameter-shaped trees (frozen parameters
 hold ``optax.MaskedNode``). Here they become flat numpy dicts with timm names and PyTorch layouts, the
 form ``vit_torch.train.Trainer.adam_state`` gives, so torch's ``exp_avg`` / ``exp_avg_sq`` and optax's
@@ -112,7 +112,7 @@ def with_adam_state(opt_state, moments: dict, schedule_count: int | None = None)
 
 
 def train_state(trainer, weights: dict[str, np.ndarray], moments: dict) -> dict:
-    """A ``vit_jax.train.Trainer`` state at step ``moments["count"]`` holding ``weights`` (canonical) and
+    """A ``vit_jax.trainer.Trainer`` state at step ``moments["count"]`` holding ``weights`` (canonical) and
     the Adam state ``moments`` (``adam_state``'s form, e.g. ``vit_torch.train.Trainer.adam_state()``):
     the JAX twin continues a torch run. The dropout RNG streams are the trainer's fresh ones.
 

@@ -4,7 +4,7 @@ check the exports.
 ``run_training(spec)`` does what ``vit train`` does after reading its flags: it starts the processes of
 a multi-process run (``vit_jax.distributed``), takes the run folder's lock, reads the dataset, builds
 the model (a fresh one from ``RunSpec.model``, or the checkpoint of ``TrainConfig.init`` through
-``vit_jax.finetune``), trains it (``vit_jax.train.fit``), exports it (``vit_jax.finetune.export``),
+``vit_jax.finetune``), trains it (``vit_jax.loop.fit``), exports it (``vit_jax.finetune.export``),
 plots curves.png and checks the exports with the ``parity`` function it is given. That check runs the
 exports in PyTorch and in their libraries, so it is passed in (``vit_cli.train.export_parity``) and
 importing this module loads no torch. Progress goes to stderr, a line each ("vit train: ..."), on
@@ -29,9 +29,9 @@ from typing import Any
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import natural_images
 from vit_common.data.images import Preprocess
-from vit_common.data.train_config import RunOptions, TrainConfig
 from vit_common.system import io
 from vit_common.system.validate import check_model_size
+from vit_common.training.train_config import RunOptions, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def stopped_line(e, phase: str, out: Path) -> str:
 
 def resume_from(out: Path) -> str:
     """Where --resume continues the run in ``out``: its latest complete checkpoint, or step 0."""
-    from vit_jax.train import saved_steps
+    from vit_jax.checkpointing import saved_steps
 
     steps = saved_steps(out / "checkpoints")
     return f"from the checkpoint of step {steps[-1]}" if steps else "from step 0 (no checkpoint was written yet)"
@@ -193,16 +193,12 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     from vit_common.checkpoints.metadata import ModelInfo
     from vit_common.data.datasets import read_dataset
     from vit_common.system.peaks import datasheet_peak
+    from vit_jax.checkpointing import saved_steps
     from vit_jax.finetune import check_exports, export, export_targets, init_record, load_init, resumed_init
+    from vit_jax.loop import NonFiniteError, fit
     from vit_jax.optimizer_state import check_moments
-    from vit_jax.train import (
-        NonFiniteError,
-        Trainer,
-        enable_compile_cache,
-        fit,
-        saved_steps,
-        schedule_change,
-    )
+    from vit_jax.resume import schedule_change
+    from vit_jax.trainer import Trainer, enable_compile_cache
 
     tcfg, out = spec.train, spec.out
     lead = jax.process_index() == 0
@@ -360,7 +356,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     if parity is not None and importlib.util.find_spec("torch") is None:
         log('vit train: no PyTorch check of the exports: torch is not installed (pip install "vit-twins[torch]")')
     elif parity is not None:
-        from vit_jax.train import write_json
+        from vit_jax.loop import write_json
 
         result = parity(out / "model.safetensors", exports, trainer)
         with io.overwriting() if resume else contextlib.nullcontext():

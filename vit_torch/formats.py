@@ -146,7 +146,7 @@ def read_timm_optimizer(path: str | os.PathLike, entry: str = "state_dict") -> d
 
     The optimizer's state numbers parameters through its groups; the names come back from the weights
     ``entry`` (its keys in ``named_parameters()`` order, DDP's ``module.`` removed) grouped as
-    ``timm.optim.create_optimizer_v2`` groups them (``vit_common.recipes.timm_param_groups``) with the
+    ``timm.optim.create_optimizer_v2`` groups them (``vit_common.training.recipes.timm_param_groups``) with the
     checkpoint's ``args.weight_decay`` / ``args.layer_decay`` (without ``args``: layer decay where the
     groups hold ``lr_scale``, weight-decay groups where any group decays). Read with the weights-only
     loader, as ``read_torch_file``.
@@ -156,7 +156,7 @@ def read_timm_optimizer(path: str | os.PathLike, entry: str = "state_dict") -> d
             Adam/AdamW (no ``exp_avg_sq``); groups whose sizes the names do not give; a moment whose shape
             is not its parameter's (named); steps that differ between parameters.
     """
-    from vit_common.recipes import timm_param_groups
+    from vit_common.training.recipes import timm_param_groups
 
     obj = _load(path)
     opt = obj.get("optimizer") if isinstance(obj, Mapping) else None

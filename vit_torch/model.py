@@ -375,7 +375,7 @@ class VisionTransformer(nn.Module):
     def no_weight_decay(self) -> frozenset[str]:
         """Canonical names exempt from weight decay besides rank <= 1 tensors: timm's
         ``VisionTransformer.no_weight_decay`` (``timm/models/vision_transformer.py``). Which tensors a run
-        decays is its recipe's choice (``vit_common.recipes.decays``)."""
+        decays is its recipe's choice (``vit_common.training.recipes.decays``)."""
         return frozenset({"pos_embed", "cls_token", "reg_token", "dist_token"})
 
     def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

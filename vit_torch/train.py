@@ -1,21 +1,21 @@
-"""Training the PyTorch twin: the step of ``vit_jax/train.py`` in PyTorch, from the same ``TrainConfig``.
+"""Training the PyTorch twin: the JAX twin's training step in PyTorch, from the same ``TrainConfig``.
 
 ``vit train`` stays JAX; this trainer is what the twin-training parity (``vit parity --train K``,
 ``vit_cli/train_parity.py``) drives beside it, batch by batch, from the one input pipeline
 (``vit_common.data.datasets``: the batches are numpy dicts, image float32 [B, H, W, C], label int32 [B],
 target float32 [B, K] already mixed by mixup / cutmix, mask float32 [B]).
 
-The step (each choice the JAX step's, see ``vit_jax.train``):
+The step (each choice the JAX step's, see ``vit_jax.trainer`` and ``vit_jax.optim``):
 
 - the optimizer is ``torch.optim.AdamW`` over parameter groups (``make_optimizer``): the recipe's decay
-  mask (``vit_common.recipes.decays`` with the model's ``no_weight_decay()``), layer-wise decay as each
+  mask (``vit_common.training.recipes.decays`` with the model's ``no_weight_decay()``), layer-wise decay as each
   group's ``lr_scale`` (layers as timm's ``param_groups_layer_decay``), and for big_vision (decay not
   scaled by the base lr) a group weight decay of wd / (lr x lr_scale), so that torch's
   ``p *= 1 - lr_group(t) x wd_group`` is big_vision's ``p -= (lr(t) / lr) x wd x p``. big_vision's
   bfloat16 first moment: a step post-hook (``Optimizer.register_step_post_hook``) rounds ``exp_avg`` to
   bfloat16 after each step; optax's ``scale_by_adam(mu_dtype=...)`` also updates with the unrounded
   moment and stores the rounded one.
-- the schedule: ``torch.optim.lr_scheduler.LambdaLR`` of ``vit_common.recipes.lr_factor``, optax's
+- the schedule: ``torch.optim.lr_scheduler.LambdaLR`` of ``vit_common.training.recipes.lr_factor``, optax's
   warmup-cosine written in Python floats; step 0 is the first optimizer step, as in optax.
 - global-norm clipping: ``torch.nn.utils.clip_grad_norm_`` (recipes with torch's clip: max / (norm +
   1e-6)), or optax's coefficient max / norm (``optax.clip_by_global_norm``) for the others.
@@ -31,10 +31,22 @@ The step (each choice the JAX step's, see ``vit_jax.train``):
 
 - ``ema``: the moving average of the weights is timm's ``ModelEmaV3`` update (``ModelEma``; timm is not
   a dependency of this twin, so it is written here and tested against timm's class), after the
-  optimizer and scheduler steps, as the JAX step's ``vit_jax.train.ema_update``.
+  optimizer and scheduler steps, as the JAX step's ``vit_jax.optim.ema_update``.
 
 Dropout and drop path draw from torch's generator, seeded by ``tcfg.seed``; the parity harness feeds
 both twins the same masks instead (``drop_masks``, ``dropout_masks``).
+
+One file, where the JAX twin splits training by job into five modules: this twin takes steps and runs
+no whole training of its own (no checkpoints, resume rules or loop), and at under 300 lines it needs no
+split. What mirrors what:
+
+- ``make_optimizer`` (with ``round_first_moment``): ``vit_jax.optim.make_optimizer``;
+- ``ModelEma``: ``vit_jax.optim.ema_decay`` and ``ema_update``;
+- ``Trainer`` (``train_step``, ``weights``): ``vit_jax.trainer.Trainer`` (its ``train_step``, which runs
+  ``loss_and_grads`` and ``train_step_fn``, and ``weights``);
+- ``Trainer.adam_state`` / ``load_adam_state``: ``vit_jax.optimizer_state.adam_state`` /
+  ``with_adam_state``;
+- nothing here for ``vit_jax.checkpointing``, ``vit_jax.resume`` and ``vit_jax.loop``.
 """
 
 from __future__ import annotations
@@ -47,8 +59,8 @@ import torch.nn.functional as F
 
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import Dataset, batches_per_epoch
-from vit_common.data.train_config import TrainConfig
-from vit_common.recipes import decays, get_recipe, layer_scales, lr_factor, schedule_steps
+from vit_common.training.recipes import decays, get_recipe, layer_scales, lr_factor, schedule_steps
+from vit_common.training.train_config import TrainConfig
 from vit_torch.model import VisionTransformer
 from vit_torch.weights import from_numpy, tensor_to_numpy, to_numpy
 
@@ -127,7 +139,7 @@ class ModelEma:
 
 
 class Trainer:
-    """The torch twin in training: ``train_step(batch)`` is one optimizer step, as ``vit_jax.train.Trainer``'s.
+    """The torch twin in training: ``train_step(batch)`` is one optimizer step, as ``vit_jax.trainer.Trainer``'s.
 
     ``weights`` a canonical state to start from (the parity harness gives both twins the same one), else
     a fresh model seeded by ``tcfg.seed``. ``device`` where the model and batches live. With ``tcfg.ema``,

@@ -1,6 +1,6 @@
 """Optimizer recipes as data: which tensors decay, how the decay is scaled, the moments' dtype, the clip.
 
-Both twins build their optimizer from one ``Recipe`` (``vit_jax.train.make_optimizer`` with optax,
+Both twins build their optimizer from one ``Recipe`` (``vit_jax.optim.make_optimizer`` with optax,
 ``vit_torch.train.make_optimizer`` with ``torch.optim.AdamW``), so a recipe means the same numbers in
 either framework. The names are the canonical (timm) parameter names; ``ndim`` is the tensor's rank.
 
@@ -67,7 +67,7 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
-        Recipe("twins", "twins", True, None, "optax", 0.05, "vit_jax/train.py (this project's trainer)"),
+        Recipe("twins", "twins", True, None, "optax", 0.05, "vit_jax/optim.py (this project's trainer)"),
         Recipe("timm", "timm", True, None, "torch", 0.05, "timm/optim/_param_groups.py, timm/train.py"),
         Recipe("torch", "all", True, None, "torch", 1e-2, "torch/optim/adamw.py"),
         Recipe("big_vision", "kernels", False, "bfloat16", "optax", 1e-4, "big_vision/optax.py"),
@@ -177,7 +177,7 @@ def timm_param_groups(
 
 def schedule_steps(warmup_steps: int, total_steps: int) -> tuple[int, int]:
     """(warmup, decay steps) of the warmup-cosine schedule over ``total_steps`` optimizer steps: the
-    warmup is cut to leave at least one step of the cosine (``vit_jax.train.make_optimizer``)."""
+    warmup is cut to leave at least one step of the cosine (``vit_jax.optim.make_optimizer``)."""
     warmup = min(warmup_steps, max(total_steps - 1, 0))
     return warmup, max(total_steps, warmup + 1)
 

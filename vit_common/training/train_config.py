@@ -12,8 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from vit_common.data.datasets import Augment
-from vit_common.recipes import DEFAULT_RECIPE, RECIPES
 from vit_common.system.validate import Range, check_fields
+from vit_common.training.recipes import DEFAULT_RECIPE, RECIPES
 
 POSITIVE_INT = Range(1, integer=True)
 EMA_METRICS = ("test_ema_accuracy", "test_ema_top5_accuracy", "test_ema_loss")  # evaluations of the --ema weights
@@ -104,9 +104,9 @@ class TrainConfig:
     recipe: str = field(
         default=DEFAULT_RECIPE,
         metadata=_help(
-            "optimizer recipe (vit_common/recipes.py): twins (this trainer's own), timm (timm's train.py), "
-            "torch (AdamW on every tensor), big_vision (decay not scaled by --lr, kernels only, bfloat16 "
-            "first moment), optax (optax.adamw)",
+            "optimizer recipe (vit_common/training/recipes.py): twins (this trainer's own), timm (timm's "
+            "train.py), torch (AdamW on every tensor), big_vision (decay not scaled by --lr, kernels only, "
+            "bfloat16 first moment), optax (optax.adamw)",
             choices=tuple(RECIPES),
         ),
     )
@@ -216,7 +216,7 @@ class TrainConfig:
         included, as timm's train.py passes ``num_updates``): timm's ``ModelEmaV3.get_decay``
         (``timm/utils/model_ema.py``): 0 at step 1 (the EMA becomes a copy of the weights), then ``ema``,
         or with ``ema_warmup`` 1 - (1 + k / gamma)^-power for k = step - 1, clipped to
-        [``ema_min_decay``, ``ema``]. The JAX step's traced form: ``vit_jax.train.ema_decay``.
+        [``ema_min_decay``, ``ema``]. The JAX step's traced form: ``vit_jax.optim.ema_decay``.
 
         Raises:
             ValueError: no EMA (``ema`` is None).
@@ -240,7 +240,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How ``vit_jax.train.fit`` carries out and records a run: where it starts, how often it
+    """How ``vit_jax.loop.fit`` carries out and records a run: where it starts, how often it
     checkpoints, logs and evaluates, whether it shows progress. None of it changes the run's numbers
     (a resumed run may change any of them).
 
