@@ -10,7 +10,7 @@ Datasets (``load_dataset(spec, ...)``):
                              ``Dataset`` or a ``DatasetDict`` of splits) or a folder of Parquet files
                              (split names from the file names, as the Hub lays them out): an ``Image``
                              column (encoded bytes or file paths) and a ``ClassLabel`` (or integer) label
-                             column; ``vit_common.data.hf``;
+                             column; ``vit_common.data.hf_datasets``;
     ``arrayrecord:PATTERN``  ArrayRecord files (grain's native format) of encoded image + label records,
                              as ``vit data convert`` writes them; ``vit_common.data.arrayrecord``;
     ``tfds:PATH``            a TensorFlow Datasets dataset prepared in ArrayRecord format (the folder
@@ -267,7 +267,7 @@ def open_stored(spec: str) -> Stored:
     if kind == "imagefolder":
         return _imagefolder(Path(arg))
     if kind == "hf":
-        from vit_common.data.hf import open_hf
+        from vit_common.data.hf_datasets import open_hf
 
         return open_hf(Path(arg))
     if kind == "arrayrecord":
