@@ -59,7 +59,7 @@ from vit_common.data.images import (
     to_array,
     to_channels,
 )
-from vit_common.data.stored import MAX_CLASSES, Stored, Subset, file_stats
+from vit_common.data.stored_datasets import MAX_CLASSES, Stored, Subset, file_stats
 from vit_common.system.validate import Range, check_fields
 
 _SPLIT_SEED = 0  # fixed split of mnist5k, digits and any dataset split by val_fraction
