@@ -6,7 +6,7 @@
 - ``protocol``: the ``Format`` interface and what flows through it (``Source``, ``Decoded``, ``Encoded``,
   ``ReadOptions``, ``WriteOptions``);
 - ``source``: containers on disk (safetensors, .npz, torch pickles, HF and orbax folders);
-- ``stored``: a ViTConfig stored beside the tensors.
+- ``stored_config``: a ViTConfig stored beside the tensors.
 
 The registry of these objects is ``vit_common.checkpoints.registry``; nothing here imports it.
 """

@@ -81,7 +81,7 @@ from vit_common.checkpoints.formats.rules import (
     unsupported,
 )
 from vit_common.checkpoints.formats.source import TORCH_SUFFIXES, read_safetensors
-from vit_common.checkpoints.formats.stored import assumed_meta, config_from_json, decode_stored
+from vit_common.checkpoints.formats.stored_config import assumed_meta, config_from_json, decode_stored
 from vit_common.checkpoints.hub import is_hub_id
 from vit_common.checkpoints.metadata import Declared, info_metadata
 from vit_common.config import ViTConfig
