@@ -137,7 +137,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     from vit_common.data.arrayrecord import write_arrayrecord
-    from vit_common.data.datasets import Augment, load_dataset, open_stored
+    from vit_common.data.augment import Augment
+    from vit_common.data.datasets import load_dataset, open_stored
     from vit_common.data.images import PRESETS
     from vit_jax.data import train_batches, transform_for
 

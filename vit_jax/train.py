@@ -51,7 +51,9 @@ from jax.sharding import PartitionSpec as P
 
 from vit_common import recipes
 from vit_common.config import ViTConfig
-from vit_common.data.datasets import Dataset, batches_per_epoch, examples_before, fingerprint_changes
+from vit_common.data.batches import batches_per_epoch, examples_before
+from vit_common.data.datasets import Dataset
+from vit_common.data.fingerprint import fingerprint_changes
 from vit_common.data.images import Preprocess
 from vit_common.data.train_config import RunOptions, TrainConfig
 from vit_common.recipes import TORCH_CLIP_EPS, Recipe, decays, get_recipe, schedule_steps
@@ -909,7 +911,7 @@ def config_mismatch(saved: dict, current: dict) -> list[str]:
 
 
 def check_same_data(out: Path, saved: dict, fingerprint: dict, lead: bool) -> None:
-    """Refuse to resume on data other than the run's (``vit_common.data.datasets.fingerprint_changes``
+    """Refuse to resume on data other than the run's (``vit_common.data.fingerprint.fingerprint_changes``
     against config.json's ``dataset``); files whose modification times alone changed are one warning
     line (process 0), as is a run folder written before fingerprints were stored.
 
