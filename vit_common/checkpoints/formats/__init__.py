@@ -8,5 +8,8 @@
 - ``source``: containers on disk (safetensors, .npz, torch pickles, HF and orbax folders);
 - ``stored_config``: a ViTConfig stored beside the tensors.
 
+A large format keeps its parts in helper modules beside it, which hold no ``FORMAT``: ``timm_state``
+(timm state_dicts; timm's model for a config) and ``timm_hub`` (timm hub folders) for ``timm``.
+
 The registry of these objects is ``vit_common.checkpoints.registry``; nothing here imports it.
 """

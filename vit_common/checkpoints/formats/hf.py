@@ -77,7 +77,7 @@ from vit_common.checkpoints.formats.rules import (
     to_canonical,
     unsupported,
 )
-from vit_common.checkpoints.formats.timm import is_timm
+from vit_common.checkpoints.formats.timm_state import is_timm
 from vit_common.checkpoints.metadata import (
     Declared,
     hf_classes,
