@@ -9,7 +9,9 @@
 - ``stored_config``: a ViTConfig stored beside the tensors.
 
 A large format keeps its parts in helper modules beside it, which hold no ``FORMAT``: ``timm_state``
-(timm state_dicts; timm's model for a config) and ``timm_hub`` (timm hub folders) for ``timm``.
+(timm state_dicts; timm's model for a config) and ``timm_hub`` (timm hub folders) for ``timm``;
+``hf_vit`` (ViT and DeiT folders) for ``hf``; ``hf_common`` (key spellings, activation names) for ``hf``
+and ``hf_families``.
 
 The registry of these objects is ``vit_common.checkpoints.registry``; nothing here imports it.
 """

@@ -41,7 +41,7 @@ with a zero ``mask_token`` and (registers) a zero class position row. A plain Vi
 is the hf format's unless written as ``vit_mae`` (``ViTMAEModel``, ``mask_ratio`` 0) or ``vit_msn``:
 ``HfWriteOptions.model_type`` (``--hf-model-type``), which ``complete_options`` sets from a source read
 from such a folder. Still refused by name: CLIPForImageClassification (a mean of
-un-normalised tokens), ViTMAEForPreTraining (its decoder), and in ``hf.py`` relative position bias (BEiT,
+un-normalised tokens), ViTMAEForPreTraining (its decoder), and in ``hf_vit.py`` relative position bias (BEiT,
 data2vec-vision), rotary embeddings (DINOv3, Perception Encoder), NaFlex SigLIP2 and AIMv2's RMSNorm.
 """
 
@@ -57,7 +57,8 @@ from typing import Any
 import numpy as np
 
 from vit_common.checkpoints.formats.errors import FormatError
-from vit_common.checkpoints.formats.hf import BLOCK_KEYS, HfWriteOptions, HuggingFace
+from vit_common.checkpoints.formats.hf import HfWriteOptions, HuggingFace
+from vit_common.checkpoints.formats.hf_common import BLOCK_KEYS
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Source
 from vit_common.checkpoints.formats.provenance import (
     ASSUMED_KEY,
