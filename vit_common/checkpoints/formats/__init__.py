@@ -11,7 +11,7 @@
 A large format keeps its parts in helper modules beside it, which hold no ``FORMAT``: ``timm_state``
 (timm state_dicts; timm's model for a config) and ``timm_hub`` (timm hub folders) for ``timm``;
 ``hf_vit`` (ViT and DeiT folders) for ``hf``; ``hf_common`` (key spellings, activation names) for ``hf``
-and ``hf_families``.
+and ``hf_families``. ``hf_families`` is a package: its ``FORMAT`` in ``__init__``, one module per family.
 
 The registry of these objects is ``vit_common.checkpoints.registry``; nothing here imports it.
 """
