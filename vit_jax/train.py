@@ -57,7 +57,7 @@ from vit_common.data.fingerprint import fingerprint_changes
 from vit_common.data.images import Preprocess
 from vit_common.data.train_config import RunOptions, TrainConfig
 from vit_common.recipes import TORCH_CLIP_EPS, Recipe, decays, get_recipe, schedule_steps
-from vit_common.system import io
+from vit_common.system import in_place, io
 from vit_common.system.validate import regular_file
 from vit_jax.data import DataWorkerError, eval_batches, iterate, train_batches, transform_for
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
@@ -1237,7 +1237,7 @@ def _loop(
         if options.progress and lead
         else None
     )
-    log = io.open_log(metrics_path) if lead else None
+    log = in_place.open_log(metrics_path) if lead else None
 
     def write(line: dict) -> None:
         if log:
