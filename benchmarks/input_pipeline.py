@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.harness import host
-from vit_common.system import io
+from vit_common.system import in_place
 
 SCHEMA = "vit-input-pipeline/2"
 FORMATS = ("imagefolder", "arrayrecord")
@@ -137,7 +137,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     from vit_common.data.arrayrecord import write_arrayrecord
-    from vit_common.data.datasets import Augment, load_dataset, open_stored
+    from vit_common.data.augment import Augment
+    from vit_common.data.datasets import load_dataset, open_stored
     from vit_common.data.images import PRESETS
     from vit_jax.data import train_batches, transform_for
 
@@ -193,7 +194,7 @@ def main(argv=None) -> int:
                     assert set(record) == set(RECORD_FIELDS)
                     print(f"{fmt}, workers {w}: {rate:7.1f} images/s (start-up {startup:.1f} s)", file=sys.stderr)
                     if args.out:
-                        with io.open_log(args.out) as f:
+                        with in_place.open_log(args.out) as f:
                             f.write(json.dumps(record) + "\n")
     med = {k: statistics.median(v) for k, v in rates.items()}
     for (fmt, w), m in med.items():

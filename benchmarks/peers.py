@@ -1,7 +1,7 @@
 """ViTConfig -> the constructor arguments of the peer implementations the benchmark times.
 
 The mappings are the ones weight conversion uses: ``vit_torch.oracles.timm_model_kwargs`` (``timm_kwargs``) for timm,
-``vit_common.checkpoints.formats.hf.config_json`` for Hugging Face. Anything a peer cannot express raises, rather
+``vit_common.checkpoints.formats.hf_vit.config_json`` for Hugging Face. Anything a peer cannot express raises, rather
 than timing a different model.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vit_common.checkpoints.formats.hf import config_json
+from vit_common.checkpoints.formats.hf_vit import config_json
 from vit_common.config import ViTConfig
 
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from vit_common.system import io
+from vit_common.system import in_place, io
 
 README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 
@@ -119,7 +119,7 @@ def write_jsonl(records: Sequence[dict], path: str | Path) -> None:
 def append_jsonl(records: Sequence[dict], path: str | Path) -> None:
     """Append one JSON object per line (sorted keys) to ``path`` (parents made) in one write, and
     flush it to disk: records appended as each benchmark group finishes survive a run stopped later."""
-    with io.open_log(path) as f:
+    with in_place.open_log(path) as f:
         f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
         f.flush()
         os.fsync(f.fileno())

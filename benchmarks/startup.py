@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from benchmarks.harness import host
-from vit_common.system import io
+from vit_common.system import in_place
 
 SCHEMA = "vit-startup/1"
 KINDS = ("cold", "warm", "off")
@@ -144,7 +144,7 @@ def main(argv=None, command: list[str] | None = None) -> int:
             for record in run_round(index, arguments, Path(tmp), command, args.timeout):
                 records.append(record)
                 if args.out:
-                    with io.open_log(args.out) as f:
+                    with in_place.open_log(args.out) as f:
                         f.write(json.dumps(record) + "\n")
     print("\n".join(summary(records)))
     return 0 if all(r["exit_code"] == 0 for r in records) else 1

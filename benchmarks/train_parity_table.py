@@ -34,7 +34,8 @@ import numpy as np
 
 from vit_cli.train import DEMO_MODEL
 from vit_common.config import VARIANTS, ViTConfig
-from vit_common.data.datasets import ArraySource, Augment, Dataset
+from vit_common.data.augment import Augment
+from vit_common.data.datasets import ArraySource, Dataset
 from vit_common.tolerance import tolerance
 from vit_common.training.recipes import translate
 from vit_common.training.train_config import TrainConfig

@@ -17,7 +17,7 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import vit_jax
 import vit_torch
-from vit_common.checkpoints.formats.timm import timm_load_call
+from vit_common.checkpoints.formats.timm_state import timm_load_call
 from vit_common.state import canonical_shapes
 from vit_common.tolerance import compare
 from vit_torch.oracles import timm_model

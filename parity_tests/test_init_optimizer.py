@@ -22,7 +22,8 @@ import vit_jax.trainer as jt
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.source import training_weights_entry, weights_entry
 from vit_common.config import ViTConfig
-from vit_common.data.datasets import Augment, Dataset
+from vit_common.data.augment import Augment
+from vit_common.data.datasets import Dataset
 from vit_common.tolerance import compare
 from vit_common.training.train_config import TrainConfig
 from vit_jax.optimizer_state import adam_state, check_moments

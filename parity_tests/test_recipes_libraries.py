@@ -19,7 +19,7 @@ import vit_jax.optim as jo
 import vit_torch
 import vit_torch.train as tt
 from vit_common.config import ViTConfig
-from vit_common.data.datasets import Augment
+from vit_common.data.augment import Augment
 from vit_common.training.train_config import TrainConfig
 from vit_jax.model import VisionTransformer
 from vit_jax.weights import _canonical_name, params_to_numpy

@@ -157,7 +157,7 @@ def test_export_agrees_in_pytorch_and_timm(ref, npz):
     # the timm export carries its config and says how timm loads it strictly (the demo's fc_norm=False
     # included): run exactly that code
     from vit_common.checkpoints.convert import load_checkpoint
-    from vit_common.checkpoints.formats.timm import timm_load_call
+    from vit_common.checkpoints.formats.timm_state import timm_load_call
 
     timm_file = ref / "model_timm.safetensors"
     exported = load_checkpoint(timm_file)

@@ -14,7 +14,8 @@ import pytest
 
 from vit_cli.train_parity import compare_training, drop_path_masks, dropout_masks
 from vit_common.config import ViTConfig
-from vit_common.data.datasets import Augment, Dataset
+from vit_common.data.augment import Augment
+from vit_common.data.datasets import Dataset
 from vit_common.tolerance import compare
 from vit_common.training.recipes import RECIPES, translate
 from vit_common.training.train_config import TrainConfig

@@ -7,15 +7,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_common.data.datasets import (
-    ArraySource,
-    Augment,
-    EvalBatches,
-    ImageTransform,
-    TrainPlan,
-    load_dataset,
-    read_dataset,
-)
+from vit_common.data.augment import Augment, ImageTransform
+from vit_common.data.batches import EvalBatches, TrainPlan
+from vit_common.data.datasets import ArraySource, load_dataset, read_dataset
 from vit_common.data.images import Preprocess
 from vit_jax.data import eval_batches, iterate, train_batches, train_iterator
 
@@ -89,7 +83,7 @@ def test_digits_are_scikit_learns_whether_read_from_its_csv_or_through_load_digi
 
 
 def test_examples_before_a_step_leave_out_the_padding():
-    from vit_common.data.datasets import examples_before
+    from vit_common.data.batches import examples_before
 
     # 10 examples in batches of 4: 4, 4, 2 per epoch (the progress bar of a resumed run starts there)
     assert [examples_before(s, 10, 4) for s in range(7)] == [0, 4, 8, 10, 14, 18, 20]

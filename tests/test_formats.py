@@ -190,7 +190,7 @@ def test_writing_a_zero_head_to_npz_says_readers_drop_it(tmp_path, small_cfg, ra
 
 def test_the_timm_call_names_the_model_s_own_timm_architecture():
     """A variant is built by its registered timm name (not vit_base_patch16_224 for every model)."""
-    from vit_common.checkpoints.formats.timm import timm_load_call, timm_model_name
+    from vit_common.checkpoints.formats.timm_state import timm_load_call, timm_model_name
 
     names = {v: timm_model_name(ViTConfig.from_name(v)) for v in ("Ti/16", "S/32", "B/8", "L/16", "H/14", "G/14")}
     assert names == {

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from vit_common.checkpoints.formats.timm import timm_preprocess
+from vit_common.checkpoints.formats.timm_hub import timm_preprocess
 from vit_common.checkpoints.metadata import (
     HF_PROCESSORS,
     ModelInfo,

@@ -341,8 +341,8 @@ def train_while_another_runs(tmp: Path) -> list[str]:
         [
             sys.executable,
             "-c",
-            "import sys, time; from vit_common.system import io\n"
-            "with io.folder_lock(sys.argv[1], 'vit train'):\n    print('held', flush=True); time.sleep(600)",
+            "import sys, time; from vit_common.system import in_place\n"
+            "with in_place.folder_lock(sys.argv[1], 'vit train'):\n    print('held', flush=True); time.sleep(600)",
             str(tmp / "run"),
         ],
         stdout=subprocess.PIPE,

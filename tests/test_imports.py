@@ -24,7 +24,8 @@ def _loaded_after(statement: str) -> set[str]:
     [
         (
             "import vit_common, vit_common.checkpoints, vit_common.tolerance, vit_common.posemb, "
-            "vit_common.data.images, vit_common.data.datasets, vit_common.training.train_config, "
+            "vit_common.data.images, vit_common.data.datasets, vit_common.data.batches, "
+            "vit_common.training.train_config, "
             "vit_common.system.io, vit_common.system.validate, vit_cli.attention_maps",
             JAX_MODULES + TORCH_MODULES,
         ),

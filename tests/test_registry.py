@@ -76,6 +76,15 @@ def test_the_detection_error_names_every_registered_format(tmp_path):
         assert f"{f.name} ({f.signature})" in str(e.value)
 
 
+def test_the_hf_format_knows_every_hf_family_model_type():
+    """hf refuses the hf_family format's model types with a pointer to it and --hf-model-type offers the
+    written ones, both from hf_common's list: it names the family modules' model types, in their order."""
+    from vit_common.checkpoints.formats.hf_common import FAMILY_MODEL_TYPES
+    from vit_common.checkpoints.formats.hf_families import FAMILIES
+
+    assert FAMILY_MODEL_TYPES == tuple(FAMILIES)
+
+
 def test_write_options_are_typed_per_format(tmp_path):
     save_checkpoint(tmp_path / "v5", CFG, random_state(CFG), "hf", options=HfWriteOptions("v5"))
     from safetensors.numpy import load_file

@@ -14,14 +14,9 @@ import pytest
 from PIL import Image
 
 from vit_common.data.arrayrecord import MAGIC, encode_record, write_arrayrecord
-from vit_common.data.datasets import (
-    Augment,
-    ImageTransform,
-    check_outside,
-    fingerprint_changes,
-    load_dataset,
-    open_stored,
-)
+from vit_common.data.augment import Augment, ImageTransform
+from vit_common.data.datasets import check_outside, load_dataset, open_stored
+from vit_common.data.fingerprint import fingerprint_changes
 from vit_common.data.images import Preprocess
 from vit_jax.data import iterate, train_batches
 

@@ -1,5 +1,5 @@
 """A timm hub folder's config.json as timm's _parse_model_cfg splits it (timm models/_hub.py), and what it
-declares without timm (vit_common.checkpoints.formats.timm); the folders themselves are tested against
+declares without timm (vit_common.checkpoints.formats.timm_hub); the folders themselves are tested against
 timm in parity_tests/test_formats_timm_hub.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from vit_common.checkpoints.formats.errors import FormatError
-from vit_common.checkpoints.formats.timm import declared_fields, hub_config, hub_preprocess, is_hub_config
+from vit_common.checkpoints.formats.timm_hub import declared_fields, hub_config, hub_preprocess, is_hub_config
 from vit_common.data.images import Preprocess
 
 # What timm 1.0.31's save_for_hf writes for vit_base_patch16_clip_224 (embed_dim=32, depth=2, num_heads=2).

@@ -14,7 +14,8 @@ import pytest
 from flax import nnx
 
 from vit_common.config import ViTConfig
-from vit_common.data.datasets import ArraySource, Augment, Dataset
+from vit_common.data.augment import Augment
+from vit_common.data.datasets import ArraySource, Dataset
 from vit_common.tolerance import compare
 from vit_common.training.recipes import get_recipe
 from vit_common.training.train_config import TrainConfig

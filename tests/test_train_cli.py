@@ -196,7 +196,7 @@ def test_train_flags_come_from_the_config_fields():
     default."""
     import dataclasses
 
-    from vit_common.data.datasets import Augment
+    from vit_common.data.augment import Augment
     from vit_common.training.train_config import RunOptions, TrainConfig
 
     parser = build_parser()
@@ -341,7 +341,8 @@ def test_ema_resumes_bit_exactly_and_export_ema_exports_it_leaving_the_training_
     from safetensors.numpy import load_file
 
     from vit_common.config import ViTConfig
-    from vit_common.data.datasets import Augment, read_dataset
+    from vit_common.data.augment import Augment
+    from vit_common.data.datasets import read_dataset
     from vit_common.training.train_config import TrainConfig
     from vit_jax.checkpointing import Checkpoints
     from vit_jax.trainer import Trainer, sharded_abstract

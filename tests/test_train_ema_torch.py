@@ -12,7 +12,7 @@ import torch
 from timm.utils import ModelEmaV3
 
 from vit_common.config import ViTConfig
-from vit_common.data.datasets import Augment
+from vit_common.data.augment import Augment
 from vit_common.training.train_config import TrainConfig
 from vit_torch.train import ModelEma, Trainer
 

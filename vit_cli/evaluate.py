@@ -63,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
 
     from vit_cli.flags import values
     from vit_cli.run_model import class_names, load_with_info, logits
-    from vit_common.data.datasets import EvalBatches, ImageTransform, load_dataset
+    from vit_common.data.augment import ImageTransform
+    from vit_common.data.batches import EvalBatches
+    from vit_common.data.datasets import load_dataset
     from vit_common.data.images import Preprocess
     from vit_common.system.io import check_destination, check_writable
 

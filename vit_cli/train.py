@@ -23,7 +23,8 @@ from vit_cli.flags import add_flags, flag_name, values
 from vit_cli.main import HelpFormatter
 from vit_cli.run_model import class_list
 from vit_common.config import VARIANTS, ViTConfig
-from vit_common.data.datasets import Augment, check_outside
+from vit_common.data.augment import Augment
+from vit_common.data.datasets import check_outside
 from vit_common.data.images import Preprocess
 from vit_common.system import io
 from vit_common.system.validate import arg, float_in, int_in

@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from vit_common.config import ViTConfig
-from vit_common.data.datasets import Dataset, batches_per_epoch
+from vit_common.data.batches import batches_per_epoch
+from vit_common.data.datasets import Dataset
 from vit_common.tolerance import compare, tolerance
 from vit_common.training.recipes import get_recipe
 from vit_common.training.train_config import TrainConfig
@@ -314,7 +315,7 @@ def add_parser(sub) -> None:
     from vit_cli.flags import add_flags
     from vit_cli.main import HelpFormatter
     from vit_cli.train import DEMO_MODEL, OPTIMISATION
-    from vit_common.data.datasets import Augment
+    from vit_common.data.augment import Augment
     from vit_common.system.validate import arg, float_in, int_in
     from vit_common.training.recipes import RECIPES
 
@@ -375,7 +376,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from vit_cli.flags import values
     from vit_cli.train import model_config
-    from vit_common.data.datasets import Augment, read_dataset
+    from vit_common.data.augment import Augment
+    from vit_common.data.datasets import read_dataset
     from vit_common.system import io
 
     for path in (args.json, args.plot):

@@ -1,7 +1,7 @@
-"""The JAX twin's input pipeline: grain over ``vit_common.data.datasets``, scaling with worker processes.
+"""The JAX twin's input pipeline: grain over ``vit_common.data.batches``, scaling with worker processes.
 
 A training pipeline is a grain ``MapDataset`` of batches, each a pure function of (seed, batch index)
-(``vit_common.data.datasets``: ``TrainPlan`` -> ``LoadExample`` -> batch -> ``FinishTrainBatch``):
+(``vit_common.data.batches``: ``TrainPlan`` -> ``LoadExample`` -> batch -> ``FinishTrainBatch``):
 
     plan     which example fills each row of this process's share of each global batch (``TrainPlan``;
              ``process_index`` / ``process_count`` select the share, so every process decodes only its
@@ -40,16 +40,9 @@ import threading
 import grain
 import numpy as np
 
-from vit_common.data.datasets import (
-    Augment,
-    Dataset,
-    EvalBatches,
-    FinishTrainBatch,
-    ImageTransform,
-    LoadExample,
-    TrainPlan,
-    process_rows,
-)
+from vit_common.data.augment import Augment, ImageTransform
+from vit_common.data.batches import EvalBatches, FinishTrainBatch, LoadExample, TrainPlan, process_rows
+from vit_common.data.datasets import Dataset
 from vit_common.data.images import Preprocess
 
 
@@ -75,7 +68,7 @@ def train_batches(
     image float32 [B/P, H, W, C] (``transform``, then normalised with its preprocessing), label int32,
     target float32 [B/P, K] (one-hot, mixed by mixup or cutmix, zero on padding), mask float32 (1 for
     real examples, 0 for the padding of each epoch's last batch). Epoch e is a fresh permutation seeded
-    by (``seed``, e); see ``vit_common.data.datasets.TrainPlan`` for how rows are shared among processes.
+    by (``seed``, e); see ``vit_common.data.batches.TrainPlan`` for how rows are shared among processes.
 
     A process's rows equal the same rows of a one-process run: augmentation is drawn per example from
     its global position, and mixup / cutmix pair images across the whole global batch, so with them on
@@ -114,7 +107,7 @@ def eval_batches(
     process_count: int = 1,
 ) -> grain.MapDataset:
     """One pass over ``source`` in order, unaugmented, last batch padded (same dict as training); this
-    process's rows of every batch (``vit_common.data.datasets.EvalBatches``)."""
+    process's rows of every batch (``vit_common.data.batches.EvalBatches``)."""
     batches = EvalBatches(
         source, num_classes, batch_size, transform, process_index=process_index, process_count=process_count
     )

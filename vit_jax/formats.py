@@ -28,7 +28,7 @@ from flax import nnx
 from vit_common.checkpoints.convert import ORBAX_CONFIG
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.provenance import common_float_dtype
-from vit_common.checkpoints.formats.stored import FORMAT_TAG, config_from_json, stored_config
+from vit_common.checkpoints.formats.stored_config import FORMAT_TAG, config_from_json, stored_config
 from vit_common.config import ViTConfig
 from vit_common.system.io import atomic_write_dir, check_free_space, folder_mark, read_json, write_json
 from vit_common.system.validate import check_model_size

@@ -30,8 +30,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from vit_common.data.datasets import examples_before
-from vit_common.system import io
+from vit_common.data.batches import examples_before
+from vit_common.system import in_place, io
 from vit_common.system.validate import regular_file
 from vit_common.training.train_config import RunOptions
 from vit_jax.checkpointing import Checkpoints, _then_resume, saved_steps, write_error_reason
@@ -327,7 +327,7 @@ def _loop(
         if options.progress and lead
         else None
     )
-    log = io.open_log(metrics_path) if lead else None
+    log = in_place.open_log(metrics_path) if lead else None
 
     def write(line: dict) -> None:
         if log:

@@ -4,7 +4,7 @@
 the dataset's fingerprint, the devices. A resumed run must have the same config (``config_mismatch``
 lists every field that differs; ``TrainConfig.settings()`` and ``epochs`` may change, and a field the
 saved config lacks counts as its default) and the same data (``check_same_data``, by
-``vit_common.data.datasets.fingerprint_changes``); another epoch count recomputes the learning-rate
+``vit_common.data.fingerprint.fingerprint_changes``); another epoch count recomputes the learning-rate
 schedule for the new total (``schedule_change`` says how, and refuses a total that ends before the
 checkpoint). Each refusal is a ValueError naming what differs. ``vit_jax.loop.fit`` applies
 these rules; which checkpoints a folder holds is ``vit_jax.checkpointing.saved_steps``. The torch twin has
@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 
 from vit_common.config import ViTConfig
-from vit_common.data.datasets import fingerprint_changes
+from vit_common.data.fingerprint import fingerprint_changes
 from vit_common.training.train_config import TrainConfig
 from vit_jax.optim import lr_schedule
 from vit_jax.trainer import Trainer
@@ -57,7 +57,7 @@ def config_mismatch(saved: dict, current: dict) -> list[str]:
 
 
 def check_same_data(out: Path, saved: dict, fingerprint: dict, lead: bool) -> None:
-    """Refuse to resume on data other than the run's (``vit_common.data.datasets.fingerprint_changes``
+    """Refuse to resume on data other than the run's (``vit_common.data.fingerprint.fingerprint_changes``
     against config.json's ``dataset``); files whose modification times alone changed are one warning
     line (process 0), as is a run folder written before fingerprints were stored.
 

@@ -29,7 +29,7 @@ from typing import Any
 from vit_common.config import ViTConfig
 from vit_common.data.datasets import natural_images
 from vit_common.data.images import Preprocess
-from vit_common.system import io
+from vit_common.system import in_place, io
 from vit_common.system.validate import check_model_size
 from vit_common.training.train_config import RunOptions, TrainConfig
 
@@ -121,7 +121,7 @@ def run_training(
     try:
         if cluster:  # before any work: processes started with other flags stop here, all of them
             cluster.agree(dict(spec.agree), tcfg.init_timeout)
-        with stop, io.folder_lock(out, "vit train") if lead else contextlib.nullcontext():  # one run per folder
+        with stop, in_place.folder_lock(out, "vit train") if lead else contextlib.nullcontext():  # one run per folder
             result = train(spec, started, stop, parity)
     except Stopped as e:
         if cluster:  # stopped at the sync point or after the steps, every process alike; else the others stop

@@ -35,7 +35,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from vit_common.config import ViTConfig
-from vit_common.data.datasets import Dataset, batches_per_epoch
+from vit_common.data.batches import batches_per_epoch
+from vit_common.data.datasets import Dataset
 from vit_common.data.images import Preprocess
 from vit_common.training.train_config import TrainConfig
 from vit_jax.data import eval_batches, iterate, train_batches, transform_for

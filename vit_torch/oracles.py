@@ -15,16 +15,16 @@ import torch
 
 from vit_common.checkpoints.convert import save_checkpoint
 from vit_common.checkpoints.formats.hf import HfWriteOptions
-from vit_common.checkpoints.formats.timm import timm_kwargs
+from vit_common.checkpoints.formats.timm_state import timm_kwargs
 from vit_common.checkpoints.registry import REGISTRY
 from vit_common.config import ViTConfig
 from vit_torch.weights import numpy_to_tensor
 
 
 def timm_model_kwargs(cfg: ViTConfig) -> dict:
-    """Keyword arguments of timm's ``VisionTransformer`` for ``cfg``: ``vit_common.checkpoints.formats.timm
-    .timm_kwargs`` with its LayerNorm eps as timm's ``norm_layer`` (the one timm builder: ``timm_model``,
-    the benchmarks' timm contender)."""
+    """Keyword arguments of timm's ``VisionTransformer`` for ``cfg``:
+    ``vit_common.checkpoints.formats.timm_state.timm_kwargs`` with its LayerNorm eps as timm's
+    ``norm_layer`` (the one timm builder: ``timm_model``, the benchmarks' timm contender)."""
     from timm.layers import LayerNorm
 
     kw = timm_kwargs(cfg)

@@ -133,7 +133,7 @@ def canonical_from_timm(model: nn.Module, cfg: ViTConfig) -> dict[str, np.ndarra
     from timm.layers import GluMlp
 
     from vit_common.checkpoints.formats.rules import to_canonical
-    from vit_common.checkpoints.formats.timm import timm_rules
+    from vit_common.checkpoints.formats.timm_state import timm_rules
 
     tensors = {k: np.ascontiguousarray(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
     mlp = model.blocks[0].mlp

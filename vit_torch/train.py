@@ -2,7 +2,7 @@
 
 ``vit train`` stays JAX; this trainer is what the twin-training parity (``vit parity --train K``,
 ``vit_cli/train_parity.py``) drives beside it, batch by batch, from the one input pipeline
-(``vit_common.data.datasets``: the batches are numpy dicts, image float32 [B, H, W, C], label int32 [B],
+(``vit_common.data.batches``: the batches are numpy dicts, image float32 [B, H, W, C], label int32 [B],
 target float32 [B, K] already mixed by mixup / cutmix, mask float32 [B]).
 
 The step (each choice the JAX step's, see ``vit_jax.trainer`` and ``vit_jax.optim``):
@@ -58,7 +58,8 @@ import torch
 import torch.nn.functional as F
 
 from vit_common.config import ViTConfig
-from vit_common.data.datasets import Dataset, batches_per_epoch
+from vit_common.data.batches import batches_per_epoch
+from vit_common.data.datasets import Dataset
 from vit_common.training.recipes import decays, get_recipe, layer_scales, lr_factor, schedule_steps
 from vit_common.training.train_config import TrainConfig
 from vit_torch.model import VisionTransformer

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_common.data.stored import MAX_CLASSES, TEST_SPLITS, Stored, Subset, file_stats
+from vit_common.data.stored_datasets import MAX_CLASSES, TEST_SPLITS, Stored, Subset, file_stats
 
 MAGIC = b"VIT\x01"
 SUFFIX = ".array_record"

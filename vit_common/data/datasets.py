@@ -10,7 +10,7 @@ Datasets (``load_dataset(spec, ...)``):
                              ``Dataset`` or a ``DatasetDict`` of splits) or a folder of Parquet files
                              (split names from the file names, as the Hub lays them out): an ``Image``
                              column (encoded bytes or file paths) and a ``ClassLabel`` (or integer) label
-                             column; ``vit_common.data.hf``;
+                             column; ``vit_common.data.hf_datasets``;
     ``arrayrecord:PATTERN``  ArrayRecord files (grain's native format) of encoded image + label records,
                              as ``vit data convert`` writes them; ``vit_common.data.arrayrecord``;
     ``tfds:PATH``            a TensorFlow Datasets dataset prepared in ArrayRecord format (the folder
@@ -25,13 +25,11 @@ through (``images.check_decodes``), so a broken file is refused before the run, 
 split is the dataset's own (``train`` with ``val``/``validation``/``test``) or, without one, the
 stratified ``val_fraction`` split of the same fixed seed for every kind, so the same images in the same
 order give the same split and the same batches whatever the kind. ``Dataset.fingerprint`` (class
-names, counts, files with sizes) is what a resumed run compares (``fingerprint_changes``).
+names, counts, files with sizes) is what a resumed run compares (``vit_common.data.fingerprint``).
 
-Everything here is a pure function of (seed, position): ``TrainPlan`` says which example fills which
-row of which batch (for one process of several), ``ImageTransform`` and ``finish_batch`` draw their
-randomness from generators seeded by (seed, position), so a batch is the same whichever process,
-worker or thread computes it, and a run resumes by batch index. The JAX twin's grain pipeline
-(``vit_jax.data``) and the torch-only commands use these same pieces.
+The work on the examples is in the modules beside this one: ``vit_common.data.augment`` (``Augment``,
+``ImageTransform``) and ``vit_common.data.batches`` (``TrainPlan``, ``finish_batch``, ``EvalBatches``:
+every batch a pure function of (seed, position)).
 """
 
 from __future__ import annotations
@@ -46,28 +44,20 @@ from pathlib import Path
 import numpy as np
 
 from vit_common.checkpoints.formats.source import read_npz
+from vit_common.data.fingerprint import FINGERPRINT_FILES, folder_digests
 from vit_common.data.images import (
     IMAGE_SUFFIXES,
     Preprocess,
     check_decodes,
-    decode_image,
     eval_resize_crop,
     from_array,
-    normalize,
-    open_image,
-    random_resized_crop,
     to_array,
     to_channels,
 )
-from vit_common.data.stored import MAX_CLASSES, Stored, Subset, file_stats
-from vit_common.system.validate import Range, check_fields
+from vit_common.data.stored_datasets import MAX_CLASSES, Stored, Subset, file_stats
 
 _SPLIT_SEED = 0  # fixed split of mnist5k, digits and any dataset split by val_fraction
-_EXAMPLE, _BATCH = 0, 1  # first words of the seeds of per-example and per-batch generators
 STORED_KINDS = ("imagefolder", "hf", "arrayrecord", "tfds")  # datasets of natural images read when used
-
-
-# ----------------------------------------------------------------------------------- sources
 
 
 class ArraySource:
@@ -147,10 +137,10 @@ class Dataset:
     @property
     def fingerprint(self) -> dict:
         """What identifies the data a run trained on, stored in its config.json and compared on resume
-        (``fingerprint_changes``): class names, train and test counts, the SHA-256 of the labels in
-        order (a file rewritten at the same size with other labels is a change), and every file read with
-        its size and modification time (relative to the dataset's folder), or beyond
-        ``FINGERPRINT_FILES`` files a digest per folder."""
+        (``vit_common.data.fingerprint.fingerprint_changes``): class names, train and test counts, the
+        SHA-256 of the labels in order (a file rewritten at the same size with other labels is a change),
+        and every file read with its size and modification time (relative to the dataset's folder), or
+        beyond ``FINGERPRINT_FILES`` files a digest per folder."""
         import hashlib
 
         labels = np.concatenate([self.train.labels, self.test.labels]).astype("<i4").tobytes()
@@ -163,7 +153,7 @@ class Dataset:
         files = {k: list(v) for k, v in sorted(self.files.items())}
         if len(files) <= FINGERPRINT_FILES:
             return {**out, "files": files}
-        return {**out, "folders": _folder_digests(files)}
+        return {**out, "folders": folder_digests(files)}
 
     @property
     def in_memory(self) -> bool:
@@ -267,7 +257,7 @@ def open_stored(spec: str) -> Stored:
     if kind == "imagefolder":
         return _imagefolder(Path(arg))
     if kind == "hf":
-        from vit_common.data.hf import open_hf
+        from vit_common.data.hf_datasets import open_hf
 
         return open_hf(Path(arg))
     if kind == "arrayrecord":
@@ -525,434 +515,3 @@ def _from_stored(spec: str, stored: Stored, val_fraction) -> Dataset:
         tr, te = _split(train.labels, val_fraction)
         train, test = train.take(tr), train.take(te)
     return Dataset(spec, train, test, stored.classes, None, 3, stored.files)  # files decode at any size
-
-
-def _listed(what: str, names: list[str]) -> str:
-    return f"{what} ({len(names)}): " + ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-
-
-# A fingerprint lists each file up to this many files; beyond (an ImageNet-sized image folder: 1.28
-# million files would make config.json some 130 MB) it holds a digest per folder instead, so that a
-# change is named by folder, and config.json stays small enough to be read back within io's JSON bound.
-FINGERPRINT_FILES = 20_000
-
-
-def _folder_digests(files: dict[str, list[int]]) -> dict[str, list]:
-    """{folder (a file's relative parent, "." at the top): [file count, SHA-256 of its "name<TAB>size"
-    lines, SHA-256 of its modification times]}, each in file-name order."""
-    import hashlib
-
-    groups: dict[str, list[tuple[str, int, int]]] = {}
-    for rel, (size, mtime) in sorted(files.items()):
-        parent, _, name = rel.rpartition("/")
-        groups.setdefault(parent or ".", []).append((name, size, mtime))
-    return {
-        folder: [
-            len(entries),
-            hashlib.sha256("".join(f"{n}\t{z}\n" for n, z, _ in entries).encode()).hexdigest(),
-            hashlib.sha256("".join(f"{t}\n" for _, _, t in entries).encode()).hexdigest(),
-        ]
-        for folder, entries in groups.items()
-    }
-
-
-def _folder_changes(errors: list[str], saved: dict, now: dict) -> tuple[list[str], list[str]]:
-    """``fingerprint_changes`` of fingerprints of which one holds folder digests (``FINGERPRINT_FILES``):
-    folders added, removed or whose files (names, sizes) changed are errors; folders whose files differ
-    in modification times alone are a warning."""
-    a, b = (fp["folders"] if "folders" in fp else _folder_digests(fp.get("files", {})) for fp in (saved, now))
-    errors += [
-        _listed(what, names)
-        for what, names in (
-            ("folders added", sorted(set(b) - set(a))),
-            ("folders removed", sorted(set(a) - set(b))),
-            (
-                "folders whose files were added, removed or resized",
-                sorted(k for k in set(a) & set(b) if a[k][:2] != b[k][:2]),
-            ),
-        )
-        if names
-    ]
-    if not errors and saved.get("labels") != now["labels"]:
-        errors.append("labels: the same counts, but other labels or another order of them")
-    touched = sorted(k for k in set(a) & set(b) if a[k][:2] == b[k][:2] and a[k][2] != b[k][2])
-    warnings = [_listed("folder(s) whose files have other modification times only", touched)] if touched else []
-    return errors, warnings
-
-
-def fingerprint_changes(saved: dict, now: dict) -> tuple[list[str], list[str]]:
-    """(errors, warnings) comparing a run's stored ``Dataset.fingerprint`` with the data's now.
-
-    Errors (the data changed; resuming would train on other data, with another split and schedule):
-    other class names, other train or test counts, other labels, files added, removed or of another
-    size, each listed (the first five, with the count). Warnings: files whose size is the same but whose
-    modification time is not (as after a copy to new nodes), listed alike.
-    """
-    errors = []
-    if saved.get("classes") != now["classes"]:
-        errors.append(f"classes: the run has {saved.get('classes')}, the data now {now['classes']}")
-    for split in ("train", "test"):
-        if saved.get(split) != now[split]:
-            errors.append(f"{split} images: the run has {saved.get(split)}, the data now {now[split]}")
-    if "files" not in saved or "files" not in now:  # a large dataset: compared folder by folder
-        return _folder_changes(errors, saved, now)
-    a, b = saved.get("files", {}), now["files"]
-    errors += [
-        _listed(what, names)
-        for what, names in (
-            ("files added", sorted(set(b) - set(a))),
-            ("files removed", sorted(set(a) - set(b))),
-            ("files of another size", sorted(k for k in set(a) & set(b) if a[k][0] != b[k][0])),
-        )
-        if names
-    ]
-    if not errors and saved.get("labels") != now["labels"]:  # the same files and counts, other contents
-        errors.append("labels: the same counts, but other labels or another order of them")
-    touched = sorted(k for k in set(a) & set(b) if a[k][0] == b[k][0] and a[k][1] != b[k][1])
-    warnings = [_listed("file(s) have other modification times but the same sizes", touched)] if touched else []
-    return errors, warnings
-
-
-# ----------------------------------------------------------------------------------- augment
-
-
-def _affine(x: np.ndarray, angle: float, zoom: float, dy: int, dx: int) -> np.ndarray:
-    """Rotate by ``angle`` radians and zoom by ``zoom`` about the centre, then move by (dy, dx) pixels.
-
-    uint8 [H, W, C] -> uint8 [H, W, C]; Pillow maps each output pixel back to the input, so its
-    coefficients are the inverse transform.
-    """
-    from PIL import Image
-
-    h, w, c = x.shape
-    cy, cx = (h - 1) / 2, (w - 1) / 2
-    cos, sin = np.cos(angle) / zoom, np.sin(angle) / zoom
-    # input = R(-angle) / zoom @ (output - centre - shift) + centre
-    ox, oy = cx + dx, cy + dy
-    coeffs = (cos, sin, cx - cos * ox - sin * oy, -sin, cos, cy + sin * ox - cos * oy)
-    out = np.asarray(
-        from_array(x).transform((w, h), Image.Transform.AFFINE, coeffs, resample=Image.Resampling.BILINEAR, fillcolor=0)
-    )
-    return out.reshape(h, w, c)
-
-
-@dataclass(frozen=True)
-class Augment:
-    """Training augmentation. Per example: a random-resized crop, or shifts, rotations and zooms; a
-    flip. Per batch: mixup or cutmix. Every draw comes from a generator seeded by (seed, position).
-
-    crop_scale: random-resized crop (Inception / ImageNet style) of area fraction in [crop_scale, 1]
-        and aspect ratio in [3/4, 4/3], resized to the model's size (``images.random_resized_crop``);
-        0 = off (the evaluation resize and crop instead).
-    shift: random translation by an integer in [-shift, shift] pixels per axis.
-    rotate: random rotation by an angle in [-rotate, rotate] degrees about the image centre.
-    scale: random zoom by a factor in [1 - scale, 1 + scale] about the image centre.
-    flip: horizontal flip with probability 1/2 (natural images; not digits).
-    mixup / cutmix: Beta(alpha, alpha) mixing of image pairs within a batch (0 = off; with both on,
-        each batch uses one of them with probability 1/2). Targets are mixed in the same proportion.
-    Pixels moved in from outside the image are 0. Shifts alone move whole pixels (exact); with a
-    rotation or zoom the image is resampled bilinearly (Pillow affine transform).
-
-    Raises:
-        ValueError: a value outside its field's range (NaN and infinities included), named.
-    """
-
-    crop_scale: float = field(
-        default=0.0,
-        metadata={
-            "help": "augmentation: random-resized crop of area fraction in [this, 1], aspect 3/4..4/3; 0 = off",
-            "range": Range(0, 1),
-        },
-    )
-    shift: int = field(
-        default=0,
-        metadata={"help": "augmentation: random translation up to this many pixels", "range": Range(0, integer=True)},
-    )
-    rotate: float = field(
-        default=0.0, metadata={"help": "augmentation: random rotation up to this many degrees", "range": Range(0, 180)}
-    )
-    scale: float = field(
-        default=0.0,
-        metadata={"help": "augmentation: random zoom by 1 +- this fraction", "range": Range(0, 1, hi_open=True)},
-    )
-    flip: bool = field(default=False, metadata={"help": "augmentation: random horizontal flips"})
-    mixup: float = field(
-        default=0.0, metadata={"help": "augmentation: mixup Beta(alpha, alpha); 0 = off", "range": Range(0)}
-    )
-    cutmix: float = field(
-        default=0.0, metadata={"help": "augmentation: cutmix Beta(alpha, alpha); 0 = off", "range": Range(0)}
-    )
-
-    def __post_init__(self):
-        check_fields(self)
-
-    @classmethod
-    def default_for(cls, spec: str) -> Augment:
-        """The augmentation ``vit train`` uses for a dataset spec unless told otherwise: random-resized
-        crops and flips for photos read from files (``natural_images``), shifts of up to 2 pixels
-        otherwise (digits)."""
-        return cls(crop_scale=0.08, flip=True) if natural_images(spec) else cls(shift=2)
-
-    def image(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Shift, rotate, zoom and flip one uint8 [H, W, C] image (the crop is ``ImageTransform``'s)."""
-        h, w = x.shape[:2]
-        s = self.shift
-        dy, dx = (int(v) for v in rng.integers(-s, s + 1, size=2))
-        if self.rotate or self.scale:
-            angle = np.deg2rad(rng.uniform(-self.rotate, self.rotate))
-            zoom = rng.uniform(1 - self.scale, 1 + self.scale)
-            x = _affine(x, angle, zoom, dy, dx)
-        elif s:
-            x = np.pad(x, ((s, s), (s, s), (0, 0)))[s - dy : s - dy + h, s - dx : s - dx + w]
-        if self.flip and rng.random() < 0.5:
-            x = x[:, ::-1]
-        return np.ascontiguousarray(x)
-
-    def mix(self, image: np.ndarray, target: np.ndarray, n: int, rng: np.random.Generator):
-        """Mix the first ``n`` (real) rows of images [B, H, W, C] and targets [B, K] among themselves."""
-        use = [(k, a) for k, a in (("mixup", self.mixup), ("cutmix", self.cutmix)) if a > 0]
-        if not use or n < 2:
-            return image, target
-        kind, alpha = use[rng.integers(len(use))]
-        lam = float(rng.beta(alpha, alpha))
-        perm = rng.permutation(n)
-        image, target = image.copy(), target.copy()
-        if kind == "mixup":
-            image[:n] = lam * image[:n] + (1 - lam) * image[perm]
-        else:  # paste a box of area ~(1 - lam) from the partner image (Yun et al. 2019)
-            h, w = image.shape[1:3]
-            bh, bw = int(round(h * np.sqrt(1 - lam))), int(round(w * np.sqrt(1 - lam)))
-            y0, x0 = rng.integers(0, h - bh + 1), rng.integers(0, w - bw + 1)
-            image[:n, y0 : y0 + bh, x0 : x0 + bw] = image[perm, y0 : y0 + bh, x0 : x0 + bw]
-            lam = 1 - bh * bw / (h * w)
-        target[:n] = lam * target[:n] + (1 - lam) * target[perm]
-        return image, target
-
-
-class ImageTransform:
-    """One example's image -> uint8 [H, W, C] at the model's size and channels.
-
-    The image is a file path (decoded by ``images.open_image``), encoded file bytes (a stored
-    dataset's record, ``images.decode_image``) or a uint8 array. Evaluation
-    (``augment`` None): ``images.eval_resize_crop`` with ``preprocess``. Training: the random-resized
-    crop if ``augment.crop_scale`` (else the evaluation geometry), then ``Augment.image``.
-    """
-
-    def __init__(self, size: tuple[int, int], channels: int, preprocess: Preprocess, augment: Augment | None = None):
-        self.size, self.channels, self.preprocess, self.augment = tuple(size), channels, preprocess, augment
-
-    def __call__(self, image: str | bytes | np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
-        if isinstance(image, np.ndarray):
-            fits = image.shape == (*self.size, self.channels)
-            if fits and (self.augment is None or not self.augment.crop_scale):
-                return image if self.augment is None else self.augment.image(image, rng)
-            im = to_channels(from_array(image), self.channels)
-        elif isinstance(image, bytes):
-            im = to_channels(decode_image(image), self.channels)
-        else:
-            im = to_channels(open_image(image), self.channels)
-        if self.augment is not None and self.augment.crop_scale:
-            im = random_resized_crop(
-                im, self.size, rng, scale=(self.augment.crop_scale, 1.0), interpolation=self.preprocess.interpolation
-            )
-        else:
-            im = eval_resize_crop(im, self.size, self.preprocess)
-        x = to_array(im, self.channels)
-        return x if self.augment is None else self.augment.image(x, rng)
-
-
-# --------------------------------------------------------------------------------- batches
-
-
-def batches_per_epoch(n: int, batch_size: int) -> int:
-    return -(-n // batch_size)
-
-
-def examples_before(step: int, n: int, batch_size: int) -> int:
-    """Real examples (padding excluded) in the first ``step`` batches of epochs of ``n`` examples: each
-    epoch's last batch holds only its remainder."""
-    spe = batches_per_epoch(n, batch_size)
-    return (step // spe) * n + min((step % spe) * batch_size, n)
-
-
-def example_rng(seed: int, position: int) -> np.random.Generator:
-    """The generator of the example at global stream ``position`` (epoch-major, padding included)."""
-    return np.random.default_rng((seed, _EXAMPLE, position))
-
-
-def batch_rng(seed: int, batch: int) -> np.random.Generator:
-    """The generator of global batch ``batch``'s mixup / cutmix."""
-    return np.random.default_rng((seed, _BATCH, batch))
-
-
-def process_rows(batch_size: int, process_index: int, process_count: int) -> int:
-    """Rows of every global batch one process owns, B / P.
-
-    Raises:
-        ValueError: an index outside [0, P), or P not dividing B.
-    """
-    if process_count < 1 or not 0 <= process_index < process_count or batch_size % process_count:
-        raise ValueError(
-            f"process {process_index} of {process_count}: expected 0 <= index < count and a count "
-            f"dividing batch_size={batch_size}"
-        )
-    return batch_size // process_count
-
-
-class TrainPlan:
-    """Which example fills each row of each training batch, for one process of ``process_count``.
-
-    The global stream has ``epochs * ceil(N / B)`` batches of B rows. Epoch e visits the N examples in
-    a fresh permutation (seeded by (seed, e)); its last batch is padded (example -1, mask 0), so no
-    batch crosses an epoch. Process p of P owns rows [p * B/P, (p + 1) * B/P) of every batch: its
-    position j (0, 1, ...) is global batch j // (B/P), row p * B/P + j % (B/P). ``plan[j]`` gives
-    ``{"index": example or -1, "position": global position b * B + row}``; the position seeds the
-    example's augmentation, so it does not depend on P.
-
-    Raises:
-        ValueError: B not divisible by P, a process index outside [0, P), an empty set.
-    """
-
-    def __init__(
-        self, n: int, batch_size: int, epochs: int, seed: int, *, process_index: int = 0, process_count: int = 1
-    ):
-        if n < 1:
-            raise ValueError("the training set is empty")
-        self.rows = process_rows(batch_size, process_index, process_count)
-        self.n, self.batch_size, self.epochs, self.seed = n, batch_size, epochs, seed
-        self.process_index, self.process_count = process_index, process_count
-        self.per_epoch = batches_per_epoch(n, batch_size)
-        self._epoch, self._perm = -1, np.zeros(0, np.int64)
-
-    @property
-    def num_batches(self) -> int:
-        return self.epochs * self.per_epoch
-
-    def __len__(self) -> int:
-        return self.num_batches * self.rows
-
-    def permutation(self, epoch: int) -> np.ndarray:
-        if epoch != self._epoch:  # one permutation per epoch, kept while the epoch lasts
-            self._epoch, self._perm = epoch, np.random.default_rng((self.seed, epoch)).permutation(self.n)
-        return self._perm
-
-    def __getitem__(self, j: int) -> dict:
-        batch, r = divmod(int(j), self.rows)
-        row = self.process_index * self.rows + r
-        epoch, k = divmod(batch, self.per_epoch)
-        q = k * self.batch_size + row
-        index = int(self.permutation(epoch)[q]) if q < self.n else -1
-        return {"index": index, "position": batch * self.batch_size + row}
-
-
-class LoadExample:
-    """A ``TrainPlan`` entry -> {"image" uint8 [H, W, C], "label", "mask", "position"} (padding: zeros)."""
-
-    def __init__(self, source, transform: ImageTransform, seed: int):
-        self.source, self.transform, self.seed = source, transform, seed
-
-    def __call__(self, entry: dict) -> dict:
-        h, w = self.transform.size
-        if entry["index"] < 0:
-            return {
-                "image": np.zeros((h, w, self.transform.channels), np.uint8),
-                "label": np.int32(0),
-                "mask": np.float32(0.0),
-                "position": np.int64(entry["position"]),
-            }
-        e = self.source[entry["index"]]
-        image = self.transform(e["image"], example_rng(self.seed, entry["position"]))
-        return {"image": image, "label": np.int32(e["label"]), "mask": np.float32(1.0), "position": entry["position"]}
-
-
-def finish_batch(
-    batch: dict,
-    num_classes: int,
-    preprocess: Preprocess,
-    augment: Augment | None = None,
-    rng: np.random.Generator | None = None,
-) -> dict:
-    """Stacked examples -> the model's batch: image float32 [B, H, W, C] normalised, label int32 [B],
-    target float32 [B, K] (one-hot; mixed by mixup/cutmix when ``augment`` asks; zero on padding), mask
-    float32 [B]. Mixing pairs the real rows (mask 1) among themselves."""
-    mask = np.asarray(batch["mask"], np.float32)
-    label = np.asarray(batch["label"], np.int32)
-    target = np.eye(num_classes, dtype=np.float32)[label] * mask[:, None]
-    image = normalize(batch["image"], preprocess)
-    if augment is not None:
-        image, target = augment.mix(image, target, int(mask.sum()), rng)
-    return {"image": image, "label": label, "target": target, "mask": mask}
-
-
-class FinishTrainBatch:
-    """``finish_batch`` for the rows of a training batch that ``plan`` gives (the mixing generator from
-    the batch index); ``keep`` = (lo, hi) then keeps rows [lo, hi) of them."""
-
-    def __init__(
-        self,
-        num_classes: int,
-        preprocess: Preprocess,
-        augment: Augment,
-        plan: TrainPlan,
-        keep: tuple[int, int] | None = None,
-    ):
-        self.num_classes, self.preprocess, self.augment, self.plan = num_classes, preprocess, augment, plan
-        self.keep = keep
-
-    def __call__(self, batch: dict) -> dict:
-        b = int(batch["position"][0]) // self.plan.batch_size
-        out = finish_batch(batch, self.num_classes, self.preprocess, self.augment, batch_rng(self.plan.seed, b))
-        return out if self.keep is None else {k: v[self.keep[0] : self.keep[1]] for k, v in out.items()}
-
-
-class EvalBatches:
-    """One pass over ``source`` in order, unaugmented, in batches of B; the last one padded (mask 0).
-
-    A sequence: ``len()`` batches, ``batches[k]`` is batch k as ``finish_batch`` returns it. Used as it
-    is by the torch-only commands and as a grain source by the JAX twin. Process p of P gets rows
-    [p * B/P, (p + 1) * B/P) of every batch, as in training.
-
-    Raises:
-        ValueError: an empty source, a batch size < 1, or P not dividing B.
-    """
-
-    def __init__(
-        self,
-        source,
-        num_classes: int,
-        batch_size: int,
-        transform: ImageTransform,
-        *,
-        process_index: int = 0,
-        process_count: int = 1,
-    ):
-        if len(source) == 0:
-            raise ValueError("the evaluation set is empty")
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size}: expected an int >= 1")
-        self.rows = process_rows(batch_size, process_index, process_count)
-        self.source, self.num_classes, self.batch_size, self.transform = source, num_classes, batch_size, transform
-        self.offset = process_index * self.rows
-
-    def __len__(self) -> int:
-        return batches_per_epoch(len(self.source), self.batch_size)
-
-    def __getitem__(self, k: int) -> dict:
-        if not 0 <= k < len(self):
-            raise IndexError(k)
-        lo = k * self.batch_size + self.offset
-        idx = range(lo, min(lo + self.rows, len(self.source)))
-        h, w = self.transform.size
-        images = np.zeros((self.rows, h, w, self.transform.channels), np.uint8)
-        labels = np.zeros(self.rows, np.int32)
-        mask = np.zeros(self.rows, np.float32)
-        for row, i in enumerate(idx):
-            e = self.source[i]
-            images[row] = self.transform(e["image"])
-            labels[row], mask[row] = e["label"], 1.0
-        return finish_batch(
-            {"image": images, "label": labels, "mask": mask}, self.num_classes, self.transform.preprocess
-        )
-
-    def __iter__(self):
-        return (self[k] for k in range(len(self)))

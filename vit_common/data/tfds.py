@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_common.data.stored import MAX_CLASSES, TEST_SPLITS, Stored, Subset, file_stats
+from vit_common.data.stored_datasets import MAX_CLASSES, TEST_SPLITS, Stored, Subset, file_stats
 
 INFO = "dataset_info.json"
 _READ_BATCH = 256  # records read at once when every record is read in order

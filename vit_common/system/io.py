@@ -1,4 +1,5 @@
-"""The one place that writes files: every file and folder the project writes goes through here.
+"""The one place that writes files: every file and folder the project writes goes through here (the two
+written in place, a folder's lock and a metrics log, through ``vit_common.system.in_place`` beside it).
 
 Writes are atomic: the content is written to a temporary file (or folder) beside the target and renamed
 into place only when it is complete, so a crash, a full disk or an exception leaves either the old file or
@@ -19,9 +20,9 @@ naming the path, unless the caller deliberately replaces a file (``overwriting()
 ``--overwrite``); a folder holding things we did not write is never replaced. Temporaries are named
 ``TMP_PREFIX`` + the writer's process id, so the next write into a folder removes those a killed process
 left behind. A failed write (a full disk, a quota) raises ``OSError`` naming the destination, which is
-left as it was. Files vit creates in place (a folder's lock, a metrics log) are never opened through a
-symbolic link (``O_NOFOLLOW``) and only if they are regular files, and a lock file is removed only if it
-is the one this process holds; ``check_apart`` refuses an output that is, lies inside or holds an input.
+left as it was. The two files vit writes in place rather than atomically (a folder's lock, a metrics
+log) are ``vit_common.system.in_place``'s; ``check_apart`` refuses an output that is, lies inside or holds
+an input.
 
 Reading JSON is here too, so that every JSON file is parsed the same way and every error names its path.
 """
@@ -31,11 +32,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import errno
-import fcntl
 import json
 import os
 import shutil
-import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -74,7 +73,8 @@ def overwriting(allowed: bool = True) -> Iterator[None]:
         _OVERWRITE.reset(token)
 
 
-def _umask() -> int:
+def umask() -> int:
+    """This process's umask (read without changing it)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -125,7 +125,7 @@ def _identity(path: Path) -> tuple[int, int, int, int] | None:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def _remember(path: Path) -> None:
+def remember_written(path: Path) -> None:
     """Record ``path``, just written by this process, as ours (in memory: nothing is written)."""
     _WRITTEN[os.path.realpath(path)] = _identity(path)
 
@@ -343,9 +343,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Non
         fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent)
         os.close(fd)
         write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~umask())
         os.replace(tmp, path)
-        _remember(path)
+        remember_written(path)
     except BaseException as e:
         if tmp and os.path.exists(tmp):
             os.unlink(tmp)
@@ -378,7 +378,7 @@ def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], object]) -
         write(tmp)
         if not owned_folder(tmp):
             raise AssertionError(f"{path}: the writer did not list what it wrote in a JSON file (io.folder_mark)")
-        os.chmod(tmp, 0o777 & ~_umask())
+        os.chmod(tmp, 0o777 & ~umask())
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), suffix=".old", dir=path.parent))
             os.replace(path, old / "x")
@@ -386,7 +386,7 @@ def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], object]) -
             shutil.rmtree(old)
         else:
             os.replace(tmp, path)
-        _remember(path)
+        remember_written(path)
     except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -398,72 +398,6 @@ def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], object]) -
         if failed is e:
             raise
         raise failed from e
-
-
-@contextlib.contextmanager
-def folder_lock(folder: str | os.PathLike, what: str) -> Iterator[Path]:
-    """Hold ``folder``'s lock (``LOCK``, an ``fcntl.flock`` the kernel releases when the holder ends,
-    killed or not) while the block runs, so that two commands never write one folder at once. The lock
-    file holds the holder's process id and is removed on release, with the folder if the block left it
-    empty and it did not exist before.
-
-    Raises:
-        DestinationError: another process holds the lock (the message names its pid); raised at once.
-    """
-    folder = Path(folder)
-    made = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
-    while True:
-        fd = _open_lock(folder / LOCK)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            if made:
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
-            raise DestinationError(
-                f"{folder}: in use by another {what} (pid {holder}); wait for it to end or use another folder"
-            ) from None
-        try:  # the lock file a releasing holder removed is not the one to hold: take the new one
-            if os.stat(folder / LOCK, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield folder
-    finally:
-        with contextlib.suppress(OSError):  # only the lock file this process holds, not one put in its place
-            if os.stat(folder / LOCK, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
-                os.unlink(folder / LOCK)
-        os.close(fd)
-        if made and not any(folder.iterdir()):
-            folder.rmdir()
-
-
-def _open_lock(path: Path) -> int:
-    """``path`` opened for reading and writing, created if missing, never through a link (``O_NOFOLLOW``)
-    and only if it is a regular file (a FIFO or device is closed unread).
-
-    Raises:
-        DestinationError: ``path`` is a symbolic link (dangling or not) or not a regular file.
-    """
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666 & ~_umask())
-    except OSError as e:
-        if e.errno != errno.ELOOP:
-            raise
-        raise DestinationError(
-            f"{path}: a symbolic link where vit keeps its lock file; vit never writes through links: remove it"
-        ) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise DestinationError(f"{path}: not a regular file where vit keeps its lock file: remove it")
-    return fd
 
 
 def check_apart(output: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None]) -> None:
@@ -519,72 +453,6 @@ def write_json(
 def write_jsonl(path: str | os.PathLike, records: list[Mapping[str, Any]]) -> None:
     """One JSON object per line (sorted keys), written atomically."""
     write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
-
-
-class Log:
-    """A text file open for appending lines (a metrics log): the one write that is not atomic, since it
-    grows while a run lasts. Each ``flush`` remembers the file as this process's (in memory), so the same
-    command may open it again; ``close`` flushes. A context manager."""
-
-    def __init__(self, path: Path):
-        self.path, self.failed = path, False  # failed: a flush raised
-        try:  # never through a link planted where the log goes
-            self._fh = open(
-                path, "a", encoding="utf-8", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW, 0o666)
-            )
-        except OSError as e:
-            if e.errno != errno.ELOOP:
-                raise
-            raise DestinationError(f"{path}: a symbolic link; vit never writes through links: remove it") from None
-
-    def write(self, text: str) -> int:
-        return self._fh.write(text)
-
-    def fileno(self) -> int:
-        """The file descriptor (for ``os.fsync``)."""
-        return self._fh.fileno()
-
-    def flush(self) -> None:
-        try:
-            self._fh.flush()
-        except OSError:
-            self.failed = True
-            raise
-        _remember(self.path)
-
-    def close(self) -> None:
-        """Flush and close. After a flush that failed (a full disk: its error went to the writer), what it
-        could not write is dropped without a second error."""
-        if self._fh.closed:
-            return
-        failed = self.failed
-        try:
-            self.flush()
-        except OSError:
-            if not failed:
-                raise
-        finally:
-            with contextlib.suppress(OSError):  # the file is closed even when its last flush fails
-                self._fh.close()
-
-    def __enter__(self) -> Log:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def open_log(path: str | os.PathLike) -> Log:
-    """``path`` opened for appending whole lines (``Log``); parent folders are created.
-
-    Raises:
-        DestinationError: ``path`` exists and is not a log this process wrote, and the caller did not say
-            to append to it (``overwriting()``, ``--overwrite``: a log holds no mark of ours).
-    """
-    path = Path(path)
-    check_destination(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return Log(path)
 
 
 JSON_BYTES = 16 << 20  # a bookkeeping JSON file (config, metadata, metrics line) at most: 16 MiB

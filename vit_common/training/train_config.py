@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from vit_common.data.datasets import Augment
+from vit_common.data.augment import Augment
 from vit_common.system.validate import Range, check_fields
 from vit_common.training.recipes import DEFAULT_RECIPE, RECIPES
 

@@ -15,7 +15,7 @@ import numpy as np
 from vit_common.checkpoints.formats import timm
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Source, WriteOptions
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
-from vit_common.checkpoints.formats.stored import (
+from vit_common.checkpoints.formats.stored_config import (
     FORMAT_TAG,
     assumed_meta,
     config_from_json,

@@ -66,6 +66,7 @@ from vit_common.checkpoints.formats.rules import (
     unsupported,
 )
 from vit_common.checkpoints.formats.source import NPZ_PREFIXES
+from vit_common.checkpoints.formats.timm_state import timm_load_call
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
 from vit_common.system import io
@@ -485,6 +486,6 @@ class NpzFormat(Format):
     def load_call(self, path: Path, cfg: ViTConfig) -> str:
         if timm.FORMAT.cannot_hold(cfg) or cfg.posemb == "sincos2d":
             return ""
-        lines = timm.timm_load_call(path.with_suffix(".safetensors"), cfg).splitlines()
+        lines = timm_load_call(path.with_suffix(".safetensors"), cfg).splitlines()
         lines = [line for line in lines if "state" not in line and "safetensors" not in line]
         return "\n".join(lines + [f"model.load_pretrained({str(path)!r})  # timm's loader of ViT .npz files"])

@@ -11,7 +11,7 @@ from pathlib import Path
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Source, WriteOptions, writer
 from vit_common.checkpoints.formats.source import ORBAX_CONFIG, reader
-from vit_common.checkpoints.formats.stored import decode_stored
+from vit_common.checkpoints.formats.stored_config import decode_stored
 from vit_common.checkpoints.metadata import Declared
 from vit_common.config import ViTConfig
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_common.data.stored import MAX_CLASSES, TEST_SPLITS, Stored, Subset, file_stats
+from vit_common.data.stored_datasets import MAX_CLASSES, TEST_SPLITS, Stored, Subset, file_stats
 
 
 class ArrowRows:

@@ -1,7 +1,7 @@
 """What the readers of stored datasets share (``vit_common.data.datasets`` for image folders,
-``vit_common.data.hf``, ``vit_common.data.arrayrecord``): the unsplit result of a reader, a subset of
-a source, the file statistics of the fingerprint, and the limits on labels and split names. Below the
-readers, so that none of them imports another that imports it back."""
+``vit_common.data.hf_datasets``, ``vit_common.data.arrayrecord``): the unsplit result of a reader, a
+subset of a source, the file statistics of the fingerprint, and the limits on labels and split names.
+Below the readers, so that none of them imports another that imports it back."""
 
 from __future__ import annotations
 

@@ -1,0 +1,119 @@
+"""``Family``: the rules one transformers model type follows in the hf_family format
+(``vit_common.checkpoints.formats.hf_families``, which holds its ``FORMAT``; this module has none).
+
+Each family module of this package (``siglip``, ``clip``, ``dinov2``, ``vit_mae``, ``vit_msn``, ``ijepa``)
+holds its model types as ``Family`` objects in a table ``FAMILIES`` (model_type -> ``Family``): the data
+every model type has (block style, transformers' config defaults, architectures, what the model type
+fixes, what is refused by name), and, in a subclass, the methods a family overrides: the config.json keys
+it reads beyond the common ones (``read_mlp``, ``read_registers``, ``read_pool``), the models it holds
+when written (``holds``) and the config.json keys it writes (``config_keys``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.provenance import Origin, declared
+from vit_common.config import ViTConfig
+
+# transformers' config defaults every family shares; a family's own ``defaults`` add to them or replace them
+COMMON_DEFAULTS = dict(
+    hidden_size=768,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    intermediate_size=3072,
+    num_channels=3,
+    image_size=224,
+)
+
+
+class FamilyConfig:
+    """config.json values (a two-tower folder's ``vision_config``) with provenance: a missing key is the
+    family's transformers default (declared: that is what transformers builds)."""
+
+    def __init__(self, config: Mapping[str, Any], defaults: Mapping[str, Any], context: str):
+        self.config, self.defaults, self.context = config, {**COMMON_DEFAULTS, **defaults}, context
+
+    def get(self, key: str, types: tuple) -> tuple[Any, Origin]:
+        if key not in self.config:
+            return self.defaults[key], declared(f"transformers' default for a missing {key}")
+        v = self.config[key]
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+            names = " or ".join(t.__name__ for t in types)
+            raise FormatError(f"{self.context}: config.json {key}={v!r} is not a {names}")
+        return v, declared(f"config.json {key}")
+
+
+@dataclass(frozen=True)
+class Family:
+    """One transformers model type: its block style (``hf_common.BLOCK_KEYS``: 'clip', 'dinov2' or 'vit'),
+    config defaults (transformers 5.24's config class), the architectures it reads (name -> (prefix of
+    the backbone's tensors, head kind)) and how its position embedding is resampled; ``two_tower``: an
+    image and a text tower (read as its image tower, written as the vision model type); the fields the
+    model type fixes (``class_token``, ``patch_bias``, ``norm_pre``); ``refused``: architectures refused
+    by name (-> what the twins lack); ``on_request``: written only when ``--hf-model-type`` names it;
+    ``note``: a note every read of it carries."""
+
+    style: str
+    defaults: Mapping[str, Any]
+    architectures: Mapping[str, tuple[str, str]]
+    resample: str = "bicubic"
+    two_tower: bool = False
+    class_token: bool = True
+    patch_bias: bool = True
+    norm_pre: bool = False
+    refused: Mapping[str, str] = field(default_factory=dict)
+    on_request: bool = False
+    note: str = ""
+
+    def fixed(self) -> dict[str, Any]:
+        """The fields the model type fixes (not in config.json): class token, patch bias, norm_pre, and
+        what no family has."""
+        return dict(
+            class_token=self.class_token,
+            patch_bias=self.patch_bias,
+            norm_pre=self.norm_pre,
+            dist_token=False,
+            head_dist=False,
+            qk_norm=False,
+            fc_norm=False,
+            rep_size=0,
+            posemb="learn",
+            pool_include_prefix=False,
+        )
+
+    def read_mlp(self, cj: FamilyConfig, width: int, origin: Origin) -> tuple[dict[str, Any], dict[str, Origin]]:
+        """(fields, their origins) of the MLP of a model of ``width``: config.json ``intermediate_size``,
+        a plain MLP (``origin``: the model type's)."""
+        mlp_dim, mlp_origin = cj.get("intermediate_size", (int,))
+        return {"mlp_dim": mlp_dim, "mlp_type": "plain"}, {"mlp_dim": mlp_origin, "mlp_type": origin}
+
+    def read_registers(self, cj: FamilyConfig, origin: Origin) -> tuple[int, Origin]:
+        """(register tokens, their origin): none (``origin``: the model type's)."""
+        return 0, origin
+
+    def read_pool(
+        self, cj: FamilyConfig, arch: str, head: str, arch_origin: Origin, type_origin: Origin
+    ) -> tuple[str, Origin, str]:
+        """(pool, its origin, why the file's MAP head tensors go unused or ''): the architecture's head kind
+        (``head``; 'project' pools the class token)."""
+        return ("token" if head == "project" else head), arch_origin, ""
+
+    def holds(self, cfg: ViTConfig) -> str | None:
+        """The architecture of this model type that holds ``cfg``'s outputs when written, or None."""
+        return None
+
+    def config_keys(self, cfg: ViTConfig) -> dict[str, Any]:
+        """config.json keys of this model type for ``cfg`` beyond the ones every family writes: the MLP
+        width, and qkv_bias in the 'vit' style (SigLIP's and CLIP's blocks always have the biases)."""
+        keys: dict[str, Any] = {"intermediate_size": cfg.mlp_dim}
+        return keys | ({"qkv_bias": cfg.qkv_bias} if self.style == "vit" else {})
+
+
+def plain_vit(cfg: ViTConfig) -> bool:
+    """Whether ``cfg`` is a plain ViT pooling its class token (no norm_pre, no LayerScale): what ViT-MAE's
+    and ViT-MSN's models hold."""
+    return cfg.class_token and cfg.pool == "token" and not cfg.norm_pre and cfg.layer_scale is None
