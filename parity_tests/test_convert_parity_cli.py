@@ -14,9 +14,9 @@ from PIL import Image
 
 import vit_torch
 from vit_cli.main import main
-from vit_cli.parity import run_parity
 from vit_cli.report import ROW_KEYS
 from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
+from vit_compare.inference import run_parity
 from vit_jax.formats import READERS as JAX_READERS
 from vit_jax.formats import WRITERS as JAX_WRITERS
 from vit_torch.formats import READERS as TORCH_READERS

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-import vit_cli.parity
 import vit_cli.run_model
 from vit_cli.main import main
 
@@ -25,7 +24,7 @@ def test_a_users_file_is_refused_before_the_work(argv, tmp_path, capsys, monkeyp
         raise AssertionError("the work started before the destination was checked")
 
     monkeypatch.setattr(vit_cli.run_model, "load_with_info", work)
-    monkeypatch.setattr(vit_cli.parity, "run_parity", work)
+    monkeypatch.setattr("vit_compare.inference.run_parity", work)
     assert main([a.format(out=out) for a in argv]) == 2
     assert str(out) in capsys.readouterr().err
     assert out.read_bytes() == b"the user's own picture"

@@ -72,7 +72,7 @@ def test_tests_need_one_framework_and_parity_tests_two():
     assert not both, both
 
 
-ROOTS = ("vit_common", "vit_jax", "vit_torch", "vit_cli", "benchmarks")
+ROOTS = ("vit_common", "vit_jax", "vit_torch", "vit_compare", "vit_cli", "benchmarks")
 
 
 def _imports(path: Path, modules: set[str]) -> set[str]:

@@ -18,7 +18,9 @@ FROM_IMPORTS = sorted(
         if name.strip()
     }
 )
-DOTTED = sorted(set(re.findall(r"\b((?:vit_jax|vit_torch|vit_common|vit_cli|benchmarks)(?:\.\w+)+)", README)))
+DOTTED = sorted(
+    set(re.findall(r"\b((?:vit_jax|vit_torch|vit_common|vit_compare|vit_cli|benchmarks)(?:\.\w+)+)", README))
+)
 
 
 def resolve(dotted: str) -> object:
