@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, result.to_dict(), indent=1)
     if args.report:
-        from vit_cli.report import write_parity_report
+        from vit_compare.report import write_parity_report
 
         paths = write_parity_report(
             args.report,

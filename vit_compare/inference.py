@@ -348,7 +348,7 @@ def format_table(result: ParityResult) -> str:
 
 
 def report_maps(result: ParityResult, layer: int, head: int) -> dict[str, Any]:
-    """The ``maps`` input of ``vit_cli.report.write_parity_report``: image 0's attention [L, L] of one
+    """The ``maps`` input of ``vit_compare.report.write_parity_report``: image 0's attention [L, L] of one
     block and head from each twin (``result`` from ``run_parity(keep_outputs=True)``).
 
     Raises:
