@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
-from vit_cli.run_model import add_image_flags
+from vit_cli.flags import add_image_flags
 
 PANEL_PX = (200, 240)  # width, height of one figure panel in pixels (figure dpi 100)
 MAX_COLS = 8
@@ -268,9 +268,9 @@ def _image_outputs(
 def run(args: argparse.Namespace) -> int:
     from vit_cli.attention_maps import attention_maps
     from vit_cli.flags import values
-    from vit_cli.run_model import class_names, load_with_info
     from vit_common.data.images import Preprocess, list_images, load_image, normalize
     from vit_common.system.io import write_json
+    from vit_compare.run_model import class_names, load_with_info
 
     files = list_images(args.images)
     stems = [p.stem for p in files]

@@ -19,9 +19,8 @@ import sys
 from pathlib import Path
 
 from vit_cli.convert import add_accept_assumed, add_checkpoint_arguments, checkpoint_options
-from vit_cli.flags import add_flags, flag_name, values
+from vit_cli.flags import add_flags, class_list, flag_name, values
 from vit_cli.main import HelpFormatter
-from vit_cli.run_model import class_list
 from vit_common.config import VARIANTS, ViTConfig
 from vit_common.data.datasets import Augment, check_outside
 from vit_common.data.images import Preprocess
@@ -387,8 +386,8 @@ def export_parity(path: Path, exports: dict[str, Path], trainer) -> dict:
     """
     import numpy as np
 
-    from vit_cli.run_model import load, logits
     from vit_common.tolerance import compare
+    from vit_compare.run_model import load, logits
     from vit_jax.data import eval_batches
 
     data = trainer.data
