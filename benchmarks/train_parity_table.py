@@ -1,5 +1,5 @@
 """The README table "Does my JAX run reproduce my PyTorch run?": K optimizer steps of both twins
-(``vit_cli.train_parity.compare_training``) per recipe pair and dtype, on the same weights and batches.
+(``vit_compare.training.compare_training``) per recipe pair and dtype, on the same weights and batches.
 
     python -m benchmarks.train_parity_table --steps 100 --model demo > table.md
     python -m benchmarks.train_parity_table --steps 100 --model ti16 --batch-size 2 --runs timm/timm
@@ -57,7 +57,7 @@ def control(cfg: ViTConfig, tcfg: TrainConfig, data: Dataset, steps: int, eps: f
     the batches and drop-path / dropout masks ``compare_training`` gives both twins."""
     import vit_jax.train as jt
     import vit_torch.train as tt
-    from vit_cli.train_parity import drop_path_masks, dropout_masks, largest_difference
+    from vit_compare.training import drop_path_masks, dropout_masks, largest_difference
 
     a = tt.Trainer(cfg, tcfg, data)
     w = a.weights()
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--runs {sorted(set(args.runs) - names)}: expected some of {sorted(names)}")
     import jax
 
-    from vit_cli.train_parity import compare_training
+    from vit_compare.training import compare_training
 
     model = dict(MODELS[args.model])
     size, chans = model["image_size"], model.pop("in_chans")
