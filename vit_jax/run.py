@@ -6,7 +6,7 @@ a multi-process run (``vit_jax.distributed``), takes the run folder's lock, read
 the model (a fresh one from ``RunSpec.model``, or the checkpoint of ``TrainConfig.init`` through
 ``vit_jax.finetune``), trains it (``vit_jax.train.fit``), exports it (``vit_jax.finetune.export``),
 plots curves.png and checks the exports with the ``parity`` function it is given. That check runs the
-exports in PyTorch and in their libraries, so it is passed in (``vit_cli.train.export_parity``) and
+exports in PyTorch and in their libraries, so it is passed in (``vit_compare.exports.export_parity``) and
 importing this module loads no torch. Progress goes to stderr, a line each ("vit train: ..."), on
 process 0 and unless ``RunSpec.quiet``.
 """
@@ -73,7 +73,7 @@ class RunSpec:
 
 
 # The check of the exports: (our model.safetensors, {format: export path}, the Trainer) -> parity.json's
-# dict, with "ok" and "library" {format: {"ok": ...}} (``vit_cli.train.export_parity``).
+# dict, with "ok" and "library" {format: {"ok": ...}} (``vit_compare.exports.export_parity``).
 Parity = Callable[[Path, dict[str, Path], Any], dict]
 
 
