@@ -9,7 +9,7 @@ recipe with the same numbers, or with big_vision's weight decay translated by
 ``vit_common.recipes.translate``); the cells are the largest relative difference of the parameters
 (max |JAX - torch| / max |torch| of a tensor, the largest over tensors) after steps 1, 10 and K (those
 up to K). The data are 64 random images of 3 classes at the model's size: 8x8 single-channel (tiny),
-28x28 single-channel (demo: ``vit_cli.train.DEMO_MODEL``), 224x224 RGB (ti16: ``Ti/16``, timm's
+28x28 single-channel (demo: ``vit_common.config.DEMO_MODEL``), 224x224 RGB (ti16: ``Ti/16``, timm's
 ``vit_tiny_patch16_224``); mixup, label smoothing, accumulation over 2 micro-batches, a triggered clip
 (0.5) and drop path 0.1 are on. ``--runs`` picks rows by ``JAX/torch`` recipe (``big_vision/timm+`` is
 the translated row), ``--dtypes`` by dtype.
@@ -32,8 +32,7 @@ import time
 
 import numpy as np
 
-from vit_cli.train import DEMO_MODEL
-from vit_common.config import VARIANTS, ViTConfig
+from vit_common.config import DEMO_MODEL, VARIANTS, ViTConfig
 from vit_common.data.datasets import ArraySource, Augment, Dataset
 from vit_common.data.train_config import TrainConfig
 from vit_common.recipes import translate

@@ -15,21 +15,19 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 from pathlib import Path
 
 from vit_cli.convert import add_accept_assumed, add_checkpoint_arguments, checkpoint_options
 from vit_cli.flags import add_flags, class_list, flag_name, values
 from vit_cli.main import HelpFormatter
-from vit_common.config import VARIANTS, ViTConfig
+from vit_common.config import DEMO_MODEL, VARIANTS, ViTConfig
 from vit_common.data.datasets import Augment, check_outside
 from vit_common.data.images import Preprocess
 from vit_common.data.train_config import RunOptions, TrainConfig
 from vit_common.system import io
+from vit_common.system.host_devices import split_cpu
 from vit_common.system.validate import arg, float_in, int_in
 
-# The demo model: 28x28 inputs, 7x7 patches, 16 tokens (no class token: average pooling).
-DEMO_MODEL = dict(image_size=28, patch_size=7, width=128, depth=4, num_heads=4, mlp_dim=256, pool="gap")
 # ViTConfig fields with a flag of their own: all but those the dataset sets and the parameter dtype
 # (the trainer keeps parameters and optimizer state in float32; --set param_dtype for another).
 FROM_DATASET = {"num_classes": "--dataset (its classes)", "in_chans": "--dataset (its channels)"}
@@ -287,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     started = getattr(args, "started", time.perf_counter())
-    split_cpu(args)  # before JAX is imported
+    split_cpu(args.cpu_devices, args.batch_size, args.accum_steps)  # before JAX is imported
     tcfg = train_config(args)  # framework-free: bad flags are refused before any process starts
     if tcfg.init is None and (args.source_image_size is not None or args.strict):
         raise ValueError("--source-image-size and --strict describe the checkpoint of --init; there is none")
@@ -356,28 +354,6 @@ def run_options(args: argparse.Namespace) -> RunOptions:
     return RunOptions(
         **given | {"eval_every": n if unit == "epochs" else 1, "eval_every_steps": n if unit == "steps" else 0}
     )
-
-
-def split_cpu(args: argparse.Namespace) -> None:
-    """Make the CPU backend ``--cpu-devices`` single-threaded XLA devices (data parallel over cores).
-
-    A small ViT on CPU spends its time in small ops that a thread pool does not speed up; one device
-    per core runs the batch's shards side by side instead. Only possible before JAX is imported, and
-    only for one process; XLA_FLAGS that already set a device count win. GPU/TPU runs are unaffected.
-    """
-    n = args.cpu_devices
-    if n < 0:
-        raise ValueError(f"--cpu-devices={n}: expected an int >= 0")
-    if n == 0:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        micro = max(args.batch_size // max(args.accum_steps, 1), 1)
-        n = max(d for d in range(1, cores + 1) if micro % d == 0)
-    flags = os.environ.get("XLA_FLAGS", "")
-    single = "jax" not in sys.modules and "JAX_COORDINATOR_ADDRESS" not in os.environ
-    if n > 1 and single and "device_count" not in flags:
-        os.environ["XLA_FLAGS"] = (
-            f"{flags} --xla_force_host_platform_device_count={n} --xla_cpu_multi_thread_eigen=false".strip()
-        )
 
 
 def print_summary(summary: dict, as_json: bool) -> None:

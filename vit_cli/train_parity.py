@@ -16,7 +16,8 @@ from vit_common.data.train_config import TrainConfig
 def add_parser(sub) -> None:
     from vit_cli.flags import add_flags
     from vit_cli.main import HelpFormatter
-    from vit_cli.train import DEMO_MODEL, OPTIMISATION
+    from vit_cli.train import OPTIMISATION
+    from vit_common.config import DEMO_MODEL
     from vit_common.data.datasets import Augment
     from vit_common.recipes import RECIPES
     from vit_common.system.validate import arg, float_in, int_in
