@@ -25,7 +25,7 @@ def _loaded_after(statement: str) -> set[str]:
         (
             "import vit_common, vit_common.checkpoints, vit_common.tolerance, vit_common.posemb, "
             "vit_common.data.images, vit_common.data.datasets, vit_common.data.train_config, "
-            "vit_common.system.io, vit_common.system.validate, vit_cli.attention_maps",
+            "vit_common.system.io, vit_common.system.validate, vit_common.attention_maps",
             JAX_MODULES + TORCH_MODULES,
         ),
         ("import vit_torch", JAX_MODULES),
