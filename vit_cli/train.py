@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from vit_cli.convert import add_accept_assumed, add_checkpoint_arguments, checkpoint_options
+from vit_cli.convert import Adapters, add_accept_assumed, add_checkpoint_arguments, checkpoint_options
 from vit_cli.flags import add_flags, class_list, flag_name, values
 from vit_cli.main import HelpFormatter
 from vit_common.config import DEMO_MODEL, VARIANTS, ViTConfig
@@ -331,7 +331,17 @@ def run_spec(args: argparse.Namespace, tcfg: TrainConfig, out: Path):
         accept_assumed=args.accept_assumed,
         quiet=args.json,
         agree=run_fields(args, out),
+        readers=Adapters("torch", "READERS"),
+        writers=Adapters("torch", "WRITERS"),
+        read_optimizer=_timm_optimizer,
     )
+
+
+def _timm_optimizer(path, entry: str) -> dict:
+    """``vit_torch.formats.read_timm_optimizer`` (torch imported only now: --init-optimizer of a .pth)."""
+    from vit_torch.formats import read_timm_optimizer
+
+    return read_timm_optimizer(path, entry)
 
 
 # Flags each process of a multi-process run may set for itself (its host's devices, cache, console).
