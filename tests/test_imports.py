@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -45,24 +46,44 @@ JAX_FAMILY = {"jax", "jaxlib", "flax", "optax", "orbax", "grain", "vit_jax"}
 TORCH_FAMILY = {"torch", "torchvision", "timm", "transformers", "vit_torch"}
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def _imported(node) -> set[str]:
-    """Top-level package names imported anywhere under ``node`` (an ast node)."""
+    """Top-level package names imported anywhere under ``node`` (an ast node); a ``vit_compare`` module
+    brings the packages it imports (anywhere in it, through the vit_compare modules it imports too): a
+    test that calls it runs the frameworks it runs."""
     names = set()
     for n in ast.walk(node):
         if isinstance(n, ast.Import):
-            names |= {a.name.split(".")[0] for a in n.names}
+            modules = [a.name for a in n.names]
         elif isinstance(n, ast.ImportFrom) and n.module and not n.level:
-            names.add(n.module.split(".")[0])
+            modules = [n.module, *(f"{n.module}.{a.name}" for a in n.names)]  # from vit_compare import training
+        else:
+            continue
+        for m in modules:
+            names.add(m.split(".")[0])
+            if m.startswith("vit_compare."):
+                names |= _compare_module(m)
     return names
+
+
+@functools.cache
+def _compare_module(module: str) -> set[str]:
+    """``_imported`` of the vit_compare module ``module``; empty when it names no module (a function)."""
+    path = ROOT / f"{module.replace('.', '/')}.py"
+    return _imported(ast.parse(path.read_text())) if path.is_file() else set()
 
 
 def test_tests_need_one_framework_and_parity_tests_two():
     """The rule of README's Layout: a file of tests/ imports at most one framework (JAX's family or
     torch's, its twin included) at its top and in any one function; both, or a twin and its reference
-    library, is a parity test (parity_tests/)."""
-    root = Path(__file__).resolve().parents[1]
+    library, is a parity test (parity_tests/). A vit_compare module counts with the frameworks it
+    imports: ``vit_compare.report`` none, ``vit_compare.inference`` both."""
+    assert not _imported(ast.parse("from vit_compare.report import write_parity_report")) & (JAX_FAMILY | TORCH_FAMILY)
+    assert {"vit_jax", "vit_torch"} <= _imported(ast.parse("from vit_compare.inference import run_parity"))
     both = []
-    for path in sorted((root / "tests").glob("*.py")):
+    for path in sorted((ROOT / "tests").glob("*.py")):
         tree = ast.parse(path.read_text())
         top = _imported(ast.Module([n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))], []))
         functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
@@ -89,16 +110,8 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
     return found & modules
 
 
-def test_no_import_cycle():
-    """No module of the project imports (at its top or inside a function: a function-level import is
-    how a circle hides) a module that imports it back, directly or through others."""
-    root = Path(__file__).resolve().parents[1]
-    files = {
-        ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
-        for r in ROOTS
-        for p in (root / r).rglob("*.py")
-    }
-    graph = {m: _imports(p, set(files)) - {m} for m, p in files.items()}
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Every circle of ``graph`` ({node: the nodes it points to}), once each, from its smallest node."""
     cycles = []
     for start in sorted(graph):
         stack = [(start, [start])]
@@ -109,4 +122,72 @@ def test_no_import_cycle():
                     cycles.append(" -> ".join([*path, start]))
                 elif d > start and d not in path:
                     stack.append((d, [*path, d]))
+    return cycles
+
+
+def test_no_import_cycle():
+    """No module of the project imports (at its top or inside a function: a function-level import is
+    how a circle hides) a module that imports it back, directly or through others."""
+    files = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+        for r in ROOTS
+        for p in (ROOT / r).rglob("*.py")
+    }
+    graph = {m: _imports(p, set(files)) - {m} for m, p in files.items()}
+    cycles = _cycles(graph)
+    assert not cycles, cycles
+
+
+# What each package may import, anywhere in it (function bodies too): the floors of README's Layout,
+# from the top (vit_cli) down to vit_common, which imports none of the others.
+MAY_IMPORT = {
+    "vit_common": set(),
+    "vit_jax": {"vit_common"},
+    "vit_torch": {"vit_common"},
+    "vit_compare": {"vit_common", "vit_jax", "vit_torch"},
+    "benchmarks": {"vit_common", "vit_jax", "vit_torch", "vit_compare"},
+    "vit_cli": {"vit_common", "vit_jax", "vit_torch", "vit_compare", "benchmarks"},
+}
+
+
+def _package_graph() -> dict[str, dict[str, set[str]]]:
+    """{package of ROOTS: {another package of ROOTS it imports: the files that import it}}, over every
+    module, imports inside functions included."""
+    graph: dict[str, dict[str, set[str]]] = {r: {} for r in ROOTS}
+    for r in ROOTS:
+        for path in sorted((ROOT / r).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    names = {node.module.split(".")[0]}
+                else:
+                    continue
+                for name in names & set(ROOTS) - {r}:
+                    graph[r].setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    return graph
+
+
+def test_no_library_package_imports_vit_cli():
+    """vit_cli is the top floor: no other package imports it, not even inside a function (tests may)."""
+    graph = _package_graph()
+    assert {"vit_compare", "benchmarks"} <= set(graph["vit_cli"])  # the probe sees imports
+    found = sorted(f for deps in graph.values() for f in deps.get("vit_cli", ()))
+    assert not found, found
+
+
+def test_the_package_graph_points_down_without_a_circle():
+    """Packages import only the floors below them (``MAY_IMPORT``), so no two import each other (the
+    module-level cycle test does not see a circle of packages through different modules)."""
+    graph = _package_graph()
+    assert {"vit_jax", "vit_torch"} <= set(graph["vit_compare"])  # the probe sees imports in functions
+    assert set(MAY_IMPORT) == set(ROOTS)
+    up = [
+        f"{p} imports {d}: {', '.join(sorted(files))}"
+        for p, deps in graph.items()
+        for d, files in sorted(deps.items())
+        if d not in MAY_IMPORT[p]
+    ]
+    assert not up, up
+    cycles = _cycles({p: set(deps) for p, deps in graph.items()})
     assert not cycles, cycles
