@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -191,3 +192,47 @@ def test_the_package_graph_points_down_without_a_circle():
     assert not up, up
     cycles = _cycles({p: set(deps) for p, deps in graph.items()})
     assert not cycles, cycles
+
+
+BRIDGE = "vit_jax/torch_bridge.py"
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """ids of the docstring nodes of ``tree`` (module, classes, functions)."""
+    scopes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, scopes)
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+
+
+def test_vit_jax_reaches_torch_only_through_its_bridge():
+    """vit_jax imports nothing of torch's family, anywhere, and imports nothing by name (import_module,
+    __import__); it starts child processes (``-m`` in a command) in one module, vit_jax/torch_bridge.py,
+    and only there names vit_torch in code: as the module of such a command, right after "-m"."""
+    commands, named = {}, {}
+    for path in sorted((ROOT / "vit_jax").rglob("*.py")):
+        tree, rel = ast.parse(path.read_text()), str(path.relative_to(ROOT))
+        assert not _imported(tree) & TORCH_FAMILY, rel
+        calls = [n.func for n in ast.walk(tree) if isinstance(n, ast.Call)]
+        assert not [f for f in calls if getattr(f, "attr", getattr(f, "id", None)) in ("import_module", "__import__")]
+        lists = [n for n in ast.walk(tree) if isinstance(n, (ast.List, ast.Tuple))]
+        after_m = {
+            id(b)
+            for n in lists
+            for a, b in zip(n.elts[:-1], n.elts[1:], strict=True)
+            if isinstance(a, ast.Constant) and a.value == "-m"
+        }
+        if after_m:
+            commands[rel] = len(after_m)
+        docstrings = _docstrings(tree)
+        for c in ast.walk(tree):
+            if isinstance(c, ast.Constant) and isinstance(c.value, str) and id(c) not in docstrings:
+                if re.fullmatch(r"vit_torch(\.\w+)*", c.value):
+                    named.setdefault(rel, []).append((c.value, id(c) in after_m))
+    assert list(commands) == [BRIDGE], commands
+    assert list(named) == [BRIDGE] and all(after for _, after in named[BRIDGE]), named
