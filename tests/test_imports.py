@@ -32,7 +32,7 @@ def _loaded_after(statement: str) -> set[str]:
         ),
         ("import vit_torch", JAX_MODULES),
         ("import vit_jax", TORCH_MODULES),
-        ("import vit_jax.train, vit_jax.data, vit_jax.finetune, vit_jax.run", TORCH_MODULES),
+        ("import vit_jax.train, vit_jax.data, vit_jax.finetune, vit_jax.launch", TORCH_MODULES),
         ("import vit_cli.main as m; m.build_parser()", JAX_MODULES + TORCH_MODULES),
         ("from vit_cli.convert import Adapters; Adapters('torch', 'READERS')", TORCH_MODULES),  # until looked into
     ],

@@ -221,7 +221,7 @@ def _adapters(framework: str | None, kind: str) -> dict:
 class Adapters(Mapping):
     """A framework's READERS or WRITERS (``vit_torch.formats`` / ``vit_jax.formats``), imported when first
     looked into: what a command passes to a run that needs them only for some files (``vit train``:
-    ``vit_jax.run.RunSpec``), so that the framework is imported only when such a file is read or written."""
+    ``vit_jax.launch.RunSpec``), so that the framework is imported only when such a file is read or written."""
 
     def __init__(self, framework: str, kind: str) -> None:
         self.framework, self.kind = framework, kind

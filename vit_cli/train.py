@@ -274,8 +274,8 @@ def init_fields(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``vit train``: the flags read into a ``vit_jax.run.RunSpec`` (refused before any process starts
-    where they can be), ``vit_jax.run.run_training`` of it, and its summary printed.
+    """``vit train``: the flags read into a ``vit_jax.launch.RunSpec`` (refused before any process starts
+    where they can be), ``vit_jax.launch.run_training`` of it, and its summary printed.
 
     Raises:
         DestinationError: another run holds the folder, or the folder holds files this run would
@@ -297,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
     spec = run_spec(args, tcfg, out)
 
     from vit_compare.exports import export_parity
-    from vit_jax.run import run_training
+    from vit_jax.launch import run_training
 
     code, summary = run_training(spec, None if args.no_parity else export_parity, started=started)
     if summary is not None:
@@ -306,12 +306,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_spec(args: argparse.Namespace, tcfg: TrainConfig, out: Path):
-    """The ``vit_jax.run.RunSpec`` of the flags (``tcfg`` ``train_config``'s, ``out`` the run folder).
+    """The ``vit_jax.launch.RunSpec`` of the flags (``tcfg`` ``train_config``'s, ``out`` the run folder).
 
     Raises:
         ValueError: as ``model_fields`` (without --init).
     """
-    from vit_jax.run import RunSpec
+    from vit_jax.launch import RunSpec
 
     return RunSpec(
         train=tcfg,
