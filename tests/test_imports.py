@@ -26,13 +26,18 @@ def _loaded_after(statement: str) -> set[str]:
     [
         (
             "import vit_common, vit_common.checkpoints, vit_common.tolerance, vit_common.posemb, "
-            "vit_common.data.images, vit_common.data.datasets, vit_common.data.train_config, "
-            "vit_common.system.io, vit_common.system.validate, vit_common.attention_maps",
+            "vit_common.data.images, vit_common.data.datasets, vit_common.data.train_config, vit_common.system.io, "
+            "vit_common.system.validate, vit_common.system.host_devices, vit_common.attention_maps",
             JAX_MODULES + TORCH_MODULES,
         ),
         ("import vit_torch", JAX_MODULES),
         ("import vit_jax", TORCH_MODULES),
         ("import vit_jax.train, vit_jax.data, vit_jax.finetune, vit_jax.launch", TORCH_MODULES),
+        (
+            "import vit_compare.inference, vit_compare.training, vit_compare.exports, vit_compare.report, "
+            "vit_compare.run_model",
+            JAX_MODULES + TORCH_MODULES,
+        ),
         ("import vit_cli.main as m; m.build_parser()", JAX_MODULES + TORCH_MODULES),
         ("from vit_cli.convert import Adapters; Adapters('torch', 'READERS')", TORCH_MODULES),  # until looked into
     ],
