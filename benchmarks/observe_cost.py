@@ -24,15 +24,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
 
-    from vit_cli.main import build_parser
-    from vit_cli.train import DEMO_MODEL, split_cpu
+    from vit_common.config import DEMO_MODEL, ViTConfig
+    from vit_common.system.host_devices import split_cpu
+    from vit_common.training.train_config import TrainConfig
 
-    split_cpu(build_parser().parse_args(["train"]))  # the demo's devices, before JAX is imported
+    split_cpu(0, TrainConfig().batch_size, TrainConfig().accum_steps)  # the demo's devices, before JAX is imported
     import jax
 
-    from vit_common.config import ViTConfig
     from vit_common.data.datasets import load_dataset
-    from vit_common.training.train_config import TrainConfig
     from vit_jax.observe import Summaries
     from vit_jax.trainer import Trainer
 

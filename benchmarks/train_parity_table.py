@@ -1,5 +1,5 @@
 """The README table "Does my JAX run reproduce my PyTorch run?": K optimizer steps of both twins
-(``vit_cli.train_parity.compare_training``) per recipe pair and dtype, on the same weights and batches.
+(``vit_compare.training.compare_training``) per recipe pair and dtype, on the same weights and batches.
 
     python -m benchmarks.train_parity_table --steps 100 --model demo > table.md
     python -m benchmarks.train_parity_table --steps 100 --model ti16 --batch-size 2 --runs timm/timm
@@ -9,7 +9,7 @@ recipe with the same numbers, or with big_vision's weight decay translated by
 ``vit_common.training.recipes.translate``); the cells are the largest relative difference of the parameters
 (max |JAX - torch| / max |torch| of a tensor, the largest over tensors) after steps 1, 10 and K (those
 up to K). The data are 64 random images of 3 classes at the model's size: 8x8 single-channel (tiny),
-28x28 single-channel (demo: ``vit_cli.train.DEMO_MODEL``), 224x224 RGB (ti16: ``Ti/16``, timm's
+28x28 single-channel (demo: ``vit_common.config.DEMO_MODEL``), 224x224 RGB (ti16: ``Ti/16``, timm's
 ``vit_tiny_patch16_224``); mixup, label smoothing, accumulation over 2 micro-batches, a triggered clip
 (0.5) and drop path 0.1 are on. ``--runs`` picks rows by ``JAX/torch`` recipe (``big_vision/timm+`` is
 the translated row), ``--dtypes`` by dtype.
@@ -32,8 +32,7 @@ import time
 
 import numpy as np
 
-from vit_cli.train import DEMO_MODEL
-from vit_common.config import VARIANTS, ViTConfig
+from vit_common.config import DEMO_MODEL, VARIANTS, ViTConfig
 from vit_common.data.augment import Augment
 from vit_common.data.datasets import ArraySource, Dataset
 from vit_common.tolerance import tolerance
@@ -58,7 +57,7 @@ def control(cfg: ViTConfig, tcfg: TrainConfig, data: Dataset, steps: int, eps: f
     the batches and drop-path / dropout masks ``compare_training`` gives both twins."""
     import vit_jax.trainer as jt
     import vit_torch.train as tt
-    from vit_cli.train_parity import drop_path_masks, dropout_masks, largest_difference
+    from vit_compare.training import drop_path_masks, dropout_masks, largest_difference
 
     a = tt.Trainer(cfg, tcfg, data)
     w = a.weights()
@@ -116,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--runs {sorted(set(args.runs) - names)}: expected some of {sorted(names)}")
     import jax
 
-    from vit_cli.train_parity import compare_training
+    from vit_compare.training import compare_training
 
     model = dict(MODELS[args.model])
     size, chans = model["image_size"], model.pop("in_chans")

@@ -19,11 +19,11 @@ import transformers
 from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer
 
-from vit_cli.parity import run_parity
 from vit_common.checkpoints.convert import save_checkpoint
 from vit_common.checkpoints.formats.npz import NpzWriteOptions
 from vit_common.config import ViTConfig
 from vit_common.state import random_state
+from vit_compare.inference import run_parity
 
 
 def _randomize(model: torch.nn.Module) -> torch.nn.Module:

@@ -14,10 +14,10 @@ import vit_jax
 import vit_torch
 from vit_cli.attention import PANEL_PX, panel_grid
 from vit_cli.main import main
-from vit_cli.report import diff_row, write_parity_report
 from vit_common.checkpoints.formats.canonical import save_canonical
 from vit_common.config import ViTConfig
 from vit_common.tolerance import compare
+from vit_compare.report import diff_row, write_parity_report
 
 CASES = {
     "token+registers": dict(reg_tokens=2),

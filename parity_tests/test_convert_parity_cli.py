@@ -14,9 +14,9 @@ from PIL import Image
 
 import vit_torch
 from vit_cli.main import main
-from vit_cli.parity import run_parity
-from vit_cli.report import ROW_KEYS
 from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
+from vit_compare.inference import run_parity
+from vit_compare.report import ROW_KEYS
 from vit_jax.formats import READERS as JAX_READERS
 from vit_jax.formats import WRITERS as JAX_WRITERS
 from vit_torch.formats import READERS as TORCH_READERS
@@ -128,7 +128,7 @@ def test_run_parity_result_structure_float64(tmp_path, small_cfg, random_state):
     assert res.outputs["jax"]["attn01"].shape == res.outputs["torch"]["attn01"].shape == (2, 2, 16, 16)  # no cls
     assert res.outputs["jax"]["logits"].dtype == np.float64
     row = json.loads(json.dumps(res.to_dict()))["rows"][-1]
-    assert set(ROW_KEYS) < set(row)  # rows feed vit_cli.report.write_parity_report as they are
+    assert set(ROW_KEYS) < set(row)  # rows feed vit_compare.report.write_parity_report as they are
 
 
 @pytest.mark.parametrize("against, kw", [("timm", dict(pool="map", class_token=False)), ("transformers", {})])

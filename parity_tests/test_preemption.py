@@ -33,8 +33,9 @@ DRIVER = textwrap.dedent("""
     import json, multiprocessing, os, signal, sys
     plan, argv = json.loads(sys.argv[1]), sys.argv[2:]
     from vit_cli.main import build_parser
-    from vit_cli.train import split_cpu
-    split_cpu(build_parser().parse_args(argv))  # as `vit train` does, before JAX is imported
+    from vit_common.system.host_devices import split_cpu
+    a = build_parser().parse_args(argv)
+    split_cpu(a.cpu_devices, a.batch_size, a.accum_steps)  # as `vit train` does, before JAX is imported
     send = lambda name: os.kill(os.getpid(), getattr(signal, name))
     from vit_jax import trainer
     step = trainer.Trainer.train_step

@@ -1,6 +1,6 @@
 """The twin runner: either twin's logits and intermediates on the same numpy images, at full precision,
-with the frameworks' settings restored afterwards (``vit_cli.run_model.torch_logits`` used to turn TF32
-off for the whole process)."""
+with the frameworks' settings restored afterwards (the commands' old ``torch_logits`` turned TF32 off
+for the whole process)."""
 
 from __future__ import annotations
 

@@ -41,8 +41,9 @@ DRIVER = textwrap.dedent("""
     import builtins, os, signal, sys, time
     stop_at, signame, record, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
     from vit_cli.main import build_parser, main
-    from vit_cli.train import split_cpu
-    split_cpu(build_parser().parse_args(argv))  # as `vit train` does, before JAX is imported
+    from vit_common.system.host_devices import split_cpu
+    a = build_parser().parse_args(argv)
+    split_cpu(a.cpu_devices, a.batch_size, a.accum_steps)  # as `vit train` does, before JAX is imported
     replace, open_ = os.replace, builtins.open
     def note(path):
         with open_(record, "a") as f:

@@ -38,8 +38,9 @@ KILLER = textwrap.dedent("""
     import os, signal, sys
     mode, at, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
     from vit_cli.main import build_parser
-    from vit_cli.train import split_cpu
-    split_cpu(build_parser().parse_args(argv))  # as `vit train` does, before JAX is imported
+    from vit_common.system.host_devices import split_cpu
+    a = build_parser().parse_args(argv)
+    split_cpu(a.cpu_devices, a.batch_size, a.accum_steps)  # as `vit train` does, before JAX is imported
     if mode == "train":  # right after dispatching step `at`
         from vit_jax import trainer
         step = trainer.Trainer.train_step

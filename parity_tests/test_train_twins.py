@@ -1,5 +1,5 @@
 """Twin training: the JAX step (optax) and the torch step (torch.optim) from one TrainConfig agree in every
-parameter and both Adam moments, step after step, for each recipe (vit_cli/train_parity.py).
+parameter and both Adam moments, step after step, for each recipe (vit_compare/training.py).
 
 float64 on CPU, a depth-2 width-16 model, the one input pipeline's batches; bounds from
 vit_common/tolerance.py ("train" rows).
@@ -12,13 +12,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from vit_cli.train_parity import compare_training, drop_path_masks, dropout_masks
 from vit_common.config import ViTConfig
 from vit_common.data.augment import Augment
 from vit_common.data.datasets import Dataset
 from vit_common.tolerance import compare
 from vit_common.training.recipes import RECIPES, translate
 from vit_common.training.train_config import TrainConfig
+from vit_compare.training import compare_training, drop_path_masks, dropout_masks
 
 TINY = ViTConfig(
     image_size=8, patch_size=4, in_chans=1, num_classes=3, width=16, depth=2, num_heads=2, mlp_dim=32,

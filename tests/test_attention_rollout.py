@@ -1,11 +1,11 @@
-"""vit_cli.attention_maps: rollout against hand computations, maps as distributions, what each pooling shows."""
+"""vit_common.attention_maps: rollout against hand computations, maps as distributions, what each pooling shows."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from vit_cli.attention_maps import (
+from vit_common.attention_maps import (
     attention_maps,
     fuse_heads,
     fused_rows,

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-import vit_cli.parity
-import vit_cli.run_model
 from vit_cli.main import main
 
 
@@ -24,8 +22,8 @@ def test_a_users_file_is_refused_before_the_work(argv, tmp_path, capsys, monkeyp
     def work(*args, **kwargs):
         raise AssertionError("the work started before the destination was checked")
 
-    monkeypatch.setattr(vit_cli.run_model, "load_with_info", work)
-    monkeypatch.setattr(vit_cli.parity, "run_parity", work)
+    monkeypatch.setattr("vit_compare.run_model.load_with_info", work)
+    monkeypatch.setattr("vit_compare.inference.run_parity", work)
     assert main([a.format(out=out) for a in argv]) == 2
     assert str(out) in capsys.readouterr().err
     assert out.read_bytes() == b"the user's own picture"
@@ -93,7 +91,7 @@ def test_an_unwritable_current_folder_is_refused_before_the_evaluation(tiny_eval
     def work(*args, **kwargs):
         raise AssertionError("the evaluation started before the destination was checked")
 
-    monkeypatch.setattr(vit_cli.run_model, "load_with_info", work)
+    monkeypatch.setattr("vit_compare.run_model.load_with_info", work)
     assert main(["evaluate", str(model), "--dataset", data]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [

@@ -1,5 +1,5 @@
 """Every Python name README.md gives of this project (``from vit_x import y``, ``vit_x.module.name``) exists,
-so a snippet a reader copies does not stop at an ImportError."""
+so a snippet a reader copies does not stop at an ImportError; so does every file it names by its path."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ FROM_IMPORTS = sorted(
         if name.strip()
     }
 )
-DOTTED = sorted(set(re.findall(r"\b((?:vit_jax|vit_torch|vit_common|vit_cli|benchmarks)(?:\.\w+)+)", README)))
+DOTTED = sorted(
+    set(re.findall(r"\b((?:vit_jax|vit_torch|vit_common|vit_compare|vit_cli|benchmarks)(?:\.\w+)+)", README))
+)
 
 
 def resolve(dotted: str) -> object:
@@ -46,3 +48,14 @@ def test_readme_names_exist(dotted):
 def test_readme_names_were_found():
     assert "vit_common.data.datasets.load_dataset" in FROM_IMPORTS and "vit_jax.data.train_iterator" in FROM_IMPORTS
     assert len(DOTTED) > 10
+
+
+PATHS = sorted(set(re.findall(r"\b((?:vit_\w+|benchmarks|tests|parity_tests|docs)/[\w/]*\w\.(?:py|md|png))\b", README)))
+
+
+def test_readme_paths_exist():
+    """Every file README.md names by its path (``vit_compare/inference.py``, ``docs/known_faults.md``) is there."""
+    root = Path(__file__).resolve().parents[1]
+    assert len(PATHS) > 10 and "vit_compare/inference.py" in PATHS
+    missing = [p for p in PATHS if not (root / p).is_file()]
+    assert not missing, missing

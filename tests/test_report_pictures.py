@@ -1,4 +1,4 @@
-"""vit_cli.report on synthetic differences: pictures written, numbers and verdicts in index.html."""
+"""vit_compare.report on synthetic differences: pictures written, numbers and verdicts in index.html."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_cli.report import diff_row, write_parity_report
+from vit_compare.report import diff_row, write_parity_report
 
 
 def _synthetic_rows() -> list[dict]:

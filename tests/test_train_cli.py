@@ -177,13 +177,13 @@ def test_a_signal_before_training_stops_at_once_with_one_line_and_releases_the_f
 ):
     import signal
 
-    import vit_jax.run
+    import vit_jax.launch
 
     def interrupted(*args):
         os.kill(os.getpid(), getattr(signal, signame))  # while the data is read, say
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    monkeypatch.setattr(vit_jax.run, "train", interrupted)
+    monkeypatch.setattr(vit_jax.launch, "train", interrupted)
     assert main(["train", "--dataset", "digits", *TINY, "--out", str(tmp_path / "run")]) == 3
     err = capsys.readouterr().err
     assert err == f"vit train: stopped by {signame} before training began; the same command starts it again\n"

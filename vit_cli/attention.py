@@ -14,7 +14,7 @@ Per image STEM, written to --out:
   STEM_probe.npy           [N, h, w] float32 (pool='map' only)
   STEM_rollout.npy         [h, w] float32
   STEM_attention.json      what is shown, preprocessing, prediction, prefix-token shares, file names
-The arithmetic is ``vit_cli.attention_maps`` (see its docstring for rollout and for what each pooling shows).
+The arithmetic is ``vit_common.attention_maps`` (see its docstring for rollout and for what each pooling shows).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
-from vit_cli.run_model import add_image_flags
+from vit_cli.flags import add_image_flags
+from vit_common.attention_maps import shares, spread
 
 PANEL_PX = (200, 240)  # width, height of one figure panel in pixels (figure dpi 100)
 MAX_COLS = 8
@@ -107,21 +108,6 @@ def _forward(framework: str, model, images: np.ndarray) -> tuple[np.ndarray, dic
     }
 
 
-def shares(dist: np.ndarray, cfg) -> dict:
-    """Share of a token distribution [L] per token kind: patches, cls, registers (floats)."""
-    from vit_cli.attention_maps import split_tokens
-
-    sp = split_tokens(dist, cfg)
-    out = {"patches": float(sp.patches.sum())}
-    if sp.cls is not None:
-        out["cls"] = float(sp.cls)
-    if sp.dist is not None:
-        out["dist"] = float(sp.dist)
-    if sp.registers.size:
-        out["registers"] = [float(x) for x in sp.registers]
-    return out
-
-
 def _share_text(share: dict) -> str:
     parts = [f"patches {share['patches']:.0%}"]
     if "cls" in share:
@@ -137,7 +123,7 @@ def _colour(grid: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """Patch grid [h, w] -> RGB [H, W, 3] in [0, 1]: upsampled, scaled min..max, coloured with CMAP."""
     from matplotlib import colormaps
 
-    from vit_cli.attention_maps import upsample
+    from vit_common.attention_maps import upsample
 
     m = upsample(grid, size)
     span = m.max() - m.min()
@@ -155,11 +141,6 @@ def panel_grid(n: int) -> tuple[int, int]:
     """(rows, columns) of the figure for n panels: at most MAX_COLS columns."""
     cols = min(n, MAX_COLS)
     return math.ceil(n / cols), cols
-
-
-def spread(n: int, k: int) -> list[int]:
-    """At most ``k`` (>= 2) of the indices 0..n-1, evenly spaced, the first and the last among them."""
-    return sorted({round(x) for x in np.linspace(0, n - 1, min(n, k))})
 
 
 def _write_png(path: Path, rgb: np.ndarray) -> None:
@@ -210,7 +191,7 @@ def write_figure(path: Path, image: np.ndarray, panels: list[tuple[str, np.ndarr
 
 def _selected(per_head: np.ndarray, head: int | str) -> np.ndarray:
     """The map a --head value picks from per-head distributions [N, L]: one head, or the fused rows."""
-    from vit_cli.attention_maps import fused_rows
+    from vit_common.attention_maps import fused_rows
 
     return per_head[head] if isinstance(head, int) else fused_rows(per_head, head)
 
@@ -220,7 +201,7 @@ def _image_outputs(
 ) -> tuple[list, dict, list]:
     """Write one image's overlays and arrays: (figure panels, shares per map, files written); the figure
     panels only of the blocks and heads in ``figure`` ({"blocks": [...], "heads": [...]})."""
-    from vit_cli.attention_maps import split_tokens
+    from vit_common.attention_maps import split_tokens
 
     def grid(dist: np.ndarray) -> np.ndarray:  # [..., L] -> patch grid [..., h, w]
         return split_tokens(dist, cfg).patches
@@ -266,11 +247,11 @@ def _image_outputs(
 
 
 def run(args: argparse.Namespace) -> int:
-    from vit_cli.attention_maps import attention_maps
     from vit_cli.flags import values
-    from vit_cli.run_model import class_names, load_with_info
+    from vit_common.attention_maps import attention_maps
     from vit_common.data.images import Preprocess, list_images, load_image, normalize
     from vit_common.system.io import write_json
+    from vit_compare.run_model import class_names, load_with_info
 
     files = list_images(args.images)
     stems = [p.stem for p in files]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 
 from vit_common.system.validate import arg, int_in
 
@@ -215,6 +216,24 @@ def _adapters(framework: str | None, kind: str) -> dict:
     else:
         return {}
     return getattr(formats, kind)
+
+
+class Adapters(Mapping):
+    """A framework's READERS or WRITERS (``vit_torch.formats`` / ``vit_jax.formats``), imported when first
+    looked into: what a command passes to a run that needs them only for some files (``vit train``:
+    ``vit_jax.launch.RunSpec``), so that the framework is imported only when such a file is read or written."""
+
+    def __init__(self, framework: str, kind: str) -> None:
+        self.framework, self.kind = framework, kind
+
+    def __getitem__(self, key: str):
+        return _adapters(self.framework, self.kind)[key]
+
+    def __iter__(self):
+        return iter(_adapters(self.framework, self.kind))
+
+    def __len__(self) -> int:
+        return len(_adapters(self.framework, self.kind))
 
 
 def _timm_hub_config(folder):

@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
+from vit_cli.flags import add_image_flags
 from vit_cli.main import HelpFormatter
-from vit_cli.run_model import add_image_flags
 from vit_common.system.validate import arg, float_in, int_in
 
 MAX_INCHES = 20.0  # a confusion PNG's side at most (x 100 dpi = 2,000 px; 1,000 classes once drew 45,200 px)
@@ -62,12 +62,12 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from vit_cli.flags import values
-    from vit_cli.run_model import class_names, load_with_info, logits
     from vit_common.data.augment import ImageTransform
     from vit_common.data.batches import EvalBatches
     from vit_common.data.datasets import load_dataset
     from vit_common.data.images import Preprocess
     from vit_common.system.io import check_destination, check_writable
+    from vit_compare.run_model import class_names, load_with_info, logits
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size={args.batch_size}: expected a positive int")

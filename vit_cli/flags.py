@@ -4,7 +4,8 @@
 ``cls`` (``field.metadata["help"]``, optional ``"choices"`` and ``"metavar"``); the type comes from the
 annotation: bool -> ``--x/--no-x``, int / float / str, ``X | None`` -> X, ``tuple[float, ...]`` -> one or
 more values; a field with a ``Range`` in its metadata (``vit_common.system.validate``) is checked against it as the
-flag is parsed. ``values(cls, args)`` collects the parsed values that were given.
+flag is parsed. ``values(cls, args)`` collects the parsed values that were given. ``add_image_flags`` and
+``class_list``: the preprocessing and class-name flags of the commands that run a checkpoint on images.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import dataclasses
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 
@@ -95,3 +97,26 @@ def values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
         if v is not None:
             out[f.name] = tuple(v) if isinstance(v, list) else v
     return out
+
+
+def add_image_flags(p: argparse.ArgumentParser) -> None:
+    """--mean/--std/--interpolation/--crop-pct/--crop-mode (default: the checkpoint's) and --classes."""
+    from vit_common.data.images import Preprocess
+
+    g = p.add_argument_group("preprocessing (default: what the checkpoint declares, else its format's usual)")
+    add_flags(g, Preprocess, given_only=True, defaults_help=dict.fromkeys(Preprocess.__dataclass_fields__, "see above"))
+    p.add_argument(
+        "--classes",
+        type=class_list,
+        help="class names for a checkpoint that has none: comma-separated, or a file with one per line",
+    )
+
+
+def class_list(text: str) -> list[str]:
+    """--classes: 'a,b,c', or the path of a text file with one name per line."""
+    path = Path(text)
+    names = path.read_text().splitlines() if path.is_file() else text.split(",")
+    names = [n.strip() for n in names if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"--classes {text!r}: no names")
+    return names

@@ -6,8 +6,8 @@ import argparse
 import json
 
 from vit_cli.convert import add_checkpoint_arguments, checkpoint_options
+from vit_cli.flags import add_image_flags
 from vit_cli.main import HelpFormatter
-from vit_cli.run_model import add_image_flags
 from vit_common.system.validate import arg, int_in
 
 
@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from vit_cli.flags import values
-    from vit_cli.run_model import class_names, load_with_info, logits
     from vit_common.data.images import Preprocess, list_images, load_image, normalize
+    from vit_compare.run_model import class_names, load_with_info, logits
 
     files = list_images(args.images)
     model, info = load_with_info(

@@ -15,23 +15,20 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 from pathlib import Path
 
-from vit_cli.convert import add_accept_assumed, add_checkpoint_arguments, checkpoint_options
-from vit_cli.flags import add_flags, flag_name, values
+from vit_cli.convert import Adapters, add_accept_assumed, add_checkpoint_arguments, checkpoint_options
+from vit_cli.flags import add_flags, class_list, flag_name, values
 from vit_cli.main import HelpFormatter
-from vit_cli.run_model import class_list
-from vit_common.config import VARIANTS, ViTConfig
+from vit_common.config import DEMO_MODEL, VARIANTS, ViTConfig
 from vit_common.data.augment import Augment
 from vit_common.data.datasets import check_outside
 from vit_common.data.images import Preprocess
 from vit_common.system import io
+from vit_common.system.host_devices import split_cpu
 from vit_common.system.validate import arg, float_in, int_in
 from vit_common.training.train_config import RunOptions, TrainConfig
 
-# The demo model: 28x28 inputs, 7x7 patches, 16 tokens (no class token: average pooling).
-DEMO_MODEL = dict(image_size=28, patch_size=7, width=128, depth=4, num_heads=4, mlp_dim=256, pool="gap")
 # ViTConfig fields with a flag of their own: all but those the dataset sets and the parameter dtype
 # (the trainer keeps parameters and optimizer state in float32; --set param_dtype for another).
 FROM_DATASET = {"num_classes": "--dataset (its classes)", "in_chans": "--dataset (its channels)"}
@@ -278,8 +275,8 @@ def init_fields(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``vit train``: the flags read into a ``vit_jax.run.RunSpec`` (refused before any process starts
-    where they can be), ``vit_jax.run.run_training`` of it, and its summary printed.
+    """``vit train``: the flags read into a ``vit_jax.launch.RunSpec`` (refused before any process starts
+    where they can be), ``vit_jax.launch.run_training`` of it, and its summary printed.
 
     Raises:
         DestinationError: another run holds the folder, or the folder holds files this run would
@@ -289,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     started = getattr(args, "started", time.perf_counter())
-    split_cpu(args)  # before JAX is imported
+    split_cpu(args.cpu_devices, args.batch_size, args.accum_steps)  # before JAX is imported
     tcfg = train_config(args)  # framework-free: bad flags are refused before any process starts
     if tcfg.init is None and (args.source_image_size is not None or args.strict):
         raise ValueError("--source-image-size and --strict describe the checkpoint of --init; there is none")
@@ -300,7 +297,8 @@ def run(args: argparse.Namespace) -> int:
         io.check_writable(tensorboard_dir(args, out), "--tensorboard", folder=True)
     spec = run_spec(args, tcfg, out)
 
-    from vit_jax.run import run_training
+    from vit_compare.exports import export_parity
+    from vit_jax.launch import run_training
 
     code, summary = run_training(spec, None if args.no_parity else export_parity, started=started)
     if summary is not None:
@@ -309,12 +307,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_spec(args: argparse.Namespace, tcfg: TrainConfig, out: Path):
-    """The ``vit_jax.run.RunSpec`` of the flags (``tcfg`` ``train_config``'s, ``out`` the run folder).
+    """The ``vit_jax.launch.RunSpec`` of the flags (``tcfg`` ``train_config``'s, ``out`` the run folder).
 
     Raises:
         ValueError: as ``model_fields`` (without --init).
     """
-    from vit_jax.run import RunSpec
+    from vit_jax.launch import RunSpec
 
     return RunSpec(
         train=tcfg,
@@ -334,7 +332,17 @@ def run_spec(args: argparse.Namespace, tcfg: TrainConfig, out: Path):
         accept_assumed=args.accept_assumed,
         quiet=args.json,
         agree=run_fields(args, out),
+        readers=Adapters("torch", "READERS"),
+        writers=Adapters("torch", "WRITERS"),
+        read_optimizer=_timm_optimizer,
     )
+
+
+def _timm_optimizer(path, entry: str) -> dict:
+    """``vit_torch.formats.read_timm_optimizer`` (torch imported only now: --init-optimizer of a .pth)."""
+    from vit_torch.formats import read_timm_optimizer
+
+    return read_timm_optimizer(path, entry)
 
 
 # Flags each process of a multi-process run may set for itself (its host's devices, cache, console).
@@ -357,83 +365,6 @@ def run_options(args: argparse.Namespace) -> RunOptions:
     return RunOptions(
         **given | {"eval_every": n if unit == "epochs" else 1, "eval_every_steps": n if unit == "steps" else 0}
     )
-
-
-def split_cpu(args: argparse.Namespace) -> None:
-    """Make the CPU backend ``--cpu-devices`` single-threaded XLA devices (data parallel over cores).
-
-    A small ViT on CPU spends its time in small ops that a thread pool does not speed up; one device
-    per core runs the batch's shards side by side instead. Only possible before JAX is imported, and
-    only for one process; XLA_FLAGS that already set a device count win. GPU/TPU runs are unaffected.
-    """
-    n = args.cpu_devices
-    if n < 0:
-        raise ValueError(f"--cpu-devices={n}: expected an int >= 0")
-    if n == 0:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        micro = max(args.batch_size // max(args.accum_steps, 1), 1)
-        n = max(d for d in range(1, cores + 1) if micro % d == 0)
-    flags = os.environ.get("XLA_FLAGS", "")
-    single = "jax" not in sys.modules and "JAX_COORDINATOR_ADDRESS" not in os.environ
-    if n > 1 and single and "device_count" not in flags:
-        os.environ["XLA_FLAGS"] = (
-            f"{flags} --xla_force_host_platform_device_count={n} --xla_cpu_multi_thread_eigen=false".strip()
-        )
-
-
-def export_parity(path: Path, exports: dict[str, Path], trainer) -> dict:
-    """Test-set logits of the exported files against vit_jax's: ours in vit_torch (top level of the
-    result, float32 bound) and each export in the library that defines its format (``library``: timm
-    for timm files and .npz, transformers for HF folders; skipped, with the reason, when not installed).
-    """
-    import numpy as np
-
-    from vit_cli.run_model import load, logits
-    from vit_common.tolerance import compare
-    from vit_jax.data import eval_batches
-
-    data = trainer.data
-    batches = list(
-        eval_batches(data.test, data.num_classes, batch_size=trainer.tcfg.batch_size, transform=trainer.eval_transform)
-    )
-    mask = np.concatenate([b["mask"] for b in batches]) > 0
-    images = [b["image"] for b in batches]
-    labels = np.concatenate([b["label"] for b in batches])[mask]
-    lj = np.concatenate(list(logits(load(path, "jax"), "jax", images)))[mask]
-    lt = np.concatenate(list(logits(load(path, "torch"), "torch", images)))[mask]
-
-    def check(got: np.ndarray) -> dict:
-        c = compare("logits", got, lj, "tensor", "float32")
-        agree = float((lj.argmax(-1) == got.argmax(-1)).mean())
-        return {
-            "images": int(mask.sum()),
-            "agreement": agree,
-            "max_abs_logit_diff": c.max_abs,
-            "rel": c.rel,
-            "bound": c.bound,
-            "ok": bool(c.ok and agree == 1.0),
-        }
-
-    result = check(lt) | {
-        "jax_accuracy": float((lj.argmax(-1) == labels).mean()),
-        "torch_accuracy": float((lt.argmax(-1) == labels).mean()),
-        "library": {},
-    }
-    from vit_torch.oracles import library_logits
-
-    for fmt, file in exports.items():
-        if fmt == "orbax":
-            continue
-        try:
-            library, logits = library_logits(file, fmt, trainer.cfg.replace(dtype="float32"), images)
-        except ImportError as e:
-            result["library"][fmt] = {"file": str(file), "skipped": f"{e.name or e} is not installed"}
-            continue
-        except ValueError as e:
-            result["library"][fmt] = {"file": str(file), "skipped": str(e)}
-            continue
-        result["library"][fmt] = {"file": str(file), "library": library} | check(np.concatenate(logits)[mask])
-    return result
 
 
 def print_summary(summary: dict, as_json: bool) -> None:

@@ -30,6 +30,9 @@ VARIANTS: dict[str, dict[str, int]] = {
     "g": dict(width=1408, depth=40, mlp_dim=6144, num_heads=16),
     "G": dict(width=1664, depth=48, mlp_dim=8192, num_heads=16),
 }
+# The demo model of `vit train` without --variant or --init: 28x28 inputs, 7x7 patches, 16 tokens (no
+# class token: average pooling).
+DEMO_MODEL = dict(image_size=28, patch_size=7, width=128, depth=4, num_heads=4, mlp_dim=256, pool="gap")
 
 
 _FLAGS = (

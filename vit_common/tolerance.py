@@ -21,7 +21,7 @@ TOLERANCES: dict[tuple[str, str], tuple[str, float]] = {
     ("gradient", "float64"): ("rel", 1e-9),
     ("gradient", "float32"): ("rel", 1e-4),
     ("tensor", "bfloat16"): ("rel", 2e-2),  # bf16 compute against a float64 reference
-    # Twin training (vit_cli/train_parity.py): parameters and Adam moments after K optimizer steps.
+    # Twin training (vit_compare/training.py): parameters and Adam moments after K optimizer steps.
     ("train", "float64"): ("rel", 1e-10),
     # float32: Adam divides each gradient by its own root mean square, so a gradient that is zero but for
     # rounding (the key part of qkv.bias: softmax ignores a key bias) gets an update of the lr's size from
@@ -42,7 +42,7 @@ TOLERANCES: dict[tuple[str, str], tuple[str, float]] = {
     ("pixels_pil", "uint8"): ("abs", 0.0),
     ("pixels_torchvision", "uint8"): ("abs", 4.0),
     # bf16 compute (float32 parameters and moments) against a float64 run of the same weights and batches:
-    # ||params - params_f64|| / ||params_f64|| over all parameters at once (vit_cli/train_parity.py).
+    # ||params - params_f64|| / ||params_f64|| over all parameters at once (vit_compare/training.py).
     # Measured on a depth-2 width-16 model at lr 1e-2 (the test's): 4.8e-3 (JAX) and 4.3e-3 (torch) after
     # 5 steps, growing ~1e-3 a step: a bound for a few steps. Per tensor no bound holds: a key bias's
     # gradient is zero but for rounding, and Adam makes it a step of the lr's size.

@@ -4,9 +4,9 @@ head matched to the dataset's classes, and the result exported in the checkpoint
 The config is resolved in one order: the dataset (``vit_common.data.datasets.read_dataset``: its classes
 and channels) -> the checkpoint, read once with the dataset's class count and the image size to train at
 -> the config (fields the caller gives checked or applied) -> the dataset fit to that config. ``vit
-train --init`` is this module and ``vit_jax.loop``, driven by ``vit_jax.run``; the checks of the exports
-in vit_torch, timm and transformers run where torch may be imported (``vit_cli.train.export_parity``,
-passed to ``vit_jax.run.run_training``), so importing this module loads no torch. Readers and writers of
+train --init`` is this module and ``vit_jax.loop``, driven by ``vit_jax.launch``; the checks of the exports
+in vit_torch, timm and transformers run where torch may be imported (``vit_compare.exports.export_parity``,
+passed to ``vit_jax.launch.run_training``), so importing this module loads no torch. Readers and writers of
 PyTorch ``.pth``/``.bin`` files are passed in (``vit_torch.formats.READERS`` / ``WRITERS``), as
 ``vit_common.checkpoints.convert`` takes them.
 """

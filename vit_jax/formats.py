@@ -5,17 +5,16 @@ Layout: ``PATH/vit_config.json`` ({"format": ..., "vit_config": ..., "rng_impl":
 streams. Typed PRNG keys are stored as their raw ``key_data`` (uint32) and wrapped again on restore, so
 restoring into an abstract model never trips over the key dtype, whatever the orbax version.
 ``READERS`` / ``WRITERS`` plug this into ``vit_common.checkpoints.convert``; ``READERS["timm"]`` reads a
-timm hub folder's config.json through timm in a child process (vit_jax never imports torch).
+timm hub folder's config.json through timm in a child process (``vit_jax.torch_bridge``: vit_jax never
+imports torch).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import importlib.util
 import logging
 import os
-import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -28,12 +27,13 @@ from flax import nnx
 from vit_common.checkpoints.convert import ORBAX_CONFIG
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.provenance import common_float_dtype
-from vit_common.checkpoints.formats.stored_config import FORMAT_TAG, config_from_json, stored_config
+from vit_common.checkpoints.formats.stored_config import FORMAT_TAG, stored_config
 from vit_common.config import ViTConfig
 from vit_common.system.io import atomic_write_dir, check_free_space, folder_mark, read_json, write_json
 from vit_common.system.validate import check_model_size
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
 from vit_jax.model import VisionTransformer
+from vit_jax.torch_bridge import read_timm_hub_config
 from vit_jax.weights import check_float64, from_numpy, to_numpy
 
 
@@ -171,25 +171,6 @@ def write_orbax(path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str, np.
     state's own dtype (a bfloat16 state stays bfloat16, whatever ``cfg.param_dtype`` says)."""
     dtype = common_float_dtype(state)
     save_orbax(path, from_numpy(cfg.replace(param_dtype=dtype) if dtype else cfg, state))
-
-
-def read_timm_hub_config(folder: str | os.PathLike) -> ViTConfig | None:
-    """The ViTConfig timm builds from a timm hub folder, read in a child process
-    (``python -m vit_torch.timm_models local-dir:FOLDER --config``: timm needs torch, which vit_jax never
-    imports), or None when timm or torch is not installed.
-
-    Raises:
-        FormatError: the child's error (a model timm cannot build or the twins lack), its last line.
-    """
-    if importlib.util.find_spec("timm") is None or importlib.util.find_spec("torch") is None:
-        return None
-    cmd = [sys.executable, "-m", "vit_torch.timm_models", f"local-dir:{folder}", "--config"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        raise FormatError(f"{folder}: {last.removeprefix('python -m vit_torch.timm_models: error: ')}")
-    return config_from_json(lines[-1], f"{folder} (read by timm)")[0]
 
 
 READERS = {"orbax": read_orbax, "timm": read_timm_hub_config}

@@ -465,7 +465,7 @@ class VisionTransformer(nnx.Module):
         branches take rows [:, i, 0] and [:, i, 1] instead of drawing their own, so that both twins drop
         the same samples (the parity mode of twin training); ignored where drop_path is 0 or in eval.
         ``dropout_masks`` {module path: keep mask of that dropout's input shape} does the same for
-        dropout and attention dropout (paths as ``vit_cli.train_parity.dropout_masks`` names them:
+        dropout and attention dropout (paths as ``vit_compare.training.dropout_masks`` names them:
         "pos_drop", "blocks.{i}.attn.attn_drop", ..., "head_drop"); every live dropout needs its mask
         (KeyError otherwise); ignored in eval.
         """

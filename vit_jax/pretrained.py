@@ -7,15 +7,13 @@ the canonical state).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from vit_common.checkpoints.convert import read_checkpoint
 from vit_jax.formats import READERS
 from vit_jax.model import VisionTransformer
+from vit_jax.torch_bridge import write_timm_model
 from vit_jax.weights import from_numpy
 
 
@@ -38,7 +36,7 @@ def from_timm(name: str, pretrained: bool = False, **kwargs) -> VisionTransforme
     """The JAX twin of ``timm.create_model(name, pretrained=pretrained, **kwargs)``, through timm's own
     loader (``pretrained=True`` downloads its weights).
 
-    timm needs torch, which vit_jax never imports: a child process (``python -m vit_torch.timm_models``)
+    timm needs torch, which vit_jax never imports: a child process (``vit_jax.torch_bridge.write_timm_model``)
     builds the timm model, checks the torch twin against it and writes a timm ``.safetensors`` whose
     header holds the config; it is read here with ``strict=True``.
 
@@ -47,8 +45,5 @@ def from_timm(name: str, pretrained: bool = False, **kwargs) -> VisionTransforme
     """
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / f"{name.replace('/', '_')}.safetensors"
-        cmd = [sys.executable, "-m", "vit_torch.timm_models", name, str(out), "--kwargs", json.dumps(kwargs)]
-        done = subprocess.run(cmd + ["--pretrained"] * pretrained, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise ValueError(f"timm model {name!r}: {done.stderr.strip().splitlines()[-1] if done.stderr else done}")
+        write_timm_model(name, out, pretrained, kwargs)
         return load_model(out, strict=True)

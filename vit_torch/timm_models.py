@@ -3,9 +3,10 @@ its config read off the built model (declared: the model object states every cho
 it beside the torch twin.
 
 ``from_timm(name)`` gives the torch twin. ``vit_jax.from_timm`` runs ``python -m vit_torch.timm_models
-NAME OUT`` in a child process (timm needs torch, which vit_jax never imports) and loads the timm
-``.safetensors`` written there, whose header carries the config. timm and its weights are optional:
-``pretrained=True`` downloads through timm (Hugging Face hub), ``pretrained=False`` builds random weights.
+NAME OUT`` in a child process (``vit_jax.torch_bridge``: timm needs torch, which vit_jax never imports) and
+loads the timm ``.safetensors`` written there, whose header carries the config. timm and its weights are
+optional: ``pretrained=True`` downloads through timm (Hugging Face hub), ``pretrained=False`` builds random
+weights.
 
 ``timm_model_config(name)`` is the config alone, the model built on the meta device (nothing allocated);
 ``read_hub_config(folder)`` is it for a timm hub folder (``local-dir:``), the ``readers["timm"]`` that

@@ -1,8 +1,8 @@
 """Training the PyTorch twin: the JAX twin's training step in PyTorch, from the same ``TrainConfig``.
 
-``vit train`` stays JAX; this trainer is what the twin-training parity (``vit parity --train K``,
-``vit_cli/train_parity.py``) drives beside it, batch by batch, from the one input pipeline
-(``vit_common.data.batches``: the batches are numpy dicts, image float32 [B, H, W, C], label int32 [B],
+``vit train`` stays JAX; this trainer is what the twin-training parity (``vit train-parity``,
+``vit_compare/training.py``) drives beside it, batch by batch, from the one input pipeline
+(``vit_common.data.datasets``: the batches are numpy dicts, image float32 [B, H, W, C], label int32 [B],
 target float32 [B, K] already mixed by mixup / cutmix, mask float32 [B]).
 
 The step (each choice the JAX step's, see ``vit_jax.trainer`` and ``vit_jax.optim``):

@@ -247,3 +247,21 @@ def attention_maps(
         kinds += [f"{cfg.reg_tokens} register tokens"] * bool(cfg.reg_tokens)
         shows["prefix"] = f"{' and '.join(kinds)}: left out of the patch maps; each map's share reported"
     return AttentionMaps(layers=layers, raw=raw, probe=probe, rollout=read, head=head, shows=shows)
+
+
+def shares(dist: np.ndarray, cfg: ViTConfig) -> dict:
+    """Share of a token distribution [L] per token kind: patches, cls, registers (floats)."""
+    sp = split_tokens(dist, cfg)
+    out = {"patches": float(sp.patches.sum())}
+    if sp.cls is not None:
+        out["cls"] = float(sp.cls)
+    if sp.dist is not None:
+        out["dist"] = float(sp.dist)
+    if sp.registers.size:
+        out["registers"] = [float(x) for x in sp.registers]
+    return out
+
+
+def spread(n: int, k: int) -> list[int]:
+    """At most ``k`` (>= 2) of the indices 0..n-1, evenly spaced, the first and the last among them."""
+    return sorted({round(x) for x in np.linspace(0, n - 1, min(n, k))})

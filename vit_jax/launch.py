@@ -6,7 +6,7 @@ a multi-process run (``vit_jax.distributed``), takes the run folder's lock, read
 the model (a fresh one from ``RunSpec.model``, or the checkpoint of ``TrainConfig.init`` through
 ``vit_jax.finetune``), trains it (``vit_jax.loop.fit``), exports it (``vit_jax.finetune.export``),
 plots curves.png and checks the exports with the ``parity`` function it is given. That check runs the
-exports in PyTorch and in their libraries, so it is passed in (``vit_cli.train.export_parity``) and
+exports in PyTorch and in their libraries, so it is passed in (``vit_compare.exports.export_parity``) and
 importing this module loads no torch. Progress goes to stderr, a line each ("vit train: ..."), on
 process 0 and unless ``RunSpec.quiet``.
 """
@@ -50,7 +50,13 @@ class RunSpec:
     ``tensorboard``: the folder of the event files (None: none); ``peak_flops``: FLOP/s of one device
     for the MFU (None: the datasheet's); ``profile_steps``: (A, B) 1-based steps to trace;
     ``accept_assumed``: fields the exports may state that the init checkpoint did not; ``quiet``: no
-    progress lines; ``agree``: what every process of a multi-process run must agree on (flag: value).
+    progress lines; ``agree``: what every process of a multi-process run must agree on (flag: value);
+    ``readers`` / ``writers``: the container readers and writers of PyTorch files
+    (``vit_torch.formats.READERS`` / ``WRITERS``, as ``vit_common.checkpoints.convert`` takes them), used
+    only when the checkpoint fine-tuned is such a file, so they may be tables that import torch when first
+    looked into; ``read_optimizer``: ``vit_torch.formats.read_timm_optimizer`` (path, weights entry) ->
+    the AdamW state of a timm training checkpoint, for ``TrainConfig.init_optimizer``. vit_jax imports no
+    torch: the caller passes these in (``vit train`` does).
     """
 
     train: TrainConfig
@@ -70,18 +76,14 @@ class RunSpec:
     accept_assumed: Sequence[str] | str = ()
     quiet: bool = False
     agree: Mapping[str, Any] = field(default_factory=dict)
+    readers: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    writers: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    read_optimizer: Callable[[str, str], dict] | None = None
 
 
 # The check of the exports: (our model.safetensors, {format: export path}, the Trainer) -> parity.json's
-# dict, with "ok" and "library" {format: {"ok": ...}} (``vit_cli.train.export_parity``).
+# dict, with "ok" and "library" {format: {"ok": ...}} (``vit_compare.exports.export_parity``).
 Parity = Callable[[Path, dict[str, Path], Any], dict]
-
-
-def _torch_formats():
-    """``vit_torch.formats`` (imports torch): the readers and writers of .pth/.bin files."""
-    import vit_torch.formats
-
-    return vit_torch.formats
 
 
 def run_training(
@@ -259,10 +261,12 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
                 given=spec.given,
                 options=spec.checkpoint_options,
                 preprocess=preprocess_flags,
-                readers=_torch_formats().READERS if torch_io else None,
+                readers=spec.readers if torch_io else None,
             )
         if tcfg.init_optimizer:
-            moments = _torch_formats().read_timm_optimizer(tcfg.init, entry)
+            if spec.read_optimizer is None:
+                raise ValueError(f"--init-optimizer: the run was given no reader of {tcfg.init}'s optimizer state")
+            moments = spec.read_optimizer(tcfg.init, entry)
             check_moments(moments, init.weights)
             log(f"  continuing the AdamW state of {tcfg.init} ({entry!r}, {moments['count']} steps taken)")
         cfg, weights, info, data, report = init.cfg, init.weights, init.info, init.data, init.report
@@ -342,7 +346,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
             preprocess=preprocess,
             classes=data.classes,
             source=report,
-            writers=_torch_formats().WRITERS if torch_io else None,
+            writers=spec.writers if torch_io else None,
             accept_assumed=spec.accept_assumed,
         )
         plot_curves(out / "metrics.jsonl", out / "curves.png")

@@ -1,5 +1,5 @@
-"""Load a checkpoint into a twin and run it over image batches: the one place the CLI turns images into
-logits.
+"""Load a checkpoint into a twin and run it over image batches: the one place the commands turn images
+into logits.
 
 Images are numpy float32 [B, H, W, C] (normalised as ``vit_common.data.images.normalize``); logits come
 back as numpy float32 [B, K], from ``vit_jax.runner`` / ``vit_torch.runner`` (full float32 precision, no
@@ -8,7 +8,6 @@ TF32, the frameworks' settings restored afterwards). ``load`` imports only the f
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -18,7 +17,8 @@ import numpy as np
 
 def load(path, framework: str, options=()):
     """``vit_jax.load_model`` or ``vit_torch.load_model`` of ``path`` (any supported format), with
-    ``options``: config overrides and the other ``load_checkpoint`` keywords (``checkpoint_options``)."""
+    ``options``: config overrides and the other ``load_checkpoint`` keywords (as
+    ``vit_cli.convert.checkpoint_options`` makes them)."""
     return load_with_info(path, framework, options)[0]
 
 
@@ -89,27 +89,3 @@ def logits(model, framework: str, batches: Iterable[np.ndarray]) -> Iterator[np.
     else:
         from vit_torch.runner import logits as run
     return run(model, batches)
-
-
-def add_image_flags(p: argparse.ArgumentParser) -> None:
-    """--mean/--std/--interpolation/--crop-pct/--crop-mode (default: the checkpoint's) and --classes."""
-    from vit_cli.flags import add_flags
-    from vit_common.data.images import Preprocess
-
-    g = p.add_argument_group("preprocessing (default: what the checkpoint declares, else its format's usual)")
-    add_flags(g, Preprocess, given_only=True, defaults_help=dict.fromkeys(Preprocess.__dataclass_fields__, "see above"))
-    p.add_argument(
-        "--classes",
-        type=class_list,
-        help="class names for a checkpoint that has none: comma-separated, or a file with one per line",
-    )
-
-
-def class_list(text: str) -> list[str]:
-    """--classes: 'a,b,c', or the path of a text file with one name per line."""
-    path = Path(text)
-    names = path.read_text().splitlines() if path.is_file() else text.split(",")
-    names = [n.strip() for n in names if n.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(f"--classes {text!r}: no names")
-    return names

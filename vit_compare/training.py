@@ -1,0 +1,310 @@
+"""Training parity: does a JAX training run reproduce the PyTorch one, step by step?
+
+``compare_training`` gives both twins the same initial weights and the same K batches from the one
+input pipeline (``vit_jax.trainer.Trainer.train_iterator``: augmentation, mixup / cutmix and padding drawn
+in numpy), takes K optimizer steps in each (``vit_jax.trainer`` with optax, ``vit_torch.train`` with
+torch.optim), and after every step compares the loss, the gradient norm, the learning rate, every
+parameter and both Adam moments by canonical name, and with ``--ema`` the moving averages of the weights
+(``vit_jax.optim.ema_update`` against ``vit_torch.train.ModelEma``). Drop path, dropout and attention dropout
+run in the parity mode: both twins take the same keep masks, drawn in numpy per step (``drop_path_masks``,
+``dropout_masks``).
+
+Each twin may run its own ``TrainConfig`` (another recipe, another weight decay): a run of one recipe
+against another shows at which step and in which tensor they part. Bounds: ``vit_common.tolerance``'s
+"train" rows for the run's dtype (bfloat16 when a recipe keeps its first moment in bfloat16).
+``format_table`` and ``plot`` show the result; ``vit train-parity`` (``vit_cli/train_parity.py``) is
+these with flags. The twins are imported inside ``compare_training``, so importing this module loads no
+framework.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from vit_common.config import ViTConfig
+from vit_common.data.batches import batches_per_epoch
+from vit_common.data.datasets import Dataset
+from vit_common.tolerance import compare, tolerance
+from vit_common.training.recipes import get_recipe
+from vit_common.training.train_config import TrainConfig
+
+_DROP = 2  # first word of the drop-path masks' seeds (the pipeline's examples use 0, its batches 1)
+_DROPOUT = 3  # first word of the dropout masks' seeds
+
+
+def drop_path_masks(cfg: ViTConfig, seed: int, step: int, batch_size: int) -> np.ndarray:
+    """float32 [B, depth, 2] keep masks (1 keep, 0 drop) of both drop-path branches of every block for
+    optimizer step ``step``, from a numpy generator seeded by (seed, 2, step); block i drops with the
+    rate both twins give it (``linspace(0, drop_path, depth)``, timm's stochastic-depth rule)."""
+    rates = np.linspace(0.0, cfg.drop_path, cfg.depth) if cfg.depth > 1 else np.array([cfg.drop_path])
+    rng = np.random.default_rng((seed, _DROP, step))
+    return (rng.random((batch_size, cfg.depth, 2)) >= rates[None, :, None]).astype(np.float32)
+
+
+def dropout_sites(cfg: ViTConfig, batch_size: int) -> dict[str, tuple[tuple[int, ...], float]]:
+    """{module path: (input shape, rate)} of every live dropout of both twins' training forward, in
+    the order of the forward: "pos_drop" [B, L, D], per block i "blocks.{i}.attn.attn_drop" [B, N, L, L]
+    (attention probabilities), "blocks.{i}.attn.proj_drop" [B, L, D], "blocks.{i}.mlp.drop1" [B, L, F],
+    "blocks.{i}.mlp.drop2" [B, L, D], the MAP head's "attn_pool.mlp.drop1" [B, 1, F] and ".drop2"
+    [B, 1, D], "head_drop" [B, D'] ([B, L, D'] with pool='none') and, with a distilled head,
+    "head_drop_dist" [B, D]. L = ``cfg.seq_len``, F = ``cfg.mlp_dim``, D' = ``cfg.features_dim``."""
+    b, n, d, f, l = batch_size, cfg.num_heads, cfg.width, cfg.mlp_dim, cfg.seq_len
+    p, a = cfg.dropout, cfg.attn_dropout
+    sites = {"pos_drop": ((b, l, d), p)}
+    for i in range(cfg.depth):
+        sites |= {
+            f"blocks.{i}.attn.attn_drop": ((b, n, l, l), a),
+            f"blocks.{i}.attn.proj_drop": ((b, l, d), p),
+            f"blocks.{i}.mlp.drop1": ((b, l, f), p),
+            f"blocks.{i}.mlp.drop2": ((b, l, d), p),
+        }
+    if cfg.pool == "map":
+        sites |= {"attn_pool.mlp.drop1": ((b, 1, f), p), "attn_pool.mlp.drop2": ((b, 1, d), p)}
+    sites["head_drop"] = ((b, l, cfg.features_dim) if cfg.pool == "none" else (b, cfg.features_dim), p)
+    if cfg.head_dist:
+        sites["head_drop_dist"] = ((b, d), p)
+    return {k: v for k, v in sites.items() if v[1] > 0}
+
+
+def dropout_masks(cfg: ViTConfig, seed: int, step: int, batch_size: int) -> dict[str, np.ndarray]:
+    """{module path: float32 keep mask (1 keep, 0 drop)} of every live dropout (``dropout_sites``) for
+    optimizer step ``step``, drawn in that order from one numpy generator seeded by (seed, 3, step);
+    each element is kept with probability 1 - rate, as ``nn.Dropout`` and ``nnx.Dropout`` keep it."""
+    rng = np.random.default_rng((seed, _DROPOUT, step))
+    return {
+        k: (rng.random(shape) >= rate).astype(np.float32) for k, (shape, rate) in dropout_sites(cfg, batch_size).items()
+    }
+
+
+@dataclass
+class StepRow:
+    """One optimizer step of both twins: (JAX, torch) metrics, and the largest relative difference
+    (max |JAX - torch| / max |torch| of a tensor) over the parameters, each Adam moment and (with an
+    EMA, else 0 and "") the moving average of the weights, with the tensor that has it. In a
+    bfloat16-compute run ``ref`` is (JAX, torch) against the float64 reference run: ||twin - ref|| /
+    ||ref|| over all parameters at once (``_vector_rel``), else None."""
+
+    step: int
+    loss: tuple[float, float]
+    grad_norm: tuple[float, float]
+    lr: tuple[float, float]
+    params: float
+    params_worst: str
+    mu: float
+    mu_worst: str
+    nu: float
+    nu_worst: str
+    ema: float = 0.0
+    ema_worst: str = ""
+    ref: tuple[float, float] | None = None
+
+    @property
+    def worst(self) -> float:
+        """What the verdict holds to the bound: with a reference run, the twins' distance from it (the
+        per-tensor differences of bfloat16 compute are no measure: Adam turns a gradient that is zero but
+        for rounding, as a key bias's, into a step of the lr's size); else the twins' per-tensor one."""
+        return max(self.ref) if self.ref is not None else max(self.params, self.mu, self.nu, self.ema)
+
+
+@dataclass
+class TrainParity:
+    """``compare_training``'s result: the rows, the bound (kind, value) of ``dtype`` and the verdict.
+    ``dtype`` is the bound's (``run_dtype``), ``compute`` the model's: a big_vision recipe computing in
+    float64 keeps its first moment in bfloat16 and is held to bfloat16's bound."""
+
+    dtype: str
+    recipes: tuple[str, str]
+    bound: tuple[str, float]
+    rows: list[StepRow] = field(default_factory=list)
+    compute: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The dtype as a reader should see it: "float64, first moment bfloat16" where the two differ."""
+        if self.compute is None or self.compute == self.dtype:
+            return self.dtype
+        return f"{self.compute}, first moment {self.dtype}"
+
+    @property
+    def first_bad_step(self) -> int | None:
+        return next((r.step for r in self.rows if not r.worst <= self.bound[1]), None)
+
+    @property
+    def ok(self) -> bool:
+        return self.first_bad_step is None
+
+    @property
+    def has_ema(self) -> bool:
+        """Whether the rows compare moving averages of the weights too (``--ema``)."""
+        return any(r.ema_worst for r in self.rows)
+
+    def to_dict(self) -> dict:
+        return {
+            "dtype": self.dtype,
+            "recipes": {"jax": self.recipes[0], "torch": self.recipes[1]},
+            "bound": {"kind": self.bound[0], "value": self.bound[1]},
+            "ok": self.ok,
+            "first_bad_step": self.first_bad_step,
+            "steps": [dataclasses.asdict(r) for r in self.rows],
+        }
+
+
+def largest_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray], what: str, dtype: str) -> tuple[float, str]:
+    """(largest relative difference over the tensors of ``a`` vs reference ``b`` (``compare``'s, the "train"
+    row of the tolerance table), its name).
+
+    Raises:
+        ValueError: the two hold different names.
+    """
+    if a.keys() != b.keys():
+        raise ValueError(f"{what}: JAX has {sorted(set(a) - set(b))} more, torch {sorted(set(b) - set(a))} more")
+    worst = (0.0, "")
+    for name in a:
+        c = compare(name, a[name], b[name], "train", dtype)
+        worst = max(worst, (c.rel, name))
+    return worst
+
+
+def _vector_rel(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    """||a - b|| / ||b|| with every tensor of ``b`` as one vector (float64)."""
+    diff = sum(float(np.sum((np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64)) ** 2)) for k in b)
+    return float(np.sqrt(diff / sum(float(np.sum(np.asarray(b[k], np.float64) ** 2)) for k in b)))
+
+
+def run_dtype(cfg: ViTConfig, *tcfgs: TrainConfig) -> str:
+    """The dtype whose "train" bound applies: bfloat16 when the model computes in it or a recipe keeps
+    its first moment in it, else the model's parameter dtype."""
+    if cfg.dtype == "bfloat16" or any(get_recipe(t.recipe).mu_dtype == "bfloat16" for t in tcfgs):
+        return "bfloat16"
+    return cfg.param_dtype
+
+
+def compare_training(
+    cfg: ViTConfig,
+    tcfg: TrainConfig,
+    data: Dataset,
+    steps: int,
+    *,
+    torch_tcfg: TrainConfig | None = None,
+    weights: dict[str, np.ndarray] | None = None,
+) -> TrainParity:
+    """K = ``steps`` optimizer steps of the JAX twin under ``tcfg`` and of the torch twin under
+    ``torch_tcfg`` (default the same), from ``weights`` (default the torch twin's initialisation with
+    ``torch_tcfg.seed``: torch draws it in milliseconds, JAX compiles a kernel per shape), on the same
+    batches; see the module docstring. float64 needs jax_enable_x64 on. With bfloat16 compute a third
+    run, the torch twin in float64 from the same weights, batches and masks, is the reference: each row's
+    ``ref`` holds both twins' ||twin - f64|| / ||f64||, which the verdict holds to the tolerance table's
+    "train_vs_float64" bound.
+
+    Raises:
+        ValueError: steps < 1 or more than the run has, configs whose batches differ (batch size,
+            epochs, seed, augmentation), an EMA in one twin only, or anything the trainers refuse.
+    """
+    import vit_jax.trainer as jt
+    import vit_torch.train as tt
+    from vit_jax.optimizer_state import adam_state
+
+    torch_tcfg = tcfg if torch_tcfg is None else torch_tcfg
+    same = ("batch_size", "epochs", "seed", "augment", "dataset", "accum_steps")
+    differ = [k for k in same if getattr(tcfg, k) != getattr(torch_tcfg, k)]
+    if differ:
+        raise ValueError(f"the twins' train configs differ in {differ}: their batches would not be the same")
+    if (tcfg.ema is None) != (torch_tcfg.ema is None):
+        raise ValueError(f"ema={tcfg.ema} (JAX) and {torch_tcfg.ema} (torch): an EMA in both twins or in neither")
+    total = batches_per_epoch(len(data.train), tcfg.batch_size) * tcfg.epochs
+    if not 1 <= steps <= total:
+        raise ValueError(f"steps={steps}: expected 1 <= K <= {total} (the run's steps)")
+    torch_trainer = tt.Trainer(cfg, torch_tcfg, data, weights=weights)
+    weights = torch_trainer.weights() if weights is None else weights
+    jax_trainer = jt.Trainer(cfg, tcfg, data, weights=weights)
+    f64 = cfg.replace(dtype="float64", param_dtype="float64")
+    reference = tt.Trainer(f64, torch_tcfg, data, weights=weights) if cfg.dtype == "bfloat16" else None
+    dtype = run_dtype(cfg, tcfg, torch_tcfg)
+    bound = tolerance("train_vs_float64" if reference is not None else "train", dtype)
+    out = TrainParity(dtype, (tcfg.recipe, torch_tcfg.recipe), bound, compute=cfg.dtype)
+    state = jax_trainer.init_state()
+    it = jax_trainer.train_iterator()
+    try:
+        for k in range(steps):
+            batch = next(it)
+            masks = drop_path_masks(cfg, tcfg.seed, k, tcfg.batch_size) if cfg.drop_path else None
+            drops = dropout_masks(cfg, tcfg.seed, k, tcfg.batch_size) or None
+            extra = {n: v for n, v in (("drop_masks", masks), ("dropout_masks", drops)) if v is not None}
+            state, mj = jax_trainer.train_step(state, {**batch, **extra})
+            mt = torch_trainer.train_step(batch, masks, drops)
+            a, b = adam_state(state["opt_state"]), torch_trainer.adam_state()
+            p = largest_difference(jax_trainer.weights(state), torch_trainer.weights(), "parameters", dtype)
+            mu, nu = (largest_difference(a[m], b[m], m, dtype) for m in ("mu", "nu"))
+            pairs = [(float(mj[key]), float(mt[key])) for key in ("loss", "grad_norm", "lr")]
+            ema = (
+                ()
+                if tcfg.ema is None
+                else largest_difference(
+                    jax_trainer.weights(state, ema=True), torch_trainer.weights(ema=True), "ema", dtype
+                )
+            )
+            ref = None
+            if reference is not None:
+                reference.train_step(batch, masks, drops)
+                w = reference.weights()
+                ref = tuple(_vector_rel(t, w) for t in (jax_trainer.weights(state), torch_trainer.weights()))
+            out.rows.append(StepRow(k + 1, *pairs, *p, *mu, *nu, *ema, ref=ref))
+    finally:
+        it.close()
+        jax_trainer.close()
+    return out
+
+
+def format_table(result: TrainParity) -> str:
+    """One line a step: both losses, gradient norms and learning rates, the largest relative differences
+    (and the EMA's, when the run keeps one), and the verdict against the bound."""
+    kind, bound = result.bound
+    has_ema = result.has_ema
+    lines = [
+        f"JAX ({result.recipes[0]}) vs torch ({result.recipes[1]}), {result.label}, bound {kind} {bound:.0e}",
+        f"{'step':>4} {'loss jax':>12} {'loss torch':>12} {'grad_norm':>10} {'lr':>9} "
+        f"{'params':>9} {'mu':>9} {'nu':>9}{' ' + 'ema'.rjust(9) if has_ema else ''}  worst tensor",
+    ]
+    refs = result.rows[0].ref is not None if result.rows else False
+    if refs:
+        lines[1] += "; ref: ||JAX - f64||, ||torch - f64|| / ||f64||, the verdict's"
+    for r in result.rows:
+        tables = [(r.params, r.params_worst), (r.mu, "mu " + r.mu_worst), (r.nu, "nu " + r.nu_worst)]
+        tables += [(r.ema, "ema " + r.ema_worst)] if has_ema else []
+        vs = f"  ref {r.ref[0]:.2e} {r.ref[1]:.2e}" if refs else ""
+        lines.append(
+            f"{r.step:>4} {r.loss[0]:>12.8f} {r.loss[1]:>12.8f} {r.grad_norm[1]:>10.4g} {r.lr[1]:>9.3g} "
+            + " ".join(f"{v:>9.2e}" for v, _ in tables)
+            + f"  {max(tables)[1]}{vs}{'' if r.worst <= bound else '  FAIL'}"
+        )
+    bad = result.first_bad_step
+    lines.append("verdict: ok" if bad is None else f"verdict: the twins part at step {bad}")
+    return "\n".join(lines)
+
+
+def plot(result: TrainParity, path: Path) -> None:
+    """The largest relative differences (parameters, mu, nu) against the step, log scale, with the bound."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vit_common.system import io
+
+    steps = [r.step for r in result.rows]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for key in ("params", "mu", "nu", *(("ema",) if result.has_ema else ())):
+        ax.plot(steps, [max(getattr(r, key), 1e-300) for r in result.rows], marker="o", ms=3, label=key)
+    ax.axhline(result.bound[1], color="k", ls="--", lw=1, label=f"bound {result.bound[1]:.0e}")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("max |JAX - torch| / max |torch|")
+    ax.set_title(f"JAX {result.recipes[0]} vs torch {result.recipes[1]} ({result.dtype})", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    io.atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100, metadata=io.PNG_TEXT))
+    plt.close(fig)
