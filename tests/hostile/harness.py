@@ -27,6 +27,8 @@ from vit_common.config import ViTConfig
 from vit_common.state import random_state
 
 ROOT = Path(__file__).resolve().parents[2]
+# The root conftest's SMALL (the small_cfg fixture) written out: the builders are plain functions named in the
+# parametrize lists, which fixtures do not reach; the inputs (32-px PNGs, 10-class heads) are sized to it.
 SMALL = ViTConfig(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
 PEAK_MB = 1500  # a refused input costs what starting the command costs, not what the input declares
 TIME_LIMIT = 240  # seconds a child may take before it counts as a hang
