@@ -39,7 +39,9 @@ GOLDEN_PARAMS = {
     "g/14": 1_012_611_432,
     "G/14": 1_844_440_680,
 }
+# The two model sizes of the tests (fixtures small_cfg and tiny_cfg; a variant: ``tiny_cfg.replace(...)``).
 SMALL = dict(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
+TINY = dict(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
 # The same small model in timm's and transformers' keyword arguments (4 heads: head_dim 8).
 TIMM_SMALL = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5)
 HF_SMALL = dict(
@@ -61,10 +63,17 @@ def golden_params() -> dict[str, int]:
     return dict(GOLDEN_PARAMS)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def small_cfg() -> ViTConfig:
     """A 2-block, width-32 ViT on 32x32 images, patch 8 (16 patches), 10 classes: fast everywhere."""
     return ViTConfig(**SMALL)
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg() -> ViTConfig:
+    """A 1-block, width-16 ViT on 8x8 RGB images, patch 4 (4 patches), 2 heads, 3 classes (``TINY``): the
+    model of the tests that train or run a command."""
+    return ViTConfig(**TINY)
 
 
 def _image_folder(

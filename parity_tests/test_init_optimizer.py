@@ -30,14 +30,16 @@ from vit_jax.optimizer_state import adam_state, check_moments
 from vit_torch.formats import SAFE_GLOBALS, read_timm_optimizer, read_torch_file
 from vit_torch.oracles import timm_model
 
-TINY = ViTConfig(
-    image_size=8, patch_size=4, in_chans=1, num_classes=3, width=16, depth=2, num_heads=2, mlp_dim=32,
-    dtype="float64", param_dtype="float64",
-)  # fmt: skip
 TCFG = TrainConfig(
     batch_size=8, epochs=2, warmup_steps=0, lr=1e-2, weight_decay=0.05, recipe="timm", layer_decay=0.75,
     label_smoothing=0.0, grad_clip=0.0, augment=Augment(),
 )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_cfg) -> ViTConfig:
+    """The model of these tests: 2 blocks on ``tiny_dataset``'s one-channel 8x8 images, float64."""
+    return tiny_cfg.replace(in_chans=1, depth=2, dtype="float64", param_dtype="float64")
 
 
 @pytest.fixture(scope="module")
@@ -54,16 +56,16 @@ def _torch_step(model, opt, batch) -> None:
 
 
 @pytest.fixture(scope="module")
-def run(data, tmp_path_factory):
+def run(data, tmp_path_factory, tiny):
     """(checkpoint path, timm model and optimizer after one more step, the JAX run's first batch)."""
     from timm.optim import create_optimizer_v2
     from timm.utils import CheckpointSaver, ModelEmaV3
 
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        model = timm_model(TINY).double()
+        model = timm_model(tiny).double()
     with jax.enable_x64(True):
-        trainer = jt.Trainer(TINY, TCFG, data)
+        trainer = jt.Trainer(tiny, TCFG, data)
         it = trainer.train_iterator()
         batches = [next(it) for _ in range(3)]
         it.close()
@@ -83,7 +85,7 @@ def run(data, tmp_path_factory):
     return folder / "last.pth.tar", model, opt, batches[0]
 
 
-def test_one_jax_step_from_a_timm_checkpoint_equals_one_more_torch_step(x64, data, run):
+def test_one_jax_step_from_a_timm_checkpoint_equals_one_more_torch_step(x64, data, run, tiny):
     path, model, opt, batch = run
     with weights_entry(training_weights_entry(None)):  # what vit train --init-optimizer reads
         weights, dropped = read_torch_file(path)
@@ -91,7 +93,7 @@ def test_one_jax_step_from_a_timm_checkpoint_equals_one_more_torch_step(x64, dat
     moments = read_timm_optimizer(path)
     assert moments["count"] == 3 and moments["mu"].keys() == weights.keys()
     check_moments(moments, weights)
-    trainer = jt.Trainer(TINY, TCFG, data, weights=weights, moments=moments)
+    trainer = jt.Trainer(tiny, TCFG, data, weights=weights, moments=moments)
     state, metrics = trainer.train_step(trainer.init_state(), batch)
     assert float(metrics["lr"]) == TCFG.lr  # the new run's schedule from its step 0
     got, got_moments = trainer.weights(state), adam_state(state["opt_state"])
@@ -135,7 +137,7 @@ def test_a_checkpoint_whose_optimizer_state_does_not_fit_is_refused(run, tmp_pat
         training_weights_entry("state_dict_ema")
 
 
-def test_vit_train_refuses_moments_that_do_not_fit_the_model(run, npz, tmp_path, capsys):
+def test_vit_train_refuses_moments_that_do_not_fit_the_model(run, npz, tmp_path, capsys, tiny):
     """At --image-size 16 the position embedding is resampled (5 -> 17 rows): its moments cannot continue,
     one line naming it, exit 2, nothing written; a file with no optimizer state is refused likewise."""
     from vit_cli.main import main
@@ -151,7 +153,7 @@ def test_vit_train_refuses_moments_that_do_not_fit_the_model(run, npz, tmp_path,
     )
     assert not out.exists() or not any(out.iterdir())
     plain = tmp_path / "weights.pth"
-    torch.save(timm_model(TINY).state_dict(), plain)
+    torch.save(timm_model(tiny).state_dict(), plain)
     argv[4] = str(plain)
     assert main([*argv, "--no-progress", "--epochs", "1", "--batch-size", "4"]) == 2
     assert "holds no optimizer state" in capsys.readouterr().err

@@ -12,19 +12,17 @@ from PIL import Image
 
 from vit_cli.main import main
 from vit_common.checkpoints import save_checkpoint
-from vit_common.config import ViTConfig
 from vit_common.system import io
-
-CFG = ViTConfig(image_size=8, patch_size=4, in_chans=1, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=10)
 
 
 def _listing(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
-def test_commands_leave_only_the_outputs_asked_for(tmp_path, monkeypatch, capsys, random_state):
+def test_commands_leave_only_the_outputs_asked_for(tmp_path, monkeypatch, capsys, random_state, tiny_cfg):
     monkeypatch.chdir(tmp_path)  # a command's working folder is a user's folder too
-    save_checkpoint(tmp_path / "m.safetensors", CFG, random_state(CFG, scale=0.1))
+    cfg = tiny_cfg.replace(in_chans=1, num_classes=10)
+    save_checkpoint(tmp_path / "m.safetensors", cfg, random_state(cfg, scale=0.1))
     Image.fromarray(np.random.default_rng(1).integers(0, 256, (8, 8), dtype=np.uint8)).save(tmp_path / "x.png")
     cases = [
         (["convert", "m.safetensors", "m.npz"], {"m.npz"}),

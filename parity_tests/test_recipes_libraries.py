@@ -26,17 +26,21 @@ from vit_jax.weights import _canonical_name, params_to_numpy
 from vit_jax.weights import from_numpy as jax_from_numpy
 from vit_torch.oracles import timm_model
 
-BASE = ViTConfig(
-    image_size=8, patch_size=4, in_chans=1, num_classes=3, width=16, depth=3, num_heads=2, mlp_dim=32,
-    dtype="float64", param_dtype="float64",
-)  # fmt: skip
-# A stem with every kind of token and norm_pre; DeiT's distilled model; MAP pooling with fc_norm-free head.
+# A stem with every kind of token and norm_pre; DeiT's distilled model; MAP pooling with fc_norm-free head:
+# the fields each sets on the tiny model (the ``models`` fixture).
 MODELS = {
-    "reg_norm_pre": BASE.replace(reg_tokens=2, norm_pre=True, patch_bias=False, posemb_prefix=False),
-    "deit_distilled": BASE.replace(dist_token=True, head_dist=True),
-    "map": BASE.replace(pool="map", class_token=False),
+    "reg_norm_pre": dict(reg_tokens=2, norm_pre=True, patch_bias=False, posemb_prefix=False),
+    "deit_distilled": dict(dist_token=True, head_dist=True),
+    "map": dict(pool="map", class_token=False),
 }
 TCFG = TrainConfig(batch_size=8, epochs=1, warmup_steps=0, lr=1e-2, weight_decay=0.05, grad_clip=0.0, augment=Augment())
+
+
+@pytest.fixture(scope="module")
+def models(tiny_cfg) -> dict[str, ViTConfig]:
+    """``MODELS`` on the tiny model with 3 blocks, one channel and float64."""
+    base = tiny_cfg.replace(in_chans=1, depth=3, dtype="float64", param_dtype="float64")
+    return {name: base.replace(**fields) for name, fields in MODELS.items()}
 
 
 def _state(cfg: ViTConfig, seed: int = 0) -> dict[str, np.ndarray]:
@@ -56,12 +60,12 @@ def _groups(optimizer) -> dict[str, tuple[float, float]]:
 
 @pytest.mark.parametrize("layer_decay", [1.0, 0.75])
 @pytest.mark.parametrize("model", list(MODELS))
-def test_timm_recipe_groups_are_timm_s(model, layer_decay):
+def test_timm_recipe_groups_are_timm_s(model, layer_decay, models):
     """Our groups (torch twin) and our JAX layer numbering against timm's param_groups_weight_decay /
     param_groups_layer_decay on timm's own model with the model's no_weight_decay()."""
     from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 
-    cfg = MODELS[model]
+    cfg = models[model]
     state = _state(cfg)
     ref = timm_model(cfg, state)
     nwd = ref.no_weight_decay()
@@ -98,12 +102,12 @@ def _torch_step(model: torch.nn.Module, optimizer, grads: dict[str, np.ndarray])
 
 
 @pytest.mark.parametrize("recipe", ["timm", "torch"])
-def test_torch_recipes_step_as_timm_s_and_torch_s_own_optimizer(recipe):
+def test_torch_recipes_step_as_timm_s_and_torch_s_own_optimizer(recipe, models):
     """One step of our torch twin's optimizer against timm's create_optimizer_v2 on timm's model (lr_scale
     applied as timm's scheduler does) or a bare torch.optim.AdamW(model.parameters())."""
     from timm.optim import create_optimizer_v2
 
-    cfg = MODELS["deit_distilled"]
+    cfg = models["deit_distilled"]
     state, grads = _state(cfg), _grads(_state(cfg))
     tcfg = dataclasses.replace(TCFG, recipe=recipe, layer_decay=0.75 if recipe == "timm" else 1.0)
     twin = vit_torch.from_numpy(cfg, state)
@@ -146,11 +150,11 @@ def _flax_path(path) -> str:
 
 
 @pytest.mark.parametrize("recipe", ["optax", "big_vision"])
-def test_jax_recipes_update_as_optax_adamw_and_big_vision_s_chain(x64, recipe):
+def test_jax_recipes_update_as_optax_adamw_and_big_vision_s_chain(x64, recipe, models):
     """One update of our JAX optimizer against ``optax.adamw`` (mask None) or the chain of
     big_vision/optax.py ``make``: clip_by_global_norm, scale_by_adam(mu_dtype=bfloat16), scale(lr),
     add_decayed_weights(wd, '.*/kernel$'), scale_by_schedule, scale(-1)."""
-    cfg = MODELS["map"]
+    cfg = models["map"]
     state, grads = _state(cfg), _grads(_state(cfg))
     tcfg = dataclasses.replace(TCFG, recipe=recipe, grad_clip=1.0, weight_decay=0.05 if recipe == "optax" else 1e-3)
     ours, _ = jo.make_optimizer(tcfg, 10, cfg.depth, no_weight_decay=frozenset(["pos_embed", "cls_token"]))
@@ -182,14 +186,14 @@ def test_jax_recipes_update_as_optax_adamw_and_big_vision_s_chain(x64, recipe):
 
 @pytest.mark.parametrize("kwargs", [dict(weight_decay=0.05, layer_decay=0.75), dict(weight_decay=0.05), {}])
 @pytest.mark.parametrize("model", list(MODELS))
-def test_timm_param_groups_give_create_optimizer_v2_s_order(model, kwargs):
+def test_timm_param_groups_give_create_optimizer_v2_s_order(model, kwargs, models):
     """vit_common.training.recipes.timm_param_groups: the names of timm's own optimizer groups, in order (what
     maps a timm checkpoint's optimizer state, numbered through its groups, back to names)."""
     from timm.optim import create_optimizer_v2
 
     from vit_common.training.recipes import timm_param_groups
 
-    ref = timm_model(MODELS[model])
+    ref = timm_model(models[model])
     opt = create_optimizer_v2(ref, "adamw", lr=1e-3, **kwargs)
     name_of = {id(p): n for n, p in ref.named_parameters()}
     want = [[name_of[id(p)] for p in g["params"]] for g in opt.param_groups]

@@ -12,23 +12,20 @@ import vit_jax
 import vit_jax.runner
 import vit_torch
 import vit_torch.runner
-from vit_common.config import ViTConfig
 from vit_common.tolerance import compare
 
-CFG = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
 
-
-def test_both_runners_give_the_same_intermediates_and_restore_the_settings(random_state):
-    state = random_state(CFG, scale=0.2)
+def test_both_runners_give_the_same_intermediates_and_restore_the_settings(random_state, tiny_cfg):
+    state = random_state(tiny_cfg, scale=0.2)
     images = np.random.default_rng(1).standard_normal((2, 8, 8, 3)).astype(np.float32)
     flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # a user's choice
         with jax.default_matmul_precision("bfloat16"):
-            lj, out_j = vit_jax.runner.intermediates(vit_jax.from_numpy(CFG, state), images)
-            lt, out_t = vit_torch.runner.intermediates(vit_torch.from_numpy(CFG, state), images)
-            (logits_t,) = vit_torch.runner.logits(vit_torch.from_numpy(CFG, state), [images])
-            (logits_j,) = vit_jax.runner.logits(vit_jax.from_numpy(CFG, state), [images])
+            lj, out_j = vit_jax.runner.intermediates(vit_jax.from_numpy(tiny_cfg, state), images)
+            lt, out_t = vit_torch.runner.intermediates(vit_torch.from_numpy(tiny_cfg, state), images)
+            (logits_t,) = vit_torch.runner.logits(vit_torch.from_numpy(tiny_cfg, state), [images])
+            (logits_j,) = vit_jax.runner.logits(vit_jax.from_numpy(tiny_cfg, state), [images])
             assert jax.config.jax_default_matmul_precision == "bfloat16"  # the caller's, back after each
         assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (True, True)
     finally:

@@ -20,16 +20,18 @@ from vit_common.training.recipes import RECIPES, translate
 from vit_common.training.train_config import TrainConfig
 from vit_compare.training import compare_training, drop_path_masks, dropout_masks
 
-TINY = ViTConfig(
-    image_size=8, patch_size=4, in_chans=1, num_classes=3, width=16, depth=2, num_heads=2, mlp_dim=32,
-    dtype="float64", param_dtype="float64", drop_path=0.2,
-)  # fmt: skip
 # Every option of the step at once: accumulation over 2 micro-batches, a clip that triggers (the gradient
 # norm is 0.8-3), label smoothing, mixup, layer-wise decay; 16 examples in batches of 8: 10 steps.
 FULL = TrainConfig(
     batch_size=8, epochs=5, warmup_steps=2, lr=1e-2, weight_decay=0.05, grad_clip=0.5, accum_steps=2,
     label_smoothing=0.1, layer_decay=0.75, augment=Augment(mixup=0.8),
 )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_cfg) -> ViTConfig:
+    """The model of these tests: 2 blocks on ``tiny_dataset``'s one-channel 8x8 images, float64, drop path."""
+    return tiny_cfg.replace(in_chans=1, depth=2, dtype="float64", param_dtype="float64", drop_path=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +46,10 @@ def f64_moment(monkeypatch):
 
 
 @pytest.mark.parametrize("recipe", ["twins", "timm", "torch", "optax", "big_vision"])
-def test_ten_steps_of_each_recipe_agree_to_1e_10(x64, data, recipe, request):
+def test_ten_steps_of_each_recipe_agree_to_1e_10(x64, data, recipe, request, tiny):
     if recipe == "big_vision":
         request.getfixturevalue("f64_moment")
-    r = compare_training(TINY, dataclasses.replace(FULL, recipe=recipe), data, 10)
+    r = compare_training(tiny, dataclasses.replace(FULL, recipe=recipe), data, 10)
     assert r.dtype == "float64" and r.bound == ("rel", 1e-10)
     assert len(r.rows) == 10 and r.ok, r.rows[r.first_bad_step - 1]
     assert all(max(row.params, row.mu, row.nu) <= 1e-10 for row in r.rows)
@@ -56,38 +58,38 @@ def test_ten_steps_of_each_recipe_agree_to_1e_10(x64, data, recipe, request):
     assert r.rows[-1].lr[1] > 0 and r.rows[0].lr == (0.0, 0.0)  # warmup from 0
 
 
-def test_big_vision_bf16_first_moment_agrees_within_the_bf16_bound(x64, data):
+def test_big_vision_bf16_first_moment_agrees_within_the_bf16_bound(x64, data, tiny):
     """The first update uses the unrounded moment in both (optax's scale_by_adam, torch before its hook):
     step 1 agrees to 1e-10; after that the stored bf16 moments part within the bf16 bound."""
     tcfg = dataclasses.replace(FULL, recipe="big_vision", warmup_steps=0, epochs=2)
-    r = compare_training(TINY, tcfg, data, 4)
+    r = compare_training(tiny, tcfg, data, 4)
     assert r.dtype == "bfloat16" and r.ok, r.rows
     assert r.rows[0].params <= 1e-10
     assert max(row.mu for row in r.rows[1:]) > 1e-4  # the rounding is real: not a float64 run
 
 
-def test_freeze_trains_the_head_alike_in_both_twins(x64, data):
+def test_freeze_trains_the_head_alike_in_both_twins(x64, data, tiny):
     tcfg = dataclasses.replace(FULL, recipe="timm", init="weights", freeze=True, layer_decay=1.0, epochs=2)
-    r = compare_training(TINY, tcfg, data, 3)
+    r = compare_training(tiny, tcfg, data, 3)
     assert r.ok and r.bound == ("rel", 1e-10), r.rows
     assert {r.rows[0].mu_worst, r.rows[0].nu_worst} <= {"head.weight", "head.bias"}  # moments of the head only
 
 
-def test_drop_path_masks_are_the_numpy_draws_both_twins_take():
-    masks = drop_path_masks(TINY, seed=0, step=3, batch_size=64)
+def test_drop_path_masks_are_the_numpy_draws_both_twins_take(tiny):
+    masks = drop_path_masks(tiny, seed=0, step=3, batch_size=64)
     assert masks.shape == (64, 2, 2) and set(np.unique(masks)) == {0.0, 1.0}
     assert masks[:, 0].all()  # block 0's rate is 0 (linspace(0, 0.2, 2)), block 1 drops about 20%
     assert 0.05 < 1 - masks[:, 1].mean() < 0.4
-    np.testing.assert_array_equal(masks, drop_path_masks(TINY, seed=0, step=3, batch_size=64))
+    np.testing.assert_array_equal(masks, drop_path_masks(tiny, seed=0, step=3, batch_size=64))
 
 
-def test_dropout_and_attention_dropout_in_parity_mode_agree_and_a_shifted_mask_is_caught(x64, data, monkeypatch):
+def test_dropout_and_attention_dropout_in_parity_mode_agree_and_a_shifted_mask_is_caught(x64, data, monkeypatch, tiny):
     """Dropout 0.2 and attention dropout 0.3 (every site: position embedding, attention probabilities,
     projection, MLP, the MAP head's MLP, head) from the same numpy masks: 3 steps within 1e-10; the torch
     twin's attention-dropout mask of block 1 rolled by one key: caught at step 1."""
     import vit_torch.train as tt
 
-    cfg = TINY.replace(dropout=0.2, attn_dropout=0.3, pool="map", class_token=False)
+    cfg = tiny.replace(dropout=0.2, attn_dropout=0.3, pool="map", class_token=False)
     masks = dropout_masks(cfg, seed=0, step=0, batch_size=8)
     assert len(masks) == 1 + 4 * 2 + 2 + 1 and masks["blocks.1.attn.attn_drop"].shape == (8, 2, 4, 4)
     assert 0.2 < 1 - masks["blocks.1.attn.attn_drop"].mean() < 0.4 and 0.1 < 1 - masks["pos_drop"].mean() < 0.3
@@ -105,10 +107,10 @@ def test_dropout_and_attention_dropout_in_parity_mode_agree_and_a_shifted_mask_i
     assert bad.first_bad_step == 1 and bad.rows[0].mu > 1e-3, bad.rows  # lr is 0 at step 1 (warmup): moments
 
 
-def test_bf16_compute_of_both_twins_stays_near_a_float64_run(x64, data):
+def test_bf16_compute_of_both_twins_stays_near_a_float64_run(x64, data, tiny):
     """bfloat16 compute (float32 parameters) in both twins against the torch twin in float64 from the same
     weights, batches and drop-path masks: the tolerance table's bound on ||twin - f64|| / ||f64||."""
-    cfg = TINY.replace(dtype="bfloat16", param_dtype="float32")
+    cfg = tiny.replace(dtype="bfloat16", param_dtype="float32")
     r = compare_training(cfg, dataclasses.replace(FULL, epochs=2), data, 4)
     assert r.dtype == "bfloat16" and r.bound == ("rel", 1e-2) and r.ok, r.rows
     assert r.rows[0].ref == (0.0, 0.0)  # lr 0 at step 1 (warmup): nothing moved
@@ -116,33 +118,33 @@ def test_bf16_compute_of_both_twins_stays_near_a_float64_run(x64, data):
     assert r.rows[1].params > 1e-1  # per tensor the twins part (a key bias): why the verdict is against f64
 
 
-def test_timm_and_big_vision_with_the_same_numbers_part_and_meet_after_translation(x64, data, f64_moment):
+def test_timm_and_big_vision_with_the_same_numbers_part_and_meet_after_translation(x64, data, f64_moment, tiny):
     """JAX big_vision vs torch timm with weight_decay=0.05 at lr=1e-2: big_vision's decay is not scaled by
     the lr, so they part at the first step that moves; with big_vision's wd translated (5e-4) they agree
     (clip and layer decay off: what the translation cannot keep, see translate().lost)."""
     base = dataclasses.replace(FULL, warmup_steps=0, grad_clip=0.0, layer_decay=1.0, epochs=1)
     timm = dataclasses.replace(base, recipe="timm")
-    same = compare_training(TINY, dataclasses.replace(base, recipe="big_vision"), data, 2, torch_tcfg=timm)
+    same = compare_training(tiny, dataclasses.replace(base, recipe="big_vision"), data, 2, torch_tcfg=timm)
     assert same.first_bad_step == 1 and same.rows[0].params > 1e-4
     wd = translate(0.05, base.lr, "timm", "big_vision").weight_decay
     assert wd == pytest.approx(5e-4, rel=1e-12)
     met = compare_training(
-        TINY, dataclasses.replace(base, recipe="big_vision", weight_decay=wd), data, 2, torch_tcfg=timm
+        tiny, dataclasses.replace(base, recipe="big_vision", weight_decay=wd), data, 2, torch_tcfg=timm
     )
     assert met.ok, met.rows
 
 
-def test_a_wrong_optimizer_setting_on_one_side_is_caught_at_step_1(x64, data):
+def test_a_wrong_optimizer_setting_on_one_side_is_caught_at_step_1(x64, data, tiny):
     tcfg = dataclasses.replace(FULL, warmup_steps=0, epochs=1)
-    r = compare_training(TINY, tcfg, data, 1, torch_tcfg=dataclasses.replace(tcfg, b1=0.95))
+    r = compare_training(tiny, tcfg, data, 1, torch_tcfg=dataclasses.replace(tcfg, b1=0.95))
     assert r.first_bad_step == 1 and r.rows[0].mu > 1e-3
 
 
-def test_bad_requests_are_refused(data):
+def test_bad_requests_are_refused(data, tiny):
     with pytest.raises(ValueError, match="steps=0: expected 1 <= K <= 10"):
-        compare_training(TINY.replace(dtype="float32", param_dtype="float32"), FULL, data, 0)
+        compare_training(tiny.replace(dtype="float32", param_dtype="float32"), FULL, data, 0)
     with pytest.raises(ValueError, match=r"differ in \['batch_size'\]"):
-        compare_training(TINY, FULL, data, 1, torch_tcfg=dataclasses.replace(FULL, batch_size=4))
+        compare_training(tiny, FULL, data, 1, torch_tcfg=dataclasses.replace(FULL, batch_size=4))
 
 
 def test_the_command_reports_every_step_and_exits_1_where_the_twins_part(npz, tmp_path, capsys):
@@ -168,7 +170,7 @@ def test_the_command_reports_every_step_and_exits_1_where_the_twins_part(npz, tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.png"]  # nothing else left beside them
 
 
-def test_adam_state_crosses_frameworks_k_torch_then_k_jax_equals_2k_jax(x64, data):
+def test_adam_state_crosses_frameworks_k_torch_then_k_jax_equals_2k_jax(x64, data, tiny):
     """Optimizer state by canonical names: 3 torch steps, then the JAX twin continues from torch's weights,
     moments and step for 3 more = 6 JAX steps; and 3 JAX steps continued by torch = 6 torch steps."""
     import vit_jax.trainer as jt
@@ -176,11 +178,11 @@ def test_adam_state_crosses_frameworks_k_torch_then_k_jax_equals_2k_jax(x64, dat
     from vit_jax.optimizer_state import adam_state, train_state
 
     k, tcfg = 3, dataclasses.replace(FULL, recipe="timm", epochs=3)
-    torch_run = tt.Trainer(TINY, tcfg, data)
+    torch_run = tt.Trainer(tiny, tcfg, data)
     w0 = torch_run.weights()
-    jax_run = jt.Trainer(TINY, tcfg, data, weights=w0)
+    jax_run = jt.Trainer(tiny, tcfg, data, weights=w0)
     it = jax_run.train_iterator()
-    batches = [{**next(it), "drop_masks": drop_path_masks(TINY, tcfg.seed, s, tcfg.batch_size)} for s in range(2 * k)]
+    batches = [{**next(it), "drop_masks": drop_path_masks(tiny, tcfg.seed, s, tcfg.batch_size)} for s in range(2 * k)]
     it.close()
     step = lambda trainer, state, b: trainer.train_step(state, b)[0]  # noqa: E731
     state = jax_run.init_state()
@@ -196,7 +198,7 @@ def test_adam_state_crosses_frameworks_k_torch_then_k_jax_equals_2k_jax(x64, dat
     for b in batches[k:]:
         cont = step(jax_run, cont, b)
     torch_then_jax = jax_run.weights(cont), adam_state(cont["opt_state"])
-    torch_cont = tt.Trainer(TINY, tcfg, data, weights=half[0])
+    torch_cont = tt.Trainer(tiny, tcfg, data, weights=half[0])
     torch_cont.load_adam_state(half[1])
     for b in batches[k:]:
         torch_run.train_step(b, b["drop_masks"])
@@ -213,17 +215,17 @@ def test_adam_state_crosses_frameworks_k_torch_then_k_jax_equals_2k_jax(x64, dat
         torch_cont.load_adam_state({**half[1], "mu": {n: v for n, v in half[1]["mu"].items() if n != "head.bias"}})
 
 
-def test_the_twins_moving_averages_agree_to_the_float64_bound_and_a_wrong_decay_shows(x64, data):
+def test_the_twins_moving_averages_agree_to_the_float64_bound_and_a_wrong_decay_shows(x64, data, tiny):
     """--ema with a warm-up in both twins (optax.incremental_update in the jitted step against the torch
     twin's ModelEma): every step's EMA within 1e-10; a torch twin with another decay agrees at step 1 (the
     first update is a copy in both) and parts in the EMA alone at step 2."""
     knobs = dict(ema=0.8, ema_warmup=True, ema_warmup_gamma=2.0, ema_warmup_power=0.8, ema_min_decay=0.3)
     tcfg = dataclasses.replace(FULL, recipe="timm", epochs=3, **knobs)
-    r = compare_training(TINY, tcfg, data, 6)
+    r = compare_training(tiny, tcfg, data, 6)
     assert r.ok and r.has_ema and all(row.ema <= 1e-10 and row.ema_worst for row in r.rows), r.rows
     plain = dataclasses.replace(tcfg, ema_warmup=False, epochs=1)
-    other = compare_training(TINY, plain, data, 2, torch_tcfg=dataclasses.replace(plain, ema=0.5))
+    other = compare_training(tiny, plain, data, 2, torch_tcfg=dataclasses.replace(plain, ema=0.5))
     assert other.first_bad_step == 2 and other.rows[0].ema <= 1e-10, other.rows
     assert other.rows[1].ema > 1e-3 and other.rows[1].params <= 1e-10
     with pytest.raises(ValueError, match=r"ema=0.8 \(JAX\) and None \(torch\): an EMA in both twins or in neither"):
-        compare_training(TINY, tcfg, data, 1, torch_tcfg=dataclasses.replace(tcfg, ema=None))
+        compare_training(tiny, tcfg, data, 1, torch_tcfg=dataclasses.replace(tcfg, ema=None))

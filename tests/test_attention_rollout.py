@@ -16,8 +16,6 @@ from vit_common.attention_maps import (
 )
 from vit_common.config import ViTConfig
 
-TINY = dict(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
-
 
 def test_rollout_two_layers_by_hand():
     # Layer 1, heads h0 and h1 with mean A1 = [[0.6, 0.4], [0.2, 0.8]].
@@ -69,8 +67,8 @@ CASES = {
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("head", ["mean", "max", "min", 1])
-def test_every_map_is_a_distribution(case, head):
-    cfg = ViTConfig(**TINY, **CASES[case])
+def test_every_map_is_a_distribution(case, head, small_cfg):
+    cfg = small_cfg.replace(**CASES[case])
     inter = _intermediates(cfg)
     m = attention_maps(cfg, inter, layers=[0, 1], head=head)
     assert m.raw.shape == (2, 2, cfg.num_heads, cfg.seq_len)
@@ -91,9 +89,9 @@ def test_every_map_is_a_distribution(case, head):
     assert sp.patches.shape == (2, *cfg.grid) and sp.registers.shape == (2, cfg.reg_tokens)
 
 
-def test_what_each_pooling_reads():
+def test_what_each_pooling_reads(small_cfg):
     # class token: raw map = row 0 of the block's attention; rollout = row 0 of R
-    cfg = ViTConfig(**TINY, reg_tokens=2)
+    cfg = small_cfg.replace(reg_tokens=2)
     inter = _intermediates(cfg)
     m = attention_maps(cfg, inter)
     assert m.layers == (1,)
@@ -102,13 +100,13 @@ def test_what_each_pooling_reads():
     np.testing.assert_array_equal(m.rollout, r[:, 0])
     assert "class token" in m.shows["raw"] and "2 register tokens" in m.shows["prefix"]
     # gap: the mean of the patch rows (prefix rows excluded)
-    cfg = ViTConfig(**TINY, pool="gap", class_token=False, reg_tokens=1)
+    cfg = small_cfg.replace(pool="gap", class_token=False, reg_tokens=1)
     inter = _intermediates(cfg)
     m = attention_maps(cfg, inter, layers=[0])
     np.testing.assert_allclose(m.raw[:, 0], inter["attn00"][:, :, 1:].mean(axis=2), atol=1e-15)
     assert "mean over all patch-token queries" in m.shows["raw"] and "pool='gap'" in m.shows["raw"]
     # map: the probe's rows as given; rollout = mean-fused probe @ R
-    cfg = ViTConfig(**TINY, pool="map", class_token=False)
+    cfg = small_cfg.replace(pool="map", class_token=False)
     inter = _intermediates(cfg)
     m = attention_maps(cfg, inter)
     np.testing.assert_array_equal(m.probe, inter["attn_pool"][:, :, 0])
@@ -117,13 +115,13 @@ def test_what_each_pooling_reads():
     assert "probe" in m.shows["probe"] and "probe" in m.shows["rollout"]
 
 
-def test_query_weights_and_split():
-    q, what = query_weights(ViTConfig(**TINY, reg_tokens=2))
+def test_query_weights_and_split(small_cfg):
+    q, what = query_weights(small_cfg.replace(reg_tokens=2))
     np.testing.assert_array_equal(q, [1.0] + [0.0] * 18)
     assert "class token" in what
-    q, _ = query_weights(ViTConfig(**TINY, pool="gap", reg_tokens=2))  # class token present, not pooled
+    q, _ = query_weights(small_cfg.replace(pool="gap", reg_tokens=2))  # class token present, not pooled
     np.testing.assert_array_equal(q, [0.0] * 3 + [1 / 16] * 16)
-    cfg = ViTConfig(**TINY, reg_tokens=2)
+    cfg = small_cfg.replace(reg_tokens=2)
     sp = split_tokens(np.arange(19.0), cfg)
     assert sp.cls == 0.0
     np.testing.assert_array_equal(sp.registers, [1.0, 2.0])
@@ -139,8 +137,8 @@ def test_upsample_bilinear():
     np.testing.assert_allclose(upsample(np.full((3, 2, 2), 0.25), (6, 10)), 0.25, atol=1e-15)
 
 
-def test_bad_input_raises():
-    cfg = ViTConfig(**TINY)
+def test_bad_input_raises(small_cfg):
+    cfg = small_cfg
     inter = _intermediates(cfg)
     with pytest.raises(ValueError, match="layers=\\[2\\]"):
         attention_maps(cfg, inter, layers=[2])
@@ -151,7 +149,7 @@ def test_bad_input_raises():
     with pytest.raises(ValueError, match="attn01"):
         attention_maps(cfg, {"attn00": inter["attn00"], "attn01": None})
     with pytest.raises(ValueError, match="attn_pool"):
-        attention_maps(ViTConfig(**TINY, pool="map"), inter)
+        attention_maps(small_cfg.replace(pool="map"), inter)
     with pytest.raises(ValueError, match="17 tokens"):
         split_tokens(np.zeros(17), cfg.replace(reg_tokens=1))
     with pytest.raises(ValueError, match="at least one"):

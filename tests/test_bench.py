@@ -132,18 +132,8 @@ def assert_fields(records: list[dict]) -> set[str]:
     return set(next(iter(keys)))
 
 
-def test_failed_contender_is_reported_and_the_others_run():
-    cfg = ViTConfig(
-        image_size=32,
-        patch_size=8,
-        width=32,
-        depth=1,
-        num_heads=2,
-        mlp_dim=64,
-        num_classes=10,
-        pool="gap",
-        class_token=False,
-    )
+def test_failed_contender_is_reported_and_the_others_run(small_cfg):
+    cfg = small_cfg.replace(depth=1, pool="gap", class_token=False)
     records = harness.run_group(
         cfg,
         "gap",
@@ -192,9 +182,6 @@ def xla_matmul_flops(closed: jax_core.ClosedJaxpr) -> float:
     return total
 
 
-TINY = dict(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
-
-
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -206,13 +193,13 @@ TINY = dict(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim
     ],
     ids=["token", "explicit-gap", "map-reg-nonsquare", "none-prelogits", "backbone-p4"],
 )
-def test_flops_formula_matches_xla_cost_analysis(overrides):
+def test_flops_formula_matches_xla_cost_analysis(overrides, small_cfg):
     """ViTConfig.flops() (matmuls and convolutions) = XLA's count of those ops in the jitted forward.
 
     XLA's whole-program count also has the elementwise work (LayerNorm, GELU, softmax), which the
     formula leaves out by convention; so the comparison is over the ops the formula claims to count.
     """
-    cfg = ViTConfig(**{**TINY, **overrides})
+    cfg = small_cfg.replace(**overrides)
     model = nnx.eval_shape(lambda: VisionTransformer(cfg, rngs=nnx.Rngs(0)))
     model.eval()
     graphdef, state = nnx.split(model)

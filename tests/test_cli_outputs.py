@@ -29,15 +29,13 @@ def test_a_users_file_is_refused_before_the_work(argv, tmp_path, capsys, monkeyp
     assert out.read_bytes() == b"the user's own picture"
 
 
-def test_assumptions_are_one_warning_line_each(tmp_path, capsys, random_state):
+def test_assumptions_are_one_warning_line_each(tmp_path, capsys, random_state, tiny_cfg):
     """A timm file stores no config: `vit predict` names each assumed field on a line of its own."""
     import numpy as np
     from PIL import Image
     from safetensors.numpy import save_file
 
-    from vit_common.config import ViTConfig
-
-    cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
+    cfg = tiny_cfg
     save_file(random_state(cfg), tmp_path / "t.safetensors")
     rng = np.random.default_rng(1)
     Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / "x.png")
@@ -51,14 +49,13 @@ def test_assumptions_are_one_warning_line_each(tmp_path, capsys, random_state):
 
 
 @pytest.fixture
-def tiny_eval(tmp_path, random_state):
+def tiny_eval(tmp_path, random_state, tiny_cfg):
     """A 3-class model of 8 px and an npz dataset of 6 test images."""
     import numpy as np
 
     from vit_common.checkpoints.convert import save_checkpoint
-    from vit_common.config import ViTConfig
 
-    cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
+    cfg = tiny_cfg
     save_checkpoint(tmp_path / "m.safetensors", cfg, random_state(cfg), "canonical")
     x = np.random.default_rng(1).integers(0, 256, (6, 8, 8), np.uint8)
     np.savez(tmp_path / "d.npz", x=x, y=np.arange(6) % 3, x_test=x, y_test=np.arange(6) % 3)
@@ -120,16 +117,15 @@ def test_the_result_is_printed_before_the_picture_is_drawn(tiny_eval, tmp_path, 
     assert result["accuracy"] == sum(result["confusion_matrix"][k][k] for k in range(3)) / 6
 
 
-def test_the_attention_figure_is_bounded_whatever_the_depth_and_heads(tmp_path, capsys, random_state):
+def test_the_attention_figure_is_bounded_whatever_the_depth_and_heads(tmp_path, capsys, random_state, tiny_cfg):
     """Depth 40 and 16 heads: the figure draws 12 blocks (with --layer all) or 12 heads, evenly spaced and
     named in the output, so it stays 2 rows of 8 panels of 200 x 240 px; every block's overlay is written."""
     import numpy as np
     from PIL import Image
 
     from vit_common.checkpoints.convert import save_checkpoint
-    from vit_common.config import ViTConfig
 
-    cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=40, num_heads=16, mlp_dim=32, num_classes=2)
+    cfg = tiny_cfg.replace(depth=40, num_heads=16, num_classes=2)
     save_checkpoint(tmp_path / "deep.safetensors", cfg, random_state(cfg, scale=0.1), "canonical")
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (8, 8, 3), np.uint8)).save(tmp_path / "x.png")
     run = ["attention", str(tmp_path / "x.png"), "--checkpoint", str(tmp_path / "deep.safetensors")]

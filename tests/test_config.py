@@ -152,8 +152,8 @@ def test_flops_formula_b16():
     assert cfg.flops(384) > 3 * cfg.flops()
 
 
-def test_check_state_lists_everything_together():
-    cfg = ViTConfig(image_size=32, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10)
+def test_check_state_lists_everything_together(small_cfg):
+    cfg = small_cfg.replace(depth=1)
     shapes = canonical_shapes(cfg)
     state = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
     del state["blocks.0.mlp.fc2.bias"]
@@ -167,11 +167,11 @@ def test_check_state_lists_everything_together():
     assert "shape: head.weight has (11, 32), expected (10, 32)" in msg
 
 
-def test_random_state_is_seeded_normal_in_canonical_order():
+def test_random_state_is_seeded_normal_in_canonical_order(small_cfg):
     """numpy's default_rng(0) standard normals, scaled in float64 then cast, drawn in canonical order."""
     import ml_dtypes
 
-    cfg = ViTConfig(image_size=32, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10)
+    cfg = small_cfg.replace(depth=1)
     state = random_state(cfg)
     assert list(state) == list(canonical_shapes(cfg)) and all(v.dtype == np.float32 for v in state.values())
     assert {k: v.shape for k, v in state.items()} == canonical_shapes(cfg)

@@ -639,11 +639,11 @@ def test_assumed_fields_stay_assumed_through_a_conversion(tmp_path, small_cfg, r
     )
 
 
-def test_a_given_head_count_is_used_where_no_rule_guesses_one(tmp_path, random_state):
+def test_a_given_head_count_is_used_where_no_rule_guesses_one(tmp_path, random_state, tiny_cfg):
     """Width 16 has no variant row and is no multiple of 64: refused without num_heads, exact with it."""
     from safetensors.numpy import save_file
 
-    cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
+    cfg = tiny_cfg
     state = random_state(cfg)
     save_file(state, tmp_path / "t.safetensors")
     with pytest.raises(FormatError, match=r"cannot guess num_heads for width 16.*--set num_heads=N"):

@@ -87,20 +87,22 @@ def _compare_module(module: str) -> set[str]:
 
 
 def test_tests_need_one_framework_and_parity_tests_two():
-    """The rule of README's Layout: a file of tests/ imports at most one framework (JAX's family or
-    torch's, its twin included) at its top and in any one function; both, or a twin and its reference
-    library, is a parity test (parity_tests/). A vit_compare module counts with the frameworks it
-    imports: ``vit_compare.report`` none, ``vit_compare.inference`` both."""
+    """The rule of README's Layout: a file of tests/ (its subfolders too) imports at most one framework
+    (JAX's family or torch's, its twin included) at its top and in any one function; both, or a twin and
+    its reference library, is a parity test (parity_tests/). A vit_compare module counts with the
+    frameworks it imports: ``vit_compare.report`` none, ``vit_compare.inference`` both."""
     assert not _imported(ast.parse("from vit_compare.report import write_parity_report")) & (JAX_FAMILY | TORCH_FAMILY)
     assert {"vit_jax", "vit_torch"} <= _imported(ast.parse("from vit_compare.inference import run_parity"))
+    files = sorted((ROOT / "tests").rglob("*.py"))
+    assert any(p.parent != ROOT / "tests" for p in files)  # the subfolders are read too
     both = []
-    for path in sorted((ROOT / "tests").glob("*.py")):
+    for path in files:
         tree = ast.parse(path.read_text())
         top = _imported(ast.Module([n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))], []))
         functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         for scope in [top, *(top | _imported(f) for f in functions)]:
             if scope & JAX_FAMILY and scope & TORCH_FAMILY:
-                both.append(f"{path.name}: {sorted(scope & (JAX_FAMILY | TORCH_FAMILY))}")
+                both.append(f"{path.relative_to(ROOT)}: {sorted(scope & (JAX_FAMILY | TORCH_FAMILY))}")
                 break
     assert not both, both
 

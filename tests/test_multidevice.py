@@ -18,9 +18,8 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, numpy as np
     from flax import nnx
-    sys.path.insert(0, "tests")
-    from test_train import TINY
-    from conftest import _tiny_dataset  # the repository root's, on PYTHONPATH (no pytest here)
+    from conftest import TINY, _tiny_dataset  # the repository root's, on PYTHONPATH (no pytest here)
+    from vit_common.config import ViTConfig
     from vit_common.tolerance import compare
     from vit_jax.data import iterate, train_batches
     from vit_common.training.train_config import TrainConfig
@@ -28,7 +27,8 @@ SCRIPT = textwrap.dedent("""
 
     assert jax.device_count() == 8, jax.devices()
     data = _tiny_dataset(n_train=36, n_test=8)
-    cfg = TINY.replace(width=32, mlp_dim=64, depth=1)  # every kernel has an axis that 8 divides
+    # tiny_dataset's one channel; every kernel has an axis that 8 divides
+    cfg = ViTConfig(**TINY).replace(in_chans=1, width=32, mlp_dim=64)
     d = cfg.width
 
     def run(devices, sharding):

@@ -60,14 +60,14 @@ def test_event_files_hold_the_metrics_lines_and_the_profile_traces_the_steps(tmp
     assert len(traces) == 1 and traces[0].stat().st_size > 0
 
 
-def test_no_mfu_without_a_known_peak(tmp_path):
+def test_no_mfu_without_a_known_peak(tmp_path, tiny_cfg):
     assert datasheet_peak("cpu", "float32") is None and datasheet_peak("TPU v5 lite", "bfloat16") == 197e12
     assert (
         datasheet_peak("TPU v5p", "bfloat16") == 459e12 and datasheet_peak("NVIDIA H100 80GB HBM3", "float32") == 67e12
     )
     from vit_jax.observe import Summaries
 
-    cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=10)
+    cfg = tiny_cfg.replace(num_classes=10)
     summaries = Summaries(tmp_path, cfg, devices=2, peak_flops=None)
     line = {"step": 3, "loss": 1.5, "accuracy": 0.25, "lr": 1e-3, "grad_norm": 2.0, "images_per_s": 100.0}
     summaries.train(line, step_time=0.5)

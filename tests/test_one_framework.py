@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from vit_common.checkpoints.convert import save_checkpoint
-from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,10 +48,10 @@ def vit(blocked: str, *args) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory, random_state, image_folder):
+def files(tmp_path_factory, random_state, image_folder, tiny_cfg):
     """A tiny checkpoint with class names and preprocessing, and an image folder of its classes."""
     root = tmp_path_factory.mktemp("one_framework")
-    cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
+    cfg = tiny_cfg
     state = random_state(cfg)
     save_checkpoint(root / "m.safetensors", cfg, state, "canonical", preprocess=Preprocess(), classes=["a", "b", "c"])
     image_folder(root / "imgs", "abc", n=2, size=(10, 12), band=True)

@@ -13,7 +13,6 @@ import optax
 import pytest
 from flax import nnx
 
-from vit_common.config import ViTConfig
 from vit_common.tolerance import compare
 from vit_jax import model as vit_model
 from vit_jax import platforms
@@ -59,13 +58,13 @@ def test_choose_attention(platform, kwargs, expected):
     assert choose_attention(platform, **kwargs) == expected
 
 
-def test_this_machine_is_cpu_with_its_workarounds():
+def test_this_machine_is_cpu_with_its_workarounds(small_cfg):
     p = Platform.current()
     assert p == Platform("cpu") and p.linear is platforms.FlatLinear and p.residual is platforms.residual_barrier
     assert Platform("cuda", (9, 0)).linear is nnx.Linear
     x = jnp.ones((2, 3))
     assert Platform("tpu").residual(x) is x
-    cfg = ViTConfig(image_size=32, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10)
+    cfg = small_cfg.replace(depth=1)
     m = vit_model.VisionTransformer(cfg, rngs=nnx.Rngs(0))
     assert m.platform == p and m.blocks[0].attn.kernel == "explicit" and type(m.head) is platforms.FlatLinear
     m = vit_model.VisionTransformer(cfg.replace(attn_backend="xla"), rngs=nnx.Rngs(0))
@@ -130,10 +129,10 @@ def test_any_length_route_under_remat_and_vmap():
     assert c.ok, c
 
 
-def test_model_with_padded_fused_attention_trains_like_explicit(monkeypatch):
+def test_model_with_padded_fused_attention_trains_like_explicit(monkeypatch, small_cfg):
     """A whole training gradient with the fused kernel padded as cuDNN's is (XLA kernel on CPU, L=17,
     MAP head probe T=1) against the written-out softmax, every parameter at the float32 bound."""
-    cfg = ViTConfig(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10, pool="map")
+    cfg = small_cfg.replace(pool="map")
     padded = functools.partial(platforms.dot_product_attention, multiple=8)
     calls = []
     monkeypatch.setattr(vit_model, "dot_product_attention", lambda *a, **kw: calls.append(1) or padded(*a, **kw))
@@ -159,10 +158,8 @@ def test_model_with_padded_fused_attention_trains_like_explicit(monkeypatch):
         assert c.ok, c
 
 
-def test_building_for_another_platform():
-    cfg = ViTConfig(
-        image_size=32, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10, dtype="bfloat16"
-    )
+def test_building_for_another_platform(small_cfg):
+    cfg = small_cfg.replace(depth=1, dtype="bfloat16")
     with platforms.building_for(H100):
         m = vit_model.VisionTransformer(cfg, rngs=nnx.Rngs(0))
     assert m.platform == H100 and m.blocks[0].attn.kernel == "cudnn" and type(m.head) is nnx.Linear

@@ -17,12 +17,9 @@ from vit_common.checkpoints import REGISTRY, load_checkpoint, save_checkpoint
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.hf import HfWriteOptions
 from vit_common.checkpoints.formats.npz import NpzWriteOptions
-from vit_common.config import ViTConfig
 from vit_common.data.images import PRESETS, Preprocess
 from vit_common.state import random_state
 from vit_common.system.io import save_safetensors
-
-CFG = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
 
 
 def test_each_format_answers_its_own_questions(tmp_path):
@@ -85,20 +82,20 @@ def test_the_hf_format_knows_every_hf_family_model_type():
     assert FAMILY_MODEL_TYPES == tuple(FAMILIES)
 
 
-def test_write_options_are_typed_per_format(tmp_path):
-    save_checkpoint(tmp_path / "v5", CFG, random_state(CFG), "hf", options=HfWriteOptions("v5"))
+def test_write_options_are_typed_per_format(tmp_path, tiny_cfg):
+    save_checkpoint(tmp_path / "v5", tiny_cfg, random_state(tiny_cfg), "hf", options=HfWriteOptions("v5"))
     from safetensors.numpy import load_file
 
     assert any(".layers.0.attention.q_proj." in k for k in load_file(tmp_path / "v5" / "model.safetensors"))
     with pytest.raises(ValueError, match="NpzWriteOptions are not the hf format's options"):
-        save_checkpoint(tmp_path / "x", CFG, random_state(CFG), "hf", options=NpzWriteOptions(scan=True))
+        save_checkpoint(tmp_path / "x", tiny_cfg, random_state(tiny_cfg), "hf", options=NpzWriteOptions(scan=True))
     assert not (tmp_path / "x").exists()
 
 
-def test_convert_flags_come_from_the_write_options(tmp_path, capsys):
+def test_convert_flags_come_from_the_write_options(tmp_path, capsys, tiny_cfg):
     """--hf-spelling, --npz-prefix and --scan are generated from the dataclasses; one that belongs to
     another format than the output's is refused before anything is read or written."""
-    save_checkpoint(tmp_path / "m.safetensors", CFG, random_state(CFG), "canonical")
+    save_checkpoint(tmp_path / "m.safetensors", tiny_cfg, random_state(tiny_cfg), "canonical")
     assert main(["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "b.npz"), "--scan"]) == 0
     assert load_checkpoint(tmp_path / "b.npz").report.layout.count("scan-stacked") == 1
     capsys.readouterr()
@@ -137,11 +134,13 @@ def opens(monkeypatch):
 
 
 @pytest.mark.parametrize("command", ["convert", "info", "predict"])
-def test_a_command_opens_its_source_once(command, tmp_path, opens):
+def test_a_command_opens_its_source_once(command, tmp_path, opens, tiny_cfg):
     from PIL import Image
 
     path = tmp_path / "m.safetensors"
-    save_checkpoint(path, CFG, random_state(CFG), "canonical", preprocess=PRESETS["imagenet"], classes=["a", "b", "c"])
+    save_checkpoint(
+        path, tiny_cfg, random_state(tiny_cfg), "canonical", preprocess=PRESETS["imagenet"], classes=["a", "b", "c"]
+    )
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "x.png")
     argv = {
         "convert": ["convert", str(path), str(tmp_path / "t.safetensors"), "--to", "timm"],

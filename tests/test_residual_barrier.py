@@ -57,10 +57,9 @@ def test_empty_complex_and_forward_mode():
         jax.jvp(platforms.residual_barrier, (empty,), (empty,))
 
 
-def _largest_fusion_operands(depth: int) -> tuple[int, bool]:
-    """Operands of the largest fusion in the compiled gradient of a depth-``depth`` model, and
-    whether the program has a conditional (the barrier)."""
-    cfg = ViTConfig(image_size=32, patch_size=8, width=32, depth=depth, num_heads=2, mlp_dim=64, num_classes=10)
+def _largest_fusion_operands(cfg: ViTConfig) -> tuple[int, bool]:
+    """Operands of the largest fusion in the compiled gradient of the model ``cfg``, and whether the
+    program has a conditional (the barrier)."""
     graphdef, params, rest = nnx.split(vit_model.VisionTransformer(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
 
     def loss(p, x):
@@ -73,10 +72,10 @@ def _largest_fusion_operands(depth: int) -> tuple[int, bool]:
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the barrier is used on CPU only")
-def test_backward_fusions_do_not_grow_with_depth():
+def test_backward_fusions_do_not_grow_with_depth(small_cfg):
     # Without the barrier the largest fusion took 48 operands at depth 2 and 159 at depth 8
     # (jax 0.10.2): every block's LayerNorm backward recomputed inside the next.
-    shallow, has_cond = _largest_fusion_operands(2)
-    deep, _ = _largest_fusion_operands(8)
+    shallow, has_cond = _largest_fusion_operands(small_cfg.replace(depth=2))
+    deep, _ = _largest_fusion_operands(small_cfg.replace(depth=8))
     assert has_cond
     assert deep == shallow, f"largest backward fusion grew from {shallow} operands (depth 2) to {deep} (depth 8)"

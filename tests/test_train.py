@@ -26,8 +26,6 @@ from vit_jax.optim import decay_mask, layer_ids, make_optimizer
 from vit_jax.trainer import Trainer, loss_and_grads
 from vit_jax.weights import to_numpy
 
-TINY = ViTConfig(image_size=8, patch_size=4, in_chans=1, num_classes=3, width=16, depth=2, num_heads=2, mlp_dim=32)
-
 
 def first_batch(t: Trainer) -> dict:
     tc = t.tcfg
@@ -48,18 +46,24 @@ BASE = TrainConfig(batch_size=8, epochs=1, augment=Augment())
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_dataset):
+def tiny(tiny_cfg):
+    """The model of these tests: 2 blocks on ``tiny_dataset``'s one-channel 8x8 images, 3 classes."""
+    return tiny_cfg.replace(in_chans=1, depth=2)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dataset, tiny):
     """Gradients of one batch of 8 (6 real examples + 2 padding rows), accumulated in one pass."""
-    t = Trainer(TINY, BASE, tiny_dataset(6, 7))
+    t = Trainer(tiny, BASE, tiny_dataset(6, 7))
     batch = first_batch(t)
     assert batch["mask"].tolist() == [1] * 6 + [0] * 2
     return t, batch, grads_of(t, batch)
 
 
-def test_steps_compile_once_and_count_every_example_once(caplog, tiny_dataset):
+def test_steps_compile_once_and_count_every_example_once(caplog, tiny_dataset, tiny):
     """Two epochs of 10 examples in batches of 4: the last batch of each epoch is partial (2 real rows)."""
     data = tiny_dataset(10, 7)
-    t = Trainer(TINY, TrainConfig(batch_size=4, epochs=2, warmup_steps=1, augment=Augment(shift=1)), data)
+    t = Trainer(tiny, TrainConfig(batch_size=4, epochs=2, warmup_steps=1, augment=Augment(shift=1)), data)
     state = t.init_state()
     counts, evals = [], []
     with jax.log_compiles(True), caplog.at_level(logging.WARNING):
@@ -78,12 +82,12 @@ def test_steps_compile_once_and_count_every_example_once(caplog, tiny_dataset):
 
 
 @pytest.mark.parametrize("mixup", [0.0, 0.4], ids=["plain", "mixup"])
-def test_compile_ahead_of_the_first_batch_is_the_program_the_steps_run(caplog, mixup, tiny_dataset):
+def test_compile_ahead_of_the_first_batch_is_the_program_the_steps_run(caplog, mixup, tiny_dataset, tiny):
     """``compile()`` from shapes alone (``batch_spec``) gives the program the real batches run: no step
     compiles again, with or without mixed targets, and its values are the jitted step's."""
     data = tiny_dataset(10, 7)
     tcfg = TrainConfig(batch_size=4, epochs=1, warmup_steps=1, augment=Augment(mixup=mixup))
-    t = Trainer(TINY, tcfg, data)
+    t = Trainer(tiny, tcfg, data)
     state = t.init_state()
     with jax.log_compiles(True), caplog.at_level(logging.WARNING):
         t.compile()
@@ -97,7 +101,7 @@ def test_compile_ahead_of_the_first_batch_is_the_program_the_steps_run(caplog, m
     assert {k: (v.shape, v.dtype) for k, v in batches[0].items()} == {
         k: (s.shape, s.dtype) for k, s in t.batch_spec().items()
     }
-    fresh = Trainer(TINY, tcfg, data)  # the same steps without compile(): the same state, bit for bit
+    fresh = Trainer(tiny, tcfg, data)  # the same steps without compile(): the same state, bit for bit
     again = fresh.init_state()
     for batch in batches:
         again, _ = fresh.train_step(again, batch)
@@ -118,9 +122,9 @@ def test_padding_rows_do_not_reach_the_gradient(reference):
 
 
 @pytest.mark.parametrize("option", [dict(accum_steps=2), dict(remat=True)])
-def test_accumulation_and_remat_give_the_same_gradients(reference, option, tiny_dataset):
+def test_accumulation_and_remat_give_the_same_gradients(reference, option, tiny_dataset, tiny):
     _, batch, (grads, loss, correct) = reference
-    t = Trainer(TINY, dataclasses.replace(BASE, **option), tiny_dataset(6, 7))
+    t = Trainer(tiny, dataclasses.replace(BASE, **option), tiny_dataset(6, 7))
     got, got_loss, got_correct = grads_of(t, batch)
     assert got_loss == pytest.approx(loss, rel=1e-6) and got_correct == correct
     for (path, a), (_, b) in zip(got, grads, strict=True):
@@ -128,8 +132,8 @@ def test_accumulation_and_remat_give_the_same_gradients(reference, option, tiny_
         assert c.ok, c
 
 
-def test_weight_decay_mask_skips_biases_norms_tokens_and_posemb():
-    model = VisionTransformer(TINY, rngs=nnx.Rngs(0))
+def test_weight_decay_mask_skips_biases_norms_tokens_and_posemb(tiny):
+    model = VisionTransformer(tiny, rngs=nnx.Rngs(0))
     _, params, _ = nnx.split(model, nnx.Param, ...)
     masked = decay_mask(params, get_recipe("twins"), model.no_weight_decay())
     mask = {".".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(masked)}
@@ -141,14 +145,14 @@ def test_weight_decay_mask_skips_biases_norms_tokens_and_posemb():
     assert not mask["pos_embed"] and not mask["cls_token"] and not mask["norm.scale"]
 
 
-def test_bad_batch_or_model_for_the_dataset(tiny_dataset):
+def test_bad_batch_or_model_for_the_dataset(tiny_dataset, tiny):
     data = tiny_dataset(10, 7)
     with pytest.raises(ValueError, match="accum_steps"):
         TrainConfig(batch_size=6, accum_steps=4)
     with pytest.raises(ValueError, match="num_classes=5"):
-        Trainer(TINY.replace(num_classes=5), TrainConfig(batch_size=4), data)
+        Trainer(tiny.replace(num_classes=5), TrainConfig(batch_size=4), data)
     with pytest.raises(ValueError, match="channels"):
-        Trainer(TINY.replace(in_chans=3), TrainConfig(batch_size=4), data)
+        Trainer(tiny.replace(in_chans=3), TrainConfig(batch_size=4), data)
 
 
 def test_bf16_training_with_large_inputs_stays_finite():
@@ -176,8 +180,8 @@ def test_bf16_training_with_large_inputs_stays_finite():
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state["params"]))
 
 
-def test_model_with_dropout_round_trips_through_orbax_into_an_abstract_model(tmp_path):
-    cfg = TINY.replace(dropout=0.2, drop_path=0.1)
+def test_model_with_dropout_round_trips_through_orbax_into_an_abstract_model(tmp_path, tiny):
+    cfg = tiny.replace(dropout=0.2, drop_path=0.1)
     model = VisionTransformer(cfg, rngs=nnx.Rngs(3))
     _, state = nnx.split(model)
     assert any(jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) for x in jax.tree.leaves(state))
@@ -209,13 +213,13 @@ def _flat(params) -> dict[str, np.ndarray]:
     return {".".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(params)}
 
 
-def test_fine_tuning_starts_from_the_given_weights_and_freeze_trains_the_head_only(reference, tiny_dataset):
+def test_fine_tuning_starts_from_the_given_weights_and_freeze_trains_the_head_only(reference, tiny_dataset, tiny):
     """--init: the first state holds the checkpoint's tensors; --freeze: after steps only head.* moved,
     and the frozen parameters get exactly zero gradient (stop_gradient: no backward pass through them)."""
     _, batch, _ = reference
-    weights = to_numpy(VisionTransformer(TINY, rngs=nnx.Rngs(7)))
+    weights = to_numpy(VisionTransformer(tiny, rngs=nnx.Rngs(7)))
     tcfg = dataclasses.replace(BASE, init="ckpt", freeze=True, warmup_steps=0, epochs=3)
-    t = Trainer(TINY, tcfg, tiny_dataset(6, 7), weights=weights)
+    t = Trainer(tiny, tcfg, tiny_dataset(6, 7), weights=weights)
     state = t.init_state()
     assert to_numpy(nnx.merge(t.eval_graphdef, state["params"], state["rest"])).keys() == weights.keys()
     start = t.weights(state)
@@ -232,10 +236,10 @@ def test_fine_tuning_starts_from_the_given_weights_and_freeze_trains_the_head_on
     assert moved == ["head.bias", "head.weight"]
 
 
-def test_layer_decay_scales_each_layer_s_update():
+def test_layer_decay_scales_each_layer_s_update(tiny):
     """The update of a parameter in layer l is the plain AdamW update times r^(depth + 1 - l): the
     embeddings r^3 (depth 2), block 0 r^2, block 1 and the final norm r (timm groups them), the head 1."""
-    model = VisionTransformer(TINY, rngs=nnx.Rngs(0))
+    model = VisionTransformer(tiny, rngs=nnx.Rngs(0))
     _, params, _ = nnx.split(model, nnx.Param, ...)
     ids = {".".join(map(str, p)): int(v.get_value()) for p, v in nnx.to_flat_state(layer_ids(params, 2))}
     assert ids["pos_embed"] == ids["patch_embed.proj.kernel"] == 0 and ids["blocks.1.mlp.fc1.kernel"] == 2
@@ -268,7 +272,7 @@ def numpy_ema_decay(step: int, decay: float, warmup: bool, gamma: float, power: 
     return float(np.clip(1 - (1 + k / gamma) ** -power, floor, decay)) if warmup else decay
 
 
-def test_ema_after_k_steps_is_the_numpy_formula_over_the_weights_of_every_step(tiny_dataset):
+def test_ema_after_k_steps_is_the_numpy_formula_over_the_weights_of_every_step(tiny_dataset, tiny):
     """6 steps with a warm-up that meets its floor (step 2), its curve (3-5) and its cap (6): the jitted
     step's EMA equals ema x decay + weights x (1 - decay) in float64 over each step's weights, within the
     float32 bound; step 1's update is a copy; the decays are the formula's."""
@@ -282,7 +286,7 @@ def test_ema_after_k_steps_is_the_numpy_formula_over_the_weights_of_every_step(t
     np.testing.assert_allclose([float(ema_decay(tcfg, jnp.int32(s))) for s in range(1, 7)], formula, rtol=1e-6)
     plain = dataclasses.replace(tcfg, ema_warmup=False)
     assert [plain.ema_decay(s) for s in range(1, 4)] == [0.0, 0.6, 0.6]
-    t = Trainer(TINY, tcfg, tiny_dataset(10, 7))
+    t = Trainer(tiny, tcfg, tiny_dataset(10, 7))
     state = t.init_state()
     assert set(state) == {"step", "params", "rest", "opt_state", "ema"}
     it = t.train_iterator()

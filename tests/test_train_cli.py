@@ -73,12 +73,11 @@ def test_help_explains_every_flag():
 
 
 @pytest.fixture
-def tiny_checkpoint(tmp_path, random_state):
+def tiny_checkpoint(tmp_path, random_state, tiny_cfg):
     """Our file of a tiny ViT: 8 px, patch 4, width 16, 3 classes, RGB."""
     from vit_common.checkpoints.convert import save_checkpoint
-    from vit_common.config import ViTConfig
 
-    cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
+    cfg = tiny_cfg
     save_checkpoint(tmp_path / "ckpt.safetensors", cfg, random_state(cfg), "canonical")
     return tmp_path / "ckpt.safetensors"
 
@@ -297,15 +296,14 @@ def test_an_unusable_compilation_cache_is_a_warning_and_the_run_goes_on_uncached
     assert json.loads(out)["steps"] == 2 and (tmp_path / "cache").read_text().startswith("a file")
 
 
-def test_a_resumed_fine_tuning_needs_its_init_file_no_more(tmp_path, capsys, random_state):
+def test_a_resumed_fine_tuning_needs_its_init_file_no_more(tmp_path, capsys, random_state, tiny_cfg):
     """Fine-tune a timm .safetensors with checkpoints, delete it, then --resume with one epoch more: the run
     folder's config.json and checkpoint hold everything, and the export is in the source's format again."""
     from safetensors.numpy import load_file
 
     from vit_common.checkpoints.convert import save_checkpoint
-    from vit_common.config import ViTConfig
 
-    cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
+    cfg = tiny_cfg
     save_checkpoint(tmp_path / "src.safetensors", cfg, random_state(cfg), "timm")
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "d.npz", x=rng.integers(0, 256, (16, 8, 8, 3), np.uint8), y=np.arange(16) % 2)

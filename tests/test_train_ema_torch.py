@@ -11,14 +11,18 @@ import pytest
 import torch
 from timm.utils import ModelEmaV3
 
-from vit_common.config import ViTConfig
 from vit_common.data.augment import Augment
 from vit_common.training.train_config import TrainConfig
 from vit_torch.train import ModelEma, Trainer
 
-TINY = ViTConfig(image_size=8, patch_size=4, in_chans=1, num_classes=3, width=16, depth=2, num_heads=2, mlp_dim=32)
 # 16 examples in batches of 4: 4 steps an epoch
 BASE = TrainConfig(batch_size=4, epochs=2, warmup_steps=1, lr=1e-2, augment=Augment())
+
+
+@pytest.fixture
+def tiny(tiny_cfg):
+    """The model of these tests: 2 blocks on ``tiny_dataset``'s one-channel 8x8 images, 3 classes."""
+    return tiny_cfg.replace(in_chans=1, depth=2)
 
 
 def batches(n: int) -> list[dict]:
@@ -48,9 +52,9 @@ def batches(n: int) -> list[dict]:
     ],
     ids=["plain", "warmup"],
 )
-def test_the_twin_s_ema_is_timm_s_model_ema_v3_bit_for_bit(ema, tiny_dataset):
+def test_the_twin_s_ema_is_timm_s_model_ema_v3_bit_for_bit(ema, tiny_dataset, tiny):
     tcfg = dataclasses.replace(BASE, **ema)
-    t = Trainer(TINY, tcfg, tiny_dataset())
+    t = Trainer(tiny, tcfg, tiny_dataset())
     timm_ema = ModelEmaV3(
         t.model,
         decay=tcfg.ema,
@@ -95,6 +99,6 @@ def test_integer_buffers_are_copied_and_float_ones_averaged_as_timm_does():
     assert not torch.equal(ours.module.state_dict()["1.running_mean"], model.state_dict()["1.running_mean"])
 
 
-def test_no_ema_below_float32_parameters(tiny_dataset):
+def test_no_ema_below_float32_parameters(tiny_dataset, tiny):
     with pytest.raises(ValueError, match=r"ema=0.9 with param_dtype='bfloat16': expected float32 or float64"):
-        Trainer(TINY.replace(param_dtype="bfloat16"), dataclasses.replace(BASE, ema=0.9), tiny_dataset())
+        Trainer(tiny.replace(param_dtype="bfloat16"), dataclasses.replace(BASE, ema=0.9), tiny_dataset())

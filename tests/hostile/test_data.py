@@ -1,0 +1,194 @@
+"""Hostile datasets: what `vit train --dataset` reads (labels that wrap or were never trained on, Hugging
+Face sets without labels or with text labels, unreadable, truncated, bomb and FIFO images, odd class
+folders, images of height 0, --out inside the dataset, --resume after the data changed) and where
+`vit data convert` writes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vit_cli.main import main
+
+from .harness import TRAIN, Case, bomb_png, check_case, npz_dataset, write_png
+
+
+def labels(name: str, y, y_test=None) -> Callable[[Path], list[str]]:
+    def build(tmp: Path) -> list[str]:
+        data = npz_dataset(tmp / "d.npz", y, y_test)
+        return [*TRAIN, "--dataset", f"npz:{data}", "--out", str(tmp / "run")]
+
+    build.__name__ = name
+    return build
+
+
+def _folder(root: Path, n: int = 3, suffix: str = ".png") -> Path:
+    """An image folder of classes a and b, ``n`` 8x8 images each."""
+    from PIL import Image
+
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            Image.fromarray(np.full((8, 8, 3), 40 * i, np.uint8)).save(root / c / f"{i}{suffix}")
+    return root
+
+
+def _train_on(spec: str, tmp: Path, *extra: str) -> list[str]:
+    return [*TRAIN, "--dataset", spec, "--out", str(tmp / "run"), *extra]
+
+
+def _hf_rows(tmp: Path, name: str, label) -> Path:
+    """A save_to_disk dataset of 6 PNGs with the column ``label`` as given (None: no label column)."""
+    import io as bytes_io
+
+    import datasets
+    from PIL import Image
+
+    def png(i: int) -> bytes:
+        buf = bytes_io.BytesIO()
+        Image.fromarray(np.full((8, 8, 3), 40 * i, np.uint8)).save(buf, "PNG")
+        return buf.getvalue()
+
+    rows = {"image": [{"bytes": png(i), "path": None} for i in range(6)]} | ({"label": label} if label else {})
+    ds = datasets.Dataset.from_dict(rows).cast_column("image", datasets.Image())
+    ds.save_to_disk(str(tmp / name))
+    return tmp / name
+
+
+def hf_without_labels(tmp: Path) -> list[str]:
+    return _train_on(f"hf:{_hf_rows(tmp, 'hf', None)}", tmp)
+
+
+def hf_text_labels(tmp: Path) -> list[str]:
+    return _train_on(f"hf:{_hf_rows(tmp, 'hf', ['cat', 'dog'] * 3)}", tmp)
+
+
+def parquet_unreadable_image(tmp: Path) -> list[str]:
+    import datasets
+
+    good = (write_png(tmp / "x.png", (8, 8))).read_bytes()
+    (tmp / "x.png").unlink()
+    rows = {"image": [{"bytes": good, "path": None}] * 5 + [{"bytes": b"\x89PNG not one", "path": None}]}
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])})
+    (tmp / "pq").mkdir()
+    datasets.Dataset.from_dict(rows | {"label": [0, 1] * 3}, features=features).to_parquet(
+        str(tmp / "pq" / "train.parquet")
+    )
+    return _train_on(f"hf:{tmp / 'pq'}", tmp)
+
+
+def arrayrecord_matching_nothing(tmp: Path) -> list[str]:
+    return _train_on(f"arrayrecord:{tmp / 'shards' / 'train-*.array_record'}", tmp)
+
+
+def fifo_in_image_folder(tmp: Path) -> list[str]:
+    _folder(tmp / "imgs")
+    os.mkfifo(tmp / "imgs" / "b" / "9.png")
+    return _train_on(f"imagefolder:{tmp / 'imgs'}", tmp)
+
+
+def class_name_not_utf8(tmp: Path) -> list[str]:
+    _folder(tmp / "imgs")
+    os.rename(tmp / "imgs" / "b", os.fsencode(tmp / "imgs") + b"/b\xff")
+    return _train_on(f"imagefolder:{tmp / 'imgs'}", tmp)
+
+
+def classes_equal_after_normalisation(tmp: Path) -> list[str]:
+    _folder(tmp / "imgs")
+    os.rename(tmp / "imgs" / "a", tmp / "imgs" / "caf\u00e9")  # é composed
+    os.rename(tmp / "imgs" / "b", tmp / "imgs" / "cafe\u0301")  # e + combining acute
+    return _train_on(f"imagefolder:{tmp / 'imgs'}", tmp)
+
+
+def out_inside_the_dataset(tmp: Path) -> list[str]:
+    _folder(tmp / "imgs")
+    return [*TRAIN, "--dataset", f"imagefolder:{tmp / 'imgs'}", "--out", str(tmp / "imgs" / "runs" / "r1")]
+
+
+def npz_images_of_height_0(tmp: Path) -> list[str]:
+    np.savez(tmp / "d.npz", x=np.zeros((8, 0, 8), np.uint8), y=np.array([0, 1] * 4))
+    return _train_on(f"npz:{tmp / 'd.npz'}", tmp)
+
+
+def truncated_jpeg_in_image_folder(tmp: Path) -> list[str]:
+    """A 64x64 JPEG of noise cut to 60%: its header is whole, so Pillow opens and verify()s it; only
+    decoding finds the end missing."""
+    from PIL import Image
+
+    _folder(tmp / "imgs", suffix=".jpg")
+    noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(tmp / "imgs" / "a" / "1.jpg", quality=90)
+    whole = (tmp / "imgs" / "a" / "1.jpg").read_bytes()
+    (tmp / "imgs" / "a" / "1.jpg").write_bytes(whole[: len(whole) * 6 // 10])
+    with Image.open(tmp / "imgs" / "a" / "1.jpg") as im:
+        im.verify()  # what the up-front check did before: it passes
+    return _train_on(f"imagefolder:{tmp / 'imgs'}", tmp)
+
+
+def convert_into_the_source(tmp: Path) -> list[str]:
+    _folder(tmp / "imgs")
+    return ["data", "convert", str(tmp / "imgs"), str(tmp / "imgs" / "records")]
+
+
+def convert_into_a_user_folder(tmp: Path) -> list[str]:
+    _folder(tmp / "imgs")
+    (tmp / "mine").mkdir()
+    (tmp / "mine" / "notes.txt").write_text("mine\n")
+    return ["data", "convert", str(tmp / "imgs"), str(tmp / "mine")]
+
+
+def resume_on_changed_data(tmp: Path) -> list[str]:
+    """A finished run on an image folder, then an image added and a class folder renamed."""
+    _folder(tmp / "imgs")
+    argv = _train_on(f"imagefolder:{tmp / 'imgs'}", tmp)
+    assert main(argv) == 0
+    write_png(tmp / "imgs" / "a" / "9.png", (8, 8))
+    os.rename(tmp / "imgs" / "b", tmp / "imgs" / "c")
+    return [*argv, "--resume"]
+
+
+def bomb_in_image_folder(tmp: Path) -> list[str]:
+    for c in ("a", "b"):
+        (tmp / "imgs" / c).mkdir(parents=True)
+        for i in range(3):
+            write_png(tmp / "imgs" / c / f"{i}.png", (8, 8))
+    bomb_png(tmp / "imgs" / "b" / "3.png")
+    return [*TRAIN, "--dataset", f"imagefolder:{tmp / 'imgs'}", "--out", str(tmp / "run")]
+
+
+CASES = [
+    # silent wrong results
+    Case(labels("label 2**32", [0, 1, 0, 2**32, 0, 1, 1, 0]), r"{tmp}/d.npz: label 4294967296 in x/y: expected"),
+    Case(labels("label 10**9", [0, 1, 0, 10**9, 0, 1, 1, 0]), r"{tmp}/d.npz: label 1000000000 in x/y"),
+    Case(labels("uint64 label", np.array([0, 1, 0, 2**63 + 5, 0, 1, 1, 0], np.uint64)), r"label 9223372036854775813"),
+    Case(labels("unseen test labels", [0, 1] * 4, [0, 1, 7, 9]), r"{tmp}/d.npz: y_test holds label\(s\) \[7, 9\]"),
+    Case(hf_without_labels, r"{tmp}/hf \(split 'train'\): no label column \(a ClassLabel, or an integer"),
+    Case(hf_text_labels, r"{tmp}/hf \(split 'train'\): label column 'label' holds string; expected integers"),
+    Case(parquet_unreadable_image, r"{tmp}/pq/train.parquet: row 5: unreadable image"),
+    Case(arrayrecord_matching_nothing, r"arrayrecord:{tmp}/shards/train-\*.array_record: no files match"),
+    Case(npz_images_of_height_0, r"{tmp}/d.npz: x/y images are 0x8 pixels; expected at least 1x1"),
+    Case(truncated_jpeg_in_image_folder, r"{tmp}/imgs/a/1.jpg: unreadable image \(image file is truncated"),
+    Case(class_name_not_utf8, r"{tmp}/imgs: class folder b'b\\xff' is not valid UTF-8"),
+    Case(classes_equal_after_normalisation, r"{tmp}/imgs: class folders .* have the same name in Unicode normal form"),
+    Case(out_inside_the_dataset, r"--out {tmp}/imgs/runs/r1 lies inside the dataset {tmp}/imgs"),
+    Case(convert_into_the_source, r"DST {tmp}/imgs/records lies inside the dataset {tmp}/imgs"),
+    Case(convert_into_a_user_folder, r"{tmp}/mine: a folder holding things vit did not write .*notes.txt"),
+    Case(
+        resume_on_changed_data,
+        r"{tmp}/run: the dataset changed since the run started \(classes: the run has \['a', 'b'\], the data now "
+        r"\['a', 'c'\]; train images: the run has 4, the data now 5; files added \(4\): a/9.png, c/0.png, .*; "
+        r"files removed \(3\): b/0.png",
+    ),
+    # tracebacks instead of named errors
+    Case(bomb_in_image_folder, r"{tmp}/imgs/b/3.png: unreadable image \(Image size \(400000000 pixels\) exceeds limit"),
+    Case(fifo_in_image_folder, r"{tmp}/imgs/b/9.png: a FIFO, expected a regular dataset file", child=True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_hostile_input(case, tmp_path, capsys, monkeypatch):
+    check_case(case, tmp_path, capsys, monkeypatch)

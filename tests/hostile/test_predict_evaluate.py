@@ -1,0 +1,90 @@
+"""Hostile inputs to `vit predict` and `vit evaluate`: NaN weights, a decompression-bomb image, a FIFO,
+a bad flag, a 1,000-class evaluation (its picture and counts bounded)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vit_common.config import ViTConfig
+from vit_common.state import random_state
+
+from .harness import SMALL, Case, bomb_png, check_case, flag, ours, small_model, write_png
+
+
+def nan_weights_predict(tmp: Path) -> list[str]:
+    state = random_state(SMALL, scale=0.2)
+    state["head.weight"][:] = np.nan
+    ours(tmp / "nan.safetensors", SMALL.to_json(), state)
+    return ["predict", str(tmp / "nan.safetensors"), str(write_png(tmp / "img.png"))]
+
+
+def bomb_predict(tmp: Path) -> list[str]:
+    return ["predict", str(small_model(tmp)), str(bomb_png(tmp / "bomb.png"))]
+
+
+def fifo_image(tmp: Path) -> list[str]:
+    os.mkfifo(tmp / "img.png")
+    return ["predict", str(small_model(tmp)), str(tmp / "img.png")]
+
+
+def _many_classes(tmp: Path, k: int = 1000) -> tuple[Path, Path]:
+    """A K-class model (ImageNet's count) and an npz dataset of K test images, one per class."""
+    cfg = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=k)
+    model = ours(tmp / "k.safetensors", cfg.to_json(), random_state(cfg, scale=0.2))
+    x = np.random.default_rng(0).integers(0, 256, (k, 8, 8), np.uint8)
+    np.savez(tmp / "k.npz", x=x, y=np.arange(k), x_test=x, y_test=np.arange(k))
+    return model, tmp / "k.npz"
+
+
+def evaluate_1000_classes(tmp: Path) -> list[str]:
+    model, data = _many_classes(tmp)
+    return ["evaluate", str(model), "--dataset", f"npz:{data}", "--confusion", str(tmp / "c.png")]
+
+
+def _bounded_png(tmp: Path, out: str) -> None:
+    """The picture is at most 2,000 px a side (it was 45,200), the line names where the counts are."""
+    from PIL import Image
+
+    assert max(Image.open(tmp / "c.png").size) <= 2000
+    assert f"{tmp / 'c.png'} (1000 classes: a heat map without class labels; the counts: --confusion" in out
+    assert "per class (1000 classes; the 10 lowest" in out
+
+
+def evaluate_1000_classes_csv(tmp: Path) -> list[str]:
+    model, data = _many_classes(tmp)
+    return ["evaluate", str(model), "--dataset", f"npz:{data}", "--confusion", str(tmp / "c.csv"), "--json"]
+
+
+def _counts_csv(tmp: Path, out: str) -> None:
+    """The CSV and the JSON hold the same 1000 x 1000 counts, one image per true class."""
+    import csv
+
+    rows = list(csv.reader((tmp / "c.csv").open()))
+    counts = np.array([r[1:] for r in rows[1:]], np.int64)
+    assert rows[0][:3] == ["true/predicted", "0", "1"] and counts.shape == (1000, 1000)
+    result = json.loads(out.splitlines()[0])
+    assert np.array_equal(counts, np.array(result["confusion_matrix"])) and (counts.sum(1) == 1).all()
+    assert result["accuracy"] == np.trace(counts) / 1000
+
+
+CASES = [
+    # silent wrong results
+    Case(nan_weights_predict, r"{tmp}/nan.safetensors: the logits of {tmp}/img.png are NaN or Inf"),
+    Case(flag("predict", "MODEL", "x.png", "--top-k", "-1"), r"--top-k: '-1': expected an integer"),
+    # tracebacks instead of named errors
+    Case(bomb_predict, r"{tmp}/bomb.png: unreadable image \(Image size \(400000000 pixels\) exceeds limit"),
+    Case(fifo_image, r"{tmp}/img.png: a FIFO, expected a regular image file", child=True),
+    # output that grows with the square of its input: bounded, the results first
+    Case(evaluate_1000_classes, "", code=0, child=True, check=_bounded_png, creates=("c.png",)),
+    Case(evaluate_1000_classes_csv, "", code=0, child=True, check=_counts_csv, creates=("c.csv",)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_hostile_input(case, tmp_path, capsys, monkeypatch):
+    check_case(case, tmp_path, capsys, monkeypatch)

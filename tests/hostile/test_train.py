@@ -1,0 +1,274 @@
+"""Hostile inputs to `vit train`: bad flags, a model too large to start, run folders that are the
+user's or in use, a planted lock link, --init inside --out, exports it would refuse only at the end,
+and full disks (before and during a checkpoint, under its run files, before the exports)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from vit_common.checkpoints.convert import save_checkpoint
+from vit_common.state import random_state
+from vit_common.system import io
+
+from .harness import (
+    HOLDERS,
+    SMALL,
+    TIME_LIMIT,
+    TRAIN,
+    Case,
+    bare_timm,
+    check_case,
+    child_env,
+    fill_disk,
+    flag,
+    npz_dataset,
+    ours,
+)
+
+
+def deep_model_flags(tmp: Path) -> list[str]:
+    return [*TRAIN, "--depth", "100000000", "--dataset", "digits", "--out", str(tmp / "run")]
+
+
+def train_into_a_user_folder(tmp: Path) -> list[str]:
+    (tmp / "run").mkdir()
+    (tmp / "run" / "config.json").write_text('{"mine": true}\n')
+    data = npz_dataset(tmp / "d.npz", [0, 1] * 4)
+    return [*TRAIN, "--dataset", f"npz:{data}", "--out", str(tmp / "run")]
+
+
+def train_while_another_runs(tmp: Path) -> list[str]:
+    """``vit train`` on a folder whose lock another process holds (the lock ``vit train`` takes)."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from vit_common.system import in_place\n"
+            "with in_place.folder_lock(sys.argv[1], 'vit train'):\n    print('held', flush=True); time.sleep(600)",
+            str(tmp / "run"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    assert holder.stdout.readline().strip() == "held"
+    HOLDERS.append(holder)
+    data = npz_dataset(tmp / "d.npz", [0, 1] * 4)
+    return [*TRAIN, "--dataset", f"npz:{data}", "--out", str(tmp / "run"), "--resume"]
+
+
+def lock_is_a_link(target: str) -> Callable[[Path], list[str]]:
+    """A ``.vit-lock`` planted in a run folder as a link to a file of the user's (or a dangling one)."""
+
+    def build(tmp: Path) -> list[str]:
+        (tmp / "run").mkdir()
+        if target == "file":
+            (tmp / "victim.txt").write_text("the user's file\n")
+        os.symlink(tmp / "victim.txt", tmp / "run" / io.LOCK)
+        data = npz_dataset(tmp / "d.npz", [0, 1] * 4)
+        return [*TRAIN, "--dataset", f"npz:{data}", "--out", str(tmp / "run")]
+
+    build.__name__ = f"lock linked to {'a file' if target == 'file' else 'nothing'}"
+    return build
+
+
+def init_inside_out(tmp: Path) -> list[str]:
+    """Fine-tuning a run's own model.safetensors into that run folder (its export would replace it)."""
+    (tmp / "run").mkdir()
+    ours(tmp / "run" / "model.safetensors", SMALL.replace(image_size=8, patch_size=4).to_json(), None)
+    data = npz_dataset(tmp / "d.npz", [0, 1] * 4)
+    init = ["--init", str(tmp / "run" / "model.safetensors")]
+    return ["train", *init, "--no-progress", "--no-parity", "--dataset", f"npz:{data}", "--out", str(tmp / "run")]
+
+
+def export_onto_a_users_folder(tmp: Path) -> list[str]:
+    """Fine-tuning an HF folder into a run folder whose model_hf/ (the export in --init's format) is the
+    user's: refused before the training, not after it."""
+    save_checkpoint(tmp / "hf", SMALL, random_state(SMALL, scale=0.2), "hf")
+    (tmp / "run" / "model_hf").mkdir(parents=True)
+    (tmp / "run" / "model_hf" / "notes.txt").write_text("mine\n")
+    data = npz_dataset(tmp / "d.npz", [0, 1] * 4)
+    flags = ["--no-progress", "--no-parity", "--compile-cache", "off", "--epochs", "1", "--batch-size", "4"]
+    return ["train", "--init", str(tmp / "hf"), "--dataset", f"npz:{data}", "--out", str(tmp / "run"), *flags]
+
+
+def assumed_into_train_exports(tmp: Path) -> list[str]:
+    """Fine-tuning a timm file that states no config: its timm export would print assumed fields as fact."""
+    data = npz_dataset(tmp / "d.npz", [0, 1] * 4)
+    flags = ["--no-progress", "--no-parity", "--compile-cache", "off", "--epochs", "1", "--batch-size", "4"]
+    init = ["--init", str(bare_timm(tmp)), "--source-image-size", "32"]
+    return ["train", *init, "--dataset", f"npz:{data}", "--out", str(tmp / "run"), *flags]
+
+
+CASES = [
+    # silent wrong results
+    Case(flag("train", "--mixup", "nan"), r"--mixup: 'nan': expected a finite number in \[0, inf\)"),
+    Case(flag("train", "--rotate", "nan"), r"--rotate: 'nan': expected a finite number in \[0, 180\]"),
+    Case(flag("train", "--lr", "inf"), r"--lr: 'inf': expected a finite number in \(0, inf\)"),
+    Case(flag("train", "--val-fraction", "1"), r"--val-fraction: '1': expected a finite number in \(0, 1\)"),
+    Case(flag("train", "--epochs", "0"), r"--epochs: '0': expected an integer in \[1, "),
+    Case(flag("train", "--depth", "1e9"), r"--depth: '1e9': expected an integer"),
+    Case(
+        deep_model_flags,
+        r"the model flags: a model with depth=100000000, .* \(parameters, gradients, optimizer state",
+        child=True,
+    ),
+    Case(train_into_a_user_folder, r"{tmp}/run/config.json: exists and vit cannot tell it wrote it"),
+    Case(train_while_another_runs, r"{tmp}/run: in use by another vit train \(pid \d+\)"),
+    Case(lock_is_a_link("file"), r"{tmp}/run/.vit-lock: a symbolic link where vit keeps its lock file"),
+    Case(lock_is_a_link("nothing"), r"{tmp}/run/.vit-lock: a symbolic link where vit keeps its lock file"),
+    Case(init_inside_out, r"{tmp}/run: the output holds --init {tmp}/run/model.safetensors; write the output"),
+    Case(export_onto_a_users_folder, r"{tmp}/run/model_hf: a folder holding things vit did not write .*notes.txt"),
+    Case(
+        assumed_into_train_exports,
+        r"{tmp}/run/model_timm.safetensors: timm readers take every config field as fact, and .*--accept-assumed",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_hostile_input(case, tmp_path, capsys, monkeypatch):
+    check_case(case, tmp_path, capsys, monkeypatch)
+
+
+# --------------------------------------------------------------------------------- a full disk
+
+
+def test_a_training_checkpoint_the_disk_cannot_hold_is_one_line_before_orbax_writes(small_disk, tmp_path):
+    """vit train whose run folder's disk has 64 KiB left: the config, metrics and event files fit, the
+    checkpoint (orbax's folder) does not. Refused before orbax starts (before: orbax's threads failed on
+    the full disk and printed 84 "Event loop is closed" tracebacks and five absl ERROR lines beside the
+    error), naming the folder, the step, the bytes needed and free, and where --resume continues; no
+    checkpoint folder, complete or temporary, is left."""
+    out = small_disk / "run"
+    fill_disk(small_disk, leave=64 << 10)
+    env = child_env()
+    child = subprocess.run(
+        [sys.executable, "-m", "vit_cli.main", *TRAIN, "--dataset", "digits", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=TIME_LIMIT,
+    )
+    errors = [ln for ln in child.stderr.splitlines() if not ln.startswith("vit train: warning: ")]
+    assert child.returncode == 2 and "Traceback" not in child.stderr, child.stderr
+    assert [ln for ln in errors if "error" in ln.lower()] == errors[-1:], child.stderr
+    head = f"vit train: error: {out / 'checkpoints'}: no space for the checkpoint of step "
+    assert errors[-1].startswith(head), errors
+    assert "needs " in errors[-1] and errors[-1].endswith("--resume continues from step 0"), errors[-1]
+    assert not (out / "checkpoints").exists()  # no checkpoint folder, complete or temporary: not even an empty one
+
+
+def _train_child(out: Path, *flags: str, check: bool = True, prelude: str = "") -> subprocess.CompletedProcess:
+    """``vit train`` on digits into ``out`` in a child; with ``check`` off the free-space check before each
+    checkpoint needs nothing, so that orbax's own write meets the full disk; ``prelude``: code run first."""
+    code = "\n".join(
+        [
+            "import sys",
+            "from vit_common.system import io",
+            "" if check else "io.FOLDER_OVERHEAD = -(1 << 40)",
+            prelude,
+            "from vit_cli.main import main",
+            "sys.exit(main(sys.argv[1:]))",
+        ]
+    )
+    argv = [*TRAIN, "--dataset", "digits", "--out", str(out), *flags]
+    env = child_env()
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, timeout=TIME_LIMIT
+    )
+
+
+def test_a_disk_that_fills_during_a_training_checkpoint_is_one_line_and_the_folder_is_removed(small_disk):
+    """The free-space check passed (here: turned off) and the disk fills while orbax's threads write the
+    final checkpoint: the run waits for the write, then stops with one line naming the folder, the step,
+    the OS's cause and where --resume continues (before: orbax's threads printed 59 tracebacks, "Task
+    exception was never retrieved", "Event loop is closed", absl ERROR lines, and the error was
+    tensorstore's 1,500-character ValueError); the incomplete checkpoint folder is removed, freeing its
+    space."""
+    out = small_disk / "run"
+    fill_disk(small_disk, leave=64 << 10)  # config.json, metrics.jsonl and the event file fit; the checkpoint not
+    child = _train_child(out, "--ckpt-every", "0", check=False)
+    assert child.returncode == 2 and child.stderr.count("\n") == 2, child.stderr
+    line = child.stderr.splitlines()[1]
+    assert line == (
+        f"vit train: error: {out / 'checkpoints'}: the checkpoint of step 360 could not be written (No space "
+        "left on device); free some space, then the same command with --resume continues from step 0"
+    )
+    assert not (out / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("tensorboard", [True, False], ids=["tensorboard", "metrics-only"])
+def test_run_files_on_a_full_disk_are_one_line_naming_the_file_and_no_hang(tensorboard, small_disk):
+    """A disk with 8 KiB left: config.json fits, then metrics.jsonl's lines or TensorBoard's event file
+    fill it. One line naming the file, the step and where --resume continues. Before, tensorboardX's writer
+    thread died on the full disk with a traceback and its queue filled, so the next add_scalar blocked for
+    ever (the run hung until killed); without TensorBoard the line was a bare "[Errno 28] No space left on
+    device" (the log's close after the failed flush raised over the named error)."""
+    out = small_disk / "run"
+    fill_disk(small_disk, leave=8 << 10)
+    off = [] if tensorboard else ["--tensorboard", "off"]
+    child = _train_child(out, "--ckpt-every", "0", "--log-every", "1", *off)
+    assert child.returncode == 2 and child.stderr.count("\n") == 2, child.stderr
+    line = child.stderr.splitlines()[1]
+    named = re.fullmatch(
+        "vit train: error: (.+): could not be written at step [0-9]+ \\(No space left on device\\); free "
+        "some space, then the same command with --resume continues from step 0",
+        line,
+    )
+    files = [str(out / "metrics.jsonl")] + ([str(out / "tensorboard")] if tensorboard else [])
+    assert named and named[1] in files, line
+
+
+def test_a_run_whose_config_the_disk_cannot_hold_leaves_no_folder(small_disk):
+    """4 KiB left: config.json does not fit. One line naming it; the run folder and its checkpoints folder,
+    which this run made, are gone again (before: both stayed, empty)."""
+    out = small_disk / "run"
+    fill_disk(small_disk, leave=4 << 10)
+    child = _train_child(out, "--tensorboard", "off")
+    assert child.returncode == 2 and child.stderr.splitlines()[1:] == [
+        f"vit train: error: {out / 'config.json'}: could not be written (No space left on device); nothing was written"
+    ], child.stderr
+    assert not out.exists()
+
+
+def test_a_disk_that_fills_before_the_exports_says_the_training_is_kept_and_resume_exports(small_disk):
+    """The disk fills after the last checkpoint, before the exports (here: the child fills it as the exports
+    start, in front of vit_jax.finetune.export). One line naming the export, the checkpoint that holds the
+    training and that --resume writes the exports (before: "nothing was written" and no word of the
+    finished training); after space is freed the same command with --resume writes them without training
+    again."""
+    out = small_disk / "run"
+    prelude = "\n".join(
+        [
+            "import os, vit_jax.finetune",
+            "export = vit_jax.finetune.export",
+            "def full_then_export(out, *a, **k):",
+            f"    fd = os.open({str(small_disk / 'filler')!r}, os.O_WRONLY | os.O_CREAT)",
+            "    try:",
+            "        while True: os.write(fd, bytes(4096))",
+            "    except OSError: os.close(fd)",
+            "    return export(out, *a, **k)",
+            "vit_jax.finetune.export = full_then_export",
+        ]
+    )
+    child = _train_child(out, "--ckpt-every", "0", "--tensorboard", "off", prelude=prelude)
+    assert child.returncode == 2 and child.stderr.count("\n") == 2, child.stderr
+    line = child.stderr.splitlines()[1]
+    assert line.startswith(f"vit train: error: {out}/") and "could not be written (No space left on device)" in line
+    assert line.endswith(
+        f"; the training is complete (the checkpoint of step 360 in {out / 'checkpoints'}): the same command "
+        "with --resume writes the exports"
+    ), line
+    (small_disk / "filler").unlink()
+    again = _train_child(out, "--ckpt-every", "0", "--tensorboard", "off", "--resume")
+    assert again.returncode == 0, again.stderr
+    assert "nothing to train, exported again" in again.stderr + again.stdout
+    assert (out / "model.safetensors").is_file() and (out / "curves.png").is_file()
