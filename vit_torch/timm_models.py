@@ -134,11 +134,12 @@ def canonical_from_timm(model: nn.Module, cfg: ViTConfig) -> dict[str, np.ndarra
     from timm.layers import GluMlp
 
     from vit_common.checkpoints.formats.rules import to_canonical
+    from vit_common.checkpoints.formats.tensors import materialize
     from vit_common.checkpoints.formats.timm_state import timm_rules
 
     tensors = {k: np.ascontiguousarray(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
     mlp = model.blocks[0].mlp
-    state = to_canonical(timm_rules(cfg, split_gate=hasattr(mlp, "fc1_g")), tensors, type(model).__name__)
+    state = materialize(to_canonical(timm_rules(cfg, split_gate=hasattr(mlp, "fc1_g")), tensors, type(model).__name__))
     if isinstance(mlp, GluMlp) and mlp.gate_last:
         f = cfg.mlp_dim
         state = {k: np.concatenate([v[f:], v[:f]]) if ".mlp.fc1." in k else v for k, v in state.items()}

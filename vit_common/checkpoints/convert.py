@@ -24,9 +24,11 @@ etc.). ``needs(path)`` says which one a path needs, so a caller imports only tha
 Every read checks that each file tensor is used exactly once and each canonical tensor is filled, records
 where each config field came from (declared, derived, assumed, given: ``formats.provenance.Origin``), lists
 the assumed fields that change the function in one block (``Report.assumption_block``: how to supply
-them, then ``field = value (why)`` each), and with ``strict=True`` refuses them. Every write builds all
-tensors in memory first, reads them back through the same format (bit-exact, or it raises), writes
-atomically and says which library call loads the file strictly.
+them, then ``field = value (why)`` each), and with ``strict=True`` refuses them. Every write reads the
+tensors it will write back through the same format first (bit-exact, or it raises), writes atomically
+and says which library call loads the file strictly. Tensors stream (``formats.tensors``): ``convert``
+hands the reader's lazy state to the writer, so each tensor is computed when it is compared and when it
+is written, and held only meanwhile.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from vit_common.checkpoints.formats.source import (
     load_tensors,
     open_source,
 )
+from vit_common.checkpoints.formats.tensors import Tensor, TensorMap, dtype_of, materialize
 from vit_common.checkpoints.hub import is_hub_id, resolve
 from vit_common.checkpoints.metadata import ModelInfo, read_info
 from vit_common.checkpoints.registry import REGISTRY
@@ -93,10 +96,11 @@ Reader = Callable[..., Any]
 
 class Checkpoint(NamedTuple):
     """A checkpoint read: config, canonical state, the report of the reading, and the preprocessing and
-    class names the file declares (or its format assumes), read from the same source."""
+    class names the file declares (or its format assumes), read from the same source. ``state`` holds
+    numpy arrays, or with ``load_checkpoint(lazy=True)`` what the reader streams (``formats.tensors``)."""
 
     cfg: ViTConfig
-    state: dict[str, np.ndarray]
+    state: dict[str, Tensor]
     report: Report
     info: ModelInfo
 
@@ -169,10 +173,10 @@ def _detect(src) -> Format:
     )
 
 
-def _new_head(cfg: ViTConfig, state: dict[str, np.ndarray], k: int, report: Report) -> ViTConfig:
+def _new_head(cfg: ViTConfig, state: dict[str, Tensor], k: int, report: Report) -> ViTConfig:
     validate.check_model_size(cfg.replace(num_classes=k), f"num_classes={k}")
     old = cfg.num_classes
-    dtype = np.asarray(state["patch_embed.proj.weight"]).dtype
+    dtype = dtype_of(state["patch_embed.proj.weight"])
     heads = ("head", "head_dist") if cfg.head_dist else ("head",)
     for name in (f"{h}.{w}" for h in heads for w in ("weight", "bias")):
         if name in state:
@@ -186,7 +190,7 @@ def _new_head(cfg: ViTConfig, state: dict[str, np.ndarray], k: int, report: Repo
     return cfg.replace(num_classes=k)
 
 
-def _resample(cfg: ViTConfig, state: dict[str, np.ndarray], image_size, report: Report) -> ViTConfig:
+def _resample(cfg: ViTConfig, state: dict[str, Tensor], image_size, report: Report) -> ViTConfig:
     new = cfg.replace(image_size=image_size)
     if new.grid == cfg.grid:
         return new
@@ -221,6 +225,7 @@ def load_checkpoint(
     source_image_size: int | tuple[int, int] | None = None,
     readers: Mapping[str, Reader] | None = None,
     strict: bool = False,
+    lazy: bool = False,
     **overrides: Any,
 ) -> Checkpoint:
     """Read any supported checkpoint file or folder, or a hub model id ``hf-hub:ORG/NAME[@REVISION]``
@@ -242,6 +247,9 @@ def load_checkpoint(
         readers: {'torch': fn, 'orbax': fn} from the framework adapters, for those containers.
         strict: refuse to assume: raise if any field that changes the function is not declared or
             derived (``report.assumed`` lists them otherwise, each with a warning).
+        lazy: return the state as the reader streams it (``formats.tensors``: read-only memory-mapped
+            views and ``LazyTensor``s that load when ``np.asarray`` asks) instead of writable arrays in
+            memory; what ``convert`` passes on to the writer.
         overrides: ViTConfig fields replacing inferred ones (num_heads, gelu, ln_eps, pool, dtype...).
 
     Raises:
@@ -314,7 +322,7 @@ def load_checkpoint(
     report.assumptions = [assumption_line(dec.cfg, k, report.provenance[k]) for k in report.assumed]
     report.warnings += [f"{k} holds NaN or Inf" for k in nonfinite(state)]
     report.config = cfg
-    return Checkpoint(cfg, state, report, read_info(src, f))
+    return Checkpoint(cfg, state if lazy else materialize(state), report, read_info(src, f))
 
 
 def read_checkpoint(path: str | os.PathLike, **kwargs: Any) -> tuple[ViTConfig, dict[str, np.ndarray]]:
@@ -333,19 +341,20 @@ def read_checkpoint(path: str | os.PathLike, **kwargs: Any) -> tuple[ViTConfig, 
 # --------------------------------------------------------------------------------------- writing
 
 
+def _same(a, b) -> bool:
+    """Whether two tensors (arrays or lazy ones, loaded one at a time) are bit-identical."""
+    if dtype_of(a) != dtype_of(b) or np.shape(a) != np.shape(b):
+        return False
+    a, b = np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1)
+    return np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
 def _read_back(f: Format, enc: Encoded, assumed: Sequence[str]) -> list[str]:
     """Decode the encoded tensors in memory; raise if any tensor differs, return what the format loses
     (a field it does not record, or the fact that a field was assumed)."""
     dec = f.decode(enc)
     state = enc.state
-    bad = [
-        k
-        for k, v in state.items()
-        if k not in dec.state
-        or np.asarray(v).dtype != dec.state[k].dtype
-        or np.shape(v) != np.shape(dec.state[k])
-        or np.ascontiguousarray(v).tobytes() != np.ascontiguousarray(dec.state[k]).tobytes()
-    ]
+    bad = [k for k, v in state.items() if k not in dec.state or not _same(v, dec.state[k])]
     if bad or set(dec.state) != set(state):
         raise AssertionError(f"{f.name} writer does not read back bit-exact: {bad or set(dec.state) ^ set(state)}")
     lost = []
@@ -402,7 +411,7 @@ def check_assumed(
 def save_checkpoint(
     path: str | os.PathLike,
     cfg: ViTConfig,
-    state: Mapping[str, np.ndarray],
+    state: TensorMap,
     fmt: str | None = None,
     *,
     writers: Mapping[str, Callable] | None = None,
@@ -479,7 +488,7 @@ def convert(
     """
     src = open_checkpoint(src)
     io.check_apart(dst, {"the source": src.path})
-    ckpt = load_checkpoint(src, fmt=from_fmt, readers=readers, **read_options)
+    ckpt = load_checkpoint(src, fmt=from_fmt, readers=readers, lazy=True, **read_options)
     info = ckpt.info
     declared = dict(
         preprocess=info.preprocess if info.preprocess_source.startswith("declared") else None,

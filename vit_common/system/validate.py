@@ -212,14 +212,19 @@ def check_weights(state: Mapping[str, Any], context: str) -> None:
     Raises:
         ValueError: naming the tensors and their dtypes.
     """
-    bad = [f"{k} ({np.asarray(v).dtype})" for k, v in state.items() if not is_float(v)]
+    bad = [f"{k} ({_dtype(v)})" for k, v in state.items() if not is_float(v)]
     if bad:
         raise ValueError(f"{context}: tensors that are not floating point: {', '.join(bad)}")
 
 
+def _dtype(a: Any) -> np.dtype:
+    """``a``'s dtype, without loading a lazy array (anything with a ``dtype``)."""
+    return np.dtype(a.dtype) if hasattr(a, "dtype") else np.asarray(a).dtype
+
+
 def is_float(a: Any) -> bool:
-    """True for float16/32/64 and bfloat16 (ml_dtypes) arrays."""
-    dtype = np.asarray(a).dtype
+    """True for float16/32/64 and bfloat16 (ml_dtypes) arrays (lazy ones not loaded)."""
+    dtype = _dtype(a)
     return np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16"
 
 

@@ -31,6 +31,7 @@ warned, since files written from other models exist. ``NpzFormat`` is the format
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -66,6 +67,7 @@ from vit_common.checkpoints.formats.rules import (
     unsupported,
 )
 from vit_common.checkpoints.formats.source import NPZ_PREFIXES
+from vit_common.checkpoints.formats.tensors import LazyTensor, Tensor, TensorMap, dtype_of
 from vit_common.checkpoints.formats.timm_state import timm_load_call
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
@@ -211,7 +213,7 @@ def rules(cfg: ViTConfig, layout: Layout) -> list[Rule]:
 
 
 def read(
-    tensors: Mapping[str, np.ndarray],
+    tensors: TensorMap,
     *,
     source_image_size: tuple[int, int] | None = None,
     overrides: Mapping[str, Any] = (),
@@ -366,9 +368,11 @@ def cannot_hold(cfg: ViTConfig) -> list[str]:
     )
 
 
-def prepare(
-    cfg: ViTConfig, state: Mapping[str, np.ndarray], family: str
-) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
+def _widen(v) -> np.ndarray:
+    return np.asarray(v).astype(np.float32)
+
+
+def prepare(cfg: ViTConfig, state: TensorMap, family: str) -> tuple[ViTConfig, dict[str, Tensor], list[str]]:
     """Config and tensors as ``family`` ('original_vit' | 'big_vision') holds them.
 
     The original ViT only has learned position embeddings with prefix rows (a table without them gets
@@ -386,8 +390,8 @@ def prepare(
         cfg, state, posemb_notes = materialize_posemb(cfg, state, prefix_rows=True)
         notes += posemb_notes
     state = dict(state)
-    if any(np.asarray(v).dtype.name == "bfloat16" for v in state.values()):
-        state = {k: np.asarray(v).astype(np.float32) for k, v in state.items()}
+    if any(dtype_of(v).name == "bfloat16" for v in state.values()):
+        state = {k: LazyTensor(np.shape(v), np.float32, functools.partial(_widen, v)) for k, v in state.items()}
         cfg = cfg.replace(param_dtype="float32")
         notes.append("bfloat16 tensors written as float32 (exact; .npz has no portable bfloat16)")
     return cfg, state, notes
@@ -395,12 +399,12 @@ def prepare(
 
 def write(
     cfg: ViTConfig,
-    state: Mapping[str, np.ndarray],
+    state: TensorMap,
     family: str,
     *,
     prefix: str | None = None,
     scan: bool = False,
-) -> dict[str, np.ndarray]:
+) -> dict[str, Tensor]:
     """File tensors of an already ``prepare``d state in ``family``'s layout.
 
     ``prefix`` defaults to '' (original_vit) or 'params/' (big_vision); ``scan`` stacks the blocks.

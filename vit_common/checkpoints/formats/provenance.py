@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.tensors import dtype_of
 from vit_common.config import FUNCTION_FIELDS, VARIANTS, ViTConfig
+from vit_common.system.validate import is_float
 
 DECLARED, DERIVED, ASSUMED, GIVEN = "declared", "derived", "assumed", "given"
 
@@ -84,13 +84,9 @@ def positive_dims(shape: tuple[int, ...], name: str, context: str) -> tuple[int,
     return tuple(int(n) for n in shape)
 
 
-def common_float_dtype(tensors: Mapping[str, np.ndarray]) -> str | None:
+def common_float_dtype(tensors: Mapping[str, Any]) -> str | None:
     """The one floating dtype name all float tensors share, or None if they are mixed or absent."""
-    names = {
-        np.dtype(np.asarray(v).dtype).name
-        for v in tensors.values()
-        if np.issubdtype(np.asarray(v).dtype, np.floating) or np.asarray(v).dtype.name == "bfloat16"
-    }
+    names = {dtype_of(v).name for v in tensors.values() if is_float(v)}
     return names.pop() if len(names) == 1 else None
 
 

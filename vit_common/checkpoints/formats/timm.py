@@ -15,7 +15,6 @@ holds the state_dict reading and the one mapping from a ViTConfig to timm's keyw
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
 from vit_common.checkpoints.formats.rules import materialize_posemb, refuse
 from vit_common.checkpoints.formats.source import TORCH_SUFFIXES, read_safetensors
 from vit_common.checkpoints.formats.stored_config import assumed_meta, config_from_json, decode_stored
+from vit_common.checkpoints.formats.tensors import TensorMap, dtype_of
 from vit_common.checkpoints.formats.timm_hub import (
     HUB_WEIGHTS,
     hub_config,
@@ -69,7 +69,7 @@ class TimmWriteOptions(WriteOptions):
     )
 
 
-def _shared(weights_from: str, tensors: Mapping[str, np.ndarray], path: Path) -> tuple[dict | None, str]:
+def _shared(weights_from: str, tensors: TensorMap, path: Path) -> tuple[dict | None, str]:
     """(``weights_from``'s metadata, "") if it holds exactly ``tensors`` and ``path`` can share its bytes;
     else (None, a note saying why the tensors are written instead: a .pth/.bin destination is a pickle,
     or the file holds other tensors, e.g. a sincos2d model's, which the timm file holds as a table).
@@ -83,9 +83,9 @@ def _shared(weights_from: str, tensors: Mapping[str, np.ndarray], path: Path) ->
     bad = sorted(set(held) ^ set(tensors)) + [
         k
         for k in sorted(set(held) & set(tensors))
-        if held[k].dtype != tensors[k].dtype
-        or held[k].shape != tensors[k].shape
-        or held[k].tobytes() != tensors[k].tobytes()
+        if held[k].dtype != dtype_of(tensors[k])
+        or held[k].shape != np.shape(tensors[k])
+        or held[k].tobytes() != np.ascontiguousarray(tensors[k]).tobytes()
     ]
     if bad:
         return None, f"{weights_from} does not hold exactly these tensors ({', '.join(bad[:4])}): written, not shared"
@@ -166,7 +166,7 @@ class Timm(Format):
     def encode(self, cfg: ViTConfig, state, path: Path, options: TimmWriteOptions, assumed=()) -> Encoded:
         refuse("timm", self.cannot_hold(cfg))
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=False)
-        tensors = {k: np.ascontiguousarray(state[k]) for k in canonical_shapes(cfg)}
+        tensors = {k: state[k] for k in canonical_shapes(cfg)}
         meta = config = shared = None
         if Path(path).suffix not in TORCH_SUFFIXES:
             meta = {"format": "pt", META_TAG[0]: META_TAG[1], "vit_config": cfg.to_json()} | assumed_meta(assumed)
