@@ -145,6 +145,18 @@ def tables(cfg: Any, grid: tuple[int, int], periods: np.ndarray | None = None) -
     return np.sin(theta), np.cos(theta)
 
 
+def mixed_init(cfg: Any, rng: np.random.Generator) -> np.ndarray:
+    """float32 [2, depth, N, hd/2]: RoPE-Mixed's initial frequencies (Heo et al. 2024; timm
+    ``init_random_2d_freqs`` with temperature 10): magnitudes ``10^(-4k/hd)``, k < hd/4, at a random angle
+    phi per block and head, fx = [m cos phi, m cos(phi + pi/2)], fy = [m sin phi, m sin(phi + pi/2)].
+    An initialisation only: a checkpoint's ``rope.freqs`` are read, never regenerated."""
+    mag = 1.0 / 10.0 ** (np.arange(0, cfg.head_dim, 4)[: cfg.head_dim // 4] / cfg.head_dim)  # [hd/4]
+    phi = rng.uniform(0, 2 * np.pi, (cfg.depth, cfg.num_heads, 1))
+    fx = np.concatenate([mag * np.cos(phi), mag * np.cos(phi + np.pi / 2)], axis=-1)
+    fy = np.concatenate([mag * np.sin(phi), mag * np.sin(phi + np.pi / 2)], axis=-1)
+    return np.stack([fx, fy]).astype(np.float32)
+
+
 def check_periods(cfg: Any, periods: np.ndarray) -> None:
     """Raise ValueError unless ``periods`` is a positive finite [hd/4] vector (a stored ``rope.periods``)."""
     p = np.asarray(periods, dtype=np.float64)
