@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from vit_common import accounting
+from vit_common.accounting import Accounting
 from vit_common.posemb import METHODS
 from vit_common.rope import INDEXING, LAYOUTS, NORMALIZE, PERIODS, TYPES, check_config
 from vit_common.system.validate import Range, check_fields, int_in
@@ -98,7 +98,7 @@ RATE = Range(0, 1, hi_open=True)
 
 
 @dataclass(frozen=True)
-class ViTConfig:
+class ViTConfig(Accounting):
     """Every architectural choice of a ViT, as timm, big_vision and the original ViT need them.
 
     Defaults are timm's ``vit_base_patch16_224`` (exact GELU, LayerNorm eps 1e-6, class-token pooling).
@@ -546,16 +546,6 @@ class ViTConfig:
             if all(getattr(self, k) == v for k, v in row.items()):
                 return name
         return None
-
-    # ------------------------------------------------------------------------------ accounting
-    def param_count(self) -> int:
-        """Number of trainable parameters, counted from the architecture (``vit_common.accounting``)."""
-        return accounting.param_count(self)
-
-    def flops(self, image_size: tuple[int, int] | int | None = None) -> int:
-        """Forward FLOPs per image at ``image_size`` (default this config's); formula and conventions in
-        ``vit_common.accounting.flops``."""
-        return accounting.flops(self, image_size)
 
 
 FUNCTION_FIELDS = tuple(f.name for f in dataclasses.fields(ViTConfig) if f.name not in RUNTIME_FIELDS)
