@@ -241,3 +241,28 @@ def test_twins_agree_in_float64_on_every_rope_setting(case, x64):
         c = compare(case, j, t, "tensor", "float64")
         assert c.ok, str(c)
     assert jax.config.jax_enable_x64
+
+
+@pytest.mark.parametrize(
+    "name, size",
+    [
+        ("vit_base_patch16_dinov3", 64),
+        ("vit_base_patch16_rope_224", 64),
+        ("vit_pe_core_tiny_patch16_384", 64),
+        ("vit_base_patch16_rope_mixed_224", 64),
+    ],
+)
+def test_bare_timm_rope_state_dict_is_refused_not_misread(name, size, tmp_path):
+    """A timm RoPE model's bare state_dict holds none of its rotary settings: once it was read as a ViT
+    without position information (DINOv3, RoPE-ViT) or without RoPE (PE); now it is refused, naming how
+    to load it."""
+    from safetensors.torch import save_file
+
+    from vit_common.checkpoints.convert import load_checkpoint
+
+    m = timm.create_model(name, pretrained=False, img_size=size, embed_dim=64, depth=1, num_heads=4, num_classes=10)
+    path = tmp_path / "m.safetensors"
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, path)
+    with pytest.raises(ValueError, match="rotary|RoPE") as e:
+        load_checkpoint(path)
+    assert "hub folder" in str(e.value) or "rope.freqs" in str(e.value)
