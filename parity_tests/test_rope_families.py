@@ -141,7 +141,7 @@ def test_tables_equal_timm(kind, grid):
     tm, jm = TorchRope(cfg), JaxRope(cfg)
     if cfg.rope == "mixed":
         tm.freqs.data = torch.as_tensor(state["freqs"])
-        jm.freqs.value = jnp.asarray(state["freqs"])
+        jm.freqs.set_value(jnp.asarray(state["freqs"]))
     with torch.no_grad():
         sin_t, cos_t = (t.numpy() for t in tm(grid, torch.device("cpu")))
     sin_j, cos_j = (np.asarray(t) for t in jm(grid))
@@ -173,7 +173,7 @@ def test_dinov3_periods_choice_stored_or_computed():
     assert not np.array_equal(bf16, rope_np.dinov3_periods(64, 100.0))
     plain = {k: v for k, v in state.items() if k != "rope.periods"}
     sd = canonical_to_eva(computed, plain, layout_of(m.state_dict()))
-    m.load_state_dict({k: torch.as_tensor(v) for k, v in sd.items()}, strict=True)
+    m.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in sd.items()}, strict=True)
     images = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         timm_numbers = m(images).numpy()

@@ -14,7 +14,8 @@ Tensors: files from ``save_pretrained`` name blocks ``layer.{i}.``, the model in
 [q; k; v] (biases into ``attn.qkv.bias`` with ``key_bias``, else ``attn.q_bias`` / ``attn.v_bias``);
 ``o_proj`` is ``attn.proj``; the gated MLP's ``gate_proj`` and ``up_proj`` pack into ``mlp.fc1`` (gate
 rows first), ``down_proj`` is ``mlp.fc2``; a plain MLP's ``up_proj`` is ``fc1``. ``embeddings.mask_token``
-(training only) is ignored when read and written as zeros.
+(training only) is ignored when read and written as zeros. Fused and split tensors are ``LazyTensor``s
+over the source's (``vit_common.checkpoints.formats.tensors``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.tensors import Tensor, TensorMap, concat_rows, dtype_of, row_slice
 from vit_common.config import ViTConfig
 
 MODEL_TYPE = "dinov3_vit"
@@ -128,11 +130,11 @@ def cannot_hold(cfg: ViTConfig) -> list[str]:
     return out
 
 
-def to_canonical(cfg: ViTConfig, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def to_canonical(cfg: ViTConfig, tensors: TensorMap) -> dict[str, Tensor]:
     """A ``dinov3_vit`` state (file or in-memory names) -> the canonical state of ``cfg``; the caller checks
     it against ``canonical_shapes``."""
     t = {re.sub(r"^model\.layer\.", "layer.", k): v for k, v in tensors.items() if k != "embeddings.mask_token"}
-    out: dict[str, np.ndarray] = {"cls_token": t.pop("embeddings.cls_token")} if "embeddings.cls_token" in t else {}
+    out: dict[str, Tensor] = {"cls_token": t.pop("embeddings.cls_token")} if "embeddings.cls_token" in t else {}
     if cfg.reg_tokens and "embeddings.register_tokens" in t:
         out["reg_token"] = t.pop("embeddings.register_tokens")
     t.pop("embeddings.register_tokens", None)  # (1, 0, D) without registers
@@ -143,9 +145,9 @@ def to_canonical(cfg: ViTConfig, tensors: Mapping[str, np.ndarray]) -> dict[str,
         a, b = f"layer.{i}", f"blocks.{i}"
         qkv = [f"{a}.attention.{n}_proj" for n in "qkv"]
         if all(f"{p}.weight" in t for p in qkv):
-            out[f"{b}.attn.qkv.weight"] = np.concatenate([t.pop(f"{p}.weight") for p in qkv])
+            out[f"{b}.attn.qkv.weight"] = concat_rows([t.pop(f"{p}.weight") for p in qkv])
         if f"{a}.attention.k_proj.bias" in t and all(f"{p}.bias" in t for p in qkv):
-            out[f"{b}.attn.qkv.bias"] = np.concatenate([t.pop(f"{p}.bias") for p in qkv])
+            out[f"{b}.attn.qkv.bias"] = concat_rows([t.pop(f"{p}.bias") for p in qkv])
         for n in "qv":
             if f"{a}.attention.{n}_proj.bias" in t:
                 out[f"{b}.attn.{n}_bias"] = t.pop(f"{a}.attention.{n}_proj.bias")
@@ -158,7 +160,7 @@ def to_canonical(cfg: ViTConfig, tensors: Mapping[str, np.ndarray]) -> dict[str,
                 f"{a}.mlp.down_proj.{leaf}": f"{b}.mlp.fc2.{leaf}",
             }
             if gated and f"{a}.mlp.up_proj.{leaf}" in t:
-                out[f"{b}.mlp.fc1.{leaf}"] = np.concatenate(
+                out[f"{b}.mlp.fc1.{leaf}"] = concat_rows(
                     [t.pop(f"{a}.mlp.gate_proj.{leaf}"), t.pop(f"{a}.mlp.up_proj.{leaf}")]
                 )
             else:
@@ -170,10 +172,10 @@ def to_canonical(cfg: ViTConfig, tensors: Mapping[str, np.ndarray]) -> dict[str,
     return out | t  # what is left is reported by the shape check
 
 
-def from_canonical(cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def from_canonical(cfg: ViTConfig, state: TensorMap) -> dict[str, Tensor]:
     """The canonical state of ``cfg`` (``cannot_hold`` empty) -> ``save_pretrained``'s tensor names."""
     d, f = cfg.width, cfg.mlp_dim
-    dtype = state["cls_token"].dtype
+    dtype = dtype_of(state["cls_token"])
     out = {
         "embeddings.cls_token": state["cls_token"],
         "embeddings.mask_token": np.zeros((1, 1, d), dtype),
@@ -187,11 +189,9 @@ def from_canonical(cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> dict[str,
         a, b = f"layer.{i}", f"blocks.{i}"
         w = state[f"{b}.attn.qkv.weight"]
         for j, n in enumerate("qkv"):
-            out[f"{a}.attention.{n}_proj.weight"] = np.ascontiguousarray(w[j * d : (j + 1) * d])
+            out[f"{a}.attention.{n}_proj.weight"] = row_slice(w, j * d, (j + 1) * d)
             if f"{b}.attn.qkv.bias" in state:
-                out[f"{a}.attention.{n}_proj.bias"] = np.ascontiguousarray(
-                    state[f"{b}.attn.qkv.bias"][j * d : (j + 1) * d]
-                )
+                out[f"{a}.attention.{n}_proj.bias"] = row_slice(state[f"{b}.attn.qkv.bias"], j * d, (j + 1) * d)
             elif n != "k" and f"{b}.attn.{n}_bias" in state:
                 out[f"{a}.attention.{n}_proj.bias"] = state[f"{b}.attn.{n}_bias"]
         for leaf in ("weight", "bias"):
@@ -199,8 +199,8 @@ def from_canonical(cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> dict[str,
             out[f"{a}.norm1.{leaf}"], out[f"{a}.norm2.{leaf}"] = state[f"{b}.norm1.{leaf}"], state[f"{b}.norm2.{leaf}"]
             fc1 = state[f"{b}.mlp.fc1.{leaf}"]
             if cfg.mlp_type == "swiglu":
-                out[f"{a}.mlp.gate_proj.{leaf}"] = np.ascontiguousarray(fc1[:f])
-                out[f"{a}.mlp.up_proj.{leaf}"] = np.ascontiguousarray(fc1[f:])
+                out[f"{a}.mlp.gate_proj.{leaf}"] = row_slice(fc1, 0, f)
+                out[f"{a}.mlp.up_proj.{leaf}"] = row_slice(fc1, f, 2 * f)
             else:
                 out[f"{a}.mlp.up_proj.{leaf}"] = fc1
             out[f"{a}.mlp.down_proj.{leaf}"] = state[f"{b}.mlp.fc2.{leaf}"]

@@ -14,7 +14,9 @@ so that a write reproduces it:
 
 Every other key (``attn.norm``, ``mlp.norm``, ``rope.freqs``, ``attn_pool.*``...) is canonical as it is.
 timm keeps its RoPE periods, bands and tables in non-persistent buffers: an Eva file holds no RoPE
-tensor but ``rope.freqs`` (``mixed``); the RoPE settings come from the architecture.
+tensor but ``rope.freqs`` (``mixed``); the RoPE settings come from the architecture. Gathered and split
+tensors are ``LazyTensor``s over the file's (``vit_common.checkpoints.formats.tensors``): nothing loads
+until a writer or a twin asks.
 """
 
 from __future__ import annotations
@@ -23,8 +25,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
-
+from vit_common.checkpoints.formats.tensors import Tensor, TensorMap, concat_rows, row_slice
 from vit_common.config import ViTConfig
 
 
@@ -65,10 +66,10 @@ def _partner(key: str) -> str | None:
     return None
 
 
-def eva_to_canonical(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def eva_to_canonical(state: TensorMap) -> dict[str, Tensor]:
     """An Eva state dict -> canonical names and layouts. A key of a split group whose gathering key is
     absent stays as it is, for the caller's check against ``canonical_shapes`` to report."""
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, Tensor] = {}
     for key, value in state.items():
         if (p := _partner(key)) is not None and p in state:
             continue  # gathered with its group below
@@ -76,22 +77,22 @@ def eva_to_canonical(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             out[f"{m[1]}.ls{m[2]}.gamma"] = value
         elif key.endswith(".attn.q_proj.weight"):
             b = key[: -len(".q_proj.weight")]
-            out[f"{b}.qkv.weight"] = np.concatenate([state[f"{b}.{n}_proj.weight"] for n in "qkv"])
+            out[f"{b}.qkv.weight"] = concat_rows([state[f"{b}.{n}_proj.weight"] for n in "qkv"])
             if f"{b}.k_proj.bias" in state:  # AttentionRope: three biases
-                out[f"{b}.qkv.bias"] = np.concatenate([state[f"{b}.{n}_proj.bias"] for n in "qkv"])
+                out[f"{b}.qkv.bias"] = concat_rows([state[f"{b}.{n}_proj.bias"] for n in "qkv"])
             elif f"{b}.q_proj.bias" in state:  # EvaAttention: no key bias
                 out[f"{b}.q_bias"], out[f"{b}.v_bias"] = state[f"{b}.q_proj.bias"], state[f"{b}.v_proj.bias"]
         elif (m := re.match(r"^(.*\.mlp)\.fc1_g\.(weight|bias)$", key)) and f"{m[1]}.fc1_x.{m[2]}" in state:
-            out[f"{m[1]}.fc1.{m[2]}"] = np.concatenate([value, state[f"{m[1]}.fc1_x.{m[2]}"]])  # gate rows first
+            out[f"{m[1]}.fc1.{m[2]}"] = concat_rows([value, state[f"{m[1]}.fc1_x.{m[2]}"]])  # gate rows first
         else:
             out[key] = value
     return out
 
 
-def canonical_to_eva(cfg: ViTConfig, state: Mapping[str, np.ndarray], layout: EvaLayout) -> dict[str, np.ndarray]:
+def canonical_to_eva(cfg: ViTConfig, state: TensorMap, layout: EvaLayout) -> dict[str, Tensor]:
     """The canonical state -> an Eva state dict in ``layout`` (the inverse of ``eva_to_canonical``)."""
     d, f = cfg.width, cfg.mlp_dim
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, Tensor] = {}
     for key, value in state.items():
         m = re.match(r"^(blocks\.\d+)\.ls([12])\.gamma$", key)
         b, _, leaf = key.rpartition(".")
@@ -100,12 +101,12 @@ def canonical_to_eva(cfg: ViTConfig, state: Mapping[str, np.ndarray], layout: Ev
         elif layout.qkv == "split" and b.endswith(".attn.qkv"):
             a = b[: -len(".qkv")]
             for i, n in enumerate("qkv"):
-                out[f"{a}.{n}_proj.{leaf}"] = np.ascontiguousarray(value[i * d : (i + 1) * d])
+                out[f"{a}.{n}_proj.{leaf}"] = row_slice(value, i * d, (i + 1) * d)
         elif layout.qkv == "split" and key.endswith((".attn.q_bias", ".attn.v_bias")):
             out[f"{b}.{leaf[0]}_proj.bias"] = value
         elif layout.mlp == "split" and cfg.mlp_type == "swiglu" and re.match(r"^blocks\.\d+\.mlp\.fc1$", b):
-            out[f"{b}_g.{leaf}"] = np.ascontiguousarray(value[:f])
-            out[f"{b}_x.{leaf}"] = np.ascontiguousarray(value[f:])
+            out[f"{b}_g.{leaf}"] = row_slice(value, 0, f)
+            out[f"{b}_x.{leaf}"] = row_slice(value, f, 2 * f)
         else:
             out[key] = value
     return out
