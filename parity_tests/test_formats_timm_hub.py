@@ -108,13 +108,24 @@ def test_a_hub_folder_of_a_gated_mlp_model_reads_through_timm_exactly(tmp_path, 
 
 
 @pytest.mark.parametrize(
-    "name, kwargs, refused",
-    [("eva02_tiny_patch14_224", dict(embed_dim=32, depth=1, num_heads=2, img_size=28), "is a Eva")],
+    "name, size",
+    [
+        ("eva02_base_patch14_224", 28),  # split q/k/v without a key bias, split SwiGLU with its inner norm
+        ("vit_base_patch16_dinov3_qkvb", 32),  # RoPE dinov3, q/v biases, registers
+        ("vit_pe_core_tiny_patch16_384", 32),  # RoPE cat xy offset 1, norm_pre, a MAP head of 8 heads
+        ("vit_base_patch16_rope_mixed_224", 32),  # learned RoPE frequencies (rope.freqs)
+    ],
 )
-def test_a_hub_folder_of_a_model_the_twins_lack_is_refused_by_name(tmp_path, perturb, name, kwargs, refused):
-    _hub_folder(tmp_path / "m", name, perturb, **kwargs)
-    with pytest.raises(FormatError, match=refused):
-        load_checkpoint(tmp_path / "m", readers=READERS)
+def test_a_hub_folder_of_a_rope_backbone_loads_with_nothing_assumed(tmp_path, perturb, images, name, size):
+    """timm Eva models (once refused: "is a Eva"): config.json declares the architecture, timm builds it,
+    and the torch twin equals timm's model."""
+    kw = dict(embed_dim=32, depth=1, num_heads=2, img_size=size, num_classes=3)
+    tm = _hub_folder(tmp_path / "m", name, perturb, **kw)
+    ckpt = load_checkpoint(tmp_path / "m", readers=READERS, strict=True)
+    assert ckpt.cfg.rope != "none" and ckpt.report.assumed == []
+    x = images(2, (size, size))
+    c = compare("logits", _logits(from_numpy(ckpt.cfg, ckpt.state), x), _logits(tm, x), "tensor", "float32")
+    assert c.ok, c
 
 
 def test_pretrained_cfg_declares_the_preprocessing_and_label_names(tmp_path, perturb):

@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vit_common.config import ViTConfig
 from vit_common.posemb import resample_matrices, sincos2d
+from vit_torch.rope import RotaryEmbedding, apply_rope
 
 
 def _dt(name: str) -> torch.dtype:
@@ -131,29 +132,47 @@ class Attention(nn.Module):
 
     Two paths: fused (``F.scaled_dot_product_attention``) and explicit (logits and softmax written
     out), which alone returns probabilities. Both compute logits and softmax in at least float32.
+    Without a key bias (cfg.k_bias False) the q and v biases are ``q_bias`` and ``v_bias`` (timm
+    ``EvaAttention``); with RoPE the patch tokens of q and k are rotated after qk_norm; ``norm``
+    (cfg.attn_inner_norm) normalises the heads' output before ``proj`` (timm ``scale_attn_inner``).
     """
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.num_prefix_tokens, self.rope_layout = cfg.num_prefix_tokens, cfg.rope_layout
         self.fused = cfg.attn_impl == "fused"
-        self.qkv = _linear(cfg, cfg.width, 3 * cfg.width, bias=cfg.qkv_bias)
+        self.qkv = _linear(cfg, cfg.width, 3 * cfg.width, bias=cfg.qkv_bias and cfg.k_bias)
+        qv_bias = cfg.qkv_bias and not cfg.k_bias
+        self.q_bias = nn.Parameter(torch.zeros(cfg.width, dtype=_dt(cfg.param_dtype))) if qv_bias else None
+        self.v_bias = nn.Parameter(torch.zeros(cfg.width, dtype=_dt(cfg.param_dtype))) if qv_bias else None
         self.q_norm = _layer_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
         self.k_norm = _layer_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
         self.attn_drop = nn.Dropout(cfg.attn_dropout)
+        self.norm = _layer_norm(cfg, cfg.width) if cfg.attn_inner_norm else None
         self.proj = _linear(cfg, cfg.width, cfg.width)
         self.proj_drop = nn.Dropout(cfg.dropout)
 
     def forward(
-        self, x: torch.Tensor, *, return_attn: bool = False, masks: dict | None = None
+        self,
+        x: torch.Tensor,
+        *,
+        return_attn: bool = False,
+        masks: dict | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x [B, L, D] -> ([B, L, D], probabilities [B, N, L, L] or None); ``masks`` {"attn_drop":
-        [B, N, L, L], "proj_drop": [B, L, D]} the parity mode's dropout keep masks (explicit path)."""
+        [B, N, L, L], "proj_drop": [B, L, D]} the parity mode's dropout keep masks (explicit path);
+        ``rope`` (sin, cos) [Np, hd] or [N, Np, hd] (``RotaryEmbedding``)."""
         b, l, d = x.shape
-        qkv = self.qkv(x).reshape(b, l, 3, self.num_heads, self.head_dim)  # [B, L, 3, N, D/N]
-        q, k, v = qkv.unbind(2)  # each [B, L, N, D/N]
+        qkv = self.qkv(x)  # [B, L, 3D]
+        if self.q_bias is not None:
+            qkv = qkv + torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias]).to(qkv.dtype)
+        q, k, v = qkv.reshape(b, l, 3, self.num_heads, self.head_dim).unbind(2)  # each [B, L, N, D/N]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = (apply_rope(t, *rope, self.num_prefix_tokens, self.rope_layout) for t in (q, k))
         scale = self.head_dim**-0.5
         if self.fused and not return_attn and masks is None:
             p = self.attn_drop.p if self.training else 0.0
@@ -163,7 +182,10 @@ class Attention(nn.Module):
             probs = None
         else:
             out, probs = _attend(q, k, v, scale, lambda p: _drop(self.attn_drop, p, masks, "attn_drop"))
-        x = _drop(self.proj_drop, self.proj(out.reshape(b, l, d)), masks, "proj_drop")  # [B, L, D]
+        out = out.reshape(b, l, d)
+        if self.norm is not None:
+            out = self.norm(out)
+        x = _drop(self.proj_drop, self.proj(out), masks, "proj_drop")  # [B, L, D]
         return x, probs
 
 
@@ -173,22 +195,26 @@ def quick_gelu(x: torch.Tensor) -> torch.Tensor:
 
 
 class Mlp(nn.Module):
-    """fc1 -> GELU (cfg.gelu: 'exact' erf, 'tanh' or 'quick') -> dropout -> fc2 -> dropout."""
+    """fc1 -> GELU (cfg.gelu: 'exact' erf, 'tanh' or 'quick') -> dropout -> (norm) -> fc2 -> dropout.
 
-    def __init__(self, cfg: ViTConfig):
+    ``hidden`` F (default cfg.mlp_dim); ``norm`` over F when ``inner_norm`` (timm ``scale_mlp``)."""
+
+    def __init__(self, cfg: ViTConfig, hidden: int | None = None, inner_norm: bool = False):
         super().__init__()
+        f = hidden or cfg.mlp_dim
         self.quick = cfg.gelu == "quick"
         self.approximate = "tanh" if cfg.gelu == "tanh" else "none"
-        self.fc1 = _linear(cfg, cfg.width, cfg.mlp_dim)
+        self.fc1 = _linear(cfg, cfg.width, f)
         self.drop1 = nn.Dropout(cfg.dropout)
-        self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width)
+        self.norm = _layer_norm(cfg, f) if inner_norm else None
+        self.fc2 = _linear(cfg, f, cfg.width)
         self.drop2 = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, masks: dict | None = None) -> torch.Tensor:
         """x [..., D] -> [..., D]; ``masks`` {"drop1": [..., F], "drop2": [..., D]} (parity mode)."""
         h = self.fc1(x)
-        h = quick_gelu(h) if self.quick else F.gelu(h, approximate=self.approximate)
-        return _drop(self.drop2, self.fc2(_drop(self.drop1, h, masks, "drop1")), masks, "drop2")
+        h = _drop(self.drop1, quick_gelu(h) if self.quick else F.gelu(h, approximate=self.approximate), masks, "drop1")
+        return _drop(self.drop2, self.fc2(h if self.norm is None else self.norm(h)), masks, "drop2")
 
 
 class GluMlp(nn.Module):
@@ -198,10 +224,11 @@ class GluMlp(nn.Module):
     gate_last=False)``; HF ``Dinov2SwiGLUFFN`` computes the same with ``gate_proj`` and ``up_proj``).
     """
 
-    def __init__(self, cfg: ViTConfig):
+    def __init__(self, cfg: ViTConfig, inner_norm: bool = False):
         super().__init__()
         self.fc1 = _linear(cfg, cfg.width, 2 * cfg.mlp_dim)
         self.drop1 = nn.Dropout(cfg.dropout)
+        self.norm = _layer_norm(cfg, cfg.mlp_dim) if inner_norm else None  # timm SwiGLU scale_mlp
         self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width)
         self.drop2 = nn.Dropout(cfg.dropout)
 
@@ -209,7 +236,7 @@ class GluMlp(nn.Module):
         """x [..., D] -> [..., D]; ``masks`` {"drop1": [..., F], "drop2": [..., D]} (parity mode)."""
         gate, value = self.fc1(x).chunk(2, dim=-1)  # each [..., F]
         h = _drop(self.drop1, F.silu(gate) * value, masks, "drop1")
-        return _drop(self.drop2, self.fc2(h), masks, "drop2")
+        return _drop(self.drop2, self.fc2(h if self.norm is None else self.norm(h)), masks, "drop2")
 
 
 class LayerScale(nn.Module):
@@ -255,7 +282,8 @@ class Block(nn.Module):
         self.ls1 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = _layer_norm(cfg, cfg.width)
-        self.mlp = GluMlp(cfg) if cfg.mlp_type == "swiglu" else Mlp(cfg)
+        inner = cfg.mlp_inner_norm
+        self.mlp = GluMlp(cfg, inner_norm=inner) if cfg.mlp_type == "swiglu" else Mlp(cfg, inner_norm=inner)
         self.ls2 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path2 = DropPath(drop_path)
 
@@ -266,12 +294,14 @@ class Block(nn.Module):
         return_attn: bool = False,
         drop_mask: torch.Tensor | None = None,
         masks: dict | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x [B, L, D] -> ([B, L, D], probabilities or None); ``drop_mask`` [B, 2]: both branches' drop-path
         masks (parity mode), else drawn; ``masks`` the block's dropout masks by path ("attn.attn_drop",
-        "attn.proj_drop", "mlp.drop1", "mlp.drop2"; parity mode), else drawn."""
+        "attn.proj_drop", "mlp.drop1", "mlp.drop2"; parity mode), else drawn; ``rope`` this block's
+        RoPE tables (``Attention``)."""
         m1, m2 = (None, None) if drop_mask is None else (drop_mask[:, 0], drop_mask[:, 1])
-        y, probs = self.attn(self.norm1(x), return_attn=return_attn, masks=_sub(masks, "attn"))
+        y, probs = self.attn(self.norm1(x), return_attn=return_attn, masks=_sub(masks, "attn"), rope=rope)
         x = x + self.drop_path1(self.ls1(y) if self.ls1 is not None else y, m1)
         y = self.mlp(self.norm2(x), _sub(masks, "mlp"))
         x = x + self.drop_path2(self.ls2(y) if self.ls2 is not None else y, m2)
@@ -282,13 +312,15 @@ class MAPHead(nn.Module):
     """Multihead attention pooling (big_vision ``MAPHead``, timm ``AttentionPoolLatent``).
 
     A learned probe ``latent`` [1, 1, D] attends over the tokens it is given (the patch tokens, or all of
-    them with cfg.pool_include_prefix, as timm); then x + mlp(norm(x)).
+    them with cfg.pool_include_prefix, as timm); then x + mlp(norm(x)). Heads cfg.map_num_heads, MLP
+    width cfg.map_mlp_width (PE: 8 heads, 4 D).
     [B, L', D] -> ([B, D], probe attention [B, N, 1, L'] or None).
     """
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
-        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.num_heads = cfg.map_num_heads
+        self.head_dim = cfg.width // self.num_heads
         self.latent = nn.Parameter(torch.empty(1, 1, cfg.width, dtype=_dt(cfg.param_dtype)))
         if not self.latent.is_meta:
             nn.init.trunc_normal_(self.latent, std=0.02)
@@ -296,7 +328,7 @@ class MAPHead(nn.Module):
         self.kv = _linear(cfg, cfg.width, 2 * cfg.width)
         self.proj = _linear(cfg, cfg.width, cfg.width)
         self.norm = _layer_norm(cfg, cfg.width)
-        self.mlp = Mlp(cfg)
+        self.mlp = Mlp(cfg, cfg.map_mlp_width)
         self.fused = cfg.attn_impl == "fused"
 
     def forward(
@@ -353,10 +385,11 @@ class VisionTransformer(nn.Module):
         )
         self.dist_token = nn.Parameter(torch.empty(1, 1, cfg.width, dtype=pd)) if cfg.dist_token else None
         self.pos_drop = nn.Dropout(cfg.dropout)
+        self.rope = RotaryEmbedding(cfg) if cfg.rope != "none" else None
         self.norm_pre = _layer_norm(cfg, cfg.width) if cfg.norm_pre else None
         rates = np.linspace(0.0, cfg.drop_path, cfg.depth) if cfg.depth > 1 else [cfg.drop_path]
         self.blocks = nn.ModuleList([Block(cfg, float(r)) for r in rates])
-        self.norm = _layer_norm(cfg, cfg.width) if not cfg.fc_norm else None
+        self.norm = _layer_norm(cfg, cfg.width) if cfg.final_norm and not cfg.fc_norm else None
         self.attn_pool = MAPHead(cfg) if cfg.pool == "map" else None
         self.fc_norm = _layer_norm(cfg, cfg.width) if cfg.fc_norm else None
         self.pre_logits = PreLogits(cfg) if cfg.rep_size else None
@@ -376,10 +409,10 @@ class VisionTransformer(nn.Module):
         """Canonical names exempt from weight decay besides rank <= 1 tensors: timm's
         ``VisionTransformer.no_weight_decay`` (``timm/models/vision_transformer.py``). Which tensors a run
         decays is its recipe's choice (``vit_common.training.recipes.decays``)."""
-        return frozenset({"pos_embed", "cls_token", "reg_token", "dist_token"})
+        return frozenset({"pos_embed", "cls_token", "reg_token", "dist_token", "rope.freqs"})
 
-    def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Images [B, C, H, W] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D])."""
+    def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+        """Images [B, C, H, W] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D], (h, w))."""
         cfg = self.cfg
         if x.ndim != 4 or x.shape[1] != cfg.in_chans:
             raise ValueError(f"images of shape {tuple(x.shape)}: expected [B, C={cfg.in_chans}, H, W] (channels first)")
@@ -413,7 +446,7 @@ class VisionTransformer(nn.Module):
             tokens = torch.cat(prefix + [patches], dim=1) + torch.cat([pe_prefix, pe_grid], dim=1)
         else:  # no_embed_class / big_vision: add to patches, then concatenate
             tokens = torch.cat(prefix + [patches + pe_grid if pe_grid is not None else patches], dim=1)
-        return patches, tokens
+        return patches, tokens, (gh, gw)
 
     def _forward(
         self,
@@ -426,7 +459,8 @@ class VisionTransformer(nn.Module):
         [B, depth, 2] the blocks' drop-path masks, ``dropout_masks`` the dropout masks (``forward``)."""
         cfg = self.cfg
         record = out is not None
-        patches, x = self._embed(x)
+        patches, x, grid = self._embed(x)
+        rope = self.rope(grid, x.device) if self.rope is not None else None  # (sin, cos), once per forward
         x = _drop(self.pos_drop, x, dropout_masks, "pos_drop")
         if record:
             out["patch_embed"], out["pos_embed"] = patches, x
@@ -437,10 +471,11 @@ class VisionTransformer(nn.Module):
         for i, block in enumerate(self.blocks):
             mask = None if drop_masks is None else drop_masks[:, i]
             sub = _sub(dropout_masks, f"blocks.{i}")
+            tab = None if rope is None else (rope[0][i], rope[1][i]) if self.cfg.rope == "mixed" else rope
             if self.grad_checkpointing and not record and torch.is_grad_enabled():  # recomputed in backward
-                x, probs = checkpoint(block, x, drop_mask=mask, masks=sub, use_reentrant=False)
+                x, probs = checkpoint(block, x, drop_mask=mask, masks=sub, rope=tab, use_reentrant=False)
             else:
-                x, probs = block(x, return_attn=record, drop_mask=mask, masks=sub)
+                x, probs = block(x, return_attn=record, drop_mask=mask, masks=sub, rope=tab)
             if record:
                 out[f"block{i:02d}"], out[f"attn{i:02d}"] = x, probs
         if self.norm is not None:

@@ -53,7 +53,13 @@ from vit_common.checkpoints.formats.hf_common import BLOCK_KEYS, FAMILY_MODEL_TY
 from vit_common.checkpoints.formats.hf_vit import ARCHITECTURES, config_json, is_hf, read_tensors, rules
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Reference, Source, WriteOptions
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
-from vit_common.checkpoints.formats.rules import from_canonical, materialize_posemb, refuse, unsupported
+from vit_common.checkpoints.formats.rules import (
+    from_canonical,
+    materialize_posemb,
+    refuse,
+    rope_family_fields,
+    unsupported,
+)
 from vit_common.checkpoints.formats.timm_state import is_timm
 from vit_common.checkpoints.metadata import Declared, hf_classes, hf_labels, hf_preprocess_file, hf_preprocessor_config
 from vit_common.config import ViTConfig
@@ -115,7 +121,7 @@ class HuggingFace(Format):
         )
 
     def cannot_hold(self, cfg: ViTConfig) -> list[str]:
-        return unsupported(
+        return rope_family_fields(cfg) + unsupported(
             "Hugging Face ViT",
             {
                 "class_token=False (HF ViT always has a class token)": not cfg.class_token,

@@ -62,6 +62,7 @@ from vit_common.checkpoints.formats.rules import (
     linear_kernel,
     materialize_posemb,
     refuse,
+    rope_family_fields,
     stack_layers,
     to_canonical,
     unsupported,
@@ -347,7 +348,7 @@ def read(
 
 def cannot_hold(cfg: ViTConfig) -> list[str]:
     """What an original-ViT or big_vision .npz cannot hold."""
-    return unsupported(
+    return rope_family_fields(cfg) + unsupported(
         "npz",
         {
             f"reg_tokens={cfg.reg_tokens}": cfg.reg_tokens > 0,

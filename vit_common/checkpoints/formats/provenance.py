@@ -10,6 +10,7 @@ do not implement.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -352,12 +353,33 @@ def assumption_block(names, lines) -> list[str]:
     return [head] + [f"  {line}" for line in lines]
 
 
+# What a plain-ViT format (timm VisionTransformer, HF ViT and its families, .npz) cannot hold, so its reader
+# never asks: the RoPE backbones' fields, with the reason a reader states for their defaults.
+PLAIN_VIT_ORIGINS = {
+    **{
+        f.name: declared("the format has no rotary position embeddings")
+        for f in dataclasses.fields(ViTConfig)
+        if f.name == "rope" or f.name.startswith("rope_")
+    },
+    "k_bias": derived("the attention biases are one [q; k; v] tensor"),
+    "attn_inner_norm": derived("no attn.norm tensor in the format's layout"),
+    "mlp_inner_norm": derived("no mlp.norm tensor in the format's layout"),
+    "final_norm": derived("the format's models end in a LayerNorm"),
+    "map_heads": derived("the format's MAP head (if any) has the blocks' heads"),
+    "map_mlp_dim": derived("the format's MAP head (if any) has the blocks' MLP width"),
+}
+
+
 def build_config(fields: dict, provenance: dict[str, Origin], overrides: Mapping, context: str) -> ViTConfig:
-    """ViTConfig from inferred ``fields`` with ``overrides`` on top (recorded as given).
+    """ViTConfig from inferred ``fields`` with ``overrides`` on top (recorded as given); the fields of
+    ``PLAIN_VIT_ORIGINS`` not inferred keep their defaults with those origins.
 
     Raises:
         FormatError: the combination is invalid (names the file and the fields).
     """
+    for k, origin in PLAIN_VIT_ORIGINS.items():
+        if k not in fields:
+            provenance.setdefault(k, origin)
     for k, v in overrides.items():
         fields[k] = v
         provenance[k] = Origin(GIVEN, "passed by the caller")

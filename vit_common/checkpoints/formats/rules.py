@@ -211,6 +211,25 @@ def unsupported(fmt: str, checks: Mapping[str, bool]) -> list[str]:
     return [what for what, fails in checks.items() if fails]
 
 
+def rope_family_fields(cfg: ViTConfig) -> list[str]:
+    """The choices of the RoPE backbones (DINOv3, PE, EVA-02, RoPE-ViT) that ``cfg`` makes, one line each:
+    what the formats written for plain ViTs (timm VisionTransformer, HF ViT and its families, .npz) cannot
+    hold; written as our safetensors, a DINOv3 one as transformers dinov3_vit."""
+    return unsupported(
+        "",
+        {
+            f"rope={cfg.rope!r} (rotary position embeddings: write canonical safetensors)": cfg.rope != "none",
+            "k_bias=False (q and v biases without a key bias)": cfg.qkv_bias and not cfg.k_bias,
+            "attn_inner_norm (a LayerNorm inside attention)": cfg.attn_inner_norm,
+            "mlp_inner_norm (a LayerNorm inside the MLP)": cfg.mlp_inner_norm,
+            "final_norm=False (no final LayerNorm)": not cfg.final_norm,
+            f"map_heads={cfg.map_heads}, map_mlp_dim={cfg.map_mlp_dim} (a MAP head of its own size)": (
+                cfg.pool == "map" and (cfg.map_num_heads, cfg.map_mlp_width) != (cfg.num_heads, cfg.mlp_dim)
+            ),
+        },
+    )
+
+
 def refuse(fmt: str, reasons: list[str]) -> None:
     """Raise ValueError naming every config choice ``fmt`` cannot hold."""
     if reasons:

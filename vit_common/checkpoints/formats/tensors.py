@@ -79,6 +79,17 @@ def nbytes_of(v) -> int:
     return math.prod(np.shape(v)) * dtype_of(v).itemsize
 
 
+def concat_rows(parts: list[Tensor]) -> LazyTensor:
+    """The tensors ``parts`` (same trailing shape and dtype) concatenated along axis 0, loaded on use."""
+    shape = (sum(np.shape(p)[0] for p in parts), *np.shape(parts[0])[1:])
+    return LazyTensor(shape, dtype_of(parts[0]), lambda: np.concatenate([np.asarray(p) for p in parts]))
+
+
+def row_slice(t: Tensor, lo: int, hi: int) -> LazyTensor:
+    """Rows ``lo:hi`` of ``t`` (a contiguous copy), loaded on use."""
+    return LazyTensor((hi - lo, *np.shape(t)[1:]), dtype_of(t), lambda: np.ascontiguousarray(np.asarray(t)[lo:hi]))
+
+
 def materialize(tensors: TensorMap) -> dict[str, np.ndarray]:
     """Every tensor loaded into a writable numpy array (a read-only memory-mapped view is copied), in order."""
     out = {}

@@ -22,7 +22,7 @@ import numpy as np
 
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Reference, Source, WriteOptions, writer
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
-from vit_common.checkpoints.formats.rules import materialize_posemb, refuse
+from vit_common.checkpoints.formats.rules import materialize_posemb, refuse, rope_family_fields
 from vit_common.checkpoints.formats.source import TORCH_SUFFIXES, read_safetensors
 from vit_common.checkpoints.formats.stored_config import assumed_meta, config_from_json, decode_stored
 from vit_common.checkpoints.formats.tensors import TensorMap, dtype_of
@@ -129,7 +129,7 @@ class Timm(Format):
         )
 
     def cannot_hold(self, cfg: ViTConfig) -> list[str]:
-        return timm_cannot_hold(cfg)
+        return timm_cannot_hold(cfg) + rope_family_fields(cfg)
 
     def declared(self, src: Source) -> Declared:
         """A hub folder's config.json ``pretrained_cfg`` and ``label_names``; a file's metadata otherwise."""

@@ -40,6 +40,7 @@ from vit_common.checkpoints.formats.protocol import Decoded, Source
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY, common_float_dtype, declared
 from vit_common.checkpoints.formats.rules import refuse, unsupported
 from vit_common.checkpoints.formats.stored_config import config_from_json, decode_stored
+from vit_common.checkpoints.formats.timm_eva import eva_to_canonical
 from vit_common.checkpoints.formats.timm_state import GELU_TO_TIMM, POOL_TO_TIMM, infer, normalise_keys, timm_kwargs
 from vit_common.config import ViTConfig
 from vit_common.data.images import CROP_MODES, INTERPOLATIONS, Preprocess
@@ -244,6 +245,7 @@ def read_hub(src: Source, opts) -> Decoded:
     cfg = reader(src.path) if reader is not None else None
     tensors, notes = normalise_keys(src.tensors)
     if cfg is not None:
+        tensors = eva_to_canonical(tensors)  # a timm Eva's split q/k/v and SwiGLU (identity for a plain ViT)
         dt = common_float_dtype(tensors)
         if dt in ("float32", "float64", "bfloat16", "float16"):
             cfg = cfg.replace(param_dtype=dt)

@@ -86,7 +86,14 @@ from vit_common.checkpoints.formats.provenance import (
     positive_dims,
     refuse_unsupported,
 )
-from vit_common.checkpoints.formats.rules import from_canonical, materialize_posemb, refuse, to_canonical, unsupported
+from vit_common.checkpoints.formats.rules import (
+    from_canonical,
+    materialize_posemb,
+    refuse,
+    rope_family_fields,
+    to_canonical,
+    unsupported,
+)
 from vit_common.config import ViTConfig
 from vit_common.system import io
 
@@ -321,7 +328,7 @@ class HfFamilies(HuggingFace):
         fam = FAMILIES[model_type]
         style, head = fam.style, fam.architectures[arch][1]
         (ih, iw), (ph, pw) = cfg.image_size, cfg.patch_size
-        return unsupported(
+        return rope_family_fields(cfg) + unsupported(
             model_type,
             {
                 f"image_size={cfg.image_size} (a square size only)": ih != iw,
