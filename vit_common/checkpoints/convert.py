@@ -380,29 +380,26 @@ def _read_back(f: Format, enc: Encoded, assumed: Sequence[str]) -> list[str]:
     return lost
 
 
-# Formats whose readers take the config they are given as fact: transformers reads an HF config.json
-# (hidden_act, layer_norm_eps, ...) and the timm call printed for a timm file names act_layer, num_heads,
-# global_pool, ...; neither can say that a value was assumed.
-DECLARING = ("hf", "timm")
-
-
 def check_assumed(
     path: str | os.PathLike, fmt: str, cfg: ViTConfig, assumed: Sequence[str], accept: Sequence[str] | str = ()
 ) -> None:
-    """Refuse to write fields that were ``assumed`` into a format of ``DECLARING``, unless each is in
-    ``accept`` (or ``accept`` is "all"): the file would state a guess as a fact.
+    """Refuse to write fields that were ``assumed`` where the file would state them as fact
+    (``Format.states_as_fact``: an HF config.json, a timm hub folder's config.json), unless each is in
+    ``accept`` (or ``accept`` is "all"). Files that store no config (a timm state_dict) or record what was
+    assumed (ours, orbax, our timm .safetensors) are written whatever was assumed; the report keeps the
+    assumptions.
 
     Raises:
         ValueError: naming the path, each field and its assumed value, and the two ways out.
     """
-    if fmt not in DECLARING or accept == "all":
+    if not _format(fmt).states_as_fact(Path(path)) or accept == "all":
         return
     refused = [k for k in assumed if k not in accept]
     if refused:
         values = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in refused)
         raise ValueError(
-            f"{path}: {fmt} readers take every config field as fact, and {values} "
-            f"{'was' if len(refused) == 1 else 'were'} assumed (the source does not state "
+            f"{path}: its config.json states every field as fact to {_format(fmt).reference.library}, and "
+            f"{values} {'was' if len(refused) == 1 else 'were'} assumed (the source does not state "
             f"{'it' if len(refused) == 1 else 'them'}): give the value with --set (or --source-image-size), or "
             f"write the assumption as fact with --accept-assumed {','.join(refused)} (or all)"
         )
@@ -427,9 +424,9 @@ def save_checkpoint(
     ``spelling`` of HF keys; ``formats.npz.NpzWriteOptions``: ``prefix`` and ``scan`` of .npz layouts;
     None: its defaults). ``assumed``: config fields that were assumed when the state was read (a
     ``report.assumed``), recorded where the format can (our and timm's .safetensors, HF config.json) so
-    they stay assumed, warned where it cannot; a format whose readers take its config as fact
-    (``DECLARING``: HF, timm) is refused unless the fields are in ``accept_assumed`` (or it is "all";
-    ``check_assumed``). ``preprocess`` and ``classes`` (K names) are recorded
+    they stay assumed, warned where it cannot; a file that would state them as fact
+    (``Format.states_as_fact``: HF, a timm hub folder) is refused unless the fields are in
+    ``accept_assumed`` (or it is "all"; ``check_assumed``). ``preprocess`` and ``classes`` (K names) are recorded
     where the format can hold them (``vit_common.checkpoints.metadata``): safetensors metadata of our and timm files,
     an HF folder's preprocessor_config.json and id2label; other formats get a note. Nothing is written
     unless the whole conversion succeeds; an existing destination is replaced only if it is provably ours
