@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -328,14 +329,28 @@ def load_checkpoint(
 def read_checkpoint(path: str | os.PathLike, **kwargs: Any) -> tuple[ViTConfig, dict[str, np.ndarray]]:
     """(config, canonical state) of any supported checkpoint; arguments as ``load_checkpoint``.
 
-    The assumed fields are issued as one ``UserWarning`` (the report's ``assumption_block``), the
-    report's other warnings (NaN/Inf tensors, the weights entry read) one each.
+    The assumed fields are issued as one ``UserWarning`` (the report's ``assumption_block``, naming the
+    keywords that give them), the report's other warnings (NaN/Inf tensors, the weights entry read) one
+    each, every one pointing at the caller's line outside the project's packages.
     """
     ckpt = load_checkpoint(path, **kwargs)
-    block = ckpt.report.assumption_block()
+    block = ckpt.report.assumption_block(api=True)
     for w in (["\n".join(block)] if block else []) + ckpt.report.warnings:
-        warnings.warn(f"{path}: {w}", UserWarning, stacklevel=2)
+        warnings.warn(f"{path}: {w}", UserWarning, stacklevel=_caller_level())
     return ckpt.cfg, ckpt.state
+
+
+PACKAGES = frozenset({"vit_common", "vit_jax", "vit_torch", "vit_compare", "vit_cli", "benchmarks"})
+
+
+def _caller_level() -> int:
+    """The ``warnings.warn`` stacklevel, for the function calling this one, of the first frame outside
+    the project's packages: a warning points at the user's line (``vit_jax.load_model(...)``), not at the
+    library function that read the file."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in PACKAGES:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 # --------------------------------------------------------------------------------------- writing
