@@ -134,6 +134,26 @@ def test_timm_and_big_vision_with_the_same_numbers_part_and_meet_after_translati
     assert met.ok, met.rows
 
 
+def test_the_verdict_is_against_how_far_the_parameters_moved(x64, data, f64_moment, tiny):
+    """README's case: big_vision vs timm under a 300-step warm-up, K = 3: the learning rate stays near
+    zero, so the parameters differ by little against their size (params) but by more than they moved
+    (update): the twins part. The result records what was compared."""
+    base = dataclasses.replace(FULL, warmup_steps=300, grad_clip=0.0, layer_decay=1.0, epochs=2)
+    r = compare_training(
+        tiny,
+        dataclasses.replace(base, recipe="big_vision"),
+        data,
+        3,
+        torch_tcfg=dataclasses.replace(base, recipe="timm"),
+    )
+    assert r.rows[0].update == 0.0 and r.rows[0].lr == (0.0, 0.0)  # step 1: lr 0, nothing moved
+    assert r.first_bad_step == 2 and r.rows[1].update > max(1.0, 10 * r.rows[1].params)
+    compared = r.to_dict()["compared"]
+    assert compared["optimizer"]["jax"]["recipe"] == "big_vision" and compared["optimizer"]["torch"]["lr"] == base.lr
+    assert compared["optimizer"]["torch"]["warmup_steps"] == 300 and compared["model"]["dtype"] == "float64"
+    assert compared["data"]["batch_size"] == base.batch_size and compared["model"]["init"].startswith("the torch")
+
+
 def test_a_wrong_optimizer_setting_on_one_side_is_caught_at_step_1(x64, data, tiny):
     tcfg = dataclasses.replace(FULL, warmup_steps=0, epochs=1)
     r = compare_training(tiny, tcfg, data, 1, torch_tcfg=dataclasses.replace(tcfg, b1=0.95))
