@@ -560,7 +560,9 @@ def test_assumed_fields_are_warned_with_their_flag_and_strict_refuses_them(tmp_p
         load_checkpoint(tmp_path / "t.safetensors", strict=True)
     with pytest.warns(UserWarning) as issued:
         assert read_checkpoint(tmp_path / "t.safetensors")[0].num_heads == 2
-    assert len(issued) == 1 and str(issued[0].message) == f"{tmp_path / 't.safetensors'}: " + "\n".join(block)
+    api = report.assumption_block(api=True)  # the Python API's warning names keywords, not flags
+    assert api[1:] == block[1:] and "the keyword FIELD=VALUE (the size: source_image_size=(H, W))" in api[0]
+    assert len(issued) == 1 and str(issued[0].message) == f"{tmp_path / 't.safetensors'}: " + "\n".join(api)
 
 
 def test_writes_refuse_a_folder_path_and_get_the_usual_file_mode(tmp_path, small_cfg, random_state):
@@ -696,3 +698,12 @@ def test_a_bias_free_head_is_written_with_a_zero_bias_where_the_format_has_one(t
         back = load_checkpoint(tmp_path / name, gelu=cfg.gelu, ln_eps=cfg.ln_eps)
         assert np.array_equal(back.state["head.bias"], np.zeros(cfg.num_classes, np.float32))
         assert all(np.array_equal(back.state[k], v) for k, v in state.items())
+
+
+def test_a_size_given_to_resample_is_labelled_given_not_declared(tmp_path, small_cfg, random_state):
+    save_checkpoint(tmp_path / "a.safetensors", small_cfg, random_state(small_cfg), "canonical")
+    ckpt = load_checkpoint(tmp_path / "a.safetensors", image_size=48)
+    origin = ckpt.report.provenance["image_size"]
+    assert (origin.kind, origin.source) == ("given", "image_size (the file's 32x32, resampled)")
+    assert ckpt.cfg.image_size == (48, 48) and ckpt.report.assumed == []
+    assert load_checkpoint(tmp_path / "a.safetensors", image_size=32).report.provenance["image_size"].kind == "declared"

@@ -311,7 +311,12 @@ def load_checkpoint(
         if num_classes != cfg.num_classes:
             cfg = _new_head(cfg, state, num_classes, report)
     if image_size is not None:
+        before = cfg.image_size
         cfg = _resample(cfg, state, image_size, report)
+        read_as = report.provenance.get("image_size")
+        if cfg.image_size != before and (read_as is None or read_as.kind != ASSUMED):  # an assumed source stays so
+            h, w = before
+            report.provenance["image_size"] = Origin(GIVEN, f"image_size (the file's {h}x{w}, resampled)")
     check_canonical(cfg, state, str(path))
     state = {k: state[k] for k in canonical_shapes(cfg)}  # timm state_dict order
     report.assumed = assumed_fields(dec.cfg, report.provenance)
