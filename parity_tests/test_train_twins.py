@@ -190,6 +190,33 @@ def test_the_command_reports_every_step_and_exits_1_where_the_twins_part(npz, tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.png"]  # nothing else left beside them
 
 
+def test_train_parity_starts_from_the_users_checkpoint(npz, tmp_path, tiny_cfg, capsys):
+    """`vit train-parity --init FILE`: both twins start from the file's weights (here a timm state_dict of 5
+    classes: the 3-class dataset gets a new zero head, as vit train --init gives it); model flags the file
+    decides are refused."""
+    import json
+
+    import timm
+    from safetensors.torch import save_file
+
+    from vit_cli.main import main
+
+    model = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2,
+        in_chans=1, num_classes=5,
+    )  # fmt: skip
+    save_file(model.state_dict(), str(tmp_path / "ft.safetensors"))
+    argv = ["train-parity", "--steps", "2", "--dataset", f"npz:{npz}", "--init", str(tmp_path / "ft.safetensors")]
+    argv += ["--set", "num_heads=2", "--source-image-size", "8", "--batch-size", "8", "--warmup-steps", "0"]
+    assert main([*argv, "--json", str(tmp_path / "r.json")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["ok"] and report["compared"]["model"]["init"] == f"{tmp_path / 'ft.safetensors'} (timm)"
+    assert report["compared"]["model"]["num_classes"] == 3 and report["compared"]["model"]["width"] == 16
+    assert "weights: " + str(tmp_path / "ft.safetensors") in capsys.readouterr().out
+    assert main([*argv, "--width", "32"]) == 2
+    assert "--width: --init" in capsys.readouterr().err
+
+
 def test_adam_state_crosses_frameworks_k_torch_then_k_jax_equals_2k_jax(x64, data, tiny):
     """Optimizer state by canonical names: 3 torch steps, then the JAX twin continues from torch's weights,
     moments and step for 3 more = 6 JAX steps; and 3 JAX steps continued by torch = 6 torch steps."""
