@@ -12,6 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from vit_cli.main import main
 from vit_common.config import ViTConfig
+from vit_common.system.extras import install_hint
 from vit_common.system.peaks import TRAIN_FLOPS_FACTOR, datasheet_peak
 
 # digits: 1,437 train images; batch 256 -> 6 steps
@@ -192,7 +193,7 @@ def test_wandb_not_installed_is_one_line_naming_the_extra(tmp_path, capsys, monk
     monkeypatch.setitem(__import__("sys").modules, "wandb", None)  # import wandb raises ImportError
     assert main(["train", *TINY, "--out", str(tmp_path / "run"), "--wandb"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err[-1] == 'vit train: error: --wandb: wandb is not installed (pip install "vit-twins[wandb]")'
+    assert err[-1] == f"vit train: error: --wandb: wandb is not installed ({install_hint('wandb')})"
     assert list(tmp_path.iterdir()) == []
 
 

@@ -31,6 +31,7 @@ from vit_common.config import ViTConfig
 from vit_common.data.datasets import Dataset, natural_images
 from vit_common.data.images import Preprocess
 from vit_common.system import in_place, io
+from vit_common.system.extras import install_hint
 from vit_common.system.validate import check_model_size
 from vit_common.training.train_config import RunOptions, TrainConfig
 
@@ -423,7 +424,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     summary["load_calls"] = {str(exports[fmt]): call for fmt, call in load_calls.items()}
     ok = True
     if parity is not None and importlib.util.find_spec("torch") is None:
-        log('vit train: no PyTorch check of the exports: torch is not installed (pip install "vit-twins[torch]")')
+        log(f"vit train: no PyTorch check of the exports: torch is not installed ({install_hint('torch')})")
     elif parity is not None:
         from vit_jax.loop import write_json
 

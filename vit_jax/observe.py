@@ -36,9 +36,10 @@ from pathlib import Path
 import jax
 
 from vit_common.config import ViTConfig
+from vit_common.system.extras import install_hint
 from vit_common.system.peaks import TRAIN_FLOPS_FACTOR
 
-WANDB_EXTRA = 'pip install "vit-twins[wandb]"'
+WANDB_EXTRA = install_hint("wandb")
 
 
 def require_wandb():

@@ -261,7 +261,8 @@ CASES = [
     Case(deep_hf_config, r"{tmp}/hf/config.json: JSON nested deeper than 64 levels"),
     Case(int_weights, r"{tmp}/int.safetensors: tensors that are not floating point: head.bias \(int64\)"),
     Case(
-        assumed_into_hf, r"{tmp}/hf: hf readers take every config field as fact, and .*gelu='exact'.* --accept-assumed"
+        assumed_into_hf,
+        r"{tmp}/hf: its config.json states every field as fact to transformers, and .*gelu='exact'.* --accept-assumed",
     ),
     Case(convert_checkpoint_into_its_source, r"{tmp}/hf/copy.npz: the output lies inside the source {tmp}/hf; write"),
     # tracebacks instead of named errors

@@ -23,7 +23,6 @@ from .harness import (
     TIME_LIMIT,
     TRAIN,
     Case,
-    bare_timm,
     check_case,
     child_env,
     fill_disk,
@@ -100,10 +99,13 @@ def export_onto_a_users_folder(tmp: Path) -> list[str]:
 
 
 def assumed_into_train_exports(tmp: Path) -> list[str]:
-    """Fine-tuning a timm file that states no config: its timm export would print assumed fields as fact."""
+    """Fine-tuning HF weights without their config.json: the model_hf export's config.json would state the
+    assumed GELU and eps as fact to transformers (the timm state_dict export is written freely)."""
     data = npz_dataset(tmp / "d.npz", [0, 1] * 4)
     flags = ["--no-progress", "--no-parity", "--compile-cache", "off", "--epochs", "1", "--batch-size", "4"]
-    init = ["--init", str(bare_timm(tmp)), "--source-image-size", "32"]
+    save_checkpoint(tmp / "hf", SMALL, random_state(SMALL, scale=0.2), "hf")
+    (tmp / "hf" / "model.safetensors").rename(tmp / "weights.safetensors")
+    init = ["--init", str(tmp / "weights.safetensors")]
     return ["train", *init, "--dataset", f"npz:{data}", "--out", str(tmp / "run"), *flags]
 
 
@@ -128,7 +130,7 @@ CASES = [
     Case(export_onto_a_users_folder, r"{tmp}/run/model_hf: a folder holding things vit did not write .*notes.txt"),
     Case(
         assumed_into_train_exports,
-        r"{tmp}/run/model_timm.safetensors: timm readers take every config field as fact, and .*--accept-assumed",
+        r"{tmp}/run/model_hf: its config.json states every field as fact to transformers, and .*--accept-assumed",
     ),
 ]
 

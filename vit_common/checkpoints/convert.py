@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -310,7 +311,12 @@ def load_checkpoint(
         if num_classes != cfg.num_classes:
             cfg = _new_head(cfg, state, num_classes, report)
     if image_size is not None:
+        before = cfg.image_size
         cfg = _resample(cfg, state, image_size, report)
+        read_as = report.provenance.get("image_size")
+        if cfg.image_size != before and (read_as is None or read_as.kind != ASSUMED):  # an assumed source stays so
+            h, w = before
+            report.provenance["image_size"] = Origin(GIVEN, f"image_size (the file's {h}x{w}, resampled)")
     check_canonical(cfg, state, str(path))
     state = {k: state[k] for k in canonical_shapes(cfg)}  # timm state_dict order
     report.assumed = assumed_fields(dec.cfg, report.provenance)
@@ -328,14 +334,28 @@ def load_checkpoint(
 def read_checkpoint(path: str | os.PathLike, **kwargs: Any) -> tuple[ViTConfig, dict[str, np.ndarray]]:
     """(config, canonical state) of any supported checkpoint; arguments as ``load_checkpoint``.
 
-    The assumed fields are issued as one ``UserWarning`` (the report's ``assumption_block``), the
-    report's other warnings (NaN/Inf tensors, the weights entry read) one each.
+    The assumed fields are issued as one ``UserWarning`` (the report's ``assumption_block``, naming the
+    keywords that give them), the report's other warnings (NaN/Inf tensors, the weights entry read) one
+    each, every one pointing at the caller's line outside the project's packages.
     """
     ckpt = load_checkpoint(path, **kwargs)
-    block = ckpt.report.assumption_block()
+    block = ckpt.report.assumption_block(api=True)
     for w in (["\n".join(block)] if block else []) + ckpt.report.warnings:
-        warnings.warn(f"{path}: {w}", UserWarning, stacklevel=2)
+        warnings.warn(f"{path}: {w}", UserWarning, stacklevel=_caller_level())
     return ckpt.cfg, ckpt.state
+
+
+PACKAGES = frozenset({"vit_common", "vit_jax", "vit_torch", "vit_compare", "vit_cli", "benchmarks"})
+
+
+def _caller_level() -> int:
+    """The ``warnings.warn`` stacklevel, for the function calling this one, of the first frame outside
+    the project's packages: a warning points at the user's line (``vit_jax.load_model(...)``), not at the
+    library function that read the file."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in PACKAGES:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 # --------------------------------------------------------------------------------------- writing
@@ -380,29 +400,26 @@ def _read_back(f: Format, enc: Encoded, assumed: Sequence[str]) -> list[str]:
     return lost
 
 
-# Formats whose readers take the config they are given as fact: transformers reads an HF config.json
-# (hidden_act, layer_norm_eps, ...) and the timm call printed for a timm file names act_layer, num_heads,
-# global_pool, ...; neither can say that a value was assumed.
-DECLARING = ("hf", "timm")
-
-
 def check_assumed(
     path: str | os.PathLike, fmt: str, cfg: ViTConfig, assumed: Sequence[str], accept: Sequence[str] | str = ()
 ) -> None:
-    """Refuse to write fields that were ``assumed`` into a format of ``DECLARING``, unless each is in
-    ``accept`` (or ``accept`` is "all"): the file would state a guess as a fact.
+    """Refuse to write fields that were ``assumed`` where the file would state them as fact
+    (``Format.states_as_fact``: an HF config.json, a timm hub folder's config.json), unless each is in
+    ``accept`` (or ``accept`` is "all"). Files that store no config (a timm state_dict) or record what was
+    assumed (ours, orbax, our timm .safetensors) are written whatever was assumed; the report keeps the
+    assumptions.
 
     Raises:
         ValueError: naming the path, each field and its assumed value, and the two ways out.
     """
-    if fmt not in DECLARING or accept == "all":
+    if not _format(fmt).states_as_fact(Path(path)) or accept == "all":
         return
     refused = [k for k in assumed if k not in accept]
     if refused:
         values = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in refused)
         raise ValueError(
-            f"{path}: {fmt} readers take every config field as fact, and {values} "
-            f"{'was' if len(refused) == 1 else 'were'} assumed (the source does not state "
+            f"{path}: its config.json states every field as fact to {_format(fmt).reference.library}, and "
+            f"{values} {'was' if len(refused) == 1 else 'were'} assumed (the source does not state "
             f"{'it' if len(refused) == 1 else 'them'}): give the value with --set (or --source-image-size), or "
             f"write the assumption as fact with --accept-assumed {','.join(refused)} (or all)"
         )
@@ -427,9 +444,9 @@ def save_checkpoint(
     ``spelling`` of HF keys; ``formats.npz.NpzWriteOptions``: ``prefix`` and ``scan`` of .npz layouts;
     None: its defaults). ``assumed``: config fields that were assumed when the state was read (a
     ``report.assumed``), recorded where the format can (our and timm's .safetensors, HF config.json) so
-    they stay assumed, warned where it cannot; a format whose readers take its config as fact
-    (``DECLARING``: HF, timm) is refused unless the fields are in ``accept_assumed`` (or it is "all";
-    ``check_assumed``). ``preprocess`` and ``classes`` (K names) are recorded
+    they stay assumed, warned where it cannot; a file that would state them as fact
+    (``Format.states_as_fact``: HF, a timm hub folder) is refused unless the fields are in
+    ``accept_assumed`` (or it is "all"; ``check_assumed``). ``preprocess`` and ``classes`` (K names) are recorded
     where the format can hold them (``vit_common.checkpoints.metadata``): safetensors metadata of our and timm files,
     an HF folder's preprocessor_config.json and id2label; other formats get a note. Nothing is written
     unless the whole conversion succeeds; an existing destination is replaced only if it is provably ours

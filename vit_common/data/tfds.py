@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from vit_common.data.stored_datasets import MAX_CLASSES, TEST_SPLITS, Stored, Subset, file_stats
+from vit_common.system.extras import install_hint
 
 INFO = "dataset_info.json"
 _READ_BATCH = 256  # records read at once when every record is read in order
@@ -33,9 +34,7 @@ def _tfds():
     try:
         import tensorflow_datasets as tfds
     except ImportError:
-        raise ValueError(
-            "tfds: needs tensorflow-datasets (the optional extra: pip install 'vit-twins[tfds]')"
-        ) from None
+        raise ValueError(f"tfds: needs tensorflow-datasets (the optional extra: {install_hint('tfds')})") from None
     return tfds
 
 

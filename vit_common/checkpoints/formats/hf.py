@@ -59,6 +59,7 @@ from vit_common.checkpoints.formats.rules import (
     refuse,
     rope_family_fields,
     unsupported,
+    zero_head_bias,
 )
 from vit_common.checkpoints.formats.timm_state import is_timm
 from vit_common.checkpoints.metadata import Declared, hf_classes, hf_labels, hf_preprocess_file, hf_preprocessor_config
@@ -134,7 +135,6 @@ class HuggingFace(Format):
                 "patch_bias=False": not cfg.patch_bias,
                 "posemb='none'": cfg.posemb == "none",
                 "mlp_type='swiglu'": cfg.mlp_type == "swiglu",
-                "head_bias=False (the classifier has a bias)": not cfg.head_bias,
                 "both rep_size and a head (ViTModel has the pooler, ViTForImageClassification the classifier)": (
                     cfg.rep_size > 0 and cfg.num_classes > 0
                 ),
@@ -176,6 +176,8 @@ class HuggingFace(Format):
                 f"model_type={options.model_type!r}: hf folders are vit or deit; write that model type --to hf_family"
             )
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=True)
+        cfg, state, more = zero_head_bias(cfg, state)
+        notes += more
         config = config_json(cfg) | ({ASSUMED_KEY: sorted(assumed)} if assumed else {})  # transformers keeps it
         arch = config["architectures"][0]
         _, head = ARCHITECTURES[arch]
@@ -194,6 +196,10 @@ class HuggingFace(Format):
                 io.write_json(tmp / name, obj, sort_keys=True, mark=False)
 
         io.atomic_write_dir(path, write_folder)
+
+    def states_as_fact(self, path: Path) -> bool:
+        """Always: transformers takes config.json's hidden_act, layer_norm_eps, ... as fact."""
+        return True
 
     def export_name(self, source: Path | None = None) -> str:
         return "model_hf"

@@ -66,6 +66,7 @@ from vit_common.checkpoints.formats.rules import (
     stack_layers,
     to_canonical,
     unsupported,
+    zero_head_bias,
 )
 from vit_common.checkpoints.formats.source import NPZ_PREFIXES
 from vit_common.checkpoints.formats.tensors import LazyTensor, Tensor, TensorMap, dtype_of
@@ -364,7 +365,6 @@ def cannot_hold(cfg: ViTConfig) -> list[str]:
             "pool_include_prefix=True": cfg.pool_include_prefix and cfg.num_prefix_tokens > 0,
             "quick GELU": cfg.gelu == "quick",
             "mlp_type='swiglu'": cfg.mlp_type == "swiglu",
-            "head_bias=False": not cfg.head_bias,
         },
     )
 
@@ -376,15 +376,16 @@ def _widen(v) -> np.ndarray:
 def prepare(cfg: ViTConfig, state: TensorMap, family: str) -> tuple[ViTConfig, dict[str, Tensor], list[str]]:
     """Config and tensors as ``family`` ('original_vit' | 'big_vision') holds them.
 
-    The original ViT only has learned position embeddings with prefix rows (a table without them gets
-    a zero class row; sincos2d is written as a table). bfloat16 is written as float32 (exact): .npz has
+    A bias-free head gets a zero bias (``rules.zero_head_bias``). The original ViT only has learned
+    position embeddings with prefix rows (a table without them gets a zero class row; sincos2d is written
+    as a table). bfloat16 is written as float32 (exact): .npz has
     no portable bfloat16.
 
     Raises:
         ValueError: names every choice the layout cannot hold.
     """
     refuse(family, cannot_hold(cfg))
-    notes = []
+    cfg, state, notes = zero_head_bias(cfg, state)
     if cfg.num_classes and not any(np.any(np.asarray(state[k])) for k in ("head.weight", "head.bias")):
         notes.append("the head is all zeros: readers drop it unless given num_classes (--num-classes)")
     if family == "original_vit":

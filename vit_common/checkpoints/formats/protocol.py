@@ -224,6 +224,13 @@ class Format:
         """Whether writing ``path`` in this format makes a folder (``folder``; timm: by the path)."""
         return self.folder
 
+    def states_as_fact(self, path: Path) -> bool:
+        """Whether a file written at ``path`` states every config field as fact to the library that reads
+        it, with no way to say that a value was assumed (an HF config.json, a timm hub folder's
+        model_args). Formats that store no config (a timm state_dict file) or record assumed fields
+        (ours, orbax) do not: their files are written whatever was assumed."""
+        return False
+
     def load_call(self, path: Path, cfg: ViTConfig) -> str:
         """Python code that loads the written file strictly in the library that defines the format."""
         return ""

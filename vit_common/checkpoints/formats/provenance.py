@@ -258,9 +258,10 @@ class Report:
         """'3 fields assumed: gelu, ln_eps, num_heads', or '' when nothing was assumed."""
         return assumed_summary(self.assumed)
 
-    def assumption_block(self) -> list[str]:
-        """The assumed fields as one block (``assumption_block``); [] when nothing was assumed."""
-        return assumption_block(self.assumed, self.assumptions)
+    def assumption_block(self, api: bool = False) -> list[str]:
+        """The assumed fields as one block (``assumption_block``; ``api``: naming keywords, not flags); []
+        when nothing was assumed."""
+        return assumption_block(self.assumed, self.assumptions, api)
 
     def lines(self) -> list[str]:
         cfg = self.config
@@ -339,16 +340,22 @@ def assumed_summary(names) -> str:
     return f"{len(names)} field{'s' if len(names) != 1 else ''} assumed: {', '.join(names)}"
 
 
-def assumption_block(names, lines) -> list[str]:
-    """What was assumed, as one block: a header line (how many, which, how to give them) and one line
-    per field, ``field = value (why)`` (``lines``, from ``assumption_line``), indented; [] for no names.
-    Every command that reads a checkpoint prints it instead of one warning per field."""
+def assumption_block(names, lines, api: bool = False) -> list[str]:
+    """What was assumed, as one block: a header line (how many, which, how to give them: the CLI flags, or
+    with ``api`` the Python keywords) and one line per field, ``field = value (why)`` (``lines``, from
+    ``assumption_line``), indented; [] for no names. Every command that reads a checkpoint prints it
+    instead of one warning per field."""
     if not names:
         return []
-    how = "--set FIELD=VALUE" + (" (the size: --source-image-size HxW)" if "image_size" in names else "")
+    if api:
+        size = " (the size: source_image_size=(H, W))" if "image_size" in names else ""
+        how, strict = f"the keyword FIELD=VALUE{size}", "strict=True"
+    else:
+        how = "--set FIELD=VALUE" + (" (the size: --source-image-size HxW)" if "image_size" in names else "")
+        strict = "--strict"
     head = (
         f"{assumed_summary(names)} (the file does not state them; wrong if the model was made otherwise: "
-        f"give each with {how}, or --strict to refuse)"
+        f"give each with {how}, or {strict} to refuse)"
     )
     return [head] + [f"  {line}" for line in lines]
 

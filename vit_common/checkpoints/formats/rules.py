@@ -206,6 +206,21 @@ def materialize_posemb(
     return cfg, state, notes
 
 
+def zero_head_bias(cfg: ViTConfig, state: TensorMap) -> tuple[ViTConfig, dict[str, Tensor], list[str]]:
+    """A bias-free head (CLIP's visual projection) for formats whose head has a bias: ``head.weight``
+    plus a zero ``head.bias`` (and ``head_dist``'s), as timm's CLIP converter holds it
+    (``timm.models.vision_transformer._convert_openai_clip`` writes ``torch.zeros``). Exact: adding zero
+    changes nothing. Returns the config with ``head_bias=True``, the state (nothing loaded) and a note
+    (none if unchanged)."""
+    if cfg.head_bias or not cfg.num_classes:
+        return cfg, dict(state), []
+    state = dict(state)
+    for h in ("head", "head_dist") if cfg.head_dist else ("head",):
+        state[f"{h}.bias"] = np.zeros((cfg.num_classes,), dtype_of(state[f"{h}.weight"]))
+    note = "the bias-free head written with a zero bias, as timm's CLIP converter writes it (exact)"
+    return cfg.replace(head_bias=True), state, [note]
+
+
 def unsupported(fmt: str, checks: Mapping[str, bool]) -> list[str]:
     """The descriptions in ``checks`` (description -> fails) that fail: what ``fmt`` cannot hold."""
     return [what for what, fails in checks.items() if fails]

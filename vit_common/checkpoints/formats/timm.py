@@ -22,7 +22,7 @@ import numpy as np
 
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Reference, Source, WriteOptions, writer
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
-from vit_common.checkpoints.formats.rules import materialize_posemb, refuse, rope_family_fields
+from vit_common.checkpoints.formats.rules import materialize_posemb, refuse, rope_family_fields, zero_head_bias
 from vit_common.checkpoints.formats.source import TORCH_SUFFIXES, read_safetensors
 from vit_common.checkpoints.formats.stored_config import assumed_meta, config_from_json, decode_stored
 from vit_common.checkpoints.formats.tensors import TensorMap, dtype_of
@@ -129,7 +129,9 @@ class Timm(Format):
         )
 
     def cannot_hold(self, cfg: ViTConfig) -> list[str]:
-        return timm_cannot_hold(cfg) + rope_family_fields(cfg)
+        """``timm_cannot_hold`` and the RoPE families' fields, except a bias-free head, which ``encode``
+        writes with a zero bias (``rules.zero_head_bias``)."""
+        return timm_cannot_hold(cfg.replace(head_bias=True)) + rope_family_fields(cfg)
 
     def declared(self, src: Source) -> Declared:
         """A hub folder's config.json ``pretrained_cfg`` and ``label_names``; a file's metadata otherwise."""
@@ -166,6 +168,8 @@ class Timm(Format):
     def encode(self, cfg: ViTConfig, state, path: Path, options: TimmWriteOptions, assumed=()) -> Encoded:
         refuse("timm", self.cannot_hold(cfg))
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=False)
+        cfg, state, more = zero_head_bias(cfg, state)
+        notes += more
         tensors = {k: state[k] for k in canonical_shapes(cfg)}
         meta = config = shared = None
         if Path(path).suffix not in TORCH_SUFFIXES:
@@ -210,6 +214,11 @@ class Timm(Format):
 
     def needs(self, path: Path) -> str | None:
         return "torch" if Path(path).suffix in TORCH_SUFFIXES else None
+
+    def states_as_fact(self, path: Path) -> bool:
+        """A hub folder's config.json names model_args that timm builds as fact; a state_dict file stores
+        no config (our .safetensors header records what was assumed), so it is written freely."""
+        return _hub_folder(path)
 
     def load_call(self, path: Path, cfg: ViTConfig) -> str:
         return hub_load_call(path) if _hub_folder(path) else timm_load_call(path, cfg)
