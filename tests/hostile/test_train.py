@@ -1,6 +1,7 @@
 """Hostile inputs to `vit train`: bad flags, a model too large to start, run folders that are the
-user's or in use, a planted lock link, --init inside --out, exports it would refuse only at the end,
-and full disks (before and during a checkpoint, under its run files, before the exports)."""
+user's or in use, a planted lock link, --init inside --out, damaged --init-optimizer state, exports it
+would refuse only at the end, and full disks (before and during a checkpoint, under its run files, before
+the exports)."""
 
 from __future__ import annotations
 
@@ -107,6 +108,40 @@ def assumed_into_train_exports(tmp: Path) -> list[str]:
     return ["train", *init, "--dataset", f"npz:{data}", "--out", str(tmp / "run"), *flags]
 
 
+def adam_state(what: str, damage) -> Callable[[Path], list[str]]:
+    """Fine-tuning with --init-optimizer from a timm-style training checkpoint (``state_dict``, and an
+    ``optimizer`` of one AdamW group, step 3) whose Adam state ``damage(step, exp_avg, exp_avg_sq)`` of the
+    head's weight changed (it returns the step; the moments it changes in place)."""
+
+    def build(tmp: Path) -> list[str]:
+        import torch
+
+        state = {k: torch.from_numpy(v) for k, v in random_state(SMALL, scale=0.2).items()}
+        moments = {
+            i: {"step": torch.tensor(3.0), "exp_avg": v * 0.1, "exp_avg_sq": v * v}
+            for i, v in enumerate(state.values())
+        }
+        head = list(state).index("head.weight")
+        m = moments[head]
+        m["step"] = damage(m["step"], m["exp_avg"], m["exp_avg_sq"])
+        if m["step"] is not None:
+            for other in moments.values():
+                other["step"] = m["step"]
+        groups = [{"weight_decay": 0.0, "lr": 1e-3, "params": list(moments)}]
+        torch.save({"state_dict": state, "optimizer": {"state": moments, "param_groups": groups}}, tmp / "ckpt.pth")
+        data = npz_dataset(tmp / "d.npz", [0, 1] * 4)
+        flags = ["--no-progress", "--no-parity", "--compile-cache", "off", "--epochs", "1", "--batch-size", "4"]
+        init = ["--init", str(tmp / "ckpt.pth"), "--init-optimizer", "--source-image-size", "32"]
+        return ["train", *init, "--dataset", f"npz:{data}", "--out", str(tmp / "run"), *flags]
+
+    build.__name__ = f"--init-optimizer {what}"
+    return build
+
+
+def _set(tensor, value):
+    tensor.view(-1)[0] = value
+
+
 CASES = [
     # silent wrong results
     Case(flag("train", "--mixup", "nan"), r"--mixup: 'nan': expected a finite number in \[0, inf\)"),
@@ -115,6 +150,11 @@ CASES = [
     Case(flag("train", "--val-fraction", "1"), r"--val-fraction: '1': expected a finite number in \(0, 1\)"),
     Case(flag("train", "--epochs", "0"), r"--epochs: '0': expected an integer in \[1, "),
     Case(flag("train", "--depth", "1e9"), r"--depth: '1e9': expected an integer"),
+    Case(
+        flag("train", "--ema", "0.5", "--ema-warmup", "--ema-min-decay", "0.99"),
+        r"ema_min_decay=0.99: expected at most ema=0.5 \(the warm-up's lowest decay cannot lie above its highest\)",
+    ),
+    Case(flag("train", "--ema-warmup", "--ema-min-decay", "0.3"), r"ema_warmup=True: expected --ema DECAY too"),
     Case(
         deep_model_flags,
         r"the model flags: a model with depth=100000000, .* \(parameters, gradients, optimizer state",
@@ -126,6 +166,22 @@ CASES = [
     Case(lock_is_a_link("nothing"), r"{tmp}/run/.vit-lock: a symbolic link where vit keeps its lock file"),
     Case(init_inside_out, r"{tmp}/run: the output holds --init {tmp}/run/model.safetensors; write the output"),
     Case(export_onto_a_users_folder, r"{tmp}/run/model_hf: a folder holding things vit did not write .*notes.txt"),
+    Case(
+        adam_state("step 2.5", lambda step, mu, nu: step * 0 + 2.5),
+        r"{tmp}/ckpt.pth: optimizer state of '.*': Adam step 2.5: expected a whole number in \[0, 2147483647\]",
+    ),
+    Case(
+        adam_state("step 2**33", lambda step, mu, nu: step * 0 + 2.0**33),
+        r"{tmp}/ckpt.pth: optimizer state of '.*': Adam step 8.58993e\+09: expected a whole number",
+    ),
+    Case(
+        adam_state("exp_avg -inf", lambda step, mu, nu: _set(mu, -float("inf")) or step),
+        r"{tmp}/ckpt.pth: optimizer: exp_avg of 'head.weight' holds 1 bad value\(s\) \(e.g. -inf\): expected finite",
+    ),
+    Case(
+        adam_state("exp_avg_sq -1e-3", lambda step, mu, nu: _set(nu, -1e-3) or step),
+        r"{tmp}/ckpt.pth: optimizer: exp_avg_sq of 'head.weight' holds 1 bad .*: expected finite values >= 0",
+    ),
     Case(
         assumed_into_train_exports,
         r"{tmp}/run/model_timm.safetensors: timm readers take every config field as fact, and .*--accept-assumed",
