@@ -221,6 +221,39 @@ def _no_payload(tmp: Path, out: str) -> None:
     assert not (tmp / "PWNED").exists()
 
 
+def declared_preprocessing(name: str, write: Callable[[Path], None]) -> Callable[[Path], list[str]]:
+    """``vit convert`` of a checkpoint of the small model (32x32, 10 classes) whose stored preprocessing or
+    class names ``write(tmp)`` wrote: what ``vit predict`` would refuse, refused before it is written."""
+
+    def build(tmp: Path) -> list[str]:
+        write(tmp)
+        src = next(p for p in tmp.iterdir() if p.name in ("hf", "hub", "m.safetensors"))
+        return ["convert", str(src), str(tmp / "out.safetensors")]
+
+    build.__name__ = name
+    return build
+
+
+def _hf_processor(**pp) -> Callable[[Path], None]:
+    def write(tmp: Path) -> None:
+        save_checkpoint(tmp / "hf", SMALL, random_state(SMALL, scale=0.2), "hf")
+        config = {"image_processor_type": "CLIPImageProcessor", "do_center_crop": True, "do_resize": True} | pp
+        (tmp / "hf" / "preprocessor_config.json").write_text(json.dumps(config))
+
+    return write
+
+
+def _hub_labels(tmp: Path) -> None:
+    save_checkpoint(tmp / "hub", SMALL, random_state(SMALL, scale=0.2), "timm", classes=list("abcdefghij"))
+    config = json.loads((tmp / "hub" / "config.json").read_text())
+    (tmp / "hub" / "config.json").write_text(json.dumps(config | {"label_names": ["cat", "dog", "bird", "fish"]}))
+
+
+def _ours_crop_pct(tmp: Path) -> None:
+    meta = {"format": FORMAT_TAG, "vit_config": SMALL.to_json(), "preprocess": json.dumps({"crop_pct": 1e-6})}
+    save_file(random_state(SMALL, scale=0.2), str(tmp / "m.safetensors"), meta)
+
+
 CASES = [
     # nothing of the user's is replaced
     Case(project_folder, r"{tmp}/project: a folder holding things vit did not write .*config.json, src"),
@@ -262,6 +295,26 @@ CASES = [
     Case(int_weights, r"{tmp}/int.safetensors: tensors that are not floating point: head.bias \(int64\)"),
     Case(
         assumed_into_hf, r"{tmp}/hf: hf readers take every config field as fact, and .*gelu='exact'.* --accept-assumed"
+    ),
+    Case(
+        declared_preprocessing(
+            "resize 10**6 cropped to fit", _hf_processor(size={"shortest_edge": 10**6}, crop_size=32)
+        ),
+        r"{tmp}/hf: the preprocessing \(resize_size=\[1000000\]; declared: .*\) resizes every image to "
+        r"1000000x1000000 pixels or more: expected at most Pillow's",
+    ),
+    Case(
+        declared_preprocessing("crop 16 of a 32 model", _hf_processor(size={"shortest_edge": 20}, crop_size=16)),
+        r"{tmp}/hf: the preprocessing \(resize_size=\[20\], crop_size=\[16, 16\]; .*\) gives 16x16 images; the model "
+        r"takes 32x32",
+    ),
+    Case(
+        declared_preprocessing("4 label names for 10 classes", _hub_labels),
+        r"{tmp}/hub: 4 class names \(declared: {tmp}/hub/config.json.*\) for a model with 10 classes",
+    ),
+    Case(
+        declared_preprocessing("crop_pct 1e-6", _ours_crop_pct),
+        r"{tmp}/m.safetensors: the preprocessing \(crop_pct=1e-06 at 32x32; declared.*32000000x32000000 pixels",
     ),
     Case(convert_checkpoint_into_its_source, r"{tmp}/hf/copy.npz: the output lies inside the source {tmp}/hf; write"),
     # tracebacks instead of named errors

@@ -483,13 +483,16 @@ def convert(
 
     Raises:
         ValueError: ``dst`` is ``src``, lies inside it or holds it (the source would be replaced by its own
-            conversion: ``vit_common.system.io.check_apart``); and what
-            ``load_checkpoint`` and ``save_checkpoint`` raise.
+            conversion: ``vit_common.system.io.check_apart``); declared preprocessing or class names
+            that ``vit predict`` would refuse (``ModelInfo.check``); and what ``load_checkpoint`` and
+            ``save_checkpoint`` raise.
     """
     src = open_checkpoint(src)
     io.check_apart(dst, {"the source": src.path})
     ckpt = load_checkpoint(src, fmt=from_fmt, readers=readers, lazy=True, **read_options)
     info = ckpt.info
+    if read_options.get("num_classes") is None:  # a replaced head drops the old class names
+        info.check(ckpt.cfg.image_size, ckpt.cfg.num_classes, str(src.path))
     declared = dict(
         preprocess=info.preprocess if info.preprocess_source.startswith("declared") else None,
         classes=info.classes if info.classes is not None and len(info.classes) == ckpt.cfg.num_classes else None,

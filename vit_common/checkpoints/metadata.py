@@ -122,6 +122,43 @@ class ModelInfo:
     classes_source: str = "none: the file names no classes"
     warnings: list[str] = field(default_factory=list)
 
+    def check(self, image_size: tuple[int, int], num_classes: int, where: str) -> None:
+        """Refuse what ``vit predict`` / ``vit evaluate`` could not use with a model taking (H, W) =
+        ``image_size`` and ``num_classes`` classes, before it is written or used: class names not one a
+        class; a transformers geometry whose output is not (H, W) (a crop larger or smaller than the
+        model's input); an evaluation resize of more pixels than Pillow's decompression-bomb limit
+        (``PIL.Image.MAX_IMAGE_PIXELS``; for a shorter-side resize S, S x S, the least it can be).
+
+        Raises:
+            ValueError: one line naming ``where``, the value and what it contradicts.
+        """
+        from PIL import Image
+
+        if self.classes is not None and len(self.classes) != num_classes:
+            raise ValueError(
+                f"{where}: {len(self.classes)} class names ({self.classes_source}) for a model with {num_classes} "
+                "classes: expected one name a class (--classes replaces them)"
+            )
+        h, w = image_size
+        pp = self.preprocess
+        if pp.resize_size is None:
+            resize = (math.floor(h / pp.crop_pct), math.floor(w / pp.crop_pct))
+            what = f"crop_pct={pp.crop_pct} at {h}x{w}"
+        else:
+            resize = pp.resize_size * (3 - len(pp.resize_size))
+            what = f"resize_size={list(pp.resize_size)}"
+            out = pp.crop_size or pp.resize_size
+            if tuple(out) != (h, w):
+                raise ValueError(
+                    f"{where}: the preprocessing ({what}, crop_size={pp.crop_size and list(pp.crop_size)}; "
+                    f"{self.preprocess_source}) gives {'x'.join(map(str, out))} images; the model takes {h}x{w}"
+                )
+        if resize[0] * resize[1] > Image.MAX_IMAGE_PIXELS:
+            raise ValueError(
+                f"{where}: the preprocessing ({what}; {self.preprocess_source}) resizes every image to "
+                f"{resize[0]}x{resize[1]} pixels or more: expected at most Pillow's {Image.MAX_IMAGE_PIXELS}"
+            )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "preprocess": self.preprocess.to_dict(),
