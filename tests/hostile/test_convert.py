@@ -254,12 +254,31 @@ def _ours_crop_pct(tmp: Path) -> None:
     save_file(random_state(SMALL, scale=0.2), str(tmp / "m.safetensors"), meta)
 
 
+def user_file_in_orbax(where: str) -> Callable[[Path], list[str]]:
+    """An orbax folder vit wrote, then a file of the user's put ``where`` inside its state/ sub-folder:
+    writing the folder again would delete it."""
+
+    def build(tmp: Path) -> list[str]:
+        src = small_model(tmp)
+        assert main(["convert", str(src), str(tmp / "ob"), "--to", "orbax"]) == 0
+        (tmp / "ob" / where).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / "ob" / where).write_text("the user's\n")
+        return ["convert", str(src), str(tmp / "ob"), "--to", "orbax"]
+
+    build.__name__ = f"user file at orbax {where}"
+    return build
+
+
 CASES = [
     # nothing of the user's is replaced
     Case(project_folder, r"{tmp}/project: a folder holding things vit did not write .*config.json, src"),
     Case(run_folder, r"{tmp}/run: a folder holding things vit did not write .*checkpoints, metrics.jsonl"),
     Case(foreign_npz, r"{tmp}/theirs.npz: exists and vit cannot tell it wrote it; pass --overwrite"),
     Case(foreign_safetensors, r"{tmp}/hub.safetensors: exists and vit cannot tell it wrote it"),
+    Case(
+        user_file_in_orbax("state/notes.txt"), r"{tmp}/ob: a folder holding things vit did not write .*state/notes.txt"
+    ),
+    Case(user_file_in_orbax("state/mine/a.txt"), r"{tmp}/ob: .*did not write .*\(state/mine, state/mine/a.txt\)"),
     Case(fifo_destination, r"{tmp}/out.npz: exists and vit cannot tell it wrote it"),
     # small inputs that would exhaust the machine or hang
     Case(device_source, r"/dev/zero: .*a device, expected a regular checkpoint file", child=True),
