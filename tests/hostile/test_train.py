@@ -5,8 +5,10 @@ the exports)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from vit_cli.main import main
 from vit_common.checkpoints.convert import save_checkpoint
 from vit_common.state import random_state
 from vit_common.system import io
@@ -138,6 +141,44 @@ def adam_state(what: str, damage) -> Callable[[Path], list[str]]:
     return build
 
 
+def resume_without_checkpoints(what: str, damage: Callable[[Path], None]) -> Callable[[Path], list[str]]:
+    """A finished run whose checkpoints ``damage(run)`` took away, resumed: it would train again from step
+    0 and replace the exports."""
+
+    def build(tmp: Path) -> list[str]:
+        data = npz_dataset(tmp / "d.npz", [0, 1] * 4)
+        argv = [*TRAIN, "--dataset", f"npz:{data}", "--out", str(tmp / "run")]
+        shutil.copytree(_finished_run(tmp.parents[1], data), tmp / "run", symlinks=True)
+        damage(tmp / "run")
+        return [*argv, "--resume"]
+
+    build.__name__ = f"--resume with {what}"
+    return build
+
+
+def _finished_run(base: Path, data: Path) -> Path:
+    """A finished run on ``data``'s images, trained once a session under ``base`` (the session's temporary
+    folder) and copied by each case: a run folder copied elsewhere is the same run (config.json)."""
+    done = base / "finished-run"
+    if not done.is_dir():
+        work = base / f"finished-run-{os.getpid()}"
+        shutil.rmtree(work, ignore_errors=True)
+        assert main([*TRAIN, "--dataset", f"npz:{data}", "--out", str(work / "run")]) == 0
+        with contextlib.suppress(OSError):  # another worker was first: its run is the same
+            os.rename(work, done)
+    return done / "run"
+
+
+def _checkpoints_removed(run: Path) -> None:
+    shutil.rmtree(run / "checkpoints")
+
+
+def _checkpoints_half_written(run: Path) -> None:
+    """Every step folder renamed as orbax names one still being written."""
+    for step in (run / "checkpoints").iterdir():
+        step.rename(step.with_name(f"{step.name}.orbax-checkpoint-tmp-1"))
+
+
 def _set(tensor, value):
     tensor.view(-1)[0] = value
 
@@ -181,6 +222,14 @@ CASES = [
     Case(
         adam_state("exp_avg_sq -1e-3", lambda step, mu, nu: _set(nu, -1e-3) or step),
         r"{tmp}/ckpt.pth: optimizer: exp_avg_sq of 'head.weight' holds 1 bad .*: expected finite values >= 0",
+    ),
+    Case(
+        resume_without_checkpoints("checkpoints/ removed", _checkpoints_removed),
+        r"{tmp}/run: nothing to resume from: the run trained \({tmp}/run/model.safetensors exists\), but no checkpoint",
+    ),
+    Case(
+        resume_without_checkpoints("only half-written checkpoints", _checkpoints_half_written),
+        r"{tmp}/run: nothing to resume from: .*{tmp}/run/checkpoints holds no complete checkpoint\)",
     ),
     Case(
         assumed_into_train_exports,
