@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vit_common.data.images import Preprocess
 from vit_common.system.io import parse_json, read_json
+from vit_common.system.validate import regular_file
 
 # transformers' PILImageResampling values (= Pillow's Image.Resampling) of the filters we use (4 BOX and
 # 5 HAMMING are not among them).
@@ -327,11 +329,13 @@ def hf_preprocess_file(folder: Path, model_type: Any = None) -> Preprocess | Non
     folder's config.json names), None if it has none.
 
     Raises:
-        ValueError: the file is not a JSON object, or its preprocessing cannot be read (names the file).
+        ValueError: the file is not a JSON object, not a regular file (a FIFO, a device), or its
+            preprocessing cannot be read (names the file).
     """
     p = folder / "preprocessor_config.json"
-    if not p.is_file():
+    if not os.path.lexists(p):
         return None
+    regular_file(p, "preprocessor config")  # a FIFO or device named, not taken for a missing file
     config = read_json(p)
     if not isinstance(config, dict):
         raise ValueError(f"{p}: not a readable JSON object")
