@@ -200,6 +200,8 @@ def fit(
             state = trainer.init_state()
         before = _cache_events()
         trainer.compile()  # while the first batches are made
+        if stop is not None:
+            stop.compiled()  # a signal held back while XLA compiled stops the run now
         hits, misses = (_cache_events()[k] - before[k] for k in ("cache_hits", "cache_misses"))
         if lead:
             out.mkdir(parents=True, exist_ok=True)

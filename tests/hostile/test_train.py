@@ -377,3 +377,35 @@ def test_a_disk_that_fills_before_the_exports_says_the_training_is_kept_and_resu
     assert again.returncode == 0, again.stderr
     assert "nothing to train, exported again" in again.stderr + again.stdout
     assert (out / "model.safetensors").is_file() and (out / "curves.png").is_file()
+
+
+# --------------------------------------------------------------------------------- signals
+
+
+def test_sigterm_while_xla_compiles_is_the_stop_line_alone(tmp_path):
+    """SIGTERM delivered while the first training step compiles, inside a garbage-collection callback of
+    JAX's own (as ``jax._src.lib``'s XLA one, which Python calls at each collection and where an exception
+    raised was printed as "Exception ignored ... Traceback", or left XLA to crash the process at exit):
+    one stop line, exit code 3, the run folder removed."""
+    fire = "def _fire(phase, info):\n    if phase == 'start' and ARMED:\n        globals()['ARMED'] = False\n"
+    fire += "        import os, signal\n        os.kill(os.getpid(), signal.SIGTERM)\n"
+    prelude = "\n".join(
+        [
+            "import gc, jax._src.lib as lib, vit_jax.trainer as T",
+            f"exec({fire!r}, lib.__dict__)",  # a callback whose frame is JAX's module, as XLA's is
+            "lib.ARMED = False",
+            "gc.callbacks.append(lib._fire)",
+            "compile = T.Trainer.compile",
+            "def armed(self):",
+            "    lib.ARMED = True",
+            "    return compile(self)",
+            "T.Trainer.compile = armed",
+        ]
+    )
+    proc = _train_child(tmp_path / "run", prelude=prelude)
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        "vit train: stopped by SIGTERM before training began; the same command starts it again"
+    )
+    assert not (tmp_path / "run").exists()
