@@ -5,6 +5,7 @@ folders, images of height 0, --out inside the dataset, --resume after the data c
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -83,6 +84,50 @@ def parquet_unreadable_image(tmp: Path) -> list[str]:
 
 def arrayrecord_matching_nothing(tmp: Path) -> list[str]:
     return _train_on(f"arrayrecord:{tmp / 'shards' / 'train-*.array_record'}", tmp)
+
+
+def damaged_records(what: str, damage: Callable[[Path], None]) -> Callable[[Path], list[str]]:
+    """``vit data convert`` of an image folder (3 classes of 6 images) into 3 shards of 6 records, then
+    ``damage(folder)``, then training on it."""
+
+    def build(tmp: Path) -> list[str]:
+        _folder(tmp / "imgs", n=6)
+        (tmp / "imgs" / "c").mkdir()
+        for i in range(6):
+            write_png(tmp / "imgs" / "c" / f"{i}.png", (8, 8))
+        assert main(["data", "convert", str(tmp / "imgs"), str(tmp / "rec"), "--shard-size", "6"]) == 0
+        damage(tmp / "rec")
+        return _train_on(f"arrayrecord:{tmp / 'rec'}", tmp)
+
+    build.__name__ = f"arrayrecord {what}"
+    return build
+
+
+SHARD = "train-00001-of-00003.array_record"
+
+
+def _overwrite_records(rec: Path) -> None:
+    data = bytearray((rec / SHARD).read_bytes())
+    data[300:600] = np.random.default_rng(0).integers(0, 256, 300, np.uint8).tobytes()
+    (rec / SHARD).write_bytes(bytes(data))
+
+
+def _truncate(rec: Path) -> None:
+    data = (rec / SHARD).read_bytes()
+    (rec / SHARD).write_bytes(data[: len(data) // 2])
+
+
+def _to_dev_zero(rec: Path) -> None:
+    (rec / SHARD).unlink()
+    os.symlink("/dev/zero", rec / SHARD)
+
+
+def _declare(**changes) -> Callable[[Path], None]:
+    def damage(rec: Path) -> None:
+        info = json.loads((rec / "dataset.json").read_text())
+        (rec / "dataset.json").write_text(json.dumps(info | changes))
+
+    return damage
 
 
 def fifo_in_image_folder(tmp: Path) -> list[str]:
@@ -182,6 +227,21 @@ CASES = [
         r"{tmp}/run: the dataset changed since the run started \(classes: the run has \['a', 'b'\], the data now "
         r"\['a', 'c'\]; train images: the run has 4, the data now 5; files added \(4\): a/9.png, c/0.png, .*; "
         r"files removed \(3\): b/0.png",
+    ),
+    # damaged datasets: one line naming the file and the damage
+    Case(
+        damaged_records("shard overwritten", _overwrite_records),
+        rf"{{tmp}}/rec/{SHARD}: a damaged ArrayRecord file \(at record 0 of 6: Corrupted Riegeli",
+    ),
+    Case(damaged_records("shard truncated", _truncate), rf"{{tmp}}/rec/{SHARD}: a damaged ArrayRecord file"),
+    Case(damaged_records("shard a link to /dev/zero", _to_dev_zero), rf"{{tmp}}/rec/{SHARD}: a device, expected"),
+    Case(
+        damaged_records("shard deleted", lambda rec: (rec / SHARD).unlink()),
+        r"{tmp}/rec/dataset.json: declares 18 train records; the files hold 12 \(train-00000-of-00003.array_record: 6",
+    ),
+    Case(
+        damaged_records("5 classes named for 3", _declare(classes=["a", "b", "c", "d", "e"])),
+        r"{tmp}/rec/dataset.json: names 5 classes, but no record is labelled 'd', 'e' \(the records hold 3 classes\)",
     ),
     # tracebacks instead of named errors
     Case(bomb_in_image_folder, r"{tmp}/imgs/b/3.png: unreadable image \(Image size \(400000000 pixels\) exceeds limit"),
