@@ -221,6 +221,27 @@ def _no_payload(tmp: Path, out: str) -> None:
     assert not (tmp / "PWNED").exists()
 
 
+def declared_size(
+    name: str, fmt: str, changes: dict, model_type: str = "", arch: str = ""
+) -> Callable[[Path], list[str]]:
+    """``vit convert`` of a ``fmt`` folder of the small model ('hf': config.json at the top; 'timm': its
+    hub folder, ``model_args``) whose config.json states ``changes`` (and ``model_type``, ``arch``): sizes that
+    claim far more than the file's tensors, refused before a rule, a module or an array is built."""
+
+    def build(tmp: Path) -> list[str]:
+        save_checkpoint(tmp / "src", SMALL, random_state(SMALL, scale=0.2), fmt)
+        config = json.loads((tmp / "src" / "config.json").read_text())
+        if fmt == "timm":
+            config["model_args"] |= changes
+        else:
+            config |= changes | ({"model_type": model_type, "architectures": [arch]} if model_type else {})
+        (tmp / "src" / "config.json").write_text(json.dumps(config))
+        return ["convert", str(tmp / "src"), str(tmp / "out.safetensors")]
+
+    build.__name__ = name
+    return build
+
+
 def declared_preprocessing(name: str, write: Callable[[Path], None]) -> Callable[[Path], list[str]]:
     """``vit convert`` of a checkpoint of the small model (32x32, 10 classes) whose stored preprocessing or
     class names ``write(tmp)`` wrote: what ``vit predict`` would refuse, refused before it is written."""
@@ -288,6 +309,32 @@ CASES = [
     Case(huge_resample, r"image_size=800000: a model with .* beyond the limit", child=True),
     Case(huge_head, r"num_classes=2000000000: a model .* beyond the limit", child=True),
     Case(deep_orbax_config, r"{tmp}/ob: a model with depth=1000000000.* beyond the limit", child=True),
+    Case(
+        declared_size("hf ViT hidden_size 10**6", "hf", {"hidden_size": 10**6}),
+        r"{tmp}/src.*(hidden_size|width=1000000)",
+        child=True,
+    ),
+    Case(
+        declared_size(
+            "vit_msn num_hidden_layers 10**9",
+            "hf",
+            {"num_hidden_layers": 10**9},
+            "vit_msn",
+            "ViTMSNForImageClassification",
+        ),
+        r"{tmp}/src.*depth=1000000000.* but the file holds",
+        child=True,
+    ),
+    Case(
+        declared_size("timm hub embed_dim 10**6", "timm", {"embed_dim": 10**6}),
+        r"{tmp}/src/config.json: model_args: declares depth=2, width=1000000, mlp_dim=2000000: .* but the file holds",
+        child=True,
+    ),
+    Case(
+        declared_size("timm hub depth 10**9", "timm", {"depth": 10**9}),
+        r"{tmp}/src/config.json: model_args: declares depth=1000000000, width=32, mlp_dim=64",
+        child=True,
+    ),
     Case(hf_index_traversal, r"{tmp}/hf/model.safetensors.index.json: weight_map names files outside the folder"),
     Case(npz_claims_1e12, r"{tmp}/big.npz: .*member 'embedding/kernel' \(\(1000, 1000, 1000, 1000\)", child=True),
     Case(

@@ -213,7 +213,7 @@ def _apply_overrides(dec: Decoded, overrides: Mapping[str, Any], context: str) -
     """Overrides the reader did not take itself (formats with a stored config), recorded as given."""
     rest = {k: v for k, v in overrides.items() if dec.provenance.get(k, Origin("", "")).kind != GIVEN}
     if rest:
-        dec.cfg = build_config(dec.cfg.to_dict(), dec.provenance, rest, context)
+        dec.cfg = build_config(dec.cfg.to_dict(), dec.provenance, rest, context, dec.state)
 
 
 def load_checkpoint(
