@@ -82,6 +82,62 @@ def parquet_unreadable_image(tmp: Path) -> list[str]:
     return _train_on(f"hf:{tmp / 'pq'}", tmp)
 
 
+def _parquet(path: Path, n: int) -> Path:
+    """A Parquet file of ``n`` rows (8x8 PNGs, ClassLabel a/b) as ``datasets`` writes it: uncompressed
+    image pages first, then the snappy label page."""
+    import datasets
+
+    good = write_png(path.with_suffix(".png"), (8, 8)).read_bytes()
+    path.with_suffix(".png").unlink()
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])})
+    rows = {"image": [{"bytes": good, "path": None}] * n, "label": [0, 1] * (n // 2)}
+    datasets.Dataset.from_dict(rows, features=features).to_parquet(str(path))
+    return path
+
+
+def damaged_parquet(column: str):
+    """A Parquet folder whose ``column`` chunk has 30 bytes overwritten (its page header, or data)."""
+
+    def build(tmp: Path) -> list[str]:
+        import pyarrow.parquet as pq
+
+        (tmp / "pq").mkdir()
+        path = _parquet(tmp / "pq" / "train.parquet", 6)
+        meta = pq.ParquetFile(path).metadata.row_group(0)
+        chunk = next(meta.column(c) for c in range(meta.num_columns) if meta.column(c).path_in_schema == column)
+        data = bytearray(path.read_bytes())
+        start = chunk.data_page_offset + (8 if column != "label" else 20)
+        data[start : start + 30] = b"\xff" * 30
+        path.write_bytes(bytes(data))
+        return _train_on(f"hf:{tmp / 'pq'}", tmp)
+
+    build.__name__ = f"parquet {column} pages damaged"
+    return build
+
+
+def parquet_empty_test_split(tmp: Path) -> list[str]:
+    (tmp / "pq").mkdir()
+    _parquet(tmp / "pq" / "train.parquet", 6)
+    _parquet(tmp / "pq" / "test.parquet", 0)
+    return _train_on(f"hf:{tmp / 'pq'}", tmp)
+
+
+def hf_saved_with_0_rows(tmp: Path) -> list[str]:
+    import datasets
+
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])})
+    datasets.Dataset.from_dict({"image": [], "label": []}, features=features).save_to_disk(str(tmp / "hf"))
+    return _train_on(f"hf:{tmp / 'hf'}", tmp)
+
+
+def hf_arrow_truncated(tmp: Path) -> list[str]:
+    root = _hf_rows(tmp, "hf", [0, 1] * 3)
+    arrow = next(root.glob("*.arrow"))
+    data = arrow.read_bytes()
+    arrow.write_bytes(data[: len(data) // 2])
+    return _train_on(f"hf:{root}", tmp)
+
+
 def arrayrecord_matching_nothing(tmp: Path) -> list[str]:
     return _train_on(f"arrayrecord:{tmp / 'shards' / 'train-*.array_record'}", tmp)
 
@@ -243,6 +299,11 @@ CASES = [
         damaged_records("5 classes named for 3", _declare(classes=["a", "b", "c", "d", "e"])),
         r"{tmp}/rec/dataset.json: names 5 classes, but no record is labelled 'd', 'e' \(the records hold 3 classes\)",
     ),
+    Case(hf_saved_with_0_rows, r"{tmp}/hf: 0 rows; expected labelled images"),
+    Case(parquet_empty_test_split, r"{tmp}/pq \(split 'test'\): 0 rows; expected labelled images"),
+    Case(damaged_parquet("label"), r"{tmp}/pq/train.parquet: a damaged Parquet file \("),
+    Case(damaged_parquet("image.bytes"), r"{tmp}/pq/train.parquet: a damaged Parquet file \(row group 0, rows 0..5\)"),
+    Case(hf_arrow_truncated, r"{tmp}/hf: not a dataset saved with save_to_disk \(Expected to read \d+ metadata bytes"),
     # tracebacks instead of named errors
     Case(bomb_in_image_folder, r"{tmp}/imgs/b/3.png: unreadable image \(Image size \(400000000 pixels\) exceeds limit"),
     Case(fifo_in_image_folder, r"{tmp}/imgs/b/9.png: a FIFO, expected a regular dataset file", child=True),
