@@ -138,6 +138,49 @@ def hf_arrow_truncated(tmp: Path) -> list[str]:
     return _train_on(f"hf:{root}", tmp)
 
 
+def damaged_tfds(what: str, damage: Callable[[Path], None]) -> Callable[[Path], list[str]]:
+    """A tfds dataset (6 PNGs of classes a/b, one train shard) prepared by tfds's own builder as
+    ArrayRecord, without TensorFlow, then ``damage(version folder)``, then training on it."""
+
+    def build(tmp: Path) -> list[str]:
+        tfds = pytest.importorskip("tensorflow_datasets")
+        _folder(tmp / "imgs")
+        files = sorted((tmp / "imgs").rglob("*.png"))
+
+        class Tiny(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+            VERSION = tfds.core.Version("1.0.0")
+
+            def _info(self):
+                features = {"image": tfds.features.Image(), "label": tfds.features.ClassLabel(names=["a", "b"])}
+                return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features))
+
+            def _split_generators(self, dl_manager):
+                return {"train": self._generate_examples()}
+
+            def _generate_examples(self):
+                for i, f in enumerate(files):
+                    yield i, {"image": str(f), "label": f.parent.name}
+
+        Tiny.__module__ = "__main__"  # tfds looks for files beside a package's builder (tests.hostile is one)
+        builder = Tiny(data_dir=str(tmp / "tfds"), file_format="array_record")
+        builder.download_and_prepare()
+        damage(Path(builder.data_dir))
+        return _train_on(f"tfds:{builder.data_dir}", tmp)
+
+    build.__name__ = f"tfds {what}"
+    return build
+
+
+def _claim_more(version: Path) -> None:
+    info = json.loads((version / "dataset_info.json").read_text())
+    info["splits"][0]["shardLengths"] = ["9"]
+    (version / "dataset_info.json").write_text(json.dumps(info))
+
+
+def _tfds_shard(version: Path) -> Path:
+    return next(version.glob("*train.array_record*"))
+
+
 def arrayrecord_matching_nothing(tmp: Path) -> list[str]:
     return _train_on(f"arrayrecord:{tmp / 'shards' / 'train-*.array_record'}", tmp)
 
@@ -304,6 +347,19 @@ CASES = [
     Case(damaged_parquet("label"), r"{tmp}/pq/train.parquet: a damaged Parquet file \("),
     Case(damaged_parquet("image.bytes"), r"{tmp}/pq/train.parquet: a damaged Parquet file \(row group 0, rows 0..5\)"),
     Case(hf_arrow_truncated, r"{tmp}/hf: not a dataset saved with save_to_disk \(Expected to read \d+ metadata bytes"),
+    Case(
+        damaged_tfds("dataset_info claims 9 of 6 records", _claim_more),
+        r"{tmp}/tfds/tiny/1.0.0/dataset_info.json: declares 9 records in tiny-train.array_record-00000-of-00001; "
+        r"the file holds 6",
+    ),
+    Case(
+        damaged_tfds("shard deleted", lambda v: _tfds_shard(v).unlink()),
+        r"{tmp}/tfds/tiny/1.0.0/tiny-train.array_record-00000-of-00001: no such shard of split 'train'",
+    ),
+    Case(
+        damaged_tfds("shard truncated", lambda v: _tfds_shard(v).write_bytes(_tfds_shard(v).read_bytes()[:70000])),
+        r"{tmp}/tfds/tiny/1.0.0/tiny-train.array_record-00000-of-00001: a damaged ArrayRecord shard",
+    ),
     # tracebacks instead of named errors
     Case(bomb_in_image_folder, r"{tmp}/imgs/b/3.png: unreadable image \(Image size \(400000000 pixels\) exceeds limit"),
     Case(fifo_in_image_folder, r"{tmp}/imgs/b/9.png: a FIFO, expected a regular dataset file", child=True),
