@@ -274,8 +274,9 @@ def compare_training(
     verdict holds to the tolerance table's "train_vs_float64" bound.
 
     Raises:
-        ValueError: steps < 1 or more than the run has, configs whose batches differ (batch size,
-            epochs, seed, augmentation), an EMA in one twin only, or anything the trainers refuse.
+        ValueError: steps < 1 or more than the run has, a batch larger than the training images, configs
+            whose batches differ (batch size, epochs, seed, augmentation), an EMA in one twin only, or
+            anything the trainers refuse.
     """
     import vit_jax.trainer as jt
     import vit_torch.train as tt
@@ -288,6 +289,11 @@ def compare_training(
         raise ValueError(f"the twins' train configs differ in {differ}: their batches would not be the same")
     if (tcfg.ema is None) != (torch_tcfg.ema is None):
         raise ValueError(f"ema={tcfg.ema} (JAX) and {torch_tcfg.ema} (torch): an EMA in both twins or in neither")
+    if tcfg.batch_size > len(data.train):
+        raise ValueError(
+            f"batch_size={tcfg.batch_size}: expected at most the {len(data.train)} training images of "
+            f"{tcfg.dataset} (a larger batch is padding: both twins would compute on it for nothing)"
+        )
     total = batches_per_epoch(len(data.train), tcfg.batch_size) * tcfg.epochs
     if not 1 <= steps <= total:
         raise ValueError(f"steps={steps}: expected 1 <= K <= {total} (the run's steps)")

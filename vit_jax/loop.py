@@ -41,7 +41,7 @@ from vit_jax.data import DataWorkerError
 from vit_jax.hooks import Hooks, RunState
 from vit_jax.observe import ProfileWindow, Summaries, require_wandb
 from vit_jax.preemption import Stopped, StopSignals
-from vit_jax.resume import check_same_data, config_mismatch, run_config, schedule_change
+from vit_jax.resume import check_checkpoints_left, check_same_data, config_mismatch, run_config, schedule_change
 from vit_jax.trainer import Trainer, _cache_events, sharded_abstract
 
 
@@ -164,7 +164,8 @@ def fit(
             (every differing field listed; ``epochs`` may differ, which recomputes the schedule:
             ``schedule_change``), or with an epoch count that ends before the checkpoint; a metrics line
             before the last that is not JSON or has no step (a last line a kill cut is dropped).
-        FileNotFoundError: ``resume`` without a run in ``out``. A run stopped before its first complete
+        FileNotFoundError: ``resume`` without a run in ``out``, or of a run that trained but has no
+            checkpoint left (``vit_jax.resume.check_checkpoints_left``). A run stopped before its first complete
             checkpoint starts again from step 0, with or without ``resume`` and with any config; a
             latest checkpoint that does not restore is reported and the one before it used.
         NonFiniteError: NaN or Inf in the loss or gradients; the last good checkpoint stays intact.
@@ -199,6 +200,8 @@ def fit(
             state = trainer.init_state()
         before = _cache_events()
         trainer.compile()  # while the first batches are made
+        if stop is not None:
+            stop.compiled()  # a signal held back while XLA compiled stops the run now
         hits, misses = (_cache_events()[k] - before[k] for k in ("cache_hits", "cache_misses"))
         if lead:
             out.mkdir(parents=True, exist_ok=True)
@@ -300,6 +303,7 @@ def _check_folder(trainer: Trainer, out: Path, options: RunOptions, config: dict
             )
         if saved:  # (without a checkpoint nothing continues: any data starts afresh)
             check_same_data(out, saved_config, config["dataset"], lead)
+        check_checkpoints_left(out, saved)
         saved_epochs = saved_config.get("train", {}).get("epochs", trainer.tcfg.epochs)
         schedule_change(trainer, saved_epochs, saved[-1] if saved else 0)
     elif saved:

@@ -214,7 +214,7 @@ def _apply_overrides(dec: Decoded, overrides: Mapping[str, Any], context: str) -
     """Overrides the reader did not take itself (formats with a stored config), recorded as given."""
     rest = {k: v for k, v in overrides.items() if dec.provenance.get(k, Origin("", "")).kind != GIVEN}
     if rest:
-        dec.cfg = build_config(dec.cfg.to_dict(), dec.provenance, rest, context)
+        dec.cfg = build_config(dec.cfg.to_dict(), dec.provenance, rest, context, dec.state)
 
 
 def load_checkpoint(
@@ -500,13 +500,16 @@ def convert(
 
     Raises:
         ValueError: ``dst`` is ``src``, lies inside it or holds it (the source would be replaced by its own
-            conversion: ``vit_common.system.io.check_apart``); and what
-            ``load_checkpoint`` and ``save_checkpoint`` raise.
+            conversion: ``vit_common.system.io.check_apart``); declared preprocessing or class names
+            that ``vit predict`` would refuse (``ModelInfo.check``); and what ``load_checkpoint`` and
+            ``save_checkpoint`` raise.
     """
     src = open_checkpoint(src)
     io.check_apart(dst, {"the source": src.path})
     ckpt = load_checkpoint(src, fmt=from_fmt, readers=readers, lazy=True, **read_options)
     info = ckpt.info
+    if read_options.get("num_classes") is None:  # a replaced head drops the old class names
+        info.check(ckpt.cfg.image_size, ckpt.cfg.num_classes, str(src.path))
     declared = dict(
         preprocess=info.preprocess if info.preprocess_source.startswith("declared") else None,
         classes=info.classes if info.classes is not None and len(info.classes) == ckpt.cfg.num_classes else None,

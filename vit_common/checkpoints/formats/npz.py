@@ -341,7 +341,7 @@ def read(
     dt = common_float_dtype(t)
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
-    cfg = build_config(f, prov, overrides, context)
+    cfg = build_config(f, prov, overrides, context, t)
     layout = Layout(prefix, counters, posemb_key or "pos_embedding", scan)
     state = to_canonical(rules(cfg, layout), t, context)
     return Decoded(cfg, state, layout.describe(), prov, dropped, notes)

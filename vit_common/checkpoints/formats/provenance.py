@@ -21,7 +21,7 @@ from typing import Any
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.tensors import dtype_of
 from vit_common.config import FUNCTION_FIELDS, VARIANTS, ViTConfig
-from vit_common.system.validate import is_float
+from vit_common.system.validate import check_holds, is_float
 
 DECLARED, DERIVED, ASSUMED, GIVEN = "declared", "derived", "assumed", "given"
 
@@ -377,12 +377,20 @@ PLAIN_VIT_ORIGINS = {
 }
 
 
-def build_config(fields: dict, provenance: dict[str, Origin], overrides: Mapping, context: str) -> ViTConfig:
-    """ViTConfig from inferred ``fields`` with ``overrides`` on top (recorded as given); the fields of
-    ``PLAIN_VIT_ORIGINS`` not inferred keep their defaults with those origins.
+def build_config(
+    fields: dict, provenance: dict[str, Origin], overrides: Mapping, context: str, holds: Mapping[str, Any]
+) -> ViTConfig:
+    """ViTConfig from inferred ``fields`` with ``overrides`` on top (recorded as given), checked against
+    the file's own tensors ``holds`` before any reader builds a rule, a model or an array of it: every
+    reader builds its config here, so a declared size (a config.json's ``num_hidden_layers`` of 10^9, an
+    override) that claims more parameters than the file holds is refused at once
+    (``vit_common.system.validate.check_holds``: a count from the config's formula and the tensors'
+    shapes, nothing loaded). The fields of ``PLAIN_VIT_ORIGINS`` not inferred keep their defaults with
+    those origins.
 
     Raises:
-        FormatError: the combination is invalid (names the file and the fields).
+        FormatError: the combination is invalid, or declares more parameters than ``holds`` (names the
+            file and the fields).
     """
     for k, origin in PLAIN_VIT_ORIGINS.items():
         if k not in fields:
@@ -391,8 +399,13 @@ def build_config(fields: dict, provenance: dict[str, Origin], overrides: Mapping
         fields[k] = v
         provenance[k] = Origin(GIVEN, "passed by the caller")
     try:
-        return ViTConfig(**fields)
+        cfg = ViTConfig(**fields)
     except (TypeError, ValueError) as e:
         raise FormatError(
             f"{context}: the inferred config is invalid ({e}); pass the right value as an override"
         ) from e
+    try:
+        check_holds(cfg, holds, context)
+    except ValueError as e:
+        raise FormatError(str(e)) from None
+    return cfg

@@ -320,22 +320,37 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return materialize(open_npz(path))
 
 
+def _holds(path: Path, what: str) -> bool:
+    """Whether a folder holds ``path`` (a link, dangling or not, counts); one it holds must be a regular
+    file, so that a FIFO, a device (a link to /dev/zero) or a folder is named as what it is, never taken
+    for a missing file or read until the memory runs out.
+
+    Raises:
+        ValueError: a FIFO, device or socket; FileNotFoundError: a dangling link; IsADirectoryError: a
+            folder; OSError: a link loop (``vit_common.system.validate.regular_file``).
+    """
+    if not os.path.lexists(path):
+        return False
+    regular_file(path, what)
+    return True
+
+
 def _hf_folder(path: Path) -> Source:
     config = json_object(path / "config.json")
     index = path / HF_INDEX
-    if index.is_file():
+    if _holds(index, "index file"):
         wmap = json_object(index).get("weight_map")
         if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
             raise FormatError(f"{index}: no weight_map of tensor names to file names")
         names = sorted(set(wmap.values()))
         if any(Path(f).name != f or f in (".", "..") for f in names):
             raise FormatError(f"{index}: weight_map names files outside the folder")
-        missing = [f for f in names if not (path / f).is_file()]
+        missing = [f for f in names if not _holds(path / f, "checkpoint shard")]
         if missing:
             raise FormatError(f"{index}: weight_map names shard file(s) that do not exist: {missing}")
         return Source(path, "hf_folder", tuple(path / f for f in names), config, dict(wmap))
     for name in ("model.safetensors", "pytorch_model.bin"):
-        if (path / name).is_file():
+        if _holds(path / name, "weights file"):
             return Source(path, "hf_folder", (path / name,), config)
     raise FormatError(f"{path}: config.json but none of {HF_WEIGHTS}")
 
@@ -350,9 +365,9 @@ def open_source(path: str | os.PathLike) -> Source:
     if not path.exists() and not path.is_symlink():  # a broken or looping link is named below
         raise FileNotFoundError(f"{path}: no such file or folder")
     if path.is_dir():
-        if (path / ORBAX_CONFIG).is_file() and (path / "state").is_dir():
+        if _holds(path / ORBAX_CONFIG, "config file") and (path / "state").is_dir():
             return Source(path, "orbax_folder", (path,), json_object(path / ORBAX_CONFIG))
-        if (path / "config.json").is_file():
+        if _holds(path / "config.json", "config file"):
             return _hf_folder(path)
         raise FormatError(
             f"{path}: a folder that is neither a Hugging Face ViT folder (config.json + weights) "

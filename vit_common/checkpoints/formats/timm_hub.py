@@ -31,6 +31,7 @@ which holds its ``FORMAT``; this module has none).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,7 @@ from vit_common.checkpoints.formats.timm_state import (
 )
 from vit_common.config import ViTConfig
 from vit_common.data.images import CROP_MODES, INTERPOLATIONS, Preprocess
+from vit_common.system.validate import check_declared_sizes
 
 HUB_WEIGHTS = "model.safetensors"
 # timm data/constants.py: what resolve_data_config takes where pretrained_cfg has no value.
@@ -281,6 +283,29 @@ def check_fields(hub: HubConfig, cfg: ViTConfig, where: str) -> None:
         raise FormatError(f"{where}: config.json disagrees with the tensors: " + "; ".join(bad))
 
 
+def check_model_args(hub: HubConfig, tensors, where: str) -> None:
+    """Refuse ``model_args`` sizes (``depth``, ``embed_dim``, ``mlp_ratio``) that claim more parameters
+    than the folder's tensors hold (``vit_common.system.validate.check_declared_sizes``), before
+    ``timm.create_model`` builds them: a ``depth`` of 10^9 allocated gigabytes there. Values that are not
+    numbers are left to the checks that name them.
+
+    Raises:
+        FormatError: naming config.json, the sizes and the count the tensors hold.
+    """
+    args = hub.model_args
+    depth, width, ratio = args.get("depth"), args.get("embed_dim"), args.get("mlp_ratio", 4.0)
+    if not isinstance(depth, int) or isinstance(depth, bool):
+        return
+    if not isinstance(width, int) or isinstance(width, bool):
+        patch = tensors.get("patch_embed.proj.weight")
+        width = int(np.shape(patch)[0]) if patch is not None and np.ndim(patch) >= 1 else 1
+    mlp = int(ratio * width) if isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio > 0 else 0
+    try:
+        check_declared_sizes(f"{where}: model_args", tensors, depth, width, mlp)
+    except ValueError as e:
+        raise FormatError(str(e)) from None
+
+
 def read_hub(src: Source, opts) -> Decoded:
     """Canonical state, config and provenance of a timm hub folder (``src.config`` is its config.json):
     timm's own reading (``opts.readers["timm"]``), else the config our writer put in the weights' header,
@@ -294,8 +319,9 @@ def read_hub(src: Source, opts) -> Decoded:
     hub = hub_config(src.config or {}, where)
     layout = f"timm hub folder, architecture {hub.architecture}"
     reader = (opts.readers or {}).get("timm")
-    cfg = reader(src.path) if reader is not None else None
     tensors, notes = normalise_keys(src.tensors)
+    check_model_args(hub, tensors, where)  # before timm builds a module per declared block
+    cfg = reader(src.path) if reader is not None else None
     if cfg is not None:
         tensors = eva_to_canonical(tensors)  # a timm Eva's split q/k/v and SwiGLU (identity for a plain ViT)
         dt = common_float_dtype(tensors)

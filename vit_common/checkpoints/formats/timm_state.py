@@ -248,7 +248,7 @@ def infer(
     dt = common_float_dtype(t)
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
-    cfg = build_config(f, prov, overrides, context)
+    cfg = build_config(f, prov, overrides, context, t)
     rules = timm_rules(cfg, split_gate)
     layout = "timm VisionTransformerDistilled state_dict" if cfg.dist_token else "timm state_dict"
     return Decoded(cfg, to_canonical(rules, t, context), layout, prov, [], notes)

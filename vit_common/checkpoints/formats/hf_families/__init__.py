@@ -240,7 +240,7 @@ def read_family(
     dt = common_float_dtype({k: v for k, v in tensors.items() if k.startswith(mine) or not mine})
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
-    cfg = build_config(f, prov, dict(overrides), context)
+    cfg = build_config(f, prov, dict(overrides), context, tensors)
     ignored = {k for k, _ in dropped}
     kept = split_in_proj({k: v for k, v in tensors.items() if k not in ignored}, prefix)
     if cfg.reg_tokens:
