@@ -199,3 +199,18 @@ def test_converting_between_streaming_formats_holds_about_one_tensor(to, tmp_pat
     assert total > 70e6 and largest == 2**20
     assert rise <= 4 * largest + 8 * 2**20, f"peak anonymous memory rose {rise / 2**20:.1f} MiB"
     assert dst.exists()
+
+
+def test_convert_memory_benchmark_records_every_contender(tmp_path, capsys):
+    """benchmarks/convert_memory.py on Ti/16 (one round, cp and hf): a record per contender with its
+    peak anonymous memory and wall time beside cp's, and the CPU flags."""
+    from benchmarks import convert_memory
+
+    out = tmp_path / "r.jsonl"
+    assert convert_memory.main(["--variant", "Ti/16", "--to", "hf", "--repeats", "1", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["contender"] for r in records] == ["cp", "hf"]
+    cp, hf = records
+    assert hf["file_bytes"] == cp["file_bytes"] > 4 * 5_717_416 and cp["wall_vs_cp"] == 1
+    assert 0 < hf["rise_anon_bytes"] < hf["peak_anon_bytes"] and hf["wall_vs_cp"] > 0
+    assert hf["machine"]["cpu_flags"] is not None and "| hf |" in capsys.readouterr().out
