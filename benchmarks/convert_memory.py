@@ -38,6 +38,7 @@ from vit_common.checkpoints.convert import save_checkpoint
 from vit_common.checkpoints.formats.tensors import LazyTensor
 from vit_common.config import ViTConfig
 from vit_common.state import canonical_shapes
+from vit_common.system import in_place
 
 SHAPES = {"7B/16": dict(patch_size=16, width=4096, depth=40, num_heads=32, mlp_dim=12288)}
 DESTINATIONS = {"hf": "out_hf", "big_vision": "out.npz", "orbax": "out_orbax", "timm": "out.safetensors"}
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             f"cores: {context['machine']['cores']}"
         )
         if args.out:
-            with open(args.out, "a") as f:
+            with in_place.open_log(args.out) as f:
                 f.write("".join(json.dumps(rec) + "\n" for rec in records))
     finally:
         if args.dir:
