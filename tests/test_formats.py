@@ -510,11 +510,11 @@ def test_failed_write_leaves_nothing_and_keeps_the_old_file(tmp_path, monkeypatc
     save_checkpoint(tmp_path / "x.npz", small_cfg, state)
     before = (tmp_path / "x.npz").read_bytes()
 
-    def boom(fh, **arrays):
+    def boom(fh, array, **kwargs):  # the disk fills while the first member is written
         fh.write(b"partial")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(np, "savez", boom)
+    monkeypatch.setattr(np.lib.format, "write_array", boom)
     with io.overwriting(), pytest.raises(OSError, match=r"x.npz: could not be written \(No space left on device\)"):
         save_checkpoint(tmp_path / "x.npz", small_cfg, random_state(small_cfg, seed=1))
     assert (tmp_path / "x.npz").read_bytes() == before

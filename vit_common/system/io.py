@@ -40,8 +40,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from vit_common.system import tensor_files
 from vit_common.system.validate import regular_file
 
 TMP_PREFIX = ".vit-tmp-"  # + "<pid>-<name>-<random>": every temporary file or folder we create
@@ -536,14 +535,22 @@ def read_json(path: str | os.PathLike, *, limit: int = JSON_BYTES) -> Any:
 
 
 def save_safetensors(
-    path: str | os.PathLike, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None
+    path: str | os.PathLike, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None
 ) -> None:
-    """Write numpy ``tensors`` as a safetensors file, atomically; tensors are made contiguous first
-    (safetensors refuses views such as a transpose)."""
-    from safetensors.numpy import save_file
+    """Write ``tensors`` (numpy arrays, or lazy tensors ``np.asarray`` loads) as a safetensors file,
+    atomically, one tensor in memory at a time (``tensor_files.write_safetensors``: the bytes
+    ``safetensors.numpy.save_file`` writes; views such as a transpose are made contiguous as written).
 
-    contiguous = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-    atomic_write(path, lambda tmp: save_file(contiguous, tmp, metadata=dict(metadata or {})))
+    Raises:
+        ValueError: a dtype safetensors cannot hold, metadata that is not str -> str.
+        DestinationError, OSError: as ``atomic_write``.
+    """
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            tensor_files.write_safetensors(fh, tensors, metadata)
+
+    atomic_write(path, write)
 
 
 def share_file(src: str | os.PathLike, path: str | os.PathLike, *, final: str | os.PathLike | None = None) -> str:
@@ -572,11 +579,12 @@ def share_file(src: str | os.PathLike, path: str | os.PathLike, *, final: str | 
     return how[0]
 
 
-def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
-    """Write ``arrays`` as an uncompressed .npz (no pickled objects), atomically."""
+def save_npz(path: str | os.PathLike, arrays: Mapping[str, Any]) -> None:
+    """Write ``arrays`` as an uncompressed .npz (no pickled objects), atomically, member by member
+    (``tensor_files.write_npz``: as ``np.savez`` writes it, one array in memory at a time)."""
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
+            tensor_files.write_npz(fh, arrays)
 
     atomic_write(path, write)

@@ -96,6 +96,8 @@ class Encoded:
     ``json_files``: other JSON files of a folder format, by name (an HF folder's preprocessor_config.json).
     ``shared``: a safetensors file already on disk holding exactly ``tensors``, whose bytes the written
     file shares (``vit_common.system.io.share_file``) instead of a second copy; None writes them.
+    ``shard_size``: the most bytes a weights file of a folder format holds (an HF folder's shards,
+    ``--shard-size``); None: one file.
     """
 
     cfg: ViTConfig
@@ -106,6 +108,7 @@ class Encoded:
     notes: list[str] = field(default_factory=list)
     json_files: dict[str, dict] = field(default_factory=dict)
     shared: Path | None = None
+    shard_size: int | None = None
 
 
 Writer = Callable[..., Any]

@@ -386,7 +386,7 @@ class HfFamilies(HuggingFace):
             )
         if spelling != options.spelling:
             notes.append(f"{model_type} has one key spelling; written in it")
-        return Encoded(cfg, state, tensors, config, None, notes)
+        return Encoded(cfg, state, tensors, config, None, notes, shard_size=options.shard_bytes)
 
     def decode(self, enc: Encoded) -> Decoded:
         return read_family(enc.tensors, enc.config_json, context="hf_family read-back")
