@@ -256,13 +256,15 @@ def fit(
 
 def _summaries(run: RunState, options: RunOptions, ckpts, out: Path, tensorboard, peak_flops, config: dict):
     """The TensorBoard / Weights & Biases writer of ``fit``'s ``tensorboard`` and ``options.wandb``
-    (``vit_jax.observe.Summaries``), on process 0; else None."""
+    (``vit_jax.observe.Summaries``, which marks where ``run.start`` resumes), on process 0; else None."""
     if (tensorboard is None and not options.wandb) or not run.lead:
         return None
     t = run.trainer
     with _written(Path(tensorboard or out), run.start, ckpts):
         wandb_dir = out if options.wandb else None
-        return Summaries(tensorboard, t.cfg, t.mesh.size, peak_flops, wandb_dir=wandb_dir, config=config)
+        return Summaries(
+            tensorboard, t.cfg, t.mesh.size, peak_flops, start=run.start, wandb_dir=wandb_dir, config=config
+        )
 
 
 def _check_options(trainer: Trainer, options: RunOptions, profile_steps: tuple[int, int] | None) -> None:
