@@ -3,7 +3,8 @@ constructor and config options that change the function. Each file either loads 
 logits within 1e-5 of the library that wrote it (exact), or loads with a warning naming each field it had
 to assume, where every field that differs from the real model is among them and giving those fields
 makes it exact (warned), or is refused with a message naming what is unsupported (refused). Never
-silently different. README reports the counts; ``test_readme_reports_the_sweep_counts`` holds it to them.
+silently different. docs/formats.md reports the counts; ``test_formats_page_reports_the_sweep_counts`` holds
+it to them.
 """
 
 from __future__ import annotations
@@ -457,10 +458,10 @@ def test_transformers_family_folder(case, tmp_path, perturb, images):
     assert ckpt.report.assumed == [] and _equal(_twins(ckpt, x), ref)
 
 
-def test_readme_reports_the_sweep_counts():
+def test_formats_page_reports_the_sweep_counts():
     n = counts()
     line = (
         f"{sum(n.values())} files: {n['exact']} loaded exact, {n['warned']} loaded with a warning naming each "
         f"assumed field, {n['refused']} refused naming what is unsupported, {n['wrong']} wrong"
     )
-    assert line in " ".join((ROOT / "README.md").read_text().split()), line
+    assert line in " ".join((ROOT / "docs" / "formats.md").read_text().split()), line
