@@ -276,6 +276,7 @@ def _copy(src: Path, dst: Path) -> None:
     shutil.copytree(src / "runs", dst / "runs", symlinks=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", RUN, ids=[b.id for b in RUN])
 def test_block_runs(block, workspace, tmp_path):
     if block.reason is not None:

@@ -29,6 +29,7 @@ def test_accuracy(run: Path) -> float:
 test_accuracy.__test__ = False  # a helper, not a test
 
 
+@pytest.mark.slow
 def test_fine_tuning_the_demo_s_timm_export_on_digits_beats_training_from_scratch(tmp_path, capsys):
     pre, ft, scratch = tmp_path / "pre", tmp_path / "ft", tmp_path / "scratch"
     short = ["--epochs", "2", "--batch-size", "64", "--warmup-steps", "10"]  # the manual's run: 5 epochs, batch 128

@@ -283,6 +283,7 @@ def _timm_model(kw: dict, timm_vit):
     return timm_vit(depth=1, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", TIMM_CASES)
 def test_timm_file(case, tmp_path, timm_vit, images):
     from vit_torch.timm_models import timm_config
@@ -313,6 +314,7 @@ def test_timm_file(case, tmp_path, timm_vit, images):
     assert exact.report.assumed == [] and _equal(_twins(exact, x), ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TIMM_HUB_ALL)
 def test_timm_hub_folder(name, tmp_path, perturb, images):
     import timm
@@ -370,6 +372,7 @@ def _hf_folder(arch: str, config: dict, how: str, folder: Path, hf_vit):
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", HF_ALL)
 def test_transformers_folder(case, tmp_path, hf_vit, images):
     arch, config, how = HF_ALL[case]
@@ -430,6 +433,7 @@ def _family_output(model, arch: str, x: np.ndarray) -> np.ndarray:
     return (last.mean(1) if arch == "IJepaModel" else last[:, 0] if arch.startswith("ViTM") else last).numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", HF_FAMILY_CASES | HF_FAMILY_REFUSED)
 def test_transformers_family_folder(case, tmp_path, perturb, images):
     if case in HF_FAMILY_REFUSED:
