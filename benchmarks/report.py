@@ -1,4 +1,4 @@
-"""Benchmark records -> a terminal table, JSON lines, and the README's markdown table.
+"""Benchmark records -> a terminal table, JSON lines, and the markdown table of docs/benchmarks.md.
 
 Headline numbers are ratios measured in one interleaved run: ``rel_speed`` (the fastest contender of
 a (variant, mode) group / this one; 1.00 = fastest), ``vit_jax`` against the fastest torch peer, and
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from vit_common.system import in_place, io
 
-README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
+PAGE_START, PAGE_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 
 
 def _groups(records: Iterable[dict]) -> dict[tuple[str, str], list[dict]]:
@@ -130,16 +130,16 @@ def read_jsonl(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def update_readme(readme: str | Path, table: str) -> None:
-    """Replace the text between the benchmark markers of ``readme`` with ``table``.
+def update_page(page: str | Path, table: str) -> None:
+    """Replace the text between the benchmark markers of the markdown file ``page`` with ``table``.
 
     Raises:
         ValueError: the markers are missing.
     """
-    text = Path(readme).read_text()
-    pattern = re.compile(re.escape(README_START) + ".*?" + re.escape(README_END), re.S)
+    text = Path(page).read_text()
+    pattern = re.compile(re.escape(PAGE_START) + ".*?" + re.escape(PAGE_END), re.S)
     if not pattern.search(text):
-        raise ValueError(f"{readme}: no '{README_START}' ... '{README_END}' block to replace")
-    new = pattern.sub(lambda _: f"{README_START}\n{table}{README_END}", text)
-    with io.overwriting():  # --readme asks for this README's block to be replaced
-        write_text(readme, new)
+        raise ValueError(f"{page}: no '{PAGE_START}' ... '{PAGE_END}' block to replace")
+    new = pattern.sub(lambda _: f"{PAGE_START}\n{table}{PAGE_END}", text)
+    with io.overwriting():  # --page asks for this page's block to be replaced
+        write_text(page, new)

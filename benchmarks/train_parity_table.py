@@ -1,4 +1,4 @@
-"""The README table "Does my JAX run reproduce my PyTorch run?": K optimizer steps of both twins
+"""The table of docs/twin_training.md ("Does my JAX run reproduce my PyTorch run?"): K optimizer steps of both twins
 (``vit_compare.training.compare_training``) per recipe pair and dtype, on the same weights and batches.
 
     python -m benchmarks.train_parity_table --steps 100 --model demo > table.md

@@ -1,7 +1,7 @@
 """`vit train --init`: fine-tuning checkpoints of other formats on real images, handing the model back in
 the format it came in, checked by the library that defines that format.
 
-The demonstration (README, Training): the demo model pretrained on mnist5k and exported as a timm file,
+The demonstration (docs/training.md, Fine-tuning): the demo model pretrained on mnist5k and exported as a timm file,
 then fine-tuned on scikit-learn's digits (a different dataset: 8x8 scans, resized) beats the same model
 trained from scratch for the same number of steps.
 """
@@ -29,9 +29,10 @@ def test_accuracy(run: Path) -> float:
 test_accuracy.__test__ = False  # a helper, not a test
 
 
+@pytest.mark.slow
 def test_fine_tuning_the_demo_s_timm_export_on_digits_beats_training_from_scratch(tmp_path, capsys):
     pre, ft, scratch = tmp_path / "pre", tmp_path / "ft", tmp_path / "scratch"
-    short = ["--epochs", "2", "--batch-size", "64", "--warmup-steps", "10"]  # README's run: 5 epochs, batch 128
+    short = ["--epochs", "2", "--batch-size", "64", "--warmup-steps", "10"]  # the manual's run: 5 epochs, batch 128
     assert main(["train", *short, "--out", str(pre), "--no-progress", "--no-parity"]) == 0
     timm_file = pre / "model_timm.safetensors"
     common = ["train", "--dataset", "digits", "--epochs", "3", "--batch-size", "64", "--warmup-steps", "5"]

@@ -3,7 +3,8 @@ constructor and config options that change the function. Each file either loads 
 logits within 1e-5 of the library that wrote it (exact), or loads with a warning naming each field it had
 to assume, where every field that differs from the real model is among them and giving those fields
 makes it exact (warned), or is refused with a message naming what is unsupported (refused). Never
-silently different. README reports the counts; ``test_readme_reports_the_sweep_counts`` holds it to them.
+silently different. docs/formats.md reports the counts; ``test_formats_page_reports_the_sweep_counts`` holds
+it to them.
 """
 
 from __future__ import annotations
@@ -282,6 +283,7 @@ def _timm_model(kw: dict, timm_vit):
     return timm_vit(depth=1, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", TIMM_CASES)
 def test_timm_file(case, tmp_path, timm_vit, images):
     from vit_torch.timm_models import timm_config
@@ -312,6 +314,7 @@ def test_timm_file(case, tmp_path, timm_vit, images):
     assert exact.report.assumed == [] and _equal(_twins(exact, x), ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TIMM_HUB_ALL)
 def test_timm_hub_folder(name, tmp_path, perturb, images):
     import timm
@@ -369,6 +372,7 @@ def _hf_folder(arch: str, config: dict, how: str, folder: Path, hf_vit):
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", HF_ALL)
 def test_transformers_folder(case, tmp_path, hf_vit, images):
     arch, config, how = HF_ALL[case]
@@ -429,6 +433,7 @@ def _family_output(model, arch: str, x: np.ndarray) -> np.ndarray:
     return (last.mean(1) if arch == "IJepaModel" else last[:, 0] if arch.startswith("ViTM") else last).numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", HF_FAMILY_CASES | HF_FAMILY_REFUSED)
 def test_transformers_family_folder(case, tmp_path, perturb, images):
     if case in HF_FAMILY_REFUSED:
@@ -457,10 +462,10 @@ def test_transformers_family_folder(case, tmp_path, perturb, images):
     assert ckpt.report.assumed == [] and _equal(_twins(ckpt, x), ref)
 
 
-def test_readme_reports_the_sweep_counts():
+def test_formats_page_reports_the_sweep_counts():
     n = counts()
     line = (
         f"{sum(n.values())} files: {n['exact']} loaded exact, {n['warned']} loaded with a warning naming each "
         f"assumed field, {n['refused']} refused naming what is unsupported, {n['wrong']} wrong"
     )
-    assert line in " ".join((ROOT / "README.md").read_text().split()), line
+    assert line in " ".join((ROOT / "docs" / "formats.md").read_text().split()), line

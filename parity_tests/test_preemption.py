@@ -124,6 +124,7 @@ def saved(out: Path) -> list[int]:
     return sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit())
 
 
+@pytest.mark.slow
 def test_signals_at_a_random_step_during_checkpoints_and_the_export_then_resume_is_bit_exact(ref, env, npz, tmp_path):
     at = random.Random().randint(1, 7)  # 9 steps; checkpoints every 2 and at 9; metrics lines at 4, 8, 9
     out, data = tmp_path / "run", ["--dataset", f"npz:{npz}"]

@@ -198,6 +198,7 @@ def test_two_processes_train_bit_for_bit_as_one_process_with_as_many_devices(run
     assert [p.name for p in (one / "checkpoints" / "9" / "state").glob("ocdbt.process_*")] == ["ocdbt.process_0"]
 
 
+@pytest.mark.slow
 def test_two_processes_continue_an_fsdp_run_of_one_process_bit_for_bit(runs, menv, tmp_path):
     """FSDP: one process with two devices writes checkpoint 6; two processes with one device each restore
     their halves of every sharded array (orbax, onto the new mesh) and train on to where the one-process
@@ -236,6 +237,7 @@ def assert_one_line_and_bounded(procs: list[Proc], victim: int, run: Path) -> fl
     return waited
 
 
+@pytest.mark.slow
 def test_a_killed_process_stops_the_other_with_one_line_and_resume_ends_bit_exact(runs, menv, tmp_path):
     uninterrupted, _ = runs(2, "dp")
     out = tmp_path / "killed"
@@ -267,6 +269,7 @@ def assert_close_run(run: Path, ref: Path) -> None:
                 assert abs(r[k] - s[k]) <= 1e-5 * abs(s[k]), (r, s)
 
 
+@pytest.mark.slow
 def test_a_process_that_stops_answering_is_declared_lost_and_one_process_resumes_the_run(runs, menv, tmp_path):
     """SIGSTOP leaves the survivor inside a collective that never returns (as a GPU collective waits for a
     lost peer); the watchdog stops it. One process with one device then resumes what two wrote with FSDP."""
@@ -291,6 +294,7 @@ def test_a_process_that_stops_answering_is_declared_lost_and_one_process_resumes
     assert_close_run(out, ref)
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_stops_both_at_one_step_with_a_checkpoint_and_resume_ends_bit_exact(
     runs, menv, tmp_path
 ):

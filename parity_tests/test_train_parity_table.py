@@ -1,4 +1,4 @@
-"""benchmarks/train_parity_table.py, README's "Does my JAX run reproduce my PyTorch run?" table, on the
+"""benchmarks/train_parity_table.py, docs/twin_training.md's table, on the
 tiny model for two steps: a twins row and the control row (the torch twin against itself from perturbed
 weights), in float64."""
 

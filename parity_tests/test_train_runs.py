@@ -235,6 +235,7 @@ def test_evaluate_and_predict(ref, npz, tmp_path, capsys):
     assert "cannot guess num_heads for width 16" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_sigkill_while_training_and_while_writing_a_checkpoint_then_resume_is_bit_exact(ref, env, npz, tmp_path):
     out = tmp_path / "run"
     args = ["train", "--dataset", f"npz:{npz}", *TINY, "--out", out, "--no-parity"]
@@ -250,6 +251,7 @@ def test_sigkill_while_training_and_while_writing_a_checkpoint_then_resume_is_bi
     assert_same_run(out, ref)  # includes: no temporary (half-written) checkpoint folder left
 
 
+@pytest.mark.slow
 def test_a_run_stopped_before_its_first_checkpoint_is_started_again_by_the_same_command(ref, npz, tmp_path):
     out = tmp_path / "early"
     (out / "checkpoints" / "2.orbax-checkpoint-tmp-1").mkdir(parents=True)  # a half-written first checkpoint
@@ -278,6 +280,7 @@ def test_resume_refuses_another_config_and_fresh_runs_refuse_an_existing_folder(
     assert "no run to resume" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_resume_of_a_finished_run_exports_again_or_extends_it_with_more_epochs(ref, npz, tmp_path, capsys):
     """A finished run resumed as it was only exports again (and says so, not "9 steps in 0.1 s"); with
     more epochs it continues, the learning-rate schedule recomputed for the new total and said so; with
@@ -300,6 +303,7 @@ def test_resume_of_a_finished_run_exports_again_or_extends_it_with_more_epochs(r
     assert json.loads((run / "config.json").read_text())["train"]["epochs"] == 5
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(env, npz, tmp_path):
     out = tmp_path / "nan"
     args = ["--lr", "1e30", "--grad-clip", "0", "--warmup-steps", "0", "--ckpt-every", "1", "--no-parity"]
@@ -315,6 +319,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(env, npz, tmp_p
     assert not (out / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_time_to_first_step_cold_then_warm_compilation_cache(env, npz, tmp_path):
     """The first run of a configuration compiles into --compile-cache ('cold'), the second reads its
     programs back ('warm'); 'off' uses none. Each run's first metrics.jsonl line says which, and when the
@@ -334,6 +339,7 @@ def test_time_to_first_step_cold_then_warm_compilation_cache(env, npz, tmp_path)
     assert any(cache.iterdir())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pool", ["max", "avgmax"])
 def test_the_demo_trains_with_max_and_avgmax_pooling(pool, tmp_path, capsys):
     """Poolings both twins and timm have (the flags come from ViTConfig's fields): the demo model (28 px,

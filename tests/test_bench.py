@@ -60,8 +60,8 @@ CONTENDERS = ["vit_jax", "vit_torch", "timm", "hf"]
 
 
 def test_vit_bench_runs_and_records_every_field(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# title\n\n{report.README_START}\nold table\n{report.README_END}\nafter\n")
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"# title\n\n{report.PAGE_START}\nold table\n{report.PAGE_END}\nafter\n")
     out, md = tmp_path / "bench.jsonl", tmp_path / "table.md"
     rc = main(
         [
@@ -84,8 +84,8 @@ def test_vit_bench_runs_and_records_every_field(tmp_path):
             str(out),
             "--markdown",
             str(md),
-            "--readme",
-            str(readme),
+            "--page",
+            str(page),
         ]
     )
     assert rc == 0
@@ -118,8 +118,8 @@ def test_vit_bench_runs_and_records_every_field(tmp_path):
     assert machine["cpu_flags"] == harness.host()["cpu_flags"]
     shown = [f for f in machine["cpu_flags"] if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")]
     assert f"{machine['device']} ({', '.join(shown)}), {machine['cores']} cores" in table
-    text = readme.read_text()
-    assert "old table" not in text and table in text and text.endswith(f"{report.README_END}\nafter\n")
+    text = page.read_text()
+    assert "old table" not in text and table in text and text.endswith(f"{report.PAGE_END}\nafter\n")
 
 
 def assert_fields(records: list[dict]) -> set[str]:
@@ -157,12 +157,12 @@ def test_bad_contender_is_usage_error(capsys):
     assert "tensorflow" in capsys.readouterr().err
 
 
-def test_update_readme_needs_markers(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("# no markers\n")
+def test_update_page_needs_markers(tmp_path):
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# no markers\n")
     with pytest.raises(ValueError, match="benchmarks:start"):
-        report.update_readme(readme, "| table |\n")
-    assert readme.read_text() == "# no markers\n"
+        report.update_page(page, "| table |\n")
+    assert page.read_text() == "# no markers\n"
 
 
 def xla_matmul_flops(closed: jax_core.ClosedJaxpr) -> float:

@@ -119,6 +119,7 @@ def test_a_coordinator_port_in_use_is_one_line_naming_the_address(tmp_path):
     assert _one_line(err).startswith(f"vit train: error: JAX_COORDINATOR_ADDRESS=127.0.0.1:{port}: process 0 cannot")
 
 
+@pytest.mark.slow
 def test_a_process_that_never_starts_is_named_in_one_line_by_every_process_that_came(tmp_path):
     out = tmp_path / "run"
     results = _processes(tmp_path, [["--out", str(out), "--init-timeout", "3"]] * 2, n=3)
@@ -272,6 +273,7 @@ def test_a_slurm_job_is_detected_as_jax_detects_it(monkeypatch):
     assert distributed.detected_job({}, 5) == ("127.0.0.1:6000", 3, 1)
 
 
+@pytest.mark.slow
 def test_a_slurm_task_that_never_starts_is_named_by_the_others(tmp_path):
     """Tasks 0 and 1 of a 3-task SLURM step (its variables, faked on localhost): both name task 2."""
     rng = np.random.default_rng(0)

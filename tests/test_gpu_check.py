@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from benchmarks import gpu_check
 from benchmarks.harness import RECORD_FIELDS
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_every_part(tmp_path):
     out = tmp_path / "out"
     parts = "parity,B/16 infer 256,B/16 train 256,attention,patch_embed,S/16 infer 256"

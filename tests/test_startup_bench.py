@@ -24,6 +24,7 @@ line = {"step": 1, "time_to_first_step_s": {"cold": 9.0, "warm": 3.0, "off": 8.0
 """
 
 
+@pytest.mark.slow
 def test_rounds_run_cold_warm_off_on_a_new_cache_each(tmp_path, capsys):
     script = tmp_path / "fake_train.py"
     script.write_text(FAKE_TRAIN)

@@ -53,7 +53,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "its measurements as benchmarks/results/TIME-DEVICE-DTYPE.jsonl",
     )
     p.add_argument("--markdown", default=None, help="also write the markdown table to this file")
-    p.add_argument("--readme", default=None, help="replace the benchmark block of this README with the table")
+    p.add_argument(
+        "--page",
+        default=None,
+        help="replace the benchmark block of this markdown page (docs/benchmarks.md) with the table",
+    )
     p.add_argument(
         "--cpus",
         type=_csv,
@@ -141,6 +145,6 @@ def run(args: argparse.Namespace) -> int:
     table = report.markdown_table(records)
     if args.markdown:
         report.write_text(args.markdown, table)
-    if args.readme:
-        report.update_readme(args.readme, table)
+    if args.page:
+        report.update_page(args.page, table)
     return 0

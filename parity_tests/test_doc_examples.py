@@ -1,13 +1,13 @@
-"""README's examples run: every ```python and ```bash block of README.md, read when the tests run, so a
-block someone adds is run too (issue 25, item 4). Here, not in tests/, because the blocks use both twins,
-timm and transformers.
+"""The documentation's examples run: every ```python and ```bash block of README.md and of every page of
+the manual (``docs/**/*.md``, ``PAGES``), read when the tests run, so a block or a page someone adds is run
+too. Here, not in tests/, because the blocks use both twins, timm and transformers.
 
-A block preceded by ``<!-- not run: REASON -->`` (an HTML comment: README's reader does not see it) is
-skipped with that reason; every other block runs, in README's order, in a folder of its own that holds
-what README's file names stand for, made by the libraries that write such files, at test width:
+A block preceded by ``<!-- not run: REASON -->`` (an HTML comment: a reader does not see it) is skipped
+with that reason; every other block runs, page by page in each page's order, in a folder of its own that
+holds what the pages' file names stand for, made by the libraries that write such files, at test width:
 
   ============================================ =======================================================
-  README's name                                made here
+  the pages' name                              made here
   ============================================ =======================================================
   vit_base_patch16_224.safetensors,            timm.create_model(NAME, depth=1) state_dicts (timm's
   vit_tiny_patch16_224.safetensors,            names and widths, one block), saved with safetensors;
@@ -23,7 +23,7 @@ what README's file names stand for, made by the libraries that write such files,
   hf-hub:timm/vit_base_patch16_clip_224.openai huggingface_hub lays one out (HF_HUB_CACHE, offline)
   photos/, data/                               image folders: 2 classes of 6 PNGs, 48 px
   cifar10-saved                                datasets' save_to_disk of 2 classes of 6 images, 32 px
-  digit7.png                                   test digit 700 of mnist5k, as the attention section
+  digit7.png                                   test digit 700 of mnist5k, as docs/attention.md
   runs/mnist5k                                 one shortened demo run, shared by every block
   ============================================ =======================================================
 
@@ -32,14 +32,14 @@ end, where the last flag wins):
 
   - every ``vit train``: ``--epochs 1 --no-progress --no-parity --tensorboard off`` (``TRAIN_FLAGS``); one
     without ``--init`` also gets a width-32 depth-1 model (``MODEL_FLAGS``); the bare ``vit train`` (the
-    demo) is the shared run, so it runs only where runs/mnist5k is missing, as README's attention section
-    says
+    demo) is the shared run, so it runs only where runs/mnist5k is missing, as docs/attention.md says
   - ``vit train-parity --steps 10``: 2 steps
   - ``timm.create_model("vit_tiny_patch16_224", ...)``: ``depth=1``, as the file it loads
   - ``train_iterator(..., batch_size=256, ..., workers=8)``: batches of 4, no worker processes
 
 Shell blocks run with ``bash -e`` (the first failing command fails the block), ``vit`` and ``python``
-being this interpreter's; Python blocks are executed in this process.
+being this interpreter's; Python blocks run as scripts (``python BLOCK.py``, so ``__name__`` is
+``"__main__"`` and worker processes can start from them), in the same environment.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\s*$")
 MARK = re.compile(r"^<!-- not run: (?P<reason>.+?) -->$")
 LANGUAGES = ("python", "bash")  # what runs; a fence without a language is sample output
@@ -78,6 +78,7 @@ HUB_IDS = {
 
 @dataclasses.dataclass(frozen=True)
 class Block:
+    page: str  # relative to the repository root
     line: int  # of the opening fence, 1-based
     language: str
     text: str
@@ -85,12 +86,12 @@ class Block:
 
     @property
     def id(self) -> str:
-        return f"README.md:{self.line}:{self.language}"
+        return f"{self.page}:{self.line}:{self.language}"
 
 
-def readme_blocks(text: str) -> tuple[list[Block], list[str]]:
-    """Every fenced block of README's ``text``, and the problems of its markers (one not followed by a
-    block, or an empty reason)."""
+def page_blocks(page: str, text: str) -> tuple[list[Block], list[str]]:
+    """Every fenced block of ``text``, the page ``page``, and the problems of its markers (one not followed
+    by a block, or an empty reason)."""
     lines, blocks, problems = text.splitlines(), [], []
     i = 0
     while i < len(lines):
@@ -101,19 +102,31 @@ def readme_blocks(text: str) -> tuple[list[Block], list[str]]:
         end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
         before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         mark = MARK.match(before.strip())
-        blocks.append(Block(i + 1, m[1], "\n".join(lines[i + 1 : end]), mark["reason"].strip() if mark else None))
+        blocks.append(Block(page, i + 1, m[1], "\n".join(lines[i + 1 : end]), mark["reason"].strip() if mark else None))
         i = end + 1
     marked = {b.line for b in blocks if b.reason is not None}
     for n, line in enumerate(lines, 1):
         if line.strip().startswith("<!-- not run"):
             following = next((k for k in range(n, len(lines)) if lines[k].strip()), None)
             if following is None or following + 1 not in marked:
-                problems.append(f"README.md:{n}: {line.strip()!r} is not a marker right before a block")
+                problems.append(f"{page}:{n}: {line.strip()!r} is not a marker right before a block")
     return blocks, problems
 
 
-BLOCKS, PROBLEMS = readme_blocks(README.read_text())
+BLOCKS: list[Block] = []
+PROBLEMS: list[str] = []
+for _path in PAGES:
+    _blocks, _problems = page_blocks(_path.relative_to(ROOT).as_posix(), _path.read_text())
+    BLOCKS += _blocks
+    PROBLEMS += _problems
 RUN = [b for b in BLOCKS if b.language in LANGUAGES]
+
+
+def test_every_page_is_read():
+    """The pages include README and the manual's pages with examples (a glob that found nothing would
+    pass every test below)."""
+    pages = {b.page for b in RUN}
+    assert {"README.md", "docs/formats.md", "docs/training.md", "docs/attention.md"} <= pages, pages
 
 
 def test_every_block_runs_or_carries_the_reason_it_does_not():
@@ -201,7 +214,7 @@ def _environment(base: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-    """(folder holding what README's names stand for, the environment blocks run in); see the module
+    """(folder holding what the pages' names stand for, the environment blocks run in); see the module
     docstring's table."""
     import timm
     from PIL import Image
@@ -210,7 +223,7 @@ def workspace(tmp_path_factory):
     from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
     from vit_common.data.datasets import load_dataset
 
-    base = tmp_path_factory.mktemp("readme")
+    base = tmp_path_factory.mktemp("docs")
     work = base / "work"
     work.mkdir()
     env = _environment(base)
@@ -236,7 +249,7 @@ def workspace(tmp_path_factory):
     digits = load_dataset("mnist5k", (28, 28), 1)
     Image.fromarray(digits.test.images[700, ..., 0]).save(work / "digit7.png")
     run = subprocess.run(
-        ["bash", "-ec", shell_text(Block(0, "bash", "vit train", None))],
+        ["bash", "-ec", shell_text(Block("", 0, "bash", "vit train", None))],
         cwd=work,
         env=env,
         capture_output=True,
@@ -257,29 +270,25 @@ def _cifar10_saved(path: Path) -> None:
 
 
 def _copy(src: Path, dst: Path) -> None:
-    """A folder of its own for a block: README's files hard-linked (no block changes them), the run
+    """A folder of its own for a block: the pages' files hard-linked (no block changes them), the run
     folder copied (``--resume`` appends to it)."""
     shutil.copytree(src, dst, copy_function=os.link, ignore=shutil.ignore_patterns("runs"))
     shutil.copytree(src / "runs", dst / "runs", symlinks=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", RUN, ids=[b.id for b in RUN])
-def test_readme_block_runs(block, workspace, tmp_path, monkeypatch):
+def test_block_runs(block, workspace, tmp_path):
     if block.reason is not None:
         pytest.skip(f"not run: {block.reason}")
     work, env = workspace
     here = tmp_path / "work"
     _copy(work, here)
     if block.language == "bash":
-        run = subprocess.run(["bash", "-ec", shell_text(block)], cwd=here, env=env, capture_output=True, text=True)
-        assert run.returncode == 0, f"{block.id} exited {run.returncode}:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
-        return
-    from huggingface_hub import constants
-
-    monkeypatch.chdir(here)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", env["HF_HUB_CACHE"])
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    for k in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "PATH"):
-        monkeypatch.setenv(k, env[k])
-    script = {"__name__": "__main__"}  # as a pasted script runs: its __main__ guard holds
-    exec(compile(substituted(block.text), block.id, "exec"), script)
+        command = ["bash", "-ec", shell_text(block)]
+    else:
+        script = tmp_path / "block.py"
+        script.write_text(substituted(block.text))
+        command = [sys.executable, str(script)]
+    run = subprocess.run(command, cwd=here, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, f"{block.id} exited {run.returncode}:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"

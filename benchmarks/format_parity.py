@@ -4,7 +4,7 @@ Writes random-weight checkpoints (nothing is downloaded) with timm, transformers
 into a temporary folder, runs ``run_parity`` (``vit parity``) on each with the library as the third
 column (for .npz files: timm's own .npz loader), and prints a markdown table: max |JAX - torch twin|
 and max |library - torch twin| over the logits, relative to max |logits|.
-Run: ``python docs/format_parity.py`` (a few minutes on 2 cores).
+Run: ``python -m benchmarks.format_parity`` (a few minutes on 2 cores).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Regenerate README's figures from the demo run: ``python docs/figures.py [--run runs/mnist5k]``.
+"""Regenerate the manual's figures from the demo run: ``python -m benchmarks.figures [--run runs/mnist5k]``.
 
   docs/mnist5k_curves.png     the run's curves.png (loss and accuracy against step, train and test),
                               written by ``vit train``
@@ -8,7 +8,7 @@
 
 The run folder is trained first with the demo's defaults (``vit train --out RUN``, about 3 minutes on
 a 2-core CPU) unless it already holds a finished run. Prints the prediction ``vit attention`` makes,
-which README's attention section quotes.
+which docs/attention.md quotes.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-DOCS = Path(__file__).resolve().parent
-DIGIT = 700  # the held-out test digit README's attention section shows (a 7)
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+DIGIT = 700  # the held-out test digit docs/attention.md shows (a 7)
 
 
 def vit(*argv: str) -> None:
