@@ -22,8 +22,17 @@ from vit_jax.model import VisionTransformer
 from vit_jax.trainer import Trainer
 from vit_jax.weights import from_numpy, to_numpy
 
-LORA = TrainConfig(
-    batch_size=8, epochs=3, augment=Augment(), init="ckpt", lora=2, lora_alpha=6.0, warmup_steps=0, lr=3e-2
+LORA = TrainConfig(  # with layer-wise decay and an EMA, which LoRA runs take as any fine-tuning does
+    batch_size=8,
+    epochs=3,
+    augment=Augment(),
+    init="ckpt",
+    lora=2,
+    lora_alpha=6.0,
+    warmup_steps=0,
+    lr=3e-2,
+    layer_decay=0.7,
+    ema=0.6,
 )
 ADAPTED = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
 
@@ -74,9 +83,14 @@ def test_the_merged_export_is_the_adapted_forward(trained):
     c = compare("logits", plain, adapted, "tensor", "float32")
     assert c.ok, c
     assert np.abs(np.asarray(adapted) - np.asarray(from_numpy(t.cfg, weights)(images))).max() > 10 * c.max_abs
+    ema = t.weights(state, ema=True)  # the moving average of the adapters, merged the same way
+    assert ema.keys() == weights.keys()
+    assert not np.array_equal(ema["blocks.0.attn.qkv.weight"], merged["blocks.0.attn.qkv.weight"])
+    assert all(np.array_equal(ema[k], weights[k]) for k in weights if not k.endswith(ADAPTED_WEIGHTS + HEAD))
 
 
 ADAPTED_WEIGHTS = tuple(f"{m}.weight" for m in ADAPTED)
+HEAD = ("head.weight", "head.bias")
 
 
 def test_merge_lora_is_w_plus_scaled_ab_transposed():

@@ -361,6 +361,12 @@ def loss_and_grads(t: Trainer, params, rest, batch: dict):
     return jax.lax.scan(accumulate, init, micro)[0]
 
 
+def frozen_kept(t: Trainer, old, new):
+    """``new`` with the frozen parameters (``freeze``, ``lora``) of ``old``, bit for bit: an update of
+    zero still rounds (x + 0 turns -0.0 into 0.0, an average of equal values may move by an ulp)."""
+    return jax.tree.map(lambda train, o, n: n if train else o, t.trainable, old, new)
+
+
 def train_step_fn(t: Trainer):
     def train_step(state: dict, batch: dict) -> tuple[dict, dict]:
         params = state["params"]
@@ -370,14 +376,12 @@ def train_step_fn(t: Trainer):
         updates, opt_state = t.tx.update(grads, state["opt_state"], params)
         new = {
             "step": state["step"] + 1,
-            "params": jax.tree.map(  # frozen parameters kept bit for bit (x + 0 turns -0.0 into 0.0)
-                lambda train, p, q: q if train else p, t.trainable, params, optax.apply_updates(params, updates)
-            ),
+            "params": frozen_kept(t, params, optax.apply_updates(params, updates)),
             "rest": rest,
             "opt_state": opt_state,
         }
         if "ema" in state:
-            new["ema"] = ema_update(t.tcfg, state["ema"], new["params"], new["step"])
+            new["ema"] = frozen_kept(t, state["ema"], ema_update(t.tcfg, state["ema"], new["params"], new["step"]))
         metrics = {
             "loss": loss / count,
             "correct": correct,
