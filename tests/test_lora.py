@@ -22,13 +22,14 @@ from vit_jax.model import VisionTransformer
 from vit_jax.trainer import Trainer
 from vit_jax.weights import from_numpy, to_numpy
 
-LORA = TrainConfig(  # with layer-wise decay and an EMA, which LoRA runs take as any fine-tuning does
+LORA = TrainConfig(  # with adapter dropout, and layer-wise decay and an EMA as any fine-tuning takes them
     batch_size=8,
     epochs=3,
     augment=Augment(),
     init="ckpt",
     lora=2,
     lora_alpha=6.0,
+    lora_dropout=0.25,
     warmup_steps=0,
     lr=3e-2,
     layer_decay=0.7,
@@ -63,6 +64,8 @@ def test_only_adapters_and_head_train_and_base_weights_stay_bit_identical(traine
     for name, w in weights.items():  # every base tensor as loaded, bit for bit; the head moved
         assert np.array_equal(unmerged[name], w) != name.startswith("head."), name
     assert all(np.abs(params[k]).max() > 0 for k in adapters)  # lora_b starts at zero: it moved
+    streams = [".".join(map(str, p)) for p, _ in nnx.to_flat_state(state["rest"])]
+    assert sum(".lora_dropout." in s for s in streams) == 4 * 2, streams  # each adapter's stream: key, count
     # the optimizer holds moments of the trainable tensors only: adapters and head, mu and nu
     trainable = sum(params[k].size for k in params if k in adapters or k.startswith("head."))
     moments = [x for x in jax.tree.leaves(state["opt_state"]) if np.ndim(x) > 0]
@@ -177,7 +180,8 @@ def test_a_lora_run_resumes_and_exports_plain_weights(lora_run, capsys):
     from safetensors.numpy import load_file
 
     args, out, src = lora_run
-    args = [*args, "--lora", "2", "--lora-targets", "qkv,fc2", "--ckpt-every", "1", "--lr", "0.05"]
+    args = [*args, "--lora", "2", "--lora-targets", "qkv,fc2", "--lora-dropout", "0.1"]
+    args += ["--ckpt-every", "1", "--lr", "0.05"]
     assert main([*args, "--epochs", "1"]) == 0  # 12 training images in batches of 4: 3 steps
     # adapters: qkv 16 x 2 + 2 x 48, fc2 32 x 2 + 2 x 16; the 2-class head 16 x 2 + 2
     assert "LoRA rank 2 on qkv,fc2: 258 of 3,394 parameters trained" in capsys.readouterr().err
