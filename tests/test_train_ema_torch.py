@@ -102,3 +102,8 @@ def test_integer_buffers_are_copied_and_float_ones_averaged_as_timm_does():
 def test_no_ema_below_float32_parameters(tiny_dataset, tiny):
     with pytest.raises(ValueError, match=r"ema=0.9 with param_dtype='bfloat16': expected float32 or float64"):
         Trainer(tiny.replace(param_dtype="bfloat16"), dataclasses.replace(BASE, ema=0.9), tiny_dataset())
+
+
+def test_the_torch_twin_refuses_lora_rather_than_train_without_it(tiny, tiny_dataset):
+    with pytest.raises(ValueError, match="lora=2: the torch twin has no LoRA yet"):
+        Trainer(tiny, TrainConfig(init="x", lora=2, batch_size=4, augment=Augment()), tiny_dataset(6, 7))

@@ -131,7 +131,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a = p.add_argument_group("augmentation (defaults: image folders --crop-scale 0.08 --flip, others --shift 2)")
     add_flags(a, Augment, given_only=True, defaults_help=dict.fromkeys(Augment.__dataclass_fields__, "see above"))
     f = p.add_argument_group("fine-tuning")
-    add_flags(f, TrainConfig, only=("init", "init_optimizer", "freeze", "layer_decay"))
+    add_flags(
+        f,
+        TrainConfig,
+        only=("init", "init_optimizer", "freeze", "layer_decay", "lora", "lora_alpha", "lora_dropout", "lora_targets"),
+    )
     add_checkpoint_arguments(f, set_also="; without --init, a field of the new model, e.g. gelu or ln_eps")
     add_accept_assumed(f)
     pre = p.add_argument_group(

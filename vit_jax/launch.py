@@ -360,6 +360,13 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     trainer = Trainer(
         cfg, tcfg, data, preprocess=start.preprocess, weights=start.weights, moments=start.moments, workers=workers
     )
+    if tcfg.lora is not None:
+        params = jax.tree.leaves(trainer.abstract_state["params"])
+        sizes = [(t, x.size) for t, x in zip(jax.tree.leaves(trainer.trainable), params, strict=True)]
+        log(
+            f"vit train: LoRA rank {tcfg.lora} on {tcfg.lora_targets}: {sum(n for t, n in sizes if t):,} of "
+            f"{sum(n for _, n in sizes):,} parameters trained (the adapters and the head)"
+        )
     if tcfg.warmup_steps >= trainer.total_steps > 1:
         log(
             f"vit train: warning: --warmup-steps {tcfg.warmup_steps} is not below the run's {trainer.total_steps} "

@@ -55,8 +55,16 @@ def layer_ids(params: nnx.State, depth: int) -> nnx.State:
 
 
 def trainable_mask(params: nnx.State, tcfg: TrainConfig) -> nnx.State:
-    """True for parameters the optimizer changes: all, or with ``freeze`` the head only (linear probe)."""
-    return jax.tree_util.tree_map_with_path(lambda p, _: not tcfg.freeze or _top_keys(p)[0] == "head", params)
+    """True for parameters the optimizer changes: all; with ``freeze`` the head only (linear probe); with
+    ``lora`` the head and the adapters (``vit_jax.lora``'s ``lora_a`` and ``lora_b``)."""
+
+    def trains(path, _) -> bool:
+        keys = _top_keys(path)
+        if tcfg.lora is not None:
+            return keys[0] == "head" or str(keys[-1]) in ("lora_a", "lora_b")
+        return not tcfg.freeze or keys[0] == "head"
+
+    return jax.tree_util.tree_map_with_path(trains, params)
 
 
 def _clip(recipe: Recipe, max_norm: float) -> optax.GradientTransformation:
@@ -103,7 +111,8 @@ def make_optimizer(
     with the recipe's decay mask, or for big_vision ``big_vision/optax.py``'s chain ``scale_by_adam
     (mu_dtype=bfloat16), scale(lr), add_decayed_weights(wd, kernels), scale_by_schedule(lr(t) / lr),
     scale(-1)``. ``freeze``: the same on the head only, every other parameter left unchanged
-    (``optax.multi_transform`` with ``set_to_zero``); clipping then sees the head's gradient only.
+    (``optax.multi_transform`` with ``set_to_zero``; the frozen parameters have no Adam moments); clipping
+    then sees the head's gradient only. ``lora``: the same on the head and the adapters.
     ``layer_decay`` r: the update of a parameter in layer l (``layer_ids``) scaled by r^(L - l), L the
     top layer, as timm's per-group lr_scale does (weight decay included); for big_vision as its
     ``lr_mults``, before the decay, which it then does not scale.
@@ -144,7 +153,7 @@ def make_optimizer(
             optax.scale(-1.0),
         )
     tx = optax.chain(_clip(recipe, tcfg.grad_clip), tx) if tcfg.grad_clip else tx
-    if tcfg.freeze:
+    if tcfg.freeze or tcfg.lora is not None:
         labels = lambda p: jax.tree.map(lambda m: "train" if m else "frozen", trainable_mask(p, tcfg))  # noqa: E731
         tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
     return tx, schedule

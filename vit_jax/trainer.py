@@ -41,6 +41,7 @@ from vit_common.data.images import Preprocess
 from vit_common.training.train_config import TrainConfig
 from vit_jax.data import eval_batches, iterate, train_batches, transform_for
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
+from vit_jax.lora import add_lora, lora_scale, merge_lora
 from vit_jax.model import VisionTransformer
 from vit_jax.optim import ema_update, make_optimizer, trainable_mask
 from vit_jax.optimizer_state import with_adam_state
@@ -72,6 +73,14 @@ def build_model(cfg: ViTConfig, seed: int, remat: bool = False) -> VisionTransfo
     backward pass (``VisionTransformer.set_grad_checkpointing``)."""
     model = VisionTransformer(cfg, rngs=nnx.Rngs(seed))
     model.set_grad_checkpointing(remat)
+    return model
+
+
+def with_adapters(model: VisionTransformer, tcfg: TrainConfig) -> VisionTransformer:
+    """``model`` with ``tcfg.lora``'s adapters (``vit_jax.lora.add_lora``, drawn from ``tcfg.seed``), or
+    unchanged without ``tcfg.lora``."""
+    if tcfg.lora is not None:
+        add_lora(model, tcfg, nnx.Rngs(tcfg.seed))
     return model
 
 
@@ -132,7 +141,7 @@ class Trainer:
             )
         self.steps_per_epoch = batches_per_epoch(len(data.train), tcfg.batch_size)
         self.total_steps = self.steps_per_epoch * tcfg.epochs
-        model = nnx.eval_shape(lambda: build_model(cfg, tcfg.seed, tcfg.remat))
+        model = nnx.eval_shape(lambda: with_adapters(build_model(cfg, tcfg.seed, tcfg.remat), tcfg))
         self.tx, self.schedule = make_optimizer(
             tcfg, self.total_steps, cfg.depth, no_weight_decay=model.no_weight_decay()
         )
@@ -179,6 +188,7 @@ class Trainer:
         else:
             model = from_numpy(self.cfg, self.init_weights, seed=self.tcfg.seed)
             model.train()
+        model = with_adapters(model, self.tcfg)
         _, params, rest = nnx.split(model, nnx.Param, ...)
         opt_state = self.tx.init(params)
         if self.init_moments is not None:
@@ -299,7 +309,8 @@ class Trainer:
             from jax.experimental import multihost_utils
 
             params = multihost_utils.process_allgather(params, tiled=True)
-        return to_numpy(nnx.merge(self.eval_graphdef, params, state["rest"]))
+        weights = to_numpy(nnx.merge(self.eval_graphdef, params, state["rest"]))
+        return merge_lora(weights, lora_scale(self.tcfg)) if self.tcfg.lora is not None else weights
 
 
 def _forward(graphdef, params, rest, images, drop_masks=None, dropout_masks=None):
@@ -321,7 +332,7 @@ def loss_and_grads(t: Trainer, params, rest, batch: dict):
 
     Returns (grads summed over the real examples, rest after the forward passes, loss sum, correct
     count). Micro-batch i holds rows i, i+A, i+2A, ... so each keeps the batch's device split. With
-    ``freeze`` the frozen parameters enter through ``stop_gradient``: their gradients are zeros and no
+    ``freeze`` or ``lora`` the frozen parameters enter through ``stop_gradient``: their gradients are zeros and no
     backward pass runs through the frozen layers. A batch with "drop_masks" float [B, depth, 2] or
     "dropout_masks" {module path: float [B, ...]} hands them to the model (the twins' parity mode,
     ``VisionTransformer.__call__``).
@@ -329,7 +340,7 @@ def loss_and_grads(t: Trainer, params, rest, batch: dict):
     tcfg, a = t.tcfg, t.tcfg.accum_steps
 
     def loss_sum(p, rest, mb):
-        if tcfg.freeze:
+        if tcfg.freeze or tcfg.lora is not None:
             p = jax.tree.map(lambda train, x: x if train else jax.lax.stop_gradient(x), t.trainable, p)
         logits, rest = _forward(t.train_graphdef, p, rest, mb["image"], mb.get("drop_masks"), mb.get("dropout_masks"))
         targets = mb["target"].astype(logits.dtype)
@@ -350,6 +361,12 @@ def loss_and_grads(t: Trainer, params, rest, batch: dict):
     return jax.lax.scan(accumulate, init, micro)[0]
 
 
+def frozen_kept(t: Trainer, old, new):
+    """``new`` with the frozen parameters (``freeze``, ``lora``) of ``old``, bit for bit: an update of
+    zero still rounds (x + 0 turns -0.0 into 0.0, an average of equal values may move by an ulp)."""
+    return jax.tree.map(lambda train, o, n: n if train else o, t.trainable, old, new)
+
+
 def train_step_fn(t: Trainer):
     def train_step(state: dict, batch: dict) -> tuple[dict, dict]:
         params = state["params"]
@@ -359,12 +376,12 @@ def train_step_fn(t: Trainer):
         updates, opt_state = t.tx.update(grads, state["opt_state"], params)
         new = {
             "step": state["step"] + 1,
-            "params": optax.apply_updates(params, updates),
+            "params": frozen_kept(t, params, optax.apply_updates(params, updates)),
             "rest": rest,
             "opt_state": opt_state,
         }
         if "ema" in state:
-            new["ema"] = ema_update(t.tcfg, state["ema"], new["params"], new["step"])
+            new["ema"] = frozen_kept(t, state["ema"], ema_update(t.tcfg, state["ema"], new["params"], new["step"]))
         metrics = {
             "loss": loss / count,
             "correct": correct,

@@ -148,7 +148,8 @@ class Trainer:
 
     Raises:
         ValueError: a config that does not fit the dataset (image size, channels, classes), or an EMA of
-            low-precision parameters (``TrainConfig.check_ema_dtype``), as the JAX trainer's.
+            low-precision parameters (``TrainConfig.check_ema_dtype``), as the JAX trainer's; ``tcfg.lora``
+            (LoRA is the JAX twin's only, so far).
     """
 
     def __init__(
@@ -168,6 +169,8 @@ class Trainer:
                 f"{data.image_size} x {data.channels}"
             )
         tcfg.check_ema_dtype(cfg.param_dtype)
+        if tcfg.lora is not None:
+            raise ValueError(f"lora={tcfg.lora}: the torch twin has no LoRA yet (the JAX twin's vit train has)")
         self.cfg, self.tcfg, self.data, self.device = cfg, tcfg, data, torch.device(device)
         self.steps_per_epoch = batches_per_epoch(len(data.train), tcfg.batch_size)
         self.total_steps = self.steps_per_epoch * tcfg.epochs

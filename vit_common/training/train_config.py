@@ -16,6 +16,7 @@ from vit_common.system.validate import Range, check_fields
 from vit_common.training.recipes import DEFAULT_RECIPE, RECIPES
 
 POSITIVE_INT = Range(1, integer=True)
+LORA_TARGETS = "qkv,proj,fc1,fc2"  # the linear layers of every block
 EMA_METRICS = ("test_ema_accuracy", "test_ema_top5_accuracy", "test_ema_loss")  # evaluations of the --ema weights
 
 
@@ -38,7 +39,8 @@ class TrainConfig:
         ValueError: a value out of its field's range (``vit_common.system.validate.Range``; NaN and infinities
             included), ``accum_steps`` not dividing ``batch_size``, or ``freeze`` with
             ``layer_decay`` (a linear probe trains the head only: there are no layers to decay),
-            ``ema_min_decay`` above ``ema``, or ``ema_warmup`` without ``ema``.
+            ``ema_min_decay`` above ``ema``, or ``ema_warmup`` without ``ema``; ``lora`` without ``init``,
+            with ``freeze`` or ``init_optimizer``; a ``lora_*`` setting without ``lora``.
     """
 
     dataset: str = field(
@@ -69,6 +71,34 @@ class TrainConfig:
         ),
     )
     freeze: bool = field(default=False, metadata=_help("train the head only (linear probe); needs --init"))
+    lora: int | None = field(
+        default=None,
+        metadata=_help(
+            "fine-tune low-rank adapters of this rank instead of the weights (LoRA, flax's nnx.LoRA): the "
+            "--lora-targets layers get W + (alpha / rank) A B with A, B trained, W frozen and out of the "
+            "optimizer state; the head is trained in full; the exports hold the adapters merged; needs --init",
+            range=POSITIVE_INT,
+            metavar="RANK",
+        ),
+    )
+    lora_alpha: float | None = field(
+        default=None,
+        metadata=_help(
+            "LoRA scale numerator alpha (PEFT's lora_alpha); default the rank (scale 1)", range=Range(0, lo_open=True)
+        ),
+    )
+    lora_dropout: float = field(
+        default=0.0,
+        metadata=_help("dropout on the adapters' input (PEFT's lora_dropout)", range=Range(0, 1, hi_open=True)),
+    )
+    lora_targets: str = field(
+        default=LORA_TARGETS,
+        metadata=_help(
+            "comma-separated canonical (timm) module names that get adapters: a name matches every linear "
+            "layer whose path is it or ends in it (qkv, proj, fc1, fc2, blocks.0.attn.qkv); the head is "
+            "always trained in full"
+        ),
+    )
     init_optimizer: bool = field(
         default=False,
         metadata=_help(
@@ -191,6 +221,24 @@ class TrainConfig:
                 f"at most ema={self.ema} (the warm-up's lowest decay cannot lie above its highest)",
             ),
             (not self.ema_warmup or self.ema is not None, "ema_warmup", "--ema DECAY too: nothing to warm up"),
+            (self.lora is None or self.init is not None, "lora", "--init too: adapters fine-tune a checkpoint"),
+            (self.lora is None or not self.freeze, "lora", "no --freeze: --lora trains the adapters and the head"),
+            (
+                self.lora is None or not self.init_optimizer,
+                "lora",
+                "no --init-optimizer: the checkpoint's moments are those of its weights, which --lora freezes",
+            ),
+            (
+                self.lora is not None
+                or (self.lora_alpha, self.lora_dropout, self.lora_targets) == (None, 0.0, LORA_TARGETS),
+                "lora",
+                "a rank: --lora-alpha, --lora-dropout and --lora-targets set up its adapters",
+            ),
+            (
+                all(t.strip() for t in self.lora_targets.split(",")),
+                "lora_targets",
+                "comma-separated module names, none empty",
+            ),
         ]
         for ok, name, expected in checks:
             if not ok:
