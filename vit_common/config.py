@@ -49,6 +49,9 @@ _FLAGS = (
     "dynamic_img_size",
     "dynamic_img_pad",
     "head_bias",
+    "patch_norm",
+    "proj_bias",
+    "mlp_bias",
 )
 # Training and execution choices: they do not change the function a set of weights computes at its
 # image size (LayerScale's init value only matters before the gammas are loaded).
@@ -123,7 +126,8 @@ class ViTConfig:
     qk_norm: bool = _field(False, "LayerNorm over head_dim on q and k (timm qk_norm)")
     ln_eps: float = _field(
         1e-6,
-        "epsilon of every LayerNorm (timm/big_vision 1e-6, HF ViT 1e-12, torch default 1e-5)",
+        "epsilon of every norm, LayerNorm or RMSNorm (timm/big_vision 1e-6, HF ViT 1e-12, torch default 1e-5, "
+        "AIMv2 1e-5)",
         range=Range(0, 1, lo_open=True),
     )
     gelu: str = _field(
@@ -148,8 +152,10 @@ class ViTConfig:
         "(per-channel max), avgmax ((max + mean) / 2; timm global_pool='avgmax'), map (attention-pooling "
         "head), token_gap (concat(class token, mean of the pooled tokens) [2D]: HF "
         "Dinov2ForImageClassification and Dinov2WithRegistersForImageClassification, whose mean leaves the "
-        "class and register tokens out), none (every token; the head, if any, applied per token)",
-        choices=("token", "gap", "max", "avgmax", "map", "token_gap", "none"),
+        "class and register tokens out), probe (a learned query attending over the tokens with no query "
+        "projection, then an output projection; no norm, no MLP: HF Aimv2AttentionPoolingHead), none (every "
+        "token; the head, if any, applied per token)",
+        choices=("token", "gap", "max", "avgmax", "map", "token_gap", "probe", "none"),
     )
     pool_include_prefix: bool = _field(
         False,
@@ -174,8 +180,10 @@ class ViTConfig:
     )
     posemb: str = _field(
         "learn",
-        "position embedding: learn (a pos_embed parameter), sincos2d (fixed, big_vision posemb_sincos_2d), none",
-        choices=("learn", "sincos2d", "none"),
+        "position embedding: learn (a pos_embed parameter), sincos2d (fixed, big_vision posemb_sincos_2d), "
+        "sincos2d_mae (fixed, MAE's get_2d_sincos_pos_embed frequencies: HF AIMv2 is_native; "
+        "vit_common.posemb.sincos2d), none",
+        choices=("learn", "sincos2d", "sincos2d_mae", "none"),
     )
     posemb_prefix: bool = _field(
         True,
@@ -192,6 +200,24 @@ class ViTConfig:
         "the head (and head_dist) has a bias; off for CLIP's visual_projection (HF "
         "CLIPVisionModelWithProjection), a bias-free projection used as the head",
     )
+    # Norm kind and biases of AIMv2-style models (RMSNorm, a norm after the patch embedding, bias-free
+    # projections); the defaults are every ViT's before them.
+    norm: str = _field(
+        "layernorm",
+        "the kind of every norm of the model (blocks, final, fc_norm, norm_pre, patch_norm, qk_norm, MAP head; "
+        "timm's one norm_layer): layernorm, or rmsnorm (x / sqrt(mean(x^2) + eps) * weight, no bias; Zhang & "
+        "Sennrich 2019; timm RmsNorm, HF Aimv2RMSNorm), both with eps ln_eps",
+        choices=("layernorm", "rmsnorm"),
+    )
+    patch_norm: bool = _field(
+        False,
+        "a norm on the patch tokens right after the patch embedding, before the position embedding (timm "
+        "embed_norm_layer, HF AIMv2's embeddings.rms_norm)",
+    )
+    proj_bias: bool = _field(
+        True, "bias on each block's attention output projection (timm proj_bias, which sets mlp_bias too)"
+    )
+    mlp_bias: bool = _field(True, "bias on each block's MLP layers (HF AIMv2 mlp_bias)")
     rep_size: int = _field(
         0,
         "width of the pre-logits dense + tanh layer (original ViT representation_size, HF ViTModel pooler); 0 = none",
@@ -296,14 +322,14 @@ class ViTConfig:
                     f"head_dist=True (DeiT's distilled head) needs dist_token=True, pool='token', fc_norm=False "
                     f"and rep_size=0; got {', '.join(bad)}"
                 )
-        if self.posemb == "sincos2d":
+        if self.posemb in ("sincos2d", "sincos2d_mae"):
             if self.posemb_prefix and self.num_prefix_tokens:
                 raise ValueError(
-                    "posemb='sincos2d' has no rows for prefix tokens: set posemb_prefix=False "
+                    f"posemb={self.posemb!r} has no rows for prefix tokens: set posemb_prefix=False "
                     f"(class_token={self.class_token}, reg_tokens={self.reg_tokens})"
                 )
-            if self.width % 4:
-                raise ValueError(f"posemb='sincos2d' needs width divisible by 4, got width={self.width}")
+            if self.width % 4 or self.width < 8:
+                raise ValueError(f"posemb={self.posemb!r} needs width divisible by 4 and >= 8, got width={self.width}")
         (h, w), (ph, pw) = self.image_size, self.patch_size
         if (h % ph or w % pw) and not (self.dynamic_img_pad or self.dynamic_img_size):
             raise ValueError(
@@ -448,16 +474,20 @@ class ViTConfig:
         """Number of trainable parameters, counted from the architecture (matches both twins)."""
         d, f, k = self.width, self.mlp_dim, self.num_classes
         ph, pw = self.patch_size
-        ln = 2 * d
+        per = 1 if self.norm == "rmsnorm" else 2  # RMSNorm: a weight; LayerNorm: weight and bias
+        ln = per * d
         linear = lambda i, o, bias=True: i * o + (o if bias else 0)  # noqa: E731
         n = linear(self.in_chans * ph * pw, d, self.patch_bias)  # patch_embed.proj
+        if self.patch_norm:
+            n += ln
         n += d * self.num_prefix_tokens  # cls_token, reg_token
         if self.posemb == "learn":
             n += self.posemb_len * d
-        mlp = linear(d, 2 * f if self.mlp_type == "swiglu" else f) + linear(f, d)
-        block = ln + linear(d, 3 * d, self.qkv_bias) + linear(d, d) + ln + mlp
+        fc1 = 2 * f if self.mlp_type == "swiglu" else f
+        mlp = linear(d, fc1, self.mlp_bias) + linear(f, d, self.mlp_bias)
+        block = ln + linear(d, 3 * d, self.qkv_bias) + linear(d, d, self.proj_bias) + ln + mlp
         if self.qk_norm:
-            block += 2 * 2 * self.head_dim
+            block += 2 * per * self.head_dim
         if self.layer_scale is not None:
             block += 2 * d
         n += self.depth * block
@@ -466,6 +496,8 @@ class ViTConfig:
             n += ln
         if self.pool == "map":  # latent, q, kv, proj, norm, mlp (timm AttentionPoolLatent)
             n += d + linear(d, d) + linear(d, 2 * d) + linear(d, d) + ln + linear(d, f) + linear(f, d)
+        if self.pool == "probe":  # latent, kv (bias as qkv's), proj (HF Aimv2AttentionPoolingHead)
+            n += d + linear(d, 2 * d, self.qkv_bias) + linear(d, d)
         if self.rep_size:
             n += linear(d, self.rep_size)
         if k:
@@ -481,6 +513,7 @@ class ViTConfig:
                             + 4 L^2 D (q k^T and attn v)
             MAP head        2 D^2 + 2 L' D (2D) + 4 L' D + 2 D^2 + 4 D F  (q, kv, attention, proj, mlp;
                             L' the tokens it pools: L, or the patches without pool_include_prefix)
+            probe head      2 L' D (2D) + 4 L' D + 2 D^2  (kv, attention, proj)
             pre-logits      2 D R;  head 2 R K  (per token when pool='none'; twice with head_dist)
         Elementwise work (LayerNorm, GELU, softmax, residual adds) is left out, as in the ViT, DeiT and
         timm/fvcore conventions; it is under 1% of the total for B/16 at 224.
@@ -497,6 +530,8 @@ class ViTConfig:
         total += self.depth * (2 * seq * (4 * d * d + mlp_macs) + 4 * seq * seq * d)
         if self.pool == "map":
             total += 2 * d * d + 2 * pooled * d * 2 * d + 4 * pooled * d + 2 * d * d + 4 * d * f
+        if self.pool == "probe":
+            total += 2 * pooled * d * 2 * d + 4 * pooled * d + 2 * d * d
         rows = seq if self.pool == "none" else 1
         if self.rep_size:
             total += rows * 2 * d * self.rep_size

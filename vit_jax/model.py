@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from vit_common.config import ViTConfig
-from vit_common.posemb import resample_matrices, sincos2d
+from vit_common.posemb import SINCOS_CONVENTIONS, resample_matrices, sincos2d
 from vit_jax.platforms import Platform, choose_attention, dot_product_attention, gelu
 
 _trunc02 = nnx.initializers.truncated_normal(stddev=0.02)
@@ -28,9 +28,12 @@ def _acc(dtype) -> jnp.dtype:
     return jnp.promote_types(dtype, jnp.float32)
 
 
-def _layer_norm(cfg: ViTConfig, dim: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
+def _norm(cfg: ViTConfig, dim: int, rngs: nnx.Rngs) -> nnx.LayerNorm | nnx.RMSNorm:
+    """The norm of kind cfg.norm over the last ``dim`` channels, eps cfg.ln_eps; statistics in at least
+    float32 (flax's reductions), parameter ``scale`` (the torch twin's ``weight``)."""
     # use_fast_variance=False: flax's default E[x^2]-E[x]^2 differs from torch's two-pass variance.
-    return nnx.LayerNorm(dim, epsilon=cfg.ln_eps, use_fast_variance=False, rngs=rngs, **_dtypes(cfg))
+    kind = nnx.RMSNorm if cfg.norm == "rmsnorm" else nnx.LayerNorm
+    return kind(dim, epsilon=cfg.ln_eps, use_fast_variance=False, rngs=rngs, **_dtypes(cfg))
 
 
 def _linear(cfg: ViTConfig, d_in: int, d_out: int, rngs: nnx.Rngs, bias: bool = True) -> nnx.Linear:
@@ -63,7 +66,9 @@ def _drop(drop: nnx.Dropout, x: jax.Array, masks: dict | None, name: str) -> jax
 
 
 class PatchEmbed(nnx.Module):
-    """Stride-P convolution with VALID padding, bias if cfg.patch_bias: [B, H, W, C] -> [B, H/P, W/P, D]."""
+    """Stride-P convolution with VALID padding, bias if cfg.patch_bias: [B, H, W, C] -> [B, H/P, W/P, D].
+
+    ``norm`` (cfg.patch_norm) is applied by the model to the flattened tokens [B, h*w, D], as timm's."""
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
         self.proj = nnx.Conv(
@@ -77,6 +82,7 @@ class PatchEmbed(nnx.Module):
             rngs=rngs,
             **_dtypes(cfg),
         )
+        self.norm = _norm(cfg, cfg.width, rngs) if cfg.patch_norm else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.proj(x)
@@ -120,10 +126,10 @@ class Attention(nnx.Module):
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.kernel = _attention_kernel(cfg)
         self.qkv = _linear(cfg, cfg.width, 3 * cfg.width, rngs, bias=cfg.qkv_bias)
-        self.q_norm = _layer_norm(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
-        self.k_norm = _layer_norm(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
+        self.q_norm = _norm(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
+        self.k_norm = _norm(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
         self.attn_drop = _dropout(cfg.attn_dropout, rngs)
-        self.proj = _linear(cfg, cfg.width, cfg.width, rngs)
+        self.proj = _linear(cfg, cfg.width, cfg.width, rngs, bias=cfg.proj_bias)
         self.proj_drop = _dropout(cfg.dropout, rngs)
 
     def __call__(
@@ -157,14 +163,15 @@ def quick_gelu(x: jax.Array) -> jax.Array:
 
 
 class Mlp(nnx.Module):
-    """fc1 -> GELU (cfg.gelu: 'exact' erf, 'tanh' or 'quick') -> dropout -> fc2 -> dropout."""
+    """fc1 -> GELU (cfg.gelu: 'exact' erf, 'tanh' or 'quick') -> dropout -> fc2 -> dropout; ``bias`` on both
+    layers (a block's: cfg.mlp_bias; the MAP head's always)."""
 
-    def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ViTConfig, bias: bool = True, *, rngs: nnx.Rngs):
         self.quick = cfg.gelu == "quick"
         self.approximate = cfg.gelu == "tanh"
-        self.fc1 = _linear(cfg, cfg.width, cfg.mlp_dim, rngs)
+        self.fc1 = _linear(cfg, cfg.width, cfg.mlp_dim, rngs, bias)
         self.drop1 = _dropout(cfg.dropout, rngs)
-        self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width, rngs)
+        self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width, rngs, bias)
         self.drop2 = _dropout(cfg.dropout, rngs)
 
     def __call__(self, x: jax.Array, masks: dict | None = None) -> jax.Array:
@@ -182,9 +189,9 @@ class GluMlp(nnx.Module):
     """
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
-        self.fc1 = _linear(cfg, cfg.width, 2 * cfg.mlp_dim, rngs)
+        self.fc1 = _linear(cfg, cfg.width, 2 * cfg.mlp_dim, rngs, cfg.mlp_bias)
         self.drop1 = _dropout(cfg.dropout, rngs)
-        self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width, rngs)
+        self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width, rngs, cfg.mlp_bias)
         self.drop2 = _dropout(cfg.dropout, rngs)
 
     def __call__(self, x: jax.Array, masks: dict | None = None) -> jax.Array:
@@ -227,12 +234,12 @@ class Block(nnx.Module):
     """Pre-norm transformer block: x + drop_path(ls1(attn(norm1(x)))), then the same for the MLP."""
 
     def __init__(self, cfg: ViTConfig, drop_path: float, *, rngs: nnx.Rngs):
-        self.norm1 = _layer_norm(cfg, cfg.width, rngs)
+        self.norm1 = _norm(cfg, cfg.width, rngs)
         self.attn = Attention(cfg, rngs=rngs)
         self.ls1 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path1 = DropPath(drop_path, rngs=rngs)
-        self.norm2 = _layer_norm(cfg, cfg.width, rngs)
-        self.mlp = GluMlp(cfg, rngs=rngs) if cfg.mlp_type == "swiglu" else Mlp(cfg, rngs=rngs)
+        self.norm2 = _norm(cfg, cfg.width, rngs)
+        self.mlp = GluMlp(cfg, rngs=rngs) if cfg.mlp_type == "swiglu" else Mlp(cfg, cfg.mlp_bias, rngs=rngs)
         self.ls2 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path2 = DropPath(drop_path, rngs=rngs)
 
@@ -270,7 +277,7 @@ class MAPHead(nnx.Module):
         self.q = _linear(cfg, cfg.width, cfg.width, rngs)
         self.kv = _linear(cfg, cfg.width, 2 * cfg.width, rngs)
         self.proj = _linear(cfg, cfg.width, cfg.width, rngs)
-        self.norm = _layer_norm(cfg, cfg.width, rngs)
+        self.norm = _norm(cfg, cfg.width, rngs)
         self.mlp = Mlp(cfg, rngs=rngs)
         self.kernel = _attention_kernel(cfg)
 
@@ -291,6 +298,32 @@ class MAPHead(nnx.Module):
         x = self.proj(out.reshape(b, 1, d))
         x = x + self.mlp(self.norm(x), _sub(masks, "mlp"))
         return x[:, 0], probs if return_attn else None
+
+
+class ProbeHead(nnx.Module):
+    """Attention probe (pool='probe'; HF ``Aimv2AttentionPoolingHead``): a learned query ``latent`` [1, 1, D]
+    used as is (no q projection) attends over the tokens through ``kv`` (bias as cfg.qkv_bias), then
+    ``proj``; no norm, no MLP, no residual. [B, L', D] -> ([B, D], attention [B, N, 1, L'] or None)."""
+
+    def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.latent = nnx.Param(_trunc02(rngs.params(), (1, 1, cfg.width), jnp.dtype(cfg.param_dtype)))
+        self.kv = _linear(cfg, cfg.width, 2 * cfg.width, rngs, bias=cfg.qkv_bias)
+        self.proj = _linear(cfg, cfg.width, cfg.width, rngs)
+        self.kernel = _attention_kernel(cfg)
+
+    def __call__(self, x: jax.Array, *, return_attn: bool = False) -> tuple[jax.Array, jax.Array | None]:
+        b, l, d = x.shape
+        nh, hd = self.num_heads, self.head_dim
+        q = jnp.broadcast_to(self.latent[...].astype(x.dtype), (b, 1, d)).reshape(b, 1, nh, hd)
+        kv = self.kv(x).reshape(b, l, 2, nh, hd)  # [B, L, 2, N, D/N]
+        k, v = kv[:, :, 0], kv[:, :, 1]
+        kernel = "explicit" if return_attn else self.kernel
+        if kernel == "explicit":
+            out, probs = _attend(q, k, v, hd**-0.5)  # probs [B, N, 1, L]
+        else:
+            out, probs = dot_product_attention(q, k, v, scale=hd**-0.5, implementation=kernel), None
+        return self.proj(out.reshape(b, d)), probs if return_attn else None
 
 
 class PreLogits(nnx.Module):
@@ -332,12 +365,13 @@ class VisionTransformer(nnx.Module):
         )
         self.dist_token = nnx.Param(_trunc02(rngs.params(), (1, 1, cfg.width), pd)) if cfg.dist_token else None
         self.pos_drop = _dropout(cfg.dropout, rngs)
-        self.norm_pre = _layer_norm(cfg, cfg.width, rngs) if cfg.norm_pre else None
+        self.norm_pre = _norm(cfg, cfg.width, rngs) if cfg.norm_pre else None
         rates = np.linspace(0.0, cfg.drop_path, cfg.depth) if cfg.depth > 1 else [cfg.drop_path]
         self.blocks = nnx.List([Block(cfg, float(r), rngs=rngs) for r in rates])
-        self.norm = _layer_norm(cfg, cfg.width, rngs) if not cfg.fc_norm else None
-        self.attn_pool = MAPHead(cfg, rngs=rngs) if cfg.pool == "map" else None
-        self.fc_norm = _layer_norm(cfg, cfg.width, rngs) if cfg.fc_norm else None
+        self.norm = _norm(cfg, cfg.width, rngs) if not cfg.fc_norm else None
+        pools = {"map": MAPHead, "probe": ProbeHead}
+        self.attn_pool = pools[cfg.pool](cfg, rngs=rngs) if cfg.pool in pools else None
+        self.fc_norm = _norm(cfg, cfg.width, rngs) if cfg.fc_norm else None
         self.pre_logits = PreLogits(cfg, rngs=rngs) if cfg.rep_size else None
         self.head_drop = _dropout(cfg.dropout, rngs)
         k, bias = cfg.num_classes, cfg.head_bias
@@ -362,6 +396,8 @@ class VisionTransformer(nnx.Module):
             x = jnp.pad(x, ((0, 0), (0, gh * ph - x.shape[1]), (0, gw * pw - x.shape[2]), (0, 0)))
         b = x.shape[0]
         patches = self.patch_embed(x).reshape(b, gh * gw, cfg.width)  # [B, h, w, D] -> [B, h*w, D]
+        if self.patch_embed.norm is not None:
+            patches = self.patch_embed.norm(patches)
         tokens = (self.cls_token, self.dist_token, self.reg_token)
         prefix = [p[...].astype(cfg.dtype) for p in tokens if p is not None]
         prefix = [jnp.broadcast_to(p, (b,) + p.shape[1:]) for p in prefix]
@@ -373,8 +409,9 @@ class VisionTransformer(nnx.Module):
                 wh, ww = (jnp.asarray(m, cfg.dtype) for m in resample_matrices(cfg.grid, (gh, gw), cfg.posemb_resample))
                 grid = pe_grid.reshape(*cfg.grid, cfg.width)  # [h0, w0, D]
                 pe_grid = jnp.einsum("yh,hwd,xw->yxd", wh, grid, ww).reshape(1, gh * gw, cfg.width)
-        elif cfg.posemb == "sincos2d":
-            pe_prefix, pe_grid = None, jnp.asarray(sincos2d((gh, gw), cfg.width)[None], cfg.dtype)
+        elif cfg.posemb in SINCOS_CONVENTIONS:
+            table = sincos2d((gh, gw), cfg.width, convention=SINCOS_CONVENTIONS[cfg.posemb])
+            pe_prefix, pe_grid = None, jnp.asarray(table[None], cfg.dtype)
         else:
             pe_prefix, pe_grid = None, None
         if pe_prefix is not None:  # timm default / original ViT: concatenate, then add
@@ -428,6 +465,10 @@ class VisionTransformer(nnx.Module):
             x, probs = self.attn_pool(pooled, return_attn=record, masks=_sub(dropout_masks, "attn_pool"))
             if record:
                 out["attn_pool"] = probs
+        elif cfg.pool == "probe":
+            x, probs = self.attn_pool(pooled, return_attn=record)
+            if record:
+                out["attn_pool"] = probs
         if self.fc_norm is not None:
             x = self.fc_norm(x)
         if self.pre_logits is not None:
@@ -476,7 +517,7 @@ class VisionTransformer(nnx.Module):
 
         Keys: 'patch_embed' [B, h*w, D], 'pos_embed' [B, L, D], 'norm_pre' (norm_pre only; the block
         input) [B, L, D], 'blockNN' [B, L, D], 'attnNN' [B, N, L, L] (rows sum to 1), 'norm' [B, L, D],
-        'attn_pool' [B, N, 1, L'] (MAP only; L' = L, or the patches without pool_include_prefix),
+        'attn_pool' [B, N, 1, L'] (MAP and probe only; L' = L, or the patches without pool_include_prefix),
         'pre_logits' [B, D'] (D' = rep_size, 2 D for pool='token_gap', else D), with head_dist also
         'pre_logits_dist' [B, D] and, with a head, 'head' and
         'head_dist' [B, K] (each head's logits), 'logits' [B, K]. The same keys as the torch twin.

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from vit_common.config import ViTConfig
-from vit_common.posemb import resample_matrices, sincos2d
+from vit_common.posemb import SINCOS_CONVENTIONS, resample_matrices, sincos2d
 
 
 def _dt(name: str) -> torch.dtype:
@@ -60,8 +60,24 @@ class LayerNorm(nn.LayerNorm):
         return y.to(self.compute_dtype)
 
 
-def _layer_norm(cfg: ViTConfig, dim: int) -> LayerNorm:
-    return LayerNorm(dim, eps=cfg.ln_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+class RMSNorm(nn.Module):
+    """RMSNorm (cfg.norm='rmsnorm'): x / sqrt(mean(x^2) + eps) * weight, no bias, statistics in at least
+    float32 and output in ``dtype`` (timm ``RmsNorm``, HF ``Aimv2RMSNorm``: equal in float32)."""
+
+    def __init__(self, dim: int, *, eps: float, dtype: str, param_dtype: str):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, dtype=_dt(param_dtype)))
+        self.eps, self.compute_dtype = eps, _dt(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        acc = _acc(self.compute_dtype)
+        return F.rms_norm(x.to(acc), self.weight.shape, self.weight.to(acc), self.eps).to(self.compute_dtype)
+
+
+def _norm(cfg: ViTConfig, dim: int) -> LayerNorm | RMSNorm:
+    """The norm of kind cfg.norm over the last ``dim`` channels, eps cfg.ln_eps."""
+    kind = RMSNorm if cfg.norm == "rmsnorm" else LayerNorm
+    return kind(dim, eps=cfg.ln_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
 
 
 def _sub(masks: dict | None, prefix: str) -> dict | None:
@@ -88,7 +104,9 @@ def _linear(cfg: ViTConfig, d_in: int, d_out: int, bias: bool = True) -> Linear:
 
 
 class PatchEmbed(nn.Module):
-    """Stride-P convolution, no padding (VALID), bias if cfg.patch_bias: [B, C, H, W] -> [B, D, H/P, W/P]."""
+    """Stride-P convolution, no padding (VALID), bias if cfg.patch_bias: [B, C, H, W] -> [B, D, H/P, W/P].
+
+    ``norm`` (cfg.patch_norm) is applied by the model to the flattened tokens [B, h*w, D], as timm's."""
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
@@ -101,6 +119,7 @@ class PatchEmbed(nn.Module):
             bias=cfg.patch_bias,
             dtype=_dt(cfg.param_dtype),
         )
+        self.norm = _norm(cfg, cfg.width) if cfg.patch_norm else None
         self.compute_dtype = _dt(cfg.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -138,10 +157,10 @@ class Attention(nn.Module):
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.fused = cfg.attn_impl == "fused"
         self.qkv = _linear(cfg, cfg.width, 3 * cfg.width, bias=cfg.qkv_bias)
-        self.q_norm = _layer_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
-        self.k_norm = _layer_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+        self.q_norm = _norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = _norm(cfg, cfg.head_dim) if cfg.qk_norm else None
         self.attn_drop = nn.Dropout(cfg.attn_dropout)
-        self.proj = _linear(cfg, cfg.width, cfg.width)
+        self.proj = _linear(cfg, cfg.width, cfg.width, bias=cfg.proj_bias)
         self.proj_drop = nn.Dropout(cfg.dropout)
 
     def forward(
@@ -173,15 +192,16 @@ def quick_gelu(x: torch.Tensor) -> torch.Tensor:
 
 
 class Mlp(nn.Module):
-    """fc1 -> GELU (cfg.gelu: 'exact' erf, 'tanh' or 'quick') -> dropout -> fc2 -> dropout."""
+    """fc1 -> GELU (cfg.gelu: 'exact' erf, 'tanh' or 'quick') -> dropout -> fc2 -> dropout; ``bias`` on both
+    layers (a block's: cfg.mlp_bias; the MAP head's always)."""
 
-    def __init__(self, cfg: ViTConfig):
+    def __init__(self, cfg: ViTConfig, bias: bool = True):
         super().__init__()
         self.quick = cfg.gelu == "quick"
         self.approximate = "tanh" if cfg.gelu == "tanh" else "none"
-        self.fc1 = _linear(cfg, cfg.width, cfg.mlp_dim)
+        self.fc1 = _linear(cfg, cfg.width, cfg.mlp_dim, bias)
         self.drop1 = nn.Dropout(cfg.dropout)
-        self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width)
+        self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width, bias)
         self.drop2 = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, masks: dict | None = None) -> torch.Tensor:
@@ -200,9 +220,9 @@ class GluMlp(nn.Module):
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
-        self.fc1 = _linear(cfg, cfg.width, 2 * cfg.mlp_dim)
+        self.fc1 = _linear(cfg, cfg.width, 2 * cfg.mlp_dim, cfg.mlp_bias)
         self.drop1 = nn.Dropout(cfg.dropout)
-        self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width)
+        self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width, cfg.mlp_bias)
         self.drop2 = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, masks: dict | None = None) -> torch.Tensor:
@@ -250,12 +270,12 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ViTConfig, drop_path: float):
         super().__init__()
-        self.norm1 = _layer_norm(cfg, cfg.width)
+        self.norm1 = _norm(cfg, cfg.width)
         self.attn = Attention(cfg)
         self.ls1 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path1 = DropPath(drop_path)
-        self.norm2 = _layer_norm(cfg, cfg.width)
-        self.mlp = GluMlp(cfg) if cfg.mlp_type == "swiglu" else Mlp(cfg)
+        self.norm2 = _norm(cfg, cfg.width)
+        self.mlp = GluMlp(cfg) if cfg.mlp_type == "swiglu" else Mlp(cfg, cfg.mlp_bias)
         self.ls2 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path2 = DropPath(drop_path)
 
@@ -295,7 +315,7 @@ class MAPHead(nn.Module):
         self.q = _linear(cfg, cfg.width, cfg.width)
         self.kv = _linear(cfg, cfg.width, 2 * cfg.width)
         self.proj = _linear(cfg, cfg.width, cfg.width)
-        self.norm = _layer_norm(cfg, cfg.width)
+        self.norm = _norm(cfg, cfg.width)
         self.mlp = Mlp(cfg)
         self.fused = cfg.attn_impl == "fused"
 
@@ -317,6 +337,36 @@ class MAPHead(nn.Module):
         x = self.proj(out.reshape(b, 1, d))
         x = x + self.mlp(self.norm(x), _sub(masks, "mlp"))
         return x[:, 0], probs
+
+
+class ProbeHead(nn.Module):
+    """Attention probe (pool='probe'; HF ``Aimv2AttentionPoolingHead``): a learned query ``latent`` [1, 1, D]
+    used as is (no q projection) attends over the tokens through ``kv`` (bias as cfg.qkv_bias), then
+    ``proj``; no norm, no MLP, no residual. [B, L', D] -> ([B, D], attention [B, N, 1, L'] or None)."""
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.latent = nn.Parameter(torch.empty(1, 1, cfg.width, dtype=_dt(cfg.param_dtype)))
+        if not self.latent.is_meta:
+            nn.init.trunc_normal_(self.latent, std=0.02)
+        self.kv = _linear(cfg, cfg.width, 2 * cfg.width, bias=cfg.qkv_bias)
+        self.proj = _linear(cfg, cfg.width, cfg.width)
+        self.fused = cfg.attn_impl == "fused"
+
+    def forward(self, x: torch.Tensor, *, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        b, l, d = x.shape
+        nh, hd = self.num_heads, self.head_dim
+        q = self.latent.to(x.dtype).expand(b, 1, d).reshape(b, 1, nh, hd)
+        k, v = self.kv(x).reshape(b, l, 2, nh, hd).unbind(2)  # each [B, L, N, D/N]
+        if self.fused and not return_attn:
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=hd**-0.5
+            ).transpose(1, 2)
+            probs = None
+        else:
+            out, probs = _attend(q, k, v, hd**-0.5)  # probs [B, N, 1, L]
+        return self.proj(out.reshape(b, d)), probs
 
 
 class PreLogits(nn.Module):
@@ -353,12 +403,13 @@ class VisionTransformer(nn.Module):
         )
         self.dist_token = nn.Parameter(torch.empty(1, 1, cfg.width, dtype=pd)) if cfg.dist_token else None
         self.pos_drop = nn.Dropout(cfg.dropout)
-        self.norm_pre = _layer_norm(cfg, cfg.width) if cfg.norm_pre else None
+        self.norm_pre = _norm(cfg, cfg.width) if cfg.norm_pre else None
         rates = np.linspace(0.0, cfg.drop_path, cfg.depth) if cfg.depth > 1 else [cfg.drop_path]
         self.blocks = nn.ModuleList([Block(cfg, float(r)) for r in rates])
-        self.norm = _layer_norm(cfg, cfg.width) if not cfg.fc_norm else None
-        self.attn_pool = MAPHead(cfg) if cfg.pool == "map" else None
-        self.fc_norm = _layer_norm(cfg, cfg.width) if cfg.fc_norm else None
+        self.norm = _norm(cfg, cfg.width) if not cfg.fc_norm else None
+        pools = {"map": MAPHead, "probe": ProbeHead}
+        self.attn_pool = pools[cfg.pool](cfg) if cfg.pool in pools else None
+        self.fc_norm = _norm(cfg, cfg.width) if cfg.fc_norm else None
         self.pre_logits = PreLogits(cfg) if cfg.rep_size else None
         self.head_drop = nn.Dropout(cfg.dropout)
         k, bias = cfg.num_classes, cfg.head_bias
@@ -391,6 +442,8 @@ class VisionTransformer(nn.Module):
             x = F.pad(x, (0, gw * pw - x.shape[3], 0, gh * ph - x.shape[2]))
         b = x.shape[0]
         patches = self.patch_embed(x).flatten(2).transpose(1, 2)  # [B, D, h, w] -> [B, h*w, D]
+        if self.patch_embed.norm is not None:
+            patches = self.patch_embed.norm(patches)
         tokens = (self.cls_token, self.dist_token, self.reg_token)
         prefix = [p.to(cd).expand(b, -1, -1) for p in tokens if p is not None]
         npt = cfg.num_prefix_tokens
@@ -404,8 +457,8 @@ class VisionTransformer(nn.Module):
                 )
                 grid = pe_grid.reshape(*cfg.grid, cfg.width)  # [h0, w0, D]
                 pe_grid = torch.einsum("yh,hwd,xw->yxd", wh, grid, ww).reshape(1, gh * gw, cfg.width)
-        elif cfg.posemb == "sincos2d":
-            table = sincos2d((gh, gw), cfg.width)[None]
+        elif cfg.posemb in SINCOS_CONVENTIONS:
+            table = sincos2d((gh, gw), cfg.width, convention=SINCOS_CONVENTIONS[cfg.posemb])[None]
             pe_prefix, pe_grid = None, torch.as_tensor(table, dtype=cd, device=x.device)
         else:
             pe_prefix, pe_grid = None, None
@@ -463,6 +516,10 @@ class VisionTransformer(nn.Module):
             x, probs = self.attn_pool(pooled, return_attn=record, masks=_sub(dropout_masks, "attn_pool"))
             if record:
                 out["attn_pool"] = probs
+        elif cfg.pool == "probe":
+            x, probs = self.attn_pool(pooled, return_attn=record)
+            if record:
+                out["attn_pool"] = probs
         if self.fc_norm is not None:
             x = self.fc_norm(x)
         if self.pre_logits is not None:
@@ -512,7 +569,7 @@ class VisionTransformer(nn.Module):
 
         Keys: 'patch_embed' [B, h*w, D], 'pos_embed' [B, L, D], 'norm_pre' (norm_pre only; the block
         input) [B, L, D], 'blockNN' [B, L, D], 'attnNN' [B, N, L, L] (rows sum to 1), 'norm' [B, L, D],
-        'attn_pool' [B, N, 1, L'] (MAP only; L' = L, or the patches without pool_include_prefix),
+        'attn_pool' [B, N, 1, L'] (MAP and probe only; L' = L, or the patches without pool_include_prefix),
         'pre_logits' [B, D'] (D' = rep_size, 2 D for pool='token_gap', else D), with head_dist also
         'pre_logits_dist' [B, D] and, with a head, 'head' and
         'head_dist' [B, K] (each head's logits), 'logits' [B, K]. The same keys as the JAX twin.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vit_common.config import ViTConfig
-from vit_common.posemb import sincos2d
+from vit_common.posemb import SINCOS_CONVENTIONS, sincos2d
 from vit_common.state import canonical_shapes, check_state
 
 
@@ -153,19 +153,19 @@ def materialize_posemb(
 ) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
     """Rewrite the position embedding into a learned table, for formats that only store one.
 
-    ``posemb='sincos2d'`` becomes a learned ``pos_embed`` holding the table (cast to the parameter
-    dtype, as the twins cast it before adding). With ``prefix_rows=True`` a table without prefix rows
+    ``posemb='sincos2d'`` (or ``'sincos2d_mae'``) becomes a learned ``pos_embed`` holding the table (cast
+    to the parameter dtype, as the twins cast it before adding). With ``prefix_rows=True`` a table without prefix rows
     gains zero rows for the class (and distillation) token (exact: adding zero changes nothing). Returns
     the new config, state and one note per change. Register tokens cannot gain rows this way (they would
     be resampled with the grid otherwise): the caller's format check rejects them.
     """
     notes, state = [], dict(state)
-    if cfg.posemb == "sincos2d":
+    if cfg.posemb in SINCOS_CONVENTIONS:
         any_param = next(iter(state.values()))
-        table = sincos2d(cfg.grid, cfg.width)[None].astype(np.asarray(any_param).dtype)
-        state = {"pos_embed": table, **state}
+        table = sincos2d(cfg.grid, cfg.width, convention=SINCOS_CONVENTIONS[cfg.posemb])[None]
+        state = {"pos_embed": table.astype(np.asarray(any_param).dtype), **state}
+        notes.append(f"{cfg.posemb} position embedding written as a learned pos_embed table")
         cfg = cfg.replace(posemb="learn")
-        notes.append("sincos2d position embedding written as a learned pos_embed table")
     if prefix_rows and cfg.posemb == "learn" and not cfg.posemb_prefix and cfg.num_prefix_tokens:
         pe = np.asarray(state["pos_embed"])
         zeros = np.zeros((1, cfg.num_prefix_tokens, pe.shape[-1]), pe.dtype)
