@@ -53,7 +53,13 @@ from vit_common.checkpoints.formats.hf_common import BLOCK_KEYS, FAMILY_MODEL_TY
 from vit_common.checkpoints.formats.hf_vit import ARCHITECTURES, config_json, is_hf, read_tensors, rules
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Reference, Source, WriteOptions
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
-from vit_common.checkpoints.formats.rules import from_canonical, materialize_posemb, refuse, unsupported
+from vit_common.checkpoints.formats.rules import (
+    from_canonical,
+    materialize_posemb,
+    norm_and_bias_checks,
+    refuse,
+    unsupported,
+)
 from vit_common.checkpoints.formats.timm_state import is_timm
 from vit_common.checkpoints.metadata import Declared, hf_classes, hf_labels, hf_preprocess_file, hf_preprocessor_config
 from vit_common.config import ViTConfig
@@ -133,7 +139,8 @@ class HuggingFace(Format):
                     cfg.rep_size > 0 and cfg.num_classes > 0
                 ),
                 "head_dist without classes (DeiTModel has no distilled output)": cfg.head_dist and not cfg.num_classes,
-            },
+            }
+            | norm_and_bias_checks(cfg),
         )
 
     def declared(self, src: Source) -> Declared:

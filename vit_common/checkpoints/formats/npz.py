@@ -60,6 +60,7 @@ from vit_common.checkpoints.formats.rules import (
     from_canonical,
     linear_kernel,
     materialize_posemb,
+    norm_and_bias_checks,
     refuse,
     stack_layers,
     to_canonical,
@@ -362,7 +363,11 @@ def cannot_hold(cfg: ViTConfig) -> list[str]:
             "quick GELU": cfg.gelu == "quick",
             "mlp_type='swiglu'": cfg.mlp_type == "swiglu",
             "head_bias=False": not cfg.head_bias,
-        },
+            "posemb='sincos2d_mae' (a file without position embedding reads as big_vision's sincos2d)": (
+                cfg.posemb == "sincos2d_mae"
+            ),
+        }
+        | norm_and_bias_checks(cfg),
     )
 
 

@@ -183,6 +183,17 @@ def unsupported(fmt: str, checks: Mapping[str, bool]) -> list[str]:
     return [what for what, fails in checks.items() if fails]
 
 
+def norm_and_bias_checks(cfg: ViTConfig) -> dict[str, bool]:
+    """The AIMv2-style choices (RMSNorm, a patch norm, bias-free projections) as ``unsupported`` checks, for
+    the formats whose models have LayerNorms and every bias."""
+    return {
+        "norm='rmsnorm'": cfg.norm == "rmsnorm",
+        "patch_norm": cfg.patch_norm,
+        "proj_bias=False": not cfg.proj_bias,
+        "mlp_bias=False": not cfg.mlp_bias,
+    }
+
+
 def refuse(fmt: str, reasons: list[str]) -> None:
     """Raise ValueError naming every config choice ``fmt`` cannot hold."""
     if reasons:

@@ -38,9 +38,16 @@ from typing import Any
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.protocol import Decoded, Source
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY, common_float_dtype, declared
-from vit_common.checkpoints.formats.rules import refuse, unsupported
+from vit_common.checkpoints.formats.rules import refuse, to_canonical, unsupported
 from vit_common.checkpoints.formats.stored_config import config_from_json, decode_stored
-from vit_common.checkpoints.formats.timm_state import GELU_TO_TIMM, POOL_TO_TIMM, infer, normalise_keys, timm_kwargs
+from vit_common.checkpoints.formats.timm_state import (
+    GELU_TO_TIMM,
+    POOL_TO_TIMM,
+    infer,
+    normalise_keys,
+    timm_kwargs,
+    timm_rules,
+)
 from vit_common.config import ViTConfig
 from vit_common.data.images import CROP_MODES, INTERPOLATIONS, Preprocess
 
@@ -69,6 +76,7 @@ _CHECKED = {
     "class_token": "class_token",
     "reg_tokens": "reg_tokens",
     "pre_norm": "norm_pre",
+    "proj_bias": "proj_bias",
 }
 # model_args read (declared or checked) without timm, or that change nothing a trained model computes.
 _KNOWN = frozenset(_CHECKED) | {
@@ -248,6 +256,9 @@ def read_hub(src: Source, opts) -> Decoded:
         if dt in ("float32", "float64", "bfloat16", "float16"):
             cfg = cfg.replace(param_dtype=dt)
         how = f"config.json: timm.create_model('local-dir:...') builds {hub.architecture}"
+        if "blocks.0.mlp.fc1_g.weight" in tensors:  # timm SwiGLU (aimv2_*): packed as ours, gate rows first
+            tensors = to_canonical(timm_rules(cfg, split_gate=True), tensors, src.context)
+            notes.append("timm SwiGLU fc1_g / fc1_x packed into fc1, gate rows first")
         dec = decode_stored(cfg, tensors, layout, src.context, how, hub.assumed)
         dec.notes += notes
         return dec
@@ -320,7 +331,9 @@ def hub_config_json(cfg: ViTConfig, assumed=()) -> dict[str, Any]:
     """
     refuse("timm hub folder", hub_cannot_hold(cfg))
     kw = timm_kwargs(cfg)
-    kw.pop("norm_eps")
+    kw.pop("norm_eps"), kw.pop("norm_class")
+    if kw["proj_bias"]:  # timm's default
+        kw.pop("proj_bias")
     args = {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items() if not k.endswith("drop_rate")}
     pcfg = {
         "input_size": [cfg.in_chans, *cfg.image_size],
@@ -355,6 +368,8 @@ def hub_cannot_hold(cfg: ViTConfig) -> list[str]:
             ),
             "mlp_type='swiglu' (model_args cannot name timm's SwiGLUPacked class; a timm .safetensors file "
             "can hold it)": cfg.mlp_type == "swiglu",
+            "norm='rmsnorm' or patch_norm (model_args cannot give timm's RmsNorm its eps; a timm .safetensors "
+            "file can hold it)": cfg.norm == "rmsnorm" or cfg.patch_norm,
         },
     )
 
