@@ -60,6 +60,18 @@ def _timm_cases() -> dict[str, dict]:
         "clip_style": dict(pre_norm=True, act_layer="quick_gelu"),
         "swiglu_packed": dict(mlp_layer="SwiGLUPacked"),  # gate rows first in fc1 (vit_giant_patch14_dinov2)
         "swiglu_split": dict(mlp_layer="SwiGLU"),  # fc1_g (gate) and fc1_x
+        "proj_bias_false": dict(proj_bias=False),  # no attention output or MLP biases
+        "embed_norm": dict(embed_norm_layer="layernorm"),  # a norm after the patch embedding
+        "rmsnorm": dict(norm_layer="rmsnorm"),
+        "aimv2_style": dict(  # timm aimv2_*: RmsNorm everywhere, split SwiGLU, no biases but the patch's
+            norm_layer="rmsnorm",
+            embed_norm_layer="rmsnorm",
+            mlp_layer="SwiGLU",
+            proj_bias=False,
+            qkv_bias=False,
+            class_token=False,
+            global_pool="avg",
+        ),
     }
     return cases
 
@@ -67,10 +79,8 @@ def _timm_cases() -> dict[str, dict]:
 # What the twins lack, and the words the refusal must use.
 TIMM_REFUSED = {
     "final_norm_false": (dict(final_norm=False), "no final LayerNorm"),
-    "proj_bias_false": (dict(proj_bias=False), "proj_bias=False"),
     "scale_attn_norm": (dict(scale_attn_norm=True), "a LayerNorm inside attention or the MLP"),
     "scale_mlp_norm": (dict(scale_mlp_norm=True), "a LayerNorm inside attention or the MLP"),
-    "embed_norm": (dict(embed_norm_layer="layernorm"), "a LayerNorm inside the patch embedding"),
     "non_square_refused": (dict(img_size=(32, 40)), "--source-image-size HxW"),  # 4x5 + 1 rows: no square
     "eva_q_v_bias": (dict(model="Eva"), "separate q_bias/v_bias attention biases"),
     "beit_relative_position": (dict(model="Beit", use_rel_pos_bias=True), "relative position tables"),
@@ -80,10 +90,12 @@ TIMM_CASES = _timm_cases() | {k: kw for k, (kw, _) in TIMM_REFUSED.items()}
 # timm hub folders (timm's save_for_hf: config.json + model.safetensors) of every timm architecture the
 # twins can build, one per distinct structure, each at test width (embed_dim 32, depth 1, 2 heads, a 2x2
 # patch grid, 3 classes where the name has a head). timm 1.0.31 registers 179 names in vision_transformer
-# and deit; built on the meta device, 143 are models the twins implement, in these 31 structures (class
+# and deit; built on the meta device, 156 are models the twins implement, in these 33 structures (class
 # and register tokens, pooling, fc_norm, pre_norm, qkv bias, qk_norm, LayerScale, GELU, SwiGLU, eps,
-# distilled, heads), and 36 are refused, in these 9 kinds. Name -> image size (the name's patch x 2).
+# distilled, heads, RmsNorm, patch norm, no projection biases), and 23 are refused, in these 7 kinds.
+# Name -> image size (the name's patch x 2).
 TIMM_HUB_CASES = {
+    "aimv2_1b_patch14_224": 28,  # 11 more (RmsNorm, a patch norm, split SwiGLU, no biases)
     "deit3_base_patch16_224": 32,  # and 7 more names of this structure
     "deit_base_distilled_patch16_224": 32,  # 3 more
     "deit_base_patch16_224": 32,  # 20 more (vit_base_patch16_224, ...)
@@ -92,6 +104,7 @@ TIMM_HUB_CASES = {
     "test_vit": 32,
     "test_vit2": 32,
     "test_vit3": 32,
+    "test_vit4": 32,  # RmsNorm
     "vit_base_patch14_dinov2": 28,  # 2 more
     "vit_base_patch14_reg1_tipsv2": 28,  # 2 more
     "vit_base_patch14_reg4_dinov2": 28,  # 2 more
@@ -117,9 +130,7 @@ TIMM_HUB_CASES = {
     "vit_so150m_patch16_reg4_map_256": 32,
 }
 TIMM_HUB_REFUSED = {  # name -> (image size, the words of the refusal)
-    "aimv2_1b_patch14_224": (28, "a norm other than LayerNorm (RmsNorm)"),  # 11 more
     "beit3_base_patch16_224": (32, "a LayerNorm inside attention, MLP or patch embedding"),  # 3 more
-    "test_vit4": (32, "a norm other than LayerNorm (RmsNorm)"),
     "vit_base_patch16_18x2_224": (32, "its block ParallelThingsBlock"),  # 5 more (ParallelScalingBlock)
     "vit_base_patch16_radio_v3": (32, "no final LayerNorm (final_norm=False)"),  # 6 more
     "vit_base_patch16_rpn_224": (32, "its block ResPostBlock"),

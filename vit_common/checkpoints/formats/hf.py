@@ -68,7 +68,7 @@ from vit_common.system import io
 
 # The model types an hf_family folder is written as (``--hf-model-type``): the two-tower ones are written
 # as their vision tower's.
-WRITTEN_FAMILY_TYPES = tuple(t for t in FAMILY_MODEL_TYPES if t not in ("siglip", "clip"))
+WRITTEN_FAMILY_TYPES = tuple(t for t in FAMILY_MODEL_TYPES if t not in ("siglip", "clip", "aimv2"))
 
 
 @dataclass(frozen=True)

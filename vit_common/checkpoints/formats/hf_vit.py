@@ -56,8 +56,6 @@ _REFUSED_MODEL_TYPES = {
     "pe_video": "rotary position embeddings (Perception Encoder)",
     "siglip2": "NaFlex variable-resolution patches (SigLIP2)",
     "siglip2_vision_model": "NaFlex variable-resolution patches (SigLIP2)",
-    "aimv2": "RMSNorm (AIMv2)",
-    "aimv2_vision_model": "RMSNorm (AIMv2)",
 }
 
 
