@@ -241,6 +241,16 @@ HF_FAMILY_CASES = {
     "vit_msn_classify_v5_names": ("ViTMSNForImageClassification", "ViTMSNConfig", _MLP, "v5", (32, 32)),
     "ijepa": ("IJepaModel", "IJepaConfig", _MLP, "v4", (32, 32)),
     "ijepa_classify_v5_names": ("IJepaForImageClassification", "IJepaConfig", _MLP, "v5", (32, 32)),
+    "aimv2_probe": ("Aimv2VisionModel", "Aimv2VisionConfig", dict(intermediate_size=88), "v4", (32, 32)),
+    "aimv2_biases_no_head": (
+        "Aimv2VisionModel",
+        "Aimv2VisionConfig",
+        dict(intermediate_size=88, use_head=False, qkv_bias=True, mlp_bias=True),
+        "v4",
+        (32, 32),
+    ),
+    "aimv2_native": ("Aimv2VisionModel", "Aimv2VisionConfig", dict(is_native=True, use_head=False), "v4", (32, 32)),
+    "aimv2_two_tower": ("Aimv2Model", "Aimv2Config", dict(intermediate_size=88), "v4", (32, 32)),
 }
 HF_FAMILY_REFUSED = {  # case -> (architecture, config class, the words of the refusal)
     "clip_classify": ("CLIPForImageClassification", "CLIPConfig", "a classifier on the mean of un-normalised"),
@@ -249,7 +259,6 @@ HF_FAMILY_REFUSED = {  # case -> (architecture, config class, the words of the r
     "data2vec_vision": ("Data2VecVisionModel", "Data2VecVisionConfig", "relative position tables and q/v biases"),
     "dinov3": ("DINOv3ViTModel", "DINOv3ViTConfig", "rotary position embeddings (DINOv3)"),
     "siglip2_naflex": ("Siglip2VisionModel", "Siglip2VisionConfig", "NaFlex variable-resolution patches"),
-    "aimv2": ("Aimv2VisionModel", "Aimv2VisionConfig", "RMSNorm (AIMv2)"),
 }
 
 
@@ -409,8 +418,8 @@ def _family_model(arch: str, config_cls: str, config: dict, perturb):
 
     small = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, image_size=32, patch_size=8)
     cls = getattr(transformers, config_cls)
-    if config_cls in ("SiglipConfig", "CLIPConfig"):
-        extra = {"projection_dim": 24} if config_cls == "CLIPConfig" else {}
+    if config_cls in ("SiglipConfig", "CLIPConfig", "Aimv2Config"):
+        extra = {"projection_dim": 24} if config_cls != "SiglipConfig" else {}
         c = cls(vision_config=small | config, text_config=_TEXT, **extra)
         c.num_labels = 5
     else:
@@ -422,14 +431,15 @@ def _family_model(arch: str, config_cls: str, config: dict, perturb):
 
 def _family_output(model, arch: str, x: np.ndarray) -> np.ndarray:
     """What transformers' ``arch`` gives for images ``x`` as the twins' output: logits, CLIP's projection,
-    the pooler (SigLIP's MAP head, CLIP's and DINOv2's class token), else the class token (ViT-MAE with
-    patch-order noise, ViT-MSN), the mean of the tokens (I-JEPA) or every token (SigLIP without head)."""
+    the pooler (SigLIP's MAP head, CLIP's and DINOv2's class token, AIMv2's probe), else the class token
+    (ViT-MAE with patch-order noise, ViT-MSN), the mean of the tokens (I-JEPA) or every token (SigLIP and
+    AIMv2 without head)."""
     pixels = torch.from_numpy(x)
     top = {"interpolate_pos_encoding": True} if x.shape[2:] != (32, 32) and not arch.startswith("Dinov2") else {}
     with torch.no_grad():
-        if arch in ("SiglipModel", "CLIPModel"):
+        if arch in ("SiglipModel", "CLIPModel", "Aimv2Model"):
             pooled = model.vision_model(pixels, **top).pooler_output
-            return (model.visual_projection(pooled) if arch == "CLIPModel" else pooled).numpy()
+            return (pooled if arch == "SiglipModel" else model.visual_projection(pooled)).numpy()
         n = (x.shape[2] // 8) * (x.shape[3] // 8)
         noise = {"noise": torch.arange(n, dtype=torch.float32)[None].repeat(len(x), 1)} if arch == "ViTMAEModel" else {}
         out = model(pixels, **noise, **top)
