@@ -103,6 +103,8 @@ BLOCK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
 # Model types the hf_family format reads (``hf_families.FAMILIES``, which imports this module), for the hf
 # format's refusal and its write options.
 FAMILY_MODEL_TYPES = (
+    "aimv2_vision_model",
+    "aimv2",
     "siglip_vision_model",
     "siglip",
     "clip_vision_model",
@@ -112,8 +114,6 @@ FAMILY_MODEL_TYPES = (
     "vit_mae",
     "vit_msn",
     "ijepa",
-    "aimv2_vision_model",
-    "aimv2",
 )
 
 

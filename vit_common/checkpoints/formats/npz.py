@@ -53,6 +53,7 @@ from vit_common.checkpoints.formats.provenance import (
     square_grid_origin,
 )
 from vit_common.checkpoints.formats.rules import (
+    LAYERNORM_ALL_BIASES,
     Piece,
     Rule,
     conv_kernel,
@@ -277,6 +278,7 @@ def read(
         reg_tokens=0,
         norm_pre=False,
         fc_norm=False,
+        **LAYERNORM_ALL_BIASES,
     )
     posemb_key = next((k for k in POSEMB_KEYS if prefix + k in t), None)
     notes = []

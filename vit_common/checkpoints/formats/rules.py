@@ -183,6 +183,11 @@ def unsupported(fmt: str, checks: Mapping[str, bool]) -> list[str]:
     return [what for what, fails in checks.items() if fails]
 
 
+# The norm and bias fields of every format whose models have LayerNorms and every bias (all but AIMv2's):
+# what such a reader sets them to.
+LAYERNORM_ALL_BIASES = dict(norm="layernorm", patch_norm=False, proj_bias=True, mlp_bias=True)
+
+
 def norm_and_bias_checks(cfg: ViTConfig) -> dict[str, bool]:
     """The AIMv2-style choices (RMSNorm, a patch norm, bias-free projections) as ``unsupported`` checks, for
     the formats whose models have LayerNorms and every bias."""

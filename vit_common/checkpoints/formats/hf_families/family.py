@@ -21,7 +21,7 @@ from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.hf_common import ACT_TO_GELU
 from vit_common.checkpoints.formats.hf_families import layout
 from vit_common.checkpoints.formats.provenance import Origin, declared
-from vit_common.checkpoints.formats.rules import Rule, norm_and_bias_checks
+from vit_common.checkpoints.formats.rules import LAYERNORM_ALL_BIASES, Rule, norm_and_bias_checks
 from vit_common.config import ViTConfig
 
 # transformers' config defaults every family shares; a family's own ``defaults`` add to them or replace them
@@ -88,6 +88,7 @@ class Family:
             rep_size=0,
             posemb="learn",
             pool_include_prefix=False,
+            **LAYERNORM_ALL_BIASES,
         )
 
     def patch_key(self) -> str:
