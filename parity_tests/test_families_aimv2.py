@@ -6,6 +6,8 @@ its library within ``vit_common.tolerance`` (float32 1e-5 relative, float64 1e-1
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -211,3 +213,17 @@ def test_timm_file_reads_rmsnorm_with_eps_warned(timm_aimv2, tmp_path):
         False,
     )
     assert "ln_eps" in ckpt.report.assumed and ckpt.report.provenance["norm"].kind == "derived"
+
+
+def test_bad_aimv2_folders_are_refused_naming_what(tmp_path):
+    import json
+
+    _hf(tmp_path, "hf", image_size=28, use_head=False)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    for edit, words in (
+        ({"hidden_act": "gelu"}, "hidden_act='gelu': AIMv2's SwiGLU takes silu only"),
+        ({"use_head": True}, "missing: head.cls_token"),  # transformers would add an untrained head
+    ):
+        (tmp_path / "hf" / "config.json").write_text(json.dumps(config | edit))
+        with pytest.raises(ValueError, match=re.escape(words)):
+            load_checkpoint(tmp_path / "hf")

@@ -223,14 +223,8 @@ def infer(
     rms = "blocks.0.norm1.bias" not in t
     f["norm"] = "rmsnorm" if rms else "layernorm"
     prov["norm"] = derived("blocks.0.norm1.bias " + ("absent: RmsNorm" if rms else "present: LayerNorm"))
-    f["ln_eps"], prov["ln_eps"] = (
-        1e-6,
-        assumed(
-            "not stored; timm's default RmsNorm eps 1e-6 (its aimv2_* models use 1e-5)"
-            if rms
-            else "not stored; timm's default LayerNorm eps 1e-6"
-        ),
-    )
+    eps_why = "RmsNorm eps 1e-6 (its aimv2_* models use 1e-5)" if rms else "LayerNorm eps 1e-6"
+    f["ln_eps"], prov["ln_eps"] = 1e-6, assumed(f"not stored; timm's default {eps_why}")
     dt = common_float_dtype(t)
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
@@ -296,41 +290,39 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
     ratio = hidden / cfg.width
     while int(cfg.width * ratio) < hidden:  # timm computes int(width * mlp_ratio)
         ratio = float(np.nextafter(ratio, np.inf))
-    return (
-        dict(
-            img_size=tuple(cfg.image_size),
-            patch_size=tuple(cfg.patch_size),
-            in_chans=cfg.in_chans,
-            num_classes=cfg.num_classes,
-            global_pool=POOL_TO_TIMM[cfg.pool],
-            pool_include_prefix=cfg.pool_include_prefix,
-            embed_dim=cfg.width,
-            depth=cfg.depth,
-            num_heads=cfg.num_heads,
-            mlp_ratio=ratio,
-            qkv_bias=cfg.qkv_bias,
-            qk_norm=cfg.qk_norm,
-            init_values=cfg.layer_scale,
-            class_token=cfg.class_token,
-            reg_tokens=cfg.reg_tokens,
-            pos_embed="learn" if cfg.posemb == "learn" else "none",
-            no_embed_class=not cfg.posemb_prefix,
-            pre_norm=cfg.norm_pre,
-            fc_norm=cfg.fc_norm,
-            dynamic_img_size=cfg.dynamic_img_size,
-            dynamic_img_pad=cfg.dynamic_img_pad,
-            drop_rate=cfg.dropout,
-            pos_drop_rate=cfg.dropout,
-            proj_drop_rate=cfg.dropout,
-            attn_drop_rate=cfg.attn_dropout,
-            drop_path_rate=cfg.drop_path,
-            act_layer="silu" if gated else GELU_TO_TIMM[cfg.gelu],
-            proj_bias=cfg.proj_bias,
-            norm_class="RmsNorm" if cfg.norm == "rmsnorm" else "LayerNorm",
-            norm_eps=cfg.ln_eps,
-        )
-        | ({"mlp_layer": "SwiGLUPacked"} if gated else {})
-        | ({"embed_norm": True} if cfg.patch_norm else {})
+    extra = ({"mlp_layer": "SwiGLUPacked"} if gated else {}) | ({"embed_norm": True} if cfg.patch_norm else {})
+    return dict(
+        img_size=tuple(cfg.image_size),
+        patch_size=tuple(cfg.patch_size),
+        in_chans=cfg.in_chans,
+        num_classes=cfg.num_classes,
+        global_pool=POOL_TO_TIMM[cfg.pool],
+        pool_include_prefix=cfg.pool_include_prefix,
+        embed_dim=cfg.width,
+        depth=cfg.depth,
+        num_heads=cfg.num_heads,
+        mlp_ratio=ratio,
+        qkv_bias=cfg.qkv_bias,
+        qk_norm=cfg.qk_norm,
+        init_values=cfg.layer_scale,
+        class_token=cfg.class_token,
+        reg_tokens=cfg.reg_tokens,
+        pos_embed="learn" if cfg.posemb == "learn" else "none",
+        no_embed_class=not cfg.posemb_prefix,
+        pre_norm=cfg.norm_pre,
+        fc_norm=cfg.fc_norm,
+        dynamic_img_size=cfg.dynamic_img_size,
+        dynamic_img_pad=cfg.dynamic_img_pad,
+        drop_rate=cfg.dropout,
+        pos_drop_rate=cfg.dropout,
+        proj_drop_rate=cfg.dropout,
+        attn_drop_rate=cfg.attn_dropout,
+        drop_path_rate=cfg.drop_path,
+        act_layer="silu" if gated else GELU_TO_TIMM[cfg.gelu],
+        proj_bias=cfg.proj_bias,
+        norm_class="RmsNorm" if cfg.norm == "rmsnorm" else "LayerNorm",
+        norm_eps=cfg.ln_eps,
+        **extra,
     )
 
 
