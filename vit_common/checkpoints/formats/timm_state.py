@@ -48,6 +48,11 @@ from vit_common.state import canonical_shapes
 _DEIT3_GAMMA = re.compile(r"^(blocks\.\d+)\.gamma_([12])$")
 POOL_TO_TIMM = {"token": "token", "gap": "avg", "max": "max", "avgmax": "avgmax", "map": "map", "none": ""}
 GELU_TO_TIMM = {"exact": "gelu", "tanh": "gelu_tanh", "quick": "quick_gelu"}
+# the pools timm's VisionTransformer lacks, as the refusal names them
+_NO_TIMM_POOL = {
+    "token_gap": "[class token, mean] pooling",
+    "probe": "attention probe without a query projection",
+}
 
 
 def is_timm(keys) -> bool:
@@ -241,7 +246,7 @@ def timm_cannot_hold(cfg: ViTConfig) -> list[str]:
         "timm",
         {
             f"rep_size={cfg.rep_size} (timm's VisionTransformer has no pre-logits layer)": cfg.rep_size > 0,
-            f"pool={cfg.pool!r} (timm's VisionTransformer has no [class token, mean] pooling)": (
+            f"pool={cfg.pool!r} (timm's VisionTransformer has no {_NO_TIMM_POOL.get(cfg.pool)})": (
                 cfg.pool not in POOL_TO_TIMM
             ),
             "head_bias=False (timm's head has a bias)": not cfg.head_bias,
