@@ -227,3 +227,18 @@ def test_bad_aimv2_folders_are_refused_naming_what(tmp_path):
         (tmp_path / "hf" / "config.json").write_text(json.dumps(config | edit))
         with pytest.raises(ValueError, match=re.escape(words)):
             load_checkpoint(tmp_path / "hf")
+
+
+@pytest.mark.slow  # ~35 s on 2 busy cores, JAX's compilation of the train step
+def test_aimv2_style_training_steps_agree_in_both_twins(x64, tiny_cfg, tiny_dataset):
+    """Three optimizer steps of both twins on an AIMv2-style model (RMSNorm, a patch norm, no projection
+    biases, SwiGLU, the probe) agree in every parameter and Adam moment to float64's 1e-10."""
+    from vit_common.training.train_config import TrainConfig
+    from vit_compare.training import compare_training
+
+    cfg = tiny_cfg.replace(
+        in_chans=1, depth=2, dtype="float64", param_dtype="float64", norm="rmsnorm", patch_norm=True,
+        proj_bias=False, mlp_bias=False, qkv_bias=False, mlp_type="swiglu", class_token=False, pool="probe",
+    )  # fmt: skip
+    r = compare_training(cfg, TrainConfig(batch_size=8, epochs=2, lr=1e-2, weight_decay=0.05), tiny_dataset(), 3)
+    assert r.dtype == "float64" and r.ok and len(r.rows) == 3, r.rows
