@@ -81,3 +81,18 @@ def test_hf_folder_resampled_at_load_time(tmp_path, images, hf_vit, twin_logits)
         assert compare("resampled", got, ref, "tensor", "float32").ok
     meta = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert meta["image_size"] == 32  # the folder itself is untouched
+
+
+def test_sharded_export_loads_in_transformers(tmp_path, hf_vit):
+    """An HF folder written with a shard size (``--shard-size``) is shards plus
+    model.safetensors.index.json that transformers' from_pretrained loads whole, tensor for tensor."""
+    model = hf_vit("ViTForImageClassification", hidden_act="gelu", num_labels=7)
+    model.save_pretrained(tmp_path / "hf")
+    ckpt = load_checkpoint(tmp_path / "hf", strict=True)
+    report = save_checkpoint(tmp_path / "export", ckpt.cfg, ckpt.state, "hf", options=HfWriteOptions(shard_size="8KB"))
+    assert len(list((tmp_path / "export").glob("model-*-of-*.safetensors"))) > 2
+    assert (tmp_path / "export" / "model.safetensors.index.json").is_file()
+    scope: dict = {}
+    exec(report.load_call, scope)  # raises unless transformers loads every tensor and no other
+    back, theirs = scope["model"].state_dict(), model.state_dict()
+    assert back.keys() == theirs.keys() and all(torch.equal(v, theirs[k]) for k, v in back.items())

@@ -564,3 +564,21 @@ def test_siglip_as_a_big_vision_npz_reads_and_writes_exactly(tmp_path, images):
         )
     got = got.numpy()
     assert compare("big_vision npz", got, ref, "tensor", "float32").ok
+
+
+def test_a_clip_projection_is_exported_to_timm_as_timms_clip_converter_holds_it(tmp_path):
+    """CLIP's bias-free visual projection -> a timm file: head.weight plus a zero head.bias (timm's
+    _convert_openai_clip); timm loads it strictly (the printed load call) and gives transformers' embeds."""
+    from vit_common.checkpoints.convert import convert
+
+    model = _build("clip_projection")
+    _save(model, tmp_path / "clip", "v4")
+    report = convert(tmp_path / "clip", tmp_path / "t.safetensors", to_fmt="timm")
+    assert any("zero bias" in n for n in report.notes)
+    scope: dict = {}
+    exec(report.load_call, scope)  # timm.create_model(...) + load_state_dict(strict=True)
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    with torch.no_grad():
+        ours = scope["model"].eval()(torch.from_numpy(x)).numpy()
+    c = compare("logits", ours, _reference("clip_projection", model, x)[0], "tensor", "float32")
+    assert c.ok, c

@@ -18,6 +18,7 @@ from vit_common.checkpoints.convert import convert, load_checkpoint, save_checkp
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.provenance import DECLARED
 from vit_common.checkpoints.formats.timm import TimmWriteOptions
+from vit_common.checkpoints.formats.timm_names import timm_version
 from vit_common.data.images import Preprocess
 from vit_common.tolerance import compare
 from vit_jax.formats import READERS as JAX_READERS
@@ -64,21 +65,27 @@ def test_the_jax_sides_child_process_reads_the_same_config(tmp_path, perturb):
     assert jax_side == torch_side and torch_side.pool == "gap" and torch_side.fc_norm
 
 
-def test_without_timm_the_stated_fields_are_declared_and_the_rest_assumed(tmp_path, perturb, images):
+def test_without_timm_the_architecture_table_declares_what_the_name_implies(tmp_path, perturb, images):
+    """A JAX-only install (no timm): config.json states heads, pooling, size; the table of timm's
+    architectures gives what vit_base_patch16_clip_224 implies (eps 1e-5, exact GELU): nothing assumed,
+    and the model computes timm's logits. An architecture the table lacks leaves those assumed."""
     tm = _hub_folder(tmp_path / "clip", "vit_base_patch16_clip_224", perturb, **CLIP_TINY)
     for readers in ({}, {"timm": lambda folder: None}):  # no reader given; timm not installed
-        ckpt = load_checkpoint(tmp_path / "clip", readers=readers)
+        ckpt = load_checkpoint(tmp_path / "clip", readers=readers, strict=True)
         prov = ckpt.report.provenance
         for name in ("num_heads", "pool", "image_size"):
-            assert prov[name].kind == DECLARED and prov[name].source.startswith("config.json "), name
-        assert sorted(ckpt.report.assumed) == ["gelu", "ln_eps"]  # what the name implies needs timm
-        assert any("vit_base_patch16_clip_224 with its own defaults" in n for n in ckpt.report.notes)
-        with pytest.raises(FormatError, match=r"strict reading refuses assumptions.*ln_eps \(assumed 1e-06"):
-            load_checkpoint(tmp_path / "clip", readers=readers, strict=True)
-    given = load_checkpoint(tmp_path / "clip", readers={}, strict=True, ln_eps=1e-5, gelu="exact")
+            assert prov[name].kind == DECLARED and prov[name].source.startswith("config.json model_args"), name
+        arch = f"architecture vit_base_patch16_clip_224 (timm {timm_version()} builds it so)"
+        assert prov["ln_eps"].source == f"config.json {arch}" and prov["gelu"].source == f"config.json {arch}"
+        assert ckpt.report.assumed == [] and ckpt.cfg == load_checkpoint(tmp_path / "clip", readers=READERS).cfg
     x = images(2, (64, 64))
-    c = compare("logits", _logits(from_numpy(given.cfg, given.state), x), _logits(tm, x), "tensor", "float32")
+    c = compare("logits", _logits(from_numpy(ckpt.cfg, ckpt.state), x), _logits(tm, x), "tensor", "float32")
     assert c.ok, c
+    config = json.loads((tmp_path / "clip" / "config.json").read_text())
+    (tmp_path / "clip" / "config.json").write_text(json.dumps(config | {"architecture": "my_clip"}))
+    ckpt = load_checkpoint(tmp_path / "clip", readers={})
+    assert sorted(ckpt.report.assumed) == ["gelu", "ln_eps"]
+    assert any("my_clip with its own defaults" in n for n in ckpt.report.notes)
 
 
 def test_a_config_json_that_contradicts_the_tensors_is_refused(tmp_path, perturb):
@@ -108,13 +115,24 @@ def test_a_hub_folder_of_a_gated_mlp_model_reads_through_timm_exactly(tmp_path, 
 
 
 @pytest.mark.parametrize(
-    "name, kwargs, refused",
-    [("eva02_tiny_patch14_224", dict(embed_dim=32, depth=1, num_heads=2, img_size=28), "is a Eva")],
+    "name, size",
+    [
+        ("eva02_base_patch14_224", 28),  # split q/k/v without a key bias, split SwiGLU with its inner norm
+        ("vit_base_patch16_dinov3_qkvb", 32),  # RoPE dinov3, q/v biases, registers
+        ("vit_pe_core_tiny_patch16_384", 32),  # RoPE cat xy offset 1, norm_pre, a MAP head of 8 heads
+        ("vit_base_patch16_rope_mixed_224", 32),  # learned RoPE frequencies (rope.freqs)
+    ],
 )
-def test_a_hub_folder_of_a_model_the_twins_lack_is_refused_by_name(tmp_path, perturb, name, kwargs, refused):
-    _hub_folder(tmp_path / "m", name, perturb, **kwargs)
-    with pytest.raises(FormatError, match=refused):
-        load_checkpoint(tmp_path / "m", readers=READERS)
+def test_a_hub_folder_of_a_rope_backbone_loads_with_nothing_assumed(tmp_path, perturb, images, name, size):
+    """timm Eva models (once refused: "is a Eva"): config.json declares the architecture, timm builds it,
+    and the torch twin equals timm's model."""
+    kw = dict(embed_dim=32, depth=1, num_heads=2, img_size=size, num_classes=3)
+    tm = _hub_folder(tmp_path / "m", name, perturb, **kw)
+    ckpt = load_checkpoint(tmp_path / "m", readers=READERS, strict=True)
+    assert ckpt.cfg.rope != "none" and ckpt.report.assumed == []
+    x = images(2, (size, size))
+    c = compare("logits", _logits(from_numpy(ckpt.cfg, ckpt.state), x), _logits(tm, x), "tensor", "float32")
+    assert c.ok, c
 
 
 def test_pretrained_cfg_declares_the_preprocessing_and_label_names(tmp_path, perturb):

@@ -281,4 +281,5 @@ def test_readme_block_runs(block, workspace, tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     for k in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "PATH"):
         monkeypatch.setenv(k, env[k])
-    exec(compile(substituted(block.text), block.id, "exec"), {"__name__": "__readme__"})
+    script = {"__name__": "__main__"}  # as a pasted script runs: its __main__ guard holds
+    exec(compile(substituted(block.text), block.id, "exec"), script)

@@ -134,6 +134,26 @@ def test_timm_and_big_vision_with_the_same_numbers_part_and_meet_after_translati
     assert met.ok, met.rows
 
 
+def test_the_verdict_is_against_how_far_the_parameters_moved(x64, data, f64_moment, tiny):
+    """README's case: big_vision vs timm under a 300-step warm-up, K = 3: the learning rate stays near
+    zero, so the parameters differ by little against their size (params) but by more than they moved
+    (update): the twins part. The result records what was compared."""
+    base = dataclasses.replace(FULL, warmup_steps=300, grad_clip=0.0, layer_decay=1.0, epochs=2)
+    r = compare_training(
+        tiny,
+        dataclasses.replace(base, recipe="big_vision"),
+        data,
+        3,
+        torch_tcfg=dataclasses.replace(base, recipe="timm"),
+    )
+    assert r.rows[0].update == 0.0 and r.rows[0].lr == (0.0, 0.0)  # step 1: lr 0, nothing moved
+    assert r.first_bad_step == 2 and r.rows[1].update > max(1.0, 10 * r.rows[1].params)
+    compared = r.to_dict()["compared"]
+    assert compared["optimizer"]["jax"]["recipe"] == "big_vision" and compared["optimizer"]["torch"]["lr"] == base.lr
+    assert compared["optimizer"]["torch"]["warmup_steps"] == 300 and compared["model"]["dtype"] == "float64"
+    assert compared["data"]["batch_size"] == base.batch_size and compared["model"]["init"].startswith("the torch")
+
+
 def test_a_wrong_optimizer_setting_on_one_side_is_caught_at_step_1(x64, data, tiny):
     tcfg = dataclasses.replace(FULL, warmup_steps=0, epochs=1)
     r = compare_training(tiny, tcfg, data, 1, torch_tcfg=dataclasses.replace(tcfg, b1=0.95))
@@ -168,6 +188,33 @@ def test_the_command_reports_every_step_and_exits_1_where_the_twins_part(npz, tm
     assert report["steps"][0]["params_worst"].endswith(".weight") and report["steps"][0]["nu"] < 1e-10
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.png"]  # nothing else left beside them
+
+
+def test_train_parity_starts_from_the_users_checkpoint(npz, tmp_path, tiny_cfg, capsys):
+    """`vit train-parity --init FILE`: both twins start from the file's weights (here a timm state_dict of 5
+    classes: the 3-class dataset gets a new zero head, as vit train --init gives it); model flags the file
+    decides are refused."""
+    import json
+
+    import timm
+    from safetensors.torch import save_file
+
+    from vit_cli.main import main
+
+    model = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2,
+        in_chans=1, num_classes=5,
+    )  # fmt: skip
+    save_file(model.state_dict(), str(tmp_path / "ft.safetensors"))
+    argv = ["train-parity", "--steps", "2", "--dataset", f"npz:{npz}", "--init", str(tmp_path / "ft.safetensors")]
+    argv += ["--set", "num_heads=2", "--source-image-size", "8", "--batch-size", "8", "--warmup-steps", "0"]
+    assert main([*argv, "--json", str(tmp_path / "r.json")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["ok"] and report["compared"]["model"]["init"] == f"{tmp_path / 'ft.safetensors'} (timm)"
+    assert report["compared"]["model"]["num_classes"] == 3 and report["compared"]["model"]["width"] == 16
+    assert "weights: " + str(tmp_path / "ft.safetensors") in capsys.readouterr().out
+    assert main([*argv, "--width", "32"]) == 2
+    assert "--width: --init" in capsys.readouterr().err
 
 
 def test_adam_state_crosses_frameworks_k_torch_then_k_jax_equals_2k_jax(x64, data, tiny):

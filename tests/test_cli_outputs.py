@@ -89,12 +89,21 @@ def test_an_unwritable_current_folder_is_refused_before_the_evaluation(tiny_eval
         raise AssertionError("the evaluation started before the destination was checked")
 
     monkeypatch.setattr("vit_compare.run_model.load_with_info", work)
-    assert main(["evaluate", str(model), "--dataset", data]) == 2
+    assert main(["evaluate", str(model), "--dataset", data, "--confusion", "confusion.png"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         f"vit evaluate: error: confusion.png: cannot be written (folder {readonly_folder} is not writable); "
         "choose another path"
     ], err
+
+
+def test_evaluate_writes_nothing_it_was_not_asked_for(tiny_eval, tmp_path, capsys, monkeypatch):
+    model, data = tiny_eval
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert main(["evaluate", str(model), "--dataset", data]) == 0
+    assert "confusion matrix: not written (--confusion FILE.png" in capsys.readouterr().out
+    assert list((tmp_path / "cwd").iterdir()) == []
 
 
 def test_the_result_is_printed_before_the_picture_is_drawn(tiny_eval, tmp_path, capsys, monkeypatch):

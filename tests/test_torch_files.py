@@ -161,3 +161,15 @@ def test_a_training_checkpoint_with_ema_weights_reads_them_as_timm_does_and_says
 
 def _torch(state: dict) -> dict:
     return {k: torch.from_numpy(v) for k, v in state.items()}
+
+
+def test_an_assumption_warning_points_at_the_callers_line_and_names_keywords(tmp_path, small_cfg, random_state):
+    """vit_torch.load_model -> pretrained -> read_checkpoint: the warning names this file's line, not the
+    library's, and the Python keywords (not the CLI's --set) that give the fields."""
+    import vit_torch
+    from vit_common.system.io import save_safetensors
+
+    save_safetensors(tmp_path / "bare.safetensors", random_state(small_cfg))
+    with pytest.warns(UserWarning, match=r"give each with the keyword FIELD=VALUE .*strict=True") as record:
+        vit_torch.load_model(tmp_path / "bare.safetensors")
+    assert [Path(w.filename).name for w in record] == [Path(__file__).name]

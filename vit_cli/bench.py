@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 
 from vit_common.system.validate import arg, int_in
 
@@ -18,8 +17,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="time inference and training steps of the twins, timm and Hugging Face; MFU",
         description="Time inference (forward, no grad) and a training step (forward, backward, AdamW) of "
         "vit_jax (jit), vit_torch (eager and torch.compile), timm and Hugging Face ViT on one config and "
-        "dtype, interleaved A B C A B C beside a large matmul. Prints a table, writes JSON lines (default "
-        "benchmarks/results/), optionally a markdown table. Defaults depend on the device: CPU float32, "
+        "dtype, interleaved A B C A B C beside a large matmul. Prints a table; writes JSON lines (--out) "
+        "and a markdown table (--markdown) when asked. Defaults depend on the device: CPU float32, "
         "batch 8, Ti/S/B; GPU bfloat16, batch 256, Ti/S/B/L.",
     )
     p.add_argument("--variants", type=_csv, default=None, help="comma-separated, e.g. Ti/16,S/16,B/16")
@@ -49,8 +48,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out",
         default=None,
-        help="JSON lines file, replaced at the start and appended to as each (variant, mode) group is "
-        "measured, so a stopped run keeps its finished groups (default benchmarks/results/TIME-DEVICE-DTYPE.jsonl)",
+        help="write JSON lines here (default: none written), replaced at the start and appended to as each "
+        "(variant, mode) group is measured, so a stopped run keeps its finished groups; the repository keeps "
+        "its measurements as benchmarks/results/TIME-DEVICE-DTYPE.jsonl",
     )
     p.add_argument("--markdown", default=None, help="also write the markdown table to this file")
     p.add_argument("--readme", default=None, help="replace the benchmark block of this README with the table")
@@ -104,10 +104,9 @@ def run(args: argparse.Namespace) -> int:
     matmul_n = args.matmul_n or (8192 if gpu else 2048)
 
     context = harness.default_context()
-    device = re.sub(r"[^A-Za-z0-9]+", "-", context["machine"]["device"]).strip("-").lower()
-    stamp = context["time"][:16].replace(":", "")
-    out = args.out or f"benchmarks/results/{stamp}-{device}-{dtype}.jsonl"
-    report.write_text(out, "")  # replaced now; each group is appended as soon as it is measured
+    out = args.out
+    if out is not None:
+        report.write_text(out, "")  # replaced now; each group is appended as soon as it is measured
     records: list[dict] = []
     total = len(cfgs) * len(args.modes) * (len(names) + 2) * (args.warmup + args.repeats)
     with tqdm(total=total, desc="bench", unit="run", leave=False) as bar:
@@ -128,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
                     context=context,
                     tick=bar.update,
                 )
-                report.append_jsonl(group, out)
+                if out is not None:
+                    report.append_jsonl(group, out)
                 records += group
     if args.json:
         import json
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(r, sort_keys=True))
     else:
         print(report.terminal_table(records))
-        print(f"\nwrote {out}")
+        print(f"\nwrote {out}" if out is not None else "\n(--out FILE.jsonl keeps the measurements)")
     table = report.markdown_table(records)
     if args.markdown:
         report.write_text(args.markdown, table)

@@ -49,8 +49,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_image_flags(p)
     p.add_argument(
         "--confusion",
-        default="confusion.png",
-        help="where to write the confusion matrix: .png a picture (at most 2,000 px a side; above "
+        default=None,
+        help="write the confusion matrix here (default: none written): .png a picture (at most 2,000 px a side; above "
         f"{MAX_LABELLED} classes a heat map without class labels), .csv the counts (rows true, columns predicted)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (with the counts, confusion_matrix)")
@@ -71,10 +71,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size={args.batch_size}: expected a positive int")
-    if Path(args.confusion).suffix.lower() not in SUFFIXES:
-        raise ValueError(f"--confusion {args.confusion}: expected a .png or .csv file")
-    check_destination(args.confusion)  # refused before the evaluation, not after it
-    check_writable(args.confusion)
+    if args.confusion is not None:
+        if Path(args.confusion).suffix.lower() not in SUFFIXES:
+            raise ValueError(f"--confusion {args.confusion}: expected a .png or .csv file")
+        check_destination(args.confusion)  # refused before the evaluation, not after it
+        check_writable(args.confusion)
     model, info = load_with_info(
         args.checkpoint, args.framework, checkpoint_options(args), values(Preprocess, args), args.classes
     )
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         "confusion": args.confusion,
         "confusion_matrix": matrix.tolist(),
     }
-    path = Path(args.confusion)
+    path = None if args.confusion is None else Path(args.confusion)
     if args.json:  # printed before anything is drawn: a failed picture loses no result
         print(json.dumps(result), flush=True)
     else:
@@ -125,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
             f"({args.framework}); confusion matrix: {confusion_line(path, len(classes))}"
         )
         print(per_class_line(per_class), flush=True)
+    if path is None:
+        return 0
     if path.suffix.lower() == ".csv":
         confusion_csv(matrix, classes, path)
     else:
@@ -142,8 +145,11 @@ def per_class_line(per_class: dict[str, float]) -> str:
     )
 
 
-def confusion_line(path: Path, k: int) -> str:
-    """What the printed result says about the confusion matrix of ``k`` classes written to ``path``."""
+def confusion_line(path: Path | None, k: int) -> str:
+    """What the printed result says about the confusion matrix of ``k`` classes written to ``path``
+    (None: not written, and how to ask for it)."""
+    if path is None:
+        return "not written (--confusion FILE.png for a picture, FILE.csv for the counts)"
     if path.suffix.lower() == ".csv" or k <= MAX_LABELLED:
         return str(path)
     return (

@@ -12,6 +12,7 @@ import sys
 import time
 
 from vit_common.system import io
+from vit_common.system.extras import install_hint
 from vit_common.system.host_memory import reuse_freed_memory
 
 # subcommand -> module; each module imports only argparse/stdlib/vit_common at top level.
@@ -54,13 +55,16 @@ def missing_extra(e: ModuleNotFoundError) -> str | None:
     top = (e.name or "").split(".")[0]
     if top not in EXTRAS:
         return None
-    return f'this needs {top}, which is not installed: pip install "vit-twins[{EXTRAS[top]}]"'
+    return f"this needs {top}, which is not installed: {install_hint(EXTRAS[top])}"
 
 
 class Parser(argparse.ArgumentParser):
     """``vit``'s parsers: a flag is its whole name (no prefix matching: ``--epoch`` is not ``--epochs``),
-    and a subcommand's parser refuses what it does not know itself, printing its own usage and the
-    closest flags (``difflib``), not the top-level usage."""
+    and a subcommand's parser refuses what it does not know itself, naming the closest flags
+    (``difflib``). A usage error prints the usage only where it is short (``SHORT_USAGE`` lines; ``vit
+    train``'s is about 60), else one line pointing at ``--help``, then the error."""
+
+    SHORT_USAGE = 4
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **{"allow_abbrev": False, **kwargs})
@@ -70,6 +74,12 @@ class Parser(argparse.ArgumentParser):
         if extra and self.prog != "vit":  # a subcommand's: its own usage, a suggestion
             self.error(unknown_arguments(self, extra))
         return namespace, extra
+
+    def error(self, message: str):
+        usage = self.format_usage()
+        if usage.count("\n") > self.SHORT_USAGE:
+            usage = f"usage: {self.prog} [FLAGS] ... ('{self.prog} --help' lists them)\n"
+        self.exit(2, f"{usage}{self.prog}: error: {message}\n")
 
 
 def unknown_arguments(parser: argparse.ArgumentParser, extra: list[str]) -> str:
@@ -93,7 +103,7 @@ def version() -> str:
     try:
         return installed("vit-twins")
     except PackageNotFoundError:
-        return "unknown (not installed: pip install -e .)"
+        return "unknown (not installed: pip install -e . in a checkout of vit-twins)"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,19 +1,22 @@
 """`vit train-parity`: does a JAX training run reproduce the PyTorch one, step by step?
 
 ``vit train-parity --steps K`` (flags of ``vit train``'s model and optimisation, ``--torch-recipe``,
-``--json``, ``--plot``) runs ``vit_compare.training.compare_training`` and prints one line a step; exit
+``--json``, ``--plot``; ``--init CHECKPOINT`` to start from a checkpoint) runs
+``vit_compare.training.compare_training`` and prints one line a step; exit
 code 1 when the twins part, 2 on bad input.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 from vit_common.training.train_config import TrainConfig
 
 
 def add_parser(sub) -> None:
+    from vit_cli.convert import add_checkpoint_arguments
     from vit_cli.flags import add_flags
     from vit_cli.main import HelpFormatter
     from vit_cli.train import OPTIMISATION
@@ -35,6 +38,15 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--steps", type=arg(int_in, 1), required=True, metavar="K", help="optimizer steps in each twin")
     m = p.add_argument_group("model (default: vit train's demo model)")
+    m.add_argument(
+        "--init",
+        default=None,
+        metavar="CHECKPOINT",
+        help="start both twins from this checkpoint (any file or folder vit convert reads): its weights, its "
+        "head (a zero-initialised one where the dataset's class count differs, as vit train --init), its "
+        "preprocessing; --image-size resamples it, the other model flags are the file's",
+    )
+    add_checkpoint_arguments(m)
     m.add_argument("--variant", default=None, help="start from a variant NAME/PATCH (e.g. Ti/16)")
     for name in ("image_size", "patch_size", "width", "depth", "num_heads", "mlp_dim"):
         demo = DEMO_MODEL.get(name)
@@ -76,7 +88,38 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+MODEL_FLAGS = ("variant", "patch_size", "width", "depth", "num_heads", "mlp_dim", "pool")
+
+
+def from_checkpoint(args, raw):
+    """(config, float32 weights, the dataset fit to them, where they came from) of ``--init``: the
+    checkpoint read as ``vit train --init`` reads it (``vit_jax.finetune.load_init``: the dataset's head,
+    the file's preprocessing, ``--image-size`` resampled to), with the run-time model flags on top.
+
+    Raises:
+        ValueError: a model flag that the checkpoint decides; what ``load_init`` raises.
+    """
+    from vit_cli.convert import checkpoint_options
+    from vit_jax.finetune import load_init
+    from vit_torch.formats import READERS
+
+    decided = [f"--{k.replace('_', '-')}" for k in MODEL_FLAGS if getattr(args, k) is not None]
+    if decided:
+        raise ValueError(f"{', '.join(decided)}: --init {args.init} decides the model; leave them out")
+    given = {k: getattr(args, k) for k in ("dropout", "attn_dropout", "drop_path") if getattr(args, k) is not None}
+    if args.dtype == "bfloat16":
+        given["dtype"] = "bfloat16"
+    init = load_init(
+        args.init, raw, image_size=args.image_size, given=given, options=checkpoint_options(args), readers=READERS
+    )
+    for line in init.report.assumption_block() + init.report.notes:
+        print(f"vit train-parity: {line}", file=sys.stderr)
+    return init.cfg, init.weights, init.data, f"{args.init} ({init.report.format})"
+
+
 def run(args) -> int:
+    import numpy as np
+
     from vit_cli.flags import values
     from vit_cli.train import model_config
     from vit_common.data.augment import Augment
@@ -100,21 +143,28 @@ def run(args) -> int:
             if v is not None
         },
     )
-    args.posemb, args.settings = None, []  # what model_config reads besides these flags
     raw = read_dataset(tcfg.dataset, val_fraction=tcfg.val_fraction)  # its classes and channels
     dtype = args.dtype
-    args.dtype = "float32" if dtype == "float64" else dtype
-    cfg = model_config(args, num_classes=raw.num_classes, in_chans=raw.channels)
+    if args.init is not None:
+        cfg, weights, data, init = from_checkpoint(args, raw)
+    else:
+        if args.settings or args.source_image_size is not None or args.strict:
+            raise ValueError("--set, --source-image-size and --strict describe the checkpoint of --init")
+        args.posemb = None  # what model_config reads besides these flags
+        args.dtype = "float32" if dtype == "float64" else dtype
+        cfg = model_config(args, num_classes=raw.num_classes, in_chans=raw.channels)
+        weights, init = None, "the torch twin's initialisation"
+        data = raw.fit(cfg.image_size, cfg.in_chans)
     if dtype == "float64":
         cfg = cfg.replace(dtype="float64", param_dtype="float64")
-    data = raw.fit(cfg.image_size, cfg.in_chans)
+        weights = None if weights is None else {k: np.asarray(v, np.float64) for k, v in weights.items()}
 
     import jax
 
     from vit_compare.training import compare_training, format_table, plot
 
     with jax.enable_x64(dtype == "float64"):  # a context: it wins over an enclosing one, and is undone after
-        result = compare_training(cfg, tcfg, data, args.steps, torch_tcfg=torch_tcfg)
+        result = compare_training(cfg, tcfg, data, args.steps, torch_tcfg=torch_tcfg, weights=weights, init=init)
     print(format_table(result))
     if args.json is not None:
         io.write_json(args.json, result.to_dict())

@@ -13,7 +13,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from vit_common.accounting import Accounting
 from vit_common.posemb import METHODS
+from vit_common.rope import INDEXING, LAYOUTS, NORMALIZE, PERIODS, TYPES, check_config
 from vit_common.system.validate import Range, check_fields, int_in
 
 # One row per width/depth/MLP/heads. Sources: big_vision `models/vit.py` decode_variant, ViT paper
@@ -52,6 +54,10 @@ _FLAGS = (
     "patch_norm",
     "proj_bias",
     "mlp_bias",
+    "k_bias",
+    "attn_inner_norm",
+    "mlp_inner_norm",
+    "final_norm",
 )
 # Training and execution choices: they do not change the function a set of weights computes at its
 # image size (LayerScale's init value only matters before the gammas are loaded).
@@ -95,7 +101,7 @@ RATE = Range(0, 1, hi_open=True)
 
 
 @dataclass(frozen=True)
-class ViTConfig:
+class ViTConfig(Accounting):
     """Every architectural choice of a ViT, as timm, big_vision and the original ViT need them.
 
     Defaults are timm's ``vit_base_patch16_224`` (exact GELU, LayerNorm eps 1e-6, class-token pooling).
@@ -223,6 +229,73 @@ class ViTConfig:
         "width of the pre-logits dense + tanh layer (original ViT representation_size, HF ViTModel pooler); 0 = none",
         range=COUNT,
     )
+    rope: str = _field(
+        "none",
+        "rotary position embedding of the patch tokens' q and k (vit_common.rope): dinov3 (timm "
+        "RotaryEmbeddingDinoV3: Meta DINOv3, HF dinov3_vit), cat (timm RotaryEmbeddingCat: EVA-02, Perception "
+        "Encoder, RoPE-ViT axial), mixed (learned rope.freqs: RoPE-Mixed, timm RotaryEmbeddingMixed)",
+        choices=TYPES,
+    )
+    rope_temperature: float = _field(
+        10000.0,
+        "RoPE temperature T: dinov3 periods T^(k/(hd/4)) (DINOv3 100), cat bands T^(-k/(hd/4)) (EVA-02 and PE "
+        "10000, RoPE-ViT 100); timm rope_temperature, HF rope_theta",
+        range=Range(0, lo_open=True),
+    )
+    rope_layout: str = _field(
+        "interleaved",
+        "rotated channel pairs: interleaved (2p, 2p+1; EVA-02, PE, RoPE-ViT) or half (p, p + hd/2; DINOv3, timm "
+        "rope_rotate_half)",
+        choices=LAYOUTS,
+    )
+    rope_grid_offset: float = _field(
+        0.0,
+        "added to each patch index before RoPE normalises or rescales it (timm rope_grid_offset; PE 1)",
+        range=Range(),
+    )
+    rope_grid_indexing: str = _field(
+        "ij",
+        "which patch coordinate drives the first hd/4 rotated pairs: ij the row (EVA-02, DINOv3), xy the column "
+        "(PE, RoPE-ViT); timm rope_grid_indexing",
+        choices=INDEXING,
+    )
+    rope_ref_grid: tuple[int, int] | None = _field(
+        None,
+        "rope cat only: coordinate t on an axis of s patches becomes t * r / s for this (rows, columns) grid r "
+        "(timm ref_feat_shape: EVA-02 (16, 16)); unset = integer positions",
+    )
+    rope_normalize: str = _field(
+        "separate",
+        "rope dinov3 only: the centred coordinates are divided by each axis' own size (separate), or by the "
+        "smaller (min) or larger (max) one; timm normalize_coords",
+        choices=NORMALIZE,
+    )
+    rope_periods: str = _field(
+        "computed",
+        "rope dinov3 only: periods recomputed from rope_temperature in float32 (timm, transformers), or the "
+        "checkpoint's rope.periods tensor (stored: Meta's persistent buffer, rounded to bfloat16 in its files)",
+        choices=PERIODS,
+    )
+    k_bias: bool = _field(
+        True,
+        "with qkv_bias: the key projection has a bias too (attn.qkv.bias [3D]); off: q and v biases only "
+        "(attn.q_bias, attn.v_bias [D]: timm EvaAttention, EVA-02, DINOv3's masked k bias, HF key_bias=False)",
+    )
+    attn_inner_norm: bool = _field(
+        False, "LayerNorm over D on the attention output before proj (attn.norm; timm scale_attn_inner, EVA-CLIP)"
+    )
+    mlp_inner_norm: bool = _field(
+        False, "LayerNorm over F before fc2, after the (gated) activation (mlp.norm; timm scale_mlp, EVA-02)"
+    )
+    final_norm: bool = _field(
+        True,
+        "a LayerNorm after the last block (norm), or after pooling with fc_norm; off: neither (PE spatial: timm "
+        "use_post_transformer_norm=False, use_fc_norm=False)",
+    )
+    map_heads: int = _field(0, "heads of the MAP head; 0 = num_heads (PE: 8; timm attn_pool_num_heads)", range=COUNT)
+    map_mlp_dim: int = _field(
+        0, "MLP width of the MAP head; 0 = mlp_dim (PE: 4 D; timm attn_pool_mlp_ratio)", range=COUNT
+    )
     layer_scale: float | None = _field(
         None,
         "LayerScale initial value (ls1.gamma / ls2.gamma; Touvron et al. 2021, CaiT); unset = no LayerScale",
@@ -277,6 +350,8 @@ class ViTConfig:
         # Normalise sizes to tuples so that equal configs compare (and hash) equal.
         object.__setattr__(self, "image_size", _pair(self.image_size, "image_size"))
         object.__setattr__(self, "patch_size", _pair(self.patch_size, "patch_size"))
+        if self.rope_ref_grid is not None:
+            object.__setattr__(self, "rope_ref_grid", _pair(self.rope_ref_grid, "rope_ref_grid"))
         self._validate()
 
     def _validate(self) -> None:
@@ -302,6 +377,11 @@ class ViTConfig:
                 f"pool='token_gap' (a [2D] feature, HF DINOv2's classifier input) takes neither fc_norm nor "
                 f"rep_size; got fc_norm={self.fc_norm}, rep_size={self.rep_size}"
             )
+        if self.fc_norm and not self.final_norm:
+            raise ValueError("fc_norm=True needs final_norm=True: fc_norm is the final norm placed after pooling")
+        if self.map_heads and self.width % self.map_heads:
+            raise ValueError(f"map_heads={self.map_heads} does not divide width={self.width}")
+        check_config(self)
         if self.mlp_type == "swiglu" and self.pool == "map":
             raise ValueError("mlp_type='swiglu' with pool='map': the MAP head's MLP would be ambiguous; use one")
         if self.dist_token and not self.class_token:
@@ -394,6 +474,16 @@ class ViTConfig:
         return self.width // self.num_heads
 
     @property
+    def map_num_heads(self) -> int:
+        """Heads of the MAP head: map_heads, or num_heads when it is 0."""
+        return self.map_heads or self.num_heads
+
+    @property
+    def map_mlp_width(self) -> int:
+        """MLP width of the MAP head: map_mlp_dim, or mlp_dim when it is 0."""
+        return self.map_mlp_dim or self.mlp_dim
+
+    @property
     def features_dim(self) -> int:
         """Width of the head's input (pre-logits): rep_size, 2 D for pool='token_gap', else D."""
         return self.rep_size or (2 * self.width if self.pool == "token_gap" else self.width)
@@ -410,6 +500,18 @@ class ViTConfig:
             inert.add("gelu")
         if not self.num_classes:
             inert.add("head_bias")
+        if self.rope == "none":
+            inert |= {f.name for f in dataclasses.fields(self) if f.name.startswith("rope_")}
+        if self.rope != "dinov3":
+            inert |= {"rope_normalize", "rope_periods"}
+        if self.rope != "cat":
+            inert.add("rope_ref_grid")
+        if self.rope == "mixed" or self.rope_periods == "stored":
+            inert.add("rope_temperature")
+        if not self.qkv_bias:
+            inert.add("k_bias")
+        if self.pool != "map":
+            inert |= {"map_heads", "map_mlp_dim"}
         return frozenset(inert)
 
     # ------------------------------------------------------------------------------- constructors
@@ -440,6 +542,8 @@ class ViTConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["image_size"], d["patch_size"] = list(self.image_size), list(self.patch_size)
+        if self.rope_ref_grid is not None:
+            d["rope_ref_grid"] = list(self.rope_ref_grid)
         return d
 
     def to_json(self) -> str:
@@ -452,7 +556,7 @@ class ViTConfig:
         if unknown:
             raise ValueError(f"unknown ViTConfig field(s): {sorted(unknown)}")
         d = dict(d)
-        for k in ("image_size", "patch_size"):
+        for k in ("image_size", "patch_size", "rope_ref_grid"):
             if isinstance(d.get(k), list):
                 d[k] = tuple(d[k])
         return cls(**d)
@@ -468,76 +572,6 @@ class ViTConfig:
             if all(getattr(self, k) == v for k, v in row.items()):
                 return name
         return None
-
-    # ------------------------------------------------------------------------------ accounting
-    def param_count(self) -> int:
-        """Number of trainable parameters, counted from the architecture (matches both twins)."""
-        d, f, k = self.width, self.mlp_dim, self.num_classes
-        ph, pw = self.patch_size
-        per = 1 if self.norm == "rmsnorm" else 2  # RMSNorm: a weight; LayerNorm: weight and bias
-        ln = per * d
-        linear = lambda i, o, bias=True: i * o + (o if bias else 0)  # noqa: E731
-        n = linear(self.in_chans * ph * pw, d, self.patch_bias)  # patch_embed.proj
-        if self.patch_norm:
-            n += ln
-        n += d * self.num_prefix_tokens  # cls_token, reg_token
-        if self.posemb == "learn":
-            n += self.posemb_len * d
-        fc1 = 2 * f if self.mlp_type == "swiglu" else f
-        mlp = linear(d, fc1, self.mlp_bias) + linear(f, d, self.mlp_bias)
-        block = ln + linear(d, 3 * d, self.qkv_bias) + linear(d, d, self.proj_bias) + ln + mlp
-        if self.qk_norm:
-            block += 2 * per * self.head_dim
-        if self.layer_scale is not None:
-            block += 2 * d
-        n += self.depth * block
-        n += ln  # norm or fc_norm
-        if self.norm_pre:
-            n += ln
-        if self.pool == "map":  # latent, q, kv, proj, norm, mlp (timm AttentionPoolLatent)
-            n += d + linear(d, d) + linear(d, 2 * d) + linear(d, d) + ln + linear(d, f) + linear(f, d)
-        if self.pool == "probe":  # latent, kv (bias as qkv's), proj (HF Aimv2AttentionPoolingHead)
-            n += d + linear(d, 2 * d, self.qkv_bias) + linear(d, d)
-        if self.rep_size:
-            n += linear(d, self.rep_size)
-        if k:
-            n += linear(self.features_dim, k, self.head_bias) * (2 if self.head_dist else 1)  # head (and head_dist)
-        return n
-
-    def flops(self, image_size: tuple[int, int] | int | None = None) -> int:
-        """Forward FLOPs per image (at ``image_size`` if given), 2 per multiply-accumulate of every matmul.
-
-        Formula (L tokens, D width, F mlp_dim, N' patches, K classes, P patch):
-            patch embedding 2 N' C P^2 D
-            per block       2 L (3D^2 + D^2 + 2 D F)  (qkv, proj, mlp; 3 D F for swiglu's 2F-row fc1)
-                            + 4 L^2 D (q k^T and attn v)
-            MAP head        2 D^2 + 2 L' D (2D) + 4 L' D + 2 D^2 + 4 D F  (q, kv, attention, proj, mlp;
-                            L' the tokens it pools: L, or the patches without pool_include_prefix)
-            probe head      2 L' D (2D) + 4 L' D + 2 D^2  (kv, attention, proj)
-            pre-logits      2 D R;  head 2 R K  (per token when pool='none'; twice with head_dist)
-        Elementwise work (LayerNorm, GELU, softmax, residual adds) is left out, as in the ViT, DeiT and
-        timm/fvcore conventions; it is under 1% of the total for B/16 at 224.
-        """
-        cfg = self if image_size is None else self.replace(image_size=image_size)
-        gh, gw = cfg.grid
-        n_patch = gh * gw
-        seq = n_patch + self.num_prefix_tokens
-        pooled = seq if self.pool_include_prefix else n_patch  # tokens the MAP head attends over
-        d, f = self.width, self.mlp_dim
-        ph, pw = self.patch_size
-        total = 2 * n_patch * self.in_chans * ph * pw * d
-        mlp_macs = (3 if self.mlp_type == "swiglu" else 2) * d * f
-        total += self.depth * (2 * seq * (4 * d * d + mlp_macs) + 4 * seq * seq * d)
-        if self.pool == "map":
-            total += 2 * d * d + 2 * pooled * d * 2 * d + 4 * pooled * d + 2 * d * d + 4 * d * f
-        if self.pool == "probe":
-            total += 2 * pooled * d * 2 * d + 4 * pooled * d + 2 * d * d
-        rows = seq if self.pool == "none" else 1
-        if self.rep_size:
-            total += rows * 2 * d * self.rep_size
-        if self.num_classes:
-            total += rows * 2 * self.features_dim * self.num_classes * (2 if self.head_dist else 1)
-        return total
 
 
 FUNCTION_FIELDS = tuple(f.name for f in dataclasses.fields(ViTConfig) if f.name not in RUNTIME_FIELDS)

@@ -5,6 +5,13 @@ A gated MLP (``mlp_type='swiglu'``) is stored as timm's ``vit_giant_patch14_dino
 packings (timm ``SwiGLU``'s ``fc1_g``/``fc1_x``, ``GluMlp``'s gate-last ``fc1``, HF DINOv2's
 ``weights_in`` / ``gate_proj`` + ``up_proj``) map them to this one explicitly.
 
+RoPE models (``vit_common.rope``) add, under timm's Eva names: ``blocks.{i}.attn.q_bias`` and ``v_bias``
+[D] (a q and v bias without a key bias: ``k_bias=False``), ``attn.norm`` [D] and ``mlp.norm`` [F] (the
+inner norms), ``rope.freqs`` [2, depth, N, hd/2] (learned ``mixed`` frequencies, x then y) and
+``rope.periods`` [hd/4] (DINOv3 periods kept from a checkpoint, ``rope_periods='stored'``; a buffer, not
+a trained parameter). LayerScale stays ``ls1.gamma`` (timm Eva's ``gamma_1``), a split q/k/v is fused
+into ``attn.qkv`` and a split SwiGLU packed into ``mlp.fc1``, by the readers.
+
 ``canonical_shapes(cfg)`` is the single description of which tensors a config has; both twins'
 ``to_numpy`` produce exactly these keys and shapes, and every reader and writer checks against it.
 ``random_state(cfg)`` fills those shapes with seeded normal values for tests and benchmarks.
@@ -18,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from vit_common.config import ViTConfig
+from vit_common.rope import dinov3_periods
 
 
 class StateMismatchError(ValueError):
@@ -68,23 +76,33 @@ def canonical_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
         s["patch_embed.proj.bias"] = (d,)
     if cfg.patch_norm:
         s.update(_norm("patch_embed.norm", d, nk))
+    if cfg.rope == "mixed":  # learned RoPE frequencies: axis 0 x then y, per block and head
+        s["rope.freqs"] = (2, cfg.depth, cfg.num_heads, hd // 2)
+    if cfg.rope == "dinov3" and cfg.rope_periods == "stored":  # the checkpoint's periods (Meta's buffer)
+        s["rope.periods"] = (hd // 4,)
     if cfg.norm_pre:
         s.update(_norm("norm_pre", d, nk))
     for i in range(cfg.depth):
         b = f"blocks.{i}"
         s.update(_norm(f"{b}.norm1", d, nk))
-        s.update(_linear(f"{b}.attn.qkv", d, 3 * d, cfg.qkv_bias))  # rows [q; k; v], head-major
+        s.update(_linear(f"{b}.attn.qkv", d, 3 * d, cfg.qkv_bias and cfg.k_bias))  # rows [q; k; v], head-major
+        if cfg.qkv_bias and not cfg.k_bias:  # no key bias: timm EvaAttention's q_bias and v_bias
+            s[f"{b}.attn.q_bias"], s[f"{b}.attn.v_bias"] = (d,), (d,)
         if cfg.qk_norm:
             s.update(_norm(f"{b}.attn.q_norm", hd, nk))
             s.update(_norm(f"{b}.attn.k_norm", hd, nk))
+        if cfg.attn_inner_norm:
+            s.update(_norm(f"{b}.attn.norm", d, nk))
         s.update(_linear(f"{b}.attn.proj", d, d, cfg.proj_bias))
         if cfg.layer_scale is not None:
             s[f"{b}.ls1.gamma"] = (d,)
         s.update(_norm(f"{b}.norm2", d, nk))
         s.update(_mlp(f"{b}.mlp", d, f, cfg.mlp_type == "swiglu", cfg.mlp_bias))
+        if cfg.mlp_inner_norm:
+            s.update(_norm(f"{b}.mlp.norm", f, nk))
         if cfg.layer_scale is not None:
             s[f"{b}.ls2.gamma"] = (d,)
-    if not cfg.fc_norm:
+    if cfg.final_norm and not cfg.fc_norm:
         s.update(_norm("norm", d, nk))
     if cfg.pool == "map":  # timm AttentionPoolLatent
         s["attn_pool.latent"] = (1, 1, d)
@@ -92,7 +110,7 @@ def canonical_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
         s.update(_linear("attn_pool.kv", d, 2 * d))
         s.update(_linear("attn_pool.proj", d, d))
         s.update(_norm("attn_pool.norm", d, nk))
-        s.update(_mlp("attn_pool.mlp", d, f))
+        s.update(_mlp("attn_pool.mlp", d, cfg.map_mlp_width))
     if cfg.pool == "probe":  # HF Aimv2AttentionPoolingHead: the latent is the query, no q projection
         s["attn_pool.latent"] = (1, 1, d)
         s.update(_linear("attn_pool.kv", d, 2 * d, cfg.qkv_bias))
@@ -141,7 +159,11 @@ def random_state(
     Continuous draws: no tensor is constant or symmetric and no two are equal, so a swapped, transposed
     or dropped tensor cannot go unnoticed (single values can repeat by float32 rounding: 2 of the 15,690
     of a width-32, depth-1 config). Test weights, not an initialisation: LayerNorm weights are drawn like
-    every other tensor.
+    every other tensor. Stored DINOv3 periods (``rope.periods``) are drawn too, then replaced by the
+    float32 periods of ``rope_temperature`` (periods must be positive).
     """
     rng = np.random.default_rng(seed)
-    return {k: (scale * rng.standard_normal(s)).astype(dtype) for k, s in canonical_shapes(cfg).items()}
+    out = {k: (scale * rng.standard_normal(s)).astype(dtype) for k, s in canonical_shapes(cfg).items()}
+    if "rope.periods" in out:
+        out["rope.periods"] = dinov3_periods(cfg.head_dim, cfg.rope_temperature).astype(dtype)
+    return out

@@ -53,10 +53,7 @@ def load_with_info(path, framework: str, options=(), preprocess: dict | None = N
     if info.classes is None:
         info.classes = _run_classes(path, ckpt.cfg.num_classes)
         info.classes_source = "declared: the run's config.json" if info.classes else info.classes_source
-    if info.classes is not None and len(info.classes) != ckpt.cfg.num_classes:
-        raise ValueError(
-            f"{len(info.classes)} class names ({info.classes_source}) for a model with {ckpt.cfg.num_classes} classes"
-        )
+    info.check(ckpt.cfg.image_size, ckpt.cfg.num_classes, str(path))
     return from_numpy(ckpt.cfg, ckpt.state), info
 
 

@@ -101,6 +101,8 @@ class StepRow:
     ema: float = 0.0
     ema_worst: str = ""
     ref: tuple[float, float] | None = None
+    update: float = 0.0
+    update_worst: str = ""
 
     @property
     def worst(self) -> float:
@@ -108,6 +110,14 @@ class StepRow:
         per-tensor differences of bfloat16 compute are no measure: Adam turns a gradient that is zero but
         for rounding, as a key bias's, into a step of the lr's size); else the twins' per-tensor one."""
         return max(self.ref) if self.ref is not None else max(self.params, self.mu, self.nu, self.ema)
+
+    def ok(self, bound: float, update_bound: float | None) -> bool:
+        """Whether the step is within ``bound`` (``worst``) and, where ``update_bound`` is given (float64),
+        the parameters' difference relative to how far they moved (``update``) within it: a bound on the
+        parameters themselves passes two runs whose learning rate stays near zero."""
+        if self.ref is not None or update_bound is None:
+            return self.worst <= bound
+        return max(self.mu, self.nu, self.ema) <= bound and self.update <= update_bound
 
 
 @dataclass
@@ -121,6 +131,8 @@ class TrainParity:
     bound: tuple[str, float]
     rows: list[StepRow] = field(default_factory=list)
     compute: str | None = None
+    setup: dict = field(default_factory=dict)
+    update_bound: float | None = None
 
     @property
     def label(self) -> str:
@@ -131,7 +143,7 @@ class TrainParity:
 
     @property
     def first_bad_step(self) -> int | None:
-        return next((r.step for r in self.rows if not r.worst <= self.bound[1]), None)
+        return next((r.step for r in self.rows if not r.ok(self.bound[1], self.update_bound)), None)
 
     @property
     def ok(self) -> bool:
@@ -147,8 +159,10 @@ class TrainParity:
             "dtype": self.dtype,
             "recipes": {"jax": self.recipes[0], "torch": self.recipes[1]},
             "bound": {"kind": self.bound[0], "value": self.bound[1]},
+            "update_bound": self.update_bound,
             "ok": self.ok,
             "first_bad_step": self.first_bad_step,
+            "compared": self.setup,
             "steps": [dataclasses.asdict(r) for r in self.rows],
         }
 
@@ -167,6 +181,62 @@ def largest_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray], what:
         c = compare(name, a[name], b[name], "train", dtype)
         worst = max(worst, (c.rel, name))
     return worst
+
+
+def largest_update_difference(
+    a: dict[str, np.ndarray], b: dict[str, np.ndarray], start: dict[str, np.ndarray]
+) -> tuple[float, str]:
+    """(largest over the tensors of max |a - b| / max |b - start|, its name): the twins' difference
+    relative to how far the reference ``b`` moved from ``start`` (what a control run measures); a tensor
+    that did not move counts 0 where the twins agree exactly, else infinity."""
+    worst = (0.0, "")
+    for name in b:
+        moved = float(np.max(np.abs(np.asarray(b[name], np.float64) - np.asarray(start[name], np.float64)), initial=0))
+        diff = float(np.max(np.abs(np.asarray(a[name], np.float64) - np.asarray(b[name], np.float64)), initial=0))
+        rel = diff / moved if moved > 0 else (0.0 if diff == 0 else float("inf"))
+        worst = max(worst, (rel, name))
+    return worst
+
+
+def describe(cfg: ViTConfig, tcfgs: tuple[TrainConfig, TrainConfig], data: Dataset, init: str) -> dict:
+    """What a comparison compared: the model (shape, parameter count, dtypes, ``init``: where its weights
+    came from), the data (dataset, training images, batch size, augmentation), and per twin the recipe,
+    learning rate and schedule (peak, warm-up steps, floor) and weight decay; the learning rate each
+    step actually took goes into the rows."""
+    model = {
+        "width": cfg.width,
+        "depth": cfg.depth,
+        "num_heads": cfg.num_heads,
+        "mlp_dim": cfg.mlp_dim,
+        "image_size": list(cfg.image_size),
+        "patch_size": list(cfg.patch_size),
+        "num_classes": cfg.num_classes,
+        "pool": cfg.pool,
+        "parameters": cfg.param_count(),
+        "dtype": cfg.dtype,
+        "param_dtype": cfg.param_dtype,
+        "init": init,
+    }
+    t = tcfgs[0]
+    data_d = {
+        "dataset": t.dataset,
+        "train_images": len(data.train),
+        "batch_size": t.batch_size,
+        "augment": dataclasses.asdict(t.augment),
+    }
+    twins = {
+        name: {
+            "recipe": c.recipe,
+            "lr": c.lr,
+            "warmup_steps": c.warmup_steps,
+            "min_lr_ratio": c.min_lr_ratio,
+            "weight_decay": c.weight_decay,
+            "layer_decay": c.layer_decay,
+            "grad_clip": c.grad_clip,
+        }
+        for name, c in zip(("jax", "torch"), tcfgs, strict=True)
+    }
+    return {"model": model, "data": data_d, "optimizer": twins}
 
 
 def _vector_rel(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
@@ -191,18 +261,22 @@ def compare_training(
     *,
     torch_tcfg: TrainConfig | None = None,
     weights: dict[str, np.ndarray] | None = None,
+    init: str = "given weights",
 ) -> TrainParity:
     """K = ``steps`` optimizer steps of the JAX twin under ``tcfg`` and of the torch twin under
     ``torch_tcfg`` (default the same), from ``weights`` (default the torch twin's initialisation with
-    ``torch_tcfg.seed``: torch draws it in milliseconds, JAX compiles a kernel per shape), on the same
-    batches; see the module docstring. float64 needs jax_enable_x64 on. With bfloat16 compute a third
-    run, the torch twin in float64 from the same weights, batches and masks, is the reference: each row's
-    ``ref`` holds both twins' ||twin - f64|| / ||f64||, which the verdict holds to the tolerance table's
-    "train_vs_float64" bound.
+    ``torch_tcfg.seed``: torch draws it in milliseconds, JAX compiles a kernel per shape; ``init`` says
+    where given ones came from, for the report), on the same batches; see the module docstring. The
+    verdict holds each parameter's difference to how far it moved (``largest_update_difference``), and
+    the result's ``setup`` records what was compared (``describe``). float64 needs jax_enable_x64 on.
+    With bfloat16 compute a third run, the torch twin in float64 from the same weights, batches and
+    masks, is the reference: each row's ``ref`` holds both twins' ||twin - f64|| / ||f64||, which the
+    verdict holds to the tolerance table's "train_vs_float64" bound.
 
     Raises:
-        ValueError: steps < 1 or more than the run has, configs whose batches differ (batch size,
-            epochs, seed, augmentation), an EMA in one twin only, or anything the trainers refuse.
+        ValueError: steps < 1 or more than the run has, a batch larger than the training images, configs
+            whose batches differ (batch size, epochs, seed, augmentation), an EMA in one twin only, or
+            anything the trainers refuse.
     """
     import vit_jax.trainer as jt
     import vit_torch.train as tt
@@ -215,17 +289,27 @@ def compare_training(
         raise ValueError(f"the twins' train configs differ in {differ}: their batches would not be the same")
     if (tcfg.ema is None) != (torch_tcfg.ema is None):
         raise ValueError(f"ema={tcfg.ema} (JAX) and {torch_tcfg.ema} (torch): an EMA in both twins or in neither")
+    if tcfg.batch_size > len(data.train):
+        raise ValueError(
+            f"batch_size={tcfg.batch_size}: expected at most the {len(data.train)} training images of "
+            f"{tcfg.dataset} (a larger batch is padding: both twins would compute on it for nothing)"
+        )
     total = batches_per_epoch(len(data.train), tcfg.batch_size) * tcfg.epochs
     if not 1 <= steps <= total:
         raise ValueError(f"steps={steps}: expected 1 <= K <= {total} (the run's steps)")
+    init = "the torch twin's initialisation" if weights is None else init
     torch_trainer = tt.Trainer(cfg, torch_tcfg, data, weights=weights)
     weights = torch_trainer.weights() if weights is None else weights
+    start = {k: np.array(v, copy=True) for k, v in torch_trainer.weights().items()}
     jax_trainer = jt.Trainer(cfg, tcfg, data, weights=weights)
     f64 = cfg.replace(dtype="float64", param_dtype="float64")
     reference = tt.Trainer(f64, torch_tcfg, data, weights=weights) if cfg.dtype == "bfloat16" else None
     dtype = run_dtype(cfg, tcfg, torch_tcfg)
     bound = tolerance("train_vs_float64" if reference is not None else "train", dtype)
     out = TrainParity(dtype, (tcfg.recipe, torch_tcfg.recipe), bound, compute=cfg.dtype)
+    out.setup = describe(cfg, (tcfg, torch_tcfg), data, init)
+    if reference is None and dtype == "float64":
+        out.update_bound = tolerance("train_update", "float64")[1]
     state = jax_trainer.init_state()
     it = jax_trainer.train_iterator()
     try:
@@ -237,7 +321,9 @@ def compare_training(
             state, mj = jax_trainer.train_step(state, {**batch, **extra})
             mt = torch_trainer.train_step(batch, masks, drops)
             a, b = adam_state(state["opt_state"]), torch_trainer.adam_state()
-            p = largest_difference(jax_trainer.weights(state), torch_trainer.weights(), "parameters", dtype)
+            pj, pt = jax_trainer.weights(state), torch_trainer.weights()
+            p = largest_difference(pj, pt, "parameters", dtype)
+            update = largest_update_difference(pj, pt, start)
             mu, nu = (largest_difference(a[m], b[m], m, dtype) for m in ("mu", "nu"))
             pairs = [(float(mj[key]), float(mt[key])) for key in ("loss", "grad_norm", "lr")]
             ema = (
@@ -252,7 +338,9 @@ def compare_training(
                 reference.train_step(batch, masks, drops)
                 w = reference.weights()
                 ref = tuple(_vector_rel(t, w) for t in (jax_trainer.weights(state), torch_trainer.weights()))
-            out.rows.append(StepRow(k + 1, *pairs, *p, *mu, *nu, *ema, ref=ref))
+            out.rows.append(
+                StepRow(k + 1, *pairs, *p, *mu, *nu, *ema, ref=ref, update=update[0], update_worst=update[1])
+            )
     finally:
         it.close()
         jax_trainer.close()
@@ -265,29 +353,60 @@ def format_table(result: TrainParity) -> str:
     kind, bound = result.bound
     has_ema = result.has_ema
     lines = [
-        f"JAX ({result.recipes[0]}) vs torch ({result.recipes[1]}), {result.label}, bound {kind} {bound:.0e}",
+        f"JAX ({result.recipes[0]}) vs torch ({result.recipes[1]}), {result.label}, bound {kind} {bound:.0e}"
+        + (f", update {result.update_bound:.0e}" if result.update_bound is not None else ""),
+        *setup_lines(result),
         f"{'step':>4} {'loss jax':>12} {'loss torch':>12} {'grad_norm':>10} {'lr':>9} "
-        f"{'params':>9} {'mu':>9} {'nu':>9}{' ' + 'ema'.rjust(9) if has_ema else ''}  worst tensor",
+        f"{'params':>9} {'update':>9} {'mu':>9} {'nu':>9}{' ' + 'ema'.rjust(9) if has_ema else ''}  worst tensor",
     ]
     refs = result.rows[0].ref is not None if result.rows else False
     if refs:
-        lines[1] += "; ref: ||JAX - f64||, ||torch - f64|| / ||f64||, the verdict's"
+        lines[-1] += "; ref: ||JAX - f64||, ||torch - f64|| / ||f64||, the verdict's"
+    by_update = result.update_bound is not None
     for r in result.rows:
-        tables = [(r.params, r.params_worst), (r.mu, "mu " + r.mu_worst), (r.nu, "nu " + r.nu_worst)]
+        measured = (r.update / result.update_bound * bound, r.update_worst) if by_update else (r.params, r.params_worst)
+        tables = [measured, (r.mu, "mu " + r.mu_worst), (r.nu, "nu " + r.nu_worst)]
         tables += [(r.ema, "ema " + r.ema_worst)] if has_ema else []
         vs = f"  ref {r.ref[0]:.2e} {r.ref[1]:.2e}" if refs else ""
+        shown = [r.params, r.update, r.mu, r.nu, *([r.ema] if has_ema else [])]
         lines.append(
             f"{r.step:>4} {r.loss[0]:>12.8f} {r.loss[1]:>12.8f} {r.grad_norm[1]:>10.4g} {r.lr[1]:>9.3g} "
-            + " ".join(f"{v:>9.2e}" for v, _ in tables)
-            + f"  {max(tables)[1]}{vs}{'' if r.worst <= bound else '  FAIL'}"
+            + " ".join(f"{v:>9.2e}" for v in shown)
+            + f"  {max(tables)[1]}{vs}{'' if r.ok(bound, result.update_bound) else '  FAIL'}"
         )
     bad = result.first_bad_step
     lines.append("verdict: ok" if bad is None else f"verdict: the twins part at step {bad}")
     return "\n".join(lines)
 
 
+def setup_lines(result: TrainParity) -> list[str]:
+    """What was compared, in three lines (model, data, each twin's learning rate schedule and decay),
+    and the measure: params is max |JAX - torch| / max |torch| per tensor, update the same difference over
+    how far the tensor moved since step 0, which the verdict holds to the bound."""
+    if not result.setup:
+        return []
+    m, d, o = result.setup["model"], result.setup["data"], result.setup["optimizer"]
+    lrs = [r.lr[1] for r in result.rows]
+    span = f"; lr over the {len(lrs)} steps {min(lrs):.3g} .. {max(lrs):.3g}" if lrs else ""
+    twins = "; ".join(
+        f"{name} {c['recipe']} lr {c['lr']:g} warm-up {c['warmup_steps']} floor x{c['min_lr_ratio']:g} "
+        f"weight decay {c['weight_decay']:g}"
+        for name, c in o.items()
+    )
+    return [
+        f"model: {m['width']}x{m['depth']}, {m['num_heads']} heads, {m['image_size'][0]}x{m['image_size'][1]} "
+        f"patch {m['patch_size'][0]}, {m['num_classes']} classes, {m['parameters']:,} parameters, "
+        f"{m['dtype']}; weights: {m['init']}",
+        f"data: {d['dataset']}, {d['train_images']} training images, batch {d['batch_size']}{span}",
+        f"optimizer: {twins}",
+        "params: max|JAX - torch| / max|torch|; update: the same over max|torch - step 0|; the verdict's: "
+        + ("update, mu, nu" if result.update_bound is not None else "params, mu, nu"),
+    ]
+
+
 def plot(result: TrainParity, path: Path) -> None:
-    """The largest relative differences (parameters, mu, nu) against the step, log scale, with the bound."""
+    """The largest relative differences (parameters relative to their move, mu, nu) against the step, log
+    scale, with the bound."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -297,12 +416,12 @@ def plot(result: TrainParity, path: Path) -> None:
 
     steps = [r.step for r in result.rows]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for key in ("params", "mu", "nu", *(("ema",) if result.has_ema else ())):
+    for key in ("params", "update", "mu", "nu", *(("ema",) if result.has_ema else ())):
         ax.plot(steps, [max(getattr(r, key), 1e-300) for r in result.rows], marker="o", ms=3, label=key)
     ax.axhline(result.bound[1], color="k", ls="--", lw=1, label=f"bound {result.bound[1]:.0e}")
     ax.set_yscale("log")
     ax.set_xlabel("step")
-    ax.set_ylabel("max |JAX - torch| / max |torch|")
+    ax.set_ylabel("max |JAX - torch| / max |torch| (update: / its move)")
     ax.set_title(f"JAX {result.recipes[0]} vs torch {result.recipes[1]} ({result.dtype})", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()

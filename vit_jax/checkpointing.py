@@ -225,7 +225,9 @@ class _OrbaxReportsDropped(logging.Filter):
     report a failed write of its checkpoints through absl, asyncio and concurrent.futures, with tracebacks,
     while ``Checkpoints`` raises the same failure in one line) are dropped, and so are the
     ``RuntimeError('Event loop is closed')`` that tensorstore's done-callbacks report after orbax closed its
-    loop (``formats.closed_loop_dropped``); other records and unraisable errors pass."""
+    loop (``formats.closed_loop_dropped``), and asyncio's "exception was never retrieved" reports of an
+    OSError (a failed write of a future orbax left unawaited: its message names no folder); other records
+    and unraisable errors pass."""
 
     LOGGERS = ("absl", "asyncio", "concurrent.futures")
 
@@ -242,8 +244,10 @@ class _OrbaxReportsDropped(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.ERROR:
             return True
-        text = record.getMessage() + (repr(record.exc_info[1]) if record.exc_info and record.exc_info[1] else "")
-        return self.folder not in text
+        error = record.exc_info[1] if record.exc_info else None
+        text = record.getMessage() + (repr(error) if error else "")
+        unawaited = record.name == "asyncio" and "exception was never retrieved" in text and isinstance(error, OSError)
+        return self.folder not in text and not unawaited
 
     def remove(self) -> None:
         for name in self.LOGGERS:

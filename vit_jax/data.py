@@ -30,6 +30,7 @@ For your own training loop, ``train_iterator`` builds and runs the whole thing (
 from __future__ import annotations
 
 import concurrent.futures
+import multiprocessing
 import os
 import re
 import select
@@ -161,7 +162,19 @@ def _worker_death(e: RuntimeError) -> DataWorkerError | None:
     how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
     if code == -signal.SIGKILL:
         how += " (what the kernel's OOM killer sends when memory runs out)"
+    if code > 0:
+        how += ' (its error is printed above; a script needs its code under `if __name__ == "__main__":`)'
     return DataWorkerError(f"a data worker process {how}")
+
+
+# grain starts its worker processes with multiprocessing's "spawn", which imports the main script again in
+# each worker (as "__mp_main__"): a script whose batch loop is not under the __main__ guard starts it there,
+# while the worker is still bootstrapping (multiprocessing.spawn._check_not_importing_main's test).
+UNGUARDED_SCRIPT = (
+    "vit_jax.data: a data worker process is importing your script again and reached its batch loop: put the "
+    "script's code under `if __name__ == \"__main__\":` (grain starts workers with multiprocessing's spawn, "
+    "which imports the main module in each worker), or pass workers=0"
+)
 
 
 class BatchIterator:
@@ -175,6 +188,8 @@ class BatchIterator:
     """
 
     def __init__(self, ds: grain.MapDataset, start: int, workers: int, threads: int, prefetch: int):
+        if workers and getattr(multiprocessing.current_process(), "_inheriting", False):  # the stdlib's own test
+            raise SystemExit(UNGUARDED_SCRIPT)  # one line from each worker instead of ~120 tracebacks
         it = ds[start:].to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch))
         if workers:
             _absl_flags_parsed()

@@ -18,6 +18,7 @@ import os
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -102,10 +103,12 @@ def closed_loop_dropped(hook):
     return drop
 
 
-def save_orbax(path: str | os.PathLike, model: VisionTransformer) -> None:
-    """Save ``model`` (its whole NNX state) and its config to the folder ``path``, atomically."""
+def save_orbax(path: str | os.PathLike, model: VisionTransformer, extra: Mapping[str, Any] | None = None) -> None:
+    """Save ``model`` (its whole NNX state) and its config to the folder ``path``, atomically; ``extra``
+    entries go into its config file too (the ``vit_assumed`` list of fields its source did not state)."""
     state = nnx.state(model)
     meta = {"format": FORMAT_TAG, "vit_config": model.cfg.to_json(), "rng_impl": key_impl_name(_pure_dict(state))}
+    meta |= dict(extra or {})
 
     tree = _string_keys(keys_to_data(_pure_dict(state)))
 
@@ -166,11 +169,13 @@ def read_orbax(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, np.ndarray
     return model.cfg, to_numpy(model)
 
 
-def write_orbax(path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str, np.ndarray]) -> None:
-    """Build the JAX twin from a canonical state and save it with ``save_orbax``, its parameters in the
-    state's own dtype (a bfloat16 state stays bfloat16, whatever ``cfg.param_dtype`` says)."""
+def write_orbax(
+    path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str, np.ndarray], extra: Mapping[str, Any] | None = None
+) -> None:
+    """Build the JAX twin from a canonical state and save it with ``save_orbax`` (``extra`` as there), its
+    parameters in the state's own dtype (a bfloat16 state stays bfloat16, whatever ``cfg.param_dtype`` says)."""
     dtype = common_float_dtype(state)
-    save_orbax(path, from_numpy(cfg.replace(param_dtype=dtype) if dtype else cfg, state))
+    save_orbax(path, from_numpy(cfg.replace(param_dtype=dtype) if dtype else cfg, state), extra)
 
 
 READERS = {"orbax": read_orbax, "timm": read_timm_hub_config}

@@ -4,11 +4,12 @@ check the exports.
 ``run_training(spec)`` does what ``vit train`` does after reading its flags: it starts the processes of
 a multi-process run (``vit_jax.distributed``), takes the run folder's lock, reads the dataset, builds
 the model (a fresh one from ``RunSpec.model``, or the checkpoint of ``TrainConfig.init`` through
-``vit_jax.finetune``), trains it (``vit_jax.loop.fit``), exports it (``vit_jax.finetune.export``),
-plots curves.png and checks the exports with the ``parity`` function it is given. That check runs the
-exports in PyTorch and in their libraries, so it is passed in (``vit_compare.exports.export_parity``) and
-importing this module loads no torch. Progress goes to stderr, a line each ("vit train: ..."), on
-process 0 and unless ``RunSpec.quiet``.
+``vit_jax.finetune``: ``fresh_start``, ``finetune_start`` or ``resumed_finetune_start``, each returning
+the ``Start`` record the run consumes), trains it (``vit_jax.loop.fit``), exports it
+(``vit_jax.finetune.export``), plots curves.png and checks the exports with the ``parity`` function it is
+given. That check runs the exports in PyTorch and in their libraries, so it is passed in
+(``vit_compare.exports.export_parity``) and importing this module loads no torch. Progress goes to
+stderr, a line each ("vit train: ..."), on process 0 and unless ``RunSpec.quiet``.
 """
 
 from __future__ import annotations
@@ -24,14 +25,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vit_common.config import ViTConfig
-from vit_common.data.datasets import natural_images
+from vit_common.data.datasets import Dataset, natural_images
 from vit_common.data.images import Preprocess
 from vit_common.system import in_place, io
+from vit_common.system.extras import install_hint
 from vit_common.system.validate import check_model_size
 from vit_common.training.train_config import RunOptions, TrainConfig
+
+if TYPE_CHECKING:
+    from vit_common.checkpoints.formats.provenance import Report
 
 
 @dataclass(frozen=True)
@@ -186,19 +191,132 @@ def stop_line(out: Path, heartbeat_timeout: int, lost: list[int], failed: dict[i
     return f"vit train: {what}; stopping. Start all {n} processes again with --resume to continue {resume_from(out)}."
 
 
+@dataclass(frozen=True)
+class Start:
+    """How a run starts, the one record the run consumes (``fresh_start``, ``finetune_start``,
+    ``resumed_finetune_start`` make it).
+
+    ``cfg``: the model's ViTConfig; ``data``: the dataset fit to it (image size, channels,
+    ``preprocess``); ``preprocess``: the Preprocess the run trains and exports with; ``weights``: the
+    canonical float32 state to start from (a fine-tune), None for a fresh model or a resumed fine-tune
+    (its checkpoint holds them); ``moments``: the AdamW state of ``TrainConfig.init_optimizer``
+    (``vit_jax.optimizer_state.check_moments``'s), or None; ``report``: how the ``--init`` checkpoint
+    was read (``vit_jax.finetune.Init.report``), None for a fresh model; ``torch_io``: the ``--init``
+    checkpoint or an export of it is a PyTorch file, so ``RunSpec.readers`` / ``writers`` are used.
+    """
+
+    cfg: ViTConfig
+    data: Dataset
+    preprocess: Preprocess
+    weights: dict | None = None
+    moments: dict | None = None
+    report: Report | None = None
+    torch_io: bool = False
+
+
+def fresh_start(spec: RunSpec, raw: Dataset) -> Start:
+    """A new model of ``spec.model``'s fields for the dataset ``raw`` (its classes and channels), with
+    ``vit train``'s default preprocessing under the given fields.
+
+    Raises:
+        ValueError: the model does not fit the host's memory (``check_model_size``) or ViTConfig refuses it.
+    """
+    tcfg = spec.train
+    cfg = ViTConfig(**spec.model, num_classes=raw.num_classes, in_chans=raw.channels)
+    check_model_size(cfg, "the model flags", batch=tcfg.batch_size // tcfg.accum_steps, training=True)
+    default = (
+        Preprocess(interpolation="bicubic", crop_pct=0.875, crop_mode="center")
+        if natural_images(tcfg.dataset)
+        else Preprocess()
+    )
+    preprocess = default.replace(**spec.preprocess)
+    return Start(cfg, raw.fit(cfg.image_size, cfg.in_chans, preprocess), preprocess)
+
+
+def finetune_start(spec: RunSpec, raw: Dataset, log: Callable[[str], None]) -> Start:
+    """The checkpoint of ``spec.train.init``, read once for the dataset ``raw`` (``vit_jax.finetune.load_init``),
+    with its optimizer state under ``TrainConfig.init_optimizer``; what was read goes to ``log``, a line each.
+
+    Raises:
+        ValueError: ``init_optimizer`` with a checkpoint that is no PyTorch training file or no reader of
+            it; whatever ``load_init`` or ``check_moments`` refuses.
+    """
+    from vit_common.checkpoints.convert import needs
+    from vit_common.checkpoints.formats.source import current_weights_entry, training_weights_entry, weights_entry
+    from vit_jax.finetune import load_init
+    from vit_jax.optimizer_state import check_moments
+
+    tcfg, moments = spec.train, None
+    log(f"vit train: fine-tuning {tcfg.init}")
+    torch_io = needs(tcfg.init) == "torch"
+    if tcfg.init_optimizer and not torch_io:
+        raise ValueError(f"--init-optimizer: {tcfg.init} is no PyTorch training checkpoint (timm's .pth.tar)")
+    entry = current_weights_entry()
+    entry = training_weights_entry(entry) if tcfg.init_optimizer else entry
+    with weights_entry(entry):
+        init = load_init(
+            tcfg.init,
+            raw,
+            image_size=_image_size(spec),
+            given=spec.given,
+            options=spec.checkpoint_options,
+            preprocess=dict(spec.preprocess),
+            readers=spec.readers if torch_io else None,
+        )
+    if tcfg.init_optimizer:
+        if spec.read_optimizer is None:
+            raise ValueError(f"--init-optimizer: the run was given no reader of {tcfg.init}'s optimizer state")
+        moments = spec.read_optimizer(tcfg.init, entry)
+        check_moments(moments, init.weights)
+        log(f"  continuing the AdamW state of {tcfg.init} ({entry!r}, {moments['count']} steps taken)")
+    info = init.info
+    for line in init.report.lines():
+        log(f"  {line}")
+    log(f"  preprocessing {json.dumps(info.preprocess.to_dict())} ({info.preprocess_source})")
+    for w in info.warnings:
+        log(f"  WARNING  {w}")
+    return Start(init.cfg, init.data, info.preprocess, init.weights, moments, init.report, torch_io)
+
+
+def resumed_finetune_start(spec: RunSpec, raw: Dataset, saved: Mapping[str, Any], log: Callable[[str], None]) -> Start:
+    """The fine-tuning run in ``spec.out`` continued from its config.json (``saved``) without reading its
+    ``--init`` checkpoint again (``vit_jax.finetune.resumed_init``); its checkpoints hold the weights."""
+    from vit_common.checkpoints.convert import needs
+    from vit_jax.finetune import export_targets, resumed_init
+
+    log(f"vit train: resuming the fine-tuning of {spec.train.init} from {spec.out}/config.json (not read again)")
+    init = resumed_init(saved, raw, image_size=_image_size(spec), given=spec.given, preprocess=dict(spec.preprocess))
+    targets = export_targets(spec.out, init.report)
+    torch_io = any(needs(path, fmt, writing=True) == "torch" for fmt, path in targets.items())
+    return Start(init.cfg, init.data, init.info.preprocess, report=init.report, torch_io=torch_io)
+
+
+def _image_size(spec: RunSpec) -> tuple[int, int] | None:
+    return None if spec.image_size is None else (spec.image_size, spec.image_size)
+
+
+def _named(data: Dataset, classes: tuple[str, ...] | None) -> Dataset:
+    """``data`` with ``classes`` (``RunSpec.classes``) as its class names.
+
+    Raises:
+        ValueError: not one name per class of ``data``.
+    """
+    if classes is None:
+        return data
+    if len(classes) != data.num_classes:
+        raise ValueError(f"--classes names {len(classes)} classes, dataset {data.name!r} has {data.num_classes}")
+    return dataclasses.replace(data, classes=tuple(classes))
+
+
 def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None) -> tuple[int, dict | None]:
     """The run inside the lock (``run_training``'s return value)."""
     import jax
 
-    from vit_common.checkpoints.convert import needs
-    from vit_common.checkpoints.formats.source import current_weights_entry, training_weights_entry, weights_entry
-    from vit_common.checkpoints.metadata import ModelInfo
     from vit_common.data.datasets import read_dataset
     from vit_common.system.peaks import datasheet_peak
     from vit_jax.checkpointing import saved_steps
-    from vit_jax.finetune import check_exports, export, export_targets, init_record, load_init, resumed_init
+    from vit_jax.finetune import check_exports, export, init_record
     from vit_jax.loop import NonFiniteError, fit
-    from vit_jax.optimizer_state import check_moments
     from vit_jax.resume import schedule_change
     from vit_jax.trainer import Trainer, enable_compile_cache
 
@@ -223,77 +341,25 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
         if not quiet:
             print(line, file=sys.stderr)
 
-    def named(data):
-        if spec.classes is None:
-            return data
-        if len(spec.classes) != data.num_classes:
-            raise ValueError(
-                f"--classes names {len(spec.classes)} classes, dataset {data.name!r} has {data.num_classes}"
-            )
-        return dataclasses.replace(data, classes=tuple(spec.classes))
-
-    raw = named(read_dataset(tcfg.dataset, val_fraction=tcfg.val_fraction))  # its classes and channels
-    preprocess_flags = dict(spec.preprocess)
-    weights, moments, report, torch_io = None, None, None, False
+    raw = _named(read_dataset(tcfg.dataset, val_fraction=tcfg.val_fraction), spec.classes)  # classes, channels
     resume = spec.options.resume
     saved = io.read_json(out / "config.json") if resume and (out / "config.json").is_file() else {}
-    size = None if spec.image_size is None else (spec.image_size, spec.image_size)
     if tcfg.init and "init" in saved and saved_steps(out / "checkpoints"):  # the checkpoint holds the weights
-        log(f"vit train: resuming the fine-tuning of {tcfg.init} from {out}/config.json (not read again)")
-        init = resumed_init(saved, raw, image_size=size, given=spec.given, preprocess=preprocess_flags)
-        torch_io = any(
-            needs(path, fmt, writing=True) == "torch" for fmt, path in export_targets(out, init.report).items()
-        )
-        cfg, info, data, report = init.cfg, init.info, init.data, init.report
-        preprocess = info.preprocess
+        start = resumed_finetune_start(spec, raw, saved, log)
     elif tcfg.init:
-        log(f"vit train: fine-tuning {tcfg.init}")
-        torch_io = needs(tcfg.init) == "torch"
-        if tcfg.init_optimizer and not torch_io:
-            raise ValueError(f"--init-optimizer: {tcfg.init} is no PyTorch training checkpoint (timm's .pth.tar)")
-        entry = current_weights_entry()
-        entry = training_weights_entry(entry) if tcfg.init_optimizer else entry
-        with weights_entry(entry):
-            init = load_init(
-                tcfg.init,
-                raw,
-                image_size=size,
-                given=spec.given,
-                options=spec.checkpoint_options,
-                preprocess=preprocess_flags,
-                readers=spec.readers if torch_io else None,
-            )
-        if tcfg.init_optimizer:
-            if spec.read_optimizer is None:
-                raise ValueError(f"--init-optimizer: the run was given no reader of {tcfg.init}'s optimizer state")
-            moments = spec.read_optimizer(tcfg.init, entry)
-            check_moments(moments, init.weights)
-            log(f"  continuing the AdamW state of {tcfg.init} ({entry!r}, {moments['count']} steps taken)")
-        cfg, weights, info, data, report = init.cfg, init.weights, init.info, init.data, init.report
-        for line in report.lines():
-            log(f"  {line}")
-        log(f"  preprocessing {json.dumps(info.preprocess.to_dict())} ({info.preprocess_source})")
-        for w in info.warnings:
-            log(f"  WARNING  {w}")
-        preprocess = info.preprocess
+        start = finetune_start(spec, raw, log)
     else:
-        cfg = ViTConfig(**spec.model, num_classes=raw.num_classes, in_chans=raw.channels)
-        check_model_size(cfg, "the model flags", batch=tcfg.batch_size // tcfg.accum_steps, training=True)
-        default = (
-            Preprocess(interpolation="bicubic", crop_pct=0.875, crop_mode="center")
-            if natural_images(tcfg.dataset)
-            else Preprocess()
-        )
-        preprocess = default.replace(**preprocess_flags)
-        data = raw.fit(cfg.image_size, cfg.in_chans, preprocess)
-        info = ModelInfo(preprocess, "given" if preprocess_flags else "vit train's default")
+        start = fresh_start(spec, raw)
+    cfg, data = start.cfg, start.data
     workers = spec.data_workers
     if workers == -1:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         workers = 0 if data.in_memory else cores
     if lead:  # the exports are refused now, not after the training
-        check_exports(out, cfg, report, spec.accept_assumed)
-    trainer = Trainer(cfg, tcfg, data, preprocess=preprocess, weights=weights, moments=moments, workers=workers)
+        check_exports(out, cfg, start.report, spec.accept_assumed)
+    trainer = Trainer(
+        cfg, tcfg, data, preprocess=start.preprocess, weights=start.weights, moments=start.moments, workers=workers
+    )
     if tcfg.warmup_steps >= trainer.total_steps > 1:
         log(
             f"vit train: warning: --warmup-steps {tcfg.warmup_steps} is not below the run's {trainer.total_steps} "
@@ -325,7 +391,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
             tensorboard=spec.tensorboard,
             peak_flops=spec.peak_flops if spec.peak_flops else datasheet_peak(jax.devices()[0].device_kind, cfg.dtype),
             profile_steps=spec.profile_steps,
-            init=init_record(report) if report is not None else None,
+            init=init_record(start.report) if start.report is not None else None,
         )
     except NonFiniteError as e:
         print(f"vit train: {e}", file=sys.stderr)
@@ -343,10 +409,10 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
             out,
             cfg.replace(dtype="float32"),
             weights,
-            preprocess=preprocess,
+            preprocess=start.preprocess,
             classes=data.classes,
-            source=report,
-            writers=spec.writers if torch_io else None,
+            source=start.report,
+            writers=spec.writers if start.torch_io else None,
             accept_assumed=spec.accept_assumed,
         )
         plot_curves(out / "metrics.jsonl", out / "curves.png")
@@ -358,7 +424,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     summary["load_calls"] = {str(exports[fmt]): call for fmt, call in load_calls.items()}
     ok = True
     if parity is not None and importlib.util.find_spec("torch") is None:
-        log('vit train: no PyTorch check of the exports: torch is not installed (pip install "vit-twins[torch]")')
+        log(f"vit train: no PyTorch check of the exports: torch is not installed ({install_hint('torch')})")
     elif parity is not None:
         from vit_jax.loop import write_json
 

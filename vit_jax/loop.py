@@ -4,8 +4,9 @@ checkpoints/).
 
 ``fit`` checks the folder and the flags before any work (a fresh run's ``RUN_FILES`` that vit did not
 write, ``vit_jax.resume``'s rules on a resume), restores the latest complete checkpoint
-(``vit_jax.checkpointing``), compiles the step while the first batches are made, and ``_loop`` runs the
-steps: a metrics line every ``log_every`` steps, the test set's metrics (``evaluation``) every
+(``vit_jax.checkpointing``), compiles the step while the first batches are made, and ``_steps`` takes
+the steps. What happens after a step is a hook (``vit_jax.hooks``; ``run_hooks`` registers them in
+order): a metrics line every ``log_every`` steps, the test set's metrics (``evaluation``) every
 ``eval_every`` epochs or steps and at the end, a checkpoint every ``ckpt_every`` steps or minutes and at
 the end, TensorBoard / Weights & Biases scalars and a profile window (``vit_jax.observe``). A NaN or Inf
 loss or gradient norm stops the run (``NonFiniteError``, naming the last good checkpoint); a signal
@@ -20,6 +21,7 @@ mirrors ``vit_jax.optim`` and ``vit_jax.trainer`` only: it takes steps beside th
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import time
@@ -36,9 +38,10 @@ from vit_common.system.validate import regular_file
 from vit_common.training.train_config import RunOptions
 from vit_jax.checkpointing import Checkpoints, _then_resume, saved_steps, write_error_reason
 from vit_jax.data import DataWorkerError
+from vit_jax.hooks import Hooks, RunState
 from vit_jax.observe import ProfileWindow, Summaries, require_wandb
 from vit_jax.preemption import Stopped, StopSignals
-from vit_jax.resume import check_same_data, config_mismatch, run_config, schedule_change
+from vit_jax.resume import check_checkpoints_left, check_same_data, config_mismatch, run_config, schedule_change
 from vit_jax.trainer import Trainer, _cache_events, sharded_abstract
 
 
@@ -161,7 +164,8 @@ def fit(
             (every differing field listed; ``epochs`` may differ, which recomputes the schedule:
             ``schedule_change``), or with an epoch count that ends before the checkpoint; a metrics line
             before the last that is not JSON or has no step (a last line a kill cut is dropped).
-        FileNotFoundError: ``resume`` without a run in ``out``. A run stopped before its first complete
+        FileNotFoundError: ``resume`` without a run in ``out``, or of a run that trained but has no
+            checkpoint left (``vit_jax.resume.check_checkpoints_left``). A run stopped before its first complete
             checkpoint starts again from step 0, with or without ``resume`` and with any config; a
             latest checkpoint that does not restore is reported and the one before it used.
         NonFiniteError: NaN or Inf in the loss or gradients; the last good checkpoint stays intact.
@@ -174,49 +178,12 @@ def fit(
     started = time.perf_counter() if started is None else started
     out = Path(out)
     lead = jax.process_index() == 0
-    if profile_steps and profile_steps[1] > trainer.total_steps:
-        a, b = profile_steps
-        raise ValueError(f"--profile-steps {a}:{b}: the run has steps 1 to {trainer.total_steps}")
-    for asked, flag in (
-        (options.export_ema, "--export-ema"),
-        ((options.keep_best or "").startswith("test_ema_"), f"--keep-best {options.keep_best}"),
-    ):
-        if asked and trainer.tcfg.ema is None:
-            raise ValueError(f"{flag}: this run keeps no moving average of the weights; pass --ema DECAY too")
-    if options.wandb:
-        require_wandb()
-    config, metrics_path = run_config(trainer) | ({"init": dict(init)} if init else {}), out / "metrics.jsonl"
+    _check_options(trainer, options, profile_steps)
+    config = run_config(trainer) | ({"init": dict(init)} if init else {})
     if trainer.tcfg.ema is not None:
         config["exports"] = {"weights": "ema" if options.export_ema else "raw"}
-    saved = saved_steps(out / "checkpoints")
+    saved, restart = _check_folder(trainer, out, options, config, lead)
     resume = options.resume
-    if resume:
-        if not (out / "config.json").exists():
-            raise FileNotFoundError(f"{out}: no run to resume (config.json is missing)")
-        saved_config = io.read_json(out / "config.json")  # bounded, named
-        saved_config.pop(io.OWNER_KEY, None)  # the mark write_json adds (vit_common.system.io)
-        diff = config_mismatch(saved_config, config)
-        if diff and saved:  # with no checkpoint there is nothing to continue: the new config starts afresh
-            raise ValueError(
-                f"{out}: the checkpoint was made with a different config (keep it, or choose another --out):\n  "
-                + "\n  ".join(diff)
-            )
-        if saved:  # (without a checkpoint nothing continues: any data starts afresh)
-            check_same_data(out, saved_config, config["dataset"], lead)
-        saved_epochs = saved_config.get("train", {}).get("epochs", trainer.tcfg.epochs)
-        schedule_change(trainer, saved_epochs, saved[-1] if saved else 0)
-    elif saved:
-        raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
-    # a run stopped before its first checkpoint: its config.json (ours by its content) shows the folder is
-    # a run's, so the same command replaces that run's files (metrics.jsonl proves nothing by itself)
-    restart = not resume and io.owned(out / "config.json")
-    if lead and not resume and not restart:
-        for name in RUN_FILES:  # refused before any work, not at the end: files vit did not write stay
-            io.check_destination(out / name)
-    if jax.process_count() > 1:  # every process has read the folder before process 0 writes to it
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices("vit_train:folder_checked")
     made = not (out / "checkpoints").exists()  # by this call: removed again if the run fails while it is empty
     # removes temporary folders a killed run left
     ckpts = Checkpoints(out / "checkpoints", options.keep, trainer.tcfg.barrier_timeout, best=options.keep_best)
@@ -229,38 +196,32 @@ def fit(
         files.enter_context(io.overwriting())  # ours to replace, its metrics.jsonl to append to, marked or not
     try:
         it.start_prefetch()
-        sums = meta.get("metrics")  # the partial sums behind the next metrics line
         if state is None:  # a fresh run, or a resumed one that was stopped before its first complete checkpoint
             state = trainer.init_state()
         before = _cache_events()
         trainer.compile()  # while the first batches are made
+        if stop is not None:
+            stop.compiled()  # a signal held back while XLA compiled stops the run now
         hits, misses = (_cache_events()[k] - before[k] for k in ("cache_hits", "cache_misses"))
         if lead:
             out.mkdir(parents=True, exist_ok=True)
             write_json(out / "config.json", config)
-            _truncate_metrics(metrics_path, it.position)
-        summaries = None
-        if (tensorboard is not None or options.wandb) and lead:
-            with _written(Path(tensorboard or out), it.position, ckpts):
-                wandb_dir = out if options.wandb else None
-                summaries = Summaries(
-                    tensorboard, trainer.cfg, trainer.mesh.size, peak_flops, wandb_dir=wandb_dir, config=config
-                )
-        return _loop(
-            trainer,
-            state,
-            it,
-            ckpts,
-            metrics_path,
+            _truncate_metrics(out / "metrics.jsonl", it.position)
+        position, total = it.position, trainer.total_steps  # the steps done: one batch per step
+        run = RunState(trainer, state, start=position, total=total, began=0.0, lead=lead, step=position)
+        run.sums |= meta.get("metrics") or {}  # the sums behind the next metrics line, as the checkpoint held them
+        hooks, saver = run_hooks(
+            run,
             options,
-            lead=lead,
+            ckpts,
+            out,
             started=started,
             compile_cache="off" if not compile_cache else "warm" if hits and not misses else "cold",
             stop=stop,
-            sums=sums,
-            summaries=summaries,
+            summaries=_summaries(run, options, ckpts, out, tensorboard, peak_flops, config),
             profile=ProfileWindow(out / "profile", *profile_steps) if profile_steps and lead else None,
         )
+        images_per_s = _steps(run, it, hooks, saver, stop)
     except BaseException:
         failed = True
         raise
@@ -278,6 +239,88 @@ def fit(
             if made and lead and failed:
                 with contextlib.suppress(OSError):  # only an empty folder: rmdir refuses any other
                     (out / "checkpoints").rmdir()
+    if not run.evaluation:  # resumed after the last step: nothing ran
+        run.evaluation = evaluation(trainer, run.state)
+    summary = {
+        "steps": run.total,
+        "start": run.start,
+        **{k: v for k, v in run.evaluation.items() if k != "test_top5_accuracy"},
+        "images_per_s": images_per_s,
+        "train_seconds": time.perf_counter() - run.began,
+    }
+    if ckpts.best is not None:
+        ckpts.wait()
+        summary["best_checkpoint"] = {"step": ckpts.best_step(), "metric": ckpts.best}
+    return run.state, summary
+
+
+def _summaries(run: RunState, options: RunOptions, ckpts, out: Path, tensorboard, peak_flops, config: dict):
+    """The TensorBoard / Weights & Biases writer of ``fit``'s ``tensorboard`` and ``options.wandb``
+    (``vit_jax.observe.Summaries``, which marks where ``run.start`` resumes), on process 0; else None."""
+    if (tensorboard is None and not options.wandb) or not run.lead:
+        return None
+    t = run.trainer
+    with _written(Path(tensorboard or out), run.start, ckpts):
+        wandb_dir = out if options.wandb else None
+        return Summaries(
+            tensorboard, t.cfg, t.mesh.size, peak_flops, start=run.start, wandb_dir=wandb_dir, config=config
+        )
+
+
+def _check_options(trainer: Trainer, options: RunOptions, profile_steps: tuple[int, int] | None) -> None:
+    """``fit``'s refusals of its flags (its Raises: the profile window, the EMA, wandb)."""
+    if profile_steps and profile_steps[1] > trainer.total_steps:
+        a, b = profile_steps
+        raise ValueError(f"--profile-steps {a}:{b}: the run has steps 1 to {trainer.total_steps}")
+    for asked, flag in (
+        (options.export_ema, "--export-ema"),
+        ((options.keep_best or "").startswith("test_ema_"), f"--keep-best {options.keep_best}"),
+    ):
+        if asked and trainer.tcfg.ema is None:
+            raise ValueError(f"{flag}: this run keeps no moving average of the weights; pass --ema DECAY too")
+    if options.wandb:
+        require_wandb()
+
+
+def _check_folder(trainer: Trainer, out: Path, options: RunOptions, config: dict, lead: bool) -> tuple[list, bool]:
+    """``fit``'s refusals of the run folder ``out`` (its Raises: a resume's config and data, a fresh run's
+    files), before any work.
+
+    Returns:
+        (the complete checkpoints' steps, ascending; whether a run stopped before its first checkpoint is
+        started again in ``out``).
+    """
+    saved = saved_steps(out / "checkpoints")
+    resume = options.resume
+    if resume:
+        if not (out / "config.json").exists():
+            raise FileNotFoundError(f"{out}: no run to resume (config.json is missing)")
+        saved_config = io.read_json(out / "config.json")  # bounded, named
+        saved_config.pop(io.OWNER_KEY, None)  # the mark write_json adds (vit_common.system.io)
+        diff = config_mismatch(saved_config, config)
+        if diff and saved:  # with no checkpoint there is nothing to continue: the new config starts afresh
+            raise ValueError(
+                f"{out}: the checkpoint was made with a different config (keep it, or choose another --out):\n  "
+                + "\n  ".join(diff)
+            )
+        if saved:  # (without a checkpoint nothing continues: any data starts afresh)
+            check_same_data(out, saved_config, config["dataset"], lead)
+        check_checkpoints_left(out, saved)
+        saved_epochs = saved_config.get("train", {}).get("epochs", trainer.tcfg.epochs)
+        schedule_change(trainer, saved_epochs, saved[-1] if saved else 0)
+    elif saved:
+        raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
+    # a run stopped before its first checkpoint: its config.json (ours by its content) shows the folder is
+    # a run's, so the same command replaces that run's files (metrics.jsonl proves nothing by itself)
+    restart = not resume and io.owned(out / "config.json")
+    if lead and not resume and not restart:
+        for name in RUN_FILES:  # refused before any work, not at the end: files vit did not write stay
+            io.check_destination(out / name)
+    if jax.process_count() > 1:  # every process has read the folder before process 0 writes to it
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("vit_train:folder_checked")
+    return saved, restart
 
 
 def evaluation(t: Trainer, state: dict) -> dict:
@@ -292,174 +335,225 @@ def evaluation(t: Trainer, state: dict) -> dict:
     return out
 
 
-def _loop(
-    t: Trainer,
-    state,
-    it,
-    ckpts,
-    metrics_path,
-    options: RunOptions,
-    *,
-    lead: bool,
-    started: float,
-    compile_cache: str,
-    stop,
-    sums,
-    summaries,
-    profile,
-) -> tuple[dict, dict]:
-    from tqdm import tqdm
+# -------------------------------------------------------------------------------------- the steps
 
-    clock = time.perf_counter
-    ckpt_every, log_every, eval_every = options.ckpt_every, options.log_every, options.eval_every
-    ckpt_seconds, eval_every_steps = 60.0 * options.ckpt_every_minutes, options.eval_every_steps
-    tcfg, spe, total, start = t.tcfg, t.steps_per_epoch, t.total_steps, it.position  # one batch per step
-    n_train = len(t.data.train)
-    pbar = (
-        tqdm(
-            total=tcfg.epochs * n_train,
-            initial=examples_before(start, n_train, tcfg.batch_size),
-            unit="img",
-            unit_scale=True,
-            dynamic_ncols=True,
-            desc="train",
-        )
-        if options.progress and lead
-        else None
-    )
-    log = in_place.open_log(metrics_path) if lead else None
 
-    def write(line: dict) -> None:
-        if log:
-            with _written(metrics_path, line["step"], ckpts):
-                log.write(json.dumps(line) + "\n")
-                log.flush()
-
-    acc = {"loss": 0.0, "correct": 0.0, "count": 0.0, "grad_norm": 0.0, "steps": 0, "seconds": 0.0}
-    acc |= sums or {}  # the sums since the last metrics line, as the checkpoint resumed from held them
+def _steps(run: RunState, it, hooks: Hooks, saver: _Saver, stop: StopSignals | None) -> float | None:
+    """Take the steps from ``run.start`` to ``run.total``, running ``hooks`` around each; the images/s
+    of the steps after the first (which includes compilation), None with fewer than two."""
+    clock, many = time.perf_counter, jax.process_count() > 1
     seen = timed = 0.0
-    test = {}
-    t_start = last_save = clock()
-    many = jax.process_count() > 1
-
-    def save(s: int, metrics: dict | None = None) -> None:
-        nonlocal last_save
-        if ckpts.latest_step() != s:  # a data worker's death right after a step that was saved
-            ckpts.save(s, state, {"step": s, "metrics": dict(acc)}, metrics)
-        last_save = clock()
-
-    def time_due() -> bool:
-        due = bool(ckpt_seconds) and clock() - last_save >= ckpt_seconds
-        if ckpt_seconds and many:  # every process saves at the step process 0's clock says
-            from jax.experimental import multihost_utils
-
-            due = bool(multihost_utils.broadcast_one_to_all(np.bool_(due)))
-        return due
-
+    run.began = clock()
     if stop is not None:
         stop.training()
     try:
-        for step in range(start, total):
-            if profile:
-                profile.before(step + 1)
+        for step in range(run.start, run.total):
+            hooks.before(run)
             t0 = clock()
             with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
                 try:
                     batch = next(it)
                 except DataWorkerError:
-                    if not many and step > start:  # the state of the step reached is whole: keep it
-                        save(step)
+                    if not many and step > run.start:  # the state of the step reached is whole: keep it
+                        saver.save(run)
                     raise
-                state, m = t.train_step(state, batch)
-                m = jax.device_get(m)
-            if step == start:
-                write({"step": step + 1, "time_to_first_step_s": clock() - started, "compile_cache": compile_cache})
-            if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])):
-                ckpts.wait()
-                last = ckpts.latest_step()
-                kept = (
-                    f"the last good checkpoint is step {last} in {ckpts.manager.directory}"
-                    if last is not None
-                    else "no checkpoint was written yet"
-                )
-                raise NonFiniteError(
-                    f"loss {float(m['loss'])}, gradient norm {float(m['grad_norm'])} at step "
-                    f"{step + 1}: not finite, training stopped; {kept}. Try a lower --lr."
-                )
-            dt = clock() - t0
-            if step > start:  # the first step of a process includes compilation
-                seen, timed = seen + float(m["count"]), timed + dt
-            for k in ("loss", "grad_norm"):
-                acc[k] += float(m[k])
-            acc["correct"] += float(m["correct"])
-            acc["count"] += float(m["count"])
-            acc["steps"] += 1
-            acc["seconds"] += dt
-            s = step + 1
-            if pbar:
-                pbar.update(int(m["count"]))
-                pbar.set_postfix(
-                    epoch=f"{s / spe:.2f}",
-                    loss=f"{float(m['loss']):.3f}",
-                    lr=f"{float(m['lr']):.1e}",
-                    **({"test_acc": f"{test['test_accuracy']:.4f}"} if test else {}),
-                    refresh=False,
-                )
-            if profile:
-                profile.after(s, state)
-            if s % log_every == 0 or s == total:
-                line = {
-                    "step": s,
-                    "epoch": s / spe,
-                    "loss": acc["loss"] / acc["steps"],
-                    "accuracy": acc["correct"] / max(acc["count"], 1),
-                    "lr": float(m["lr"]),
-                    "grad_norm": acc["grad_norm"] / acc["steps"],
-                    "images_per_s": acc["count"] / max(acc["seconds"], 1e-9),
-                    "time": clock() - t_start,
-                }
-                write(line)
-                if summaries:
-                    with _written(summaries.logdir or metrics_path.parent, s, ckpts):
-                        summaries.train(line, acc["seconds"] / acc["steps"])
-                acc = dict.fromkeys(acc, 0.0)
-            due = s % eval_every_steps == 0 if eval_every_steps else s % spe == 0 and (s // spe) % eval_every == 0
-            evaluated = s == total or due
-            if evaluated:
-                test = evaluation(t, state)
-                line = {"step": s, "epoch": s / spe, **test}
-                write(line)
-                if summaries:
-                    with _written(summaries.logdir or metrics_path.parent, s, ckpts):
-                        summaries.test(line)
-            stopping = stop is not None and stop.reached(s)  # every process, every step
-            best = evaluated and ckpts.best is not None  # every evaluation is a candidate for the best
-            if s == total or (ckpt_every and s % ckpt_every == 0) or time_due() or stopping or best:
-                if stopping and s < total:
-                    stop.saving(s)
-                save(s, {k: v for k, v in line.items() if k.startswith("test_")} if evaluated else None)
-            if stopping and s < total:
-                ckpts.wait()
-                raise Stopped(stop.received or "a signal", s)
+                run.state, m = run.trainer.train_step(run.state, batch)
+                run.metrics = jax.device_get(m)
+            run.step, run.step_seconds = step + 1, clock() - t0
+            if step > run.start:  # the first step of a process includes compilation
+                seen, timed = seen + float(run.metrics["count"]), timed + run.step_seconds
+            hooks.after(run)
     finally:
-        if pbar:
-            pbar.close()
-        if log:
-            log.close()
-        if summaries:
-            summaries.close()
-        if profile:
-            profile.stop()
-    if not test:  # resumed after the last step: nothing ran
-        test = evaluation(t, state)
-    summary = {
-        "steps": total,
-        "start": start,
-        **{k: v for k, v in test.items() if k != "test_top5_accuracy"},
-        "images_per_s": seen / timed if timed else None,
-        "train_seconds": clock() - t_start,
-    }
-    if ckpts.best is not None:
+        hooks.close()
+    return seen / timed if timed else None
+
+
+def run_hooks(
+    run: RunState,
+    options: RunOptions,
+    ckpts: Checkpoints,
+    out: Path,
+    *,
+    started: float,
+    compile_cache: str,
+    stop: StopSignals | None,
+    summaries: Summaries | None,
+    profile: ProfileWindow | None,
+) -> tuple[Hooks, _Saver]:
+    """The hooks of a run in the order they run after a step (``vit_jax.hooks``), and the checkpoint saver
+    (also called by ``_steps`` when a data worker dies). A new concern is one ``add_hook`` line here."""
+    t = run.trainer
+    hooks = Hooks()
+    metrics = _MetricsFile(out / "metrics.jsonl", ckpts, summaries, run.lead)
+    saver = _Saver(ckpts, options)
+    if profile:
+        hooks.add_hook(lambda r: profile.before(r.step + 1), before=True, close=profile.stop)
+    hooks.add_hook(functools.partial(metrics.first_line, started, compile_cache))
+    hooks.add_hook(functools.partial(_check_finite, ckpts))
+    hooks.add_hook(_add_sums)
+    if options.progress and run.lead:
+        bar = _ProgressBar(run)
+        hooks.add_hook(bar, close=bar.close)
+    if profile:
+        hooks.add_hook(lambda r: profile.after(r.step, r.state))
+    hooks.add_hook(metrics.train_line, every=options.log_every, close=metrics.close)
+    hooks.add_hook(metrics.evaluate, every=options.eval_every_steps or t.steps_per_epoch * options.eval_every)
+    if stop is not None:
+        hooks.add_hook(functools.partial(_stop_check, stop))
+    hooks.add_hook(saver)
+    if stop is not None:
+        hooks.add_hook(functools.partial(_stop, stop, ckpts))
+    return hooks, saver
+
+
+class _MetricsFile:
+    """metrics.jsonl (appended to, process 0) and the same values to ``summaries`` (TensorBoard / wandb)."""
+
+    def __init__(self, path: Path, ckpts: Checkpoints, summaries: Summaries | None, lead: bool):
+        self.path, self.ckpts, self.summaries = path, ckpts, summaries
+        self.log = in_place.open_log(path) if lead else None
+
+    def write(self, line: dict) -> None:
+        if self.log:
+            with _written(self.path, line["step"], self.ckpts):
+                self.log.write(json.dumps(line) + "\n")
+                self.log.flush()
+
+    def first_line(self, started: float, compile_cache: str, run: RunState) -> None:
+        """The process's first step: seconds since ``started`` and the compilation cache's part."""
+        if run.step == run.start + 1:
+            line = {"time_to_first_step_s": time.perf_counter() - started, "compile_cache": compile_cache}
+            self.write({"step": run.step, **line})
+
+    def train_line(self, run: RunState) -> None:
+        """The averages of ``run.sums`` as a line (and scalars), then the sums start again."""
+        s, sums, spe = run.step, run.sums, run.trainer.steps_per_epoch
+        line = {
+            "step": s,
+            "epoch": s / spe,
+            "loss": sums["loss"] / sums["steps"],
+            "accuracy": sums["correct"] / max(sums["count"], 1),
+            "lr": float(run.metrics["lr"]),
+            "grad_norm": sums["grad_norm"] / sums["steps"],
+            "images_per_s": sums["count"] / max(sums["seconds"], 1e-9),
+            "time": time.perf_counter() - run.began,
+        }
+        self.write(line)
+        if self.summaries:
+            with _written(self.summaries.logdir or self.path.parent, s, self.ckpts):
+                self.summaries.train(line, sums["seconds"] / sums["steps"])
+        run.sums = dict.fromkeys(sums, 0.0)
+
+    def evaluate(self, run: RunState) -> None:
+        """The test set's metrics (``evaluation``, with an EMA its average's too) as a line and scalars."""
+        run.evaluation, run.evaluated_at = evaluation(run.trainer, run.state), run.step
+        line = {"step": run.step, "epoch": run.step / run.trainer.steps_per_epoch, **run.evaluation}
+        self.write(line)
+        if self.summaries:
+            with _written(self.summaries.logdir or self.path.parent, run.step, self.ckpts):
+                self.summaries.test(line)
+
+    def close(self) -> None:
+        if self.log:
+            self.log.close()
+        if self.summaries:
+            self.summaries.close()
+
+
+def _check_finite(ckpts: Checkpoints, run: RunState) -> None:
+    """Raises NonFiniteError: the step's loss or gradient norm is NaN or Inf (naming the last good checkpoint)."""
+    m = run.metrics
+    if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])):
         ckpts.wait()
-        summary["best_checkpoint"] = {"step": ckpts.best_step(), "metric": ckpts.best}
-    return state, summary
+        last = ckpts.latest_step()
+        kept = (
+            f"the last good checkpoint is step {last} in {ckpts.manager.directory}"
+            if last is not None
+            else "no checkpoint was written yet"
+        )
+        raise NonFiniteError(
+            f"loss {float(m['loss'])}, gradient norm {float(m['grad_norm'])} at step "
+            f"{run.step}: not finite, training stopped; {kept}. Try a lower --lr."
+        )
+
+
+def _add_sums(run: RunState) -> None:
+    for k in ("loss", "grad_norm", "correct", "count"):
+        run.sums[k] += float(run.metrics[k])
+    run.sums["steps"] += 1
+    run.sums["seconds"] += run.step_seconds
+
+
+class _ProgressBar:
+    """A tqdm bar of the images trained on, with the epoch, the step's loss and lr and the last test accuracy."""
+
+    def __init__(self, run: RunState):
+        from tqdm import tqdm
+
+        tcfg, n_train = run.trainer.tcfg, len(run.trainer.data.train)
+        self.bar = tqdm(
+            total=tcfg.epochs * n_train,
+            initial=examples_before(run.start, n_train, tcfg.batch_size),
+            unit="img",
+            unit_scale=True,
+            dynamic_ncols=True,
+            desc="train",
+        )
+
+    def __call__(self, run: RunState) -> None:
+        m, test = run.metrics, run.evaluation
+        self.bar.update(int(m["count"]))
+        self.bar.set_postfix(
+            epoch=f"{run.step / run.trainer.steps_per_epoch:.2f}",
+            loss=f"{float(m['loss']):.3f}",
+            lr=f"{float(m['lr']):.1e}",
+            **({"test_acc": f"{test['test_accuracy']:.4f}"} if test else {}),
+            refresh=False,
+        )
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class _Saver:
+    """The checkpoint hook: saves every ``ckpt_every`` steps, after ``ckpt_every_minutes``, at the last
+    step, at a stop (``run.stopping``) and, with ``keep_best``, at every evaluation."""
+
+    def __init__(self, ckpts: Checkpoints, options: RunOptions):
+        self.ckpts, self.every, self.seconds = ckpts, options.ckpt_every, 60.0 * options.ckpt_every_minutes
+        self.last = time.perf_counter()
+
+    def save(self, run: RunState, metrics: dict | None = None) -> None:
+        """Step ``run.step``'s state and ``run.sums`` (``metrics``: its evaluation, for ``keep_best``)."""
+        s = run.step
+        if self.ckpts.latest_step() != s:  # a data worker's death right after a step that was saved
+            self.ckpts.save(s, run.state, {"step": s, "metrics": dict(run.sums)}, metrics)
+        self.last = time.perf_counter()
+
+    def time_due(self) -> bool:
+        due = bool(self.seconds) and time.perf_counter() - self.last >= self.seconds
+        if self.seconds and jax.process_count() > 1:  # every process saves at the step process 0's clock says
+            from jax.experimental import multihost_utils
+
+            due = bool(multihost_utils.broadcast_one_to_all(np.bool_(due)))
+        return due
+
+    def __call__(self, run: RunState) -> None:
+        s, evaluated = run.step, run.evaluated_at == run.step
+        best = evaluated and self.ckpts.best is not None  # every evaluation is a candidate for the best
+        if s == run.total or (self.every and s % self.every == 0) or self.time_due() or run.stopping or best:
+            self.save(run, dict(run.evaluation) if evaluated else None)
+
+
+def _stop_check(stop: StopSignals, run: RunState) -> None:
+    """Whether a signal stops the run after this step (every process, every step)."""
+    run.stopping = stop.reached(run.step)
+    if run.stopping and run.step < run.total:
+        stop.saving(run.step)
+
+
+def _stop(stop: StopSignals, ckpts: Checkpoints, run: RunState) -> None:
+    """Raises Stopped: a signal asked for it (after the checkpoint of this step, which it waits for)."""
+    if run.stopping and run.step < run.total:
+        ckpts.wait()
+        raise Stopped(stop.received or "a signal", run.step)

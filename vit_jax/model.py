@@ -14,55 +14,9 @@ from flax import nnx
 
 from vit_common.config import ViTConfig
 from vit_common.posemb import SINCOS_CONVENTIONS, resample_matrices, sincos2d
+from vit_jax.layers import acc_dtype, dropout_layer, dtypes, linear_layer, masked_drop, norm_layer, sub_masks, trunc02
 from vit_jax.platforms import Platform, choose_attention, dot_product_attention, gelu
-
-_trunc02 = nnx.initializers.truncated_normal(stddev=0.02)
-
-
-def _dtypes(cfg: ViTConfig) -> dict:
-    return dict(dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))
-
-
-def _acc(dtype) -> jnp.dtype:
-    """Accumulation dtype for softmax and norm statistics: at least float32."""
-    return jnp.promote_types(dtype, jnp.float32)
-
-
-def _norm(cfg: ViTConfig, dim: int, rngs: nnx.Rngs) -> nnx.LayerNorm | nnx.RMSNorm:
-    """The norm of kind cfg.norm over the last ``dim`` channels, eps cfg.ln_eps; statistics in at least
-    float32 (flax's reductions), parameter ``scale`` (the torch twin's ``weight``)."""
-    # use_fast_variance=False: flax's default E[x^2]-E[x]^2 differs from torch's two-pass variance.
-    kind = nnx.RMSNorm if cfg.norm == "rmsnorm" else nnx.LayerNorm
-    return kind(dim, epsilon=cfg.ln_eps, use_fast_variance=False, rngs=rngs, **_dtypes(cfg))
-
-
-def _linear(cfg: ViTConfig, d_in: int, d_out: int, rngs: nnx.Rngs, bias: bool = True) -> nnx.Linear:
-    linear = Platform.current().linear  # nnx.Linear, or FlatLinear on CPU: the same parameters
-    return linear(d_in, d_out, use_bias=bias, kernel_init=_trunc02, rngs=rngs, **_dtypes(cfg))
-
-
-def _dropout(rate: float, rngs: nnx.Rngs) -> nnx.Dropout:
-    # Only a live dropout holds an RNG stream, so rate-0 models carry no RNG state.
-    return nnx.Dropout(rate, rngs=rngs if rate > 0 else None)
-
-
-def _sub(masks: dict | None, prefix: str) -> dict | None:
-    """The entries of a flat ``dropout_masks`` dict under module path ``prefix``, the prefix removed."""
-    if masks is None:
-        return None
-    return {k[len(prefix) + 1 :]: v for k, v in masks.items() if k.startswith(prefix + ".")}
-
-
-def _drop(drop: nnx.Dropout, x: jax.Array, masks: dict | None, name: str) -> jax.Array:
-    """``drop(x)``; in training with ``masks`` (the parity mode) the keep mask ``masks[name]`` (x's shape,
-    1 keep, 0 drop) instead of a draw, with nnx.Dropout's scaling: kept values / (1 - rate).
-
-    Raises:
-        KeyError: a live dropout whose mask ``masks`` lacks.
-    """
-    if masks is None or drop.rate == 0 or drop.deterministic:
-        return drop(x)
-    return jnp.where(masks[name] > 0, x / (1.0 - drop.rate), jnp.zeros_like(x))
+from vit_jax.rope import RotaryEmbedding, apply_rope
 
 
 class PatchEmbed(nnx.Module):
@@ -80,9 +34,9 @@ class PatchEmbed(nnx.Module):
             use_bias=cfg.patch_bias,
             kernel_init=nnx.initializers.lecun_normal(),
             rngs=rngs,
-            **_dtypes(cfg),
+            **dtypes(cfg),
         )
-        self.norm = _norm(cfg, cfg.width, rngs) if cfg.patch_norm else None
+        self.norm = norm_layer(cfg, cfg.width, rngs) if cfg.patch_norm else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.proj(x)
@@ -98,7 +52,7 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, drop=None) -
     0.65x the time of scaling the [B, N, L, M] logits. ``drop`` (attention dropout) applies to the
     probabilities used for ``out``, not to the ones returned.
     """
-    acc = _acc(q.dtype)
+    acc = acc_dtype(q.dtype)
     qh, kh, vh = (t.astype(acc).transpose(0, 2, 1, 3) for t in (q, k, v))  # [B, N, L|M, D/N]
     probs = jax.nn.softmax(jnp.einsum("bnlh,bnmh->bnlm", qh * scale, kh), axis=-1)
     out = jnp.einsum("bnlm,bnmh->bnlh", probs if drop is None else drop(probs), vh)
@@ -120,40 +74,63 @@ class Attention(nnx.Module):
     built: cuDNN flash attention on NVIDIA GPUs, XLA's ``jax.nn.dot_product_attention``, or on CPU
     ``_attend``) and explicit (logits and softmax written out, ``_attend``), which alone returns
     probabilities. Both compute logits and softmax in at least float32.
+    Without a key bias (cfg.k_bias False) the q and v biases are ``q_bias`` and ``v_bias`` (timm
+    ``EvaAttention``); with RoPE the patch tokens of q and k are rotated after qk_norm; ``norm``
+    (cfg.attn_inner_norm) normalises the heads' output before ``proj`` (timm ``scale_attn_inner``).
     """
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.num_prefix_tokens, self.rope_layout = cfg.num_prefix_tokens, cfg.rope_layout
         self.kernel = _attention_kernel(cfg)
-        self.qkv = _linear(cfg, cfg.width, 3 * cfg.width, rngs, bias=cfg.qkv_bias)
-        self.q_norm = _norm(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
-        self.k_norm = _norm(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
-        self.attn_drop = _dropout(cfg.attn_dropout, rngs)
-        self.proj = _linear(cfg, cfg.width, cfg.width, rngs, bias=cfg.proj_bias)
-        self.proj_drop = _dropout(cfg.dropout, rngs)
+        self.qkv = linear_layer(cfg, cfg.width, 3 * cfg.width, rngs, bias=cfg.qkv_bias and cfg.k_bias)
+        qv_bias, pd = cfg.qkv_bias and not cfg.k_bias, jnp.dtype(cfg.param_dtype)
+        self.q_bias = nnx.Param(jnp.zeros((cfg.width,), pd)) if qv_bias else None
+        self.v_bias = nnx.Param(jnp.zeros((cfg.width,), pd)) if qv_bias else None
+        self.q_norm = norm_layer(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
+        self.k_norm = norm_layer(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
+        self.attn_drop = dropout_layer(cfg.attn_dropout, rngs)
+        self.norm = norm_layer(cfg, cfg.width, rngs) if cfg.attn_inner_norm else None
+        self.proj = linear_layer(cfg, cfg.width, cfg.width, rngs, bias=cfg.proj_bias)
+        self.proj_drop = dropout_layer(cfg.dropout, rngs)
 
     def __call__(
-        self, x: jax.Array, *, return_attn: bool = False, masks: dict | None = None
+        self,
+        x: jax.Array,
+        *,
+        return_attn: bool = False,
+        masks: dict | None = None,
+        rope: tuple[jax.Array, jax.Array] | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
         """x [B, L, D] -> ([B, L, D], probabilities [B, N, L, L] if ``return_attn`` else None); ``masks``
-        {"attn_drop": [B, N, L, L], "proj_drop": [B, L, D]} the parity mode's dropout keep masks.
+        {"attn_drop": [B, N, L, L], "proj_drop": [B, L, D]} the parity mode's dropout keep masks;
+        ``rope`` (sin, cos) [Np, hd] or [N, Np, hd] (``RotaryEmbedding``).
 
         ``return_attn=True`` takes the explicit path; so does training with attention dropout, which
         the fused kernels do not implement.
         """
         b, l, d = x.shape
-        qkv = self.qkv(x).reshape(b, l, 3, self.num_heads, self.head_dim)  # [B, L, 3, N, D/N]
+        qkv = self.qkv(x)  # [B, L, 3D]
+        if self.q_bias is not None:
+            q_bias = self.q_bias[...]
+            qkv = qkv + jnp.concatenate([q_bias, jnp.zeros_like(q_bias), self.v_bias[...]]).astype(qkv.dtype)
+        qkv = qkv.reshape(b, l, 3, self.num_heads, self.head_dim)  # [B, L, 3, N, D/N]
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each [B, L, N, D/N]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = (apply_rope(t, *rope, self.num_prefix_tokens, self.rope_layout) for t in (q, k))
         scale = self.head_dim**-0.5
         live_drop = self.attn_drop.rate > 0 and not self.attn_drop.deterministic
         kernel = "explicit" if return_attn or live_drop else self.kernel
         if kernel == "explicit":
-            out, probs = _attend(q, k, v, scale, lambda p: _drop(self.attn_drop, p, masks, "attn_drop"))
+            out, probs = _attend(q, k, v, scale, lambda p: masked_drop(self.attn_drop, p, masks, "attn_drop"))
         else:
             out, probs = dot_product_attention(q, k, v, scale=scale, implementation=kernel), None
-        x = _drop(self.proj_drop, self.proj(out.reshape(b, l, d)), masks, "proj_drop")  # [B, L, D]
+        out = out.reshape(b, l, d)
+        if self.norm is not None:
+            out = self.norm(out)
+        x = masked_drop(self.proj_drop, self.proj(out), masks, "proj_drop")  # [B, L, D]
         return x, probs if return_attn else None
 
 
@@ -163,22 +140,28 @@ def quick_gelu(x: jax.Array) -> jax.Array:
 
 
 class Mlp(nnx.Module):
-    """fc1 -> GELU (cfg.gelu: 'exact' erf, 'tanh' or 'quick') -> dropout -> fc2 -> dropout; ``bias`` on both
-    layers (a block's: cfg.mlp_bias; the MAP head's always)."""
+    """fc1 -> GELU (cfg.gelu: 'exact' erf, 'tanh' or 'quick') -> dropout -> (norm) -> fc2 -> dropout.
 
-    def __init__(self, cfg: ViTConfig, bias: bool = True, *, rngs: nnx.Rngs):
+    ``hidden`` F (default cfg.mlp_dim); ``norm`` over F when ``inner_norm`` (timm ``scale_mlp``); ``bias`` on
+    both layers (a block's: cfg.mlp_bias; the MAP head's always)."""
+
+    def __init__(
+        self, cfg: ViTConfig, hidden: int | None = None, inner_norm: bool = False, bias: bool = True, *, rngs: nnx.Rngs
+    ):
+        f = hidden or cfg.mlp_dim
         self.quick = cfg.gelu == "quick"
         self.approximate = cfg.gelu == "tanh"
-        self.fc1 = _linear(cfg, cfg.width, cfg.mlp_dim, rngs, bias)
-        self.drop1 = _dropout(cfg.dropout, rngs)
-        self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width, rngs, bias)
-        self.drop2 = _dropout(cfg.dropout, rngs)
+        self.fc1 = linear_layer(cfg, cfg.width, f, rngs, bias)
+        self.drop1 = dropout_layer(cfg.dropout, rngs)
+        self.norm = norm_layer(cfg, f, rngs) if inner_norm else None
+        self.fc2 = linear_layer(cfg, f, cfg.width, rngs, bias)
+        self.drop2 = dropout_layer(cfg.dropout, rngs)
 
     def __call__(self, x: jax.Array, masks: dict | None = None) -> jax.Array:
         """x [..., D] -> [..., D]; ``masks`` {"drop1": [..., F], "drop2": [..., D]} (parity mode)."""
         h = self.fc1(x)
-        h = quick_gelu(h) if self.quick else gelu(h, self.approximate)
-        return _drop(self.drop2, self.fc2(_drop(self.drop1, h, masks, "drop1")), masks, "drop2")
+        h = masked_drop(self.drop1, quick_gelu(h) if self.quick else gelu(h, self.approximate), masks, "drop1")
+        return masked_drop(self.drop2, self.fc2(h if self.norm is None else self.norm(h)), masks, "drop2")
 
 
 class GluMlp(nnx.Module):
@@ -188,17 +171,18 @@ class GluMlp(nnx.Module):
     gate_last=False)``; HF ``Dinov2SwiGLUFFN`` computes the same with ``gate_proj`` and ``up_proj``).
     """
 
-    def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
-        self.fc1 = _linear(cfg, cfg.width, 2 * cfg.mlp_dim, rngs, cfg.mlp_bias)
-        self.drop1 = _dropout(cfg.dropout, rngs)
-        self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width, rngs, cfg.mlp_bias)
-        self.drop2 = _dropout(cfg.dropout, rngs)
+    def __init__(self, cfg: ViTConfig, inner_norm: bool = False, *, rngs: nnx.Rngs):
+        self.fc1 = linear_layer(cfg, cfg.width, 2 * cfg.mlp_dim, rngs, cfg.mlp_bias)
+        self.drop1 = dropout_layer(cfg.dropout, rngs)
+        self.norm = norm_layer(cfg, cfg.mlp_dim, rngs) if inner_norm else None  # timm SwiGLU scale_mlp
+        self.fc2 = linear_layer(cfg, cfg.mlp_dim, cfg.width, rngs, cfg.mlp_bias)
+        self.drop2 = dropout_layer(cfg.dropout, rngs)
 
     def __call__(self, x: jax.Array, masks: dict | None = None) -> jax.Array:
         """x [..., D] -> [..., D]; ``masks`` {"drop1": [..., F], "drop2": [..., D]} (parity mode)."""
         gate, value = jnp.split(self.fc1(x), 2, axis=-1)  # each [..., F]
-        h = _drop(self.drop1, jax.nn.silu(gate) * value, masks, "drop1")
-        return _drop(self.drop2, self.fc2(h), masks, "drop2")
+        h = masked_drop(self.drop1, jax.nn.silu(gate) * value, masks, "drop1")
+        return masked_drop(self.drop2, self.fc2(h if self.norm is None else self.norm(h)), masks, "drop2")
 
 
 class LayerScale(nnx.Module):
@@ -234,12 +218,14 @@ class Block(nnx.Module):
     """Pre-norm transformer block: x + drop_path(ls1(attn(norm1(x)))), then the same for the MLP."""
 
     def __init__(self, cfg: ViTConfig, drop_path: float, *, rngs: nnx.Rngs):
-        self.norm1 = _norm(cfg, cfg.width, rngs)
+        self.norm1 = norm_layer(cfg, cfg.width, rngs)
         self.attn = Attention(cfg, rngs=rngs)
         self.ls1 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path1 = DropPath(drop_path, rngs=rngs)
-        self.norm2 = _norm(cfg, cfg.width, rngs)
-        self.mlp = GluMlp(cfg, rngs=rngs) if cfg.mlp_type == "swiglu" else Mlp(cfg, cfg.mlp_bias, rngs=rngs)
+        self.norm2 = norm_layer(cfg, cfg.width, rngs)
+        inner, bias = cfg.mlp_inner_norm, cfg.mlp_bias
+        glu = cfg.mlp_type == "swiglu"
+        self.mlp = GluMlp(cfg, inner, rngs=rngs) if glu else Mlp(cfg, inner_norm=inner, bias=bias, rngs=rngs)
         self.ls2 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path2 = DropPath(drop_path, rngs=rngs)
 
@@ -250,14 +236,16 @@ class Block(nnx.Module):
         return_attn: bool = False,
         drop_mask: jax.Array | None = None,
         masks: dict | None = None,
+        rope: tuple[jax.Array, jax.Array] | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
         """x [B, L, D] -> ([B, L, D], probabilities or None); ``drop_mask`` [B, 2]: both branches' drop-path
         masks (parity mode), else drawn; ``masks`` the block's dropout masks by path ("attn.attn_drop",
-        "attn.proj_drop", "mlp.drop1", "mlp.drop2"; parity mode), else drawn."""
+        "attn.proj_drop", "mlp.drop1", "mlp.drop2"; parity mode), else drawn; ``rope`` this block's
+        RoPE tables (``Attention``)."""
         m1, m2 = (None, None) if drop_mask is None else (drop_mask[:, 0], drop_mask[:, 1])
-        y, probs = self.attn(self.norm1(x), return_attn=return_attn, masks=_sub(masks, "attn"))
+        y, probs = self.attn(self.norm1(x), return_attn=return_attn, masks=sub_masks(masks, "attn"), rope=rope)
         x = x + self.drop_path1(self.ls1(y) if self.ls1 is not None else y, m1)
-        y = self.mlp(self.norm2(x), _sub(masks, "mlp"))
+        y = self.mlp(self.norm2(x), sub_masks(masks, "mlp"))
         x = x + self.drop_path2(self.ls2(y) if self.ls2 is not None else y, m2)
         return x, probs
 
@@ -266,19 +254,21 @@ class MAPHead(nnx.Module):
     """Multihead attention pooling (big_vision ``MAPHead``, timm ``AttentionPoolLatent``).
 
     A learned probe ``latent`` [1, 1, D] attends over the tokens it is given (the patch tokens, or all of
-    them with cfg.pool_include_prefix, as timm); then x + mlp(norm(x)).
+    them with cfg.pool_include_prefix, as timm); then x + mlp(norm(x)). Heads cfg.map_num_heads, MLP
+    width cfg.map_mlp_width (PE: 8 heads, 4 D).
     [B, L', D] -> ([B, D], probe attention [B, N, 1, L'] or None).
     """
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
-        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.num_heads = cfg.map_num_heads
+        self.head_dim = cfg.width // self.num_heads
         pd = jnp.dtype(cfg.param_dtype)
-        self.latent = nnx.Param(_trunc02(rngs.params(), (1, 1, cfg.width), pd))
-        self.q = _linear(cfg, cfg.width, cfg.width, rngs)
-        self.kv = _linear(cfg, cfg.width, 2 * cfg.width, rngs)
-        self.proj = _linear(cfg, cfg.width, cfg.width, rngs)
-        self.norm = _norm(cfg, cfg.width, rngs)
-        self.mlp = Mlp(cfg, rngs=rngs)
+        self.latent = nnx.Param(trunc02(rngs.params(), (1, 1, cfg.width), pd))
+        self.q = linear_layer(cfg, cfg.width, cfg.width, rngs)
+        self.kv = linear_layer(cfg, cfg.width, 2 * cfg.width, rngs)
+        self.proj = linear_layer(cfg, cfg.width, cfg.width, rngs)
+        self.norm = norm_layer(cfg, cfg.width, rngs)
+        self.mlp = Mlp(cfg, cfg.map_mlp_width, rngs=rngs)
         self.kernel = _attention_kernel(cfg)
 
     def __call__(
@@ -296,7 +286,7 @@ class MAPHead(nnx.Module):
         else:
             out, probs = dot_product_attention(q, k, v, scale=hd**-0.5, implementation=kernel), None
         x = self.proj(out.reshape(b, 1, d))
-        x = x + self.mlp(self.norm(x), _sub(masks, "mlp"))
+        x = x + self.mlp(self.norm(x), sub_masks(masks, "mlp"))
         return x[:, 0], probs if return_attn else None
 
 
@@ -307,9 +297,9 @@ class ProbeHead(nnx.Module):
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
-        self.latent = nnx.Param(_trunc02(rngs.params(), (1, 1, cfg.width), jnp.dtype(cfg.param_dtype)))
-        self.kv = _linear(cfg, cfg.width, 2 * cfg.width, rngs, bias=cfg.qkv_bias)
-        self.proj = _linear(cfg, cfg.width, cfg.width, rngs)
+        self.latent = nnx.Param(trunc02(rngs.params(), (1, 1, cfg.width), jnp.dtype(cfg.param_dtype)))
+        self.kv = linear_layer(cfg, cfg.width, 2 * cfg.width, rngs, bias=cfg.qkv_bias)
+        self.proj = linear_layer(cfg, cfg.width, cfg.width, rngs)
         self.kernel = _attention_kernel(cfg)
 
     def __call__(self, x: jax.Array, *, return_attn: bool = False) -> tuple[jax.Array, jax.Array | None]:
@@ -330,7 +320,7 @@ class PreLogits(nnx.Module):
     """Dense + tanh before the head (original ViT ``pre_logits``, HF ``ViTModel`` pooler)."""
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
-        self.fc = _linear(cfg, cfg.width, cfg.rep_size, rngs)
+        self.fc = linear_layer(cfg, cfg.width, cfg.rep_size, rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return jnp.tanh(self.fc(x))
@@ -361,31 +351,32 @@ class VisionTransformer(nnx.Module):
             else None
         )
         self.pos_embed = (
-            nnx.Param(_trunc02(rngs.params(), (1, cfg.posemb_len, cfg.width), pd)) if cfg.posemb == "learn" else None
+            nnx.Param(trunc02(rngs.params(), (1, cfg.posemb_len, cfg.width), pd)) if cfg.posemb == "learn" else None
         )
-        self.dist_token = nnx.Param(_trunc02(rngs.params(), (1, 1, cfg.width), pd)) if cfg.dist_token else None
-        self.pos_drop = _dropout(cfg.dropout, rngs)
-        self.norm_pre = _norm(cfg, cfg.width, rngs) if cfg.norm_pre else None
+        self.dist_token = nnx.Param(trunc02(rngs.params(), (1, 1, cfg.width), pd)) if cfg.dist_token else None
+        self.pos_drop = dropout_layer(cfg.dropout, rngs)
+        self.rope = RotaryEmbedding(cfg) if cfg.rope != "none" else None
+        self.norm_pre = norm_layer(cfg, cfg.width, rngs) if cfg.norm_pre else None
         rates = np.linspace(0.0, cfg.drop_path, cfg.depth) if cfg.depth > 1 else [cfg.drop_path]
         self.blocks = nnx.List([Block(cfg, float(r), rngs=rngs) for r in rates])
-        self.norm = _norm(cfg, cfg.width, rngs) if not cfg.fc_norm else None
+        self.norm = norm_layer(cfg, cfg.width, rngs) if cfg.final_norm and not cfg.fc_norm else None
         pools = {"map": MAPHead, "probe": ProbeHead}
         self.attn_pool = pools[cfg.pool](cfg, rngs=rngs) if cfg.pool in pools else None
-        self.fc_norm = _norm(cfg, cfg.width, rngs) if cfg.fc_norm else None
+        self.fc_norm = norm_layer(cfg, cfg.width, rngs) if cfg.fc_norm else None
         self.pre_logits = PreLogits(cfg, rngs=rngs) if cfg.rep_size else None
-        self.head_drop = _dropout(cfg.dropout, rngs)
+        self.head_drop = dropout_layer(cfg.dropout, rngs)
         k, bias = cfg.num_classes, cfg.head_bias
-        self.head = _linear(cfg, cfg.features_dim, k, rngs, bias) if k else None
-        self.head_dist = _linear(cfg, cfg.features_dim, k, rngs, bias) if k and cfg.head_dist else None
+        self.head = linear_layer(cfg, cfg.features_dim, k, rngs, bias) if k else None
+        self.head_dist = linear_layer(cfg, cfg.features_dim, k, rngs, bias) if k and cfg.head_dist else None
 
     def no_weight_decay(self) -> frozenset[str]:
         """Canonical names exempt from weight decay besides rank <= 1 tensors: timm's
         ``VisionTransformer.no_weight_decay`` (``timm/models/vision_transformer.py``). Which tensors a run
         decays is its recipe's choice (``vit_common.training.recipes.decays``)."""
-        return frozenset({"pos_embed", "cls_token", "reg_token", "dist_token"})
+        return frozenset({"pos_embed", "cls_token", "reg_token", "dist_token", "rope.freqs"})
 
-    def _embed(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Images [B, H, W, C] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D])."""
+    def _embed(self, x: jax.Array) -> tuple[jax.Array, jax.Array, tuple[int, int]]:
+        """Images [B, H, W, C] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D], (h, w))."""
         cfg = self.cfg
         if x.ndim != 4 or x.shape[-1] != cfg.in_chans:
             raise ValueError(f"images of shape {x.shape}: expected [B, H, W, C={cfg.in_chans}] (channels last)")
@@ -418,7 +409,7 @@ class VisionTransformer(nnx.Module):
             tokens = jnp.concatenate(prefix + [patches], axis=1) + jnp.concatenate([pe_prefix, pe_grid], 1)
         else:  # no_embed_class / big_vision: add to patches, then concatenate
             tokens = jnp.concatenate(prefix + [patches + pe_grid if pe_grid is not None else patches], 1)
-        return patches, tokens
+        return patches, tokens, (gh, gw)
 
     def _forward(
         self, x: jax.Array, out: dict | None, drop_masks: jax.Array | None = None, dropout_masks: dict | None = None
@@ -427,8 +418,9 @@ class VisionTransformer(nnx.Module):
         [B, depth, 2] the blocks' drop-path masks, ``dropout_masks`` the dropout masks (``__call__``)."""
         cfg = self.cfg
         record = out is not None
-        patches, x = self._embed(x)
-        x = _drop(self.pos_drop, x, dropout_masks, "pos_drop")
+        patches, x, grid = self._embed(x)
+        rope = self.rope(grid) if self.rope is not None else None  # (sin, cos), once per forward
+        x = masked_drop(self.pos_drop, x, dropout_masks, "pos_drop")
         if record:
             out["patch_embed"], out["pos_embed"] = patches, x
         if self.norm_pre is not None:
@@ -438,11 +430,13 @@ class VisionTransformer(nnx.Module):
         for i, block in enumerate(self.blocks):
             x = self.platform.residual(x)  # identity but on CPU
             mask = None if drop_masks is None else drop_masks[:, i]
-            sub = _sub(dropout_masks, f"blocks.{i}")
+            sub = sub_masks(dropout_masks, f"blocks.{i}")
+            tab = None if rope is None else (rope[0][i], rope[1][i]) if cfg.rope == "mixed" else rope
             if self.grad_checkpointing and not record:  # recomputed in the backward pass
-                x, probs = nnx.remat(lambda blk, h, m, d: blk(h, drop_mask=m, masks=d))(block, x, mask, sub)
+                remat = nnx.remat(lambda blk, h, m, d, r: blk(h, drop_mask=m, masks=d, rope=r))
+                x, probs = remat(block, x, mask, sub, tab)
             else:
-                x, probs = block(x, return_attn=record, drop_mask=mask, masks=sub)
+                x, probs = block(x, return_attn=record, drop_mask=mask, masks=sub, rope=tab)
             if record:
                 out[f"block{i:02d}"], out[f"attn{i:02d}"] = x, probs
         if self.norm is not None:
@@ -462,7 +456,7 @@ class VisionTransformer(nnx.Module):
         elif cfg.pool == "token_gap":  # HF Dinov2ForImageClassification: [class token, mean of patches]
             x = jnp.concatenate([x[:, 0], pooled.mean(axis=1)], axis=-1)
         elif cfg.pool == "map":
-            x, probs = self.attn_pool(pooled, return_attn=record, masks=_sub(dropout_masks, "attn_pool"))
+            x, probs = self.attn_pool(pooled, return_attn=record, masks=sub_masks(dropout_masks, "attn_pool"))
             if record:
                 out["attn_pool"] = probs
         elif cfg.pool == "probe":
@@ -475,13 +469,13 @@ class VisionTransformer(nnx.Module):
             x = self.pre_logits(x)
         if record:
             out["pre_logits"] = x
-        x = _drop(self.head_drop, x, dropout_masks, "head_drop")
+        x = masked_drop(self.head_drop, x, dropout_masks, "head_drop")
         if self.head is not None:
             x = self.head(x)
         if x_dist is not None:
             if record:
                 out["pre_logits_dist"] = x_dist
-            x_dist = _drop(self.head_drop, x_dist, dropout_masks, "head_drop_dist")
+            x_dist = masked_drop(self.head_drop, x_dist, dropout_masks, "head_drop_dist")
             if self.head_dist is not None:
                 x_dist = self.head_dist(x_dist)
                 if record:

@@ -21,6 +21,16 @@ names the file. Tags:
     test_ema/loss, test_ema/accuracy, test_ema/top5_accuracy
                                                  each evaluation of a run with ``--ema`` (the moving average)
 
+A run resumed from a checkpoint logs again, into a new event file of the same folder, the steps a killed
+run had logged after that checkpoint. So each start first writes a restart marker, the ``SessionLog.START``
+event that tensorboardX's ``SummaryWriter(purge_step=...)`` writes, at the first step this start logs (0
+when fresh, the checkpoint's step + 1 when resumed): tensorboard's ``EventAccumulator`` (its
+``_CheckForRestartAndMaybePurge``) drops every point read before the marker at that step or later (its
+``plugin_event_accumulator``, TensorBoard's loader without the data server, alike but from a folder's
+second marker on: hence one at a fresh start too), and TensorBoard's data server drops a series' points
+whenever its step goes back. Each step then shows once, as in metrics.jsonl, which the resume cuts back
+to the checkpoint. Only a fresh start writes the step-0 constants.
+
 ``ProfileWindow`` traces steps A..B (1-based, inclusive) with ``jax.profiler`` into a folder that
 TensorBoard's profile plugin and Perfetto open, as big_vision, scenic and MaxText trace a few early
 steps; the loop marks each step with ``jax.profiler.StepTraceAnnotation`` so the trace viewer groups
@@ -36,9 +46,10 @@ from pathlib import Path
 import jax
 
 from vit_common.config import ViTConfig
+from vit_common.system.extras import install_hint
 from vit_common.system.peaks import TRAIN_FLOPS_FACTOR
 
-WANDB_EXTRA = 'pip install "vit-twins[wandb]"'
+WANDB_EXTRA = install_hint("wandb")
 
 
 def require_wandb():
@@ -65,9 +76,14 @@ class Summaries:
         cfg: the model (parameter count, FLOPs).
         devices: devices the batch is split over (for the per-device rate and MFU).
         peak_flops: peak FLOP/s of one device, or None (no MFU).
+        start: the step the run starts at (0 fresh, else the checkpoint it resumed from): the event file
+            opens with the restart marker at the first step this start writes (0, or ``start`` + 1), and
+            only a fresh start writes the step-0 constants to it (a wandb run is new at every start and
+            gets them each time).
 
     Raises:
         ValueError: ``wandb_dir`` given and wandb not installed (``require_wandb``).
+        OSError: the event file cannot be written (naming its folder).
     """
 
     def __init__(
@@ -77,6 +93,7 @@ class Summaries:
         devices: int,
         peak_flops: float | None,
         *,
+        start: int = 0,
         wandb_dir: str | os.PathLike | None = None,
         config: dict | None = None,
     ):
@@ -86,9 +103,12 @@ class Summaries:
         self.logdir, self._failed = logdir, False
         if logdir is not None:
             from tensorboardX.event_file_writer import EventsWriter
+            from tensorboardX.proto.event_pb2 import Event, SessionLog
 
             Path(logdir).mkdir(parents=True, exist_ok=True)
             self.events = EventsWriter(str(Path(logdir) / "events"))
+            restart = SessionLog(status=SessionLog.START)  # before any point of this start: see the module's notes
+            self._events([Event(wall_time=time.time(), step=start + 1 if start else 0, session_log=restart)])
         if wandb_dir is not None:
             wandb = require_wandb()
             self.run = wandb.init(
@@ -98,21 +118,35 @@ class Summaries:
                 config=config,
                 settings=wandb.Settings(console="off", silent=True),
             )
-        self._write({"model/parameters": cfg.param_count(), "model/gflops_per_image": self.flops_per_image / 1e9}, 0)
+        constants = {"model/parameters": cfg.param_count(), "model/gflops_per_image": self.flops_per_image / 1e9}
+        self._write(constants, 0, tensorboard=not start)
 
-    def _write(self, scalars: dict[str, float], step: int) -> None:
-        """Raises OSError: the event file cannot be written (naming its folder)."""
-        if self.events is not None:
+    def _events(self, events: list) -> None:
+        """Append ``events`` (tensorboardX ``Event`` protos) to the event file and flush it.
+
+        Raises:
+            OSError: the event file cannot be written (naming its folder).
+        """
+        try:
+            for event in events:
+                self.events.write_event(event)
+            self.events.flush()
+        except OSError as e:
+            self._failed = True
+            raise OSError(e.errno, e.strerror, str(self.logdir)) from None
+
+    def _write(self, scalars: dict[str, float], step: int, *, tensorboard: bool = True) -> None:
+        """``scalars`` at ``step`` to the event file (unless not ``tensorboard``) and to wandb.
+
+        Raises:
+            OSError: the event file cannot be written (naming its folder).
+        """
+        if tensorboard and self.events is not None:
             from tensorboardX.proto.event_pb2 import Event
             from tensorboardX.summary import scalar
 
-            try:
-                for tag, value in scalars.items():
-                    self.events.write_event(Event(wall_time=time.time(), step=step, summary=scalar(tag, value)))
-                self.events.flush()
-            except OSError as e:
-                self._failed = True
-                raise OSError(e.errno, e.strerror, str(self.logdir)) from None
+            now = time.time()
+            self._events([Event(wall_time=now, step=step, summary=scalar(tag, v)) for tag, v in scalars.items()])
         if self.run is not None:
             self.run.log(scalars, step=step)
 

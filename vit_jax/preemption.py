@@ -5,7 +5,9 @@ a job; SIGHUP comes when the terminal goes; Ctrl-C is SIGINT. ``StopSignals`` tu
 to stop, answered where the run is:
 
     start-up  (reading data, building and compiling)  ``Stopped`` is raised at once: nothing since the
-              last checkpoint has been computed yet
+              last checkpoint has been computed yet; inside JAX's tracing or compiling it is raised once
+              the compilation returns (``compiled``), as an exception raised inside XLA is printed as a
+              traceback or crashes the process
     training  a flag; the loop asks ``reached(step)`` after every step and, when it says so, saves an
               orbax checkpoint of that step, waits for it and raises ``Stopped``
     saving    a second signal prints one line and the save goes on (SIGKILL abandons it; the previous
@@ -31,6 +33,20 @@ from collections.abc import Callable
 
 EXIT_STOPPED = 3  # vit train's own: stopped by a signal after saving; the same command with --resume continues
 SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+_JAX_MODULES = ("jax", "jaxlib", "flax", "optax", "orbax")
+
+
+def _in_jax(frame) -> bool:
+    """Whether the signal handler interrupted JAX's own code (tracing, compiling, or a callback XLA runs
+    such as its garbage-collection hook): an exception raised there is printed as an XLA traceback, or
+    leaves XLA's compiler threads to crash the process at exit."""
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").split(".")[0] in _JAX_MODULES:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class Stopped(BaseException):  # noqa: N818 (a stop, like KeyboardInterrupt, not an error)
@@ -83,10 +99,18 @@ class StopSignals:
             )
             return
         self.received = self.received or name
+        if self.phase == "start-up" and _in_jax(frame):
+            return  # raised inside XLA's compilation (or a callback it runs) it prints a traceback or crashes
         if self.phase in ("start-up", "finishing"):
             raise Stopped(name)
         if self.multiprocess:  # to JAX's preemption notifier, which tells every process
             signal.raise_signal(signal.SIGTERM)
+
+    def compiled(self) -> None:
+        """The start-up's compilation is done: a signal that arrived while JAX traced or compiled (held
+        back: ``_in_jax``) stops the run now, before anything is written."""
+        if self.received is not None and self.phase == "start-up":
+            raise Stopped(self.received)
 
     def training(self) -> None:
         """The steps begin: a signal from now on stops the run after the step it arrives in."""

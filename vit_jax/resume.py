@@ -81,6 +81,27 @@ def check_same_data(out: Path, saved: dict, fingerprint: dict, lead: bool) -> No
         print(f"vit train: warning: dataset: {w}; resuming as the same data", file=sys.stderr)
 
 
+def check_checkpoints_left(out: Path, saved: list[int]) -> None:
+    """Refuse a resume of a run that reached a checkpoint but has none left (``saved`` empty): its exports
+    (``model.safetensors``) or an emptied ``checkpoints/`` folder (``vit_jax.loop.fit`` removes it when a
+    run stops before its first checkpoint) show it trained, and starting again from step 0 would replace
+    them without a word. A run stopped before its first checkpoint has neither and starts afresh.
+
+    Raises:
+        FileNotFoundError: one line naming the folder and what shows the run trained.
+    """
+    if saved:
+        return
+    shown = [f"{out / 'model.safetensors'} exists"] if (out / "model.safetensors").exists() else []
+    if (out / "checkpoints").is_dir():
+        shown.append(f"{out / 'checkpoints'} holds no complete checkpoint")
+    if shown:
+        raise FileNotFoundError(
+            f"{out}: nothing to resume from: the run trained ({'; '.join(shown)}), but no checkpoint is left; "
+            "train again with another --out"
+        )
+
+
 def schedule_change(trainer: Trainer, saved_epochs: int, step: int) -> str | None:
     """What resuming at ``step`` a run saved with ``saved_epochs`` changes when ``trainer`` has another
     epoch count: the learning-rate schedule (warmup + cosine decay) is recomputed for the new total, so

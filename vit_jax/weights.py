@@ -17,6 +17,10 @@ from flax import nnx
 from vit_common.config import ViTConfig
 from vit_common.state import canonical_shapes, check_state
 from vit_jax.model import VisionTransformer
+from vit_jax.rope import RopePeriods
+
+# The canonical state: the parameters and the stored RoPE periods (state, never trained).
+CANONICAL = nnx.Any(nnx.Param, RopePeriods)
 
 
 def _canonical_name(path: tuple) -> tuple[str, str]:
@@ -57,7 +61,7 @@ def params_to_numpy(cfg: ViTConfig, params: nnx.State) -> dict[str, np.ndarray]:
 
 def to_numpy(model: VisionTransformer) -> dict[str, np.ndarray]:
     """The canonical state of ``model``: {timm name: numpy array in PyTorch layout}, contiguous."""
-    return params_to_numpy(model.cfg, nnx.state(model, nnx.Param))
+    return params_to_numpy(model.cfg, nnx.state(model, CANONICAL))
 
 
 def check_float64(cfg: ViTConfig) -> None:
@@ -83,7 +87,7 @@ def from_numpy(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, seed: int = 0
     check_float64(cfg)
     check_state(canonical_shapes(cfg), state)
     graphdef, params, rest = nnx.split(
-        nnx.eval_shape(lambda: VisionTransformer(cfg, rngs=nnx.Rngs(seed))), nnx.Param, ...
+        nnx.eval_shape(lambda: VisionTransformer(cfg, rngs=nnx.Rngs(seed))), CANONICAL, ...
     )
     pd = jnp.dtype(cfg.param_dtype)
     flat = []
@@ -94,7 +98,7 @@ def from_numpy(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, seed: int = 0
     # RNG streams: build the model under jit and keep only the non-parameter state, so XLA drops the
     # random parameter initialisation as dead code.
     rest = (
-        jax.jit(lambda: nnx.state(VisionTransformer(cfg, rngs=nnx.Rngs(seed)), nnx.Not(nnx.Param)))()
+        jax.jit(lambda: nnx.state(VisionTransformer(cfg, rngs=nnx.Rngs(seed)), nnx.Not(CANONICAL)))()
         if len(nnx.to_flat_state(rest))
         else rest
     )

@@ -154,8 +154,11 @@ def read_timm_optimizer(path: str | os.PathLike, entry: str = "state_dict") -> d
     Raises:
         FormatError: unreadable; no ``optimizer`` entry or weights ``entry``; an optimizer other than
             Adam/AdamW (no ``exp_avg_sq``); groups whose sizes the names do not give; a moment whose shape
-            is not its parameter's (named); steps that differ between parameters.
+            is not its parameter's (named); steps that differ between parameters. ValueError: a step that
+            is not a whole number in [0, 2^31 - 1], a moment that is not finite, a negative second moment
+            (``vit_common.training.adam_values``), naming the file and the tensor.
     """
+    from vit_common.training.adam_values import adam_step, check_adam_values
     from vit_common.training.recipes import timm_param_groups
 
     obj = _load(path)
@@ -194,9 +197,10 @@ def read_timm_optimizer(path: str | os.PathLike, entry: str = "state_dict") -> d
                     f"{shapes[name]}"
                 )
             table[name] = tensor_to_numpy(state[what])
-        steps.add(int(state["step"]))
+        steps.add(adam_step(f"{path}: optimizer state of {name!r}", state["step"]))
     if len(steps) > 1:
         raise FormatError(f"{path}: the parameters' Adam steps differ ({sorted(steps)}): expected one count")
+    check_adam_values(f"{path}: optimizer", mu, nu)
     return {"count": steps.pop() if steps else 0, "mu": mu, "nu": nu}
 
 

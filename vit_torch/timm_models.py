@@ -52,7 +52,8 @@ def _gelu(act: nn.Module, name: str) -> str:
 
 
 def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
-    """The ViTConfig of a built timm ``VisionTransformer`` / ``VisionTransformerDistilled``.
+    """The ViTConfig of a built timm ``VisionTransformer`` / ``VisionTransformerDistilled``, or of a timm
+    ``Eva`` (EVA-02, DINOv3, Perception Encoder, RoPE-ViT: ``vit_torch.timm_eva.eva_config``).
 
     Raises:
         FormatError: naming what the model has and the twins lack (another model class, block, attention,
@@ -63,6 +64,10 @@ def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
     from timm.models.vision_transformer import Attention, Block, Mlp, VisionTransformer
 
     m = model
+    if type(m).__name__ == "Eva":
+        from vit_torch.timm_eva import eva_config
+
+        return eva_config(m, name)
     if not isinstance(m, VisionTransformer) or type(m) not in (VisionTransformer, VisionTransformerDistilled):
         raise FormatError(f"timm model {name!r} is a {type(m).__name__}, not a timm VisionTransformer")
     blocks = list(m.blocks)
@@ -138,11 +143,16 @@ def canonical_from_timm(model: nn.Module, cfg: ViTConfig) -> dict[str, np.ndarra
     from timm.layers import GluMlp
 
     from vit_common.checkpoints.formats.rules import to_canonical
+    from vit_common.checkpoints.formats.tensors import materialize
     from vit_common.checkpoints.formats.timm_state import timm_rules
 
     tensors = {k: np.ascontiguousarray(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
+    if type(model).__name__ == "Eva":
+        from vit_common.checkpoints.formats.timm_eva import eva_to_canonical
+
+        return eva_to_canonical(tensors)
     mlp = model.blocks[0].mlp
-    state = to_canonical(timm_rules(cfg, split_gate=hasattr(mlp, "fc1_g")), tensors, type(model).__name__)
+    state = materialize(to_canonical(timm_rules(cfg, split_gate=hasattr(mlp, "fc1_g")), tensors, type(model).__name__))
     if isinstance(mlp, GluMlp) and mlp.gate_last:
         f = cfg.mlp_dim
         state = {k: np.concatenate([v[f:], v[:f]]) if ".mlp.fc1." in k else v for k, v in state.items()}

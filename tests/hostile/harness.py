@@ -205,7 +205,7 @@ def check_case(case: Case, tmp_path: Path, capsys, monkeypatch) -> None:
     assert "Traceback" not in out + err, err
     assert rc == case.code, (rc, out, err)
     if case.code == 2:
-        errors = [ln for ln in err.splitlines() if re.match(r"vit \w+: error: ", ln)]
+        errors = [ln for ln in err.splitlines() if re.match(r"vit [\w-]+: error: ", ln)]
         assert len(errors) == 1, err
         assert re.search(case.names.replace("{tmp}", re.escape(str(tmp))), errors[0]), errors[0]
     for holder in HOLDERS:

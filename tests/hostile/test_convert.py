@@ -221,12 +221,85 @@ def _no_payload(tmp: Path, out: str) -> None:
     assert not (tmp / "PWNED").exists()
 
 
+def declared_size(
+    name: str, fmt: str, changes: dict, model_type: str = "", arch: str = ""
+) -> Callable[[Path], list[str]]:
+    """``vit convert`` of a ``fmt`` folder of the small model ('hf': config.json at the top; 'timm': its
+    hub folder, ``model_args``) whose config.json states ``changes`` (and ``model_type``, ``arch``): sizes that
+    claim far more than the file's tensors, refused before a rule, a module or an array is built."""
+
+    def build(tmp: Path) -> list[str]:
+        save_checkpoint(tmp / "src", SMALL, random_state(SMALL, scale=0.2), fmt)
+        config = json.loads((tmp / "src" / "config.json").read_text())
+        if fmt == "timm":
+            config["model_args"] |= changes
+        else:
+            config |= changes | ({"model_type": model_type, "architectures": [arch]} if model_type else {})
+        (tmp / "src" / "config.json").write_text(json.dumps(config))
+        return ["convert", str(tmp / "src"), str(tmp / "out.safetensors")]
+
+    build.__name__ = name
+    return build
+
+
+def declared_preprocessing(name: str, write: Callable[[Path], None]) -> Callable[[Path], list[str]]:
+    """``vit convert`` of a checkpoint of the small model (32x32, 10 classes) whose stored preprocessing or
+    class names ``write(tmp)`` wrote: what ``vit predict`` would refuse, refused before it is written."""
+
+    def build(tmp: Path) -> list[str]:
+        write(tmp)
+        src = next(p for p in tmp.iterdir() if p.name in ("hf", "hub", "m.safetensors"))
+        return ["convert", str(src), str(tmp / "out.safetensors")]
+
+    build.__name__ = name
+    return build
+
+
+def _hf_processor(**pp) -> Callable[[Path], None]:
+    def write(tmp: Path) -> None:
+        save_checkpoint(tmp / "hf", SMALL, random_state(SMALL, scale=0.2), "hf")
+        config = {"image_processor_type": "CLIPImageProcessor", "do_center_crop": True, "do_resize": True} | pp
+        (tmp / "hf" / "preprocessor_config.json").write_text(json.dumps(config))
+
+    return write
+
+
+def _hub_labels(tmp: Path) -> None:
+    save_checkpoint(tmp / "hub", SMALL, random_state(SMALL, scale=0.2), "timm", classes=list("abcdefghij"))
+    config = json.loads((tmp / "hub" / "config.json").read_text())
+    (tmp / "hub" / "config.json").write_text(json.dumps(config | {"label_names": ["cat", "dog", "bird", "fish"]}))
+
+
+def _ours_crop_pct(tmp: Path) -> None:
+    meta = {"format": FORMAT_TAG, "vit_config": SMALL.to_json(), "preprocess": json.dumps({"crop_pct": 1e-6})}
+    save_file(random_state(SMALL, scale=0.2), str(tmp / "m.safetensors"), meta)
+
+
+def user_file_in_orbax(where: str) -> Callable[[Path], list[str]]:
+    """An orbax folder vit wrote, then a file of the user's put ``where`` inside its state/ sub-folder:
+    writing the folder again would delete it."""
+
+    def build(tmp: Path) -> list[str]:
+        src = small_model(tmp)
+        assert main(["convert", str(src), str(tmp / "ob"), "--to", "orbax"]) == 0
+        (tmp / "ob" / where).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / "ob" / where).write_text("the user's\n")
+        return ["convert", str(src), str(tmp / "ob"), "--to", "orbax"]
+
+    build.__name__ = f"user file at orbax {where}"
+    return build
+
+
 CASES = [
     # nothing of the user's is replaced
     Case(project_folder, r"{tmp}/project: a folder holding things vit did not write .*config.json, src"),
     Case(run_folder, r"{tmp}/run: a folder holding things vit did not write .*checkpoints, metrics.jsonl"),
     Case(foreign_npz, r"{tmp}/theirs.npz: exists and vit cannot tell it wrote it; pass --overwrite"),
     Case(foreign_safetensors, r"{tmp}/hub.safetensors: exists and vit cannot tell it wrote it"),
+    Case(
+        user_file_in_orbax("state/notes.txt"), r"{tmp}/ob: a folder holding things vit did not write .*state/notes.txt"
+    ),
+    Case(user_file_in_orbax("state/mine/a.txt"), r"{tmp}/ob: .*did not write .*\(state/mine, state/mine/a.txt\)"),
     Case(fifo_destination, r"{tmp}/out.npz: exists and vit cannot tell it wrote it"),
     # small inputs that would exhaust the machine or hang
     Case(device_source, r"/dev/zero: .*a device, expected a regular checkpoint file", child=True),
@@ -236,6 +309,32 @@ CASES = [
     Case(huge_resample, r"image_size=800000: a model with .* beyond the limit", child=True),
     Case(huge_head, r"num_classes=2000000000: a model .* beyond the limit", child=True),
     Case(deep_orbax_config, r"{tmp}/ob: a model with depth=1000000000.* beyond the limit", child=True),
+    Case(
+        declared_size("hf ViT hidden_size 10**6", "hf", {"hidden_size": 10**6}),
+        r"{tmp}/src.*(hidden_size|width=1000000)",
+        child=True,
+    ),
+    Case(
+        declared_size(
+            "vit_msn num_hidden_layers 10**9",
+            "hf",
+            {"num_hidden_layers": 10**9},
+            "vit_msn",
+            "ViTMSNForImageClassification",
+        ),
+        r"{tmp}/src.*depth=1000000000.* but the file holds",
+        child=True,
+    ),
+    Case(
+        declared_size("timm hub embed_dim 10**6", "timm", {"embed_dim": 10**6}),
+        r"{tmp}/src/config.json: model_args: declares depth=2, width=1000000, mlp_dim=2000000: .* but the file holds",
+        child=True,
+    ),
+    Case(
+        declared_size("timm hub depth 10**9", "timm", {"depth": 10**9}),
+        r"{tmp}/src/config.json: model_args: declares depth=1000000000, width=32, mlp_dim=64",
+        child=True,
+    ),
     Case(hf_index_traversal, r"{tmp}/hf/model.safetensors.index.json: weight_map names files outside the folder"),
     Case(npz_claims_1e12, r"{tmp}/big.npz: .*member 'embedding/kernel' \(\(1000, 1000, 1000, 1000\)", child=True),
     Case(
@@ -261,7 +360,28 @@ CASES = [
     Case(deep_hf_config, r"{tmp}/hf/config.json: JSON nested deeper than 64 levels"),
     Case(int_weights, r"{tmp}/int.safetensors: tensors that are not floating point: head.bias \(int64\)"),
     Case(
-        assumed_into_hf, r"{tmp}/hf: hf readers take every config field as fact, and .*gelu='exact'.* --accept-assumed"
+        assumed_into_hf,
+        r"{tmp}/hf: its config.json states every field as fact to transformers, and .*gelu='exact'.* --accept-assumed",
+    ),
+    Case(
+        declared_preprocessing(
+            "resize 10**6 cropped to fit", _hf_processor(size={"shortest_edge": 10**6}, crop_size=32)
+        ),
+        r"{tmp}/hf: the preprocessing \(resize_size=\[1000000\]; declared: .*\) resizes every image to "
+        r"1000000x1000000 pixels or more: expected at most Pillow's",
+    ),
+    Case(
+        declared_preprocessing("crop 16 of a 32 model", _hf_processor(size={"shortest_edge": 20}, crop_size=16)),
+        r"{tmp}/hf: the preprocessing \(resize_size=\[20\], crop_size=\[16, 16\]; .*\) gives 16x16 images; the model "
+        r"takes 32x32",
+    ),
+    Case(
+        declared_preprocessing("4 label names for 10 classes", _hub_labels),
+        r"{tmp}/hub: 4 class names \(declared: {tmp}/hub/config.json.*\) for a model with 10 classes",
+    ),
+    Case(
+        declared_preprocessing("crop_pct 1e-6", _ours_crop_pct),
+        r"{tmp}/m.safetensors: the preprocessing \(crop_pct=1e-06 at 32x32; declared.*32000000x32000000 pixels",
     ),
     Case(convert_checkpoint_into_its_source, r"{tmp}/hf/copy.npz: the output lies inside the source {tmp}/hf; write"),
     # tracebacks instead of named errors

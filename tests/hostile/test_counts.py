@@ -1,4 +1,5 @@
-"""README's "Hostile inputs" line reports this folder's counts: every test of it is one input tried."""
+"""README's and docs/safety.md's "Hostile inputs" line reports this folder's counts: every test of it is one
+input tried."""
 
 from __future__ import annotations
 
@@ -33,4 +34,5 @@ def counts() -> dict[str, int]:
 
 def test_readme_reports_the_suites_counts():
     line = ", ".join(f"{k} {v}" for k, v in counts().items())
-    assert f"Hostile inputs ({line})" in (ROOT / "README.md").read_text()
+    for page in ("README.md", "docs/safety.md"):
+        assert f"Hostile inputs ({line})" in (ROOT / page).read_text(), page

@@ -5,6 +5,7 @@ folders, images of height 0, --out inside the dataset, --resume after the data c
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -81,8 +82,151 @@ def parquet_unreadable_image(tmp: Path) -> list[str]:
     return _train_on(f"hf:{tmp / 'pq'}", tmp)
 
 
+def _parquet(path: Path, n: int) -> Path:
+    """A Parquet file of ``n`` rows (8x8 PNGs, ClassLabel a/b) as ``datasets`` writes it: uncompressed
+    image pages first, then the snappy label page."""
+    import datasets
+
+    good = write_png(path.with_suffix(".png"), (8, 8)).read_bytes()
+    path.with_suffix(".png").unlink()
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])})
+    rows = {"image": [{"bytes": good, "path": None}] * n, "label": [0, 1] * (n // 2)}
+    datasets.Dataset.from_dict(rows, features=features).to_parquet(str(path))
+    return path
+
+
+def damaged_parquet(column: str):
+    """A Parquet folder whose ``column`` chunk has 30 bytes overwritten (its page header, or data)."""
+
+    def build(tmp: Path) -> list[str]:
+        import pyarrow.parquet as pq
+
+        (tmp / "pq").mkdir()
+        path = _parquet(tmp / "pq" / "train.parquet", 6)
+        meta = pq.ParquetFile(path).metadata.row_group(0)
+        chunk = next(meta.column(c) for c in range(meta.num_columns) if meta.column(c).path_in_schema == column)
+        data = bytearray(path.read_bytes())
+        start = chunk.data_page_offset + (8 if column != "label" else 20)
+        data[start : start + 30] = b"\xff" * 30
+        path.write_bytes(bytes(data))
+        return _train_on(f"hf:{tmp / 'pq'}", tmp)
+
+    build.__name__ = f"parquet {column} pages damaged"
+    return build
+
+
+def parquet_empty_test_split(tmp: Path) -> list[str]:
+    (tmp / "pq").mkdir()
+    _parquet(tmp / "pq" / "train.parquet", 6)
+    _parquet(tmp / "pq" / "test.parquet", 0)
+    return _train_on(f"hf:{tmp / 'pq'}", tmp)
+
+
+def hf_saved_with_0_rows(tmp: Path) -> list[str]:
+    import datasets
+
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])})
+    datasets.Dataset.from_dict({"image": [], "label": []}, features=features).save_to_disk(str(tmp / "hf"))
+    return _train_on(f"hf:{tmp / 'hf'}", tmp)
+
+
+def hf_arrow_truncated(tmp: Path) -> list[str]:
+    root = _hf_rows(tmp, "hf", [0, 1] * 3)
+    arrow = next(root.glob("*.arrow"))
+    data = arrow.read_bytes()
+    arrow.write_bytes(data[: len(data) // 2])
+    return _train_on(f"hf:{root}", tmp)
+
+
+def damaged_tfds(what: str, damage: Callable[[Path], None]) -> Callable[[Path], list[str]]:
+    """A tfds dataset (6 PNGs of classes a/b, one train shard) prepared by tfds's own builder as
+    ArrayRecord, without TensorFlow, then ``damage(version folder)``, then training on it."""
+
+    def build(tmp: Path) -> list[str]:
+        tfds = pytest.importorskip("tensorflow_datasets")
+        _folder(tmp / "imgs")
+        files = sorted((tmp / "imgs").rglob("*.png"))
+
+        class Tiny(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+            VERSION = tfds.core.Version("1.0.0")
+
+            def _info(self):
+                features = {"image": tfds.features.Image(), "label": tfds.features.ClassLabel(names=["a", "b"])}
+                return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features))
+
+            def _split_generators(self, dl_manager):
+                return {"train": self._generate_examples()}
+
+            def _generate_examples(self):
+                for i, f in enumerate(files):
+                    yield i, {"image": str(f), "label": f.parent.name}
+
+        Tiny.__module__ = "__main__"  # tfds looks for files beside a package's builder (tests.hostile is one)
+        builder = Tiny(data_dir=str(tmp / "tfds"), file_format="array_record")
+        builder.download_and_prepare()
+        damage(Path(builder.data_dir))
+        return _train_on(f"tfds:{builder.data_dir}", tmp)
+
+    build.__name__ = f"tfds {what}"
+    return build
+
+
+def _claim_more(version: Path) -> None:
+    info = json.loads((version / "dataset_info.json").read_text())
+    info["splits"][0]["shardLengths"] = ["9"]
+    (version / "dataset_info.json").write_text(json.dumps(info))
+
+
+def _tfds_shard(version: Path) -> Path:
+    return next(version.glob("*train.array_record*"))
+
+
 def arrayrecord_matching_nothing(tmp: Path) -> list[str]:
     return _train_on(f"arrayrecord:{tmp / 'shards' / 'train-*.array_record'}", tmp)
+
+
+def damaged_records(what: str, damage: Callable[[Path], None]) -> Callable[[Path], list[str]]:
+    """``vit data convert`` of an image folder (3 classes of 6 images) into 3 shards of 6 records, then
+    ``damage(folder)``, then training on it."""
+
+    def build(tmp: Path) -> list[str]:
+        _folder(tmp / "imgs", n=6)
+        (tmp / "imgs" / "c").mkdir()
+        for i in range(6):
+            write_png(tmp / "imgs" / "c" / f"{i}.png", (8, 8))
+        assert main(["data", "convert", str(tmp / "imgs"), str(tmp / "rec"), "--shard-size", "6"]) == 0
+        damage(tmp / "rec")
+        return _train_on(f"arrayrecord:{tmp / 'rec'}", tmp)
+
+    build.__name__ = f"arrayrecord {what}"
+    return build
+
+
+SHARD = "train-00001-of-00003.array_record"
+
+
+def _overwrite_records(rec: Path) -> None:
+    data = bytearray((rec / SHARD).read_bytes())
+    data[300:600] = np.random.default_rng(0).integers(0, 256, 300, np.uint8).tobytes()
+    (rec / SHARD).write_bytes(bytes(data))
+
+
+def _truncate(rec: Path) -> None:
+    data = (rec / SHARD).read_bytes()
+    (rec / SHARD).write_bytes(data[: len(data) // 2])
+
+
+def _to_dev_zero(rec: Path) -> None:
+    (rec / SHARD).unlink()
+    os.symlink("/dev/zero", rec / SHARD)
+
+
+def _declare(**changes) -> Callable[[Path], None]:
+    def damage(rec: Path) -> None:
+        info = json.loads((rec / "dataset.json").read_text())
+        (rec / "dataset.json").write_text(json.dumps(info | changes))
+
+    return damage
 
 
 def fifo_in_image_folder(tmp: Path) -> list[str]:
@@ -182,6 +326,39 @@ CASES = [
         r"{tmp}/run: the dataset changed since the run started \(classes: the run has \['a', 'b'\], the data now "
         r"\['a', 'c'\]; train images: the run has 4, the data now 5; files added \(4\): a/9.png, c/0.png, .*; "
         r"files removed \(3\): b/0.png",
+    ),
+    # damaged datasets: one line naming the file and the damage
+    Case(
+        damaged_records("shard overwritten", _overwrite_records),
+        rf"{{tmp}}/rec/{SHARD}: a damaged ArrayRecord file \(at record 0 of 6: Corrupted Riegeli",
+    ),
+    Case(damaged_records("shard truncated", _truncate), rf"{{tmp}}/rec/{SHARD}: a damaged ArrayRecord file"),
+    Case(damaged_records("shard a link to /dev/zero", _to_dev_zero), rf"{{tmp}}/rec/{SHARD}: a device, expected"),
+    Case(
+        damaged_records("shard deleted", lambda rec: (rec / SHARD).unlink()),
+        r"{tmp}/rec/dataset.json: declares 18 train records; the files hold 12 \(train-00000-of-00003.array_record: 6",
+    ),
+    Case(
+        damaged_records("5 classes named for 3", _declare(classes=["a", "b", "c", "d", "e"])),
+        r"{tmp}/rec/dataset.json: names 5 classes, but no record is labelled 'd', 'e' \(the records hold 3 classes\)",
+    ),
+    Case(hf_saved_with_0_rows, r"{tmp}/hf: 0 rows; expected labelled images"),
+    Case(parquet_empty_test_split, r"{tmp}/pq \(split 'test'\): 0 rows; expected labelled images"),
+    Case(damaged_parquet("label"), r"{tmp}/pq/train.parquet: a damaged Parquet file \("),
+    Case(damaged_parquet("image.bytes"), r"{tmp}/pq/train.parquet: a damaged Parquet file \(row group 0, rows 0..5\)"),
+    Case(hf_arrow_truncated, r"{tmp}/hf: not a dataset saved with save_to_disk \(Expected to read \d+ metadata bytes"),
+    Case(
+        damaged_tfds("dataset_info claims 9 of 6 records", _claim_more),
+        r"{tmp}/tfds/tiny/1.0.0/dataset_info.json: declares 9 records in tiny-train.array_record-00000-of-00001; "
+        r"the file holds 6",
+    ),
+    Case(
+        damaged_tfds("shard deleted", lambda v: _tfds_shard(v).unlink()),
+        r"{tmp}/tfds/tiny/1.0.0/tiny-train.array_record-00000-of-00001: no such shard of split 'train'",
+    ),
+    Case(
+        damaged_tfds("shard truncated", lambda v: _tfds_shard(v).write_bytes(_tfds_shard(v).read_bytes()[:70000])),
+        r"{tmp}/tfds/tiny/1.0.0/tiny-train.array_record-00000-of-00001: a damaged ArrayRecord shard",
     ),
     # tracebacks instead of named errors
     Case(bomb_in_image_folder, r"{tmp}/imgs/b/3.png: unreadable image \(Image size \(400000000 pixels\) exceeds limit"),

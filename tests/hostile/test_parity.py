@@ -1,4 +1,5 @@
-"""Hostile inputs to `vit parity`: non-finite weights fail the check (no agreement from NaN)."""
+"""Hostile inputs to `vit parity` and `vit train-parity`: non-finite weights fail the check (no agreement
+from NaN); a batch larger than the data is refused before either twin is built."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from vit_common.state import random_state
 
-from .harness import SMALL, Case, check_case, ours
+from .harness import SMALL, Case, check_case, npz_dataset, ours
 
 
 def nan_weights_parity(tmp: Path) -> list[str]:
@@ -19,6 +20,18 @@ def nan_weights_parity(tmp: Path) -> list[str]:
     return ["parity", str(tmp / "inf.safetensors")]
 
 
+def train_parity_batch(batch: int, train: int, test: int):
+    """``vit train-parity`` with ``--batch-size batch`` on an npz dataset of ``train`` + ``test`` images."""
+
+    def build(tmp: Path) -> list[str]:
+        data = npz_dataset(tmp / "d.npz", [0, 1] * (train // 2), [0, 1] * (test // 2))
+        tiny = "--image-size 8 --patch-size 4 --width 16 --depth 1 --num-heads 2 --mlp-dim 32".split()
+        return ["train-parity", "--steps", "1", *tiny, "--batch-size", str(batch), "--dataset", f"npz:{data}"]
+
+    build.__name__ = f"train-parity batch {batch} of {train} images"
+    return build
+
+
 def _parity_fails(tmp: Path, out: str) -> None:
     assert "FAIL" in out and "agreement" not in out
 
@@ -26,6 +39,9 @@ def _parity_fails(tmp: Path, out: str) -> None:
 CASES = [
     # silent wrong results
     Case(nan_weights_parity, "", code=1, check=_parity_fails),
+    # cost out of proportion: padding computed for nothing
+    Case(train_parity_batch(9, 8, 4), r"batch_size=9: expected at most the 8 training images of npz:{tmp}/d.npz"),
+    Case(train_parity_batch(4096, 6, 2), r"batch_size=4096: expected at most the 6 training images"),
 ]
 
 

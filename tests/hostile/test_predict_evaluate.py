@@ -13,7 +13,7 @@ import pytest
 from vit_common.config import ViTConfig
 from vit_common.state import random_state
 
-from .harness import SMALL, Case, bomb_png, check_case, flag, ours, small_model, write_png
+from .harness import SMALL, Case, bomb_png, check_case, flag, npz_dataset, ours, small_model, write_png
 
 
 def nan_weights_predict(tmp: Path) -> list[str]:
@@ -44,6 +44,20 @@ def _many_classes(tmp: Path, k: int = 1000) -> tuple[Path, Path]:
 def evaluate_1000_classes(tmp: Path) -> list[str]:
     model, data = _many_classes(tmp)
     return ["evaluate", str(model), "--dataset", f"npz:{data}", "--confusion", str(tmp / "c.png")]
+
+
+def evaluate_into(where: str):
+    """``vit evaluate`` whose --confusion is ``where`` under a folder holding the user's notes.txt and
+    photo.png (not vit's): refused before anything is evaluated, not after."""
+
+    def build(tmp: Path) -> list[str]:
+        (tmp / "notes.txt").write_text("mine\n")
+        write_png(tmp / "photo.png")
+        data = npz_dataset(tmp / "d.npz", [0, 1] * 4, [0, 1])
+        return ["evaluate", str(small_model(tmp)), "--dataset", f"npz:{data}", "--confusion", str(tmp / where)]
+
+    build.__name__ = f"evaluate --confusion {where}"
+    return build
 
 
 def _bounded_png(tmp: Path, out: str) -> None:
@@ -80,6 +94,11 @@ CASES = [
     Case(bomb_predict, r"{tmp}/bomb.png: unreadable image \(Image size \(400000000 pixels\) exceeds limit"),
     Case(fifo_image, r"{tmp}/img.png: a FIFO, expected a regular image file", child=True),
     # output that grows with the square of its input: bounded, the results first
+    Case(
+        evaluate_into("notes.txt/c.png"),
+        r"{tmp}/notes.txt/c.png: cannot be written \({tmp}/notes.txt is not a folder\)",
+    ),
+    Case(evaluate_into("photo.png"), r"{tmp}/photo.png: exists and vit cannot tell it wrote it"),
     Case(evaluate_1000_classes, "", code=0, child=True, check=_bounded_png, creates=("c.png",)),
     Case(evaluate_1000_classes_csv, "", code=0, child=True, check=_counts_csv, creates=("c.csv",)),
 ]

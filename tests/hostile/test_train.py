@@ -1,11 +1,14 @@
 """Hostile inputs to `vit train`: bad flags, a model too large to start, run folders that are the
-user's or in use, a planted lock link, --init inside --out, exports it would refuse only at the end,
-and full disks (before and during a checkpoint, under its run files, before the exports)."""
+user's or in use, a planted lock link, --init inside --out, damaged --init-optimizer state, exports it
+would refuse only at the end, and full disks (before and during a checkpoint, under its run files, before
+the exports)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -13,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from vit_cli.main import main
 from vit_common.checkpoints.convert import save_checkpoint
 from vit_common.state import random_state
 from vit_common.system import io
@@ -23,7 +27,6 @@ from .harness import (
     TIME_LIMIT,
     TRAIN,
     Case,
-    bare_timm,
     check_case,
     child_env,
     fill_disk,
@@ -100,11 +103,86 @@ def export_onto_a_users_folder(tmp: Path) -> list[str]:
 
 
 def assumed_into_train_exports(tmp: Path) -> list[str]:
-    """Fine-tuning a timm file that states no config: its timm export would print assumed fields as fact."""
+    """Fine-tuning HF weights without their config.json: the model_hf export's config.json would state the
+    assumed GELU and eps as fact to transformers (the timm state_dict export is written freely)."""
     data = npz_dataset(tmp / "d.npz", [0, 1] * 4)
     flags = ["--no-progress", "--no-parity", "--compile-cache", "off", "--epochs", "1", "--batch-size", "4"]
-    init = ["--init", str(bare_timm(tmp)), "--source-image-size", "32"]
+    save_checkpoint(tmp / "hf", SMALL, random_state(SMALL, scale=0.2), "hf")
+    (tmp / "hf" / "model.safetensors").rename(tmp / "weights.safetensors")
+    init = ["--init", str(tmp / "weights.safetensors")]
     return ["train", *init, "--dataset", f"npz:{data}", "--out", str(tmp / "run"), *flags]
+
+
+def adam_state(what: str, damage) -> Callable[[Path], list[str]]:
+    """Fine-tuning with --init-optimizer from a timm-style training checkpoint (``state_dict``, and an
+    ``optimizer`` of one AdamW group, step 3) whose Adam state ``damage(step, exp_avg, exp_avg_sq)`` of the
+    head's weight changed (it returns the step; the moments it changes in place)."""
+
+    def build(tmp: Path) -> list[str]:
+        import torch
+
+        state = {k: torch.from_numpy(v) for k, v in random_state(SMALL, scale=0.2).items()}
+        moments = {
+            i: {"step": torch.tensor(3.0), "exp_avg": v * 0.1, "exp_avg_sq": v * v}
+            for i, v in enumerate(state.values())
+        }
+        head = list(state).index("head.weight")
+        m = moments[head]
+        m["step"] = damage(m["step"], m["exp_avg"], m["exp_avg_sq"])
+        if m["step"] is not None:
+            for other in moments.values():
+                other["step"] = m["step"]
+        groups = [{"weight_decay": 0.0, "lr": 1e-3, "params": list(moments)}]
+        torch.save({"state_dict": state, "optimizer": {"state": moments, "param_groups": groups}}, tmp / "ckpt.pth")
+        data = npz_dataset(tmp / "d.npz", [0, 1] * 4)
+        flags = ["--no-progress", "--no-parity", "--compile-cache", "off", "--epochs", "1", "--batch-size", "4"]
+        init = ["--init", str(tmp / "ckpt.pth"), "--init-optimizer", "--source-image-size", "32"]
+        return ["train", *init, "--dataset", f"npz:{data}", "--out", str(tmp / "run"), *flags]
+
+    build.__name__ = f"--init-optimizer {what}"
+    return build
+
+
+def resume_without_checkpoints(what: str, damage: Callable[[Path], None]) -> Callable[[Path], list[str]]:
+    """A finished run whose checkpoints ``damage(run)`` took away, resumed: it would train again from step
+    0 and replace the exports."""
+
+    def build(tmp: Path) -> list[str]:
+        data = npz_dataset(tmp / "d.npz", [0, 1] * 4)
+        argv = [*TRAIN, "--dataset", f"npz:{data}", "--out", str(tmp / "run")]
+        shutil.copytree(_finished_run(tmp.parents[1], data), tmp / "run", symlinks=True)
+        damage(tmp / "run")
+        return [*argv, "--resume"]
+
+    build.__name__ = f"--resume with {what}"
+    return build
+
+
+def _finished_run(base: Path, data: Path) -> Path:
+    """A finished run on ``data``'s images, trained once a session under ``base`` (the session's temporary
+    folder) and copied by each case: a run folder copied elsewhere is the same run (config.json)."""
+    done = base / "finished-run"
+    if not done.is_dir():
+        work = base / f"finished-run-{os.getpid()}"
+        shutil.rmtree(work, ignore_errors=True)
+        assert main([*TRAIN, "--dataset", f"npz:{data}", "--out", str(work / "run")]) == 0
+        with contextlib.suppress(OSError):  # another worker was first: its run is the same
+            os.rename(work, done)
+    return done / "run"
+
+
+def _checkpoints_removed(run: Path) -> None:
+    shutil.rmtree(run / "checkpoints")
+
+
+def _checkpoints_half_written(run: Path) -> None:
+    """Every step folder renamed as orbax names one still being written."""
+    for step in (run / "checkpoints").iterdir():
+        step.rename(step.with_name(f"{step.name}.orbax-checkpoint-tmp-1"))
+
+
+def _set(tensor, value):
+    tensor.view(-1)[0] = value
 
 
 CASES = [
@@ -115,6 +193,11 @@ CASES = [
     Case(flag("train", "--val-fraction", "1"), r"--val-fraction: '1': expected a finite number in \(0, 1\)"),
     Case(flag("train", "--epochs", "0"), r"--epochs: '0': expected an integer in \[1, "),
     Case(flag("train", "--depth", "1e9"), r"--depth: '1e9': expected an integer"),
+    Case(
+        flag("train", "--ema", "0.5", "--ema-warmup", "--ema-min-decay", "0.99"),
+        r"ema_min_decay=0.99: expected at most ema=0.5 \(the warm-up's lowest decay cannot lie above its highest\)",
+    ),
+    Case(flag("train", "--ema-warmup", "--ema-min-decay", "0.3"), r"ema_warmup=True: expected --ema DECAY too"),
     Case(
         deep_model_flags,
         r"the model flags: a model with depth=100000000, .* \(parameters, gradients, optimizer state",
@@ -127,8 +210,32 @@ CASES = [
     Case(init_inside_out, r"{tmp}/run: the output holds --init {tmp}/run/model.safetensors; write the output"),
     Case(export_onto_a_users_folder, r"{tmp}/run/model_hf: a folder holding things vit did not write .*notes.txt"),
     Case(
+        adam_state("step 2.5", lambda step, mu, nu: step * 0 + 2.5),
+        r"{tmp}/ckpt.pth: optimizer state of '.*': Adam step 2.5: expected a whole number in \[0, 2147483647\]",
+    ),
+    Case(
+        adam_state("step 2**33", lambda step, mu, nu: step * 0 + 2.0**33),
+        r"{tmp}/ckpt.pth: optimizer state of '.*': Adam step 8.58993e\+09: expected a whole number",
+    ),
+    Case(
+        adam_state("exp_avg -inf", lambda step, mu, nu: _set(mu, -float("inf")) or step),
+        r"{tmp}/ckpt.pth: optimizer: exp_avg of 'head.weight' holds 1 bad value\(s\) \(e.g. -inf\): expected finite",
+    ),
+    Case(
+        adam_state("exp_avg_sq -1e-3", lambda step, mu, nu: _set(nu, -1e-3) or step),
+        r"{tmp}/ckpt.pth: optimizer: exp_avg_sq of 'head.weight' holds 1 bad .*: expected finite values >= 0",
+    ),
+    Case(
+        resume_without_checkpoints("checkpoints/ removed", _checkpoints_removed),
+        r"{tmp}/run: nothing to resume from: the run trained \({tmp}/run/model.safetensors exists\), but no checkpoint",
+    ),
+    Case(
+        resume_without_checkpoints("only half-written checkpoints", _checkpoints_half_written),
+        r"{tmp}/run: nothing to resume from: .*{tmp}/run/checkpoints holds no complete checkpoint\)",
+    ),
+    Case(
         assumed_into_train_exports,
-        r"{tmp}/run/model_timm.safetensors: timm readers take every config field as fact, and .*--accept-assumed",
+        r"{tmp}/run/model_hf: its config.json states every field as fact to transformers, and .*--accept-assumed",
     ),
 ]
 
@@ -272,3 +379,35 @@ def test_a_disk_that_fills_before_the_exports_says_the_training_is_kept_and_resu
     assert again.returncode == 0, again.stderr
     assert "nothing to train, exported again" in again.stderr + again.stdout
     assert (out / "model.safetensors").is_file() and (out / "curves.png").is_file()
+
+
+# --------------------------------------------------------------------------------- signals
+
+
+def test_sigterm_while_xla_compiles_is_the_stop_line_alone(tmp_path):
+    """SIGTERM delivered while the first training step compiles, inside a garbage-collection callback of
+    JAX's own (as ``jax._src.lib``'s XLA one, which Python calls at each collection and where an exception
+    raised was printed as "Exception ignored ... Traceback", or left XLA to crash the process at exit):
+    one stop line, exit code 3, the run folder removed."""
+    fire = "def _fire(phase, info):\n    if phase == 'start' and ARMED:\n        globals()['ARMED'] = False\n"
+    fire += "        import os, signal\n        os.kill(os.getpid(), signal.SIGTERM)\n"
+    prelude = "\n".join(
+        [
+            "import gc, jax._src.lib as lib, vit_jax.trainer as T",
+            f"exec({fire!r}, lib.__dict__)",  # a callback whose frame is JAX's module, as XLA's is
+            "lib.ARMED = False",
+            "gc.callbacks.append(lib._fire)",
+            "compile = T.Trainer.compile",
+            "def armed(self):",
+            "    lib.ARMED = True",
+            "    return compile(self)",
+            "T.Trainer.compile = armed",
+        ]
+    )
+    proc = _train_child(tmp_path / "run", prelude=prelude)
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        "vit train: stopped by SIGTERM before training began; the same command starts it again"
+    )
+    assert not (tmp_path / "run").exists()

@@ -24,15 +24,18 @@ etc.). ``needs(path)`` says which one a path needs, so a caller imports only tha
 Every read checks that each file tensor is used exactly once and each canonical tensor is filled, records
 where each config field came from (declared, derived, assumed, given: ``formats.provenance.Origin``), lists
 the assumed fields that change the function in one block (``Report.assumption_block``: how to supply
-them, then ``field = value (why)`` each), and with ``strict=True`` refuses them. Every write builds all
-tensors in memory first, reads them back through the same format (bit-exact, or it raises), writes
-atomically and says which library call loads the file strictly.
+them, then ``field = value (why)`` each), and with ``strict=True`` refuses them. Every write reads the
+tensors it will write back through the same format first (bit-exact, or it raises), writes atomically
+and says which library call loads the file strictly. Tensors stream (``formats.tensors``): ``convert``
+hands the reader's lazy state to the writer, so each tensor is computed when it is compared and when it
+is written, and held only meanwhile.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -63,6 +66,7 @@ from vit_common.checkpoints.formats.source import (
     load_tensors,
     open_source,
 )
+from vit_common.checkpoints.formats.tensors import Tensor, TensorMap, dtype_of, materialize
 from vit_common.checkpoints.hub import is_hub_id, resolve
 from vit_common.checkpoints.metadata import ModelInfo, read_info
 from vit_common.checkpoints.registry import REGISTRY
@@ -93,10 +97,11 @@ Reader = Callable[..., Any]
 
 class Checkpoint(NamedTuple):
     """A checkpoint read: config, canonical state, the report of the reading, and the preprocessing and
-    class names the file declares (or its format assumes), read from the same source."""
+    class names the file declares (or its format assumes), read from the same source. ``state`` holds
+    numpy arrays, or with ``load_checkpoint(lazy=True)`` what the reader streams (``formats.tensors``)."""
 
     cfg: ViTConfig
-    state: dict[str, np.ndarray]
+    state: dict[str, Tensor]
     report: Report
     info: ModelInfo
 
@@ -169,10 +174,10 @@ def _detect(src) -> Format:
     )
 
 
-def _new_head(cfg: ViTConfig, state: dict[str, np.ndarray], k: int, report: Report) -> ViTConfig:
+def _new_head(cfg: ViTConfig, state: dict[str, Tensor], k: int, report: Report) -> ViTConfig:
     validate.check_model_size(cfg.replace(num_classes=k), f"num_classes={k}")
     old = cfg.num_classes
-    dtype = np.asarray(state["patch_embed.proj.weight"]).dtype
+    dtype = dtype_of(state["patch_embed.proj.weight"])
     heads = ("head", "head_dist") if cfg.head_dist else ("head",)
     for name in (f"{h}.{w}" for h in heads for w in ("weight", "bias")):
         if name in state:
@@ -186,7 +191,7 @@ def _new_head(cfg: ViTConfig, state: dict[str, np.ndarray], k: int, report: Repo
     return cfg.replace(num_classes=k)
 
 
-def _resample(cfg: ViTConfig, state: dict[str, np.ndarray], image_size, report: Report) -> ViTConfig:
+def _resample(cfg: ViTConfig, state: dict[str, Tensor], image_size, report: Report) -> ViTConfig:
     new = cfg.replace(image_size=image_size)
     if new.grid == cfg.grid:
         return new
@@ -209,7 +214,7 @@ def _apply_overrides(dec: Decoded, overrides: Mapping[str, Any], context: str) -
     """Overrides the reader did not take itself (formats with a stored config), recorded as given."""
     rest = {k: v for k, v in overrides.items() if dec.provenance.get(k, Origin("", "")).kind != GIVEN}
     if rest:
-        dec.cfg = build_config(dec.cfg.to_dict(), dec.provenance, rest, context)
+        dec.cfg = build_config(dec.cfg.to_dict(), dec.provenance, rest, context, dec.state)
 
 
 def load_checkpoint(
@@ -221,6 +226,7 @@ def load_checkpoint(
     source_image_size: int | tuple[int, int] | None = None,
     readers: Mapping[str, Reader] | None = None,
     strict: bool = False,
+    lazy: bool = False,
     **overrides: Any,
 ) -> Checkpoint:
     """Read any supported checkpoint file or folder, or a hub model id ``hf-hub:ORG/NAME[@REVISION]``
@@ -242,6 +248,9 @@ def load_checkpoint(
         readers: {'torch': fn, 'orbax': fn} from the framework adapters, for those containers.
         strict: refuse to assume: raise if any field that changes the function is not declared or
             derived (``report.assumed`` lists them otherwise, each with a warning).
+        lazy: return the state as the reader streams it (``formats.tensors``: read-only memory-mapped
+            views and ``LazyTensor``s that load when ``np.asarray`` asks) instead of writable arrays in
+            memory; what ``convert`` passes on to the writer.
         overrides: ViTConfig fields replacing inferred ones (num_heads, gelu, ln_eps, pool, dtype...).
 
     Raises:
@@ -302,7 +311,12 @@ def load_checkpoint(
         if num_classes != cfg.num_classes:
             cfg = _new_head(cfg, state, num_classes, report)
     if image_size is not None:
+        before = cfg.image_size
         cfg = _resample(cfg, state, image_size, report)
+        read_as = report.provenance.get("image_size")
+        if cfg.image_size != before and (read_as is None or read_as.kind != ASSUMED):  # an assumed source stays so
+            h, w = before
+            report.provenance["image_size"] = Origin(GIVEN, f"image_size (the file's {h}x{w}, resampled)")
     check_canonical(cfg, state, str(path))
     state = {k: state[k] for k in canonical_shapes(cfg)}  # timm state_dict order
     report.assumed = assumed_fields(dec.cfg, report.provenance)
@@ -314,23 +328,45 @@ def load_checkpoint(
     report.assumptions = [assumption_line(dec.cfg, k, report.provenance[k]) for k in report.assumed]
     report.warnings += [f"{k} holds NaN or Inf" for k in nonfinite(state)]
     report.config = cfg
-    return Checkpoint(cfg, state, report, read_info(src, f))
+    return Checkpoint(cfg, state if lazy else materialize(state), report, read_info(src, f))
 
 
 def read_checkpoint(path: str | os.PathLike, **kwargs: Any) -> tuple[ViTConfig, dict[str, np.ndarray]]:
     """(config, canonical state) of any supported checkpoint; arguments as ``load_checkpoint``.
 
-    The assumed fields are issued as one ``UserWarning`` (the report's ``assumption_block``), the
-    report's other warnings (NaN/Inf tensors, the weights entry read) one each.
+    The assumed fields are issued as one ``UserWarning`` (the report's ``assumption_block``, naming the
+    keywords that give them), the report's other warnings (NaN/Inf tensors, the weights entry read) one
+    each, every one pointing at the caller's line outside the project's packages.
     """
     ckpt = load_checkpoint(path, **kwargs)
-    block = ckpt.report.assumption_block()
+    block = ckpt.report.assumption_block(api=True)
     for w in (["\n".join(block)] if block else []) + ckpt.report.warnings:
-        warnings.warn(f"{path}: {w}", UserWarning, stacklevel=2)
+        warnings.warn(f"{path}: {w}", UserWarning, stacklevel=_caller_level())
     return ckpt.cfg, ckpt.state
 
 
+PACKAGES = frozenset({"vit_common", "vit_jax", "vit_torch", "vit_compare", "vit_cli", "benchmarks"})
+
+
+def _caller_level() -> int:
+    """The ``warnings.warn`` stacklevel, for the function calling this one, of the first frame outside
+    the project's packages: a warning points at the user's line (``vit_jax.load_model(...)``), not at the
+    library function that read the file."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in PACKAGES:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 # --------------------------------------------------------------------------------------- writing
+
+
+def _same(a, b) -> bool:
+    """Whether two tensors (arrays or lazy ones, loaded one at a time) are bit-identical."""
+    if dtype_of(a) != dtype_of(b) or np.shape(a) != np.shape(b):
+        return False
+    a, b = np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1)
+    return np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
 def _read_back(f: Format, enc: Encoded, assumed: Sequence[str]) -> list[str]:
@@ -338,14 +374,7 @@ def _read_back(f: Format, enc: Encoded, assumed: Sequence[str]) -> list[str]:
     (a field it does not record, or the fact that a field was assumed)."""
     dec = f.decode(enc)
     state = enc.state
-    bad = [
-        k
-        for k, v in state.items()
-        if k not in dec.state
-        or np.asarray(v).dtype != dec.state[k].dtype
-        or np.shape(v) != np.shape(dec.state[k])
-        or np.ascontiguousarray(v).tobytes() != np.ascontiguousarray(dec.state[k]).tobytes()
-    ]
+    bad = [k for k, v in state.items() if k not in dec.state or not _same(v, dec.state[k])]
     if bad or set(dec.state) != set(state):
         raise AssertionError(f"{f.name} writer does not read back bit-exact: {bad or set(dec.state) ^ set(state)}")
     lost = []
@@ -371,29 +400,26 @@ def _read_back(f: Format, enc: Encoded, assumed: Sequence[str]) -> list[str]:
     return lost
 
 
-# Formats whose readers take the config they are given as fact: transformers reads an HF config.json
-# (hidden_act, layer_norm_eps, ...) and the timm call printed for a timm file names act_layer, num_heads,
-# global_pool, ...; neither can say that a value was assumed.
-DECLARING = ("hf", "timm")
-
-
 def check_assumed(
     path: str | os.PathLike, fmt: str, cfg: ViTConfig, assumed: Sequence[str], accept: Sequence[str] | str = ()
 ) -> None:
-    """Refuse to write fields that were ``assumed`` into a format of ``DECLARING``, unless each is in
-    ``accept`` (or ``accept`` is "all"): the file would state a guess as a fact.
+    """Refuse to write fields that were ``assumed`` where the file would state them as fact
+    (``Format.states_as_fact``: an HF config.json, a timm hub folder's config.json), unless each is in
+    ``accept`` (or ``accept`` is "all"). Files that store no config (a timm state_dict) or record what was
+    assumed (ours, orbax, our timm .safetensors) are written whatever was assumed; the report keeps the
+    assumptions.
 
     Raises:
         ValueError: naming the path, each field and its assumed value, and the two ways out.
     """
-    if fmt not in DECLARING or accept == "all":
+    if not _format(fmt).states_as_fact(Path(path)) or accept == "all":
         return
     refused = [k for k in assumed if k not in accept]
     if refused:
         values = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in refused)
         raise ValueError(
-            f"{path}: {fmt} readers take every config field as fact, and {values} "
-            f"{'was' if len(refused) == 1 else 'were'} assumed (the source does not state "
+            f"{path}: its config.json states every field as fact to {_format(fmt).reference.library}, and "
+            f"{values} {'was' if len(refused) == 1 else 'were'} assumed (the source does not state "
             f"{'it' if len(refused) == 1 else 'them'}): give the value with --set (or --source-image-size), or "
             f"write the assumption as fact with --accept-assumed {','.join(refused)} (or all)"
         )
@@ -402,7 +428,7 @@ def check_assumed(
 def save_checkpoint(
     path: str | os.PathLike,
     cfg: ViTConfig,
-    state: Mapping[str, np.ndarray],
+    state: TensorMap,
     fmt: str | None = None,
     *,
     writers: Mapping[str, Callable] | None = None,
@@ -418,9 +444,9 @@ def save_checkpoint(
     ``spelling`` of HF keys; ``formats.npz.NpzWriteOptions``: ``prefix`` and ``scan`` of .npz layouts;
     None: its defaults). ``assumed``: config fields that were assumed when the state was read (a
     ``report.assumed``), recorded where the format can (our and timm's .safetensors, HF config.json) so
-    they stay assumed, warned where it cannot; a format whose readers take its config as fact
-    (``DECLARING``: HF, timm) is refused unless the fields are in ``accept_assumed`` (or it is "all";
-    ``check_assumed``). ``preprocess`` and ``classes`` (K names) are recorded
+    they stay assumed, warned where it cannot; a file that would state them as fact
+    (``Format.states_as_fact``: HF, a timm hub folder) is refused unless the fields are in
+    ``accept_assumed`` (or it is "all"; ``check_assumed``). ``preprocess`` and ``classes`` (K names) are recorded
     where the format can hold them (``vit_common.checkpoints.metadata``): safetensors metadata of our and timm files,
     an HF folder's preprocessor_config.json and id2label; other formats get a note. Nothing is written
     unless the whole conversion succeeds; an existing destination is replaced only if it is provably ours
@@ -474,13 +500,16 @@ def convert(
 
     Raises:
         ValueError: ``dst`` is ``src``, lies inside it or holds it (the source would be replaced by its own
-            conversion: ``vit_common.system.io.check_apart``); and what
-            ``load_checkpoint`` and ``save_checkpoint`` raise.
+            conversion: ``vit_common.system.io.check_apart``); declared preprocessing or class names
+            that ``vit predict`` would refuse (``ModelInfo.check``); and what ``load_checkpoint`` and
+            ``save_checkpoint`` raise.
     """
     src = open_checkpoint(src)
     io.check_apart(dst, {"the source": src.path})
-    ckpt = load_checkpoint(src, fmt=from_fmt, readers=readers, **read_options)
+    ckpt = load_checkpoint(src, fmt=from_fmt, readers=readers, lazy=True, **read_options)
     info = ckpt.info
+    if read_options.get("num_classes") is None:  # a replaced head drops the old class names
+        info.check(ckpt.cfg.image_size, ckpt.cfg.num_classes, str(src.path))
     declared = dict(
         preprocess=info.preprocess if info.preprocess_source.startswith("declared") else None,
         classes=info.classes if info.classes is not None and len(info.classes) == ckpt.cfg.num_classes else None,

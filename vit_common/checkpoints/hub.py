@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.system.extras import install_hint
 
 PREFIX = "hf-hub:"
 HUB_FILES = ("*.json", "*.safetensors")  # config, preprocessor config, weights, shard index
@@ -64,7 +65,7 @@ def resolve(
         from huggingface_hub import constants
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
     except ImportError as e:
-        raise FormatError(f"{source}: hub model ids need huggingface_hub (pip install 'vit-twins[hub]')") from e
+        raise FormatError(f"{source}: hub model ids need huggingface_hub ({install_hint('hub')})") from e
     options = dict(repo_type="model", revision=revision, cache_dir=cache_dir)
     if local_files_only is not None:
         options["local_files_only"] = local_files_only

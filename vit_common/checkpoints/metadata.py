@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vit_common.data.images import Preprocess
 from vit_common.system.io import parse_json, read_json
+from vit_common.system.validate import regular_file
 
 # transformers' PILImageResampling values (= Pillow's Image.Resampling) of the filters we use (4 BOX and
 # 5 HAMMING are not among them).
@@ -121,6 +123,43 @@ class ModelInfo:
     classes: tuple[str, ...] | None = None
     classes_source: str = "none: the file names no classes"
     warnings: list[str] = field(default_factory=list)
+
+    def check(self, image_size: tuple[int, int], num_classes: int, where: str) -> None:
+        """Refuse what ``vit predict`` / ``vit evaluate`` could not use with a model taking (H, W) =
+        ``image_size`` and ``num_classes`` classes, before it is written or used: class names not one a
+        class; a transformers geometry whose output is not (H, W) (a crop larger or smaller than the
+        model's input); an evaluation resize of more pixels than Pillow's decompression-bomb limit
+        (``PIL.Image.MAX_IMAGE_PIXELS``; for a shorter-side resize S, S x S, the least it can be).
+
+        Raises:
+            ValueError: one line naming ``where``, the value and what it contradicts.
+        """
+        from PIL import Image
+
+        if self.classes is not None and len(self.classes) != num_classes:
+            raise ValueError(
+                f"{where}: {len(self.classes)} class names ({self.classes_source}) for a model with {num_classes} "
+                "classes: expected one name a class (--classes replaces them)"
+            )
+        h, w = image_size
+        pp = self.preprocess
+        if pp.resize_size is None:
+            resize = (math.floor(h / pp.crop_pct), math.floor(w / pp.crop_pct))
+            what = f"crop_pct={pp.crop_pct} at {h}x{w}"
+        else:
+            resize = pp.resize_size * (3 - len(pp.resize_size))
+            what = f"resize_size={list(pp.resize_size)}"
+            out = pp.crop_size or pp.resize_size
+            if tuple(out) != (h, w):
+                raise ValueError(
+                    f"{where}: the preprocessing ({what}, crop_size={pp.crop_size and list(pp.crop_size)}; "
+                    f"{self.preprocess_source}) gives {'x'.join(map(str, out))} images; the model takes {h}x{w}"
+                )
+        if resize[0] * resize[1] > Image.MAX_IMAGE_PIXELS:
+            raise ValueError(
+                f"{where}: the preprocessing ({what}; {self.preprocess_source}) resizes every image to "
+                f"{resize[0]}x{resize[1]} pixels or more: expected at most Pillow's {Image.MAX_IMAGE_PIXELS}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -290,11 +329,13 @@ def hf_preprocess_file(folder: Path, model_type: Any = None) -> Preprocess | Non
     folder's config.json names), None if it has none.
 
     Raises:
-        ValueError: the file is not a JSON object, or its preprocessing cannot be read (names the file).
+        ValueError: the file is not a JSON object, not a regular file (a FIFO, a device), or its
+            preprocessing cannot be read (names the file).
     """
     p = folder / "preprocessor_config.json"
-    if not p.is_file():
+    if not os.path.lexists(p):
         return None
+    regular_file(p, "preprocessor config")  # a FIFO or device named, not taken for a missing file
     config = read_json(p)
     if not isinstance(config, dict):
         raise ValueError(f"{p}: not a readable JSON object")

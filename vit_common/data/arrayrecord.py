@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from vit_common.data.stored_datasets import MAX_CLASSES, TEST_SPLITS, Stored, Subset, file_stats
+from vit_common.system.validate import regular_file
 
 MAGIC = b"VIT\x01"
 SUFFIX = ".array_record"
@@ -135,10 +136,14 @@ def _open_files(files: list[Path]) -> RecordSource:
 
     labels, counts = [], []
     for f in files:
+        regular_file(f, "ArrayRecord file")  # a FIFO or device named, never read
+        if not f.stat().st_size:
+            raise ValueError(f"{f}: an empty file (0 bytes); expected an ArrayRecord file (vit data convert)")
         try:
             reader = ArrayRecordReader(str(f))
         except (RuntimeError, ValueError, OSError) as e:  # the C++ reader raises RuntimeError on a bad file
-            raise ValueError(f"{f}: not an ArrayRecord file ({e})") from e
+            raise ValueError(f"{f}: not an ArrayRecord file ({_why(e)})") from e
+        n, i = 0, 0
         try:
             n = reader.num_records()
             for lo in range(0, n, _READ_BATCH):
@@ -147,20 +152,36 @@ def _open_files(files: list[Path]) -> RecordSource:
                     if label >= MAX_CLASSES:
                         raise ValueError(f"{f}: record {i}: label {label}: expected labels in [0, {MAX_CLASSES - 1}]")
                     labels.append(label)
-        except RuntimeError as e:
-            raise ValueError(f"{f}: an ArrayRecord file that cannot be read ({e})") from e
-        finally:
-            reader.close()
+                i = min(lo + _READ_BATCH, n)
+            reader.close()  # where a truncated or overwritten file's damage shows (its footer, its last chunk)
+        except RuntimeError as e:  # the C++ reader's one error type: truncated, overwritten, a bad chunk
+            at = f"at record {i} of {n}: " if n else "its index unreadable: "
+            raise ValueError(f"{f}: a damaged ArrayRecord file ({at}{_why(e)})") from None
         counts.append(n)
     return RecordSource([str(f) for f in files], np.asarray(labels, np.int64), counts)
 
 
-def _classes(folder: Path, top: int) -> tuple[str, ...]:
-    """The class names of ``dataset.json`` in ``folder`` (checked to cover every label), else 0..top."""
+def _why(e: BaseException) -> str:
+    """The C++ reader's message on one line (it may be empty, or long)."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _classes(folder: Path, splits: dict[str, RecordSource], whole: bool) -> tuple[str, ...]:
+    """The class names of ``dataset.json`` in ``folder``, else 0..the largest label. What dataset.json
+    declares is checked against the records: a name for every label and, when the records read are the
+    ``whole`` folder (not a glob of some files), the record count of each split it states and a record
+    for every name (a class without one would train a head row on nothing).
+
+    Raises:
+        ValueError: one line naming dataset.json and the first thing it contradicts.
+    """
     from vit_common.system import io
 
+    labels = np.concatenate([s.labels for s in splits.values()])
+    top = int(labels.max()) if len(labels) else 0
     path = folder / INFO
-    if not path.exists():
+    if not os.path.lexists(path):
         return tuple(str(k) for k in range(top + 1))
     info = io.read_json(path)
     classes = info.get("classes") if isinstance(info, dict) else None
@@ -169,6 +190,20 @@ def _classes(folder: Path, top: int) -> tuple[str, ...]:
             f"{path}: expected {{'classes': [names]}} with a name for every label 0..{top}, got "
             f"{type(classes).__name__ if not isinstance(classes, list) else f'{len(classes)} names'}"
         )
+    declared = info.get("records")
+    for split, source in splits.items() if whole and isinstance(declared, dict) else ():
+        if split in declared and declared[split] != len(source):
+            counts = ", ".join(f"{Path(f).name}: {n}" for f, n in zip(source.files, source.counts, strict=True))
+            raise ValueError(
+                f"{path}: declares {declared[split]} {split} records; the files hold {len(source)} ({counts})"
+            )
+    unused = sorted(set(range(len(classes))) - set(labels.tolist())) if whole else []
+    if unused:
+        names = ", ".join(repr(classes[k]) for k in unused[:5]) + (", ..." if len(unused) > 5 else "")
+        raise ValueError(
+            f"{path}: names {len(classes)} classes, but no record is labelled {names} (the records hold "
+            f"{len(set(labels.tolist()))} classes); expected a record of every class"
+        )
     return tuple(classes)
 
 
@@ -176,9 +211,10 @@ def open_arrayrecord(pattern: str) -> Stored:
     """The splits of ``arrayrecord:PATTERN`` (module docstring), unsplit and unchecked.
 
     Raises:
-        ValueError: nothing matches, a file that is not ArrayRecord or holds records of another
+        ValueError: nothing matches, a file that is not ArrayRecord, is empty, damaged (truncated,
+            overwritten: the reader's error, naming the file and the record) or holds records of another
             layout, files of which some name a split and some do not, a ``dataset.json`` that does not
-            name every label.
+            name every label, names a class no record has or states other record counts.
     """
     files = pattern_files(pattern)
     folder = files[0].parent
@@ -191,9 +227,10 @@ def open_arrayrecord(pattern: str) -> Stored:
     train = _open_files([f for f, s in splits.items() if s in ("train", None)])
     test_files = [f for f, s in splits.items() if s == "test"]
     test = _open_files(test_files) if test_files else None
-    top = max(int(s.labels.max()) for s in (train, test) if s is not None and len(s)) if len(train) else 0
     read = [*files, *([folder / INFO] if (folder / INFO).exists() else [])]
-    return Stored(train, test, _classes(folder, top), file_stats(folder, read))
+    sources = {"train": train} | ({"test": test} if test is not None else {})
+    classes = _classes(folder, sources, whole=Path(pattern).is_dir())
+    return Stored(train, test, classes, file_stats(folder, read))
 
 
 def write_arrayrecord(stored: Stored, dst: Path, shard_size: int = 1024) -> dict[str, int]:

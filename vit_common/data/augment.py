@@ -59,7 +59,8 @@ class Augment:
     scale: random zoom by a factor in [1 - scale, 1 + scale] about the image centre.
     flip: horizontal flip with probability 1/2 (natural images; not digits).
     mixup / cutmix: Beta(alpha, alpha) mixing of image pairs within a batch (0 = off; with both on,
-        each batch uses one of them with probability 1/2). Targets are mixed in the same proportion.
+        each batch uses one of them with probability 1/2), each image with the one at the mirrored
+        position, the CutMix box as timm's (``cutmix_box``). Targets are mixed in the same proportion.
     Pixels moved in from outside the image are 0. Shifts alone move whole pixels (exact); with a
     rotation or zoom the image is resampled bilinearly (Pillow affine transform).
 
@@ -119,24 +120,39 @@ class Augment:
         return np.ascontiguousarray(x)
 
     def mix(self, image: np.ndarray, target: np.ndarray, n: int, rng: np.random.Generator):
-        """Mix the first ``n`` (real) rows of images [B, H, W, C] and targets [B, K] among themselves."""
+        """Mix the first ``n`` (real) rows of images [B, H, W, C] and targets [B, K] among themselves, as
+        timm's ``Mixup`` does in its 'batch' mode: each row with the row at the mirrored position (timm's
+        ``x.flip(0)``), one lambda ~ Beta(alpha, alpha) for the batch; CutMix pastes timm's box
+        (``cutmix_box``: a uniform centre, clipped at the border, lambda corrected to the pasted area)."""
         use = [(k, a) for k, a in (("mixup", self.mixup), ("cutmix", self.cutmix)) if a > 0]
         if not use or n < 2:
             return image, target
         kind, alpha = use[rng.integers(len(use))]
         lam = float(rng.beta(alpha, alpha))
-        perm = rng.permutation(n)
+        partner = np.arange(n)[::-1]
         image, target = image.copy(), target.copy()
         if kind == "mixup":
-            image[:n] = lam * image[:n] + (1 - lam) * image[perm]
-        else:  # paste a box of area ~(1 - lam) from the partner image (Yun et al. 2019)
+            image[:n] = lam * image[:n] + (1 - lam) * image[partner]
+        else:  # paste the partner's box (Yun et al. 2019, as timm draws it)
             h, w = image.shape[1:3]
-            bh, bw = int(round(h * np.sqrt(1 - lam))), int(round(w * np.sqrt(1 - lam)))
-            y0, x0 = rng.integers(0, h - bh + 1), rng.integers(0, w - bw + 1)
-            image[:n, y0 : y0 + bh, x0 : x0 + bw] = image[perm, y0 : y0 + bh, x0 : x0 + bw]
-            lam = 1 - bh * bw / (h * w)
-        target[:n] = lam * target[:n] + (1 - lam) * target[perm]
+            (yl, yh, xl, xh), lam = cutmix_box(h, w, lam, int(rng.integers(0, h)), int(rng.integers(0, w)))
+            image[:n, yl:yh, xl:xh] = image[partner, yl:yh, xl:xh]
+        target[:n] = lam * target[:n] + (1 - lam) * target[partner]
         return image, target
+
+
+def cutmix_box(h: int, w: int, lam: float, cy: int, cx: int) -> tuple[tuple[int, int, int, int], float]:
+    """((y_low, y_high, x_low, x_high), corrected lambda) of a CutMix box for an H x W image: sides
+    ``int(H * sqrt(1 - lam))`` and ``int(W * sqrt(1 - lam))`` about the centre (``cy``, ``cx``) (drawn
+    uniformly over the image), clipped at the border, lambda = 1 - the pasted area / (H * W). timm 1.0.31
+    ``data/mixup.py`` ``rand_bbox`` + ``cutmix_bbox_and_lam(correct_lam=True)`` (the CutMix authors'
+    box too): at alpha 1 it pastes about 0.31 of the image on average, where a box kept inside the image
+    pastes 0.5."""
+    r = np.sqrt(1.0 - lam)
+    ch, cw = int(h * r), int(w * r)
+    yl, yh = int(np.clip(cy - ch // 2, 0, h)), int(np.clip(cy + (ch + 1) // 2, 0, h))
+    xl, xh = int(np.clip(cx - cw // 2, 0, w)), int(np.clip(cx + (cw + 1) // 2, 0, w))
+    return (yl, yh, xl, xh), 1.0 - (yh - yl) * (xh - xl) / float(h * w)
 
 
 class ImageTransform:

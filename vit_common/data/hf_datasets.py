@@ -22,6 +22,7 @@ bytes or a file path (a relative path is taken from PATH); the label is the one 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,15 +59,18 @@ class ArrowRows:
         path = self.files[f][0]
         if not self.parquet:
             if path not in self._open:
-                self._open = {path: _arrow_table(path).select([self.image])}
+                with _damaged(path, "Arrow"):
+                    self._open = {path: _arrow_table(path).select([self.image])}
             return self._open[path], row
         if (path, "meta") not in self._open:
-            self._open = {(path, "meta"): pq.ParquetFile(path)}
+            with _damaged(path, "Parquet"):
+                self._open = {(path, "meta"): pq.ParquetFile(path)}
         meta = self._open[(path, "meta")]
         sizes = np.cumsum([0] + [meta.metadata.row_group(g).num_rows for g in range(meta.num_row_groups)])
         g = int(np.searchsorted(sizes, row, side="right") - 1)
         if (path, g) not in self._open:
-            self._open = {(path, "meta"): meta, (path, g): meta.read_row_group(g, columns=[self.image])}
+            with _damaged(path, "Parquet", f" (row group {g}, rows {int(sizes[g])}..{int(sizes[g + 1]) - 1})"):
+                self._open = {(path, "meta"): meta, (path, g): meta.read_row_group(g, columns=[self.image])}
         return self._open[(path, g)], row - int(sizes[g])
 
     def _image(self, i: int) -> tuple[str, bytes | str]:
@@ -139,6 +143,14 @@ def _saved(root: Path) -> dict:
 
     try:
         loaded = datasets.load_from_disk(str(root))
+    except IndexError:  # what datasets raises on a dataset of 0 rows (its Arrow files hold no batch)
+        files = sorted(root.rglob("*.arrow"))
+        for f in files:
+            with _damaged(str(f), "Arrow"):
+                rows = _arrow_table(str(f)).num_rows
+            if rows:
+                raise ValueError(f"{root}: a save_to_disk folder datasets cannot load ({f}: {rows} rows)") from None
+        raise ValueError(f"{root}: 0 rows; expected labelled images") from None
     except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
         raise ValueError(f"{root}: not a dataset saved with save_to_disk ({e})") from e
     splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
@@ -190,11 +202,30 @@ def _parquet(root: Path) -> dict:
 
 
 def _label_values(files: list[tuple[str, int]], label: str, parquet: bool) -> np.ndarray:
+    """Every row's label, file by file.
+
+    Raises:
+        ValueError: a file whose pages or record batches cannot be read (a damaged file), naming it.
+    """
     import pyarrow.parquet as pq
 
-    if parquet:
-        return np.concatenate([pq.read_table(f, columns=[label]).column(label).to_numpy() for f, _ in files])
-    return np.concatenate([_arrow_table(f).column(label).to_numpy() for f, _ in files])
+    out = []
+    for f, _ in files:
+        with _damaged(f, "Parquet" if parquet else "Arrow"):
+            table = pq.read_table(f, columns=[label]) if parquet else _arrow_table(f)
+            out.append(table.column(label).to_numpy())
+    return np.concatenate(out)
+
+
+@contextlib.contextmanager
+def _damaged(path: str, kind: str, where: str = ""):
+    """pyarrow's errors reading ``path`` (OSError, ArrowInvalid: a ValueError), which name no file, as one
+    line that does."""
+    try:
+        yield
+    except (OSError, ValueError) as e:
+        text = " ".join(str(e).split())
+        raise ValueError(f"{path}: a damaged {kind} file{where} ({text[:200]})") from None
 
 
 def open_hf(root: Path) -> Stored:
@@ -202,9 +233,9 @@ def open_hf(root: Path) -> Stored:
 
     Raises:
         FileNotFoundError: no such folder.
-        ValueError: neither layout; no image or label column, a label column that is not integer or holds
-            values outside its classes; splits with other columns or other class names; no ``train``
-            split among several.
+        ValueError: neither layout; a split of 0 rows; a damaged Parquet or Arrow file (named); no image or
+            label column, a label column that is not integer or holds values outside its classes; splits
+            with other columns or other class names; no ``train`` split among several.
     """
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such folder")
@@ -223,6 +254,8 @@ def open_hf(root: Path) -> Stored:
         image, label, names = _columns(where, features)
         if classes is not None and names is not None and names != classes:
             raise ValueError(f"{where}: class names {list(names)} differ from the train split's {list(classes)}")
+        if not sum(n for _, n in files):
+            raise ValueError(f"{where}: 0 rows; expected labelled images")
         values = _labels(where, _label_values(files, label, parquet), names)
         classes = names if names is not None else classes
         sources[name] = ArrowRows(files, parquet, image, label, root, values)

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from vit_common.data.stored_datasets import MAX_CLASSES, TEST_SPLITS, Stored, Subset, file_stats
+from vit_common.system.extras import install_hint
 
 INFO = "dataset_info.json"
 _READ_BATCH = 256  # records read at once when every record is read in order
@@ -33,9 +34,7 @@ def _tfds():
     try:
         import tensorflow_datasets as tfds
     except ImportError:
-        raise ValueError(
-            "tfds: needs tensorflow-datasets (the optional extra: pip install 'vit-twins[tfds]')"
-        ) from None
+        raise ValueError(f"tfds: needs tensorflow-datasets (the optional extra: {install_hint('tfds')})") from None
     return tfds
 
 
@@ -123,13 +122,41 @@ def _features(info, where: str) -> tuple[str, str, list[str]]:
     return image, label, list(feats[label].names)
 
 
+def check_shards(folder: Path, split) -> None:
+    """Compare each shard's record count that ``dataset_info.json`` declares (a tfds ``SplitInfo``'s
+    ``shard_lengths``) with the count its file holds (the ArrayRecord footer), before any record is read.
+
+    Raises:
+        ValueError: a shard missing, not a regular file, unreadable, or holding another count (named).
+    """
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    from vit_common.system.validate import regular_file
+
+    lengths = list(split.shard_lengths)
+    paths = [Path(p) for p in split.filepaths]
+    if len(paths) != len(lengths):
+        raise ValueError(f"{folder / INFO}: split {split.name}: {len(lengths)} shard lengths for {len(paths)} files")
+    for path, declared in zip(paths, lengths, strict=True):
+        regular_file(path, f"shard of split {split.name!r}")
+        try:
+            reader = ArrayRecordReader(str(path))
+            held = reader.num_records()
+            reader.close()
+        except RuntimeError as e:  # the C++ reader's one error type: truncated, overwritten
+            raise ValueError(f"{path}: a damaged ArrayRecord shard ({' '.join(str(e).split())[:200]})") from None
+        if held != declared:
+            raise ValueError(f"{folder / INFO}: declares {declared} records in {path.name}; the file holds {held}")
+
+
 def open_tfds(path: Path) -> Stored:
     """The splits of ``tfds:PATH`` (module docstring), unsplit and unchecked.
 
     Raises:
         FileNotFoundError: PATH does not exist. ValueError: tensorflow-datasets is not installed, no
             prepared dataset at PATH, a dataset stored as TFRecord, no Image / ClassLabel feature, no
-            train split, labels beyond the class names.
+            train split, a shard missing, damaged or holding another record count than dataset_info.json
+            declares (``check_shards``), labels beyond the class names.
     """
     folder = version_folder(path)
     where = f"tfds:{path}"
@@ -152,6 +179,7 @@ def open_tfds(path: Path) -> Stored:
     test = next((s for s in TEST_SPLITS if s in splits), None)
 
     def source(split: str) -> TfdsSource:
+        check_shards(folder, info.splits[split])
         n, labels = info.splits[split].num_examples, []
         try:
             records = _data_source(folder, split, image)

@@ -40,8 +40,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from vit_common.system import tensor_files
 from vit_common.system.validate import regular_file
 
 TMP_PREFIX = ".vit-tmp-"  # + "<pid>-<name>-<random>": every temporary file or folder we create
@@ -211,14 +210,49 @@ def owned(path: str | os.PathLike) -> bool:
     return _our_safetensors(path) or (head.lstrip()[:1] == b"{" and _json_mark(path) == OWNER)
 
 
-def _foreign_entries(path: Path) -> list[str] | None:
-    """What a folder holds that no JSON file of ours in it lists (None: no such file, so all of it)."""
-    entries = sorted(e.name for e in os.scandir(path) if not e.name.startswith(TMP_PREFIX) and e.name != LOCK)
+def _marked(path: Path, entries: list[str]) -> tuple[str, dict] | None:
+    """(name, our key's value) of the JSON file among ``entries`` that lists ``path``'s files, if any."""
     for name in entries:
         mark = _json_mark(path / name) if name.endswith(".json") else None
         if isinstance(mark, dict) and isinstance(mark.get("files"), list) and name in mark["files"]:
-            return [e for e in entries if e not in mark["files"]]
+            return name, mark
     return None
+
+
+def _walk(path: Path, sub: str) -> list[str]:
+    """Every entry under ``path / sub`` (links not followed), as paths relative to ``path``."""
+    out = []
+    for root, dirs, files in os.walk(path / sub):
+        out += [Path(root, n).relative_to(path).as_posix() for n in dirs + files]
+    return out
+
+
+def _foreign_entries(path: Path) -> list[str] | None:
+    """What a folder holds that no JSON file of ours in it lists (None: no such file, so all of it): its
+    own entries, and inside the sub-folders it lists what the mark's ``tree`` (``record_tree``) does not
+    (a sub-folder without a recorded tree counts as foreign: its files are not known to be ours)."""
+    entries = sorted(e.name for e in os.scandir(path) if not e.name.startswith(TMP_PREFIX) and e.name != LOCK)
+    found = _marked(path, entries)
+    if found is None:
+        return None
+    files, tree = found[1]["files"], found[1].get("tree")
+    foreign = [e for e in entries if e not in files]
+    for sub in (e for e in entries if e in files and (path / e).is_dir() and not (path / e).is_symlink()):
+        foreign += [sub] if not isinstance(tree, list) else [p for p in _walk(path, sub) if p not in set(tree)]
+    return foreign
+
+
+def record_tree(path: str | os.PathLike) -> None:
+    """Add to the mark of the folder ``path`` (``folder_mark``) every entry under the sub-folders it
+    lists (``tree``, relative paths), so that a later rewrite can tell a file the user put inside one
+    (``_foreign_entries``). A folder without sub-folders is left as it is."""
+    path = Path(path)
+    found = _marked(path, sorted(os.listdir(path)))
+    subs = [] if found is None else [f for f in found[1]["files"] if (path / f).is_dir()]
+    if subs:
+        obj = read_json(path / found[0])
+        obj[OWNER_KEY]["tree"] = sorted(p for sub in subs for p in _walk(path, sub))
+        write_json(path / found[0], obj, indent=1)
 
 
 def owned_folder(path: str | os.PathLike) -> bool:
@@ -376,6 +410,7 @@ def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], object]) -
     try:
         tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent))
         write(tmp)
+        record_tree(tmp)
         if not owned_folder(tmp):
             raise AssertionError(f"{path}: the writer did not list what it wrote in a JSON file (io.folder_mark)")
         os.chmod(tmp, 0o777 & ~umask())
@@ -500,14 +535,22 @@ def read_json(path: str | os.PathLike, *, limit: int = JSON_BYTES) -> Any:
 
 
 def save_safetensors(
-    path: str | os.PathLike, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None
+    path: str | os.PathLike, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None
 ) -> None:
-    """Write numpy ``tensors`` as a safetensors file, atomically; tensors are made contiguous first
-    (safetensors refuses views such as a transpose)."""
-    from safetensors.numpy import save_file
+    """Write ``tensors`` (numpy arrays, or lazy tensors ``np.asarray`` loads) as a safetensors file,
+    atomically, one tensor in memory at a time (``tensor_files.write_safetensors``: the bytes
+    ``safetensors.numpy.save_file`` writes; views such as a transpose are made contiguous as written).
 
-    contiguous = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-    atomic_write(path, lambda tmp: save_file(contiguous, tmp, metadata=dict(metadata or {})))
+    Raises:
+        ValueError: a dtype safetensors cannot hold, metadata that is not str -> str.
+        DestinationError, OSError: as ``atomic_write``.
+    """
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            tensor_files.write_safetensors(fh, tensors, metadata)
+
+    atomic_write(path, write)
 
 
 def share_file(src: str | os.PathLike, path: str | os.PathLike, *, final: str | os.PathLike | None = None) -> str:
@@ -536,11 +579,12 @@ def share_file(src: str | os.PathLike, path: str | os.PathLike, *, final: str | 
     return how[0]
 
 
-def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
-    """Write ``arrays`` as an uncompressed .npz (no pickled objects), atomically."""
+def save_npz(path: str | os.PathLike, arrays: Mapping[str, Any]) -> None:
+    """Write ``arrays`` as an uncompressed .npz (no pickled objects), atomically, member by member
+    (``tensor_files.write_npz``: as ``np.savez`` writes it, one array in memory at a time)."""
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
+            tensor_files.write_npz(fh, arrays)
 
     atomic_write(path, write)

@@ -189,6 +189,23 @@ def check_model_size(cfg, context: str, batch: int = 1, training: bool = False) 
     check_bytes(f"{context}: a model with {sizes} ({what})", model_bytes(cfg, batch) + extra)
 
 
+def check_declared_sizes(context: str, tensors: Mapping[str, Any], depth: int, width: int, mlp_dim: int) -> None:
+    """Raise if sizes a file declares before any config is built (a timm hub folder's ``model_args``, which
+    timm.create_model would build a module a block of) claim more parameters than ``tensors`` hold: each
+    of ``depth`` blocks holds at least the 4 D x D attention and the 2 D x F MLP weights.
+
+    Raises:
+        ValueError: naming ``context``, the sizes, the count they need and the count held.
+    """
+    held = sum(math.prod(np.shape(v)) for v in tensors.values())
+    need = depth * (4 * width * width + 2 * width * mlp_dim)
+    if need > held:
+        raise ValueError(
+            f"{context}: declares depth={depth}, width={width}, mlp_dim={mlp_dim}: {need:,} parameters in the "
+            f"blocks alone, but the file holds {held:,} values in all"
+        )
+
+
 def check_holds(cfg, tensors: Mapping[str, Any], context: str) -> None:
     """Raise if ``cfg`` declares more parameters (its head left aside) than ``tensors`` hold in all:
     a stored or overridden config that does not describe the file (before any per-tensor check,
@@ -212,14 +229,19 @@ def check_weights(state: Mapping[str, Any], context: str) -> None:
     Raises:
         ValueError: naming the tensors and their dtypes.
     """
-    bad = [f"{k} ({np.asarray(v).dtype})" for k, v in state.items() if not is_float(v)]
+    bad = [f"{k} ({_dtype(v)})" for k, v in state.items() if not is_float(v)]
     if bad:
         raise ValueError(f"{context}: tensors that are not floating point: {', '.join(bad)}")
 
 
+def _dtype(a: Any) -> np.dtype:
+    """``a``'s dtype, without loading a lazy array (anything with a ``dtype``)."""
+    return np.dtype(a.dtype) if hasattr(a, "dtype") else np.asarray(a).dtype
+
+
 def is_float(a: Any) -> bool:
-    """True for float16/32/64 and bfloat16 (ml_dtypes) arrays."""
-    dtype = np.asarray(a).dtype
+    """True for float16/32/64 and bfloat16 (ml_dtypes) arrays (lazy ones not loaded)."""
+    dtype = _dtype(a)
     return np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16"
 
 

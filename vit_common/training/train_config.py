@@ -37,7 +37,8 @@ class TrainConfig:
     Raises (on construction):
         ValueError: a value out of its field's range (``vit_common.system.validate.Range``; NaN and infinities
             included), ``accum_steps`` not dividing ``batch_size``, or ``freeze`` with
-            ``layer_decay`` (a linear probe trains the head only: there are no layers to decay).
+            ``layer_decay`` (a linear probe trains the head only: there are no layers to decay),
+            ``ema_min_decay`` above ``ema``, or ``ema_warmup`` without ``ema``.
     """
 
     dataset: str = field(
@@ -184,6 +185,12 @@ class TrainConfig:
             (self.recipe in RECIPES, "recipe", f"one of {', '.join(RECIPES)}"),
             (not self.freeze or self.init is not None, "freeze", "--init too: a fresh model has nothing to freeze"),
             (not self.init_optimizer or self.init is not None, "init_optimizer", "--init too: the checkpoint"),
+            (
+                self.ema is None or self.ema_min_decay <= self.ema,
+                "ema_min_decay",
+                f"at most ema={self.ema} (the warm-up's lowest decay cannot lie above its highest)",
+            ),
+            (not self.ema_warmup or self.ema is not None, "ema_warmup", "--ema DECAY too: nothing to warm up"),
         ]
         for ok, name, expected in checks:
             if not ok:

@@ -5,6 +5,7 @@
 - ``provenance``: where each config field came from, config inference from tensor shapes, the report;
 - ``protocol``: the ``Format`` interface and what flows through it (``Source``, ``Decoded``, ``Encoded``,
   ``ReadOptions``, ``WriteOptions``);
+- ``tensors``: ``LazyTensor`` and ``TensorMap``, how tensors stream from a reader to a writer;
 - ``source``: containers on disk (safetensors, .npz, torch pickles, HF and orbax folders);
 - ``stored_config``: a ViTConfig stored beside the tensors.
 

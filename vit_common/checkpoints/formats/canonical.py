@@ -22,6 +22,7 @@ from vit_common.checkpoints.formats.stored_config import (
     decode_stored,
     stored_config,
 )
+from vit_common.checkpoints.formats.timm_state import timm_cannot_hold
 from vit_common.config import ViTConfig
 from vit_common.state import canonical_shapes, check_state
 from vit_common.system import io
@@ -61,7 +62,7 @@ class Canonical(Format):
         return "model.safetensors"
 
     def load_call(self, path: Path, cfg: ViTConfig) -> str:
-        return timm.FORMAT.load_call(path, cfg) if not timm.FORMAT.cannot_hold(cfg) else ""
+        return timm.FORMAT.load_call(path, cfg) if not timm_cannot_hold(cfg) else ""  # these tensors, as they are
 
 
 FORMAT = Canonical()

@@ -46,6 +46,7 @@ config.json are ``hf_vit``'s, the key spellings shared with ``hf_families`` are 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,8 +59,12 @@ from vit_common.checkpoints.formats.rules import (
     materialize_posemb,
     norm_and_bias_checks,
     refuse,
+    rope_family_fields,
     unsupported,
+    zero_head_bias,
 )
+from vit_common.checkpoints.formats.source import HF_INDEX
+from vit_common.checkpoints.formats.tensors import TensorMap, nbytes_of
 from vit_common.checkpoints.formats.timm_state import is_timm
 from vit_common.checkpoints.metadata import Declared, hf_classes, hf_labels, hf_preprocess_file, hf_preprocessor_config
 from vit_common.config import ViTConfig
@@ -69,6 +74,7 @@ from vit_common.system import io
 # The model types an hf_family folder is written as (``--hf-model-type``): the two-tower ones are written
 # as their vision tower's.
 WRITTEN_FAMILY_TYPES = tuple(t for t in FAMILY_MODEL_TYPES if t not in ("siglip", "clip", "aimv2"))
+WEIGHTS = "model.safetensors"  # an unsharded folder's weights, as save_pretrained names them
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,69 @@ class HfWriteOptions(WriteOptions):
             "default: the source folder's model_type where it holds the model, else the family that holds it)",
         },
     )
+    shard_size: str = field(
+        default="",
+        metadata={
+            "flag": "--shard-size",
+            "help": "split an HF folder's weights into safetensors shards of at most this size, with "
+            "model.safetensors.index.json, as save_pretrained's max_shard_size: bytes, or with a unit "
+            "(5GB = 5*10^9 bytes, 4GiB = 4*2^30; default: one model.safetensors)",
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.shard_size:
+            shard_bytes(self.shard_size)
+
+    @property
+    def shard_bytes(self) -> int | None:
+        """``shard_size`` in bytes, or None (one file)."""
+        return shard_bytes(self.shard_size) if self.shard_size else None
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]I?)?B?", re.IGNORECASE)
+_UNIT = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+
+
+def shard_bytes(text: str) -> int:
+    """The bytes a ``--shard-size`` names: a number of bytes, or one with a unit KB, MB, GB, TB (powers
+    of 1000, as transformers' ``convert_file_size_to_int``) or KiB, MiB, GiB, TiB (powers of 1024).
+
+    Raises:
+        ValueError: not such a size, or under one byte (names the value).
+    """
+    m = _SIZE.fullmatch(str(text).strip())
+    n = int(float(m.group(1)) * _UNIT[(m.group(2) or "").upper()]) if m else 0
+    if n < 1:
+        raise ValueError(f"--shard-size {text!r}: expected a size of at least 1 byte, such as 5GB, 500MB or 4GiB")
+    return n
+
+
+def shards(tensors: TensorMap, limit: int | None) -> list[tuple[str, list[str]]]:
+    """(file name, tensor names) of each weights file of an HF folder: one ``model.safetensors``, or with
+    a ``limit`` in bytes ``model-0000i-of-0000n.safetensors`` files filled in order as huggingface_hub's
+    ``split_state_dict_into_shards_factory`` fills them (a tensor over the limit alone in its file; a new
+    file where the next tensor would pass the limit)."""
+    if limit is None:
+        return [(WEIGHTS, list(tensors))]
+    groups: list[list[str]] = []
+    current: list[str] = []
+    size = 0
+    for k, v in tensors.items():
+        n = nbytes_of(v)
+        if n > limit:
+            groups.append([k])
+            continue
+        if current and size + n > limit:
+            groups.append(current)
+            current, size = [], 0
+        current.append(k)
+        size += n
+    if current or not groups:
+        groups.append(current)
+    if len(groups) == 1:
+        return [(WEIGHTS, groups[0])]
+    return [(f"model-{i:05d}-of-{len(groups):05d}.safetensors", g) for i, g in enumerate(groups, 1)]
 
 
 class HuggingFace(Format):
@@ -121,7 +190,7 @@ class HuggingFace(Format):
         )
 
     def cannot_hold(self, cfg: ViTConfig) -> list[str]:
-        return unsupported(
+        return rope_family_fields(cfg) + unsupported(
             "Hugging Face ViT",
             {
                 "class_token=False (HF ViT always has a class token)": not cfg.class_token,
@@ -134,7 +203,6 @@ class HuggingFace(Format):
                 "patch_bias=False": not cfg.patch_bias,
                 "posemb='none'": cfg.posemb == "none",
                 "mlp_type='swiglu'": cfg.mlp_type == "swiglu",
-                "head_bias=False (the classifier has a bias)": not cfg.head_bias,
                 "both rep_size and a head (ViTModel has the pooler, ViTForImageClassification the classifier)": (
                     cfg.rep_size > 0 and cfg.num_classes > 0
                 ),
@@ -177,24 +245,46 @@ class HuggingFace(Format):
                 f"model_type={options.model_type!r}: hf folders are vit or deit; write that model type --to hf_family"
             )
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=True)
+        cfg, state, more = zero_head_bias(cfg, state)
+        notes += more
         config = config_json(cfg) | ({ASSUMED_KEY: sorted(assumed)} if assumed else {})  # transformers keeps it
         arch = config["architectures"][0]
         _, head = ARCHITECTURES[arch]
         prefix = f"{config['model_type']}." if head != "backbone" else ""
-        return Encoded(cfg, state, from_canonical(rules(cfg, spelling, prefix, head), state), config, None, notes)
+        tensors = from_canonical(rules(cfg, spelling, prefix, head), state)
+        return Encoded(cfg, state, tensors, config, None, notes, shard_size=options.shard_bytes)
 
     def decode(self, enc: Encoded) -> Decoded:
         return read_tensors(enc.tensors, enc.config_json, context="hf read-back")
 
     def write(self, path: Path, enc: Encoded, writers) -> None:
+        """config.json, the weights (one file, or shards of ``enc.shard_size`` bytes with their index,
+        each written a tensor at a time) and ``enc.json_files``."""
+        files = shards(enc.tensors, enc.shard_size)
+        index = (
+            {
+                "metadata": {"total_size": sum(nbytes_of(v) for v in enc.tensors.values())},
+                "weight_map": {k: name for name, keys in files for k in keys},
+            }
+            if len(files) > 1
+            else None
+        )
+
         def write_folder(tmp: Path) -> None:
-            names = ["config.json", "model.safetensors", *enc.json_files]
+            names = ["config.json", *(name for name, _ in files), *([HF_INDEX] if index else []), *enc.json_files]
             io.write_json(tmp / "config.json", io.folder_mark(enc.config_json, names), sort_keys=True)
-            io.save_safetensors(tmp / "model.safetensors", enc.tensors, {"format": "pt"})
+            for name, keys in files:
+                io.save_safetensors(tmp / name, {k: enc.tensors[k] for k in keys}, {"format": "pt"})
+            if index:
+                io.write_json(tmp / HF_INDEX, index, sort_keys=True, mark=False)
             for name, obj in enc.json_files.items():
                 io.write_json(tmp / name, obj, sort_keys=True, mark=False)
 
         io.atomic_write_dir(path, write_folder)
+
+    def states_as_fact(self, path: Path) -> bool:
+        """Always: transformers takes config.json's hidden_act, layer_norm_eps, ... as fact."""
+        return True
 
     def export_name(self, source: Path | None = None) -> str:
         return "model_hf"

@@ -329,7 +329,7 @@ def read_tensors(
     dt = common_float_dtype(tensors)
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
-    cfg = build_config(f, prov, overrides, context)
+    cfg = build_config(f, prov, overrides, context, tensors)
     ignored = {k for k, _ in dropped}
     kept = {k: v for k, v in tensors.items() if k not in ignored}
     state = to_canonical(rules(cfg, spelling, prefix, head), kept, context)

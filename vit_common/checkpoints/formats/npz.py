@@ -31,6 +31,7 @@ warned, since files written from other models exist. ``NpzFormat`` is the format
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -63,11 +64,14 @@ from vit_common.checkpoints.formats.rules import (
     materialize_posemb,
     norm_and_bias_checks,
     refuse,
+    rope_family_fields,
     stack_layers,
     to_canonical,
     unsupported,
+    zero_head_bias,
 )
 from vit_common.checkpoints.formats.source import NPZ_PREFIXES
+from vit_common.checkpoints.formats.tensors import LazyTensor, Tensor, TensorMap, dtype_of
 from vit_common.checkpoints.formats.timm_state import timm_load_call
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
@@ -213,7 +217,7 @@ def rules(cfg: ViTConfig, layout: Layout) -> list[Rule]:
 
 
 def read(
-    tensors: Mapping[str, np.ndarray],
+    tensors: TensorMap,
     *,
     source_image_size: tuple[int, int] | None = None,
     overrides: Mapping[str, Any] = (),
@@ -340,7 +344,7 @@ def read(
     dt = common_float_dtype(t)
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
-    cfg = build_config(f, prov, overrides, context)
+    cfg = build_config(f, prov, overrides, context, t)
     layout = Layout(prefix, counters, posemb_key or "pos_embedding", scan)
     state = to_canonical(rules(cfg, layout), t, context)
     return Decoded(cfg, state, layout.describe(), prov, dropped, notes)
@@ -348,7 +352,7 @@ def read(
 
 def cannot_hold(cfg: ViTConfig) -> list[str]:
     """What an original-ViT or big_vision .npz cannot hold."""
-    return unsupported(
+    return rope_family_fields(cfg) + unsupported(
         "npz",
         {
             f"reg_tokens={cfg.reg_tokens}": cfg.reg_tokens > 0,
@@ -364,7 +368,6 @@ def cannot_hold(cfg: ViTConfig) -> list[str]:
             "pool_include_prefix=True": cfg.pool_include_prefix and cfg.num_prefix_tokens > 0,
             "quick GELU": cfg.gelu == "quick",
             "mlp_type='swiglu'": cfg.mlp_type == "swiglu",
-            "head_bias=False": not cfg.head_bias,
             "posemb='sincos2d_mae' (a file without position embedding reads as big_vision's sincos2d)": (
                 cfg.posemb == "sincos2d_mae"
             ),
@@ -373,28 +376,31 @@ def cannot_hold(cfg: ViTConfig) -> list[str]:
     )
 
 
-def prepare(
-    cfg: ViTConfig, state: Mapping[str, np.ndarray], family: str
-) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
+def _widen(v) -> np.ndarray:
+    return np.asarray(v).astype(np.float32)
+
+
+def prepare(cfg: ViTConfig, state: TensorMap, family: str) -> tuple[ViTConfig, dict[str, Tensor], list[str]]:
     """Config and tensors as ``family`` ('original_vit' | 'big_vision') holds them.
 
-    The original ViT only has learned position embeddings with prefix rows (a table without them gets
-    a zero class row; sincos2d is written as a table). bfloat16 is written as float32 (exact): .npz has
+    A bias-free head gets a zero bias (``rules.zero_head_bias``). The original ViT only has learned
+    position embeddings with prefix rows (a table without them gets a zero class row; sincos2d is written
+    as a table). bfloat16 is written as float32 (exact): .npz has
     no portable bfloat16.
 
     Raises:
         ValueError: names every choice the layout cannot hold.
     """
     refuse(family, cannot_hold(cfg))
-    notes = []
+    cfg, state, notes = zero_head_bias(cfg, state)
     if cfg.num_classes and not any(np.any(np.asarray(state[k])) for k in ("head.weight", "head.bias")):
         notes.append("the head is all zeros: readers drop it unless given num_classes (--num-classes)")
     if family == "original_vit":
         cfg, state, posemb_notes = materialize_posemb(cfg, state, prefix_rows=True)
         notes += posemb_notes
     state = dict(state)
-    if any(np.asarray(v).dtype.name == "bfloat16" for v in state.values()):
-        state = {k: np.asarray(v).astype(np.float32) for k, v in state.items()}
+    if any(dtype_of(v).name == "bfloat16" for v in state.values()):
+        state = {k: LazyTensor(np.shape(v), np.float32, functools.partial(_widen, v)) for k, v in state.items()}
         cfg = cfg.replace(param_dtype="float32")
         notes.append("bfloat16 tensors written as float32 (exact; .npz has no portable bfloat16)")
     return cfg, state, notes
@@ -402,12 +408,12 @@ def prepare(
 
 def write(
     cfg: ViTConfig,
-    state: Mapping[str, np.ndarray],
+    state: TensorMap,
     family: str,
     *,
     prefix: str | None = None,
     scan: bool = False,
-) -> dict[str, np.ndarray]:
+) -> dict[str, Tensor]:
     """File tensors of an already ``prepare``d state in ``family``'s layout.
 
     ``prefix`` defaults to '' (original_vit) or 'params/' (big_vision); ``scan`` stacks the blocks.

@@ -1,7 +1,9 @@
 """Orbax checkpoint folders of the JAX twin (``vit_jax.formats``): parameters, RNG state and the config.
 
 vit_common cannot import jax, so the folder is read and written by the callables ``vit_jax.formats``
-provides (``READERS['orbax']``, ``WRITERS['orbax']``); every config field is declared by the stored config.
+provides (``READERS['orbax']``, ``WRITERS['orbax']``); every config field is declared by the stored config,
+except those its ``vit_assumed`` entry lists (fields the source of a conversion did not state), which stay
+assumed.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from pathlib import Path
 
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Source, WriteOptions, writer
+from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
 from vit_common.checkpoints.formats.source import ORBAX_CONFIG, reader
-from vit_common.checkpoints.formats.stored_config import decode_stored
+from vit_common.checkpoints.formats.stored_config import assumed_meta, decode_stored
 from vit_common.checkpoints.metadata import Declared
 from vit_common.config import ViTConfig
 
@@ -30,7 +33,8 @@ class Orbax(Format):
         if src.container != "orbax_folder":
             raise FormatError(f"{src.path}: not an orbax folder of the JAX twin")
         cfg, state = reader(opts.readers, "orbax", src.path)(src.path)
-        return decode_stored(cfg, state, "orbax checkpoint of the JAX twin", src.context, "stored config")
+        stored = (src.config or {}).get(ASSUMED_KEY)
+        return decode_stored(cfg, state, "orbax checkpoint of the JAX twin", src.context, "stored config", stored)
 
     def declared(self, src: Source) -> Declared:
         """The ``preprocess`` and ``classes`` entries of the folder's stored config (``src.config``)."""
@@ -38,13 +42,14 @@ class Orbax(Format):
         return Declared(stored.get("preprocess"), where, stored.get("classes"), where)
 
     def encode(self, cfg: ViTConfig, state, path: Path, options: WriteOptions, assumed=()) -> Encoded:
-        return Encoded(cfg, dict(state), dict(state))
+        return Encoded(cfg, dict(state), dict(state), meta=assumed_meta(assumed))
 
     def decode(self, enc: Encoded) -> Decoded:
-        return decode_stored(enc.cfg, enc.tensors, "", "orbax read-back", "stored config")
+        stored = (enc.meta or {}).get(ASSUMED_KEY)
+        return decode_stored(enc.cfg, enc.tensors, "", "orbax read-back", "stored config", stored)
 
     def write(self, path: Path, enc: Encoded, writers) -> None:
-        writer(writers, "orbax", path)(path, enc.cfg, enc.tensors)
+        writer(writers, "orbax", path)(path, enc.cfg, enc.tensors, enc.meta)
 
 
 FORMAT = Orbax()

@@ -1,12 +1,19 @@
 """The ``Format`` protocol every format module implements, and what flows through it.
 
-``Source`` (a container found on disk, tensors loaded) -> ``Format.read`` -> ``Decoded`` (config,
-canonical state, provenance); ``Format.encode`` -> ``Encoded`` (the file's tensors in memory) ->
-``Format.decode`` (the read-back check) and ``Format.write``. ``ReadOptions`` and a format's
-``WriteOptions`` subclass carry what a caller tells a reader and a writer. Besides reading and writing, a
-format answers everything else that depends on it: the preprocessing and class names its files declare
-(or the usual choice it assumes), its export file name, the library that loads it as a reference, and the
-signature its detection looks for.
+``Source`` (a container found on disk, its tensors opened) -> ``Format.read`` -> ``Decoded`` (config,
+canonical state, provenance); ``Format.encode`` -> ``Encoded`` (the file's tensors) -> ``Format.decode``
+(the read-back check) and ``Format.write``. Tensors stream: every map of tensors here is a
+``formats.tensors.TensorMap`` (name -> numpy array or ``LazyTensor``), whose shapes and dtypes are known
+without loading and whose values are produced when ``np.asarray`` asks, one at a time. A reader opens
+its container as views (``source.load_tensors``: memory maps, .npz member by member, shard by shard)
+and returns the canonical state its rules compute lazily (``rules.to_canonical``); an encoder returns the
+file's tensors lazily (``rules.from_canonical``); a writer asks for them one by one where its container
+allows, or ``materialize``s them where its library needs the whole tree (orbax, torch pickles).
+
+``ReadOptions`` and a format's ``WriteOptions`` subclass carry what a caller tells a reader and a
+writer. Besides reading and writing, a format answers everything else that depends on it: the
+preprocessing and class names its files declare (or the usual choice it assumes), its export file name,
+the library that loads it as a reference, and the signature its detection looks for.
 """
 
 from __future__ import annotations
@@ -16,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.provenance import Origin
+from vit_common.checkpoints.formats.tensors import Tensor, TensorMap
 from vit_common.checkpoints.metadata import Declared, declared_in_metadata, info_metadata
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
@@ -30,7 +36,7 @@ class Decoded:
     """What a format reader returns: config, canonical state and its part of the report."""
 
     cfg: ViTConfig
-    state: dict[str, np.ndarray]
+    state: dict[str, Tensor]
     layout: str = ""
     provenance: dict[str, Origin] = field(default_factory=dict)
     dropped: list[tuple[str, str]] = field(default_factory=list)
@@ -46,8 +52,8 @@ class Source:
     ``container``: 'safetensors', 'npz', 'torch' (.pth/.bin pickle), 'hf_folder' (config.json +
     weights), 'orbax_folder'. ``files``: the files holding tensors (shards in index order).
     ``config``: an HF config.json beside the weights, an orbax folder's vit_config.json, or None.
-    ``weight_map``: a sharded folder's
-    tensor -> shard file map. ``tensors`` and ``meta`` (safetensors header metadata) are filled by
+    ``weight_map``: a sharded folder's tensor -> shard file map. ``tensors`` (views or lazy tensors:
+    ``formats.tensors``) and ``meta`` (safetensors header metadata) are filled by
     ``vit_common.checkpoints.formats.source.load_tensors``; ``dropped`` lists what the container held besides weights.
     ``name``: the hub model id the caller named (``hf-hub:ORG/NAME``) where ``path`` is its cached folder.
     """
@@ -57,7 +63,7 @@ class Source:
     files: tuple[Path, ...]
     config: dict | None = None
     weight_map: dict[str, str] | None = None
-    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    tensors: dict[str, Tensor] = field(default_factory=dict)
     meta: dict[str, str] = field(default_factory=dict)
     dropped: list[tuple[str, str]] = field(default_factory=list)
     name: str | None = None
@@ -81,24 +87,28 @@ class ReadOptions:
 
 @dataclass
 class Encoded:
-    """A state as a format holds it, in memory, before it is written.
+    """A state as a format holds it, before it is written.
 
     ``cfg`` and ``state``: the config and canonical state the file will hold (they differ from the input
-    only where the format needs it: ``notes`` say how). ``tensors``: the file's tensors. ``config_json``:
+    only where the format needs it: ``notes`` say how). ``tensors``: the file's tensors (lazy where
+    they are computed: ``formats.tensors``), in the order they are written. ``config_json``:
     an HF folder's config.json. ``meta``: safetensors header metadata (None where the container has none).
     ``json_files``: other JSON files of a folder format, by name (an HF folder's preprocessor_config.json).
     ``shared``: a safetensors file already on disk holding exactly ``tensors``, whose bytes the written
     file shares (``vit_common.system.io.share_file``) instead of a second copy; None writes them.
+    ``shard_size``: the most bytes a weights file of a folder format holds (an HF folder's shards,
+    ``--shard-size``); None: one file.
     """
 
     cfg: ViTConfig
-    state: dict[str, np.ndarray]
-    tensors: dict[str, np.ndarray]
+    state: dict[str, Tensor]
+    tensors: dict[str, Tensor]
     config_json: dict | None = None
     meta: dict[str, str] | None = None
     notes: list[str] = field(default_factory=list)
     json_files: dict[str, dict] = field(default_factory=dict)
     shared: Path | None = None
+    shard_size: int | None = None
 
 
 Writer = Callable[..., Any]
@@ -194,9 +204,7 @@ class Format:
         """Every choice of ``cfg`` this format cannot hold (empty: it can), before ``encode``'s rewrites."""
         return []
 
-    def encode(
-        self, cfg: ViTConfig, state: Mapping[str, np.ndarray], path: Path, options: WriteOptions, assumed=()
-    ) -> Encoded:
+    def encode(self, cfg: ViTConfig, state: TensorMap, path: Path, options: WriteOptions, assumed=()) -> Encoded:
         """``state`` as this format holds it at ``path`` (its suffix may matter), with ``options`` (an
         instance of ``write_options``) and ``assumed`` (config fields whose values were assumed, recorded
         where the format can); ValueError if it cannot hold the model."""
@@ -207,7 +215,8 @@ class Format:
         raise NotImplementedError
 
     def write(self, path: Path, enc: Encoded, writers: Mapping[str, Writer]) -> None:
-        """Write ``enc`` to ``path`` atomically (through ``vit_common.system.io``)."""
+        """Write ``enc`` to ``path`` atomically (through ``vit_common.system.io``), loading ``enc.tensors``
+        one at a time where the container allows it."""
         raise NotImplementedError
 
     def needs(self, path: Path) -> str | None:
@@ -217,6 +226,13 @@ class Format:
     def writes_folder(self, path: Path) -> bool:
         """Whether writing ``path`` in this format makes a folder (``folder``; timm: by the path)."""
         return self.folder
+
+    def states_as_fact(self, path: Path) -> bool:
+        """Whether a file written at ``path`` states every config field as fact to the library that reads
+        it, with no way to say that a value was assumed (an HF config.json, a timm hub folder's
+        model_args). Formats that store no config (a timm state_dict file) or record assumed fields
+        (ours, orbax) do not: their files are written whatever was assumed."""
+        return False
 
     def load_call(self, path: Path, cfg: ViTConfig) -> str:
         """Python code that loads the written file strictly in the library that defines the format."""

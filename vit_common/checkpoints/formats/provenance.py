@@ -10,6 +10,7 @@ do not implement.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -17,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.tensors import dtype_of
 from vit_common.config import FUNCTION_FIELDS, VARIANTS, ViTConfig
+from vit_common.system.validate import check_holds, is_float
 
 DECLARED, DERIVED, ASSUMED, GIVEN = "declared", "derived", "assumed", "given"
 
@@ -84,13 +85,9 @@ def positive_dims(shape: tuple[int, ...], name: str, context: str) -> tuple[int,
     return tuple(int(n) for n in shape)
 
 
-def common_float_dtype(tensors: Mapping[str, np.ndarray]) -> str | None:
+def common_float_dtype(tensors: Mapping[str, Any]) -> str | None:
     """The one floating dtype name all float tensors share, or None if they are mixed or absent."""
-    names = {
-        np.dtype(np.asarray(v).dtype).name
-        for v in tensors.values()
-        if np.issubdtype(np.asarray(v).dtype, np.floating) or np.asarray(v).dtype.name == "bfloat16"
-    }
+    names = {dtype_of(v).name for v in tensors.values() if is_float(v)}
     return names.pop() if len(names) == 1 else None
 
 
@@ -260,9 +257,10 @@ class Report:
         """'3 fields assumed: gelu, ln_eps, num_heads', or '' when nothing was assumed."""
         return assumed_summary(self.assumed)
 
-    def assumption_block(self) -> list[str]:
-        """The assumed fields as one block (``assumption_block``); [] when nothing was assumed."""
-        return assumption_block(self.assumed, self.assumptions)
+    def assumption_block(self, api: bool = False) -> list[str]:
+        """The assumed fields as one block (``assumption_block``; ``api``: naming keywords, not flags); []
+        when nothing was assumed."""
+        return assumption_block(self.assumed, self.assumptions, api)
 
     def lines(self) -> list[str]:
         cfg = self.config
@@ -341,32 +339,72 @@ def assumed_summary(names) -> str:
     return f"{len(names)} field{'s' if len(names) != 1 else ''} assumed: {', '.join(names)}"
 
 
-def assumption_block(names, lines) -> list[str]:
-    """What was assumed, as one block: a header line (how many, which, how to give them) and one line
-    per field, ``field = value (why)`` (``lines``, from ``assumption_line``), indented; [] for no names.
-    Every command that reads a checkpoint prints it instead of one warning per field."""
+def assumption_block(names, lines, api: bool = False) -> list[str]:
+    """What was assumed, as one block: a header line (how many, which, how to give them: the CLI flags, or
+    with ``api`` the Python keywords) and one line per field, ``field = value (why)`` (``lines``, from
+    ``assumption_line``), indented; [] for no names. Every command that reads a checkpoint prints it
+    instead of one warning per field."""
     if not names:
         return []
-    how = "--set FIELD=VALUE" + (" (the size: --source-image-size HxW)" if "image_size" in names else "")
+    if api:
+        size = " (the size: source_image_size=(H, W))" if "image_size" in names else ""
+        how, strict = f"the keyword FIELD=VALUE{size}", "strict=True"
+    else:
+        how = "--set FIELD=VALUE" + (" (the size: --source-image-size HxW)" if "image_size" in names else "")
+        strict = "--strict"
     head = (
         f"{assumed_summary(names)} (the file does not state them; wrong if the model was made otherwise: "
-        f"give each with {how}, or --strict to refuse)"
+        f"give each with {how}, or {strict} to refuse)"
     )
     return [head] + [f"  {line}" for line in lines]
 
 
-def build_config(fields: dict, provenance: dict[str, Origin], overrides: Mapping, context: str) -> ViTConfig:
-    """ViTConfig from inferred ``fields`` with ``overrides`` on top (recorded as given).
+# What a plain-ViT format (timm VisionTransformer, HF ViT and its families, .npz) cannot hold, so its reader
+# never asks: the RoPE backbones' fields, with the reason a reader states for their defaults.
+PLAIN_VIT_ORIGINS = {
+    **{
+        f.name: declared("the format has no rotary position embeddings")
+        for f in dataclasses.fields(ViTConfig)
+        if f.name == "rope" or f.name.startswith("rope_")
+    },
+    "k_bias": derived("the attention biases are one [q; k; v] tensor"),
+    "attn_inner_norm": derived("no attn.norm tensor in the format's layout"),
+    "mlp_inner_norm": derived("no mlp.norm tensor in the format's layout"),
+    "final_norm": derived("the format's models end in a LayerNorm"),
+    "map_heads": derived("the format's MAP head (if any) has the blocks' heads"),
+    "map_mlp_dim": derived("the format's MAP head (if any) has the blocks' MLP width"),
+}
+
+
+def build_config(
+    fields: dict, provenance: dict[str, Origin], overrides: Mapping, context: str, holds: Mapping[str, Any]
+) -> ViTConfig:
+    """ViTConfig from inferred ``fields`` with ``overrides`` on top (recorded as given), checked against
+    the file's own tensors ``holds`` before any reader builds a rule, a model or an array of it: every
+    reader builds its config here, so a declared size (a config.json's ``num_hidden_layers`` of 10^9, an
+    override) that claims more parameters than the file holds is refused at once
+    (``vit_common.system.validate.check_holds``: a count from the config's formula and the tensors'
+    shapes, nothing loaded). The fields of ``PLAIN_VIT_ORIGINS`` not inferred keep their defaults with
+    those origins.
 
     Raises:
-        FormatError: the combination is invalid (names the file and the fields).
+        FormatError: the combination is invalid, or declares more parameters than ``holds`` (names the
+            file and the fields).
     """
+    for k, origin in PLAIN_VIT_ORIGINS.items():
+        if k not in fields:
+            provenance.setdefault(k, origin)
     for k, v in overrides.items():
         fields[k] = v
         provenance[k] = Origin(GIVEN, "passed by the caller")
     try:
-        return ViTConfig(**fields)
+        cfg = ViTConfig(**fields)
     except (TypeError, ValueError) as e:
         raise FormatError(
             f"{context}: the inferred config is invalid ({e}); pass the right value as an override"
         ) from e
+    try:
+        check_holds(cfg, holds, context)
+    except ValueError as e:
+        raise FormatError(str(e)) from None
+    return cfg

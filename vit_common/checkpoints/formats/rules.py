@@ -9,11 +9,12 @@ can check that each file tensor is used exactly once and each canonical tensor i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
+from vit_common.checkpoints.formats.tensors import LazyTensor, Tensor, TensorMap, dtype_of
 from vit_common.config import ViTConfig
 from vit_common.posemb import SINCOS_CONVENTIONS, sincos2d
 from vit_common.state import canonical_shapes, check_state
@@ -115,42 +116,69 @@ def file_shapes(rules: list[Rule]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def to_canonical(rules: list[Rule], tensors: Mapping[str, np.ndarray], context: str = "") -> dict[str, np.ndarray]:
+def to_canonical(rules: list[Rule], tensors: TensorMap, context: str = "") -> dict[str, Tensor]:
     """Apply ``rules`` to file tensors: every file tensor used exactly once, every rule filled.
+
+    Lazy: checked from the shapes alone; a canonical tensor stored as the file's is the file's value
+    itself, any other a ``LazyTensor`` that reshapes, transposes and concatenates its pieces when loaded.
 
     Raises:
         StateMismatchError: lists missing, unexpected and wrong-shape file tensors together (file names).
     """
     check_state(file_shapes(rules), tensors, context)
-    out = {}
+    out: dict[str, Tensor] = {}
     for rule in rules:
-        parts = [p.to_canonical(np.asarray(tensors[p.key])) for p in rule.pieces]
-        out[rule.dst] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        pieces = rule.pieces
+        first = pieces[0]
+        if len(pieces) == 1 and first.layer is None and first.reshape is None and first.perm is None:
+            out[rule.dst] = tensors[first.key]
+            continue
+        shapes = [p.canonical_shape() for p in pieces]
+        shape = (sum(s[0] for s in shapes), *shapes[0][1:])
+        dtype = np.result_type(*(dtype_of(tensors[p.key]) for p in pieces))
+
+        def make(pieces=pieces) -> np.ndarray:
+            parts = [p.to_canonical(np.asarray(tensors[p.key])) for p in pieces]
+            return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+        out[rule.dst] = LazyTensor(shape, dtype, make)
     return out
 
 
-def from_canonical(rules: list[Rule], state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Inverse of ``to_canonical``: the file tensors (contiguous) for a canonical state."""
-    singles: dict[str, np.ndarray] = {}
-    stacked: dict[str, dict[int, np.ndarray]] = {}
+def from_canonical(rules: list[Rule], state: TensorMap) -> dict[str, Tensor]:
+    """Inverse of ``to_canonical``: the file tensors (contiguous when loaded) for a canonical state, lazy
+    as ``to_canonical``'s (a scan-stacked tensor gathers its layers when loaded)."""
+    singles: dict[str, Tensor] = {}
+    stacked: dict[str, dict[int, Callable[[], np.ndarray]]] = {}
+    kinds: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
     for rule in rules:
-        a = np.asarray(state[rule.dst])
-        sizes = [p.canonical_shape()[0] for p in rule.pieces]
-        parts = np.split(a, np.cumsum(sizes)[:-1], axis=0) if len(rule.pieces) > 1 else [a]
-        for p, part in zip(rule.pieces, parts, strict=True):
-            v = p.from_canonical(part)
-            if p.layer is None:
-                singles[p.key] = v
+        src = state[rule.dst]
+        bounds = np.cumsum([0] + [p.canonical_shape()[0] for p in rule.pieces])
+        whole = len(rule.pieces) == 1
+        for j, p in enumerate(rule.pieces):
+
+            def make(src=src, p=p, lo=int(bounds[j]), hi=int(bounds[j + 1]), whole=whole) -> np.ndarray:
+                a = np.asarray(src)
+                return p.from_canonical(a if whole else a[lo:hi])
+
+            plain = whole and p.perm is None and tuple(p.shape) == tuple(np.shape(src))
+            if p.layer is not None:
+                stacked.setdefault(p.key, {})[p.layer] = make
+                kinds[p.key] = (tuple(p.shape), dtype_of(src))
+            elif plain and isinstance(src, np.ndarray) and src.flags.c_contiguous:
+                singles[p.key] = src
             else:
-                stacked.setdefault(p.key, {})[p.layer] = v
+                singles[p.key] = LazyTensor(p.shape, dtype_of(src), lambda make=make: np.ascontiguousarray(make()))
     for key, layers in stacked.items():
-        singles[key] = np.stack([layers[i] for i in range(len(layers))])
-    return {k: np.ascontiguousarray(v) for k, v in singles.items()}
+        parts = [layers[i] for i in range(len(layers))]
+        shape, dtype = kinds[key]
+        singles[key] = LazyTensor((len(parts), *shape), dtype, lambda parts=parts: np.stack([m() for m in parts]))
+    return singles
 
 
 def materialize_posemb(
-    cfg: ViTConfig, state: Mapping[str, np.ndarray], *, prefix_rows: bool
-) -> tuple[ViTConfig, dict[str, np.ndarray], list[str]]:
+    cfg: ViTConfig, state: TensorMap, *, prefix_rows: bool
+) -> tuple[ViTConfig, dict[str, Tensor], list[str]]:
     """Rewrite the position embedding into a learned table, for formats that only store one.
 
     ``posemb='sincos2d'`` (or ``'sincos2d_mae'``) becomes a learned ``pos_embed`` holding the table (cast
@@ -163,7 +191,7 @@ def materialize_posemb(
     if cfg.posemb in SINCOS_CONVENTIONS:
         any_param = next(iter(state.values()))
         table = sincos2d(cfg.grid, cfg.width, convention=SINCOS_CONVENTIONS[cfg.posemb])[None]
-        state = {"pos_embed": table.astype(np.asarray(any_param).dtype), **state}
+        state = {"pos_embed": table.astype(dtype_of(any_param)), **state}
         notes.append(f"{cfg.posemb} position embedding written as a learned pos_embed table")
         cfg = cfg.replace(posemb="learn")
     if prefix_rows and cfg.posemb == "learn" and not cfg.posemb_prefix and cfg.num_prefix_tokens:
@@ -176,6 +204,21 @@ def materialize_posemb(
             "source model adds no position to (exact)"
         )
     return cfg, state, notes
+
+
+def zero_head_bias(cfg: ViTConfig, state: TensorMap) -> tuple[ViTConfig, dict[str, Tensor], list[str]]:
+    """A bias-free head (CLIP's visual projection) for formats whose head has a bias: ``head.weight``
+    plus a zero ``head.bias`` (and ``head_dist``'s), as timm's CLIP converter holds it
+    (``timm.models.vision_transformer._convert_openai_clip`` writes ``torch.zeros``). Exact: adding zero
+    changes nothing. Returns the config with ``head_bias=True``, the state (nothing loaded) and a note
+    (none if unchanged)."""
+    if cfg.head_bias or not cfg.num_classes:
+        return cfg, dict(state), []
+    state = dict(state)
+    for h in ("head", "head_dist") if cfg.head_dist else ("head",):
+        state[f"{h}.bias"] = np.zeros((cfg.num_classes,), dtype_of(state[f"{h}.weight"]))
+    note = "the bias-free head written with a zero bias, as timm's CLIP converter writes it (exact)"
+    return cfg.replace(head_bias=True), state, [note]
 
 
 def unsupported(fmt: str, checks: Mapping[str, bool]) -> list[str]:
@@ -197,6 +240,25 @@ def norm_and_bias_checks(cfg: ViTConfig) -> dict[str, bool]:
         "proj_bias=False": not cfg.proj_bias,
         "mlp_bias=False": not cfg.mlp_bias,
     }
+
+
+def rope_family_fields(cfg: ViTConfig) -> list[str]:
+    """The choices of the RoPE backbones (DINOv3, PE, EVA-02, RoPE-ViT) that ``cfg`` makes, one line each:
+    what the formats written for plain ViTs (timm VisionTransformer, HF ViT and its families, .npz) cannot
+    hold; written as our safetensors, a DINOv3 one as transformers dinov3_vit."""
+    return unsupported(
+        "",
+        {
+            f"rope={cfg.rope!r} (rotary position embeddings: write canonical safetensors)": cfg.rope != "none",
+            "k_bias=False (q and v biases without a key bias)": cfg.qkv_bias and not cfg.k_bias,
+            "attn_inner_norm (a LayerNorm inside attention)": cfg.attn_inner_norm,
+            "mlp_inner_norm (a LayerNorm inside the MLP)": cfg.mlp_inner_norm,
+            "final_norm=False (no final LayerNorm)": not cfg.final_norm,
+            f"map_heads={cfg.map_heads}, map_mlp_dim={cfg.map_mlp_dim} (a MAP head of its own size)": (
+                cfg.pool == "map" and (cfg.map_num_heads, cfg.map_mlp_width) != (cfg.num_heads, cfg.mlp_dim)
+            ),
+        },
+    )
 
 
 def refuse(fmt: str, reasons: list[str]) -> None:

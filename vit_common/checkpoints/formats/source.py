@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import json
 import math
+import mmap
 import os
 import re
 import zipfile
@@ -25,6 +27,7 @@ from safetensors import SafetensorError, safe_open
 
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.protocol import Source
+from vit_common.checkpoints.formats.tensors import LazyTensor, Tensor, materialize
 from vit_common.system.io import read_json
 from vit_common.system.validate import check_bytes, regular_file
 
@@ -32,7 +35,25 @@ ORBAX_CONFIG = "vit_config.json"  # beside the orbax ``state/`` folder: {"format
 HF_INDEX = "model.safetensors.index.json"
 HF_WEIGHTS = ("model.safetensors", HF_INDEX, "pytorch_model.bin")
 TORCH_SUFFIXES = (".pth", ".pt", ".bin")
-_ML_DTYPES = {"BF16": ml_dtypes.bfloat16}  # safetensors dtypes numpy lacks, read through ml_dtypes
+# safetensors dtype names -> numpy (little-endian, as the format stores them); BF16 through ml_dtypes
+_ST_DTYPES = {
+    name: np.dtype(t).newbyteorder("<")
+    for name, t in {
+        "BOOL": np.bool_,
+        "U8": np.uint8,
+        "I8": np.int8,
+        "U16": np.uint16,
+        "I16": np.int16,
+        "F16": np.float16,
+        "BF16": ml_dtypes.bfloat16,
+        "U32": np.uint32,
+        "I32": np.int32,
+        "F32": np.float32,
+        "U64": np.uint64,
+        "I64": np.int64,
+        "F64": np.float64,
+    }.items()
+}
 
 Reader = Callable[..., Any]
 
@@ -120,8 +141,12 @@ def json_object(path: Path) -> dict:
 
 
 def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """(tensors, header metadata) of a safetensors file. bfloat16 tensors, which safetensors' numpy
-    reader cannot return, are read from their byte ranges as ``ml_dtypes.bfloat16`` (bit-exact).
+    """(tensors, header metadata) of a safetensors file, the tensors read-only views of a memory map of
+    the file (no copy: their pages are the file's, read when used). bfloat16, which safetensors' numpy
+    reader cannot return, is viewed as ``ml_dtypes.bfloat16`` (bit-exact).
+
+    The header is checked by safetensors (``safe_open``: offsets inside the file, matching the shapes)
+    before any view is made.
 
     Raises:
         FormatError: the file is missing, not a regular file, truncated, not safetensors, or holds a
@@ -133,15 +158,28 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
             meta = dict(f.metadata() or {})
             names = list(f.keys())
             kinds = {k: f.get_slice(k).get_dtype() for k in names}
-            tensors = {k: f.get_tensor(k) for k in names if kinds[k] not in _ML_DTYPES}
+        bad = sorted(k for k, kind in kinds.items() if kind not in _ST_DTYPES)
+        if bad:
+            raise TypeError(f"{bad[0]} is {kinds[bad[0]]}")
+        with open(path, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(n))
+            mapped = (
+                mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                if any(header[k]["data_offsets"][1] > header[k]["data_offsets"][0] for k in names)
+                else b""
+            )
     except (SafetensorError, OSError, ValueError) as e:
         raise FormatError(f"{path}: not a readable safetensors file ({e})") from e
     except TypeError as e:
         raise FormatError(f"{path}: holds a tensor dtype numpy cannot represent ({e})") from e
-    wide = [k for k in names if kinds[k] in _ML_DTYPES]
-    if wide:
-        tensors |= _read_raw(Path(path), {k: kinds[k] for k in wide})
-    return {k: tensors[k] for k in names}, meta
+    tensors = {}
+    for k in names:
+        start, end = header[k]["data_offsets"]
+        dtype, shape = _ST_DTYPES[kinds[k]], tuple(header[k]["shape"])
+        data = np.frombuffer(mapped, dtype, (end - start) // dtype.itemsize, 8 + n + start) if end > start else None
+        tensors[k] = data.reshape(shape) if data is not None else np.zeros(shape, dtype)
+    return tensors, meta
 
 
 NPZ_PREFIXES = ("", "opt/target/", "params/", "params/img/")  # the flax .npz layouts' key prefixes
@@ -175,102 +213,144 @@ def expected_ndim(name: str) -> int | None:
     return None
 
 
-def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """The arrays of an .npz file, read without pickle (what ``np.load(allow_pickle=False)`` guarantees)
-    and with every declared size checked first.
+def open_npz(path: str | os.PathLike) -> dict[str, Tensor]:
+    """The arrays of an .npz file, member by member, without pickle (what ``np.load(allow_pickle=False)``
+    guarantees) and with every declared size checked first; no data is read here.
 
     Each member's header is parsed, its dimensions compared with those the layouts fix for its name
     (``expected_ndim``), and its declared byte size compared with the member's real size
     (the zip's declared uncompressed size: reading stops there) and with
-    ``vit_common.system.validate.memory_limit()`` before any array is allocated, so a corrupt header or a
-    compressed bomb cannot ask for terabytes.
+    ``vit_common.system.validate.memory_limit()``, so a corrupt header or a compressed bomb cannot ask for
+    terabytes. A stored (uncompressed, as ``np.savez`` writes) member is a read-only view of a memory map
+    of its bytes; a compressed one a ``LazyTensor`` that inflates it when loaded.
 
     Raises:
         FormatError: not a regular file, not a zip of .npy members, a pickled (object) array, a member
             of the wrong number of dimensions for its name, a corrupt member, or members declaring more
-            bytes than the memory limit.
+            bytes than the memory limit (a compressed member found truncated: when it is loaded).
     """
-    out, total = {}, 0
+    out: dict[str, Tensor] = {}
+    total = 0
     try:
-        with zipfile.ZipFile(regular_file(path)) as zf:
+        with open(regular_file(path), "rb") as fh, zipfile.ZipFile(fh) as zf:
+            mapped = None
             for info in zf.infolist():
                 name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
                 with zf.open(info) as fp:
-                    version = np.lib.format.read_magic(fp)
-                    if version not in ((1, 0), (2, 0)):
-                        raise FormatError(f"{path}: member {name!r} has .npy format version {version}")
-                    read_header = (
-                        np.lib.format.read_array_header_1_0
-                        if version == (1, 0)
-                        else np.lib.format.read_array_header_2_0
-                    )
-                    shape, fortran, dtype = read_header(fp)
-                    if dtype.hasobject:
-                        raise FormatError(f"{path}: member {name!r} holds Python objects (pickle); refused")
-                    ndim = expected_ndim(name)
-                    if ndim is not None and len(shape) != ndim:
-                        raise FormatError(
-                            f"{path}: member {name!r} has shape {shape}, the format's is {ndim}-D; refused "
-                            "before reading its data"
-                        )
+                    shape, fortran, dtype = _npy_header(fp, path, name)
                     need, have = math.prod(shape) * dtype.itemsize, info.file_size - fp.tell()
-                    total += need
-                    check_bytes(f"{path}: member {name!r} ({shape} {dtype}) and those before it", total)
-                    if need != have:
-                        raise FormatError(
-                            f"{path}: member {name!r} declares {shape} {dtype} ({need} bytes) "
-                            f"but holds {have} bytes: truncated or corrupt"
-                        )
-                    arr = np.empty(shape[::-1] if fortran else shape, dtype)
-                    if need and fp.readinto(memoryview(arr.reshape(-1).view(np.uint8))) != need:
-                        raise FormatError(f"{path}: member {name!r} is truncated")
-                out[name] = arr.T if fortran else arr
+                    start = fp.tell()
+                total += need
+                check_bytes(f"{path}: member {name!r} ({shape} {dtype}) and those before it", total)
+                if need != have:
+                    raise FormatError(
+                        f"{path}: member {name!r} declares {shape} {dtype} ({need} bytes) "
+                        f"but holds {have} bytes: truncated or corrupt"
+                    )
+                stored = shape[::-1] if fortran else shape
+                if info.compress_type == zipfile.ZIP_STORED and need:
+                    fh.seek(info.header_offset)
+                    local = fh.read(30)
+                    at = info.header_offset + 30 + int.from_bytes(local[26:28], "little")
+                    at += int.from_bytes(local[28:30], "little") + start
+                    mapped = mapped or mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                    arr = np.frombuffer(mapped, dtype, math.prod(shape), at).reshape(stored)
+                    out[name] = arr.T if fortran else arr
+                else:
+                    load = functools.partial(_inflate, Path(path), info, name, stored, dtype, start, fortran)
+                    out[name] = LazyTensor(shape, dtype, load)
     except FormatError:
         raise
-    except (
-        zipfile.BadZipFile,
-        zipfile.LargeZipFile,
-        ValueError,
-        OSError,
-        EOFError,
-        KeyError,
-        NotImplementedError,
-        RuntimeError,
-    ) as e:
+    except _ZIP_ERRORS as e:
         raise FormatError(f"{path}: not a readable .npz file ({type(e).__name__}: {e})") from e
     return out
 
 
-def _read_raw(path: Path, kinds: Mapping[str, str]) -> dict[str, np.ndarray]:
-    """Tensors of the given safetensors dtypes, from the byte ranges the header gives (the header has
-    been checked by ``safe_open``: offsets lie inside the file and match the shapes)."""
-    with open(path, "rb") as fh:
-        n = int.from_bytes(fh.read(8), "little")
-        header = json.loads(fh.read(n))
-        out = {}
-        for k, kind in kinds.items():
-            start, end = header[k]["data_offsets"]
-            fh.seek(8 + n + start)
-            out[k] = np.frombuffer(bytearray(fh.read(end - start)), _ML_DTYPES[kind]).reshape(header[k]["shape"])
-    return out
+_ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    ValueError,
+    OSError,
+    EOFError,
+    KeyError,
+    NotImplementedError,
+    RuntimeError,
+)
+
+
+def _npy_header(fp, path, name: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran order, dtype) of an .npy member's header, refusing pickles and wrong ndims."""
+    version = np.lib.format.read_magic(fp)
+    if version not in ((1, 0), (2, 0)):
+        raise FormatError(f"{path}: member {name!r} has .npy format version {version}")
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read_header(fp)
+    if dtype.hasobject:
+        raise FormatError(f"{path}: member {name!r} holds Python objects (pickle); refused")
+    ndim = expected_ndim(name)
+    if ndim is not None and len(shape) != ndim:
+        raise FormatError(
+            f"{path}: member {name!r} has shape {shape}, the format's is {ndim}-D; refused before reading its data"
+        )
+    return tuple(shape), fortran, dtype
+
+
+def _inflate(path: Path, info, name: str, stored, dtype, start: int, fortran: bool) -> np.ndarray:
+    """A compressed .npz member's array (its header at ``start`` bytes already checked by ``open_npz``)."""
+    arr = np.empty(stored, dtype)
+    need = arr.nbytes
+    try:
+        with zipfile.ZipFile(path) as zf, zf.open(info) as fp:
+            fp.seek(start)
+            if need and fp.readinto(memoryview(arr.reshape(-1).view(np.uint8))) != need:
+                raise FormatError(f"{path}: member {name!r} is truncated")
+    except FormatError:
+        raise
+    except _ZIP_ERRORS as e:
+        raise FormatError(f"{path}: not a readable .npz file ({type(e).__name__}: {e})") from e
+    return arr.T if fortran else arr
+
+
+def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file (``open_npz``'s, loaded into writable arrays: ``materialize``).
+
+    Raises:
+        FormatError: as ``open_npz``, and a compressed member found truncated.
+    """
+    return materialize(open_npz(path))
+
+
+def _holds(path: Path, what: str) -> bool:
+    """Whether a folder holds ``path`` (a link, dangling or not, counts); one it holds must be a regular
+    file, so that a FIFO, a device (a link to /dev/zero) or a folder is named as what it is, never taken
+    for a missing file or read until the memory runs out.
+
+    Raises:
+        ValueError: a FIFO, device or socket; FileNotFoundError: a dangling link; IsADirectoryError: a
+            folder; OSError: a link loop (``vit_common.system.validate.regular_file``).
+    """
+    if not os.path.lexists(path):
+        return False
+    regular_file(path, what)
+    return True
 
 
 def _hf_folder(path: Path) -> Source:
     config = json_object(path / "config.json")
     index = path / HF_INDEX
-    if index.is_file():
+    if _holds(index, "index file"):
         wmap = json_object(index).get("weight_map")
         if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
             raise FormatError(f"{index}: no weight_map of tensor names to file names")
         names = sorted(set(wmap.values()))
         if any(Path(f).name != f or f in (".", "..") for f in names):
             raise FormatError(f"{index}: weight_map names files outside the folder")
-        missing = [f for f in names if not (path / f).is_file()]
+        missing = [f for f in names if not _holds(path / f, "checkpoint shard")]
         if missing:
             raise FormatError(f"{index}: weight_map names shard file(s) that do not exist: {missing}")
         return Source(path, "hf_folder", tuple(path / f for f in names), config, dict(wmap))
     for name in ("model.safetensors", "pytorch_model.bin"):
-        if (path / name).is_file():
+        if _holds(path / name, "weights file"):
             return Source(path, "hf_folder", (path / name,), config)
     raise FormatError(f"{path}: config.json but none of {HF_WEIGHTS}")
 
@@ -285,9 +365,9 @@ def open_source(path: str | os.PathLike) -> Source:
     if not path.exists() and not path.is_symlink():  # a broken or looping link is named below
         raise FileNotFoundError(f"{path}: no such file or folder")
     if path.is_dir():
-        if (path / ORBAX_CONFIG).is_file() and (path / "state").is_dir():
+        if _holds(path / ORBAX_CONFIG, "config file") and (path / "state").is_dir():
             return Source(path, "orbax_folder", (path,), json_object(path / ORBAX_CONFIG))
-        if (path / "config.json").is_file():
+        if _holds(path / "config.json", "config file"):
             return _hf_folder(path)
         raise FormatError(
             f"{path}: a folder that is neither a Hugging Face ViT folder (config.json + weights) "
@@ -348,7 +428,7 @@ def _read_file(src: Source, f: Path, readers) -> tuple[dict[str, np.ndarray], di
         src.dropped += why
         return part, {}
     if src.container == "npz":
-        return read_npz(f), {}
+        return open_npz(f), {}
     return read_safetensors(f)
 
 

@@ -15,7 +15,6 @@ holds the state_dict reading and the one mapping from a ViTConfig to timm's keyw
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,9 +22,10 @@ import numpy as np
 
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Reference, Source, WriteOptions, writer
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
-from vit_common.checkpoints.formats.rules import materialize_posemb, refuse
+from vit_common.checkpoints.formats.rules import materialize_posemb, refuse, rope_family_fields, zero_head_bias
 from vit_common.checkpoints.formats.source import TORCH_SUFFIXES, read_safetensors
 from vit_common.checkpoints.formats.stored_config import assumed_meta, config_from_json, decode_stored
+from vit_common.checkpoints.formats.tensors import TensorMap, dtype_of
 from vit_common.checkpoints.formats.timm_hub import (
     HUB_WEIGHTS,
     hub_config,
@@ -69,7 +69,7 @@ class TimmWriteOptions(WriteOptions):
     )
 
 
-def _shared(weights_from: str, tensors: Mapping[str, np.ndarray], path: Path) -> tuple[dict | None, str]:
+def _shared(weights_from: str, tensors: TensorMap, path: Path) -> tuple[dict | None, str]:
     """(``weights_from``'s metadata, "") if it holds exactly ``tensors`` and ``path`` can share its bytes;
     else (None, a note saying why the tensors are written instead: a .pth/.bin destination is a pickle,
     or the file holds other tensors, e.g. a sincos2d model's, which the timm file holds as a table).
@@ -83,9 +83,9 @@ def _shared(weights_from: str, tensors: Mapping[str, np.ndarray], path: Path) ->
     bad = sorted(set(held) ^ set(tensors)) + [
         k
         for k in sorted(set(held) & set(tensors))
-        if held[k].dtype != tensors[k].dtype
-        or held[k].shape != tensors[k].shape
-        or held[k].tobytes() != tensors[k].tobytes()
+        if held[k].dtype != dtype_of(tensors[k])
+        or held[k].shape != np.shape(tensors[k])
+        or held[k].tobytes() != np.ascontiguousarray(tensors[k]).tobytes()
     ]
     if bad:
         return None, f"{weights_from} does not hold exactly these tensors ({', '.join(bad[:4])}): written, not shared"
@@ -129,7 +129,9 @@ class Timm(Format):
         )
 
     def cannot_hold(self, cfg: ViTConfig) -> list[str]:
-        return timm_cannot_hold(cfg)
+        """``timm_cannot_hold`` and the RoPE families' fields, except a bias-free head, which ``encode``
+        writes with a zero bias (``rules.zero_head_bias``)."""
+        return timm_cannot_hold(cfg.replace(head_bias=True)) + rope_family_fields(cfg)
 
     def declared(self, src: Source) -> Declared:
         """A hub folder's config.json ``pretrained_cfg`` and ``label_names``; a file's metadata otherwise."""
@@ -166,7 +168,9 @@ class Timm(Format):
     def encode(self, cfg: ViTConfig, state, path: Path, options: TimmWriteOptions, assumed=()) -> Encoded:
         refuse("timm", self.cannot_hold(cfg))
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=False)
-        tensors = {k: np.ascontiguousarray(state[k]) for k in canonical_shapes(cfg)}
+        cfg, state, more = zero_head_bias(cfg, state)
+        notes += more
+        tensors = {k: state[k] for k in canonical_shapes(cfg)}
         meta = config = shared = None
         if Path(path).suffix not in TORCH_SUFFIXES:
             meta = {"format": "pt", META_TAG[0]: META_TAG[1], "vit_config": cfg.to_json()} | assumed_meta(assumed)
@@ -210,6 +214,11 @@ class Timm(Format):
 
     def needs(self, path: Path) -> str | None:
         return "torch" if Path(path).suffix in TORCH_SUFFIXES else None
+
+    def states_as_fact(self, path: Path) -> bool:
+        """A hub folder's config.json names model_args that timm builds as fact; a state_dict file stores
+        no config (our .safetensors header records what was assumed), so it is written freely."""
+        return _hub_folder(path)
 
     def load_call(self, path: Path, cfg: ViTConfig) -> str:
         return hub_load_call(path) if _hub_folder(path) else timm_load_call(path, cfg)

@@ -16,13 +16,14 @@ top level without ``pretrained_cfg`` (``_parse_model_cfg`` reads both). Such a f
 never imports torch) builds ``timm.create_model("local-dir:PATH", pretrained=False)`` on the meta device
 and reads its fields, so what the name implies (CLIP's LayerNorm eps 1e-5, pre_norm) is declared too.
 Without timm (no reader, or it returns None) a folder we wrote reads its header's config; any other
-declares what config.json states (``declared_fields``), checks it against the tensors (``check_fields``)
-and infers the rest as for a timm file, assumed where shapes cannot tell. ``pretrained_cfg`` declares the
-preprocessing (``hub_preprocess``; timm ``data/config.py`` ``resolve_data_config`` defaults for missing
-keys), ``label_names`` the class names. ``vit convert --to timm DIR`` (a destination without a file
-suffix) writes such a folder, which ``timm.create_model("local-dir:DIR", pretrained=True)`` loads strictly:
-``vit_base_patch16_224`` (eps 1e-6), ``vit_base_patch16_clip_224`` (eps 1e-5) or, distilled,
-``deit_base_distilled_patch16_224``, with every keyword of ``timm_kwargs`` in ``model_args``.
+declares what config.json states (``declared_fields``) and what its architecture implies (the table of
+timm's architectures, ``timm_names``: ``architecture_defaults``), checks it against the tensors
+(``check_fields``) and infers the rest as for a timm file, assumed where shapes cannot tell.
+``pretrained_cfg`` declares the preprocessing (``hub_preprocess``; timm ``data/config.py``
+``resolve_data_config`` defaults for missing keys), ``label_names`` the class names. ``vit convert --to
+timm DIR`` (a destination without a file suffix) writes such a folder, which ``timm.create_model(
+"local-dir:DIR", pretrained=True)`` loads strictly: the architecture that matches the model
+(``hub_architecture``), with every keyword of ``timm_kwargs`` in ``model_args``.
 
 This module reads and writes those folders for the timm format (``vit_common.checkpoints.formats.timm``,
 which holds its ``FORMAT``; this module has none).
@@ -30,26 +31,32 @@ which holds its ``FORMAT``; this module has none).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.protocol import Decoded, Source
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY, common_float_dtype, declared
-from vit_common.checkpoints.formats.rules import refuse, to_canonical, unsupported
+from vit_common.checkpoints.formats.rules import refuse, unsupported
 from vit_common.checkpoints.formats.stored_config import config_from_json, decode_stored
+from vit_common.checkpoints.formats.timm_eva import eva_to_canonical
+from vit_common.checkpoints.formats.timm_names import architecture_config, matching_name, timm_version
 from vit_common.checkpoints.formats.timm_state import (
     GELU_TO_TIMM,
     POOL_TO_TIMM,
     infer,
     normalise_keys,
     timm_kwargs,
-    timm_rules,
+    timm_model_name,
 )
 from vit_common.config import ViTConfig
 from vit_common.data.images import CROP_MODES, INTERPOLATIONS, Preprocess
+from vit_common.system.validate import check_declared_sizes
 
 HUB_WEIGHTS = "model.safetensors"
 # timm data/constants.py: what resolve_data_config takes where pretrained_cfg has no value.
@@ -216,6 +223,47 @@ def declared_fields(hub: HubConfig, where: str) -> tuple[dict[str, Any], dict[st
     return out, keys, unread
 
 
+# What an architecture name fixes that tensor shapes cannot show (timm's entry point defaults).
+NAME_IMPLIES = (
+    "num_heads",
+    "ln_eps",
+    "gelu",
+    "pool",
+    "pool_include_prefix",
+    "posemb_prefix",
+)
+
+
+def architecture_defaults(name: str, tensors: Mapping[str, Any], fields: dict[str, Any], keys: dict[str, str]) -> bool:
+    """Add to ``fields`` (and ``keys``, where each came from) what the timm architecture ``name`` implies
+    and config.json's model_args do not override (``NAME_IMPLIES``, and its image size where the tensors'
+    position table fits it), from the table of timm's architectures (``timm_names``). False for a name
+    the table does not hold (nothing added)."""
+    arch = architecture_config(name)
+    if arch is None:
+        return False
+    source = f"architecture {name} (timm {timm_version()} builds it so)"
+    for field_name in NAME_IMPLIES:
+        if field_name not in fields:
+            fields[field_name], keys[field_name] = getattr(arch, field_name), source
+    if "image_size" not in fields and _grid_fits(tensors, arch.image_size):
+        fields["image_size"], keys["image_size"] = tuple(arch.image_size), source
+    return True
+
+
+def _grid_fits(tensors: Mapping[str, Any], size: tuple[int, int]) -> bool:
+    """Whether a ``size`` image's patch grid gives the position table's rows (with or without the
+    prefix tokens' rows)."""
+    pe, proj = tensors.get("pos_embed"), tensors.get("patch_embed.proj.weight")
+    if pe is None or proj is None or len(np.shape(pe)) != 3 or len(np.shape(proj)) != 4:
+        return False
+    (ph, pw), rows = np.shape(proj)[-2:], np.shape(pe)[1]
+    reg = np.shape(tensors["reg_token"])[1] if "reg_token" in tensors else 0
+    prefix = int("cls_token" in tensors) + int("dist_token" in tensors) + reg
+    n = (size[0] // ph) * (size[1] // pw)
+    return rows in (n, n + prefix)
+
+
 def check_fields(hub: HubConfig, cfg: ViTConfig, where: str) -> None:
     """Refuse a config.json whose model_args contradict what the tensors give (timm would not load it).
 
@@ -236,6 +284,29 @@ def check_fields(hub: HubConfig, cfg: ViTConfig, where: str) -> None:
         raise FormatError(f"{where}: config.json disagrees with the tensors: " + "; ".join(bad))
 
 
+def check_model_args(hub: HubConfig, tensors, where: str) -> None:
+    """Refuse ``model_args`` sizes (``depth``, ``embed_dim``, ``mlp_ratio``) that claim more parameters
+    than the folder's tensors hold (``vit_common.system.validate.check_declared_sizes``), before
+    ``timm.create_model`` builds them: a ``depth`` of 10^9 allocated gigabytes there. Values that are not
+    numbers are left to the checks that name them.
+
+    Raises:
+        FormatError: naming config.json, the sizes and the count the tensors hold.
+    """
+    args = hub.model_args
+    depth, width, ratio = args.get("depth"), args.get("embed_dim"), args.get("mlp_ratio", 4.0)
+    if not isinstance(depth, int) or isinstance(depth, bool):
+        return
+    if not isinstance(width, int) or isinstance(width, bool):
+        patch = tensors.get("patch_embed.proj.weight")
+        width = int(np.shape(patch)[0]) if patch is not None and np.ndim(patch) >= 1 else 1
+    mlp = int(ratio * width) if isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio > 0 else 0
+    try:
+        check_declared_sizes(f"{where}: model_args", tensors, depth, width, mlp)
+    except ValueError as e:
+        raise FormatError(str(e)) from None
+
+
 def read_hub(src: Source, opts) -> Decoded:
     """Canonical state, config and provenance of a timm hub folder (``src.config`` is its config.json):
     timm's own reading (``opts.readers["timm"]``), else the config our writer put in the weights' header,
@@ -249,16 +320,15 @@ def read_hub(src: Source, opts) -> Decoded:
     hub = hub_config(src.config or {}, where)
     layout = f"timm hub folder, architecture {hub.architecture}"
     reader = (opts.readers or {}).get("timm")
-    cfg = reader(src.path) if reader is not None else None
     tensors, notes = normalise_keys(src.tensors)
+    check_model_args(hub, tensors, where)  # before timm builds a module per declared block
+    cfg = reader(src.path) if reader is not None else None
     if cfg is not None:
+        tensors = eva_to_canonical(tensors)  # a timm Eva's split q/k/v and SwiGLU (identity for a plain ViT)
         dt = common_float_dtype(tensors)
         if dt in ("float32", "float64", "bfloat16", "float16"):
             cfg = cfg.replace(param_dtype=dt)
         how = f"config.json: timm.create_model('local-dir:...') builds {hub.architecture}"
-        if "blocks.0.mlp.fc1_g.weight" in tensors:  # timm SwiGLU (aimv2_*): packed as ours, gate rows first
-            tensors = to_canonical(timm_rules(cfg, split_gate=True), tensors, src.context)
-            notes.append("timm SwiGLU fc1_g / fc1_x packed into fc1, gate rows first")
         dec = decode_stored(cfg, tensors, layout, src.context, how, hub.assumed)
         dec.notes += notes
         return dec
@@ -269,6 +339,7 @@ def read_hub(src: Source, opts) -> Decoded:
         dec.notes += notes + more + [f"{why}: the config was read from {HUB_WEIGHTS}'s metadata"]
         return dec
     fields, keys, unread = declared_fields(hub, where)
+    known = architecture_defaults(hub.architecture, tensors, fields, keys)
     given = dict(opts.overrides)
     size = fields.pop("image_size", None) or opts.source_image_size  # load_checkpoint refuses a conflict
     dec = infer(
@@ -285,8 +356,12 @@ def read_hub(src: Source, opts) -> Decoded:
         dec.provenance["image_size"] = declared(f"config.json {keys['image_size']}")
     dec.layout = layout
     dec.notes.append(
-        f"{why}: only what config.json states is declared; timm builds {hub.architecture} with its own "
-        "defaults (install timm, or pass the fields flagged below, to state the rest)"
+        f"{why}: what {hub.architecture} implies is declared from the table of timm {timm_version()}'s "
+        "architectures (vit_common/checkpoints/formats/timm_architectures.json)"
+        if known
+        else f"{why}: only what config.json states is declared; timm builds {hub.architecture} with its own "
+        "defaults, which the table of timm's architectures does not hold (install timm, or pass the fields "
+        "flagged below, to state the rest)"
     )
     if unread:
         dec.notes.append(f"config.json model_args not read without timm: {', '.join(unread)}")
@@ -344,7 +419,7 @@ def hub_config_json(cfg: ViTConfig, assumed=()) -> dict[str, Any]:
         "custom_load": False,
     }
     config = {
-        "architecture": HUB_DISTILLED if cfg.head_dist else HUB_ARCHITECTURES[cfg.ln_eps],
+        "architecture": hub_architecture(cfg),
         "num_classes": cfg.num_classes,
         "num_features": cfg.features_dim,
     }
@@ -352,6 +427,19 @@ def hub_config_json(cfg: ViTConfig, assumed=()) -> dict[str, Any]:
         config["global_pool"] = POOL_TO_TIMM[cfg.pool]
     config |= {"model_args": args, "pretrained_cfg": pcfg}
     return config | ({ASSUMED_KEY: sorted(assumed)} if assumed else {})
+
+
+def hub_architecture(cfg: ViTConfig) -> str:
+    """The timm architecture a written folder names: one whose defaults equal ``cfg`` (``timm_names.
+    matching_name``: ``vit_tiny_patch16_224`` for a Ti/16 at 224 px), else the variant's timm name where
+    it builds the same LayerNorm eps and head (``timm_state.timm_model_name``), else ``HUB_ARCHITECTURES``
+    by eps (or ``HUB_DISTILLED``). model_args spell out every other keyword, so the name decides only the
+    LayerNorm eps; a matching one also tells a reader what the model is."""
+    name = matching_name(cfg) or timm_model_name(cfg)
+    arch = architecture_config(name) if name else None
+    if arch is not None and arch.ln_eps == cfg.ln_eps and arch.head_dist == cfg.head_dist:
+        return name
+    return HUB_DISTILLED if cfg.head_dist else HUB_ARCHITECTURES[cfg.ln_eps]
 
 
 def hub_cannot_hold(cfg: ViTConfig) -> list[str]:

@@ -106,6 +106,24 @@ def timm_rules(cfg: ViTConfig, split_gate: bool = False) -> list[Rule]:
     return rules
 
 
+_ROPE_SIGNATURE = (
+    "a timm RoPE model (DINOv3, RoPE-ViT, SBB vit_*_rope_reg*, Perception Encoder: no pos_embed with Eva's "
+    "gamma_1 names or register tokens, or norm_pre with a MAP head) read from a bare state_dict, which holds "
+    "none of its rotary settings; load its timm hub folder (config.json + model.safetensors) or its timm "
+    "model name, or --set posemb=none for a ViT without position information"
+)
+
+
+def _rope_signature(tensors: Mapping[str, np.ndarray]) -> bool:
+    """Whether a state_dict without a header config looks like a timm Eva RoPE model (which the timm
+    format would otherwise read without its rotary embeddings): no ``pos_embed`` with Eva's LayerScale
+    spelling or register tokens (DINOv3, RoPE-ViT, SBB), or ``norm_pre`` with a MAP head (PE core)."""
+    keys = {k.removeprefix("module.") for k in tensors}
+    eva = any(_DEIT3_GAMMA.match(k) for k in keys) or "reg_token" in keys
+    no_position = "pos_embed" not in keys and "blocks.0.norm1.weight" in keys and eva
+    return no_position or ("norm_pre.weight" in keys and "attn_pool.latent" in keys)
+
+
 def infer(
     tensors: Mapping[str, np.ndarray],
     *,
@@ -141,8 +159,14 @@ def infer(
             "no final LayerNorm (timm final_norm=False: neither norm nor fc_norm)": (
                 "norm.weight" not in t and "fc_norm.weight" not in t and "blocks.0.norm1.weight" in t
             ),
+            _ROPE_SIGNATURE: "posemb" not in overrides and _rope_signature(tensors),
         },
     )
+    if "pos_embed" in t and any(_DEIT3_GAMMA.match(k) for k in tensors) and "reg_token" not in t:
+        notes.append(
+            "gamma_1/gamma_2 with a pos_embed: read as DeiT III; timm's RoPE-ViT vit_*_rope_ape_224 has the same "
+            "tensors and rotary embeddings besides: if it is one, load its timm hub folder or model name"
+        )
     d, c, ph, pw = positive_dims(np.shape(t["patch_embed.proj.weight"]), "patch_embed.proj.weight", context)
     grid = (source_image_size[0] // ph, source_image_size[1] // pw) if source_image_size else None
     depth = 0
@@ -233,7 +257,7 @@ def infer(
     dt = common_float_dtype(t)
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
-    cfg = build_config(f, prov, overrides, context)
+    cfg = build_config(f, prov, overrides, context, t)
     rules = timm_rules(cfg, split_gate)
     layout = "timm VisionTransformerDistilled state_dict" if cfg.dist_token else "timm state_dict"
     return Decoded(cfg, to_canonical(rules, t, context), layout, prov, [], notes)

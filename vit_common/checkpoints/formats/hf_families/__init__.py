@@ -90,7 +90,14 @@ from vit_common.checkpoints.formats.provenance import (
     positive_dims,
     refuse_unsupported,
 )
-from vit_common.checkpoints.formats.rules import from_canonical, materialize_posemb, refuse, to_canonical, unsupported
+from vit_common.checkpoints.formats.rules import (
+    from_canonical,
+    materialize_posemb,
+    refuse,
+    rope_family_fields,
+    to_canonical,
+    unsupported,
+)
 from vit_common.config import ViTConfig
 from vit_common.system import io
 
@@ -240,7 +247,7 @@ def read_family(
     dt = common_float_dtype({k: v for k, v in tensors.items() if k.startswith(mine) or not mine})
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
-    cfg = build_config(f, prov, dict(overrides), context)
+    cfg = build_config(f, prov, dict(overrides), context, tensors)
     ignored = {k for k, _ in dropped}
     kept = split_in_proj({k: v for k, v in tensors.items() if k not in ignored}, prefix)
     if cfg.reg_tokens:
@@ -328,7 +335,7 @@ class HfFamilies(HuggingFace):
         fam = FAMILIES[model_type]
         style, head = fam.style, fam.architectures[arch][1]
         (ih, iw), (ph, pw) = cfg.image_size, cfg.patch_size
-        return unsupported(
+        return rope_family_fields(cfg) + unsupported(
             model_type,
             {
                 f"image_size={cfg.image_size} (a square size only)": ih != iw,
@@ -389,7 +396,7 @@ class HfFamilies(HuggingFace):
             )
         if spelling != options.spelling:
             notes.append(f"{model_type} has one key spelling; written in it")
-        return Encoded(cfg, state, tensors, config, None, notes)
+        return Encoded(cfg, state, tensors, config, None, notes, shard_size=options.shard_bytes)
 
     def decode(self, enc: Encoded) -> Decoded:
         return read_family(enc.tensors, enc.config_json, context="hf_family read-back")

@@ -1,0 +1,218 @@
+"""Peak anonymous memory and wall time of `vit convert`, side by side with `cp` of the same file.
+
+A timm safetensors file of random weights (float32 or bfloat16) is written by streaming (each tensor
+computed when it is written), then converted to each target format in child processes, interleaved with
+`cp` of the same file (cp, hf, big_vision, orbax, cp, hf, ...). Each child's anonymous memory (RssAnon of
+/proc/PID/status: heap and anonymous maps, not the pages of memory-mapped files, which VmRSS and VmHWM
+include) is sampled every 5 ms; a record gives its peak, the peak less what the child held after its
+imports (``rise``), both as ratios to the file size, the wall time and its ratio to the median `cp`.
+
+Run (from the repository root):
+
+    python -m benchmarks.convert_memory --variant L/16 --dtype float32 --repeats 3
+    python -m benchmarks.convert_memory --variant 7B/16 --dtype bfloat16 --to hf,big_vision --repeats 1
+
+``7B/16`` is ViT-7B-shaped: DINOv3 ViT-7B's width 4096, depth 40 and 32 heads, its SwiGLU feed-forward
+(3 x 4096 x 8192) as a plain MLP of 12288 (the same parameter count, which every format holds): 6.7e9
+parameters, 13.4 GB in bfloat16. The files go to ``--dir`` (default: a temporary folder, removed at the
+end). Records are JSON lines (``--out``), with the machine (CPU model and flags from /proc/cpuinfo).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.harness import host
+from vit_common.checkpoints.convert import save_checkpoint
+from vit_common.checkpoints.formats.tensors import LazyTensor
+from vit_common.config import ViTConfig
+from vit_common.state import canonical_shapes
+from vit_common.system import in_place
+
+SHAPES = {"7B/16": dict(patch_size=16, width=4096, depth=40, num_heads=32, mlp_dim=12288)}
+DESTINATIONS = {"hf": "out_hf", "big_vision": "out.npz", "orbax": "out_orbax", "timm": "out.safetensors"}
+_SAMPLE_S = 0.005
+
+# The child: import, say its anonymous memory, then run `vit convert` as the command line does.
+_CHILD = """
+import sys
+from vit_cli.main import main
+def anon():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
+print(anon(), flush=True)
+sys.exit(main(["convert", sys.argv[1], sys.argv[2], "--to", sys.argv[3], "--json"]))
+"""
+
+
+def config(variant: str, dtype: str) -> ViTConfig:
+    """The ViTConfig of ``variant`` (a VARIANTS name such as L/16, or a name of ``SHAPES``), 1000 classes."""
+    if variant in SHAPES:
+        return ViTConfig(image_size=224, num_classes=1000, param_dtype=dtype, **SHAPES[variant])
+    return ViTConfig.from_name(variant, num_classes=1000, param_dtype=dtype)
+
+
+def random_lazy_state(cfg: ViTConfig, dtype: str, seed: int = 0) -> dict[str, LazyTensor]:
+    """Canonical tensors of uniform values in [-0.02, 0.02), each computed (the same every time, from
+    its own seed) only when asked for: a file of any size is written one tensor in memory at a time."""
+    out = {}
+    for i, (name, shape) in enumerate(canonical_shapes(cfg).items()):
+
+        def make(shape=shape, i=i) -> np.ndarray:
+            a = np.random.default_rng([seed, i]).random(shape, np.float32)
+            a -= 0.5
+            a *= 0.04
+            return a.astype(_dtype(dtype), copy=False)
+
+        out[name] = LazyTensor(shape, _dtype(dtype), make)
+    return out
+
+
+def _dtype(name: str):
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(name)
+
+
+def rss_anon(pid: int) -> int | None:
+    """RssAnon of process ``pid`` in bytes (None once it has gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:")), None)
+    except OSError:
+        return None
+
+
+def measure(argv: list[str], reports_baseline: bool) -> dict:
+    """Run ``argv``, sampling its RssAnon; wall seconds, peak bytes and (``reports_baseline``: the child's
+    first stdout line) what it held after its imports."""
+    start = time.perf_counter()
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = 0
+    while p.poll() is None:
+        peak = max(peak, rss_anon(p.pid) or 0)
+        time.sleep(_SAMPLE_S)
+    wall = time.perf_counter() - start
+    out, err = p.communicate()
+    if p.returncode != 0:
+        raise RuntimeError(f"{argv[:4]} exited {p.returncode}: {err.strip()[-2000:]}")
+    baseline = int(out.split()[0]) if reports_baseline else 0
+    return {"wall_s": wall, "peak_anon_bytes": peak, "baseline_anon_bytes": baseline}
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variant", default="L/16", help="a ViT variant (L/16) or 7B/16 (default L/16)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--to", default="hf,big_vision,orbax", help="target formats, comma-separated")
+    p.add_argument("--repeats", type=int, default=3, help="rounds of cp + every target (default 3)")
+    p.add_argument("--dir", help="folder for the files (default: a temporary one, removed at the end)")
+    p.add_argument("--out", help="append JSON-line records here")
+    args = p.parse_args(argv)
+    targets = [t for t in args.to.split(",") if t]
+    unknown = [t for t in targets if t not in DESTINATIONS]
+    if unknown or args.repeats < 1:
+        p.error(f"--to {args.to!r}: expected some of {', '.join(DESTINATIONS)}; --repeats at least 1")
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="vit_convert_memory_"))
+    work.mkdir(parents=True, exist_ok=True)
+    cfg = config(args.variant, args.dtype)
+    src = work / "src.safetensors"
+    try:
+        t0 = time.perf_counter()
+        save_checkpoint(src, cfg, random_lazy_state(cfg, args.dtype), "timm")
+        made_s = time.perf_counter() - t0
+        size = src.stat().st_size
+        context = {
+            "time": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": host(),
+            "variant": args.variant,
+            "dtype": args.dtype,
+            "params": cfg.param_count(),
+            "file_bytes": size,
+            "source_written_s": made_s,
+            "sample_s": _SAMPLE_S,
+        }
+        print(
+            f"# {args.variant} {args.dtype}: {cfg.param_count():,} parameters, {size / 1e9:.2f} GB, written "
+            f"by streaming in {made_s:.1f} s",
+            flush=True,
+        )
+        runs: dict[str, list[dict]] = {name: [] for name in ["cp", *targets]}
+        for r in range(args.repeats):
+            for name in runs:
+                dst = work / ("copy.safetensors" if name == "cp" else DESTINATIONS[name])
+                _remove(dst)
+                if name == "cp":
+                    m = measure(["cp", str(src), str(dst)], False)
+                else:
+                    m = measure([sys.executable, "-c", _CHILD, str(src), str(dst), name], True)
+                _remove(dst)
+                runs[name].append(m)
+                print(
+                    f"round {r + 1} {name:10s} {m['wall_s']:7.2f} s  peak anon {m['peak_anon_bytes'] / 2**20:8.1f} MiB",
+                    flush=True,
+                )
+        cp_s = statistics.median(m["wall_s"] for m in runs["cp"])
+        records = []
+        for name, ms in runs.items():
+            peak = max(m["peak_anon_bytes"] for m in ms)
+            rise = max(m["peak_anon_bytes"] - m["baseline_anon_bytes"] for m in ms)
+            wall = statistics.median(m["wall_s"] for m in ms)
+            records.append(
+                context
+                | {
+                    "contender": name,
+                    "runs": ms,
+                    "wall_median_s": wall,
+                    "wall_vs_cp": wall / cp_s,
+                    "peak_anon_bytes": peak,
+                    "peak_anon_vs_file": peak / size,
+                    "rise_anon_bytes": rise,
+                    "rise_anon_vs_file": rise / size,
+                }
+            )
+        print("\n| contender | wall (median) | x cp | peak anon | x file | rise after imports | x file |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for rec in records:
+            print(
+                f"| {rec['contender']} | {rec['wall_median_s']:.1f} s | {rec['wall_vs_cp']:.2f} | "
+                f"{rec['peak_anon_bytes'] / 2**20:.0f} MiB | {rec['peak_anon_vs_file']:.3f} | "
+                f"{rec['rise_anon_bytes'] / 2**20:.0f} MiB | {rec['rise_anon_vs_file']:.3f} |"
+            )
+        print(
+            f"\nCPU: {context['machine']['cpu']}; flags: {', '.join(context['machine']['cpu_flags'] or [])}; "
+            f"cores: {context['machine']['cores']}"
+        )
+        if args.out:
+            with in_place.open_log(args.out) as f:
+                f.write("".join(json.dumps(rec) + "\n" for rec in records))
+    finally:
+        if args.dir:
+            _remove(src)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""transformers ``dinov3_vit`` folders (``DINOv3ViTModel.save_pretrained``) in both twins: the config and
+tensors read (vit_common.checkpoints.formats.hf_dinov3), both twins equal to transformers' own forward,
+and the folder written back loading strictly in transformers."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from vit_common.checkpoints.formats import hf_dinov3
+from vit_common.checkpoints.formats.tensors import materialize
+from vit_common.state import canonical_shapes, check_state
+from vit_common.tolerance import compare
+from vit_jax.weights import from_numpy as jax_from_numpy
+from vit_torch.weights import from_numpy as torch_from_numpy
+
+transformers = pytest.importorskip("transformers")
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+TINY = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=64, patch_size=16
+)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(num_register_tokens=4),  # plain MLP, q and v biases only (key_bias=False, transformers' default)
+        pytest.param(
+            dict(num_register_tokens=2, use_gated_mlp=True, hidden_act="silu", key_bias=True), marks=pytest.mark.slow
+        ),
+    ],
+    ids=["plain", "gated_key_bias"],
+)
+def test_dinov3_vit_folder_in_both_twins(kw, tmp_path):
+    torch.manual_seed(0)
+    model = transformers.DINOv3ViTModel(transformers.DINOv3ViTConfig(**TINY, **kw)).eval()
+    with torch.no_grad():  # off the init: LayerScale 1 and every weight moved
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    tensors = safetensors_numpy.load_file(tmp_path / "hf" / "model.safetensors")
+    cfg = hf_dinov3.dinov3_config(config)
+    state = hf_dinov3.to_canonical(cfg, tensors)
+    check_state(canonical_shapes(cfg), state)
+    assert hf_dinov3.cannot_hold(cfg) == []
+    for hw in ((64, 64), (48, 80)):
+        images = torch.randn(2, 3, *hw, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            ref = model(pixel_values=images)
+            tokens_ref, pooled_ref = ref.last_hidden_state.numpy(), ref.pooler_output.numpy()
+            pooled_t = torch_from_numpy(cfg, state)(images).numpy()
+            tokens_t = torch_from_numpy(cfg.replace(pool="none"), state)(images).numpy()
+        x = jnp.asarray(images.permute(0, 2, 3, 1).numpy())
+        pooled_j = np.asarray(jax_from_numpy(cfg, state)(x))
+        tokens_j = np.asarray(jax_from_numpy(cfg.replace(pool="none"), state)(x))
+        for name, out, want in (
+            ("pooled torch", pooled_t, pooled_ref),
+            ("pooled jax", pooled_j, pooled_ref),
+            ("tokens torch", tokens_t, tokens_ref),
+            ("tokens jax", tokens_j, tokens_ref),
+        ):
+            c = compare(f"{name} {hw}", out, want, "tensor", "float32")
+            assert c.ok, str(c)
+    # written back: the same tensors bit for bit (mask_token, training only, as zeros) and a strict load
+    written = materialize(hf_dinov3.from_canonical(cfg, state))
+    assert set(written) == set(tensors)
+    assert all(np.array_equal(written[k], tensors[k]) for k in tensors if k != "embeddings.mask_token")
+    out = tmp_path / "ours"
+    out.mkdir()
+    safetensors_numpy.save_file(written, out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(hf_dinov3.config_json(cfg)))
+    back, info = transformers.DINOv3ViTModel.from_pretrained(out, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    images = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(back.eval()(pixel_values=images).pooler_output, model(pixel_values=images).pooler_output)
+
+
+def test_dinov3_vit_refusals_name_the_key():
+    with pytest.raises(ValueError, match="proj_bias=False"):
+        hf_dinov3.dinov3_config({"proj_bias": False})
+    with pytest.raises(ValueError, match="key_bias=True"):
+        hf_dinov3.dinov3_config({"query_bias": False, "value_bias": False, "key_bias": True})
+    with pytest.raises(ValueError, match="hidden_act='gelu' with use_gated_mlp=True"):
+        hf_dinov3.dinov3_config({"use_gated_mlp": True})
+    with pytest.raises(ValueError, match="head_dim divisible by 4"):
+        hf_dinov3.dinov3_config({"hidden_size": 40, "num_attention_heads": 4})

@@ -1,0 +1,216 @@
+"""Streaming conversion: lazy tensors, the streaming safetensors and .npz writers, sharded HF folders
+(``--shard-size``) and the bounded peak anonymous memory of converting between streaming formats."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import save as library_save
+
+from vit_cli.main import main
+from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
+from vit_common.checkpoints.formats.hf import HfWriteOptions, shard_bytes, shards
+from vit_common.checkpoints.formats.source import HF_INDEX, open_npz, read_safetensors
+from vit_common.checkpoints.formats.tensors import LazyTensor, materialize
+from vit_common.config import ViTConfig
+from vit_common.state import random_state
+from vit_common.system.tensor_files import write_npz, write_safetensors
+
+
+def _mixed(rng) -> dict:
+    return {
+        "b": rng.standard_normal((3, 4)).astype(np.float32),
+        "a": rng.standard_normal((5,)).astype(ml_dtypes.bfloat16),
+        "c": np.arange(6, dtype=np.int64),
+        "t": rng.standard_normal((4, 3)).T,  # a float64 view, not contiguous
+        "e": np.zeros((0, 3), np.float16),
+        "s": np.array(2.5),
+        "u": np.array([True, False]),
+    }
+
+
+def test_lazy_tensor_loads_only_when_asked_and_every_time():
+    calls = []
+    t = LazyTensor((2, 3), np.float32, lambda: calls.append(1) or np.ones((2, 3), np.float32))
+    assert (np.shape(t), np.ndim(t), t.nbytes, t.dtype) == ((2, 3), 2, 24, np.float32) and calls == []
+    assert np.asarray(t).sum() == 6 and np.asarray(t, np.float64).dtype == np.float64 and len(calls) == 2
+    bad = LazyTensor((3,), np.float32, lambda: np.ones(3, np.float64))
+    with pytest.raises(AssertionError, match=r"declared \(3,\) float32 but produced \(3,\) float64"):
+        np.asarray(bad)
+    assert materialize({"t": t})["t"].flags.writeable
+
+
+@pytest.mark.parametrize("metadata", [None, {"format": "pt"}, {"z": "1", "format": "pt", "a": "x"}])
+def test_streamed_safetensors_are_the_library_bytes(metadata):
+    """The same bytes as safetensors.numpy.save, header order and padding included, from lazy tensors;
+    with several metadata keys the same header (the library orders them as its hash map iterates, which
+    varies from run to run; ours are sorted)."""
+    arrays = _mixed(np.random.default_rng(0))
+    lazy = {k: LazyTensor(v.shape, v.dtype, lambda v=v: v) for k, v in arrays.items()}
+    fh = io.BytesIO()
+    n = write_safetensors(fh, lazy, metadata)
+    mine, expected = fh.getvalue(), library_save({k: np.array(v, order="C") for k, v in arrays.items()}, metadata)
+    assert n == len(mine) == len(expected)
+    if len(metadata or {}) < 2:
+        assert mine == expected
+    h = int.from_bytes(mine[:8], "little")
+    assert mine[:8] == expected[:8] and mine[8 + h :] == expected[8 + h :]
+    assert json.loads(mine[8 : 8 + h]) == json.loads(expected[8 : 8 + h])
+    assert list(json.loads(mine[8 : 8 + h])["__metadata__"] if metadata else []) == sorted(metadata or [])
+
+
+def test_streamed_npz_reads_back_member_by_member(tmp_path):
+    arrays = {k: v for k, v in _mixed(np.random.default_rng(1)).items() if k != "a"}
+    with open(tmp_path / "x.npz", "wb") as fh:
+        write_npz(fh, {k: LazyTensor(v.shape, v.dtype, lambda v=v: v) for k, v in arrays.items()})
+    with zipfile.ZipFile(tmp_path / "x.npz") as zf:
+        assert {i.compress_type for i in zf.infolist()} == {zipfile.ZIP_STORED}
+    with np.load(tmp_path / "x.npz") as z:
+        assert sorted(z.files) == sorted(arrays)
+        assert all(z[k].dtype == v.dtype and np.array_equal(z[k], v) for k, v in arrays.items())
+
+
+def test_npz_members_are_mapped_or_inflated_lazily(tmp_path):
+    """Stored members are read-only views of the file; compressed ones LazyTensors; both bit-exact."""
+    rng = np.random.default_rng(2)
+    arrays = {"w": rng.standard_normal((5, 7)).astype(np.float32), "f": np.asfortranarray(rng.standard_normal((3, 4)))}
+    np.savez(tmp_path / "s.npz", **arrays)
+    np.savez_compressed(tmp_path / "c.npz", **arrays)
+    stored, packed = open_npz(tmp_path / "s.npz"), open_npz(tmp_path / "c.npz")
+    assert all(isinstance(v, np.ndarray) and not v.flags.writeable for v in stored.values())
+    assert all(isinstance(v, LazyTensor) for v in packed.values())
+    for got in (stored, packed):
+        assert all(np.array_equal(np.asarray(got[k]), v) and np.shape(got[k]) == v.shape for k, v in arrays.items())
+
+
+def test_safetensors_are_read_as_views_of_the_file(tmp_path):
+    arrays = _mixed(np.random.default_rng(3))
+    (tmp_path / "x.safetensors").write_bytes(library_save({k: np.array(v, order="C") for k, v in arrays.items()}))
+    got, _ = read_safetensors(tmp_path / "x.safetensors")
+    assert all(got[k].dtype == v.dtype and np.array_equal(got[k], v) for k, v in arrays.items())
+    assert not got["b"].flags.writeable and not got["b"].flags.owndata
+
+
+@pytest.mark.parametrize(
+    "text, n", [("123", 123), ("5GB", 5 * 10**9), ("500MB", 5 * 10**8), ("4GiB", 4 * 2**30), ("1.5kib", 1536)]
+)
+def test_shard_size_units(text, n):
+    assert shard_bytes(text) == n == HfWriteOptions(shard_size=text).shard_bytes
+
+
+def test_shards_fill_in_order_and_a_big_tensor_goes_alone():
+    t = {k: np.zeros(n, np.uint8) for k, n in (("a", 40), ("b", 50), ("c", 120), ("d", 30), ("e", 80))}
+    assert shards(t, None) == [("model.safetensors", list("abcde"))]
+    assert shards(t, 1000) == [("model.safetensors", list("abcde"))]
+    assert shards(t, 100) == [
+        ("model-00001-of-00004.safetensors", ["c"]),  # as huggingface_hub: a big tensor's shard comes first
+        ("model-00002-of-00004.safetensors", ["a", "b"]),
+        ("model-00003-of-00004.safetensors", ["d"]),
+        ("model-00004-of-00004.safetensors", ["e"]),
+    ]
+
+
+@pytest.fixture
+def small(tmp_path, tiny_cfg) -> Path:
+    path = tmp_path / "m.safetensors"
+    save_checkpoint(path, tiny_cfg, random_state(tiny_cfg), "timm")
+    return path
+
+
+@pytest.mark.parametrize("value", ["0", "abc", "-1", "0.1", "5XB"])
+def test_bad_shard_size_is_one_line_exit_2_nothing_written(value, small, tmp_path, capsys):
+    assert main(["convert", str(small), str(tmp_path / "out"), "--to", "hf", "--shard-size", value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--shard-size {value!r}: expected a size of at least 1 byte" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
+
+
+def test_sharded_hf_folder_reads_back_bit_exact(small, tmp_path, capsys):
+    assert main(["convert", str(small), str(tmp_path / "out"), "--to", "hf", "--shard-size", "2KB"]) == 0
+    index = json.loads((tmp_path / "out" / HF_INDEX).read_text())
+    files = sorted(p.name for p in (tmp_path / "out").glob("model-*.safetensors"))
+    assert len(files) > 2 and sorted(set(index["weight_map"].values())) == files
+    sizes = {}
+    for name in files:
+        held, _ = read_safetensors(tmp_path / "out" / name)
+        sizes[name] = sum(v.nbytes for v in held.values())
+        assert sizes[name] <= 2000 or len(held) == 1
+    assert index["metadata"]["total_size"] == sum(sizes.values())
+    src, back = load_checkpoint(small), load_checkpoint(tmp_path / "out")
+    assert back.state.keys() == src.state.keys()
+    assert all(v.tobytes() == back.state[k].tobytes() for k, v in src.state.items())
+
+
+# The child converts and says its anonymous memory after its imports; the parent samples it meanwhile.
+_CHILD = """
+import sys
+from vit_common.checkpoints.convert import convert
+def anon():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
+print(anon(), flush=True)
+convert(sys.argv[1], sys.argv[2], to_fmt=sys.argv[3])
+"""
+
+
+def _rss_anon(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:")), 0)
+    except OSError:
+        return 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
+@pytest.mark.parametrize("to", ["hf", "big_vision"])
+def test_converting_between_streaming_formats_holds_about_one_tensor(to, tmp_path):
+    """A 77 MB float32 file (24 blocks of width 256, largest tensor 1 MiB) converted in a child process:
+    its peak anonymous memory (RssAnon, sampled every 2 ms; mapped file pages are not anonymous) rises
+    above what it held after its imports by at most 4 largest tensors plus 8 MiB (2.4 MiB measured),
+    where holding the state once takes 77 MB (measured when convert materialised it: 77 MiB)."""
+    cfg = ViTConfig(image_size=224, patch_size=16, width=256, depth=24, num_heads=4, mlp_dim=1024, num_classes=1000)
+    state = random_state(cfg)
+    largest, total = max(v.nbytes for v in state.values()), sum(v.nbytes for v in state.values())
+    save_checkpoint(tmp_path / "src.safetensors", cfg, state, "timm")
+    del state
+    dst = tmp_path / ("out" if to == "hf" else "out.npz")
+    p = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(tmp_path / "src.safetensors"), str(dst), to],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    peak = 0
+    while p.poll() is None:
+        peak = max(peak, _rss_anon(p.pid))
+        time.sleep(0.002)
+    out, err = p.communicate()
+    assert p.returncode == 0, err
+    rise = peak - int(out.split()[0])
+    assert total > 70e6 and largest == 2**20
+    assert rise <= 4 * largest + 8 * 2**20, f"peak anonymous memory rose {rise / 2**20:.1f} MiB"
+    assert dst.exists()
+
+
+def test_convert_memory_benchmark_records_every_contender(tmp_path, capsys):
+    """benchmarks/convert_memory.py on Ti/16 (one round, cp and hf): a record per contender with its
+    peak anonymous memory and wall time beside cp's, and the CPU flags."""
+    from benchmarks import convert_memory
+
+    out = tmp_path / "r.jsonl"
+    assert convert_memory.main(["--variant", "Ti/16", "--to", "hf", "--repeats", "1", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["contender"] for r in records] == ["cp", "hf"]
+    cp, hf = records
+    assert hf["file_bytes"] == cp["file_bytes"] > 4 * 5_717_416 and cp["wall_vs_cp"] == 1
+    assert 0 < hf["rise_anon_bytes"] < hf["peak_anon_bytes"] and hf["wall_vs_cp"] > 0
+    assert hf["machine"]["cpu_flags"] is not None and "| hf |" in capsys.readouterr().out

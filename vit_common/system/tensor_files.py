@@ -1,0 +1,115 @@
+"""Tensor files written as a stream: safetensors and .npz bytes produced one tensor at a time.
+
+The tensors come as a mapping whose values are numpy arrays or anything ``np.asarray`` turns into one
+(a lazy tensor that computes its values when asked, with ``shape`` and ``dtype`` known beforehand): the
+writers ask for each tensor once, write its bytes and let it go, so a file of any size is written
+holding one tensor in memory. ``vit_common.system.io`` calls these on its temporary files (atomic
+writes); nothing here names a destination.
+
+safetensors (https://huggingface.co/docs/safetensors, "Format"): 8 bytes little-endian N, an N-byte JSON
+header ``{"__metadata__": {str: str}, NAME: {"dtype", "shape", "data_offsets": [begin, end]}, ...}``
+padded with spaces to a multiple of 8, then the tensors' little-endian bytes, C order, at their offsets.
+The header is laid out as the safetensors library (0.8) lays it out: tensors ordered by dtype, widest
+first, then by name, compact JSON, so the bytes equal ``safetensors.numpy.save_file``'s
+(``tests/test_streaming.py``), except that several metadata keys are sorted (the library writes them in
+its hash map's order, which varies from run to run). .npz: a zip of stored ``NAME.npy`` members written with
+``np.lib.format.write_array``, each opened with ``force_zip64`` as ``np.savez`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zipfile
+from collections.abc import Mapping
+from typing import IO, Any
+
+import numpy as np
+
+# numpy dtype name -> safetensors dtype, in the order of safetensors' ``Dtype`` enum (the file orders
+# tensors by it, descending)
+SAFETENSORS_DTYPES = {
+    "bool": "BOOL",
+    "uint8": "U8",
+    "int8": "I8",
+    "int16": "I16",
+    "uint16": "U16",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int32": "I32",
+    "uint32": "U32",
+    "float32": "F32",
+    "float64": "F64",
+    "int64": "I64",
+    "uint64": "U64",
+}
+_RANK = {name: i for i, name in enumerate(SAFETENSORS_DTYPES)}
+
+
+def _spec(v: Any) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of an array or a lazy tensor, without loading the latter."""
+    dtype = np.dtype(v.dtype) if hasattr(v, "dtype") else np.asarray(v).dtype
+    return tuple(int(s) for s in np.shape(v)), dtype
+
+
+def _le_bytes(v: Any) -> memoryview:
+    """The tensor's values as C-order little-endian bytes (a view where they are already so)."""
+    a = np.ascontiguousarray(np.asarray(v))
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    return memoryview(a.reshape(-1).view(np.uint8))
+
+
+def safetensors_header(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None) -> tuple[bytes, list[str]]:
+    """(the file's first 8 + N bytes, the tensor names in file order) for ``tensors`` (from their shapes
+    and dtypes; nothing is loaded) and string ``metadata``.
+
+    Raises:
+        ValueError: a dtype safetensors cannot hold, or metadata that is not str -> str (names it).
+    """
+    specs = {k: _spec(v) for k, v in tensors.items()}
+    bad = [f"{k} ({d})" for k, (_, d) in specs.items() if d.name not in SAFETENSORS_DTYPES]
+    if bad:
+        raise ValueError(f"safetensors cannot hold the dtype of {', '.join(bad)}")
+    meta = dict(metadata or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise ValueError(f"safetensors metadata must map str to str, got {meta!r}")
+    order = sorted(specs, key=lambda k: (-_RANK[specs[k][1].name], k))
+    header: dict[str, Any] = {"__metadata__": dict(sorted(meta.items()))} if meta else {}
+    offset = 0
+    for k in order:
+        shape, dtype = specs[k]
+        n = math.prod(shape) * dtype.itemsize
+        header[k] = {
+            "dtype": SAFETENSORS_DTYPES[dtype.name],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + n],
+        }
+        offset += n
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text, order
+
+
+def write_safetensors(fh: IO[bytes], tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> int:
+    """Write ``tensors`` as a safetensors file to the open binary file ``fh``, one tensor in memory at a
+    time; returns the bytes written.
+
+    Raises:
+        ValueError: as ``safetensors_header``.
+    """
+    head, order = safetensors_header(tensors, metadata)
+    fh.write(head)
+    total = len(head)
+    for k in order:
+        total += fh.write(_le_bytes(tensors[k]))
+    return total
+
+
+def write_npz(fh: IO[bytes], arrays: Mapping[str, Any]) -> None:
+    """Write ``arrays`` as an uncompressed .npz to the open binary file ``fh``, member by member, as
+    ``np.savez`` does (no pickled objects)."""
+    with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for k, v in arrays.items():
+            with zf.open(f"{k}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asarray(v), allow_pickle=False)
