@@ -61,6 +61,18 @@ def _timm_cases() -> dict[str, dict]:
         "clip_style": dict(pre_norm=True, act_layer="quick_gelu"),
         "swiglu_packed": dict(mlp_layer="SwiGLUPacked"),  # gate rows first in fc1 (vit_giant_patch14_dinov2)
         "swiglu_split": dict(mlp_layer="SwiGLU"),  # fc1_g (gate) and fc1_x
+        "proj_bias_false": dict(proj_bias=False),  # no attention output or MLP biases
+        "embed_norm": dict(embed_norm_layer="layernorm"),  # a norm after the patch embedding
+        "rmsnorm": dict(norm_layer="rmsnorm"),
+        "aimv2_style": dict(  # timm aimv2_*: RmsNorm everywhere, split SwiGLU, no biases but the patch's
+            norm_layer="rmsnorm",
+            embed_norm_layer="rmsnorm",
+            mlp_layer="SwiGLU",
+            proj_bias=False,
+            qkv_bias=False,
+            class_token=False,
+            global_pool="avg",
+        ),
     }
     return cases
 
@@ -68,10 +80,8 @@ def _timm_cases() -> dict[str, dict]:
 # What the twins lack, and the words the refusal must use.
 TIMM_REFUSED = {
     "final_norm_false": (dict(final_norm=False), "no final LayerNorm"),
-    "proj_bias_false": (dict(proj_bias=False), "proj_bias=False"),
     "scale_attn_norm": (dict(scale_attn_norm=True), "a LayerNorm inside attention or the MLP"),
     "scale_mlp_norm": (dict(scale_mlp_norm=True), "a LayerNorm inside attention or the MLP"),
-    "embed_norm": (dict(embed_norm_layer="layernorm"), "a LayerNorm inside the patch embedding"),
     "non_square_refused": (dict(img_size=(32, 40)), "--source-image-size HxW"),  # 4x5 + 1 rows: no square
     "eva_q_v_bias": (dict(model="Eva"), "separate q_bias/v_bias attention biases"),
     "beit_relative_position": (dict(model="Beit", use_rel_pos_bias=True), "relative position tables"),
@@ -81,10 +91,12 @@ TIMM_CASES = _timm_cases() | {k: kw for k, (kw, _) in TIMM_REFUSED.items()}
 # timm hub folders (timm's save_for_hf: config.json + model.safetensors) of every timm architecture the
 # twins can build, one per distinct structure, each at test width (embed_dim 32, depth 1, 2 heads, a 2x2
 # patch grid, 3 classes where the name has a head). timm 1.0.31 registers 179 names in vision_transformer
-# and deit; built on the meta device, 143 are models the twins implement, in these 31 structures (class
+# and deit; built on the meta device, 156 are models the twins implement, in these 33 structures (class
 # and register tokens, pooling, fc_norm, pre_norm, qkv bias, qk_norm, LayerScale, GELU, SwiGLU, eps,
-# distilled, heads), and 36 are refused, in these 9 kinds. Name -> image size (the name's patch x 2).
+# distilled, heads, RmsNorm, patch norm, no projection biases), and 23 are refused, in these 7 kinds.
+# Name -> image size (the name's patch x 2).
 TIMM_HUB_CASES = {
+    "aimv2_1b_patch14_224": 28,  # 11 more (RmsNorm, a patch norm, split SwiGLU, no biases)
     "deit3_base_patch16_224": 32,  # and 7 more names of this structure
     "deit_base_distilled_patch16_224": 32,  # 3 more
     "deit_base_patch16_224": 32,  # 20 more (vit_base_patch16_224, ...)
@@ -93,6 +105,7 @@ TIMM_HUB_CASES = {
     "test_vit": 32,
     "test_vit2": 32,
     "test_vit3": 32,
+    "test_vit4": 32,  # RmsNorm
     "vit_base_patch14_dinov2": 28,  # 2 more
     "vit_base_patch14_reg1_tipsv2": 28,  # 2 more
     "vit_base_patch14_reg4_dinov2": 28,  # 2 more
@@ -118,9 +131,7 @@ TIMM_HUB_CASES = {
     "vit_so150m_patch16_reg4_map_256": 32,
 }
 TIMM_HUB_REFUSED = {  # name -> (image size, the words of the refusal)
-    "aimv2_1b_patch14_224": (28, "a norm other than LayerNorm (RmsNorm)"),  # 11 more
     "beit3_base_patch16_224": (32, "a LayerNorm inside attention, MLP or patch embedding"),  # 3 more
-    "test_vit4": (32, "a norm other than LayerNorm (RmsNorm)"),
     "vit_base_patch16_18x2_224": (32, "its block ParallelThingsBlock"),  # 5 more (ParallelScalingBlock)
     "vit_base_patch16_radio_v3": (32, "no final LayerNorm (final_norm=False)"),  # 6 more
     "vit_base_patch16_rpn_224": (32, "its block ResPostBlock"),
@@ -231,6 +242,16 @@ HF_FAMILY_CASES = {
     "vit_msn_classify_v5_names": ("ViTMSNForImageClassification", "ViTMSNConfig", _MLP, "v5", (32, 32)),
     "ijepa": ("IJepaModel", "IJepaConfig", _MLP, "v4", (32, 32)),
     "ijepa_classify_v5_names": ("IJepaForImageClassification", "IJepaConfig", _MLP, "v5", (32, 32)),
+    "aimv2_probe": ("Aimv2VisionModel", "Aimv2VisionConfig", dict(intermediate_size=88), "v4", (32, 32)),
+    "aimv2_biases_no_head": (
+        "Aimv2VisionModel",
+        "Aimv2VisionConfig",
+        dict(intermediate_size=88, use_head=False, qkv_bias=True, mlp_bias=True),
+        "v4",
+        (32, 32),
+    ),
+    "aimv2_native": ("Aimv2VisionModel", "Aimv2VisionConfig", dict(is_native=True, use_head=False), "v4", (32, 32)),
+    "aimv2_two_tower": ("Aimv2Model", "Aimv2Config", dict(intermediate_size=88), "v4", (32, 32)),
 }
 HF_FAMILY_REFUSED = {  # case -> (architecture, config class, the words of the refusal)
     "clip_classify": ("CLIPForImageClassification", "CLIPConfig", "a classifier on the mean of un-normalised"),
@@ -239,7 +260,6 @@ HF_FAMILY_REFUSED = {  # case -> (architecture, config class, the words of the r
     "data2vec_vision": ("Data2VecVisionModel", "Data2VecVisionConfig", "relative position tables and q/v biases"),
     "dinov3": ("DINOv3ViTModel", "DINOv3ViTConfig", "rotary position embeddings (DINOv3)"),
     "siglip2_naflex": ("Siglip2VisionModel", "Siglip2VisionConfig", "NaFlex variable-resolution patches"),
-    "aimv2": ("Aimv2VisionModel", "Aimv2VisionConfig", "RMSNorm (AIMv2)"),
 }
 
 
@@ -402,8 +422,8 @@ def _family_model(arch: str, config_cls: str, config: dict, perturb):
 
     small = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, image_size=32, patch_size=8)
     cls = getattr(transformers, config_cls)
-    if config_cls in ("SiglipConfig", "CLIPConfig"):
-        extra = {"projection_dim": 24} if config_cls == "CLIPConfig" else {}
+    if config_cls in ("SiglipConfig", "CLIPConfig", "Aimv2Config"):
+        extra = {"projection_dim": 24} if config_cls != "SiglipConfig" else {}
         c = cls(vision_config=small | config, text_config=_TEXT, **extra)
         c.num_labels = 5
     else:
@@ -415,14 +435,15 @@ def _family_model(arch: str, config_cls: str, config: dict, perturb):
 
 def _family_output(model, arch: str, x: np.ndarray) -> np.ndarray:
     """What transformers' ``arch`` gives for images ``x`` as the twins' output: logits, CLIP's projection,
-    the pooler (SigLIP's MAP head, CLIP's and DINOv2's class token), else the class token (ViT-MAE with
-    patch-order noise, ViT-MSN), the mean of the tokens (I-JEPA) or every token (SigLIP without head)."""
+    the pooler (SigLIP's MAP head, CLIP's and DINOv2's class token, AIMv2's probe), else the class token
+    (ViT-MAE with patch-order noise, ViT-MSN), the mean of the tokens (I-JEPA) or every token (SigLIP and
+    AIMv2 without head)."""
     pixels = torch.from_numpy(x)
     top = {"interpolate_pos_encoding": True} if x.shape[2:] != (32, 32) and not arch.startswith("Dinov2") else {}
     with torch.no_grad():
-        if arch in ("SiglipModel", "CLIPModel"):
+        if arch in ("SiglipModel", "CLIPModel", "Aimv2Model"):
             pooled = model.vision_model(pixels, **top).pooler_output
-            return (model.visual_projection(pooled) if arch == "CLIPModel" else pooled).numpy()
+            return (pooled if arch == "SiglipModel" else model.visual_projection(pooled)).numpy()
         n = (x.shape[2] // 8) * (x.shape[3] // 8)
         noise = {"noise": torch.arange(n, dtype=torch.float32)[None].repeat(len(x), 1)} if arch == "ViTMAEModel" else {}
         out = model(pixels, **noise, **top)

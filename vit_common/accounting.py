@@ -12,21 +12,25 @@ class Accounting:
         cfg = self
         d, f, k = cfg.width, cfg.mlp_dim, cfg.num_classes
         ph, pw = cfg.patch_size
-        ln = 2 * d
+        per = 1 if cfg.norm == "rmsnorm" else 2  # RMSNorm: a weight; LayerNorm: weight and bias
+        ln = per * d
         linear = lambda i, o, bias=True: i * o + (o if bias else 0)  # noqa: E731
         n = linear(cfg.in_chans * ph * pw, d, cfg.patch_bias)  # patch_embed.proj
+        if cfg.patch_norm:
+            n += ln
         n += d * cfg.num_prefix_tokens  # cls_token, reg_token
         if cfg.posemb == "learn":
             n += cfg.posemb_len * d
-        mlp = linear(d, 2 * f if cfg.mlp_type == "swiglu" else f) + linear(f, d)
+        fc1 = 2 * f if cfg.mlp_type == "swiglu" else f
+        mlp = linear(d, fc1, cfg.mlp_bias) + linear(f, d, cfg.mlp_bias)
         qkv_bias = 3 * d if cfg.qkv_bias and cfg.k_bias else 2 * d if cfg.qkv_bias else 0  # [q; k; v] or q, v
-        block = ln + 3 * d * d + qkv_bias + linear(d, d) + ln + mlp
+        block = ln + 3 * d * d + qkv_bias + linear(d, d, cfg.proj_bias) + ln + mlp
         if cfg.attn_inner_norm:
             block += ln
         if cfg.mlp_inner_norm:
-            block += 2 * f
+            block += per * f
         if cfg.qk_norm:
-            block += 2 * 2 * cfg.head_dim
+            block += 2 * per * cfg.head_dim
         if cfg.layer_scale is not None:
             block += 2 * d
         n += cfg.depth * block
@@ -39,6 +43,8 @@ class Accounting:
         if cfg.pool == "map":  # latent, q, kv, proj, norm, mlp (timm AttentionPoolLatent)
             fm = cfg.map_mlp_width
             n += d + linear(d, d) + linear(d, 2 * d) + linear(d, d) + ln + linear(d, fm) + linear(fm, d)
+        if cfg.pool == "probe":  # latent, kv (bias as qkv's), proj (HF Aimv2AttentionPoolingHead)
+            n += d + linear(d, 2 * d, cfg.qkv_bias) + linear(d, d)
         if cfg.rep_size:
             n += linear(d, cfg.rep_size)
         if k:
@@ -55,8 +61,9 @@ class Accounting:
             MAP head        2 D^2 + 2 L' D (2D) + 4 L' D + 2 D^2 + 4 D F'  (q, kv, attention, proj, mlp;
                             L' the tokens it pools: L, or the patches without pool_include_prefix;
                             F' its MLP width, map_mlp_dim or F)
+            probe head      2 L' D (2D) + 4 L' D + 2 D^2  (kv, attention, proj)
             pre-logits      2 D R;  head 2 R K  (per token when pool='none'; twice with head_dist)
-        Elementwise work (LayerNorm, GELU, softmax, the RoPE rotation, residual adds) is left out, as in the
+        Elementwise work (LayerNorm, RMSNorm, GELU, softmax, the RoPE rotation, residual adds) is left out, as in the
         ViT, DeiT and timm/fvcore conventions; it is under 1% of the total for B/16 at 224.
         """
         cfg = self
@@ -72,6 +79,8 @@ class Accounting:
         total += cfg.depth * (2 * seq * (4 * d * d + mlp_macs) + 4 * seq * seq * d)
         if cfg.pool == "map":
             total += 2 * d * d + 2 * pooled * d * 2 * d + 4 * pooled * d + 2 * d * d + 4 * d * cfg.map_mlp_width
+        if cfg.pool == "probe":
+            total += 2 * pooled * d * 2 * d + 4 * pooled * d + 2 * d * d
         rows = seq if cfg.pool == "none" else 1
         if cfg.rep_size:
             total += rows * 2 * d * cfg.rep_size

@@ -51,6 +51,9 @@ _FLAGS = (
     "dynamic_img_size",
     "dynamic_img_pad",
     "head_bias",
+    "patch_norm",
+    "proj_bias",
+    "mlp_bias",
     "k_bias",
     "attn_inner_norm",
     "mlp_inner_norm",
@@ -129,7 +132,8 @@ class ViTConfig(Accounting):
     qk_norm: bool = _field(False, "LayerNorm over head_dim on q and k (timm qk_norm)")
     ln_eps: float = _field(
         1e-6,
-        "epsilon of every LayerNorm (timm/big_vision 1e-6, HF ViT 1e-12, torch default 1e-5)",
+        "epsilon of every norm, LayerNorm or RMSNorm (timm/big_vision 1e-6, HF ViT 1e-12, torch default 1e-5, "
+        "AIMv2 1e-5)",
         range=Range(0, 1, lo_open=True),
     )
     gelu: str = _field(
@@ -154,8 +158,10 @@ class ViTConfig(Accounting):
         "(per-channel max), avgmax ((max + mean) / 2; timm global_pool='avgmax'), map (attention-pooling "
         "head), token_gap (concat(class token, mean of the pooled tokens) [2D]: HF "
         "Dinov2ForImageClassification and Dinov2WithRegistersForImageClassification, whose mean leaves the "
-        "class and register tokens out), none (every token; the head, if any, applied per token)",
-        choices=("token", "gap", "max", "avgmax", "map", "token_gap", "none"),
+        "class and register tokens out), probe (a learned query attending over the tokens with no query "
+        "projection, then an output projection; no norm, no MLP: HF Aimv2AttentionPoolingHead), none (every "
+        "token; the head, if any, applied per token)",
+        choices=("token", "gap", "max", "avgmax", "map", "token_gap", "probe", "none"),
     )
     pool_include_prefix: bool = _field(
         False,
@@ -180,8 +186,10 @@ class ViTConfig(Accounting):
     )
     posemb: str = _field(
         "learn",
-        "position embedding: learn (a pos_embed parameter), sincos2d (fixed, big_vision posemb_sincos_2d), none",
-        choices=("learn", "sincos2d", "none"),
+        "position embedding: learn (a pos_embed parameter), sincos2d (fixed, big_vision posemb_sincos_2d), "
+        "sincos2d_mae (fixed, MAE's get_2d_sincos_pos_embed frequencies: HF AIMv2 is_native; "
+        "vit_common.posemb.sincos2d), none",
+        choices=("learn", "sincos2d", "sincos2d_mae", "none"),
     )
     posemb_prefix: bool = _field(
         True,
@@ -198,6 +206,24 @@ class ViTConfig(Accounting):
         "the head (and head_dist) has a bias; off for CLIP's visual_projection (HF "
         "CLIPVisionModelWithProjection), a bias-free projection used as the head",
     )
+    # Norm kind and biases of AIMv2-style models (RMSNorm, a norm after the patch embedding, bias-free
+    # projections); the defaults are every ViT's before them.
+    norm: str = _field(
+        "layernorm",
+        "the kind of every norm of the model (blocks, final, fc_norm, norm_pre, patch_norm, qk_norm, MAP head; "
+        "timm's one norm_layer): layernorm, or rmsnorm (x / sqrt(mean(x^2) + eps) * weight, no bias; Zhang & "
+        "Sennrich 2019; timm RmsNorm, HF Aimv2RMSNorm), both with eps ln_eps",
+        choices=("layernorm", "rmsnorm"),
+    )
+    patch_norm: bool = _field(
+        False,
+        "a norm on the patch tokens right after the patch embedding, before the position embedding (timm "
+        "embed_norm_layer, HF AIMv2's embeddings.rms_norm)",
+    )
+    proj_bias: bool = _field(
+        True, "bias on each block's attention output projection (timm proj_bias, which sets mlp_bias too)"
+    )
+    mlp_bias: bool = _field(True, "bias on each block's MLP layers (HF AIMv2 mlp_bias)")
     rep_size: int = _field(
         0,
         "width of the pre-logits dense + tanh layer (original ViT representation_size, HF ViTModel pooler); 0 = none",
@@ -376,14 +402,14 @@ class ViTConfig(Accounting):
                     f"head_dist=True (DeiT's distilled head) needs dist_token=True, pool='token', fc_norm=False "
                     f"and rep_size=0; got {', '.join(bad)}"
                 )
-        if self.posemb == "sincos2d":
+        if self.posemb in ("sincos2d", "sincos2d_mae"):
             if self.posemb_prefix and self.num_prefix_tokens:
                 raise ValueError(
-                    "posemb='sincos2d' has no rows for prefix tokens: set posemb_prefix=False "
+                    f"posemb={self.posemb!r} has no rows for prefix tokens: set posemb_prefix=False "
                     f"(class_token={self.class_token}, reg_tokens={self.reg_tokens})"
                 )
-            if self.width % 4:
-                raise ValueError(f"posemb='sincos2d' needs width divisible by 4, got width={self.width}")
+            if self.width % 4 or self.width < 8:
+                raise ValueError(f"posemb={self.posemb!r} needs width divisible by 4 and >= 8, got width={self.width}")
         (h, w), (ph, pw) = self.image_size, self.patch_size
         if (h % ph or w % pw) and not (self.dynamic_img_pad or self.dynamic_img_size):
             raise ValueError(

@@ -145,21 +145,35 @@ def resample_pos_embed(
     return out[0] if squeeze else out
 
 
-def sincos2d(grid: tuple[int, int], width: int, temperature: float = 10_000.0) -> np.ndarray:
+def sincos2d(
+    grid: tuple[int, int], width: int, temperature: float = 10_000.0, convention: str = "big_vision"
+) -> np.ndarray:
     """Fixed 2-D sin-cos position embedding, (H*W, D) float64, rows in row-major patch order.
 
-    Columns are [sin(x w), cos(x w), sin(y w), cos(y w)] with w_i = temperature^(-i/(D/4-1)),
-    as big_vision ``models/vit.py`` ``posemb_sincos_2d`` (x the column index, y the row index).
+    Columns are [sin(x w), cos(x w), sin(y w), cos(y w)] (x the column index, y the row index) with, by
+    ``convention``:
+
+    - ``"big_vision"``: w_i = temperature^(-i/(D/4-1)), big_vision ``models/vit.py`` ``posemb_sincos_2d``
+      (``posemb='sincos2d'``);
+    - ``"mae"``: w_i = temperature^(-i/(D/4)), MAE's ``get_2d_sincos_pos_embed`` and transformers'
+      ``build_2d_sinusoidal_position_embedding`` as HF AIMv2 (``is_native``) uses it, x columns first
+      (``posemb='sincos2d_mae'``).
 
     Raises:
-        ValueError: if width is not a multiple of 4 (or is 4, which leaves a single frequency).
+        ValueError: if width is not a multiple of 4 or is 4, or for an unknown convention.
     """
     if width % 4 or width < 8:
         raise ValueError(f"sincos2d needs width divisible by 4 and >= 8, got {width}")
+    if convention not in ("big_vision", "mae"):
+        raise ValueError(f"sincos2d convention={convention!r}: expected 'big_vision' or 'mae'")
     h, w = grid
     y, x = np.mgrid[:h, :w]
     quarter = width // 4
-    omega = 1.0 / temperature ** (np.arange(quarter) / (quarter - 1))
+    omega = 1.0 / temperature ** (np.arange(quarter) / (quarter - 1 if convention == "big_vision" else quarter))
     ox = np.einsum("m,d->md", x.reshape(-1).astype(np.float64), omega)
     oy = np.einsum("m,d->md", y.reshape(-1).astype(np.float64), omega)
     return np.concatenate([np.sin(ox), np.cos(ox), np.sin(oy), np.cos(oy)], axis=1)
+
+
+# posemb field value -> sincos2d convention
+SINCOS_CONVENTIONS = {"sincos2d": "big_vision", "sincos2d_mae": "mae"}

@@ -47,19 +47,21 @@ def _linear(prefix: str, d_in: int, d_out: int, bias: bool = True) -> dict[str, 
     return out
 
 
-def _norm(prefix: str, d: int) -> dict[str, tuple[int, ...]]:
-    return {f"{prefix}.weight": (d,), f"{prefix}.bias": (d,)}
+def _norm(prefix: str, d: int, kind: str = "layernorm") -> dict[str, tuple[int, ...]]:
+    """A norm's tensors: LayerNorm weight and bias, RMSNorm (``kind='rmsnorm'``) weight only."""
+    return {f"{prefix}.weight": (d,)} | ({} if kind == "rmsnorm" else {f"{prefix}.bias": (d,)})
 
 
-def _mlp(prefix: str, d: int, f: int, gated: bool = False) -> dict[str, tuple[int, ...]]:
+def _mlp(prefix: str, d: int, f: int, gated: bool = False, bias: bool = True) -> dict[str, tuple[int, ...]]:
     """fc1 and fc2; a gated (SwiGLU) fc1 packs [gate; value] rows, [2F, D] (timm ``SwiGLUPacked``)."""
-    return {**_linear(f"{prefix}.fc1", d, 2 * f if gated else f), **_linear(f"{prefix}.fc2", f, d)}
+    return {**_linear(f"{prefix}.fc1", d, 2 * f if gated else f, bias), **_linear(f"{prefix}.fc2", f, d, bias)}
 
 
 def canonical_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor of the canonical state for ``cfg``, name -> shape, in timm state_dict order."""
     d, f, hd = cfg.width, cfg.mlp_dim, cfg.head_dim
     ph, pw = cfg.patch_size
+    nk = cfg.norm  # every norm's kind
     s: dict[str, tuple[int, ...]] = {}  # in torch state_dict order: own parameters, then children
     if cfg.class_token:
         s["cls_token"] = (1, 1, d)
@@ -72,43 +74,49 @@ def canonical_shapes(cfg: ViTConfig) -> dict[str, tuple[int, ...]]:
     s["patch_embed.proj.weight"] = (d, cfg.in_chans, ph, pw)  # (D, C, P, P) OIHW
     if cfg.patch_bias:
         s["patch_embed.proj.bias"] = (d,)
+    if cfg.patch_norm:
+        s.update(_norm("patch_embed.norm", d, nk))
     if cfg.rope == "mixed":  # learned RoPE frequencies: axis 0 x then y, per block and head
         s["rope.freqs"] = (2, cfg.depth, cfg.num_heads, hd // 2)
     if cfg.rope == "dinov3" and cfg.rope_periods == "stored":  # the checkpoint's periods (Meta's buffer)
         s["rope.periods"] = (hd // 4,)
     if cfg.norm_pre:
-        s.update(_norm("norm_pre", d))
+        s.update(_norm("norm_pre", d, nk))
     for i in range(cfg.depth):
         b = f"blocks.{i}"
-        s.update(_norm(f"{b}.norm1", d))
+        s.update(_norm(f"{b}.norm1", d, nk))
         s.update(_linear(f"{b}.attn.qkv", d, 3 * d, cfg.qkv_bias and cfg.k_bias))  # rows [q; k; v], head-major
         if cfg.qkv_bias and not cfg.k_bias:  # no key bias: timm EvaAttention's q_bias and v_bias
             s[f"{b}.attn.q_bias"], s[f"{b}.attn.v_bias"] = (d,), (d,)
         if cfg.qk_norm:
-            s.update(_norm(f"{b}.attn.q_norm", hd))
-            s.update(_norm(f"{b}.attn.k_norm", hd))
+            s.update(_norm(f"{b}.attn.q_norm", hd, nk))
+            s.update(_norm(f"{b}.attn.k_norm", hd, nk))
         if cfg.attn_inner_norm:
-            s.update(_norm(f"{b}.attn.norm", d))
-        s.update(_linear(f"{b}.attn.proj", d, d))
+            s.update(_norm(f"{b}.attn.norm", d, nk))
+        s.update(_linear(f"{b}.attn.proj", d, d, cfg.proj_bias))
         if cfg.layer_scale is not None:
             s[f"{b}.ls1.gamma"] = (d,)
-        s.update(_norm(f"{b}.norm2", d))
-        s.update(_mlp(f"{b}.mlp", d, f, cfg.mlp_type == "swiglu"))
+        s.update(_norm(f"{b}.norm2", d, nk))
+        s.update(_mlp(f"{b}.mlp", d, f, cfg.mlp_type == "swiglu", cfg.mlp_bias))
         if cfg.mlp_inner_norm:
-            s.update(_norm(f"{b}.mlp.norm", f))
+            s.update(_norm(f"{b}.mlp.norm", f, nk))
         if cfg.layer_scale is not None:
             s[f"{b}.ls2.gamma"] = (d,)
     if cfg.final_norm and not cfg.fc_norm:
-        s.update(_norm("norm", d))
+        s.update(_norm("norm", d, nk))
     if cfg.pool == "map":  # timm AttentionPoolLatent
         s["attn_pool.latent"] = (1, 1, d)
         s.update(_linear("attn_pool.q", d, d))
         s.update(_linear("attn_pool.kv", d, 2 * d))
         s.update(_linear("attn_pool.proj", d, d))
-        s.update(_norm("attn_pool.norm", d))
+        s.update(_norm("attn_pool.norm", d, nk))
         s.update(_mlp("attn_pool.mlp", d, cfg.map_mlp_width))
+    if cfg.pool == "probe":  # HF Aimv2AttentionPoolingHead: the latent is the query, no q projection
+        s["attn_pool.latent"] = (1, 1, d)
+        s.update(_linear("attn_pool.kv", d, 2 * d, cfg.qkv_bias))
+        s.update(_linear("attn_pool.proj", d, d))
     if cfg.fc_norm:
-        s.update(_norm("fc_norm", d))
+        s.update(_norm("fc_norm", d, nk))
     if cfg.rep_size:
         s.update(_linear("pre_logits.fc", d, cfg.rep_size))
     if cfg.num_classes:

@@ -13,58 +13,16 @@ import numpy as np
 from flax import nnx
 
 from vit_common.config import ViTConfig
-from vit_common.posemb import resample_matrices, sincos2d
+from vit_common.posemb import SINCOS_CONVENTIONS, resample_matrices, sincos2d
+from vit_jax.layers import acc_dtype, dropout_layer, dtypes, linear_layer, masked_drop, norm_layer, sub_masks, trunc02
 from vit_jax.platforms import Platform, choose_attention, dot_product_attention, gelu
 from vit_jax.rope import RotaryEmbedding, apply_rope
 
-_trunc02 = nnx.initializers.truncated_normal(stddev=0.02)
-
-
-def _dtypes(cfg: ViTConfig) -> dict:
-    return dict(dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))
-
-
-def _acc(dtype) -> jnp.dtype:
-    """Accumulation dtype for softmax and norm statistics: at least float32."""
-    return jnp.promote_types(dtype, jnp.float32)
-
-
-def _layer_norm(cfg: ViTConfig, dim: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
-    # use_fast_variance=False: flax's default E[x^2]-E[x]^2 differs from torch's two-pass variance.
-    return nnx.LayerNorm(dim, epsilon=cfg.ln_eps, use_fast_variance=False, rngs=rngs, **_dtypes(cfg))
-
-
-def _linear(cfg: ViTConfig, d_in: int, d_out: int, rngs: nnx.Rngs, bias: bool = True) -> nnx.Linear:
-    linear = Platform.current().linear  # nnx.Linear, or FlatLinear on CPU: the same parameters
-    return linear(d_in, d_out, use_bias=bias, kernel_init=_trunc02, rngs=rngs, **_dtypes(cfg))
-
-
-def _dropout(rate: float, rngs: nnx.Rngs) -> nnx.Dropout:
-    # Only a live dropout holds an RNG stream, so rate-0 models carry no RNG state.
-    return nnx.Dropout(rate, rngs=rngs if rate > 0 else None)
-
-
-def _sub(masks: dict | None, prefix: str) -> dict | None:
-    """The entries of a flat ``dropout_masks`` dict under module path ``prefix``, the prefix removed."""
-    if masks is None:
-        return None
-    return {k[len(prefix) + 1 :]: v for k, v in masks.items() if k.startswith(prefix + ".")}
-
-
-def _drop(drop: nnx.Dropout, x: jax.Array, masks: dict | None, name: str) -> jax.Array:
-    """``drop(x)``; in training with ``masks`` (the parity mode) the keep mask ``masks[name]`` (x's shape,
-    1 keep, 0 drop) instead of a draw, with nnx.Dropout's scaling: kept values / (1 - rate).
-
-    Raises:
-        KeyError: a live dropout whose mask ``masks`` lacks.
-    """
-    if masks is None or drop.rate == 0 or drop.deterministic:
-        return drop(x)
-    return jnp.where(masks[name] > 0, x / (1.0 - drop.rate), jnp.zeros_like(x))
-
 
 class PatchEmbed(nnx.Module):
-    """Stride-P convolution with VALID padding, bias if cfg.patch_bias: [B, H, W, C] -> [B, H/P, W/P, D]."""
+    """Stride-P convolution with VALID padding, bias if cfg.patch_bias: [B, H, W, C] -> [B, H/P, W/P, D].
+
+    ``norm`` (cfg.patch_norm) is applied by the model to the flattened tokens [B, h*w, D], as timm's."""
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
         self.proj = nnx.Conv(
@@ -76,8 +34,9 @@ class PatchEmbed(nnx.Module):
             use_bias=cfg.patch_bias,
             kernel_init=nnx.initializers.lecun_normal(),
             rngs=rngs,
-            **_dtypes(cfg),
+            **dtypes(cfg),
         )
+        self.norm = norm_layer(cfg, cfg.width, rngs) if cfg.patch_norm else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.proj(x)
@@ -93,7 +52,7 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, drop=None) -
     0.65x the time of scaling the [B, N, L, M] logits. ``drop`` (attention dropout) applies to the
     probabilities used for ``out``, not to the ones returned.
     """
-    acc = _acc(q.dtype)
+    acc = acc_dtype(q.dtype)
     qh, kh, vh = (t.astype(acc).transpose(0, 2, 1, 3) for t in (q, k, v))  # [B, N, L|M, D/N]
     probs = jax.nn.softmax(jnp.einsum("bnlh,bnmh->bnlm", qh * scale, kh), axis=-1)
     out = jnp.einsum("bnlm,bnmh->bnlh", probs if drop is None else drop(probs), vh)
@@ -124,16 +83,16 @@ class Attention(nnx.Module):
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.num_prefix_tokens, self.rope_layout = cfg.num_prefix_tokens, cfg.rope_layout
         self.kernel = _attention_kernel(cfg)
-        self.qkv = _linear(cfg, cfg.width, 3 * cfg.width, rngs, bias=cfg.qkv_bias and cfg.k_bias)
+        self.qkv = linear_layer(cfg, cfg.width, 3 * cfg.width, rngs, bias=cfg.qkv_bias and cfg.k_bias)
         qv_bias, pd = cfg.qkv_bias and not cfg.k_bias, jnp.dtype(cfg.param_dtype)
         self.q_bias = nnx.Param(jnp.zeros((cfg.width,), pd)) if qv_bias else None
         self.v_bias = nnx.Param(jnp.zeros((cfg.width,), pd)) if qv_bias else None
-        self.q_norm = _layer_norm(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
-        self.k_norm = _layer_norm(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
-        self.attn_drop = _dropout(cfg.attn_dropout, rngs)
-        self.norm = _layer_norm(cfg, cfg.width, rngs) if cfg.attn_inner_norm else None
-        self.proj = _linear(cfg, cfg.width, cfg.width, rngs)
-        self.proj_drop = _dropout(cfg.dropout, rngs)
+        self.q_norm = norm_layer(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
+        self.k_norm = norm_layer(cfg, cfg.head_dim, rngs) if cfg.qk_norm else None
+        self.attn_drop = dropout_layer(cfg.attn_dropout, rngs)
+        self.norm = norm_layer(cfg, cfg.width, rngs) if cfg.attn_inner_norm else None
+        self.proj = linear_layer(cfg, cfg.width, cfg.width, rngs, bias=cfg.proj_bias)
+        self.proj_drop = dropout_layer(cfg.dropout, rngs)
 
     def __call__(
         self,
@@ -165,13 +124,13 @@ class Attention(nnx.Module):
         live_drop = self.attn_drop.rate > 0 and not self.attn_drop.deterministic
         kernel = "explicit" if return_attn or live_drop else self.kernel
         if kernel == "explicit":
-            out, probs = _attend(q, k, v, scale, lambda p: _drop(self.attn_drop, p, masks, "attn_drop"))
+            out, probs = _attend(q, k, v, scale, lambda p: masked_drop(self.attn_drop, p, masks, "attn_drop"))
         else:
             out, probs = dot_product_attention(q, k, v, scale=scale, implementation=kernel), None
         out = out.reshape(b, l, d)
         if self.norm is not None:
             out = self.norm(out)
-        x = _drop(self.proj_drop, self.proj(out), masks, "proj_drop")  # [B, L, D]
+        x = masked_drop(self.proj_drop, self.proj(out), masks, "proj_drop")  # [B, L, D]
         return x, probs if return_attn else None
 
 
@@ -183,23 +142,26 @@ def quick_gelu(x: jax.Array) -> jax.Array:
 class Mlp(nnx.Module):
     """fc1 -> GELU (cfg.gelu: 'exact' erf, 'tanh' or 'quick') -> dropout -> (norm) -> fc2 -> dropout.
 
-    ``hidden`` F (default cfg.mlp_dim); ``norm`` over F when ``inner_norm`` (timm ``scale_mlp``)."""
+    ``hidden`` F (default cfg.mlp_dim); ``norm`` over F when ``inner_norm`` (timm ``scale_mlp``); ``bias`` on
+    both layers (a block's: cfg.mlp_bias; the MAP head's always)."""
 
-    def __init__(self, cfg: ViTConfig, hidden: int | None = None, inner_norm: bool = False, *, rngs: nnx.Rngs):
+    def __init__(
+        self, cfg: ViTConfig, hidden: int | None = None, inner_norm: bool = False, bias: bool = True, *, rngs: nnx.Rngs
+    ):
         f = hidden or cfg.mlp_dim
         self.quick = cfg.gelu == "quick"
         self.approximate = cfg.gelu == "tanh"
-        self.fc1 = _linear(cfg, cfg.width, f, rngs)
-        self.drop1 = _dropout(cfg.dropout, rngs)
-        self.norm = _layer_norm(cfg, f, rngs) if inner_norm else None
-        self.fc2 = _linear(cfg, f, cfg.width, rngs)
-        self.drop2 = _dropout(cfg.dropout, rngs)
+        self.fc1 = linear_layer(cfg, cfg.width, f, rngs, bias)
+        self.drop1 = dropout_layer(cfg.dropout, rngs)
+        self.norm = norm_layer(cfg, f, rngs) if inner_norm else None
+        self.fc2 = linear_layer(cfg, f, cfg.width, rngs, bias)
+        self.drop2 = dropout_layer(cfg.dropout, rngs)
 
     def __call__(self, x: jax.Array, masks: dict | None = None) -> jax.Array:
         """x [..., D] -> [..., D]; ``masks`` {"drop1": [..., F], "drop2": [..., D]} (parity mode)."""
         h = self.fc1(x)
-        h = _drop(self.drop1, quick_gelu(h) if self.quick else gelu(h, self.approximate), masks, "drop1")
-        return _drop(self.drop2, self.fc2(h if self.norm is None else self.norm(h)), masks, "drop2")
+        h = masked_drop(self.drop1, quick_gelu(h) if self.quick else gelu(h, self.approximate), masks, "drop1")
+        return masked_drop(self.drop2, self.fc2(h if self.norm is None else self.norm(h)), masks, "drop2")
 
 
 class GluMlp(nnx.Module):
@@ -210,17 +172,17 @@ class GluMlp(nnx.Module):
     """
 
     def __init__(self, cfg: ViTConfig, inner_norm: bool = False, *, rngs: nnx.Rngs):
-        self.fc1 = _linear(cfg, cfg.width, 2 * cfg.mlp_dim, rngs)
-        self.drop1 = _dropout(cfg.dropout, rngs)
-        self.norm = _layer_norm(cfg, cfg.mlp_dim, rngs) if inner_norm else None  # timm SwiGLU scale_mlp
-        self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width, rngs)
-        self.drop2 = _dropout(cfg.dropout, rngs)
+        self.fc1 = linear_layer(cfg, cfg.width, 2 * cfg.mlp_dim, rngs, cfg.mlp_bias)
+        self.drop1 = dropout_layer(cfg.dropout, rngs)
+        self.norm = norm_layer(cfg, cfg.mlp_dim, rngs) if inner_norm else None  # timm SwiGLU scale_mlp
+        self.fc2 = linear_layer(cfg, cfg.mlp_dim, cfg.width, rngs, cfg.mlp_bias)
+        self.drop2 = dropout_layer(cfg.dropout, rngs)
 
     def __call__(self, x: jax.Array, masks: dict | None = None) -> jax.Array:
         """x [..., D] -> [..., D]; ``masks`` {"drop1": [..., F], "drop2": [..., D]} (parity mode)."""
         gate, value = jnp.split(self.fc1(x), 2, axis=-1)  # each [..., F]
-        h = _drop(self.drop1, jax.nn.silu(gate) * value, masks, "drop1")
-        return _drop(self.drop2, self.fc2(h if self.norm is None else self.norm(h)), masks, "drop2")
+        h = masked_drop(self.drop1, jax.nn.silu(gate) * value, masks, "drop1")
+        return masked_drop(self.drop2, self.fc2(h if self.norm is None else self.norm(h)), masks, "drop2")
 
 
 class LayerScale(nnx.Module):
@@ -256,14 +218,14 @@ class Block(nnx.Module):
     """Pre-norm transformer block: x + drop_path(ls1(attn(norm1(x)))), then the same for the MLP."""
 
     def __init__(self, cfg: ViTConfig, drop_path: float, *, rngs: nnx.Rngs):
-        self.norm1 = _layer_norm(cfg, cfg.width, rngs)
+        self.norm1 = norm_layer(cfg, cfg.width, rngs)
         self.attn = Attention(cfg, rngs=rngs)
         self.ls1 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path1 = DropPath(drop_path, rngs=rngs)
-        self.norm2 = _layer_norm(cfg, cfg.width, rngs)
-        inner = cfg.mlp_inner_norm
+        self.norm2 = norm_layer(cfg, cfg.width, rngs)
+        inner, bias = cfg.mlp_inner_norm, cfg.mlp_bias
         glu = cfg.mlp_type == "swiglu"
-        self.mlp = GluMlp(cfg, inner, rngs=rngs) if glu else Mlp(cfg, inner_norm=inner, rngs=rngs)
+        self.mlp = GluMlp(cfg, inner, rngs=rngs) if glu else Mlp(cfg, inner_norm=inner, bias=bias, rngs=rngs)
         self.ls2 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path2 = DropPath(drop_path, rngs=rngs)
 
@@ -281,9 +243,9 @@ class Block(nnx.Module):
         "attn.proj_drop", "mlp.drop1", "mlp.drop2"; parity mode), else drawn; ``rope`` this block's
         RoPE tables (``Attention``)."""
         m1, m2 = (None, None) if drop_mask is None else (drop_mask[:, 0], drop_mask[:, 1])
-        y, probs = self.attn(self.norm1(x), return_attn=return_attn, masks=_sub(masks, "attn"), rope=rope)
+        y, probs = self.attn(self.norm1(x), return_attn=return_attn, masks=sub_masks(masks, "attn"), rope=rope)
         x = x + self.drop_path1(self.ls1(y) if self.ls1 is not None else y, m1)
-        y = self.mlp(self.norm2(x), _sub(masks, "mlp"))
+        y = self.mlp(self.norm2(x), sub_masks(masks, "mlp"))
         x = x + self.drop_path2(self.ls2(y) if self.ls2 is not None else y, m2)
         return x, probs
 
@@ -301,11 +263,11 @@ class MAPHead(nnx.Module):
         self.num_heads = cfg.map_num_heads
         self.head_dim = cfg.width // self.num_heads
         pd = jnp.dtype(cfg.param_dtype)
-        self.latent = nnx.Param(_trunc02(rngs.params(), (1, 1, cfg.width), pd))
-        self.q = _linear(cfg, cfg.width, cfg.width, rngs)
-        self.kv = _linear(cfg, cfg.width, 2 * cfg.width, rngs)
-        self.proj = _linear(cfg, cfg.width, cfg.width, rngs)
-        self.norm = _layer_norm(cfg, cfg.width, rngs)
+        self.latent = nnx.Param(trunc02(rngs.params(), (1, 1, cfg.width), pd))
+        self.q = linear_layer(cfg, cfg.width, cfg.width, rngs)
+        self.kv = linear_layer(cfg, cfg.width, 2 * cfg.width, rngs)
+        self.proj = linear_layer(cfg, cfg.width, cfg.width, rngs)
+        self.norm = norm_layer(cfg, cfg.width, rngs)
         self.mlp = Mlp(cfg, cfg.map_mlp_width, rngs=rngs)
         self.kernel = _attention_kernel(cfg)
 
@@ -324,15 +286,41 @@ class MAPHead(nnx.Module):
         else:
             out, probs = dot_product_attention(q, k, v, scale=hd**-0.5, implementation=kernel), None
         x = self.proj(out.reshape(b, 1, d))
-        x = x + self.mlp(self.norm(x), _sub(masks, "mlp"))
+        x = x + self.mlp(self.norm(x), sub_masks(masks, "mlp"))
         return x[:, 0], probs if return_attn else None
+
+
+class ProbeHead(nnx.Module):
+    """Attention probe (pool='probe'; HF ``Aimv2AttentionPoolingHead``): a learned query ``latent`` [1, 1, D]
+    used as is (no q projection) attends over the tokens through ``kv`` (bias as cfg.qkv_bias), then
+    ``proj``; no norm, no MLP, no residual. [B, L', D] -> ([B, D], attention [B, N, 1, L'] or None)."""
+
+    def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.latent = nnx.Param(trunc02(rngs.params(), (1, 1, cfg.width), jnp.dtype(cfg.param_dtype)))
+        self.kv = linear_layer(cfg, cfg.width, 2 * cfg.width, rngs, bias=cfg.qkv_bias)
+        self.proj = linear_layer(cfg, cfg.width, cfg.width, rngs)
+        self.kernel = _attention_kernel(cfg)
+
+    def __call__(self, x: jax.Array, *, return_attn: bool = False) -> tuple[jax.Array, jax.Array | None]:
+        b, l, d = x.shape
+        nh, hd = self.num_heads, self.head_dim
+        q = jnp.broadcast_to(self.latent[...].astype(x.dtype), (b, 1, d)).reshape(b, 1, nh, hd)
+        kv = self.kv(x).reshape(b, l, 2, nh, hd)  # [B, L, 2, N, D/N]
+        k, v = kv[:, :, 0], kv[:, :, 1]
+        kernel = "explicit" if return_attn else self.kernel
+        if kernel == "explicit":
+            out, probs = _attend(q, k, v, hd**-0.5)  # probs [B, N, 1, L]
+        else:
+            out, probs = dot_product_attention(q, k, v, scale=hd**-0.5, implementation=kernel), None
+        return self.proj(out.reshape(b, d)), probs if return_attn else None
 
 
 class PreLogits(nnx.Module):
     """Dense + tanh before the head (original ViT ``pre_logits``, HF ``ViTModel`` pooler)."""
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
-        self.fc = _linear(cfg, cfg.width, cfg.rep_size, rngs)
+        self.fc = linear_layer(cfg, cfg.width, cfg.rep_size, rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return jnp.tanh(self.fc(x))
@@ -363,22 +351,23 @@ class VisionTransformer(nnx.Module):
             else None
         )
         self.pos_embed = (
-            nnx.Param(_trunc02(rngs.params(), (1, cfg.posemb_len, cfg.width), pd)) if cfg.posemb == "learn" else None
+            nnx.Param(trunc02(rngs.params(), (1, cfg.posemb_len, cfg.width), pd)) if cfg.posemb == "learn" else None
         )
-        self.dist_token = nnx.Param(_trunc02(rngs.params(), (1, 1, cfg.width), pd)) if cfg.dist_token else None
-        self.pos_drop = _dropout(cfg.dropout, rngs)
+        self.dist_token = nnx.Param(trunc02(rngs.params(), (1, 1, cfg.width), pd)) if cfg.dist_token else None
+        self.pos_drop = dropout_layer(cfg.dropout, rngs)
         self.rope = RotaryEmbedding(cfg) if cfg.rope != "none" else None
-        self.norm_pre = _layer_norm(cfg, cfg.width, rngs) if cfg.norm_pre else None
+        self.norm_pre = norm_layer(cfg, cfg.width, rngs) if cfg.norm_pre else None
         rates = np.linspace(0.0, cfg.drop_path, cfg.depth) if cfg.depth > 1 else [cfg.drop_path]
         self.blocks = nnx.List([Block(cfg, float(r), rngs=rngs) for r in rates])
-        self.norm = _layer_norm(cfg, cfg.width, rngs) if cfg.final_norm and not cfg.fc_norm else None
-        self.attn_pool = MAPHead(cfg, rngs=rngs) if cfg.pool == "map" else None
-        self.fc_norm = _layer_norm(cfg, cfg.width, rngs) if cfg.fc_norm else None
+        self.norm = norm_layer(cfg, cfg.width, rngs) if cfg.final_norm and not cfg.fc_norm else None
+        pools = {"map": MAPHead, "probe": ProbeHead}
+        self.attn_pool = pools[cfg.pool](cfg, rngs=rngs) if cfg.pool in pools else None
+        self.fc_norm = norm_layer(cfg, cfg.width, rngs) if cfg.fc_norm else None
         self.pre_logits = PreLogits(cfg, rngs=rngs) if cfg.rep_size else None
-        self.head_drop = _dropout(cfg.dropout, rngs)
+        self.head_drop = dropout_layer(cfg.dropout, rngs)
         k, bias = cfg.num_classes, cfg.head_bias
-        self.head = _linear(cfg, cfg.features_dim, k, rngs, bias) if k else None
-        self.head_dist = _linear(cfg, cfg.features_dim, k, rngs, bias) if k and cfg.head_dist else None
+        self.head = linear_layer(cfg, cfg.features_dim, k, rngs, bias) if k else None
+        self.head_dist = linear_layer(cfg, cfg.features_dim, k, rngs, bias) if k and cfg.head_dist else None
 
     def no_weight_decay(self) -> frozenset[str]:
         """Canonical names exempt from weight decay besides rank <= 1 tensors: timm's
@@ -398,6 +387,8 @@ class VisionTransformer(nnx.Module):
             x = jnp.pad(x, ((0, 0), (0, gh * ph - x.shape[1]), (0, gw * pw - x.shape[2]), (0, 0)))
         b = x.shape[0]
         patches = self.patch_embed(x).reshape(b, gh * gw, cfg.width)  # [B, h, w, D] -> [B, h*w, D]
+        if self.patch_embed.norm is not None:
+            patches = self.patch_embed.norm(patches)
         tokens = (self.cls_token, self.dist_token, self.reg_token)
         prefix = [p[...].astype(cfg.dtype) for p in tokens if p is not None]
         prefix = [jnp.broadcast_to(p, (b,) + p.shape[1:]) for p in prefix]
@@ -409,8 +400,9 @@ class VisionTransformer(nnx.Module):
                 wh, ww = (jnp.asarray(m, cfg.dtype) for m in resample_matrices(cfg.grid, (gh, gw), cfg.posemb_resample))
                 grid = pe_grid.reshape(*cfg.grid, cfg.width)  # [h0, w0, D]
                 pe_grid = jnp.einsum("yh,hwd,xw->yxd", wh, grid, ww).reshape(1, gh * gw, cfg.width)
-        elif cfg.posemb == "sincos2d":
-            pe_prefix, pe_grid = None, jnp.asarray(sincos2d((gh, gw), cfg.width)[None], cfg.dtype)
+        elif cfg.posemb in SINCOS_CONVENTIONS:
+            table = sincos2d((gh, gw), cfg.width, convention=SINCOS_CONVENTIONS[cfg.posemb])
+            pe_prefix, pe_grid = None, jnp.asarray(table[None], cfg.dtype)
         else:
             pe_prefix, pe_grid = None, None
         if pe_prefix is not None:  # timm default / original ViT: concatenate, then add
@@ -428,7 +420,7 @@ class VisionTransformer(nnx.Module):
         record = out is not None
         patches, x, grid = self._embed(x)
         rope = self.rope(grid) if self.rope is not None else None  # (sin, cos), once per forward
-        x = _drop(self.pos_drop, x, dropout_masks, "pos_drop")
+        x = masked_drop(self.pos_drop, x, dropout_masks, "pos_drop")
         if record:
             out["patch_embed"], out["pos_embed"] = patches, x
         if self.norm_pre is not None:
@@ -438,7 +430,7 @@ class VisionTransformer(nnx.Module):
         for i, block in enumerate(self.blocks):
             x = self.platform.residual(x)  # identity but on CPU
             mask = None if drop_masks is None else drop_masks[:, i]
-            sub = _sub(dropout_masks, f"blocks.{i}")
+            sub = sub_masks(dropout_masks, f"blocks.{i}")
             tab = None if rope is None else (rope[0][i], rope[1][i]) if cfg.rope == "mixed" else rope
             if self.grad_checkpointing and not record:  # recomputed in the backward pass
                 remat = nnx.remat(lambda blk, h, m, d, r: blk(h, drop_mask=m, masks=d, rope=r))
@@ -464,7 +456,11 @@ class VisionTransformer(nnx.Module):
         elif cfg.pool == "token_gap":  # HF Dinov2ForImageClassification: [class token, mean of patches]
             x = jnp.concatenate([x[:, 0], pooled.mean(axis=1)], axis=-1)
         elif cfg.pool == "map":
-            x, probs = self.attn_pool(pooled, return_attn=record, masks=_sub(dropout_masks, "attn_pool"))
+            x, probs = self.attn_pool(pooled, return_attn=record, masks=sub_masks(dropout_masks, "attn_pool"))
+            if record:
+                out["attn_pool"] = probs
+        elif cfg.pool == "probe":
+            x, probs = self.attn_pool(pooled, return_attn=record)
             if record:
                 out["attn_pool"] = probs
         if self.fc_norm is not None:
@@ -473,13 +469,13 @@ class VisionTransformer(nnx.Module):
             x = self.pre_logits(x)
         if record:
             out["pre_logits"] = x
-        x = _drop(self.head_drop, x, dropout_masks, "head_drop")
+        x = masked_drop(self.head_drop, x, dropout_masks, "head_drop")
         if self.head is not None:
             x = self.head(x)
         if x_dist is not None:
             if record:
                 out["pre_logits_dist"] = x_dist
-            x_dist = _drop(self.head_drop, x_dist, dropout_masks, "head_drop_dist")
+            x_dist = masked_drop(self.head_drop, x_dist, dropout_masks, "head_drop_dist")
             if self.head_dist is not None:
                 x_dist = self.head_dist(x_dist)
                 if record:
@@ -515,7 +511,7 @@ class VisionTransformer(nnx.Module):
 
         Keys: 'patch_embed' [B, h*w, D], 'pos_embed' [B, L, D], 'norm_pre' (norm_pre only; the block
         input) [B, L, D], 'blockNN' [B, L, D], 'attnNN' [B, N, L, L] (rows sum to 1), 'norm' [B, L, D],
-        'attn_pool' [B, N, 1, L'] (MAP only; L' = L, or the patches without pool_include_prefix),
+        'attn_pool' [B, N, 1, L'] (MAP and probe only; L' = L, or the patches without pool_include_prefix),
         'pre_logits' [B, D'] (D' = rep_size, 2 D for pool='token_gap', else D), with head_dist also
         'pre_logits_dist' [B, D] and, with a head, 'head' and
         'head_dist' [B, K] (each head's logits), 'logits' [B, K]. The same keys as the torch twin.

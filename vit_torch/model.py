@@ -16,80 +16,15 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from vit_common.config import ViTConfig
-from vit_common.posemb import resample_matrices, sincos2d
+from vit_common.posemb import SINCOS_CONVENTIONS, resample_matrices, sincos2d
+from vit_torch.layers import acc_dtype, linear_layer, masked_drop, norm_layer, sub_masks, torch_dtype
 from vit_torch.rope import RotaryEmbedding, apply_rope
 
 
-def _dt(name: str) -> torch.dtype:
-    return getattr(torch, name)
-
-
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    """Accumulation dtype for softmax and norm statistics: at least float32."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-class Linear(nn.Linear):
-    """nn.Linear that computes in ``dtype``; parameters stay in ``param_dtype``.
-
-    Initialised as timm: weight trunc-normal(std 0.02), bias zero.
-    """
-
-    def __init__(self, d_in: int, d_out: int, bias: bool = True, *, dtype: str, param_dtype: str):
-        super().__init__(d_in, d_out, bias=bias, dtype=_dt(param_dtype))
-        self.compute_dtype = _dt(dtype)
-        if not self.weight.is_meta:
-            nn.init.trunc_normal_(self.weight, std=0.02)
-            if self.bias is not None:
-                nn.init.zeros_(self.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cd = self.compute_dtype
-        return F.linear(x.to(cd), self.weight.to(cd), None if self.bias is None else self.bias.to(cd))
-
-
-class LayerNorm(nn.LayerNorm):
-    """LayerNorm with statistics in at least float32 and output in ``dtype``; eps always explicit."""
-
-    def __init__(self, dim: int, *, eps: float, dtype: str, param_dtype: str):
-        super().__init__(dim, eps=eps, dtype=_dt(param_dtype))
-        self.compute_dtype = _dt(dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        acc = _acc(self.compute_dtype)
-        y = F.layer_norm(x.to(acc), self.normalized_shape, self.weight.to(acc), self.bias.to(acc), self.eps)
-        return y.to(self.compute_dtype)
-
-
-def _layer_norm(cfg: ViTConfig, dim: int) -> LayerNorm:
-    return LayerNorm(dim, eps=cfg.ln_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
-
-
-def _sub(masks: dict | None, prefix: str) -> dict | None:
-    """The entries of a flat ``dropout_masks`` dict under module path ``prefix``, the prefix removed."""
-    if masks is None:
-        return None
-    return {k[len(prefix) + 1 :]: v for k, v in masks.items() if k.startswith(prefix + ".")}
-
-
-def _drop(drop: nn.Dropout, x: torch.Tensor, masks: dict | None, name: str) -> torch.Tensor:
-    """``drop(x)``; in training with ``masks`` (the parity mode) the keep mask ``masks[name]`` (x's shape,
-    1 keep, 0 drop) instead of a draw, with nn.Dropout's scaling: kept values / (1 - p).
-
-    Raises:
-        KeyError: a live dropout whose mask ``masks`` lacks.
-    """
-    if masks is None or drop.p == 0 or not drop.training:
-        return drop(x)
-    return torch.where(masks[name].bool(), x / (1.0 - drop.p), torch.zeros_like(x))
-
-
-def _linear(cfg: ViTConfig, d_in: int, d_out: int, bias: bool = True) -> Linear:
-    return Linear(d_in, d_out, bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
-
-
 class PatchEmbed(nn.Module):
-    """Stride-P convolution, no padding (VALID), bias if cfg.patch_bias: [B, C, H, W] -> [B, D, H/P, W/P]."""
+    """Stride-P convolution, no padding (VALID), bias if cfg.patch_bias: [B, C, H, W] -> [B, D, H/P, W/P].
+
+    ``norm`` (cfg.patch_norm) is applied by the model to the flattened tokens [B, h*w, D], as timm's."""
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
@@ -100,9 +35,10 @@ class PatchEmbed(nn.Module):
             stride=cfg.patch_size,
             padding=0,
             bias=cfg.patch_bias,
-            dtype=_dt(cfg.param_dtype),
+            dtype=torch_dtype(cfg.param_dtype),
         )
-        self.compute_dtype = _dt(cfg.dtype)
+        self.norm = norm_layer(cfg, cfg.width) if cfg.patch_norm else None
+        self.compute_dtype = torch_dtype(cfg.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cd = self.compute_dtype
@@ -120,7 +56,7 @@ def _attend(
     scaled before the product, as timm's non-fused ``Attention`` does. ``drop`` (attention dropout)
     applies to the probabilities used for ``out``, not the ones returned.
     """
-    acc = _acc(q.dtype)
+    acc = acc_dtype(q.dtype)
     qh, kh, vh = (t.to(acc).transpose(1, 2) for t in (q, k, v))  # [B, N, L|M, D/N]
     probs = torch.einsum("bnlh,bnmh->bnlm", qh * scale, kh).softmax(dim=-1)
     out = torch.einsum("bnlm,bnmh->bnlh", probs if drop is None else drop(probs), vh)
@@ -142,15 +78,15 @@ class Attention(nn.Module):
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.num_prefix_tokens, self.rope_layout = cfg.num_prefix_tokens, cfg.rope_layout
         self.fused = cfg.attn_impl == "fused"
-        self.qkv = _linear(cfg, cfg.width, 3 * cfg.width, bias=cfg.qkv_bias and cfg.k_bias)
+        self.qkv = linear_layer(cfg, cfg.width, 3 * cfg.width, bias=cfg.qkv_bias and cfg.k_bias)
         qv_bias = cfg.qkv_bias and not cfg.k_bias
-        self.q_bias = nn.Parameter(torch.zeros(cfg.width, dtype=_dt(cfg.param_dtype))) if qv_bias else None
-        self.v_bias = nn.Parameter(torch.zeros(cfg.width, dtype=_dt(cfg.param_dtype))) if qv_bias else None
-        self.q_norm = _layer_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
-        self.k_norm = _layer_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+        self.q_bias = nn.Parameter(torch.zeros(cfg.width, dtype=torch_dtype(cfg.param_dtype))) if qv_bias else None
+        self.v_bias = nn.Parameter(torch.zeros(cfg.width, dtype=torch_dtype(cfg.param_dtype))) if qv_bias else None
+        self.q_norm = norm_layer(cfg, cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = norm_layer(cfg, cfg.head_dim) if cfg.qk_norm else None
         self.attn_drop = nn.Dropout(cfg.attn_dropout)
-        self.norm = _layer_norm(cfg, cfg.width) if cfg.attn_inner_norm else None
-        self.proj = _linear(cfg, cfg.width, cfg.width)
+        self.norm = norm_layer(cfg, cfg.width) if cfg.attn_inner_norm else None
+        self.proj = linear_layer(cfg, cfg.width, cfg.width, bias=cfg.proj_bias)
         self.proj_drop = nn.Dropout(cfg.dropout)
 
     def forward(
@@ -181,11 +117,11 @@ class Attention(nn.Module):
             ).transpose(1, 2)
             probs = None
         else:
-            out, probs = _attend(q, k, v, scale, lambda p: _drop(self.attn_drop, p, masks, "attn_drop"))
+            out, probs = _attend(q, k, v, scale, lambda p: masked_drop(self.attn_drop, p, masks, "attn_drop"))
         out = out.reshape(b, l, d)
         if self.norm is not None:
             out = self.norm(out)
-        x = _drop(self.proj_drop, self.proj(out), masks, "proj_drop")  # [B, L, D]
+        x = masked_drop(self.proj_drop, self.proj(out), masks, "proj_drop")  # [B, L, D]
         return x, probs
 
 
@@ -197,24 +133,27 @@ def quick_gelu(x: torch.Tensor) -> torch.Tensor:
 class Mlp(nn.Module):
     """fc1 -> GELU (cfg.gelu: 'exact' erf, 'tanh' or 'quick') -> dropout -> (norm) -> fc2 -> dropout.
 
-    ``hidden`` F (default cfg.mlp_dim); ``norm`` over F when ``inner_norm`` (timm ``scale_mlp``)."""
+    ``hidden`` F (default cfg.mlp_dim); ``norm`` over F when ``inner_norm`` (timm ``scale_mlp``); ``bias`` on
+    both layers (a block's: cfg.mlp_bias; the MAP head's always)."""
 
-    def __init__(self, cfg: ViTConfig, hidden: int | None = None, inner_norm: bool = False):
+    def __init__(self, cfg: ViTConfig, hidden: int | None = None, inner_norm: bool = False, bias: bool = True):
         super().__init__()
         f = hidden or cfg.mlp_dim
         self.quick = cfg.gelu == "quick"
         self.approximate = "tanh" if cfg.gelu == "tanh" else "none"
-        self.fc1 = _linear(cfg, cfg.width, f)
+        self.fc1 = linear_layer(cfg, cfg.width, f, bias)
         self.drop1 = nn.Dropout(cfg.dropout)
-        self.norm = _layer_norm(cfg, f) if inner_norm else None
-        self.fc2 = _linear(cfg, f, cfg.width)
+        self.norm = norm_layer(cfg, f) if inner_norm else None
+        self.fc2 = linear_layer(cfg, f, cfg.width, bias)
         self.drop2 = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, masks: dict | None = None) -> torch.Tensor:
         """x [..., D] -> [..., D]; ``masks`` {"drop1": [..., F], "drop2": [..., D]} (parity mode)."""
         h = self.fc1(x)
-        h = _drop(self.drop1, quick_gelu(h) if self.quick else F.gelu(h, approximate=self.approximate), masks, "drop1")
-        return _drop(self.drop2, self.fc2(h if self.norm is None else self.norm(h)), masks, "drop2")
+        h = masked_drop(
+            self.drop1, quick_gelu(h) if self.quick else F.gelu(h, approximate=self.approximate), masks, "drop1"
+        )
+        return masked_drop(self.drop2, self.fc2(h if self.norm is None else self.norm(h)), masks, "drop2")
 
 
 class GluMlp(nn.Module):
@@ -226,17 +165,17 @@ class GluMlp(nn.Module):
 
     def __init__(self, cfg: ViTConfig, inner_norm: bool = False):
         super().__init__()
-        self.fc1 = _linear(cfg, cfg.width, 2 * cfg.mlp_dim)
+        self.fc1 = linear_layer(cfg, cfg.width, 2 * cfg.mlp_dim, cfg.mlp_bias)
         self.drop1 = nn.Dropout(cfg.dropout)
-        self.norm = _layer_norm(cfg, cfg.mlp_dim) if inner_norm else None  # timm SwiGLU scale_mlp
-        self.fc2 = _linear(cfg, cfg.mlp_dim, cfg.width)
+        self.norm = norm_layer(cfg, cfg.mlp_dim) if inner_norm else None  # timm SwiGLU scale_mlp
+        self.fc2 = linear_layer(cfg, cfg.mlp_dim, cfg.width, cfg.mlp_bias)
         self.drop2 = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, masks: dict | None = None) -> torch.Tensor:
         """x [..., D] -> [..., D]; ``masks`` {"drop1": [..., F], "drop2": [..., D]} (parity mode)."""
         gate, value = self.fc1(x).chunk(2, dim=-1)  # each [..., F]
-        h = _drop(self.drop1, F.silu(gate) * value, masks, "drop1")
-        return _drop(self.drop2, self.fc2(h if self.norm is None else self.norm(h)), masks, "drop2")
+        h = masked_drop(self.drop1, F.silu(gate) * value, masks, "drop1")
+        return masked_drop(self.drop2, self.fc2(h if self.norm is None else self.norm(h)), masks, "drop2")
 
 
 class LayerScale(nn.Module):
@@ -244,7 +183,7 @@ class LayerScale(nn.Module):
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
-        self.gamma = nn.Parameter(torch.full((cfg.width,), cfg.layer_scale, dtype=_dt(cfg.param_dtype)))
+        self.gamma = nn.Parameter(torch.full((cfg.width,), cfg.layer_scale, dtype=torch_dtype(cfg.param_dtype)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.gamma.to(x.dtype)
@@ -277,13 +216,14 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ViTConfig, drop_path: float):
         super().__init__()
-        self.norm1 = _layer_norm(cfg, cfg.width)
+        self.norm1 = norm_layer(cfg, cfg.width)
         self.attn = Attention(cfg)
         self.ls1 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path1 = DropPath(drop_path)
-        self.norm2 = _layer_norm(cfg, cfg.width)
-        inner = cfg.mlp_inner_norm
-        self.mlp = GluMlp(cfg, inner_norm=inner) if cfg.mlp_type == "swiglu" else Mlp(cfg, inner_norm=inner)
+        self.norm2 = norm_layer(cfg, cfg.width)
+        inner, bias = cfg.mlp_inner_norm, cfg.mlp_bias
+        glu = cfg.mlp_type == "swiglu"
+        self.mlp = GluMlp(cfg, inner_norm=inner) if glu else Mlp(cfg, inner_norm=inner, bias=bias)
         self.ls2 = LayerScale(cfg) if cfg.layer_scale is not None else None
         self.drop_path2 = DropPath(drop_path)
 
@@ -301,9 +241,9 @@ class Block(nn.Module):
         "attn.proj_drop", "mlp.drop1", "mlp.drop2"; parity mode), else drawn; ``rope`` this block's
         RoPE tables (``Attention``)."""
         m1, m2 = (None, None) if drop_mask is None else (drop_mask[:, 0], drop_mask[:, 1])
-        y, probs = self.attn(self.norm1(x), return_attn=return_attn, masks=_sub(masks, "attn"), rope=rope)
+        y, probs = self.attn(self.norm1(x), return_attn=return_attn, masks=sub_masks(masks, "attn"), rope=rope)
         x = x + self.drop_path1(self.ls1(y) if self.ls1 is not None else y, m1)
-        y = self.mlp(self.norm2(x), _sub(masks, "mlp"))
+        y = self.mlp(self.norm2(x), sub_masks(masks, "mlp"))
         x = x + self.drop_path2(self.ls2(y) if self.ls2 is not None else y, m2)
         return x, probs
 
@@ -321,13 +261,13 @@ class MAPHead(nn.Module):
         super().__init__()
         self.num_heads = cfg.map_num_heads
         self.head_dim = cfg.width // self.num_heads
-        self.latent = nn.Parameter(torch.empty(1, 1, cfg.width, dtype=_dt(cfg.param_dtype)))
+        self.latent = nn.Parameter(torch.empty(1, 1, cfg.width, dtype=torch_dtype(cfg.param_dtype)))
         if not self.latent.is_meta:
             nn.init.trunc_normal_(self.latent, std=0.02)
-        self.q = _linear(cfg, cfg.width, cfg.width)
-        self.kv = _linear(cfg, cfg.width, 2 * cfg.width)
-        self.proj = _linear(cfg, cfg.width, cfg.width)
-        self.norm = _layer_norm(cfg, cfg.width)
+        self.q = linear_layer(cfg, cfg.width, cfg.width)
+        self.kv = linear_layer(cfg, cfg.width, 2 * cfg.width)
+        self.proj = linear_layer(cfg, cfg.width, cfg.width)
+        self.norm = norm_layer(cfg, cfg.width)
         self.mlp = Mlp(cfg, cfg.map_mlp_width)
         self.fused = cfg.attn_impl == "fused"
 
@@ -347,8 +287,38 @@ class MAPHead(nn.Module):
         else:
             out, probs = _attend(q, k, v, hd**-0.5)  # probs [B, N, 1, L]
         x = self.proj(out.reshape(b, 1, d))
-        x = x + self.mlp(self.norm(x), _sub(masks, "mlp"))
+        x = x + self.mlp(self.norm(x), sub_masks(masks, "mlp"))
         return x[:, 0], probs
+
+
+class ProbeHead(nn.Module):
+    """Attention probe (pool='probe'; HF ``Aimv2AttentionPoolingHead``): a learned query ``latent`` [1, 1, D]
+    used as is (no q projection) attends over the tokens through ``kv`` (bias as cfg.qkv_bias), then
+    ``proj``; no norm, no MLP, no residual. [B, L', D] -> ([B, D], attention [B, N, 1, L'] or None)."""
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.latent = nn.Parameter(torch.empty(1, 1, cfg.width, dtype=torch_dtype(cfg.param_dtype)))
+        if not self.latent.is_meta:
+            nn.init.trunc_normal_(self.latent, std=0.02)
+        self.kv = linear_layer(cfg, cfg.width, 2 * cfg.width, bias=cfg.qkv_bias)
+        self.proj = linear_layer(cfg, cfg.width, cfg.width)
+        self.fused = cfg.attn_impl == "fused"
+
+    def forward(self, x: torch.Tensor, *, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        b, l, d = x.shape
+        nh, hd = self.num_heads, self.head_dim
+        q = self.latent.to(x.dtype).expand(b, 1, d).reshape(b, 1, nh, hd)
+        k, v = self.kv(x).reshape(b, l, 2, nh, hd).unbind(2)  # each [B, L, N, D/N]
+        if self.fused and not return_attn:
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=hd**-0.5
+            ).transpose(1, 2)
+            probs = None
+        else:
+            out, probs = _attend(q, k, v, hd**-0.5)  # probs [B, N, 1, L]
+        return self.proj(out.reshape(b, d)), probs
 
 
 class PreLogits(nn.Module):
@@ -356,7 +326,7 @@ class PreLogits(nn.Module):
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
-        self.fc = _linear(cfg, cfg.width, cfg.rep_size)
+        self.fc = linear_layer(cfg, cfg.width, cfg.rep_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.fc(x))
@@ -376,7 +346,7 @@ class VisionTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.grad_checkpointing = False
-        pd = _dt(cfg.param_dtype)
+        pd = torch_dtype(cfg.param_dtype)
         self.patch_embed = PatchEmbed(cfg)
         self.cls_token = nn.Parameter(torch.empty(1, 1, cfg.width, dtype=pd)) if cfg.class_token else None
         self.reg_token = nn.Parameter(torch.empty(1, cfg.reg_tokens, cfg.width, dtype=pd)) if cfg.reg_tokens else None
@@ -386,17 +356,18 @@ class VisionTransformer(nn.Module):
         self.dist_token = nn.Parameter(torch.empty(1, 1, cfg.width, dtype=pd)) if cfg.dist_token else None
         self.pos_drop = nn.Dropout(cfg.dropout)
         self.rope = RotaryEmbedding(cfg) if cfg.rope != "none" else None
-        self.norm_pre = _layer_norm(cfg, cfg.width) if cfg.norm_pre else None
+        self.norm_pre = norm_layer(cfg, cfg.width) if cfg.norm_pre else None
         rates = np.linspace(0.0, cfg.drop_path, cfg.depth) if cfg.depth > 1 else [cfg.drop_path]
         self.blocks = nn.ModuleList([Block(cfg, float(r)) for r in rates])
-        self.norm = _layer_norm(cfg, cfg.width) if cfg.final_norm and not cfg.fc_norm else None
-        self.attn_pool = MAPHead(cfg) if cfg.pool == "map" else None
-        self.fc_norm = _layer_norm(cfg, cfg.width) if cfg.fc_norm else None
+        self.norm = norm_layer(cfg, cfg.width) if cfg.final_norm and not cfg.fc_norm else None
+        pools = {"map": MAPHead, "probe": ProbeHead}
+        self.attn_pool = pools[cfg.pool](cfg) if cfg.pool in pools else None
+        self.fc_norm = norm_layer(cfg, cfg.width) if cfg.fc_norm else None
         self.pre_logits = PreLogits(cfg) if cfg.rep_size else None
         self.head_drop = nn.Dropout(cfg.dropout)
         k, bias = cfg.num_classes, cfg.head_bias
-        self.head = _linear(cfg, cfg.features_dim, k, bias) if k else None
-        self.head_dist = _linear(cfg, cfg.features_dim, k, bias) if k and cfg.head_dist else None
+        self.head = linear_layer(cfg, cfg.features_dim, k, bias) if k else None
+        self.head_dist = linear_layer(cfg, cfg.features_dim, k, bias) if k and cfg.head_dist else None
         if self.dist_token is not None and not self.dist_token.is_meta:
             nn.init.trunc_normal_(self.dist_token, std=0.02)  # timm VisionTransformerDistilled
         for p in (self.cls_token, self.reg_token):
@@ -418,12 +389,14 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"images of shape {tuple(x.shape)}: expected [B, C={cfg.in_chans}, H, W] (channels first)")
         gh, gw = cfg.grid_for(x.shape[2:4])  # raises ValueError on a size the config does not allow
         ph, pw = cfg.patch_size
-        cd = _dt(cfg.dtype)
+        cd = torch_dtype(cfg.dtype)
         x = x.to(cd)
         if cfg.dynamic_img_pad:  # zero-pad bottom/right to a multiple of the patch, as timm
             x = F.pad(x, (0, gw * pw - x.shape[3], 0, gh * ph - x.shape[2]))
         b = x.shape[0]
         patches = self.patch_embed(x).flatten(2).transpose(1, 2)  # [B, D, h, w] -> [B, h*w, D]
+        if self.patch_embed.norm is not None:
+            patches = self.patch_embed.norm(patches)
         tokens = (self.cls_token, self.dist_token, self.reg_token)
         prefix = [p.to(cd).expand(b, -1, -1) for p in tokens if p is not None]
         npt = cfg.num_prefix_tokens
@@ -437,8 +410,8 @@ class VisionTransformer(nn.Module):
                 )
                 grid = pe_grid.reshape(*cfg.grid, cfg.width)  # [h0, w0, D]
                 pe_grid = torch.einsum("yh,hwd,xw->yxd", wh, grid, ww).reshape(1, gh * gw, cfg.width)
-        elif cfg.posemb == "sincos2d":
-            table = sincos2d((gh, gw), cfg.width)[None]
+        elif cfg.posemb in SINCOS_CONVENTIONS:
+            table = sincos2d((gh, gw), cfg.width, convention=SINCOS_CONVENTIONS[cfg.posemb])[None]
             pe_prefix, pe_grid = None, torch.as_tensor(table, dtype=cd, device=x.device)
         else:
             pe_prefix, pe_grid = None, None
@@ -461,7 +434,7 @@ class VisionTransformer(nn.Module):
         record = out is not None
         patches, x, grid = self._embed(x)
         rope = self.rope(grid, x.device) if self.rope is not None else None  # (sin, cos), once per forward
-        x = _drop(self.pos_drop, x, dropout_masks, "pos_drop")
+        x = masked_drop(self.pos_drop, x, dropout_masks, "pos_drop")
         if record:
             out["patch_embed"], out["pos_embed"] = patches, x
         if self.norm_pre is not None:
@@ -470,7 +443,7 @@ class VisionTransformer(nn.Module):
                 out["norm_pre"] = x
         for i, block in enumerate(self.blocks):
             mask = None if drop_masks is None else drop_masks[:, i]
-            sub = _sub(dropout_masks, f"blocks.{i}")
+            sub = sub_masks(dropout_masks, f"blocks.{i}")
             tab = None if rope is None else (rope[0][i], rope[1][i]) if self.cfg.rope == "mixed" else rope
             if self.grad_checkpointing and not record and torch.is_grad_enabled():  # recomputed in backward
                 x, probs = checkpoint(block, x, drop_mask=mask, masks=sub, rope=tab, use_reentrant=False)
@@ -495,7 +468,11 @@ class VisionTransformer(nn.Module):
         elif cfg.pool == "token_gap":  # HF Dinov2ForImageClassification: [class token, mean of patches]
             x = torch.cat([x[:, 0], pooled.mean(dim=1)], dim=-1)
         elif cfg.pool == "map":
-            x, probs = self.attn_pool(pooled, return_attn=record, masks=_sub(dropout_masks, "attn_pool"))
+            x, probs = self.attn_pool(pooled, return_attn=record, masks=sub_masks(dropout_masks, "attn_pool"))
+            if record:
+                out["attn_pool"] = probs
+        elif cfg.pool == "probe":
+            x, probs = self.attn_pool(pooled, return_attn=record)
             if record:
                 out["attn_pool"] = probs
         if self.fc_norm is not None:
@@ -504,13 +481,13 @@ class VisionTransformer(nn.Module):
             x = self.pre_logits(x)
         if record:
             out["pre_logits"] = x
-        x = _drop(self.head_drop, x, dropout_masks, "head_drop")
+        x = masked_drop(self.head_drop, x, dropout_masks, "head_drop")
         if self.head is not None:
             x = self.head(x)
         if x_dist is not None:
             if record:
                 out["pre_logits_dist"] = x_dist
-            x_dist = _drop(self.head_drop, x_dist, dropout_masks, "head_drop_dist")
+            x_dist = masked_drop(self.head_drop, x_dist, dropout_masks, "head_drop_dist")
             if self.head_dist is not None:
                 x_dist = self.head_dist(x_dist)
                 if record:
@@ -547,7 +524,7 @@ class VisionTransformer(nn.Module):
 
         Keys: 'patch_embed' [B, h*w, D], 'pos_embed' [B, L, D], 'norm_pre' (norm_pre only; the block
         input) [B, L, D], 'blockNN' [B, L, D], 'attnNN' [B, N, L, L] (rows sum to 1), 'norm' [B, L, D],
-        'attn_pool' [B, N, 1, L'] (MAP only; L' = L, or the patches without pool_include_prefix),
+        'attn_pool' [B, N, 1, L'] (MAP and probe only; L' = L, or the patches without pool_include_prefix),
         'pre_logits' [B, D'] (D' = rep_size, 2 D for pool='token_gap', else D), with head_dist also
         'pre_logits_dist' [B, D] and, with a head, 'head' and
         'head_dist' [B, K] (each head's logits), 'logits' [B, K]. The same keys as the JAX twin.

@@ -23,12 +23,16 @@ from vit_torch.weights import numpy_to_tensor
 
 def timm_model_kwargs(cfg: ViTConfig) -> dict:
     """Keyword arguments of timm's ``VisionTransformer`` for ``cfg``:
-    ``vit_common.checkpoints.formats.timm_state.timm_kwargs`` with its LayerNorm eps as timm's
-    ``norm_layer`` (the one timm builder: ``timm_model``, the benchmarks' timm contender)."""
-    from timm.layers import LayerNorm
+    ``vit_common.checkpoints.formats.timm_state.timm_kwargs`` with its norm (class and eps) as timm's
+    ``norm_layer`` and, with a patch norm, ``embed_norm_layer`` (the one timm builder: ``timm_model``, the
+    benchmarks' timm contender)."""
+    import timm.layers
 
     kw = timm_kwargs(cfg)
-    kw["norm_layer"] = partial(LayerNorm, eps=kw.pop("norm_eps"))
+    norm = partial(getattr(timm.layers, kw.pop("norm_class")), eps=kw.pop("norm_eps"))
+    kw["norm_layer"] = norm
+    if kw.pop("embed_norm", False):
+        kw["embed_norm_layer"] = norm
     if kw.pop("mlp_layer", None):
         from timm.layers import SwiGLUPacked
 

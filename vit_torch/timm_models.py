@@ -59,7 +59,7 @@ def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
         FormatError: naming what the model has and the twins lack (another model class, block, attention,
             MLP, activation, norm, pooling).
     """
-    from timm.layers import AttentionPoolLatent, GluMlp, PatchEmbed, SwiGLU
+    from timm.layers import AttentionPoolLatent, GluMlp, PatchEmbed, RmsNorm, SwiGLU
     from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import Attention, Block, Mlp, VisionTransformer
 
@@ -82,13 +82,13 @@ def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
     lacks = [f"{what} {type(obj).__name__}" for what, (obj, cls) in parts.items() if type(obj) is not cls]
     if lacks:
         raise FormatError(f"timm model {name!r}: the twins do not implement its " + ", ".join(lacks))
-    norms = [b0.norm1, b0.norm2, m.norm, m.fc_norm, m.norm_pre]
-    if any(not isinstance(n, (nn.LayerNorm, nn.Identity)) for n in norms):
-        raise FormatError(f"timm model {name!r}: a norm other than LayerNorm ({type(b0.norm1).__name__})")
-    if any(not isinstance(x, nn.Identity) for x in (b0.attn.norm, b0.mlp.norm, m.patch_embed.norm)):
-        raise FormatError(f"timm model {name!r}: a LayerNorm inside attention, MLP or patch embedding")
-    if b0.attn.proj.bias is None:
-        raise FormatError(f"timm model {name!r}: attention output without bias (proj_bias=False)")
+    kind = RmsNorm if type(b0.norm1) is RmsNorm else nn.LayerNorm  # timm's LayerNorm subclasses torch's
+    norms = [b0.norm1, b0.norm2, m.norm, m.fc_norm, m.norm_pre, m.patch_embed.norm, b0.attn.q_norm]
+    if any(not isinstance(n, (kind, nn.Identity)) for n in norms):
+        kinds = ", ".join(sorted({type(n).__name__ for n in norms} - {"Identity"}))
+        raise FormatError(f"timm model {name!r}: norms {kinds}; the twins have one kind, LayerNorm or RmsNorm")
+    if any(not isinstance(x, nn.Identity) for x in (b0.attn.norm, b0.mlp.norm)):
+        raise FormatError(f"timm model {name!r}: a norm inside attention or MLP")
     if m.global_pool not in _POOLS:
         raise FormatError(f"timm model {name!r}: global_pool={m.global_pool!r}; the twins pool {', '.join(_POOLS)}")
     if m.attn_pool is not None and (type(m.attn_pool) is not AttentionPoolLatent or m.attn_pool.latent_len != 1):
@@ -115,6 +115,10 @@ def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
         qkv_bias=b0.attn.qkv.bias is not None,
         qk_norm=not isinstance(b0.attn.q_norm, nn.Identity),
         ln_eps=float(b0.norm1.eps),
+        norm="rmsnorm" if kind is RmsNorm else "layernorm",
+        patch_norm=not isinstance(m.patch_embed.norm, nn.Identity),
+        proj_bias=b0.attn.proj.bias is not None,
+        mlp_bias=b0.mlp.fc2.bias is not None,
         gelu="exact" if gated else _gelu(b0.mlp.act, name),
         pool=_POOLS[m.global_pool],
         pool_include_prefix=bool(m.pool_include_prefix),

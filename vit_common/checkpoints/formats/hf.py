@@ -57,6 +57,7 @@ from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
 from vit_common.checkpoints.formats.rules import (
     from_canonical,
     materialize_posemb,
+    norm_and_bias_checks,
     refuse,
     rope_family_fields,
     unsupported,
@@ -72,7 +73,7 @@ from vit_common.system import io
 
 # The model types an hf_family folder is written as (``--hf-model-type``): the two-tower ones are written
 # as their vision tower's.
-WRITTEN_FAMILY_TYPES = tuple(t for t in FAMILY_MODEL_TYPES if t not in ("siglip", "clip"))
+WRITTEN_FAMILY_TYPES = tuple(t for t in FAMILY_MODEL_TYPES if t not in ("siglip", "clip", "aimv2"))
 WEIGHTS = "model.safetensors"  # an unsharded folder's weights, as save_pretrained names them
 
 
@@ -206,7 +207,8 @@ class HuggingFace(Format):
                     cfg.rep_size > 0 and cfg.num_classes > 0
                 ),
                 "head_dist without classes (DeiTModel has no distilled output)": cfg.head_dist and not cfg.num_classes,
-            },
+            }
+            | norm_and_bias_checks(cfg),
         )
 
     def declared(self, src: Source) -> Declared:

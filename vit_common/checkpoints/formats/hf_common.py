@@ -20,9 +20,10 @@ ACT_TO_GELU = {
 GELU_TO_ACT = {"exact": "gelu", "tanh": "gelu_pytorch_tanh", "quick": "quick_gelu"}
 # The one table of block key spellings of the HF ViT-family model types (the hf format's ViT and DeiT, and
 # hf_families'): style -> spelling -> (layer prefix, norm1, q, k, v, o, norm2, fc1, fc2). 'vit' is
-# ViT, DeiT, ViT-MAE, ViT-MSN and I-JEPA; 'dinov2' both DINOv2 types; 'clip' SigLIP and CLIP (one
-# spelling). v4 is what save_pretrained writes, v5 the transformers 5 module names, as transformers'
-# conversion_mapping.py renames them (ViTModel, Dinov2Model, ViTMAEForPreTraining entries).
+# ViT, DeiT, ViT-MAE, ViT-MSN and I-JEPA; 'dinov2' both DINOv2 types; 'clip' SigLIP and CLIP and 'aimv2'
+# both AIMv2 types (one spelling each). v4 is what save_pretrained writes, v5 the transformers 5 module
+# names, as transformers' conversion_mapping.py renames them (ViTModel, Dinov2Model, ViTMAEForPreTraining
+# entries).
 BLOCK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
     "vit": {
         "v4": (
@@ -85,10 +86,25 @@ BLOCK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
             "mlp.fc2",
         ),
     },
+    "aimv2": {  # AIMv2: fc1 is gate_proj then up_proj (hf_families.aimv2 holds its rules)
+        "v4": (
+            "encoder.layers.{i}.",
+            "rms_norm1",
+            "attention.q_proj",
+            "attention.k_proj",
+            "attention.v_proj",
+            "attention.out_proj",
+            "rms_norm2",
+            "ffn.gate_proj",
+            "ffn.down_proj",
+        ),
+    },
 }
 # Model types the hf_family format reads (``hf_families.FAMILIES``, which imports this module), for the hf
 # format's refusal and its write options.
 FAMILY_MODEL_TYPES = (
+    "aimv2_vision_model",
+    "aimv2",
     "siglip_vision_model",
     "siglip",
     "clip_vision_model",

@@ -123,6 +123,10 @@ def cannot_hold(cfg: ViTConfig) -> list[str]:
         mlp_inner_norm=False,
         dist_token=False,
         rep_size=0,
+        norm="layernorm",
+        patch_norm=False,
+        proj_bias=True,
+        mlp_bias=True,
     )
     out = [f"{k}={getattr(cfg, k)!r} (dinov3_vit has {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
     if cfg.mlp_type == "plain" and cfg.gelu != "exact":

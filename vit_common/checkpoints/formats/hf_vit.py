@@ -29,7 +29,7 @@ from vit_common.checkpoints.formats.provenance import (
     refuse_unsupported,
     square_grid_origin,
 )
-from vit_common.checkpoints.formats.rules import Piece, Rule, copy, to_canonical
+from vit_common.checkpoints.formats.rules import LAYERNORM_ALL_BIASES, Piece, Rule, copy, to_canonical
 from vit_common.config import ViTConfig
 
 _NAMES = BLOCK_KEYS["vit"]
@@ -56,8 +56,7 @@ _REFUSED_MODEL_TYPES = {
     "pe_video": "rotary position embeddings (Perception Encoder)",
     "siglip2": "NaFlex variable-resolution patches (SigLIP2)",
     "siglip2_vision_model": "NaFlex variable-resolution patches (SigLIP2)",
-    "aimv2": "RMSNorm (AIMv2)",
-    "aimv2_vision_model": "RMSNorm (AIMv2)",
+    "radio": "a model without final norm, a cropped position table and summary class tokens (RADIO)",
 }
 
 
@@ -220,7 +219,7 @@ def read_tensors(
         "qk_norm": arch_origin,
         "mlp_type": arch_origin,
         "head_bias": arch_origin,
-    }
+    } | {k: arch_origin for k in LAYERNORM_ALL_BIASES}
     f: dict[str, Any] = dict(
         class_token=True,
         dist_token=model_type == "deit",
@@ -236,6 +235,7 @@ def read_tensors(
         qk_norm=False,
         mlp_type="plain",
         head_bias=True,
+        **LAYERNORM_ALL_BIASES,
     )
     prov: dict[str, Origin] = dict(arch_prov)
     if config is not None:

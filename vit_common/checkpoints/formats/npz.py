@@ -54,6 +54,7 @@ from vit_common.checkpoints.formats.provenance import (
     square_grid_origin,
 )
 from vit_common.checkpoints.formats.rules import (
+    LAYERNORM_ALL_BIASES,
     Piece,
     Rule,
     conv_kernel,
@@ -61,6 +62,7 @@ from vit_common.checkpoints.formats.rules import (
     from_canonical,
     linear_kernel,
     materialize_posemb,
+    norm_and_bias_checks,
     refuse,
     rope_family_fields,
     stack_layers,
@@ -280,6 +282,7 @@ def read(
         reg_tokens=0,
         norm_pre=False,
         fc_norm=False,
+        **LAYERNORM_ALL_BIASES,
     )
     posemb_key = next((k for k in POSEMB_KEYS if prefix + k in t), None)
     notes = []
@@ -365,7 +368,11 @@ def cannot_hold(cfg: ViTConfig) -> list[str]:
             "pool_include_prefix=True": cfg.pool_include_prefix and cfg.num_prefix_tokens > 0,
             "quick GELU": cfg.gelu == "quick",
             "mlp_type='swiglu'": cfg.mlp_type == "swiglu",
-        },
+            "posemb='sincos2d_mae' (a file without position embedding reads as big_vision's sincos2d)": (
+                cfg.posemb == "sincos2d_mae"
+            ),
+        }
+        | norm_and_bias_checks(cfg),
     )
 
 

@@ -190,7 +190,6 @@ UNSUPPORTED_TENSORS: tuple[tuple[re.Pattern, str], ...] = (
         re.compile(r"(^|\.)attn\.norm\.|(^|\.)mlp\.norm\."),
         "a LayerNorm inside attention or the MLP (timm scale_*_norm)",
     ),
-    (re.compile(r"^patch_embed\.norm\."), "a LayerNorm inside the patch embedding"),
     (re.compile(r"(^|\.)lambda_[12]$"), "BEiT-style LayerScale lambda_1/lambda_2"),
     (re.compile(r"(^|\.)rope\."), "rotary position embeddings"),
 )

@@ -16,7 +16,7 @@ import numpy as np
 
 from vit_common.checkpoints.formats.tensors import LazyTensor, Tensor, TensorMap, dtype_of
 from vit_common.config import ViTConfig
-from vit_common.posemb import sincos2d
+from vit_common.posemb import SINCOS_CONVENTIONS, sincos2d
 from vit_common.state import canonical_shapes, check_state
 
 
@@ -181,19 +181,19 @@ def materialize_posemb(
 ) -> tuple[ViTConfig, dict[str, Tensor], list[str]]:
     """Rewrite the position embedding into a learned table, for formats that only store one.
 
-    ``posemb='sincos2d'`` becomes a learned ``pos_embed`` holding the table (cast to the parameter
-    dtype, as the twins cast it before adding). With ``prefix_rows=True`` a table without prefix rows
+    ``posemb='sincos2d'`` (or ``'sincos2d_mae'``) becomes a learned ``pos_embed`` holding the table (cast
+    to the parameter dtype, as the twins cast it before adding). With ``prefix_rows=True`` a table without prefix rows
     gains zero rows for the class (and distillation) token (exact: adding zero changes nothing). Returns
     the new config, state and one note per change. Register tokens cannot gain rows this way (they would
     be resampled with the grid otherwise): the caller's format check rejects them.
     """
     notes, state = [], dict(state)
-    if cfg.posemb == "sincos2d":
+    if cfg.posemb in SINCOS_CONVENTIONS:
         any_param = next(iter(state.values()))
-        table = sincos2d(cfg.grid, cfg.width)[None].astype(dtype_of(any_param))
-        state = {"pos_embed": table, **state}
+        table = sincos2d(cfg.grid, cfg.width, convention=SINCOS_CONVENTIONS[cfg.posemb])[None]
+        state = {"pos_embed": table.astype(dtype_of(any_param)), **state}
+        notes.append(f"{cfg.posemb} position embedding written as a learned pos_embed table")
         cfg = cfg.replace(posemb="learn")
-        notes.append("sincos2d position embedding written as a learned pos_embed table")
     if prefix_rows and cfg.posemb == "learn" and not cfg.posemb_prefix and cfg.num_prefix_tokens:
         pe = np.asarray(state["pos_embed"])
         zeros = np.zeros((1, cfg.num_prefix_tokens, pe.shape[-1]), pe.dtype)
@@ -224,6 +224,22 @@ def zero_head_bias(cfg: ViTConfig, state: TensorMap) -> tuple[ViTConfig, dict[st
 def unsupported(fmt: str, checks: Mapping[str, bool]) -> list[str]:
     """The descriptions in ``checks`` (description -> fails) that fail: what ``fmt`` cannot hold."""
     return [what for what, fails in checks.items() if fails]
+
+
+# The norm and bias fields of every format whose models have LayerNorms and every bias (all but AIMv2's):
+# what such a reader sets them to.
+LAYERNORM_ALL_BIASES = dict(norm="layernorm", patch_norm=False, proj_bias=True, mlp_bias=True)
+
+
+def norm_and_bias_checks(cfg: ViTConfig) -> dict[str, bool]:
+    """The AIMv2-style choices (RMSNorm, a patch norm, bias-free projections) as ``unsupported`` checks, for
+    the formats whose models have LayerNorms and every bias."""
+    return {
+        "norm='rmsnorm'": cfg.norm == "rmsnorm",
+        "patch_norm": cfg.patch_norm,
+        "proj_bias=False": not cfg.proj_bias,
+        "mlp_bias=False": not cfg.mlp_bias,
+    }
 
 
 def rope_family_fields(cfg: ViTConfig) -> list[str]:

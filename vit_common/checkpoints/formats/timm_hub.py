@@ -83,6 +83,7 @@ _CHECKED = {
     "class_token": "class_token",
     "reg_tokens": "reg_tokens",
     "pre_norm": "norm_pre",
+    "proj_bias": "proj_bias",
 }
 # model_args read (declared or checked) without timm, or that change nothing a trained model computes.
 _KNOWN = frozenset(_CHECKED) | {
@@ -405,7 +406,9 @@ def hub_config_json(cfg: ViTConfig, assumed=()) -> dict[str, Any]:
     """
     refuse("timm hub folder", hub_cannot_hold(cfg))
     kw = timm_kwargs(cfg)
-    kw.pop("norm_eps")
+    kw.pop("norm_eps"), kw.pop("norm_class")
+    if kw["proj_bias"]:  # timm's default
+        kw.pop("proj_bias")
     args = {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items() if not k.endswith("drop_rate")}
     pcfg = {
         "input_size": [cfg.in_chans, *cfg.image_size],
@@ -453,6 +456,8 @@ def hub_cannot_hold(cfg: ViTConfig) -> list[str]:
             ),
             "mlp_type='swiglu' (model_args cannot name timm's SwiGLUPacked class; a timm .safetensors file "
             "can hold it)": cfg.mlp_type == "swiglu",
+            "norm='rmsnorm' or patch_norm (model_args cannot give timm's RmsNorm its eps; a timm .safetensors "
+            "file can hold it)": cfg.norm == "rmsnorm" or cfg.patch_norm,
         },
     )
 

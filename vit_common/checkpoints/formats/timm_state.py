@@ -48,6 +48,11 @@ from vit_common.state import canonical_shapes
 _DEIT3_GAMMA = re.compile(r"^(blocks\.\d+)\.gamma_([12])$")
 POOL_TO_TIMM = {"token": "token", "gap": "avg", "max": "max", "avgmax": "avgmax", "map": "map", "none": ""}
 GELU_TO_TIMM = {"exact": "gelu", "tanh": "gelu_tanh", "quick": "quick_gelu"}
+# the pools timm's VisionTransformer lacks, as the refusal names them
+_NO_TIMM_POOL = {
+    "token_gap": "[class token, mean] pooling",
+    "probe": "attention probe without a query projection",
+}
 
 
 def is_timm(keys) -> bool:
@@ -154,9 +159,6 @@ def infer(
             "no final LayerNorm (timm final_norm=False: neither norm nor fc_norm)": (
                 "norm.weight" not in t and "fc_norm.weight" not in t and "blocks.0.norm1.weight" in t
             ),
-            "attention and MLP output projections without bias (timm proj_bias=False)": (
-                "blocks.0.attn.proj.weight" in t and "blocks.0.attn.proj.bias" not in t
-            ),
             _ROPE_SIGNATURE: "posemb" not in overrides and _rope_signature(tensors),
         },
     )
@@ -203,6 +205,9 @@ def infer(
         "head_dist": "dist_token" in t,
         "norm_pre": "norm_pre.weight" in t,
         "fc_norm": "fc_norm.weight" in t and "norm.weight" not in t,
+        "patch_norm": "patch_embed.norm.weight" in t,
+        "proj_bias": "blocks.0.attn.proj.bias" in t,
+        "mlp_bias": "blocks.0.mlp.fc2.bias" in t,
     }
     f.update(flags)
     prov.update({k: derived("tensors present") for k in flags})
@@ -244,7 +249,11 @@ def infer(
         prov["image_size"] = derived("the given size") if grid else assumed("not stored (no pos_embed); 224 assumed")
     prov["posemb"] = derived("pos_embed present or not")
     f["gelu"], prov["gelu"] = "exact", assumed("not stored; timm's default nn.GELU (exact erf)")
-    f["ln_eps"], prov["ln_eps"] = 1e-6, assumed("not stored; timm's default LayerNorm eps 1e-6")
+    rms = "blocks.0.norm1.bias" not in t
+    f["norm"] = "rmsnorm" if rms else "layernorm"
+    prov["norm"] = derived("blocks.0.norm1.bias " + ("absent: RmsNorm" if rms else "present: LayerNorm"))
+    eps_why = "RmsNorm eps 1e-6 (its aimv2_* models use 1e-5)" if rms else "LayerNorm eps 1e-6"
+    f["ln_eps"], prov["ln_eps"] = 1e-6, assumed(f"not stored; timm's default {eps_why}")
     dt = common_float_dtype(t)
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
@@ -261,7 +270,7 @@ def timm_cannot_hold(cfg: ViTConfig) -> list[str]:
         "timm",
         {
             f"rep_size={cfg.rep_size} (timm's VisionTransformer has no pre-logits layer)": cfg.rep_size > 0,
-            f"pool={cfg.pool!r} (timm's VisionTransformer has no [class token, mean] pooling)": (
+            f"pool={cfg.pool!r} (timm's VisionTransformer has no {_NO_TIMM_POOL.get(cfg.pool)})": (
                 cfg.pool not in POOL_TO_TIMM
             ),
             "head_bias=False (timm's head has a bias)": not cfg.head_bias,
@@ -271,6 +280,9 @@ def timm_cannot_hold(cfg: ViTConfig) -> list[str]:
                 cfg.dist_token and not cfg.head_dist
             ),
             f"dist_token with reg_tokens={cfg.reg_tokens}": cfg.dist_token and cfg.reg_tokens > 0,
+            f"proj_bias={cfg.proj_bias} with mlp_bias={cfg.mlp_bias} (timm's one proj_bias sets both)": (
+                cfg.proj_bias != cfg.mlp_bias
+            ),
         },
     )
 
@@ -279,9 +291,11 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
     """Keyword arguments of ``timm.models.vision_transformer.VisionTransformer`` (or, with head_dist,
     ``timm.models.deit.VisionTransformerDistilled``) for ``cfg``.
 
-    ``act_layer`` is given by name ('gelu' exact, 'gelu_tanh', 'quick_gelu'); timm's default LayerNorm
-    eps is 1e-6, so ``ln_eps`` is returned under the key ``'norm_eps'`` for the caller to turn into a
-    ``norm_layer`` (a torch object, which vit_common cannot build). A gated MLP is returned as
+    ``act_layer`` is given by name ('gelu' exact, 'gelu_tanh', 'quick_gelu'); the norm is returned as
+    ``'norm_class'`` (``'LayerNorm'`` or ``'RmsNorm'``, classes of ``timm.layers``) and ``'norm_eps'``
+    (timm's defaults are 1e-6) for the caller to turn into a ``norm_layer`` (a torch object, which
+    vit_common cannot build), and, with patch_norm, ``'embed_norm': True`` for the same class as
+    ``embed_norm_layer``; timm's ``proj_bias`` is cfg.proj_bias (= cfg.mlp_bias). A gated MLP is returned as
     ``'mlp_layer': 'SwiGLUPacked'`` (``timm.layers.SwiGLUPacked``, for the caller to import) with
     ``act_layer='silu'`` and ``mlp_ratio`` = 2F / D, since timm's width is the packed fc1's, as
     ``vit_giant_patch14_dinov2``. Drop rates map one to one.
@@ -295,8 +309,8 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         + unsupported(
             "timm",
             {
-                "posemb='sincos2d' (timm's VisionTransformer has only learned position embeddings; "
-                "convert the file, which writes the table as pos_embed)": cfg.posemb == "sincos2d",
+                f"posemb={cfg.posemb!r} (timm's VisionTransformer has only learned position embeddings; "
+                "convert the file, which writes the table as pos_embed)": cfg.posemb in ("sincos2d", "sincos2d_mae"),
             },
         ),
     )
@@ -305,6 +319,7 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
     ratio = hidden / cfg.width
     while int(cfg.width * ratio) < hidden:  # timm computes int(width * mlp_ratio)
         ratio = float(np.nextafter(ratio, np.inf))
+    extra = ({"mlp_layer": "SwiGLUPacked"} if gated else {}) | ({"embed_norm": True} if cfg.patch_norm else {})
     return dict(
         img_size=tuple(cfg.image_size),
         patch_size=tuple(cfg.patch_size),
@@ -333,8 +348,11 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         attn_drop_rate=cfg.attn_dropout,
         drop_path_rate=cfg.drop_path,
         act_layer="silu" if gated else GELU_TO_TIMM[cfg.gelu],
+        proj_bias=cfg.proj_bias,
+        norm_class="RmsNorm" if cfg.norm == "rmsnorm" else "LayerNorm",
         norm_eps=cfg.ln_eps,
-    ) | ({"mlp_layer": "SwiGLUPacked"} if gated else {})
+        **extra,
+    )
 
 
 # timm's registered names of the variants (timm/models/vision_transformer.py and deit.py): each entry
@@ -367,7 +385,7 @@ def timm_load_call(path: str | Path, cfg: ViTConfig) -> str:
         ValueError: timm cannot build this config.
     """
     kw = timm_kwargs(cfg.replace(dropout=0.0, attn_dropout=0.0, drop_path=0.0))
-    eps = kw.pop("norm_eps")
+    eps, norm_class, embed_norm = kw.pop("norm_eps"), kw.pop("norm_class"), kw.pop("embed_norm", False)
     mlp_layer = kw.pop("mlp_layer", None)
     defaults = dict(
         in_chans=3,
@@ -389,12 +407,15 @@ def timm_load_call(path: str | Path, cfg: ViTConfig) -> str:
         proj_drop_rate=0.0,
         attn_drop_rate=0.0,
         drop_path_rate=0.0,
+        proj_bias=True,
     )
     args = [f"{k}={v!r}" for k, v in kw.items() if k not in defaults or defaults[k] != v]  # fc_norm always
     lines = ["import timm"]
-    if eps != 1e-6:
-        lines += ["from functools import partial", "from timm.layers import LayerNorm"]
-        args.append(f"norm_layer=partial(LayerNorm, eps={eps!r})")
+    if eps != 1e-6 or norm_class != "LayerNorm" or embed_norm:
+        lines += ["from functools import partial", f"from timm.layers import {norm_class}"]
+        args.append(f"norm_layer=partial({norm_class}, eps={eps!r})")
+        if embed_norm:
+            args.append(f"embed_norm_layer=partial({norm_class}, eps={eps!r})")
     if mlp_layer:
         lines.append(f"from timm.layers import {mlp_layer}")
         args.append(f"mlp_layer={mlp_layer}")

@@ -1,5 +1,5 @@
 """Hugging Face transformers vision towers beyond ViT and DeiT: SigLIP, CLIP, DINOv2 (with registers),
-ViT-MAE, ViT-MSN and I-JEPA folders (config.json + weights) <-> the canonical state: the hf_family
+ViT-MAE, ViT-MSN, I-JEPA and AIMv2 folders (config.json + weights) <-> the canonical state: the hf_family
 format's ``FORMAT``, one object that dispatches by config.json ``model_type``.
 
 ``model_type`` decides the layout and ``architectures`` the output (transformers 5.24's modules):
@@ -29,6 +29,11 @@ vit_mae                 ViTMAEModel (every patch: transformers     an HF ViT; po
                         with ``mask_ratio=0``)
 vit_msn                 ViTMSNModel, ViTMSNForImageClassification  an HF ViT; pool 'token'
 ijepa                   IJepaModel, IJepaForImageClassification    no class token; pool 'gap'
+aimv2_vision_model      Aimv2VisionModel (output: the attention    RMSNorm, patch_norm, SwiGLU ``ffn``,
+                        probe ``head.*`` where ``use_head``, else  q/k/v/out biases as ``qkv_bias``;
+                        every token)                               ``is_native``: posemb 'sincos2d_mae'
+aimv2                   Aimv2Model: ``vision_model.*`` and the bias-free ``visual_projection`` on the probe;
+                        the text tower and ``logit_scale`` are ignored
 ======================= ========================================== =====================================
 
 One table of block key spellings serves them all (``hf_common.BLOCK_KEYS``): the v4 names ``save_pretrained``
@@ -43,10 +48,10 @@ is the hf format's unless written as ``vit_mae`` (``ViTMAEModel``, ``mask_ratio`
 ``HfWriteOptions.model_type`` (``--hf-model-type``), which ``complete_options`` sets from a source read
 from such a folder. Still refused by name: CLIPForImageClassification (a mean of
 un-normalised tokens), ViTMAEForPreTraining (its decoder), and in ``hf_vit`` relative position bias (BEiT,
-data2vec-vision), rotary embeddings (DINOv3, Perception Encoder), NaFlex SigLIP2 and AIMv2's RMSNorm.
+data2vec-vision), rotary embeddings (DINOv3, Perception Encoder) and NaFlex SigLIP2.
 
 One module per family holds its model types' rules (``siglip``, ``clip``, ``dinov2``, ``vit_mae``,
-``vit_msn``, ``ijepa``: a table ``FAMILIES`` of ``family.Family`` objects); ``layout`` holds the tensor
+``vit_msn``, ``ijepa``, ``aimv2``: a table ``FAMILIES`` of ``family.Family`` objects); ``layout`` holds the tensor
 layouts by block style. A new family is one module and one entry in ``FAMILIES`` below (and its model
 types in ``hf_common.FAMILY_MODEL_TYPES``, which the hf format refuses with a pointer here).
 """
@@ -62,8 +67,8 @@ import numpy as np
 
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.hf import HfWriteOptions, HuggingFace
-from vit_common.checkpoints.formats.hf_common import ACT_TO_GELU, BLOCK_KEYS, GELU_TO_ACT, size_pair
-from vit_common.checkpoints.formats.hf_families import clip, dinov2, ijepa, siglip, vit_mae, vit_msn
+from vit_common.checkpoints.formats.hf_common import BLOCK_KEYS, GELU_TO_ACT, size_pair
+from vit_common.checkpoints.formats.hf_families import aimv2, clip, dinov2, ijepa, siglip, vit_mae, vit_msn
 from vit_common.checkpoints.formats.hf_families.dinov2 import dinov2_ratio
 from vit_common.checkpoints.formats.hf_families.family import Family, FamilyConfig
 from vit_common.checkpoints.formats.hf_families.layout import (
@@ -71,7 +76,6 @@ from vit_common.checkpoints.formats.hf_families.layout import (
     find_spelling,
     fold_class_row,
     pack_in_proj,
-    rules,
     split_in_proj,
     unfold_class_row,
 )
@@ -99,7 +103,13 @@ from vit_common.system import io
 
 # Every model type, in the order the format's signature names them and ``family_for`` prefers them.
 FAMILIES: dict[str, Family] = (
-    siglip.FAMILIES | clip.FAMILIES | dinov2.FAMILIES | vit_mae.FAMILIES | vit_msn.FAMILIES | ijepa.FAMILIES
+    aimv2.FAMILIES  # first: it alone holds RMSNorm models, which SigLIP's holds() does not look at
+    | siglip.FAMILIES
+    | clip.FAMILIES
+    | dinov2.FAMILIES
+    | vit_mae.FAMILIES
+    | vit_msn.FAMILIES
+    | ijepa.FAMILIES
 )
 _REFUSED_ARCHITECTURES = {arch: why for fam in FAMILIES.values() for arch, why in fam.refused.items()}
 
@@ -168,9 +178,7 @@ def read_family(
     if not isinstance(vc, Mapping):
         raise FormatError(f"{context}: config.json model_type={model_type!r} has no vision_config object")
     cj = FamilyConfig(vc, fam.defaults, context)
-    patch_key = (
-        "embeddings.patch_embedding.weight" if fam.style == "clip" else "embeddings.patch_embeddings.projection.weight"
-    )
+    patch_key = fam.patch_key()
     prefix = next((p for p in dict.fromkeys((declared_prefix, "vision_model.", "")) if p + patch_key in tensors), None)
     if prefix is None or np.ndim(tensors[prefix + patch_key]) != 4:
         raise FormatError(f"{context}: no 4-D {declared_prefix}{patch_key}, so not a transformers {arch}")
@@ -182,11 +190,6 @@ def read_family(
     for name, key in (("width", "hidden_size"), ("depth", "num_hidden_layers"), ("num_heads", "num_attention_heads")):
         f[name], prov[name] = cj.get(key, (int,))
     f["in_chans"], prov["in_chans"] = cj.get("num_channels", (int,))
-    act, prov["gelu"] = cj.get("hidden_act", (str,))
-    if act not in ACT_TO_GELU:
-        raise FormatError(f"{context}: config.json hidden_act={act!r}: the twins implement {', '.join(ACT_TO_GELU)}")
-    f["gelu"] = ACT_TO_GELU[act]
-    f["ln_eps"], prov["ln_eps"] = cj.get("layer_norm_eps", (float, int))
     size, prov["image_size"] = cj.get("image_size", (int, list))
     f["image_size"] = size_pair(size, "image_size", context)
     cp, prov["patch_size"] = cj.get("patch_size", (int, list))
@@ -203,6 +206,9 @@ def read_family(
     f["reg_tokens"], prov["reg_tokens"] = fam.read_registers(cj, type_origin)
     f["posemb_prefix"] = not f["reg_tokens"]  # registers: the class row is folded into cls_token
     prov["posemb_prefix"] = type_origin
+    block, block_origins = fam.read_block(cj, f, type_origin)
+    f.update(block)
+    prov.update(block_origins)
     spelling = find_spelling(fam.style, tensors, prefix)
     layer_prefix = find_layer_prefix(prefix, tensors, BLOCK_KEYS[fam.style][spelling][0])
     dropped: list[tuple[str, str]] = []
@@ -237,6 +243,7 @@ def read_family(
         f["num_classes"], prov["num_classes"] = 0, arch_origin
     carried_assumptions(config.get(ASSUMED_KEY), prov, context)
     f["posemb_resample"] = fam.resample
+    f.setdefault("dynamic_img_size", False)
     dt = common_float_dtype({k: v for k, v in tensors.items() if k.startswith(mine) or not mine})
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
@@ -246,7 +253,7 @@ def read_family(
     if cfg.reg_tokens:
         kept = fold_class_row(kept, prefix)
         notes.append("position embedding's class row added to cls_token (registers follow the position embedding)")
-    state = to_canonical(rules(cfg, fam.style, spelling, prefix, layer_prefix, head), kept, context)
+    state = to_canonical(fam.rules(cfg, spelling, prefix, layer_prefix, head), kept, context)
     return Decoded(cfg, state, f"{arch}, {spelling} key names", prov, dropped, notes, conflicts, model_type)
 
 
@@ -283,7 +290,7 @@ def config_json(cfg: ViTConfig, model_type: str, arch: str) -> dict[str, Any]:
         "layer_norm_eps": cfg.ln_eps,
         "dtype": cfg.param_dtype,
     }
-    config |= FAMILIES[model_type].config_keys(cfg)
+    config = FAMILIES[model_type].config_json(cfg, config)
     if "ForImageClassification" in arch:
         config["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_classes)}
         config["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_classes)}
@@ -295,7 +302,7 @@ class HfFamilies(HuggingFace):
     holds the model (``family_for``) with HF ViT's folder layout, preprocessing and class names."""
 
     name = "hf_family"
-    description = "Hugging Face transformers SigLIP, CLIP, DINOv2, ViT-MAE, ViT-MSN or I-JEPA folder"
+    description = "Hugging Face transformers SigLIP, CLIP, DINOv2, ViT-MAE, ViT-MSN, I-JEPA or AIMv2 folder"
     signature = "a folder whose config.json model_type is " + ", ".join(FAMILIES)
 
     def export_name(self, source=None) -> str:
@@ -341,7 +348,7 @@ class HfFamilies(HuggingFace):
                 "pool_include_prefix=True": cfg.pool_include_prefix and cfg.num_prefix_tokens > 0,
                 "qkv_bias=False": style == "clip" and not cfg.qkv_bias,
                 "patch_bias=False": fam.patch_bias and not cfg.patch_bias,
-                "mlp_type='swiglu'": style != "dinov2" and cfg.mlp_type == "swiglu",
+                "mlp_type='swiglu'": style not in ("dinov2", "aimv2") and cfg.mlp_type == "swiglu",
                 f"mlp_dim={cfg.mlp_dim} (no integer DINOv2 mlp_ratio gives it)": style == "dinov2"
                 and dinov2_ratio(cfg) is None,
                 "LayerScale": style != "dinov2" and cfg.layer_scale is not None,
@@ -350,7 +357,8 @@ class HfFamilies(HuggingFace):
                 and cfg.head_bias,
                 "head_bias=False": head != "project" and cfg.num_classes > 0 and not cfg.head_bias,
                 "registers without posemb_prefix=False": cfg.reg_tokens > 0 and cfg.posemb_prefix,
-            },
+            }
+            | fam.checks(cfg),
         )
 
     def complete_options(self, options, source) -> HfWriteOptions:
@@ -371,10 +379,12 @@ class HfFamilies(HuggingFace):
         model_type, arch = family_for(cfg, options.model_type)
         fam = FAMILIES[model_type]
         spelling = options.spelling if options.spelling in BLOCK_KEYS[fam.style] else "v4"
-        cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=not cfg.reg_tokens)
+        notes = []
+        if not fam.keeps_posemb(cfg):
+            cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=not cfg.reg_tokens)
         prefix, head = fam.architectures[arch]
         config = config_json(cfg, model_type, arch) | ({ASSUMED_KEY: sorted(assumed)} if assumed else {})
-        tensors = from_canonical(rules(cfg, fam.style, spelling, prefix, prefix, head), state)
+        tensors = from_canonical(fam.rules(cfg, spelling, prefix, prefix, head), state)
         tensors = pack_in_proj(tensors, prefix)
         if cfg.reg_tokens:
             tensors = unfold_class_row(tensors, prefix)

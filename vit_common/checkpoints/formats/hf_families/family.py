@@ -1,12 +1,14 @@
 """``Family``: the rules one transformers model type follows in the hf_family format
 (``vit_common.checkpoints.formats.hf_families``, which holds its ``FORMAT``; this module has none).
 
-Each family module of this package (``siglip``, ``clip``, ``dinov2``, ``vit_mae``, ``vit_msn``, ``ijepa``)
-holds its model types as ``Family`` objects in a table ``FAMILIES`` (model_type -> ``Family``): the data
-every model type has (block style, transformers' config defaults, architectures, what the model type
-fixes, what is refused by name), and, in a subclass, the methods a family overrides: the config.json keys
-it reads beyond the common ones (``read_mlp``, ``read_registers``, ``read_pool``), the models it holds
-when written (``holds``) and the config.json keys it writes (``config_keys``).
+Each family module of this package (``siglip``, ``clip``, ``dinov2``, ``vit_mae``, ``vit_msn``, ``ijepa``,
+``aimv2``) holds its model types as ``Family`` objects in a table ``FAMILIES`` (model_type -> ``Family``):
+the data every model type has (block style, transformers' config defaults, architectures, what the model
+type fixes, what is refused by name), and, in a subclass, the methods a family overrides: the config.json
+keys it reads beyond the common ones (``read_block``, ``read_mlp``, ``read_registers``, ``read_pool``),
+where its patch embedding is (``patch_key``), its tensor rules (``rules``), the models it holds when
+written (``holds``) and what else it cannot hold (``checks``), the config.json it writes
+(``config_json``, ``config_keys``) and whether its fixed position table is kept (``keeps_posemb``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.hf_common import ACT_TO_GELU
+from vit_common.checkpoints.formats.hf_families import layout
 from vit_common.checkpoints.formats.provenance import Origin, declared
+from vit_common.checkpoints.formats.rules import LAYERNORM_ALL_BIASES, Rule, norm_and_bias_checks
 from vit_common.config import ViTConfig
 
 # transformers' config defaults every family shares; a family's own ``defaults`` add to them or replace them
@@ -83,7 +88,27 @@ class Family:
             rep_size=0,
             posemb="learn",
             pool_include_prefix=False,
+            **LAYERNORM_ALL_BIASES,
         )
+
+    def patch_key(self) -> str:
+        """The patch embedding's weight under the backbone's prefix."""
+        if self.style == "clip":
+            return "embeddings.patch_embedding.weight"
+        return "embeddings.patch_embeddings.projection.weight"
+
+    def read_block(
+        self, cj: FamilyConfig, fields: dict[str, Any], type_origin: Origin
+    ) -> tuple[dict[str, Any], dict[str, Origin]]:
+        """(fields, their origins) of the activation and the norms given the ``fields`` read so far:
+        config.json ``hidden_act`` (a GELU) and ``layer_norm_eps`` (LayerNorms)."""
+        act, act_origin = cj.get("hidden_act", (str,))
+        if act not in ACT_TO_GELU:
+            raise FormatError(
+                f"{cj.context}: config.json hidden_act={act!r}: the twins implement {', '.join(ACT_TO_GELU)}"
+            )
+        eps, eps_origin = cj.get("layer_norm_eps", (float, int))
+        return {"gelu": ACT_TO_GELU[act], "ln_eps": eps}, {"gelu": act_origin, "ln_eps": eps_origin}
 
     def read_mlp(self, cj: FamilyConfig, width: int, origin: Origin) -> tuple[dict[str, Any], dict[str, Origin]]:
         """(fields, their origins) of the MLP of a model of ``width``: config.json ``intermediate_size``,
@@ -105,6 +130,23 @@ class Family:
     def holds(self, cfg: ViTConfig) -> str | None:
         """The architecture of this model type that holds ``cfg``'s outputs when written, or None."""
         return None
+
+    def checks(self, cfg: ViTConfig) -> dict[str, bool]:
+        """What this model type cannot hold beyond the checks every family makes (``unsupported`` checks):
+        the AIMv2-style norm and biases."""
+        return norm_and_bias_checks(cfg)
+
+    def keeps_posemb(self, cfg: ViTConfig) -> bool:
+        """Whether ``cfg``'s fixed position embedding is written as is (else as a learned table)."""
+        return False
+
+    def rules(self, cfg: ViTConfig, spelling: str, prefix: str, layer_prefix: str, head: str) -> list[Rule]:
+        """File <-> canonical rules of the block style (``layout.rules``)."""
+        return layout.rules(cfg, self.style, spelling, prefix, layer_prefix, head)
+
+    def config_json(self, cfg: ViTConfig, common: dict[str, Any]) -> dict[str, Any]:
+        """The config.json: the keys every family writes (``common``) and ``config_keys``."""
+        return common | self.config_keys(cfg)
 
     def config_keys(self, cfg: ViTConfig) -> dict[str, Any]:
         """config.json keys of this model type for ``cfg`` beyond the ones every family writes: the MLP

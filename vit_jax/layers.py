@@ -1,0 +1,60 @@
+"""The JAX twin's building blocks: dtypes, Linear, the norms (LayerNorm, RMSNorm), dropout with given
+masks, in Flax NNX; the PyTorch twin's are in ``vit_torch/layers.py``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from vit_common.config import ViTConfig
+from vit_jax.platforms import Platform
+
+trunc02 = nnx.initializers.truncated_normal(stddev=0.02)
+
+
+def dtypes(cfg: ViTConfig) -> dict:
+    return dict(dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))
+
+
+def acc_dtype(dtype) -> jnp.dtype:
+    """Accumulation dtype for softmax and norm statistics: at least float32."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def norm_layer(cfg: ViTConfig, dim: int, rngs: nnx.Rngs) -> nnx.LayerNorm | nnx.RMSNorm:
+    """The norm of kind cfg.norm over the last ``dim`` channels, eps cfg.ln_eps; statistics in at least
+    float32 (flax's reductions), parameter ``scale`` (the torch twin's ``weight``)."""
+    # use_fast_variance=False: flax's default E[x^2]-E[x]^2 differs from torch's two-pass variance.
+    kind = nnx.RMSNorm if cfg.norm == "rmsnorm" else nnx.LayerNorm
+    return kind(dim, epsilon=cfg.ln_eps, use_fast_variance=False, rngs=rngs, **dtypes(cfg))
+
+
+def linear_layer(cfg: ViTConfig, d_in: int, d_out: int, rngs: nnx.Rngs, bias: bool = True) -> nnx.Linear:
+    linear = Platform.current().linear  # nnx.Linear, or FlatLinear on CPU: the same parameters
+    return linear(d_in, d_out, use_bias=bias, kernel_init=trunc02, rngs=rngs, **dtypes(cfg))
+
+
+def dropout_layer(rate: float, rngs: nnx.Rngs) -> nnx.Dropout:
+    # Only a live dropout holds an RNG stream, so rate-0 models carry no RNG state.
+    return nnx.Dropout(rate, rngs=rngs if rate > 0 else None)
+
+
+def sub_masks(masks: dict | None, prefix: str) -> dict | None:
+    """The entries of a flat ``dropout_masks`` dict under module path ``prefix``, the prefix removed."""
+    if masks is None:
+        return None
+    return {k[len(prefix) + 1 :]: v for k, v in masks.items() if k.startswith(prefix + ".")}
+
+
+def masked_drop(drop: nnx.Dropout, x: jax.Array, masks: dict | None, name: str) -> jax.Array:
+    """``drop(x)``; in training with ``masks`` (the parity mode) the keep mask ``masks[name]`` (x's shape,
+    1 keep, 0 drop) instead of a draw, with nnx.Dropout's scaling: kept values / (1 - rate).
+
+    Raises:
+        KeyError: a live dropout whose mask ``masks`` lacks.
+    """
+    if masks is None or drop.rate == 0 or drop.deterministic:
+        return drop(x)
+    return jnp.where(masks[name] > 0, x / (1.0 - drop.rate), jnp.zeros_like(x))

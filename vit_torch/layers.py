@@ -1,0 +1,96 @@
+"""The PyTorch twin's building blocks: dtypes, Linear, the norms (LayerNorm, RMSNorm), dropout with given
+masks. Each computes in ``dtype`` whatever ``param_dtype`` is (flax's semantics); the JAX twin's are in
+``vit_jax/layers.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vit_common.config import ViTConfig
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype for softmax and norm statistics: at least float32."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+class Linear(nn.Linear):
+    """nn.Linear that computes in ``dtype``; parameters stay in ``param_dtype``.
+
+    Initialised as timm: weight trunc-normal(std 0.02), bias zero.
+    """
+
+    def __init__(self, d_in: int, d_out: int, bias: bool = True, *, dtype: str, param_dtype: str):
+        super().__init__(d_in, d_out, bias=bias, dtype=torch_dtype(param_dtype))
+        self.compute_dtype = torch_dtype(dtype)
+        if not self.weight.is_meta:
+            nn.init.trunc_normal_(self.weight, std=0.02)
+            if self.bias is not None:
+                nn.init.zeros_(self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cd = self.compute_dtype
+        return F.linear(x.to(cd), self.weight.to(cd), None if self.bias is None else self.bias.to(cd))
+
+
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm with statistics in at least float32 and output in ``dtype``; eps always explicit."""
+
+    def __init__(self, dim: int, *, eps: float, dtype: str, param_dtype: str):
+        super().__init__(dim, eps=eps, dtype=torch_dtype(param_dtype))
+        self.compute_dtype = torch_dtype(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        acc = acc_dtype(self.compute_dtype)
+        y = F.layer_norm(x.to(acc), self.normalized_shape, self.weight.to(acc), self.bias.to(acc), self.eps)
+        return y.to(self.compute_dtype)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm (cfg.norm='rmsnorm'): x / sqrt(mean(x^2) + eps) * weight, no bias, statistics in at least
+    float32 and output in ``dtype`` (timm ``RmsNorm``, HF ``Aimv2RMSNorm``: equal in float32)."""
+
+    def __init__(self, dim: int, *, eps: float, dtype: str, param_dtype: str):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, dtype=torch_dtype(param_dtype)))
+        self.eps, self.compute_dtype = eps, torch_dtype(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        acc = acc_dtype(self.compute_dtype)
+        return F.rms_norm(x.to(acc), self.weight.shape, self.weight.to(acc), self.eps).to(self.compute_dtype)
+
+
+def norm_layer(cfg: ViTConfig, dim: int) -> LayerNorm | RMSNorm:
+    """The norm of kind cfg.norm over the last ``dim`` channels, eps cfg.ln_eps."""
+    kind = RMSNorm if cfg.norm == "rmsnorm" else LayerNorm
+    return kind(dim, eps=cfg.ln_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+
+
+def sub_masks(masks: dict | None, prefix: str) -> dict | None:
+    """The entries of a flat ``dropout_masks`` dict under module path ``prefix``, the prefix removed."""
+    if masks is None:
+        return None
+    return {k[len(prefix) + 1 :]: v for k, v in masks.items() if k.startswith(prefix + ".")}
+
+
+def masked_drop(drop: nn.Dropout, x: torch.Tensor, masks: dict | None, name: str) -> torch.Tensor:
+    """``drop(x)``; in training with ``masks`` (the parity mode) the keep mask ``masks[name]`` (x's shape,
+    1 keep, 0 drop) instead of a draw, with nn.Dropout's scaling: kept values / (1 - p).
+
+    Raises:
+        KeyError: a live dropout whose mask ``masks`` lacks.
+    """
+    if masks is None or drop.p == 0 or not drop.training:
+        return drop(x)
+    return torch.where(masks[name].bool(), x / (1.0 - drop.p), torch.zeros_like(x))
+
+
+def linear_layer(cfg: ViTConfig, d_in: int, d_out: int, bias: bool = True) -> Linear:
+    return Linear(d_in, d_out, bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
