@@ -20,6 +20,7 @@ from typing import Any
 
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.timm_names import TABLE_PATH, entry
+from vit_common.system import io
 from vit_torch.timm_models import timm_model_config
 
 MODULES = ("timm.models.vision_transformer", "timm.models.deit")
@@ -56,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         same = TABLE_PATH.read_text() == text
         print(f"{TABLE_PATH}: {'matches' if same else 'differs from'} timm {new['timm_version']}")
         return 0 if same else 1
-    TABLE_PATH.write_text(text)
+    with io.overwriting():  # the table is this command's to replace; atomically, a stopped run keeps the old one
+        io.write_text(TABLE_PATH, text)
     print(f"{TABLE_PATH}: {len(new['architectures'])} architectures, timm {new['timm_version']}")
     return 0
 
