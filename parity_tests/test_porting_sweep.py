@@ -131,7 +131,7 @@ TIMM_HUB_CASES = {
     "vit_so150m_patch16_reg4_map_256": 32,
 }
 TIMM_HUB_REFUSED = {  # name -> (image size, the words of the refusal)
-    "beit3_base_patch16_224": (32, "a LayerNorm inside attention, MLP or patch embedding"),  # 3 more
+    "beit3_base_patch16_224": (32, "a norm inside attention or MLP"),  # 3 more
     "vit_base_patch16_18x2_224": (32, "its block ParallelThingsBlock"),  # 5 more (ParallelScalingBlock)
     "vit_base_patch16_radio_v3": (32, "no final LayerNorm (final_norm=False)"),  # 6 more
     "vit_base_patch16_rpn_224": (32, "its block ResPostBlock"),
