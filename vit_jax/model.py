@@ -250,6 +250,16 @@ class Block(nnx.Module):
         return x, probs
 
 
+def _query_attention(q: jax.Array, kv: jax.Array, kernel: str, return_attn: bool) -> tuple[jax.Array, jax.Array | None]:
+    """A pooling head's attention: queries q [B, 1, N, D/N] over kv [B, L, 2, N, D/N] (keys, values), scale
+    (D/N)^-0.5 -> (out [B, 1, N, D/N], probabilities [B, N, 1, L] with ``return_attn``, else None)."""
+    k, v = kv[:, :, 0], kv[:, :, 1]
+    if return_attn or kernel == "explicit":
+        out, probs = _attend(q, k, v, q.shape[-1] ** -0.5)
+        return out, probs if return_attn else None
+    return dot_product_attention(q, k, v, scale=q.shape[-1] ** -0.5, implementation=kernel), None
+
+
 class MAPHead(nnx.Module):
     """Multihead attention pooling (big_vision ``MAPHead``, timm ``AttentionPoolLatent``).
 
@@ -278,16 +288,10 @@ class MAPHead(nnx.Module):
         b, l, d = x.shape
         nh, hd = self.num_heads, self.head_dim
         q = self.q(jnp.broadcast_to(self.latent[...].astype(x.dtype), (b, 1, d))).reshape(b, 1, nh, hd)
-        kv = self.kv(x).reshape(b, l, 2, nh, hd)  # [B, L, 2, N, D/N]
-        k, v = kv[:, :, 0], kv[:, :, 1]
-        kernel = "explicit" if return_attn else self.kernel
-        if kernel == "explicit":
-            out, probs = _attend(q, k, v, hd**-0.5)  # probs [B, N, 1, L]
-        else:
-            out, probs = dot_product_attention(q, k, v, scale=hd**-0.5, implementation=kernel), None
+        out, probs = _query_attention(q, self.kv(x).reshape(b, l, 2, nh, hd), self.kernel, return_attn)
         x = self.proj(out.reshape(b, 1, d))
         x = x + self.mlp(self.norm(x), sub_masks(masks, "mlp"))
-        return x[:, 0], probs if return_attn else None
+        return x[:, 0], probs
 
 
 class ProbeHead(nnx.Module):
@@ -306,14 +310,8 @@ class ProbeHead(nnx.Module):
         b, l, d = x.shape
         nh, hd = self.num_heads, self.head_dim
         q = jnp.broadcast_to(self.latent[...].astype(x.dtype), (b, 1, d)).reshape(b, 1, nh, hd)
-        kv = self.kv(x).reshape(b, l, 2, nh, hd)  # [B, L, 2, N, D/N]
-        k, v = kv[:, :, 0], kv[:, :, 1]
-        kernel = "explicit" if return_attn else self.kernel
-        if kernel == "explicit":
-            out, probs = _attend(q, k, v, hd**-0.5)  # probs [B, N, 1, L]
-        else:
-            out, probs = dot_product_attention(q, k, v, scale=hd**-0.5, implementation=kernel), None
-        return self.proj(out.reshape(b, d)), probs if return_attn else None
+        out, probs = _query_attention(q, self.kv(x).reshape(b, l, 2, nh, hd), self.kernel, return_attn)
+        return self.proj(out.reshape(b, d)), probs
 
 
 class PreLogits(nnx.Module):

@@ -248,6 +248,20 @@ class Block(nn.Module):
         return x, probs
 
 
+def _query_attention(
+    q: torch.Tensor, kv: torch.Tensor, fused: bool, return_attn: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A pooling head's attention: queries q [B, 1, N, D/N] over kv [B, L, 2, N, D/N] (keys, values), scale
+    (D/N)^-0.5 -> (out [B, 1, N, D/N], probabilities [B, N, 1, L] with ``return_attn``, else None)."""
+    k, v = kv.unbind(2)  # each [B, L, N, D/N]
+    if fused and not return_attn:
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=q.shape[-1] ** -0.5
+        )
+        return out.transpose(1, 2), None
+    return _attend(q, k, v, q.shape[-1] ** -0.5)
+
+
 class MAPHead(nn.Module):
     """Multihead attention pooling (big_vision ``MAPHead``, timm ``AttentionPoolLatent``).
 
@@ -278,14 +292,7 @@ class MAPHead(nn.Module):
         b, l, d = x.shape
         nh, hd = self.num_heads, self.head_dim
         q = self.q(self.latent.to(x.dtype).expand(b, 1, d)).reshape(b, 1, nh, hd)
-        k, v = self.kv(x).reshape(b, l, 2, nh, hd).unbind(2)  # each [B, L, N, D/N]
-        if self.fused and not return_attn:
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=hd**-0.5
-            ).transpose(1, 2)
-            probs = None
-        else:
-            out, probs = _attend(q, k, v, hd**-0.5)  # probs [B, N, 1, L]
+        out, probs = _query_attention(q, self.kv(x).reshape(b, l, 2, nh, hd), self.fused, return_attn)
         x = self.proj(out.reshape(b, 1, d))
         x = x + self.mlp(self.norm(x), sub_masks(masks, "mlp"))
         return x[:, 0], probs
@@ -310,14 +317,7 @@ class ProbeHead(nn.Module):
         b, l, d = x.shape
         nh, hd = self.num_heads, self.head_dim
         q = self.latent.to(x.dtype).expand(b, 1, d).reshape(b, 1, nh, hd)
-        k, v = self.kv(x).reshape(b, l, 2, nh, hd).unbind(2)  # each [B, L, N, D/N]
-        if self.fused and not return_attn:
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=hd**-0.5
-            ).transpose(1, 2)
-            probs = None
-        else:
-            out, probs = _attend(q, k, v, hd**-0.5)  # probs [B, N, 1, L]
+        out, probs = _query_attention(q, self.kv(x).reshape(b, l, 2, nh, hd), self.fused, return_attn)
         return self.proj(out.reshape(b, d)), probs
 
 
