@@ -59,8 +59,7 @@ TOLERANCES: dict[tuple[str, str], tuple[str, float]] = {
 
 @dataclass(frozen=True)
 class Comparison:
-    """One tensor compared against its reference: the one comparison type of the project (``vit parity``'s
-    rows, its report pictures, the GPU check, the parity tests).
+    """One tensor compared against its reference: the one comparison type of the project.
 
     ``max_abs`` = max |a - ref|, ``rel`` = max_abs / max |ref| (max_abs where ref is all zero),
     ``mean_abs`` = mean |a - ref|, ``scale`` = max |ref|; ``kind`` ('rel' | 'abs') and ``bound`` are the

@@ -4,7 +4,7 @@
 steps of each twin from the same weights, batches and dropout / drop-path masks), ``exports`` (a
 trained run's exports in vit_torch and in the libraries that define their formats), ``report`` (the
 parity report as PNG and HTML) and ``run_model`` (a checkpoint of any format run on images in the twin
-asked for). Above the twins and below ``vit_cli`` and ``benchmarks``, which call it: it may import
+asked for). It sits above the twins: it may import
 both twins, and does so inside the functions that run them, so importing a module of it loads no
 framework.
 """

@@ -1,8 +1,8 @@
 """The check of a trained run's exports: their test-set logits in vit_torch and in the library that
 defines each format, against the JAX twin's.
 
-``export_parity`` is the ``parity`` function ``vit_jax.launch.run_training`` takes (``vit train`` passes it;
-``--no-parity`` passes none): it runs where torch may be imported, so that vit_jax imports no torch.
+``export_parity`` has the signature of the ``parity`` function ``vit_jax.launch.run_training`` takes: it runs
+where torch may be imported, so that vit_jax imports no torch.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 same images through each, and compare every intermediate under the one tolerance table.
 
 The computation is ``run_parity(...) -> ParityResult`` (a plain dataclass; ``to_dict()`` for JSON);
-``format_table`` is its text, ``report_maps`` the attention maps ``vit_compare.report`` draws. ``vit
-parity`` (``vit_cli/parity.py``) is these with flags. The twins and the reference libraries are imported
-inside ``run_parity``, so importing this module loads no framework.
+``format_table`` is its text, ``report_maps`` the attention maps ``vit_compare.report`` draws.
+The twins and the reference libraries are imported inside ``run_parity``, so importing this module loads no
+framework.
 """
 
 from __future__ import annotations

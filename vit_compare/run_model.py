@@ -17,8 +17,7 @@ import numpy as np
 
 def load(path, framework: str, options=()):
     """``vit_jax.load_model`` or ``vit_torch.load_model`` of ``path`` (any supported format), with
-    ``options``: config overrides and the other ``load_checkpoint`` keywords (as
-    ``vit_cli.convert.checkpoint_options`` makes them)."""
+    ``options``: config overrides and the other ``load_checkpoint`` keywords, as (name, value) pairs."""
     return load_with_info(path, framework, options)[0]
 
 

@@ -12,9 +12,8 @@ run in the parity mode: both twins take the same keep masks, drawn in numpy per 
 Each twin may run its own ``TrainConfig`` (another recipe, another weight decay): a run of one recipe
 against another shows at which step and in which tensor they part. Bounds: ``vit_common.tolerance``'s
 "train" rows for the run's dtype (bfloat16 when a recipe keeps its first moment in bfloat16).
-``format_table`` and ``plot`` show the result; ``vit train-parity`` (``vit_cli/train_parity.py``) is
-these with flags. The twins are imported inside ``compare_training``, so importing this module loads no
-framework.
+``format_table`` and ``plot`` show the result. The twins are imported inside ``compare_training``, so
+importing this module loads no framework.
 """
 
 from __future__ import annotations

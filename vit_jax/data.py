@@ -299,8 +299,8 @@ def train_iterator(
     process_index: int = 0,
     process_count: int = 1,
 ) -> BatchIterator:
-    """Training batches of ``data`` (``train_batches``), run by ``iterate``: the batch iterator of
-    ``vit train``, for custom training loops. Resume a loop by passing the number of batches it has
+    """Training batches of ``data`` (``train_batches``), run by ``iterate``: the batch iterator
+    the trainer uses, for custom training loops. Resume a loop by passing the number of batches it has
     consumed as ``start``."""
     ds = train_batches(
         data.train,

@@ -61,7 +61,7 @@ class RunSpec:
     only when the checkpoint fine-tuned is such a file, so they may be tables that import torch when first
     looked into; ``read_optimizer``: ``vit_torch.formats.read_timm_optimizer`` (path, weights entry) ->
     the AdamW state of a timm training checkpoint, for ``TrainConfig.init_optimizer``. vit_jax imports no
-    torch: the caller passes these in (``vit train`` does).
+    torch: the caller passes these in.
     """
 
     train: TrainConfig

@@ -14,7 +14,7 @@ loss or gradient norm stops the run (``NonFiniteError``, naming the last good ch
 (``vit_jax.preemption``); a run file that cannot be written (a full disk) is one line naming it and where
 ``--resume`` continues. Multi-process runs start (and stop when a process is lost) through
 ``vit_jax.distributed``; every process calls ``fit`` alike and process 0 alone writes the run's files.
-``vit_jax.launch`` drives ``fit`` for ``vit train``. The torch twin has no counterpart (``vit_torch.train``
+The torch twin has no counterpart (``vit_torch.train``
 mirrors ``vit_jax.optim`` and ``vit_jax.trainer`` only: it takes steps beside this twin's, no runs).
 """
 

@@ -1,8 +1,7 @@
 """Run the JAX twin on numpy images at full precision: logits of batches, intermediates of a batch.
 
-Mirrors ``vit_torch.runner`` (the same three names and signatures), so that a caller running either twin
-on the same images (``vit parity``, ``vit predict``/``evaluate``/``attention``, the GPU check, the parity
-tests) writes one line per twin. Images are numpy [B, H, W, C] (normalised as
+Mirrors ``vit_torch.runner`` (the same three names and signatures), so that code running either twin
+on the same images writes one line per twin. Images are numpy [B, H, W, C] (normalised as
 ``vit_common.data.images.normalize``); results come back as numpy arrays. ``full_precision`` changes only
 context-local JAX settings, restored on exit.
 """

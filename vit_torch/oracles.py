@@ -1,7 +1,7 @@
 """Reference models of other libraries built from our config: timm and Hugging Face transformers.
 
-Used as oracles by the parity tests, ``vit parity --against`` and the benchmarks. timm and transformers
-are optional (the ``dev`` extra) and imported inside the functions.
+Each returns the library's own model (or its logits) for a config, to compare a twin against. timm and
+transformers are optional (the ``dev`` extra) and imported inside the functions.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Run the torch twin on numpy images at full precision: logits of batches, intermediates of a batch.
 
-Mirrors ``vit_jax.runner`` (the same three names and signatures), so that a caller running either twin
-on the same images (``vit parity``, ``vit predict``/``evaluate``/``attention``, the GPU check, the parity
-tests) writes one line per twin. Images are numpy [B, H, W, C] (normalised as
+Mirrors ``vit_jax.runner`` (the same three names and signatures), so that code running either twin
+on the same images writes one line per twin. Images are numpy [B, H, W, C] (normalised as
 ``vit_common.data.images.normalize``), transposed to torch's [B, C, H, W] here and moved to the model's
 device; results come back as numpy arrays on the host. ``full_precision`` restores what it changes.
 """

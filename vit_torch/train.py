@@ -1,7 +1,7 @@
 """Training the PyTorch twin: the JAX twin's training step in PyTorch, from the same ``TrainConfig``.
 
-``vit train`` stays JAX; this trainer is what the twin-training parity (``vit train-parity``,
-``vit_compare/training.py``) drives beside it, batch by batch, from the one input pipeline
+The JAX twin is the one that runs training; this trainer takes the same steps beside it, batch by batch,
+to prove the two equal, from the one input pipeline
 (``vit_common.data.datasets``: the batches are numpy dicts, image float32 [B, H, W, C], label int32 [B],
 target float32 [B, K] already mixed by mixup / cutmix, mask float32 [B]).
 

@@ -12,7 +12,7 @@ import sys
 
 
 def split_cpu(cpu_devices: int, batch_size: int, accum_steps: int = 1) -> None:
-    """Make the CPU backend ``cpu_devices`` single-threaded XLA devices (``vit train --cpu-devices``; 0 =
+    """Make the CPU backend ``cpu_devices`` single-threaded XLA devices (0 =
     one per usable core, as many as divide the micro-batch ``batch_size // accum_steps``; 1 = one
     multi-threaded device), through ``XLA_FLAGS``.
 
