@@ -126,6 +126,7 @@ def test_the_result_is_printed_before_the_picture_is_drawn(tiny_eval, tmp_path, 
     assert result["accuracy"] == sum(result["confusion_matrix"][k][k] for k in range(3)) / 6
 
 
+@pytest.mark.slow  # a depth-40 model through `vit attention` twice
 def test_the_attention_figure_is_bounded_whatever_the_depth_and_heads(tmp_path, capsys, random_state, tiny_cfg):
     """Depth 40 and 16 heads: the figure draws 12 blocks (with --layer all) or 12 heads, evenly spaced and
     named in the output, so it stays 2 rows of 8 panels of 200 x 240 px; every block's overlay is written."""

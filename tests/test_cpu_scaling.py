@@ -52,6 +52,7 @@ def test_jax_and_torch_compute_the_same_loss_and_gradients(part):
         assert c.ok, str(c)
 
 
+@pytest.mark.slow  # pinned child processes over every core set
 def test_tiny_run_writes_every_record(tmp_path, capsys):
     out = tmp_path / "scaling.jsonl"
     argv = ["--variants", "mu/16", "--image-size", "32", "--batch", "2", "--warmup", "0", "--repeats", "2"]
