@@ -315,3 +315,20 @@ def test_sigterm_to_one_process_stops_both_at_one_step_with_a_checkpoint_and_res
     assert not (out / "model.safetensors").exists()
     ok(train(menv, 2, out, *args, "--resume"))
     assert_same_run(out, uninterrupted)
+
+
+@pytest.mark.slow
+def test_two_processes_of_four_devices_train_a_2x4_mesh_as_one_process_of_eight(menv, tmp_path):
+    """--mesh replica=2,fsdp=4 on two processes with four CPU devices each (each process one replica, its
+    four devices the fsdp axis) against one process with eight: parameters and losses within float32
+    rounding (the processes' gloo sums add in another order than XLA within one process)."""
+    flags = ["--mesh", "replica=2,fsdp=4", "--no-parity"]
+    devices = menv["XLA_FLAGS"] + " --xla_force_host_platform_device_count="
+    ok(train({**menv, "XLA_FLAGS": devices + "8"}, 1, tmp_path / "one", *flags))
+    procs = ok(train({**menv, "XLA_FLAGS": devices + "4"}, 2, tmp_path / "two", *flags))
+    assert_close_run(tmp_path / "two", tmp_path / "one")
+    for run, n in (("one", 1), ("two", 2)):
+        config = json.loads((tmp_path / run / "config.json").read_text())
+        assert (config["devices"], config["mesh"], config["processes"]) == ("8 x cpu", {"replica": 2, "fsdp": 4}, n)
+    assert_checkpoints_of_two_processes(tmp_path / "two", (6, 8, 9))
+    assert "(mesh replica=2,fsdp=4)" in procs[0].stderr

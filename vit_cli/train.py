@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from vit_common.data.images import Preprocess
 from vit_common.system import io
 from vit_common.system.host_devices import split_cpu
 from vit_common.system.validate import arg, float_in, int_in
+from vit_common.training.sharding import parse_mesh
 from vit_common.training.train_config import RunOptions, TrainConfig
 
 # ViTConfig fields with a flag of their own: all but those the dataset sets and the parameter dtype
@@ -53,6 +55,16 @@ def step_range(text: str) -> tuple[int, int]:
     if not 1 <= a <= b:
         raise argparse.ArgumentTypeError(f"{text!r}: expected A:B with 1 <= A <= B")
     return a, b
+
+
+def mesh_devices(mesh: str | None) -> int:
+    """The device count ``--mesh`` names (its sizes' product), or 0 for none or one with a -1 size.
+
+    Raises:
+        ValueError: a mesh spec that does not parse (``vit_common.training.sharding.parse_mesh``).
+    """
+    sizes = parse_mesh(mesh).values() if mesh else [-1]
+    return 0 if -1 in sizes else math.prod(sizes)
 
 
 def eval_interval(text: str) -> tuple[int, str]:
@@ -163,13 +175,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r = p.add_argument_group("run")
     r.add_argument("--out", default=None, help="run folder (default: runs/<dataset name>)")
     add_flags(r, RunOptions, only=("resume",))
-    add_flags(r, TrainConfig, only=("sharding",))
+    add_flags(r, TrainConfig, only=("sharding", "mesh", "shard_rules"))
     r.add_argument(
         "--cpu-devices",
         type=arg(int_in, 0),
         default=0,
-        help="on CPU, run XLA as this many single-threaded devices, data parallel (0 = one per usable core, "
-        "as many as divide the batch; 1 = one multi-threaded device); no effect on GPU/TPU",
+        help="on CPU, run XLA as this many single-threaded devices (0 = --mesh's count if it names every "
+        "size, else one per usable core, as many as divide the batch; 1 = one multi-threaded device); no "
+        "effect on GPU/TPU",
     )
     r.add_argument(
         "--compile-cache",
@@ -290,7 +303,8 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     started = getattr(args, "started", time.perf_counter())
-    split_cpu(args.cpu_devices, args.batch_size, args.accum_steps)  # before JAX is imported
+    cpu_devices = args.cpu_devices or mesh_devices(args.mesh)
+    split_cpu(cpu_devices, args.batch_size, args.accum_steps)  # before JAX is imported
     tcfg = train_config(args)  # framework-free: bad flags are refused before any process starts
     if tcfg.init is None and (args.source_image_size is not None or args.strict):
         raise ValueError("--source-image-size and --strict describe the checkpoint of --init; there is none")

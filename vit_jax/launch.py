@@ -378,7 +378,8 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
         f"{data.num_classes} classes; ViT {cfg.width}x{cfg.depth} patch {cfg.patch_size[0]} "
         f"({cfg.param_count():,} parameters, {cfg.flops() / 1e9:.3g} GFLOPs per image); "
         f"{trainer.total_steps} steps on {trainer.mesh.size} "
-        f"{jax.devices()[0].platform} device(s), {workers} data worker(s); compilation cache {cache}; "
+        f"{jax.devices()[0].platform} device(s) (mesh {','.join(f'{a}={n}' for a, n in trainer.mesh.shape.items())}), "
+        f"{workers} data worker(s); compilation cache {cache}; "
         f"run folder {out}"
     )
     if saved:

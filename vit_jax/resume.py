@@ -2,8 +2,8 @@
 
 ``run_config`` is what config.json holds: the model, train and preprocessing configs, the class names,
 the dataset's fingerprint, the devices. A resumed run must have the same config (``config_mismatch``
-lists every field that differs; ``TrainConfig.settings()`` and ``epochs`` may change, and a field the
-saved config lacks counts as its default) and the same data (``check_same_data``, by
+lists every field that differs; ``TrainConfig.settings()``, ``TrainConfig.placement()`` and ``epochs``
+may change, and a field the saved config lacks counts as its default) and the same data (``check_same_data``, by
 ``vit_common.data.fingerprint.fingerprint_changes``); another epoch count recomputes the learning-rate
 schedule for the new total (``schedule_change`` says how, and refuses a total that ends before the
 checkpoint). Each refusal is a ValueError naming what differs. ``vit_jax.loop.fit`` applies
@@ -40,14 +40,15 @@ def _json_defaults(cls) -> dict:
 
 def config_mismatch(saved: dict, current: dict) -> list[str]:
     """Fields (section.field) whose values differ between two config.json dicts, except those a resumed
-    run may change: ``TrainConfig.settings()`` and ``epochs`` (see ``schedule_change``). A field the
+    run may change: ``TrainConfig.settings()``, ``TrainConfig.placement()`` (the mesh, restored onto) and
+    ``epochs`` (see ``schedule_change``). A field the
     saved config lacks (the run was started by a version without it) counts as its default then."""
     out = []
     defaults = {"model": _json_defaults(ViTConfig), "train": _json_defaults(TrainConfig)}
     for section in ("model", "train", "preprocess"):
         a, b = saved.get(section, {}), current.get(section, {})
         a = {**{k: v for k, v in defaults.get(section, {}).items() if k in b}, **a}
-        free = [*TrainConfig.settings(), "epochs"] if section == "train" else []
+        free = [*TrainConfig.settings(), *TrainConfig.placement(), "epochs"] if section == "train" else []
         out += [
             f"{section}.{k}: checkpoint has {a.get(k)!r}, now {b.get(k)!r}"
             for k in sorted(set(a) | set(b))
@@ -129,7 +130,8 @@ def schedule_change(trainer: Trainer, saved_epochs: int, step: int) -> str | Non
 
 
 def run_config(trainer: Trainer) -> dict:
-    """What config.json holds: the model, train and preprocessing configs, the class names, the devices."""
+    """What config.json holds: the model, train and preprocessing configs, the class names, the devices
+    and their mesh ({axis: size})."""
     return {
         "model": trainer.cfg.to_dict(),
         "train": trainer.tcfg.to_dict(),
@@ -137,5 +139,6 @@ def run_config(trainer: Trainer) -> dict:
         "classes": list(trainer.data.classes),
         "dataset": trainer.data.fingerprint,
         "devices": f"{trainer.mesh.size} x {jax.devices()[0].platform}",
+        "mesh": dict(trainer.mesh.shape),
         "processes": jax.process_count(),
     }

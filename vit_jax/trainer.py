@@ -10,9 +10,10 @@ the rest. Both steps are ``jax.jit`` functions of (state, batch) on split NNX st
 padded and masked (``vit_jax.data``). ``Trainer.compile`` compiles the train step ahead of time;
 ``enable_compile_cache`` turns on JAX's persistent compilation cache, whose hits ``_cache_events`` counts.
 
-Devices: a 1-D ``jax.sharding.Mesh`` named "data" over all devices (``make_mesh``). Batches are split
-along it; parameters and optimizer state are replicated ('dp', data parallel) or each array is split
-along its largest axis divisible by the device count ('fsdp', ZeRO-3 style; XLA inserts the gathers).
+Devices: a 2-D ``jax.sharding.Mesh`` ("replica", "fsdp") of ``tcfg.mesh_spec()`` over all devices
+(``vit_jax.mesh.make_mesh``). Batches are split over both axes; parameters, optimizer state and EMA are
+copied over "replica" and split over "fsdp" by ``tcfg.shard_rules`` (``vit_jax.mesh.state_shardings``;
+ZeRO-3 style, XLA inserts the gathers and the gradient sums).
 
 Loss (``loss_and_grads``): softmax cross-entropy against label-smoothed (and mixup/cutmix-mixed) targets,
 averaged over the real (mask 1) examples of the batch; gradient accumulation scans over micro-batches
@@ -42,28 +43,11 @@ from vit_common.training.train_config import TrainConfig
 from vit_jax.data import eval_batches, iterate, train_batches, transform_for
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
 from vit_jax.lora import add_lora, lora_scale, merge_lora
+from vit_jax.mesh import batch_sharding, make_mesh, state_shardings
 from vit_jax.model import VisionTransformer
 from vit_jax.optim import ema_update, make_optimizer, trainable_mask
 from vit_jax.optimizer_state import with_adam_state
 from vit_jax.weights import from_numpy, to_numpy
-
-# ------------------------------------------------------------------------------------ devices
-
-
-def make_mesh(devices=None) -> Mesh:
-    """A 1-D mesh with axis "data" over ``devices`` (default: all devices of all processes)."""
-    return Mesh(np.array(jax.devices() if devices is None else devices), ("data",))
-
-
-def _fsdp_spec(shape: tuple[int, ...], n: int) -> P:
-    """Shard the largest axis that ``n`` divides; replicate when none does."""
-    axes = [i for i in np.argsort(shape, kind="stable")[::-1] if shape[i] % n == 0 and shape[i] >= n]
-    if n == 1 or not axes:
-        return P()
-    spec = [None] * len(shape)
-    spec[int(axes[0])] = "data"
-    return P(*spec)
-
 
 # --------------------------------------------------------------------------------- the model
 
@@ -99,10 +83,13 @@ class Trainer:
     correction goes on), while the schedule and the data start at this run's step 0; ``workers`` the input
     pipeline's worker processes.
 
+    ``mesh``: default ``tcfg.mesh_spec()``'s over all devices (``vit_jax.mesh.make_mesh``).
+
     Raises:
         ValueError: batch size not divisible by device count x accum_steps, or a config that does not
             fit the dataset (image size, channels, classes) or ``weights``, or an EMA of low-precision
-            parameters (``TrainConfig.check_ema_dtype``).
+            parameters (``TrainConfig.check_ema_dtype``), a mesh spec whose sizes do not multiply to the
+            device count, sharding rules ``vit_common.training.sharding.partition`` refuses for the model.
     """
 
     def __init__(
@@ -131,7 +118,7 @@ class Trainer:
         self.train_transform = transform_for(data, self.preprocess, tcfg.augment)
         self.eval_transform = transform_for(data, self.preprocess)
         self._test_batches = None
-        self.mesh = mesh or make_mesh()
+        self.mesh = mesh or make_mesh(tcfg.mesh_spec())
         n = self.mesh.size
         micro = tcfg.batch_size // tcfg.accum_steps
         if micro % n:
@@ -156,9 +143,8 @@ class Trainer:
             "rest": rest,
             "opt_state": jax.eval_shape(self.tx.init, params),
         } | ({"ema": params} if tcfg.ema is not None else {})
-        rule = (lambda s: _fsdp_spec(s, n)) if tcfg.sharding == "fsdp" else (lambda s: P())
-        self.state_shardings = jax.tree.map(lambda x: NamedSharding(self.mesh, rule(x.shape)), self.abstract_state)
-        self.batch_sharding = NamedSharding(self.mesh, P("data"))
+        self.state_shardings = state_shardings(self.mesh, tcfg.shard_rules, self.abstract_state, self.tx)
+        self.batch_sharding = batch_sharding(self.mesh)
         replicated = NamedSharding(self.mesh, P())
 
         self._train_jit = jax.jit(
@@ -217,7 +203,7 @@ class Trainer:
     def device_batch(self, batch: dict) -> dict:
         """This process's rows of a global batch (numpy, B / process count rows, as ``vit_jax.data``
         gives them; a dict of arrays or of dicts of arrays, as the parity mode's "dropout_masks") ->
-        global jax arrays of B rows sharded along "data".
+        global jax arrays of B rows split over the mesh's devices (``vit_jax.mesh.batch_sharding``).
 
         Raises:
             ValueError: the batch does not have B / process count rows.
@@ -229,7 +215,7 @@ class Trainer:
         return jax.tree.map(lambda v: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v)), batch)
 
     def batch_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
-        """The global batch the steps take, sharded along "data": image float32 [B, H, W, C], label int32
+        """The global batch the steps take, its rows split over the mesh: image float32 [B, H, W, C], label int32
         [B], target float32 [B, K], mask float32 [B] (what ``vit_jax.data`` makes)."""
         b, (h, w), c, k = self.tcfg.batch_size, self.cfg.image_size, self.cfg.in_chans, self.cfg.num_classes
         shapes = {"image": ((b, h, w, c), jnp.float32), "label": ((b,), jnp.int32)}

@@ -82,6 +82,17 @@ def lock_is_a_link(target: str) -> Callable[[Path], list[str]]:
     return build
 
 
+def mesh_flags(*flags: str) -> Callable[[Path], list[str]]:
+    """The tiny training run on a small npz dataset with ``flags`` (a mesh, sharding rules)."""
+
+    def build(tmp: Path) -> list[str]:
+        data = npz_dataset(tmp / "d.npz", [0, 1] * 4)
+        return [*TRAIN, "--dataset", f"npz:{data}", "--out", str(tmp / "run"), *flags]
+
+    build.__name__ = " ".join(flags)
+    return build
+
+
 def init_inside_out(tmp: Path) -> list[str]:
     """Fine-tuning a run's own model.safetensors into that run folder (its export would replace it)."""
     (tmp / "run").mkdir()
@@ -201,6 +212,19 @@ CASES = [
     Case(
         deep_model_flags,
         r"the model flags: a model with depth=100000000, .* \(parameters, gradients, optimizer state",
+        child=True,
+    ),
+    Case(flag("train", "--mesh", "replica=2,model=4"), r"mesh='replica=2,model=4': expected replica=R,fsdp=F"),
+    Case(
+        mesh_flags("--mesh", "replica=2,fsdp=4", "--cpu-devices", "2"),
+        r"mesh='replica=2,fsdp=4': expected sizes whose product is the device count, 2 .*, not 8",
+        child=True,
+    ),
+    Case(mesh_flags("--shard-rules", "qkv=largest"), r"shard_rules: 'qkv=largest' decides no parameter"),
+    Case(
+        mesh_flags("--cpu-devices", "2", "--mesh", "fsdp=2", "--shard-rules", r"patch_embed\.proj\.kernel=.,.,fsdp,."),
+        r"splits dimension 2 of patch_embed.proj.kernel \[4, 4, 1, 16\] over fsdp \(2 devices\), which does not "
+        r"divide 1",
         child=True,
     ),
     Case(train_into_a_user_folder, r"{tmp}/run/config.json: exists and vit cannot tell it wrote it"),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from vit_common.data.augment import Augment
 from vit_common.system.validate import Range, check_fields
 from vit_common.training.recipes import DEFAULT_RECIPE, RECIPES
+from vit_common.training.sharding import DEFAULT_RULES, SHORT_FORMS, parse_mesh, parse_rules
 
 POSITIVE_INT = Range(1, integer=True)
 LORA_TARGETS = "qkv,proj,fc1,fc2"  # the linear layers of every block
@@ -33,14 +34,17 @@ def _timeout(seconds: int, text: str):
 @dataclass(frozen=True)
 class TrainConfig:
     """The training run's settings (saved in config.json; a resumed run must have the same, except the
-    ``settings()`` fields, which do not change the numbers).
+    ``settings()`` fields, which do not change the numbers, and the ``placement()`` fields, which change
+    where the arrays live).
 
     Raises (on construction):
         ValueError: a value out of its field's range (``vit_common.system.validate.Range``; NaN and infinities
             included), ``accum_steps`` not dividing ``batch_size``, or ``freeze`` with
             ``layer_decay`` (a linear probe trains the head only: there are no layers to decay),
             ``ema_min_decay`` above ``ema``, or ``ema_warmup`` without ``ema``; ``lora`` without ``init``,
-            with ``freeze`` or ``init_optimizer``; a ``lora_*`` setting without ``lora``.
+            with ``freeze`` or ``init_optimizer``; a ``lora_*`` setting without ``lora``; ``mesh`` with
+            ``sharding`` fsdp; a ``mesh`` or ``shard_rules`` that does not parse
+            (``vit_common.training.sharding``).
     """
 
     dataset: str = field(
@@ -185,8 +189,32 @@ class TrainConfig:
     sharding: str = field(
         default="dp",
         metadata=_help(
-            "dp: replicate parameters on every device; fsdp: shard parameters and optimizer state",
-            choices=("dp", "fsdp"),
+            "dp: replicate parameters on every device (--mesh replica=-1,fsdp=1); fsdp: shard parameters and "
+            "optimizer state over all devices (--mesh replica=1,fsdp=-1)",
+            choices=tuple(SHORT_FORMS),
+            placement=True,
+        ),
+    )
+    mesh: str | None = field(
+        default=None,
+        metadata=_help(
+            "the 2-D device mesh: parameters and optimizer state copied over replica and split over fsdp "
+            "(--shard-rules), the batch split over both, gradients summed over both; R x F = the device "
+            "count, one size may be -1 (the devices the other leaves), an axis left out has size 1; "
+            "default: --sharding's",
+            metavar="replica=R,fsdp=F",
+            placement=True,
+        ),
+    )
+    shard_rules: str = field(
+        default=DEFAULT_RULES,
+        metadata=_help(
+            "how the parameters, their optimizer state and EMA are split over the mesh: REGEX=AXES rules "
+            "separated by ';', the first whose regex matches a parameter's whole name (blocks.0.attn.qkv.kernel) "
+            "decides; AXES: per dimension a mesh axis or '.' (whole), e.g. '.,fsdp', or 'largest' (the "
+            "largest dimension the fsdp size divides) or 'replicated'; a parameter no rule matches is replicated",
+            metavar="REGEX=AXES;...",
+            placement=True,
         ),
     )
     remat: bool = field(default=False, metadata=_help("recompute each block in the backward pass (saves memory)"))
@@ -211,7 +239,8 @@ class TrainConfig:
                 "accum_steps",
                 f"an int >= 1 dividing batch_size={self.batch_size}",
             ),
-            (self.sharding in ("dp", "fsdp"), "sharding", "'dp' or 'fsdp'"),
+            (self.sharding in SHORT_FORMS, "sharding", "'dp' or 'fsdp'"),
+            (self.mesh is None or self.sharding == "dp", "sharding", "no --mesh too: --mesh replaces --sharding"),
             (self.recipe in RECIPES, "recipe", f"one of {', '.join(RECIPES)}"),
             (not self.freeze or self.init is not None, "freeze", "--init too: a fresh model has nothing to freeze"),
             (not self.init_optimizer or self.init is not None, "init_optimizer", "--init too: the checkpoint"),
@@ -243,6 +272,9 @@ class TrainConfig:
         for ok, name, expected in checks:
             if not ok:
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected {expected}")
+        if self.mesh is not None:
+            parse_mesh(self.mesh)
+        parse_rules(self.shard_rules)
         if self.freeze and self.layer_decay != 1:
             raise ValueError(
                 f"freeze=True with layer_decay={self.layer_decay}: a linear probe trains the head only, so "
@@ -285,6 +317,18 @@ class TrainConfig:
             return self.ema
         decay = 1 - (1 + k / self.ema_warmup_gamma) ** -self.ema_warmup_power
         return max(min(decay, self.ema), self.ema_min_decay)
+
+    def mesh_spec(self) -> str:
+        """The device mesh as ``replica=R,fsdp=F`` text (``vit_common.training.sharding.parse_mesh``):
+        ``mesh``, else the short form of ``sharding``."""
+        return self.mesh or SHORT_FORMS[self.sharding]
+
+    @classmethod
+    def placement(cls) -> list[str]:
+        """Fields that say where the arrays live, not what they hold (``placement`` in their metadata):
+        the mesh and the sharding rules. A resumed run may change them (orbax restores each array onto
+        the new mesh); every process of a run must agree on them."""
+        return [f.name for f in dataclasses.fields(cls) if f.metadata.get("placement")]
 
     @classmethod
     def settings(cls) -> list[str]:
