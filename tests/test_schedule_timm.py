@@ -52,5 +52,6 @@ def test_the_timm_recipe_schedules_as_timm_train_py_step_for_step(ours, theirs):
 
 def test_only_the_timm_recipe_takes_train_py_s_defaults():
     assert {k: getattr(TrainConfig(recipe="timm").schedule(10, 2), k) for k in TIMM_SCHEDULE} == TIMM_SCHEDULE
+    assert TrainConfig(recipe="timm", warmup_lr=0.0).schedule_settings() == TIMM_SCHEDULE | {"warmup_lr": 0.0}
     assert TrainConfig(recipe="twins").schedule(10, 2).is_optax
     assert not TrainConfig(recipe="twins", warmup_lr=1e-5).schedule(10, 2).is_optax

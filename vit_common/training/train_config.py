@@ -276,16 +276,20 @@ class TrainConfig:
         epoch (default ``total_steps // epochs``): ``sched_on_updates``, ``warmup_lr`` and ``warmup_prefix``
         left None take timm's train.py defaults under the timm recipe (``TIMM_SCHEDULE``) and optax's
         warm-up and cosine otherwise (``OPTAX_SCHEDULE``)."""
-        fixed = TIMM_SCHEDULE if self.recipe == "timm" else OPTAX_SCHEDULE
-        given = {k: getattr(self, k) for k in fixed if getattr(self, k) is not None}
         return Schedule(
             self.lr,
             self.warmup_steps,
             total_steps,
             steps_per_epoch or max(total_steps // self.epochs, 1),
             self.min_lr_ratio,
-            **fixed | given,
+            **self.schedule_settings(),
         )
+
+    def schedule_settings(self) -> dict:
+        """{sched_on_updates, warmup_lr, warmup_prefix} as the run takes them: the given ones, the others
+        the recipe's (``schedule``)."""
+        fixed = TIMM_SCHEDULE if self.recipe == "timm" else OPTAX_SCHEDULE
+        return fixed | {k: getattr(self, k) for k in fixed if getattr(self, k) is not None}
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
