@@ -184,7 +184,8 @@ class Augment:
         ``randint``, so a generator that replays numpy's global draws gives timm's batch. Row i mixes with
         row n - 1 - i (timm's ``flip(0)``); ``mixup_mode`` 'batch': one lambda for the batch, 'pair': one
         per mirrored pair (both rows mixed, an odd middle row left as it is), 'elem': one per row, each
-        from the unmixed batch. Returns new arrays; padding rows are left as they are."""
+        from the unmixed batch. Returns new arrays (the inputs when nothing mixes: no mixing
+        on, or n < 2); padding rows are left as they are."""
         cutmix = 1.0 if self.cutmix_minmax else self.cutmix
         if not self.mixes or n < 2:
             return image, target
