@@ -36,7 +36,7 @@ from vit_common.config import DEMO_MODEL, VARIANTS, ViTConfig
 from vit_common.data.augment import Augment
 from vit_common.data.datasets import ArraySource, Dataset
 from vit_common.tolerance import tolerance
-from vit_common.training.recipes import translate
+from vit_common.training.recipes import OPTAX_SCHEDULE, translate
 from vit_common.training.train_config import TrainConfig
 
 MODELS = {
@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         jax.config.update("jax_enable_x64", dtype == "float64")
         cfg = ViTConfig(**model, num_classes=3, in_chans=chans, dtype=dtype, param_dtype=dtype, drop_path=0.1)
-        tt = dataclasses.replace(base, recipe=tr, grad_clip=0.0 if jr != tr else base.grad_clip)
+        # two recipes: one schedule (optax's) for both, so that the rows show the optimizers' conventions
+        pinned = OPTAX_SCHEDULE if jr != tr else {}
+        tt = dataclasses.replace(base, recipe=tr, grad_clip=0.0 if jr != tr else base.grad_clip, **pinned)
         wd = translate(base.weight_decay, base.lr, tr, jr).weight_decay if translated else base.weight_decay
         jt = dataclasses.replace(tt, recipe=jr, weight_decay=wd)
         t0 = time.perf_counter()

@@ -1,9 +1,12 @@
 """CutMix and mixup against timm's ``Mixup`` (timm/data/mixup.py), the library whose recipe --recipe timm
-follows: the same box for the same draws, the same pasted area on average, the same mirrored pairing."""
+follows: the same box for the same draws, the same pasted area on average, the same mirrored pairing,
+and in every mode the same batch when both are fed numpy's global draws."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
+import torch
 from timm.data.mixup import Mixup, cutmix_bbox_and_lam
 
 from vit_common.data.augment import Augment, cutmix_box
@@ -46,3 +49,47 @@ def test_each_image_is_mixed_with_the_mirrored_one_as_timm_pairs_them():
     lam = mixed_target[0, 0]
     np.testing.assert_allclose(mixed[:, 0, 0, 0], lam * np.arange(4) + (1 - lam) * np.arange(4)[::-1], rtol=1e-6)
     np.testing.assert_allclose(mixed_target, lam * target + (1 - lam) * target[::-1], rtol=1e-6)
+
+
+class GlobalDraws:
+    """The three calls ``Augment.mix`` makes of its generator, answered by numpy's global generator with
+    the calls timm's ``Mixup`` makes (``np.random.rand``, ``beta``, ``randint``)."""
+
+    def random(self, size=None):
+        return np.random.random_sample(size)
+
+    def beta(self, a, b, size=None):
+        return np.random.beta(a, b, size)
+
+    def integers(self, low, high):
+        return np.random.randint(low, high)
+
+
+MIXES = {
+    "mixup": dict(mixup=0.8),
+    "cutmix": dict(cutmix=1.0),
+    "both": dict(mixup=0.8, cutmix=1.0, mixup_switch_prob=0.3),
+    "minmax": dict(mixup=0.4, cutmix_minmax=(0.2, 0.8)),
+    "uncorrected, half the time": dict(cutmix=0.5, correct_lam=False, mixup_prob=0.5),
+}
+TIMM_ARGS = dict(mixup="mixup_alpha", cutmix="cutmix_alpha", cutmix_minmax="cutmix_minmax", mixup_prob="prob")
+TIMM_ARGS |= dict(mixup_switch_prob="switch_prob", correct_lam="correct_lam")
+
+
+@pytest.mark.parametrize("mode", ["batch", "pair", "elem"])
+@pytest.mark.parametrize("mix", list(MIXES), ids=list(MIXES))
+def test_every_mode_mixes_as_timm_for_the_same_draws(mode, mix):
+    """Each mode and setting against timm's ``Mixup`` on 8 seeds, bit for bit: images and targets."""
+    aug = Augment(mixup_mode=mode, **MIXES[mix])
+    kw = dict(mixup_alpha=0.0, mode=mode, label_smoothing=0.0, num_classes=5)  # timm's mixup_alpha defaults to 1
+    timm_mix = Mixup(**kw | {TIMM_ARGS[k]: v for k, v in MIXES[mix].items()})
+    for seed in range(8):
+        data = np.random.default_rng(seed)
+        image = data.standard_normal((6, 7, 9, 3)).astype(np.float32)
+        label = data.integers(0, 5, 6)
+        np.random.seed(seed)
+        x, y = timm_mix(torch.from_numpy(image.transpose(0, 3, 1, 2).copy()), torch.from_numpy(label))
+        np.random.seed(seed)
+        ours, target = aug.mix(image, np.eye(5, dtype=np.float32)[label], 6, GlobalDraws())
+        np.testing.assert_array_equal(ours, x.numpy().transpose(0, 2, 3, 1))
+        np.testing.assert_array_equal(target, y.numpy())

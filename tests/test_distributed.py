@@ -51,6 +51,7 @@ def test_resume_may_change_the_timeouts_but_nothing_else():
     assert config_mismatch(saved, now) == ["train.lr: checkpoint has 0.002, now 0.001"]
     # a run started by a version without a field (recipe, mlp_type): the field counts as its default
     older = {"model": {"width": 16}, "train": {k: v for k, v in TrainConfig().to_dict().items() if k != "recipe"}}
+    older["train"]["augment"].pop("mixup_mode")
     newer = {"model": {"width": 16, "qk_norm": False}, "train": TrainConfig().to_dict()}
     assert config_mismatch(older, newer) == []
     other = {**newer, "train": TrainConfig(recipe="timm").to_dict(), "model": {"width": 16, "qk_norm": True}}

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import pytest
 
 from vit_common.training.recipes import RECIPES, decays, get_recipe, layer_ids, lr_factor, schedule_steps, translate
-from vit_jax.optim import _schedule
+from vit_common.training.train_config import TrainConfig
+from vit_jax.optim import _schedule, lr_schedule
 
 NWD = ("pos_embed", "cls_token", "reg_token", "dist_token")  # timm VisionTransformer.no_weight_decay()
 
@@ -82,6 +83,21 @@ def test_schedule_in_python_floats_is_optax_s():
             want = float(sched(jnp.int32(step)))
             assert 3e-3 * lr_factor(step, warmup, decay, 0.02) == pytest.approx(want, rel=1e-14, abs=1e-18), step
     assert schedule_steps(300, 10) == (9, 10)  # the warmup leaves one cosine step
+
+
+@pytest.mark.parametrize("on_updates", [False, True], ids=["per epoch", "per update"])
+def test_the_jax_twins_timm_schedule_is_the_python_one(on_updates):
+    """timm's schedule traced in the JAX twin (vit_jax.optim.lr_schedule) against its Python floats
+    (the torch twin's LambdaLR; tests/test_schedule_timm.py holds those against timm): float64 to the
+    last bits, float32 to float32's rounding (of the peak rate near the end, where the cosine cancels),
+    every step of 6 epochs of 3 steps with 4 warm-up steps."""
+    tcfg = TrainConfig(recipe="timm", epochs=6, lr=3e-3, warmup_steps=4, sched_on_updates=on_updates)
+    want = [3e-3 * tcfg.schedule(18, 3).factor(step) for step in range(20)]
+    for x64, rel, tol in ((True, 1e-14, 1e-18), (False, 1e-6, 3e-3 * 1e-7)):
+        with jax.enable_x64(x64):
+            sched = lr_schedule(tcfg, 18, 3)
+            got = [float(sched(jnp.int32(step))) for step in range(20)]
+        assert got == pytest.approx(want, rel=rel, abs=tol), x64
 
 
 @pytest.mark.parametrize(

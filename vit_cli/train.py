@@ -37,7 +37,8 @@ FROM_DATASET = {"num_classes": "--dataset (its classes)", "in_chans": "--dataset
 MODEL_FLAGS = tuple(f.name for f in dataclasses.fields(ViTConfig) if f.name not in (*FROM_DATASET, "param_dtype"))
 DTYPES = ("float32", "bfloat16")  # compute dtypes the trainer takes (float16 would need loss scaling)
 OPTIMISATION = (
-    "epochs batch_size lr warmup_steps min_lr_ratio weight_decay recipe b1 b2 label_smoothing grad_clip accum_steps "
+    "epochs batch_size lr warmup_steps min_lr_ratio sched_on_updates warmup_lr warmup_prefix weight_decay recipe b1 b2 "
+    "label_smoothing grad_clip accum_steps "
     "seed ema ema_warmup ema_warmup_gamma ema_warmup_power ema_min_decay"
 ).split()
 

@@ -18,7 +18,7 @@ def export_parity(path: Path, exports: dict[str, Path], trainer) -> dict:
     import numpy as np
 
     from vit_common.tolerance import compare
-    from vit_compare.run_model import load, logits
+    from vit_compare.run_model import load_both, logits
     from vit_jax.data import eval_batches
 
     data = trainer.data
@@ -28,8 +28,9 @@ def export_parity(path: Path, exports: dict[str, Path], trainer) -> dict:
     mask = np.concatenate([b["mask"] for b in batches]) > 0
     images = [b["image"] for b in batches]
     labels = np.concatenate([b["label"] for b in batches])[mask]
-    lj = np.concatenate(list(logits(load(path, "jax"), "jax", images)))[mask]
-    lt = np.concatenate(list(logits(load(path, "torch"), "torch", images)))[mask]
+    jax_model, torch_model = load_both(path)
+    lj = np.concatenate(list(logits(jax_model, "jax", images)))[mask]
+    lt = np.concatenate(list(logits(torch_model, "torch", images)))[mask]
 
     def check(got: np.ndarray) -> dict:
         c = compare("logits", got, lj, "tensor", "float32")

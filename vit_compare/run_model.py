@@ -3,7 +3,8 @@ into logits.
 
 Images are numpy float32 [B, H, W, C] (normalised as ``vit_common.data.images.normalize``); logits come
 back as numpy float32 [B, K], from ``vit_jax.runner`` / ``vit_torch.runner`` (full float32 precision, no
-TF32, the frameworks' settings restored afterwards). ``load`` imports only the framework it is asked for.
+TF32, the frameworks' settings restored afterwards). ``load`` imports only the framework it is asked for;
+``load_both`` reads a file once for both twins.
 """
 
 from __future__ import annotations
@@ -31,9 +32,6 @@ def load_with_info(path, framework: str, options=(), preprocess: dict | None = N
     Raises:
         ValueError: an unknown framework; what ``vit_common.checkpoints.convert.load_checkpoint`` raises.
     """
-    from vit_common.checkpoints.convert import load_checkpoint
-    from vit_common.checkpoints.metadata import with_overrides
-
     if framework == "jax":
         from vit_jax import from_numpy
         from vit_jax.formats import READERS
@@ -42,7 +40,33 @@ def load_with_info(path, framework: str, options=(), preprocess: dict | None = N
         from vit_torch.formats import READERS
     else:
         raise ValueError(f"framework={framework!r}: expected 'jax' or 'torch'")
-    ckpt = load_checkpoint(path, readers=READERS, **dict(options))
+    ckpt, info = _read(path, READERS, options, preprocess, classes)
+    return from_numpy(ckpt.cfg, ckpt.state), info
+
+
+def load_both(path, options=()):
+    """(JAX model, torch model) of the checkpoint at ``path``, both from one read of the file (its
+    warnings printed once), ``options`` as ``load``; either twin's readers serve (orbax, .pth/.bin).
+
+    Raises:
+        ValueError: what ``vit_common.checkpoints.convert.load_checkpoint`` raises.
+    """
+    import vit_jax
+    import vit_torch
+    from vit_jax.formats import READERS as JAX_READERS
+    from vit_torch.formats import READERS as TORCH_READERS
+
+    ckpt, _ = _read(path, {**JAX_READERS, **TORCH_READERS}, options, None, None)
+    return vit_jax.from_numpy(ckpt.cfg, ckpt.state), vit_torch.from_numpy(ckpt.cfg, ckpt.state)
+
+
+def _read(path, readers, options, preprocess: dict | None, classes):
+    """(``load_checkpoint``'s answer, its ``ModelInfo`` with the given ``preprocess`` and ``classes``),
+    the assumption block and warnings printed to stderr (``load_with_info``)."""
+    from vit_common.checkpoints.convert import load_checkpoint
+    from vit_common.checkpoints.metadata import with_overrides
+
+    ckpt = load_checkpoint(path, readers=readers, **dict(options))
     info = with_overrides(ckpt.info, preprocess or {}, classes)
     block = ckpt.report.assumption_block()
     if block:
@@ -53,7 +77,7 @@ def load_with_info(path, framework: str, options=(), preprocess: dict | None = N
         info.classes = _run_classes(path, ckpt.cfg.num_classes)
         info.classes_source = "declared: the run's config.json" if info.classes else info.classes_source
     info.check(ckpt.cfg.image_size, ckpt.cfg.num_classes, str(path))
-    return from_numpy(ckpt.cfg, ckpt.state), info
+    return ckpt, info
 
 
 def _run_classes(checkpoint, num_classes: int) -> tuple[str, ...] | None:

@@ -200,8 +200,8 @@ def largest_update_difference(
 def describe(cfg: ViTConfig, tcfgs: tuple[TrainConfig, TrainConfig], data: Dataset, init: str) -> dict:
     """What a comparison compared: the model (shape, parameter count, dtypes, ``init``: where its weights
     came from), the data (dataset, training images, batch size, augmentation), and per twin the recipe,
-    learning rate and schedule (peak, warm-up steps, floor) and weight decay; the learning rate each
-    step actually took goes into the rows."""
+    learning rate and schedule (peak, warm-up steps, floor, ``TrainConfig.schedule_settings``) and weight
+    decay; the learning rate each step actually took goes into the rows."""
     model = {
         "width": cfg.width,
         "depth": cfg.depth,
@@ -229,6 +229,7 @@ def describe(cfg: ViTConfig, tcfgs: tuple[TrainConfig, TrainConfig], data: Datas
             "lr": c.lr,
             "warmup_steps": c.warmup_steps,
             "min_lr_ratio": c.min_lr_ratio,
+            **c.schedule_settings(),
             "weight_decay": c.weight_decay,
             "layer_decay": c.layer_decay,
             "grad_clip": c.grad_clip,

@@ -79,7 +79,7 @@ def train_batches(
         ValueError: an empty source, or ``process_count`` not dividing ``batch_size``.
     """
     augment = transform.augment or Augment()
-    mixing = bool(augment.mixup or augment.cutmix) and process_count > 1
+    mixing = augment.mixes and process_count > 1
     plan = TrainPlan(
         len(source),
         batch_size,

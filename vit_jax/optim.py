@@ -93,19 +93,34 @@ def _schedule(peak: float, warmup: int, decay_steps: int, end_ratio: float) -> o
     return lambda count: base(jnp.asarray(count, jnp.float64))
 
 
-def lr_schedule(tcfg: TrainConfig, total_steps: int) -> optax.Schedule:
-    """The learning rate of each of ``total_steps`` optimizer steps: linear warmup from 0 to ``lr`` over
+def lr_schedule(tcfg: TrainConfig, total_steps: int, steps_per_epoch: int | None = None) -> optax.Schedule:
+    """The learning rate of each of ``total_steps`` optimizer steps (``steps_per_epoch`` an epoch; default
+    ``total_steps // epochs``): ``tcfg.schedule``, by default a linear warmup from 0 to ``lr`` over
     ``warmup_steps`` (at most all steps but one), then cosine decay to ``lr * min_lr_ratio`` at the last
-    (``vit_common.training.recipes.schedule_steps``, ``_schedule``)."""
-    warmup, decay_steps = schedule_steps(tcfg.warmup_steps, total_steps)
-    return _schedule(tcfg.lr, warmup, decay_steps, tcfg.min_lr_ratio)
+    (``vit_common.training.recipes.schedule_steps``, ``_schedule``); with timm's settings timm's
+    ``CosineLRScheduler`` (``vit_common.training.recipes.Schedule.factor``), in float64 when
+    jax_enable_x64 is on."""
+    return _relative(tcfg.schedule(total_steps, steps_per_epoch), tcfg.lr)
+
+
+def _relative(s: recipes.Schedule, peak: float) -> optax.Schedule:
+    """``s`` scaled to ``peak`` (``s.lr`` the learning rate, 1.0 its factor)."""
+    if s.is_optax:
+        return _schedule(peak, *schedule_steps(s.warmup_steps, s.total_steps), s.min_lr_ratio)
+    return lambda count: peak * s.factor(count, jnp)
 
 
 def make_optimizer(
-    tcfg: TrainConfig, total_steps: int, depth: int, *, no_weight_decay: Collection[str]
+    tcfg: TrainConfig,
+    total_steps: int,
+    depth: int,
+    *,
+    no_weight_decay: Collection[str],
+    steps_per_epoch: int | None = None,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """(optimizer, learning-rate schedule) for ``total_steps`` optimizer steps of a ``depth``-block model
-    under ``tcfg.recipe`` (``vit_common.training.recipes``); ``no_weight_decay`` is the model's ``no_weight_decay()``.
+    """(optimizer, learning-rate schedule) for ``total_steps`` optimizer steps (``steps_per_epoch`` an
+    epoch, ``lr_schedule``) of a ``depth``-block model under ``tcfg.recipe``
+    (``vit_common.training.recipes``); ``no_weight_decay`` is the model's ``no_weight_decay()``.
 
     Global-norm clipping (the recipe's), then AdamW with linear warmup and cosine decay: ``optax.adamw``
     with the recipe's decay mask, or for big_vision ``big_vision/optax.py``'s chain ``scale_by_adam
@@ -118,8 +133,8 @@ def make_optimizer(
     ``lr_mults``, before the decay, which it then does not scale.
     """
     recipe = get_recipe(tcfg.recipe)
-    warmup, decay_steps = schedule_steps(tcfg.warmup_steps, total_steps)
-    schedule = lr_schedule(tcfg, total_steps)
+    plan = tcfg.schedule(total_steps, steps_per_epoch)
+    schedule = _relative(plan, tcfg.lr)
     mask = lambda p: decay_mask(p, recipe, no_weight_decay)  # noqa: E731
     layered = tcfg.layer_decay != 1 and not tcfg.freeze
 
@@ -143,7 +158,7 @@ def make_optimizer(
         )
         tx = optax.chain(adamw, layer_scale()) if layered else adamw
     else:
-        relative = _schedule(1.0, warmup, decay_steps, tcfg.min_lr_ratio)
+        relative = _relative(plan, 1.0)
         tx = optax.chain(
             optax.scale_by_adam(b1=tcfg.b1, b2=tcfg.b2, eps=recipe.eps, mu_dtype=recipe.mu_dtype),
             optax.scale(tcfg.lr),

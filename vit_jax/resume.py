@@ -20,6 +20,7 @@ from pathlib import Path
 import jax
 
 from vit_common.config import ViTConfig
+from vit_common.data.augment import Augment
 from vit_common.data.fingerprint import fingerprint_changes
 from vit_common.training.train_config import TrainConfig
 from vit_jax.optim import lr_schedule
@@ -41,13 +42,15 @@ def _json_defaults(cls) -> dict:
 def config_mismatch(saved: dict, current: dict) -> list[str]:
     """Fields (section.field) whose values differ between two config.json dicts, except those a resumed
     run may change: ``TrainConfig.settings()``, ``TrainConfig.placement()`` (the mesh, restored onto) and
-    ``epochs`` (see ``schedule_change``). A field the
-    saved config lacks (the run was started by a version without it) counts as its default then."""
+    ``epochs`` (see ``schedule_change``). A field the saved config lacks (the run was started by a version
+    without it; an ``Augment`` field too) counts as its default then."""
     out = []
     defaults = {"model": _json_defaults(ViTConfig), "train": _json_defaults(TrainConfig)}
     for section in ("model", "train", "preprocess"):
         a, b = saved.get(section, {}), current.get(section, {})
         a = {**{k: v for k, v in defaults.get(section, {}).items() if k in b}, **a}
+        if isinstance(a.get("augment"), dict) and isinstance(b.get("augment"), dict):  # its fields likewise
+            a["augment"] = {**{k: v for k, v in _json_defaults(Augment).items() if k in b["augment"]}, **a["augment"]}
         free = [*TrainConfig.settings(), *TrainConfig.placement(), "epochs"] if section == "train" else []
         out += [
             f"{section}.{k}: checkpoint has {a.get(k)!r}, now {b.get(k)!r}"
@@ -120,7 +123,7 @@ def schedule_change(trainer: Trainer, saved_epochs: int, step: int) -> str | Non
             f"--epochs {tcfg.epochs} ({total} steps) ends before the checkpoint's step {step}; expected "
             f"--epochs >= {-(-step // trainer.steps_per_epoch)}"
         )
-    old = lr_schedule(tcfg, trainer.steps_per_epoch * saved_epochs)
+    old = lr_schedule(tcfg, trainer.steps_per_epoch * saved_epochs, trainer.steps_per_epoch)
     was, now = float(old(step)), float(trainer.schedule(step))
     return (
         f"--epochs {tcfg.epochs} (the run was started with {saved_epochs}): the learning-rate schedule is "

@@ -130,7 +130,11 @@ class Trainer:
         self.total_steps = self.steps_per_epoch * tcfg.epochs
         model = nnx.eval_shape(lambda: with_adapters(build_model(cfg, tcfg.seed, tcfg.remat), tcfg))
         self.tx, self.schedule = make_optimizer(
-            tcfg, self.total_steps, cfg.depth, no_weight_decay=model.no_weight_decay()
+            tcfg,
+            self.total_steps,
+            cfg.depth,
+            no_weight_decay=model.no_weight_decay(),
+            steps_per_epoch=self.steps_per_epoch,
         )
         model.eval()
         self.eval_graphdef = nnx.graphdef(model)

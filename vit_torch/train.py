@@ -15,8 +15,9 @@ The step (each choice the JAX step's, see ``vit_jax.trainer`` and ``vit_jax.opti
   bfloat16 first moment: a step post-hook (``Optimizer.register_step_post_hook``) rounds ``exp_avg`` to
   bfloat16 after each step; optax's ``scale_by_adam(mu_dtype=...)`` also updates with the unrounded
   moment and stores the rounded one.
-- the schedule: ``torch.optim.lr_scheduler.LambdaLR`` of ``vit_common.training.recipes.lr_factor``, optax's
-  warmup-cosine written in Python floats; step 0 is the first optimizer step, as in optax.
+- the schedule: ``torch.optim.lr_scheduler.LambdaLR`` of ``TrainConfig.schedule``'s factor
+  (``vit_common.training.recipes.Schedule``: optax's warmup-cosine written in Python floats, or timm's
+  ``CosineLRScheduler``); step 0 is the first optimizer step, as in optax.
 - global-norm clipping: ``torch.nn.utils.clip_grad_norm_`` (recipes with torch's clip: max / (norm +
   1e-6)), or optax's coefficient max / norm (``optax.clip_by_global_norm``) for the others.
 - the loss: ``F.cross_entropy`` against the batch's soft targets with ``label_smoothing`` (torch smooths
@@ -60,7 +61,7 @@ import torch.nn.functional as F
 from vit_common.config import ViTConfig
 from vit_common.data.batches import batches_per_epoch
 from vit_common.data.datasets import Dataset
-from vit_common.training.recipes import decays, get_recipe, layer_scales, lr_factor, schedule_steps
+from vit_common.training.recipes import decays, get_recipe, layer_scales
 from vit_common.training.train_config import TrainConfig
 from vit_torch.model import VisionTransformer
 from vit_torch.weights import from_numpy, tensor_to_numpy, to_numpy
@@ -79,10 +80,11 @@ def round_first_moment(dtype: torch.dtype):
 
 
 def make_optimizer(
-    model: VisionTransformer, tcfg: TrainConfig, total_steps: int
+    model: VisionTransformer, tcfg: TrainConfig, total_steps: int, steps_per_epoch: int | None = None
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """(AdamW over ``model``'s trainable parameters, its LambdaLR) for ``total_steps`` steps under
-    ``tcfg.recipe``. Each group holds ``names`` (canonical), ``lr_scale`` and ``weight_decay``; with
+    """(AdamW over ``model``'s trainable parameters, its LambdaLR of ``tcfg.schedule``) for ``total_steps``
+    steps (``steps_per_epoch`` an epoch; default ``total_steps // epochs``) under ``tcfg.recipe``. Each
+    group holds ``names`` (canonical), ``lr_scale`` and ``weight_decay``; with
     ``freeze`` the parameters outside the head get ``requires_grad=False`` first."""
     recipe = get_recipe(tcfg.recipe)
     if tcfg.freeze:
@@ -107,8 +109,7 @@ def make_optimizer(
     )
     if recipe.mu_dtype is not None:
         opt.register_step_post_hook(round_first_moment(getattr(torch, recipe.mu_dtype)))
-    warmup, decay_steps = schedule_steps(tcfg.warmup_steps, total_steps)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, warmup, decay_steps, tcfg.min_lr_ratio))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, tcfg.schedule(total_steps, steps_per_epoch).factor)
     return opt, sched
 
 
@@ -181,7 +182,7 @@ class Trainer:
             self.model = from_numpy(cfg, weights, device=self.device)
         self.model.train()
         self.recipe = get_recipe(tcfg.recipe)
-        self.optimizer, self.scheduler = make_optimizer(self.model, tcfg, self.total_steps)
+        self.optimizer, self.scheduler = make_optimizer(self.model, tcfg, self.total_steps, self.steps_per_epoch)
         self.ema = ModelEma(self.model, tcfg) if tcfg.ema is not None else None
         self.step = 0
         torch.manual_seed(tcfg.seed)  # dropout and drop path

@@ -200,6 +200,10 @@ CASES = [
     # silent wrong results
     Case(flag("train", "--mixup", "nan"), r"--mixup: 'nan': expected a finite number in \[0, inf\)"),
     Case(flag("train", "--rotate", "nan"), r"--rotate: 'nan': expected a finite number in \[0, 180\]"),
+    Case(
+        flag("train", "--cutmix-minmax", "0.8", "0.2"),
+        r"cutmix_minmax=\(0.8, 0.2\): expected two fractions MIN MAX with 0 <= MIN < MAX <= 1",
+    ),
     Case(flag("train", "--lr", "inf"), r"--lr: 'inf': expected a finite number in \(0, inf\)"),
     Case(flag("train", "--val-fraction", "1"), r"--val-fraction: '1': expected a finite number in \(0, 1\)"),
     Case(flag("train", "--epochs", "0"), r"--epochs: '0': expected an integer in \[1, "),

@@ -1,9 +1,10 @@
 """Training augmentation and the per-example image transform (numpy + Pillow, no framework).
 
 ``Augment`` holds the augmentation's settings (a random-resized crop, or shifts, rotations and zooms; a
-flip; mixup or cutmix per batch); ``ImageTransform`` turns one example's image (a file path, encoded
-bytes or an array) into uint8 [H, W, C] at the model's size, through ``vit_common.data.images``. Every
-draw comes from a generator the caller seeds by (seed, position) (``vit_common.data.batches``).
+flip; mixup or cutmix per batch, pair or image, as timm's ``Mixup``); ``ImageTransform`` turns one
+example's image (a file path, encoded bytes or an array) into uint8 [H, W, C] at the model's size,
+through ``vit_common.data.images``. Every draw comes from a generator the caller seeds by (seed,
+position) (``vit_common.data.batches``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from vit_common.data.images import (
     to_channels,
 )
 from vit_common.system.validate import Range, check_fields
+
+MIX_MODES = ("batch", "pair", "elem")  # timm's Mixup modes
 
 
 def _affine(x: np.ndarray, angle: float, zoom: float, dy: int, dx: int) -> np.ndarray:
@@ -58,14 +61,21 @@ class Augment:
     rotate: random rotation by an angle in [-rotate, rotate] degrees about the image centre.
     scale: random zoom by a factor in [1 - scale, 1 + scale] about the image centre.
     flip: horizontal flip with probability 1/2 (natural images; not digits).
-    mixup / cutmix: Beta(alpha, alpha) mixing of image pairs within a batch (0 = off; with both on,
-        each batch uses one of them with probability 1/2), each image with the one at the mirrored
-        position, the CutMix box as timm's (``cutmix_box``). Targets are mixed in the same proportion.
+    mixup / cutmix: Beta(alpha, alpha) mixing of image pairs within a batch (0 = off), each image with
+        the one at the mirrored position, the CutMix box as timm's (``cutmix_box``). Targets are mixed
+        in the same proportion. The other mixing fields are timm's ``Mixup`` arguments (``mix``):
+    mixup_prob: probability of mixing a batch (mode 'batch') or an image ('pair', 'elem').
+    mixup_switch_prob: with mixup and cutmix both on, the probability of cutmix.
+    mixup_mode: 'batch' (one lambda a batch), 'pair' (one a mirrored pair) or 'elem' (one an image).
+    cutmix_minmax: (min, max): cutmix box sides drawn uniformly in [min, max) of the image's sides
+        instead of from lambda; turns cutmix on at alpha 1 (timm forces it).
+    correct_lam: lambda of a cutmix box clipped at the border = 1 - the pasted area.
     Pixels moved in from outside the image are 0. Shifts alone move whole pixels (exact); with a
     rotation or zoom the image is resampled bilinearly (Pillow affine transform).
 
     Raises:
-        ValueError: a value outside its field's range (NaN and infinities included), named.
+        ValueError: a value outside its field's range (NaN and infinities included), named; a
+            ``cutmix_minmax`` that is not two fractions 0 <= min < max <= 1.
     """
 
     crop_scale: float = field(
@@ -93,9 +103,57 @@ class Augment:
     cutmix: float = field(
         default=0.0, metadata={"help": "augmentation: cutmix Beta(alpha, alpha); 0 = off", "range": Range(0)}
     )
+    mixup_prob: float = field(
+        default=1.0,
+        metadata={
+            "help": "augmentation: probability of mixing a batch (--mixup-mode batch) or an image (pair, elem); "
+            "timm's --mixup-prob",
+            "range": Range(0, 1),
+        },
+    )
+    mixup_switch_prob: float = field(
+        default=0.5,
+        metadata={
+            "help": "augmentation: with --mixup and --cutmix both on, the probability of cutmix; timm's "
+            "--mixup-switch-prob",
+            "range": Range(0, 1),
+        },
+    )
+    mixup_mode: str = field(
+        default="batch",
+        metadata={
+            "help": "augmentation: one mixing lambda per batch, per mirrored pair of images or per image; "
+            "timm's --mixup-mode",
+            "choices": MIX_MODES,
+        },
+    )
+    cutmix_minmax: tuple[float, ...] | None = field(
+        default=None,
+        metadata={
+            "help": "augmentation: cutmix box sides drawn uniformly in [MIN, MAX) of the image's instead of from "
+            "lambda; turns cutmix on at alpha 1; timm's --cutmix-minmax MIN MAX",
+        },
+    )
+    correct_lam: bool = field(
+        default=True,
+        metadata={
+            "help": "augmentation: a cutmix box clipped at the border mixes the targets by the area pasted "
+            "(timm's Mixup correct_lam)"
+        },
+    )
 
     def __post_init__(self):
         check_fields(self)
+        if self.mixup_mode not in MIX_MODES:
+            raise ValueError(f"mixup_mode={self.mixup_mode!r}: expected one of {', '.join(MIX_MODES)}")
+        m = self.cutmix_minmax
+        if m is not None and not (len(m) == 2 and all(np.isfinite(m)) and 0 <= m[0] < m[1] <= 1):
+            raise ValueError(f"cutmix_minmax={m!r}: expected two fractions MIN MAX with 0 <= MIN < MAX <= 1")
+
+    @property
+    def mixes(self) -> bool:
+        """Whether ``mix`` changes batches: mixup or cutmix on and a probability above 0."""
+        return bool(self.mixup or self.cutmix or self.cutmix_minmax) and self.mixup_prob > 0
 
     @classmethod
     def default_for(cls, spec: str) -> Augment:
@@ -120,25 +178,76 @@ class Augment:
         return np.ascontiguousarray(x)
 
     def mix(self, image: np.ndarray, target: np.ndarray, n: int, rng: np.random.Generator):
-        """Mix the first ``n`` (real) rows of images [B, H, W, C] and targets [B, K] among themselves, as
-        timm's ``Mixup`` does in its 'batch' mode: each row with the row at the mirrored position (timm's
-        ``x.flip(0)``), one lambda ~ Beta(alpha, alpha) for the batch; CutMix pastes timm's box
-        (``cutmix_box``: a uniform centre, clipped at the border, lambda corrected to the pasted area)."""
-        use = [(k, a) for k, a in (("mixup", self.mixup), ("cutmix", self.cutmix)) if a > 0]
-        if not use or n < 2:
+        """Mix the first ``n`` (real) rows of images float32 [B, H, W, C] and targets float32 [B, K] among
+        themselves as timm 1.0.31's ``Mixup`` (``timm/data/mixup.py``) does, draw for draw: ``rng.random``,
+        ``rng.beta`` and ``rng.integers`` in the order timm calls ``np.random.rand``, ``beta`` and
+        ``randint``, so a generator that replays numpy's global draws gives timm's batch. Row i mixes with
+        row n - 1 - i (timm's ``flip(0)``); ``mixup_mode`` 'batch': one lambda for the batch, 'pair': one
+        per mirrored pair (both rows mixed, an odd middle row left as it is), 'elem': one per row, each
+        from the unmixed batch. Returns new arrays (the inputs when nothing mixes: no mixing
+        on, or n < 2); padding rows are left as they are."""
+        cutmix = 1.0 if self.cutmix_minmax else self.cutmix
+        if not self.mixes or n < 2:
             return image, target
-        kind, alpha = use[rng.integers(len(use))]
-        lam = float(rng.beta(alpha, alpha))
-        partner = np.arange(n)[::-1]
-        image, target = image.copy(), target.copy()
-        if kind == "mixup":
-            image[:n] = lam * image[:n] + (1 - lam) * image[partner]
-        else:  # paste the partner's box (Yun et al. 2019, as timm draws it)
-            h, w = image.shape[1:3]
-            (yl, yh, xl, xh), lam = cutmix_box(h, w, lam, int(rng.integers(0, h)), int(rng.integers(0, w)))
-            image[:n, yl:yh, xl:xh] = image[partner, yl:yh, xl:xh]
-        target[:n] = lam * target[:n] + (1 - lam) * target[partner]
-        return image, target
+        src, ysrc = image[:n][::-1], target[:n][::-1]
+        out, y = image.copy(), target.copy()
+        h, w = image.shape[1:3]
+        if self.mixup_mode == "batch":
+            if rng.random() >= self.mixup_prob:
+                return out, y
+            use_cutmix = bool(cutmix) and (not self.mixup or rng.random() < self.mixup_switch_prob)
+            alpha = cutmix if use_cutmix else self.mixup
+            lam = float(rng.beta(alpha, alpha))
+            if lam == 1.0:
+                return out, y
+            if use_cutmix:
+                (yl, yh, xl, xh), lam = self._box(h, w, lam, rng)
+                out[:n, yl:yh, xl:xh] = src[:, yl:yh, xl:xh]
+            else:
+                out[:n] = image[:n] * lam + src * (1.0 - lam)
+            y[:n] = target[:n] * lam + ysrc * (1.0 - lam)
+            return out, y
+        pair = self.mixup_mode == "pair"
+        m = n // 2 if pair else n
+        if self.mixup and cutmix:
+            use = rng.random(m) < self.mixup_switch_prob
+            lam_mix = np.where(use, rng.beta(cutmix, cutmix, size=m), rng.beta(self.mixup, self.mixup, size=m))
+        else:
+            use = np.full(m, bool(cutmix))
+            alpha = cutmix or self.mixup
+            lam_mix = rng.beta(alpha, alpha, size=m)
+        lam = np.where(rng.random(m) < self.mixup_prob, lam_mix.astype(np.float32), np.ones(m, np.float32))
+        for i in range(m):
+            j = n - 1 - i
+            if lam[i] == 1.0:
+                continue
+            if use[i]:
+                (yl, yh, xl, xh), lam[i] = self._box(h, w, float(lam[i]), rng)
+                out[i, yl:yh, xl:xh] = image[j, yl:yh, xl:xh]
+                if pair:
+                    out[j, yl:yh, xl:xh] = image[i, yl:yh, xl:xh]
+            else:
+                out[i] = image[i] * lam[i] + image[j] * (1 - lam[i])
+                if pair:
+                    out[j] = image[j] * lam[i] + image[i] * (1 - lam[i])
+        if pair:
+            lam = np.concatenate([lam, np.ones(n % 2, np.float32), lam[::-1]])
+        y[:n] = target[:n] * lam[:, None] + ysrc * (1 - lam[:, None])
+        return out, y
+
+    def _box(self, h: int, w: int, lam: float, rng: np.random.Generator) -> tuple[tuple[int, int, int, int], float]:
+        """(box, lambda) of one cutmix paste, drawn as timm's ``cutmix_bbox_and_lam``: with
+        ``cutmix_minmax`` its ``rand_bbox_minmax`` (sides in [min, max) of the image's, lambda always the
+        pasted area; a side whose range holds no integer is int(side x min), where timm's draw fails),
+        else ``cutmix_box`` with lambda corrected when ``correct_lam``."""
+        if self.cutmix_minmax:
+            lo, hi = self.cutmix_minmax
+            ch = int(rng.integers(int(h * lo), max(int(h * hi), int(h * lo) + 1)))
+            cw = int(rng.integers(int(w * lo), max(int(w * hi), int(w * lo) + 1)))
+            yl, xl = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+            return (yl, yl + ch, xl, xl + cw), 1.0 - ch * cw / float(h * w)
+        box, corrected = cutmix_box(h, w, lam, int(rng.integers(0, h)), int(rng.integers(0, w)))
+        return box, corrected if self.correct_lam else lam
 
 
 def cutmix_box(h: int, w: int, lam: float, cy: int, cx: int) -> tuple[tuple[int, int, int, int], float]:

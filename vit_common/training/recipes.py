@@ -193,6 +193,65 @@ def lr_factor(step: int, warmup: int, decay_steps: int, min_lr_ratio: float) -> 
     return (1 - min_lr_ratio) * (0.5 * (1 + math.cos(math.pi * t / span))) + min_lr_ratio
 
 
+# timm's train.py learning-rate schedule defaults (--sched-on-updates off, --warmup-lr 1e-5,
+# --warmup-prefix off; train.py at v1.0.28 and at 1.0.29.dev0, and timm 1.0.31's scheduler_kwargs), and
+# this project's (optax's warmup_cosine_decay_schedule): what --recipe timm and the others leave unset means.
+TIMM_SCHEDULE = {"sched_on_updates": False, "warmup_lr": 1e-5, "warmup_prefix": False}
+OPTAX_SCHEDULE = {"sched_on_updates": True, "warmup_lr": 0.0, "warmup_prefix": True}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The learning rate of each optimizer step of a run: a linear warm-up from ``warmup_lr`` to ``lr``
+    over ``warmup_steps``, then a cosine decay to ``lr * min_lr_ratio``.
+
+    ``sched_on_updates`` False: the rate changes once per epoch of ``steps_per_epoch`` steps, held at the
+    value of the epoch's first step (timm's train.py by default: ``scheduler.step(epoch)`` at each epoch's
+    end). ``warmup_prefix`` True: the cosine starts after the warm-up and spans the rest of the run; False:
+    it spans the whole run and the warm-up replaces its start (timm's default). The settings of
+    ``OPTAX_SCHEDULE`` are ``optax.warmup_cosine_decay_schedule`` (``lr_factor``: the warm-up cut to leave
+    one step of cosine, as this project always had it); any other is timm 1.0.31's ``CosineLRScheduler``
+    (``timm/scheduler/cosine_lr.py``) as ``create_scheduler_v2`` builds it with ``num_epochs`` = the
+    run's epochs (less the warm-up's with ``warmup_prefix``), ``warmup_epochs`` = ``warmup_steps /
+    steps_per_epoch``, ``min_lr`` = ``lr * min_lr_ratio``, ``step_on_epochs`` = not
+    ``sched_on_updates``. Under layer-wise decay timm warms every group up from the same ``warmup_lr``
+    and down to the same ``min_lr``; here each group's rate is its scale times this one.
+    """
+
+    lr: float
+    warmup_steps: int
+    total_steps: int
+    steps_per_epoch: int
+    min_lr_ratio: float
+    sched_on_updates: bool
+    warmup_lr: float
+    warmup_prefix: bool
+
+    @property
+    def is_optax(self) -> bool:
+        """Whether this is optax's warm-up and cosine (``OPTAX_SCHEDULE``'s settings)."""
+        return {k: getattr(self, k) for k in OPTAX_SCHEDULE} == OPTAX_SCHEDULE
+
+    def factor(self, step, xp=None):
+        """lr(step) / lr, step 0 the first optimizer step: a Python float for an int ``step``; with
+        ``xp`` = ``jax.numpy`` and a traced int ``step``, the timm form as a traced float (the optax form
+        is ``optax.warmup_cosine_decay_schedule`` there)."""
+        if self.is_optax:
+            return lr_factor(step, *schedule_steps(self.warmup_steps, self.total_steps), self.min_lr_ratio)
+        every = 1 if self.sched_on_updates else self.steps_per_epoch
+        t = step // every if xp is None else xp.floor_divide(step, every) * 1.0
+        warm = self.warmup_steps / every
+        span = max(self.total_steps / every - warm * self.warmup_prefix, 1e-12)  # timm's t_initial
+        a, w0 = self.min_lr_ratio, self.warmup_lr / self.lr
+        tc = t - warm if self.warmup_prefix else t
+        if xp is None:
+            if t < warm:
+                return w0 + t * ((1 - w0) / warm)
+            return a + 0.5 * (1 - a) * (1 + math.cos(math.pi * tc / span)) if tc < span else a
+        decay = xp.where(tc < span, a + 0.5 * (1 - a) * (1 + xp.cos(math.pi * tc / span)), a)
+        return xp.where(t < warm, w0 + t * ((1 - w0) / max(warm, 1e-12)), decay)
+
+
 @dataclass(frozen=True)
 class Translation:
     """``translate``'s answer: ``weight_decay`` in the target recipe's units, and what it cannot keep."""

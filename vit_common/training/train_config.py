@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from vit_common.data.augment import Augment
 from vit_common.system.validate import Range, check_fields
-from vit_common.training.recipes import DEFAULT_RECIPE, RECIPES
+from vit_common.training.recipes import DEFAULT_RECIPE, OPTAX_SCHEDULE, RECIPES, TIMM_SCHEDULE, Schedule
 from vit_common.training.sharding import DEFAULT_RULES, SHORT_FORMS, parse_mesh, parse_rules
 
 POSITIVE_INT = Range(1, integer=True)
@@ -131,6 +131,28 @@ class TrainConfig:
     )
     min_lr_ratio: float = field(
         default=0.01, metadata=_help("final learning rate as a fraction of --lr", range=Range(0, 1))
+    )
+    sched_on_updates: bool | None = field(
+        default=None,
+        metadata=_help(
+            "change the learning rate after every optimizer step; --no-sched-on-updates: once per epoch, as "
+            "timm's train.py does unless --sched-on-updates (default: per epoch under --recipe timm, else per step)"
+        ),
+    )
+    warmup_lr: float | None = field(
+        default=None,
+        metadata=_help(
+            "learning rate the warm-up starts from (timm's --warmup-lr; default 1e-5 under --recipe timm, else 0)",
+            range=Range(0),
+        ),
+    )
+    warmup_prefix: bool | None = field(
+        default=None,
+        metadata=_help(
+            "the cosine starts after the warm-up and spans the steps after it; --no-warmup-prefix: it spans "
+            "the whole run and the warm-up replaces its start (timm's --warmup-prefix; default off under "
+            "--recipe timm, else on)"
+        ),
     )
     weight_decay: float = field(
         default=0.05,
@@ -280,6 +302,26 @@ class TrainConfig:
                 f"freeze=True with layer_decay={self.layer_decay}: a linear probe trains the head only, so "
                 "there are no layers to decay; drop one of --freeze and --layer-decay"
             )
+
+    def schedule(self, total_steps: int, steps_per_epoch: int | None = None) -> Schedule:
+        """The learning-rate schedule of a run of ``total_steps`` optimizer steps, ``steps_per_epoch`` a
+        epoch (default ``total_steps // epochs``): ``sched_on_updates``, ``warmup_lr`` and ``warmup_prefix``
+        left None take timm's train.py defaults under the timm recipe (``TIMM_SCHEDULE``) and optax's
+        warm-up and cosine otherwise (``OPTAX_SCHEDULE``)."""
+        return Schedule(
+            self.lr,
+            self.warmup_steps,
+            total_steps,
+            steps_per_epoch or max(total_steps // self.epochs, 1),
+            self.min_lr_ratio,
+            **self.schedule_settings(),
+        )
+
+    def schedule_settings(self) -> dict:
+        """{sched_on_updates, warmup_lr, warmup_prefix} as the run takes them: the given ones, the others
+        the recipe's (``schedule``)."""
+        fixed = TIMM_SCHEDULE if self.recipe == "timm" else OPTAX_SCHEDULE
+        return fixed | {k: getattr(self, k) for k in fixed if getattr(self, k) is not None}
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
