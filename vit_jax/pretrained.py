@@ -17,7 +17,7 @@ from vit_jax.torch_bridge import write_timm_model
 from vit_jax.weights import from_numpy
 
 
-def load_model(path, *, image_size=None, num_classes=None, **overrides) -> VisionTransformer:
+def load_model(path, *, image_size=None, num_classes=None, sharding=None, **overrides) -> VisionTransformer:
     """Load any supported checkpoint file or folder (``vit_common.checkpoints.convert.FORMATS``; PyTorch .pth/.bin
     files need torch: convert them first) into the JAX twin, in eval mode.
 
@@ -27,9 +27,16 @@ def load_model(path, *, image_size=None, num_classes=None, **overrides) -> Visio
     (``fmt=`` to force a format, ``source_image_size=(H, W)``, ``strict=True`` to refuse any assumed
     field). Assumed fields are issued as UserWarnings. See ``vit_common.checkpoints.convert.load_checkpoint`` for
     the errors raised.
+
+    The file is read lazily (memory-mapped where its format allows) and each tensor copied once into the
+    model, so loading holds the model's bytes plus about one tensor, not two copies of the state.
+    ``sharding(path, shape) -> jax.sharding.Sharding`` places each parameter as it is read, each device's
+    block alone (``vit_jax.weights.from_numpy``).
     """
-    cfg, state = read_checkpoint(path, image_size=image_size, num_classes=num_classes, readers=READERS, **overrides)
-    return from_numpy(cfg, state)
+    cfg, state = read_checkpoint(
+        path, image_size=image_size, num_classes=num_classes, readers=READERS, lazy=True, **overrides
+    )
+    return from_numpy(cfg, state, sharding=sharding)
 
 
 def from_timm(name: str, pretrained: bool = False, **kwargs) -> VisionTransformer:

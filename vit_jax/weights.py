@@ -7,7 +7,7 @@ LayerNorm ``scale`` <-> ``weight``; every other parameter keeps its name and lay
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -73,12 +73,34 @@ def check_float64(cfg: ViTConfig) -> None:
         )
 
 
-def from_numpy(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, seed: int = 0) -> VisionTransformer:
+def _place(arr: np.ndarray, dtype, where: jax.sharding.Sharding | None) -> jax.Array:
+    """``arr`` (possibly a read-only view of a mapped file) as a jax.Array of ``dtype``: copied into memory
+    this process owns (JAX on CPU may otherwise alias the file's pages), all of it or, with ``where``, each
+    local device's block alone."""
+    if where is None:
+        return jnp.asarray(np.array(arr, dtype=dtype, order="C"))
+    return jax.make_array_from_callback(arr.shape, where, lambda idx: np.array(arr[idx], dtype=dtype, order="C"))
+
+
+def from_numpy(
+    cfg: ViTConfig,
+    state: Mapping[str, np.ndarray],
+    *,
+    seed: int = 0,
+    sharding: Callable[[str, tuple[int, ...]], jax.sharding.Sharding] | None = None,
+) -> VisionTransformer:
     """Build a VisionTransformer for ``cfg`` holding exactly the tensors of ``state``, in eval mode.
 
     The model is built abstractly (``nnx.eval_shape``), so no random parameters are drawn; each
-    parameter is filled from its canonical tensor and cast to ``cfg.param_dtype``. ``seed`` seeds the
+    parameter is filled from its canonical tensor and cast to ``cfg.param_dtype``, one tensor at a time:
+    with a lazily read ``state`` (``load_checkpoint(lazy=True)``: memory-mapped views and ``LazyTensor``s)
+    the host holds the model once plus one tensor, never the file's state beside it. ``seed`` seeds the
     dropout/drop-path RNG streams only.
+
+    ``sharding(path, shape)``, given, places each parameter (``path`` its NNX path joined by dots, such as
+    ``blocks.0.attn.qkv.kernel``; ``shape`` in this twin's layout) with the returned sharding, and each
+    device's block is read from ``state`` alone (``jax.make_array_from_callback``): a process of a
+    multi-process mesh reads only the rows of its own devices.
 
     Raises:
         StateMismatchError: lists every missing, unexpected and wrong-shape tensor together.
@@ -93,7 +115,9 @@ def from_numpy(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, seed: int = 0
     flat = []
     for path, var in _param_paths(params):
         name, kind = _canonical_name(path)
-        flat.append((path, var.replace(jnp.asarray(_from_canonical(np.asarray(state[name]), kind), pd))))
+        arr = _from_canonical(np.asarray(state[name]), kind)  # a view: nothing is copied yet
+        where = sharding(".".join(map(str, path)), arr.shape) if sharding is not None else None
+        flat.append((path, var.replace(_place(arr, pd, where))))
     params = nnx.from_flat_state(flat)
     # RNG streams: build the model under jit and keep only the non-parameter state, so XLA drops the
     # random parameter initialisation as dead code.

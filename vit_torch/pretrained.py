@@ -27,6 +27,11 @@ def load_model(
     (``fmt=`` to force a format, ``source_image_size=(H, W)``, ``strict=True`` to refuse any assumed
     field). Assumed fields are issued as UserWarnings. See ``vit_common.checkpoints.convert.load_checkpoint`` for
     the errors raised.
+
+    The file is read lazily (memory-mapped where its format allows) into a model built on the meta
+    device, each tensor copied once, so loading holds the model's bytes, not two copies of the state.
     """
-    cfg, state = read_checkpoint(path, image_size=image_size, num_classes=num_classes, readers=READERS, **overrides)
+    cfg, state = read_checkpoint(
+        path, image_size=image_size, num_classes=num_classes, readers=READERS, lazy=True, **overrides
+    )
     return from_numpy(cfg, state, device=device)
