@@ -32,6 +32,7 @@ which holds its ``FORMAT``; this module has none).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -307,6 +308,32 @@ def check_model_args(hub: HubConfig, tensors, where: str) -> None:
         raise FormatError(str(e)) from None
 
 
+# timm entry points with rotary position embeddings (timm eva.py: DINOv3, PE, EVA-02, RoPE-ViT, SBB).
+_ROPE_ARCHITECTURE = re.compile(r"rope|dinov3|^vit_pe_|^eva02")
+
+
+def check_rope_head_dim(hub: HubConfig, tensors, where: str) -> None:
+    """Refuse a RoPE model (``model_args`` ``use_rot_pos_emb``, or a timm RoPE architecture) whose head
+    dimension (``embed_dim``, else the patch embedding's rows, over ``num_heads``) is not divisible by 4,
+    the two axes' rotated pairs, before timm fails inside its tables with a shape error that names neither.
+
+    Raises:
+        FormatError: naming config.json, the sizes and the head dimension.
+    """
+    a = hub.model_args
+    rope = a.get("use_rot_pos_emb", bool(_ROPE_ARCHITECTURE.search(hub.architecture)))
+    heads, width = a.get("num_heads"), a.get("embed_dim")
+    if width is None and np.ndim(tensors.get("patch_embed.proj.weight")) == 4:
+        width = int(np.shape(tensors["patch_embed.proj.weight"])[0])
+    if not rope or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in (heads, width)):
+        return
+    if width % heads or (width // heads) % 4:
+        raise FormatError(
+            f"{where}: model_args num_heads={heads} with embed_dim={width} give head_dim={width / heads:g}; "
+            f"{hub.architecture}'s rotary position embeddings need head_dim divisible by 4 (two axes x rotated pairs)"
+        )
+
+
 def read_hub(src: Source, opts) -> Decoded:
     """Canonical state, config and provenance of a timm hub folder (``src.config`` is its config.json):
     timm's own reading (``opts.readers["timm"]``), else the config our writer put in the weights' header,
@@ -323,6 +350,7 @@ def read_hub(src: Source, opts) -> Decoded:
     # a timm Eva's LayerScale, split q/k/v and SwiGLU (identity for a plain ViT), then DDP's prefix
     tensors, notes = normalise_keys(eva_to_canonical(src.tensors))
     check_model_args(hub, tensors, where)  # before timm builds a module per declared block
+    check_rope_head_dim(hub, tensors, where)  # before timm fails inside its rotary tables
     cfg = reader(src.path) if reader is not None else None
     if cfg is not None:
         dt = common_float_dtype(tensors)
