@@ -105,10 +105,9 @@ CASES = {
     "vit_pe_core_tiny_patch16_384": (32, dict(ref_feat_shape=(2, 2), num_classes=6)),  # MAP head, visual proj
     "vit_pe_spatial_tiny_patch16_512": (32, dict(ref_feat_shape=(2, 2), num_classes=0)),  # no pool, no final norm
 }
-FAST = {"eva02_base_patch14_224", "vit_pe_core_tiny_patch16_384"}
 
 
-@pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in CASES])
+@pytest.mark.parametrize("name", list(CASES))
 def test_an_original_file_reads_as_timms_converter_reads_it(tmp_path, name):
     size, kw = CASES[name]
     m = _timm(name, size, **({"num_classes": 5} | kw))
