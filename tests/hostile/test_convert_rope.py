@@ -1,6 +1,7 @@
 """Hostile RoPE inputs to `vit convert`, each through a file: a head dimension not divisible by 4, a periods
 or frequency tensor of the wrong shape, an unknown rope type or layout. Our file, one of our timm files
-and a timm hub folder; one line naming the value and what was expected, exit 2, nothing written."""
+and a timm hub folder; and a hub folder's timm Eva name whose LayerNorm eps is not the model's. One line
+naming the value and what was expected, exit 2, nothing written."""
 
 from __future__ import annotations
 
@@ -65,6 +66,12 @@ def hub_folder(name: str, timm_name: str, model_args: dict, tensor: tuple[str, t
     return build
 
 
+def hub_name_of_another_eps(tmp: Path) -> list[str]:
+    """A RoPE-ViT (LayerNorm eps 1e-6) written as a hub folder named for DINOv3, whose name builds 1e-5."""
+    argv = hub_folder("", "vit_base_patch16_rope_224", {})(tmp)
+    return [*argv[:2], str(tmp / "out"), "--to", "timm", "--timm-architecture", "vit_base_patch16_dinov3"]
+
+
 def shape_line(expected: str) -> Callable[[Path, str], None]:
     """The line under the error that names the tensor, its shape and the shape expected."""
 
@@ -107,6 +114,11 @@ CASES = [
     Case(
         stored("rope layout diagonal, our timm file", ROPE, dict(rope_layout="diagonal"), timm=True),
         r"rope_layout='diagonal': expected one of \('interleaved', 'half'\)",
+    ),
+    Case(
+        hub_name_of_another_eps,
+        r"--timm-architecture 'vit_base_patch16_dinov3': a hub folder's name fixes the LayerNorm eps, and it is "
+        r"not one known to build ln_eps=1e-06 \(eva02_tiny_patch14_224",
     ),
     Case(
         hub_folder("rope_type spiral, timm hub folder", "vit_base_patch16_rope_224", dict(rope_type="spiral")),

@@ -36,7 +36,7 @@ from vit_common.checkpoints.formats.provenance import assumed, build_config, der
 from vit_common.checkpoints.formats.rules import copy, to_canonical
 from vit_common.checkpoints.formats.source import TORCH_SUFFIXES
 from vit_common.checkpoints.formats.tensors import LazyTensor, Tensor, TensorMap, dtype_of, row_slice
-from vit_common.checkpoints.formats.timm_eva import eva_to_canonical
+from vit_common.checkpoints.formats.timm_eva import eva_to_canonical, layout_note
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
 from vit_common.state import canonical_shapes
@@ -228,7 +228,8 @@ class EvaOriginals(Format):
         t = eva_to_canonical(eva)
         cfg, prov = _infer(family, t, dict(opts.overrides), src.context)
         state = to_canonical([copy(n, n, s) for n, s in canonical_shapes(cfg).items()], t, src.context)
-        layout = f"{'Perception Encoder' if family == 'pe' else 'EVA-02'} original (keys as timm's converter maps them)"
+        name = "Perception Encoder" if family == "pe" else "EVA-02"
+        layout = f"{name} original (keys as timm's converter maps them){layout_note(eva)}"  # kept by a timm write
         return Decoded(cfg, state, layout, prov, dropped, [])
 
     def cannot_hold(self, cfg: ViTConfig) -> list[str]:

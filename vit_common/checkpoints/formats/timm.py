@@ -95,9 +95,9 @@ class TimmWriteOptions(WriteOptions):
         default="",
         metadata={
             "flag": "--timm-architecture",
-            "help": "a RoPE backbone (timm Eva): the timm model name a hub folder names and the load call builds "
-            "(its keywords are all spelled out; the name fixes the LayerNorm eps); default: the source hub "
-            "folder's, else its family's",
+            "help": "a RoPE backbone (timm Eva): the timm Eva model name the load call builds (every keyword is "
+            "spelled out; a hub folder's name also fixes the LayerNorm eps, so it must build the model's); "
+            "default: the source hub folder's, else its family's",
         },
     )
 
@@ -237,7 +237,7 @@ class Timm(Format):
         enc = Encoded(cfg, dict(state), tensors, config, meta, notes)
         enc.shared = shared
         if eva and not _hub_folder(path):
-            enc.load_call = eva_load_call(str(path), cfg, qkv, eva_name(cfg, options.architecture))
+            enc.load_call = eva_load_call(str(path), cfg, qkv, options.architecture or eva_name(cfg))
         return enc
 
     def decode(self, enc: Encoded) -> Decoded:

@@ -269,9 +269,14 @@ def eva_kwargs(cfg: ViTConfig, qkv: str = "fused") -> dict:
 
 
 def eva_name(cfg: ViTConfig, preferred: str = "") -> str | None:
-    """The timm Eva name a written ``cfg`` names: ``preferred`` (the source's) where it builds ``cfg``'s
-    LayerNorm eps, else its family's (DINOv3, PE core or spatial, RoPE-ViT mixed or axial, SBB, EVA-02 by
-    block layout), else any name of that eps (``EVA_NAMES``); None where no name builds the eps."""
+    """The timm Eva name a hub folder of ``cfg`` names, which fixes its LayerNorm eps: ``preferred`` (given,
+    or the source's), else its family's (DINOv3, PE core or spatial, RoPE-ViT mixed or axial, SBB, EVA-02
+    by block layout) where it builds ``cfg``'s eps, else any name of that eps (``EVA_NAMES``); None where
+    no name builds the eps.
+
+    Raises:
+        ValueError: ``preferred`` is not one of ``EVA_NAMES`` building ``cfg``'s eps (named, with them).
+    """
     if cfg.rope == "dinov3":
         family = "vit_base_patch16_dinov3" + ("_qkvb" if cfg.qkv_bias else "")
     elif cfg.norm_pre:
@@ -289,6 +294,12 @@ def eva_name(cfg: ViTConfig, preferred: str = "") -> str | None:
             if cfg.mlp_inner_norm
             else "eva02_tiny_patch14_224"
         )
+    if preferred and EVA_NAMES.get(preferred) != cfg.ln_eps:
+        known = [n for n, eps in EVA_NAMES.items() if eps == cfg.ln_eps]
+        raise ValueError(
+            f"--timm-architecture {preferred!r}: a hub folder's name fixes the LayerNorm eps, and it is not one "
+            f"known to build ln_eps={cfg.ln_eps!r} ({', '.join(known) or 'none is'}); a timm file takes any Eva name"
+        )
     for name in (preferred, family, *EVA_NAMES):
         if EVA_NAMES.get(name) == cfg.ln_eps:
             return name
@@ -296,7 +307,8 @@ def eva_name(cfg: ViTConfig, preferred: str = "") -> str | None:
 
 
 def eva_load_call(path: str, cfg: ViTConfig, qkv: str, name: str | None) -> str:
-    """Python code building timm's Eva for ``cfg`` (``timm.create_model(name, pretrained=False, **kwargs)``
+    """Python code building timm's Eva for ``cfg`` (``timm.create_model(name, pretrained=False, **kwargs)``,
+    any Eva ``name`` timm registers, ``eva02_tiny_patch14_224`` for None,
     with every keyword of ``eva_kwargs``, run-time dropout at 0, and ``norm_layer`` of ``cfg``'s eps) and
     loading the file at ``path`` into it with ``strict=True``; a .pth, .pt or .bin through ``torch.load(
     weights_only=True)``."""
