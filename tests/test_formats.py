@@ -499,7 +499,16 @@ def test_output_format_from_suffix():
     ]
     with pytest.raises(ValueError, match="hf or orbax"):
         output_format("some_folder")
-    assert set(FORMATS) == {"canonical", "timm", "hf", "hf_family", "original_vit", "big_vision", "orbax"}
+    assert set(FORMATS) == {
+        "canonical",
+        "timm",
+        "hf",
+        "hf_family",
+        "original_vit",
+        "big_vision",
+        "orbax",
+        "eva_original",
+    }
 
 
 # ------------------------------------------------------------------------------------ atomicity

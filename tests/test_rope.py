@@ -90,3 +90,22 @@ def test_stored_periods_checked():
 def test_ref_grid_round_trips_through_json():
     cfg = ViTConfig(**BASE, rope="cat", rope_ref_grid=[16, 16])
     assert cfg.rope_ref_grid == (16, 16) and ViTConfig.from_json(cfg.to_json()) == cfg
+
+
+@pytest.mark.parametrize("rope_kw", [{}, dict(rope="cat"), dict(rope="dinov3", rope_layout="half")])
+def test_a_key_bias_gets_a_gradient_only_with_rope(rope_kw):
+    """vit_common/tolerance.py's note: softmax ignores a bias added to every key, so without RoPE the key
+    third of qkv.bias has a gradient that is zero but for rounding; RoPE rotates the bias by each key's
+    position, so with it the gradient is as large as the query bias's (float64, torch twin)."""
+    torch = pytest.importorskip("torch")
+    from vit_common.state import random_state
+    from vit_torch.weights import from_numpy
+
+    cfg = ViTConfig(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
+    cfg = cfg.replace(param_dtype="float64", dtype="float64", **({"posemb": "none"} | rope_kw if rope_kw else {}))
+    model = from_numpy(cfg, {k: np.asarray(v, np.float64) for k, v in random_state(cfg, scale=0.5).items()})
+    x = torch.randn(4, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    torch.nn.functional.cross_entropy(model(x), torch.arange(4)).backward()
+    g = dict(model.named_parameters())["blocks.0.attn.qkv.bias"].grad.abs()
+    ratio = (g[32:64].max() / g[:32].max()).item()  # key third over query third
+    assert ratio < 1e-12 if not rope_kw else ratio > 0.1, ratio

@@ -269,7 +269,10 @@ def export(
     save_checkpoint(out / ours.export_name(), cfg, weights, ours.name, preprocess=preprocess, classes=classes, **kept)
     done = Exported()
     for fmt, path in export_targets(out, source).items():
-        options = TimmWriteOptions(weights_from=str(out / ours.export_name())) if fmt == "timm" else None
+        options = None
+        if fmt == "timm":  # a RoPE backbone keeps its source's q/k/v spelling and timm name
+            shared = TimmWriteOptions(weights_from=str(out / ours.export_name()))
+            options = REGISTRY[fmt].complete_options(shared, source)
         try:
             r = save_checkpoint(
                 path,

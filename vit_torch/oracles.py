@@ -15,6 +15,7 @@ import torch
 
 from vit_common.checkpoints.convert import save_checkpoint
 from vit_common.checkpoints.formats.hf import HfWriteOptions
+from vit_common.checkpoints.formats.timm_eva import canonical_to_eva, default_layout, eva_kwargs, eva_name, is_eva
 from vit_common.checkpoints.formats.timm_state import timm_kwargs
 from vit_common.checkpoints.registry import REGISTRY
 from vit_common.config import ViTConfig
@@ -42,14 +43,24 @@ def timm_model_kwargs(cfg: ViTConfig) -> dict:
 
 def timm_model(cfg: ViTConfig, state: Mapping[str, np.ndarray] | None = None) -> torch.nn.Module:
     """timm ``VisionTransformer`` (``VisionTransformerDistilled`` with head_dist) for ``cfg``
-    (``timm_model_kwargs``), in eval mode.
+    (``timm_model_kwargs``), in eval mode; timm's ``Eva`` for a RoPE backbone (``timm_eva.is_eva``:
+    ``timm.create_model`` of ``timm_eva.eva_name`` with ``eva_kwargs`` and ``cfg``'s LayerNorm eps).
 
-    With ``state`` (canonical, i.e. a timm state_dict) the weights are loaded with strict=True.
+    With ``state`` (canonical, i.e. a timm state_dict; an Eva's in timm's own spelling,
+    ``timm_eva.canonical_to_eva``) the weights are loaded with strict=True.
     """
     from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import VisionTransformer
 
-    model = (VisionTransformerDistilled if cfg.head_dist else VisionTransformer)(**timm_model_kwargs(cfg))
+    if is_eva(cfg):
+        import timm
+
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in eva_kwargs(cfg).items()}
+        norm = partial(timm.layers.LayerNorm, eps=cfg.ln_eps)
+        model = timm.create_model(eva_name(cfg) or "eva02_tiny_patch14_224", pretrained=False, norm_layer=norm, **kw)
+        state = canonical_to_eva(cfg, state, default_layout(cfg)) if state is not None else None
+    else:
+        model = (VisionTransformerDistilled if cfg.head_dist else VisionTransformer)(**timm_model_kwargs(cfg))
     if state is not None:
         model.load_state_dict({k: numpy_to_tensor(np.asarray(v)) for k, v in state.items()}, strict=True)
     return model.eval()

@@ -473,7 +473,7 @@ def save_checkpoint(
     report.written, report.written_format = str(path), f.name
     report.warnings += _read_back(f, enc, assumed)
     f.write(path, enc, writers)
-    report.load_call = f.load_call(path, enc.cfg)
+    report.load_call = enc.load_call or f.load_call(path, enc.cfg)
     return report
 
 

@@ -11,7 +11,16 @@ format modules never import it, so the registry sits above them.
 
 from __future__ import annotations
 
-from vit_common.checkpoints.formats import big_vision, canonical, hf, hf_families, orbax, original_vit, timm
+from vit_common.checkpoints.formats import (
+    big_vision,
+    canonical,
+    eva_originals,
+    hf,
+    hf_families,
+    orbax,
+    original_vit,
+    timm,
+)
 from vit_common.checkpoints.formats.protocol import Format
 
 REGISTRY: dict[str, Format] = {
@@ -21,6 +30,7 @@ REGISTRY: dict[str, Format] = {
         canonical.FORMAT,
         hf_families.FORMAT,
         hf.FORMAT,
+        eva_originals.FORMAT,
         timm.FORMAT,
         original_vit.FORMAT,
         big_vision.FORMAT,

@@ -97,7 +97,8 @@ class Encoded:
     ``shared``: a safetensors file already on disk holding exactly ``tensors``, whose bytes the written
     file shares (``vit_common.system.io.share_file``) instead of a second copy; None writes them.
     ``shard_size``: the most bytes a weights file of a folder format holds (an HF folder's shards,
-    ``--shard-size``); None: one file.
+    ``--shard-size``); None: one file. ``load_call``: the library code loading the written file, where it
+    depends on write options (a timm Eva's q/k/v spelling); '' leaves it to ``Format.load_call``.
     """
 
     cfg: ViTConfig
@@ -109,6 +110,7 @@ class Encoded:
     json_files: dict[str, dict] = field(default_factory=dict)
     shared: Path | None = None
     shard_size: int | None = None
+    load_call: str = ""
 
 
 Writer = Callable[..., Any]

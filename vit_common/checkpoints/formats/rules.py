@@ -244,12 +244,12 @@ def norm_and_bias_checks(cfg: ViTConfig) -> dict[str, bool]:
 
 def rope_family_fields(cfg: ViTConfig) -> list[str]:
     """The choices of the RoPE backbones (DINOv3, PE, EVA-02, RoPE-ViT) that ``cfg`` makes, one line each:
-    what the formats written for plain ViTs (timm VisionTransformer, HF ViT and its families, .npz) cannot
-    hold; written as our safetensors, a DINOv3 one as transformers dinov3_vit."""
+    what the formats written for plain ViTs (HF ViT and its families, .npz) cannot hold; written as our
+    safetensors, as timm's Eva (``timm_eva``), a DINOv3 one as transformers dinov3_vit."""
     return unsupported(
         "",
         {
-            f"rope={cfg.rope!r} (rotary position embeddings: write canonical safetensors)": cfg.rope != "none",
+            f"rope={cfg.rope!r} (rotary position embeddings: write canonical safetensors or timm)": cfg.rope != "none",
             "k_bias=False (q and v biases without a key bias)": cfg.qkv_bias and not cfg.k_bias,
             "attn_inner_norm (a LayerNorm inside attention)": cfg.attn_inner_norm,
             "mlp_inner_norm (a LayerNorm inside the MLP)": cfg.mlp_inner_norm,

@@ -15,17 +15,30 @@ holds the state_dict reading and the one mapping from a ViTConfig to timm's keyw
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Reference, Source, WriteOptions, writer
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
-from vit_common.checkpoints.formats.rules import materialize_posemb, refuse, rope_family_fields, zero_head_bias
+from vit_common.checkpoints.formats.rules import materialize_posemb, refuse, zero_head_bias
 from vit_common.checkpoints.formats.source import TORCH_SUFFIXES, read_safetensors
 from vit_common.checkpoints.formats.stored_config import assumed_meta, config_from_json, decode_stored
 from vit_common.checkpoints.formats.tensors import TensorMap, dtype_of
+from vit_common.checkpoints.formats.timm_eva import (
+    EvaLayout,
+    canonical_to_eva,
+    default_layout,
+    drop_stored_periods,
+    eva_cannot_hold,
+    eva_load_call,
+    eva_name,
+    eva_to_canonical,
+    is_eva,
+    layout_note,
+    source_choices,
+)
 from vit_common.checkpoints.formats.timm_hub import (
     HUB_WEIGHTS,
     hub_config,
@@ -57,7 +70,9 @@ def _hub_folder(path: Path) -> bool:
 class TimmWriteOptions(WriteOptions):
     """How a timm file or hub folder is written: ``weights_from``, a .safetensors file already holding
     exactly the tensors to write (ours or timm's: a run's model.safetensors), whose bytes the file (a
-    folder's model.safetensors) shares instead of a copy (``vit_common.system.io.share_file``)."""
+    folder's model.safetensors) shares instead of a copy (``vit_common.system.io.share_file``); for a RoPE
+    backbone (timm's ``Eva``, ``timm_eva``), ``eva_qkv`` ('fused' | 'split'; '' the source's, else fused)
+    and ``architecture`` (the timm model name; '' the source's, else its family's: ``timm_eva.eva_name``)."""
 
     weights_from: str = field(
         default="",
@@ -65,6 +80,24 @@ class TimmWriteOptions(WriteOptions):
             "flag": "--timm-weights-from",
             "help": "a .safetensors file holding exactly these tensors (e.g. a run's model.safetensors): the "
             "timm file or folder shares its bytes (a hard link, else a symbolic link) instead of a copy",
+        },
+    )
+    eva_qkv: str = field(
+        default="",
+        metadata={
+            "flag": "--timm-eva-qkv",
+            "choices": ("", "fused", "split"),
+            "help": "a RoPE backbone (timm Eva): attention as one qkv projection (fused) or q_proj/k_proj/v_proj "
+            "(split, as eva02_base); default: the source's spelling, else fused",
+        },
+    )
+    architecture: str = field(
+        default="",
+        metadata={
+            "flag": "--timm-architecture",
+            "help": "a RoPE backbone (timm Eva): the timm Eva model name the load call builds (every keyword is "
+            "spelled out; a hub folder's name also fixes the LayerNorm eps, so it must build the model's); "
+            "default: the source hub folder's, else its family's",
         },
     )
 
@@ -113,11 +146,11 @@ class Timm(Format):
             return read_hub(src, opts)
         if src.meta.get(META_TAG[0]) == META_TAG[1] and "vit_config" in src.meta:
             cfg, notes = config_from_json(src.meta["vit_config"], src.context)
-            tensors, more = normalise_keys(src.tensors)
+            tensors, more = normalise_keys(eva_to_canonical(src.tensors))
             dec = decode_stored(
                 cfg,
                 tensors,
-                "timm state_dict, config in metadata",
+                f"timm state_dict, config in metadata{layout_note(src.tensors)}",
                 src.context,
                 "config in the file's metadata",
                 src.meta.get(ASSUMED_KEY),
@@ -129,9 +162,16 @@ class Timm(Format):
         )
 
     def cannot_hold(self, cfg: ViTConfig) -> list[str]:
-        """``timm_cannot_hold`` and the RoPE families' fields, except a bias-free head, which ``encode``
-        writes with a zero bias (``rules.zero_head_bias``)."""
-        return timm_cannot_hold(cfg.replace(head_bias=True)) + rope_family_fields(cfg)
+        """``timm_cannot_hold`` (a RoPE backbone: ``timm_eva.eva_cannot_hold``), except a bias-free head,
+        which ``encode`` writes with a zero bias (``rules.zero_head_bias``)."""
+        cfg = cfg.replace(head_bias=True)
+        return eva_cannot_hold(cfg) if is_eva(cfg) else timm_cannot_hold(cfg)
+
+    def complete_options(self, options: TimmWriteOptions, source) -> TimmWriteOptions:
+        """The q/k/v spelling and the timm Eva name of a source timm file or hub folder (its report's
+        layout line, ``timm_eva.source_choices``) where ``options`` leave them unset."""
+        name, qkv = source_choices(getattr(source, "layout", "") or "")
+        return replace(options, eva_qkv=options.eva_qkv or qkv, architecture=options.architecture or name)
 
     def declared(self, src: Source) -> Declared:
         """A hub folder's config.json ``pretrained_cfg`` and ``label_names``; a file's metadata otherwise."""
@@ -170,12 +210,24 @@ class Timm(Format):
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=False)
         cfg, state, more = zero_head_bias(cfg, state)
         notes += more
+        eva = is_eva(cfg)
+        if eva:
+            cfg, state, more = drop_stored_periods(cfg, state)
+            notes += more
         tensors = {k: state[k] for k in canonical_shapes(cfg)}
+        qkv = options.eva_qkv or "fused"
+        if eva:
+            tensors = canonical_to_eva(cfg, tensors, EvaLayout(qkv=qkv, mlp=default_layout(cfg).mlp))
         meta = config = shared = None
         if Path(path).suffix not in TORCH_SUFFIXES:
             meta = {"format": "pt", META_TAG[0]: META_TAG[1], "vit_config": cfg.to_json()} | assumed_meta(assumed)
+        elif eva:
+            notes.append(
+                "a timm .pth holds none of a RoPE model's settings: load it with the load call's timm.create_model "
+                "(a .safetensors file or hub folder keeps the config)"
+            )
         if _hub_folder(path):
-            config = hub_config_json(cfg, assumed)
+            config = hub_config_json(cfg, assumed, qkv, options.architecture)
         if options.weights_from:
             held, why = _shared(options.weights_from, tensors, path)
             notes += [why] if why else []
@@ -184,14 +236,21 @@ class Timm(Format):
                 meta = held if config is None else meta  # a shared file is the shared one, header and all
         enc = Encoded(cfg, dict(state), tensors, config, meta, notes)
         enc.shared = shared
+        if eva and not _hub_folder(path):
+            enc.load_call = eva_load_call(str(path), cfg, qkv, options.architecture or eva_name(cfg))
         return enc
 
     def decode(self, enc: Encoded) -> Decoded:
+        """The written tensors read back with the config in their metadata, else as a timm file that
+        stores none; a RoPE backbone's .pth (which ``read`` refuses) with the config it was written with."""
+        tensors = eva_to_canonical(enc.tensors)
         if enc.meta:
             cfg, _ = config_from_json(enc.meta["vit_config"], "timm read-back")
             return decode_stored(
-                cfg, enc.tensors, "", "timm read-back", "config in the file's metadata", enc.meta.get(ASSUMED_KEY)
+                cfg, tensors, "", "timm read-back", "config in the file's metadata", enc.meta.get(ASSUMED_KEY)
             )
+        if is_eva(enc.cfg):
+            return decode_stored(enc.cfg, tensors, "", "timm read-back", "the load call's create_model keywords")
         return infer(enc.tensors, source_image_size=enc.cfg.image_size, context="timm read-back")
 
     def write(self, path: Path, enc: Encoded, writers) -> None:
@@ -221,7 +280,13 @@ class Timm(Format):
         return _hub_folder(path)
 
     def load_call(self, path: Path, cfg: ViTConfig) -> str:
-        return hub_load_call(path) if _hub_folder(path) else timm_load_call(path, cfg)
+        """timm's strict load of the written file or hub folder (a RoPE backbone's file with timm's
+        defaults, fused q/k/v and its family's name: ``encode`` records the options' own)."""
+        if _hub_folder(path):
+            return hub_load_call(path)
+        if is_eva(cfg):
+            return eva_load_call(str(path), cfg, "fused", eva_name(cfg))
+        return timm_load_call(path, cfg)
 
     def export_name(self, source: Path | None = None) -> str:
         """``model_timm.safetensors``; ``model_timm.pth`` (.pt, .bin) after a PyTorch pickle source, the

@@ -32,6 +32,7 @@ which holds its ``FORMAT``; this module has none).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ from vit_common.checkpoints.formats.protocol import Decoded, Source
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY, common_float_dtype, declared
 from vit_common.checkpoints.formats.rules import refuse, unsupported
 from vit_common.checkpoints.formats.stored_config import config_from_json, decode_stored
-from vit_common.checkpoints.formats.timm_eva import eva_to_canonical
+from vit_common.checkpoints.formats.timm_eva import eva_kwargs, eva_name, eva_to_canonical, is_eva, layout_note
 from vit_common.checkpoints.formats.timm_names import architecture_config, matching_name, timm_version
 from vit_common.checkpoints.formats.timm_state import (
     GELU_TO_TIMM,
@@ -307,6 +308,32 @@ def check_model_args(hub: HubConfig, tensors, where: str) -> None:
         raise FormatError(str(e)) from None
 
 
+# timm entry points with rotary position embeddings (timm eva.py: DINOv3, PE, EVA-02, RoPE-ViT, SBB).
+_ROPE_ARCHITECTURE = re.compile(r"rope|dinov3|^vit_pe_|^eva02")
+
+
+def check_rope_head_dim(hub: HubConfig, tensors, where: str) -> None:
+    """Refuse a RoPE model (``model_args`` ``use_rot_pos_emb``, or a timm RoPE architecture) whose head
+    dimension (``embed_dim``, else the patch embedding's rows, over ``num_heads``) is not divisible by 4,
+    the two axes' rotated pairs, before timm fails inside its tables with a shape error that names neither.
+
+    Raises:
+        FormatError: naming config.json, the sizes and the head dimension.
+    """
+    a = hub.model_args
+    rope = a.get("use_rot_pos_emb", bool(_ROPE_ARCHITECTURE.search(hub.architecture)))
+    heads, width = a.get("num_heads"), a.get("embed_dim")
+    if width is None and np.ndim(tensors.get("patch_embed.proj.weight")) == 4:
+        width = int(np.shape(tensors["patch_embed.proj.weight"])[0])
+    if not rope or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in (heads, width)):
+        return
+    if width % heads or (width // heads) % 4:
+        raise FormatError(
+            f"{where}: model_args num_heads={heads} with embed_dim={width} give head_dim={width / heads:g}; "
+            f"{hub.architecture}'s rotary position embeddings need head_dim divisible by 4 (two axes x rotated pairs)"
+        )
+
+
 def read_hub(src: Source, opts) -> Decoded:
     """Canonical state, config and provenance of a timm hub folder (``src.config`` is its config.json):
     timm's own reading (``opts.readers["timm"]``), else the config our writer put in the weights' header,
@@ -318,13 +345,14 @@ def read_hub(src: Source, opts) -> Decoded:
     """
     where = str(src.path / "config.json")
     hub = hub_config(src.config or {}, where)
-    layout = f"timm hub folder, architecture {hub.architecture}"
+    layout = f"timm hub folder, architecture {hub.architecture}{layout_note(src.tensors)}"
     reader = (opts.readers or {}).get("timm")
-    tensors, notes = normalise_keys(src.tensors)
+    # a timm Eva's LayerScale, split q/k/v and SwiGLU (identity for a plain ViT), then DDP's prefix
+    tensors, notes = normalise_keys(eva_to_canonical(src.tensors))
     check_model_args(hub, tensors, where)  # before timm builds a module per declared block
+    check_rope_head_dim(hub, tensors, where)  # before timm fails inside its rotary tables
     cfg = reader(src.path) if reader is not None else None
     if cfg is not None:
-        tensors = eva_to_canonical(tensors)  # a timm Eva's split q/k/v and SwiGLU (identity for a plain ViT)
         dt = common_float_dtype(tensors)
         if dt in ("float32", "float64", "bfloat16", "float16"):
             cfg = cfg.replace(param_dtype=dt)
@@ -394,22 +422,34 @@ def hub_preprocess(hub: HubConfig, where: str) -> Preprocess | None:
         raise FormatError(f"{where}: pretrained_cfg preprocessing is invalid ({e})") from e
 
 
-def hub_config_json(cfg: ViTConfig, assumed=()) -> dict[str, Any]:
+def hub_config_json(cfg: ViTConfig, assumed=(), qkv: str = "fused", architecture: str = "") -> dict[str, Any]:
     """The config.json of a timm hub folder holding ``cfg`` (as timm's ``save_config_for_hf`` lays it
     out): the architecture of its eps (``HUB_ARCHITECTURES``; ``HUB_DISTILLED`` for DeiT's distilled
     head), every keyword of ``timm_kwargs`` as ``model_args`` (tuples as lists, drop rates left out as timm
     leaves them out), and a ``pretrained_cfg`` with the input size; ``assumed`` fields under
-    ``ASSUMED_KEY`` (timm ignores the key).
+    ``ASSUMED_KEY`` (timm ignores the key). A RoPE backbone (``timm_eva.is_eva``) is timm's ``Eva``: the
+    name ``timm_eva.eva_name`` picks (``architecture``, the source's, where it builds the same eps) and
+    ``timm_eva.eva_kwargs`` with ``qkv`` ('fused' | 'split') as ``model_args``.
 
     Raises:
         ValueError: timm cannot build ``cfg``, or no architecture has its LayerNorm eps.
     """
-    refuse("timm hub folder", hub_cannot_hold(cfg))
-    kw = timm_kwargs(cfg)
-    kw.pop("norm_eps"), kw.pop("norm_class")
-    if kw["proj_bias"]:  # timm's default
-        kw.pop("proj_bias")
-    args = {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items() if not k.endswith("drop_rate")}
+    if is_eva(cfg):
+        arch = eva_name(cfg, architecture)
+        if arch is None:
+            raise ValueError(
+                f"the timm hub folder format cannot hold this model: ln_eps={cfg.ln_eps!r} (config.json names a "
+                "timm Eva architecture, whose LayerNorm eps is 1e-6 or 1e-5; a timm .safetensors file can hold it)"
+            )
+        args = {k: v for k, v in eva_kwargs(cfg, qkv).items() if not k.endswith("drop_rate")}
+    else:
+        refuse("timm hub folder", hub_cannot_hold(cfg))
+        kw = timm_kwargs(cfg)
+        kw.pop("norm_eps"), kw.pop("norm_class")
+        if kw["proj_bias"]:  # timm's default
+            kw.pop("proj_bias")
+        args = {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items() if not k.endswith("drop_rate")}
+        arch = hub_architecture(cfg)
     pcfg = {
         "input_size": [cfg.in_chans, *cfg.image_size],
         "fixed_input_size": not cfg.dynamic_img_size,
@@ -418,12 +458,8 @@ def hub_config_json(cfg: ViTConfig, assumed=()) -> dict[str, Any]:
         "classifier": ["head", "head_dist"] if cfg.head_dist else "head",
         "custom_load": False,
     }
-    config = {
-        "architecture": hub_architecture(cfg),
-        "num_classes": cfg.num_classes,
-        "num_features": cfg.features_dim,
-    }
-    if POOL_TO_TIMM[cfg.pool]:
+    config = {"architecture": arch, "num_classes": cfg.num_classes, "num_features": cfg.features_dim}
+    if POOL_TO_TIMM.get(cfg.pool):
         config["global_pool"] = POOL_TO_TIMM[cfg.pool]
     config |= {"model_args": args, "pretrained_cfg": pcfg}
     return config | ({ASSUMED_KEY: sorted(assumed)} if assumed else {})
