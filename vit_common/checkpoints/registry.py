@@ -11,7 +11,16 @@ format modules never import it, so the registry sits above them.
 
 from __future__ import annotations
 
-from vit_common.checkpoints.formats import big_vision, canonical, hf, hf_families, orbax, original_vit, timm
+from vit_common.checkpoints.formats import (
+    big_vision,
+    canonical,
+    hf,
+    hf_dinov3,
+    hf_families,
+    orbax,
+    original_vit,
+    timm,
+)
 from vit_common.checkpoints.formats.protocol import Format
 
 REGISTRY: dict[str, Format] = {
@@ -20,6 +29,7 @@ REGISTRY: dict[str, Format] = {
         orbax.FORMAT,
         canonical.FORMAT,
         hf_families.FORMAT,
+        hf_dinov3.FORMAT,
         hf.FORMAT,
         timm.FORMAT,
         original_vit.FORMAT,
