@@ -14,6 +14,7 @@ from __future__ import annotations
 from vit_common.checkpoints.formats import (
     big_vision,
     canonical,
+    dinov3_original,
     hf,
     hf_dinov3,
     hf_families,
@@ -31,6 +32,7 @@ REGISTRY: dict[str, Format] = {
         hf_families.FORMAT,
         hf_dinov3.FORMAT,
         hf.FORMAT,
+        dinov3_original.FORMAT,
         timm.FORMAT,
         original_vit.FORMAT,
         big_vision.FORMAT,
