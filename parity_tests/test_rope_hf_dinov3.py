@@ -90,6 +90,11 @@ def test_dinov3_vit_refusals_name_the_key(tmp_path, small_cfg, random_state):
         hf_dinov3.dinov3_config({"hidden_size": 40, "num_attention_heads": 4})
     with pytest.raises(ValueError, match="config.json proj_bias='no' is not a bool"):
         hf_dinov3.dinov3_config({"proj_bias": "no"})
+    transformers.DINOv3ViTModel(transformers.DINOv3ViTConfig(**TINY | dict(num_hidden_layers=1))).save_pretrained(
+        tmp_path / "hf"
+    )
+    with pytest.raises(ValueError, match="a dinov3_vit folder stores no periods"):
+        load_checkpoint(tmp_path / "hf", rope_periods="stored")
     lacks = "posemb='learn' .dinov3_vit has 'none'.; rope='none' .dinov3_vit has 'dinov3'.; num_classes=10"
     with pytest.raises(ValueError, match=f"cannot hold this model: {lacks}"):
         save_checkpoint(tmp_path / "a", small_cfg, random_state(small_cfg), "hf_dinov3")
