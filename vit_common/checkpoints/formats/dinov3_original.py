@@ -301,8 +301,7 @@ class Dinov3Original(Format):
 
     name = "dinov3_original"
     description = "Meta's original DINOv3 state_dict (.pth, torch.hub keys)"
-    suffixes = (".pth",)
-    framework = "torch"
+    framework = "torch"  # no suffix of its own: a .pth is timm's unless --to dinov3_original
     signature = f"storage_tokens and {PERIODS}"
     assumed_preprocess = Preprocess(IMAGENET_MEAN, IMAGENET_STD, "bilinear", 1.0, "squash")
     assumed_why = "Meta's DINOv3 evaluation transform: ImageNet mean/std, a bilinear resize"
@@ -335,6 +334,9 @@ class Dinov3Original(Format):
 
     def write(self, path: Path, enc: Encoded, writers) -> None:
         writer(writers, "torch", path)(path, enc.tensors)
+
+    def export_name(self, source=None) -> str:
+        return "model_dinov3_original.pth"
 
 
 FORMAT = Dinov3Original()
