@@ -230,6 +230,26 @@ def test_bad_aimv2_folders_are_refused_naming_what(tmp_path):
             load_checkpoint(tmp_path / "hf")
 
 
+def test_aimv2_folder_without_use_head_or_head_tensors_gives_every_token(tmp_path, images):
+    """config.json without ``use_head`` and no ``head.*`` tensors: pool 'none' (derived from the tensors),
+    equal to transformers' every token; the probe with a q/v-only bias is refused (its kv bias is qkv_bias)."""
+    import json
+
+    model = _hf(tmp_path, "hf", image_size=28, use_head=False)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    del config["use_head"]
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    ckpt = load_checkpoint(tmp_path / "hf", strict=True)
+    assert ckpt.cfg.pool == "none" and ckpt.report.provenance["pool"].kind == "derived"
+    x = images(1, (28, 28))
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).last_hidden_state.numpy()
+    for out, _ in _twins(ckpt.cfg, ckpt.state, x):
+        _assert_close("every token", out, ref)
+    with pytest.raises(ValueError, match="pool='probe' with qkv_bias=True, k_bias=False"):
+        ckpt.cfg.replace(pool="probe", qkv_bias=True, k_bias=False)
+
+
 @pytest.mark.slow  # ~35 s on 2 busy cores, JAX's compilation of the train step
 def test_aimv2_style_training_steps_agree_in_both_twins(x64, tiny_cfg, tiny_dataset):
     """Three optimizer steps of both twins on an AIMv2-style model (RMSNorm, a patch norm, no projection

@@ -252,13 +252,13 @@ HF_FAMILY_CASES = {
     ),
     "aimv2_native": ("Aimv2VisionModel", "Aimv2VisionConfig", dict(is_native=True, use_head=False), "v4", (32, 32)),
     "aimv2_two_tower": ("Aimv2Model", "Aimv2Config", dict(intermediate_size=88), "v4", (32, 32)),
+    "dinov3": ("DINOv3ViTModel", "DINOv3ViTConfig", dict(num_register_tokens=2), "v4", (32, 32)),  # hf_dinov3
 }
 HF_FAMILY_REFUSED = {  # case -> (architecture, config class, the words of the refusal)
     "clip_classify": ("CLIPForImageClassification", "CLIPConfig", "a classifier on the mean of un-normalised"),
     "vit_mae_pretraining": ("ViTMAEForPreTraining", "ViTMAEConfig", "ViT-MAE's masked-image-modelling decoder"),
     "dinov2_backbone": ("Dinov2Backbone", "Dinov2Config", "a multi-stage backbone output"),
     "data2vec_vision": ("Data2VecVisionModel", "Data2VecVisionConfig", "relative position tables and q/v biases"),
-    "dinov3": ("DINOv3ViTModel", "DINOv3ViTConfig", "rotary position embeddings (DINOv3)"),
     "siglip2_naflex": ("Siglip2VisionModel", "Siglip2VisionConfig", "NaFlex variable-resolution patches"),
 }
 
@@ -477,9 +477,9 @@ def test_transformers_family_folder(case, tmp_path, perturb, images):
     x = images(1, size)
     ref = _family_output(model, arch, x)
     ckpt = load_checkpoint(tmp_path / "hf", strict=True, **({"image_size": size} if size != (32, 32) else {}))
-    assert (
-        ckpt.report.format == "hf_family" and ckpt.report.layout == f"{arch}, {'v5' if how == 'v5' else 'v4'} key names"
-    )
+    layout = "layer.{i}" if arch == "DINOv3ViTModel" else "v5" if how == "v5" else "v4"
+    fmt = "hf_dinov3" if arch == "DINOv3ViTModel" else "hf_family"
+    assert ckpt.report.format == fmt and ckpt.report.layout == f"{arch}, {layout} key names"
     assert ckpt.report.assumed == [] and _equal(_twins(ckpt, x), ref)
 
 

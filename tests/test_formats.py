@@ -499,16 +499,8 @@ def test_output_format_from_suffix():
     ]
     with pytest.raises(ValueError, match="hf or orbax"):
         output_format("some_folder")
-    assert set(FORMATS) == {
-        "canonical",
-        "timm",
-        "hf",
-        "hf_family",
-        "original_vit",
-        "big_vision",
-        "orbax",
-        "eva_original",
-    }
+    formats = "canonical timm hf hf_family hf_dinov3 dinov3_original original_vit big_vision orbax eva_original"
+    assert set(FORMATS) == set(formats.split())
 
 
 # ------------------------------------------------------------------------------------ atomicity

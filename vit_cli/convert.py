@@ -40,13 +40,14 @@ def _setting(text: str) -> tuple[str, object]:
         return key, value
 
 
-def add_checkpoint_arguments(p: argparse.ArgumentParser, set_also: str = "") -> None:
+def add_checkpoint_arguments(p: argparse.ArgumentParser, set_also: str = "", rope_periods: bool = True) -> None:
     """What every command that reads a checkpoint takes: ``--set FIELD=VALUE`` (repeatable; ->
     ``args.settings``, a list of (field, value) config overrides; ``set_also``: what else it does in
-    this command), ``--source-image-size`` (the size a file that stores none was trained at) and
-    ``--strict`` (refuse to assume) and ``--weights-entry`` (which weights of a training checkpoint:
-    applied around the whole command by ``vit_cli.main``). ``checkpoint_options(args)`` turns the others
-    into ``load_checkpoint`` / ``load_model`` keywords."""
+    this command), ``--source-image-size`` (the size a file that stores none was trained at),
+    ``--rope-periods`` (DINOv3's stored or recomputed periods; not added where ``rope_periods`` is False,
+    a parser with the ViTConfig field's own flag), ``--strict`` (refuse to assume) and ``--weights-entry``
+    (which weights of a training checkpoint: applied around the whole command by ``vit_cli.main``).
+    ``checkpoint_options(args)`` turns the others into ``load_checkpoint`` / ``load_model`` keywords."""
     p.add_argument(
         "--set",
         dest="settings",
@@ -72,6 +73,14 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser, set_also: str = "") -> 
         "state_dict_ema, model_ema, state_dict, model or module; auto (default) takes the EMA weights when "
         "present, as timm's own loader does; the choice is printed as a warning",
     )
+    if rope_periods:
+        p.add_argument(
+            "--rope-periods",
+            dest="read_periods",
+            choices=("stored", "recomputed"),
+            help="DINOv3 RoPE periods: the checkpoint's stored values (Meta's files: rounded to bfloat16, the "
+            "original's numbers; their default) or recomputed in float32 as timm and transformers do",
+        )
     p.add_argument(
         "--strict",
         action="store_true",
@@ -114,6 +123,8 @@ def add_accept_assumed(p: argparse.ArgumentParser) -> None:
 def checkpoint_options(args: argparse.Namespace) -> dict:
     """``load_checkpoint`` keywords from ``add_checkpoint_arguments``' flags."""
     options = dict(args.settings)
+    if getattr(args, "read_periods", None) is not None:
+        options["rope_periods"] = {"stored": "stored", "recomputed": "computed"}[args.read_periods]
     if args.source_image_size is not None:
         options["source_image_size"] = args.source_image_size
     if args.strict:

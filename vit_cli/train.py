@@ -149,7 +149,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         TrainConfig,
         only=("init", "init_optimizer", "freeze", "layer_decay", "lora", "lora_alpha", "lora_dropout", "lora_targets"),
     )
-    add_checkpoint_arguments(f, set_also="; without --init, a field of the new model, e.g. gelu or ln_eps")
+    add_checkpoint_arguments(
+        f, set_also="; without --init, a field of the new model, e.g. gelu or ln_eps", rope_periods=False
+    )
     add_accept_assumed(f)
     pre = p.add_argument_group(
         "preprocessing (default: the checkpoint's with --init, else [-1, 1], see vit_common.data.images)"

@@ -382,6 +382,11 @@ class ViTConfig(Accounting):
         if self.map_heads and self.width % self.map_heads:
             raise ValueError(f"map_heads={self.map_heads} does not divide width={self.width}")
         check_config(self)
+        if self.pool == "probe" and self.qkv_bias and not self.k_bias:
+            raise ValueError(
+                "pool='probe' with qkv_bias=True, k_bias=False: the probe's kv projection takes its k and v "
+                "biases together from qkv_bias (HF AIMv2); a q/v-only bias has no probe"
+            )
         if self.mlp_type == "swiglu" and self.pool == "map":
             raise ValueError("mlp_type='swiglu' with pool='map': the MAP head's MLP would be ambiguous; use one")
         if self.dist_token and not self.class_token:

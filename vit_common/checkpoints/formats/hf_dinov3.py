@@ -22,13 +22,26 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.hf import HfWriteOptions, HuggingFace
+from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Source
+from vit_common.checkpoints.formats.provenance import (
+    ASSUMED_KEY,
+    Origin,
+    build_config,
+    carried_assumptions,
+    common_float_dtype,
+    declared,
+)
+from vit_common.checkpoints.formats.rules import check_canonical, refuse
 from vit_common.checkpoints.formats.tensors import Tensor, TensorMap, concat_rows, dtype_of, row_slice
 from vit_common.config import ViTConfig
+from vit_common.data.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
 MODEL_TYPE = "dinov3_vit"
 _GELU = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "quick_gelu": "quick"}
@@ -52,19 +65,46 @@ DEFAULTS: dict[str, Any] = dict(
     use_gated_mlp=False,
     num_register_tokens=0,
 )
+# What the model type fixes: the ViTConfig fields no config.json key changes.
+FIXED: dict[str, Any] = dict(
+    class_token=True,
+    posemb="none",
+    pool="token",
+    rope="dinov3",
+    rope_layout="half",
+    rope_normalize="separate",
+    rope_grid_offset=0.0,
+    rope_grid_indexing="ij",
+    rope_periods="computed",
+    rope_ref_grid=None,
+    norm_pre=False,
+    patch_bias=True,
+    final_norm=True,
+    fc_norm=False,
+    qk_norm=False,
+    attn_inner_norm=False,
+    mlp_inner_norm=False,
+    dist_token=False,
+    rep_size=0,
+    norm="layernorm",
+    patch_norm=False,
+)
+_MASK = "embeddings.mask_token"
 
 
-def dinov3_config(config: Mapping[str, Any], context: str = "dinov3_vit") -> ViTConfig:
-    """The ViTConfig of a ``dinov3_vit`` config.json (a missing key is transformers' default).
-
-    Raises:
-        FormatError: a bias-free output projection or MLP, a k bias without q/v biases, q and v biases
-            that differ, or a gated MLP whose activation is not SiLU: each named.
-    """
+def _fields(config: Mapping[str, Any], context: str) -> tuple[dict[str, Any], dict[str, Origin]]:
+    """ViTConfig fields of a ``dinov3_vit`` config.json and their origins (a missing key is transformers'
+    default, declared too: that is what transformers builds)."""
+    for key, v in config.items():
+        kind = type(DEFAULTS.get(key, v))
+        if isinstance(v, bool) != (kind is bool) or not isinstance(v, (int, float) if kind is float else kind):
+            raise FormatError(f"{context}: config.json {key}={v!r} is not a {kind.__name__}")
     c = {**DEFAULTS, **config}
-    for key in ("proj_bias", "mlp_bias"):
-        if not c[key]:
-            raise FormatError(f"{context}: config.json {key}=False; the twins' projections have biases")
+
+    def origin(*keys: str) -> Origin:
+        given = [k for k in keys if k in config]
+        return declared(f"config.json {', '.join(given)}") if given else declared(f"transformers' default {keys[0]}")
+
     if c["query_bias"] != c["value_bias"] or (c["key_bias"] and not c["query_bias"]):
         raise FormatError(
             f"{context}: config.json query_bias={c['query_bias']}, key_bias={c['key_bias']}, value_bias="
@@ -73,64 +113,84 @@ def dinov3_config(config: Mapping[str, Any], context: str = "dinov3_vit") -> ViT
     act = c["hidden_act"]
     if c["use_gated_mlp"] and act != "silu" or not c["use_gated_mlp"] and act not in _GELU:
         raise FormatError(f"{context}: config.json hidden_act={act!r} with use_gated_mlp={c['use_gated_mlp']}")
+    read = {  # field -> (value, config.json keys)
+        "image_size": (c["image_size"], ("image_size",)),
+        "patch_size": (c["patch_size"], ("patch_size",)),
+        "in_chans": (c["num_channels"], ("num_channels",)),
+        "width": (c["hidden_size"], ("hidden_size",)),
+        "depth": (c["num_hidden_layers"], ("num_hidden_layers",)),
+        "num_heads": (c["num_attention_heads"], ("num_attention_heads",)),
+        "mlp_dim": (c["intermediate_size"], ("intermediate_size",)),
+        "mlp_type": ("swiglu" if c["use_gated_mlp"] else "plain", ("use_gated_mlp",)),
+        "gelu": (_GELU.get(act, "exact"), ("hidden_act",)),
+        "qkv_bias": (bool(c["query_bias"]), ("query_bias", "value_bias")),
+        "k_bias": (bool(c["key_bias"]) or not c["query_bias"], ("key_bias",)),
+        "proj_bias": (bool(c["proj_bias"]), ("proj_bias",)),
+        "mlp_bias": (bool(c["mlp_bias"]), ("mlp_bias",)),
+        "ln_eps": (float(c["layer_norm_eps"]), ("layer_norm_eps",)),
+        "reg_tokens": (c["num_register_tokens"], ("num_register_tokens",)),
+        "rope_temperature": (float(c["rope_theta"]), ("rope_theta",)),
+    }
+    fields = {k: v for k, (v, _) in read.items()}
+    prov = {k: origin(*keys) for k, (_, keys) in read.items()}
+    fields |= FIXED | {"num_classes": 0, "layer_scale": 1.0, "dynamic_img_size": True}  # + run-time fields
+    prov |= dict.fromkeys([*FIXED, "num_classes"], declared(f"model_type {MODEL_TYPE!r}"))
+    return fields, prov
+
+
+def dinov3_config(config: Mapping[str, Any], context: str = "dinov3_vit") -> ViTConfig:
+    """The ViTConfig of a ``dinov3_vit`` config.json (a missing key is transformers' default).
+
+    Raises:
+        FormatError: a config.json value of the wrong type, a k bias without q/v biases, q and v biases
+            that differ, a gated MLP whose activation is not SiLU, an invalid combination: each named.
+    """
+    fields, _ = _fields(config, context)
     try:
-        return ViTConfig(
-            image_size=c["image_size"],
-            patch_size=c["patch_size"],
-            in_chans=c["num_channels"],
-            num_classes=0,
-            width=c["hidden_size"],
-            depth=c["num_hidden_layers"],
-            num_heads=c["num_attention_heads"],
-            mlp_dim=c["intermediate_size"],
-            mlp_type="swiglu" if c["use_gated_mlp"] else "plain",
-            gelu=_GELU.get(act, "exact"),
-            qkv_bias=bool(c["query_bias"]),
-            k_bias=bool(c["key_bias"]) or not c["query_bias"],
-            ln_eps=float(c["layer_norm_eps"]),
-            pool="token",
-            reg_tokens=c["num_register_tokens"],
-            posemb="none",
-            rope="dinov3",
-            rope_temperature=float(c["rope_theta"]),
-            rope_layout="half",
-            layer_scale=1.0,
-            dynamic_img_size=True,
-        )
+        return ViTConfig(**fields)
     except ValueError as e:
         raise FormatError(f"{context}: {e}") from e
 
 
+def read_dinov3(
+    tensors: TensorMap, config: Mapping[str, Any], *, overrides: Mapping[str, Any] = (), context: str = "dinov3_vit"
+) -> Decoded:
+    """Config, canonical state and provenance of a ``dinov3_vit`` folder's tensors (file or in-memory
+    names) and config.json; ``overrides`` are config fields the caller gives.
+
+    Raises:
+        FormatError: what ``dinov3_config`` refuses; ``rope_periods='stored'`` (the folder stores none).
+        StateMismatchError: tensors missing, unexpected or of the wrong shape for the declared config.
+    """
+    fields, prov = _fields(config, context)
+    dt = common_float_dtype(tensors)
+    if dt in ("float32", "float64", "bfloat16", "float16"):
+        fields["param_dtype"] = dt
+    carried_assumptions(config.get(ASSUMED_KEY), prov, context)
+    if dict(overrides).get("rope_periods", "computed") != "computed":
+        raise FormatError(
+            f"{context}: rope_periods={overrides['rope_periods']!r}, but a dinov3_vit folder stores no periods "
+            "(transformers recomputes them in float32): expected recomputed"
+        )
+    cfg = build_config(fields, prov, dict(overrides), context, tensors)
+    dropped = [(k, "mask token of masked-image modelling; unused for images") for k in tensors if k == _MASK]
+    state = to_canonical(cfg, tensors)
+    check_canonical(cfg, state, context)
+    spelling = "model.layer.{i}" if any(k.startswith("model.layer.") for k in tensors) else "layer.{i}"
+    return Decoded(cfg, state, f"DINOv3ViTModel, {spelling} key names", prov, dropped, model_type=MODEL_TYPE)
+
+
 def cannot_hold(cfg: ViTConfig) -> list[str]:
     """Why a ``dinov3_vit`` folder cannot hold ``cfg``'s function, one line per reason ([] if it can)."""
-    want = dict(
-        rope="dinov3",
-        rope_layout="half",
-        rope_normalize="separate",
-        rope_grid_offset=0.0,
-        rope_grid_indexing="ij",
-        rope_periods="computed",
-        class_token=True,
-        posemb="none",
-        norm_pre=False,
-        patch_bias=True,
-        final_norm=True,
-        fc_norm=False,
-        pool="token",
-        num_classes=0,
-        qk_norm=False,
-        attn_inner_norm=False,
-        mlp_inner_norm=False,
-        dist_token=False,
-        rep_size=0,
-        norm="layernorm",
-        patch_norm=False,
-        proj_bias=True,
-        mlp_bias=True,
-    )
+    inert = cfg.inert_fields()
+    want = {k: v for k, v in FIXED.items() if k != "rope_periods" and k not in inert} | {"num_classes": 0}
     out = [f"{k}={getattr(cfg, k)!r} (dinov3_vit has {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
+    if cfg.rope == "dinov3" and cfg.rope_periods == "stored":
+        out.append("rope_periods='stored' (dinov3_vit recomputes the periods: read with --rope-periods recomputed)")
     if cfg.mlp_type == "plain" and cfg.gelu != "exact":
         out.append(f"gelu={cfg.gelu!r} (written as hidden_act: only 'exact' is written)")
+    if cfg.image_size[0] != cfg.image_size[1] or cfg.patch_size[0] != cfg.patch_size[1]:
+        out.append(f"image_size={cfg.image_size}, patch_size={cfg.patch_size} (dinov3_vit holds square sizes)")
     return out
 
 
@@ -199,8 +259,11 @@ def from_canonical(cfg: ViTConfig, state: TensorMap) -> dict[str, Tensor]:
             elif n != "k" and f"{b}.attn.{n}_bias" in state:
                 out[f"{a}.attention.{n}_proj.bias"] = state[f"{b}.attn.{n}_bias"]
         for leaf in ("weight", "bias"):
-            out[f"{a}.attention.o_proj.{leaf}"] = state[f"{b}.attn.proj.{leaf}"]
             out[f"{a}.norm1.{leaf}"], out[f"{a}.norm2.{leaf}"] = state[f"{b}.norm1.{leaf}"], state[f"{b}.norm2.{leaf}"]
+            if leaf == "weight" or cfg.proj_bias:
+                out[f"{a}.attention.o_proj.{leaf}"] = state[f"{b}.attn.proj.{leaf}"]
+            if leaf == "bias" and not cfg.mlp_bias:
+                continue
             fc1 = state[f"{b}.mlp.fc1.{leaf}"]
             if cfg.mlp_type == "swiglu":
                 out[f"{a}.mlp.gate_proj.{leaf}"] = row_slice(fc1, 0, f)
@@ -216,12 +279,7 @@ def from_canonical(cfg: ViTConfig, state: TensorMap) -> dict[str, Tensor]:
 
 def config_json(cfg: ViTConfig) -> dict[str, Any]:
     """config.json of a ``DINOv3ViTModel`` holding ``cfg`` (``cannot_hold`` empty)."""
-    h, w = cfg.image_size
-    ph, pw = cfg.patch_size
-    if h != w or ph != pw:
-        raise FormatError(
-            f"dinov3_vit writes square sizes; got image_size={cfg.image_size}, patch_size={cfg.patch_size}"
-        )
+    (h, _), (ph, _) = cfg.image_size, cfg.patch_size
     return {
         "architectures": ["DINOv3ViTModel"],
         "model_type": MODEL_TYPE,
@@ -239,6 +297,57 @@ def config_json(cfg: ViTConfig) -> dict[str, Any]:
         "query_bias": cfg.qkv_bias,
         "key_bias": cfg.qkv_bias and cfg.k_bias,
         "value_bias": cfg.qkv_bias,
+        "proj_bias": cfg.proj_bias,
+        "mlp_bias": cfg.mlp_bias,
         "num_register_tokens": cfg.reg_tokens,
         "layerscale_value": 1.0,
+        "dtype": cfg.param_dtype,
     }
+
+
+class HfDinov3(HuggingFace):
+    """transformers ``dinov3_vit`` folders (``DINOv3ViTModel``): read, and written with HF ViT's folder
+    layout, preprocessing and class names (``HuggingFace``'s ``write``, ``declared``, ``record_info``)."""
+
+    name = "hf_dinov3"
+    description = "Hugging Face transformers DINOv3 folder (model_type dinov3_vit)"
+    signature = f"a folder whose config.json model_type is {MODEL_TYPE}"
+    assumed_preprocess = Preprocess(IMAGENET_MEAN, IMAGENET_STD, "bilinear", 1.0, "squash")
+    assumed_why = "no preprocessor_config.json; transformers DINOv3ViTImageProcessor defaults"
+
+    def detect(self, src: Source) -> bool:
+        return src.container == "hf_folder" and (src.config or {}).get("model_type") == MODEL_TYPE
+
+    def read(self, src: Source, opts) -> Decoded:
+        return read_dinov3(src.tensors, src.config, overrides=opts.overrides, context=src.context)
+
+    def cannot_hold(self, cfg: ViTConfig) -> list[str]:
+        return cannot_hold(cfg)
+
+    def encode(self, cfg: ViTConfig, state, path: Path, options: HfWriteOptions, assumed=()) -> Encoded:
+        refuse("transformers dinov3_vit", self.cannot_hold(cfg))
+        if options.model_type is not None:
+            raise ValueError(f"model_type={options.model_type!r}: an hf_dinov3 folder is {MODEL_TYPE}")
+        config = config_json(cfg) | ({ASSUMED_KEY: sorted(assumed)} if assumed else {})
+        notes = ["embeddings.mask_token written as zeros (transformers' DINOv3 builds one; images never use it)"]
+        if options.spelling != "v4":
+            notes.append(f"{MODEL_TYPE} has one key spelling; written in it")
+        return Encoded(cfg, state, from_canonical(cfg, state), config, None, notes, shard_size=options.shard_bytes)
+
+    def decode(self, enc: Encoded) -> Decoded:
+        return read_dinov3(enc.tensors, enc.config_json, context="hf_dinov3 read-back")
+
+    def export_name(self, source=None) -> str:
+        return "model_hf_dinov3"
+
+    def load_call(self, path: Path, cfg: ViTConfig) -> str:
+        return "\n".join(
+            [
+                "import transformers",
+                f"model, info = transformers.DINOv3ViTModel.from_pretrained({str(path)!r}, output_loading_info=True)",
+                "assert not any(info.values()), info  # no missing, unexpected or mismatched tensor",
+            ]
+        )
+
+
+FORMAT = HfDinov3()

@@ -51,7 +51,6 @@ _REFUSED_MODEL_TYPES = {
     "beit": "relative position tables and q/v biases",
     "data2vec-vision": "relative position tables and q/v biases",
     "vit_hybrid": "a convolutional stem",
-    "dinov3_vit": "rotary position embeddings (DINOv3)",
     "perception_lm": "rotary position embeddings (Perception Encoder)",
     "pe_video": "rotary position embeddings (Perception Encoder)",
     "siglip2": "NaFlex variable-resolution patches (SigLIP2)",

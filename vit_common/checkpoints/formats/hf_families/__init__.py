@@ -220,7 +220,8 @@ def read_family(
             for k in tensors
             if not k.startswith(keep) and (k.startswith("text_") or k.startswith("logit_"))
         ]
-    f["pool"], prov["pool"], unused_head = fam.read_pool(cj, arch, head, arch_origin, type_origin)
+    has_head = any(k.startswith(prefix + "head.") for k in tensors)
+    f["pool"], prov["pool"], unused_head = fam.read_pool(cj, arch, head, arch_origin, type_origin, has_head)
     if unused_head:  # SigLIP's MAP head
         dropped += [(k, unused_head) for k in tensors if k.startswith(prefix + "head.")]
     mask = prefix + "embeddings.mask_token"

@@ -6,8 +6,9 @@
 blocks of RMSNorms, separate q/k/v/out projections (all four biased iff ``qkv_bias``) and a SwiGLU
 ``ffn`` (``gate_proj``, ``up_proj``, ``down_proj``, biased iff ``mlp_bias``; ``hidden_act`` silu), a final
 ``rms_norm``; the output is the attention probe (``head.*``: pool 'probe') where ``use_head``, else every
-token (pool 'none'). ``Aimv2Model`` (``aimv2``) is read as its ``vision_model.*`` tower with the bias-free
-``visual_projection`` as the head; its text tower and ``logit_scale`` are ignored. Written as
+token (pool 'none'; also where config.json leaves ``use_head`` unset and holds no ``head.*`` tensors).
+``Aimv2Model`` (``aimv2``) is read as its ``vision_model.*`` tower with the bias-free ``visual_projection``
+as the head; its text tower and ``logit_scale`` are ignored. Written as
 ``Aimv2VisionModel``. Sources: transformers 5.24 ``models/aimv2/modeling_aimv2.py`` and
 ``configuration_aimv2.py``.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.hf_families.family import Family, FamilyConfig
-from vit_common.checkpoints.formats.provenance import Origin
+from vit_common.checkpoints.formats.provenance import Origin, derived
 from vit_common.checkpoints.formats.rules import Piece, Rule, copy
 from vit_common.config import ViTConfig
 
@@ -75,13 +76,16 @@ class AIMv2(Family):
         return {"mlp_dim": mlp_dim, "mlp_type": "swiglu"}, {"mlp_dim": mlp_origin, "mlp_type": origin}
 
     def read_pool(
-        self, cj: FamilyConfig, arch: str, head: str, arch_origin: Origin, type_origin: Origin
+        self, cj: FamilyConfig, arch: str, head: str, arch_origin: Origin, type_origin: Origin, has_head: bool = True
     ) -> tuple[str, Origin, str]:
         """The probe where ``use_head`` (transformers' default True) and its tensors are there; every token
-        where config.json says ``use_head=false``. The caller checks the head's tensors (a folder that
-        declares the head without them is refused by its missing-tensor list)."""
+        where config.json says ``use_head=false``, or leaves it unset and the folder holds no ``head.*``
+        tensors. The caller checks the head's tensors (a folder that declares ``use_head=true`` without
+        them is refused by its missing-tensor list)."""
         if head == "project":
             return "probe", arch_origin, ""
+        if "use_head" not in cj.config and not has_head:
+            return "none", derived("no head.* tensors (config.json leaves use_head unset)"), ""
         use_head, origin = cj.get("use_head", (bool,))
         return ("probe" if use_head else "none"), origin, ""
 

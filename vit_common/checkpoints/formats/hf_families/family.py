@@ -121,10 +121,10 @@ class Family:
         return 0, origin
 
     def read_pool(
-        self, cj: FamilyConfig, arch: str, head: str, arch_origin: Origin, type_origin: Origin
+        self, cj: FamilyConfig, arch: str, head: str, arch_origin: Origin, type_origin: Origin, has_head: bool = True
     ) -> tuple[str, Origin, str]:
         """(pool, its origin, why the file's MAP head tensors go unused or ''): the architecture's head kind
-        (``head``; 'project' pools the class token)."""
+        (``head``; 'project' pools the class token). ``has_head``: the folder holds ``head.*`` tensors."""
         return ("token" if head == "project" else head), arch_origin, ""
 
     def holds(self, cfg: ViTConfig) -> str | None:

@@ -23,7 +23,7 @@ class SigLIP(Family):
     """SigLIP's rules: the MAP head as config.json's ``vision_use_head`` says."""
 
     def read_pool(
-        self, cj: FamilyConfig, arch: str, head: str, arch_origin: Origin, type_origin: Origin
+        self, cj: FamilyConfig, arch: str, head: str, arch_origin: Origin, type_origin: Origin, has_head: bool = True
     ) -> tuple[str, Origin, str]:
         """The MAP head, if the folder has one: pool 'none' where ``vision_use_head`` is false; the head's
         tensors unused then, and by the classifier (which pools the mean)."""
