@@ -5,6 +5,7 @@ loaded in both twins; ``vit train-parity --lora`` reports it."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -104,3 +105,55 @@ def test_train_parity_lora_command_reports_the_frozen_weights(tmp_path, tiny_cfg
     assert report["ok"] and report["frozen_changed"] == []
     lora = {"lora": 2, "lora_alpha": 4.0, "lora_dropout": 0.0, "lora_targets": "qkv,proj,fc1,fc2"}
     assert report["compared"]["optimizer"]["torch"]["lora"] == lora == report["compared"]["optimizer"]["jax"]["lora"]
+
+
+@pytest.mark.slow
+def test_the_peft_adapter_folder_loads_onto_transformers_with_the_jax_models_outputs(tmp_path, tiny_cfg, random_state):
+    """`vit train --init HF_FOLDER --lora 2 --export-adapter v5`: RUN/adapter_peft, loaded by peft onto the
+    transformers model of the source folder (``PeftModel.from_pretrained``), gives the JAX model's logits
+    within the float32 row; q, k and v share A and split B by rows; the source's weights are its base."""
+    import jax.numpy as jnp
+    import torch
+    import transformers
+    from peft import PeftModel
+    from safetensors.numpy import load_file
+
+    from vit_cli.main import main
+    from vit_common.checkpoints.convert import save_checkpoint
+    from vit_common.tolerance import compare
+    from vit_jax.pretrained import load_model
+
+    cfg = tiny_cfg.replace(num_classes=2)
+    save_checkpoint(tmp_path / "src", cfg, random_state(cfg, scale=0.3), "hf")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.integers(0, 256, (8, 8, 8, 3), np.uint8), y=np.arange(8) % 2)
+    out = tmp_path / "run"
+    argv = ["train", "--init", str(tmp_path / "src"), "--dataset", f"npz:{tmp_path / 'd.npz'}", "--out", str(out)]
+    argv += ["--batch-size", "4", "--epochs", "1", "--lr", "0.05", "--no-progress", "--no-parity"]
+    argv += ["--compile-cache", "off", "--lora", "2", "--lora-alpha", "6", "--export-adapter", "v5"]
+    assert main(argv) == 0
+    adapter = out / "adapter_peft"
+    files = sorted(p.name for p in adapter.iterdir())
+    assert files == ["adapter_config.json", "adapter_model.safetensors", "vit_twins.json"]
+    tensors = load_file(adapter / "adapter_model.safetensors")
+    q, k = (f"base_model.model.vit.layers.0.attention.{n}_proj" for n in "qk")
+    assert np.array_equal(tensors[f"{q}.lora_A.weight"], tensors[f"{k}.lora_A.weight"])
+    assert tensors[f"{q}.lora_B.weight"].shape == (16, 2) and tensors["base_model.model.classifier.weight"].shape == (
+        2,
+        16,
+    )
+    images = rng.standard_normal((3, 8, 8, 3)).astype(np.float32)
+    jax_model = load_model(out / "model.safetensors")  # the adapters merged: the adapted function
+    expected = np.asarray(jax_model(jnp.asarray(images)))
+    base = transformers.ViTForImageClassification.from_pretrained(tmp_path / "src")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", module="peft")  # peft reads every setting as its own
+        peft_model = PeftModel.from_pretrained(base, adapter).eval()
+    with torch.no_grad():
+        logits = peft_model(pixel_values=torch.from_numpy(images).permute(0, 3, 1, 2)).logits.numpy()
+    c = compare("logits", logits, expected, "tensor", "float32")
+    assert c.ok, c
+    plain = transformers.ViTForImageClassification.from_pretrained(tmp_path / "src").eval()  # peft wrapped base
+    with torch.no_grad():  # without the adapters and the trained head the logits are elsewhere
+        before = plain(pixel_values=torch.from_numpy(images).permute(0, 3, 1, 2)).logits.numpy()
+    assert np.abs(before - expected).max() > 10 * c.max_abs
