@@ -160,6 +160,8 @@ def lora_run(tmp_path, random_state, tiny_cfg):
         (["--lora", "17"], "lora=17: expected a rank from 1 to the model's width 16"),
         (["--lora", "2", "--lora-targets", "query"], "no linear layer of the model matches query"),
         (["--lora", "2", "--freeze"], "lora=2: expected no --freeze"),
+        (["--export-adapter", "v5"], "--export-adapter v5: expected --lora RANK too"),
+        (["--lora", "2", "--export-adapter", "v6"], "argument --export-adapter: invalid choice"),
     ],
 )
 def test_bad_lora_input_exits_2_with_one_line_writing_nothing(lora_run, capsys, extra, message):

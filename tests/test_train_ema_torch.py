@@ -104,6 +104,6 @@ def test_no_ema_below_float32_parameters(tiny_dataset, tiny):
         Trainer(tiny.replace(param_dtype="bfloat16"), dataclasses.replace(BASE, ema=0.9), tiny_dataset())
 
 
-def test_the_torch_twin_refuses_lora_rather_than_train_without_it(tiny, tiny_dataset):
-    with pytest.raises(ValueError, match="lora=2: the torch twin has no LoRA yet"):
+def test_the_torch_twin_refuses_lora_without_weights_to_fine_tune(tiny, tiny_dataset):
+    with pytest.raises(ValueError, match="lora=2: expected weights to fine-tune"):
         Trainer(tiny, TrainConfig(init="x", lora=2, batch_size=4, augment=Augment()), tiny_dataset(6, 7))

@@ -46,6 +46,7 @@ EXTRAS = {
     "torch": "torch",
     **dict.fromkeys(("PIL", "mlxtend", "sklearn"), "data"),
     **dict.fromkeys(("datasets", "pyarrow", "array_record"), "datasets"),
+    "peft": "lora",
     **dict.fromkeys(("timm", "transformers", "torchvision", "skimage"), "dev"),
 }
 

@@ -226,7 +226,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="write a jax.profiler trace of steps A to B (1-based, inclusive; process 0) into RUN/profile, for "
         "TensorBoard's profile plugin or Perfetto",
     )
-    add_flags(r, RunOptions, only=("progress", "export_ema", "wandb"))
+    add_flags(r, RunOptions, only=("progress", "export_ema", "export_adapter", "wandb"))
     r.add_argument("--no-parity", action="store_true", help="skip the PyTorch and library checks of the exports")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     g = p.add_argument_group(

@@ -1,7 +1,8 @@
 """`vit train-parity`: does a JAX training run reproduce the PyTorch one, step by step?
 
 ``vit train-parity --steps K`` (flags of ``vit train``'s model and optimisation, ``--torch-recipe``,
-``--json``, ``--plot``; ``--init CHECKPOINT`` to start from a checkpoint) runs
+``--json``, ``--plot``; ``--init CHECKPOINT`` to start from a checkpoint, with ``--lora RANK`` to fine-tune
+LoRA adapters of it in both twins) runs
 ``vit_compare.training.compare_training`` and prints one line a step; exit
 code 1 when the twins part, 2 on bad input.
 """
@@ -24,6 +25,7 @@ def add_parser(sub) -> None:
     from vit_common.data.augment import Augment
     from vit_common.system.validate import arg, float_in, int_in
     from vit_common.training.recipes import RECIPES
+    from vit_compare.training import LORA_SETTINGS
 
     p = sub.add_parser(
         "train-parity",
@@ -76,7 +78,7 @@ def add_parser(sub) -> None:
         "both twins held to a float64 run of the torch twin (||twin - f64|| / ||f64||, bound 1e-2)",
     )
     o = p.add_argument_group("training (both twins; the torch twin's may differ by the flags below)")
-    add_flags(o, TrainConfig, only=("dataset", "val_fraction", "layer_decay", *OPTIMISATION))
+    add_flags(o, TrainConfig, only=("dataset", "val_fraction", "layer_decay", *OPTIMISATION, *LORA_SETTINGS))
     add_flags(o, Augment)
     t = p.add_argument_group("the torch twin's own settings (default: the same as the JAX twin's)")
     t.add_argument("--torch-recipe", choices=tuple(RECIPES), default=None, help="the torch twin's recipe")

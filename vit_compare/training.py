@@ -7,7 +7,9 @@ torch.optim), and after every step compares the loss, the gradient norm, the lea
 parameter and both Adam moments by canonical name, and with ``--ema`` the moving averages of the weights
 (``vit_jax.optim.ema_update`` against ``vit_torch.train.ModelEma``). Drop path, dropout and attention dropout
 run in the parity mode: both twins take the same keep masks, drawn in numpy per step (``drop_path_masks``,
-``dropout_masks``).
+``dropout_masks``). With ``TrainConfig.lora`` both twins fine-tune adapters (flax's ``nnx.LoRA`` in
+``vit_jax.lora``, peft's in ``vit_torch.lora``) from the same draws: the JAX twin draws them, the torch
+twin takes them; parameters and moments then compare unmerged, adapters by the JAX twin's names.
 
 Each twin may run its own ``TrainConfig`` (another recipe, another weight decay): a run of one recipe
 against another shows at which step and in which tensor they part. Bounds: ``vit_common.tolerance``'s
@@ -33,6 +35,7 @@ from vit_common.training.train_config import TrainConfig
 
 _DROP = 2  # first word of the drop-path masks' seeds (the pipeline's examples use 0, its batches 1)
 _DROPOUT = 3  # first word of the dropout masks' seeds
+LORA_SETTINGS = ("lora", "lora_alpha", "lora_dropout", "lora_targets")  # TrainConfig's, the same in both twins
 
 
 def drop_path_masks(cfg: ViTConfig, seed: int, step: int, batch_size: int) -> np.ndarray:
@@ -123,7 +126,9 @@ class StepRow:
 class TrainParity:
     """``compare_training``'s result: the rows, the bound (kind, value) of ``dtype`` and the verdict.
     ``dtype`` is the bound's (``run_dtype``), ``compute`` the model's: a big_vision recipe computing in
-    float64 keeps its first moment in bfloat16 and is held to bfloat16's bound."""
+    float64 keeps its first moment in bfloat16 and is held to bfloat16's bound. With LoRA ``frozen`` is
+    ("jax" | "torch", tensor) of every frozen base tensor that is not bit for bit its step-0 value after
+    the last step (the verdict holds it empty), else None."""
 
     dtype: str
     recipes: tuple[str, str]
@@ -132,6 +137,7 @@ class TrainParity:
     compute: str | None = None
     setup: dict = field(default_factory=dict)
     update_bound: float | None = None
+    frozen: list[tuple[str, str]] | None = None
 
     @property
     def label(self) -> str:
@@ -146,7 +152,7 @@ class TrainParity:
 
     @property
     def ok(self) -> bool:
-        return self.first_bad_step is None
+        return self.first_bad_step is None and not self.frozen
 
     @property
     def has_ema(self) -> bool:
@@ -161,6 +167,7 @@ class TrainParity:
             "update_bound": self.update_bound,
             "ok": self.ok,
             "first_bad_step": self.first_bad_step,
+            "frozen_changed": self.frozen,
             "compared": self.setup,
             "steps": [dataclasses.asdict(r) for r in self.rows],
         }
@@ -233,6 +240,7 @@ def describe(cfg: ViTConfig, tcfgs: tuple[TrainConfig, TrainConfig], data: Datas
             "weight_decay": c.weight_decay,
             "layer_decay": c.layer_decay,
             "grad_clip": c.grad_clip,
+            "lora": None if c.lora is None else {k: getattr(c, k) for k in LORA_SETTINGS},
         }
         for name, c in zip(("jax", "torch"), tcfgs, strict=True)
     }
@@ -271,19 +279,21 @@ def compare_training(
     the result's ``setup`` records what was compared (``describe``). float64 needs jax_enable_x64 on.
     With bfloat16 compute a third run, the torch twin in float64 from the same weights, batches and
     masks, is the reference: each row's ``ref`` holds both twins' ||twin - f64|| / ||f64||, which the
-    verdict holds to the tolerance table's "train_vs_float64" bound.
+    verdict holds to the tolerance table's "train_vs_float64" bound. With ``tcfg.lora`` the JAX twin
+    draws the adapters (flax's initialisation from ``tcfg.seed``) and the torch twin starts from them.
 
     Raises:
         ValueError: steps < 1 or more than the run has, a batch larger than the training images, configs
-            whose batches differ (batch size, epochs, seed, augmentation), an EMA in one twin only, or
-            anything the trainers refuse.
+            whose batches differ (batch size, epochs, seed, augmentation) or whose LoRA settings differ,
+            LoRA with adapter dropout (no shared masks for it yet), an EMA in one twin only, or anything
+            the trainers refuse.
     """
     import vit_jax.trainer as jt
     import vit_torch.train as tt
     from vit_jax.optimizer_state import adam_state
 
     torch_tcfg = tcfg if torch_tcfg is None else torch_tcfg
-    same = ("batch_size", "epochs", "seed", "augment", "dataset", "accum_steps")
+    same = ("batch_size", "epochs", "seed", "augment", "dataset", "accum_steps", *LORA_SETTINGS)
     differ = [k for k in same if getattr(tcfg, k) != getattr(torch_tcfg, k)]
     if differ:
         raise ValueError(f"the twins' train configs differ in {differ}: their batches would not be the same")
@@ -297,11 +307,21 @@ def compare_training(
     total = batches_per_epoch(len(data.train), tcfg.batch_size) * tcfg.epochs
     if not 1 <= steps <= total:
         raise ValueError(f"steps={steps}: expected 1 <= K <= {total} (the run's steps)")
+    if tcfg.lora is not None and tcfg.lora_dropout:
+        raise ValueError(
+            f"lora_dropout={tcfg.lora_dropout}: the parity mode has no shared masks for the adapters' dropout; "
+            "expected 0"
+        )
     init = "the torch twin's initialisation" if weights is None else init
-    torch_trainer = tt.Trainer(cfg, torch_tcfg, data, weights=weights)
-    weights = torch_trainer.weights() if weights is None else weights
-    start = {k: np.array(v, copy=True) for k, v in torch_trainer.weights().items()}
+    lora = tcfg.lora is not None  # the torch twin takes flax's adapter draws: the JAX twin starts first
+    torch_trainer = None if lora else tt.Trainer(cfg, torch_tcfg, data, weights=weights)
+    weights = torch_trainer.weights() if weights is None and not lora else weights
     jax_trainer = jt.Trainer(cfg, tcfg, data, weights=weights)
+    state = jax_trainer.init_state()
+    if lora:
+        weights = jax_trainer.weights(state, merged=False)  # the base weights and the adapters' draws
+        torch_trainer = tt.Trainer(cfg, torch_tcfg, data, weights=weights)
+    start = {k: np.array(v, copy=True) for k, v in torch_trainer.weights().items()}
     f64 = cfg.replace(dtype="float64", param_dtype="float64")
     reference = tt.Trainer(f64, torch_tcfg, data, weights=weights) if cfg.dtype == "bfloat16" else None
     dtype = run_dtype(cfg, tcfg, torch_tcfg)
@@ -310,7 +330,6 @@ def compare_training(
     out.setup = describe(cfg, (tcfg, torch_tcfg), data, init)
     if reference is None and dtype == "float64":
         out.update_bound = tolerance("train_update", "float64")[1]
-    state = jax_trainer.init_state()
     it = jax_trainer.train_iterator()
     try:
         for k in range(steps):
@@ -321,7 +340,7 @@ def compare_training(
             state, mj = jax_trainer.train_step(state, {**batch, **extra})
             mt = torch_trainer.train_step(batch, masks, drops)
             a, b = adam_state(state["opt_state"]), torch_trainer.adam_state()
-            pj, pt = jax_trainer.weights(state), torch_trainer.weights()
+            pj, pt = jax_trainer.weights(state, merged=False), torch_trainer.weights()
             p = largest_difference(pj, pt, "parameters", dtype)
             update = largest_update_difference(pj, pt, start)
             mu, nu = (largest_difference(a[m], b[m], m, dtype) for m in ("mu", "nu"))
@@ -330,21 +349,32 @@ def compare_training(
                 ()
                 if tcfg.ema is None
                 else largest_difference(
-                    jax_trainer.weights(state, ema=True), torch_trainer.weights(ema=True), "ema", dtype
+                    jax_trainer.weights(state, ema=True, merged=False), torch_trainer.weights(ema=True), "ema", dtype
                 )
             )
             ref = None
             if reference is not None:
                 reference.train_step(batch, masks, drops)
                 w = reference.weights()
-                ref = tuple(_vector_rel(t, w) for t in (jax_trainer.weights(state), torch_trainer.weights()))
+                ref = tuple(
+                    _vector_rel(t, w) for t in (jax_trainer.weights(state, merged=False), torch_trainer.weights())
+                )
             out.rows.append(
                 StepRow(k + 1, *pairs, *p, *mu, *nu, *ema, ref=ref, update=update[0], update_worst=update[1])
             )
+        if lora:
+            out.frozen = frozen_changed(start, {"jax": pj, "torch": pt})
     finally:
         it.close()
         jax_trainer.close()
     return out
+
+
+def frozen_changed(start: dict[str, np.ndarray], twins: dict[str, dict[str, np.ndarray]]) -> list[tuple[str, str]]:
+    """(twin, name) of every tensor of a LoRA run's ``start`` state outside the adapters and the head that
+    a twin's state does not hold bit for bit."""
+    frozen = [k for k in start if not k.startswith("head.") and k.rsplit(".", 1)[-1] not in ("lora_a", "lora_b")]
+    return [(twin, k) for twin, state in twins.items() for k in frozen if not np.array_equal(state[k], start[k])]
 
 
 def format_table(result: TrainParity) -> str:
@@ -374,8 +404,16 @@ def format_table(result: TrainParity) -> str:
             + " ".join(f"{v:>9.2e}" for v in shown)
             + f"  {max(tables)[1]}{vs}{'' if r.ok(bound, result.update_bound) else '  FAIL'}"
         )
+    if result.frozen is not None:
+        moved = ", ".join(f"{twin} {name}" for twin, name in result.frozen)
+        lines.append(
+            f"frozen base weights: {'bit for bit as at step 0 in both twins' if not moved else 'moved: ' + moved}"
+        )
     bad = result.first_bad_step
-    lines.append("verdict: ok" if bad is None else f"verdict: the twins part at step {bad}")
+    faults = ([f"the twins part at step {bad}"] if bad is not None else []) + (
+        ["frozen weights moved"] * bool(result.frozen)
+    )
+    lines.append(f"verdict: {'; '.join(faults) or 'ok'}")
     return "\n".join(lines)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from vit_common.checkpoints.adapter import ADAPTER_FOLDER, peft_adapter, transformers_rules, write_peft_adapter
 from vit_common.checkpoints.convert import check_assumed, load_checkpoint, save_checkpoint
 from vit_common.checkpoints.formats.provenance import Report
 from vit_common.checkpoints.formats.timm import TimmWriteOptions
@@ -29,6 +30,7 @@ from vit_common.config import RUNTIME_FIELDS, ViTConfig
 from vit_common.data.datasets import Dataset
 from vit_common.data.images import Preprocess
 from vit_common.system.io import check_destination
+from vit_common.training.train_config import TrainConfig
 from vit_jax.formats import READERS, WRITERS
 
 # Fields a caller does not give to ``load_init``: the dataset decides them (classes, channels), or
@@ -293,3 +295,30 @@ def export(
         if r.load_call:
             done.load_calls[fmt] = r.load_call
     return done
+
+
+def adapter_rules(out: Path, cfg: ViTConfig, tcfg: TrainConfig, source: Report | None, spelling: str) -> list:
+    """The rules of the transformers model a run's PEFT adapter folder is for (``out``/adapter_peft;
+    ``vit_common.checkpoints.adapter.transformers_rules`` of the checkpoint's format and model type),
+    checked before any training.
+
+    Raises:
+        ValueError: a run without ``tcfg.lora``, or a model no transformers model holds.
+        DestinationError: the folder holds something vit did not write.
+    """
+    if tcfg.lora is None:
+        raise ValueError(f"--export-adapter {spelling}: expected --lora RANK too: a run without adapters has none")
+    check_destination(out / ADAPTER_FOLDER, folder=True)
+    fmt, model_type = (source.format, source.model_type) if source is not None else (None, None)
+    return transformers_rules(cfg, fmt, spelling, model_type)[1]
+
+
+def export_adapter(out: Path, weights: Mapping[str, np.ndarray], rules: list, tcfg: TrainConfig) -> Path:
+    """Write ``out``/adapter_peft, the PEFT LoRA folder of ``weights`` (the canonical state with its
+    adapters unmerged, ``vit_jax.trainer.Trainer.weights(merged=False)``) in float32, laid out by ``rules``
+    (``adapter_rules``), with ``tcfg``'s rank, alpha and dropout. Returns the folder."""
+    state = {k: np.asarray(v, np.float32) for k, v in weights.items()}
+    alpha = tcfg.lora_alpha if tcfg.lora_alpha is not None else tcfg.lora
+    config, tensors = peft_adapter(state, rules, rank=tcfg.lora, alpha=alpha, dropout=tcfg.lora_dropout)
+    write_peft_adapter(out / ADAPTER_FOLDER, config, tensors)
+    return out / ADAPTER_FOLDER

@@ -315,7 +315,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     from vit_common.data.datasets import read_dataset
     from vit_common.system.peaks import datasheet_peak
     from vit_jax.checkpointing import saved_steps
-    from vit_jax.finetune import check_exports, export, init_record
+    from vit_jax.finetune import adapter_rules, check_exports, export, export_adapter, init_record
     from vit_jax.loop import NonFiniteError, fit
     from vit_jax.resume import schedule_change
     from vit_jax.trainer import Trainer, enable_compile_cache
@@ -357,6 +357,8 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
         workers = 0 if data.in_memory else cores
     if lead:  # the exports are refused now, not after the training
         check_exports(out, cfg, start.report, spec.accept_assumed)
+    spelling = spec.options.export_adapter
+    rules = adapter_rules(out, cfg, tcfg, start.report, spelling) if spelling is not None else None
     trainer = Trainer(
         cfg, tcfg, data, preprocess=start.preprocess, weights=start.weights, moments=start.moments, workers=workers
     )
@@ -406,6 +408,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
         return 1, None
     export_ema = spec.options.export_ema  # the moving average instead of the weights (fit checked tcfg.ema)
     weights = trainer.weights(state, ema=export_ema)  # every process takes part in gathering them
+    adapters = trainer.weights(state, ema=export_ema, merged=False) if rules is not None else None
     if tcfg.ema is not None:
         summary["exported_weights"] = f"the EMA weights (decay {tcfg.ema})" if export_ema else "the raw weights"
     if stop is not None:
@@ -423,6 +426,8 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
             writers=spec.writers if start.torch_io else None,
             accept_assumed=spec.accept_assumed,
         )
+        if adapters is not None:
+            summary["adapter"] = str(export_adapter(out, adapters, rules, tcfg))
         plot_curves(out / "metrics.jsonl", out / "curves.png")
     for line in done.lines:
         log(f"  {line}")

@@ -288,9 +288,11 @@ class Trainer:
             self._test_batches.close()
             self._test_batches = None
 
-    def weights(self, state: dict, *, ema: bool = False) -> dict[str, np.ndarray]:
+    def weights(self, state: dict, *, ema: bool = False, merged: bool = True) -> dict[str, np.ndarray]:
         """The canonical state (timm names, numpy) of the model in ``state``, gathered from all devices;
-        ``ema``: of the moving average of its weights (``tcfg.ema``).
+        ``ema``: of the moving average of its weights (``tcfg.ema``). With ``lora`` the adapters merged
+        into plain weights (``vit_jax.lora.merge_lora``), or with ``merged=False`` the base weights as
+        they are and the adapters beside them (``{layer}.lora.lora_a`` (D_in, r), ``lora_b`` (r, D_out)).
 
         With several processes every process must call this (the gather is collective).
         """
@@ -300,7 +302,7 @@ class Trainer:
 
             params = multihost_utils.process_allgather(params, tiled=True)
         weights = to_numpy(nnx.merge(self.eval_graphdef, params, state["rest"]))
-        return merge_lora(weights, lora_scale(self.tcfg)) if self.tcfg.lora is not None else weights
+        return merge_lora(weights, lora_scale(self.tcfg)) if self.tcfg.lora is not None and merged else weights
 
 
 def _forward(graphdef, params, rest, images, drop_masks=None, dropout_masks=None):

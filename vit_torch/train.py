@@ -26,6 +26,10 @@ The step (each choice the JAX step's, see ``vit_jax.trainer`` and ``vit_jax.opti
   gradients by the batch's real count.
 - ``freeze``: every parameter but the head gets ``requires_grad=False`` (no backward through them, no
   optimizer state), as timm's ``param_groups_*`` skip them.
+- ``lora``: ``peft``'s adapters on the target layers (``vit_torch.lora``), the base weights frozen as
+  with ``freeze``, the adapters and the head trained; parameters go by their canonical names (the JAX
+  twin's: ``{layer}.weight``, ``{layer}.lora.lora_a``), so the recipe's decay mask and the layer-wise
+  decay treat each tensor as the JAX twin's ``vit_jax.optim`` does.
 - bfloat16: the twin computes in ``cfg.dtype`` itself (``vit_torch.model``: the layers cast, statistics
   stay float32), which is what ``torch.autocast`` would do for the matmuls, without autocast's op lists
   that differ between CPU and CUDA; the loss is taken in at least float32 in both twins.
@@ -38,7 +42,7 @@ Dropout and drop path draw from torch's generator, seeded by ``tcfg.seed``; the 
 both twins the same masks instead (``drop_masks``, ``dropout_masks``).
 
 One file, where the JAX twin splits training by job into five modules: this twin takes steps and runs
-no whole training of its own (no checkpoints, resume rules or loop), and at under 300 lines it needs no
+no whole training of its own (no checkpoints, resume rules or loop), and at about 300 lines it needs no
 split. What mirrors what:
 
 - ``make_optimizer`` (with ``round_first_moment``): ``vit_jax.optim.make_optimizer``;
@@ -63,8 +67,9 @@ from vit_common.data.batches import batches_per_epoch
 from vit_common.data.datasets import Dataset
 from vit_common.training.recipes import decays, get_recipe, layer_scales
 from vit_common.training.train_config import TrainConfig
+from vit_torch.lora import ADAPTER_LEAVES, adapted_to_numpy, adapter_layout, add_lora, canonical_name
 from vit_torch.model import VisionTransformer
-from vit_torch.weights import from_numpy, tensor_to_numpy, to_numpy
+from vit_torch.weights import from_numpy, tensor_to_numpy
 
 
 def round_first_moment(dtype: torch.dtype):
@@ -84,14 +89,16 @@ def make_optimizer(
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     """(AdamW over ``model``'s trainable parameters, its LambdaLR of ``tcfg.schedule``) for ``total_steps``
     steps (``steps_per_epoch`` an epoch; default ``total_steps // epochs``) under ``tcfg.recipe``. Each
-    group holds ``names`` (canonical), ``lr_scale`` and ``weight_decay``; with
-    ``freeze`` the parameters outside the head get ``requires_grad=False`` first."""
+    group holds ``names`` (canonical, ``vit_torch.lora.canonical_name``), ``lr_scale`` and
+    ``weight_decay``; with ``freeze`` the parameters outside the head get ``requires_grad=False`` first
+    (with ``lora`` ``vit_torch.lora.add_lora`` has frozen the base weights)."""
     recipe = get_recipe(tcfg.recipe)
     if tcfg.freeze:
         for name, p in model.named_parameters():
             p.requires_grad_(name.startswith("head."))
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    scales = layer_scales([n for n, _ in model.named_parameters()], model.cfg.depth, tcfg.layer_decay)
+    named = [(canonical_name(n)[0], p) for n, p in model.named_parameters()]
+    scales = layer_scales([n for n, _ in named], model.cfg.depth, tcfg.layer_decay)
+    named = [(n, p) for n, p in named if p.requires_grad]
     nwd = model.no_weight_decay()
     groups: dict[tuple[float, bool], dict] = {}
     for name, p in named:
@@ -144,13 +151,15 @@ class Trainer:
     """The torch twin in training: ``train_step(batch)`` is one optimizer step, as ``vit_jax.trainer.Trainer``'s.
 
     ``weights`` a canonical state to start from (the parity harness gives both twins the same one), else
-    a fresh model seeded by ``tcfg.seed``. ``device`` where the model and batches live. With ``tcfg.ema``,
-    ``ema`` is the ``ModelEma`` updated after every step.
+    a fresh model seeded by ``tcfg.seed``. With ``tcfg.lora`` the model gets ``vit_torch.lora.add_lora``'s
+    adapters, their starting values the adapter tensors of ``weights`` (``{layer}.lora.lora_a`` and
+    ``lora_b``, e.g. the JAX twin's draws) if it holds any, else peft's. ``device`` where the model and
+    batches live. With ``tcfg.ema``, ``ema`` is the ``ModelEma`` updated after every step.
 
     Raises:
         ValueError: a config that does not fit the dataset (image size, channels, classes), or an EMA of
-            low-precision parameters (``TrainConfig.check_ema_dtype``), as the JAX trainer's; ``tcfg.lora``
-            (LoRA is the JAX twin's only, so far).
+            low-precision parameters (``TrainConfig.check_ema_dtype``), as the JAX trainer's; with
+            ``tcfg.lora``, no ``weights`` (LoRA fine-tunes given weights) or what ``add_lora`` raises.
     """
 
     def __init__(
@@ -170,8 +179,8 @@ class Trainer:
                 f"{data.image_size} x {data.channels}"
             )
         tcfg.check_ema_dtype(cfg.param_dtype)
-        if tcfg.lora is not None:
-            raise ValueError(f"lora={tcfg.lora}: the torch twin has no LoRA yet (the JAX twin's vit train has)")
+        if tcfg.lora is not None and weights is None:
+            raise ValueError(f"lora={tcfg.lora}: expected weights to fine-tune (LoRA adapts a checkpoint)")
         self.cfg, self.tcfg, self.data, self.device = cfg, tcfg, data, torch.device(device)
         self.steps_per_epoch = batches_per_epoch(len(data.train), tcfg.batch_size)
         self.total_steps = self.steps_per_epoch * tcfg.epochs
@@ -179,7 +188,12 @@ class Trainer:
             torch.manual_seed(tcfg.seed)
             self.model = VisionTransformer(cfg).to(self.device)
         else:
-            self.model = from_numpy(cfg, weights, device=self.device)
+            leaf = lambda k: k.rsplit(".", 1)[-1] in ADAPTER_LEAVES  # noqa: E731
+            self.model = from_numpy(cfg, {k: v for k, v in weights.items() if not leaf(k)}, device=self.device)
+            if tcfg.lora is not None:
+                adapters = {k: v for k, v in weights.items() if leaf(k)}
+                torch.manual_seed(tcfg.seed)  # peft's draws where no adapters are given
+                add_lora(self.model, tcfg, adapters or None)
         self.model.train()
         self.recipe = get_recipe(tcfg.recipe)
         self.optimizer, self.scheduler = make_optimizer(self.model, tcfg, self.total_steps, self.steps_per_epoch)
@@ -250,8 +264,9 @@ class Trainer:
         }
 
     def weights(self, *, ema: bool = False) -> dict[str, np.ndarray]:
-        """The canonical state of the model (numpy, timm names); ``ema``: of its moving average."""
-        return to_numpy(self.ema.module if ema else self.model)
+        """The canonical state of the model (numpy, timm names); ``ema``: of its moving average. With
+        ``lora`` the adapters unmerged, by the JAX twin's names (``vit_torch.lora.adapted_to_numpy``)."""
+        return adapted_to_numpy(self.ema.module if ema else self.model)
 
     def adam_state(self) -> dict:
         """{"count": steps taken, "mu": {name: exp_avg}, "nu": {name: exp_avg_sq}} (numpy, canonical
@@ -261,7 +276,8 @@ class Trainer:
             for name, p in zip(group["names"], group["params"], strict=True):
                 state = self.optimizer.state.get(p)
                 if state:
-                    mu[name], nu[name] = tensor_to_numpy(state["exp_avg"]), tensor_to_numpy(state["exp_avg_sq"])
+                    m, v = (adapter_layout(name, tensor_to_numpy(state[k])) for k in ("exp_avg", "exp_avg_sq"))
+                    mu[name], nu[name] = np.ascontiguousarray(m), np.ascontiguousarray(v)
         return {"count": self.step, "mu": mu, "nu": nu}
 
     def load_adam_state(self, moments: dict) -> None:
@@ -279,7 +295,7 @@ class Trainer:
                 raise ValueError(f"optimizer state {what}: missing {missing}, not parameters of this model {extra}")
         count = int(moments["count"])
         for name, p in named.items():
-            mu, nu = (np.array(moments[w][name], np.float64) for w in ("mu", "nu"))  # a writable copy
+            mu, nu = (np.array(adapter_layout(name, moments[w][name]), np.float64) for w in ("mu", "nu"))  # a copy
             if mu.shape != tuple(p.shape) or nu.shape != tuple(p.shape):
                 raise ValueError(f"optimizer state of {name!r}: shape {mu.shape}, expected {tuple(p.shape)}")
             self.optimizer.state[p] = {

@@ -1,5 +1,6 @@
 """Hostile inputs to `vit parity` and `vit train-parity`: non-finite weights fail the check (no agreement
-from NaN); a batch larger than the data is refused before either twin is built."""
+from NaN); a batch larger than the data is refused before either twin is built; LoRA settings that cannot
+be are refused before any step."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from vit_common.state import random_state
 
-from .harness import SMALL, Case, check_case, npz_dataset, ours
+from .harness import SMALL, Case, check_case, npz_dataset, ours, small_model
 
 
 def nan_weights_parity(tmp: Path) -> list[str]:
@@ -32,6 +33,18 @@ def train_parity_batch(batch: int, train: int, test: int):
     return build
 
 
+def train_parity_lora(*extra: str, init: bool = True):
+    """``vit train-parity --lora ...`` (``extra``) from the small model's file (``init``) on an npz dataset."""
+
+    def build(tmp: Path) -> list[str]:
+        data = npz_dataset(tmp / "d.npz", [0, 1] * 4, [0, 1])
+        model = ["--init", str(small_model(tmp))] if init else []
+        return ["train-parity", "--steps", "1", "--batch-size", "4", "--dataset", f"npz:{data}", *model, *extra]
+
+    build.__name__ = f"train-parity {' '.join(extra)}{'' if init else ' without --init'}"
+    return build
+
+
 def _parity_fails(tmp: Path, out: str) -> None:
     assert "FAIL" in out and "agreement" not in out
 
@@ -42,6 +55,14 @@ CASES = [
     # cost out of proportion: padding computed for nothing
     Case(train_parity_batch(9, 8, 4), r"batch_size=9: expected at most the 8 training images of npz:{tmp}/d.npz"),
     Case(train_parity_batch(4096, 6, 2), r"batch_size=4096: expected at most the 6 training images"),
+    # LoRA settings that cannot be (a rank above the width, targets naming no layer, nothing to fine-tune)
+    Case(train_parity_lora("--lora", "33"), r"lora=33: expected a rank from 1 to the model's width 32"),
+    Case(train_parity_lora("--lora", "0"), r"argument --lora: "),
+    Case(
+        train_parity_lora("--lora", "2", "--lora-targets", "qkv,query"), r"no linear layer of the model matches query"
+    ),
+    Case(train_parity_lora("--lora", "2", init=False), r"lora=2: expected --init too"),
+    Case(train_parity_lora("--lora", "2", "--lora-dropout", "0.1"), r"lora_dropout=0.1: the parity mode has no shared"),
 ]
 
 

@@ -10,5 +10,5 @@ from __future__ import annotations
 
 def install_hint(extra: str) -> str:
     """The pip command that installs the optional dependencies ``extra`` (a pyproject.toml extra:
-    'jax', 'torch', 'data', 'datasets', 'tfds', 'hub', 'wandb', 'dev'), with where to run it."""
+    'jax', 'torch', 'data', 'datasets', 'tfds', 'hub', 'wandb', 'lora', 'dev'), with where to run it."""
     return f'pip install -e ".[{extra}]" in a checkout of vit-twins'

@@ -441,6 +441,18 @@ class RunOptions:
         default=False,
         metadata=_help("export the EMA weights (--ema) instead of the raw ones; config.json's exports say which"),
     )
+    export_adapter: str | None = field(
+        default=None,
+        metadata=_help(
+            "with --lora, also write the adapters and the head as a PEFT folder, RUN/adapter_peft "
+            "(adapter_config.json + adapter_model.safetensors), for peft to load onto the transformers model of "
+            "the checkpoint's family, with that model's module names in transformers v5 (q_proj, k_proj, v_proj, "
+            "o_proj, mlp.fc1, mlp.fc2) or v4 (query, key, value, attention.output.dense, intermediate.dense, "
+            "output.dense) spelling",
+            choices=("v5", "v4"),
+            affects_results=False,
+        ),
+    )
     wandb: bool = field(
         default=False,
         metadata=_help(

@@ -56,6 +56,7 @@ from vit_common.checkpoints.formats.hf_vit import ARCHITECTURES, config_json, is
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Reference, Source, WriteOptions
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
 from vit_common.checkpoints.formats.rules import (
+    Rule,
     from_canonical,
     materialize_posemb,
     norm_and_bias_checks,
@@ -249,11 +250,16 @@ class HuggingFace(Format):
         cfg, state, more = zero_head_bias(cfg, state)
         notes += more
         config = config_json(cfg) | ({ASSUMED_KEY: sorted(assumed)} if assumed else {})  # transformers keeps it
-        arch = config["architectures"][0]
-        _, head = ARCHITECTURES[arch]
-        prefix = f"{config['model_type']}." if head != "backbone" else ""
-        tensors = from_canonical(rules(cfg, spelling, prefix, head), state)
+        tensors = from_canonical(self.tensor_rules(cfg, options), state)
         return Encoded(cfg, state, tensors, config, None, notes, shard_size=options.shard_bytes)
+
+    def tensor_rules(self, cfg: ViTConfig, options: HfWriteOptions) -> list[Rule]:
+        """The file <-> canonical rules ``encode`` writes ``cfg`` with: its architecture's prefix and head,
+        ``options.spelling``'s key names."""
+        config = config_json(cfg)
+        _, head = ARCHITECTURES[config["architectures"][0]]
+        prefix = f"{config['model_type']}." if head != "backbone" else ""
+        return rules(cfg, options.spelling, prefix, head)
 
     def decode(self, enc: Encoded) -> Decoded:
         return read_tensors(enc.tensors, enc.config_json, context="hf read-back")

@@ -91,6 +91,7 @@ from vit_common.checkpoints.formats.provenance import (
     refuse_unsupported,
 )
 from vit_common.checkpoints.formats.rules import (
+    Rule,
     from_canonical,
     materialize_posemb,
     refuse,
@@ -385,7 +386,7 @@ class HfFamilies(HuggingFace):
             cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=not cfg.reg_tokens)
         prefix, head = fam.architectures[arch]
         config = config_json(cfg, model_type, arch) | ({ASSUMED_KEY: sorted(assumed)} if assumed else {})
-        tensors = from_canonical(fam.rules(cfg, spelling, prefix, prefix, head), state)
+        tensors = from_canonical(self.tensor_rules(cfg, options), state)
         tensors = pack_in_proj(tensors, prefix)
         if cfg.reg_tokens:
             tensors = unfold_class_row(tensors, prefix)
@@ -398,6 +399,15 @@ class HfFamilies(HuggingFace):
         if spelling != options.spelling:
             notes.append(f"{model_type} has one key spelling; written in it")
         return Encoded(cfg, state, tensors, config, None, notes, shard_size=options.shard_bytes)
+
+    def tensor_rules(self, cfg: ViTConfig, options: HfWriteOptions) -> list[Rule]:
+        """The file <-> canonical rules ``encode`` writes ``cfg`` with: the family that holds it
+        (``family_for``), its architecture's prefix and head, ``options.spelling`` where the family has it."""
+        model_type, arch = family_for(cfg, options.model_type)
+        fam = FAMILIES[model_type]
+        spelling = options.spelling if options.spelling in BLOCK_KEYS[fam.style] else "v4"
+        prefix, head = fam.architectures[arch]
+        return fam.rules(cfg, spelling, prefix, prefix, head)
 
     def decode(self, enc: Encoded) -> Decoded:
         return read_family(enc.tensors, enc.config_json, context="hf_family read-back")
