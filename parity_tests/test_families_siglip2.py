@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import json
 
+import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 import transformers
+from flax import nnx
 
 import vit_jax
 import vit_torch
 from vit_common.checkpoints.convert import convert, load_checkpoint
 from vit_common.checkpoints.formats.npz import NpzWriteOptions
+from vit_common.config import ViTConfig
+from vit_common.naflex import pad_batch, patchify
+from vit_common.state import random_state
 from vit_common.tolerance import compare
 
 # The keys of google/siglip2-base-patch16-224's config.json (transformers 4.49), sizes made tiny: no
@@ -99,3 +105,78 @@ def test_fixed_resolution_siglip2_folders_and_npz_load(tmp_path, images):
     with torch.no_grad():
         got = vit_torch.load_model(npz, source_image_size=32, gelu="tanh", ln_eps=1e-6, strict=True)
         _assert_close("big_vision npz", got(torch.from_numpy(x)), ref)
+
+
+# NaFlex: images of four aspect ratios (patch grids 2x5, 4x3, 1x1, 5x3) in one batch of N=16 patches, for a
+# model whose position table is 4x4 (image_size 32, patch 8).
+_NAFLEX_SIZES = ((16, 40), (32, 24), (8, 8), (40, 24))
+_NAFLEX = dict(image_size=32, patch_size=8, width=32, depth=2, num_heads=4, mlp_dim=48, num_classes=0)
+_NAFLEX_CONFIGS = {
+    "map": dict(class_token=False, pool="map", gelu="tanh", posemb_resample="bilinear_aa"),
+    "class_token_gap": dict(pool="gap", posemb_resample="bicubic_aa"),
+}
+
+
+def _naflex_batch(rng, sizes=_NAFLEX_SIZES, n=16):
+    images = [rng.standard_normal((h, w, 3)).astype(np.float32) for h, w in sizes]
+    return images, pad_batch(images, (8, 8), n)
+
+
+def _jax(cfg, state, batch, intermediates: bool = False):
+    """The JAX twin on a NaFlex batch under one ``nnx.jit`` (the host-side mask and shapes are constants of
+    the trace): a compile of the whole graph, about 4x faster here than op-by-op eager dispatch."""
+    patches, mask, shapes = batch
+    call = "forward_intermediates" if intermediates else "__call__"
+    run = nnx.jit(lambda m, x: getattr(m, call)(x, patch_mask=mask, spatial_shapes=shapes))
+    return run(vit_jax.from_numpy(cfg, state), jnp.asarray(patches))
+
+
+def _naflex_twins(cfg, state, batch, intermediates: bool) -> list[tuple[str, np.ndarray, dict]]:
+    """(twin, output, intermediates) on a NaFlex batch: JAX explicit, torch SDPA, torch explicit; with
+    ``intermediates`` also JAX with XLA's fused kernel, and the explicit paths' intermediates."""
+    runs = []
+    if intermediates:
+        out, inter = _jax(cfg, state, batch, True)
+        runs += [
+            ("jax explicit", np.asarray(out), inter),
+            ("jax xla", _jax(cfg.replace(attn_backend="xla"), state, batch), {}),
+        ]
+    else:
+        runs.append(("jax explicit", _jax(cfg, state, batch), {}))
+    tm = vit_torch.from_numpy(cfg, state)
+    with torch.no_grad():
+        t, m, s = (torch.from_numpy(a) for a in batch)
+        runs.append(("torch sdpa", tm(t, patch_mask=m, spatial_shapes=s).numpy(), {}))
+        out, inter = tm.forward_intermediates(t, patch_mask=m, spatial_shapes=s)
+        runs.append(("torch explicit", out.numpy(), inter))
+    return runs
+
+
+@pytest.mark.parametrize("case", _NAFLEX_CONFIGS)
+def test_naflex_batch_equals_each_image_alone_in_both_twins(case):
+    """A NaFlex batch of four aspect ratios: both twins agree, fused and explicit; the padding gets no
+    attention (probabilities exactly 0 there); each image run alone gives its row: unpadded in torch, and
+    (one compile) the last in JAX, padded; an image through the image path of a dynamic-size
+    model gives it too (the same resample)."""
+    cfg = ViTConfig(**_NAFLEX, **_NAFLEX_CONFIGS[case])
+    state = random_state(cfg, seed=1, scale=0.3)
+    images, batch = _naflex_batch(np.random.default_rng(0))
+    runs = _naflex_twins(cfg, state, batch, intermediates=case == "map")
+    ref = runs[-1][1]
+    for name, out, inter in runs:
+        _assert_close(name, out, ref)
+        for key in [k for k in inter if k.startswith("attn0")]:
+            probs = np.asarray(inter[key])  # [B, N, L, L]
+            for i, (h, w) in enumerate(batch[2]):
+                assert np.all(probs[i, :, :, cfg.num_prefix_tokens + h * w :] == 0), (name, key)
+    tm = vit_torch.from_numpy(cfg, state)
+    dynamic = vit_torch.from_numpy(cfg.replace(dynamic_img_size=True), state)
+    for i, image in enumerate(images):
+        if i == len(images) - 1:  # one JAX compile: the 5x3 image, padded to 16
+            _assert_close(f"jax image {i} alone", _jax(cfg, state, pad_batch([image], (8, 8), 16))[0], ref[i])
+        alone = pad_batch([image], (8, 8), len(patchify(image, (8, 8))))  # no padding
+        with torch.no_grad():
+            got = tm(torch.from_numpy(alone[0]), patch_mask=alone[1], spatial_shapes=alone[2])
+            _assert_close(f"torch image {i} alone", got[0], ref[i])
+            full = dynamic(torch.from_numpy(image.transpose(2, 0, 1)[None]))
+        _assert_close(f"image path {i}", full[0], ref[i])
