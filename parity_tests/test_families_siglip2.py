@@ -180,3 +180,74 @@ def test_naflex_batch_equals_each_image_alone_in_both_twins(case):
             _assert_close(f"torch image {i} alone", got[0], ref[i])
             full = dynamic(torch.from_numpy(image.transpose(2, 0, 1)[None]))
         _assert_close(f"image path {i}", full[0], ref[i])
+
+
+def _siglip2_folder(folder) -> torch.nn.Module:
+    """A tiny transformers Siglip2VisionModel (patch 8, a 4x4 position table: num_patches 16), saved."""
+    config = transformers.Siglip2VisionConfig(**{**_VISION, "patch_size": 8, "num_patches": 16})
+    del config.image_size
+    model = _normal(transformers.Siglip2VisionModel._from_config(config, attn_implementation="eager"))
+    model.save_pretrained(folder)
+    return model
+
+
+def test_siglip2_naflex_folder_equals_transformers_in_both_twins(tmp_path, capsys):
+    """A ``siglip2_vision_model`` folder loads strictly (nothing assumed; image_size 4 x 8 from num_patches,
+    posemb_resample bilinear_aa declared); on a batch of four aspect ratios both twins give transformers'
+    pooled output and its last hidden state on every image patch, and transformers on each image alone
+    gives the same rows. ``vit info --set posemb_resample=nearest`` is one line and exit 2."""
+    from vit_cli.main import main
+
+    model = _siglip2_folder(tmp_path / "hf")
+    ckpt = load_checkpoint(tmp_path / "hf", strict=True)
+    assert ckpt.report.assumed == [] and ckpt.report.layout.startswith("Siglip2VisionModel")
+    cfg = ckpt.cfg
+    assert (cfg.image_size, cfg.patch_size, cfg.posemb_resample, cfg.pool) == ((32, 32), (8, 8), "bilinear_aa", "map")
+    _, batch = _naflex_batch(np.random.default_rng(2))
+    patches, mask, shapes = (torch.from_numpy(a) for a in batch)
+    with torch.no_grad():
+        ref = model(pixel_values=patches, pixel_attention_mask=mask, spatial_shapes=shapes)
+        for i in range(len(shapes)):
+            n = int(mask[i].sum())
+            alone = model(
+                pixel_values=patches[i : i + 1, :n],
+                pixel_attention_mask=mask[i : i + 1, :n],
+                spatial_shapes=shapes[i : i + 1],
+            )
+            _assert_close(f"transformers image {i} alone", alone.pooler_output[0], ref.pooler_output[i])
+        tm = vit_torch.load_model(tmp_path / "hf")
+        got, inter = tm.forward_intermediates(patches, patch_mask=mask, spatial_shapes=shapes)
+        runs = [("torch", got.numpy(), inter)]
+    out, inter = _jax(cfg, ckpt.state, batch, intermediates=True)
+    runs.append(("jax", np.asarray(out), inter))
+    for name, out, inter in runs:
+        _assert_close(name, out, ref.pooler_output)
+        for i in range(len(shapes)):
+            n = int(mask[i].sum())
+            _assert_close(f"{name} image {i} tokens", np.asarray(inter["norm"])[i, :n], ref.last_hidden_state[i, :n])
+    capsys.readouterr()  # save_pretrained's progress bars
+    assert main(["info", str(tmp_path / "hf"), "--set", "posemb_resample=nearest"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "posemb_resample" in err[0] and "nearest" in err[0], err
+
+
+def test_siglip2_two_tower_and_classifier_folders_read_their_vision_tower(tmp_path):
+    """``siglip2`` folders: ``Siglip2Model`` (the text tower reported as ignored) gives transformers' image
+    features, ``Siglip2ForImageClassification`` its logits (the masked mean of the tokens), torch twin."""
+    text = {k: v for k, v in _PUBLISHED["text_config"].items() if k != "model_type"}
+    vision = {**_VISION, "patch_size": 8, "num_patches": 16}
+    _, batch = _naflex_batch(np.random.default_rng(3))
+    patches, mask, shapes = (torch.from_numpy(a) for a in batch)
+    for arch in ("Siglip2Model", "Siglip2ForImageClassification"):
+        config = transformers.Siglip2Config(vision_config=vision, text_config=text, num_labels=5)
+        model = _normal(getattr(transformers, arch)._from_config(config, attn_implementation="eager"))
+        model.save_pretrained(tmp_path / arch)
+        ckpt = load_checkpoint(tmp_path / arch, strict=True)
+        assert ckpt.report.layout.startswith(arch) and ckpt.report.assumed == []
+        assert (ckpt.cfg.pool, ckpt.cfg.num_classes) == (("map", 0) if arch == "Siglip2Model" else ("gap", 5))
+        with torch.no_grad():
+            kw = dict(pixel_values=patches, pixel_attention_mask=mask, spatial_shapes=shapes)
+            ref = model.get_image_features(**kw) if arch == "Siglip2Model" else model(**kw).logits
+            ref = ref if isinstance(ref, torch.Tensor) else ref.pooler_output
+            got = vit_torch.load_model(tmp_path / arch)(patches, patch_mask=mask, spatial_shapes=shapes)
+        _assert_close(arch, got, ref)

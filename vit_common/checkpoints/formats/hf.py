@@ -38,7 +38,7 @@ patch_embeddings.projection}``, the final norm ``layernorm``; task models prefix
 ``deit.``. ``hidden_act`` 'gelu' / 'gelu_python' = exact erf, 'gelu_pytorch_tanh' / 'gelu_new' = the tanh
 approximation, 'quick_gelu' = x sigmoid(1.702 x); LayerNorm eps defaults to 1e-12. SigLIP, CLIP, DINOv2,
 ViT-MAE, ViT-MSN and I-JEPA folders are the ``hf_family`` format's (``hf_families``); other model types
-(BEiT, data2vec-vision, DINOv3, SigLIP2, AIMv2, ...) and masked-image-modelling heads are refused by name.
+(BEiT, data2vec-vision, DINOv3, RADIO, ...) and masked-image-modelling heads are refused by name.
 
 This module holds the format's ``FORMAT`` and write options; the ViT / DeiT tables, rules, reading and
 config.json are ``hf_vit``'s, the key spellings shared with ``hf_families`` are ``hf_common``'s.
@@ -73,7 +73,9 @@ from vit_common.system import io
 
 # The model types an hf_family folder is written as (``--hf-model-type``): the two-tower ones are written
 # as their vision tower's.
-WRITTEN_FAMILY_TYPES = tuple(t for t in FAMILY_MODEL_TYPES if t not in ("siglip", "clip", "aimv2"))
+WRITTEN_FAMILY_TYPES = tuple(
+    t for t in FAMILY_MODEL_TYPES if t not in ("siglip", "siglip2", "siglip2_vision_model", "clip", "aimv2")
+)
 WEIGHTS = "model.safetensors"  # an unsharded folder's weights, as save_pretrained names them
 
 
