@@ -271,3 +271,24 @@ def test_timm_naflexvit_files_are_refused_as_timm_by_name(tmp_path, capsys):
         assert main(["info", str(path)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "a timm NaFlexVit (naflexvit_*, embeds.proj.weight) is not read yet" in err[0], err
+
+
+def test_naflex_preprocessing_equals_transformers_siglip2_processor():
+    """``vit_common.naflex.preprocess`` + ``stack_patches`` equal transformers' ``Siglip2ImageProcessorPil``
+    bit for bit (patches, mask, spatial shapes) on photos of several aspect ratios, one smaller than the
+    budget (the RGBA one given to transformers as the project's ``to_channels`` makes it RGB)."""
+    from PIL import Image
+
+    from vit_common.data.images import to_channels
+    from vit_common.naflex import preprocess, stack_patches
+
+    rng = np.random.default_rng(4)
+    images = [
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in ((97, 240), (300, 64), (20, 20))
+    ]
+    images.append(Image.fromarray(rng.integers(0, 256, (50, 70, 4), dtype=np.uint8), "RGBA"))
+    processor = transformers.Siglip2ImageProcessorPil(patch_size=16, max_num_patches=64)
+    ref = processor([to_channels(im, 3) for im in images], return_tensors="np")
+    patches, mask, shapes = stack_patches([preprocess(im, 16, 64) for im in images], 64)
+    assert np.array_equal(shapes, ref["spatial_shapes"]) and np.array_equal(mask, ref["pixel_attention_mask"] == 1)
+    assert np.array_equal(patches, ref["pixel_values"])

@@ -14,14 +14,18 @@ The model's learned position table (its ``cfg.grid``) is resampled to each image
 ``cfg.posemb_resample`` (``position_weights``): ``bilinear_aa`` is transformers'
 ``Siglip2VisionEmbeddings.resize_positional_embeddings`` and big_vision naflex_vit's ``_pos_emb_resize``
 (``jax.image.scale_and_translate(method="bilinear", antialias=True)``). Padding patches take part in no
-attention (as keys) and in no pooling.
+attention (as keys) and in no pooling. ``preprocess`` turns a PIL image into one image's patches as
+transformers' ``Siglip2ImageProcessorPil`` does (aspect kept, at most ``max_patches`` patches).
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from vit_common.config import ViTConfig
+from vit_common.data.images import Preprocess, normalize, to_array, to_channels
 from vit_common.posemb import resample_matrix
 
 
@@ -98,20 +102,64 @@ def patchify(image: np.ndarray, patch_size: tuple[int, int]) -> np.ndarray:
 
 
 def pad_batch(images: list[np.ndarray], patch_size: tuple[int, int], max_patches: int):
-    """Images [H_i, W_i, C] (each a multiple of the patch) -> a NaFlex batch (patches [B, N, P*P*C] zero
-    padded, patch_mask [B, N] bool, spatial_shapes [B, 2] int64) with N = ``max_patches``.
+    """Images [H_i, W_i, C] (each a multiple of the patch) -> a NaFlex batch (patches [B, N, P*P*C] float32
+    zero padded, patch_mask [B, N] bool, spatial_shapes [B, 2] int64) with N = ``max_patches``.
 
     Raises:
         ValueError: an image needing more than ``max_patches`` patches (named), or not a patch multiple.
     """
-    (ph, pw), c = patch_size, images[0].shape[-1]
-    patches = np.zeros((len(images), max_patches, ph * pw * c), images[0].dtype)
-    mask = np.zeros((len(images), max_patches), bool)
-    shapes = np.zeros((len(images), 2), np.int64)
-    for i, image in enumerate(images):
-        p = patchify(image, patch_size)
+    (ph, pw) = patch_size
+    return stack_patches(
+        [(patchify(im, patch_size), (im.shape[0] // ph, im.shape[1] // pw)) for im in images], max_patches
+    )
+
+
+def size_for_max_patches(height: int, width: int, patch: int, max_patches: int, eps: float = 1e-5) -> tuple[int, int]:
+    """The (H, W) an image of ``height`` x ``width`` is resized to: the largest scale (a bisection down to
+    ``eps``) whose sides, each rounded up to a multiple of ``patch`` (at least one patch), give at most
+    ``max_patches`` patches; transformers ``get_image_size_for_max_num_patches`` (SigLIP 2)."""
+
+    def scaled(scale: float, size: int) -> int:
+        return int(max(patch, math.ceil(size * scale / patch) * patch))
+
+    lo, hi = eps / 10, 100.0
+    while hi - lo >= eps:
+        mid = (lo + hi) / 2
+        if (scaled(mid, height) / patch) * (scaled(mid, width) / patch) <= max_patches:
+            lo = mid
+        else:
+            hi = mid
+    return scaled(lo, height), scaled(lo, width)
+
+
+def preprocess(image, patch: int, max_patches: int, channels: int = 3, preprocessing: Preprocess | None = None):
+    """One PIL image -> (patches [h*w, P*P*C] float32, (h, w)): resized keeping its aspect ratio to
+    ``size_for_max_patches`` with Pillow (``preprocessing.interpolation``, SigLIP 2's bilinear by default),
+    rescaled and normalised (``vit_common.data.images.normalize``; default mean = std = 0.5), patchified;
+    transformers ``Siglip2ImageProcessorPil`` bit for bit. ``stack_patches`` makes a batch of them."""
+    preprocessing = preprocessing or Preprocess(interpolation="bilinear")
+    image = to_channels(image, channels)
+    h, w = size_for_max_patches(image.size[1], image.size[0], patch, max_patches)
+    if (w, h) != image.size:
+        from PIL import Image
+
+        image = image.resize((w, h), getattr(Image.Resampling, preprocessing.interpolation.upper()))
+    pixels = normalize(to_array(image, channels), preprocessing)  # [H, W, C] float32
+    return patchify(pixels, (patch, patch)), (h // patch, w // patch)
+
+
+def stack_patches(items: list[tuple[np.ndarray, tuple[int, int]]], max_patches: int):
+    """(patches [n_i, P*P*C], (h_i, w_i)) per image -> a NaFlex batch of N = ``max_patches`` (patches zero
+    padded, patch_mask, spatial_shapes), as ``pad_batch``.
+
+    Raises:
+        ValueError: an image with more than ``max_patches`` patches (named).
+    """
+    dim = items[0][0].shape[1]
+    patches = np.zeros((len(items), max_patches, dim), np.float32)
+    mask = np.zeros((len(items), max_patches), bool)
+    for i, (p, _) in enumerate(items):
         if len(p) > max_patches:
-            raise ValueError(f"image {i} of size {image.shape[:2]} needs {len(p)} patches, more than {max_patches}")
+            raise ValueError(f"image {i} has {len(p)} patches, more than {max_patches}")
         patches[i, : len(p)], mask[i, : len(p)] = p, True
-        shapes[i] = image.shape[0] // ph, image.shape[1] // pw
-    return patches, mask, shapes
+    return patches, mask, np.array([hw for _, hw in items], np.int64).reshape(len(items), 2)
