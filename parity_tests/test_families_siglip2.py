@@ -292,3 +292,39 @@ def test_naflex_preprocessing_equals_transformers_siglip2_processor():
     patches, mask, shapes = stack_patches([preprocess(im, 16, 64) for im in images], 64)
     assert np.array_equal(shapes, ref["spatial_shapes"]) and np.array_equal(mask, ref["pixel_attention_mask"] == 1)
     assert np.array_equal(patches, ref["pixel_values"])
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_vit_predict_on_a_naflex_model_equals_transformers(framework, tmp_path, capsys):
+    """``vit predict FOLDER IMAGES --max-patches 16`` on a ``Siglip2ForImageClassification`` folder: each
+    image kept at its aspect ratio (three ratios, one batch), the probabilities transformers gives on its
+    processor's output, to 1e-5."""
+    from PIL import Image
+
+    from vit_cli.main import main
+
+    text = {k: v for k, v in _PUBLISHED["text_config"].items() if k != "model_type"}
+    config = transformers.Siglip2Config(
+        vision_config={**_VISION, "patch_size": 8, "num_patches": 16}, text_config=text, num_labels=5
+    )
+    model = _normal(transformers.Siglip2ForImageClassification._from_config(config, attn_implementation="eager"))
+    model.save_pretrained(tmp_path / "hf")
+    rng = np.random.default_rng(5)
+    paths = []
+    for i, (h, w) in enumerate(((30, 70), (64, 20), (40, 40))):
+        paths.append(tmp_path / f"{i}.png")
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(paths[-1])
+    processor = transformers.Siglip2ImageProcessorPil(patch_size=8, max_num_patches=16)
+    inputs = processor([Image.open(p) for p in paths], return_tensors="pt")
+    with torch.no_grad():
+        ref = model(**inputs).logits.double().softmax(-1).numpy()
+    capsys.readouterr()
+    args = ["predict", str(tmp_path / "hf"), *map(str, paths), "--max-patches", "16", "--json", "--top-k", "5"]
+    assert main([*args, "--framework", framework]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["image"] for r in rows] == [str(p) for p in paths]
+    for row, want in zip(rows, ref, strict=True):
+        got = np.zeros(5)
+        for t in row["top"]:
+            got[t["index"]] = t["probability"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
