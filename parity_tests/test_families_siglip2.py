@@ -170,6 +170,8 @@ def test_naflex_batch_equals_each_image_alone_in_both_twins(case):
             for i, (h, w) in enumerate(batch[2]):
                 assert np.all(probs[i, :, :, cfg.num_prefix_tokens + h * w :] == 0), (name, key)
     tm = vit_torch.from_numpy(cfg, state)
+    with pytest.raises(ValueError, match=r"spatial_shapes of shape \(\): expected \[B=4, 2\]"):
+        tm(torch.from_numpy(batch[0]), patch_mask=batch[1])  # a mask without the grids
     dynamic = vit_torch.from_numpy(cfg.replace(dynamic_img_size=True), state)
     for i, image in enumerate(images):
         if i == len(images) - 1:  # one JAX compile: the 5x3 image, padded to 16

@@ -450,7 +450,7 @@ class VisionTransformer(nnx.Module):
         cfg = self.cfg
         record = out is not None
         token_mask = None
-        if spatial_shapes is not None:
+        if spatial_shapes is not None or patch_mask is not None:  # NaFlex
             patch_mask, spatial_shapes = check_batch(cfg, x.shape, patch_mask, spatial_shapes)
             prefix = np.ones((x.shape[0], cfg.num_prefix_tokens), bool)
             token_mask = jnp.asarray(np.concatenate([prefix, patch_mask], axis=1))  # [B, L]

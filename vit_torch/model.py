@@ -471,7 +471,7 @@ class VisionTransformer(nn.Module):
         cfg = self.cfg
         record = out is not None
         token_mask = None
-        if spatial_shapes is not None:
+        if spatial_shapes is not None or patch_mask is not None:  # NaFlex
             host = [t.cpu().numpy() if isinstance(t, torch.Tensor) else t for t in (patch_mask, spatial_shapes)]
             patch_mask, spatial_shapes = check_batch(cfg, tuple(x.shape), *host)
             prefix = np.ones((x.shape[0], cfg.num_prefix_tokens), bool)
