@@ -259,7 +259,6 @@ HF_FAMILY_REFUSED = {  # case -> (architecture, config class, the words of the r
     "vit_mae_pretraining": ("ViTMAEForPreTraining", "ViTMAEConfig", "ViT-MAE's masked-image-modelling decoder"),
     "dinov2_backbone": ("Dinov2Backbone", "Dinov2Config", "a multi-stage backbone output"),
     "data2vec_vision": ("Data2VecVisionModel", "Data2VecVisionConfig", "relative position tables and q/v biases"),
-    "siglip2_naflex": ("Siglip2VisionModel", "Siglip2VisionConfig", "NaFlex variable-resolution patches"),
 }
 
 

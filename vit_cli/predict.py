@@ -32,6 +32,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--framework", choices=("jax", "torch"), default="jax", help="which twin runs the model")
     p.add_argument("--top-k", type=arg(int_in, 1), default=3, help="how many classes to list per image")
     p.add_argument("--batch-size", type=arg(int_in, 1), default=64, help="images per forward pass")
+    p.add_argument(
+        "--max-patches",
+        type=arg(int_in, 1),
+        help="NaFlex (SigLIP 2): each image keeps its aspect ratio, resized to at most this many patches "
+        "(vit_common.naflex.preprocess, transformers' Siglip2ImageProcessor) instead of resized and cropped",
+    )
     add_image_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object per image")
     p.set_defaults(func=run)
@@ -41,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from vit_cli.flags import values
-    from vit_common.data.images import Preprocess, list_images, load_image, normalize
+    from vit_common.data.images import Preprocess, list_images, load_image, normalize, open_image
+    from vit_common.naflex import preprocess, stack_patches
     from vit_compare.run_model import class_names, load_with_info, logits
 
     files = list_images(args.images)
@@ -55,6 +62,12 @@ def run(args: argparse.Namespace) -> int:
     def batches():
         for lo in range(0, len(files), args.batch_size):
             chunk = files[lo : lo + args.batch_size]
+            if args.max_patches:  # NaFlex: square patches of the model's size
+                patch, n = cfg.patch_size[0], args.max_patches
+                yield stack_patches(
+                    [preprocess(open_image(p), patch, n, cfg.in_chans, info.preprocess) for p in chunk], n
+                )
+                continue
             x = np.stack([load_image(p, cfg.image_size, cfg.in_chans, info.preprocess) for p in chunk])
             yield normalize(x, info.preprocess)
 

@@ -1,5 +1,6 @@
 """The JAX twin's building blocks: dtypes, Linear, the norms (LayerNorm, RMSNorm), dropout with given
-masks, in Flax NNX; the PyTorch twin's are in ``vit_torch/layers.py``.
+masks, LayerScale, stochastic depth and the masked pools of NaFlex batches, in Flax NNX; the PyTorch
+twin's are in ``vit_torch/layers.py``.
 """
 
 from __future__ import annotations
@@ -58,3 +59,45 @@ def masked_drop(drop: nnx.Dropout, x: jax.Array, masks: dict | None, name: str) 
     if masks is None or drop.rate == 0 or drop.deterministic:
         return drop(x)
     return jnp.where(masks[name] > 0, x / (1.0 - drop.rate), jnp.zeros_like(x))
+
+
+class LayerScale(nnx.Module):
+    """Per-channel scale ``gamma`` [D] initialised to cfg.layer_scale (Touvron et al. 2021, CaiT)."""
+
+    def __init__(self, cfg: ViTConfig):
+        pd = jnp.dtype(cfg.param_dtype)
+        self.gamma = nnx.Param(jnp.full((cfg.width,), cfg.layer_scale, pd))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x * self.gamma[...].astype(x.dtype)
+
+
+class DropPath(nnx.Module):
+    """Stochastic depth: zero a sample's residual branch with probability ``rate`` in training."""
+
+    def __init__(self, rate: float, *, rngs: nnx.Rngs):
+        self.rate = rate
+        self.deterministic = False
+        self.rngs = rngs["dropout"].fork() if rate > 0 else None
+
+    def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+        """x [B, ...]; ``mask`` [B] (1 keep, 0 drop) given from outside (the twins' parity mode), else drawn."""
+        if self.rate == 0 or self.deterministic:
+            return x
+        keep = 1.0 - self.rate
+        shape = (x.shape[0],) + (1,) * (x.ndim - 1)
+        mask = jax.random.bernoulli(self.rngs(), keep, shape) if mask is None else mask.reshape(shape) > 0
+        return jnp.where(mask, x / keep, jnp.zeros_like(x))
+
+
+def masked_mean(x: jax.Array, keep: jax.Array | None) -> jax.Array:
+    """Mean over the tokens [B, L', D] -> [B, D]; with ``keep`` [B, L'] bool, over the kept ones only."""
+    if keep is None:
+        return x.mean(axis=1)
+    k = keep[..., None].astype(x.dtype)
+    return (x * k).sum(axis=1) / k.sum(axis=1)
+
+
+def masked_max(x: jax.Array, keep: jax.Array | None) -> jax.Array:
+    """Per-channel max over the tokens [B, L', D] -> [B, D]; with ``keep`` [B, L'], over the kept ones only."""
+    return x.max(axis=1) if keep is None else jnp.where(keep[..., None], x, -jnp.inf).max(axis=1)

@@ -13,8 +13,22 @@ import numpy as np
 from flax import nnx
 
 from vit_common.config import ViTConfig
+from vit_common.naflex import check_batch, position_weights
 from vit_common.posemb import SINCOS_CONVENTIONS, resample_matrices, sincos2d
-from vit_jax.layers import acc_dtype, dropout_layer, dtypes, linear_layer, masked_drop, norm_layer, sub_masks, trunc02
+from vit_jax.layers import (
+    DropPath,
+    LayerScale,
+    acc_dtype,
+    dropout_layer,
+    dtypes,
+    linear_layer,
+    masked_drop,
+    masked_max,
+    masked_mean,
+    norm_layer,
+    sub_masks,
+    trunc02,
+)
 from vit_jax.platforms import Platform, choose_attention, dot_product_attention, gelu
 from vit_jax.rope import RotaryEmbedding, apply_rope
 
@@ -22,7 +36,8 @@ from vit_jax.rope import RotaryEmbedding, apply_rope
 class PatchEmbed(nnx.Module):
     """Stride-P convolution with VALID padding, bias if cfg.patch_bias: [B, H, W, C] -> [B, H/P, W/P, D].
 
-    ``norm`` (cfg.patch_norm) is applied by the model to the flattened tokens [B, h*w, D], as timm's."""
+    ``norm`` (cfg.patch_norm) is applied by the model to the flattened tokens [B, h*w, D], as timm's;
+    ``embed_flat`` applies the same kernel to NaFlex patches."""
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
         self.proj = nnx.Conv(
@@ -41,10 +56,20 @@ class PatchEmbed(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.proj(x)
 
+    def embed_flat(self, x: jax.Array) -> jax.Array:
+        """NaFlex patches [B, N, P*P*C], each flattened (P, P, C) -> [B, N, D]: the convolution as one
+        linear map (its HWIO kernel flattened to [P*P*C, D]; transformers Siglip2's ``patch_embedding``)."""
+        kernel = self.proj.kernel[...].astype(x.dtype)
+        y = x @ kernel.reshape(-1, kernel.shape[-1])
+        return y if self.proj.bias is None else y + self.proj.bias[...].astype(x.dtype)
 
-def _attend(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, drop=None) -> tuple[jax.Array, jax.Array]:
+
+def _attend(
+    q: jax.Array, k: jax.Array, v: jax.Array, scale: float, drop=None, token_mask: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
     """Softmax attention written out: q [B, L, N, D/N], k and v [B, M, N, D/N] ->
-    (out [B, L, N, D/N] in q's dtype, probabilities [B, N, L, M] in at least float32).
+    (out [B, L, N, D/N] in q's dtype, probabilities [B, N, L, M] in at least float32); ``token_mask``
+    [B, M] bool: keys where it is False get probability 0 (NaFlex padding).
 
     Heads move in front of the tokens first: XLA on CPU runs the two matmuls over [B, N, L, D/N]
     ~2.7x faster than einsums over [B, L, N, D/N]. q is scaled before the product (timm's non-fused
@@ -54,7 +79,10 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, drop=None) -
     """
     acc = acc_dtype(q.dtype)
     qh, kh, vh = (t.astype(acc).transpose(0, 2, 1, 3) for t in (q, k, v))  # [B, N, L|M, D/N]
-    probs = jax.nn.softmax(jnp.einsum("bnlh,bnmh->bnlm", qh * scale, kh), axis=-1)
+    logits = jnp.einsum("bnlh,bnmh->bnlm", qh * scale, kh)
+    if token_mask is not None:
+        logits = jnp.where(token_mask[:, None, None, :], logits, -jnp.inf)
+    probs = jax.nn.softmax(logits, axis=-1)
     out = jnp.einsum("bnlm,bnmh->bnlh", probs if drop is None else drop(probs), vh)
     return out.transpose(0, 2, 1, 3).astype(q.dtype), probs
 
@@ -101,10 +129,12 @@ class Attention(nnx.Module):
         return_attn: bool = False,
         masks: dict | None = None,
         rope: tuple[jax.Array, jax.Array] | None = None,
+        token_mask: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
         """x [B, L, D] -> ([B, L, D], probabilities [B, N, L, L] if ``return_attn`` else None); ``masks``
         {"attn_drop": [B, N, L, L], "proj_drop": [B, L, D]} the parity mode's dropout keep masks;
-        ``rope`` (sin, cos) [Np, hd] or [N, Np, hd] (``RotaryEmbedding``).
+        ``rope`` (sin, cos) [Np, hd] or [N, Np, hd] (``RotaryEmbedding``); ``token_mask`` [B, L] bool, the
+        real tokens first (NaFlex: ``vit_common.naflex.check_batch``): no token attends to the others.
 
         ``return_attn=True`` takes the explicit path; so does training with attention dropout, which
         the fused kernels do not implement.
@@ -124,9 +154,11 @@ class Attention(nnx.Module):
         live_drop = self.attn_drop.rate > 0 and not self.attn_drop.deterministic
         kernel = "explicit" if return_attn or live_drop else self.kernel
         if kernel == "explicit":
-            out, probs = _attend(q, k, v, scale, lambda p: masked_drop(self.attn_drop, p, masks, "attn_drop"))
+            drop = lambda p: masked_drop(self.attn_drop, p, masks, "attn_drop")  # noqa: E731
+            out, probs = _attend(q, k, v, scale, drop, token_mask)
         else:
-            out, probs = dot_product_attention(q, k, v, scale=scale, implementation=kernel), None
+            out = dot_product_attention(q, k, v, scale=scale, implementation=kernel, token_mask=token_mask)
+            probs = None
         out = out.reshape(b, l, d)
         if self.norm is not None:
             out = self.norm(out)
@@ -185,35 +217,6 @@ class GluMlp(nnx.Module):
         return masked_drop(self.drop2, self.fc2(h if self.norm is None else self.norm(h)), masks, "drop2")
 
 
-class LayerScale(nnx.Module):
-    """Per-channel scale ``gamma`` [D] initialised to cfg.layer_scale (Touvron et al. 2021, CaiT)."""
-
-    def __init__(self, cfg: ViTConfig):
-        pd = jnp.dtype(cfg.param_dtype)
-        self.gamma = nnx.Param(jnp.full((cfg.width,), cfg.layer_scale, pd))
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return x * self.gamma[...].astype(x.dtype)
-
-
-class DropPath(nnx.Module):
-    """Stochastic depth: zero a sample's residual branch with probability ``rate`` in training."""
-
-    def __init__(self, rate: float, *, rngs: nnx.Rngs):
-        self.rate = rate
-        self.deterministic = False
-        self.rngs = rngs["dropout"].fork() if rate > 0 else None
-
-    def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
-        """x [B, ...]; ``mask`` [B] (1 keep, 0 drop) given from outside (the twins' parity mode), else drawn."""
-        if self.rate == 0 or self.deterministic:
-            return x
-        keep = 1.0 - self.rate
-        shape = (x.shape[0],) + (1,) * (x.ndim - 1)
-        mask = jax.random.bernoulli(self.rngs(), keep, shape) if mask is None else mask.reshape(shape) > 0
-        return jnp.where(mask, x / keep, jnp.zeros_like(x))
-
-
 class Block(nnx.Module):
     """Pre-norm transformer block: x + drop_path(ls1(attn(norm1(x)))), then the same for the MLP."""
 
@@ -237,27 +240,33 @@ class Block(nnx.Module):
         drop_mask: jax.Array | None = None,
         masks: dict | None = None,
         rope: tuple[jax.Array, jax.Array] | None = None,
+        token_mask: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
         """x [B, L, D] -> ([B, L, D], probabilities or None); ``drop_mask`` [B, 2]: both branches' drop-path
         masks (parity mode), else drawn; ``masks`` the block's dropout masks by path ("attn.attn_drop",
         "attn.proj_drop", "mlp.drop1", "mlp.drop2"; parity mode), else drawn; ``rope`` this block's
-        RoPE tables (``Attention``)."""
+        RoPE tables and ``token_mask`` [B, L] the real tokens (``Attention``)."""
         m1, m2 = (None, None) if drop_mask is None else (drop_mask[:, 0], drop_mask[:, 1])
-        y, probs = self.attn(self.norm1(x), return_attn=return_attn, masks=sub_masks(masks, "attn"), rope=rope)
+        attn_masks = sub_masks(masks, "attn")
+        y, probs = self.attn(self.norm1(x), return_attn=return_attn, masks=attn_masks, rope=rope, token_mask=token_mask)
         x = x + self.drop_path1(self.ls1(y) if self.ls1 is not None else y, m1)
         y = self.mlp(self.norm2(x), sub_masks(masks, "mlp"))
         x = x + self.drop_path2(self.ls2(y) if self.ls2 is not None else y, m2)
         return x, probs
 
 
-def _query_attention(q: jax.Array, kv: jax.Array, kernel: str, return_attn: bool) -> tuple[jax.Array, jax.Array | None]:
+def _query_attention(
+    q: jax.Array, kv: jax.Array, kernel: str, return_attn: bool, token_mask: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array | None]:
     """A pooling head's attention: queries q [B, 1, N, D/N] over kv [B, L, 2, N, D/N] (keys, values), scale
-    (D/N)^-0.5 -> (out [B, 1, N, D/N], probabilities [B, N, 1, L] with ``return_attn``, else None)."""
+    (D/N)^-0.5 -> (out [B, 1, N, D/N], probabilities [B, N, 1, L] with ``return_attn``, else None);
+    ``token_mask`` [B, L] bool, the real tokens first: the others get no weight."""
     k, v = kv[:, :, 0], kv[:, :, 1]
+    scale = q.shape[-1] ** -0.5
     if return_attn or kernel == "explicit":
-        out, probs = _attend(q, k, v, q.shape[-1] ** -0.5)
+        out, probs = _attend(q, k, v, scale, token_mask=token_mask)
         return out, probs if return_attn else None
-    return dot_product_attention(q, k, v, scale=q.shape[-1] ** -0.5, implementation=kernel), None
+    return dot_product_attention(q, k, v, scale=scale, implementation=kernel, token_mask=token_mask), None
 
 
 class MAPHead(nnx.Module):
@@ -282,13 +291,15 @@ class MAPHead(nnx.Module):
         self.kernel = _attention_kernel(cfg)
 
     def __call__(
-        self, x: jax.Array, *, return_attn: bool = False, masks: dict | None = None
+        self, x: jax.Array, *, return_attn: bool = False, masks: dict | None = None, token_mask: jax.Array | None = None
     ) -> tuple[jax.Array, jax.Array | None]:
-        """``masks`` {"mlp.drop1": [B, 1, F], "mlp.drop2": [B, 1, D]}: the MLP's dropout (parity mode)."""
+        """``masks`` {"mlp.drop1": [B, 1, F], "mlp.drop2": [B, 1, D]}: the MLP's dropout (parity mode);
+        ``token_mask`` [B, L'] bool: the tokens the probe may attend to (NaFlex padding left out)."""
         b, l, d = x.shape
         nh, hd = self.num_heads, self.head_dim
         q = self.q(jnp.broadcast_to(self.latent[...].astype(x.dtype), (b, 1, d))).reshape(b, 1, nh, hd)
-        out, probs = _query_attention(q, self.kv(x).reshape(b, l, 2, nh, hd), self.kernel, return_attn)
+        kv = self.kv(x).reshape(b, l, 2, nh, hd)
+        out, probs = _query_attention(q, kv, self.kernel, return_attn, token_mask)
         x = self.proj(out.reshape(b, 1, d))
         x = x + self.mlp(self.norm(x), sub_masks(masks, "mlp"))
         return x[:, 0], probs
@@ -306,11 +317,14 @@ class ProbeHead(nnx.Module):
         self.proj = linear_layer(cfg, cfg.width, cfg.width, rngs)
         self.kernel = _attention_kernel(cfg)
 
-    def __call__(self, x: jax.Array, *, return_attn: bool = False) -> tuple[jax.Array, jax.Array | None]:
+    def __call__(
+        self, x: jax.Array, *, return_attn: bool = False, token_mask: jax.Array | None = None
+    ) -> tuple[jax.Array, jax.Array | None]:
         b, l, d = x.shape
         nh, hd = self.num_heads, self.head_dim
         q = jnp.broadcast_to(self.latent[...].astype(x.dtype), (b, 1, d)).reshape(b, 1, nh, hd)
-        out, probs = _query_attention(q, self.kv(x).reshape(b, l, 2, nh, hd), self.kernel, return_attn)
+        kv = self.kv(x).reshape(b, l, 2, nh, hd)
+        out, probs = _query_attention(q, kv, self.kernel, return_attn, token_mask)
         return self.proj(out.reshape(b, d)), probs
 
 
@@ -373,18 +387,26 @@ class VisionTransformer(nnx.Module):
         decays is its recipe's choice (``vit_common.training.recipes.decays``)."""
         return frozenset({"pos_embed", "cls_token", "reg_token", "dist_token", "rope.freqs"})
 
-    def _embed(self, x: jax.Array) -> tuple[jax.Array, jax.Array, tuple[int, int]]:
-        """Images [B, H, W, C] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D], (h, w))."""
+    def _embed(
+        self, x: jax.Array, spatial_shapes: np.ndarray | None = None
+    ) -> tuple[jax.Array, jax.Array, tuple[int, int] | None]:
+        """Images [B, H, W, C] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D], (h, w));
+        with ``spatial_shapes`` (checked: ``vit_common.naflex.check_batch``) NaFlex patches [B, N, P*P*C] ->
+        (patch tokens [B, N, D], tokens [B, L, D], None), the position table resized to each image's grid."""
         cfg = self.cfg
-        if x.ndim != 4 or x.shape[-1] != cfg.in_chans:
-            raise ValueError(f"images of shape {x.shape}: expected [B, H, W, C={cfg.in_chans}] (channels last)")
-        gh, gw = cfg.grid_for(x.shape[1:3])  # raises ValueError on a size the config does not allow
-        ph, pw = cfg.patch_size
-        x = x.astype(cfg.dtype)
-        if cfg.dynamic_img_pad:  # zero-pad bottom/right to a multiple of the patch, as timm
-            x = jnp.pad(x, ((0, 0), (0, gh * ph - x.shape[1]), (0, gw * pw - x.shape[2]), (0, 0)))
         b = x.shape[0]
-        patches = self.patch_embed(x).reshape(b, gh * gw, cfg.width)  # [B, h, w, D] -> [B, h*w, D]
+        x = x.astype(cfg.dtype)
+        if spatial_shapes is not None:
+            gh, gw = None, None
+            patches = self.patch_embed.embed_flat(x)  # [B, N, D]
+        else:
+            if x.ndim != 4 or x.shape[-1] != cfg.in_chans:
+                raise ValueError(f"images of shape {x.shape}: expected [B, H, W, C={cfg.in_chans}] (channels last)")
+            gh, gw = cfg.grid_for(x.shape[1:3])  # raises ValueError on a size the config does not allow
+            ph, pw = cfg.patch_size
+            if cfg.dynamic_img_pad:  # zero-pad bottom/right to a multiple of the patch, as timm
+                x = jnp.pad(x, ((0, 0), (0, gh * ph - x.shape[1]), (0, gw * pw - x.shape[2]), (0, 0)))
+            patches = self.patch_embed(x).reshape(b, gh * gw, cfg.width)  # [B, h, w, D] -> [B, h*w, D]
         if self.patch_embed.norm is not None:
             patches = self.patch_embed.norm(patches)
         tokens = (self.cls_token, self.dist_token, self.reg_token)
@@ -394,7 +416,11 @@ class VisionTransformer(nnx.Module):
         if cfg.posemb == "learn":
             pe = self.pos_embed[...].astype(cfg.dtype)
             pe_prefix, pe_grid = (pe[:, :npt], pe[:, npt:]) if cfg.posemb_prefix else (None, pe)
-            if (gh, gw) != cfg.grid:  # dynamic image size: the same matrices as vit_common.posemb
+            if spatial_shapes is not None:  # NaFlex: each image's own grid, padding rows zero
+                weights = position_weights(cfg.grid, spatial_shapes, x.shape[1], cfg.posemb_resample)
+                pe_grid = jnp.einsum("bng,gd->bnd", jnp.asarray(weights, cfg.dtype), pe_grid[0])  # [B, N, D]
+                pe_prefix = None if pe_prefix is None else jnp.broadcast_to(pe_prefix, (b,) + pe_prefix.shape[1:])
+            elif (gh, gw) != cfg.grid:  # dynamic image size: the same matrices as vit_common.posemb
                 wh, ww = (jnp.asarray(m, cfg.dtype) for m in resample_matrices(cfg.grid, (gh, gw), cfg.posemb_resample))
                 grid = pe_grid.reshape(*cfg.grid, cfg.width)  # [h0, w0, D]
                 pe_grid = jnp.einsum("yh,hwd,xw->yxd", wh, grid, ww).reshape(1, gh * gw, cfg.width)
@@ -407,16 +433,28 @@ class VisionTransformer(nnx.Module):
             tokens = jnp.concatenate(prefix + [patches], axis=1) + jnp.concatenate([pe_prefix, pe_grid], 1)
         else:  # no_embed_class / big_vision: add to patches, then concatenate
             tokens = jnp.concatenate(prefix + [patches + pe_grid if pe_grid is not None else patches], 1)
-        return patches, tokens, (gh, gw)
+        return patches, tokens, None if gh is None else (gh, gw)
 
     def _forward(
-        self, x: jax.Array, out: dict | None, drop_masks: jax.Array | None = None, dropout_masks: dict | None = None
+        self,
+        x: jax.Array,
+        out: dict | None,
+        drop_masks: jax.Array | None = None,
+        dropout_masks: dict | None = None,
+        patch_mask=None,
+        spatial_shapes=None,
     ) -> jax.Array:
         """The one forward pass; records named intermediates into ``out`` when it is a dict; ``drop_masks``
-        [B, depth, 2] the blocks' drop-path masks, ``dropout_masks`` the dropout masks (``__call__``)."""
+        [B, depth, 2] the blocks' drop-path masks, ``dropout_masks`` the dropout masks, ``patch_mask`` and
+        ``spatial_shapes`` a NaFlex batch's (``__call__``)."""
         cfg = self.cfg
         record = out is not None
-        patches, x, grid = self._embed(x)
+        token_mask = None
+        if spatial_shapes is not None or patch_mask is not None:  # NaFlex
+            patch_mask, spatial_shapes = check_batch(cfg, x.shape, patch_mask, spatial_shapes)
+            prefix = np.ones((x.shape[0], cfg.num_prefix_tokens), bool)
+            token_mask = jnp.asarray(np.concatenate([prefix, patch_mask], axis=1))  # [B, L]
+        patches, x, grid = self._embed(x, spatial_shapes)
         rope = self.rope(grid) if self.rope is not None else None  # (sin, cos), once per forward
         x = masked_drop(self.pos_drop, x, dropout_masks, "pos_drop")
         if record:
@@ -431,10 +469,10 @@ class VisionTransformer(nnx.Module):
             sub = sub_masks(dropout_masks, f"blocks.{i}")
             tab = None if rope is None else (rope[0][i], rope[1][i]) if cfg.rope == "mixed" else rope
             if self.grad_checkpointing and not record:  # recomputed in the backward pass
-                remat = nnx.remat(lambda blk, h, m, d, r: blk(h, drop_mask=m, masks=d, rope=r))
-                x, probs = remat(block, x, mask, sub, tab)
+                remat = nnx.remat(lambda blk, h, m, d, r, t: blk(h, drop_mask=m, masks=d, rope=r, token_mask=t))
+                x, probs = remat(block, x, mask, sub, tab, token_mask)
             else:
-                x, probs = block(x, return_attn=record, drop_mask=mask, masks=sub, rope=tab)
+                x, probs = block(x, return_attn=record, drop_mask=mask, masks=sub, rope=tab, token_mask=token_mask)
             if record:
                 out[f"block{i:02d}"], out[f"attn{i:02d}"] = x, probs
         if self.norm is not None:
@@ -443,22 +481,26 @@ class VisionTransformer(nnx.Module):
             out["norm"] = x
         x_dist = x[:, 1] if cfg.head_dist else None  # DeiT: the distillation token's own head
         pooled = x if cfg.pool_include_prefix else x[:, cfg.num_prefix_tokens :]  # [B, L', D]
+        keep = None  # NaFlex: the pooled tokens that are not padding, [B, L'] bool
+        if token_mask is not None:
+            keep = token_mask if cfg.pool_include_prefix else token_mask[:, cfg.num_prefix_tokens :]
         if cfg.pool == "token":
             x = x[:, 0]
         elif cfg.pool == "gap":
-            x = pooled.mean(axis=1)
+            x = masked_mean(pooled, keep)
         elif cfg.pool == "max":
-            x = pooled.max(axis=1)
+            x = masked_max(pooled, keep)
         elif cfg.pool == "avgmax":
-            x = 0.5 * (pooled.max(axis=1) + pooled.mean(axis=1))
+            x = 0.5 * (masked_max(pooled, keep) + masked_mean(pooled, keep))
         elif cfg.pool == "token_gap":  # HF Dinov2ForImageClassification: [class token, mean of patches]
-            x = jnp.concatenate([x[:, 0], pooled.mean(axis=1)], axis=-1)
+            x = jnp.concatenate([x[:, 0], masked_mean(pooled, keep)], axis=-1)
         elif cfg.pool == "map":
-            x, probs = self.attn_pool(pooled, return_attn=record, masks=sub_masks(dropout_masks, "attn_pool"))
+            map_masks = sub_masks(dropout_masks, "attn_pool")
+            x, probs = self.attn_pool(pooled, return_attn=record, masks=map_masks, token_mask=keep)
             if record:
                 out["attn_pool"] = probs
         elif cfg.pool == "probe":
-            x, probs = self.attn_pool(pooled, return_attn=record)
+            x, probs = self.attn_pool(pooled, return_attn=record, token_mask=keep)
             if record:
                 out["attn_pool"] = probs
         if self.fc_norm is not None:
@@ -490,9 +532,20 @@ class VisionTransformer(nnx.Module):
         self.grad_checkpointing = bool(enable)
 
     def __call__(
-        self, images: jax.Array, *, drop_masks: jax.Array | None = None, dropout_masks: dict | None = None
+        self,
+        images: jax.Array,
+        *,
+        patch_mask=None,
+        spatial_shapes=None,
+        drop_masks: jax.Array | None = None,
+        dropout_masks: dict | None = None,
     ) -> jax.Array:
         """Images [B, H, W, C] -> logits [B, K] (features [B, D'] when num_classes=0).
+
+        NaFlex (``vit_common.naflex``): with ``spatial_shapes`` [B, 2] and ``patch_mask`` [B, N] (host
+        arrays: numpy, not traced), ``images`` are flattened patches [B, N, P*P*C] of images of different
+        sizes; the position table is resized to each image's grid with cfg.posemb_resample and padding
+        patches reach no attention and no pooling. A bad batch raises ValueError (``check_batch``).
 
         ``drop_masks`` float [B, depth, 2] (1 keep, 0 drop): in training, block i's two drop-path
         branches take rows [:, i, 0] and [:, i, 1] instead of drawing their own, so that both twins drop
@@ -502,10 +555,13 @@ class VisionTransformer(nnx.Module):
         "pos_drop", "blocks.{i}.attn.attn_drop", ..., "head_drop"); every live dropout needs its mask
         (KeyError otherwise); ignored in eval.
         """
-        return self._forward(images, None, drop_masks, dropout_masks)
+        return self._forward(images, None, drop_masks, dropout_masks, patch_mask, spatial_shapes)
 
-    def forward_intermediates(self, images: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """Logits and every named intermediate; attention always takes the explicit path.
+    def forward_intermediates(
+        self, images: jax.Array, *, patch_mask=None, spatial_shapes=None
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """Logits and every named intermediate; attention always takes the explicit path. NaFlex input as
+        ``__call__``; then the token axes are N long, padding included.
 
         Keys: 'patch_embed' [B, h*w, D], 'pos_embed' [B, L, D], 'norm_pre' (norm_pre only; the block
         input) [B, L, D], 'blockNN' [B, L, D], 'attnNN' [B, N, L, L] (rows sum to 1), 'norm' [B, L, D],
@@ -515,5 +571,5 @@ class VisionTransformer(nnx.Module):
         'head_dist' [B, K] (each head's logits), 'logits' [B, K]. The same keys as the torch twin.
         """
         out: dict[str, jax.Array] = {}
-        logits = self._forward(images, out)
+        logits = self._forward(images, out, patch_mask=patch_mask, spatial_shapes=spatial_shapes)
         return logits, out

@@ -195,9 +195,20 @@ _padded_when_differentiated.defvjp(_padded_fwd, _padded_bwd)
 
 
 def dot_product_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, *, scale: float, implementation: str, multiple: int | None = None
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    scale: float,
+    implementation: str,
+    multiple: int | None = None,
+    token_mask: jax.Array | None = None,
 ) -> jax.Array:
     """Fused attention: q [B, T, N, D/N], k and v [B, S, N, D/N] -> [B, T, N, D/N] in q's dtype.
+
+    ``token_mask`` [B, S] bool, True on each row's first keys only (NaFlex padding last:
+    ``vit_common.naflex.check_batch``): the keys after them are left out, given to the kernel as
+    ``key_value_seq_lengths``, the padding mask that both XLA and cuDNN (``MaskType.PADDING``) take.
 
     ``implementation`` 'xla' or 'cudnn' (``jax.nn.dot_product_attention``). cuDNN's forward-only
     kernel takes any T and S; its differentiated form needs multiples of ``multiple`` (default
@@ -205,6 +216,11 @@ def dot_product_attention(
     unpadded and differentiation goes through ``padded_attention`` (a ``custom_vjp``; so, like
     cuDNN's own kernel, reverse mode only).
     """
+    if token_mask is not None:
+        lengths = token_mask.sum(axis=-1, dtype=jnp.int32)  # [B]
+        return jax.nn.dot_product_attention(
+            q, k, v, scale=scale, key_value_seq_lengths=lengths, implementation=implementation
+        )
     if multiple is None:
         multiple = CUDNN_TRAIN_MULTIPLE if implementation == "cudnn" else 1
     if q.shape[1] % multiple == 0 and k.shape[1] % multiple == 0:

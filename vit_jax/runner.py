@@ -26,14 +26,23 @@ def full_precision(x64: bool = False) -> Iterator[None]:
         yield
 
 
-def logits(model, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+def _naflex_forward(graphdef, patch_mask: np.ndarray, spatial_shapes: np.ndarray):
+    """The jitted forward of one NaFlex batch's mask and shapes (host constants of the trace)."""
+    return jax.jit(lambda s, p: nnx.merge(graphdef, s)(p, patch_mask=patch_mask, spatial_shapes=spatial_shapes))
+
+
+def logits(model, batches: Iterable) -> Iterator[np.ndarray]:
     """Logits float32 [B, K] of ``model`` (eval mode) for each batch [B, H, W, C], in ``full_precision``;
-    one jit compilation for all equal-shaped batches."""
+    one jit compilation for all equal-shaped batches. A batch may be a NaFlex tuple (patches, patch_mask,
+    spatial_shapes) (``vit_common.naflex``): compiled for its mask and shapes, host constants."""
     graphdef, state = nnx.split(model)
     forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
     with full_precision():
         for x in batches:
-            yield np.asarray(forward(state, x), np.float32)
+            if isinstance(x, tuple):
+                yield np.asarray(_naflex_forward(graphdef, *x[1:])(state, x[0]), np.float32)
+            else:
+                yield np.asarray(forward(state, x), np.float32)
 
 
 def intermediates(model, images: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -1,6 +1,6 @@
 """The PyTorch twin's building blocks: dtypes, Linear, the norms (LayerNorm, RMSNorm), dropout with given
-masks. Each computes in ``dtype`` whatever ``param_dtype`` is (flax's semantics); the JAX twin's are in
-``vit_jax/layers.py``.
+masks, LayerScale, stochastic depth and the masked pools of NaFlex batches. Each computes in ``dtype``
+whatever ``param_dtype`` is (flax's semantics); the JAX twin's are in ``vit_jax/layers.py``.
 """
 
 from __future__ import annotations
@@ -94,3 +94,44 @@ def masked_drop(drop: nn.Dropout, x: torch.Tensor, masks: dict | None, name: str
 
 def linear_layer(cfg: ViTConfig, d_in: int, d_out: int, bias: bool = True) -> Linear:
     return Linear(d_in, d_out, bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+
+
+class LayerScale(nn.Module):
+    """Per-channel scale ``gamma`` [D] initialised to cfg.layer_scale (Touvron et al. 2021, CaiT)."""
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((cfg.width,), cfg.layer_scale, dtype=torch_dtype(cfg.param_dtype)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma.to(x.dtype)
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: zero a sample's residual branch with probability ``rate`` in training."""
+
+    def __init__(self, rate: float):
+        super().__init__()
+        self.rate = rate
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, ...]; ``mask`` [B] (1 keep, 0 drop) given from outside (the twins' parity mode), else drawn."""
+        if self.rate == 0 or not self.training:
+            return x
+        keep = 1.0 - self.rate
+        shape = (x.shape[0],) + (1,) * (x.ndim - 1)
+        mask = torch.empty(shape, device=x.device).bernoulli_(keep) if mask is None else mask.reshape(shape)
+        return torch.where(mask.bool(), x / keep, torch.zeros_like(x))
+
+
+def masked_mean(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the tokens [B, L', D] -> [B, D]; with ``keep`` [B, L'] bool, over the kept ones only."""
+    if keep is None:
+        return x.mean(dim=1)
+    k = keep[..., None].to(x.dtype)
+    return (x * k).sum(dim=1) / k.sum(dim=1)
+
+
+def masked_max(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Per-channel max over the tokens [B, L', D] -> [B, D]; with ``keep`` [B, L'], over the kept ones only."""
+    return x.amax(dim=1) if keep is None else x.masked_fill(~keep[..., None], float("-inf")).amax(dim=1)

@@ -16,15 +16,28 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from vit_common.config import ViTConfig
+from vit_common.naflex import check_batch, position_weights
 from vit_common.posemb import SINCOS_CONVENTIONS, resample_matrices, sincos2d
-from vit_torch.layers import acc_dtype, linear_layer, masked_drop, norm_layer, sub_masks, torch_dtype
+from vit_torch.layers import (
+    DropPath,
+    LayerScale,
+    acc_dtype,
+    linear_layer,
+    masked_drop,
+    masked_max,
+    masked_mean,
+    norm_layer,
+    sub_masks,
+    torch_dtype,
+)
 from vit_torch.rope import RotaryEmbedding, apply_rope
 
 
 class PatchEmbed(nn.Module):
     """Stride-P convolution, no padding (VALID), bias if cfg.patch_bias: [B, C, H, W] -> [B, D, H/P, W/P].
 
-    ``norm`` (cfg.patch_norm) is applied by the model to the flattened tokens [B, h*w, D], as timm's."""
+    ``norm`` (cfg.patch_norm) is applied by the model to the flattened tokens [B, h*w, D], as timm's;
+    ``embed_flat`` applies the same kernel to NaFlex patches."""
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
@@ -45,12 +58,25 @@ class PatchEmbed(nn.Module):
         bias = None if self.proj.bias is None else self.proj.bias.to(cd)
         return F.conv2d(x.to(cd), self.proj.weight.to(cd), bias, stride=self.proj.stride)
 
+    def embed_flat(self, x: torch.Tensor) -> torch.Tensor:
+        """NaFlex patches [B, N, P*P*C], each flattened (P, P, C) -> [B, N, D]: the convolution as one
+        linear map (its weight [D, C, P, P] as [D, P*P*C]; transformers Siglip2's ``patch_embedding``)."""
+        cd = self.compute_dtype
+        weight = self.proj.weight.to(cd).permute(0, 2, 3, 1).reshape(self.proj.weight.shape[0], -1)
+        return F.linear(x.to(cd), weight, None if self.proj.bias is None else self.proj.bias.to(cd))
+
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, drop: nn.Module | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    drop: nn.Module | None = None,
+    token_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention written out: q [B, L, N, D/N], k and v [B, M, N, D/N] ->
-    (out [B, L, N, D/N] in q's dtype, probabilities [B, N, L, M] in at least float32).
+    (out [B, L, N, D/N] in q's dtype, probabilities [B, N, L, M] in at least float32); ``token_mask``
+    [B, M] bool: keys where it is False get probability 0 (NaFlex padding).
 
     Heads move in front of the tokens first, as in the JAX twin (where XLA needs that layout); q is
     scaled before the product, as timm's non-fused ``Attention`` does. ``drop`` (attention dropout)
@@ -58,7 +84,10 @@ def _attend(
     """
     acc = acc_dtype(q.dtype)
     qh, kh, vh = (t.to(acc).transpose(1, 2) for t in (q, k, v))  # [B, N, L|M, D/N]
-    probs = torch.einsum("bnlh,bnmh->bnlm", qh * scale, kh).softmax(dim=-1)
+    logits = torch.einsum("bnlh,bnmh->bnlm", qh * scale, kh)
+    if token_mask is not None:
+        logits = logits.masked_fill(~token_mask[:, None, None, :], float("-inf"))
+    probs = logits.softmax(dim=-1)
     out = torch.einsum("bnlm,bnmh->bnlh", probs if drop is None else drop(probs), vh)
     return out.transpose(1, 2).to(q.dtype), probs
 
@@ -96,10 +125,12 @@ class Attention(nn.Module):
         return_attn: bool = False,
         masks: dict | None = None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        token_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x [B, L, D] -> ([B, L, D], probabilities [B, N, L, L] or None); ``masks`` {"attn_drop":
         [B, N, L, L], "proj_drop": [B, L, D]} the parity mode's dropout keep masks (explicit path);
-        ``rope`` (sin, cos) [Np, hd] or [N, Np, hd] (``RotaryEmbedding``)."""
+        ``rope`` (sin, cos) [Np, hd] or [N, Np, hd] (``RotaryEmbedding``); ``token_mask`` [B, L] bool, the
+        real tokens (NaFlex: ``vit_common.naflex.check_batch``): no token attends to the others."""
         b, l, d = x.shape
         qkv = self.qkv(x)  # [B, L, 3D]
         if self.q_bias is not None:
@@ -112,12 +143,14 @@ class Attention(nn.Module):
         scale = self.head_dim**-0.5
         if self.fused and not return_attn and masks is None:
             p = self.attn_drop.p if self.training else 0.0
+            attn_mask = None if token_mask is None else token_mask[:, None, None, :]  # [B, 1, 1, L]
             out = F.scaled_dot_product_attention(  # takes [B, N, L, D/N]
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=p, scale=scale
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask, dropout_p=p, scale=scale
             ).transpose(1, 2)
             probs = None
         else:
-            out, probs = _attend(q, k, v, scale, lambda p: masked_drop(self.attn_drop, p, masks, "attn_drop"))
+            drop = lambda p: masked_drop(self.attn_drop, p, masks, "attn_drop")  # noqa: E731
+            out, probs = _attend(q, k, v, scale, drop, token_mask)
         out = out.reshape(b, l, d)
         if self.norm is not None:
             out = self.norm(out)
@@ -178,34 +211,6 @@ class GluMlp(nn.Module):
         return masked_drop(self.drop2, self.fc2(h if self.norm is None else self.norm(h)), masks, "drop2")
 
 
-class LayerScale(nn.Module):
-    """Per-channel scale ``gamma`` [D] initialised to cfg.layer_scale (Touvron et al. 2021, CaiT)."""
-
-    def __init__(self, cfg: ViTConfig):
-        super().__init__()
-        self.gamma = nn.Parameter(torch.full((cfg.width,), cfg.layer_scale, dtype=torch_dtype(cfg.param_dtype)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.gamma.to(x.dtype)
-
-
-class DropPath(nn.Module):
-    """Stochastic depth: zero a sample's residual branch with probability ``rate`` in training."""
-
-    def __init__(self, rate: float):
-        super().__init__()
-        self.rate = rate
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x [B, ...]; ``mask`` [B] (1 keep, 0 drop) given from outside (the twins' parity mode), else drawn."""
-        if self.rate == 0 or not self.training:
-            return x
-        keep = 1.0 - self.rate
-        shape = (x.shape[0],) + (1,) * (x.ndim - 1)
-        mask = torch.empty(shape, device=x.device).bernoulli_(keep) if mask is None else mask.reshape(shape)
-        return torch.where(mask.bool(), x / keep, torch.zeros_like(x))
-
-
 class Block(nn.Module):
     """Pre-norm transformer block: x + drop_path(ls1(attn(norm1(x)))), then the same for the MLP.
 
@@ -235,13 +240,15 @@ class Block(nn.Module):
         drop_mask: torch.Tensor | None = None,
         masks: dict | None = None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        token_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x [B, L, D] -> ([B, L, D], probabilities or None); ``drop_mask`` [B, 2]: both branches' drop-path
         masks (parity mode), else drawn; ``masks`` the block's dropout masks by path ("attn.attn_drop",
         "attn.proj_drop", "mlp.drop1", "mlp.drop2"; parity mode), else drawn; ``rope`` this block's
-        RoPE tables (``Attention``)."""
+        RoPE tables and ``token_mask`` [B, L] the real tokens (``Attention``)."""
         m1, m2 = (None, None) if drop_mask is None else (drop_mask[:, 0], drop_mask[:, 1])
-        y, probs = self.attn(self.norm1(x), return_attn=return_attn, masks=sub_masks(masks, "attn"), rope=rope)
+        attn_masks = sub_masks(masks, "attn")
+        y, probs = self.attn(self.norm1(x), return_attn=return_attn, masks=attn_masks, rope=rope, token_mask=token_mask)
         x = x + self.drop_path1(self.ls1(y) if self.ls1 is not None else y, m1)
         y = self.mlp(self.norm2(x), sub_masks(masks, "mlp"))
         x = x + self.drop_path2(self.ls2(y) if self.ls2 is not None else y, m2)
@@ -249,17 +256,20 @@ class Block(nn.Module):
 
 
 def _query_attention(
-    q: torch.Tensor, kv: torch.Tensor, fused: bool, return_attn: bool
+    q: torch.Tensor, kv: torch.Tensor, fused: bool, return_attn: bool, token_mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A pooling head's attention: queries q [B, 1, N, D/N] over kv [B, L, 2, N, D/N] (keys, values), scale
-    (D/N)^-0.5 -> (out [B, 1, N, D/N], probabilities [B, N, 1, L] with ``return_attn``, else None)."""
+    (D/N)^-0.5 -> (out [B, 1, N, D/N], probabilities [B, N, 1, L] with ``return_attn``, else None);
+    ``token_mask`` [B, L] bool: the tokens where it is False get no weight."""
     k, v = kv.unbind(2)  # each [B, L, N, D/N]
+    scale = q.shape[-1] ** -0.5
     if fused and not return_attn:
+        attn_mask = None if token_mask is None else token_mask[:, None, None, :]  # [B, 1, 1, L]
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=q.shape[-1] ** -0.5
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask, scale=scale
         )
         return out.transpose(1, 2), None
-    return _attend(q, k, v, q.shape[-1] ** -0.5)
+    return _attend(q, k, v, scale, token_mask=token_mask)
 
 
 class MAPHead(nn.Module):
@@ -286,13 +296,20 @@ class MAPHead(nn.Module):
         self.fused = cfg.attn_impl == "fused"
 
     def forward(
-        self, x: torch.Tensor, *, return_attn: bool = False, masks: dict | None = None
+        self,
+        x: torch.Tensor,
+        *,
+        return_attn: bool = False,
+        masks: dict | None = None,
+        token_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``masks`` {"mlp.drop1": [B, 1, F], "mlp.drop2": [B, 1, D]}: the MLP's dropout (parity mode)."""
+        """``masks`` {"mlp.drop1": [B, 1, F], "mlp.drop2": [B, 1, D]}: the MLP's dropout (parity mode);
+        ``token_mask`` [B, L'] bool: the tokens the probe may attend to (NaFlex padding left out)."""
         b, l, d = x.shape
         nh, hd = self.num_heads, self.head_dim
         q = self.q(self.latent.to(x.dtype).expand(b, 1, d)).reshape(b, 1, nh, hd)
-        out, probs = _query_attention(q, self.kv(x).reshape(b, l, 2, nh, hd), self.fused, return_attn)
+        kv = self.kv(x).reshape(b, l, 2, nh, hd)
+        out, probs = _query_attention(q, kv, self.fused, return_attn, token_mask)
         x = self.proj(out.reshape(b, 1, d))
         x = x + self.mlp(self.norm(x), sub_masks(masks, "mlp"))
         return x[:, 0], probs
@@ -313,11 +330,14 @@ class ProbeHead(nn.Module):
         self.proj = linear_layer(cfg, cfg.width, cfg.width)
         self.fused = cfg.attn_impl == "fused"
 
-    def forward(self, x: torch.Tensor, *, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, x: torch.Tensor, *, return_attn: bool = False, token_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, l, d = x.shape
         nh, hd = self.num_heads, self.head_dim
         q = self.latent.to(x.dtype).expand(b, 1, d).reshape(b, 1, nh, hd)
-        out, probs = _query_attention(q, self.kv(x).reshape(b, l, 2, nh, hd), self.fused, return_attn)
+        kv = self.kv(x).reshape(b, l, 2, nh, hd)
+        out, probs = _query_attention(q, kv, self.fused, return_attn, token_mask)
         return self.proj(out.reshape(b, d)), probs
 
 
@@ -382,19 +402,29 @@ class VisionTransformer(nn.Module):
         decays is its recipe's choice (``vit_common.training.recipes.decays``)."""
         return frozenset({"pos_embed", "cls_token", "reg_token", "dist_token", "rope.freqs"})
 
-    def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
-        """Images [B, C, H, W] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D], (h, w))."""
+    def _embed(
+        self, x: torch.Tensor, spatial_shapes: np.ndarray | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int] | None]:
+        """Images [B, C, H, W] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D], (h, w));
+        with ``spatial_shapes`` (checked: ``vit_common.naflex.check_batch``) NaFlex patches [B, N, P*P*C] ->
+        (patch tokens [B, N, D], tokens [B, L, D], None), the position table resized to each image's grid."""
         cfg = self.cfg
-        if x.ndim != 4 or x.shape[1] != cfg.in_chans:
-            raise ValueError(f"images of shape {tuple(x.shape)}: expected [B, C={cfg.in_chans}, H, W] (channels first)")
-        gh, gw = cfg.grid_for(x.shape[2:4])  # raises ValueError on a size the config does not allow
-        ph, pw = cfg.patch_size
         cd = torch_dtype(cfg.dtype)
-        x = x.to(cd)
-        if cfg.dynamic_img_pad:  # zero-pad bottom/right to a multiple of the patch, as timm
-            x = F.pad(x, (0, gw * pw - x.shape[3], 0, gh * ph - x.shape[2]))
         b = x.shape[0]
-        patches = self.patch_embed(x).flatten(2).transpose(1, 2)  # [B, D, h, w] -> [B, h*w, D]
+        x = x.to(cd)
+        if spatial_shapes is not None:
+            gh, gw = None, None
+            patches = self.patch_embed.embed_flat(x)  # [B, N, D]
+        else:
+            if x.ndim != 4 or x.shape[1] != cfg.in_chans:
+                raise ValueError(
+                    f"images of shape {tuple(x.shape)}: expected [B, C={cfg.in_chans}, H, W] (channels first)"
+                )
+            gh, gw = cfg.grid_for(x.shape[2:4])  # raises ValueError on a size the config does not allow
+            ph, pw = cfg.patch_size
+            if cfg.dynamic_img_pad:  # zero-pad bottom/right to a multiple of the patch, as timm
+                x = F.pad(x, (0, gw * pw - x.shape[3], 0, gh * ph - x.shape[2]))
+            patches = self.patch_embed(x).flatten(2).transpose(1, 2)  # [B, D, h, w] -> [B, h*w, D]
         if self.patch_embed.norm is not None:
             patches = self.patch_embed.norm(patches)
         tokens = (self.cls_token, self.dist_token, self.reg_token)
@@ -403,7 +433,12 @@ class VisionTransformer(nn.Module):
         if cfg.posemb == "learn":
             pe = self.pos_embed.to(cd)
             pe_prefix, pe_grid = (pe[:, :npt], pe[:, npt:]) if cfg.posemb_prefix else (None, pe)
-            if (gh, gw) != cfg.grid:  # dynamic image size: the same matrices as vit_common.posemb
+            if spatial_shapes is not None:  # NaFlex: each image's own grid, padding rows zero
+                weights = position_weights(cfg.grid, spatial_shapes, x.shape[1], cfg.posemb_resample)
+                weights = torch.as_tensor(weights, dtype=cd, device=x.device)  # [B, N, Gh*Gw]
+                pe_grid = torch.einsum("bng,gd->bnd", weights, pe_grid[0])  # [B, N, D]
+                pe_prefix = None if pe_prefix is None else pe_prefix.expand(b, -1, -1)
+            elif (gh, gw) != cfg.grid:  # dynamic image size: the same matrices as vit_common.posemb
                 wh, ww = (
                     torch.as_tensor(m, dtype=cd, device=x.device)
                     for m in resample_matrices(cfg.grid, (gh, gw), cfg.posemb_resample)
@@ -419,7 +454,7 @@ class VisionTransformer(nn.Module):
             tokens = torch.cat(prefix + [patches], dim=1) + torch.cat([pe_prefix, pe_grid], dim=1)
         else:  # no_embed_class / big_vision: add to patches, then concatenate
             tokens = torch.cat(prefix + [patches + pe_grid if pe_grid is not None else patches], dim=1)
-        return patches, tokens, (gh, gw)
+        return patches, tokens, None if gh is None else (gh, gw)
 
     def _forward(
         self,
@@ -427,12 +462,21 @@ class VisionTransformer(nn.Module):
         out: dict | None,
         drop_masks: torch.Tensor | None = None,
         dropout_masks: dict | None = None,
+        patch_mask=None,
+        spatial_shapes=None,
     ) -> torch.Tensor:
         """The one forward pass; records named intermediates into ``out`` when it is a dict; ``drop_masks``
-        [B, depth, 2] the blocks' drop-path masks, ``dropout_masks`` the dropout masks (``forward``)."""
+        [B, depth, 2] the blocks' drop-path masks, ``dropout_masks`` the dropout masks, ``patch_mask`` and
+        ``spatial_shapes`` a NaFlex batch's (``forward``)."""
         cfg = self.cfg
         record = out is not None
-        patches, x, grid = self._embed(x)
+        token_mask = None
+        if spatial_shapes is not None or patch_mask is not None:  # NaFlex
+            host = [t.cpu().numpy() if isinstance(t, torch.Tensor) else t for t in (patch_mask, spatial_shapes)]
+            patch_mask, spatial_shapes = check_batch(cfg, tuple(x.shape), *host)
+            prefix = np.ones((x.shape[0], cfg.num_prefix_tokens), bool)
+            token_mask = torch.as_tensor(np.concatenate([prefix, patch_mask], axis=1), device=x.device)  # [B, L]
+        patches, x, grid = self._embed(x, spatial_shapes)
         rope = self.rope(grid, x.device) if self.rope is not None else None  # (sin, cos), once per forward
         x = masked_drop(self.pos_drop, x, dropout_masks, "pos_drop")
         if record:
@@ -446,9 +490,11 @@ class VisionTransformer(nn.Module):
             sub = sub_masks(dropout_masks, f"blocks.{i}")
             tab = None if rope is None else (rope[0][i], rope[1][i]) if self.cfg.rope == "mixed" else rope
             if self.grad_checkpointing and not record and torch.is_grad_enabled():  # recomputed in backward
-                x, probs = checkpoint(block, x, drop_mask=mask, masks=sub, rope=tab, use_reentrant=False)
+                x, probs = checkpoint(
+                    block, x, drop_mask=mask, masks=sub, rope=tab, token_mask=token_mask, use_reentrant=False
+                )
             else:
-                x, probs = block(x, return_attn=record, drop_mask=mask, masks=sub, rope=tab)
+                x, probs = block(x, return_attn=record, drop_mask=mask, masks=sub, rope=tab, token_mask=token_mask)
             if record:
                 out[f"block{i:02d}"], out[f"attn{i:02d}"] = x, probs
         if self.norm is not None:
@@ -457,22 +503,26 @@ class VisionTransformer(nn.Module):
             out["norm"] = x
         x_dist = x[:, 1] if cfg.head_dist else None  # DeiT: the distillation token's own head
         pooled = x if cfg.pool_include_prefix else x[:, cfg.num_prefix_tokens :]  # [B, L', D]
+        keep = None  # NaFlex: the pooled tokens that are not padding, [B, L'] bool
+        if token_mask is not None:
+            keep = token_mask if cfg.pool_include_prefix else token_mask[:, cfg.num_prefix_tokens :]
         if cfg.pool == "token":
             x = x[:, 0]
         elif cfg.pool == "gap":
-            x = pooled.mean(dim=1)
+            x = masked_mean(pooled, keep)
         elif cfg.pool == "max":
-            x = pooled.amax(dim=1)
+            x = masked_max(pooled, keep)
         elif cfg.pool == "avgmax":
-            x = 0.5 * (pooled.amax(dim=1) + pooled.mean(dim=1))
+            x = 0.5 * (masked_max(pooled, keep) + masked_mean(pooled, keep))
         elif cfg.pool == "token_gap":  # HF Dinov2ForImageClassification: [class token, mean of patches]
-            x = torch.cat([x[:, 0], pooled.mean(dim=1)], dim=-1)
+            x = torch.cat([x[:, 0], masked_mean(pooled, keep)], dim=-1)
         elif cfg.pool == "map":
-            x, probs = self.attn_pool(pooled, return_attn=record, masks=sub_masks(dropout_masks, "attn_pool"))
+            map_masks = sub_masks(dropout_masks, "attn_pool")
+            x, probs = self.attn_pool(pooled, return_attn=record, masks=map_masks, token_mask=keep)
             if record:
                 out["attn_pool"] = probs
         elif cfg.pool == "probe":
-            x, probs = self.attn_pool(pooled, return_attn=record)
+            x, probs = self.attn_pool(pooled, return_attn=record, token_mask=keep)
             if record:
                 out["attn_pool"] = probs
         if self.fc_norm is not None:
@@ -505,9 +555,20 @@ class VisionTransformer(nn.Module):
         self.grad_checkpointing = bool(enable)
 
     def forward(
-        self, images: torch.Tensor, *, drop_masks: torch.Tensor | None = None, dropout_masks: dict | None = None
+        self,
+        images: torch.Tensor,
+        *,
+        patch_mask=None,
+        spatial_shapes=None,
+        drop_masks: torch.Tensor | None = None,
+        dropout_masks: dict | None = None,
     ) -> torch.Tensor:
         """Images [B, C, H, W] -> logits [B, K] (features [B, D'] when num_classes=0).
+
+        NaFlex (``vit_common.naflex``): with ``spatial_shapes`` [B, 2] and ``patch_mask`` [B, N] (tensors or
+        numpy; read on the host), ``images`` are flattened patches [B, N, P*P*C] of images of different
+        sizes; the position table is resized to each image's grid with cfg.posemb_resample and padding
+        patches reach no attention and no pooling. A bad batch raises ValueError (``check_batch``).
 
         ``drop_masks`` float [B, depth, 2] (1 keep, 0 drop): in training, block i's two drop-path
         branches take rows [:, i, 0] and [:, i, 1] instead of drawing their own, so that both twins drop
@@ -517,10 +578,13 @@ class VisionTransformer(nn.Module):
         "pos_drop", "blocks.{i}.attn.attn_drop", ..., "head_drop"); every live dropout needs its mask
         (KeyError otherwise); ignored in eval.
         """
-        return self._forward(images, None, drop_masks, dropout_masks)
+        return self._forward(images, None, drop_masks, dropout_masks, patch_mask, spatial_shapes)
 
-    def forward_intermediates(self, images: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Logits and every named intermediate; attention always takes the explicit path.
+    def forward_intermediates(
+        self, images: torch.Tensor, *, patch_mask=None, spatial_shapes=None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Logits and every named intermediate; attention always takes the explicit path. NaFlex input as
+        ``forward``; then the token axes are N long, padding included.
 
         Keys: 'patch_embed' [B, h*w, D], 'pos_embed' [B, L, D], 'norm_pre' (norm_pre only; the block
         input) [B, L, D], 'blockNN' [B, L, D], 'attnNN' [B, N, L, L] (rows sum to 1), 'norm' [B, L, D],
@@ -530,5 +594,5 @@ class VisionTransformer(nn.Module):
         'head_dist' [B, K] (each head's logits), 'logits' [B, K]. The same keys as the JAX twin.
         """
         out: dict[str, torch.Tensor] = {}
-        logits = self._forward(images, out)
+        logits = self._forward(images, out, patch_mask=patch_mask, spatial_shapes=spatial_shapes)
         return logits, out

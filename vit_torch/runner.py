@@ -36,12 +36,19 @@ def _tensor(model: torch.nn.Module, images: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.asarray(images).transpose(0, 3, 1, 2))).to(device)
 
 
-def logits(model: torch.nn.Module, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+def logits(model: torch.nn.Module, batches: Iterable) -> Iterator[np.ndarray]:
     """Logits float32 [B, K] of ``model`` (eval mode, no grad) for each batch [B, H, W, C], in
-    ``full_precision``."""
+    ``full_precision``. A batch may be a NaFlex tuple (patches, patch_mask, spatial_shapes)
+    (``vit_common.naflex``)."""
+    device = next(model.parameters()).device
     with full_precision(), torch.no_grad():
         for x in batches:
-            yield model(_tensor(model, x)).float().cpu().numpy()
+            if isinstance(x, tuple):
+                patches, mask, shapes = x
+                out = model(torch.from_numpy(patches).to(device), patch_mask=mask, spatial_shapes=shapes)
+            else:
+                out = model(_tensor(model, x))
+            yield out.float().cpu().numpy()
 
 
 def intermediates(model: torch.nn.Module, images: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -107,6 +107,8 @@ FAMILY_MODEL_TYPES = (
     "aimv2",
     "siglip_vision_model",
     "siglip",
+    "siglip2_vision_model",
+    "siglip2",
     "clip_vision_model",
     "clip",
     "dinov2",

@@ -53,8 +53,6 @@ _REFUSED_MODEL_TYPES = {
     "vit_hybrid": "a convolutional stem",
     "perception_lm": "rotary position embeddings (Perception Encoder)",
     "pe_video": "rotary position embeddings (Perception Encoder)",
-    "siglip2": "NaFlex variable-resolution patches (SigLIP2)",
-    "siglip2_vision_model": "NaFlex variable-resolution patches (SigLIP2)",
     "radio": "a model without final norm, a cropped position table and summary class tokens (RADIO)",
 }
 

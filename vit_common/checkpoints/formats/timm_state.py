@@ -55,9 +55,14 @@ _NO_TIMM_POOL = {
 }
 
 
+# timm NaFlexVit's (``naflexvit_*``) patch embedding: recognised as timm's, then refused by name
+NAFLEX_KEYS = ("embeds.proj.weight", "module.embeds.proj.weight")
+
+
 def is_timm(keys) -> bool:
-    """True if the key names are a timm VisionTransformer state_dict (optionally ``module.``-prefixed)."""
-    return any(k in ("patch_embed.proj.weight", "module.patch_embed.proj.weight") for k in keys)
+    """True if the key names are a timm VisionTransformer or NaFlexVit state_dict (optionally
+    ``module.``-prefixed)."""
+    return any(k in ("patch_embed.proj.weight", "module.patch_embed.proj.weight", *NAFLEX_KEYS) for k in keys)
 
 
 def normalise_keys(tensors: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[str]]:

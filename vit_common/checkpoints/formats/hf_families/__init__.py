@@ -1,6 +1,6 @@
-"""Hugging Face transformers vision towers beyond ViT and DeiT: SigLIP, CLIP, DINOv2 (with registers),
-ViT-MAE, ViT-MSN, I-JEPA and AIMv2 folders (config.json + weights) <-> the canonical state: the hf_family
-format's ``FORMAT``, one object that dispatches by config.json ``model_type``.
+"""Hugging Face transformers vision towers beyond ViT and DeiT: SigLIP (and NaFlex SigLIP 2), CLIP, DINOv2
+(with registers), ViT-MAE, ViT-MSN, I-JEPA and AIMv2 folders (config.json + weights) <-> the canonical
+state: the hf_family format's ``FORMAT``, one object that dispatches by config.json ``model_type``.
 
 ``model_type`` decides the layout and ``architectures`` the output (transformers 5.24's modules):
 
@@ -29,6 +29,11 @@ vit_mae                 ViTMAEModel (every patch: transformers     an HF ViT; po
                         with ``mask_ratio=0``)
 vit_msn                 ViTMSNModel, ViTMSNForImageClassification  an HF ViT; pool 'token'
 ijepa                   IJepaModel, IJepaForImageClassification    no class token; pool 'gap'
+siglip2_vision_model    Siglip2VisionModel (NaFlex: flattened       ``patch_embedding`` [D, P*P*C] = the
+                        patches, a patch mask, each image's grid;  patch convolution; image_size
+                        read only)                                 sqrt(num_patches) P; per-image
+                                                                   posemb_resample 'bilinear_aa'
+siglip2                 Siglip2Model: ``vision_model.*`` as above; Siglip2ForImageClassification (masked mean)
 aimv2_vision_model      Aimv2VisionModel (output: the attention    RMSNorm, patch_norm, SwiGLU ``ffn``,
                         probe ``head.*`` where ``use_head``, else  q/k/v/out biases as ``qkv_bias``;
                         every token)                               ``is_native``: posemb 'sincos2d_mae'
@@ -48,9 +53,9 @@ is the hf format's unless written as ``vit_mae`` (``ViTMAEModel``, ``mask_ratio`
 ``HfWriteOptions.model_type`` (``--hf-model-type``), which ``complete_options`` sets from a source read
 from such a folder. Still refused by name: CLIPForImageClassification (a mean of
 un-normalised tokens), ViTMAEForPreTraining (its decoder), and in ``hf_vit`` relative position bias (BEiT,
-data2vec-vision), rotary embeddings (DINOv3, Perception Encoder) and NaFlex SigLIP2.
+data2vec-vision), rotary embeddings (DINOv3, Perception Encoder) and RADIO.
 
-One module per family holds its model types' rules (``siglip``, ``clip``, ``dinov2``, ``vit_mae``,
+One module per family holds its model types' rules (``siglip``, ``siglip2``, ``clip``, ``dinov2``, ``vit_mae``,
 ``vit_msn``, ``ijepa``, ``aimv2``: a table ``FAMILIES`` of ``family.Family`` objects); ``layout`` holds the tensor
 layouts by block style. A new family is one module and one entry in ``FAMILIES`` below (and its model
 types in ``hf_common.FAMILY_MODEL_TYPES``, which the hf format refuses with a pointer here).
@@ -68,7 +73,7 @@ import numpy as np
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.hf import HfWriteOptions, HuggingFace
 from vit_common.checkpoints.formats.hf_common import BLOCK_KEYS, GELU_TO_ACT, size_pair
-from vit_common.checkpoints.formats.hf_families import aimv2, clip, dinov2, ijepa, siglip, vit_mae, vit_msn
+from vit_common.checkpoints.formats.hf_families import aimv2, clip, dinov2, ijepa, siglip, siglip2, vit_mae, vit_msn
 from vit_common.checkpoints.formats.hf_families.dinov2 import dinov2_ratio
 from vit_common.checkpoints.formats.hf_families.family import Family, FamilyConfig
 from vit_common.checkpoints.formats.hf_families.layout import (
@@ -106,6 +111,7 @@ from vit_common.system import io
 FAMILIES: dict[str, Family] = (
     aimv2.FAMILIES  # first: it alone holds RMSNorm models, which SigLIP's holds() does not look at
     | siglip.FAMILIES
+    | siglip2.FAMILIES
     | clip.FAMILIES
     | dinov2.FAMILIES
     | vit_mae.FAMILIES
@@ -181,17 +187,18 @@ def read_family(
     cj = FamilyConfig(vc, fam.defaults, context)
     patch_key = fam.patch_key()
     prefix = next((p for p in dict.fromkeys((declared_prefix, "vision_model.", "")) if p + patch_key in tensors), None)
-    if prefix is None or np.ndim(tensors[prefix + patch_key]) != 4:
-        raise FormatError(f"{context}: no 4-D {declared_prefix}{patch_key}, so not a transformers {arch}")
+    if prefix is None:
+        raise FormatError(f"{context}: no {declared_prefix}{patch_key}, so not a transformers {arch}")
     refuse_unsupported(tensors, context)
-    d, c, ph, pw = positive_dims(np.shape(tensors[prefix + patch_key]), prefix + patch_key, context)
+    shape = positive_dims(np.shape(tensors[prefix + patch_key]), prefix + patch_key, context)
+    d, c, ph, pw = fam.patch_dims(cj, shape, prefix + patch_key)
     type_origin = declared(f"model_type {model_type!r}")
     f: dict[str, Any] = fam.fixed()
     prov: dict[str, Origin] = {k: type_origin for k in f}
     for name, key in (("width", "hidden_size"), ("depth", "num_hidden_layers"), ("num_heads", "num_attention_heads")):
         f[name], prov[name] = cj.get(key, (int,))
     f["in_chans"], prov["in_chans"] = cj.get("num_channels", (int,))
-    size, prov["image_size"] = cj.get("image_size", (int, list))
+    size, prov["image_size"] = fam.read_image_size(cj)
     f["image_size"] = size_pair(size, "image_size", context)
     cp, prov["patch_size"] = cj.get("patch_size", (int, list))
     f["patch_size"] = size_pair(cp, "patch_size", context)

@@ -6,7 +6,8 @@ Each family module of this package (``siglip``, ``clip``, ``dinov2``, ``vit_mae`
 the data every model type has (block style, transformers' config defaults, architectures, what the model
 type fixes, what is refused by name), and, in a subclass, the methods a family overrides: the config.json
 keys it reads beyond the common ones (``read_block``, ``read_mlp``, ``read_registers``, ``read_pool``),
-where its patch embedding is (``patch_key``), its tensor rules (``rules``), the models it holds when
+where its patch embedding is and its shape (``patch_key``, ``patch_dims``), the image size
+(``read_image_size``), its tensor rules (``rules``), the models it holds when
 written (``holds``) and what else it cannot hold (``checks``), the config.json it writes
 (``config_json``, ``config_keys``) and whether its fixed position table is kept (``keeps_posemb``).
 """
@@ -96,6 +97,16 @@ class Family:
         if self.style == "clip":
             return "embeddings.patch_embedding.weight"
         return "embeddings.patch_embeddings.projection.weight"
+
+    def patch_dims(self, cj: FamilyConfig, shape: tuple[int, ...], key: str) -> tuple[int, int, int, int]:
+        """(D, C, P_h, P_w) of the patch embedding's weight ``key`` of ``shape``: a 4-D convolution."""
+        if len(shape) != 4:
+            raise FormatError(f"{cj.context}: {key} has shape {tuple(shape)}, not a 4-D patch convolution")
+        return shape
+
+    def read_image_size(self, cj: FamilyConfig) -> tuple[Any, Origin]:
+        """(config.json ``image_size``: an int or [H, W], its origin)."""
+        return cj.get("image_size", (int, list))
 
     def read_block(
         self, cj: FamilyConfig, fields: dict[str, Any], type_origin: Origin

@@ -1,0 +1,332 @@
+"""SigLIP 2 in both twins against the libraries that publish it, tiny models built here.
+
+Fixed resolution: transformers publishes SigLIP 2 as plain ``siglip`` folders (``SiglipModel``, a
+``siglip_vision_model`` vision_config) and big_vision as ``siglip2_*.npz`` files in SigLIP's layout (its
+README_siglip2: "compatible with vit.py and two_towers.py ... the only difference is the vocab size (256k)
+and the tokenizer"); both must load as they are, equal to transformers' forward within
+``vit_common.tolerance`` (float32 1e-5 relative).
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+import vit_jax
+import vit_torch
+from vit_common.checkpoints.convert import convert, load_checkpoint
+from vit_common.checkpoints.formats.npz import NpzWriteOptions
+from vit_common.config import ViTConfig
+from vit_common.naflex import pad_batch, patchify
+from vit_common.state import random_state
+from vit_common.tolerance import compare
+
+# The keys of google/siglip2-base-patch16-224's config.json (transformers 4.49), sizes made tiny: no
+# hidden_act, layer_norm_eps or vision_use_head, so transformers' defaults apply.
+_VISION = dict(hidden_size=32, image_size=32, intermediate_size=48, num_attention_heads=4, num_hidden_layers=2)
+_PUBLISHED = {
+    "architectures": ["SiglipModel"],
+    "initializer_factor": 1.0,
+    "model_type": "siglip",
+    "text_config": {
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "model_type": "siglip_text_model",
+        "num_attention_heads": 2,
+        "num_hidden_layers": 1,
+        "vocab_size": 64,
+    },
+    "torch_dtype": "float32",
+    "vision_config": {**_VISION, "model_type": "siglip_vision_model", "patch_size": 16},
+}
+
+
+def _normal(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every parameter N(0, 0.3), norm weights included."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model.eval()
+
+
+def _assert_close(name: str, ours, ref) -> None:
+    c = compare(name, np.asarray(ours), np.asarray(ref), "tensor", "float32")
+    assert c.ok, c
+
+
+def _published_fixed_res(folder) -> torch.nn.Module:
+    """A tiny SiglipModel saved by transformers, its config.json replaced by the published key set."""
+    config = transformers.SiglipConfig.from_dict(_PUBLISHED)
+    model = _normal(transformers.SiglipModel._from_config(config, attn_implementation="eager"))
+    model.save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps(_PUBLISHED))
+    return model
+
+
+def test_fixed_resolution_siglip2_folders_and_npz_load(tmp_path, images):
+    """The published fixed-resolution form (``siglip`` folder, ``SiglipModel``) loads strictly with nothing
+    assumed; as a big_vision ``siglip2_*.npz`` (``params/img/`` beside a 256k-vocab text tower ``params/txt/``,
+    ``params/t``, ``params/b``) it reads back bit for bit; both twins equal transformers' image features."""
+    model = _published_fixed_res(tmp_path / "hf")
+    ckpt = load_checkpoint(tmp_path / "hf", strict=True)
+    assert ckpt.report.assumed == [] and ckpt.report.layout.startswith("SiglipModel")
+    assert (ckpt.cfg.gelu, ckpt.cfg.ln_eps, ckpt.cfg.pool, ckpt.cfg.class_token) == ("tanh", 1e-6, "map", False)
+    x = images(3, (32, 32))
+    with torch.no_grad():
+        ref = model.get_image_features(pixel_values=torch.from_numpy(x))
+        ref = (ref if isinstance(ref, torch.Tensor) else ref.pooler_output).numpy()
+        _assert_close("torch", vit_torch.load_model(tmp_path / "hf")(torch.from_numpy(x)), ref)
+    jm = vit_jax.load_model(tmp_path / "hf")
+    _assert_close("jax", nnx.jit(lambda m, x: m(x))(jm, jnp.asarray(x.transpose(0, 2, 3, 1))), ref)
+
+    npz = tmp_path / "siglip2_b16_224.npz"
+    convert(tmp_path / "hf", npz, to_fmt="big_vision", write_options=NpzWriteOptions(prefix="params/img/"))
+    with np.load(npz) as z:
+        files = {k: z[k] for k in z.files}
+    text = {  # big_vision text_transformer's names; SigLIP 2's Gemma vocabulary (256k rows, here 2 wide)
+        "params/txt/Embed_0/embedding": np.zeros((256_000, 2), np.float32),
+        "params/txt/pos_embedding": np.zeros((1, 64, 2), np.float32),
+        "params/txt/head/kernel": np.zeros((2, 2), np.float32),
+        "params/t": np.array([2.3], np.float32),
+        "params/b": np.array([-10.0], np.float32),
+    }
+    np.savez(npz, **files, **text)
+    back = load_checkpoint(npz)
+    assert back.report.format == "big_vision" and set(dict(back.report.dropped)) == set(text)
+    assert back.state.keys() == ckpt.state.keys()
+    assert all(np.array_equal(back.state[k], v) for k, v in ckpt.state.items())
+    with torch.no_grad():
+        got = vit_torch.load_model(npz, source_image_size=32, gelu="tanh", ln_eps=1e-6, strict=True)
+        _assert_close("big_vision npz", got(torch.from_numpy(x)), ref)
+
+
+# NaFlex: images of four aspect ratios (patch grids 2x5, 4x3, 1x1, 5x3) in one batch of N=16 patches, for a
+# model whose position table is 4x4 (image_size 32, patch 8).
+_NAFLEX_SIZES = ((16, 40), (32, 24), (8, 8), (40, 24))
+_NAFLEX = dict(image_size=32, patch_size=8, width=32, depth=2, num_heads=4, mlp_dim=48, num_classes=0)
+_NAFLEX_CONFIGS = {
+    "map": dict(class_token=False, pool="map", gelu="tanh", posemb_resample="bilinear_aa"),
+    "class_token_gap": dict(pool="gap", posemb_resample="bicubic_aa"),
+}
+
+
+def _naflex_batch(rng, sizes=_NAFLEX_SIZES, n=16):
+    images = [rng.standard_normal((h, w, 3)).astype(np.float32) for h, w in sizes]
+    return images, pad_batch(images, (8, 8), n)
+
+
+def _jax(cfg, state, batch, intermediates: bool = False):
+    """The JAX twin on a NaFlex batch under one ``nnx.jit`` (the host-side mask and shapes are constants of
+    the trace): a compile of the whole graph, about 4x faster here than op-by-op eager dispatch."""
+    patches, mask, shapes = batch
+    call = "forward_intermediates" if intermediates else "__call__"
+    run = nnx.jit(lambda m, x: getattr(m, call)(x, patch_mask=mask, spatial_shapes=shapes))
+    return run(vit_jax.from_numpy(cfg, state), jnp.asarray(patches))
+
+
+def _naflex_twins(cfg, state, batch, intermediates: bool) -> list[tuple[str, np.ndarray, dict]]:
+    """(twin, output, intermediates) on a NaFlex batch: JAX explicit, torch SDPA, torch explicit; with
+    ``intermediates`` also JAX with XLA's fused kernel, and the explicit paths' intermediates."""
+    runs = []
+    if intermediates:
+        out, inter = _jax(cfg, state, batch, True)
+        runs += [
+            ("jax explicit", np.asarray(out), inter),
+            ("jax xla", _jax(cfg.replace(attn_backend="xla"), state, batch), {}),
+        ]
+    else:
+        runs.append(("jax explicit", _jax(cfg, state, batch), {}))
+    tm = vit_torch.from_numpy(cfg, state)
+    with torch.no_grad():
+        t, m, s = (torch.from_numpy(a) for a in batch)
+        runs.append(("torch sdpa", tm(t, patch_mask=m, spatial_shapes=s).numpy(), {}))
+        out, inter = tm.forward_intermediates(t, patch_mask=m, spatial_shapes=s)
+        runs.append(("torch explicit", out.numpy(), inter))
+    return runs
+
+
+@pytest.mark.parametrize("case", _NAFLEX_CONFIGS)
+def test_naflex_batch_equals_each_image_alone_in_both_twins(case):
+    """A NaFlex batch of four aspect ratios: both twins agree, fused and explicit; the padding gets no
+    attention (probabilities exactly 0 there); each image run alone gives its row: unpadded in torch, and
+    (one compile) the last in JAX, padded; an image through the image path of a dynamic-size
+    model gives it too (the same resample)."""
+    cfg = ViTConfig(**_NAFLEX, **_NAFLEX_CONFIGS[case])
+    state = random_state(cfg, seed=1, scale=0.3)
+    images, batch = _naflex_batch(np.random.default_rng(0))
+    runs = _naflex_twins(cfg, state, batch, intermediates=case == "map")
+    ref = runs[-1][1]
+    for name, out, inter in runs:
+        _assert_close(name, out, ref)
+        for key in [k for k in inter if k.startswith("attn0")]:
+            probs = np.asarray(inter[key])  # [B, N, L, L]
+            for i, (h, w) in enumerate(batch[2]):
+                assert np.all(probs[i, :, :, cfg.num_prefix_tokens + h * w :] == 0), (name, key)
+    tm = vit_torch.from_numpy(cfg, state)
+    with pytest.raises(ValueError, match=r"spatial_shapes of shape \(\): expected \[B=4, 2\]"):
+        tm(torch.from_numpy(batch[0]), patch_mask=batch[1])  # a mask without the grids
+    dynamic = vit_torch.from_numpy(cfg.replace(dynamic_img_size=True), state)
+    for i, image in enumerate(images):
+        if i == len(images) - 1:  # one JAX compile: the 5x3 image, padded to 16
+            _assert_close(f"jax image {i} alone", _jax(cfg, state, pad_batch([image], (8, 8), 16))[0], ref[i])
+        alone = pad_batch([image], (8, 8), len(patchify(image, (8, 8))))  # no padding
+        with torch.no_grad():
+            got = tm(torch.from_numpy(alone[0]), patch_mask=alone[1], spatial_shapes=alone[2])
+            _assert_close(f"torch image {i} alone", got[0], ref[i])
+            full = dynamic(torch.from_numpy(image.transpose(2, 0, 1)[None]))
+        _assert_close(f"image path {i}", full[0], ref[i])
+
+
+def _siglip2_folder(folder) -> torch.nn.Module:
+    """A tiny transformers Siglip2VisionModel (patch 8, a 4x4 position table: num_patches 16), saved."""
+    config = transformers.Siglip2VisionConfig(**{**_VISION, "patch_size": 8, "num_patches": 16})
+    del config.image_size
+    model = _normal(transformers.Siglip2VisionModel._from_config(config, attn_implementation="eager"))
+    model.save_pretrained(folder)
+    return model
+
+
+def test_siglip2_naflex_folder_equals_transformers_in_both_twins(tmp_path, capsys):
+    """A ``siglip2_vision_model`` folder loads strictly (nothing assumed; image_size 4 x 8 from num_patches,
+    posemb_resample bilinear_aa declared); on a batch of four aspect ratios both twins give transformers'
+    pooled output and its last hidden state on every image patch, and transformers on each image alone
+    gives the same rows. ``vit info --set posemb_resample=nearest`` is one line and exit 2."""
+    from vit_cli.main import main
+
+    model = _siglip2_folder(tmp_path / "hf")
+    ckpt = load_checkpoint(tmp_path / "hf", strict=True)
+    assert ckpt.report.assumed == [] and ckpt.report.layout.startswith("Siglip2VisionModel")
+    cfg = ckpt.cfg
+    assert (cfg.image_size, cfg.patch_size, cfg.posemb_resample, cfg.pool) == ((32, 32), (8, 8), "bilinear_aa", "map")
+    _, batch = _naflex_batch(np.random.default_rng(2))
+    patches, mask, shapes = (torch.from_numpy(a) for a in batch)
+    with torch.no_grad():
+        ref = model(pixel_values=patches, pixel_attention_mask=mask, spatial_shapes=shapes)
+        for i in range(len(shapes)):
+            n = int(mask[i].sum())
+            alone = model(
+                pixel_values=patches[i : i + 1, :n],
+                pixel_attention_mask=mask[i : i + 1, :n],
+                spatial_shapes=shapes[i : i + 1],
+            )
+            _assert_close(f"transformers image {i} alone", alone.pooler_output[0], ref.pooler_output[i])
+        tm = vit_torch.load_model(tmp_path / "hf")
+        got, inter = tm.forward_intermediates(patches, patch_mask=mask, spatial_shapes=shapes)
+        runs = [("torch", got.numpy(), inter)]
+    out, inter = _jax(cfg, ckpt.state, batch, intermediates=True)
+    runs.append(("jax", np.asarray(out), inter))
+    for name, out, inter in runs:
+        _assert_close(name, out, ref.pooler_output)
+        for i in range(len(shapes)):
+            n = int(mask[i].sum())
+            _assert_close(f"{name} image {i} tokens", np.asarray(inter["norm"])[i, :n], ref.last_hidden_state[i, :n])
+    capsys.readouterr()  # save_pretrained's progress bars
+    assert main(["info", str(tmp_path / "hf"), "--set", "posemb_resample=nearest"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "posemb_resample" in err[0] and "nearest" in err[0], err
+
+
+def test_siglip2_two_tower_and_classifier_folders_read_their_vision_tower(tmp_path):
+    """``siglip2`` folders: ``Siglip2Model`` (the text tower reported as ignored) gives transformers' image
+    features, ``Siglip2ForImageClassification`` its logits (the masked mean of the tokens), torch twin."""
+    text = {k: v for k, v in _PUBLISHED["text_config"].items() if k != "model_type"}
+    vision = {**_VISION, "patch_size": 8, "num_patches": 16}
+    _, batch = _naflex_batch(np.random.default_rng(3))
+    patches, mask, shapes = (torch.from_numpy(a) for a in batch)
+    for arch in ("Siglip2Model", "Siglip2ForImageClassification"):
+        config = transformers.Siglip2Config(vision_config=vision, text_config=text, num_labels=5)
+        model = _normal(getattr(transformers, arch)._from_config(config, attn_implementation="eager"))
+        model.save_pretrained(tmp_path / arch)
+        ckpt = load_checkpoint(tmp_path / arch, strict=True)
+        assert ckpt.report.layout.startswith(arch) and ckpt.report.assumed == []
+        assert (ckpt.cfg.pool, ckpt.cfg.num_classes) == (("map", 0) if arch == "Siglip2Model" else ("gap", 5))
+        with torch.no_grad():
+            kw = dict(pixel_values=patches, pixel_attention_mask=mask, spatial_shapes=shapes)
+            ref = model.get_image_features(**kw) if arch == "Siglip2Model" else model(**kw).logits
+            ref = ref if isinstance(ref, torch.Tensor) else ref.pooler_output
+            got = vit_torch.load_model(tmp_path / arch)(patches, patch_mask=mask, spatial_shapes=shapes)
+        _assert_close(arch, got, ref)
+
+
+def test_timm_naflexvit_files_are_refused_as_timm_by_name(tmp_path, capsys):
+    """timm ``naflexvit_*_siglip`` (``NaFlexVit``: ``embeds.proj``, ``embeds.pos_embed``), as a file and as a
+    hub folder (which was misread as a transformers folder): one line naming timm's NaFlexVit, exit 2."""
+    import timm
+    from safetensors.torch import save_file
+    from timm.models._hub import save_for_hf
+
+    from vit_cli.main import main
+
+    name = "naflexvit_base_patch16_siglip"
+    model = timm.create_model(name, pretrained=False, embed_dim=32, depth=1, num_heads=4, num_classes=0)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / "naflex.safetensors")
+    save_for_hf(model, tmp_path / "hub", model_config={"architecture": name})
+    for path in (tmp_path / "naflex.safetensors", tmp_path / "hub"):
+        capsys.readouterr()
+        assert main(["info", str(path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "a timm NaFlexVit (naflexvit_*, embeds.proj.weight) is not read yet" in err[0], err
+
+
+def test_naflex_preprocessing_equals_transformers_siglip2_processor():
+    """``vit_common.naflex.preprocess`` + ``stack_patches`` equal transformers' ``Siglip2ImageProcessorPil``
+    bit for bit (patches, mask, spatial shapes) on photos of several aspect ratios, one smaller than the
+    budget (the RGBA one given to transformers as the project's ``to_channels`` makes it RGB)."""
+    from PIL import Image
+
+    from vit_common.data.images import to_channels
+    from vit_common.naflex import preprocess, stack_patches
+
+    rng = np.random.default_rng(4)
+    images = [
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in ((97, 240), (300, 64), (20, 20))
+    ]
+    images.append(Image.fromarray(rng.integers(0, 256, (50, 70, 4), dtype=np.uint8), "RGBA"))
+    processor = transformers.Siglip2ImageProcessorPil(patch_size=16, max_num_patches=64)
+    ref = processor([to_channels(im, 3) for im in images], return_tensors="np")
+    patches, mask, shapes = stack_patches([preprocess(im, 16, 64) for im in images], 64)
+    assert np.array_equal(shapes, ref["spatial_shapes"]) and np.array_equal(mask, ref["pixel_attention_mask"] == 1)
+    assert np.array_equal(patches, ref["pixel_values"])
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_vit_predict_on_a_naflex_model_equals_transformers(framework, tmp_path, capsys):
+    """``vit predict FOLDER IMAGES --max-patches 16`` on a ``Siglip2ForImageClassification`` folder: each
+    image kept at its aspect ratio (three ratios, one batch), the probabilities transformers gives on its
+    processor's output, to 1e-5."""
+    from PIL import Image
+
+    from vit_cli.main import main
+
+    text = {k: v for k, v in _PUBLISHED["text_config"].items() if k != "model_type"}
+    config = transformers.Siglip2Config(
+        vision_config={**_VISION, "patch_size": 8, "num_patches": 16}, text_config=text, num_labels=5
+    )
+    model = _normal(transformers.Siglip2ForImageClassification._from_config(config, attn_implementation="eager"))
+    model.save_pretrained(tmp_path / "hf")
+    rng = np.random.default_rng(5)
+    paths = []
+    for i, (h, w) in enumerate(((30, 70), (64, 20), (40, 40))):
+        paths.append(tmp_path / f"{i}.png")
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(paths[-1])
+    processor = transformers.Siglip2ImageProcessorPil(patch_size=8, max_num_patches=16)
+    inputs = processor([Image.open(p) for p in paths], return_tensors="pt")
+    with torch.no_grad():
+        ref = model(**inputs).logits.double().softmax(-1).numpy()
+    capsys.readouterr()
+    args = ["predict", str(tmp_path / "hf"), *map(str, paths), "--max-patches", "16", "--json", "--top-k", "5"]
+    assert main([*args, "--framework", framework]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["image"] for r in rows] == [str(p) for p in paths]
+    for row, want in zip(rows, ref, strict=True):
+        got = np.zeros(5)
+        for t in row["top"]:
+            got[t["index"]] = t["probability"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)

@@ -1,0 +1,72 @@
+"""NaFlex SigLIP 2 (transformers ``siglip2_vision_model`` and ``siglip2``) in the hf_family format; read only.
+
+``Siglip2VisionModel`` is SigLIP's vision tower (``siglip``) but for its input: flattened patches, a
+patch mask and each image's patch grid (``vit_common.naflex``). Its ``embeddings.patch_embedding`` is a
+linear map [D, P*P*C] over patches flattened (P, P, C) (``Siglip2ImageProcessor``), read as our patch
+convolution [D, C, P, P] (the same map: ``PatchEmbed.embed_flat``); ``position_embedding`` [G*G, D]
+(config.json ``num_patches`` = G*G) is the table at image_size G*P, resized per image bilinearly with
+antialias (``Siglip2VisionEmbeddings.resize_positional_embeddings``: posemb_resample 'bilinear_aa').
+``Siglip2Model`` (``siglip2``) is read as its ``vision_model.*`` tower; ``Siglip2ForImageClassification``
+classifies the masked mean of the tokens. The fixed-resolution SigLIP 2 checkpoints are plain ``siglip``
+folders (``siglip.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.hf_families.family import Family, FamilyConfig
+from vit_common.checkpoints.formats.hf_families.siglip import SigLIP
+from vit_common.checkpoints.formats.provenance import Origin, declared
+from vit_common.checkpoints.formats.rules import Piece, Rule
+from vit_common.config import ViTConfig
+
+_SIGLIP2 = dict(hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6, patch_size=16, num_patches=256)
+_PATCH = "embeddings.patch_embedding.weight"
+
+
+class Siglip2(SigLIP):
+    """SigLIP's rules with NaFlex's patch embedding and position table; never written (``holds``: None)."""
+
+    def holds(self, cfg: ViTConfig) -> str | None:
+        return None
+
+    def patch_dims(self, cj: FamilyConfig, shape: tuple[int, ...], key: str) -> tuple[int, int, int, int]:
+        """(D, C, P, P) of the linear patch embedding [D, P*P*C], P and C from config.json."""
+        p, _ = cj.get("patch_size", (int,))
+        c, _ = cj.get("num_channels", (int,))
+        if len(shape) != 2 or shape[1] != p * p * c:
+            raise FormatError(f"{cj.context}: {key} has shape {tuple(shape)}, expected [D, P*P*C = {p * p * c}]")
+        return shape[0], c, p, p
+
+    def read_image_size(self, cj: FamilyConfig) -> tuple[int, Origin]:
+        """G*P for config.json ``num_patches`` = G*G (the position table's grid G x G)."""
+        n, origin = cj.get("num_patches", (int,))
+        p, _ = cj.get("patch_size", (int,))
+        side = math.isqrt(n) if n > 0 else 0
+        if side * side != n:
+            raise FormatError(f"{cj.context}: config.json num_patches={n} is not a square grid G*G")
+        return side * p, declared(f"config.json num_patches={n} (a {side}x{side} table) x patch_size")
+
+    def rules(self, cfg: ViTConfig, spelling: str, prefix: str, layer_prefix: str, head: str) -> list[Rule]:
+        """SigLIP's rules, the patch embedding read from its flattened (P, P, C) columns."""
+        d, c, (ph, pw) = cfg.width, cfg.in_chans, cfg.patch_size
+        flat = Piece(prefix + _PATCH, (d, ph * pw * c), reshape=(d, ph, pw, c), perm=(0, 3, 1, 2))
+        rules = super().rules(cfg, spelling, prefix, layer_prefix, head)
+        return [Rule("patch_embed.proj.weight", (flat,)) if r.dst == "patch_embed.proj.weight" else r for r in rules]
+
+
+FAMILIES: dict[str, Family] = {
+    "siglip2_vision_model": Siglip2(
+        "clip", _SIGLIP2, {"Siglip2VisionModel": ("", "map")}, resample="bilinear_aa", class_token=False
+    ),
+    "siglip2": Siglip2(
+        "clip",
+        _SIGLIP2,
+        {"Siglip2Model": ("vision_model.", "map"), "Siglip2ForImageClassification": ("vision_model.", "gap")},
+        resample="bilinear_aa",
+        two_tower=True,
+        class_token=False,
+    ),
+}

@@ -1,0 +1,165 @@
+"""NaFlex inputs (NaViT, Dehghani et al. 2023, with FlexiViT's resizable position table; SigLIP 2's
+variable-resolution models), in numpy, used by both twins.
+
+A NaFlex batch is three arrays:
+
+- ``patches`` [B, N, P*P*C]: image i's h_i x w_i patches first, row-major, each flattened in (P, P, C)
+  order (transformers ``Siglip2ImageProcessor``, big_vision ``ops_naflex``), then N - h_i w_i padding
+  patches;
+- ``patch_mask`` [B, N] bool (or 0/1): True for an image's patches, False for padding (transformers
+  ``pixel_attention_mask``, big_vision ``ptype == 1``);
+- ``spatial_shapes`` [B, 2] int: each image's patch grid (h_i, w_i) (transformers ``spatial_shapes``).
+
+The model's learned position table (its ``cfg.grid``) is resampled to each image's grid with
+``cfg.posemb_resample`` (``position_weights``): ``bilinear_aa`` is transformers'
+``Siglip2VisionEmbeddings.resize_positional_embeddings`` and big_vision naflex_vit's ``_pos_emb_resize``
+(``jax.image.scale_and_translate(method="bilinear", antialias=True)``). Padding patches take part in no
+attention (as keys) and in no pooling. ``preprocess`` turns a PIL image into one image's patches as
+transformers' ``Siglip2ImageProcessorPil`` does (aspect kept, at most ``max_patches`` patches).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from vit_common.config import ViTConfig
+from vit_common.data.images import Preprocess, normalize, to_array, to_channels
+from vit_common.posemb import resample_matrix
+
+
+def check_batch(cfg: ViTConfig, shape: tuple[int, ...], patch_mask, spatial_shapes) -> tuple[np.ndarray, np.ndarray]:
+    """Validate a NaFlex batch of patches of ``shape`` for a model of ``cfg``: (patch_mask [B, N] bool,
+    spatial_shapes [B, 2] int64) as host numpy arrays.
+
+    Raises:
+        ValueError (one line, naming the value and what was expected): patches not [B, N, P*P*C]; a model
+            whose position embedding or RoPE has no per-image resize (posemb other than 'learn' or 'none',
+            rope); spatial_shapes not [B, 2] positive ints; an image needing more patches than N (the
+            maximum); a patch_mask not [B, N], or not marking exactly each image's first h_i w_i patches.
+    """
+    (ph, pw), c = cfg.patch_size, cfg.in_chans
+    if len(shape) != 3 or shape[2] != ph * pw * c:
+        raise ValueError(f"NaFlex patches of shape {tuple(shape)}: expected [B, N, P*P*C = {ph * pw * c}]")
+    if cfg.posemb not in ("learn", "none") or cfg.rope != "none":
+        raise ValueError(
+            f"NaFlex input with posemb={cfg.posemb!r}, rope={cfg.rope!r}: only a learned position table "
+            "(posemb='learn', rope='none') or none is resized per image"
+        )
+    b, n = shape[:2]
+    shapes = np.asarray(spatial_shapes)
+    if shapes.shape != (b, 2) or not np.issubdtype(shapes.dtype, np.integer) or (shapes < 1).any():
+        raise ValueError(f"spatial_shapes of shape {shapes.shape}: expected [B={b}, 2] positive ints (h, w)")
+    shapes = shapes.astype(np.int64)
+    counts = shapes.prod(axis=1)
+    if (counts > n).any():
+        i = int(np.argmax(counts > n))
+        h, w = shapes[i]
+        raise ValueError(f"image {i} needs {h}x{w} = {h * w} patches, more than the maximum N={n} of its batch")
+    mask = np.asarray(patch_mask)
+    if mask.shape != (b, n):
+        raise ValueError(f"patch_mask of shape {mask.shape}: expected [B={b}, N={n}]")
+    want = np.arange(n)[None, :] < counts[:, None]
+    if not np.array_equal(mask.astype(bool), want) or not np.isin(mask, (0, 1)).all():
+        i = int(np.argmax((mask != want).any(axis=1)))
+        raise ValueError(
+            f"patch_mask row {i} marks {int(np.count_nonzero(mask[i]))} patches; its spatial shape "
+            f"{shapes[i, 0]}x{shapes[i, 1]} needs its first {counts[i]} marked and the rest not"
+        )
+    return want, shapes
+
+
+def position_weights(grid: tuple[int, int], spatial_shapes: np.ndarray, length: int, method: str) -> np.ndarray:
+    """[B, N=length, Gh*Gw] float64: row n of image i is the weight of each position-table cell (a
+    ``grid`` (Gh, Gw) table, row-major) in patch n's position embedding, the table resampled to the
+    image's grid (h_i, w_i) with ``method`` (``vit_common.posemb.METHODS``); padding rows are zero.
+    The twins multiply it with their table: ``einsum("bng,gd->bnd", weights, table)``.
+
+    Raises:
+        ValueError: an unknown method.
+    """
+    gh, gw = grid
+    out = np.zeros((len(spatial_shapes), length, gh * gw), np.float64)
+    for i, (h, w) in enumerate(np.asarray(spatial_shapes).tolist()):
+        wh, ww = resample_matrix(gh, h, method), resample_matrix(gw, w, method)  # [h, Gh], [w, Gw]
+        out[i, : h * w] = np.einsum("ya,xb->yxab", wh, ww).reshape(h * w, gh * gw)
+    return out
+
+
+def patchify(image: np.ndarray, patch_size: tuple[int, int]) -> np.ndarray:
+    """One image [H, W, C] (H, W multiples of the patch) -> its patches [h*w, P*P*C], row-major, each
+    flattened (P, P, C) (transformers ``convert_image_to_patches``).
+
+    Raises:
+        ValueError: a size that is not a multiple of the patch.
+    """
+    (hh, ww, c), (ph, pw) = image.shape, patch_size
+    if hh % ph or ww % pw:
+        raise ValueError(f"image size ({hh}, {ww}) is not a multiple of patch_size {tuple(patch_size)}")
+    grid = image.reshape(hh // ph, ph, ww // pw, pw, c).transpose(0, 2, 1, 3, 4)  # [h, w, P, P, C]
+    return grid.reshape((hh // ph) * (ww // pw), ph * pw * c)
+
+
+def pad_batch(images: list[np.ndarray], patch_size: tuple[int, int], max_patches: int):
+    """Images [H_i, W_i, C] (each a multiple of the patch) -> a NaFlex batch (patches [B, N, P*P*C] float32
+    zero padded, patch_mask [B, N] bool, spatial_shapes [B, 2] int64) with N = ``max_patches``.
+
+    Raises:
+        ValueError: an image needing more than ``max_patches`` patches (named), or not a patch multiple.
+    """
+    (ph, pw) = patch_size
+    return stack_patches(
+        [(patchify(im, patch_size), (im.shape[0] // ph, im.shape[1] // pw)) for im in images], max_patches
+    )
+
+
+def size_for_max_patches(height: int, width: int, patch: int, max_patches: int, eps: float = 1e-5) -> tuple[int, int]:
+    """The (H, W) an image of ``height`` x ``width`` is resized to: the largest scale (a bisection down to
+    ``eps``) whose sides, each rounded up to a multiple of ``patch`` (at least one patch), give at most
+    ``max_patches`` patches; transformers ``get_image_size_for_max_num_patches`` (SigLIP 2)."""
+
+    def scaled(scale: float, size: int) -> int:
+        return int(max(patch, math.ceil(size * scale / patch) * patch))
+
+    lo, hi = eps / 10, 100.0
+    while hi - lo >= eps:
+        mid = (lo + hi) / 2
+        if (scaled(mid, height) / patch) * (scaled(mid, width) / patch) <= max_patches:
+            lo = mid
+        else:
+            hi = mid
+    return scaled(lo, height), scaled(lo, width)
+
+
+def preprocess(image, patch: int, max_patches: int, channels: int = 3, preprocessing: Preprocess | None = None):
+    """One PIL image -> (patches [h*w, P*P*C] float32, (h, w)): resized keeping its aspect ratio to
+    ``size_for_max_patches`` with Pillow (``preprocessing.interpolation``, SigLIP 2's bilinear by default),
+    rescaled and normalised (``vit_common.data.images.normalize``; default mean = std = 0.5), patchified;
+    transformers ``Siglip2ImageProcessorPil`` bit for bit. ``stack_patches`` makes a batch of them."""
+    preprocessing = preprocessing or Preprocess(interpolation="bilinear")
+    image = to_channels(image, channels)
+    h, w = size_for_max_patches(image.size[1], image.size[0], patch, max_patches)
+    if (w, h) != image.size:
+        from PIL import Image
+
+        image = image.resize((w, h), getattr(Image.Resampling, preprocessing.interpolation.upper()))
+    pixels = normalize(to_array(image, channels), preprocessing)  # [H, W, C] float32
+    return patchify(pixels, (patch, patch)), (h // patch, w // patch)
+
+
+def stack_patches(items: list[tuple[np.ndarray, tuple[int, int]]], max_patches: int):
+    """(patches [n_i, P*P*C], (h_i, w_i)) per image -> a NaFlex batch of N = ``max_patches`` (patches zero
+    padded, patch_mask, spatial_shapes), as ``pad_batch``.
+
+    Raises:
+        ValueError: an image with more than ``max_patches`` patches (named).
+    """
+    dim = items[0][0].shape[1]
+    patches = np.zeros((len(items), max_patches, dim), np.float32)
+    mask = np.zeros((len(items), max_patches), bool)
+    for i, (p, _) in enumerate(items):
+        if len(p) > max_patches:
+            raise ValueError(f"image {i} has {len(p)} patches, more than {max_patches}")
+        patches[i, : len(p)], mask[i, : len(p)] = p, True
+    return patches, mask, np.array([hw for _, hw in items], np.int64).reshape(len(items), 2)
