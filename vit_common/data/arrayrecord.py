@@ -12,15 +12,17 @@ PATTERN is such a folder (its ``*.array_record``) or a glob of files. A file who
 ``train`` is training data, one starting with ``val``, ``validation``, ``valid`` or ``test`` test data;
 files naming no split are one set, split by ``--val-fraction`` as image folders are. Class names come
 from ``dataset.json`` beside the files, else ``0..K-1``. Read through array_record's
-``ArrayRecordDataSource`` (what ``grain.sources.ArrayRecordDataSource`` extends; grain's own imports JAX,
-this module must not), imported when a dataset is opened. Opening reads every record once, for the
-labels; the up-front check decodes every image once more.
+``ArrayRecordReader``, a reader per file opened at its first read (as its ``ArrayRecordDataSource``
+does, which grain's extends; grain's own imports JAX, this module must not), imported when a dataset is
+opened. Opening reads every record once, for the labels; the up-front check decodes every image once
+more.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -91,7 +93,9 @@ def _split_of(name: str) -> str | None:
 
 class RecordSource:
     """Records of ArrayRecord files: element ``{"image": bytes, "label": int32}``. Picklable (grain's
-    worker processes): the reader (array_record's ``ArrayRecordDataSource``) is made where it reads.
+    worker processes): a file's reader (array_record's ``ArrayRecordReader``, with the random-access
+    options of its ``ArrayRecordDataSource``) is opened where and when the file is first read, so a file
+    damaged after the dataset was opened fails only the records read from it, each named.
 
     files: the files in order; labels: int32 [N], every record's label, in the same order.
     """
@@ -99,32 +103,66 @@ class RecordSource:
     def __init__(self, files: list[str], labels: np.ndarray, counts: list[int]):
         self.files, self.labels, self.counts = files, np.asarray(labels, np.int32), counts
         self._starts = np.cumsum([0] + counts)
-        self._reader = None
+        self._readers: dict[int, object] = {}
+        self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
-        return self.__dict__ | {"_reader": None}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_readers", "_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__ |= state | {"_readers": {}, "_lock": threading.Lock()}
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def _records(self):
-        if self._reader is None:
-            from array_record.python.array_record_data_source import ArrayRecordDataSource
+    def _reader(self, f: int):
+        with self._lock:  # grain's threads share one source
+            if f not in self._readers:
+                from array_record.python.array_record_module import ArrayRecordReader
 
-            self._reader = ArrayRecordDataSource(self.files)
-        return self._reader
+                self._readers[f] = ArrayRecordReader(
+                    self.files[f], options="readahead_buffer_size:0", file_reader_buffer_size=32768
+                )
+            return self._readers[f]
+
+    def _locate(self, i: int) -> tuple[int, int]:
+        f = int(np.searchsorted(self._starts, i, side="right") - 1)
+        return f, int(i) - int(self._starts[f])
 
     def name(self, i: int) -> str:
-        f = int(np.searchsorted(self._starts, i, side="right") - 1)
-        return f"{self.files[f]}: record {i - int(self._starts[f])}"
+        f, k = self._locate(i)
+        return f"{self.files[f]}: record {k}"
+
+    def _read(self, f: int, keys) -> list[bytes]:
+        """Records ``keys`` of file ``f``.
+
+        Raises:
+            ValueError: the file cannot be opened or the records read (the reader's error, one line).
+        """
+        try:
+            return self._reader(f).read(list(keys))
+        except (RuntimeError, ValueError, OSError) as e:  # the C++ reader raises RuntimeError on damage
+            with self._lock:
+                self._readers.pop(f, None)  # opened again at the next read (the file may be repaired)
+            at = f"record {keys[0]}" if len(keys) == 1 else f"records {keys[0]}..{keys[-1]}"
+            raise ValueError(f"{self.files[f]}: {at}: a damaged ArrayRecord file ({_why(e)})") from None
 
     def __getitem__(self, i: int) -> dict:
-        return {"image": decode_record(self._records()[int(i)], self.name(i))[1], "label": self.labels[i]}
+        f, k = self._locate(i)
+        return {"image": decode_record(self._read(f, [k])[0], self.name(i))[1], "label": self.labels[i]}
 
     def images(self) -> Iterator[tuple[str, bytes]]:
-        for lo in range(0, len(self), _READ_BATCH):
-            for i, record in enumerate(self._records().__getitems__(range(lo, min(lo + _READ_BATCH, len(self)))), lo):
-                yield self.name(i), decode_record(record, self.name(i))[1]
+        """(name, image bytes) of every record in order, read a file at a time."""
+        for f, n in enumerate(self.counts):
+            for lo in range(0, n, _READ_BATCH):
+                keys = range(lo, min(lo + _READ_BATCH, n))
+                for k, record in zip(keys, self._read(f, keys), strict=True):
+                    name = f"{self.files[f]}: record {k}"
+                    yield name, decode_record(record, name)[1]
+            with self._lock:  # a pass over the file (the up-front check) keeps no reader open after it
+                reader = self._readers.pop(f, None)
+            if reader is not None:
+                reader.close()
 
     def take(self, indices: np.ndarray) -> Subset:
         return Subset(self, indices)

@@ -72,6 +72,9 @@ class ArraySource:
     def __getitem__(self, i: int) -> dict:
         return {"image": self.images[i], "label": self.labels[i]}
 
+    def name(self, i: int) -> str:
+        return f"example {i}"
+
 
 class FileSource:
     """Image files, decoded when used: element ``{"image": path (str), "label": int32}``."""
@@ -84,6 +87,9 @@ class FileSource:
 
     def __getitem__(self, i: int) -> dict:
         return {"image": self.paths[i], "label": self.labels[i]}
+
+    def name(self, i: int) -> str:
+        return self.paths[i]
 
     def images(self) -> Iterator[tuple[str, str]]:
         """(name for errors, image) of every example in order, for the up-front check."""

@@ -73,11 +73,16 @@ class ArrowRows:
                 self._open = {(path, "meta"): meta, (path, g): meta.read_row_group(g, columns=[self.image])}
         return self._open[(path, g)], row - int(sizes[g])
 
+    def name(self, i: int) -> str:
+        """Where row ``i`` is stored (file and row), for errors."""
+        f = int(np.searchsorted(self._starts, i, side="right") - 1)
+        return f"{self.files[f][0]}: row {i - int(self._starts[f])}"
+
     def _image(self, i: int) -> tuple[str, bytes | str]:
         """(name of the row for errors, its image: bytes, or a path)."""
         f = int(np.searchsorted(self._starts, i, side="right") - 1)
         table, row = self._table(f, i - int(self._starts[f]))
-        name = f"{self.files[f][0]}: row {i - int(self._starts[f])}"
+        name = self.name(i)
         value = table.column(0)[row].as_py()
         if isinstance(value, dict):  # the Image feature: {"bytes": ..., "path": ...}
             value = value.get("bytes") or value.get("path")

@@ -18,6 +18,19 @@ MAX_CLASSES = 2**20  # a dataset's label values must lie below this (ImageNet-21
 TEST_SPLITS = ("val", "validation", "valid", "test")  # names of a test split, in order of preference
 
 
+class DataReadError(ValueError):
+    """An example that could not be read when it was used, after the dataset's up-front check passed (its
+    file damaged, truncated or replaced since): the message names the file and the record or row."""
+
+
+def read_error(name: str, e: BaseException) -> DataReadError:
+    """The ``DataReadError`` of the example ``name`` (a source's ``name(i)``) that raised ``e``, on one line:
+    ``e``'s message, prefixed by ``name`` unless it starts with it."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    text = text if len(text) <= 300 else text[:300] + "..."
+    return DataReadError(text if text.startswith(name) else f"{name}: {text}")
+
+
 class Subset:
     """Examples ``indices`` of a stored source (the ``val_fraction`` split of an ``hf:`` or
     ``arrayrecord:`` set): element k is ``source[indices[k]]``."""
@@ -31,6 +44,10 @@ class Subset:
 
     def __getitem__(self, i: int) -> dict:
         return self.source[int(self.indices[i])]
+
+    def name(self, i: int) -> str:
+        """Where example ``i`` is stored (its source's name of it), for errors."""
+        return self.source.name(int(self.indices[i]))
 
 
 @dataclass(frozen=True)
