@@ -322,6 +322,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     """The run inside the lock (``run_training``'s return value)."""
     import jax
 
+    from vit_common.data.batches import check_batch_size
     from vit_common.data.datasets import read_dataset
     from vit_common.system.peaks import datasheet_peak
     from vit_jax.checkpointing import saved_steps
@@ -352,6 +353,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
             print(line, file=sys.stderr)
 
     raw = _named(read_dataset(tcfg.dataset, val_fraction=tcfg.val_fraction), spec.classes)  # classes, channels
+    check_batch_size(tcfg.batch_size, len(raw.train), tcfg.dataset)  # before any model is built
     resume = spec.options.resume
     saved = io.read_json(out / "config.json") if resume and (out / "config.json").is_file() else {}
     if tcfg.init and "init" in saved and saved_steps(out / "checkpoints"):  # the checkpoint holds the weights

@@ -33,6 +33,7 @@ from .harness import (
     flag,
     npz_dataset,
     ours,
+    write_png,
 )
 
 
@@ -192,6 +193,25 @@ def _checkpoints_half_written(run: Path) -> None:
         step.rename(step.with_name(f"{step.name}.orbax-checkpoint-tmp-1"))
 
 
+def batch_larger_than_the_data(spec: str, batch: int) -> Callable[[Path], list[str]]:
+    """``vit train --batch-size batch`` on ``spec``: "npz" 8 training images (and 2 test), "imagefolder" 4
+    (of 6, the rest the test split)."""
+
+    def build(tmp: Path) -> list[str]:
+        if spec == "npz":
+            data = f"npz:{npz_dataset(tmp / 'd.npz', [0, 1] * 4, [0, 1])}"
+        else:
+            for c in ("a", "b"):
+                (tmp / "imgs" / c).mkdir(parents=True)
+                for i in range(3):
+                    write_png(tmp / "imgs" / c / f"{i}.png", (8, 8))
+            data = f"imagefolder:{tmp / 'imgs'}"
+        return [*TRAIN, "--batch-size", str(batch), "--dataset", data, "--out", str(tmp / "run")]
+
+    build.__name__ = f"batch {batch} on {spec}"
+    return build
+
+
 def _set(tensor, value):
     tensor.view(-1)[0] = value
 
@@ -230,6 +250,14 @@ CASES = [
         r"splits dimension 2 of patch_embed.proj.kernel \[4, 4, 1, 16\] over fsdp \(2 devices\), which does not "
         r"divide 1",
         child=True,
+    ),
+    # cost out of proportion
+    Case(
+        batch_larger_than_the_data("npz", 9), r"batch_size=9: expected at most the 8 training images of npz:{tmp}/d.npz"
+    ),
+    Case(
+        batch_larger_than_the_data("imagefolder", 4096),
+        r"batch_size=4096: expected at most the 4 training images of imagefolder:{tmp}/imgs \(a larger batch is",
     ),
     Case(train_into_a_user_folder, r"{tmp}/run/config.json: exists and vit cannot tell it wrote it"),
     Case(train_while_another_runs, r"{tmp}/run: in use by another vit train \(pid \d+\)"),

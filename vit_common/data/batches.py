@@ -23,6 +23,20 @@ def batches_per_epoch(n: int, batch_size: int) -> int:
     return -(-n // batch_size)
 
 
+def check_batch_size(batch_size: int, n: int, dataset: str) -> None:
+    """Refuse a batch larger than the ``n`` training images of ``dataset``: every batch would be mostly
+    padding (``TrainPlan`` pads each epoch's last batch), which the step computes on for nothing.
+
+    Raises:
+        ValueError: ``batch_size`` > ``n``, one line naming both.
+    """
+    if batch_size > n:
+        raise ValueError(
+            f"batch_size={batch_size}: expected at most the {n} training images of {dataset} (a larger batch is "
+            "padding, computed on for nothing)"
+        )
+
+
 def examples_before(step: int, n: int, batch_size: int) -> int:
     """Real examples (padding excluded) in the first ``step`` batches of epochs of ``n`` examples: each
     epoch's last batch holds only its remainder."""
