@@ -65,6 +65,19 @@ def hf_without_labels(tmp: Path) -> list[str]:
     return _train_on(f"hf:{_hf_rows(tmp, 'hf', None)}", tmp)
 
 
+def hf_classlabel_of_5_names(tmp: Path) -> list[str]:
+    """A ClassLabel naming 5 classes for rows labelled a and b."""
+    import datasets
+
+    ds = datasets.load_from_disk(str(_hf_rows(tmp, "rows", [0, 1] * 3)))
+    ds.cast_column("label", datasets.ClassLabel(names=["a", "b", "c", "d", "e"])).save_to_disk(str(tmp / "hf"))
+    return _train_on(f"hf:{tmp / 'hf'}", tmp)
+
+
+def hf_label_beyond_the_limit(tmp: Path) -> list[str]:
+    return _train_on(f"hf:{_hf_rows(tmp, 'hf', [0, 1, 0, 2**20, 0, 1])}", tmp)
+
+
 def hf_text_labels(tmp: Path) -> list[str]:
     return _train_on(f"hf:{_hf_rows(tmp, 'hf', ['cat', 'dog'] * 3)}", tmp)
 
@@ -176,6 +189,13 @@ def _claim_more(version: Path) -> None:
     info = json.loads((version / "dataset_info.json").read_text())
     info["splits"][0]["shardLengths"] = ["9"]
     (version / "dataset_info.json").write_text(json.dumps(info))
+
+
+def _third_class_name(version: Path) -> None:
+    """A class name 'c' added to the label feature (its names file and its class count)."""
+    (version / "label.labels.txt").write_text("a\nb\nc\n")
+    features = (version / "features.json").read_text()
+    (version / "features.json").write_text(features.replace('"numClasses": "2"', '"numClasses": "3"'))
 
 
 def _tfds_shard(version: Path) -> Path:
@@ -342,6 +362,34 @@ CASES = [
     Case(
         damaged_records("5 classes named for 3", _declare(classes=["a", "b", "c", "d", "e"])),
         r"{tmp}/rec/dataset.json: names 5 classes, but no record is labelled 'd', 'e' \(the records hold 3 classes\)",
+    ),
+    # what a dataset declares about its classes, against its labels
+    Case(
+        damaged_records("2 names for 3 classes", _declare(classes=["a", "b"])),
+        r"{tmp}/rec/train-00002-of-00003.array_record: record 0: label 2: {tmp}/rec/dataset.json names 2 "
+        r"classes; expected labels in \[0, 1\]",
+    ),
+    Case(
+        damaged_records("a class named twice", _declare(classes=["a", "b", "a"])),
+        r"{tmp}/rec/dataset.json: names class 'a' twice; expected distinct class names",
+    ),
+    Case(
+        damaged_records("an empty class name", _declare(classes=["a", " ", "c"])),
+        r"{tmp}/rec/dataset.json: class name ' ': expected a non-empty name for every class",
+    ),
+    Case(
+        hf_classlabel_of_5_names,
+        r"{tmp}/hf \(the ClassLabel of split 'train'\): names 5 classes, but no record is labelled 'c', 'd', 'e'",
+    ),
+    Case(hf_label_beyond_the_limit, r"{tmp}/hf/data-00000-of-00001.arrow: row 3: label 1048576: expected labels in"),
+    Case(
+        labels("labels 0 and 2", [0, 2] * 4),
+        r"{tmp}/d.npz \(integer labels: a class per value 0..2\): names 3 classes, but no record is labelled '1'",
+    ),
+    Case(
+        damaged_tfds("a class name no record has", _third_class_name),
+        r"{tmp}/tfds/tiny/1.0.0/dataset_info.json \(the ClassLabel 'label'\): names 3 classes, but no record is "
+        r"labelled 'c'",
     ),
     Case(hf_saved_with_0_rows, r"{tmp}/hf: 0 rows; expected labelled images"),
     Case(parquet_empty_test_split, r"{tmp}/pq \(split 'test'\): 0 rows; expected labelled images"),

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_common.data.stored_datasets import MAX_CLASSES, TEST_SPLITS, Stored, Subset, file_stats
+from vit_common.data.stored_datasets import MAX_CLASSES, TEST_SPLITS, Stored, Subset, check_classes, file_stats
 from vit_common.system.validate import regular_file
 
 MAGIC = b"VIT\x01"
@@ -168,10 +168,14 @@ class RecordSource:
         return Subset(self, indices)
 
 
-def _open_files(files: list[Path]) -> RecordSource:
-    """Read every record's label (refusing records of another layout or labels beyond the limit)."""
+def _open_files(files: list[Path], declared: tuple[str, ...] | None, info: Path) -> RecordSource:
+    """Read every record's label, each checked as it is read: a record of another layout, or a label
+    without a class name in ``declared`` (``info``'s names; None: beyond the limit), is refused naming the
+    file and the record."""
     from array_record.python.array_record_module import ArrayRecordReader
 
+    limit = len(declared) if declared is not None else MAX_CLASSES
+    names = f"{info} names {limit} classes; " if declared is not None else ""
     labels, counts = [], []
     for f in files:
         regular_file(f, "ArrayRecord file")  # a FIFO or device named, never read
@@ -187,8 +191,8 @@ def _open_files(files: list[Path]) -> RecordSource:
             for lo in range(0, n, _READ_BATCH):
                 for i, record in enumerate(reader.read(range(lo, min(lo + _READ_BATCH, n))), lo):
                     label = decode_record(record, f"{f}: record {i}")[0]
-                    if label >= MAX_CLASSES:
-                        raise ValueError(f"{f}: record {i}: label {label}: expected labels in [0, {MAX_CLASSES - 1}]")
+                    if label >= limit:
+                        raise ValueError(f"{f}: record {i}: label {label}: {names}expected labels in [0, {limit - 1}]")
                     labels.append(label)
                 i = min(lo + _READ_BATCH, n)
             reader.close()  # where a truncated or overwritten file's damage shows (its footer, its last chunk)
@@ -205,44 +209,49 @@ def _why(e: BaseException) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def _classes(folder: Path, splits: dict[str, RecordSource], whole: bool) -> tuple[str, ...]:
-    """The class names of ``dataset.json`` in ``folder``, else 0..the largest label. What dataset.json
-    declares is checked against the records: a name for every label and, when the records read are the
-    ``whole`` folder (not a glob of some files), the record count of each split it states and a record
-    for every name (a class without one would train a head row on nothing).
+def _declared(path: Path) -> tuple[dict, tuple[str, ...]] | None:
+    """``dataset.json`` at ``path`` and its class names, or None where there is none.
+
+    Raises:
+        ValueError: a dataset.json without a list of class names (``check_classes`` checks the names).
+    """
+    from vit_common.system import io
+
+    if not os.path.lexists(path):
+        return None
+    info = io.read_json(path)
+    classes = info.get("classes") if isinstance(info, dict) else None
+    if not isinstance(classes, list):
+        raise ValueError(f"{path}: expected {{'classes': [names]}}, got {type(classes).__name__}")
+    return info, tuple(classes)
+
+
+def _classes(path: Path, declared, splits: dict[str, RecordSource], whole: bool) -> tuple[str, ...]:
+    """The class names of ``declared`` (``_declared(path)``), else 0..the largest label. What dataset.json
+    declares is checked against the records (``check_classes``): its names and, when the records read are
+    the ``whole`` folder (not a glob of some files), a record for every class and the record count of each
+    split it states.
 
     Raises:
         ValueError: one line naming dataset.json and the first thing it contradicts.
     """
-    from vit_common.system import io
-
     labels = np.concatenate([s.labels for s in splits.values()])
-    top = int(labels.max()) if len(labels) else 0
-    path = folder / INFO
-    if not os.path.lexists(path):
-        return tuple(str(k) for k in range(top + 1))
-    info = io.read_json(path)
-    classes = info.get("classes") if isinstance(info, dict) else None
-    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes) or len(classes) <= top:
-        raise ValueError(
-            f"{path}: expected {{'classes': [names]}} with a name for every label 0..{top}, got "
-            f"{type(classes).__name__ if not isinstance(classes, list) else f'{len(classes)} names'}"
+    if declared is None:
+        classes = tuple(str(k) for k in range(int(labels.max()) + 1 if len(labels) else 1))
+        check_classes(
+            f"{path.parent} (no {INFO}: a class per label value 0..{len(classes) - 1})", classes, labels, every=whole
         )
-    declared = info.get("records")
-    for split, source in splits.items() if whole and isinstance(declared, dict) else ():
-        if split in declared and declared[split] != len(source):
+        return classes
+    info, classes = declared
+    check_classes(str(path), classes, labels, every=whole)
+    records = info.get("records")
+    for split, source in splits.items() if whole and isinstance(records, dict) else ():
+        if split in records and records[split] != len(source):
             counts = ", ".join(f"{Path(f).name}: {n}" for f, n in zip(source.files, source.counts, strict=True))
             raise ValueError(
-                f"{path}: declares {declared[split]} {split} records; the files hold {len(source)} ({counts})"
+                f"{path}: declares {records[split]} {split} records; the files hold {len(source)} ({counts})"
             )
-    unused = sorted(set(range(len(classes))) - set(labels.tolist())) if whole else []
-    if unused:
-        names = ", ".join(repr(classes[k]) for k in unused[:5]) + (", ..." if len(unused) > 5 else "")
-        raise ValueError(
-            f"{path}: names {len(classes)} classes, but no record is labelled {names} (the records hold "
-            f"{len(set(labels.tolist()))} classes); expected a record of every class"
-        )
-    return tuple(classes)
+    return classes
 
 
 def open_arrayrecord(pattern: str) -> Stored:
@@ -251,8 +260,9 @@ def open_arrayrecord(pattern: str) -> Stored:
     Raises:
         ValueError: nothing matches, a file that is not ArrayRecord, is empty, damaged (truncated,
             overwritten: the reader's error, naming the file and the record) or holds records of another
-            layout, files of which some name a split and some do not, a ``dataset.json`` that does not
-            name every label, names a class no record has or states other record counts.
+            layout, files of which some name a split and some do not, a label without a name in
+            ``dataset.json`` (naming the record), a ``dataset.json`` whose names are empty or repeated,
+            that names a class no record has or states other record counts.
     """
     files = pattern_files(pattern)
     folder = files[0].parent
@@ -262,12 +272,14 @@ def open_arrayrecord(pattern: str) -> Stored:
         raise ValueError(f"arrayrecord:{pattern}: files {loose} name no split (train-..., test-...) but others do")
     if not any(s == "train" for s in splits.values()) and any(splits.values()):
         raise ValueError(f"arrayrecord:{pattern}: no file of the train split (train-...)")
-    train = _open_files([f for f, s in splits.items() if s in ("train", None)])
+    declared = _declared(folder / INFO)  # its names bound the labels as the records are read
+    names = declared[1] if declared is not None else None
+    train = _open_files([f for f, s in splits.items() if s in ("train", None)], names, folder / INFO)
     test_files = [f for f, s in splits.items() if s == "test"]
-    test = _open_files(test_files) if test_files else None
+    test = _open_files(test_files, names, folder / INFO) if test_files else None
     read = [*files, *([folder / INFO] if (folder / INFO).exists() else [])]
     sources = {"train": train} | ({"test": test} if test is not None else {})
-    classes = _classes(folder, sources, whole=Path(pattern).is_dir())
+    classes = _classes(folder / INFO, declared, sources, whole=Path(pattern).is_dir())
     return Stored(train, test, classes, file_stats(folder, read))
 
 

@@ -54,7 +54,7 @@ from vit_common.data.images import (
     to_array,
     to_channels,
 )
-from vit_common.data.stored_datasets import MAX_CLASSES, Stored, Subset, file_stats
+from vit_common.data.stored_datasets import MAX_CLASSES, Stored, Subset, check_classes, file_stats
 
 _SPLIT_SEED = 0  # fixed split of mnist5k, digits and any dataset split by val_fraction
 STORED_KINDS = ("imagefolder", "hf", "arrayrecord", "tfds")  # datasets of natural images read when used
@@ -390,6 +390,7 @@ def _npz(spec, path, val_fraction) -> Dataset:
     else:
         tr, te = _split(y, val_fraction)
     classes = [str(k) for k in range(int(y.max()) + 1)]
+    check_classes(f"{path} (integer labels: a class per value 0..{len(classes) - 1})", classes, y)
     data = _from_arrays(spec, x, y, tr, te, classes)
     return dataclasses.replace(data, files=files)
 
