@@ -243,14 +243,14 @@ def _classes(path: Path, declared, splits: dict[str, RecordSource], whole: bool)
         )
         return classes
     info, classes = declared
-    check_classes(str(path), classes, labels, every=whole)
     records = info.get("records")
     for split, source in splits.items() if whole and isinstance(records, dict) else ():
-        if split in records and records[split] != len(source):
+        if split in records and records[split] != len(source):  # first: a missing shard explains the rest
             counts = ", ".join(f"{Path(f).name}: {n}" for f, n in zip(source.files, source.counts, strict=True))
             raise ValueError(
                 f"{path}: declares {records[split]} {split} records; the files hold {len(source)} ({counts})"
             )
+    check_classes(str(path), classes, labels, every=whole)
     return classes
 
 
