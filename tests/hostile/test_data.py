@@ -16,7 +16,7 @@ import pytest
 
 from vit_cli.main import main
 
-from .harness import TRAIN, Case, bomb_png, check_case, npz_dataset, write_png
+from .harness import TRAIN, Case, bomb_png, cached, check_case, npz_dataset, write_png
 
 
 def labels(name: str, y, y_test=None) -> Callable[[Path], list[str]]:
@@ -309,7 +309,7 @@ def convert_into_a_user_folder(tmp: Path) -> list[str]:
 def resume_on_changed_data(tmp: Path) -> list[str]:
     """A finished run on an image folder, then an image added and a class folder renamed."""
     _folder(tmp / "imgs")
-    argv = _train_on(f"imagefolder:{tmp / 'imgs'}", tmp)
+    argv = _train_on(f"imagefolder:{tmp / 'imgs'}", tmp, *cached(tmp.parents[1]))
     assert main(argv) == 0
     write_png(tmp / "imgs" / "a" / "9.png", (8, 8))
     os.rename(tmp / "imgs" / "b", tmp / "imgs" / "c")
@@ -460,8 +460,8 @@ def _garble_record(data, i: int) -> tuple[Path, str]:
 
 @pytest.fixture(scope="module")
 def compile_cache(tmp_path_factory) -> list[str]:
-    """The flags of one compilation cache for the runs of these tests: the same step compiles once."""
-    return ["--data-workers", "0", "--compile-cache", str(tmp_path_factory.mktemp("xla"))]
+    """The flags of the compilation cache of the session's training runs: the same step compiles once."""
+    return ["--data-workers", "0", *cached(tmp_path_factory.getbasetemp())]
 
 
 @pytest.fixture(scope="module")

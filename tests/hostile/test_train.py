@@ -27,6 +27,7 @@ from .harness import (
     TIME_LIMIT,
     TRAIN,
     Case,
+    cached,
     check_case,
     child_env,
     fill_disk,
@@ -177,7 +178,7 @@ def _finished_run(base: Path, data: Path) -> Path:
     if not done.is_dir():
         work = base / f"finished-run-{os.getpid()}"
         shutil.rmtree(work, ignore_errors=True)
-        assert main([*TRAIN, "--dataset", f"npz:{data}", "--out", str(work / "run")]) == 0
+        assert main([*TRAIN, "--dataset", f"npz:{data}", "--out", str(work / "run"), *cached(base)]) == 0
         with contextlib.suppress(OSError):  # another worker was first: its run is the same
             os.rename(work, done)
     return done / "run"
@@ -312,14 +313,7 @@ def test_a_training_checkpoint_the_disk_cannot_hold_is_one_line_before_orbax_wri
     checkpoint folder, complete or temporary, is left."""
     out = small_disk / "run"
     fill_disk(small_disk, leave=64 << 10)
-    env = child_env()
-    child = subprocess.run(
-        [sys.executable, "-m", "vit_cli.main", *TRAIN, "--dataset", "digits", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=TIME_LIMIT,
-    )
+    child = _train_child(out)
     errors = [ln for ln in child.stderr.splitlines() if not ln.startswith("vit train: warning: ")]
     assert child.returncode == 2 and "Traceback" not in child.stderr, child.stderr
     assert [ln for ln in errors if "error" in ln.lower()] == errors[-1:], child.stderr
@@ -329,9 +323,18 @@ def test_a_training_checkpoint_the_disk_cannot_hold_is_one_line_before_orbax_wri
     assert not (out / "checkpoints").exists()  # no checkpoint folder, complete or temporary: not even an empty one
 
 
-def _train_child(out: Path, *flags: str, check: bool = True, prelude: str = "") -> subprocess.CompletedProcess:
-    """``vit train`` on digits into ``out`` in a child; with ``check`` off the free-space check before each
-    checkpoint needs nothing, so that orbax's own write meets the full disk; ``prelude``: code run first."""
+def _train_child(
+    out: Path, *flags: str, check: bool = True, prelude: str = "", data: str | None = None, cache: bool = True
+) -> subprocess.CompletedProcess:
+    """``vit train`` into ``out`` in a child, on ``data`` (default: 8 training and 2 test images of an npz
+    beside the disk, 2 steps) with the compilation cache of the session's runs (``cache``; off: the step is
+    compiled); with ``check`` off the free-space check before each checkpoint needs nothing, so that
+    orbax's own write meets the full disk; ``prelude``: code run first."""
+    base = out.parent.parent  # the test's folder, which holds the small disk
+    if data is None:  # a warm-up within its 2 steps: no warning line
+        npz = base / "d.npz" if (base / "d.npz").exists() else npz_dataset(base / "d.npz", [0, 1] * 4, [0, 1])
+        data, flags = f"npz:{npz}", ("--warmup-steps", "1", *flags)
+    caching = cached(base.parent) if cache else []
     code = "\n".join(
         [
             "import sys",
@@ -342,7 +345,7 @@ def _train_child(out: Path, *flags: str, check: bool = True, prelude: str = "") 
             "sys.exit(main(sys.argv[1:]))",
         ]
     )
-    argv = [*TRAIN, "--dataset", "digits", "--out", str(out), *flags]
+    argv = [*TRAIN, "--dataset", data, "--out", str(out), *caching, *flags]
     env = child_env()
     return subprocess.run(
         [sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, timeout=TIME_LIMIT
@@ -362,7 +365,7 @@ def test_a_disk_that_fills_during_a_training_checkpoint_is_one_line_and_the_fold
     assert child.returncode == 2 and child.stderr.count("\n") == 2, child.stderr
     line = child.stderr.splitlines()[1]
     assert line == (
-        f"vit train: error: {out / 'checkpoints'}: the checkpoint of step 360 could not be written (No space "
+        f"vit train: error: {out / 'checkpoints'}: the checkpoint of step 2 could not be written (No space "
         "left on device); free some space, then the same command with --resume continues from step 0"
     )
     assert not (out / "checkpoints").exists()
@@ -378,7 +381,7 @@ def test_run_files_on_a_full_disk_are_one_line_naming_the_file_and_no_hang(tenso
     out = small_disk / "run"
     fill_disk(small_disk, leave=8 << 10)
     off = [] if tensorboard else ["--tensorboard", "off"]
-    child = _train_child(out, "--ckpt-every", "0", "--log-every", "1", *off)
+    child = _train_child(out, "--ckpt-every", "0", "--log-every", "1", *off, data="digits")  # lines to fill 8 KiB
     assert child.returncode == 2 and child.stderr.count("\n") == 2, child.stderr
     line = child.stderr.splitlines()[1]
     named = re.fullmatch(
@@ -427,7 +430,7 @@ def test_a_disk_that_fills_before_the_exports_says_the_training_is_kept_and_resu
     line = child.stderr.splitlines()[1]
     assert line.startswith(f"vit train: error: {out}/") and "could not be written (No space left on device)" in line
     assert line.endswith(
-        f"; the training is complete (the checkpoint of step 360 in {out / 'checkpoints'}): the same command "
+        f"; the training is complete (the checkpoint of step 2 in {out / 'checkpoints'}): the same command "
         "with --resume writes the exports"
     ), line
     (small_disk / "filler").unlink()
@@ -460,7 +463,7 @@ def test_sigterm_while_xla_compiles_is_the_stop_line_alone(tmp_path):
             "T.Trainer.compile = armed",
         ]
     )
-    proc = _train_child(tmp_path / "run", prelude=prelude)
+    proc = _train_child(tmp_path / "run", prelude=prelude, data="digits", cache=False)  # the step is compiled
     assert proc.returncode == 3, proc.stderr
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
     assert proc.stderr.splitlines()[-1] == (
