@@ -31,8 +31,10 @@ and with these substitutions (``SUBSTITUTIONS``; the training commands shortened
 end, where the last flag wins):
 
   - every ``vit train``: ``--epochs 1 --no-progress --no-parity --tensorboard off`` (``TRAIN_FLAGS``); one
-    without ``--init`` also gets a width-32 depth-1 model (``MODEL_FLAGS``); the bare ``vit train`` (the
-    demo) is the shared run, so it runs only where runs/mnist5k is missing, as docs/attention.md says
+    without ``--init`` also gets a width-32 depth-1 model (``MODEL_FLAGS``), one on a stand-in folder
+    (12 images) batches of 4 (``vit train`` refuses a batch larger than the training images); the bare
+    ``vit train`` (the demo) is the shared run, so it runs only where runs/mnist5k is missing, as
+    docs/attention.md says
   - ``vit train-parity --steps 10``: 2 steps
   - ``timm.create_model("vit_tiny_patch16_224", ...)``: ``depth=1``, as the file it loads
   - ``train_iterator(..., batch_size=256, ..., workers=8)``: batches of 4, no worker processes
@@ -146,6 +148,7 @@ def shell_text(block: Block) -> str:
         if re.match(r"\s*vit train(\s|$)", command):
             args = command.split()[2:]
             flags = TRAIN_FLAGS + ("" if "--init" in args else " " + MODEL_FLAGS)
+            flags += " --batch-size 4" if re.search(r"--dataset (imagefolder|arrayrecord|hf|tfds):", command) else ""
             command = f"{command} {flags}"
             if not args:  # the demo: the shared run
                 command = f"test -f runs/mnist5k/model.safetensors || {command}"

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from vit_common.config import ViTConfig
-from vit_common.data.batches import batches_per_epoch
+from vit_common.data.batches import batches_per_epoch, check_batch_size
 from vit_common.data.datasets import Dataset
 from vit_common.tolerance import compare, tolerance
 from vit_common.training.recipes import get_recipe
@@ -299,11 +299,7 @@ def compare_training(
         raise ValueError(f"the twins' train configs differ in {differ}: their batches would not be the same")
     if (tcfg.ema is None) != (torch_tcfg.ema is None):
         raise ValueError(f"ema={tcfg.ema} (JAX) and {torch_tcfg.ema} (torch): an EMA in both twins or in neither")
-    if tcfg.batch_size > len(data.train):
-        raise ValueError(
-            f"batch_size={tcfg.batch_size}: expected at most the {len(data.train)} training images of "
-            f"{tcfg.dataset} (a larger batch is padding: both twins would compute on it for nothing)"
-        )
+    check_batch_size(tcfg.batch_size, len(data.train), tcfg.dataset)
     total = batches_per_epoch(len(data.train), tcfg.batch_size) * tcfg.epochs
     if not 1 <= steps <= total:
         raise ValueError(f"steps={steps}: expected 1 <= K <= {total} (the run's steps)")

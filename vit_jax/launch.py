@@ -100,7 +100,9 @@ def run_training(
     holder.
 
     Returns:
-        (exit code: 0 done, 1 the loss turned NaN/Inf or an export check failed, 3 a signal stopped the
+        (exit code: 0 done, 1 the loss turned NaN/Inf or an export check failed, 2 an example could not be
+        read during the run (``vit_common.data.stored_datasets.DataReadError``: the step reached is
+        checkpointed, --resume continues once the data is repaired), 3 a signal stopped the
         run after checkpointing the step reached (``vit_jax.preemption.EXIT_STOPPED``), 75 a process or
         a data worker was lost (``vit_jax.distributed.EXIT_LOST``); the summary (``fit``'s, with the
         model, exports, load calls, parity and wall_seconds) on process 0 of a finished run, else None).
@@ -110,6 +112,7 @@ def run_training(
             replace that vit did not write (``vit_common.system.io``).
         ValueError: whatever the dataset, the model or the checkpoint refuses.
     """
+    from vit_common.data.stored_datasets import DataReadError
     from vit_jax import distributed
     from vit_jax.data import DataWorkerError
     from vit_jax.distributed import EXIT_LOST
@@ -140,6 +143,13 @@ def run_training(
         if cluster:
             cluster.check(e)  # if a process was lost, this process ends here with one line saying so
             cluster.leave(e)
+        if isinstance(e, DataReadError):
+            print(
+                f"vit train: error: {e}; once the data is repaired, the same command with --resume continues "
+                f"{resume_from(out)}",
+                file=sys.stderr,
+            )
+            return 2, None
         if isinstance(e, DataWorkerError):
             print(
                 f"vit train: error: {e}; pass fewer --data-workers or a smaller --batch-size if memory ran out. "
@@ -312,6 +322,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     """The run inside the lock (``run_training``'s return value)."""
     import jax
 
+    from vit_common.data.batches import check_batch_size
     from vit_common.data.datasets import read_dataset
     from vit_common.system.peaks import datasheet_peak
     from vit_jax.checkpointing import saved_steps
@@ -342,6 +353,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
             print(line, file=sys.stderr)
 
     raw = _named(read_dataset(tcfg.dataset, val_fraction=tcfg.val_fraction), spec.classes)  # classes, channels
+    check_batch_size(tcfg.batch_size, len(raw.train), tcfg.dataset)  # before any model is built
     resume = spec.options.resume
     saved = io.read_json(out / "config.json") if resume and (out / "config.json").is_file() else {}
     if tcfg.init and "init" in saved and saved_steps(out / "checkpoints"):  # the checkpoint holds the weights

@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from vit_common.data.batches import examples_before
+from vit_common.data.stored_datasets import DataReadError
 from vit_common.system import in_place, io
 from vit_common.system.validate import regular_file
 from vit_common.training.train_config import RunOptions
@@ -128,8 +129,10 @@ def fit(
     sums behind the next metrics line, so a resumed run writes the same lines as an uninterrupted one.
     ``stop`` (``vit_jax.preemption.StopSignals``): after every step the run asks it whether to stop; if so
     it saves that step, waits for the write and raises ``Stopped``. A data worker that dies is
-    ``DataWorkerError``, raised after saving the step reached (one process; with several, the others are
-    stopped through ``vit_jax.distributed``). The test set is evaluated (loss, top-1 and top-5 accuracy)
+    ``DataWorkerError``, and a training example that cannot be read (damaged after the dataset's
+    up-front check) ``DataReadError``, each raised after saving the step reached (one process; with
+    several, the others are stopped through ``vit_jax.distributed``), so that ``resume`` continues from
+    it once the data is repaired. The test set is evaluated (loss, top-1 and top-5 accuracy)
     every ``eval_every`` epochs, or every ``eval_every_steps`` steps when that is set, and at the end;
     ``progress`` shows a tqdm bar on process 0. metrics.jsonl gets one line when the process's first
     step is done (``time_to_first_step_s``: seconds since ``started``, a ``time.perf_counter`` value,
@@ -171,6 +174,9 @@ def fit(
         NonFiniteError: NaN or Inf in the loss or gradients; the last good checkpoint stays intact.
         Stopped: ``stop`` asked for it (a signal); its ``step`` is the checkpoint saved.
         DataWorkerError: an input-pipeline worker process died.
+        DataReadError: an example of the training set could not be read (naming the step, the file and
+            the record), after the checkpoint of the step reached; one of the test set, at an evaluation
+            (the latest checkpoint kept).
         DestinationError: a fresh run's ``out`` holds a file of ``RUN_FILES`` that vit did not write
             (checked first; a resumed run's config.json proves its files are the run's).
     """
@@ -353,9 +359,11 @@ def _steps(run: RunState, it, hooks: Hooks, saver: _Saver, stop: StopSignals | N
             with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
                 try:
                     batch = next(it)
-                except DataWorkerError:
+                except (DataWorkerError, DataReadError) as e:
                     if not many and step > run.start:  # the state of the step reached is whole: keep it
                         saver.save(run)
+                    if isinstance(e, DataReadError):
+                        raise DataReadError(f"step {step + 1}'s batch: {e}") from None
                     raise
                 run.state, m = run.trainer.train_step(run.state, batch)
                 run.metrics = jax.device_get(m)

@@ -81,6 +81,12 @@ TINY_TRAIN = "--image-size 8 --patch-size 4 --width 16 --depth 1 --num-heads 2 -
 TRAIN = ["train", *TINY_TRAIN.split(), "--no-progress", "--no-parity", "--compile-cache", "off"]
 
 
+def cached(base: Path) -> list[str]:
+    """The flags of the session's compilation cache (``base``: the session's temporary folder), for the
+    runs that train: the same tiny step is compiled once a session, not once a run."""
+    return ["--compile-cache", str(base / "xla-cache")]
+
+
 def npz_dataset(path: Path, y, y_test=None) -> Path:
     """An npz dataset of seeded 8x8 uint8 images labelled ``y`` (and a test split labelled ``y_test``)."""
     rng = np.random.default_rng(0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 from vit_cli.main import main
 
-from .harness import TRAIN, Case, bomb_png, check_case, npz_dataset, write_png
+from .harness import TRAIN, Case, bomb_png, cached, check_case, npz_dataset, write_png
 
 
 def labels(name: str, y, y_test=None) -> Callable[[Path], list[str]]:
@@ -62,6 +63,19 @@ def _hf_rows(tmp: Path, name: str, label) -> Path:
 
 def hf_without_labels(tmp: Path) -> list[str]:
     return _train_on(f"hf:{_hf_rows(tmp, 'hf', None)}", tmp)
+
+
+def hf_classlabel_of_5_names(tmp: Path) -> list[str]:
+    """A ClassLabel naming 5 classes for rows labelled a and b."""
+    import datasets
+
+    ds = datasets.load_from_disk(str(_hf_rows(tmp, "rows", [0, 1] * 3)))
+    ds.cast_column("label", datasets.ClassLabel(names=["a", "b", "c", "d", "e"])).save_to_disk(str(tmp / "hf"))
+    return _train_on(f"hf:{tmp / 'hf'}", tmp)
+
+
+def hf_label_beyond_the_limit(tmp: Path) -> list[str]:
+    return _train_on(f"hf:{_hf_rows(tmp, 'hf', [0, 1, 0, 2**20, 0, 1])}", tmp)
 
 
 def hf_text_labels(tmp: Path) -> list[str]:
@@ -177,6 +191,13 @@ def _claim_more(version: Path) -> None:
     (version / "dataset_info.json").write_text(json.dumps(info))
 
 
+def _third_class_name(version: Path) -> None:
+    """A class name 'c' added to the label feature (its names file and its class count)."""
+    (version / "label.labels.txt").write_text("a\nb\nc\n")
+    features = (version / "features.json").read_text()
+    (version / "features.json").write_text(features.replace('"numClasses": "2"', '"numClasses": "3"'))
+
+
 def _tfds_shard(version: Path) -> Path:
     return next(version.glob("*train.array_record*"))
 
@@ -288,7 +309,7 @@ def convert_into_a_user_folder(tmp: Path) -> list[str]:
 def resume_on_changed_data(tmp: Path) -> list[str]:
     """A finished run on an image folder, then an image added and a class folder renamed."""
     _folder(tmp / "imgs")
-    argv = _train_on(f"imagefolder:{tmp / 'imgs'}", tmp)
+    argv = _train_on(f"imagefolder:{tmp / 'imgs'}", tmp, *cached(tmp.parents[1]))
     assert main(argv) == 0
     write_png(tmp / "imgs" / "a" / "9.png", (8, 8))
     os.rename(tmp / "imgs" / "b", tmp / "imgs" / "c")
@@ -342,6 +363,34 @@ CASES = [
         damaged_records("5 classes named for 3", _declare(classes=["a", "b", "c", "d", "e"])),
         r"{tmp}/rec/dataset.json: names 5 classes, but no record is labelled 'd', 'e' \(the records hold 3 classes\)",
     ),
+    # what a dataset declares about its classes, against its labels
+    Case(
+        damaged_records("2 names for 3 classes", _declare(classes=["a", "b"])),
+        r"{tmp}/rec/train-00002-of-00003.array_record: record 0: label 2: {tmp}/rec/dataset.json names 2 "
+        r"classes; expected labels in \[0, 1\]",
+    ),
+    Case(
+        damaged_records("a class named twice", _declare(classes=["a", "b", "a"])),
+        r"{tmp}/rec/dataset.json: names class 'a' twice; expected distinct class names",
+    ),
+    Case(
+        damaged_records("an empty class name", _declare(classes=["a", " ", "c"])),
+        r"{tmp}/rec/dataset.json: class name ' ': expected a non-empty name for every class",
+    ),
+    Case(
+        hf_classlabel_of_5_names,
+        r"{tmp}/hf \(the ClassLabel of split 'train'\): names 5 classes, but no record is labelled 'c', 'd', 'e'",
+    ),
+    Case(hf_label_beyond_the_limit, r"{tmp}/hf/data-00000-of-00001.arrow: row 3: label 1048576: expected labels in"),
+    Case(
+        labels("labels 0 and 2", [0, 2] * 4),
+        r"{tmp}/d.npz \(integer labels: a class per value 0..2\): names 3 classes, but no record is labelled '1'",
+    ),
+    Case(
+        damaged_tfds("a class name no record has", _third_class_name),
+        r"{tmp}/tfds/tiny/1.0.0/dataset_info.json \(the ClassLabel 'label'\): names 3 classes, but no record is "
+        r"labelled 'c'",
+    ),
     Case(hf_saved_with_0_rows, r"{tmp}/hf: 0 rows; expected labelled images"),
     Case(parquet_empty_test_split, r"{tmp}/pq \(split 'test'\): 0 rows; expected labelled images"),
     Case(damaged_parquet("label"), r"{tmp}/pq/train.parquet: a damaged Parquet file \("),
@@ -369,3 +418,113 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_hostile_input(case, tmp_path, capsys, monkeypatch):
     check_case(case, tmp_path, capsys, monkeypatch)
+
+
+# ------------------------------------------------------------------ damage found in the middle of a run
+
+BATCH = 4  # TRAIN's --batch-size: 10 training images of _folder(n=6) (2 go to the test split), so 3 steps
+
+
+def _first_of_step(data, step: int) -> int:
+    """The training example read first for ``step`` (1-based) of a run seeded 0 (TRAIN's seed)."""
+    from vit_common.data.batches import TrainPlan
+
+    return TrainPlan(len(data.train), BATCH, 1, 0)[(step - 1) * BATCH]["index"]
+
+
+def _garble_file(data, i: int) -> tuple[Path, str]:
+    """Example ``i``'s image file overwritten; (the file, what the line names)."""
+    path = Path(data.train.name(i))
+    path.write_bytes(b"not an image any more")
+    return path, rf"{re.escape(str(path))}: unreadable image"
+
+
+def _garble_record(data, i: int) -> tuple[Path, str]:
+    """Example ``i``'s shard rewritten with that record's image bytes no image (the layout kept); (the
+    shard, what the line names)."""
+    from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+
+    from vit_common.data.arrayrecord import decode_record, encode_record
+
+    shard, _, k = data.train.name(i).rpartition(": record ")
+    reader = ArrayRecordReader(shard)
+    records = reader.read(list(range(reader.num_records())))
+    reader.close()
+    records[int(k)] = encode_record(b"not an image any more", decode_record(records[int(k)], shard)[0])
+    writer = ArrayRecordWriter(shard, "group_size:1")
+    for record in records:
+        writer.write(record)
+    writer.close()
+    return Path(shard), rf"{re.escape(shard)}: record {k}: unreadable image"
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory) -> list[str]:
+    """The flags of the compilation cache of the session's training runs: the same step compiles once."""
+    return ["--data-workers", "0", *cached(tmp_path_factory.getbasetemp())]
+
+
+@pytest.fixture(scope="module")
+def undamaged_run(tmp_path_factory, compile_cache) -> dict:
+    """The exported weights of a run on the image folder undamaged, what a repaired run must end with."""
+    from safetensors.numpy import load_file
+
+    tmp = tmp_path_factory.mktemp("undamaged")
+    _folder(tmp / "imgs", n=6)
+    assert main([*_train_on(f"imagefolder:{tmp / 'imgs'}", tmp), *compile_cache]) == 0
+    return load_file(tmp / "run" / "model.safetensors")
+
+
+@pytest.mark.parametrize(
+    ("kind", "garble"), [("imagefolder", _garble_file), ("arrayrecord", _garble_record)], ids=["file", "record"]
+)
+def test_damage_found_mid_run_stops_with_a_checkpoint_and_resumes(
+    kind, garble, undamaged_run, compile_cache, tmp_path, capsys, monkeypatch
+):
+    """The example first read at step 3 breaks after the up-front check passed (as a failing disk or a
+    copy still being written would break it in the middle of a run): the run stops after step 2 with its
+    checkpoint, one line naming the step, the file (and the record), exit 2, no export; the file restored,
+    --resume ends with the undamaged run's weights, bit for bit."""
+    from safetensors.numpy import load_file
+
+    import vit_common.data.datasets as datasets
+    from vit_jax.checkpointing import saved_steps
+
+    _folder(tmp_path / "imgs", n=6)
+    spec = f"imagefolder:{tmp_path / 'imgs'}"
+    if kind == "arrayrecord":  # the same images in the same order: the same split and batches
+        assert main(["data", "convert", str(tmp_path / "imgs"), str(tmp_path / "rec"), "--shard-size", "4"]) == 0
+        spec = f"arrayrecord:{tmp_path / 'rec'}"
+    argv = [*_train_on(spec, tmp_path), *compile_cache]
+    read, damaged = datasets.read_dataset, {}
+
+    def read_then_damage(*args, **kwargs):
+        data = read(*args, **kwargs)
+        i = _first_of_step(data, 3)
+        path = Path(data.train.name(i).rpartition(": record ")[0] or data.train.name(i))
+        damaged["original"] = (path, path.read_bytes())
+        damaged["names"] = garble(data, i)[1]
+        return data
+
+    monkeypatch.setattr(datasets, "read_dataset", read_then_damage)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    errors = [ln for ln in err.splitlines() if ln.startswith("vit train: error: ")]
+    assert len(errors) == 1, err
+    assert re.search(rf"step 3's batch: {damaged['names']}", errors[0]), errors[0]
+    assert errors[0].endswith(
+        "once the data is repaired, the same command with --resume continues from the checkpoint of step 2"
+    )
+    assert saved_steps(tmp_path / "run" / "checkpoints") == [2]
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+
+    monkeypatch.setattr(datasets, "read_dataset", read)
+    path, original = damaged["original"]
+    path.write_bytes(original)  # repaired: the same bytes (a restored copy)
+    assert main([*argv, "--resume"]) == 0
+    resumed = load_file(tmp_path / "run" / "model.safetensors")
+    assert resumed.keys() == undamaged_run.keys()
+    for k, v in undamaged_run.items():
+        np.testing.assert_array_equal(resumed[k], v, err_msg=k)

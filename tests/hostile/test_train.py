@@ -27,12 +27,14 @@ from .harness import (
     TIME_LIMIT,
     TRAIN,
     Case,
+    cached,
     check_case,
     child_env,
     fill_disk,
     flag,
     npz_dataset,
     ours,
+    write_png,
 )
 
 
@@ -176,7 +178,7 @@ def _finished_run(base: Path, data: Path) -> Path:
     if not done.is_dir():
         work = base / f"finished-run-{os.getpid()}"
         shutil.rmtree(work, ignore_errors=True)
-        assert main([*TRAIN, "--dataset", f"npz:{data}", "--out", str(work / "run")]) == 0
+        assert main([*TRAIN, "--dataset", f"npz:{data}", "--out", str(work / "run"), *cached(base)]) == 0
         with contextlib.suppress(OSError):  # another worker was first: its run is the same
             os.rename(work, done)
     return done / "run"
@@ -190,6 +192,25 @@ def _checkpoints_half_written(run: Path) -> None:
     """Every step folder renamed as orbax names one still being written."""
     for step in (run / "checkpoints").iterdir():
         step.rename(step.with_name(f"{step.name}.orbax-checkpoint-tmp-1"))
+
+
+def batch_larger_than_the_data(spec: str, batch: int) -> Callable[[Path], list[str]]:
+    """``vit train --batch-size batch`` on ``spec``: "npz" 8 training images (and 2 test), "imagefolder" 4
+    (of 6, the rest the test split)."""
+
+    def build(tmp: Path) -> list[str]:
+        if spec == "npz":
+            data = f"npz:{npz_dataset(tmp / 'd.npz', [0, 1] * 4, [0, 1])}"
+        else:
+            for c in ("a", "b"):
+                (tmp / "imgs" / c).mkdir(parents=True)
+                for i in range(3):
+                    write_png(tmp / "imgs" / c / f"{i}.png", (8, 8))
+            data = f"imagefolder:{tmp / 'imgs'}"
+        return [*TRAIN, "--batch-size", str(batch), "--dataset", data, "--out", str(tmp / "run")]
+
+    build.__name__ = f"batch {batch} on {spec}"
+    return build
 
 
 def _set(tensor, value):
@@ -230,6 +251,14 @@ CASES = [
         r"splits dimension 2 of patch_embed.proj.kernel \[4, 4, 1, 16\] over fsdp \(2 devices\), which does not "
         r"divide 1",
         child=True,
+    ),
+    # cost out of proportion
+    Case(
+        batch_larger_than_the_data("npz", 9), r"batch_size=9: expected at most the 8 training images of npz:{tmp}/d.npz"
+    ),
+    Case(
+        batch_larger_than_the_data("imagefolder", 4096),
+        r"batch_size=4096: expected at most the 4 training images of imagefolder:{tmp}/imgs \(a larger batch is",
     ),
     Case(train_into_a_user_folder, r"{tmp}/run/config.json: exists and vit cannot tell it wrote it"),
     Case(train_while_another_runs, r"{tmp}/run: in use by another vit train \(pid \d+\)"),
@@ -284,14 +313,7 @@ def test_a_training_checkpoint_the_disk_cannot_hold_is_one_line_before_orbax_wri
     checkpoint folder, complete or temporary, is left."""
     out = small_disk / "run"
     fill_disk(small_disk, leave=64 << 10)
-    env = child_env()
-    child = subprocess.run(
-        [sys.executable, "-m", "vit_cli.main", *TRAIN, "--dataset", "digits", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=TIME_LIMIT,
-    )
+    child = _train_child(out)
     errors = [ln for ln in child.stderr.splitlines() if not ln.startswith("vit train: warning: ")]
     assert child.returncode == 2 and "Traceback" not in child.stderr, child.stderr
     assert [ln for ln in errors if "error" in ln.lower()] == errors[-1:], child.stderr
@@ -301,9 +323,18 @@ def test_a_training_checkpoint_the_disk_cannot_hold_is_one_line_before_orbax_wri
     assert not (out / "checkpoints").exists()  # no checkpoint folder, complete or temporary: not even an empty one
 
 
-def _train_child(out: Path, *flags: str, check: bool = True, prelude: str = "") -> subprocess.CompletedProcess:
-    """``vit train`` on digits into ``out`` in a child; with ``check`` off the free-space check before each
-    checkpoint needs nothing, so that orbax's own write meets the full disk; ``prelude``: code run first."""
+def _train_child(
+    out: Path, *flags: str, check: bool = True, prelude: str = "", data: str | None = None, cache: bool = True
+) -> subprocess.CompletedProcess:
+    """``vit train`` into ``out`` in a child, on ``data`` (default: 8 training and 2 test images of an npz
+    beside the disk, 2 steps) with the compilation cache of the session's runs (``cache``; off: the step is
+    compiled); with ``check`` off the free-space check before each checkpoint needs nothing, so that
+    orbax's own write meets the full disk; ``prelude``: code run first."""
+    base = out.parent.parent  # the test's folder, which holds the small disk
+    if data is None:  # a warm-up within its 2 steps: no warning line
+        npz = base / "d.npz" if (base / "d.npz").exists() else npz_dataset(base / "d.npz", [0, 1] * 4, [0, 1])
+        data, flags = f"npz:{npz}", ("--warmup-steps", "1", *flags)
+    caching = cached(base.parent) if cache else []
     code = "\n".join(
         [
             "import sys",
@@ -314,7 +345,7 @@ def _train_child(out: Path, *flags: str, check: bool = True, prelude: str = "") 
             "sys.exit(main(sys.argv[1:]))",
         ]
     )
-    argv = [*TRAIN, "--dataset", "digits", "--out", str(out), *flags]
+    argv = [*TRAIN, "--dataset", data, "--out", str(out), *caching, *flags]
     env = child_env()
     return subprocess.run(
         [sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, timeout=TIME_LIMIT
@@ -334,7 +365,7 @@ def test_a_disk_that_fills_during_a_training_checkpoint_is_one_line_and_the_fold
     assert child.returncode == 2 and child.stderr.count("\n") == 2, child.stderr
     line = child.stderr.splitlines()[1]
     assert line == (
-        f"vit train: error: {out / 'checkpoints'}: the checkpoint of step 360 could not be written (No space "
+        f"vit train: error: {out / 'checkpoints'}: the checkpoint of step 2 could not be written (No space "
         "left on device); free some space, then the same command with --resume continues from step 0"
     )
     assert not (out / "checkpoints").exists()
@@ -350,7 +381,7 @@ def test_run_files_on_a_full_disk_are_one_line_naming_the_file_and_no_hang(tenso
     out = small_disk / "run"
     fill_disk(small_disk, leave=8 << 10)
     off = [] if tensorboard else ["--tensorboard", "off"]
-    child = _train_child(out, "--ckpt-every", "0", "--log-every", "1", *off)
+    child = _train_child(out, "--ckpt-every", "0", "--log-every", "1", *off, data="digits")  # lines to fill 8 KiB
     assert child.returncode == 2 and child.stderr.count("\n") == 2, child.stderr
     line = child.stderr.splitlines()[1]
     named = re.fullmatch(
@@ -399,7 +430,7 @@ def test_a_disk_that_fills_before_the_exports_says_the_training_is_kept_and_resu
     line = child.stderr.splitlines()[1]
     assert line.startswith(f"vit train: error: {out}/") and "could not be written (No space left on device)" in line
     assert line.endswith(
-        f"; the training is complete (the checkpoint of step 360 in {out / 'checkpoints'}): the same command "
+        f"; the training is complete (the checkpoint of step 2 in {out / 'checkpoints'}): the same command "
         "with --resume writes the exports"
     ), line
     (small_disk / "filler").unlink()
@@ -432,7 +463,7 @@ def test_sigterm_while_xla_compiles_is_the_stop_line_alone(tmp_path):
             "T.Trainer.compile = armed",
         ]
     )
-    proc = _train_child(tmp_path / "run", prelude=prelude)
+    proc = _train_child(tmp_path / "run", prelude=prelude, data="digits", cache=False)  # the step is compiled
     assert proc.returncode == 3, proc.stderr
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
     assert proc.stderr.splitlines()[-1] == (

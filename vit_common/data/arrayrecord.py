@@ -12,21 +12,23 @@ PATTERN is such a folder (its ``*.array_record``) or a glob of files. A file who
 ``train`` is training data, one starting with ``val``, ``validation``, ``valid`` or ``test`` test data;
 files naming no split are one set, split by ``--val-fraction`` as image folders are. Class names come
 from ``dataset.json`` beside the files, else ``0..K-1``. Read through array_record's
-``ArrayRecordDataSource`` (what ``grain.sources.ArrayRecordDataSource`` extends; grain's own imports JAX,
-this module must not), imported when a dataset is opened. Opening reads every record once, for the
-labels; the up-front check decodes every image once more.
+``ArrayRecordReader``, a reader per file opened at its first read (as its ``ArrayRecordDataSource``
+does, which grain's extends; grain's own imports JAX, this module must not), imported when a dataset is
+opened. Opening reads every record once, for the labels; the up-front check decodes every image once
+more.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from vit_common.data.stored_datasets import MAX_CLASSES, TEST_SPLITS, Stored, Subset, file_stats
+from vit_common.data.stored_datasets import MAX_CLASSES, TEST_SPLITS, Stored, Subset, check_classes, file_stats
 from vit_common.system.validate import regular_file
 
 MAGIC = b"VIT\x01"
@@ -91,7 +93,9 @@ def _split_of(name: str) -> str | None:
 
 class RecordSource:
     """Records of ArrayRecord files: element ``{"image": bytes, "label": int32}``. Picklable (grain's
-    worker processes): the reader (array_record's ``ArrayRecordDataSource``) is made where it reads.
+    worker processes): a file's reader (array_record's ``ArrayRecordReader``, with the random-access
+    options of its ``ArrayRecordDataSource``) is opened where and when the file is first read, so a file
+    damaged after the dataset was opened fails only the records read from it, each named.
 
     files: the files in order; labels: int32 [N], every record's label, in the same order.
     """
@@ -99,41 +103,79 @@ class RecordSource:
     def __init__(self, files: list[str], labels: np.ndarray, counts: list[int]):
         self.files, self.labels, self.counts = files, np.asarray(labels, np.int32), counts
         self._starts = np.cumsum([0] + counts)
-        self._reader = None
+        self._readers: dict[int, object] = {}
+        self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
-        return self.__dict__ | {"_reader": None}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_readers", "_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__ |= state | {"_readers": {}, "_lock": threading.Lock()}
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def _records(self):
-        if self._reader is None:
-            from array_record.python.array_record_data_source import ArrayRecordDataSource
+    def _reader(self, f: int):
+        with self._lock:  # grain's threads share one source
+            if f not in self._readers:
+                from array_record.python.array_record_module import ArrayRecordReader
 
-            self._reader = ArrayRecordDataSource(self.files)
-        return self._reader
+                self._readers[f] = ArrayRecordReader(
+                    self.files[f], options="readahead_buffer_size:0", file_reader_buffer_size=32768
+                )
+            return self._readers[f]
+
+    def _locate(self, i: int) -> tuple[int, int]:
+        f = int(np.searchsorted(self._starts, i, side="right") - 1)
+        return f, int(i) - int(self._starts[f])
 
     def name(self, i: int) -> str:
-        f = int(np.searchsorted(self._starts, i, side="right") - 1)
-        return f"{self.files[f]}: record {i - int(self._starts[f])}"
+        f, k = self._locate(i)
+        return f"{self.files[f]}: record {k}"
+
+    def _read(self, f: int, keys) -> list[bytes]:
+        """Records ``keys`` of file ``f``.
+
+        Raises:
+            ValueError: the file cannot be opened or the records read (the reader's error, one line).
+        """
+        try:
+            return self._reader(f).read(list(keys))
+        except (RuntimeError, ValueError, OSError) as e:  # the C++ reader raises RuntimeError on damage
+            with self._lock:
+                self._readers.pop(f, None)  # opened again at the next read (the file may be repaired)
+            at = f"record {keys[0]}" if len(keys) == 1 else f"records {keys[0]}..{keys[-1]}"
+            raise ValueError(f"{self.files[f]}: {at}: a damaged ArrayRecord file ({_why(e)})") from None
 
     def __getitem__(self, i: int) -> dict:
-        return {"image": decode_record(self._records()[int(i)], self.name(i))[1], "label": self.labels[i]}
+        f, k = self._locate(i)
+        return {"image": decode_record(self._read(f, [k])[0], self.name(i))[1], "label": self.labels[i]}
 
     def images(self) -> Iterator[tuple[str, bytes]]:
-        for lo in range(0, len(self), _READ_BATCH):
-            for i, record in enumerate(self._records().__getitems__(range(lo, min(lo + _READ_BATCH, len(self)))), lo):
-                yield self.name(i), decode_record(record, self.name(i))[1]
+        """(name, image bytes) of every record in order, read a file at a time."""
+        for f, n in enumerate(self.counts):
+            for lo in range(0, n, _READ_BATCH):
+                keys = range(lo, min(lo + _READ_BATCH, n))
+                for k, record in zip(keys, self._read(f, keys), strict=True):
+                    name = f"{self.files[f]}: record {k}"
+                    yield name, decode_record(record, name)[1]
+            with self._lock:  # a pass over the file (the up-front check) keeps no reader open after it
+                reader = self._readers.pop(f, None)
+            if reader is not None:
+                reader.close()
 
     def take(self, indices: np.ndarray) -> Subset:
         return Subset(self, indices)
 
 
-def _open_files(files: list[Path]) -> RecordSource:
-    """Read every record's label (refusing records of another layout or labels beyond the limit)."""
+def _open_files(files: list[Path], declared: tuple[str, ...] | None, info: Path) -> RecordSource:
+    """Read every record's label, each checked as it is read: a record of another layout, or a label
+    without a class name in ``declared`` (``info``'s names; None: beyond the limit), is refused naming the
+    file and the record."""
     from array_record.python.array_record_module import ArrayRecordReader
 
+    limit = len(declared) if declared is not None else MAX_CLASSES
+    names = f"{info} names {limit} classes; " if declared is not None else ""
     labels, counts = [], []
     for f in files:
         regular_file(f, "ArrayRecord file")  # a FIFO or device named, never read
@@ -149,8 +191,8 @@ def _open_files(files: list[Path]) -> RecordSource:
             for lo in range(0, n, _READ_BATCH):
                 for i, record in enumerate(reader.read(range(lo, min(lo + _READ_BATCH, n))), lo):
                     label = decode_record(record, f"{f}: record {i}")[0]
-                    if label >= MAX_CLASSES:
-                        raise ValueError(f"{f}: record {i}: label {label}: expected labels in [0, {MAX_CLASSES - 1}]")
+                    if label >= limit:
+                        raise ValueError(f"{f}: record {i}: label {label}: {names}expected labels in [0, {limit - 1}]")
                     labels.append(label)
                 i = min(lo + _READ_BATCH, n)
             reader.close()  # where a truncated or overwritten file's damage shows (its footer, its last chunk)
@@ -167,44 +209,49 @@ def _why(e: BaseException) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def _classes(folder: Path, splits: dict[str, RecordSource], whole: bool) -> tuple[str, ...]:
-    """The class names of ``dataset.json`` in ``folder``, else 0..the largest label. What dataset.json
-    declares is checked against the records: a name for every label and, when the records read are the
-    ``whole`` folder (not a glob of some files), the record count of each split it states and a record
-    for every name (a class without one would train a head row on nothing).
+def _declared(path: Path) -> tuple[dict, tuple[str, ...]] | None:
+    """``dataset.json`` at ``path`` and its class names, or None where there is none.
+
+    Raises:
+        ValueError: a dataset.json without a list of class names (``check_classes`` checks the names).
+    """
+    from vit_common.system import io
+
+    if not os.path.lexists(path):
+        return None
+    info = io.read_json(path)
+    classes = info.get("classes") if isinstance(info, dict) else None
+    if not isinstance(classes, list):
+        raise ValueError(f"{path}: expected {{'classes': [names]}}, got {type(classes).__name__}")
+    return info, tuple(classes)
+
+
+def _classes(path: Path, declared, splits: dict[str, RecordSource], whole: bool) -> tuple[str, ...]:
+    """The class names of ``declared`` (``_declared(path)``), else 0..the largest label. What dataset.json
+    declares is checked against the records (``check_classes``): its names and, when the records read are
+    the ``whole`` folder (not a glob of some files), a record for every class and the record count of each
+    split it states.
 
     Raises:
         ValueError: one line naming dataset.json and the first thing it contradicts.
     """
-    from vit_common.system import io
-
     labels = np.concatenate([s.labels for s in splits.values()])
-    top = int(labels.max()) if len(labels) else 0
-    path = folder / INFO
-    if not os.path.lexists(path):
-        return tuple(str(k) for k in range(top + 1))
-    info = io.read_json(path)
-    classes = info.get("classes") if isinstance(info, dict) else None
-    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes) or len(classes) <= top:
-        raise ValueError(
-            f"{path}: expected {{'classes': [names]}} with a name for every label 0..{top}, got "
-            f"{type(classes).__name__ if not isinstance(classes, list) else f'{len(classes)} names'}"
+    if declared is None:
+        classes = tuple(str(k) for k in range(int(labels.max()) + 1 if len(labels) else 1))
+        check_classes(
+            f"{path.parent} (no {INFO}: a class per label value 0..{len(classes) - 1})", classes, labels, every=whole
         )
-    declared = info.get("records")
-    for split, source in splits.items() if whole and isinstance(declared, dict) else ():
-        if split in declared and declared[split] != len(source):
+        return classes
+    info, classes = declared
+    records = info.get("records")
+    for split, source in splits.items() if whole and isinstance(records, dict) else ():
+        if split in records and records[split] != len(source):  # first: a missing shard explains the rest
             counts = ", ".join(f"{Path(f).name}: {n}" for f, n in zip(source.files, source.counts, strict=True))
             raise ValueError(
-                f"{path}: declares {declared[split]} {split} records; the files hold {len(source)} ({counts})"
+                f"{path}: declares {records[split]} {split} records; the files hold {len(source)} ({counts})"
             )
-    unused = sorted(set(range(len(classes))) - set(labels.tolist())) if whole else []
-    if unused:
-        names = ", ".join(repr(classes[k]) for k in unused[:5]) + (", ..." if len(unused) > 5 else "")
-        raise ValueError(
-            f"{path}: names {len(classes)} classes, but no record is labelled {names} (the records hold "
-            f"{len(set(labels.tolist()))} classes); expected a record of every class"
-        )
-    return tuple(classes)
+    check_classes(str(path), classes, labels, every=whole)
+    return classes
 
 
 def open_arrayrecord(pattern: str) -> Stored:
@@ -213,8 +260,9 @@ def open_arrayrecord(pattern: str) -> Stored:
     Raises:
         ValueError: nothing matches, a file that is not ArrayRecord, is empty, damaged (truncated,
             overwritten: the reader's error, naming the file and the record) or holds records of another
-            layout, files of which some name a split and some do not, a ``dataset.json`` that does not
-            name every label, names a class no record has or states other record counts.
+            layout, files of which some name a split and some do not, a label without a name in
+            ``dataset.json`` (naming the record), a ``dataset.json`` whose names are empty or repeated,
+            that names a class no record has or states other record counts.
     """
     files = pattern_files(pattern)
     folder = files[0].parent
@@ -224,12 +272,14 @@ def open_arrayrecord(pattern: str) -> Stored:
         raise ValueError(f"arrayrecord:{pattern}: files {loose} name no split (train-..., test-...) but others do")
     if not any(s == "train" for s in splits.values()) and any(splits.values()):
         raise ValueError(f"arrayrecord:{pattern}: no file of the train split (train-...)")
-    train = _open_files([f for f, s in splits.items() if s in ("train", None)])
+    declared = _declared(folder / INFO)  # its names bound the labels as the records are read
+    names = declared[1] if declared is not None else None
+    train = _open_files([f for f, s in splits.items() if s in ("train", None)], names, folder / INFO)
     test_files = [f for f, s in splits.items() if s == "test"]
-    test = _open_files(test_files) if test_files else None
+    test = _open_files(test_files, names, folder / INFO) if test_files else None
     read = [*files, *([folder / INFO] if (folder / INFO).exists() else [])]
     sources = {"train": train} | ({"test": test} if test is not None else {})
-    classes = _classes(folder, sources, whole=Path(pattern).is_dir())
+    classes = _classes(folder / INFO, declared, sources, whole=Path(pattern).is_dir())
     return Stored(train, test, classes, file_stats(folder, read))
 
 

@@ -14,12 +14,27 @@ import numpy as np
 
 from vit_common.data.augment import Augment, ImageTransform
 from vit_common.data.images import Preprocess, normalize
+from vit_common.data.stored_datasets import DataReadError, read_error
 
 _EXAMPLE, _BATCH = 0, 1  # first words of the seeds of per-example and per-batch generators
 
 
 def batches_per_epoch(n: int, batch_size: int) -> int:
     return -(-n // batch_size)
+
+
+def check_batch_size(batch_size: int, n: int, dataset: str) -> None:
+    """Refuse a batch larger than the ``n`` training images of ``dataset``: every batch would be mostly
+    padding (``TrainPlan`` pads each epoch's last batch), which the step computes on for nothing.
+
+    Raises:
+        ValueError: ``batch_size`` > ``n``, one line naming both.
+    """
+    if batch_size > n:
+        raise ValueError(
+            f"batch_size={batch_size}: expected at most the {n} training images of {dataset} (a larger batch is "
+            "padding, computed on for nothing)"
+        )
 
 
 def examples_before(step: int, n: int, batch_size: int) -> int:
@@ -99,6 +114,23 @@ class TrainPlan:
         return {"index": index, "position": batch * self.batch_size + row}
 
 
+def read_example(source, i: int, transform: ImageTransform, rng: np.random.Generator | None = None):
+    """(image uint8 [H, W, C] through ``transform``, label) of example ``i`` of ``source``.
+
+    Raises:
+        DataReadError: the example cannot be read or decoded (a file damaged since the up-front check),
+            one line naming where it is stored (the source's ``name(i)``: file, record or row).
+    """
+    try:
+        e = source[i]
+        return transform(e["image"], rng), e["label"]
+    except DataReadError:
+        raise
+    except (OSError, RuntimeError, ValueError) as err:
+        name = source.name(i) if hasattr(source, "name") else f"example {i}"
+        raise read_error(name, err) from None
+
+
 class LoadExample:
     """A ``TrainPlan`` entry -> {"image" uint8 [H, W, C], "label", "mask", "position"} (padding: zeros)."""
 
@@ -114,9 +146,9 @@ class LoadExample:
                 "mask": np.float32(0.0),
                 "position": np.int64(entry["position"]),
             }
-        e = self.source[entry["index"]]
-        image = self.transform(e["image"], example_rng(self.seed, entry["position"]))
-        return {"image": image, "label": np.int32(e["label"]), "mask": np.float32(1.0), "position": entry["position"]}
+        rng = example_rng(self.seed, entry["position"])
+        image, label = read_example(self.source, entry["index"], self.transform, rng)
+        return {"image": image, "label": np.int32(label), "mask": np.float32(1.0), "position": entry["position"]}
 
 
 def finish_batch(
@@ -201,9 +233,8 @@ class EvalBatches:
         labels = np.zeros(self.rows, np.int32)
         mask = np.zeros(self.rows, np.float32)
         for row, i in enumerate(idx):
-            e = self.source[i]
-            images[row] = self.transform(e["image"])
-            labels[row], mask[row] = e["label"], 1.0
+            images[row], labels[row] = read_example(self.source, i, self.transform)
+            mask[row] = 1.0
         return finish_batch(
             {"image": images, "label": labels, "mask": mask}, self.num_classes, self.transform.preprocess
         )

@@ -54,7 +54,7 @@ from vit_common.data.images import (
     to_array,
     to_channels,
 )
-from vit_common.data.stored_datasets import MAX_CLASSES, Stored, Subset, file_stats
+from vit_common.data.stored_datasets import MAX_CLASSES, Stored, Subset, check_classes, file_stats
 
 _SPLIT_SEED = 0  # fixed split of mnist5k, digits and any dataset split by val_fraction
 STORED_KINDS = ("imagefolder", "hf", "arrayrecord", "tfds")  # datasets of natural images read when used
@@ -72,6 +72,9 @@ class ArraySource:
     def __getitem__(self, i: int) -> dict:
         return {"image": self.images[i], "label": self.labels[i]}
 
+    def name(self, i: int) -> str:
+        return f"example {i}"
+
 
 class FileSource:
     """Image files, decoded when used: element ``{"image": path (str), "label": int32}``."""
@@ -84,6 +87,9 @@ class FileSource:
 
     def __getitem__(self, i: int) -> dict:
         return {"image": self.paths[i], "label": self.labels[i]}
+
+    def name(self, i: int) -> str:
+        return self.paths[i]
 
     def images(self) -> Iterator[tuple[str, str]]:
         """(name for errors, image) of every example in order, for the up-front check."""
@@ -384,6 +390,7 @@ def _npz(spec, path, val_fraction) -> Dataset:
     else:
         tr, te = _split(y, val_fraction)
     classes = [str(k) for k in range(int(y.max()) + 1)]
+    check_classes(f"{path} (integer labels: a class per value 0..{len(classes) - 1})", classes, y)
     data = _from_arrays(spec, x, y, tr, te, classes)
     return dataclasses.replace(data, files=files)
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_common.data.stored_datasets import MAX_CLASSES, TEST_SPLITS, Stored, Subset, file_stats
+from vit_common.data.stored_datasets import MAX_CLASSES, TEST_SPLITS, Stored, Subset, check_classes, file_stats
 
 
 class ArrowRows:
@@ -73,11 +73,16 @@ class ArrowRows:
                 self._open = {(path, "meta"): meta, (path, g): meta.read_row_group(g, columns=[self.image])}
         return self._open[(path, g)], row - int(sizes[g])
 
+    def name(self, i: int) -> str:
+        """Where row ``i`` is stored (file and row), for errors."""
+        f = int(np.searchsorted(self._starts, i, side="right") - 1)
+        return f"{self.files[f][0]}: row {i - int(self._starts[f])}"
+
     def _image(self, i: int) -> tuple[str, bytes | str]:
         """(name of the row for errors, its image: bytes, or a path)."""
         f = int(np.searchsorted(self._starts, i, side="right") - 1)
         table, row = self._table(f, i - int(self._starts[f]))
-        name = f"{self.files[f][0]}: row {i - int(self._starts[f])}"
+        name = self.name(i)
         value = table.column(0)[row].as_py()
         if isinstance(value, dict):  # the Image feature: {"bytes": ..., "path": ...}
             value = value.get("bytes") or value.get("path")
@@ -124,14 +129,23 @@ def _columns(where: str, features) -> tuple[str, str, tuple[str, ...] | None]:
     return image, label, None
 
 
-def _labels(where: str, values: np.ndarray, classes: tuple[str, ...] | None) -> np.ndarray:
-    """The label column as int32, checked: every value in [0, K) (K the ClassLabel's names, or the limit)."""
+def _labels(
+    where: str, values: np.ndarray, classes: tuple[str, ...] | None, files: list[tuple[str, int]]
+) -> np.ndarray:
+    """The label column as int32, checked as it is read: every value in [0, K) (K the ClassLabel's names,
+    or the limit), the first that is not named by its file and row."""
     k = len(classes) if classes is not None else MAX_CLASSES
     if not np.issubdtype(values.dtype, np.integer):  # pyarrow gives floats (NaN) for an int column with nulls
         raise ValueError(f"{where}: the label column has missing values; expected a label for every row")
-    bad = values[(values < 0) | (values >= k)] if len(values) else values
+    bad = np.flatnonzero((values < 0) | (values >= k)) if len(values) else values
     if len(bad):
-        raise ValueError(f"{where}: label {int(bad[0])}: expected labels in [0, {k - 1}]")
+        i = int(bad[0])
+        starts = np.cumsum([0] + [n for _, n in files])
+        f = int(np.searchsorted(starts, i, side="right") - 1)
+        names = f" (the ClassLabel names {k} classes)" if classes is not None else ""
+        raise ValueError(
+            f"{files[f][0]}: row {i - int(starts[f])}: label {int(values[i])}: expected labels in [0, {k - 1}]{names}"
+        )
     return values.astype(np.int32)
 
 
@@ -234,8 +248,9 @@ def open_hf(root: Path) -> Stored:
     Raises:
         FileNotFoundError: no such folder.
         ValueError: neither layout; a split of 0 rows; a damaged Parquet or Arrow file (named); no image or
-            label column, a label column that is not integer or holds values outside its classes; splits
-            with other columns or other class names; no ``train`` split among several.
+            label column, a label column that is not integer or holds values outside its classes (naming
+            the file and row); splits with other columns or other class names; class names empty or
+            repeated, or a class no row has (``check_classes``); no ``train`` split among several.
     """
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such folder")
@@ -256,12 +271,15 @@ def open_hf(root: Path) -> Stored:
             raise ValueError(f"{where}: class names {list(names)} differ from the train split's {list(classes)}")
         if not sum(n for _, n in files):
             raise ValueError(f"{where}: 0 rows; expected labelled images")
-        values = _labels(where, _label_values(files, label, parquet), names)
+        values = _labels(where, _label_values(files, label, parquet), names, files)
         classes = names if names is not None else classes
         sources[name] = ArrowRows(files, parquet, image, label, root, values)
+    held = np.concatenate([s.labels for s in sources.values()])
     if classes is None:
-        top = max((int(s.labels.max()) for s in sources.values() if len(s)), default=0)
-        classes = tuple(str(k) for k in range(top + 1))
+        classes = tuple(str(k) for k in range(int(held.max()) + 1))
+        check_classes(f"{root} (integer labels: a class per value 0..{len(classes) - 1})", classes, held)
+    else:
+        check_classes(f"{root} (the ClassLabel of split {train_name!r})", classes, held)
     read = [f for s in sources.values() for f, _ in s.files]
     read += [str(p) for p in root.rglob("*.json")]
     test = sources.get(test_name) if test_name else None

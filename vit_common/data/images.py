@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import math
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,9 +255,10 @@ def open_image(path: str | os.PathLike):
         raise ValueError(f"{path}: unreadable image ({e})") from e
 
 
-def decode_image(data: bytes, name: str = "image"):
+def decode_image(data: bytes, name: str | None = None):
     """``open_image`` for an encoded file held in memory (a Hugging Face dataset's or an ArrayRecord's
-    image bytes); ``name`` says where the bytes came from in the error.
+    image bytes); ``name`` says where the bytes came from in the error (None: the caller's message names
+    it).
 
     Raises:
         ValueError: bytes Pillow cannot decode (as ``open_image``), naming ``name``.
@@ -270,7 +272,12 @@ def decode_image(data: bytes, name: str = "image"):
             im.load()
             return ImageOps.exif_transpose(im)
     except _decode_errors() as e:
-        raise ValueError(f"{name}: unreadable image ({e})") from e
+        raise ValueError(f"{f'{name}: ' if name else ''}unreadable image ({_reason(e)})") from e
+
+
+def _reason(e: BaseException) -> str:
+    """Pillow's message without the repr of the in-memory file it was given (``<_io.BytesIO object at ...>``)."""
+    return re.sub(r" ?<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(e))
 
 
 def check_decodes(image: str | os.PathLike | bytes, name: str | None = None) -> None:
@@ -297,7 +304,7 @@ def check_decodes(image: str | os.PathLike | bytes, name: str | None = None) -> 
             im.load()
             width, height = im.size
     except _decode_errors() as e:
-        raise ValueError(f"{label}: unreadable image ({e})") from e
+        raise ValueError(f"{label}: unreadable image ({_reason(e)})") from e
     if not width or not height:
         raise ValueError(f"{label}: an image of {width}x{height} pixels; expected at least 1x1")
 

@@ -18,6 +18,50 @@ MAX_CLASSES = 2**20  # a dataset's label values must lie below this (ImageNet-21
 TEST_SPLITS = ("val", "validation", "valid", "test")  # names of a test split, in order of preference
 
 
+def check_classes(where: str, classes: Sequence[str], labels: np.ndarray, *, every: bool = True) -> None:
+    """A dataset's class names against its labels, as every reader checks them: each name a non-empty
+    string, no name twice, a name for every label, and with ``every`` a training example of every class
+    (a class without one would train a row of the head on nothing). ``where``: what declares the names
+    (dataset.json, the features, the spec); ``labels``: int [N] the training labels.
+
+    Raises:
+        ValueError: one line naming ``where`` and the first name or label that contradicts it.
+    """
+    seen: set[str] = set()
+    for c in classes:
+        if not isinstance(c, str) or not c.strip():
+            raise ValueError(f"{where}: class name {c!r}: expected a non-empty name for every class")
+        if c in seen:
+            raise ValueError(f"{where}: names class {c!r} twice; expected distinct class names")
+        seen.add(c)
+    held = set(np.unique(labels).tolist())
+    if held and max(held) >= len(classes):
+        raise ValueError(
+            f"{where}: names {len(classes)} classes, but a record is labelled {max(held)}; expected labels in "
+            f"[0, {len(classes) - 1}]"
+        )
+    unused = sorted(set(range(len(classes))) - held) if every else []
+    if unused:
+        names = ", ".join(repr(classes[k]) for k in unused[:5]) + (", ..." if len(unused) > 5 else "")
+        raise ValueError(
+            f"{where}: names {len(classes)} classes, but no record is labelled {names} (the records hold "
+            f"{len(held)} classes); expected a record of every class"
+        )
+
+
+class DataReadError(ValueError):
+    """An example that could not be read when it was used, after the dataset's up-front check passed (its
+    file damaged, truncated or replaced since): the message names the file and the record or row."""
+
+
+def read_error(name: str, e: BaseException) -> DataReadError:
+    """The ``DataReadError`` of the example ``name`` (a source's ``name(i)``) that raised ``e``, on one line:
+    ``e``'s message, prefixed by ``name`` unless it starts with it."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    text = text if len(text) <= 300 else text[:300] + "..."
+    return DataReadError(text if text.startswith(name) else f"{name}: {text}")
+
+
 class Subset:
     """Examples ``indices`` of a stored source (the ``val_fraction`` split of an ``hf:`` or
     ``arrayrecord:`` set): element k is ``source[indices[k]]``."""
@@ -31,6 +75,10 @@ class Subset:
 
     def __getitem__(self, i: int) -> dict:
         return self.source[int(self.indices[i])]
+
+    def name(self, i: int) -> str:
+        """Where example ``i`` is stored (its source's name of it), for errors."""
+        return self.source.name(int(self.indices[i]))
 
 
 @dataclass(frozen=True)

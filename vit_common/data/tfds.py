@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_common.data.stored_datasets import MAX_CLASSES, TEST_SPLITS, Stored, Subset, file_stats
+from vit_common.data.stored_datasets import MAX_CLASSES, TEST_SPLITS, Stored, Subset, check_classes, file_stats
 from vit_common.system.extras import install_hint
 
 INFO = "dataset_info.json"
@@ -156,7 +156,8 @@ def open_tfds(path: Path) -> Stored:
         FileNotFoundError: PATH does not exist. ValueError: tensorflow-datasets is not installed, no
             prepared dataset at PATH, a dataset stored as TFRecord, no Image / ClassLabel feature, no
             train split, a shard missing, damaged or holding another record count than dataset_info.json
-            declares (``check_shards``), labels beyond the class names.
+            declares (``check_shards``), labels beyond the class names (naming the record), class names
+            empty or repeated, or a class no record has (``check_classes``).
     """
     folder = version_folder(path)
     where = f"tfds:{path}"
@@ -193,4 +194,7 @@ def open_tfds(path: Path) -> Stored:
         return TfdsSource(str(folder), split, image, label, np.asarray(labels, np.int64))
 
     read = sorted(p for p in folder.iterdir() if p.is_file())
-    return Stored(source("train"), source(test) if test else None, tuple(classes), file_stats(folder, read))
+    train, test_source = source("train"), source(test) if test else None
+    held = np.concatenate([s.labels for s in (train, test_source) if s is not None])
+    check_classes(f"{folder / INFO} (the ClassLabel {label!r})", tuple(classes), held)
+    return Stored(train, test_source, tuple(classes), file_stats(folder, read))
