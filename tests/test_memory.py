@@ -7,6 +7,7 @@ import pytest
 
 from benchmarks import contenders, memory
 from vit_common.config import ViTConfig
+from vit_jax.memory_plan import compute_capability
 
 
 @pytest.mark.parametrize("mode", ["infer", "train"])
@@ -22,11 +23,11 @@ def test_abstract_compile_gives_the_benchmarks_memory_figure(mode):
 
 
 def test_compute_capability_from_a_gpu_target_config():
-    assert memory.compute_capability("gpu_device_info {\n cuda_compute_capability {\n major: 9\n }\n}") == (9, 0)
+    assert compute_capability("gpu_device_info {\n cuda_compute_capability {\n major: 9\n }\n}") == (9, 0)
     text = "gpu_device_info { core_count: 108 cuda_compute_capability { major: 8 minor: 6 } }"
-    assert memory.compute_capability(text) == (8, 6)
+    assert compute_capability(text) == (8, 6)
     with pytest.raises(ValueError, match="cuda_compute_capability"):
-        memory.compute_capability("platform_name: 'ROCM'")
+        compute_capability("platform_name: 'ROCM'")
 
 
 def test_bad_arguments_are_usage_errors(tmp_path, capsys):
