@@ -34,11 +34,12 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.extend.core import Var
 from jax.sharding import Mesh
 
 from vit_common.system.validate import memory_limit
+from vit_common.training.sharding import SHORT_FORMS
+from vit_jax.mesh import make_mesh
 from vit_jax.platforms import Platform
 from vit_jax.trainer import Trainer, _forward
 
@@ -94,7 +95,7 @@ class MemoryPlan:
             raise ValueError(
                 f"the training step needs {size(self.total)} per device, beyond the {size(self.device_memory)} of "
                 f"{self.device} ({self.parts()}); lower it with --remat, a smaller --batch-size, "
-                "more --accum-steps, --sharding fsdp over more devices, --lora or --dtype bfloat16"
+                "more --accum-steps, --sharding fsdp (a larger fsdp axis of --mesh), --lora or --dtype bfloat16"
             )
 
 
@@ -221,9 +222,9 @@ def gpu_memory(target_config: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def gpu_target(target_config: str, axis: str = "data") -> tuple[Platform, Mesh]:
-    """The platform and a one-device mesh (axis ``axis``) of the NVIDIA GPU that ``target_config`` (an
-    XLA ``GpuTargetConfigProto`` in text form; XLA keeps one per GPU model under
+def gpu_target(target_config: str, spec: str = SHORT_FORMS["dp"]) -> tuple[Platform, Mesh]:
+    """The platform and a one-device mesh (``vit_jax.mesh.make_mesh`` of ``spec``) of the NVIDIA GPU that
+    ``target_config`` (an XLA ``GpuTargetConfigProto`` in text form; XLA keeps one per GPU model under
     ``xla/backends/gpu/target_config/specs/``) describes, for compiling without that GPU.
 
     Raises:
@@ -233,12 +234,17 @@ def gpu_target(target_config: str, axis: str = "data") -> tuple[Platform, Mesh]:
 
     platform = Platform("cuda", compute_capability(target_config))
     topology = topologies.get_topology_desc(platform="cuda", target_config=target_config, topology="1x1x1")
-    return platform, Mesh(np.array(topology.devices[:1]), (axis,))
+    return platform, make_mesh(spec, topology.devices[:1])
 
 
-def tpu_target(topology_name: str, axis: str = "data") -> tuple[Platform, Mesh]:
-    """The platform and a mesh (axis ``axis``) over the chips of the TPU slice ``topology_name`` (e.g.
-    'v5e:1x1', libtpu's names), one host holding them, for compiling without that TPU."""
+def tpu_target(topology_name: str, spec: str = SHORT_FORMS["dp"]) -> tuple[Platform, Mesh]:
+    """The platform and a mesh (``vit_jax.mesh.make_mesh`` of ``spec``) over the chips of the TPU slice
+    ``topology_name`` (e.g. 'v5e:1x1', libtpu's names), one host holding them, for compiling without
+    that TPU.
+
+    Raises:
+        ValueError: ``spec``'s sizes do not multiply to the slice's chips (``make_mesh``).
+    """
     from jax.experimental import topologies
 
     shape = topology_name.split(":")[-1].split("x")
@@ -246,4 +252,4 @@ def tpu_target(topology_name: str, axis: str = "data") -> tuple[Platform, Mesh]:
     topology = topologies.get_topology_desc(
         platform="tpu", topology_name=topology_name, chips_per_host_bounds=bounds, num_slices=1
     )
-    return Platform("tpu"), Mesh(np.array(topology.devices), (axis,))
+    return Platform("tpu"), make_mesh(spec, topology.devices)
