@@ -91,3 +91,22 @@ def test_a_run_over_a_fake_small_memory_exits_2_writing_nothing(tmp_path, capsys
     *_, line, last = err.strip().splitlines()  # the plan, printed first by every run, then the refusal
     assert "; memory plan per device: " in line and " of 1.05 KiB (cpu): " in line
     assert last.startswith("vit train: error: the training step needs ") and "beyond the 1.05 KiB of cpu" in last
+
+
+def test_a_step_the_compiler_refuses_as_over_the_memory_is_one_line(tiny_cfg, monkeypatch):
+    """A TPU's compiler refuses a program over its memory (as libtpu did for 7B/16 on a v5e chip here):
+    the plan turns its error into the refusal's one line."""
+    import jax
+
+    from vit_jax.memory_plan import plan
+
+    trainer = tiny_trainer(tiny_cfg)
+    said = "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (88.42G)"
+
+    def refused():
+        raise jax.errors.JaxRuntimeError(said + "\nmore detail")
+
+    monkeypatch.setattr(trainer, "compile", refused)
+    with pytest.raises(ValueError, match=r"does not fit cpu: XLA's compiler says RESOURCE_EXHAUSTED") as e:
+        plan(trainer)
+    assert "\n" not in str(e.value) and "88.42G" in str(e.value) and "--remat" in str(e.value)

@@ -50,6 +50,12 @@ GIB = 2**30
 TPU_MEMORY = {"TPU v4": 32 * GIB, "TPU v5 lite": 16 * GIB, "TPU v5": 95 * GIB, "TPU v6 lite": 32 * GIB}
 
 
+LOWER = (
+    "lower it with --remat, a smaller --batch-size, more --accum-steps, --sharding fsdp (a larger fsdp axis "
+    "of --mesh), --lora or --dtype bfloat16"
+)
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """Bytes per device of one training step (see the module docstring); ``device_memory``: the bytes
@@ -94,8 +100,7 @@ class MemoryPlan:
         if not self.fits():
             raise ValueError(
                 f"the training step needs {size(self.total)} per device, beyond the {size(self.device_memory)} of "
-                f"{self.device} ({self.parts()}); lower it with --remat, a smaller --batch-size, "
-                "more --accum-steps, --sharding fsdp (a larger fsdp axis of --mesh), --lora or --dtype bfloat16"
+                f"{self.device} ({self.parts()}); {LOWER}"
             )
 
 
@@ -173,9 +178,19 @@ def plan(trainer: Trainer, memory: int | None = None, device: str | None = None)
     and ``device`` naming it (default its device_kind): this process's first device of the mesh.
 
     Raises:
-        ValueError: XLA gives no memory analysis for the compiled step.
+        ValueError: XLA gives no memory analysis for the compiled step, or its compiler refuses the step
+            as over the device's memory (a TPU's does: RESOURCE_EXHAUSTED), one line naming the bytes.
     """
-    mem = trainer.compile().memory_analysis()
+    try:
+        compiled = trainer.compile()
+    except jax.errors.JaxRuntimeError as e:  # a TPU's compiler refuses a program over its memory itself
+        if not str(e).startswith("RESOURCE_EXHAUSTED"):
+            raise
+        raise ValueError(
+            f"the training step does not fit {trainer.mesh.devices.flat[0].device_kind}: XLA's compiler says "
+            f"{str(e).splitlines()[0]}; {LOWER}"
+        ) from None
+    mem = compiled.memory_analysis()
     if mem is None:
         raise ValueError("XLA gives no memory analysis of the training step on this platform")
     devices = list(trainer.mesh.devices.flat)
