@@ -8,14 +8,14 @@ program, and footprint = arguments + outputs - aliased + temporaries, the figure
 inference, or a training step with AdamW, float32 parameters and ``--dtype`` compute).
 
 By default it compiles for this machine's JAX platform. ``--gpu-target FILE`` compiles for the NVIDIA
-GPU that FILE describes, on a machine without one (JAX's deviceless ahead-of-time compilation): FILE is
-an XLA ``GpuTargetConfigProto`` in text form (XLA keeps one per GPU model under
-``xla/backends/gpu/target_config/specs/``; keep only the fields your jaxlib's XLA knows). It needs JAX's
-CUDA plugin importable, without a GPU, e.g. ``pip install --no-deps --target DIR jax-cuda13-plugin==V
-jax-cuda13-pjrt==V`` (V = your jax version) and ``PYTHONPATH=DIR``. XLA then runs with its Triton GEMM
-fusions off (their tile search needs a device), so the figure can differ a little from a GPU's own
-compilation: B/16 bf16 training at batch 256 with XLA's attention gave 25.14 GB for an H100 target and
-25.43 GB on an H200.
+GPU that FILE describes, on a machine without one (JAX's deviceless ahead-of-time compilation,
+``vit_jax.memory_plan.gpu_target``): FILE is an XLA ``GpuTargetConfigProto`` in text form (XLA keeps one
+per GPU model under ``xla/backends/gpu/target_config/specs/``; keep only the fields your jaxlib's XLA
+knows). It needs JAX's CUDA plugin importable, without a GPU, e.g. ``pip install --no-deps --target DIR
+jax-cuda13-plugin==V jax-cuda13-pjrt==V`` (V = your jax version) and ``PYTHONPATH=DIR``. XLA then runs
+with its Triton GEMM fusions off (their tile search needs a device), so the figure can differ a little
+from a GPU's own compilation: B/16 bf16 training at batch 256 with XLA's attention gave 25.14 GB for an
+H100 target and 25.43 GB on an H200.
 """
 
 from __future__ import annotations
@@ -23,24 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 
 MODES = ("infer", "train")
-
-
-def compute_capability(target_config: str) -> tuple[int, int]:
-    """(major, minor) from a GpuTargetConfigProto's ``cuda_compute_capability`` block (minor 0 if absent).
-
-    Raises:
-        ValueError: the text has no ``cuda_compute_capability { major: N ... }``.
-    """
-    m = re.search(r"cuda_compute_capability\s*\{([^}]*)\}", target_config)
-    major = re.search(r"major:\s*(\d+)", m.group(1)) if m else None
-    if major is None:
-        raise ValueError("the GPU target config has no cuda_compute_capability { major: N }")
-    minor = re.search(r"minor:\s*(\d+)", m.group(1))
-    return int(major.group(1)), int(minor.group(1)) if minor else 0
 
 
 def analyse(variant: str, batch: int, dtype: str, mode: str, attn_backend: str | None, target_config: str | None):
@@ -52,6 +37,7 @@ def analyse(variant: str, batch: int, dtype: str, mode: str, attn_backend: str |
 
     from benchmarks.contenders import jax_program, memory_footprint, model_config
     from vit_common.config import ViTConfig
+    from vit_jax.memory_plan import gpu_target
     from vit_jax.model import VisionTransformer
     from vit_jax.platforms import Platform, building_for
 
@@ -59,11 +45,8 @@ def analyse(variant: str, batch: int, dtype: str, mode: str, attn_backend: str |
     if target_config is None:
         platform, sharding = Platform.current(), None
     else:
-        from jax.experimental import topologies
-
-        platform = Platform("cuda", compute_capability(target_config))
-        topology = topologies.get_topology_desc(platform="cuda", target_config=target_config, topology="1x1x1")
-        sharding = NamedSharding(topologies.make_mesh(topology, (1,), ("x",)), PartitionSpec())
+        platform, mesh = gpu_target(target_config)
+        sharding = NamedSharding(mesh, PartitionSpec())
     with building_for(platform):
         model = nnx.eval_shape(lambda: VisionTransformer(cfg, rngs=nnx.Rngs(0)))
     kernel = model.blocks[0].attn.kernel
@@ -105,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.batch < 1:
         p.error(f"--batch={args.batch}: expected a positive int")
+    from vit_jax.memory_plan import compute_capability
+
     target = None
     if args.gpu_target:
         try:

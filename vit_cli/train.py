@@ -180,6 +180,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_flags(r, RunOptions, only=("resume",))
     add_flags(r, TrainConfig, only=("sharding", "mesh", "shard_rules"))
     r.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the memory plan of the training step per device (parameters, optimizer state, batch, "
+        "activations, XLA temporaries, from XLA's analysis of the step compiled ahead of time) and exit, "
+        "writing nothing; every run prints it first and stops (exit 2) when it exceeds the device's memory",
+    )
+    r.add_argument(
+        "--device-memory",
+        type=arg(float_in, 0, lo_open=True),
+        default=None,
+        metavar="GiB",
+        help="the memory of one device for the plan's check (default: what a GPU or TPU reports; on CPU the "
+        "host's memory, or VIT_MAX_BYTES, shared by the CPU devices)",
+    )
+    r.add_argument(
         "--cpu-devices",
         type=arg(int_in, 0),
         default=0,
@@ -356,6 +371,8 @@ def run_spec(args: argparse.Namespace, tcfg: TrainConfig, out: Path):
         readers=Adapters("torch", "READERS"),
         writers=Adapters("torch", "WRITERS"),
         read_optimizer=_timm_optimizer,
+        plan_only=args.plan,
+        device_memory=None if args.device_memory is None else int(args.device_memory * 2**30),
     )
 
 

@@ -61,7 +61,9 @@ class RunSpec:
     only when the checkpoint fine-tuned is such a file, so they may be tables that import torch when first
     looked into; ``read_optimizer``: ``vit_torch.formats.read_timm_optimizer`` (path, weights entry) ->
     the AdamW state of a timm training checkpoint, for ``TrainConfig.init_optimizer``. vit_jax imports no
-    torch: the caller passes these in.
+    torch: the caller passes these in. ``plan_only``: print the memory plan of the training step
+    (``vit_jax.memory_plan``) on stdout and stop, writing nothing; ``device_memory``: the bytes one device
+    has, for the plan's check (None: what the device reports, ``memory_plan.device_memory``).
     """
 
     train: TrainConfig
@@ -84,6 +86,8 @@ class RunSpec:
     readers: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     writers: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     read_optimizer: Callable[[str, str], dict] | None = None
+    plan_only: bool = False
+    device_memory: int | None = None
 
 
 # The check of the exports: (our model.safetensors, {format: export path}, the Trainer) -> parity.json's
@@ -100,17 +104,19 @@ def run_training(
     holder.
 
     Returns:
-        (exit code: 0 done, 1 the loss turned NaN/Inf or an export check failed, 2 an example could not be
-        read during the run (``vit_common.data.stored_datasets.DataReadError``: the step reached is
-        checkpointed, --resume continues once the data is repaired), 3 a signal stopped the
-        run after checkpointing the step reached (``vit_jax.preemption.EXIT_STOPPED``), 75 a process or
-        a data worker was lost (``vit_jax.distributed.EXIT_LOST``); the summary (``fit``'s, with the
+        (exit code: 0 done (or the plan printed, ``plan_only``), 1 the loss turned NaN/Inf or an export
+        check failed, 2 an example could not be read during the run
+        (``vit_common.data.stored_datasets.DataReadError``: the step reached is checkpointed, --resume
+        continues once the data is repaired), 3 a signal stopped the run after checkpointing the step
+        reached (``vit_jax.preemption.EXIT_STOPPED``), 75 a process or a data worker was lost
+        (``vit_jax.distributed.EXIT_LOST``); the summary (``fit``'s, with the
         model, exports, load calls, parity and wall_seconds) on process 0 of a finished run, else None).
 
     Raises:
         DestinationError: another run holds the folder, or the folder holds files this run would
             replace that vit did not write (``vit_common.system.io``).
-        ValueError: whatever the dataset, the model or the checkpoint refuses.
+        ValueError: whatever the dataset, the model or the checkpoint refuses; the training step's memory
+            plan exceeds the device's memory (``MemoryPlan.check``; before anything is written).
     """
     from vit_common.data.stored_datasets import DataReadError
     from vit_jax import distributed
@@ -325,6 +331,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     from vit_common.data.batches import check_batch_size
     from vit_common.data.datasets import read_dataset
     from vit_common.system.peaks import datasheet_peak
+    from vit_jax import memory_plan
     from vit_jax.checkpointing import saved_steps
     from vit_jax.finetune import adapter_rules, check_exports, export, export_adapter, init_record
     from vit_jax.loop import NonFiniteError, fit
@@ -381,6 +388,11 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
             f"vit train: LoRA rank {tcfg.lora} on {tcfg.lora_targets}: {sum(n for t, n in sizes if t):,} of "
             f"{sum(n for _, n in sizes):,} parameters trained (the adapters and the head)"
         )
+    plan = memory_plan.plan(trainer, spec.device_memory)  # compiles the step the run takes
+    if spec.plan_only:
+        if lead:
+            print(plan.line())
+        return 0, None
     if tcfg.warmup_steps >= trainer.total_steps > 1:
         log(
             f"vit train: warning: --warmup-steps {tcfg.warmup_steps} is not below the run's {trainer.total_steps} "
@@ -394,8 +406,9 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
         f"{trainer.total_steps} steps on {trainer.mesh.size} "
         f"{jax.devices()[0].platform} device(s) (mesh {','.join(f'{a}={n}' for a, n in trainer.mesh.shape.items())}), "
         f"{workers} data worker(s); compilation cache {cache}; "
-        f"run folder {out}"
+        f"run folder {out}; {plan.line()}"
     )
+    plan.check()  # before anything is written
     if saved:
         saved_epochs = saved.get("train", {}).get("epochs", tcfg.epochs)
         steps = saved_steps(out / "checkpoints")

@@ -43,7 +43,7 @@ from vit_jax.hooks import Hooks, RunState
 from vit_jax.observe import ProfileWindow, Summaries, require_wandb
 from vit_jax.preemption import Stopped, StopSignals
 from vit_jax.resume import check_checkpoints_left, check_same_data, config_mismatch, run_config, schedule_change
-from vit_jax.trainer import Trainer, _cache_events, sharded_abstract
+from vit_jax.trainer import Trainer, sharded_abstract
 
 
 class NonFiniteError(RuntimeError):
@@ -204,11 +204,10 @@ def fit(
         it.start_prefetch()
         if state is None:  # a fresh run, or a resumed one that was stopped before its first complete checkpoint
             state = trainer.init_state()
-        before = _cache_events()
-        trainer.compile()  # while the first batches are made
+        trainer.compile()  # while the first batches are made (already compiled if the memory plan was made)
         if stop is not None:
             stop.compiled()  # a signal held back while XLA compiled stops the run now
-        hits, misses = (_cache_events()[k] - before[k] for k in ("cache_hits", "cache_misses"))
+        hits, misses = (trainer.cache_events[k] for k in ("cache_hits", "cache_misses"))
         if lead:
             out.mkdir(parents=True, exist_ok=True)
             write_json(out / "config.json", config)

@@ -118,6 +118,7 @@ class Trainer:
         self.train_transform = transform_for(data, self.preprocess, tcfg.augment)
         self.eval_transform = transform_for(data, self.preprocess)
         self._test_batches = None
+        self._compiled, self.cache_events = None, {"cache_hits": 0, "cache_misses": 0}
         self.mesh = mesh or make_mesh(tcfg.mesh_spec())
         n = self.mesh.size
         micro = tcfg.batch_size // tcfg.accum_steps
@@ -226,11 +227,17 @@ class Trainer:
         shapes |= {"target": ((b, k), jnp.float32), "mask": ((b,), jnp.float32)}
         return {n: jax.ShapeDtypeStruct(s, d, sharding=self.batch_sharding) for n, (s, d) in shapes.items()}
 
-    def compile(self) -> None:
+    def compile(self) -> jax.stages.Compiled:
         """Trace and compile the training step now, from the state's and the batch's shapes alone (JAX's
         ahead-of-time ``lower(...).compile()``; ``train_step`` then finds the program compiled), so that
-        compiling can overlap the input pipeline's start (``BatchIterator.start_prefetch``)."""
-        self._train_jit.lower(sharded_abstract(self), self.batch_spec()).compile()
+        compiling can overlap the input pipeline's start (``BatchIterator.start_prefetch``). Compiled once:
+        a later call returns the same program. ``cache_events`` then holds the persistent compilation
+        cache's {"cache_hits", "cache_misses"} of that compilation."""
+        if self._compiled is None:
+            before = _cache_events()
+            self._compiled = self._train_jit.lower(sharded_abstract(self), self.batch_spec()).compile()
+            self.cache_events = {k: n - before[k] for k, n in _cache_events().items()}
+        return self._compiled
 
     def train_step(self, state: dict, batch: dict) -> tuple[dict, dict]:
         """One optimizer step on this process's rows of a global batch. Metrics: loss (mean over real
