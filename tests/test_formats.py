@@ -708,3 +708,16 @@ def test_a_size_given_to_resample_is_labelled_given_not_declared(tmp_path, small
     assert (origin.kind, origin.source) == ("given", "image_size (the file's 32x32, resampled)")
     assert ckpt.cfg.image_size == (48, 48) and ckpt.report.assumed == []
     assert load_checkpoint(tmp_path / "a.safetensors", image_size=32).report.provenance["image_size"].kind == "declared"
+
+
+def test_a_new_head_on_a_headless_model_without_head_bias_has_its_bias(tmp_path, tiny_cfg, random_state):
+    """A headless model whose config says no head bias (timm's DINOv3 and EVA-02 backbones read so): the
+    zero-initialised head that ``num_classes`` adds has a weight and a bias, and the config says so."""
+    from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
+
+    cfg = tiny_cfg.replace(num_classes=0, head_bias=False)
+    save_checkpoint(tmp_path / "m.safetensors", cfg, random_state(cfg), "canonical")
+    ckpt = load_checkpoint(tmp_path / "m.safetensors", num_classes=5)
+    assert ckpt.cfg.num_classes == 5 and ckpt.cfg.head_bias
+    assert np.asarray(ckpt.state["head.bias"]).tolist() == [0.0] * 5
+    assert np.asarray(ckpt.state["head.weight"]).shape == (5, cfg.features_dim)

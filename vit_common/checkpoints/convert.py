@@ -188,7 +188,7 @@ def _new_head(cfg: ViTConfig, state: dict[str, Tensor], k: int, report: Report) 
             state[f"{h}.weight"] = np.zeros((k, cfg.features_dim), dtype)
             state[f"{h}.bias"] = np.zeros((k,), dtype)
         report.notes.append(f"new {k}-class head, zero-initialised (big_vision head_zeroinit); fine-tune it")
-    return cfg.replace(num_classes=k)
+    return cfg.replace(num_classes=k, head_bias=True) if k else cfg.replace(num_classes=0)
 
 
 def _resample(cfg: ViTConfig, state: dict[str, Tensor], image_size, report: Report) -> ViTConfig:
