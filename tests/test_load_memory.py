@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.convert_memory import rss_anon
 from vit_common.checkpoints.convert import save_checkpoint
 from vit_common.config import ViTConfig
 
@@ -35,14 +36,6 @@ _WARM = {
     "vit_jax": "import jax, jax.numpy as jnp; jax.jit(lambda x: x + 1)(jnp.ones(3)).block_until_ready()",
     "vit_torch": "import torch; torch.ones(3) + 1",
 }
-
-
-def _rss_anon(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:")), 0)
-    except OSError:
-        return 0
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
@@ -68,7 +61,7 @@ def test_loading_holds_the_model_once(fw, tmp_path, random_state):
     )
     peak = 0
     while p.poll() is None:
-        peak = max(peak, _rss_anon(p.pid))
+        peak = max(peak, rss_anon(p.pid) or 0)
         time.sleep(0.002)
     out, err = p.communicate()
     assert p.returncode == 0, err[-3000:]
