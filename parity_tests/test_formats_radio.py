@@ -5,6 +5,9 @@ the table's size, at config.json's image size and at sizes where the table is cr
 
 from __future__ import annotations
 
+import json
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -57,6 +60,7 @@ def _check(model, folder, x: np.ndarray) -> None:
             assert compare(f"{twin} {k}", got, v, "attention" if k.startswith("attn") else "tensor", "float32").ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_radio_folder_equals_transformers_at_sizes_that_crop_the_table(case, tmp_path, images):
     """Both twins equal RadioModel on the summary, every block and attention map: at the table's own 64x64,
@@ -101,6 +105,7 @@ def test_radio_written_back_loads_strictly_in_transformers_and_round_trips_bit_e
     assert back.cfg == ckpt.cfg and all(np.array_equal(back.state[k], v) for k, v in ckpt.state.items())
 
 
+@pytest.mark.slow
 def test_a_file_without_layer_scale_reads_without_it(tmp_path, images):
     """C-RADIO's own files have no ``layer_scale`` tensors (transformers' default layerscale_value 1 is the
     identity): read without LayerScale, still equal to transformers."""
@@ -111,3 +116,37 @@ def test_a_file_without_layer_scale_reads_without_it(tmp_path, images):
     model = transformers.RadioModel.from_pretrained(tmp_path / "src", attn_implementation="eager").eval()
     assert load_checkpoint(tmp_path / "src", strict=True).cfg.layer_scale is None
     _check(model, tmp_path / "src", np.abs(images(1, (40, 24))))
+
+
+def _edit(folder, config=None, drop=(), tensors=None) -> None:
+    """Rewrite a saved RADIO folder: config.json keys replaced by ``config``, tensors ``drop`` removed and
+    ``tensors`` replaced."""
+    if config:
+        path = folder / "config.json"
+        path.write_text(json.dumps(json.loads(path.read_text()) | config))
+    path = folder / "model.safetensors"
+    kept = {k: v for k, v in load_file(path).items() if k not in drop}
+    save_file(kept | (tensors or {}), path, metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize(
+    "config, drop, tensors, message",
+    [
+        (None, (), {"radio_model.summary_idxs": np.array([0, 3])}, r"summary_idxs=\[0, 3\]: expected class token"),
+        (None, ("radio_model.input_conditioner.norm_std",), None, "no radio_model.input_conditioner.norm_std"),
+        ({"mlp_ratio": -1.0}, (), None, "mlp_ratio=-1.0: expected a number"),
+        ({"num_cls_tokens": 0}, (), None, "num_cls_tokens=0, num_registers=2: expected >= 1"),
+        ({"max_img_size": 4}, (), None, "max_img_size=4 is smaller than patch_size=8"),
+    ],
+)
+def test_bad_radio_folders_are_one_line_errors(config, drop, tensors, message, tmp_path, capsys):
+    """A folder whose buffers or config.json RADIO cannot have: ``vit info`` exits 2 with one line naming
+    the value."""
+    from vit_cli.main import main
+
+    transformers.RadioModel(transformers.RadioConfig(**SMALL, num_registers=2)).save_pretrained(tmp_path / "hf")
+    _edit(tmp_path / "hf", config, drop, tensors)
+    capsys.readouterr()  # save_pretrained's progress bar
+    assert main(["info", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
