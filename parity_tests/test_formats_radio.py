@@ -89,6 +89,7 @@ def test_radio_written_back_loads_strictly_in_transformers_and_round_trips_bit_e
     model = _build("plain")
     model.save_pretrained(tmp_path / "src")
     ckpt = load_checkpoint(tmp_path / "src", strict=True)
+    assert (ckpt.info.preprocess.mean, ckpt.info.preprocess.std) == ((0.0,), (1.0,))  # the model normalises
     report = save_checkpoint(tmp_path / "out", ckpt.cfg, ckpt.state, "hf_family", options=HfWriteOptions("v4"))
     assert "transformers.RadioModel.from_pretrained(" in report.load_call
     src, out = load_file(tmp_path / "src" / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
@@ -150,3 +151,22 @@ def test_bad_radio_folders_are_one_line_errors(config, drop, tensors, message, t
     assert main(["info", str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(message, err), err
+
+
+@pytest.mark.slow
+def test_vit_parity_against_transformers_and_convert_through_our_safetensors(tmp_path, capsys):
+    """``vit parity FOLDER --against transformers`` passes with RadioModel's summary, blocks and attention
+    maps compared; ``vit convert`` to our safetensors and back to a transformers folder gives the source's
+    tensors bit for bit."""
+    from vit_cli.main import main
+
+    _build("swiglu").save_pretrained(tmp_path / "src")
+    argv = ["parity", str(tmp_path / "src"), "--against", "transformers", "--json", str(tmp_path / "r.json")]
+    assert main(argv) == 0
+    rows = {r["name"]: r for r in json.loads((tmp_path / "r.json").read_text())["rows"]}
+    for name in ("block00", "block01", "attn00", "attn01", "norm", "logits"):
+        assert rows[name]["against"]["ok"] and rows[name]["against"]["rel"] < 1e-5, name
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "m.safetensors")]) == 0
+    assert main(["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "back"), "--to", "hf_family"]) == 0
+    src, back = load_file(tmp_path / "src" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert set(src) == set(back) and all(np.array_equal(src[k], back[k]) for k in src)

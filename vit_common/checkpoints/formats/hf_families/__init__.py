@@ -118,6 +118,7 @@ from vit_common.checkpoints.formats.rules import (
     to_canonical,
     unsupported,
 )
+from vit_common.checkpoints.metadata import Declared
 from vit_common.config import ViTConfig
 from vit_common.system import io
 
@@ -337,6 +338,15 @@ class HfFamilies(HuggingFace):
 
     def detect(self, src: Source) -> bool:
         return src.container == "hf_folder" and is_family(src.config)
+
+    def declared(self, src: Source) -> Declared:
+        """As the hf format's; a RADIO folder without preprocessing of its own declares mean 0 and std 1
+        (``RadioModel`` normalises its input itself: input_mean / input_std), the format's usual geometry."""
+        found = super().declared(src)
+        if found.preprocess is None and (src.config or {}).get("model_type") == "radio":
+            pre = self.assumed_preprocess.replace(mean=(0.0,), std=(1.0,))
+            return dataclasses.replace(found, preprocess=pre, preprocess_where="RadioModel's own input normaliser")
+        return found
 
     def read(self, src: Source, opts) -> Decoded:
         return read_family(
