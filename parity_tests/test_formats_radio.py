@@ -170,3 +170,26 @@ def test_vit_parity_against_transformers_and_convert_through_our_safetensors(tmp
     assert main(["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "back"), "--to", "hf_family"]) == 0
     src, back = load_file(tmp_path / "src" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
     assert set(src) == set(back) and all(np.array_equal(src[k], back[k]) for k in src)
+
+
+@pytest.mark.slow
+def test_a_naflex_batch_of_sizes_equals_transformers_image_by_image(tmp_path, images):
+    """Images of three sizes in one NaFlex batch (patches, mask, grids; the input normaliser applied per
+    channel of the flattened patches, the table cropped per image): each image's summary equals
+    RadioModel's on that image alone, in both twins."""
+    from vit_common.naflex import patchify, stack_patches
+
+    model = _build("plain")
+    model.save_pretrained(tmp_path / "src")
+    sizes = [(48, 32), (24, 40), (64, 64)]
+    imgs = [np.abs(images(1, hw, seed=i))[0] * 0.5 for i, hw in enumerate(sizes)]  # [C, H, W]
+    with torch.no_grad():
+        ref = np.concatenate([model(torch.from_numpy(x[None])).summary.numpy() for x in imgs])
+    items = [(patchify(x.transpose(1, 2, 0), (8, 8)), (h // 8, w // 8)) for x, (h, w) in zip(imgs, sizes, strict=True)]
+    patches, mask, shapes = stack_patches(items, 64)
+    jm, tm = vit_jax.load_model(tmp_path / "src"), vit_torch.load_model(tmp_path / "src")
+    lj = np.asarray(jm(jnp.asarray(patches), patch_mask=mask, spatial_shapes=shapes))
+    with torch.no_grad():
+        lt = tm(torch.from_numpy(patches), patch_mask=mask, spatial_shapes=shapes).numpy()
+    for twin, got in (("jax", lj), ("torch", lt)):
+        assert compare(f"{twin} NaFlex summary", got, ref, "tensor", "float32").ok
