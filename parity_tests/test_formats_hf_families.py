@@ -346,7 +346,6 @@ def test_bad_family_configs_are_one_line_errors(case, edit, message, tmp_path):
 @pytest.mark.parametrize(
     "model_type, what",
     [
-        ("radio", "a model without final norm, a cropped position table"),
         ("beit", "relative position tables"),
         ("data2vec-vision", "relative position tables"),
     ],

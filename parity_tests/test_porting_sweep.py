@@ -253,6 +253,14 @@ HF_FAMILY_CASES = {
     "aimv2_native": ("Aimv2VisionModel", "Aimv2VisionConfig", dict(is_native=True, use_head=False), "v4", (32, 32)),
     "aimv2_two_tower": ("Aimv2Model", "Aimv2Config", dict(intermediate_size=88), "v4", (32, 32)),
     "dinov3": ("DINOv3ViTModel", "DINOv3ViTConfig", dict(num_register_tokens=2), "v4", (32, 32)),  # hf_dinov3
+    "radio": ("RadioModel", "RadioConfig", dict(max_img_size=64, num_registers=2), "v4", (32, 32)),
+    "radio_swiglu_cropped": (
+        "RadioModel",
+        "RadioConfig",
+        dict(max_img_size=64, use_swiglu_ffn=True, num_cls_tokens=2, num_registers=1),
+        "v4",
+        (40, 24),
+    ),
 }
 HF_FAMILY_REFUSED = {  # case -> (architecture, config class, the words of the refusal)
     "clip_classify": ("CLIPForImageClassification", "CLIPConfig", "a classifier on the mean of un-normalised"),
@@ -434,11 +442,16 @@ def _family_model(arch: str, config_cls: str, config: dict, perturb):
 
 def _family_output(model, arch: str, x: np.ndarray) -> np.ndarray:
     """What transformers' ``arch`` gives for images ``x`` as the twins' output: logits, CLIP's projection,
-    the pooler (SigLIP's MAP head, CLIP's and DINOv2's class token, AIMv2's probe), else the class token
+    the pooler (SigLIP's MAP head, CLIP's and DINOv2's class token, AIMv2's probe), RADIO's summary, else the
+    class token
     (ViT-MAE with patch-order noise, ViT-MSN), the mean of the tokens (I-JEPA) or every token (SigLIP and
     AIMv2 without head)."""
     pixels = torch.from_numpy(x)
-    top = {"interpolate_pos_encoding": True} if x.shape[2:] != (32, 32) and not arch.startswith("Dinov2") else {}
+    top = (
+        {"interpolate_pos_encoding": True}
+        if x.shape[2:] != (32, 32) and not arch.startswith(("Dinov2", "Radio"))
+        else {}
+    )
     with torch.no_grad():
         if arch in ("SiglipModel", "CLIPModel", "Aimv2Model"):
             pooled = model.vision_model(pixels, **top).pooler_output
@@ -446,7 +459,7 @@ def _family_output(model, arch: str, x: np.ndarray) -> np.ndarray:
         n = (x.shape[2] // 8) * (x.shape[3] // 8)
         noise = {"noise": torch.arange(n, dtype=torch.float32)[None].repeat(len(x), 1)} if arch == "ViTMAEModel" else {}
         out = model(pixels, **noise, **top)
-    for name in ("logits", "image_embeds", "pooler_output"):
+    for name in ("logits", "image_embeds", "pooler_output", "summary"):
         if getattr(out, name, None) is not None:
             return getattr(out, name).numpy()
     last = out.last_hidden_state

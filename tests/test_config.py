@@ -48,8 +48,8 @@ def test_prefix_tokens_and_new_fields_in_param_count():
     assert deit.num_prefix_tokens == 2 and deit.seq_len == 198 and deit.param_count() == 5_910_800
     clip = ViTConfig.from_name("B/16", norm_pre=True, patch_bias=False)
     assert clip.param_count() == ViTConfig.from_name("B/16").param_count() + 2 * 768 - 768
-    # without RoPE or a MAP head, the RoPE and MAP-head fields are inert too
-    no_rope = {f.name for f in dataclasses.fields(ViTConfig) if f.name.startswith(("rope_", "map_"))}
+    # without RoPE, a MAP head or RADIO's summary, the RoPE, MAP-head and summary fields are inert too
+    no_rope = {f.name for f in dataclasses.fields(ViTConfig) if f.name.startswith(("rope_", "map_", "summary_"))}
     assert ViTConfig.from_name("Ti/16", pool="gap", reg_tokens=4).inert_fields() == no_rope
     assert ViTConfig.from_name("Ti/16").inert_fields() == {"pool_include_prefix"} | no_rope
 

@@ -160,7 +160,7 @@ def test_model_flags_come_from_the_config_fields():
         assert f.metadata["help"] in actions[f.name].help and getattr(args, f.name) is None, f.name
         if f.name != "dtype":
             assert actions[f.name].choices == f.metadata.get("choices"), f.name
-    assert actions["pool"].choices == ("token", "gap", "max", "avgmax", "map", "token_gap", "probe", "none")
+    assert actions["pool"].choices == ("token", "gap", "max", "avgmax", "map", "token_gap", "probe", "summary", "none")
     assert actions["dtype"].choices == ("float32", "bfloat16")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from vit_common.accounting import Accounting
 from vit_common.posemb import METHODS
 from vit_common.rope import INDEXING, LAYOUTS, NORMALIZE, PERIODS, TYPES, check_config
-from vit_common.system.validate import Range, check_fields, int_in
+from vit_common.system.validate import Range, check_fields, check_radio, check_sequence, int_in
 
 # One row per width/depth/MLP/heads. Sources: big_vision `models/vit.py` decode_variant, ViT paper
 # (Dosovitskiy et al. 2021) Table 1, So400m from Alabdulmohsin et al. 2023 ("Getting ViT in shape").
@@ -95,6 +95,8 @@ def _field(default: Any, text: str, **extra: Any) -> Any:
     return dataclasses.field(default=default, metadata={"help": text, **extra})
 
 
+# The fields that are tuples in a config and lists in its JSON.
+_SEQUENCES = ("image_size", "patch_size", "rope_ref_grid", "input_mean", "input_std", "summary_idxs")
 POSITIVE = Range(1, integer=True)
 COUNT = Range(0, integer=True)
 RATE = Range(0, 1, hi_open=True)
@@ -159,9 +161,13 @@ class ViTConfig(Accounting):
         "head), token_gap (concat(class token, mean of the pooled tokens) [2D]: HF "
         "Dinov2ForImageClassification and Dinov2WithRegistersForImageClassification, whose mean leaves the "
         "class and register tokens out), probe (a learned query attending over the tokens with no query "
-        "projection, then an output projection; no norm, no MLP: HF Aimv2AttentionPoolingHead), none (every "
-        "token; the head, if any, applied per token)",
-        choices=("token", "gap", "max", "avgmax", "map", "token_gap", "probe", "none"),
+        "projection, then an output projection; no norm, no MLP: HF Aimv2AttentionPoolingHead), summary (the "
+        "prefix tokens at summary_idxs, concatenated [len(summary_idxs) D]: RADIO's summary, transformers "
+        "RadioModel), none (every token; the head, if any, applied per token)",
+        choices=("token", "gap", "max", "avgmax", "map", "token_gap", "probe", "summary", "none"),
+    )
+    summary_idxs: tuple[int, ...] = _field(
+        (), "pool summary: which prefix tokens (0 the class token) form the summary, in order (RADIO summary_idxs)"
     )
     pool_include_prefix: bool = _field(
         False,
@@ -215,6 +221,12 @@ class ViTConfig(Accounting):
         "Sennrich 2019; timm RmsNorm, HF Aimv2RMSNorm), both with eps ln_eps",
         choices=("layernorm", "rmsnorm"),
     )
+    input_mean: tuple[float, ...] | None = _field(
+        None,
+        "the model normalises its input itself, per channel, in float32: (x - input_mean) / input_std (RADIO's "
+        "input conditioner, transformers RadioInputConditioner); unset = the input is taken as given",
+    )
+    input_std: tuple[float, ...] | None = _field(None, "the per-channel divisor of input_mean's normalisation")
     patch_norm: bool = _field(
         False,
         "a norm on the patch tokens right after the patch embedding, before the position embedding (timm "
@@ -352,6 +364,8 @@ class ViTConfig(Accounting):
         object.__setattr__(self, "patch_size", _pair(self.patch_size, "patch_size"))
         if self.rope_ref_grid is not None:
             object.__setattr__(self, "rope_ref_grid", _pair(self.rope_ref_grid, "rope_ref_grid"))
+        for name in ("input_mean", "input_std", "summary_idxs"):
+            object.__setattr__(self, name, check_sequence(self, name))
         self._validate()
 
     def _validate(self) -> None:
@@ -382,6 +396,7 @@ class ViTConfig(Accounting):
         if self.map_heads and self.width % self.map_heads:
             raise ValueError(f"map_heads={self.map_heads} does not divide width={self.width}")
         check_config(self)
+        check_radio(self)
         if self.pool == "probe" and self.qkv_bias and not self.k_bias:
             raise ValueError(
                 "pool='probe' with qkv_bias=True, k_bias=False: the probe's kv projection takes its k and v "
@@ -490,8 +505,9 @@ class ViTConfig(Accounting):
 
     @property
     def features_dim(self) -> int:
-        """Width of the head's input (pre-logits): rep_size, 2 D for pool='token_gap', else D."""
-        return self.rep_size or (2 * self.width if self.pool == "token_gap" else self.width)
+        """Width of the head's input: rep_size, 2 D (pool 'token_gap'), len(summary_idxs) D (pool 'summary'), or D."""
+        wide = {"token_gap": 2, "summary": len(self.summary_idxs)}.get(self.pool, 1)
+        return self.rep_size or wide * self.width
 
     def inert_fields(self) -> frozenset[str]:
         """Fields whose value changes nothing given the others (e.g. pool_include_prefix without prefix
@@ -517,6 +533,8 @@ class ViTConfig(Accounting):
             inert.add("k_bias")
         if self.pool != "map":
             inert |= {"map_heads", "map_mlp_dim"}
+        if self.pool != "summary":
+            inert.add("summary_idxs")
         return frozenset(inert)
 
     # ------------------------------------------------------------------------------- constructors
@@ -546,9 +564,9 @@ class ViTConfig(Accounting):
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["image_size"], d["patch_size"] = list(self.image_size), list(self.patch_size)
-        if self.rope_ref_grid is not None:
-            d["rope_ref_grid"] = list(self.rope_ref_grid)
+        for k in _SEQUENCES:
+            if d[k] is not None:
+                d[k] = list(d[k])
         return d
 
     def to_json(self) -> str:
@@ -561,7 +579,7 @@ class ViTConfig(Accounting):
         if unknown:
             raise ValueError(f"unknown ViTConfig field(s): {sorted(unknown)}")
         d = dict(d)
-        for k in ("image_size", "patch_size", "rope_ref_grid"):
+        for k in _SEQUENCES:
             if isinstance(d.get(k), list):
                 d[k] = tuple(d[k])
         return cls(**d)

@@ -26,7 +26,7 @@ import numpy as np
 
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess, normalize, to_array, to_channels
-from vit_common.posemb import resample_matrix
+from vit_common.posemb import resample_matrices
 
 
 def check_batch(cfg: ViTConfig, shape: tuple[int, ...], patch_mask, spatial_shapes) -> tuple[np.ndarray, np.ndarray]:
@@ -82,7 +82,7 @@ def position_weights(grid: tuple[int, int], spatial_shapes: np.ndarray, length: 
     gh, gw = grid
     out = np.zeros((len(spatial_shapes), length, gh * gw), np.float64)
     for i, (h, w) in enumerate(np.asarray(spatial_shapes).tolist()):
-        wh, ww = resample_matrix(gh, h, method), resample_matrix(gw, w, method)  # [h, Gh], [w, Gw]
+        wh, ww = resample_matrices((gh, gw), (h, w), method)  # [h, Gh], [w, Gw]
         out[i, : h * w] = np.einsum("ya,xb->yxab", wh, ww).reshape(h * w, gh * gw)
     return out
 

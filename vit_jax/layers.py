@@ -101,3 +101,16 @@ def masked_mean(x: jax.Array, keep: jax.Array | None) -> jax.Array:
 def masked_max(x: jax.Array, keep: jax.Array | None) -> jax.Array:
     """Per-channel max over the tokens [B, L', D] -> [B, D]; with ``keep`` [B, L'], over the kept ones only."""
     return x.max(axis=1) if keep is None else jnp.where(keep[..., None], x, -jnp.inf).max(axis=1)
+
+
+def condition_input(cfg: ViTConfig, x: jax.Array, flat: bool) -> jax.Array:
+    """RADIO's input conditioner (transformers ``RadioInputConditioner``): images [B, H, W, C], or with
+    ``flat`` NaFlex patches [B, N, P*P*C] (channels last), normalised per channel with cfg.input_mean and
+    cfg.input_std in float32 and returned in x's dtype; x itself where the config has no normalisation."""
+    if cfg.input_mean is None:
+        return x
+    mean, std = (jnp.asarray(v, jnp.float32) for v in (cfg.input_mean, cfg.input_std))
+    y = x.astype(jnp.float32)
+    if flat:
+        return ((y.reshape(*x.shape[:-1], -1, cfg.in_chans) - mean) / std).reshape(x.shape).astype(x.dtype)
+    return ((y - mean) / std).astype(x.dtype)

@@ -19,6 +19,7 @@ from vit_jax.layers import (
     DropPath,
     LayerScale,
     acc_dtype,
+    condition_input,
     dropout_layer,
     dtypes,
     linear_layer,
@@ -395,7 +396,7 @@ class VisionTransformer(nnx.Module):
         (patch tokens [B, N, D], tokens [B, L, D], None), the position table resized to each image's grid."""
         cfg = self.cfg
         b = x.shape[0]
-        x = x.astype(cfg.dtype)
+        x = condition_input(cfg, x, spatial_shapes is not None).astype(cfg.dtype)
         if spatial_shapes is not None:
             gh, gw = None, None
             patches = self.patch_embed.embed_flat(x)  # [B, N, D]
@@ -494,6 +495,8 @@ class VisionTransformer(nnx.Module):
             x = 0.5 * (masked_max(pooled, keep) + masked_mean(pooled, keep))
         elif cfg.pool == "token_gap":  # HF Dinov2ForImageClassification: [class token, mean of patches]
             x = jnp.concatenate([x[:, 0], masked_mean(pooled, keep)], axis=-1)
+        elif cfg.pool == "summary":  # RADIO: the chosen prefix tokens, concatenated
+            x = x[:, np.asarray(cfg.summary_idxs)].reshape(x.shape[0], -1)
         elif cfg.pool == "map":
             map_masks = sub_masks(dropout_masks, "attn_pool")
             x, probs = self.attn_pool(pooled, return_attn=record, masks=map_masks, token_mask=keep)
@@ -566,9 +569,8 @@ class VisionTransformer(nnx.Module):
         Keys: 'patch_embed' [B, h*w, D], 'pos_embed' [B, L, D], 'norm_pre' (norm_pre only; the block
         input) [B, L, D], 'blockNN' [B, L, D], 'attnNN' [B, N, L, L] (rows sum to 1), 'norm' [B, L, D],
         'attn_pool' [B, N, 1, L'] (MAP and probe only; L' = L, or the patches without pool_include_prefix),
-        'pre_logits' [B, D'] (D' = rep_size, 2 D for pool='token_gap', else D), with head_dist also
-        'pre_logits_dist' [B, D] and, with a head, 'head' and
-        'head_dist' [B, K] (each head's logits), 'logits' [B, K]. The same keys as the torch twin.
+        'pre_logits' [B, D'] (D' = cfg.features_dim), with head_dist also 'pre_logits_dist' [B, D] and, with a
+        head, 'head' and 'head_dist' [B, K] (each head's logits), 'logits' [B, K]. The same keys as the torch twin.
         """
         out: dict[str, jax.Array] = {}
         logits = self._forward(images, out, patch_mask=patch_mask, spatial_shapes=spatial_shapes)

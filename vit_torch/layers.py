@@ -135,3 +135,15 @@ def masked_mean(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
 def masked_max(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     """Per-channel max over the tokens [B, L', D] -> [B, D]; with ``keep`` [B, L'], over the kept ones only."""
     return x.amax(dim=1) if keep is None else x.masked_fill(~keep[..., None], float("-inf")).amax(dim=1)
+
+
+def condition_input(cfg: ViTConfig, x: torch.Tensor, flat: bool) -> torch.Tensor:
+    """RADIO's input conditioner (transformers ``RadioInputConditioner``): images [B, C, H, W], or with
+    ``flat`` NaFlex patches [B, N, P*P*C] (channels last), normalised per channel with cfg.input_mean and
+    cfg.input_std in float32 and returned in x's dtype; x itself where the config has no normalisation."""
+    if cfg.input_mean is None:
+        return x
+    mean, std = (torch.tensor(v, dtype=torch.float32, device=x.device) for v in (cfg.input_mean, cfg.input_std))
+    if flat:
+        return ((x.float().unflatten(-1, (-1, cfg.in_chans)) - mean) / std).flatten(-2).to(x.dtype)
+    return ((x.float() - mean[:, None, None]) / std[:, None, None]).to(x.dtype)

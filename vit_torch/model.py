@@ -22,6 +22,7 @@ from vit_torch.layers import (
     DropPath,
     LayerScale,
     acc_dtype,
+    condition_input,
     linear_layer,
     masked_drop,
     masked_max,
@@ -411,7 +412,7 @@ class VisionTransformer(nn.Module):
         cfg = self.cfg
         cd = torch_dtype(cfg.dtype)
         b = x.shape[0]
-        x = x.to(cd)
+        x = condition_input(cfg, x, spatial_shapes is not None).to(cd)
         if spatial_shapes is not None:
             gh, gw = None, None
             patches = self.patch_embed.embed_flat(x)  # [B, N, D]
@@ -516,6 +517,8 @@ class VisionTransformer(nn.Module):
             x = 0.5 * (masked_max(pooled, keep) + masked_mean(pooled, keep))
         elif cfg.pool == "token_gap":  # HF Dinov2ForImageClassification: [class token, mean of patches]
             x = torch.cat([x[:, 0], masked_mean(pooled, keep)], dim=-1)
+        elif cfg.pool == "summary":  # RADIO: the chosen prefix tokens, concatenated
+            x = x[:, list(cfg.summary_idxs)].flatten(1)
         elif cfg.pool == "map":
             map_masks = sub_masks(dropout_masks, "attn_pool")
             x, probs = self.attn_pool(pooled, return_attn=record, masks=map_masks, token_mask=keep)
@@ -589,9 +592,8 @@ class VisionTransformer(nn.Module):
         Keys: 'patch_embed' [B, h*w, D], 'pos_embed' [B, L, D], 'norm_pre' (norm_pre only; the block
         input) [B, L, D], 'blockNN' [B, L, D], 'attnNN' [B, N, L, L] (rows sum to 1), 'norm' [B, L, D],
         'attn_pool' [B, N, 1, L'] (MAP and probe only; L' = L, or the patches without pool_include_prefix),
-        'pre_logits' [B, D'] (D' = rep_size, 2 D for pool='token_gap', else D), with head_dist also
-        'pre_logits_dist' [B, D] and, with a head, 'head' and
-        'head_dist' [B, K] (each head's logits), 'logits' [B, K]. The same keys as the JAX twin.
+        'pre_logits' [B, D'] (D' = cfg.features_dim), with head_dist also 'pre_logits_dist' [B, D] and, with a
+        head, 'head' and 'head_dist' [B, K] (each head's logits), 'logits' [B, K]. The same keys as the JAX twin.
         """
         out: dict[str, torch.Tensor] = {}
         logits = self._forward(images, out, patch_mask=patch_mask, spatial_shapes=spatial_shapes)

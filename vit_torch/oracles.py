@@ -127,8 +127,8 @@ def hf_model(
 def transformers_outputs(model: torch.nn.Module, pixels: torch.Tensor, cfg: ViTConfig) -> dict[str, torch.Tensor]:
     """A transformers vision model's outputs on ``pixels`` [B, C, H, W] under our intermediates' names:
     ``blockNN`` (hidden states after each block), ``attnNN`` (probabilities [B, heads, L, L]), ``logits``
-    (the classifier's, CLIP's projection, else the pooled features: the pooler, or the class token / the
-    mean of the tokens of ``last_hidden_state`` as ``cfg.pool`` says), ``norm`` (``last_hidden_state``
+    (the classifier's, CLIP's projection, else the pooled features: the pooler, RADIO's summary, or the
+    class token / the mean of the tokens of ``last_hidden_state`` as ``cfg.pool`` says), ``norm`` (``last_hidden_state``
     of a backbone, except CLIP's, which is before its post-norm) and ``pos_embed`` (the embeddings, for
     ViT and DeiT). ViT-MAE runs with patch-order noise: with mask_ratio=0 its shuffle is the identity.
     A ViTModel without pooler and a model pooling nothing (``pool='none'``) give no ``logits``.
@@ -147,7 +147,7 @@ def transformers_outputs(model: torch.nn.Module, pixels: torch.Tensor, cfg: ViTC
     last = getattr(res, "last_hidden_state", None)
     if last is not None and model_type not in ("clip_vision_model", "clip"):
         out["norm"] = last
-    for name in ("logits", "image_embeds", "pooler_output"):
+    for name in ("logits", "image_embeds", "pooler_output", "summary"):
         if getattr(res, name, None) is not None:
             out["logits"] = getattr(res, name)
             if name == "pooler_output" and cfg.rep_size:

@@ -131,6 +131,55 @@ def check_fields(obj: Any) -> None:
         bounds.check(f.name, value)
 
 
+def check_sequence(cfg: Any, name: str) -> tuple | None:
+    """``cfg.<name>`` (a list or tuple of numbers, or None) as a tuple of floats (``input_mean``,
+    ``input_std``) or ints (``summary_idxs``).
+
+    Raises:
+        ValueError: not a sequence of finite numbers (of ints for ``summary_idxs``), naming it.
+    """
+    value, whole = getattr(cfg, name), name == "summary_idxs"
+    if value is None:
+        return None
+    kind = "ints" if whole else "finite numbers"
+    if not isinstance(value, (list, tuple)) or any(
+        isinstance(v, bool) or not isinstance(v, (int, float)) or (whole and not isinstance(v, int)) for v in value
+    ):
+        raise ValueError(f"{name}={value!r}: expected a sequence of {kind}")
+    out = tuple(int(v) if whole else float(v) for v in value)
+    if not all(math.isfinite(v) for v in out):
+        raise ValueError(f"{name}={value!r}: expected a sequence of {kind}")
+    return out
+
+
+def check_radio(cfg: Any) -> None:
+    """RADIO's fields of a ``ViTConfig``: the input normalisation (``input_mean`` and ``input_std`` together,
+    one value per channel, std > 0) and the summary (pool 'summary' takes summary_idxs, each a prefix token,
+    and no rep_size).
+
+    Raises:
+        ValueError: naming the values and what was expected.
+    """
+    if (cfg.input_mean is None) != (cfg.input_std is None):
+        raise ValueError(f"input_mean={cfg.input_mean} with input_std={cfg.input_std}: give both or neither")
+    if cfg.input_mean is not None:
+        if len(cfg.input_mean) != cfg.in_chans or len(cfg.input_std) != cfg.in_chans:
+            raise ValueError(
+                f"input_mean={cfg.input_mean}, input_std={cfg.input_std}: expected one value per channel "
+                f"(in_chans={cfg.in_chans})"
+            )
+        if min(cfg.input_std) <= 0:
+            raise ValueError(f"input_std={cfg.input_std}: expected values > 0")
+    if cfg.pool == "summary":
+        if not cfg.summary_idxs or not all(0 <= i < cfg.num_prefix_tokens for i in cfg.summary_idxs):
+            raise ValueError(
+                f"pool='summary' with summary_idxs={cfg.summary_idxs}: expected prefix token indices in "
+                f"[0, {cfg.num_prefix_tokens})"
+            )
+        if cfg.rep_size:
+            raise ValueError(f"pool='summary' takes no rep_size; got rep_size={cfg.rep_size}")
+
+
 def memory_limit() -> int:
     """The most bytes one model, dataset or file member may need: ``VIT_MAX_BYTES`` if set (a number
     of bytes, or with a K/M/G/T suffix), else the machine's physical memory.

@@ -37,9 +37,9 @@ Embeddings are ``embeddings.{cls_token, distillation_token, position_embeddings,
 patch_embeddings.projection}``, the final norm ``layernorm``; task models prefix these with ``vit.`` or
 ``deit.``. ``hidden_act`` 'gelu' / 'gelu_python' = exact erf, 'gelu_pytorch_tanh' / 'gelu_new' = the tanh
 approximation, 'quick_gelu' = x sigmoid(1.702 x); LayerNorm eps defaults to 1e-12. SigLIP, CLIP, DINOv2,
-ViT-MAE, ViT-MSN, I-JEPA, AIMv2 and SigLIP 2 (NaFlex) folders are the ``hf_family`` format's (``hf_families``),
-DINOv3 ones (``dinov3_vit``) the ``hf_dinov3`` format's; other model types (BEiT, data2vec-vision, RADIO, ...)
-and masked-image-modelling heads are refused by name.
+ViT-MAE, ViT-MSN, I-JEPA, AIMv2, SigLIP 2 (NaFlex) and RADIO folders are the ``hf_family`` format's
+(``hf_families``), DINOv3 ones (``dinov3_vit``) the ``hf_dinov3`` format's; other model types (BEiT,
+data2vec-vision, ...) and masked-image-modelling heads are refused by name.
 
 This module holds the format's ``FORMAT`` and write options; the ViT / DeiT tables, rules, reading and
 config.json are ``hf_vit``'s, the key spellings shared with ``hf_families`` are ``hf_common``'s.

@@ -99,6 +99,19 @@ BLOCK_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
             "ffn.down_proj",
         ),
     },
+    "radio": {  # RADIO: NVIDIA's timm-style names, qkv fused (hf_families.radio holds its rules)
+        "v4": (
+            "model.blocks.{i}.",
+            "norm1",
+            "attn.qkv",
+            "attn.qkv",
+            "attn.qkv",
+            "attn.proj",
+            "norm2",
+            "mlp.fc1",
+            "mlp.fc2",
+        ),
+    },
 }
 # Model types the hf_family format reads (``hf_families.FAMILIES``, which imports this module), for the hf
 # format's refusal and its write options.
@@ -116,6 +129,7 @@ FAMILY_MODEL_TYPES = (
     "vit_mae",
     "vit_msn",
     "ijepa",
+    "radio",
 )
 
 

@@ -53,7 +53,6 @@ _REFUSED_MODEL_TYPES = {
     "vit_hybrid": "a convolutional stem",
     "perception_lm": "rotary position embeddings (Perception Encoder)",
     "pe_video": "rotary position embeddings (Perception Encoder)",
-    "radio": "a model without final norm, a cropped position table and summary class tokens (RADIO)",
 }
 
 

@@ -371,6 +371,9 @@ PLAIN_VIT_ORIGINS = {
     "attn_inner_norm": derived("no attn.norm tensor in the format's layout"),
     "mlp_inner_norm": derived("no mlp.norm tensor in the format's layout"),
     "final_norm": derived("the format's models end in a LayerNorm"),
+    "input_mean": derived("the format's models take their input as given (no input normaliser)"),
+    "input_std": derived("the format's models take their input as given (no input normaliser)"),
+    "summary_idxs": derived("the format has no summary of several prefix tokens"),
     "map_heads": derived("the format's MAP head (if any) has the blocks' heads"),
     "map_mlp_dim": derived("the format's MAP head (if any) has the blocks' MLP width"),
 }

@@ -239,6 +239,7 @@ def norm_and_bias_checks(cfg: ViTConfig) -> dict[str, bool]:
         "patch_norm": cfg.patch_norm,
         "proj_bias=False": not cfg.proj_bias,
         "mlp_bias=False": not cfg.mlp_bias,
+        "input_mean/input_std (an input normaliser inside the model: RADIO's)": cfg.input_mean is not None,
     }
 
 

@@ -1,5 +1,5 @@
 """Hugging Face transformers vision towers beyond ViT and DeiT: SigLIP (and NaFlex SigLIP 2), CLIP, DINOv2
-(with registers), ViT-MAE, ViT-MSN, I-JEPA and AIMv2 folders (config.json + weights) <-> the canonical
+(with registers), ViT-MAE, ViT-MSN, I-JEPA, AIMv2 and RADIO folders (config.json + weights) <-> the canonical
 state: the hf_family format's ``FORMAT``, one object that dispatches by config.json ``model_type``.
 
 ``model_type`` decides the layout and ``architectures`` the output (transformers 5.24's modules):
@@ -39,6 +39,10 @@ aimv2_vision_model      Aimv2VisionModel (output: the attention    RMSNorm, patc
                         every token)                               ``is_native``: posemb 'sincos2d_mae'
 aimv2                   Aimv2Model: ``vision_model.*`` and the bias-free ``visual_projection`` on the probe;
                         the text tower and ``logit_scale`` are ignored
+radio                   RadioModel (output: ``summary``, the class   NVIDIA's names under ``radio_model.``;
+                        tokens at ``summary_idxs`` concatenated)    no final norm, input_mean/input_std,
+                                                                   pool 'summary', posemb_resample
+                                                                   'bilinear_crop' (``radio``)
 ======================= ========================================== =====================================
 
 One table of block key spellings serves them all (``hf_common.BLOCK_KEYS``): the v4 names ``save_pretrained``
@@ -53,11 +57,11 @@ is the hf format's unless written as ``vit_mae`` (``ViTMAEModel``, ``mask_ratio`
 ``HfWriteOptions.model_type`` (``--hf-model-type``), which ``complete_options`` sets from a source read
 from such a folder. Still refused by name: CLIPForImageClassification (a mean of
 un-normalised tokens), ViTMAEForPreTraining (its decoder), and in ``hf_vit`` relative position bias (BEiT,
-data2vec-vision), rotary embeddings (DINOv3, Perception Encoder) and RADIO.
+data2vec-vision) and rotary embeddings (DINOv3, Perception Encoder).
 
 One module per family holds its model types' rules (``siglip``, ``siglip2``, ``clip``, ``dinov2``, ``vit_mae``,
-``vit_msn``, ``ijepa``, ``aimv2``: a table ``FAMILIES`` of ``family.Family`` objects); ``layout`` holds the tensor
-layouts by block style. A new family is one module and one entry in ``FAMILIES`` below (and its model
+``vit_msn``, ``ijepa``, ``aimv2``, ``radio``: a table ``FAMILIES`` of ``family.Family`` objects); ``layout``
+holds the tensor layouts by block style. A new family is one module and one entry in ``FAMILIES`` below (and its model
 types in ``hf_common.FAMILY_MODEL_TYPES``, which the hf format refuses with a pointer here).
 """
 
@@ -73,7 +77,17 @@ import numpy as np
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.hf import HfWriteOptions, HuggingFace
 from vit_common.checkpoints.formats.hf_common import BLOCK_KEYS, GELU_TO_ACT, size_pair
-from vit_common.checkpoints.formats.hf_families import aimv2, clip, dinov2, ijepa, siglip, siglip2, vit_mae, vit_msn
+from vit_common.checkpoints.formats.hf_families import (
+    aimv2,
+    clip,
+    dinov2,
+    ijepa,
+    radio,
+    siglip,
+    siglip2,
+    vit_mae,
+    vit_msn,
+)
 from vit_common.checkpoints.formats.hf_families.dinov2 import dinov2_ratio
 from vit_common.checkpoints.formats.hf_families.family import Family, FamilyConfig
 from vit_common.checkpoints.formats.hf_families.layout import (
@@ -104,6 +118,7 @@ from vit_common.checkpoints.formats.rules import (
     to_canonical,
     unsupported,
 )
+from vit_common.checkpoints.metadata import Declared
 from vit_common.config import ViTConfig
 from vit_common.system import io
 
@@ -117,6 +132,7 @@ FAMILIES: dict[str, Family] = (
     | vit_mae.FAMILIES
     | vit_msn.FAMILIES
     | ijepa.FAMILIES
+    | radio.FAMILIES
 )
 _REFUSED_ARCHITECTURES = {arch: why for fam in FAMILIES.values() for arch, why in fam.refused.items()}
 
@@ -217,9 +233,12 @@ def read_family(
     block, block_origins = fam.read_block(cj, f, type_origin)
     f.update(block)
     prov.update(block_origins)
+    held, held_origins, unread = fam.read_tensors(cj, tensors, prefix)
+    f.update(held)
+    prov.update(held_origins)
     spelling = find_spelling(fam.style, tensors, prefix)
     layer_prefix = find_layer_prefix(prefix, tensors, BLOCK_KEYS[fam.style][spelling][0])
-    dropped: list[tuple[str, str]] = []
+    dropped: list[tuple[str, str]] = [(k, why) for k, why in unread.items() if why]
     mine = (prefix,) if prefix else ()
     if fam.two_tower or (prefix and head != "project"):
         keep = mine + ((layer_prefix,) if layer_prefix else ()) + ("visual_projection.", "classifier.")
@@ -257,9 +276,9 @@ def read_family(
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
     cfg = build_config(f, prov, dict(overrides), context, tensors)
-    ignored = {k for k, _ in dropped}
-    kept = split_in_proj({k: v for k, v in tensors.items() if k not in ignored}, prefix)
-    if cfg.reg_tokens:
+    ignored = {k for k, _ in dropped} | set(unread)
+    kept = fam.unpack(cfg, split_in_proj({k: v for k, v in tensors.items() if k not in ignored}, prefix), prefix)
+    if cfg.reg_tokens and fam.style == "dinov2":
         kept = fold_class_row(kept, prefix)
         notes.append("position embedding's class row added to cls_token (registers follow the position embedding)")
     state = to_canonical(fam.rules(cfg, spelling, prefix, layer_prefix, head), kept, context)
@@ -311,7 +330,7 @@ class HfFamilies(HuggingFace):
     holds the model (``family_for``) with HF ViT's folder layout, preprocessing and class names."""
 
     name = "hf_family"
-    description = "Hugging Face transformers SigLIP, CLIP, DINOv2, ViT-MAE, ViT-MSN, I-JEPA or AIMv2 folder"
+    description = "Hugging Face transformers SigLIP, CLIP, DINOv2, ViT-MAE, ViT-MSN, I-JEPA, AIMv2 or RADIO folder"
     signature = "a folder whose config.json model_type is " + ", ".join(FAMILIES)
 
     def export_name(self, source=None) -> str:
@@ -319,6 +338,15 @@ class HfFamilies(HuggingFace):
 
     def detect(self, src: Source) -> bool:
         return src.container == "hf_folder" and is_family(src.config)
+
+    def declared(self, src: Source) -> Declared:
+        """As the hf format's; a RADIO folder without preprocessing of its own declares mean 0 and std 1
+        (``RadioModel`` normalises its input itself: input_mean / input_std), the format's usual geometry."""
+        found = super().declared(src)
+        if found.preprocess is None and (src.config or {}).get("model_type") == "radio":
+            pre = self.assumed_preprocess.replace(mean=(0.0,), std=(1.0,))
+            return dataclasses.replace(found, preprocess=pre, preprocess_where="RadioModel's own input normaliser")
+        return found
 
     def read(self, src: Source, opts) -> Decoded:
         return read_family(
@@ -344,7 +372,7 @@ class HfFamilies(HuggingFace):
         fam = FAMILIES[model_type]
         style, head = fam.style, fam.architectures[arch][1]
         (ih, iw), (ph, pw) = cfg.image_size, cfg.patch_size
-        return rope_family_fields(cfg) + unsupported(
+        return rope_family_fields(cfg.replace(final_norm=cfg.final_norm or style == "radio")) + unsupported(
             model_type,
             {
                 f"image_size={cfg.image_size} (a square size only)": ih != iw,
@@ -357,10 +385,10 @@ class HfFamilies(HuggingFace):
                 "pool_include_prefix=True": cfg.pool_include_prefix and cfg.num_prefix_tokens > 0,
                 "qkv_bias=False": style == "clip" and not cfg.qkv_bias,
                 "patch_bias=False": fam.patch_bias and not cfg.patch_bias,
-                "mlp_type='swiglu'": style not in ("dinov2", "aimv2") and cfg.mlp_type == "swiglu",
+                "mlp_type='swiglu'": style not in ("dinov2", "aimv2", "radio") and cfg.mlp_type == "swiglu",
                 f"mlp_dim={cfg.mlp_dim} (no integer DINOv2 mlp_ratio gives it)": style == "dinov2"
                 and dinov2_ratio(cfg) is None,
-                "LayerScale": style != "dinov2" and cfg.layer_scale is not None,
+                "LayerScale": style not in ("dinov2", "radio") and cfg.layer_scale is not None,
                 "head_bias=True (CLIP's projection has no bias)": head == "project"
                 and cfg.num_classes > 0
                 and cfg.head_bias,
@@ -394,8 +422,8 @@ class HfFamilies(HuggingFace):
         prefix, head = fam.architectures[arch]
         config = config_json(cfg, model_type, arch) | ({ASSUMED_KEY: sorted(assumed)} if assumed else {})
         tensors = from_canonical(self.tensor_rules(cfg, options), state)
-        tensors = pack_in_proj(tensors, prefix)
-        if cfg.reg_tokens:
+        tensors = fam.pack(cfg, pack_in_proj(tensors, prefix), prefix)
+        if cfg.reg_tokens and fam.style == "dinov2":
             tensors = unfold_class_row(tensors, prefix)
         if fam.style == "dinov2":
             any_param = np.asarray(state["cls_token"])

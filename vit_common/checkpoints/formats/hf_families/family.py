@@ -2,7 +2,7 @@
 (``vit_common.checkpoints.formats.hf_families``, which holds its ``FORMAT``; this module has none).
 
 Each family module of this package (``siglip``, ``clip``, ``dinov2``, ``vit_mae``, ``vit_msn``, ``ijepa``,
-``aimv2``) holds its model types as ``Family`` objects in a table ``FAMILIES`` (model_type -> ``Family``):
+``aimv2``, ``radio``) holds its model types as ``Family`` objects in a table ``FAMILIES`` (model_type -> ``Family``):
 the data every model type has (block style, transformers' config defaults, architectures, what the model
 type fixes, what is refused by name), and, in a subclass, the methods a family overrides: the config.json
 keys it reads beyond the common ones (``read_block``, ``read_mlp``, ``read_registers``, ``read_pool``),
@@ -137,6 +137,21 @@ class Family:
         """(pool, its origin, why the file's MAP head tensors go unused or ''): the architecture's head kind
         (``head``; 'project' pools the class token). ``has_head``: the folder holds ``head.*`` tensors."""
         return ("token" if head == "project" else head), arch_origin, ""
+
+    def read_tensors(
+        self, cj: FamilyConfig, tensors: Mapping[str, Any], prefix: str
+    ) -> tuple[dict[str, Any], dict[str, Origin], dict[str, str]]:
+        """(fields, their origins, file tensors the rules do not read -> why unused, '' where read into a
+        field): what the model type keeps in tensors besides its weights (RADIO's buffers); none."""
+        return {}, {}, {}
+
+    def unpack(self, cfg: ViTConfig, tensors: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+        """The file's tensors as ``rules`` read them: as they are."""
+        return dict(tensors)
+
+    def pack(self, cfg: ViTConfig, tensors: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+        """Inverse of ``unpack`` for writing, with the tensors ``read_tensors`` reads: as they are."""
+        return dict(tensors)
 
     def holds(self, cfg: ViTConfig) -> str | None:
         """The architecture of this model type that holds ``cfg``'s outputs when written, or None."""
