@@ -312,7 +312,7 @@ class HfDinov3(HuggingFace):
     name = "hf_dinov3"
     description = "Hugging Face transformers DINOv3 folder (model_type dinov3_vit)"
     signature = f"a folder whose config.json model_type is {MODEL_TYPE}"
-    assumed_preprocess = Preprocess(IMAGENET_MEAN, IMAGENET_STD, "bilinear", 1.0, "squash")
+    assumed_preprocess = Preprocess(IMAGENET_MEAN, IMAGENET_STD, "bilinear", 1.0, "squash", rescale_before_resize=True)
     assumed_why = "no preprocessor_config.json; transformers DINOv3ViTImageProcessor defaults"
 
     def detect(self, src: Source) -> bool:
