@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from vit_common.checkpoints.formats.dinov3_original import DINOV3_FIXED
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.hf import HfWriteOptions, HuggingFace
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Source
@@ -66,29 +67,7 @@ DEFAULTS: dict[str, Any] = dict(
     num_register_tokens=0,
 )
 # What the model type fixes: the ViTConfig fields no config.json key changes.
-FIXED: dict[str, Any] = dict(
-    class_token=True,
-    posemb="none",
-    pool="token",
-    rope="dinov3",
-    rope_layout="half",
-    rope_normalize="separate",
-    rope_grid_offset=0.0,
-    rope_grid_indexing="ij",
-    rope_periods="computed",
-    rope_ref_grid=None,
-    norm_pre=False,
-    patch_bias=True,
-    final_norm=True,
-    fc_norm=False,
-    qk_norm=False,
-    attn_inner_norm=False,
-    mlp_inner_norm=False,
-    dist_token=False,
-    rep_size=0,
-    norm="layernorm",
-    patch_norm=False,
-)
+FIXED: dict[str, Any] = DINOV3_FIXED | {"rope_periods": "computed"}
 _MASK = "embeddings.mask_token"
 
 
