@@ -90,9 +90,18 @@ DINOV3_FIXED: dict[str, Any] = dict(
     norm="layernorm",
     patch_norm=False,
 )
+
+
+def dinov3_fixed(after: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """``DINOV3_FIXED`` with a format's own fixed fields ``extra`` placed after field ``after`` (the order
+    a report lists them in)."""
+    keys = list(DINOV3_FIXED)
+    return {k: DINOV3_FIXED[k] for k in keys[: keys.index(after) + 1]} | extra | DINOV3_FIXED
+
+
 # Meta's code fixes more: what transformers' config.json states.
-_FIXED: dict[str, Any] = DINOV3_FIXED | dict(
-    rope_temperature=TEMPERATURE, proj_bias=True, mlp_bias=True, ln_eps=1e-5, gelu="exact", num_classes=0
+_FIXED: dict[str, Any] = dinov3_fixed("rope", {"rope_temperature": TEMPERATURE}) | dict(
+    proj_bias=True, mlp_bias=True, ln_eps=1e-5, gelu="exact", num_classes=0
 )
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from vit_common.checkpoints.formats.dinov3_original import DINOV3_FIXED
+from vit_common.checkpoints.formats.dinov3_original import dinov3_fixed
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.hf import HfWriteOptions, HuggingFace
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Source
@@ -67,7 +67,7 @@ DEFAULTS: dict[str, Any] = dict(
     num_register_tokens=0,
 )
 # What the model type fixes: the ViTConfig fields no config.json key changes.
-FIXED: dict[str, Any] = DINOV3_FIXED | {"rope_periods": "computed"}
+FIXED: dict[str, Any] = dinov3_fixed("rope_grid_indexing", {"rope_periods": "computed"})
 _MASK = "embeddings.mask_token"
 
 
