@@ -151,3 +151,33 @@ def test_fine_tuning_hands_back_the_checkpoint_s_format_checked_by_its_library(t
         assert lib["library"].endswith("(.npz loader)")
         assert (out / "model_big_vision.npz").is_file()
         assert "assumed: big_vision value_range(-1, 1)" in err  # an .npz says nothing: said, not hidden
+
+
+@pytest.mark.slow  # a training run and timm's parity: 20 s of CPU each
+@pytest.mark.parametrize("name", ["vit_base_patch16_dinov3_qkvb", "eva02_base_patch14_224"])
+def test_fine_tuning_a_rope_backbone_hands_back_timm_s_eva(tmp_path, capsys, name, image_folder):
+    """A timm hub folder of a RoPE backbone (timm's Eva; eva02_base with split q/k/v) fine-tuned with a new
+    head: exported as a hub folder of the same Eva name and q/k/v spelling, which timm loads from its own
+    config.json and runs as our twin does (the run's parity report)."""
+    import timm
+    import torch
+
+    torch.manual_seed(0)
+    model = timm.create_model(
+        name, pretrained=False, embed_dim=32, depth=1, num_heads=2, img_size=16, patch_size=8, num_classes=5
+    )
+    timm.models.save_for_hf(model, tmp_path / "src", safe_serialization=True)
+    data = image_folder(tmp_path / "imgs", ("ant", "bee", "cat"), n=6, size=(20, 24), band=True)
+    out = tmp_path / "run"
+    args = ["train", "--dataset", f"imagefolder:{data}", "--init", str(tmp_path / "src"), "--out", str(out)]
+    args += ["--no-progress", "--epochs", "1", "--batch-size", "6", "--warmup-steps", "1", "--val-fraction", "0.34"]
+    assert main(args) == 0
+    assert "new 3-class head, zero-initialised" in capsys.readouterr().err
+    parity = json.loads((out / "parity.json").read_text())
+    assert parity["ok"] and parity["library"]["timm"]["ok"] and parity["library"]["timm"]["agreement"] == 1.0, parity
+    config = json.loads((out / "model_timm" / "config.json").read_text())
+    assert config["architecture"] == name
+    back = timm.create_model(f"local-dir:{out / 'model_timm'}", pretrained=True)
+    assert type(back).__name__ == "Eva" and back.num_classes == 3
+    split = name.startswith("eva02_base")
+    assert ("blocks.0.attn.q_proj.weight" in back.state_dict()) == split

@@ -125,3 +125,33 @@ def test_do_rescale_false_gives_the_pipeline_s_probabilities(tmp_path, photos, c
     assert np.abs(ours - theirs).max() <= bound, np.abs(ours - theirs).max()
     # measured: 6.6e-8 now; 0.94 before, top-1 agreement 1 of 6 images
     assert np.abs(before - theirs).max() > 0.5, np.abs(before - theirs).max()
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        pytest.param(
+            {"size": {"shortest_edge": 250}, "do_center_crop": True, "crop_size": {"height": 224, "width": 224}},
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=["saved_default", "shortest_edge_crop"],
+)
+def test_dinov3_processor_resizes_floats(tmp_path, photos, kw):
+    """DINOv3ViTImageProcessor rescales before it resizes (torchvision, float32): read from the file
+    save_pretrained writes, the float resize is its pixels to float32 rounding, where the uint8 resize
+    the other processors make is a level off; written back, it is the same processor."""
+    from transformers import DINOv3ViTImageProcessor
+
+    DINOv3ViTImageProcessor(**kw).save_pretrained(tmp_path)
+    pp = hf_preprocess_file(tmp_path)
+    assert pp.rescale_before_resize and pp.mean == IMAGENET_MEAN and pp.interpolation == "bilinear"
+    floats = _compare(tmp_path, pp, photos, "torchvision")
+    assert floats <= tolerance("pixels_float_resize", "uint8")[1], floats  # measured 3.6e-3
+    uint8 = _compare(tmp_path, pp.replace(rescale_before_resize=False), photos, "torchvision")
+    assert uint8 >= 0.5, uint8  # measured 1.0
+    config, _ = hf_preprocessor_config(pp, (224, 224), 3)
+    assert config["image_processor_type"] == "DINOv3ViTImageProcessor"
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    assert hf_preprocess_file(tmp_path) == pp

@@ -149,3 +149,22 @@ def test_meta_refusals_are_one_line(tmp_path, capsys):
         assert main(["convert", str(tmp_path / "bad.pth"), str(tmp_path / "out.safetensors")]) == 2
         err = capsys.readouterr().err
         assert words in err and "Traceback" not in err and not (tmp_path / "out.safetensors").exists()
+
+
+@pytest.mark.slow  # two parity runs with timm: 10 s of CPU
+def test_vit_parity_against_timm_on_a_meta_file_in_both_periods_modes(tmp_path, capsys):
+    """`vit parity --against timm` on a Meta file: 'stored' (the default) runs timm with the file's
+    bf16-rounded periods (timm's own float32 ones part by 6e-5 here, beyond the bound), 'recomputed' timm
+    as it is; both pass, the report names the choice."""
+    import json
+
+    torch.save(_meta_state(_timm("vit_small_patch16_dinov3_qkvb")), tmp_path / "dinov3.pth")
+    for mode in ("stored", "recomputed"):
+        argv = ["parity", str(tmp_path / "dinov3.pth"), "--against", "timm", "--json", str(tmp_path / f"{mode}.json")]
+        assert main([*argv, "--rope-periods", mode]) == 0
+        out = capsys.readouterr().out
+        assert ("timm running the file's stored RoPE periods" in out) == (mode == "stored")
+        report = json.loads((tmp_path / f"{mode}.json").read_text())
+        timm_rows = [r["against"] for r in report["rows"] if r["against"] is not None]
+        assert report["ok"] and len(timm_rows) == 4 and all(r["ok"] for r in timm_rows), report["rows"]
+        assert report["conversion"]["config"]["rope_periods"] == {"stored": "stored"}.get(mode, "computed")

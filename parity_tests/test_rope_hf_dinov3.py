@@ -99,3 +99,20 @@ def test_dinov3_vit_refusals_name_the_key(tmp_path, small_cfg, random_state):
     with pytest.raises(ValueError, match=f"cannot hold this model: {lacks}"):
         save_checkpoint(tmp_path / "a", small_cfg, random_state(small_cfg), "hf_dinov3")
     assert not (tmp_path / "a").exists()
+
+
+def test_dinov3_vit_folder_with_its_processor_converts(tmp_path, capsys):
+    """A folder with the preprocessor_config.json transformers saves (DINOv3ViTImageProcessor) is read,
+    declared, and written back as the same processor."""
+    from vit_cli.main import main
+
+    transformers.DINOv3ViTModel(transformers.DINOv3ViTConfig(**TINY | dict(num_hidden_layers=1))).save_pretrained(
+        tmp_path / "hf"
+    )
+    transformers.DINOv3ViTImageProcessor(size={"height": 64, "width": 64}).save_pretrained(tmp_path / "hf")
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "ours"), "--to", "hf_dinov3"]) == 0
+    ckpt = load_checkpoint(tmp_path / "ours", strict=True)
+    assert ckpt.info.preprocess_source == f"declared: {tmp_path / 'ours' / 'preprocessor_config.json'}"
+    assert ckpt.info.preprocess.rescale_before_resize and ckpt.info.preprocess.resize_size == (64, 64)
+    proc = transformers.AutoImageProcessor.from_pretrained(tmp_path / "ours")
+    assert type(proc).__name__ == "DINOv3ViTImageProcessor"

@@ -60,6 +60,22 @@ def test_ten_steps_of_each_recipe_agree_to_1e_10(x64, data, recipe, request, tin
     assert r.rows[-1].lr[1] > 0 and r.rows[0].lr == (first, first)
 
 
+@pytest.mark.slow  # 20 s of CPU each
+@pytest.mark.parametrize("name", ["vit_base_patch16_dinov3_qkvb", "eva02_base_patch14_224"])
+def test_rope_backbones_train_alike_as_plain_vits_do(x64, data, name):
+    """A DINOv3-shaped model (RoPE ``dinov3``, half layout, 4 registers, LayerScale, q/v biases without a
+    key bias) and an EVA-02-shaped one (RoPE ``cat`` with a reference grid, split SwiGLU with its inner
+    norm, fc_norm): every option of the step, 5 steps, within the float64 bound."""
+    from vit_torch.timm_models import timm_model_config
+
+    cfg = timm_model_config(name, img_size=8, patch_size=4, embed_dim=16, depth=2, num_heads=2, in_chans=1)
+    cfg = cfg.replace(num_classes=3, dtype="float64", param_dtype="float64", drop_path=0.2)
+    assert cfg.rope in ("dinov3", "cat") and not cfg.k_bias
+    r = compare_training(cfg, dataclasses.replace(FULL, epochs=3), data, 5)
+    assert r.dtype == "float64" and len(r.rows) == 5 and r.ok, r.rows[r.first_bad_step - 1]
+    assert all(max(row.params, row.mu, row.nu) <= 1e-10 for row in r.rows)
+
+
 def test_big_vision_bf16_first_moment_agrees_within_the_bf16_bound(x64, data, tiny):
     """The first update uses the unrounded moment in both (optax's scale_by_adam, torch before its hook):
     step 1 agrees to 1e-10; after that the stored bf16 moments part within the bf16 bound."""

@@ -31,6 +31,9 @@ DEFAULTS = {  # what each type computes from a file that names it alone (transfo
     "SiglipImageProcessor": Preprocess((0.5,), (0.5,), "bicubic", **SQUASH_224),
     "CLIPImageProcessor": Preprocess(CLIP_MEAN, CLIP_STD, "bicubic", **EDGE_224),
     "BitImageProcessor": Preprocess(CLIP_MEAN, CLIP_STD, "bicubic", **EDGE_224),
+    "DINOv3ViTImageProcessor": Preprocess(
+        IMAGENET_MEAN, IMAGENET_STD, "bilinear", **SQUASH_224, rescale_before_resize=True
+    ),  # rescales, then resizes floats
 }
 
 
@@ -186,5 +189,7 @@ def test_a_timm_hub_folder_takes_a_transformers_geometry_as_crop_pct():
     pp, notes = timm_preprocess(DEFAULTS["DeiTImageProcessor"], (224, 224))
     assert (pp.crop_pct, pp.crop_mode, pp.resize_size) == (0.875, "squash", None) and "timm rounds" in notes[0]
     assert timm_preprocess(Preprocess(), (224, 224)) == (Preprocess(), [])
+    pp, notes = timm_preprocess(DEFAULTS["DINOv3ViTImageProcessor"], (224, 224))
+    assert not pp.rescale_before_resize and "resizes uint8 pixels" in notes[0] and len(notes) == 2
     with pytest.raises(ValueError, match="rescale_factor=1.0: timm"):
         timm_preprocess(Preprocess(rescale_factor=1.0), (224, 224))

@@ -172,6 +172,8 @@ def _top1_agreement(a: np.ndarray, b: np.ndarray) -> float | None:
 
 
 def _against_timm(cfg, state, x, dtype):
+    """timm's model of ``cfg`` (``vit_torch.oracles.timm_model``, from the tensors the timm format writes)
+    on ``x``; with ``rope_periods='stored'`` it runs the checkpoint's periods (timm recomputes its own)."""
     import torch
 
     from vit_common.checkpoints.formats import timm as timm_format
@@ -181,6 +183,8 @@ def _against_timm(cfg, state, x, dtype):
     cfg_t, state_t = enc.cfg, enc.state
     model = timm_model(cfg_t.replace(param_dtype=dtype), state_t).to(getattr(torch, dtype))
     with torch.no_grad():
+        if cfg.rope_periods == "stored":  # the original's numbers: timm's model running the file's periods
+            model.rope.periods.copy_(torch.from_numpy(np.asarray(state["rope.periods"])))
         prefix = model.num_prefix_tokens > 0  # timm pairs (patch tokens, prefix tokens) only when there are some
         final, inter = model.forward_intermediates(torch.from_numpy(x), return_prefix_tokens=prefix, output_fmt="NLC")
         out = {f"block{i:02d}": torch.cat(t[::-1], dim=1) if prefix else t for i, t in enumerate(inter)}
@@ -314,6 +318,7 @@ def format_table(result: ParityResult) -> str:
     if lib:
         head += f"   | {lib + ' max abs':>20}{'rel':>11}  ok"
     config = result.conversion.get("config") or {}
+    stored = config.get("rope_periods") == "stored"
     provenance = result.conversion.get("provenance", {})
     assumed = result.conversion.get("assumed", [])
     lines = [f"config of {result.checkpoint} ({result.format}): value, then where it came from"]
@@ -321,7 +326,9 @@ def format_table(result: ParityResult) -> str:
     lines += assumption_block(assumed, result.conversion.get("assumptions", []))
     lines += [
         f"parity of {result.checkpoint} ({result.format}, {result.variant}), {result.dtype}, "
-        f"{len(result.images)} image(s): JAX twin vs torch twin" + (f", and {lib} vs torch twin" if lib else ""),
+        f"{len(result.images)} image(s): JAX twin vs torch twin"
+        + (f", and {lib} vs torch twin" if lib else "")
+        + (" (timm running the file's stored RoPE periods)" if lib == "timm" and stored else ""),
         head,
         "-" * len(head),
     ]

@@ -1,7 +1,8 @@
 """Hostile RoPE inputs to `vit convert`, each through a file: a head dimension not divisible by 4, a periods
 or frequency tensor of the wrong shape, an unknown rope type or layout. Our file, one of our timm files
-and a timm hub folder; and a hub folder's timm Eva name whose LayerNorm eps is not the model's. One line
-naming the value and what was expected, exit 2, nothing written."""
+and a timm hub folder; a hub folder's timm Eva name whose LayerNorm eps is not the model's, an unknown Eva
+name, and Eva options for a model timm holds as a VisionTransformer. One line naming the value and what
+was expected, exit 2, nothing written."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from vit_common.checkpoints.formats.timm import META_TAG
 from vit_common.config import ViTConfig
 from vit_common.state import random_state
 
-from .harness import Case, check_case
+from .harness import SMALL, Case, check_case
 
 # A small RoPE ViT (head_dim 16): each builder changes one thing of it.
 ROPE = ViTConfig(image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
@@ -72,6 +73,18 @@ def hub_name_of_another_eps(tmp: Path) -> list[str]:
     return [*argv[:2], str(tmp / "out"), "--to", "timm", "--timm-architecture", "vit_base_patch16_dinov3"]
 
 
+def timm_options(name: str, cfg: ViTConfig, out: str, *flags: str):
+    """A builder of our file of ``cfg`` converted to timm at ``out`` (a file, or a hub folder without a
+    suffix) with the timm Eva write ``flags``."""
+
+    def build(tmp: Path) -> list[str]:
+        argv = stored("", cfg, {})(tmp)
+        return [*argv[:2], str(tmp / out), "--to", "timm", *flags]
+
+    build.__name__ = name
+    return build
+
+
 def shape_line(expected: str) -> Callable[[Path, str], None]:
     """The line under the error that names the tensor, its shape and the shape expected."""
 
@@ -119,6 +132,20 @@ CASES = [
         hub_name_of_another_eps,
         r"--timm-architecture 'vit_base_patch16_dinov3': a hub folder's name fixes the LayerNorm eps, and it is "
         r"not one known to build ln_eps=1e-06 \(eva02_tiny_patch14_224",
+    ),
+    # timm Eva write options: an unknown Eva name for a file, either option for a timm VisionTransformer
+    Case(
+        timm_options("Eva name foo, timm file", ROPE, "out.safetensors", "--timm-architecture", "foo"),
+        r"--timm-architecture 'foo': expected a timm Eva name \(vit_base_patch16_dinov3, ",
+    ),
+    Case(
+        timm_options("Eva name, plain ViT", SMALL, "out.pth", "--timm-architecture", "eva02_tiny_patch14_224"),
+        r"--timm-architecture 'eva02_tiny_patch14_224': an option of RoPE backbones \(timm Eva\); this model is a "
+        "timm VisionTransformer",
+    ),
+    Case(
+        timm_options("Eva qkv split, plain ViT hub folder", SMALL, "out", "--timm-eva-qkv", "split"),
+        r"--timm-eva-qkv 'split': an option of RoPE backbones \(timm Eva\)",
     ),
     Case(
         hub_folder("rope_type spiral, timm hub folder", "vit_base_patch16_rope_224", dict(rope_type="spiral")),

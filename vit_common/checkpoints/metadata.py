@@ -55,7 +55,13 @@ HF_PROCESSORS: dict[str, dict[str, Any]] = {
         "resample": 3, "size": {"shortest_edge": 224}, "default_to_square": False,
         "crop_size": {"height": 224, "width": 224}, "do_center_crop": True, "do_convert_rgb": True,
     },
+    "DINOv3ViTImageProcessor": _BASE | {  # models/dinov3_vit; IMAGENET_DEFAULT_MEAN/STD
+        "resample": 2, "size": {"height": 224, "width": 224},
+        "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225],
+    },
 }  # fmt: skip
+# The classes that rescale before they resize, so resize floats (DINOv3's overrides ``_preprocess``).
+HF_RESCALE_BEFORE_RESIZE = ("DINOv3ViTImageProcessor",)
 # The class of a file that names none, by the folder's model_type (image_processing_auto.py's mapping,
 # which has no entry for clip_vision_model, siglip_vision_model or dinov2_with_registers either).
 HF_MODEL_PROCESSORS = {
@@ -278,8 +284,9 @@ def hf_preprocess(config: dict, where: str, model_type: Any = None) -> Preproces
         rescale = got["rescale_factor"] if got["do_rescale"] else 1.0
         mode = "center" if len(resize) == 1 else "squash"
         return Preprocess(
-            mean, std, _HF_RESAMPLE[resample], 1.0, mode, rescale_factor=rescale, resize_size=resize, crop_size=crop
-        )
+            mean, std, _HF_RESAMPLE[resample], 1.0, mode, rescale_factor=rescale, resize_size=resize,
+            crop_size=crop, rescale_before_resize=name in HF_RESCALE_BEFORE_RESIZE,
+        )  # fmt: skip
     except (TypeError, AttributeError, ValueError) as e:
         raise ValueError(f"{where}: cannot read the preprocessing ({e})") from e
 
@@ -393,10 +400,11 @@ def hf_preprocessor_config(
     does at ``image_size`` (H, W) for C = ``channels``: every key stated, so ``hf_preprocess`` reads it
     back equal for a transformers geometry (``Preprocess.resize_size``). ViTImageProcessor for a resize to
     both sides without a crop, DeiTImageProcessor with a crop, CLIPImageProcessor for a shorter-side resize
-    and crop. timm's rule (``size / crop_pct``) becomes the sizes it gives at (H, W); a note says where the
-    pixels can differ: transformers centres a crop at ``floor((in - out) / 2)``, timm at Python's
-    ``round``, one pixel apart where ``in - out`` is 3 mod 4 (always known for 'squash'; on the longer
-    side of some images for 'center').
+    and crop, DINOv3ViTImageProcessor for any of them with ``rescale_before_resize``. timm's rule
+    (``size / crop_pct``) becomes the sizes it gives at (H, W); a note says where the pixels can differ:
+    transformers centres a crop at ``floor((in - out) / 2)``, timm at Python's ``round``, one pixel apart
+    where ``in - out`` is 3 mod 4 (always known for 'squash'; on the longer side of some images for
+    'center').
 
     Raises:
         ValueError: mean/std that do not fit C; timm's 'center' rule for a non-square size (timm
@@ -434,6 +442,8 @@ def hf_preprocessor_config(
         raise ValueError(f"the preprocessing gives {list(out)} images; the model takes {h}x{w}")
     size = {"shortest_edge": resize[0]} if len(resize) == 1 else {"height": resize[0], "width": resize[1]}
     name = "CLIPImageProcessor" if len(resize) == 1 else "DeiTImageProcessor" if crop else "ViTImageProcessor"
+    if preprocess.rescale_before_resize:
+        name = HF_RESCALE_BEFORE_RESIZE[0]
     config: dict[str, Any] = {
         "image_processor_type": name,
         "do_resize": True,

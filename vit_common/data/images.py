@@ -68,12 +68,16 @@ class Preprocess:
             both sides (crop_mode 'squash'); then ``crop_size`` (H, W), if given, is cut at offset
             ``floor((in - out) / 2)``, zero-padded where the image is smaller (transformers
             ``image_transforms.center_crop``). The result must be the model's size. None: timm's rule.
+        rescale_before_resize: resize the pixels as floats, unrounded, instead of as uint8 (transformers
+            ``DINOv3ViTImageProcessor``: rescale, resize, normalise). Applied by ``load_image``; datasets
+            hold uint8 images, within one level of it.
 
     Raises:
         ValueError: an unknown filter or crop mode, a std <= 0, a crop_pct outside (0, 1], mean and std
-            of different lengths, a rescale_factor that is not a positive finite number, sizes that are
-            not positive integers, or a transformers geometry with crop_pct other than 1, a crop_mode
-            that does not match its resize, or a crop without a resize.
+            of different lengths, a rescale_factor that is not a positive finite number, a
+            rescale_before_resize that is not a bool, sizes that are not positive integers, or a
+            transformers geometry with crop_pct other than 1, a crop_mode that does not match its
+            resize, or a crop without a resize.
     """
 
     mean: tuple[float, ...] = field(
@@ -103,6 +107,9 @@ class Preprocess:
     crop_size: tuple[int, ...] | None = field(
         default=None, metadata={"help": "with --resize-size: the centre crop H W (transformers' crop_size)"}
     )
+    rescale_before_resize: bool = field(
+        default=False, metadata={"help": "resize float pixels, not uint8 ones (transformers' DINOv3 processor)"}
+    )
 
     def __post_init__(self) -> None:
         for name in ("mean", "std"):
@@ -125,6 +132,8 @@ class Preprocess:
         if isinstance(rescale, bool) or not isinstance(rescale, (int, float)) or not 0 < rescale < math.inf:
             raise ValueError(f"rescale_factor={rescale!r}: expected a positive finite number")
         object.__setattr__(self, "rescale_factor", float(rescale))
+        if not isinstance(self.rescale_before_resize, bool):
+            raise ValueError(f"rescale_before_resize={self.rescale_before_resize!r}: expected true or false")
         for name, lengths in (("resize_size", (1, 2)), ("crop_size", (2,))):
             v = getattr(self, name)
             if v is None:
@@ -179,6 +188,8 @@ class Preprocess:
         else:
             to = "x".join(map(str, self.resize_size))
             geometry = f"{side} resized ({self.interpolation}, Pillow) to {to} as transformers does"
+        if self.rescale_before_resize:
+            geometry += " (in float)"
         rescale = "pixel / 255" if self.rescale_factor * 255 == 1 else f"pixel * {self.rescale_factor:g}"
         return (
             f"{geometry} and centre-cropped to {h}x{w}, then ({rescale} - mean {list(self.mean)}) / std "
@@ -534,13 +545,19 @@ def normalize(images: np.ndarray, preprocess: Preprocess | None = None) -> np.nd
 
 
 def load_image(path: str | os.PathLike, size: int | Sequence[int], channels: int, preprocess: Preprocess):
-    """Decode one file for evaluation: uint8 [H, W, C] (``open_image``, ``to_channels``, ``eval_resize_crop``).
+    """Decode one file for evaluation: uint8 [H, W, C] (``open_image``, ``to_channels``, ``eval_resize_crop``),
+    or float32 [H, W, C] in [0, 255] where ``preprocess.rescale_before_resize``: each channel resized as
+    Pillow 'F' (float32, weights and sums in float64), what transformers' DINOv3ViTImageProcessor computes
+    with torchvision's antialiased kernels in float32 (``tolerance("pixels_float_resize", "uint8")``).
 
     Raises:
         FileNotFoundError / ValueError: as ``open_image``; ValueError for ``channels`` not 1 or 3.
     """
     image = to_channels(open_image(path), channels)
-    return to_array(eval_resize_crop(image, size, preprocess), channels)
+    if not preprocess.rescale_before_resize:
+        return to_array(eval_resize_crop(image, size, preprocess), channels)
+    bands = (eval_resize_crop(band.convert("F"), size, preprocess) for band in image.split())
+    return np.stack([np.asarray(band, np.float32) for band in bands], axis=-1)
 
 
 def is_image_file(path: str | os.PathLike) -> bool:

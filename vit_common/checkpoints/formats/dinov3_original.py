@@ -66,12 +66,13 @@ _IGNORED = {
     "local_cls_norm.weight": "the 7B's norm of local crops' class tokens (pretraining only)",
     "local_cls_norm.bias": "the 7B's norm of local crops' class tokens (pretraining only)",
 }
-_FIXED: dict[str, Any] = dict(
+# What DINOv3 itself fixes, whichever library's file holds it (this format's, and hf_dinov3's): the
+# ViTConfig fields no DINOv3 file states.
+DINOV3_FIXED: dict[str, Any] = dict(
     class_token=True,
     posemb="none",
     pool="token",
     rope="dinov3",
-    rope_temperature=TEMPERATURE,
     rope_layout="half",
     rope_normalize="separate",
     rope_grid_offset=0.0,
@@ -88,11 +89,19 @@ _FIXED: dict[str, Any] = dict(
     rep_size=0,
     norm="layernorm",
     patch_norm=False,
-    proj_bias=True,
-    mlp_bias=True,
-    ln_eps=1e-5,
-    gelu="exact",
-    num_classes=0,
+)
+
+
+def dinov3_fixed(after: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """``DINOV3_FIXED`` with a format's own fixed fields ``extra`` placed after field ``after`` (the order
+    a report lists them in)."""
+    keys = list(DINOV3_FIXED)
+    return {k: DINOV3_FIXED[k] for k in keys[: keys.index(after) + 1]} | extra | DINOV3_FIXED
+
+
+# Meta's code fixes more: what transformers' config.json states.
+_FIXED: dict[str, Any] = dinov3_fixed("rope", {"rope_temperature": TEMPERATURE}) | dict(
+    proj_bias=True, mlp_bias=True, ln_eps=1e-5, gelu="exact", num_classes=0
 )
 
 

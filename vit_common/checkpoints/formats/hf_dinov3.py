@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from vit_common.checkpoints.formats.dinov3_original import dinov3_fixed
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.hf import HfWriteOptions, HuggingFace
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Source
@@ -66,29 +67,7 @@ DEFAULTS: dict[str, Any] = dict(
     num_register_tokens=0,
 )
 # What the model type fixes: the ViTConfig fields no config.json key changes.
-FIXED: dict[str, Any] = dict(
-    class_token=True,
-    posemb="none",
-    pool="token",
-    rope="dinov3",
-    rope_layout="half",
-    rope_normalize="separate",
-    rope_grid_offset=0.0,
-    rope_grid_indexing="ij",
-    rope_periods="computed",
-    rope_ref_grid=None,
-    norm_pre=False,
-    patch_bias=True,
-    final_norm=True,
-    fc_norm=False,
-    qk_norm=False,
-    attn_inner_norm=False,
-    mlp_inner_norm=False,
-    dist_token=False,
-    rep_size=0,
-    norm="layernorm",
-    patch_norm=False,
-)
+FIXED: dict[str, Any] = dinov3_fixed("rope_grid_indexing", {"rope_periods": "computed"})
 _MASK = "embeddings.mask_token"
 
 
@@ -312,7 +291,7 @@ class HfDinov3(HuggingFace):
     name = "hf_dinov3"
     description = "Hugging Face transformers DINOv3 folder (model_type dinov3_vit)"
     signature = f"a folder whose config.json model_type is {MODEL_TYPE}"
-    assumed_preprocess = Preprocess(IMAGENET_MEAN, IMAGENET_STD, "bilinear", 1.0, "squash")
+    assumed_preprocess = Preprocess(IMAGENET_MEAN, IMAGENET_STD, "bilinear", 1.0, "squash", rescale_before_resize=True)
     assumed_why = "no preprocessor_config.json; transformers DINOv3ViTImageProcessor defaults"
 
     def detect(self, src: Source) -> bool:

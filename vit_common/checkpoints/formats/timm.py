@@ -30,6 +30,7 @@ from vit_common.checkpoints.formats.tensors import TensorMap, dtype_of
 from vit_common.checkpoints.formats.timm_eva import (
     EvaLayout,
     canonical_to_eva,
+    check_eva_name,
     default_layout,
     drop_stored_periods,
     eva_cannot_hold,
@@ -94,7 +95,7 @@ class TimmWriteOptions(WriteOptions):
         default="",
         metadata={
             "flag": "--timm-eva-qkv",
-            "choices": ("", "fused", "split"),
+            "choices": ("fused", "split"),
             "help": "a RoPE backbone (timm Eva): attention as one qkv projection (fused) or q_proj/k_proj/v_proj "
             "(split, as eva02_base); default: the source's spelling, else fused",
         },
@@ -131,6 +132,21 @@ def _shared(weights_from: str, tensors: TensorMap, path: Path) -> tuple[dict | N
     if bad:
         return None, f"{weights_from} does not hold exactly these tensors ({', '.join(bad[:4])}): written, not shared"
     return meta, ""
+
+
+def _check_eva_options(options: TimmWriteOptions, eva: bool) -> None:
+    """Refuse Eva options for a model timm holds as a VisionTransformer, and an unknown Eva name.
+
+    Raises:
+        ValueError: one line naming the flag and its value.
+    """
+    if not eva:
+        for flag, value in (("--timm-eva-qkv", options.eva_qkv), ("--timm-architecture", options.architecture)):
+            if value:
+                raise ValueError(
+                    f"{flag} {value!r}: an option of RoPE backbones (timm Eva); this model is a timm VisionTransformer"
+                )
+    check_eva_name(options.architecture)
 
 
 class Timm(Format):
@@ -181,8 +197,11 @@ class Timm(Format):
         return eva_cannot_hold(cfg) if is_eva(cfg) else timm_cannot_hold(cfg)
 
     def complete_options(self, options: TimmWriteOptions, source) -> TimmWriteOptions:
-        """The q/k/v spelling and the timm Eva name of a source timm file or hub folder (its report's
-        layout line, ``timm_eva.source_choices``) where ``options`` leave them unset."""
+        """The q/k/v spelling and the timm Eva name of a source timm file or hub folder of a RoPE backbone
+        (its report's layout line, ``timm_eva.source_choices``) where ``options`` leave them unset."""
+        cfg = getattr(source, "config", None)
+        if cfg is None or not is_eva(cfg):
+            return options
         name, qkv = source_choices(getattr(source, "layout", "") or "")
         return replace(options, eva_qkv=options.eva_qkv or qkv, architecture=options.architecture or name)
 
@@ -224,6 +243,7 @@ class Timm(Format):
         cfg, state, more = zero_head_bias(cfg, state)
         notes += more
         eva = is_eva(cfg)
+        _check_eva_options(options, eva)
         if eva:
             cfg, state, more = drop_stored_periods(cfg, state)
             notes += more

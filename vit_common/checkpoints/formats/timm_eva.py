@@ -294,16 +294,28 @@ def eva_name(cfg: ViTConfig, preferred: str = "") -> str | None:
             if cfg.mlp_inner_norm
             else "eva02_tiny_patch14_224"
         )
-    if preferred and EVA_NAMES.get(preferred) != cfg.ln_eps:
+    check_eva_name(preferred)
+    if preferred and EVA_NAMES[preferred] != cfg.ln_eps:
         known = [n for n, eps in EVA_NAMES.items() if eps == cfg.ln_eps]
         raise ValueError(
             f"--timm-architecture {preferred!r}: a hub folder's name fixes the LayerNorm eps, and it is not one "
-            f"known to build ln_eps={cfg.ln_eps!r} ({', '.join(known) or 'none is'}); a timm file takes any Eva name"
+            f"known to build ln_eps={cfg.ln_eps!r} ({', '.join(known) or 'none is'}); a timm file takes any Eva "
+            "name the project knows"
         )
     for name in (preferred, family, *EVA_NAMES):
         if EVA_NAMES.get(name) == cfg.ln_eps:
             return name
     return None
+
+
+def check_eva_name(name: str) -> None:
+    """Refuse a timm Eva name (``TimmWriteOptions.architecture``) not in ``EVA_NAMES``; '' (unset) passes.
+
+    Raises:
+        ValueError: one line naming ``name`` and the names taken.
+    """
+    if name and name not in EVA_NAMES:
+        raise ValueError(f"--timm-architecture {name!r}: expected a timm Eva name ({', '.join(EVA_NAMES)})")
 
 
 def eva_load_call(path: str, cfg: ViTConfig, qkv: str, name: str | None) -> str:

@@ -502,7 +502,8 @@ def timm_preprocess(preprocess: Preprocess, image_size: tuple[int, int]) -> tupl
     """(``preprocess`` as timm's ``size / crop_pct`` rule, notes) at ``image_size`` (H, W): a
     transformers geometry (``Preprocess.resize_size``, read from a preprocessor_config.json) becomes the
     crop_pct of its crop over its resize, with a note, as timm rounds the crop offset where transformers
-    floors it and its resize is ``floor(size / crop_pct)``.
+    floors it and its resize is ``floor(size / crop_pct)``; ``rescale_before_resize`` is dropped, with a note
+    (timm resizes uint8 pixels).
 
     Raises:
         ValueError: a rescale_factor other than 1/255 (timm's ``ToTensor`` divides by 255), a crop larger
@@ -510,8 +511,12 @@ def timm_preprocess(preprocess: Preprocess, image_size: tuple[int, int]) -> tupl
     """
     if abs(preprocess.rescale_factor * 255 - 1) > 1e-12:
         raise ValueError(f"rescale_factor={preprocess.rescale_factor!r}: timm's pretrained_cfg scales pixels by 1/255")
+    notes = []
+    if preprocess.rescale_before_resize:
+        preprocess = preprocess.replace(rescale_before_resize=False)
+        notes.append("pretrained_cfg: timm resizes uint8 pixels where transformers' DINOv3 processor resizes floats")
     if preprocess.resize_size is None:
-        return preprocess, []
+        return preprocess, notes
     resize = preprocess.resize_size
     crop = preprocess.crop_size or (resize if len(resize) == 2 else image_size)
     pcts = {c / r for c, r in zip(crop, resize * 2 if len(resize) == 1 else resize, strict=True)}
@@ -519,7 +524,7 @@ def timm_preprocess(preprocess: Preprocess, image_size: tuple[int, int]) -> tupl
         raise ValueError(f"resize_size={list(resize)} with crop_size={list(crop)}: timm's crop_pct cannot give it")
     mode = "center" if len(resize) == 1 else "squash"
     timm = preprocess.replace(resize_size=None, crop_size=None, crop_pct=pcts.pop(), crop_mode=mode)
-    return timm, [
+    return timm, notes + [
         f"pretrained_cfg: transformers' resize to {list(resize)} and crop to {list(crop)} as timm's crop_pct "
         f"{timm.crop_pct:.6g} ({mode}); timm rounds the crop offset where transformers floors it, a pixel apart "
         "on some images"
