@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from vit_common.system.validate import regular_file
+from vit_common.system.validate import Range, regular_file
 
 # The one list of file suffixes read as images (lower case), by every command.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
@@ -68,12 +68,16 @@ class Preprocess:
             both sides (crop_mode 'squash'); then ``crop_size`` (H, W), if given, is cut at offset
             ``floor((in - out) / 2)``, zero-padded where the image is smaller (transformers
             ``image_transforms.center_crop``). The result must be the model's size. None: timm's rule.
+        max_patches: NaFlex (SigLIP 2) instead of a resize and crop: each image keeps its aspect ratio,
+            resized to at most this many of the model's patches (``vit_common.naflex.preprocess``;
+            transformers ``Siglip2ImageProcessor``'s ``max_num_patches``). None: a fixed-size image.
 
     Raises:
         ValueError: an unknown filter or crop mode, a std <= 0, a crop_pct outside (0, 1], mean and std
             of different lengths, a rescale_factor that is not a positive finite number, sizes that are
             not positive integers, or a transformers geometry with crop_pct other than 1, a crop_mode
-            that does not match its resize, or a crop without a resize.
+            that does not match its resize, or a crop without a resize; max_patches not a positive
+            integer, or with a resize, a crop or crop_pct other than 1.
     """
 
     mean: tuple[float, ...] = field(
@@ -102,6 +106,14 @@ class Preprocess:
     )
     crop_size: tuple[int, ...] | None = field(
         default=None, metadata={"help": "with --resize-size: the centre crop H W (transformers' crop_size)"}
+    )
+    max_patches: int | None = field(
+        default=None,
+        metadata={
+            "help": "NaFlex (SigLIP 2): keep each image's aspect ratio, resized to at most this many patches "
+            "(vit_common.naflex.preprocess, transformers' Siglip2ImageProcessor) instead of resized and cropped",
+            "range": Range(1, integer=True),
+        },
     )
 
     def __post_init__(self) -> None:
@@ -133,6 +145,13 @@ class Preprocess:
             if len(v) not in lengths or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
                 raise ValueError(f"{name}={list(v)}: expected {' or '.join(map(str, lengths))} positive integers")
             object.__setattr__(self, name, v)
+        if self.max_patches is not None:
+            Range(1, integer=True).check("max_patches", self.max_patches)
+            if self.resize_size is not None or self.crop_pct != 1:
+                raise ValueError(
+                    f"max_patches={self.max_patches} with resize_size={self.resize_size and list(self.resize_size)}, "
+                    f"crop_pct={self.crop_pct}: NaFlex resizes each image itself (expected neither)"
+                )
         if self.resize_size is None:
             if self.crop_size is not None:
                 raise ValueError(f"crop_size={list(self.crop_size)} without resize_size: expected both or neither")
@@ -174,16 +193,16 @@ class Preprocess:
         """What ``eval_resize_crop`` and ``normalize`` do to an image for a model of ``size`` (H, W), in words."""
         h, w = _size(size)
         side = "shorter side" if self.crop_mode == "center" else "both sides"
+        rescale = "pixel / 255" if self.rescale_factor * 255 == 1 else f"pixel * {self.rescale_factor:g}"
+        stats = f"({rescale} - mean {list(self.mean)}) / std {list(self.std)}"
+        if self.max_patches is not None:
+            return f"aspect kept, resized ({self.interpolation}, Pillow) to at most {self.max_patches} patches, {stats}"
         if self.resize_size is None:
             geometry = f"{side} resized ({self.interpolation}, Pillow) to {h}x{w} / {self.crop_pct}"
         else:
             to = "x".join(map(str, self.resize_size))
             geometry = f"{side} resized ({self.interpolation}, Pillow) to {to} as transformers does"
-        rescale = "pixel / 255" if self.rescale_factor * 255 == 1 else f"pixel * {self.rescale_factor:g}"
-        return (
-            f"{geometry} and centre-cropped to {h}x{w}, then ({rescale} - mean {list(self.mean)}) / std "
-            f"{list(self.std)}"
-        )
+        return f"{geometry} and centre-cropped to {h}x{w}, then {stats}"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Preprocess:
