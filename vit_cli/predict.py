@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     from vit_cli.flags import values
     from vit_common.data.images import Preprocess, list_images, load_image, normalize, open_image
-    from vit_common.naflex import preprocess, stack_patches
+    from vit_common.naflex import check_model, preprocess, stack_patches
     from vit_compare.run_model import class_names, load_with_info, logits
 
     files = list_images(args.images)
@@ -52,9 +52,16 @@ def run(args: argparse.Namespace) -> int:
         args.checkpoint, args.framework, checkpoint_options(args), values(Preprocess, args), args.classes
     )
     cfg = model.cfg
+    if not cfg.num_classes:
+        raise ValueError(
+            f"{args.checkpoint}: the model has no classifier head (num_classes 0), so no classes to rank: "
+            "expected a classifier (vit train --init CHECKPOINT --dataset DATA fine-tunes a head on this backbone)"
+        )
     classes = class_names(info, cfg.num_classes)
     k = min(args.top_k, cfg.num_classes)
     n = info.preprocess.max_patches  # NaFlex: square patches of the model's size, at most n an image
+    if n is not None:
+        check_model(cfg, n, min(args.batch_size, len(files)), str(args.checkpoint))
 
     def naflex(path):
         try:

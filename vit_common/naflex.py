@@ -15,7 +15,8 @@ The model's learned position table (its ``cfg.grid``) is resampled to each image
 ``Siglip2VisionEmbeddings.resize_positional_embeddings`` and big_vision naflex_vit's ``_pos_emb_resize``
 (``jax.image.scale_and_translate(method="bilinear", antialias=True)``). Padding patches take part in no
 attention (as keys) and in no pooling. ``preprocess`` turns a PIL image into one image's patches as
-transformers' ``Siglip2ImageProcessorPil`` does (aspect kept, at most ``max_patches`` patches).
+transformers' ``Siglip2ImageProcessorPil`` does (aspect kept, at most ``max_patches`` patches);
+``check_model`` refuses, before any image is read, a model or a patch budget that cannot run.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess, normalize, to_array, to_channels
 from vit_common.posemb import resample_matrices
+from vit_common.system.validate import memory_limit, model_bytes
 
 
 def check_batch(cfg: ViTConfig, shape: tuple[int, ...], patch_mask, spatial_shapes) -> tuple[np.ndarray, np.ndarray]:
@@ -42,11 +44,7 @@ def check_batch(cfg: ViTConfig, shape: tuple[int, ...], patch_mask, spatial_shap
     (ph, pw), c = cfg.patch_size, cfg.in_chans
     if len(shape) != 3 or shape[2] != ph * pw * c:
         raise ValueError(f"NaFlex patches of shape {tuple(shape)}: expected [B, N, P*P*C = {ph * pw * c}]")
-    if cfg.posemb not in ("learn", "none") or cfg.rope != "none":
-        raise ValueError(
-            f"NaFlex input with posemb={cfg.posemb!r}, rope={cfg.rope!r}: only a learned position table "
-            "(posemb='learn', rope='none') or none is resized per image"
-        )
+    _check_table(cfg)
     b, n = shape[:2]
     shapes = np.asarray(spatial_shapes)
     if shapes.shape != (b, 2) or not np.issubdtype(shapes.dtype, np.integer) or (shapes < 1).any():
@@ -68,6 +66,40 @@ def check_batch(cfg: ViTConfig, shape: tuple[int, ...], patch_mask, spatial_shap
             f"{shapes[i, 0]}x{shapes[i, 1]} needs its first {counts[i]} marked and the rest not"
         )
     return want, shapes
+
+
+def _check_table(cfg: ViTConfig) -> None:
+    if cfg.posemb not in ("learn", "none") or cfg.rope != "none":
+        raise ValueError(
+            f"NaFlex input with posemb={cfg.posemb!r}, rope={cfg.rope!r}: only a learned position table "
+            "(posemb='learn', rope='none') or none is resized per image"
+        )
+
+
+def check_model(cfg: ViTConfig, max_patches: int, batch: int, where: str) -> None:
+    """Refuse NaFlex batches of ``batch`` images of at most ``max_patches`` patches for a model of ``cfg``
+    before any image is read: a position embedding without a per-image resize (as ``check_batch``), or
+    more memory than ``vit_common.system.validate.memory_limit()`` by estimate (``model_bytes`` at
+    ``max_patches`` + prefix tokens, plus the batch's patches float32 and ``position_weights`` float64;
+    the attention logits grow with ``max_patches`` squared).
+
+    Raises:
+        ValueError: one line naming ``where``, the value and what was expected.
+    """
+    try:
+        _check_table(cfg)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}; max_patches={max_patches} is for a model that has one") from e
+    (ph, pw), (gh, gw) = cfg.patch_size, cfg.grid
+    seq = cfg.num_prefix_tokens + max_patches
+    need = model_bytes(cfg, batch, seq) + batch * max_patches * (ph * pw * cfg.in_chans * 4 + gh * gw * 8)
+    limit = memory_limit()
+    if need > limit:
+        raise ValueError(
+            f"{where}: max_patches={max_patches} at a batch of {batch} images needs about {need / 1e9:.3g} GB "
+            f"(attention over {seq} tokens), beyond the limit of {limit / 1e9:.3g} GB: expected fewer patches "
+            "or a smaller batch (VIT_MAX_BYTES raises the limit)"
+        )
 
 
 def position_weights(grid: tuple[int, int], spatial_shapes: np.ndarray, length: int, method: str) -> np.ndarray:
@@ -136,10 +168,20 @@ def preprocess(image, patch: int, max_patches: int, channels: int = 3, preproces
     """One PIL image -> (patches [h*w, P*P*C] float32, (h, w)): resized keeping its aspect ratio to
     ``size_for_max_patches`` with Pillow (``preprocessing.interpolation``, SigLIP 2's bilinear by default),
     rescaled and normalised (``vit_common.data.images.normalize``; default mean = std = 0.5), patchified;
-    transformers ``Siglip2ImageProcessorPil`` bit for bit. ``stack_patches`` makes a batch of them."""
+    transformers ``Siglip2ImageProcessorPil`` bit for bit. ``stack_patches`` makes a batch of them.
+
+    Raises:
+        ValueError: an image so long and thin that one patch across still needs more than ``max_patches``
+            along it (transformers' processor fails on it).
+    """
     preprocessing = preprocessing or Preprocess(interpolation="bilinear")
     image = to_channels(image, channels)
     h, w = size_for_max_patches(image.size[1], image.size[0], patch, max_patches)
+    if (h // patch) * (w // patch) > max_patches:
+        raise ValueError(
+            f"an image of {image.size[0]}x{image.size[1]} pixels needs {h // patch}x{w // patch} patches at "
+            f"the least, more than max_patches={max_patches}"
+        )
     if (w, h) != image.size:
         from PIL import Image
 
