@@ -26,7 +26,8 @@ import math
 import numpy as np
 
 from vit_common.config import ViTConfig
-from vit_common.data.images import Preprocess, normalize, to_array, to_channels
+from vit_common.data.batches import read_example
+from vit_common.data.images import Preprocess, decode_image, from_array, normalize, open_image, to_array, to_channels
 from vit_common.posemb import resample_matrices
 from vit_common.system.validate import memory_limit, model_bytes
 
@@ -205,3 +206,55 @@ def stack_patches(items: list[tuple[np.ndarray, tuple[int, int]]], max_patches: 
             raise ValueError(f"image {i} has {len(p)} patches, more than {max_patches}")
         patches[i, : len(p)], mask[i, : len(p)] = p, True
     return patches, mask, np.array([hw for _, hw in items], np.int64).reshape(len(items), 2)
+
+
+class NaFlexEvalBatches:
+    """One pass over ``source`` (a dataset split: examples {"image": a file path, encoded bytes or a uint8
+    array, "label"}) in order, in batches of at most ``batch_size`` (the last one shorter), each image
+    through ``preprocess`` (square patches of ``patch`` pixels, at most ``preprocessing.max_patches``). A
+    sequence, as ``vit_common.data.batches.EvalBatches``: ``batches[k]`` is {"image": (patches
+    [b, N, P*P*C] float32, patch_mask [b, N] bool, spatial_shapes [b, 2] int64) with N the budget,
+    "label" int32 [b], "mask" float32 [b] (ones)}.
+
+    Raises:
+        ValueError: an empty source, a batch size < 1, a preprocessing without max_patches; on reading,
+            ``vit_common.data.stored_datasets.DataReadError`` naming an example that cannot be read, or
+            does not fit the budget.
+    """
+
+    def __init__(self, source, batch_size: int, patch: int, channels: int, preprocessing: Preprocess):
+        if len(source) == 0:
+            raise ValueError("the evaluation set is empty")
+        if batch_size < 1 or preprocessing.max_patches is None:
+            raise ValueError(f"batch_size={batch_size}, max_patches={preprocessing.max_patches}: expected both >= 1")
+        self.source, self.batch_size, self.patch, self.channels = source, batch_size, patch, channels
+        self.preprocessing = preprocessing
+
+    def __len__(self) -> int:
+        return -(-len(self.source) // self.batch_size)
+
+    def _example(self, image, rng=None) -> tuple[np.ndarray, tuple[int, int]]:
+        if isinstance(image, np.ndarray):
+            image = from_array(image)
+        elif isinstance(image, bytes):
+            image = decode_image(image)
+        else:
+            image = open_image(image)
+        return preprocess(image, self.patch, self.preprocessing.max_patches, self.channels, self.preprocessing)
+
+    def __getitem__(self, k: int) -> dict:
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        lo = k * self.batch_size
+        rows = [
+            read_example(self.source, i, self._example) for i in range(lo, min(lo + self.batch_size, len(self.source)))
+        ]
+        image = stack_patches([r[0] for r in rows], self.preprocessing.max_patches)
+        return {
+            "image": image,
+            "label": np.array([r[1] for r in rows], np.int32),
+            "mask": np.ones(len(rows), np.float32),
+        }
+
+    def __iter__(self):
+        return (self[k] for k in range(len(self)))
