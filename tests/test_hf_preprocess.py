@@ -123,6 +123,16 @@ def test_a_naflex_processor_gives_a_patch_budget_for_the_model_s_patches():
     assert with_overrides(ModelInfo(want, "declared: p"), {"max_patches": 64}, None).preprocess.max_patches == 64
     with pytest.raises(ValueError, match=r"max_patches=64 for a fixed-size model \(preprocessing declared: p\)"):
         with_overrides(ModelInfo(DEFAULTS["ViTImageProcessor"], "declared: p"), {"max_patches": 64}, None)
+    # written: Siglip2ImageProcessor for a NaFlex folder; elsewhere the budget is left out, with a note
+    config, notes = hf_preprocessor_config(want, (32, 32), 3, 8)
+    assert config["image_processor_type"] == "Siglip2ImageProcessor" and notes == []
+    assert hf_preprocess(config, "w", patch_size=8) == want
+    config, notes = hf_preprocessor_config(want, (32, 32), 3)
+    assert hf_preprocess(config, "w") == want.replace(max_patches=None, resize_size=(32, 32))
+    assert notes == ["preprocessor_config.json: the NaFlex patch budget (max_patches=12) is left out; this "
+                     "folder's model takes fixed-size images"]  # fmt: skip
+    fixed, notes = timm_preprocess(want, (32, 32))
+    assert fixed == want.replace(max_patches=None) and "budget (max_patches=12) is left out" in notes[0]
 
 
 def test_a_transformers_geometry_is_one_preprocessing_field_set():

@@ -448,10 +448,11 @@ def hf_preprocessor_config(
     pixels can differ: transformers centres a crop at ``floor((in - out) / 2)``, timm at Python's
     ``round``, one pixel apart where ``in - out`` is 3 mod 4 (always known for 'squash'; on the longer
     side of some images for 'center'). A NaFlex preprocessing (``max_patches``) is Siglip2ImageProcessor's,
-    for square patches of ``patch_size`` pixels.
+    for square patches of ``patch_size`` pixels; without ``patch_size`` (a fixed-size folder) its budget is
+    left out, with a note, and the rest written for (H, W).
 
     Raises:
-        ValueError: mean/std that do not fit C; NaFlex without ``patch_size``; timm's 'center' rule for a
+        ValueError: mean/std that do not fit C; timm's 'center' rule for a
             non-square size (timm ``ResizeKeepRatio``, which no transformers processor computes); a
             transformers geometry whose output is not (H, W).
     """
@@ -461,9 +462,11 @@ def hf_preprocessor_config(
     resample = {v: k for k, v in _HF_RESAMPLE.items()}[preprocess.interpolation]
     stats = {"do_rescale": preprocess.rescale_factor != 1, "rescale_factor": preprocess.rescale_factor}
     stats |= {"do_normalize": True, "image_mean": mean, "image_std": std}
+    if preprocess.max_patches is not None and patch_size is None:
+        config, notes = hf_preprocessor_config(preprocess.replace(max_patches=None), image_size, channels)
+        note = f"preprocessor_config.json: the NaFlex patch budget (max_patches={preprocess.max_patches}) is left out"
+        return config, [f"{note}; this folder's model takes fixed-size images", *notes]
     if preprocess.max_patches is not None:
-        if patch_size is None:
-            raise ValueError(f"max_patches={preprocess.max_patches}: a NaFlex preprocessing needs the patch size")
         naflex = {"patch_size": patch_size, "max_num_patches": preprocess.max_patches}
         return {
             "image_processor_type": "Siglip2ImageProcessor",

@@ -69,6 +69,7 @@ from vit_common.checkpoints.formats.source import HF_INDEX
 from vit_common.checkpoints.formats.tensors import TensorMap, nbytes_of
 from vit_common.checkpoints.formats.timm_state import is_timm
 from vit_common.checkpoints.metadata import (
+    HF_NAFLEX_MODEL_TYPES,
     Declared,
     hf_classes,
     hf_labels,
@@ -243,8 +244,9 @@ class HuggingFace(Format):
             enc.config_json |= hf_labels(classes, enc.cfg.num_classes)
         notes: list[str] = []
         if preprocess is not None:
-            cfg = enc.cfg
-            pre, notes = hf_preprocessor_config(preprocess, cfg.image_size, cfg.in_chans, cfg.patch_size[0])
+            cfg, naflex = enc.cfg, enc.config_json.get("model_type") in HF_NAFLEX_MODEL_TYPES
+            patch = cfg.patch_size[0] if naflex else None  # a fixed-size folder's processor has no budget
+            pre, notes = hf_preprocessor_config(preprocess, cfg.image_size, cfg.in_chans, patch)
             enc.json_files["preprocessor_config.json"] = pre
         return notes
 
