@@ -64,7 +64,7 @@ def naflex_predict(*flags: str, size: tuple[int, int] = (40, 24), label: str = "
     def build(tmp: Path) -> list[str]:
         return ["predict", str(naflex_model(tmp, **model)), str(write_png(tmp / "img.png", size)), *flags]
 
-    build.__name__ = " ".join(["predict NAFLEX", label, *flags, f"{size[0]}x{size[1]}"])
+    build.__name__ = " ".join(filter(None, ["predict NAFLEX", label, *flags, f"{size[0]}x{size[1]}"]))
     return build
 
 
