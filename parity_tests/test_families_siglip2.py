@@ -404,3 +404,30 @@ def test_a_siglip2_folder_s_processor_config_is_its_preprocessing(tmp_path, caps
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
         else:  # a budget of 16: other inputs, other probabilities
             assert np.abs(got - ref.numpy()).max() > 1e-4
+
+
+@pytest.mark.slow
+def test_vit_parity_runs_a_naflex_model_s_images_as_a_naflex_batch(tmp_path):
+    """``run_parity`` with a folder of images of three aspect ratios and a NaFlex model (its stored
+    preprocessing a budget of 16 patches): one NaFlex batch through both twins, every intermediate within
+    the float32 tolerance; a reference library is refused by name (it takes fixed-size images here)."""
+    from PIL import Image
+    from safetensors.numpy import save_file
+
+    from vit_common.checkpoints.formats.canonical import FORMAT_TAG
+    from vit_common.data.images import Preprocess
+    from vit_compare.inference import run_parity
+
+    cfg = ViTConfig(**{**_NAFLEX, "num_classes": 3}, **_NAFLEX_CONFIGS["map"])
+    pre = json.dumps(Preprocess(max_patches=16).to_dict())
+    save_file(random_state(cfg, seed=2, scale=0.3), str(tmp_path / "n.safetensors"),
+              {"format": FORMAT_TAG, "vit_config": cfg.to_json(), "preprocess": pre})  # fmt: skip
+    rng = np.random.default_rng(7)
+    (tmp_path / "images").mkdir()
+    for i, (h, w) in enumerate(((30, 70), (64, 20), (40, 40))):
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / "images" / f"{i}.png")
+    result = run_parity(tmp_path / "n.safetensors", images=tmp_path / "images")
+    assert result.ok and result.images == ["0.png", "1.png", "2.png"] and result.agreement == 1.0
+    assert {r.name for r in result.rows} >= {"patch_embed", "block00", "attn01", "logits"}
+    with pytest.raises(ValueError, match="--against transformers with a NaFlex model's images"):
+        run_parity(tmp_path / "n.safetensors", images=tmp_path / "images", against="transformers")
