@@ -333,7 +333,6 @@ def test_vit_predict_on_a_naflex_model_equals_transformers(framework, tmp_path, 
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.slow
 def test_a_siglip2_folder_s_processor_config_is_its_preprocessing(tmp_path, capsys):
     """A ``Siglip2ForImageClassification`` folder with the preprocessor_config.json transformers writes (one
     file for ``Siglip2ImageProcessor``, its Fast and its Pil class; non-default budget, filter and
