@@ -10,6 +10,7 @@ and the tokenizer"); both must load as they are, equal to transformers' forward 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -330,3 +331,102 @@ def test_vit_predict_on_a_naflex_model_equals_transformers(framework, tmp_path, 
         for t in row["top"]:
             got[t["index"]] = t["probability"]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_a_siglip2_folder_s_processor_config_is_its_preprocessing(tmp_path, capsys):
+    """A ``Siglip2ForImageClassification`` folder with the preprocessor_config.json transformers writes (one
+    file for ``Siglip2ImageProcessor``, its Fast and its Pil class; non-default budget, filter and
+    statistics): read as declared, its patches equal the Pil processor's bit for bit (torchvision's within
+    ``pixels_torchvision``), ``vit info`` names it and ``vit predict`` (no flag) gives the probabilities
+    transformers gives on the Pil processor's output, to 1e-5; ``--max-patches`` changes the budget."""
+    import skimage
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    from vit_cli.main import main
+    from vit_common.checkpoints.metadata import hf_preprocess_file
+    from vit_common.data.images import Preprocess
+    from vit_common.naflex import preprocess, stack_patches
+    from vit_common.tolerance import tolerance
+
+    text = {k: v for k, v in _PUBLISHED["text_config"].items() if k != "model_type"}
+    config = transformers.Siglip2Config(
+        vision_config={**_VISION, "patch_size": 8, "num_patches": 16}, text_config=text, num_labels=5
+    )
+    model = _normal(transformers.Siglip2ForImageClassification._from_config(config, attn_implementation="eager"))
+    model.save_pretrained(tmp_path / "hf")
+    kw = dict(patch_size=8, max_num_patches=12, resample=3, image_mean=[0.4, 0.5, 0.6], image_std=[0.2, 0.3, 0.4])
+    files = []
+    for name in ("Siglip2ImageProcessor", "Siglip2ImageProcessorFast", "Siglip2ImageProcessorPil"):
+        getattr(transformers, name)(**kw).save_pretrained(tmp_path / name)
+        files.append(json.loads((tmp_path / name / "preprocessor_config.json").read_text()))
+    assert files[0] == files[1] == files[2]
+    transformers.Siglip2ImageProcessorPil(**kw).save_pretrained(tmp_path / "hf")
+    want = Preprocess((0.4, 0.5, 0.6), (0.2, 0.3, 0.4), "bicubic", max_patches=12)
+    assert hf_preprocess_file(tmp_path / "hf", "siglip2", 8) == want
+    assert load_checkpoint(tmp_path / "hf").info.preprocess == want
+
+    rng = np.random.default_rng(6)
+    paths = []
+    for i, (h, w) in enumerate(((30, 70), (64, 20), (40, 40), (9, 200))):
+        paths.append(tmp_path / f"{i}.png")
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(paths[-1])
+    ours = stack_patches([preprocess(Image.open(p), 8, 12, 3, want) for p in paths], 12)
+    pil = AutoImageProcessor.from_pretrained(tmp_path / "hf", backend="pil")([Image.open(p) for p in paths])
+    assert np.array_equal(ours[0], np.asarray(pil["pixel_values"])), "pixels differ from Siglip2ImageProcessorPil"
+    assert np.array_equal(ours[1], np.asarray(pil["pixel_attention_mask"]) == 1)
+    assert np.array_equal(ours[2], np.asarray(pil["spatial_shapes"]))
+    # torchvision's bicubic departs from Pillow's on noise shrunk this far (11 levels measured), on photos
+    # within the table's bound (1 level measured)
+    photos = [Image.open(Path(skimage.data_dir) / n).convert("RGB") for n in ("astronaut.png", "coffee.png")]
+    fast = AutoImageProcessor.from_pretrained(tmp_path / "hf", backend="torchvision")(photos)
+    ours = stack_patches([preprocess(im, 8, 12, 3, want) for im in photos], 12)
+    std = np.tile(np.asarray(want.std), 64)  # uint8 levels of the (P, P, C) flattened patches
+    levels = np.abs(ours[0] - np.asarray(fast["pixel_values"], np.float32)) * std * 255
+    assert np.array_equal(ours[2], np.asarray(fast["spatial_shapes"]))
+    assert levels.max() <= tolerance("pixels_torchvision", "uint8")[1], levels.max()
+
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "hf")]) == 0
+    assert "at most 12 patches" in capsys.readouterr().out
+    with torch.no_grad():
+        ref = model(**{k: torch.as_tensor(np.asarray(v)) for k, v in pil.items()}).logits.double().softmax(-1)
+    for flags, expected in (([], ref.numpy()), (["--max-patches", "16"], None)):
+        args = ["predict", str(tmp_path / "hf"), *map(str, paths), "--json", "--top-k", "5", "--framework", "torch"]
+        assert main([*args, *flags]) == 0
+        rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        got = np.zeros((len(rows), 5))
+        for i, row in enumerate(rows):
+            for t in row["top"]:
+                got[i, t["index"]] = t["probability"]
+        if expected is not None:
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+        else:  # a budget of 16: other inputs, other probabilities
+            assert np.abs(got - ref.numpy()).max() > 1e-4
+
+
+@pytest.mark.slow
+def test_vit_parity_runs_a_naflex_model_s_images_as_a_naflex_batch(tmp_path):
+    """``run_parity`` with a folder of images of three aspect ratios and a NaFlex model (its stored
+    preprocessing a budget of 16 patches): one NaFlex batch through both twins, every intermediate within
+    the float32 tolerance; a reference library is refused by name (it takes fixed-size images here)."""
+    from PIL import Image
+    from safetensors.numpy import save_file
+
+    from vit_common.checkpoints.formats.canonical import FORMAT_TAG
+    from vit_common.data.images import Preprocess
+    from vit_compare.inference import run_parity
+
+    cfg = ViTConfig(**{**_NAFLEX, "num_classes": 3}, **_NAFLEX_CONFIGS["map"])
+    pre = json.dumps(Preprocess(max_patches=16).to_dict())
+    save_file(random_state(cfg, seed=2, scale=0.3), str(tmp_path / "n.safetensors"),
+              {"format": FORMAT_TAG, "vit_config": cfg.to_json(), "preprocess": pre})  # fmt: skip
+    rng = np.random.default_rng(7)
+    (tmp_path / "images").mkdir()
+    for i, (h, w) in enumerate(((30, 70), (64, 20), (40, 40))):
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / "images" / f"{i}.png")
+    result = run_parity(tmp_path / "n.safetensors", images=tmp_path / "images")
+    assert result.ok and result.images == ["0.png", "1.png", "2.png"] and result.agreement == 1.0
+    assert {r.name for r in result.rows} >= {"patch_embed", "block00", "attn01", "logits"}
+    with pytest.raises(ValueError, match="--against transformers with a NaFlex model's images"):
+        run_parity(tmp_path / "n.safetensors", images=tmp_path / "images", against="transformers")

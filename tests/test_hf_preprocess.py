@@ -34,6 +34,7 @@ DEFAULTS = {  # what each type computes from a file that names it alone (transfo
     "DINOv3ViTImageProcessor": Preprocess(
         IMAGENET_MEAN, IMAGENET_STD, "bilinear", **SQUASH_224, rescale_before_resize=True
     ),  # rescales, then resizes floats
+    "Siglip2ImageProcessor": Preprocess((0.5,), (0.5,), "bilinear", max_patches=256),  # NaFlex
 }
 
 
@@ -50,7 +51,7 @@ def test_each_type_s_own_defaults_fill_what_the_file_omits(name):
     ("model_type", "name"),
     [("vit", "ViTImageProcessor"), ("vit_mae", "ViTImageProcessor"), ("vit_msn", "ViTImageProcessor"),
      ("ijepa", "ViTImageProcessor"), ("deit", "DeiTImageProcessor"), ("dinov2", "BitImageProcessor"),
-     ("siglip", "SiglipImageProcessor"), ("clip", "CLIPImageProcessor")],
+     ("siglip", "SiglipImageProcessor"), ("clip", "CLIPImageProcessor"), ("siglip2", "Siglip2ImageProcessor")],
 )  # fmt: skip
 def test_a_file_naming_no_type_takes_the_folder_s_model_type(model_type, name):
     assert hf_preprocess({}, "p", model_type) == DEFAULTS[name]
@@ -104,6 +105,37 @@ def test_what_the_project_cannot_compute_is_refused_by_name(keys, named):
     config = {"image_processor_type": "ViTImageProcessor", **keys} if keys else {}
     with pytest.raises(ValueError, match=f"^f.json: cannot read the preprocessing .*{named}"):
         hf_preprocess(config, "f.json")
+
+
+def test_a_naflex_processor_gives_a_patch_budget_for_the_model_s_patches():
+    """Siglip2ImageProcessor (Fast, Pil: one file) reads max_num_patches and patch_size, no size; its patch
+    size must be the model's; a budget is given only to a model that has one, and never with a resize."""
+    saved = {"image_processor_type": "Siglip2ImageProcessor", "max_num_patches": 12, "patch_size": 8, "resample": 3}
+    want = Preprocess((0.5,), (0.5,), "bicubic", max_patches=12)
+    assert hf_preprocess(saved, "p", patch_size=8) == hf_preprocess(saved, "p", patch_size=(8, 8)) == want
+    assert Preprocess.from_dict(json.loads(json.dumps(want.to_dict()))) == want
+    for keys, named in (
+        ({}, "patch_size=8: the model's patches are 16x16 pixels"),
+        ({"size": {"height": 32, "width": 32}}, "'size': not a key the project reads for Siglip2ImageProcessor"),
+        ({"max_num_patches": 0}, "max_num_patches=0: expected a positive integer"),
+    ):
+        with pytest.raises(ValueError, match=f"^p: cannot read the preprocessing .*{named}"):
+            hf_preprocess(saved | keys, "p", patch_size=(16, 16) if not keys else 8)
+    with pytest.raises(ValueError, match=r"max_patches=12 with resize_size=\[32, 32\], crop_pct=1.0"):
+        want.replace(resize_size=(32, 32))
+    assert with_overrides(ModelInfo(want, "declared: p"), {"max_patches": 64}, None).preprocess.max_patches == 64
+    with pytest.raises(ValueError, match=r"max_patches=64 for a fixed-size model \(preprocessing declared: p\)"):
+        with_overrides(ModelInfo(DEFAULTS["ViTImageProcessor"], "declared: p"), {"max_patches": 64}, None)
+    # written: Siglip2ImageProcessor for a NaFlex folder; elsewhere the budget is left out, with a note
+    config, notes = hf_preprocessor_config(want, (32, 32), 3, 8)
+    assert config["image_processor_type"] == "Siglip2ImageProcessor" and notes == []
+    assert hf_preprocess(config, "w", patch_size=8) == want
+    config, notes = hf_preprocessor_config(want, (32, 32), 3)
+    assert hf_preprocess(config, "w") == want.replace(max_patches=None, resize_size=(32, 32))
+    assert notes == ["preprocessor_config.json: the NaFlex patch budget (max_patches=12) is left out; this "
+                     "folder's model takes fixed-size images"]  # fmt: skip
+    fixed, notes = timm_preprocess(want, (32, 32))
+    assert fixed == want.replace(max_patches=None) and "budget (max_patches=12) is left out" in notes[0]
 
 
 def test_a_transformers_geometry_is_one_preprocessing_field_set():
@@ -168,9 +200,9 @@ def test_a_geometry_scales_to_a_new_model_size():
 
 def test_the_written_config_states_every_key_and_reads_back_equal():
     for pp in DEFAULTS.values():
-        config, notes = hf_preprocessor_config(pp, (224, 224), 3)
-        assert hf_preprocess(config, "w") == pp and notes == []
-        assert set(config) - {"crop_size"} == set(
+        config, notes = hf_preprocessor_config(pp, (224, 224), 3, 16)
+        assert hf_preprocess(config, "w", patch_size=16) == pp and notes == []
+        assert pp.max_patches or set(config) - {"crop_size"} == set(
             hf_preprocessor_config(DEFAULTS["ViTImageProcessor"], (224, 224), 3)[0]
         )
     config, notes = hf_preprocessor_config(Preprocess(crop_pct=0.875, crop_mode="center"), (224, 224), 3)

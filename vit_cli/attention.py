@@ -90,7 +90,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="both",
         help="raw attention of the chosen block(s), attention rollout over all blocks, or both",
     )
-    add_image_flags(p)
+    add_image_flags(p, naflex=False)
     p.add_argument("--out", default="attention", help="output folder (default ./attention)")
     p.add_argument("--json", action="store_true", help="print one JSON list (one object per image)")
     p.set_defaults(func=run)

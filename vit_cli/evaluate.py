@@ -31,7 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=HelpFormatter,
         description="Evaluate a checkpoint (any format vit_jax/vit_torch load_model reads, e.g. a run's "
         "model.safetensors) on a dataset: accuracy, per-class accuracy and a confusion-matrix PNG labelled "
-        "with the class names. Images get the checkpoint's preprocessing (vit_common.data.images). When the "
+        "with the class names. Images get the checkpoint's preprocessing (vit_common.data.images; a NaFlex "
+        "model's keep their aspect ratio, at most --max-patches patches each: vit_common.naflex). When the "
         "checkpoint and the dataset both name their classes, labels are matched by name.",
     )
     p.add_argument("checkpoint", help="model file or folder")
@@ -64,8 +65,9 @@ def run(args: argparse.Namespace) -> int:
     from vit_cli.flags import values
     from vit_common.data.augment import ImageTransform
     from vit_common.data.batches import EvalBatches
-    from vit_common.data.datasets import load_dataset
+    from vit_common.data.datasets import load_dataset, read_dataset
     from vit_common.data.images import Preprocess
+    from vit_common.naflex import NaFlexEvalBatches, check_model
     from vit_common.system.io import check_destination, check_writable
     from vit_compare.run_model import class_names, load_with_info, logits
 
@@ -79,16 +81,21 @@ def run(args: argparse.Namespace) -> int:
     model, info = load_with_info(
         args.checkpoint, args.framework, checkpoint_options(args), values(Preprocess, args), args.classes
     )
-    cfg = model.cfg
-    data = load_dataset(
-        args.dataset, cfg.image_size, cfg.in_chans, val_fraction=args.val_fraction, preprocess=info.preprocess
-    )
+    cfg, pp = model.cfg, info.preprocess
+    if pp.max_patches is None:
+        data = load_dataset(args.dataset, cfg.image_size, cfg.in_chans, val_fraction=args.val_fraction, preprocess=pp)
+    else:  # NaFlex: every image at its own size and aspect ratio
+        data = read_dataset(args.dataset, val_fraction=args.val_fraction)
     classes = class_names(info, cfg.num_classes)
     to_model = label_map(data.classes, info.classes, cfg.num_classes, args.dataset)
     source = data.test if args.split == "test" else data.train
-    batches = EvalBatches(
-        source, data.num_classes, args.batch_size, ImageTransform(cfg.image_size, cfg.in_chans, info.preprocess)
-    )
+    if pp.max_patches is None:
+        batches = EvalBatches(
+            source, data.num_classes, args.batch_size, ImageTransform(cfg.image_size, cfg.in_chans, pp)
+        )
+    else:
+        check_model(cfg, pp.max_patches, min(args.batch_size, len(source)), str(args.checkpoint))
+        batches = NaFlexEvalBatches(source, args.batch_size, cfg.patch_size[0], cfg.in_chans, pp)
     outs = tqdm(
         logits(model, args.framework, (b["image"] for b in batches)),
         total=len(batches),

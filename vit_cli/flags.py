@@ -99,12 +99,19 @@ def values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def add_image_flags(p: argparse.ArgumentParser) -> None:
-    """--mean/--std/--interpolation/--crop-pct/--crop-mode (default: the checkpoint's) and --classes."""
+def add_image_flags(p: argparse.ArgumentParser, naflex: bool = True) -> None:
+    """--mean/--std/--interpolation/--crop-pct/--crop-mode/... (default: the checkpoint's) and --classes;
+    ``naflex`` False: without --max-patches (a command that feeds fixed-size images only)."""
     from vit_common.data.images import Preprocess
 
     g = p.add_argument_group("preprocessing (default: what the checkpoint declares, else its format's usual)")
-    add_flags(g, Preprocess, given_only=True, defaults_help=dict.fromkeys(Preprocess.__dataclass_fields__, "see above"))
+    add_flags(
+        g,
+        Preprocess,
+        skip=() if naflex else ("max_patches",),
+        given_only=True,
+        defaults_help=dict.fromkeys(Preprocess.__dataclass_fields__, "see above"),
+    )
     p.add_argument(
         "--classes",
         type=class_list,

@@ -53,12 +53,14 @@ def _checkpoint(args: argparse.Namespace) -> int:
     ckpt = load_checkpoint(src, readers=readers_for(src), **checkpoint_options(args))
     cfg, report = ckpt.cfg, ckpt.report
     if args.json:
-        out = report.to_dict() | {"gflops": cfg.flops() / 1e9, "seq_len": cfg.seq_len}
+        out = report.to_dict() | {"gflops": cfg.flops() / 1e9, "seq_len": cfg.seq_len, "info": ckpt.info.to_dict()}
         print(json.dumps(out))
         return 0
     print(f"{args.source}: {report.format}" + (f" ({report.layout})" if report.layout else ""))
     print(f"  variant         {report.variant}")
     print("\n".join(_summary(cfg)))
+    pp = ckpt.info
+    print(f"  preprocessing   {pp.preprocess.describe(cfg.image_size)}  ({pp.preprocess_source})")
     print("  config          (value, then where it came from)")
     for line in report.provenance_lines():
         print(f"    {line}")

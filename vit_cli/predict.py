@@ -19,7 +19,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Classify images with a checkpoint (any format vit_jax/vit_torch load_model reads). Each "
         "image is decoded upright (EXIF orientation), converted to the model's channels, resized and "
         "centre-cropped and normalised with the checkpoint's preprocessing (vit_common.data.images), as in "
-        "evaluation. Class names come from the checkpoint, the run's config.json beside it, or --classes.",
+        "evaluation; for a NaFlex model (SigLIP 2) resized keeping its aspect ratio to at most --max-patches "
+        "patches (vit_common.naflex). Class names come from the checkpoint, the run's config.json beside it, or "
+        "--classes.",
     )
     p.add_argument("checkpoint", help="model file or folder")
     add_checkpoint_arguments(p)
@@ -32,12 +34,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--framework", choices=("jax", "torch"), default="jax", help="which twin runs the model")
     p.add_argument("--top-k", type=arg(int_in, 1), default=3, help="how many classes to list per image")
     p.add_argument("--batch-size", type=arg(int_in, 1), default=64, help="images per forward pass")
-    p.add_argument(
-        "--max-patches",
-        type=arg(int_in, 1),
-        help="NaFlex (SigLIP 2): each image keeps its aspect ratio, resized to at most this many patches "
-        "(vit_common.naflex.preprocess, transformers' Siglip2ImageProcessor) instead of resized and cropped",
-    )
     add_image_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object per image")
     p.set_defaults(func=run)
@@ -48,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     from vit_cli.flags import values
     from vit_common.data.images import Preprocess, list_images, load_image, normalize, open_image
-    from vit_common.naflex import preprocess, stack_patches
+    from vit_common.naflex import check_model, preprocess, stack_patches
     from vit_compare.run_model import class_names, load_with_info, logits
 
     files = list_images(args.images)
@@ -56,17 +52,28 @@ def run(args: argparse.Namespace) -> int:
         args.checkpoint, args.framework, checkpoint_options(args), values(Preprocess, args), args.classes
     )
     cfg = model.cfg
+    if not cfg.num_classes:
+        raise ValueError(
+            f"{args.checkpoint}: the model has no classifier head (num_classes 0), so no classes to rank: "
+            "expected a classifier (vit train --init CHECKPOINT --dataset DATA fine-tunes a head on this backbone)"
+        )
     classes = class_names(info, cfg.num_classes)
     k = min(args.top_k, cfg.num_classes)
+    n = info.preprocess.max_patches  # NaFlex: square patches of the model's size, at most n an image
+    if n is not None:
+        check_model(cfg, n, min(args.batch_size, len(files)), str(args.checkpoint))
+
+    def naflex(path):
+        try:
+            return preprocess(open_image(path), cfg.patch_size[0], n, cfg.in_chans, info.preprocess)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from e
 
     def batches():
         for lo in range(0, len(files), args.batch_size):
             chunk = files[lo : lo + args.batch_size]
-            if args.max_patches:  # NaFlex: square patches of the model's size
-                patch, n = cfg.patch_size[0], args.max_patches
-                yield stack_patches(
-                    [preprocess(open_image(p), patch, n, cfg.in_chans, info.preprocess) for p in chunk], n
-                )
+            if n is not None:
+                yield stack_patches([naflex(p) for p in chunk], n)
                 continue
             x = np.stack([load_image(p, cfg.image_size, cfg.in_chans, info.preprocess) for p in chunk])
             yield normalize(x, info.preprocess)

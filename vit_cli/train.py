@@ -157,7 +157,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "preprocessing (default: the checkpoint's with --init, else [-1, 1], see vit_common.data.images)"
     )
     add_flags(
-        pre, Preprocess, given_only=True, defaults_help=dict.fromkeys(Preprocess.__dataclass_fields__, "see above")
+        pre,
+        Preprocess,
+        skip=("max_patches",),  # NaFlex training is not built: fixed-size images only
+        given_only=True,
+        defaults_help=dict.fromkeys(Preprocess.__dataclass_fields__, "see above"),
     )
     m = p.add_argument_group(
         "model (a ViTConfig field each; defaults: the demo model, --variant's, or --init's; with --init a field "

@@ -15,7 +15,8 @@ The model's learned position table (its ``cfg.grid``) is resampled to each image
 ``Siglip2VisionEmbeddings.resize_positional_embeddings`` and big_vision naflex_vit's ``_pos_emb_resize``
 (``jax.image.scale_and_translate(method="bilinear", antialias=True)``). Padding patches take part in no
 attention (as keys) and in no pooling. ``preprocess`` turns a PIL image into one image's patches as
-transformers' ``Siglip2ImageProcessorPil`` does (aspect kept, at most ``max_patches`` patches).
+transformers' ``Siglip2ImageProcessorPil`` does (aspect kept, at most ``max_patches`` patches);
+``check_model`` refuses, before any image is read, a model or a patch budget that cannot run.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ import math
 import numpy as np
 
 from vit_common.config import ViTConfig
-from vit_common.data.images import Preprocess, normalize, to_array, to_channels
+from vit_common.data.batches import read_example
+from vit_common.data.images import Preprocess, decode_image, from_array, normalize, open_image, to_array, to_channels
 from vit_common.posemb import resample_matrices
+from vit_common.system.validate import memory_limit, model_bytes
 
 
 def check_batch(cfg: ViTConfig, shape: tuple[int, ...], patch_mask, spatial_shapes) -> tuple[np.ndarray, np.ndarray]:
@@ -42,11 +45,7 @@ def check_batch(cfg: ViTConfig, shape: tuple[int, ...], patch_mask, spatial_shap
     (ph, pw), c = cfg.patch_size, cfg.in_chans
     if len(shape) != 3 or shape[2] != ph * pw * c:
         raise ValueError(f"NaFlex patches of shape {tuple(shape)}: expected [B, N, P*P*C = {ph * pw * c}]")
-    if cfg.posemb not in ("learn", "none") or cfg.rope != "none":
-        raise ValueError(
-            f"NaFlex input with posemb={cfg.posemb!r}, rope={cfg.rope!r}: only a learned position table "
-            "(posemb='learn', rope='none') or none is resized per image"
-        )
+    _check_table(cfg)
     b, n = shape[:2]
     shapes = np.asarray(spatial_shapes)
     if shapes.shape != (b, 2) or not np.issubdtype(shapes.dtype, np.integer) or (shapes < 1).any():
@@ -68,6 +67,40 @@ def check_batch(cfg: ViTConfig, shape: tuple[int, ...], patch_mask, spatial_shap
             f"{shapes[i, 0]}x{shapes[i, 1]} needs its first {counts[i]} marked and the rest not"
         )
     return want, shapes
+
+
+def _check_table(cfg: ViTConfig) -> None:
+    if cfg.posemb not in ("learn", "none") or cfg.rope != "none":
+        raise ValueError(
+            f"NaFlex input with posemb={cfg.posemb!r}, rope={cfg.rope!r}: only a learned position table "
+            "(posemb='learn', rope='none') or none is resized per image"
+        )
+
+
+def check_model(cfg: ViTConfig, max_patches: int, batch: int, where: str) -> None:
+    """Refuse NaFlex batches of ``batch`` images of at most ``max_patches`` patches for a model of ``cfg``
+    before any image is read: a position embedding without a per-image resize (as ``check_batch``), or
+    more memory than ``vit_common.system.validate.memory_limit()`` by estimate (``model_bytes`` at
+    ``max_patches`` + prefix tokens, plus the batch's patches float32 and ``position_weights`` float64;
+    the attention logits grow with ``max_patches`` squared).
+
+    Raises:
+        ValueError: one line naming ``where``, the value and what was expected.
+    """
+    try:
+        _check_table(cfg)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}; max_patches={max_patches} is for a model that has one") from e
+    (ph, pw), (gh, gw) = cfg.patch_size, cfg.grid
+    seq = cfg.num_prefix_tokens + max_patches
+    need = model_bytes(cfg, batch, seq) + batch * max_patches * (ph * pw * cfg.in_chans * 4 + gh * gw * 8)
+    limit = memory_limit()
+    if need > limit:
+        raise ValueError(
+            f"{where}: max_patches={max_patches} at a batch of {batch} images needs about {need / 1e9:.3g} GB "
+            f"(attention over {seq} tokens), beyond the limit of {limit / 1e9:.3g} GB: expected fewer patches "
+            "or a smaller batch (VIT_MAX_BYTES raises the limit)"
+        )
 
 
 def position_weights(grid: tuple[int, int], spatial_shapes: np.ndarray, length: int, method: str) -> np.ndarray:
@@ -136,10 +169,20 @@ def preprocess(image, patch: int, max_patches: int, channels: int = 3, preproces
     """One PIL image -> (patches [h*w, P*P*C] float32, (h, w)): resized keeping its aspect ratio to
     ``size_for_max_patches`` with Pillow (``preprocessing.interpolation``, SigLIP 2's bilinear by default),
     rescaled and normalised (``vit_common.data.images.normalize``; default mean = std = 0.5), patchified;
-    transformers ``Siglip2ImageProcessorPil`` bit for bit. ``stack_patches`` makes a batch of them."""
+    transformers ``Siglip2ImageProcessorPil`` bit for bit. ``stack_patches`` makes a batch of them.
+
+    Raises:
+        ValueError: an image so long and thin that one patch across still needs more than ``max_patches``
+            along it (transformers' processor fails on it).
+    """
     preprocessing = preprocessing or Preprocess(interpolation="bilinear")
     image = to_channels(image, channels)
     h, w = size_for_max_patches(image.size[1], image.size[0], patch, max_patches)
+    if (h // patch) * (w // patch) > max_patches:
+        raise ValueError(
+            f"an image of {image.size[0]}x{image.size[1]} pixels needs {h // patch}x{w // patch} patches at "
+            f"the least, more than max_patches={max_patches}"
+        )
     if (w, h) != image.size:
         from PIL import Image
 
@@ -163,3 +206,55 @@ def stack_patches(items: list[tuple[np.ndarray, tuple[int, int]]], max_patches: 
             raise ValueError(f"image {i} has {len(p)} patches, more than {max_patches}")
         patches[i, : len(p)], mask[i, : len(p)] = p, True
     return patches, mask, np.array([hw for _, hw in items], np.int64).reshape(len(items), 2)
+
+
+class NaFlexEvalBatches:
+    """One pass over ``source`` (a dataset split: examples {"image": a file path, encoded bytes or a uint8
+    array, "label"}) in order, in batches of at most ``batch_size`` (the last one shorter), each image
+    through ``preprocess`` (square patches of ``patch`` pixels, at most ``preprocessing.max_patches``). A
+    sequence, as ``vit_common.data.batches.EvalBatches``: ``batches[k]`` is {"image": (patches
+    [b, N, P*P*C] float32, patch_mask [b, N] bool, spatial_shapes [b, 2] int64) with N the budget,
+    "label" int32 [b], "mask" float32 [b] (ones)}.
+
+    Raises:
+        ValueError: an empty source, a batch size < 1, a preprocessing without max_patches; on reading,
+            ``vit_common.data.stored_datasets.DataReadError`` naming an example that cannot be read, or
+            does not fit the budget.
+    """
+
+    def __init__(self, source, batch_size: int, patch: int, channels: int, preprocessing: Preprocess):
+        if len(source) == 0:
+            raise ValueError("the evaluation set is empty")
+        if batch_size < 1 or preprocessing.max_patches is None:
+            raise ValueError(f"batch_size={batch_size}, max_patches={preprocessing.max_patches}: expected both >= 1")
+        self.source, self.batch_size, self.patch, self.channels = source, batch_size, patch, channels
+        self.preprocessing = preprocessing
+
+    def __len__(self) -> int:
+        return -(-len(self.source) // self.batch_size)
+
+    def _example(self, image, rng=None) -> tuple[np.ndarray, tuple[int, int]]:
+        if isinstance(image, np.ndarray):
+            image = from_array(image)
+        elif isinstance(image, bytes):
+            image = decode_image(image)
+        else:
+            image = open_image(image)
+        return preprocess(image, self.patch, self.preprocessing.max_patches, self.channels, self.preprocessing)
+
+    def __getitem__(self, k: int) -> dict:
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        lo = k * self.batch_size
+        rows = [
+            read_example(self.source, i, self._example) for i in range(lo, min(lo + self.batch_size, len(self.source)))
+        ]
+        image = stack_patches([r[0] for r in rows], self.preprocessing.max_patches)
+        return {
+            "image": image,
+            "label": np.array([r[1] for r in rows], np.int32),
+            "mask": np.ones(len(rows), np.float32),
+        }
+
+    def __iter__(self):
+        return (self[k] for k in range(len(self)))

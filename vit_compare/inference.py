@@ -163,6 +163,21 @@ def load_images(
     return x.transpose(0, 3, 1, 2), [str(p.relative_to(folder)) for p in files]
 
 
+def _naflex_images(folder: str | Path, cfg, preprocess, max_images: int | None):
+    """``load_images`` for a NaFlex model (``preprocess.max_patches``): a NaFlex batch (patches float32,
+    patch_mask, spatial_shapes; ``vit_common.naflex``) of the images at their own aspect ratios."""
+    from vit_common.data.images import list_images, open_image
+    from vit_common.naflex import preprocess as naflex
+    from vit_common.naflex import stack_patches
+
+    folder, n = Path(folder), preprocess.max_patches
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder of images")
+    files = list_images(folder)[:max_images]
+    items = [naflex(open_image(p), cfg.patch_size[0], n, cfg.in_chans, preprocess) for p in files]
+    return stack_patches(items, n), [str(p.relative_to(folder)) for p in files]
+
+
 def _top1_agreement(a: np.ndarray, b: np.ndarray) -> float | None:
     """Fraction of rows whose argmax agrees; None without classes, or where a logit is NaN or Inf (an
     argmax of those means nothing)."""
@@ -222,15 +237,16 @@ def run_parity(
     full matmul precision (no TF32) and compare every intermediate.
 
     ``images``: [B, C, H, W] floats at the model's image size, a folder (``load_images``: its first
-    ``max_images``, with the checkpoint's preprocessing, ``vit_common.checkpoints.metadata.read_info``), or None for
-    ``num_generated`` seeded standard-normal images.
+    ``max_images``, with the checkpoint's preprocessing, ``vit_common.checkpoints.metadata.read_info``; a
+    NaFlex model's as one NaFlex batch, the twins alone compared), or None for ``num_generated`` seeded
+    standard-normal images.
 
     ``dtype`` 'float32' or 'float64' (JAX x64 is switched on for the call). ``load_options`` go to
     ``vit_common.checkpoints.convert.load_checkpoint`` (image_size, num_classes, fmt, config overrides).
 
     Raises:
-        ValueError / FileNotFoundError: bad checkpoint, dtype or library name; ImportError if the
-            --against library is not installed.
+        ValueError / FileNotFoundError: bad checkpoint, dtype or library name, a library with a NaFlex
+            model's images; ImportError if the --against library is not installed.
     """
     import vit_jax
     import vit_jax.runner
@@ -255,13 +271,24 @@ def run_parity(
         for w in info.warnings:
             print(f"vit: warning: {checkpoint}: {w}", file=sys.stderr)
         preprocess = info.preprocess
-        images, image_names = load_images(images, cfg.image_size, cfg.in_chans, preprocess, max_images)
+        if preprocess.max_patches is None:
+            images, image_names = load_images(images, cfg.image_size, cfg.in_chans, preprocess, max_images)
+        elif against is not None:
+            raise ValueError(
+                f"{checkpoint}: --against {against} with a NaFlex model's images: the twins alone are compared"
+            )
+        else:
+            images, image_names = _naflex_images(images, cfg, preprocess, max_images)
     else:
         image_names = [f"image-{i}" for i in range(len(images))]
-    x = np.asarray(images, dtype)
+    if isinstance(images, tuple):  # NaFlex: (patches, patch_mask, spatial_shapes)
+        x = twin_x = (images[0].astype(dtype), *images[1:])
+    else:
+        x = np.asarray(images, dtype)
+        twin_x = x.transpose(0, 2, 3, 1)
     with vit_jax.runner.full_precision(x64=dtype == "float64"):  # float64 parameters need x64 when built
-        _, out_j = vit_jax.runner.intermediates(vit_jax.from_numpy(cfg, state), x.transpose(0, 2, 3, 1))
-    _, out_t = vit_torch.runner.intermediates(vit_torch.from_numpy(cfg, state), x.transpose(0, 2, 3, 1))
+        _, out_j = vit_jax.runner.intermediates(vit_jax.from_numpy(cfg, state), twin_x)
+    _, out_t = vit_torch.runner.intermediates(vit_torch.from_numpy(cfg, state), twin_x)
     out_a = None
     with vit_torch.runner.full_precision():
         if against == "timm":

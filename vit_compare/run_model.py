@@ -67,7 +67,10 @@ def _read(path, readers, options, preprocess: dict | None, classes):
     from vit_common.checkpoints.metadata import with_overrides
 
     ckpt = load_checkpoint(path, readers=readers, **dict(options))
-    info = with_overrides(ckpt.info, preprocess or {}, classes)
+    try:
+        info = with_overrides(ckpt.info, preprocess or {}, classes)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
     block = ckpt.report.assumption_block()
     if block:
         print(f"vit: warning: {path}: {block[0]}", *block[1:], sep="\n", file=sys.stderr)

@@ -45,10 +45,14 @@ def logits(model, batches: Iterable) -> Iterator[np.ndarray]:
                 yield np.asarray(forward(state, x), np.float32)
 
 
-def intermediates(model, images: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """(logits [B, K], {key: array}) of ``model.forward_intermediates`` on ``images`` [B, H, W, C], in
-    ``full_precision`` (float64 arrays on when ``images`` are float64); keys whose value is None (absent
-    in this model) are left out. Arrays keep the model's dtype."""
-    with full_precision(x64=np.asarray(images).dtype == np.float64):
-        out, inter = model.forward_intermediates(jax.numpy.asarray(images))
+def intermediates(model, images) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(logits [B, K], {key: array}) of ``model.forward_intermediates`` on ``images`` [B, H, W, C] or a
+    NaFlex tuple (patches, patch_mask, spatial_shapes), in ``full_precision`` (float64 arrays on when the
+    images are float64); keys whose value is None (absent in this model) are left out. Arrays keep the
+    model's dtype."""
+    x, naflex = images, {}
+    if isinstance(images, tuple):  # NaFlex
+        x, naflex = images[0], {"patch_mask": images[1], "spatial_shapes": images[2]}
+    with full_precision(x64=np.asarray(x).dtype == np.float64):
+        out, inter = model.forward_intermediates(jax.numpy.asarray(x), **naflex)
         return np.asarray(out), {k: np.asarray(v) for k, v in inter.items() if v is not None}

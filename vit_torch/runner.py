@@ -51,10 +51,17 @@ def logits(model: torch.nn.Module, batches: Iterable) -> Iterator[np.ndarray]:
             yield out.float().cpu().numpy()
 
 
-def intermediates(model: torch.nn.Module, images: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """(logits [B, K], {key: array}) of ``model.forward_intermediates`` on ``images`` [B, H, W, C], in
-    ``full_precision`` with no grad; keys whose value is None (absent in this model) are left out. Arrays
-    keep the model's dtype (bfloat16 as ``ml_dtypes.bfloat16``, ``vit_torch.weights.tensor_to_numpy``)."""
+def intermediates(model: torch.nn.Module, images) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(logits [B, K], {key: array}) of ``model.forward_intermediates`` on ``images`` [B, H, W, C] or a
+    NaFlex tuple (patches, patch_mask, spatial_shapes), in ``full_precision`` with no grad; keys whose
+    value is None (absent in this model) are left out. Arrays keep the model's dtype (bfloat16 as
+    ``ml_dtypes.bfloat16``, ``vit_torch.weights.tensor_to_numpy``)."""
     with full_precision(), torch.no_grad():
-        out, inter = model.forward_intermediates(_tensor(model, images))
+        if isinstance(images, tuple):
+            patches, mask, shapes = images
+            device = next(model.parameters()).device
+            x = torch.from_numpy(patches).to(device)
+            out, inter = model.forward_intermediates(x, patch_mask=mask, spatial_shapes=shapes)
+        else:
+            out, inter = model.forward_intermediates(_tensor(model, images))
     return tensor_to_numpy(out), {k: tensor_to_numpy(v) for k, v in inter.items() if v is not None}

@@ -1,5 +1,7 @@
 """Hostile inputs to `vit predict` and `vit evaluate`: NaN weights, a decompression-bomb image, a FIFO,
-a bad flag, a 1,000-class evaluation (its picture and counts bounded)."""
+a bad flag, a 1,000-class evaluation (its picture and counts bounded), a model without a head, and NaFlex
+patch budgets: one beyond memory, one an image cannot fit, one for a fixed-size model, a stored one
+that contradicts itself, an unknown position-table resize."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
+from vit_common.checkpoints.formats.canonical import FORMAT_TAG
 from vit_common.config import ViTConfig
 from vit_common.state import random_state
 
@@ -39,6 +43,42 @@ def _many_classes(tmp: Path, k: int = 1000) -> tuple[Path, Path]:
     x = np.random.default_rng(0).integers(0, 256, (k, 8, 8), np.uint8)
     np.savez(tmp / "k.npz", x=x, y=np.arange(k), x_test=x, y_test=np.arange(k))
     return model, tmp / "k.npz"
+
+
+# SMALL as a NaFlex model: no class token, its table resized per image as SigLIP 2's
+NAFLEX = SMALL.replace(class_token=False, pool="gap", posemb_resample="bilinear_aa")
+
+
+def naflex_model(tmp: Path, preprocess: dict | None = None, cfg: ViTConfig = NAFLEX) -> Path:
+    """``cfg`` in our layout at ``tmp/n.safetensors``, its stored preprocessing a budget of 16 patches."""
+    pre = {"mean": [0.5], "std": [0.5], "max_patches": 16} | (preprocess or {})
+    meta = {"format": FORMAT_TAG, "vit_config": cfg.to_json(), "preprocess": json.dumps(pre)}
+    save_file(random_state(cfg, scale=0.2), str(tmp / "n.safetensors"), meta)
+    return tmp / "n.safetensors"
+
+
+def naflex_predict(*flags: str, size: tuple[int, int] = (40, 24), label: str = "", **model):
+    """``vit predict`` of a NaFlex model (``naflex_model(**model)``, ``label`` saying how it differs) on one
+    PNG of (W, H) = ``size``."""
+
+    def build(tmp: Path) -> list[str]:
+        return ["predict", str(naflex_model(tmp, **model)), str(write_png(tmp / "img.png", size)), *flags]
+
+    build.__name__ = " ".join(filter(None, ["predict NAFLEX", label, *flags, f"{size[0]}x{size[1]}"]))
+    return build
+
+
+def headless_predict(tmp: Path) -> list[str]:
+    cfg = SMALL.replace(num_classes=0)
+    return [
+        "predict",
+        str(ours(tmp / "h.safetensors", cfg.to_json(), random_state(cfg))),
+        str(write_png(tmp / "i.png")),
+    ]
+
+
+def fixed_size_max_patches(tmp: Path) -> list[str]:
+    return ["predict", str(small_model(tmp)), str(write_png(tmp / "img.png")), "--max-patches", "16"]
 
 
 def evaluate_1000_classes(tmp: Path) -> list[str]:
@@ -93,6 +133,32 @@ CASES = [
     # tracebacks instead of named errors
     Case(bomb_predict, r"{tmp}/bomb.png: unreadable image \(Image size \(400000000 pixels\) exceeds limit"),
     Case(fifo_image, r"{tmp}/img.png: a FIFO, expected a regular image file", child=True),
+    Case(headless_predict, r"{tmp}/h.safetensors: the model has no classifier head \(num_classes 0\)"),
+    # NaFlex budgets: memory is checked before any image is read (the batch of 100,000 patches once ran out)
+    Case(
+        naflex_predict("--max-patches", "100000"),
+        r"{tmp}/n.safetensors: max_patches=100000 at a batch of 1 images needs about 80.1 GB \(attention over "
+        r"100000 tokens\), beyond the limit of 4 GB",
+        env={"VIT_MAX_BYTES": "4000000000"},
+    ),
+    Case(
+        naflex_predict("--max-patches", "1", size=(9_000_000, 1)),
+        r"{tmp}/img.png: an image of 9000000x1 pixels needs 1x2 patches at the least, more than max_patches=1",
+    ),
+    Case(fixed_size_max_patches, r"{tmp}/m.safetensors: max_patches=16 for a fixed-size model \(preprocessing"),
+    Case(
+        naflex_predict(preprocess={"crop_pct": 0.9}, label="crop_pct 0.9"),
+        r"{tmp}/n.safetensors metadata: the stored preprocessing .* is invalid \(max_patches=16 with resize_size=None, "
+        r"crop_pct=0.9",
+    ),
+    Case(
+        naflex_predict("--set", "posemb_resample=bicubic_spline"),
+        r"{tmp}/n.safetensors: .*posemb_resample='bicubic_spline': expected one of",
+    ),
+    Case(
+        naflex_predict(cfg=NAFLEX.replace(posemb="sincos2d", posemb_prefix=False), label="sincos2d"),
+        r"{tmp}/n.safetensors: NaFlex input with posemb='sincos2d', rope='none': only a learned position table",
+    ),
     # output that grows with the square of its input: bounded, the results first
     Case(
         evaluate_into("notes.txt/c.png"),

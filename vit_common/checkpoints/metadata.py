@@ -28,7 +28,7 @@ from vit_common.system.validate import regular_file
 _HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 
 # The image-processor classes of the HF ViT-family folders and the defaults each applies to a key its
-# preprocessor_config.json omits: transformers 5.24 models/{vit,deit,siglip,clip,bit}/image_processing_*.py
+# preprocessor_config.json omits: transformers 5.24 models/{vit,deit,siglip,clip,bit,siglip2}/image_processing_*.py
 # (the torchvision and the PIL class of each set the same), over BaseImageProcessor's
 # (image_processing_utils.py: rescale_factor 1/255, default_to_square True; None where nothing is set).
 # IMAGENET_STANDARD_MEAN/STD and OPENAI_CLIP_MEAN/STD: transformers image_utils.py.
@@ -59,6 +59,10 @@ HF_PROCESSORS: dict[str, dict[str, Any]] = {
         "resample": 2, "size": {"height": 224, "width": 224},
         "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225],
     },
+    # NaFlex: no size; each image resized keeping its aspect ratio to at most max_num_patches patches
+    "Siglip2ImageProcessor": _BASE | _STANDARD | {
+        "resample": 2, "size": None, "patch_size": 16, "max_num_patches": 256,
+    },
 }  # fmt: skip
 # The classes that rescale before they resize, so resize floats (DINOv3's overrides ``_preprocess``).
 HF_RESCALE_BEFORE_RESIZE = ("DINOv3ViTImageProcessor",)
@@ -67,12 +71,17 @@ HF_RESCALE_BEFORE_RESIZE = ("DINOv3ViTImageProcessor",)
 HF_MODEL_PROCESSORS = {
     "vit": "ViTImageProcessor", "vit_mae": "ViTImageProcessor", "vit_msn": "ViTImageProcessor",
     "ijepa": "ViTImageProcessor", "deit": "DeiTImageProcessor", "siglip": "SiglipImageProcessor",
-    "clip": "CLIPImageProcessor", "dinov2": "BitImageProcessor",
+    "clip": "CLIPImageProcessor", "dinov2": "BitImageProcessor", "siglip2": "Siglip2ImageProcessor",
 }  # fmt: skip
+# transformers NaFlex folders: a folder without preprocessor_config.json takes their processor's defaults.
+HF_NAFLEX_MODEL_TYPES = ("siglip2", "siglip2_vision_model")
 HF_KEYS_READ = (
     "do_resize", "size", "default_to_square", "resample", "do_center_crop", "crop_size", "do_rescale",
     "rescale_factor", "do_normalize", "image_mean", "image_std", "do_convert_rgb",
 )  # fmt: skip
+# The keys of a NaFlex processor (Siglip2ImageProcessor): it reads no size or crop, but these two.
+HF_NAFLEX_KEYS = ("patch_size", "max_num_patches")
+_GEOMETRY_KEYS = ("size", "default_to_square", "do_center_crop", "crop_size")
 # Keys that name the class or its processor (read by ``_processor_type``, or nothing to compute).
 HF_KEYS_NAMING = ("image_processor_type", "feature_extractor_type", "processor_class", "_processor_class")
 # Keys the processors take that change no pixel at these values (else refused by name): padding off, the
@@ -233,7 +242,7 @@ def _pixels(value: Any, key: str, default_to_square: bool) -> tuple[int, ...]:
     return out
 
 
-def hf_preprocess(config: dict, where: str, model_type: Any = None) -> Preprocess:
+def hf_preprocess(config: dict, where: str, model_type: Any = None, patch_size: Any = None) -> Preprocess:
     """The ``Preprocess`` of a transformers image-processor config (preprocessor_config.json), as its
     processor class computes it: the class's own defaults (``HF_PROCESSORS``) for each key the file
     omits or sets to null, then resize (``size``: {height, width} both sides, {shortest_edge} the shorter
@@ -242,23 +251,29 @@ def hf_preprocess(config: dict, where: str, model_type: Any = None) -> Preproces
     ``image_mean``, ``image_std``). ``model_type`` (the folder's config.json) names the class where the
     file does not. ``do_convert_rgb`` needs nothing: the project always converts to the model's channels
     (transformers without it refuses a grey or RGBA image). ``crop_pct`` is not read by these classes
-    (transformers 5.24 keeps it unused), so it is not read here either.
+    (transformers 5.24 keeps it unused), so it is not read here either. ``Siglip2ImageProcessor`` (NaFlex)
+    reads no size or crop but ``max_num_patches`` (``Preprocess.max_patches``) and ``patch_size``, which
+    must be the model's ``patch_size`` (an int or (P, P); None: not checked).
 
     Raises:
         ValueError: anything the project cannot compute, by name (an unknown processor type or key,
             ``do_resize`` false, ``do_pad`` true, a resample other than nearest/lanczos/bilinear/bicubic,
             a size form it cannot resize to, a shortest-edge resize without a crop (images of varying
-            size), ``do_center_crop`` without ``crop_size``, malformed values); the message names ``where``.
+            size), ``do_center_crop`` without ``crop_size``, malformed values, a NaFlex patch size other
+            than the model's); the message names ``where``.
     """
     try:
         name = _processor_type(config, model_type)
-        unknown = sorted(set(config) - set(HF_KEYS_READ) - set(HF_KEYS_NAMING) - set(HF_KEYS_WITHOUT_EFFECT))
+        naflex = "max_num_patches" in HF_PROCESSORS[name]
+        read = (*(k for k in HF_KEYS_READ if k not in _GEOMETRY_KEYS), *HF_NAFLEX_KEYS) if naflex else HF_KEYS_READ
+        unknown = sorted(set(config) - set(read) - set(HF_KEYS_NAMING) - set(HF_KEYS_WITHOUT_EFFECT))
+        unknown = [k for k in unknown if not (naflex and k in _GEOMETRY_KEYS and config[k] is None)]  # unused
         if unknown:
             raise ValueError(f"{', '.join(map(repr, unknown))}: not a key the project reads for {name}")
         for key, (ok, instead) in HF_KEYS_WITHOUT_EFFECT.items():
             if key in config and not ok(config[key], config):
                 raise ValueError(f"{key}={config[key]!r} ({instead})")
-        got = HF_PROCESSORS[name] | {k: v for k, v in config.items() if k in HF_KEYS_READ and v is not None}
+        got = HF_PROCESSORS[name] | {k: v for k, v in config.items() if k in read and v is not None}
         for key in ("do_resize", "do_center_crop", "do_rescale", "do_normalize", "do_convert_rgb", "default_to_square"):
             if got[key] is not None and not isinstance(got[key], bool):
                 raise ValueError(f"{key}={got[key]!r}: expected true or false")
@@ -267,6 +282,11 @@ def hf_preprocess(config: dict, where: str, model_type: Any = None) -> Preproces
         resample = got["resample"]
         if isinstance(resample, bool) or resample not in _HF_RESAMPLE:
             raise ValueError(f"resample={resample!r} (the project resamples with {_HF_RESAMPLE})")
+        mean, std, rescale = _normalization(got)
+        if naflex:
+            return Preprocess(
+                mean, std, _HF_RESAMPLE[resample], rescale_factor=rescale, max_patches=_naflex_patches(got, patch_size)
+            )
         resize = _pixels(got["size"], "size", got["default_to_square"])
         crop = None
         if got["do_center_crop"]:
@@ -275,13 +295,6 @@ def hf_preprocess(config: dict, where: str, model_type: Any = None) -> Preproces
             crop = _pixels(got["crop_size"], "crop_size", True)
         elif len(resize) == 1:
             raise ValueError(f"size={got['size']!r} without a centre crop (images of varying size)")
-        if got["do_normalize"]:
-            mean, std = (tuple(v) if isinstance(v, list) else (v,) for v in (got["image_mean"], got["image_std"]))
-            if len(set(mean)) == len(set(std)) == 1:  # one value for every channel
-                mean, std = mean[:1], std[:1]
-        else:
-            mean, std = (0.0,), (1.0,)
-        rescale = got["rescale_factor"] if got["do_rescale"] else 1.0
         mode = "center" if len(resize) == 1 else "squash"
         return Preprocess(
             mean, std, _HF_RESAMPLE[resample], 1.0, mode, rescale_factor=rescale, resize_size=resize,
@@ -289,6 +302,28 @@ def hf_preprocess(config: dict, where: str, model_type: Any = None) -> Preproces
         )  # fmt: skip
     except (TypeError, AttributeError, ValueError) as e:
         raise ValueError(f"{where}: cannot read the preprocessing ({e})") from e
+
+
+def _normalization(got: dict) -> tuple[tuple, tuple, float]:
+    """(mean, std, rescale_factor) of a processor's settings ``got`` (one value for every channel kept as one)."""
+    if got["do_normalize"]:
+        mean, std = (tuple(v) if isinstance(v, list) else (v,) for v in (got["image_mean"], got["image_std"]))
+        if len(set(mean)) == len(set(std)) == 1:  # one value for every channel
+            mean, std = mean[:1], std[:1]
+    else:
+        mean, std = (0.0,), (1.0,)
+    return mean, std, got["rescale_factor"] if got["do_rescale"] else 1.0
+
+
+def _naflex_patches(got: dict, patch_size: Any) -> int:
+    """A NaFlex processor's ``max_num_patches``, its ``patch_size`` checked against the model's (``hf_preprocess``)."""
+    for key in HF_NAFLEX_KEYS:
+        if isinstance(got[key], bool) or not isinstance(got[key], int) or got[key] < 1:
+            raise ValueError(f"{key}={got[key]!r}: expected a positive integer")
+    model = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
+    if model is not None and tuple(model) != (got["patch_size"], got["patch_size"]):
+        raise ValueError(f"patch_size={got['patch_size']}: the model's patches are {'x'.join(map(str, model))} pixels")
+    return got["max_num_patches"]
 
 
 def hf_classes(config: dict) -> tuple[str, ...] | None:
@@ -314,6 +349,9 @@ def read_info(src, fmt) -> ModelInfo:
     """
     found = fmt.declared(src)
     info = ModelInfo(fmt.assumed_preprocess, f"assumed: {fmt.assumed_why}")
+    if isinstance(src.config, dict) and src.config.get("model_type") in HF_NAFLEX_MODEL_TYPES:
+        info.preprocess = hf_preprocess({"image_processor_type": "Siglip2ImageProcessor"}, "")
+        info.preprocess_source = "assumed: no preprocessor_config.json; transformers Siglip2ImageProcessor defaults"
     pre = found.preprocess
     if isinstance(pre, Preprocess):
         info.preprocess, info.preprocess_source = pre, f"declared: {found.preprocess_where}"
@@ -331,9 +369,9 @@ def read_info(src, fmt) -> ModelInfo:
     return info
 
 
-def hf_preprocess_file(folder: Path, model_type: Any = None) -> Preprocess | None:
-    """The ``Preprocess`` of ``folder``'s preprocessor_config.json (``hf_preprocess``; ``model_type`` the
-    folder's config.json names), None if it has none.
+def hf_preprocess_file(folder: Path, model_type: Any = None, patch_size: Any = None) -> Preprocess | None:
+    """The ``Preprocess`` of ``folder``'s preprocessor_config.json (``hf_preprocess``; ``model_type`` and
+    ``patch_size`` what the folder's config.json names), None if it has none.
 
     Raises:
         ValueError: the file is not a JSON object, not a regular file (a FIFO, a device), or its
@@ -346,18 +384,31 @@ def hf_preprocess_file(folder: Path, model_type: Any = None) -> Preprocess | Non
     config = read_json(p)
     if not isinstance(config, dict):
         raise ValueError(f"{p}: not a readable JSON object")
-    return hf_preprocess(config, str(p), model_type)
+    return hf_preprocess(config, str(p), model_type, patch_size)
+
+
+def hf_patch_size(config: dict | None) -> Any:
+    """The patch size a transformers config.json names (its own, else its ``vision_config``'s), None if none."""
+    config = config or {}
+    vision = config.get("vision_config")
+    return config.get("patch_size", vision.get("patch_size") if isinstance(vision, dict) else None)
 
 
 def with_overrides(info: ModelInfo, preprocess: dict[str, Any], classes: list[str] | None) -> ModelInfo:
     """``info`` with preprocessing fields and class names given on the command line (provenance 'given').
     A crop_pct or crop_mode without resize_size/crop_size asks for timm's rule: a transformers geometry
-    the file declares is dropped for it.
+    the file declares is dropped for it. ``max_patches`` changes a NaFlex model's patch budget only.
 
     Raises:
-        ValueError: an invalid field value (named).
+        ValueError: an invalid field value (named); max_patches for a fixed-size model (one whose
+            preprocessing has none).
     """
     given = {k: v for k, v in preprocess.items() if v is not None}
+    if given.get("max_patches") is not None and info.preprocess.max_patches is None:
+        raise ValueError(
+            f"max_patches={given['max_patches']} for a fixed-size model (preprocessing {info.preprocess_source}): "
+            "expected a NaFlex model, one whose preprocessing resizes to a patch budget (SigLIP 2 NaFlex)"
+        )
     if {"crop_pct", "crop_mode"} & set(given) and not {"resize_size", "crop_size"} & set(given):
         given |= {"resize_size": None, "crop_size": None}  # timm's size / crop_pct rule asked for
     out = ModelInfo(info.preprocess, info.preprocess_source, info.classes, info.classes_source, list(info.warnings))
@@ -394,7 +445,7 @@ def hf_labels(classes: tuple[str, ...] | list[str] | None, num_classes: int) -> 
 
 
 def hf_preprocessor_config(
-    preprocess: Preprocess, image_size: tuple[int, int], channels: int
+    preprocess: Preprocess, image_size: tuple[int, int], channels: int, patch_size: int | None = None
 ) -> tuple[dict[str, Any], list[str]]:
     """(preprocessor_config.json, notes) of a transformers image processor doing what ``preprocess``
     does at ``image_size`` (H, W) for C = ``channels``: every key stated, so ``hf_preprocess`` reads it
@@ -404,16 +455,32 @@ def hf_preprocessor_config(
     (``size / crop_pct``) becomes the sizes it gives at (H, W); a note says where the pixels can differ:
     transformers centres a crop at ``floor((in - out) / 2)``, timm at Python's ``round``, one pixel apart
     where ``in - out`` is 3 mod 4 (always known for 'squash'; on the longer side of some images for
-    'center').
+    'center'). A NaFlex preprocessing (``max_patches``) is Siglip2ImageProcessor's, for square patches of
+    ``patch_size`` pixels; without ``patch_size`` (a fixed-size folder) its budget is left out, with a
+    note, and the rest written for (H, W).
 
     Raises:
-        ValueError: mean/std that do not fit C; timm's 'center' rule for a non-square size (timm
-            ``ResizeKeepRatio``, which no transformers processor computes); a transformers geometry whose
-            output is not (H, W).
+        ValueError: mean/std that do not fit C; timm's 'center' rule for a
+            non-square size (timm ``ResizeKeepRatio``, which no transformers processor computes); a
+            transformers geometry whose output is not (H, W).
     """
     h, w = image_size
     preprocess.channel_stats(channels)  # raises if mean/std do not fit C
     mean, std = (list(v) * (channels if len(v) == 1 else 1) for v in (preprocess.mean, preprocess.std))
+    resample = {v: k for k, v in _HF_RESAMPLE.items()}[preprocess.interpolation]
+    stats = {"do_rescale": preprocess.rescale_factor != 1, "rescale_factor": preprocess.rescale_factor}
+    stats |= {"do_normalize": True, "image_mean": mean, "image_std": std}
+    if preprocess.max_patches is not None and patch_size is None:
+        config, notes = hf_preprocessor_config(preprocess.replace(max_patches=None), image_size, channels)
+        note = f"preprocessor_config.json: the NaFlex patch budget (max_patches={preprocess.max_patches}) is left out"
+        return config, [f"{note}; this folder's model takes fixed-size images", *notes]
+    if preprocess.max_patches is not None:
+        naflex = {"patch_size": patch_size, "max_num_patches": preprocess.max_patches}
+        return {
+            "image_processor_type": "Siglip2ImageProcessor",
+            "do_resize": True,
+            "resample": resample,
+        } | stats | naflex, []
     notes: list[str] = []
     resize, crop = preprocess.resize_size, preprocess.crop_size
     if resize is None:  # timm's rule, at this size
@@ -448,13 +515,9 @@ def hf_preprocessor_config(
         "image_processor_type": name,
         "do_resize": True,
         "size": size,
-        "resample": {v: k for k, v in _HF_RESAMPLE.items()}[preprocess.interpolation],
+        "resample": resample,
         "do_center_crop": crop is not None,
-        "do_rescale": preprocess.rescale_factor != 1,
-        "rescale_factor": preprocess.rescale_factor,
-        "do_normalize": True,
-        "image_mean": mean,
-        "image_std": std,
+        **stats,
         "do_convert_rgb": True,
     }
     if crop is not None:

@@ -9,6 +9,8 @@ position) (``vit_common.data.batches``).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,17 +18,59 @@ import numpy as np
 from vit_common.data.datasets import natural_images
 from vit_common.data.images import (
     Preprocess,
+    _filter,
+    _size,
     decode_image,
     eval_resize_crop,
     from_array,
     open_image,
-    random_resized_crop,
     to_array,
     to_channels,
 )
 from vit_common.system.validate import Range, check_fields
 
 MIX_MODES = ("batch", "pair", "elem")  # timm's Mixup modes
+
+
+def random_resized_crop(
+    image,
+    size: int | Sequence[int],
+    rng: np.random.Generator,
+    *,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    interpolation: str = "bilinear",
+):
+    """A random crop of area fraction in ``scale`` and aspect ratio in ``ratio`` (log-uniform), resized
+    to ``size`` = (H, W): Inception-style training augmentation.
+
+    The crop is drawn as torchvision's ``RandomResizedCrop.get_params`` draws it (up to 10 tries, then
+    the centre crop of the largest allowed aspect ratio), and cut and resized by one Pillow ``resize``.
+    """
+    h, w = _size(size)
+    iw, ih = image.size
+    area = iw * ih
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    box = None
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(*log_ratio))
+        cw, ch = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
+        if 0 < cw <= iw and 0 < ch <= ih:
+            top, left = int(rng.integers(0, ih - ch + 1)), int(rng.integers(0, iw - cw + 1))
+            box = (left, top, left + cw, top + ch)
+            break
+    if box is None:  # fallback: centre crop, aspect ratio clamped to the allowed range
+        in_ratio = iw / ih
+        if in_ratio < ratio[0]:
+            cw, ch = iw, int(round(iw / ratio[0]))
+        elif in_ratio > ratio[1]:
+            cw, ch = int(round(ih * ratio[1])), ih
+        else:
+            cw, ch = iw, ih
+        top, left = (ih - ch) // 2, (iw - cw) // 2
+        box = (left, top, left + cw, top + ch)
+    return image.resize((w, h), _filter(interpolation), box=box)
 
 
 def _affine(x: np.ndarray, angle: float, zoom: float, dy: int, dx: int) -> np.ndarray:
@@ -55,7 +99,7 @@ class Augment:
     flip. Per batch: mixup or cutmix. Every draw comes from a generator seeded by (seed, position).
 
     crop_scale: random-resized crop (Inception / ImageNet style) of area fraction in [crop_scale, 1]
-        and aspect ratio in [3/4, 4/3], resized to the model's size (``images.random_resized_crop``);
+        and aspect ratio in [3/4, 4/3], resized to the model's size (``random_resized_crop``);
         0 = off (the evaluation resize and crop instead).
     shift: random translation by an integer in [-shift, shift] pixels per axis.
     rotate: random rotation by an angle in [-rotate, rotate] degrees about the image centre.

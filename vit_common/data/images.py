@@ -9,8 +9,8 @@ every command feeds a model the same pixels:
    (Pillow's ``convert`` would clip it); transparency (RGBA, LA, a palette with a transparent index) is
    composited onto white, as transformers' ``image_transforms.convert_to_rgb`` does; palette, CMYK,
    YCbCr and bilevel images are converted by Pillow.
-3. ``eval_resize_crop`` (evaluation, prediction) or ``random_resized_crop`` (training): Pillow resizes,
-   which low-pass filter when shrinking.
+3. ``eval_resize_crop`` (evaluation, prediction; training's crops are in ``vit_common.data.augment``):
+   Pillow resizes, which low-pass filter when shrinking.
 4. ``normalize``: ``(x * rescale_factor - mean) / std`` per channel (rescale_factor 1/255 but where a
    transformers processor says ``do_rescale`` false), float32.
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from vit_common.system.validate import regular_file
+from vit_common.system.validate import Range, regular_file
 
 # The one list of file suffixes read as images (lower case), by every command.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
@@ -71,13 +71,17 @@ class Preprocess:
         rescale_before_resize: resize the pixels as floats, unrounded, instead of as uint8 (transformers
             ``DINOv3ViTImageProcessor``: rescale, resize, normalise). Applied by ``load_image``; datasets
             hold uint8 images, within one level of it.
+        max_patches: NaFlex (SigLIP 2) instead of a resize and crop: each image keeps its aspect ratio,
+            resized to at most this many of the model's patches (``vit_common.naflex.preprocess``;
+            transformers ``Siglip2ImageProcessor``'s ``max_num_patches``). None: a fixed-size image.
 
     Raises:
         ValueError: an unknown filter or crop mode, a std <= 0, a crop_pct outside (0, 1], mean and std
             of different lengths, a rescale_factor that is not a positive finite number, a
             rescale_before_resize that is not a bool, sizes that are not positive integers, or a
             transformers geometry with crop_pct other than 1, a crop_mode that does not match its
-            resize, or a crop without a resize.
+            resize, or a crop without a resize; max_patches not a positive integer, or with a resize, a
+            crop or crop_pct other than 1.
     """
 
     mean: tuple[float, ...] = field(
@@ -109,6 +113,14 @@ class Preprocess:
     )
     rescale_before_resize: bool = field(
         default=False, metadata={"help": "resize float pixels, not uint8 ones (transformers' DINOv3 processor)"}
+    )
+    max_patches: int | None = field(
+        default=None,
+        metadata={
+            "help": "NaFlex (SigLIP 2): keep each image's aspect ratio, resized to at most this many patches "
+            "(vit_common.naflex.preprocess, transformers' Siglip2ImageProcessor) instead of resized and cropped",
+            "range": Range(1, integer=True),
+        },
     )
 
     def __post_init__(self) -> None:
@@ -142,6 +154,13 @@ class Preprocess:
             if len(v) not in lengths or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
                 raise ValueError(f"{name}={list(v)}: expected {' or '.join(map(str, lengths))} positive integers")
             object.__setattr__(self, name, v)
+        if self.max_patches is not None:
+            Range(1, integer=True).check("max_patches", self.max_patches)
+            if self.resize_size is not None or self.crop_pct != 1:
+                raise ValueError(
+                    f"max_patches={self.max_patches} with resize_size={self.resize_size and list(self.resize_size)}, "
+                    f"crop_pct={self.crop_pct}: NaFlex resizes each image itself (expected neither)"
+                )
         if self.resize_size is None:
             if self.crop_size is not None:
                 raise ValueError(f"crop_size={list(self.crop_size)} without resize_size: expected both or neither")
@@ -183,6 +202,10 @@ class Preprocess:
         """What ``eval_resize_crop`` and ``normalize`` do to an image for a model of ``size`` (H, W), in words."""
         h, w = _size(size)
         side = "shorter side" if self.crop_mode == "center" else "both sides"
+        rescale = "pixel / 255" if self.rescale_factor * 255 == 1 else f"pixel * {self.rescale_factor:g}"
+        stats = f"({rescale} - mean {list(self.mean)}) / std {list(self.std)}"
+        if self.max_patches is not None:
+            return f"aspect kept, resized ({self.interpolation}, Pillow) to at most {self.max_patches} patches, {stats}"
         if self.resize_size is None:
             geometry = f"{side} resized ({self.interpolation}, Pillow) to {h}x{w} / {self.crop_pct}"
         else:
@@ -190,11 +213,7 @@ class Preprocess:
             geometry = f"{side} resized ({self.interpolation}, Pillow) to {to} as transformers does"
         if self.rescale_before_resize:
             geometry += " (in float)"
-        rescale = "pixel / 255" if self.rescale_factor * 255 == 1 else f"pixel * {self.rescale_factor:g}"
-        return (
-            f"{geometry} and centre-cropped to {h}x{w}, then ({rescale} - mean {list(self.mean)}) / std "
-            f"{list(self.std)}"
-        )
+        return f"{geometry} and centre-cropped to {h}x{w}, then {stats}"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Preprocess:
@@ -455,47 +474,6 @@ def _transformers_resize_crop(image, size: tuple[int, int], preprocess: Preproce
     h, w = size
     top, left = (rh - h) // 2, (rw - w) // 2  # floor: negative where the crop is larger (Pillow pads with 0)
     return image.crop((left, top, left + w, top + h))
-
-
-def random_resized_crop(
-    image,
-    size: int | Sequence[int],
-    rng: np.random.Generator,
-    *,
-    scale: tuple[float, float] = (0.08, 1.0),
-    ratio: tuple[float, float] = (3 / 4, 4 / 3),
-    interpolation: str = "bilinear",
-):
-    """A random crop of area fraction in ``scale`` and aspect ratio in ``ratio`` (log-uniform), resized
-    to ``size`` = (H, W): Inception-style training augmentation.
-
-    The crop is drawn as torchvision's ``RandomResizedCrop.get_params`` draws it (up to 10 tries, then
-    the centre crop of the largest allowed aspect ratio), and cut and resized by one Pillow ``resize``.
-    """
-    h, w = _size(size)
-    iw, ih = image.size
-    area = iw * ih
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    box = None
-    for _ in range(10):
-        target = area * rng.uniform(scale[0], scale[1])
-        aspect = math.exp(rng.uniform(*log_ratio))
-        cw, ch = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
-        if 0 < cw <= iw and 0 < ch <= ih:
-            top, left = int(rng.integers(0, ih - ch + 1)), int(rng.integers(0, iw - cw + 1))
-            box = (left, top, left + cw, top + ch)
-            break
-    if box is None:  # fallback: centre crop, aspect ratio clamped to the allowed range
-        in_ratio = iw / ih
-        if in_ratio < ratio[0]:
-            cw, ch = iw, int(round(iw / ratio[0]))
-        elif in_ratio > ratio[1]:
-            cw, ch = int(round(ih * ratio[1])), ih
-        else:
-            cw, ch = iw, ih
-        top, left = (ih - ch) // 2, (iw - cw) // 2
-        box = (left, top, left + cw, top + ch)
-    return image.resize((w, h), _filter(interpolation), box=box)
 
 
 # ------------------------------------------------------------------------------------ normalise

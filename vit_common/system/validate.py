@@ -215,12 +215,14 @@ def check_bytes(what: str, need: int) -> None:
         )
 
 
-def model_bytes(cfg, batch: int = 1) -> int:
+def model_bytes(cfg, batch: int = 1, seq: int | None = None) -> int:
     """An estimate of the bytes a model needs: its parameters in ``cfg.param_dtype`` plus one forward
     pass's largest activations in float32 at ``batch`` images (the qkv or MLP hidden tensor of one
-    block, and one block's attention logits)."""
+    block, and one block's attention logits) of ``seq`` tokens (None: those of ``cfg.image_size``)."""
     itemsize = _ITEMSIZE[cfg.param_dtype]
-    seq = cfg.num_prefix_tokens + math.prod(-(-s // p) for s, p in zip(cfg.image_size, cfg.patch_size, strict=True))
+    if seq is None:
+        grid = math.prod(-(-s // p) for s, p in zip(cfg.image_size, cfg.patch_size, strict=True))
+        seq = cfg.num_prefix_tokens + grid
     activations = batch * (seq * max(3 * cfg.width, cfg.mlp_dim) + cfg.num_heads * seq * seq) * 4
     return cfg.param_count() * itemsize + activations
 

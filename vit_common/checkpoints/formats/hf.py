@@ -68,7 +68,15 @@ from vit_common.checkpoints.formats.rules import (
 from vit_common.checkpoints.formats.source import HF_INDEX
 from vit_common.checkpoints.formats.tensors import TensorMap, nbytes_of
 from vit_common.checkpoints.formats.timm_state import is_timm
-from vit_common.checkpoints.metadata import Declared, hf_classes, hf_labels, hf_preprocess_file, hf_preprocessor_config
+from vit_common.checkpoints.metadata import (
+    HF_NAFLEX_MODEL_TYPES,
+    Declared,
+    hf_classes,
+    hf_labels,
+    hf_patch_size,
+    hf_preprocess_file,
+    hf_preprocessor_config,
+)
 from vit_common.config import ViTConfig
 from vit_common.data.images import PRESETS
 from vit_common.system import io
@@ -221,7 +229,8 @@ class HuggingFace(Format):
         found = super().declared(src)
         folder = src.path if src.path.is_dir() else src.path.parent
         model_type = (src.config or {}).get("model_type")
-        pre, pre_where = hf_preprocess_file(folder, model_type), str(folder / "preprocessor_config.json")
+        pre = hf_preprocess_file(folder, model_type, hf_patch_size(src.config))
+        pre_where = str(folder / "preprocessor_config.json")
         if pre is None:
             pre, pre_where = found.preprocess, found.preprocess_where
         classes, classes_where = found.classes, found.classes_where
@@ -235,7 +244,9 @@ class HuggingFace(Format):
             enc.config_json |= hf_labels(classes, enc.cfg.num_classes)
         notes: list[str] = []
         if preprocess is not None:
-            pre, notes = hf_preprocessor_config(preprocess, enc.cfg.image_size, enc.cfg.in_chans)
+            cfg, naflex = enc.cfg, enc.config_json.get("model_type") in HF_NAFLEX_MODEL_TYPES
+            patch = cfg.patch_size[0] if naflex else None  # a fixed-size folder's processor has no budget
+            pre, notes = hf_preprocessor_config(preprocess, cfg.image_size, cfg.in_chans, patch)
             enc.json_files["preprocessor_config.json"] = pre
         return notes
 

@@ -503,7 +503,8 @@ def timm_preprocess(preprocess: Preprocess, image_size: tuple[int, int]) -> tupl
     transformers geometry (``Preprocess.resize_size``, read from a preprocessor_config.json) becomes the
     crop_pct of its crop over its resize, with a note, as timm rounds the crop offset where transformers
     floors it and its resize is ``floor(size / crop_pct)``; ``rescale_before_resize`` is dropped, with a note
-    (timm resizes uint8 pixels).
+    (timm resizes uint8 pixels). A NaFlex patch budget (``max_patches``), which ``pretrained_cfg`` has no key
+    for, is left out with a note.
 
     Raises:
         ValueError: a rescale_factor other than 1/255 (timm's ``ToTensor`` divides by 255), a crop larger
@@ -511,6 +512,11 @@ def timm_preprocess(preprocess: Preprocess, image_size: tuple[int, int]) -> tupl
     """
     if abs(preprocess.rescale_factor * 255 - 1) > 1e-12:
         raise ValueError(f"rescale_factor={preprocess.rescale_factor!r}: timm's pretrained_cfg scales pixels by 1/255")
+    if preprocess.max_patches is not None:
+        fixed, notes = timm_preprocess(preprocess.replace(max_patches=None), image_size)
+        h, w = image_size
+        note = f"pretrained_cfg: the NaFlex patch budget (max_patches={preprocess.max_patches}) is left out"
+        return fixed, [f"{note} (no pretrained_cfg key holds it); {h}x{w} images", *notes]
     notes = []
     if preprocess.rescale_before_resize:
         preprocess = preprocess.replace(rescale_before_resize=False)
