@@ -344,6 +344,21 @@ def test_hostile_input(case, tmp_path, capsys, monkeypatch):
     check_case(case, tmp_path, capsys, monkeypatch)
 
 
+def test_a_resume_that_checks_no_exports_leaves_no_earlier_parity(tmp_path, capsys):
+    """A finished run whose parity.json (vit's) checked its exports, resumed with --no-parity: the exports
+    are written again, and parity.json, which described the earlier ones, is removed with a line saying
+    so (before: it stayed, claiming parity of exports nothing checked)."""
+    data = npz_dataset(tmp_path / "d.npz", [0, 1] * 4)
+    shutil.copytree(_finished_run(tmp_path.parent, data), tmp_path / "run", symlinks=True)
+    io.write_json(tmp_path / "run" / "parity.json", {"ok": True, "agreement": 1.0})
+    capsys.readouterr()
+    assert main([*TRAIN, "--dataset", f"npz:{data}", "--out", str(tmp_path / "run"), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert f"vit train: {tmp_path / 'run' / 'parity.json'} of the earlier exports removed" in err, err
+    assert not (tmp_path / "run" / "parity.json").exists()
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
 # --------------------------------------------------------------------------------- a full disk
 
 
