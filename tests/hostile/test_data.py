@@ -530,6 +530,7 @@ def test_damage_found_mid_run_stops_with_a_checkpoint_and_resumes(
         np.testing.assert_array_equal(resumed[k], v, err_msg=k)
 
 
+@pytest.mark.slow  # two training runs: beyond the fast loop's budget
 def test_damage_found_at_a_mid_run_evaluation_stops_with_a_checkpoint_and_resumes(
     undamaged_run, compile_cache, tmp_path, capsys, monkeypatch
 ):

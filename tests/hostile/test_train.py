@@ -344,6 +344,7 @@ def test_hostile_input(case, tmp_path, capsys, monkeypatch):
     check_case(case, tmp_path, capsys, monkeypatch)
 
 
+@pytest.mark.slow  # a finished run trained and exported again: beyond the fast loop's budget
 def test_a_resume_that_checks_no_exports_leaves_no_earlier_parity(tmp_path, capsys):
     """A finished run whose parity.json (vit's) checked its exports, resumed with --no-parity: the exports
     are written again, and parity.json, which described the earlier ones, is removed with a line saying
