@@ -60,7 +60,13 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
         io.atomic_write(tmp_path / "f.txt", fail)
     with pytest.raises(OSError, match="disk full"):
         io.atomic_write_dir(tmp_path / "d", lambda tmp: fail(str(tmp / "x")))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"] and (tmp_path / "f.txt").read_text() == "old"
+    with pytest.raises(OSError, match="disk full"):  # the folders made for it go too
+        io.atomic_write(tmp_path / "a" / "b" / "f.txt", fail)
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(OSError, match="disk full"):  # those that were there stay
+        io.atomic_write_dir(tmp_path / "kept" / "c" / "d", lambda tmp: fail(str(tmp / "x")))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt", "kept"] and (tmp_path / "f.txt").read_text() == "old"
+    assert not any((tmp_path / "kept").iterdir())
 
 
 def test_log_appends_lines(tmp_path):
@@ -182,9 +188,12 @@ def test_a_folder_lock_is_refused_at_once_naming_the_holder_and_released_by_kill
     with in_place.folder_lock(tmp_path / "run", "vit train"):
         assert (tmp_path / "run" / io.LOCK).read_text() == f"{os.getpid()}\n"
     assert not (tmp_path / "run" / io.LOCK).exists()  # released: nothing left behind
-    with in_place.folder_lock(tmp_path / "new", "vit train"):
+    with in_place.folder_lock(tmp_path / "new" / "runs" / "run", "vit train"):
         pass
-    assert not (tmp_path / "new").exists()  # a folder the lock made, left empty, goes too
+    assert not (tmp_path / "new").exists()  # the folders the lock made, left empty, go too
+    with in_place.folder_lock(tmp_path / "run" / "a" / "b", "vit train"):
+        (tmp_path / "run" / "a" / "notes.txt").write_text("kept\n")
+    assert sorted(p.name for p in (tmp_path / "run").rglob("*")) == ["a", "notes.txt"]  # one not empty stays
 
 
 def test_a_lock_or_log_is_never_opened_through_a_link_nor_a_fifo(tmp_path):

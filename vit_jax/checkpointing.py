@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -209,13 +210,12 @@ class Checkpoints:
 
     def close(self) -> None:
         """Close the manager; after a failed save also remove its incomplete folder (one process; with
-        several, orbax removes it when --resume opens the folder), now that orbax's threads are done."""
+        several, orbax removes it when --resume opens the folder), for good (``_remove_incomplete``)."""
         try:
             self.manager.close()
         finally:
             if self._incomplete is not None and jax.process_count() == 1:
-                for tmp in self.manager.directory.glob(f"{self._incomplete}.orbax-checkpoint-tmp*"):
-                    shutil.rmtree(tmp, ignore_errors=True)
+                _remove_incomplete(self.manager.directory, self._incomplete)
             if not self._failed:  # after a failure orbax's threads may report on: stay quiet to the end
                 self._quiet.remove()
 
@@ -225,9 +225,10 @@ class _OrbaxReportsDropped(logging.Filter):
     report a failed write of its checkpoints through absl, asyncio and concurrent.futures, with tracebacks,
     while ``Checkpoints`` raises the same failure in one line) are dropped, and so are the
     ``RuntimeError('Event loop is closed')`` that tensorstore's done-callbacks report after orbax closed its
-    loop (``formats.closed_loop_dropped``), and asyncio's "exception was never retrieved" reports of an
-    OSError (a failed write of a future orbax left unawaited: its message names no folder); other records
-    and unraisable errors pass."""
+    loop (``formats.closed_loop_dropped``), asyncio's "exception was never retrieved" reports of an
+    OSError (a failed write of a future orbax left unawaited: its message names no folder) and absl's
+    reports of an OSError that a write thread raised ("_SignalingThread.run() raised an exception: [Errno
+    28] No space left on device", naming no folder either); other records and unraisable errors pass."""
 
     LOGGERS = ("absl", "asyncio", "concurrent.futures")
 
@@ -247,13 +248,29 @@ class _OrbaxReportsDropped(logging.Filter):
         error = record.exc_info[1] if record.exc_info else None
         text = record.getMessage() + (repr(error) if error else "")
         unawaited = record.name == "asyncio" and "exception was never retrieved" in text and isinstance(error, OSError)
-        return self.folder not in text and not unawaited
+        thread = record.name == "absl" and isinstance(error, OSError)  # a write thread's own report, naming no file
+        return self.folder not in text and not unawaited and not thread
 
     def remove(self) -> None:
         for name in self.LOGGERS:
             logging.getLogger(name).removeFilter(self)
         if sys.unraisablehook is self._ours:
             sys.unraisablehook = self._hook
+
+
+def _remove_incomplete(directory: Path, step: int, quiet: float = 1.0, limit: float = 30.0) -> None:
+    """Remove the temporary folders of ``step``'s failed save, and again while one reappears within
+    ``quiet`` seconds (at most ``limit`` seconds in all). The save's first error ends orbax's write and
+    closes its asyncio loop while tensorstore's threads go on with the writes already under way (no handle
+    on them reaches Python); one that ran after the removal made the folder again (1 of 6 runs on a full
+    disk under load)."""
+    pattern, deadline = f"{step}.orbax-checkpoint-tmp*", time.monotonic() + limit
+    while True:
+        for tmp in directory.glob(pattern):
+            shutil.rmtree(tmp, ignore_errors=True)
+        time.sleep(quiet)
+        if not any(directory.glob(pattern)) or time.monotonic() > deadline:
+            return
 
 
 def write_error_reason(e: BaseException) -> str:

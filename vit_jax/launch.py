@@ -441,6 +441,11 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     if not lead:
         return 0, None
     with io.overwriting() if resume else contextlib.nullcontext(), _exports_of(out, trainer.total_steps):
+        if (out / "parity.json").exists():  # the check of the exports replaced: nothing stale claims parity
+            io.check_destination(out / "parity.json")  # ours: a fresh run refused any other at its start
+            (out / "parity.json").unlink()
+            if parity is None:
+                log(f"vit train: {out / 'parity.json'} of the earlier exports removed (the new ones are not checked)")
         done = export(
             out,
             cfg.replace(dtype="float32"),

@@ -129,8 +129,9 @@ def fit(
     sums behind the next metrics line, so a resumed run writes the same lines as an uninterrupted one.
     ``stop`` (``vit_jax.preemption.StopSignals``): after every step the run asks it whether to stop; if so
     it saves that step, waits for the write and raises ``Stopped``. A data worker that dies is
-    ``DataWorkerError``, and a training example that cannot be read (damaged after the dataset's
-    up-front check) ``DataReadError``, each raised after saving the step reached (one process; with
+    ``DataWorkerError``, and an example that cannot be read (damaged after the dataset's up-front
+    check: a training batch's, or a test example at an evaluation, which a resumed run takes first)
+    ``DataReadError``, each raised after saving the step reached (one process; with
     several, the others are stopped through ``vit_jax.distributed``), so that ``resume`` continues from
     it once the data is repaired. The test set is evaluated (loss, top-1 and top-5 accuracy)
     every ``eval_every`` epochs, or every ``eval_every_steps`` steps when that is set, and at the end;
@@ -175,8 +176,8 @@ def fit(
         Stopped: ``stop`` asked for it (a signal); its ``step`` is the checkpoint saved.
         DataWorkerError: an input-pipeline worker process died.
         DataReadError: an example of the training set could not be read (naming the step, the file and
-            the record), after the checkpoint of the step reached; one of the test set, at an evaluation
-            (the latest checkpoint kept).
+            the record), or one of the test set at the step's evaluation, after the checkpoint of the step
+            reached (one process; a resumed run takes that evaluation first).
         DestinationError: a fresh run's ``out`` holds a file of ``RUN_FILES`` that vit did not write
             (checked first; a resumed run's config.json proves its files are the run's).
     """
@@ -215,7 +216,7 @@ def fit(
         position, total = it.position, trainer.total_steps  # the steps done: one batch per step
         run = RunState(trainer, state, start=position, total=total, began=0.0, lead=lead, step=position)
         run.sums |= meta.get("metrics") or {}  # the sums behind the next metrics line, as the checkpoint held them
-        hooks, saver = run_hooks(
+        hooks, saver, metrics = run_hooks(
             run,
             options,
             ckpts,
@@ -226,6 +227,9 @@ def fit(
             summaries=_summaries(run, options, ckpts, out, tensorboard, peak_flops, config),
             profile=ProfileWindow(out / "profile", *profile_steps) if profile_steps and lead else None,
         )
+        if meta.get("evaluate"):  # damage stopped this step's evaluation: it is taken first
+            with _evaluating(run, None):
+                metrics.evaluate(run)
         images_per_s = _steps(run, it, hooks, saver, stop)
     except BaseException:
         failed = True
@@ -369,10 +373,24 @@ def _steps(run: RunState, it, hooks: Hooks, saver: _Saver, stop: StopSignals | N
             run.step, run.step_seconds = step + 1, clock() - t0
             if step > run.start:  # the first step of a process includes compilation
                 seen, timed = seen + float(run.metrics["count"]), timed + run.step_seconds
-            hooks.after(run)
+            with _evaluating(run, None if many else saver):
+                hooks.after(run)
     finally:
         hooks.close()
     return seen / timed if timed else None
+
+
+@contextlib.contextmanager
+def _evaluating(run: RunState, saver: _Saver | None):
+    """Damage in the test set found by the evaluation of step ``run.step`` (``DataReadError``, naming the
+    step): the step's state is whole, so ``saver`` (one process) saves it, marked so that a resumed run
+    takes that evaluation first."""
+    try:
+        yield
+    except DataReadError as e:
+        if saver is not None:
+            saver.save(run, evaluate=True)
+        raise DataReadError(f"step {run.step}'s evaluation: {e}") from None
 
 
 def run_hooks(
@@ -386,9 +404,10 @@ def run_hooks(
     stop: StopSignals | None,
     summaries: Summaries | None,
     profile: ProfileWindow | None,
-) -> tuple[Hooks, _Saver]:
-    """The hooks of a run in the order they run after a step (``vit_jax.hooks``), and the checkpoint saver
-    (also called by ``_steps`` when a data worker dies). A new concern is one ``add_hook`` line here."""
+) -> tuple[Hooks, _Saver, _MetricsFile]:
+    """The hooks of a run in the order they run after a step (``vit_jax.hooks``), the checkpoint saver
+    (also called by ``_steps`` when data breaks) and the metrics file (its ``evaluate``, for an evaluation
+    a resumed run takes first). A new concern is one ``add_hook`` line here."""
     t = run.trainer
     hooks = Hooks()
     metrics = _MetricsFile(out / "metrics.jsonl", ckpts, summaries, run.lead)
@@ -410,7 +429,7 @@ def run_hooks(
     hooks.add_hook(saver)
     if stop is not None:
         hooks.add_hook(functools.partial(_stop, stop, ckpts))
-    return hooks, saver
+    return hooks, saver, metrics
 
 
 class _MetricsFile:
@@ -530,11 +549,13 @@ class _Saver:
         self.ckpts, self.every, self.seconds = ckpts, options.ckpt_every, 60.0 * options.ckpt_every_minutes
         self.last = time.perf_counter()
 
-    def save(self, run: RunState, metrics: dict | None = None) -> None:
-        """Step ``run.step``'s state and ``run.sums`` (``metrics``: its evaluation, for ``keep_best``)."""
+    def save(self, run: RunState, metrics: dict | None = None, *, evaluate: bool = False) -> None:
+        """Step ``run.step``'s state and ``run.sums`` (``metrics``: its evaluation, for ``keep_best``;
+        ``evaluate``: the evaluation of the step is still to be taken, a resumed run takes it first)."""
         s = run.step
         if self.ckpts.latest_step() != s:  # a data worker's death right after a step that was saved
-            self.ckpts.save(s, run.state, {"step": s, "metrics": dict(run.sums)}, metrics)
+            meta = {"step": s, "metrics": dict(run.sums)} | ({"evaluate": True} if evaluate else {})
+            self.ckpts.save(s, run.state, meta, metrics)
         self.last = time.perf_counter()
 
     def time_due(self) -> bool:

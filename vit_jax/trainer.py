@@ -420,21 +420,21 @@ _LISTENING = []
 
 
 def enable_compile_cache(directory: str | os.PathLike) -> Path:
-    """Turn on JAX's persistent compilation cache in ``directory`` (made if missing) for every program,
-    however fast it compiled, so that a second run of the same configuration skips XLA compilation.
-    Must run before the first compilation. Returns the directory.
+    """Turn on JAX's persistent compilation cache in ``directory`` for every program, however fast it
+    compiled, so that a second run of the same configuration skips XLA compilation. Must run before the
+    first compilation. Returns the directory. A missing directory is made by JAX at the first compilation
+    (a run refused before it leaves none).
 
     Raises:
         OSError: ``directory`` cannot be made (a file in its place) or is not writable (a read-only
             disk, another user's folder); the message names it and nothing was turned on.
     """
     path = Path(directory).expanduser().absolute()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OSError(f"{path}: cannot be made ({e.strerror})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise OSError(f"{path}: not writable")
+    here = next(p for p in (path, *path.parents) if os.path.lexists(p))  # the folder it is made in
+    if not here.is_dir():
+        raise OSError(f"{path}: cannot be made ({here} is not a folder)")
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise OSError(f"{path}: not writable" if here == path else f"{path}: cannot be made ({here} is not writable)")
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

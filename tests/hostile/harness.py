@@ -188,6 +188,7 @@ def _run(case: Case, tmp: Path, argv: list[str], capsys, monkeypatch) -> tuple[i
             text=True,
             env=env,
             timeout=TIME_LIMIT,
+            cwd=tmp,
         )
     except subprocess.TimeoutExpired:
         pytest.fail(f"hang: {argv} ran past {TIME_LIMIT} s")
@@ -198,12 +199,14 @@ def _run(case: Case, tmp: Path, argv: list[str], capsys, monkeypatch) -> tuple[i
 
 
 def check_case(case: Case, tmp_path: Path, capsys, monkeypatch) -> None:
-    """Build ``case`` in a folder of its own, run it, and check what every hostile input must hold: no
-    traceback, the expected exit code, for an error one ``vit CMD: error:`` line matching ``case.names``,
-    the folder unchanged (but for ``case.creates``), then ``case.check``; processes the builder started
-    (``HOLDERS``) are ended."""
+    """Build ``case`` in a folder of its own, run it there (the working folder: what a command makes
+    under a relative path, a default ``runs/`` included, is in it), and check what every hostile input
+    must hold: no traceback, the expected exit code, for an error one ``vit CMD: error:`` line matching
+    ``case.names``, the folder unchanged (but for ``case.creates``), then ``case.check``; processes the
+    builder started (``HOLDERS``) are ended."""
     tmp = tmp_path / "case"
     tmp.mkdir()
+    monkeypatch.chdir(tmp)
     argv = case.build(tmp)
     capsys.readouterr()
     before = snapshot(tmp)

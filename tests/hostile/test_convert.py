@@ -25,7 +25,7 @@ from vit_common.checkpoints.formats.canonical import FORMAT_TAG
 from vit_common.state import random_state
 from vit_common.system import io
 
-from .harness import SMALL, Case, bare_timm, check_case, child_env, fill_disk, ours, small_model, snapshot
+from .harness import SMALL, Case, bare_timm, check_case, child_env, fill_disk, flag, ours, small_model, snapshot
 
 
 def project_folder(tmp: Path) -> list[str]:
@@ -291,7 +291,11 @@ def user_file_in_orbax(where: str) -> Callable[[Path], list[str]]:
 
 
 CASES = [
-    # nothing of the user's is replaced
+    # nothing of the user's is replaced, no folder made for a refused output
+    Case(
+        flag("convert", "MODEL", "a/b/out.safetensors", "--to", "timm", "--set", "depth=3"),
+        r"{tmp}/m.safetensors: the config \(depth=3, .*\) declares 32,448 parameters besides the head",
+    ),
     Case(project_folder, r"{tmp}/project: a folder holding things vit did not write .*config.json, src"),
     Case(run_folder, r"{tmp}/run: a folder holding things vit did not write .*checkpoints, metrics.jsonl"),
     Case(foreign_npz, r"{tmp}/theirs.npz: exists and vit cannot tell it wrote it; pass --overwrite"),

@@ -432,21 +432,21 @@ def _first_of_step(data, step: int) -> int:
     return TrainPlan(len(data.train), BATCH, 1, 0)[(step - 1) * BATCH]["index"]
 
 
-def _garble_file(data, i: int) -> tuple[Path, str]:
-    """Example ``i``'s image file overwritten; (the file, what the line names)."""
-    path = Path(data.train.name(i))
+def _garble_file(source, i: int) -> tuple[Path, str]:
+    """Example ``i`` of ``source`` (a split) with its image file overwritten; (the file, what the line names)."""
+    path = Path(source.name(i))
     path.write_bytes(b"not an image any more")
     return path, rf"{re.escape(str(path))}: unreadable image"
 
 
-def _garble_record(data, i: int) -> tuple[Path, str]:
-    """Example ``i``'s shard rewritten with that record's image bytes no image (the layout kept); (the
-    shard, what the line names)."""
+def _garble_record(source, i: int) -> tuple[Path, str]:
+    """Example ``i`` of ``source`` (a split) with its shard rewritten, that record's image bytes no image
+    (the layout kept); (the shard, what the line names)."""
     from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
     from vit_common.data.arrayrecord import decode_record, encode_record
 
-    shard, _, k = data.train.name(i).rpartition(": record ")
+    shard, _, k = source.name(i).rpartition(": record ")
     reader = ArrayRecordReader(shard)
     records = reader.read(list(range(reader.num_records())))
     reader.close()
@@ -503,7 +503,7 @@ def test_damage_found_mid_run_stops_with_a_checkpoint_and_resumes(
         i = _first_of_step(data, 3)
         path = Path(data.train.name(i).rpartition(": record ")[0] or data.train.name(i))
         damaged["original"] = (path, path.read_bytes())
-        damaged["names"] = garble(data, i)[1]
+        damaged["names"] = garble(data.train, i)[1]
         return data
 
     monkeypatch.setattr(datasets, "read_dataset", read_then_damage)
@@ -524,6 +524,55 @@ def test_damage_found_mid_run_stops_with_a_checkpoint_and_resumes(
     path, original = damaged["original"]
     path.write_bytes(original)  # repaired: the same bytes (a restored copy)
     assert main([*argv, "--resume"]) == 0
+    resumed = load_file(tmp_path / "run" / "model.safetensors")
+    assert resumed.keys() == undamaged_run.keys()
+    for k, v in undamaged_run.items():
+        np.testing.assert_array_equal(resumed[k], v, err_msg=k)
+
+
+@pytest.mark.slow  # two training runs: beyond the fast loop's budget
+def test_damage_found_at_a_mid_run_evaluation_stops_with_a_checkpoint_and_resumes(
+    undamaged_run, compile_cache, tmp_path, capsys, monkeypatch
+):
+    """A test image breaks after the up-front check passed, found by the evaluation after step 2 (of 3):
+    the run stops with the checkpoint of step 2 (before: the latest checkpoint, here none, so --resume
+    began again at step 0), one line naming the evaluation's step and the file, exit 2; the file
+    restored, --resume takes step 2's evaluation first and ends with the undamaged run's weights, bit for
+    bit."""
+    from safetensors.numpy import load_file
+
+    import vit_common.data.datasets as datasets
+    from vit_jax.checkpointing import saved_steps
+
+    _folder(tmp_path / "imgs", n=6)
+    argv = [*_train_on(f"imagefolder:{tmp_path / 'imgs'}", tmp_path, "--eval-every", "2steps"), *compile_cache]
+    read, damaged = datasets.read_dataset, {}
+
+    def read_then_damage(*args, **kwargs):
+        data = read(*args, **kwargs)
+        path = Path(data.test.name(0))
+        damaged["original"] = (path, path.read_bytes())
+        damaged["names"] = _garble_file(data.test, 0)[1]
+        return data
+
+    monkeypatch.setattr(datasets, "read_dataset", read_then_damage)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    errors = [ln for ln in err.splitlines() if ln.startswith("vit train: error: ")]
+    assert "Traceback" not in err and len(errors) == 1, err
+    assert re.search(rf"error: step 2's evaluation: {damaged['names']}", errors[0]), errors[0]
+    assert errors[0].endswith(
+        "once the data is repaired, the same command with --resume continues from the checkpoint of step 2"
+    )
+    assert saved_steps(tmp_path / "run" / "checkpoints") == [2]
+
+    monkeypatch.setattr(datasets, "read_dataset", read)
+    path, original = damaged["original"]
+    path.write_bytes(original)
+    assert main([*argv, "--resume"]) == 0
+    lines = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "test_loss" in r] == [2, 3]  # step 2's evaluation, taken on resuming
     resumed = load_file(tmp_path / "run" / "model.safetensors")
     assert resumed.keys() == undamaged_run.keys()
     for k, v in undamaged_run.items():

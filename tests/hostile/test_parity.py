@@ -21,15 +21,17 @@ def nan_weights_parity(tmp: Path) -> list[str]:
     return ["parity", str(tmp / "inf.safetensors")]
 
 
-def train_parity_batch(batch: int, train: int, test: int):
-    """``vit train-parity`` with ``--batch-size batch`` on an npz dataset of ``train`` + ``test`` images."""
+def train_parity_batch(batch: int, train: int, test: int, *outputs: str):
+    """``vit train-parity`` with ``--batch-size batch`` on an npz dataset of ``train`` + ``test`` images,
+    writing ``outputs`` (flags, relative paths: refused, it makes none of their folders)."""
 
     def build(tmp: Path) -> list[str]:
         data = npz_dataset(tmp / "d.npz", [0, 1] * (train // 2), [0, 1] * (test // 2))
         tiny = "--image-size 8 --patch-size 4 --width 16 --depth 1 --num-heads 2 --mlp-dim 32".split()
-        return ["train-parity", "--steps", "1", *tiny, "--batch-size", str(batch), "--dataset", f"npz:{data}"]
+        argv = ["train-parity", "--steps", "1", *tiny, "--batch-size", str(batch), "--dataset", f"npz:{data}"]
+        return [*argv, *outputs]
 
-    build.__name__ = f"train-parity batch {batch} of {train} images"
+    build.__name__ = f"train-parity batch {batch} of {train} images{''.join(' ' + o for o in outputs)}"
     return build
 
 
@@ -55,6 +57,10 @@ CASES = [
     # cost out of proportion: padding computed for nothing
     Case(train_parity_batch(9, 8, 4), r"batch_size=9: expected at most the 8 training images of npz:{tmp}/d.npz"),
     Case(train_parity_batch(4096, 6, 2), r"batch_size=4096: expected at most the 6 training images"),
+    Case(
+        train_parity_batch(9, 8, 2, "--json", "a/b/r.json", "--plot", "c/p.png"),
+        r"batch_size=9: expected at most the 8 training images",
+    ),
     # LoRA settings that cannot be (a rank above the width, targets naming no layer, nothing to fine-tune)
     Case(train_parity_lora("--lora", "33"), r"lora=33: expected a rank from 1 to the model's width 32"),
     Case(train_parity_lora("--lora", "0"), r"argument --lora: "),

@@ -165,6 +165,10 @@ CASES = [
         r"{tmp}/notes.txt/c.png: cannot be written \({tmp}/notes.txt is not a folder\)",
     ),
     Case(evaluate_into("photo.png"), r"{tmp}/photo.png: exists and vit cannot tell it wrote it"),
+    Case(  # refused: the folders of a relative --confusion are not made
+        flag("evaluate", "MODEL", "--dataset", "npz:none.npz", "--confusion", "a/b/c.png"),
+        r"none.npz: no such .npz file",
+    ),
     Case(evaluate_1000_classes, "", code=0, child=True, check=_bounded_png, creates=("c.png",)),
     Case(evaluate_1000_classes_csv, "", code=0, child=True, check=_counts_csv, creates=("c.csv",)),
 ]

@@ -213,6 +213,27 @@ def batch_larger_than_the_data(spec: str, batch: int) -> Callable[[Path], list[s
     return build
 
 
+def relative_paths(what: str, *flags: str) -> Callable[[Path], list[str]]:
+    """``vit train`` run in the case's folder with ``flags`` (``{tmp}``: the folder; ``CACHE``: the session's
+    compilation cache) and relative output paths: its run folder ``--out a/b/run`` or, without one, the
+    default ``runs/npz``, perhaps a ``--compile-cache`` folder; refused, or a ``--plan`` that writes
+    nothing. No folder is left that the command made on its way (before: ``runs/``, ``a/b/``, the cache
+    folder stayed, empty)."""
+
+    def build(tmp: Path) -> list[str]:
+        data = npz_dataset(tmp / "d.npz", [0, 1] * 4, [0, 1])
+        given = [f.replace("{tmp}", str(tmp)) for f in flags]
+        given = [x for f in given for x in (cached(tmp.parents[1]) if f == "CACHE" else [f])]
+        return [*TRAIN, "--dataset", f"npz:{data}", *given]
+
+    build.__name__ = f"relative paths, {what}"
+    return build
+
+
+def _plan_printed(tmp: Path, output: str) -> None:
+    assert output.startswith("memory plan per device: "), output
+
+
 def _set(tensor, value):
     tensor.view(-1)[0] = value
 
@@ -260,6 +281,27 @@ CASES = [
         batch_larger_than_the_data("imagefolder", 4096),
         r"batch_size=4096: expected at most the 4 training images of imagefolder:{tmp}/imgs \(a larger batch is",
     ),
+    # nothing left that a refused command made
+    Case(
+        relative_paths("default --out, batch refused", "--batch-size", "9"),
+        r"batch_size=9: expected at most the 8 training images",
+    ),
+    Case(
+        relative_paths(
+            "--init missing", "--out", "a/b/run", "--compile-cache", "c/jax", "--init", "{tmp}/none.safetensors"
+        ),
+        r"{tmp}/none.safetensors: no such file",
+    ),
+    Case(
+        relative_paths("over the device's memory", "--out", "a/b/run", "--device-memory", "1e-5", "CACHE"),
+        r"the training step needs .* per device, beyond the 10.5 KiB of cpu",
+    ),
+    Case(
+        relative_paths("--plan", "--out", "a/b/run", "--device-memory", "1e-5", "--plan", "CACHE"),
+        "",
+        code=0,
+        check=_plan_printed,
+    ),
     Case(train_into_a_user_folder, r"{tmp}/run/config.json: exists and vit cannot tell it wrote it"),
     Case(train_while_another_runs, r"{tmp}/run: in use by another vit train \(pid \d+\)"),
     Case(lock_is_a_link("file"), r"{tmp}/run/.vit-lock: a symbolic link where vit keeps its lock file"),
@@ -300,6 +342,22 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_hostile_input(case, tmp_path, capsys, monkeypatch):
     check_case(case, tmp_path, capsys, monkeypatch)
+
+
+@pytest.mark.slow  # a finished run trained and exported again: beyond the fast loop's budget
+def test_a_resume_that_checks_no_exports_leaves_no_earlier_parity(tmp_path, capsys):
+    """A finished run whose parity.json (vit's) checked its exports, resumed with --no-parity: the exports
+    are written again, and parity.json, which described the earlier ones, is removed with a line saying
+    so (before: it stayed, claiming parity of exports nothing checked)."""
+    data = npz_dataset(tmp_path / "d.npz", [0, 1] * 4)
+    shutil.copytree(_finished_run(tmp_path.parent, data), tmp_path / "run", symlinks=True)
+    io.write_json(tmp_path / "run" / "parity.json", {"ok": True, "agreement": 1.0})
+    capsys.readouterr()
+    assert main([*TRAIN, "--dataset", f"npz:{data}", "--out", str(tmp_path / "run"), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert f"vit train: {tmp_path / 'run' / 'parity.json'} of the earlier exports removed" in err, err
+    assert not (tmp_path / "run" / "parity.json").exists()
+    assert (tmp_path / "run" / "model.safetensors").is_file()
 
 
 # --------------------------------------------------------------------------------- a full disk

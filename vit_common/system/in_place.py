@@ -15,22 +15,29 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from vit_common.system.io import LOCK, DestinationError, check_destination, remember_written, umask
+from vit_common.system.io import (
+    LOCK,
+    DestinationError,
+    check_destination,
+    make_folders,
+    remember_written,
+    remove_empty,
+    umask,
+)
 
 
 @contextlib.contextmanager
 def folder_lock(folder: str | os.PathLike, what: str) -> Iterator[Path]:
     """Hold ``folder``'s lock (``io.LOCK``, an ``fcntl.flock`` the kernel releases when the holder ends,
     killed or not) while the block runs, so that two commands never write one folder at once. The lock
-    file holds the holder's process id and is removed on release, with the folder if the block left it
-    empty and it did not exist before.
+    file holds the holder's process id and is removed on release, with the folder and the parents made for
+    it that are left empty (a refused or plan-only command leaves no folder behind).
 
     Raises:
         DestinationError: another process holds the lock (the message names its pid); raised at once.
     """
     folder = Path(folder)
-    made = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
+    made = make_folders(folder)
     while True:
         fd = _open_lock(folder / LOCK)
         try:
@@ -38,9 +45,7 @@ def folder_lock(folder: str | os.PathLike, what: str) -> Iterator[Path]:
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            if made:
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
+            remove_empty(made)
             raise DestinationError(
                 f"{folder}: in use by another {what} (pid {holder}); wait for it to end or use another folder"
             ) from None
@@ -59,8 +64,7 @@ def folder_lock(folder: str | os.PathLike, what: str) -> Iterator[Path]:
             if os.stat(folder / LOCK, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
                 os.unlink(folder / LOCK)
         os.close(fd)
-        if made and not any(folder.iterdir()):
-            folder.rmdir()
+        remove_empty(made)
 
 
 def _open_lock(path: Path) -> int:

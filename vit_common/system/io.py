@@ -81,11 +81,10 @@ def umask() -> int:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        with contextlib.suppress(PermissionError):  # another user's process: alive
+            os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
-        return True
     return True
 
 
@@ -317,6 +316,20 @@ def check_writable(path: str | os.PathLike, flag: str | None = None, *, folder: 
 FOLDER_OVERHEAD = 256 << 10  # bytes a checkpoint folder needs beside its arrays (metadata, index, block rounding)
 
 
+def make_folders(folder: str | os.PathLike) -> list[Path]:
+    """Make ``folder`` and its missing parents; returns the folders made, innermost first."""
+    made = [p for p in (Path(folder), *Path(folder).parents) if not os.path.lexists(p)]
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return made
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove each of ``folders`` (``make_folders``', in order) that is empty: a failed command's leftovers."""
+    for folder in folders:
+        with contextlib.suppress(OSError):  # rmdir refuses a folder that holds anything
+            folder.rmdir()
+
+
 def check_free_space(folder: str | os.PathLike, nbytes: int) -> None:
     """Raise before a write of about ``nbytes`` (plus ``FOLDER_OVERHEAD``) into ``folder`` that cannot fit
     in the space its file system has free for this user (``os.statvfs``'s ``f_bavail``).
@@ -361,7 +374,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Non
     """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it into place.
 
     Parent folders are created; stale temporaries in the parent are removed first. Nothing is left at
-    ``path`` (or beside it) if ``write`` raises; an existing file at ``path`` stays as it was.
+    ``path``, beside it or in folders made for it if ``write`` raises; an existing file there stays as it was.
 
     Raises:
         DestinationError, IsADirectoryError: see ``check_destination`` (checked before ``write`` runs).
@@ -370,7 +383,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Non
     path = Path(path)
     check_destination(path)
     existed = os.path.lexists(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    made = make_folders(path.parent)
     remove_stale_temporaries(path.parent)
     tmp = ""
     try:
@@ -383,6 +396,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Non
     except BaseException as e:
         if tmp and os.path.exists(tmp):
             os.unlink(tmp)
+        remove_empty(made)
         failed = _failed(path, e, existed)
         if failed is e:
             raise
@@ -404,7 +418,7 @@ def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], object]) -
     path = Path(path)
     check_destination(path, folder=True)
     existed = path.exists()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    made = make_folders(path.parent)
     remove_stale_temporaries(path.parent)
     tmp = old = None
     try:
@@ -429,6 +443,7 @@ def atomic_write_dir(path: str | os.PathLike, write: Callable[[Path], object]) -
             os.replace(old / "x", path)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+        remove_empty(made)
         failed = _failed(path, e, existed)
         if failed is e:
             raise
@@ -483,11 +498,6 @@ def write_json(
     if mark and isinstance(obj, dict) and OWNER_KEY not in obj:
         obj = {**obj, OWNER_KEY: OWNER}
     write_text(path, json_text(obj, indent=indent, sort_keys=sort_keys))
-
-
-def write_jsonl(path: str | os.PathLike, records: list[Mapping[str, Any]]) -> None:
-    """One JSON object per line (sorted keys), written atomically."""
-    write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
 
 JSON_BYTES = 16 << 20  # a bookkeeping JSON file (config, metadata, metrics line) at most: 16 MiB
