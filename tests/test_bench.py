@@ -3,6 +3,7 @@ values, and the FLOPs formula matches XLA's count of the jitted forward."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import jax
@@ -297,3 +298,24 @@ def test_dinov3_row_times_the_twins_beside_timms_eva(tmp_path):
     assert set(by["vit_jax"]["speed_vs"]) == {"vit_torch", "timm"}
     with pytest.raises(ValueError, match="unknown family 'dinov2'"):
         variant_config("dinov2-B/16")
+
+
+@pytest.mark.slow
+def test_rope_speed_records_the_models_and_the_block_shares(tmp_path, capsys):
+    from benchmarks import rope_speed
+
+    out = tmp_path / "rope.json"
+    args = ["--variant", "dinov3-mu/8", "--image-size", "32", "--batch", "2", "--warmup", "0"]
+    assert rope_speed.main([*args, "--repeats", "1", "--block-repeats", "1", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert set(record["model"]) == {"vit_jax", "vit_torch", "timm"}
+    assert set(record["block"]) == {f"vit_jax/{p}" for p in ("rope", "plain", "op")} | {
+        f"vit_torch/{p}" for p in ("rope", "plain", "op", "tables")
+    }
+    timm = record["model"]["timm"]["median_s"]
+    assert record["speed_vs_timm"]["vit_jax"] == pytest.approx(timm / record["model"]["vit_jax"]["median_s"])
+    for twin, share in record["share"].items():
+        rope = record["block"][f"{twin}/rope"]["median_s"]
+        assert share["op_share"] == pytest.approx(record["block"][f"{twin}/op"]["median_s"] / rope)
+    assert record["machine"]["cpu_flags"] == harness.host()["cpu_flags"]
+    assert "speed vs timm's Eva: vit_jax" in capsys.readouterr().out
