@@ -11,6 +11,11 @@ Modes: 'infer' is a forward pass without gradients (eval mode); 'train' is forwa
 loss, backward and an AdamW update (lr 1e-3, weight decay 0.05, the other AdamW constants at the
 shared defaults of optax and torch), with the model in training mode.
 
+Variants: a ``ViTConfig.VARIANTS`` name (``B/16``), or ``dinov3-ROW/P``: the block choices of timm's
+``vit_base_patch16_dinov3`` (RoPE ``dinov3``, 4 registers, LayerScale, average pooling; read off timm's
+own model, ``variant_config``) at the width, depth and heads of row ROW and patch size P. timm's contender
+of a RoPE config is its ``Eva`` (``vit_torch.oracles.timm_model``); Hugging Face's ``ViT`` cannot hold one.
+
 Dtypes: 'float32' everywhere. 'bfloat16' (or 'float16'): inference stores the parameters in that
 dtype too; training keeps float32 parameters and computes in the low dtype (the twins through
 ``cfg.dtype``, timm and HF through ``torch.autocast``).
@@ -27,6 +32,7 @@ import numpy as np
 import vit_common.state
 from vit_common.config import ViTConfig
 
+ROPE_FAMILIES = {"dinov3": "vit_base_patch16_dinov3"}  # variant prefix -> the timm model giving its choices
 CONTENDERS = ("vit_jax", "vit_torch", "vit_torch_compile", "timm", "timm_compile", "hf")
 MODES = ("infer", "train")
 LR, WEIGHT_DECAY = 1e-3, 0.05
@@ -47,6 +53,25 @@ def model_config(cfg: ViTConfig, mode: str, dtype: str) -> ViTConfig:
     """The twins' config for a benchmark: compute dtype, and parameter dtype by the rule above."""
     low = dtype != "float32"
     return cfg.replace(dtype=dtype, param_dtype=dtype if (low and mode == "infer") else "float32")
+
+
+def variant_config(name: str, **overrides) -> ViTConfig:
+    """The config of benchmark variant ``name`` (see module doc) with keyword overrides (e.g. image_size).
+
+    Raises:
+        ValueError: an unknown variant row or family prefix, or overrides ViTConfig refuses (named).
+    """
+    family, sep, rest = name.rpartition("-")
+    if not sep:
+        return ViTConfig.from_name(name, **overrides)
+    if family not in ROPE_FAMILIES:
+        raise ValueError(f"variant {name!r}: unknown family {family!r}; known: {', '.join(ROPE_FAMILIES)}")
+    from vit_torch.timm_models import timm_model_config
+
+    shape = ViTConfig.from_name(rest)
+    base = timm_model_config(ROPE_FAMILIES[family])
+    keep = ("width", "depth", "num_heads", "mlp_dim", "patch_size")
+    return base.replace(**{k: getattr(shape, k) for k in keep} | {"image_size": shape.image_size} | overrides)
 
 
 def random_state(cfg: ViTConfig, seed: int = 0) -> dict[str, np.ndarray]:
@@ -178,7 +203,13 @@ def _torch_model(base: str, cfg: ViTConfig, mode: str, dtype: str):
     if base in ("timm", "timm_compile"):
         from timm.models.vision_transformer import VisionTransformer
 
-        model = VisionTransformer(**peer_config(cfg, "timm"))
+        from vit_common.checkpoints.formats.timm_eva import is_eva
+        from vit_torch.oracles import timm_model
+
+        if is_eva(cfg):  # timm's own initialisation: the values do not change the work
+            model = timm_model(cfg)
+        else:
+            model = VisionTransformer(**peer_config(cfg, "timm"))
     else:
         import transformers
 

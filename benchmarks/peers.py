@@ -29,6 +29,7 @@ def peer_config(cfg: ViTConfig, library: str) -> dict[str, Any]:
         "dynamic_img_size": cfg.dynamic_img_size,
         "dynamic_img_pad": cfg.dynamic_img_pad,
         "dist_token": cfg.dist_token,  # the peers are built as plain ViTs
+        "rope": cfg.rope != "none",  # timm's RoPE models are Eva (contenders._torch_model)
     }
     if library == "hf":  # ViTForImageClassification: class token, learned pos_embed with a class row
         unsupported |= {

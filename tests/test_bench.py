@@ -3,6 +3,7 @@ values, and the FLOPs formula matches XLA's count of the jitted forward."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import jax
@@ -270,3 +271,51 @@ def test_cpu_info_names_the_extensions_that_tell_cpus_apart():
     assert harness.cpu_info(epyc) == ("AMD EPYC", ["sse4_2", "avx", "avx2", "fma"])
     assert harness.cpu_info("") == (None, [])
     assert set(harness.host()) == {"cpu", "cpu_flags", "cores", "load_avg"}
+
+
+def test_dinov3_row_times_the_twins_beside_timms_eva(tmp_path):
+    """``dinov3-ROW/P``: timm ``vit_base_patch16_dinov3``'s choices at ROW's shape; timm's contender is its
+    ``Eva``, and Hugging Face's ViT, which has no RoPE, is reported as unable."""
+    from benchmarks.contenders import variant_config
+
+    out = tmp_path / "bench.jsonl"
+    args = ["bench", "--variants", "dinov3-mu/8", "--image-size", "32", "--batch", "2", "--modes", "infer"]
+    args += ["--contenders", "vit_jax,vit_torch,timm,hf", "--repeats", "1", "--warmup", "0", "--matmul-n", "32"]
+    assert main([*args, "--out", str(out)]) == 0
+    cfg = variant_config("dinov3-mu/8", image_size=32)
+    assert (cfg.rope, cfg.rope_layout, cfg.reg_tokens, cfg.width, cfg.depth, cfg.patch_size) == (
+        "dinov3",
+        "half",
+        4,
+        32,
+        1,
+        (8, 8),
+    )
+    by = {r["contender"]: r for r in report.read_jsonl(out)}
+    assert all(r["config"] == cfg.to_dict() for r in by.values())
+    assert by["hf"]["error"].startswith("ValueError: hf cannot express") and "rope='dinov3'" in by["hf"]["error"]
+    assert all(by[c]["error"] is None and by[c]["median_s"] > 0 for c in ("vit_jax", "vit_torch", "timm"))
+    assert set(by["vit_jax"]["speed_vs"]) == {"vit_torch", "timm"}
+    with pytest.raises(ValueError, match="unknown family 'dinov2'"):
+        variant_config("dinov2-B/16")
+
+
+@pytest.mark.slow
+def test_rope_speed_records_the_models_and_the_block_shares(tmp_path, capsys):
+    from benchmarks import rope_speed
+
+    out = tmp_path / "rope.json"
+    args = ["--variant", "dinov3-mu/8", "--image-size", "32", "--batch", "2", "--warmup", "0"]
+    assert rope_speed.main([*args, "--repeats", "1", "--block-repeats", "1", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert set(record["model"]) == {"vit_jax", "vit_torch", "timm"}
+    assert set(record["block"]) == {f"vit_jax/{p}" for p in ("rope", "plain", "op")} | {
+        f"vit_torch/{p}" for p in ("rope", "plain", "op", "tables")
+    }
+    timm = record["model"]["timm"]["median_s"]
+    assert record["speed_vs_timm"]["vit_jax"] == pytest.approx(timm / record["model"]["vit_jax"]["median_s"])
+    for twin, share in record["share"].items():
+        rope = record["block"][f"{twin}/rope"]["median_s"]
+        assert share["op_share"] == pytest.approx(record["block"][f"{twin}/op"]["median_s"] / rope)
+    assert record["machine"]["cpu_flags"] == harness.host()["cpu_flags"]
+    assert "speed vs timm's Eva: vit_jax" in capsys.readouterr().out

@@ -19,9 +19,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "vit_jax (jit), vit_torch (eager and torch.compile), timm and Hugging Face ViT on one config and "
         "dtype, interleaved A B C A B C beside a large matmul. Prints a table; writes JSON lines (--out) "
         "and a markdown table (--markdown) when asked. Defaults depend on the device: CPU float32, "
-        "batch 8, Ti/S/B; GPU bfloat16, batch 256, Ti/S/B/L.",
+        "batch 8, Ti/S/B and a DINOv3-shaped B/16 (RoPE); GPU bfloat16, batch 256, Ti/S/B/L and the DINOv3 row.",
     )
-    p.add_argument("--variants", type=_csv, default=None, help="comma-separated, e.g. Ti/16,S/16,B/16")
+    p.add_argument(
+        "--variants",
+        type=_csv,
+        default=None,
+        help="comma-separated, e.g. Ti/16,S/16,B/16; dinov3-B/16: timm vit_base_patch16_dinov3's blocks (RoPE) at B/16",
+    )
     p.add_argument("--batch", type=arg(int_in, 1), default=None, help="images per step (default 8 CPU, 256 GPU)")
     p.add_argument(
         "--dtype",
@@ -72,8 +77,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from benchmarks.contenders import CONTENDERS, check
-    from vit_common.config import ViTConfig
+    from benchmarks.contenders import CONTENDERS, check, variant_config
 
     if args.cpus:
         if not all(c.isdigit() for c in args.cpus):
@@ -98,9 +102,9 @@ def run(args: argparse.Namespace) -> int:
     from benchmarks import harness, report
 
     gpu = jax.default_backend() == "gpu"
-    variants = args.variants or ["Ti/16", "S/16", "B/16"] + (["L/16"] if gpu else [])
+    variants = args.variants or ["Ti/16", "S/16", "B/16"] + (["L/16"] if gpu else []) + ["dinov3-B/16"]
     overrides = {} if args.image_size is None else {"image_size": args.image_size}
-    cfgs = {v: ViTConfig.from_name(v, **overrides) for v in variants}  # ValueError on a bad name
+    cfgs = {v: variant_config(v, **overrides) for v in variants}  # ValueError on a bad name
     names = args.contenders or [c for c in CONTENDERS if gpu or c != "timm_compile"]
     batch = args.batch or (256 if gpu else 8)
     dtype = args.dtype or ("bfloat16" if gpu else "float32")
