@@ -146,6 +146,7 @@ def phases_child(out: str, argv: list[str]) -> int:
     """``vit train argv`` in this process with ``PHASES`` timed; {"spans", "main_start", "main_end"}
     (time.time() values) written to ``out`` as JSON."""
     main_start = time.time()
+    print(f"{MARK}+cli", file=sys.stderr, flush=True)
     timed = _Timed()
     sys.meta_path.insert(0, timed)
     from vit_cli.main import main as vit
@@ -162,10 +163,10 @@ def phases_child(out: str, argv: list[str]) -> int:
 def import_times(stderr: str) -> tuple[dict[str, float], dict[str, float]]:
     """({top-level package: seconds}, {phase: seconds}) from ``python -X importtime``'s lines (each
     module's self time), a module's phase the innermost one open when it was imported (``MARK`` lines;
-    "cli" outside every phase)."""
+    "python" before the first)."""
     packages: dict[str, int] = {}  # microseconds
     phases: dict[str, int] = {}
-    open_phases = ["cli"]
+    open_phases = ["python"]
     for line in stderr.splitlines():
         if line.startswith(MARK):
             mark = line[len(MARK) :]

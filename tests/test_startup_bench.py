@@ -70,6 +70,8 @@ def test_phases_sum_to_the_wall_time_and_imports_go_to_the_open_phase():
     stderr = "\n".join(
         [
             "import time: self [us] | cumulative | imported package",
+            "import time:     10000 |      10000 | encodings",
+            f"{startup.MARK}+cli",
             "import time:    200000 |     200000 | jax",
             f"{startup.MARK}+run",
             "import time:    100000 |     300000 |   torch.nn",
@@ -80,4 +82,6 @@ def test_phases_sum_to_the_wall_time_and_imports_go_to_the_open_phase():
             f"{startup.MARK}-",
         ]
     )
-    assert startup.import_times(stderr) == ({"torch": 0.15, "jax": 0.2}, {"cli": 0.2, "run": 0.1, "dataset": 0.05})
+    packages, phases = startup.import_times(stderr)
+    assert packages == {"jax": 0.2, "torch": 0.15, "encodings": 0.01}
+    assert phases == {"python": 0.01, "cli": 0.2, "run": 0.1, "dataset": 0.05}
