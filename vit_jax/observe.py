@@ -56,8 +56,8 @@ WANDB_EXTRA = install_hint("wandb")
 def tensorboardx() -> tuple:
     """tensorboardX's (``EventsWriter``, ``Event``, ``SessionLog``, ``summary.scalar``). Its package
     imports torch where it can, for the type annotations of a ``SummaryWriter`` this module does not use
-    (seconds: a JAX run needs no torch), so torch is hidden while tensorboardX loads, unless imported."""
-    hide = "torch" not in sys.modules
+    (seconds: a JAX run needs no torch), so torch is hidden while tensorboardX first loads, unless imported."""
+    hide = "torch" not in sys.modules and "tensorboardX" not in sys.modules
     if hide:
         sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects
     try:
