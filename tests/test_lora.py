@@ -14,6 +14,8 @@ import pytest
 from flax import nnx
 
 from vit_cli.main import main
+from vit_common.checkpoints import adapter
+from vit_common.checkpoints.adapter import installed_transformers, spelling_warning
 from vit_common.data.augment import Augment
 from vit_common.tolerance import compare
 from vit_common.training.train_config import TrainConfig
@@ -171,22 +173,28 @@ def test_bad_lora_input_exits_2_with_one_line_writing_nothing(lora_run, capsys, 
     except SystemExit as e:  # argparse's refusal of a flag's value
         code = e.code
     assert code == 2
-    last = capsys.readouterr().err.splitlines()[-1]
-    assert last.startswith("vit train: error: ") and message in last, last
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("vit train: error: ") and message in err[-1], err[-1]
+    assert not any("fine-tuning" in line for line in err)  # refused before the checkpoint's report
     assert not out.exists()
 
 
 def test_a_lora_run_resumes_and_exports_plain_weights(lora_run, capsys):
     """One epoch with checkpoints, then --resume to two: the exports are plain timm tensors, the layers
-    without adapters (norms, embeddings) bit for bit the source's."""
+    without adapters (norms, embeddings) bit for bit the source's; the summary names the adapter folder,
+    and a v4 folder written where transformers 5 is installed is warned of."""
     from safetensors.numpy import load_file
 
     args, out, src = lora_run
     args = [*args, "--lora", "2", "--lora-targets", "qkv,fc2", "--lora-dropout", "0.1"]
-    args += ["--ckpt-every", "1", "--lr", "0.05"]
+    args += ["--ckpt-every", "1", "--lr", "0.05", "--export-adapter", "v4"]
     assert main([*args, "--epochs", "1"]) == 0  # 12 training images in batches of 4: 3 steps
+    printed = capsys.readouterr()
     # adapters: qkv 16 x 2 + 2 x 48, fc2 32 x 2 + 2 x 16; the 2-class head 16 x 2 + 2
-    assert "LoRA rank 2 on qkv,fc2: 258 of 3,394 parameters trained" in capsys.readouterr().err
+    assert "LoRA rank 2 on qkv,fc2: 258 of 3,394 parameters trained" in printed.err
+    assert f"PEFT adapter folder: {out / 'adapter_peft'}\n" in printed.out
+    warned = "vit train: warning: --export-adapter v4: the installed transformers" in printed.err
+    assert warned == (int((installed_transformers() or "4").split(".")[0]) >= 5)
     assert main([*args, "--epochs", "2", "--resume", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert (summary["start"], summary["steps"]) == (3, 6)
@@ -194,3 +202,19 @@ def test_a_lora_run_resumes_and_exports_plain_weights(lora_run, capsys):
     assert back.keys() == source.keys()
     changed = sorted(k for k in source if not np.array_equal(back[k], source[k]))
     assert changed == ["blocks.0.attn.qkv.weight", "blocks.0.mlp.fc2.weight", "head.bias", "head.weight"]
+
+
+@pytest.mark.parametrize(
+    "installed, spelling, warns",
+    [("5.24.0", "v4", "the installed transformers 5.24.0 names this model's modules in its v5 spelling"),
+     ("4.57.1", "v5", "where transformers 5 or later is installed, or pass --export-adapter v4"),
+     ("5.0.0", "v5", None), ("4.57.1", "v4", None), (None, "v4", None)],
+)  # fmt: skip
+def test_an_adapter_the_installed_transformers_cannot_load_is_warned_of(
+    tiny_cfg, monkeypatch, installed, spelling, warns
+):
+    """peft with transformers 5 finds no module of a v4 folder (NoMatchingPeftModuleError) and with 4 none
+    of a v5 folder: the run says so in one line."""
+    monkeypatch.setattr(adapter, "installed_transformers", lambda: installed)
+    warning = spelling_warning(tiny_cfg, "timm", spelling)
+    assert warning is None if warns is None else warns in warning and "NoMatchingPeftModuleError" in warning

@@ -249,3 +249,17 @@ def test_an_ema_metric_for_keep_best_needs_ema(tmp_path, capsys):
         "pass --ema DECAY too"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_tensorboardx_loads_without_torch():
+    """tensorboardX's package imports torch where it can (seconds, for type annotations only): the event
+    writer loads without it, and torch stays importable afterwards."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib.util, sys; from vit_jax.observe import tensorboardx; tensorboardx(); "
+        "print('torch' in sys.modules, importlib.util.find_spec('torch') is not None)"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.stdout.split() == ["False", "True"], p.stderr[-2000:]

@@ -55,3 +55,33 @@ def test_the_benchmark_keeps_its_own_folders(flag, capsys):
     with pytest.raises(SystemExit) as e:
         startup.parse_args(["--", flag, "x"])
     assert e.value.code == 2 and "chooses vit train's --out and --compile-cache" in capsys.readouterr().err
+
+
+def test_phases_sum_to_the_wall_time_and_imports_go_to_the_open_phase():
+    """--phases: each call's own time (less the timed calls inside it) goes to its phase, the rest to
+    python, cli and exit; -X importtime's self times go to their package and to the innermost open phase."""
+    child = {
+        "main_start": 100.5,
+        "main_end": 110.0,
+        "spans": [["dataset", 102.0, 1.0], ["first compilation", 104.0, 3.0], ["run", 101.0, 5.0]],
+    }
+    phases = startup.phase_seconds(child, 100.0, 111.5)
+    assert phases == {"python": 0.5, "cli": 0.5, "dataset": 1.0, "first compilation": 3.0, "run": 5.0, "exit": 1.5}
+    stderr = "\n".join(
+        [
+            "import time: self [us] | cumulative | imported package",
+            "import time:     10000 |      10000 | encodings",
+            f"{startup.MARK}+cli",
+            "import time:    200000 |     200000 | jax",
+            f"{startup.MARK}+run",
+            "import time:    100000 |     300000 |   torch.nn",
+            f"{startup.MARK}+dataset",
+            "import time:     50000 |      50000 | torch",
+            f"{startup.MARK}-",
+            "vit train: a line of the run",
+            f"{startup.MARK}-",
+        ]
+    )
+    packages, phases = startup.import_times(stderr)
+    assert packages == {"jax": 0.2, "torch": 0.15, "encodings": 0.01}
+    assert phases == {"python": 0.01, "cli": 0.2, "run": 0.1, "dataset": 0.05}

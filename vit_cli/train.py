@@ -429,6 +429,8 @@ def print_summary(summary: dict, as_json: bool) -> None:
             f"EMA weights: test accuracy {summary['test_ema_accuracy']:.4f}, test loss {summary['test_ema_loss']:.4f}"
         )
     print(f"model: {summary['model']}" + "".join(f", {p}" for p in summary["exports"].values()))
+    if "adapter" in summary:
+        print(f"PEFT adapter folder: {summary['adapter']}")
     if "exported_weights" in summary:
         print(f"the exports hold {summary['exported_weights']}")
     if "best_checkpoint" in summary:

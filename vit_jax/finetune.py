@@ -20,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from vit_common.checkpoints.adapter import ADAPTER_FOLDER, peft_adapter, transformers_rules, write_peft_adapter
+from vit_common.checkpoints.adapter import (
+    ADAPTER_FOLDER,
+    peft_adapter,
+    spelling_warning,
+    transformers_rules,
+    write_peft_adapter,
+)
 from vit_common.checkpoints.convert import check_assumed, load_checkpoint, save_checkpoint
 from vit_common.checkpoints.formats.provenance import Report
 from vit_common.checkpoints.formats.timm import TimmWriteOptions
@@ -311,6 +317,12 @@ def adapter_rules(out: Path, cfg: ViTConfig, tcfg: TrainConfig, source: Report |
     check_destination(out / ADAPTER_FOLDER, folder=True)
     fmt, model_type = (source.format, source.model_type) if source is not None else (None, None)
     return transformers_rules(cfg, fmt, spelling, model_type)[1]
+
+
+def adapter_warning(cfg: ViTConfig, source: Report | None, spelling: str) -> str | None:
+    """``vit_common.checkpoints.adapter.spelling_warning`` for the adapter folder of ``adapter_rules``."""
+    fmt, model_type = (source.format, source.model_type) if source is not None else (None, None)
+    return spelling_warning(cfg, fmt, spelling, model_type)
 
 
 def export_adapter(out: Path, weights: Mapping[str, np.ndarray], rules: list, tcfg: TrainConfig) -> Path:

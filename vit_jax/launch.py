@@ -333,7 +333,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     from vit_common.system.peaks import datasheet_peak
     from vit_jax import memory_plan
     from vit_jax.checkpointing import saved_steps
-    from vit_jax.finetune import adapter_rules, check_exports, export, export_adapter, init_record
+    from vit_jax.finetune import adapter_rules, adapter_warning, check_exports, export, export_adapter, init_record
     from vit_jax.loop import NonFiniteError, fit
     from vit_jax.resume import schedule_change
     from vit_jax.trainer import Trainer, enable_compile_cache
@@ -363,10 +363,11 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
     check_batch_size(tcfg.batch_size, len(raw.train), tcfg.dataset)  # before any model is built
     resume = spec.options.resume
     saved = io.read_json(out / "config.json") if resume and (out / "config.json").is_file() else {}
+    report: list[str] = []  # how --init was read: printed once the flags are known to fit the model
     if tcfg.init and "init" in saved and saved_steps(out / "checkpoints"):  # the checkpoint holds the weights
-        start = resumed_finetune_start(spec, raw, saved, log)
+        start = resumed_finetune_start(spec, raw, saved, report.append)
     elif tcfg.init:
-        start = finetune_start(spec, raw, log)
+        start = finetune_start(spec, raw, report.append)
     else:
         start = fresh_start(spec, raw)
     cfg, data = start.cfg, start.data
@@ -378,9 +379,14 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
         check_exports(out, cfg, start.report, spec.accept_assumed)
     spelling = spec.options.export_adapter
     rules = adapter_rules(out, cfg, tcfg, start.report, spelling) if spelling is not None else None
+    mismatch = adapter_warning(cfg, start.report, spelling) if rules is not None else None
     trainer = Trainer(
         cfg, tcfg, data, preprocess=start.preprocess, weights=start.weights, moments=start.moments, workers=workers
     )
+    for line in report:  # a refusal above (the adapters' rank or targets, an export) is its one line alone
+        log(line)
+    if mismatch is not None:
+        log(f"vit train: warning: {mismatch}")
     if tcfg.lora is not None:
         params = jax.tree.leaves(trainer.abstract_state["params"])
         sizes = [(t, x.size) for t, x in zip(jax.tree.leaves(trainer.trainable), params, strict=True)]

@@ -40,6 +40,7 @@ work by step.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -50,6 +51,23 @@ from vit_common.system.extras import install_hint
 from vit_common.system.peaks import TRAIN_FLOPS_FACTOR
 
 WANDB_EXTRA = install_hint("wandb")
+
+
+def tensorboardx() -> tuple:
+    """tensorboardX's (``EventsWriter``, ``Event``, ``SessionLog``, ``summary.scalar``). Its package
+    imports torch where it can, for the type annotations of a ``SummaryWriter`` this module does not use
+    (seconds: a JAX run needs no torch), so torch is hidden while tensorboardX first loads, unless imported."""
+    hide = "torch" not in sys.modules and "tensorboardX" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects
+    try:
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.summary import scalar
+    finally:
+        if hide and sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return EventsWriter, Event, SessionLog, scalar
 
 
 def require_wandb():
@@ -102,9 +120,7 @@ class Summaries:
         self.events = self.run = None
         self.logdir, self._failed = logdir, False
         if logdir is not None:
-            from tensorboardX.event_file_writer import EventsWriter
-            from tensorboardX.proto.event_pb2 import Event, SessionLog
-
+            EventsWriter, Event, SessionLog, _ = tensorboardx()
             Path(logdir).mkdir(parents=True, exist_ok=True)
             self.events = EventsWriter(str(Path(logdir) / "events"))
             restart = SessionLog(status=SessionLog.START)  # before any point of this start: see the module's notes
@@ -142,9 +158,7 @@ class Summaries:
             OSError: the event file cannot be written (naming its folder).
         """
         if tensorboard and self.events is not None:
-            from tensorboardX.proto.event_pb2 import Event
-            from tensorboardX.summary import scalar
-
+            _, Event, _, scalar = tensorboardx()
             now = time.time()
             self._events([Event(wall_time=now, step=step, summary=scalar(tag, v)) for tag, v in scalars.items()])
         if self.run is not None:

@@ -7,6 +7,7 @@ LayerNorm ``scale`` <-> ``weight``; every other parameter keeps its name and lay
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 
 import jax
@@ -73,6 +74,15 @@ def check_float64(cfg: ViTConfig) -> None:
         )
 
 
+@functools.lru_cache(maxsize=4)
+def _abstract(cfg: ViTConfig, seed: int) -> tuple:
+    """(graphdef, abstract parameters, abstract rest) of ``VisionTransformer(cfg)`` (``nnx.eval_shape``:
+    tracing every initialiser, seconds for a large model), kept for the next model of the same config:
+    a fine-tune builds its model from weights, and the export check the same model again. ``from_numpy``
+    replaces each abstract variable, never changes one."""
+    return nnx.split(nnx.eval_shape(lambda: VisionTransformer(cfg, rngs=nnx.Rngs(seed))), CANONICAL, ...)
+
+
 def _place(arr: np.ndarray, dtype, where: jax.sharding.Sharding | None) -> jax.Array:
     """``arr`` (possibly a read-only view of a mapped file) as a jax.Array of ``dtype``: copied into memory
     this process owns (JAX on CPU may otherwise alias the file's pages), all of it or, with ``where``, each
@@ -108,9 +118,7 @@ def from_numpy(
     """
     check_float64(cfg)
     check_state(canonical_shapes(cfg), state)
-    graphdef, params, rest = nnx.split(
-        nnx.eval_shape(lambda: VisionTransformer(cfg, rngs=nnx.Rngs(seed))), CANONICAL, ...
-    )
+    graphdef, params, rest = _abstract(cfg, seed)
     pd = jnp.dtype(cfg.param_dtype)
     flat = []
     for path, var in _param_paths(params):

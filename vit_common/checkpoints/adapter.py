@@ -17,6 +17,7 @@ lists the modules' full paths, so peft adapts exactly those.
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -60,6 +61,38 @@ def transformers_rules(
     if use_hf:
         return "vit", HF.tensor_rules(cfg, options)
     return family_for(cfg, model_type)[0], FAMILIES.tensor_rules(cfg, options)
+
+
+def installed_transformers() -> str | None:
+    """The installed transformers' version (its package metadata: nothing imported), None without it."""
+    try:
+        return importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def spelling_warning(
+    cfg: ViTConfig, source_format: str | None, spelling: str, model_type: str | None = None
+) -> str | None:
+    """The warning for a folder of ``spelling`` (``transformers_rules``'s arguments) whose module names the
+    installed transformers does not have: peft there refuses the folder (``NoMatchingPeftModuleError``:
+    its target modules are not in the model). None when the installed transformers spells them so (5.0
+    on "v5", before "v4"), when both spellings name this model's modules alike (SigLIP, CLIP), or without
+    transformers."""
+    version = installed_transformers()
+    if version is None:
+        return None
+    native = "v5" if int(version.split(".")[0]) >= 5 else "v4"
+    if native == spelling or transformers_rules(cfg, source_format, native, model_type) == transformers_rules(
+        cfg, source_format, spelling, model_type
+    ):
+        return None
+    return (
+        f"--export-adapter {spelling}: the installed transformers {version} names this model's modules in its "
+        f"{native} spelling, so peft with it refuses the folder (NoMatchingPeftModuleError: target modules "
+        f"not found); load it where transformers {'4' if spelling == 'v4' else '5 or later'} is installed, or "
+        f"pass --export-adapter {native}"
+    )
 
 
 def _module(piece_key: str, layer: str) -> str:
