@@ -255,26 +255,6 @@ def test_siglip2_two_tower_and_classifier_folders_read_their_vision_tower(tmp_pa
         _assert_close(arch, got, ref)
 
 
-def test_timm_naflexvit_files_are_refused_as_timm_by_name(tmp_path, capsys):
-    """timm ``naflexvit_*_siglip`` (``NaFlexVit``: ``embeds.proj``, ``embeds.pos_embed``), as a file and as a
-    hub folder (which was misread as a transformers folder): one line naming timm's NaFlexVit, exit 2."""
-    import timm
-    from safetensors.torch import save_file
-    from timm.models._hub import save_for_hf
-
-    from vit_cli.main import main
-
-    name = "naflexvit_base_patch16_siglip"
-    model = timm.create_model(name, pretrained=False, embed_dim=32, depth=1, num_heads=4, num_classes=0)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / "naflex.safetensors")
-    save_for_hf(model, tmp_path / "hub", model_config={"architecture": name})
-    for path in (tmp_path / "naflex.safetensors", tmp_path / "hub"):
-        capsys.readouterr()
-        assert main(["info", str(path)]) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "a timm NaFlexVit (naflexvit_*, embeds.proj.weight) is not read yet" in err[0], err
-
-
 def test_naflex_preprocessing_equals_transformers_siglip2_processor():
     """``vit_common.naflex.preprocess`` + ``stack_patches`` equal transformers' ``Siglip2ImageProcessorPil``
     bit for bit (patches, mask, spatial shapes) on photos of several aspect ratios, one smaller than the

@@ -1,5 +1,6 @@
-"""timm ``VisionTransformer`` (and DeiT ``VisionTransformerDistilled``) state_dicts and hub folders <->
-the canonical state, which uses timm's names already: the timm format's ``FORMAT``.
+"""timm ``VisionTransformer`` (and DeiT ``VisionTransformerDistilled``, and ``NaFlexVit``: ``timm_naflex``)
+state_dicts and hub folders <-> the canonical state, which uses timm's names already: the timm format's
+``FORMAT``.
 
 A timm file stores no config: its tensors' shapes give what they can and the rest is assumed and warned
 (``timm_state.infer``, which also accepts DDP's ``module.`` prefix and DeiT III's LayerScale spelling).
@@ -20,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Reference, Source, WriteOptions, writer
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
 from vit_common.checkpoints.formats.rules import materialize_posemb, refuse, zero_head_bias
@@ -51,14 +51,7 @@ from vit_common.checkpoints.formats.timm_hub import (
     read_hub,
     timm_preprocess,
 )
-from vit_common.checkpoints.formats.timm_state import (
-    NAFLEX_KEYS,
-    infer,
-    is_timm,
-    normalise_keys,
-    timm_cannot_hold,
-    timm_load_call,
-)
+from vit_common.checkpoints.formats.timm_state import infer, is_timm, normalise_keys, timm_cannot_hold, timm_load_call
 from vit_common.checkpoints.hub import is_hub_id
 from vit_common.checkpoints.metadata import Declared, info_metadata
 from vit_common.config import ViTConfig
@@ -150,11 +143,6 @@ class Timm(Format):
         return src.container in ("safetensors", "torch", "hf_folder") and is_timm(src.tensors)
 
     def read(self, src: Source, opts) -> Decoded:
-        if any(k in NAFLEX_KEYS for k in src.tensors):
-            raise FormatError(
-                f"{src.context}: a timm NaFlexVit (naflexvit_*, embeds.proj.weight) is not read yet; NaFlex SigLIP 2 "
-                "loads from transformers siglip2_vision_model folders"
-            )
         if src.container == "hf_folder" and is_hub_config(src.config):
             return read_hub(src, opts)
         if src.meta.get(META_TAG[0]) == META_TAG[1] and "vit_config" in src.meta:

@@ -46,6 +46,7 @@ from vit_common.checkpoints.formats.provenance import ASSUMED_KEY, common_float_
 from vit_common.checkpoints.formats.rules import refuse, unsupported
 from vit_common.checkpoints.formats.stored_config import config_from_json, decode_stored
 from vit_common.checkpoints.formats.timm_eva import eva_kwargs, eva_name, eva_to_canonical, is_eva, layout_note
+from vit_common.checkpoints.formats.timm_naflex import is_naflex, naflex_state
 from vit_common.checkpoints.formats.timm_names import architecture_config, matching_name, timm_version
 from vit_common.checkpoints.formats.timm_state import (
     GELU_TO_TIMM,
@@ -352,6 +353,8 @@ def read_hub(src: Source, opts) -> Decoded:
     check_model_args(hub, tensors, where)  # before timm builds a module per declared block
     check_rope_head_dim(hub, tensors, where)  # before timm fails inside its rotary tables
     cfg = reader(src.path) if reader is not None else None
+    if cfg is not None and is_naflex(tensors):
+        tensors = naflex_state(tensors, cfg.patch_size, cfg.in_chans)
     if cfg is not None:
         dt = common_float_dtype(tensors)
         if dt in ("float32", "float64", "bfloat16", "float16"):
