@@ -21,6 +21,7 @@ from flax import nnx
 import vit_jax
 import vit_torch
 from vit_common.checkpoints.convert import convert, load_checkpoint
+from vit_common.checkpoints.formats.hf_families import ONE_SPELLING
 from vit_common.checkpoints.formats.npz import NpzWriteOptions
 from vit_common.config import ViTConfig
 from vit_common.naflex import pad_batch, patchify
@@ -195,14 +196,15 @@ def _siglip2_folder(folder) -> torch.nn.Module:
 
 def test_siglip2_naflex_folder_equals_transformers_in_both_twins(tmp_path, capsys):
     """A ``siglip2_vision_model`` folder loads strictly (nothing assumed; image_size 4 x 8 from num_patches,
-    posemb_resample bilinear_aa declared); on a batch of four aspect ratios both twins give transformers'
-    pooled output and its last hidden state on every image patch, and transformers on each image alone
-    gives the same rows. ``vit info --set posemb_resample=nearest`` is one line and exit 2."""
+    posemb_resample bilinear_aa declared; its key names are transformers 4's and 5's, not "v4"); on a
+    batch of four aspect ratios both twins give transformers' pooled output and its last hidden state on
+    every image patch, and transformers on each image alone gives the same rows. ``vit info --set
+    posemb_resample=nearest`` is one line and exit 2."""
     from vit_cli.main import main
 
     model = _siglip2_folder(tmp_path / "hf")
     ckpt = load_checkpoint(tmp_path / "hf", strict=True)
-    assert ckpt.report.assumed == [] and ckpt.report.layout.startswith("Siglip2VisionModel")
+    assert ckpt.report.assumed == [] and ckpt.report.layout == f"Siglip2VisionModel, {ONE_SPELLING}"
     cfg = ckpt.cfg
     assert (cfg.image_size, cfg.patch_size, cfg.posemb_resample, cfg.pool) == ((32, 32), (8, 8), "bilinear_aa", "map")
     _, batch = _naflex_batch(np.random.default_rng(2))

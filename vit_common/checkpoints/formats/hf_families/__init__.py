@@ -118,6 +118,8 @@ FAMILIES: dict[str, Family] = (
     | vit_msn.FAMILIES
     | ijepa.FAMILIES
 )
+# the layout line of a style whose key names transformers 4 and 5 share (one spelling in BLOCK_KEYS)
+ONE_SPELLING = "key names of transformers 4 and 5"
 _REFUSED_ARCHITECTURES = {arch: why for fam in FAMILIES.values() for arch, why in fam.refused.items()}
 
 
@@ -263,7 +265,8 @@ def read_family(
         kept = fold_class_row(kept, prefix)
         notes.append("position embedding's class row added to cls_token (registers follow the position embedding)")
     state = to_canonical(fam.rules(cfg, spelling, prefix, layer_prefix, head), kept, context)
-    return Decoded(cfg, state, f"{arch}, {spelling} key names", prov, dropped, notes, conflicts, model_type)
+    names = f"{spelling} key names" if len(BLOCK_KEYS[fam.style]) > 1 else ONE_SPELLING
+    return Decoded(cfg, state, f"{arch}, {names}", prov, dropped, notes, conflicts, model_type)
 
 
 def _holders(cfg: ViTConfig) -> dict[str, str]:
