@@ -17,7 +17,10 @@ from timm.models._hub import save_for_hf
 
 import vit_jax
 import vit_torch
-from vit_common.checkpoints.convert import load_checkpoint
+from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
+from vit_common.checkpoints.formats.timm import TimmWriteOptions
+from vit_common.config import ViTConfig
+from vit_common.state import random_state
 from vit_common.tolerance import compare
 from vit_torch.formats import READERS
 
@@ -161,3 +164,44 @@ def test_naflexvit_choices_the_twins_lack_are_refused_by_name(tmp_path, capsys, 
     assert main(["info", str(tmp_path / "hub")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and why in err[0], err
+
+
+def test_naflexvit_exports_load_strictly_in_timm_and_give_its_output(tmp_path):
+    """A NaFlexVit hub folder converted to timm (a hub folder, a .safetensors, a .pth) is written as a
+    NaFlexVit: timm loads each strictly (``create_model("local-dir:...")``, the printed load call) and gives
+    the source model's output on the batch of four aspect ratios bit for bit; each reads back with the
+    source's tensors bit for bit (the .pth, which stores no config, with its assumptions named). A model
+    whose table has a class token's row is refused as a NaFlexVit by name."""
+    from vit_common.checkpoints.convert import convert
+    from vit_torch.formats import WRITERS
+
+    name = "naflexvit_base_patch16_map"
+    model = _timm_naflex(name, reg_tokens=2)
+    save_for_hf(model, tmp_path / "hub", model_config={"architecture": name, "model_args": dict(reg_tokens=2)})
+    source = load_checkpoint(tmp_path / "hub", readers=READERS)
+    patches, coord, valid, _ = _batch()
+    with torch.no_grad():
+        ref = model(patches, patch_coord=coord, patch_valid=valid)
+    for dst in ("out", "out.safetensors", "out.pth"):
+        report = convert(tmp_path / "hub", tmp_path / dst, to_fmt="timm", readers=READERS, writers=WRITERS)
+        if dst == "out":
+            assert report.load_call.endswith("pretrained=True)")
+            timm_model = timm.create_model(f"local-dir:{tmp_path / dst}", pretrained=True)
+        else:
+            assert f"timm.create_model({name!r}, pretrained=False," in report.load_call
+            scope: dict = {}
+            exec(report.load_call, scope)  # builds the NaFlexVit and loads the file with strict=True
+            timm_model = scope["model"]
+        with torch.no_grad():
+            assert torch.equal(timm_model.eval()(patches, patch_coord=coord, patch_valid=valid), ref), dst
+        back = load_checkpoint(tmp_path / dst, readers=READERS)
+        assert "NaFlexVit" in back.report.layout or name in back.report.layout
+        assert back.report.assumed == [] if dst != "out.pth" else {"num_heads", "gelu"} <= set(back.report.assumed)
+        assert all(np.array_equal(np.asarray(back.state[k]), np.asarray(v)) for k, v in source.state.items())
+    cfg = ViTConfig(image_size=16, patch_size=8, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=0)
+    options = TimmWriteOptions(architecture="naflexvit_base_patch16_gap")
+    with pytest.raises(
+        ValueError, match=r"cannot hold this model: posemb_prefix=True with prefix tokens \(a NaFlexVit table"
+    ):
+        save_checkpoint(tmp_path / "vit.safetensors", cfg, random_state(cfg), "timm", options=options)
+    assert not (tmp_path / "vit.safetensors").exists()

@@ -51,6 +51,16 @@ from vit_common.checkpoints.formats.timm_hub import (
     read_hub,
     timm_preprocess,
 )
+from vit_common.checkpoints.formats.timm_naflex import (
+    canonical_to_naflex,
+    is_naflex,
+    is_naflex_name,
+    naflex_cannot_hold,
+    naflex_load_call,
+    naflex_name,
+    naflex_state,
+    source_name,
+)
 from vit_common.checkpoints.formats.timm_state import infer, is_timm, normalise_keys, timm_cannot_hold, timm_load_call
 from vit_common.checkpoints.hub import is_hub_id
 from vit_common.checkpoints.metadata import Declared, info_metadata
@@ -73,7 +83,8 @@ class TimmWriteOptions(WriteOptions):
     exactly the tensors to write (ours or timm's: a run's model.safetensors), whose bytes the file (a
     folder's model.safetensors) shares instead of a copy (``vit_common.system.io.share_file``); for a RoPE
     backbone (timm's ``Eva``, ``timm_eva``), ``eva_qkv`` ('fused' | 'split'; '' the source's, else fused)
-    and ``architecture`` (the timm model name; '' the source's, else its family's: ``timm_eva.eva_name``)."""
+    and ``architecture`` (the timm model name; '' the source's, else its family's: ``timm_eva.eva_name``);
+    a ``naflexvit_*`` architecture writes timm's ``NaFlexVit`` (``timm_naflex``)."""
 
     weights_from: str = field(
         default="",
@@ -98,7 +109,8 @@ class TimmWriteOptions(WriteOptions):
             "flag": "--timm-architecture",
             "help": "a RoPE backbone (timm Eva): the timm Eva model name the load call builds (every keyword is "
             "spelled out; a hub folder's name also fixes the LayerNorm eps, so it must build the model's); "
-            "default: the source hub folder's, else its family's",
+            "default: the source hub folder's, else its family's. A naflexvit_* name writes timm's NaFlexVit "
+            "(the default after a NaFlexVit source)",
         },
     )
 
@@ -148,10 +160,12 @@ class Timm(Format):
         if src.meta.get(META_TAG[0]) == META_TAG[1] and "vit_config" in src.meta:
             cfg, notes = config_from_json(src.meta["vit_config"], src.context)
             tensors, more = normalise_keys(eva_to_canonical(src.tensors))
+            naflex = is_naflex(tensors)
+            tensors = naflex_state(tensors, cfg.patch_size, cfg.in_chans) if naflex else tensors
             dec = decode_stored(
                 cfg,
                 tensors,
-                f"timm state_dict, config in metadata{layout_note(src.tensors)}",
+                f"timm {'NaFlexVit ' if naflex else ''}state_dict, config in metadata{layout_note(src.tensors)}",
                 src.context,
                 "config in the file's metadata",
                 src.meta.get(ASSUMED_KEY),
@@ -170,8 +184,13 @@ class Timm(Format):
 
     def complete_options(self, options: TimmWriteOptions, source) -> TimmWriteOptions:
         """The q/k/v spelling and the timm Eva name of a source timm file or hub folder (its report's
-        layout line, ``timm_eva.source_choices``) where ``options`` leave them unset."""
-        name, qkv = source_choices(getattr(source, "layout", "") or "")
+        layout line, ``timm_eva.source_choices``) where ``options`` leave them unset; a NaFlexVit source's
+        ``naflexvit_*`` name (``timm_naflex.source_name``)."""
+        layout = getattr(source, "layout", "") or ""
+        naflex = source_name(layout, getattr(source, "config", None))
+        if naflex:
+            return replace(options, architecture=options.architecture or naflex)
+        name, qkv = source_choices(layout)
         return replace(options, eva_qkv=options.eva_qkv or qkv, architecture=options.architecture or name)
 
     def declared(self, src: Source) -> Declared:
@@ -207,7 +226,8 @@ class Timm(Format):
         return _hub_folder(path)
 
     def encode(self, cfg: ViTConfig, state, path: Path, options: TimmWriteOptions, assumed=()) -> Encoded:
-        refuse("timm", self.cannot_hold(cfg))
+        naflex = is_naflex_name(options.architecture)
+        refuse("timm", self.cannot_hold(cfg) + (naflex_cannot_hold(cfg, _hub_folder(path)) if naflex else []))
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=False)
         cfg, state, more = zero_head_bias(cfg, state)
         notes += more
@@ -219,6 +239,8 @@ class Timm(Format):
         qkv = options.eva_qkv or "fused"
         if eva:
             tensors = canonical_to_eva(cfg, tensors, EvaLayout(qkv=qkv, mlp=default_layout(cfg).mlp))
+        if naflex:
+            tensors = canonical_to_naflex(cfg, tensors)
         meta = config = shared = None
         if Path(path).suffix not in TORCH_SUFFIXES:
             meta = {"format": "pt", META_TAG[0]: META_TAG[1], "vit_config": cfg.to_json()} | assumed_meta(assumed)
@@ -228,7 +250,9 @@ class Timm(Format):
                 "(a .safetensors file or hub folder keeps the config)"
             )
         if _hub_folder(path):
-            config = hub_config_json(cfg, assumed, qkv, options.architecture)
+            config = hub_config_json(
+                cfg, assumed, qkv, naflex_name(cfg, options.architecture) if naflex else options.architecture
+            )
         if options.weights_from:
             held, why = _shared(options.weights_from, tensors, path)
             notes += [why] if why else []
@@ -239,18 +263,22 @@ class Timm(Format):
         enc.shared = shared
         if eva and not _hub_folder(path):
             enc.load_call = eva_load_call(str(path), cfg, qkv, options.architecture or eva_name(cfg))
+        if naflex and not _hub_folder(path):
+            enc.load_call = naflex_load_call(str(path), cfg, naflex_name(cfg, options.architecture))
         return enc
 
     def decode(self, enc: Encoded) -> Decoded:
         """The written tensors read back with the config in their metadata, else as a timm file that
         stores none; a RoPE backbone's .pth (which ``read`` refuses) with the config it was written with."""
         tensors = eva_to_canonical(enc.tensors)
+        naflex = is_naflex(tensors)
+        tensors = naflex_state(tensors, enc.cfg.patch_size, enc.cfg.in_chans) if naflex else tensors
         if enc.meta:
             cfg, _ = config_from_json(enc.meta["vit_config"], "timm read-back")
             return decode_stored(
                 cfg, tensors, "", "timm read-back", "config in the file's metadata", enc.meta.get(ASSUMED_KEY)
             )
-        if is_eva(enc.cfg):
+        if is_eva(enc.cfg) or naflex:
             return decode_stored(enc.cfg, tensors, "", "timm read-back", "the load call's create_model keywords")
         return infer(enc.tensors, source_image_size=enc.cfg.image_size, context="timm read-back")
 

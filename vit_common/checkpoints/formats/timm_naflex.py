@@ -26,6 +26,7 @@ projection).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -163,14 +164,120 @@ def naflex_known(tensors: TensorMap, overrides: Mapping[str, Any], context: str)
     return naflex_state(tensors, patch, c), fields
 
 
-def naflex_cannot_hold(cfg: ViTConfig) -> list[str]:
-    """What ``cfg`` has that timm's NaFlexVit cannot hold beyond timm's VisionTransformer (one reason each)."""
+def is_naflex_name(name: str) -> bool:
+    """Whether a timm architecture name is a NaFlexVit entry point (``naflexvit_*``)."""
+    return name.startswith("naflexvit_")
+
+
+def naflex_name(cfg: ViTConfig, preferred: str = "") -> str:
+    """The NaFlexVit entry point a write names: ``preferred`` (given, or the source's), else
+    ``naflexvit_base_patch16_siglip`` for a SigLIP-like model (MAP head, no class token, tanh GELU), else
+    ``naflexvit_base_patch16_gap``. ``naflex_kwargs`` spells out every keyword, so the name changes
+    nothing timm builds.
+
+    Raises:
+        ValueError: ``preferred`` is not a NaFlexVit name.
+    """
+    if preferred and not is_naflex_name(preferred):
+        raise ValueError(f"--timm-architecture {preferred!r}: a NaFlexVit export names a naflexvit_* entry point")
+    siglip = cfg.pool == "map" and not cfg.class_token and cfg.gelu == "tanh"
+    return preferred or ("naflexvit_base_patch16_siglip" if siglip else "naflexvit_base_patch16_gap")
+
+
+def naflex_cannot_hold(cfg: ViTConfig, hub: bool = False) -> list[str]:
+    """What ``cfg`` has that timm's NaFlexVit cannot hold beyond timm's VisionTransformer (one reason
+    each; ``hub``: also what a hub folder's JSON ``model_args`` cannot give, the norms' eps)."""
     return unsupported(
         "timm NaFlexVit",
         {
-            f"posemb={cfg.posemb!r} (a NaFlexVit has a learned table or none)": cfg.posemb not in ("learn", "none"),
-            "posemb_prefix=True (a NaFlexVit table has patch rows only)": cfg.posemb == "learn" and cfg.posemb_prefix,
+            "posemb_prefix=True with prefix tokens (a NaFlexVit table has patch rows only)": (
+                cfg.posemb == "learn" and cfg.posemb_prefix and cfg.num_prefix_tokens > 0
+            ),
             "dist_token (a NaFlexVit has no distillation token)": cfg.dist_token,
-            f"rope={cfg.rope!r}": cfg.rope != "none",
+            "mlp_type='swiglu' (NaFlexVit's SwiGLU splits fc1; not written)": cfg.mlp_type == "swiglu",
+            f"ln_eps={cfg.ln_eps!r} (model_args name the norm by a string, which builds eps 1e-6; a timm "
+            ".safetensors file can hold it)": hub and cfg.ln_eps != 1e-6,
         },
     )
+
+
+def naflex_kwargs(cfg: ViTConfig) -> dict[str, Any]:
+    """``timm.create_model`` keywords (NaFlexVitCfg fields, JSON values) building a NaFlexVit of ``cfg``:
+    a Linear patch projection, the table's grid and resize (``RESAMPLE``), every choice spelled out.
+    The norm is named by timm's string (``layernorm`` / ``rmsnorm``, eps 1e-6); a caller giving another
+    eps replaces ``norm_layer``. Dropout is left at timm's defaults."""
+    from vit_common.checkpoints.formats.timm_state import GELU_TO_TIMM, POOL_TO_TIMM, mlp_ratio
+
+    mode, antialias, corners = {v: k for k, v in RESAMPLE.items()}[cfg.posemb_resample]
+    norm = "rmsnorm" if cfg.norm == "rmsnorm" else "layernorm"
+    args = dict(
+        img_size=list(cfg.image_size),
+        patch_size=list(cfg.patch_size),
+        in_chans=cfg.in_chans,
+        num_classes=cfg.num_classes,
+        embed_dim=cfg.width,
+        depth=cfg.depth,
+        num_heads=cfg.num_heads,
+        mlp_ratio=mlp_ratio(cfg.width, cfg.mlp_dim),
+        qkv_bias=cfg.qkv_bias,
+        qk_norm=cfg.qk_norm,
+        proj_bias=cfg.proj_bias,
+        init_values=cfg.layer_scale,
+        class_token=cfg.class_token,
+        reg_tokens=cfg.reg_tokens,
+        pos_embed="learned" if cfg.posemb == "learn" else "none",
+        pos_embed_grid_size=list(cfg.grid),
+        pos_embed_interp_mode=mode,
+        pos_embed_antialias=antialias,
+        pos_embed_align_corners=corners,
+        pre_norm=cfg.norm_pre,
+        final_norm=cfg.final_norm,
+        fc_norm=cfg.fc_norm,
+        global_pool=POOL_TO_TIMM[cfg.pool],
+        pool_include_prefix=cfg.pool_include_prefix,
+        act_layer=GELU_TO_TIMM[cfg.gelu],
+        embed_proj_type="linear",
+        norm_layer=norm,
+        embed_norm_layer=norm if cfg.patch_norm else None,
+    )
+    if cfg.pool == "map":
+        args["attn_pool_num_heads"] = cfg.map_num_heads
+        args["attn_pool_mlp_ratio"] = mlp_ratio(cfg.width, cfg.map_mlp_width)
+    return args
+
+
+def naflex_load_call(path: str, cfg: ViTConfig, name: str) -> str:
+    """Python code building timm's NaFlexVit ``name`` for ``cfg`` (every keyword of ``naflex_kwargs``,
+    the norm with ``cfg``'s eps) and loading the file at ``path`` into it with ``strict=True``; a .pth,
+    .pt or .bin through ``torch.load(weights_only=True)``."""
+    kw = naflex_kwargs(cfg)
+    cls = "RmsNorm" if cfg.norm == "rmsnorm" else "LayerNorm"
+    kw["norm_layer"] = f"partial({cls}, eps={cfg.ln_eps!r})"
+    if kw["embed_norm_layer"] is not None:
+        kw["embed_norm_layer"] = kw["norm_layer"]
+    norms = ("norm_layer", "embed_norm_layer")
+    args = ", ".join(
+        f"{k}={v if k in norms and v is not None else tuple(v) if isinstance(v, list) else repr(v)}"
+        for k, v in kw.items()
+    )
+    load = (
+        ["import torch", f"state = torch.load({path!r}, weights_only=True)"]
+        if path.endswith((".pth", ".pt", ".bin"))
+        else ["from safetensors.torch import load_file", f"state = load_file({path!r})"]
+    )
+    return "\n".join(
+        ["import timm", "from functools import partial", f"from timm.layers import {cls}", *load]
+        + [
+            f"model = timm.create_model({name!r}, pretrained=False, {args})",
+            "model.load_state_dict(state, strict=True)",
+        ]
+    )
+
+
+def source_name(layout: str, cfg: ViTConfig | None) -> str:
+    """The ``naflexvit_*`` name a NaFlexVit source's report layout line gives (a hub folder's
+    architecture), ``naflex_name(cfg)`` for a NaFlexVit state dict, '' for any other source."""
+    m = re.search(r"architecture (naflexvit_\w+)", layout)
+    if m:
+        return m[1]
+    return naflex_name(cfg) if "NaFlexVit" in layout and cfg is not None else ""

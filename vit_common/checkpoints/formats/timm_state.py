@@ -296,6 +296,15 @@ def timm_cannot_hold(cfg: ViTConfig) -> list[str]:
     )
 
 
+def mlp_ratio(width: int, hidden: int) -> float:
+    """The smallest ``mlp_ratio`` from which timm builds an MLP ``hidden`` wide (timm computes
+    ``int(width * mlp_ratio)``)."""
+    ratio = hidden / width
+    while int(width * ratio) < hidden:
+        ratio = float(np.nextafter(ratio, np.inf))
+    return ratio
+
+
 def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
     """Keyword arguments of ``timm.models.vision_transformer.VisionTransformer`` (or, with head_dist,
     ``timm.models.deit.VisionTransformerDistilled``) for ``cfg``.
@@ -324,10 +333,7 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         ),
     )
     gated = cfg.mlp_type == "swiglu"
-    hidden = 2 * cfg.mlp_dim if gated else cfg.mlp_dim
-    ratio = hidden / cfg.width
-    while int(cfg.width * ratio) < hidden:  # timm computes int(width * mlp_ratio)
-        ratio = float(np.nextafter(ratio, np.inf))
+    ratio = mlp_ratio(cfg.width, 2 * cfg.mlp_dim if gated else cfg.mlp_dim)
     extra = ({"mlp_layer": "SwiGLUPacked"} if gated else {}) | ({"embed_norm": True} if cfg.patch_norm else {})
     return dict(
         img_size=tuple(cfg.image_size),
