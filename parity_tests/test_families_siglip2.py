@@ -257,6 +257,54 @@ def test_siglip2_two_tower_and_classifier_folders_read_their_vision_tower(tmp_pa
         _assert_close(arch, got, ref)
 
 
+def test_siglip2_folders_are_written_back_and_load_strictly_in_transformers(tmp_path):
+    """A ``siglip2_vision_model`` folder converted to hf_family is written as ``Siglip2VisionModel``
+    (``num_patches``, the flattened patch embedding): transformers loads it strictly and gives the source's
+    output bit for bit on the batch of four aspect ratios; it reads back with the source's tensors bit for
+    bit. Written as timm's ``naflexvit_base_patch16_siglip`` hub folder, timm gives transformers' output
+    within 1e-5. A fixed-resolution SigLIP (bicubic resize) asked for as ``siglip2_vision_model`` is
+    refused by name."""
+    import timm
+
+    from vit_common.checkpoints.formats.hf import HfWriteOptions
+    from vit_common.checkpoints.formats.timm import TimmWriteOptions
+    from vit_torch.formats import READERS, WRITERS
+
+    model = _siglip2_folder(tmp_path / "hf")
+    report = convert(tmp_path / "hf", tmp_path / "out", to_fmt="hf_family")
+    assert "Siglip2VisionModel.from_pretrained" in report.load_call
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["model_type"] == "siglip2_vision_model" and config["num_patches"] == 16 and "image_size" not in config
+    written, info = transformers.Siglip2VisionModel.from_pretrained(
+        tmp_path / "out", output_loading_info=True, attn_implementation="eager"
+    )
+    assert not any(info.values()), info
+    _, batch = _naflex_batch(np.random.default_rng(2))
+    names = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
+    kw = dict(zip(names, (torch.from_numpy(a) for a in batch), strict=True))
+    with torch.no_grad():
+        assert torch.equal(written.eval()(**kw).pooler_output, model(**kw).pooler_output)
+    source, back = load_checkpoint(tmp_path / "hf"), load_checkpoint(tmp_path / "out", strict=True)
+    assert back.cfg == source.cfg and all(np.array_equal(back.state[k], v) for k, v in source.state.items())
+    options = TimmWriteOptions(architecture="naflexvit_base_patch16_siglip")
+    convert(tmp_path / "hf", tmp_path / "timm", to_fmt="timm", readers=READERS, writers=WRITERS, write_options=options)
+    coord = torch.zeros(*kw["pixel_values"].shape[:2], 2, dtype=torch.long)  # timm's (y, x) of each patch
+    for i, (h, w) in enumerate(kw["spatial_shapes"].tolist()):
+        coord[i, : h * w] = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij"), -1).reshape(
+            -1, 2
+        )
+    with torch.no_grad():
+        got = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True).eval()(
+            kw["pixel_values"], patch_coord=coord, patch_valid=kw["pixel_attention_mask"]
+        )
+        _assert_close("timm naflexvit", got, model(**kw).pooler_output)
+    _published_fixed_res(tmp_path / "fixed")
+    with pytest.raises(ValueError, match=r"posemb_resample='bicubic' \(Siglip2VisionModel resizes its table"):
+        options = HfWriteOptions(model_type="siglip2_vision_model")
+        convert(tmp_path / "fixed", tmp_path / "fixed2", to_fmt="hf_family", write_options=options)
+    assert not (tmp_path / "fixed2").exists()
+
+
 def test_naflex_preprocessing_equals_transformers_siglip2_processor():
     """``vit_common.naflex.preprocess`` + ``stack_patches`` equal transformers' ``Siglip2ImageProcessorPil``
     bit for bit (patches, mask, spatial shapes) on photos of several aspect ratios, one smaller than the

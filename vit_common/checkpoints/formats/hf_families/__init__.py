@@ -375,9 +375,11 @@ class HfFamilies(HuggingFace):
 
     def complete_options(self, options, source) -> HfWriteOptions:
         """A source read from a folder of a model type written only on request (``Family.on_request``:
-        ``vit_mae``, ``vit_msn``) is written as its own model type where ``options`` name none and that type
-        holds the model."""
+        ``vit_mae``, ``vit_msn``, ``siglip2_vision_model``; a two-tower ``siglip2`` folder as its vision
+        model type) is written as its own model type where ``options`` name none and that type holds the
+        model."""
         mt = getattr(source, "model_type", "")
+        mt = f"{mt}_vision_model" if mt in FAMILIES and FAMILIES[mt].two_tower else mt
         on_request = mt in FAMILIES and FAMILIES[mt].on_request
         if isinstance(options, HfWriteOptions) and options.model_type is None and on_request:
             if source.config is not None and family_for(source.config, mt) is not None:
