@@ -305,6 +305,89 @@ def test_siglip2_folders_are_written_back_and_load_strictly_in_transformers(tmp_
     assert not (tmp_path / "fixed2").exists()
 
 
+def _big_vision_naflex(model: torch.nn.Module, heads: int) -> dict[str, np.ndarray]:
+    """A ``Siglip2VisionModel``'s weights under big_vision ``naflex_vit``'s names (``params/img/``), the
+    inverse of transformers' ``convert_siglip2_to_hf.py``: Dense kernels [in, out], attention kernels
+    (D, H, D/H) and (H, D/H, D), ``embedding/kernel`` [P*P*C, D], ``pos_embedding`` [G, G, D]."""
+    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    d = sd["embeddings.patch_embedding.weight"].shape[0]
+    g = int(np.sqrt(sd["embeddings.position_embedding.weight"].shape[0]))
+    out = {
+        "embedding/kernel": sd["embeddings.patch_embedding.weight"].T,
+        "embedding/bias": sd["embeddings.patch_embedding.bias"],
+        "pos_embedding": sd["embeddings.position_embedding.weight"].reshape(g, g, d),
+        "Transformer/encoder_norm/scale": sd["post_layernorm.weight"],
+        "Transformer/encoder_norm/bias": sd["post_layernorm.bias"],
+        "MAPHead_0/probe": sd["head.probe"],
+        "MAPHead_0/LayerNorm_0/scale": sd["head.layernorm.weight"],
+        "MAPHead_0/LayerNorm_0/bias": sd["head.layernorm.bias"],
+    }
+
+    def attention(dst: str, names: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        for name, (w, b) in names.items():
+            if name == "out":
+                out[f"{dst}/out/kernel"], out[f"{dst}/out/bias"] = w.T.reshape(heads, d // heads, d), b
+            else:
+                out[f"{dst}/{name}/kernel"], out[f"{dst}/{name}/bias"] = (
+                    w.T.reshape(d, heads, d // heads),
+                    b.reshape(heads, d // heads),
+                )
+
+    def mlp(dst: str, src: str) -> None:
+        for i in range(2):
+            out[f"{dst}/Dense_{i}/kernel"] = sd[f"{src}.fc{i + 1}.weight"].T
+            out[f"{dst}/Dense_{i}/bias"] = sd[f"{src}.fc{i + 1}.bias"]
+
+    w, b = np.split(sd["head.attention.in_proj_weight"], 3), np.split(sd["head.attention.in_proj_bias"], 3)
+    attention(
+        "MAPHead_0/MultiHeadDotProductAttention_0",
+        {n: (w[i], b[i]) for i, n in enumerate(("query", "key", "value"))}
+        | {"out": (sd["head.attention.out_proj.weight"], sd["head.attention.out_proj.bias"])},
+    )
+    mlp("MAPHead_0/MlpBlock_0", "head.mlp")
+    i = 0
+    while f"encoder.layers.{i}.layer_norm1.weight" in sd:
+        src, dst = f"encoder.layers.{i}", f"Transformer/encoderblock_{i}"
+        for j in (1, 2):
+            out[f"{dst}/LayerNorm_{j - 1}/scale"] = sd[f"{src}.layer_norm{j}.weight"]
+            out[f"{dst}/LayerNorm_{j - 1}/bias"] = sd[f"{src}.layer_norm{j}.bias"]
+        proj = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "out": "out_proj"}
+        attention(
+            f"{dst}/MultiHeadDotProductAttention_0",
+            {n: (sd[f"{src}.self_attn.{p}.weight"], sd[f"{src}.self_attn.{p}.bias"]) for n, p in proj.items()},
+        )
+        mlp(f"{dst}/MlpBlock_0", f"{src}.mlp")
+        i += 1
+    return {f"params/img/{k}": np.ascontiguousarray(v) for k, v in out.items()}
+
+
+@pytest.mark.slow
+def test_big_vision_naflex_npz_equals_transformers_in_both_twins(tmp_path):
+    """A big_vision ``naflex_vit`` ``.npz`` (built here from a tiny ``Siglip2VisionModel`` by the inverse of
+    transformers' converter, beside a text tower's ``params/txt/`` and ``params/t``): read with
+    ``posemb_resample`` bilinear_aa and its 4x4 table derived, what an .npz cannot hold (GELU, eps,
+    channels) assumed; given nothing, both twins equal transformers' pooled output on four aspect ratios."""
+    model = _siglip2_folder(tmp_path / "hf")
+    files = _big_vision_naflex(model, heads=4) | {
+        "params/txt/Embed_0/embedding": np.zeros((64, 2), np.float32),
+        "params/t": np.array([2.3], np.float32),
+    }
+    np.savez(tmp_path / "siglip2_naflex.npz", **files)
+    ckpt = load_checkpoint(tmp_path / "siglip2_naflex.npz")
+    cfg = ckpt.cfg
+    assert ckpt.report.format == "big_vision" and ckpt.report.layout.endswith("naflex_vit")
+    assert (cfg.posemb_resample, cfg.image_size, cfg.patch_size, cfg.pool) == ("bilinear_aa", (32, 32), (8, 8), "map")
+    assert set(ckpt.report.assumed) == {"gelu", "ln_eps", "in_chans"}
+    assert cfg == load_checkpoint(tmp_path / "hf").cfg.replace(dynamic_img_size=True)
+    _, batch = _naflex_batch(np.random.default_rng(2))
+    patches, mask, shapes = (torch.from_numpy(a) for a in batch)
+    with torch.no_grad():
+        ref = model(pixel_values=patches, pixel_attention_mask=mask, spatial_shapes=shapes).pooler_output
+        got = vit_torch.from_numpy(cfg, ckpt.state)(patches, patch_mask=mask, spatial_shapes=shapes)
+    _assert_close("torch", got, ref)
+    _assert_close("jax", _jax(cfg, ckpt.state, batch), ref)
+
+
 def test_naflex_preprocessing_equals_transformers_siglip2_processor():
     """``vit_common.naflex.preprocess`` + ``stack_patches`` equal transformers' ``Siglip2ImageProcessorPil``
     bit for bit (patches, mask, spatial shapes) on photos of several aspect ratios, one smaller than the

@@ -25,7 +25,6 @@ projection).
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -37,6 +36,7 @@ from vit_common.checkpoints.formats.provenance import Origin, assumed, derived
 from vit_common.checkpoints.formats.rules import Piece, Rule, from_canonical, refuse, to_canonical, unsupported
 from vit_common.checkpoints.formats.tensors import Tensor, TensorMap
 from vit_common.config import ViTConfig
+from vit_common.naflex import patch_side
 
 NAFLEX_KEYS = ("embeds.proj.weight", "module.embeds.proj.weight")
 # timm's (pos_embed_interp_mode, pos_embed_antialias, pos_embed_align_corners) -> posemb_resample
@@ -120,8 +120,8 @@ def _dims(proj_shape: tuple[int, ...], overrides: Mapping[str, Any], context: st
     if len(proj_shape) != 2:
         raise FormatError(f"{context}: embeds.proj.weight has shape {proj_shape}; expected [D, P*P*C] or [D, C, P, P]")
     cols, c = proj_shape[1], overrides.get("in_chans", 3)
-    side = math.isqrt(cols // c) if isinstance(c, int) and c > 0 and cols % c == 0 else 0
-    if side < 1 or side * side * c != cols:
+    side = patch_side(cols, c) if isinstance(c, int) else 0
+    if side < 1:
         raise FormatError(
             f"{context}: embeds.proj.weight has {cols} columns, not P*P*C for square patches of C={c} "
             "channels; pass --set in_chans=C"
