@@ -53,6 +53,7 @@ from vit_common.checkpoints.formats.timm_hub import (
 )
 from vit_common.checkpoints.formats.timm_naflex import (
     canonical_to_naflex,
+    infer_naflex,
     is_naflex,
     is_naflex_name,
     naflex_cannot_hold,
@@ -172,7 +173,8 @@ class Timm(Format):
             )
             dec.notes += notes + more
             return dec
-        return infer(
+        read = infer_naflex if is_naflex(src.tensors) else infer
+        return read(
             src.tensors, source_image_size=opts.source_image_size, overrides=opts.overrides, context=src.context
         )
 

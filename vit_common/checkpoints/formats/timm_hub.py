@@ -46,7 +46,13 @@ from vit_common.checkpoints.formats.provenance import ASSUMED_KEY, common_float_
 from vit_common.checkpoints.formats.rules import refuse, unsupported
 from vit_common.checkpoints.formats.stored_config import config_from_json, decode_stored
 from vit_common.checkpoints.formats.timm_eva import eva_kwargs, eva_name, eva_to_canonical, is_eva, layout_note
-from vit_common.checkpoints.formats.timm_naflex import is_naflex, is_naflex_name, naflex_kwargs, naflex_state
+from vit_common.checkpoints.formats.timm_naflex import (
+    infer_naflex,
+    is_naflex,
+    is_naflex_name,
+    naflex_kwargs,
+    naflex_state,
+)
 from vit_common.checkpoints.formats.timm_names import architecture_config, matching_name, timm_version
 from vit_common.checkpoints.formats.timm_state import (
     GELU_TO_TIMM,
@@ -374,7 +380,7 @@ def read_hub(src: Source, opts) -> Decoded:
     known = architecture_defaults(hub.architecture, tensors, fields, keys)
     given = dict(opts.overrides)
     size = fields.pop("image_size", None) or opts.source_image_size  # load_checkpoint refuses a conflict
-    dec = infer(
+    dec = (infer_naflex if is_naflex(src.tensors) else infer)(
         src.tensors,
         source_image_size=size,
         overrides={k: v for k, v in fields.items() if k not in given} | given,

@@ -32,13 +32,21 @@ from typing import Any
 import numpy as np
 
 from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.protocol import Decoded
 from vit_common.checkpoints.formats.provenance import Origin, assumed, derived
 from vit_common.checkpoints.formats.rules import Piece, Rule, from_canonical, refuse, to_canonical, unsupported
 from vit_common.checkpoints.formats.tensors import Tensor, TensorMap
+from vit_common.checkpoints.formats.timm_state import (
+    GELU_TO_TIMM,
+    NAFLEX_KEYS,
+    POOL_TO_TIMM,
+    infer,
+    mlp_ratio,
+    normalise_keys,
+)
 from vit_common.config import ViTConfig
 from vit_common.naflex import patch_side
 
-NAFLEX_KEYS = ("embeds.proj.weight", "module.embeds.proj.weight")
 # timm's (pos_embed_interp_mode, pos_embed_antialias, pos_embed_align_corners) -> posemb_resample
 RESAMPLE = {
     ("bicubic", True, False): "bicubic_aa",
@@ -131,6 +139,27 @@ def _dims(proj_shape: tuple[int, ...], overrides: Mapping[str, Any], context: st
     return (side, side), c, origins
 
 
+def infer_naflex(
+    tensors: TensorMap,
+    *,
+    source_image_size: tuple[int, int] | None = None,
+    overrides: Mapping[str, Any] = (),
+    context: str = "timm file",
+) -> Decoded:
+    """``timm_state.infer`` for a NaFlexVit state dict that stores no config: its tensors in canonical
+    names and what they give (``naflex_known``), the rest inferred and assumed as for any timm file.
+
+    Raises:
+        FormatError, StateMismatchError: as ``infer``; what the twins lack (``REFUSED_KEYS``).
+    """
+    t, notes = normalise_keys(tensors)
+    state, known = naflex_known(t, dict(overrides), context)
+    size = known["image_size"][0] if "image_size" in known else source_image_size
+    dec = infer(state, source_image_size=size, overrides=overrides, context=context, known=known)
+    dec.layout, dec.notes = "timm NaFlexVit state_dict", notes + dec.notes
+    return dec
+
+
 def naflex_known(tensors: TensorMap, overrides: Mapping[str, Any], context: str):
     """(the state dict in canonical names and layouts, the fields a NaFlexVit state dict gives with their
     origins) for ``timm_state.infer``: patch size and channels, the image size of the table's grid, a
@@ -206,8 +235,6 @@ def naflex_kwargs(cfg: ViTConfig) -> dict[str, Any]:
     a Linear patch projection, the table's grid and resize (``RESAMPLE``), every choice spelled out.
     The norm is named by timm's string (``layernorm`` / ``rmsnorm``, eps 1e-6); a caller giving another
     eps replaces ``norm_layer``. Dropout is left at timm's defaults."""
-    from vit_common.checkpoints.formats.timm_state import GELU_TO_TIMM, POOL_TO_TIMM, mlp_ratio
-
     mode, antialias, corners = {v: k for k, v in RESAMPLE.items()}[cfg.posemb_resample]
     norm = "rmsnorm" if cfg.norm == "rmsnorm" else "layernorm"
     args = dict(

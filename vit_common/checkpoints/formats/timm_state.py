@@ -42,7 +42,6 @@ from vit_common.checkpoints.formats.provenance import (
 )
 from vit_common.checkpoints.formats.rules import Piece, Rule, copy, refuse, to_canonical, unsupported
 from vit_common.checkpoints.formats.source import TORCH_SUFFIXES
-from vit_common.checkpoints.formats.timm_naflex import NAFLEX_KEYS, is_naflex, naflex_known
 from vit_common.config import ViTConfig
 from vit_common.state import canonical_shapes
 
@@ -54,6 +53,10 @@ _NO_TIMM_POOL = {
     "token_gap": "[class token, mean] pooling",
     "probe": "attention probe without a query projection",
 }
+
+
+# timm NaFlexVit's (``naflexvit_*``) patch embedding (``timm_naflex`` reads it)
+NAFLEX_KEYS = ("embeds.proj.weight", "module.embeds.proj.weight")
 
 
 def is_timm(keys) -> bool:
@@ -132,12 +135,15 @@ def infer(
     source_image_size: tuple[int, int] | None = None,
     overrides: Mapping[str, Any] = (),
     context: str = "timm file",
+    known: Mapping[str, tuple[Any, Origin]] = (),
 ) -> Decoded:
     """Canonical state, config and provenance of a timm state_dict (numpy arrays) that stores no config.
 
     Args:
         source_image_size: (H, W) the file was trained at, when known; otherwise its grid must be square.
         overrides: ViTConfig fields that replace inferred values (num_heads, pool, gelu, ln_eps...).
+        known: fields the caller established, with their origins (a NaFlexVit's: ``timm_naflex``); the
+            overrides still replace them.
 
     Raises:
         FormatError: the shapes do not describe a ViT the twins implement (what is missing is named),
@@ -146,10 +152,6 @@ def infer(
     """
     t, notes = normalise_keys(tensors)
     overrides = dict(overrides)
-    known = {}
-    if is_naflex(t):  # timm NaFlexVit: its embeds.* in canonical names, what they give
-        t, known = naflex_known(t, overrides, context)
-        source_image_size = known["image_size"][0] if "image_size" in known else source_image_size
     if "patch_embed.proj.weight" not in t or np.ndim(t["patch_embed.proj.weight"]) != 4:
         raise FormatError(f"{context}: no 4-D patch_embed.proj.weight, so not a timm VisionTransformer")
     refuse_unsupported(
@@ -263,12 +265,11 @@ def infer(
     dt = common_float_dtype(t)
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
-    for name, (value, origin) in known.items():
+    for name, (value, origin) in dict(known).items():
         f[name], prov[name] = value, origin
     cfg = build_config(f, prov, overrides, context, t)
     rules = timm_rules(cfg, split_gate)
     layout = "timm VisionTransformerDistilled state_dict" if cfg.dist_token else "timm state_dict"
-    layout = "timm NaFlexVit state_dict" if known else layout
     return Decoded(cfg, to_canonical(rules, t, context), layout, prov, [], notes)
 
 
