@@ -22,6 +22,7 @@ from flax import nnx
 import vit_jax
 import vit_torch
 from vit_common.checkpoints.convert import convert, load_checkpoint
+from vit_common.checkpoints.formats.hf_families import ONE_SPELLING
 from vit_common.checkpoints.formats.npz import NpzWriteOptions
 from vit_common.config import ViTConfig
 from vit_common.naflex import pad_batch, patchify
@@ -196,14 +197,15 @@ def _siglip2_folder(folder) -> torch.nn.Module:
 
 def test_siglip2_naflex_folder_equals_transformers_in_both_twins(tmp_path, capsys):
     """A ``siglip2_vision_model`` folder loads strictly (nothing assumed; image_size 4 x 8 from num_patches,
-    posemb_resample bilinear_aa declared); on a batch of four aspect ratios both twins give transformers'
-    pooled output and its last hidden state on every image patch, and transformers on each image alone
-    gives the same rows. ``vit info --set posemb_resample=nearest`` is one line and exit 2."""
+    posemb_resample bilinear_aa declared; its key names are transformers 4's and 5's, not "v4"); on a
+    batch of four aspect ratios both twins give transformers' pooled output and its last hidden state on
+    every image patch, and transformers on each image alone gives the same rows. ``vit info --set
+    posemb_resample=nearest`` is one line and exit 2."""
     from vit_cli.main import main
 
     model = _siglip2_folder(tmp_path / "hf")
     ckpt = load_checkpoint(tmp_path / "hf", strict=True)
-    assert ckpt.report.assumed == [] and ckpt.report.layout.startswith("Siglip2VisionModel")
+    assert ckpt.report.assumed == [] and ckpt.report.layout == f"Siglip2VisionModel, {ONE_SPELLING}"
     cfg = ckpt.cfg
     assert (cfg.image_size, cfg.patch_size, cfg.posemb_resample, cfg.pool) == ((32, 32), (8, 8), "bilinear_aa", "map")
     _, batch = _naflex_batch(np.random.default_rng(2))
@@ -256,24 +258,135 @@ def test_siglip2_two_tower_and_classifier_folders_read_their_vision_tower(tmp_pa
         _assert_close(arch, got, ref)
 
 
-def test_timm_naflexvit_files_are_refused_as_timm_by_name(tmp_path, capsys):
-    """timm ``naflexvit_*_siglip`` (``NaFlexVit``: ``embeds.proj``, ``embeds.pos_embed``), as a file and as a
-    hub folder (which was misread as a transformers folder): one line naming timm's NaFlexVit, exit 2."""
+def test_siglip2_folders_are_written_back_and_load_strictly_in_transformers(tmp_path):
+    """A ``siglip2_vision_model`` folder converted to hf_family is written as ``Siglip2VisionModel``
+    (``num_patches``, the flattened patch embedding): transformers loads it strictly and gives the source's
+    output bit for bit on the batch of four aspect ratios; it reads back with the source's tensors bit for
+    bit. Written as timm's ``naflexvit_base_patch16_siglip`` hub folder, timm gives transformers' output
+    within 1e-5. A fixed-resolution SigLIP (bicubic resize) asked for as ``siglip2_vision_model`` is
+    refused by name."""
     import timm
-    from safetensors.torch import save_file
-    from timm.models._hub import save_for_hf
 
-    from vit_cli.main import main
+    from vit_common.checkpoints.formats.hf import HfWriteOptions
+    from vit_common.checkpoints.formats.timm import TimmWriteOptions
+    from vit_torch.formats import READERS, WRITERS
 
-    name = "naflexvit_base_patch16_siglip"
-    model = timm.create_model(name, pretrained=False, embed_dim=32, depth=1, num_heads=4, num_classes=0)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / "naflex.safetensors")
-    save_for_hf(model, tmp_path / "hub", model_config={"architecture": name})
-    for path in (tmp_path / "naflex.safetensors", tmp_path / "hub"):
-        capsys.readouterr()
-        assert main(["info", str(path)]) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "a timm NaFlexVit (naflexvit_*, embeds.proj.weight) is not read yet" in err[0], err
+    model = _siglip2_folder(tmp_path / "hf")
+    report = convert(tmp_path / "hf", tmp_path / "out", to_fmt="hf_family")
+    assert "Siglip2VisionModel.from_pretrained" in report.load_call
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["model_type"] == "siglip2_vision_model" and config["num_patches"] == 16 and "image_size" not in config
+    written, info = transformers.Siglip2VisionModel.from_pretrained(
+        tmp_path / "out", output_loading_info=True, attn_implementation="eager"
+    )
+    assert not any(info.values()), info
+    _, batch = _naflex_batch(np.random.default_rng(2))
+    names = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
+    kw = dict(zip(names, (torch.from_numpy(a) for a in batch), strict=True))
+    with torch.no_grad():
+        assert torch.equal(written.eval()(**kw).pooler_output, model(**kw).pooler_output)
+    source, back = load_checkpoint(tmp_path / "hf"), load_checkpoint(tmp_path / "out", strict=True)
+    assert back.cfg == source.cfg and all(np.array_equal(back.state[k], v) for k, v in source.state.items())
+    options = TimmWriteOptions(architecture="naflexvit_base_patch16_siglip")
+    convert(tmp_path / "hf", tmp_path / "timm", to_fmt="timm", readers=READERS, writers=WRITERS, write_options=options)
+    coord = torch.zeros(*kw["pixel_values"].shape[:2], 2, dtype=torch.long)  # timm's (y, x) of each patch
+    for i, (h, w) in enumerate(kw["spatial_shapes"].tolist()):
+        coord[i, : h * w] = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij"), -1).reshape(
+            -1, 2
+        )
+    with torch.no_grad():
+        got = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True).eval()(
+            kw["pixel_values"], patch_coord=coord, patch_valid=kw["pixel_attention_mask"]
+        )
+        _assert_close("timm naflexvit", got, model(**kw).pooler_output)
+    _published_fixed_res(tmp_path / "fixed")
+    with pytest.raises(ValueError, match=r"posemb_resample='bicubic' \(Siglip2VisionModel resizes its table"):
+        options = HfWriteOptions(model_type="siglip2_vision_model")
+        convert(tmp_path / "fixed", tmp_path / "fixed2", to_fmt="hf_family", write_options=options)
+    assert not (tmp_path / "fixed2").exists()
+
+
+def _big_vision_naflex(model: torch.nn.Module, heads: int) -> dict[str, np.ndarray]:
+    """A ``Siglip2VisionModel``'s weights under big_vision ``naflex_vit``'s names (``params/img/``), the
+    inverse of transformers' ``convert_siglip2_to_hf.py``: Dense kernels [in, out], attention kernels
+    (D, H, D/H) and (H, D/H, D), ``embedding/kernel`` [P*P*C, D], ``pos_embedding`` [G, G, D]."""
+    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    d = sd["embeddings.patch_embedding.weight"].shape[0]
+    g = int(np.sqrt(sd["embeddings.position_embedding.weight"].shape[0]))
+    out = {
+        "embedding/kernel": sd["embeddings.patch_embedding.weight"].T,
+        "embedding/bias": sd["embeddings.patch_embedding.bias"],
+        "pos_embedding": sd["embeddings.position_embedding.weight"].reshape(g, g, d),
+        "Transformer/encoder_norm/scale": sd["post_layernorm.weight"],
+        "Transformer/encoder_norm/bias": sd["post_layernorm.bias"],
+        "MAPHead_0/probe": sd["head.probe"],
+        "MAPHead_0/LayerNorm_0/scale": sd["head.layernorm.weight"],
+        "MAPHead_0/LayerNorm_0/bias": sd["head.layernorm.bias"],
+    }
+
+    def attention(dst: str, names: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        for name, (w, b) in names.items():
+            if name == "out":
+                out[f"{dst}/out/kernel"], out[f"{dst}/out/bias"] = w.T.reshape(heads, d // heads, d), b
+            else:
+                out[f"{dst}/{name}/kernel"], out[f"{dst}/{name}/bias"] = (
+                    w.T.reshape(d, heads, d // heads),
+                    b.reshape(heads, d // heads),
+                )
+
+    def mlp(dst: str, src: str) -> None:
+        for i in range(2):
+            out[f"{dst}/Dense_{i}/kernel"] = sd[f"{src}.fc{i + 1}.weight"].T
+            out[f"{dst}/Dense_{i}/bias"] = sd[f"{src}.fc{i + 1}.bias"]
+
+    w, b = np.split(sd["head.attention.in_proj_weight"], 3), np.split(sd["head.attention.in_proj_bias"], 3)
+    attention(
+        "MAPHead_0/MultiHeadDotProductAttention_0",
+        {n: (w[i], b[i]) for i, n in enumerate(("query", "key", "value"))}
+        | {"out": (sd["head.attention.out_proj.weight"], sd["head.attention.out_proj.bias"])},
+    )
+    mlp("MAPHead_0/MlpBlock_0", "head.mlp")
+    i = 0
+    while f"encoder.layers.{i}.layer_norm1.weight" in sd:
+        src, dst = f"encoder.layers.{i}", f"Transformer/encoderblock_{i}"
+        for j in (1, 2):
+            out[f"{dst}/LayerNorm_{j - 1}/scale"] = sd[f"{src}.layer_norm{j}.weight"]
+            out[f"{dst}/LayerNorm_{j - 1}/bias"] = sd[f"{src}.layer_norm{j}.bias"]
+        proj = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "out": "out_proj"}
+        attention(
+            f"{dst}/MultiHeadDotProductAttention_0",
+            {n: (sd[f"{src}.self_attn.{p}.weight"], sd[f"{src}.self_attn.{p}.bias"]) for n, p in proj.items()},
+        )
+        mlp(f"{dst}/MlpBlock_0", f"{src}.mlp")
+        i += 1
+    return {f"params/img/{k}": np.ascontiguousarray(v) for k, v in out.items()}
+
+
+@pytest.mark.slow
+def test_big_vision_naflex_npz_equals_transformers_in_both_twins(tmp_path):
+    """A big_vision ``naflex_vit`` ``.npz`` (built here from a tiny ``Siglip2VisionModel`` by the inverse of
+    transformers' converter, beside a text tower's ``params/txt/`` and ``params/t``): read with
+    ``posemb_resample`` bilinear_aa and its 4x4 table derived, what an .npz cannot hold (GELU, eps,
+    channels) assumed; given nothing, both twins equal transformers' pooled output on four aspect ratios."""
+    model = _siglip2_folder(tmp_path / "hf")
+    files = _big_vision_naflex(model, heads=4) | {
+        "params/txt/Embed_0/embedding": np.zeros((64, 2), np.float32),
+        "params/t": np.array([2.3], np.float32),
+    }
+    np.savez(tmp_path / "siglip2_naflex.npz", **files)
+    ckpt = load_checkpoint(tmp_path / "siglip2_naflex.npz")
+    cfg = ckpt.cfg
+    assert ckpt.report.format == "big_vision" and ckpt.report.layout.endswith("naflex_vit")
+    assert (cfg.posemb_resample, cfg.image_size, cfg.patch_size, cfg.pool) == ("bilinear_aa", (32, 32), (8, 8), "map")
+    assert set(ckpt.report.assumed) == {"gelu", "ln_eps", "in_chans"}
+    assert cfg == load_checkpoint(tmp_path / "hf").cfg.replace(dynamic_img_size=True)
+    _, batch = _naflex_batch(np.random.default_rng(2))
+    patches, mask, shapes = (torch.from_numpy(a) for a in batch)
+    with torch.no_grad():
+        ref = model(pixel_values=patches, pixel_attention_mask=mask, spatial_shapes=shapes).pooler_output
+        got = vit_torch.from_numpy(cfg, ckpt.state)(patches, patch_mask=mask, spatial_shapes=shapes)
+    _assert_close("torch", got, ref)
+    _assert_close("jax", _jax(cfg, ckpt.state, batch), ref)
 
 
 def test_naflex_preprocessing_equals_transformers_siglip2_processor():

@@ -68,8 +68,15 @@ def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
         from vit_torch.timm_eva import eva_config
 
         return eva_config(m, name)
-    if not isinstance(m, VisionTransformer) or type(m) not in (VisionTransformer, VisionTransformerDistilled):
+    naflex = type(m).__name__ == "NaFlexVit"
+    if naflex:
+        from vit_torch.timm_naflex import naflex_embed_fields
+
+        embed = naflex_embed_fields(m, name)
+    elif not isinstance(m, VisionTransformer) or type(m) not in (VisionTransformer, VisionTransformerDistilled):
         raise FormatError(f"timm model {name!r} is a {type(m).__name__}, not a timm VisionTransformer")
+    else:
+        embed = _patch_embed_fields(m)
     blocks = list(m.blocks)
     b0 = blocks[0]
     mlp = getattr(b0, "mlp", None)  # parallel blocks have none: refused as their block below
@@ -77,13 +84,22 @@ def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
         "block": (b0, Block),
         "attention": (getattr(b0, "attn", None), Attention),
         "MLP": (mlp, type(mlp) if isinstance(mlp, (GluMlp, SwiGLU)) else Mlp),
-        "patch embedding": (m.patch_embed, PatchEmbed),
     }
+    if not naflex:
+        parts["patch embedding"] = (m.patch_embed, PatchEmbed)
     lacks = [f"{what} {type(obj).__name__}" for what, (obj, cls) in parts.items() if type(obj) is not cls]
     if lacks:
         raise FormatError(f"timm model {name!r}: the twins do not implement its " + ", ".join(lacks))
     kind = RmsNorm if type(b0.norm1) is RmsNorm else nn.LayerNorm  # timm's LayerNorm subclasses torch's
-    norms = [b0.norm1, b0.norm2, m.norm, m.fc_norm, m.norm_pre, m.patch_embed.norm, b0.attn.q_norm]
+    norms = [
+        b0.norm1,
+        b0.norm2,
+        m.norm,
+        m.fc_norm,
+        m.norm_pre,
+        (m.embeds if naflex else m.patch_embed).norm,
+        b0.attn.q_norm,
+    ]
     if any(not isinstance(n, (kind, nn.Identity)) for n in norms):
         kinds = ", ".join(sorted({type(n).__name__ for n in norms} - {"Identity"}))
         raise FormatError(f"timm model {name!r}: norms {kinds}; the twins have one kind, LayerNorm or RmsNorm")
@@ -102,10 +118,7 @@ def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
         )
     distilled = isinstance(m, VisionTransformerDistilled)
     return ViTConfig(
-        image_size=tuple(m.patch_embed.img_size),
-        patch_size=tuple(m.patch_embed.patch_size),
-        patch_bias=m.patch_embed.proj.bias is not None,
-        in_chans=m.patch_embed.proj.in_channels,
+        **embed,
         num_classes=m.num_classes,
         width=m.embed_dim,
         depth=len(blocks),
@@ -116,21 +129,34 @@ def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
         qk_norm=not isinstance(b0.attn.q_norm, nn.Identity),
         ln_eps=float(b0.norm1.eps),
         norm="rmsnorm" if kind is RmsNorm else "layernorm",
-        patch_norm=not isinstance(m.patch_embed.norm, nn.Identity),
         proj_bias=b0.attn.proj.bias is not None,
         mlp_bias=b0.mlp.fc2.bias is not None,
         gelu="exact" if gated else _gelu(b0.mlp.act, name),
         pool=_POOLS[m.global_pool],
         pool_include_prefix=bool(m.pool_include_prefix),
-        class_token=m.cls_token is not None,
         dist_token=distilled,
         head_dist=distilled,
-        reg_tokens=m.num_reg_tokens,
-        posemb="learn" if m.pos_embed is not None else "none",
-        posemb_prefix=not m.no_embed_class,
         norm_pre=not isinstance(m.norm_pre, nn.Identity),
         fc_norm=not isinstance(m.fc_norm, nn.Identity),
         layer_scale=1e-5 if not isinstance(b0.ls1, nn.Identity) else None,
+        map_heads=m.attn_pool.num_heads
+        if m.attn_pool is not None and m.attn_pool.num_heads != b0.attn.num_heads
+        else 0,
+    )
+
+
+def _patch_embed_fields(m: nn.Module) -> dict[str, Any]:
+    """ViTConfig fields of a timm VisionTransformer's ``patch_embed``, tokens and position table."""
+    return dict(
+        image_size=tuple(m.patch_embed.img_size),
+        patch_size=tuple(m.patch_embed.patch_size),
+        patch_bias=m.patch_embed.proj.bias is not None,
+        in_chans=m.patch_embed.proj.in_channels,
+        patch_norm=not isinstance(m.patch_embed.norm, nn.Identity),
+        class_token=m.cls_token is not None,
+        reg_tokens=m.num_reg_tokens,
+        posemb="learn" if m.pos_embed is not None else "none",
+        posemb_prefix=not m.no_embed_class,
         dynamic_img_size=bool(m.dynamic_img_size),
         dynamic_img_pad=bool(getattr(m.patch_embed, "dynamic_img_pad", False)),
     )
@@ -147,6 +173,10 @@ def canonical_from_timm(model: nn.Module, cfg: ViTConfig) -> dict[str, np.ndarra
     from vit_common.checkpoints.formats.timm_state import timm_rules
 
     tensors = {k: np.ascontiguousarray(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
+    if type(model).__name__ == "NaFlexVit":
+        from vit_common.checkpoints.formats.timm_naflex import naflex_state
+
+        tensors = naflex_state(tensors, cfg.patch_size, cfg.in_chans)
     if type(model).__name__ == "Eva":
         from vit_common.checkpoints.formats.timm_eva import eva_to_canonical
 

@@ -83,9 +83,7 @@ from vit_common.system import io
 
 # The model types an hf_family folder is written as (``--hf-model-type``): the two-tower ones are written
 # as their vision tower's.
-WRITTEN_FAMILY_TYPES = tuple(
-    t for t in FAMILY_MODEL_TYPES if t not in ("siglip", "siglip2", "siglip2_vision_model", "clip", "aimv2")
-)
+WRITTEN_FAMILY_TYPES = tuple(t for t in FAMILY_MODEL_TYPES if t not in ("siglip", "siglip2", "clip", "aimv2"))
 WEIGHTS = "model.safetensors"  # an unsharded folder's weights, as save_pretrained names them
 
 

@@ -18,6 +18,9 @@ Keys are flax parameter paths joined with '/'. What varies between files, and is
   means ``sincos2d`` (computed, not stored);
 - pooling: ``cls`` -> class token; ``MAPHead_0/{probe, MultiHeadDotProductAttention_0, LayerNorm_0,
   MlpBlock_0}`` -> MAP head; neither -> global average pooling (big_vision 'gap');
+- big_vision NaFlex (``models/proj/image_text/naflex_vit.py``, SigLIP 2 NaFlex): ``embedding/kernel`` a
+  Dense [P*P*C, D] over patches flattened (P, P, C) and ``pos_embedding`` [G, G, D], read as vit.py's
+  [P, P, C, D] and [1, G*G, D] (``naflex_tensors``), resized per image bilinearly with antialias;
 - ``pre_logits`` (original ViT ``representation_size``, big_vision ``rep_size``; dense + tanh) and
   ``head``. ImageNet-21k releases of the original ViT ship a 21,843-class head of zeros: it is dropped
   (reported), since it would make every logit zero.
@@ -75,6 +78,7 @@ from vit_common.checkpoints.formats.tensors import LazyTensor, Tensor, TensorMap
 from vit_common.checkpoints.formats.timm_state import timm_load_call
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
+from vit_common.naflex import patch_side
 from vit_common.system import io
 
 PREFIXES = NPZ_PREFIXES
@@ -216,6 +220,46 @@ def rules(cfg: ViTConfig, layout: Layout) -> list[Rule]:
     return r
 
 
+def naflex_tensors(tensors: TensorMap, prefix: str, overrides: Mapping[str, Any], context: str):
+    """(``tensors`` with big_vision naflex_vit's ``embedding/kernel`` [P*P*C, D] and ``pos_embedding``
+    [G, G, D] as vit.py's [P, P, C, D] and [1, G*G, D] (lazy reshapes), the image size G*P or None, the
+    fields naflex_vit fixes with their origins: C (assumed 3 unless given), ``posemb_resample``
+    'bilinear_aa' (its ``_pos_emb_resize``: ``jax.image.scale_and_translate(method="bilinear",
+    antialias=True)``) and a dynamic image size.
+
+    Raises:
+        FormatError: a LayerNorm on the patches (``patchln_pre`` / ``patchln_post``, named), or a kernel
+            whose rows are not P*P*C.
+    """
+    for name in ("patchln_pre", "patchln_post"):
+        if prefix + name + "/scale" in tensors:
+            raise FormatError(
+                f"{context}: big_vision naflex_vit's {name} (a LayerNorm on the patches) is not implemented"
+            )
+    key, c = prefix + "embedding/kernel", overrides.get("in_chans", 3)
+    kernel = tensors[key]
+    rows, d = np.shape(kernel)
+    p = patch_side(rows, c) if isinstance(c, int) else 0
+    if not p:
+        raise FormatError(f"{context}: {key} has {rows} rows, not P*P*C for square patches of C={c}; pass in_chans")
+    out = dict(tensors)
+    out[key] = LazyTensor((p, p, c, d), dtype_of(kernel), lambda: np.asarray(kernel).reshape(p, p, c, d))
+    why = derived("a 2-D embedding/kernel: big_vision naflex_vit, whose _pos_emb_resize is bilinear with antialias")
+    fields = {
+        "in_chans": (c, assumed("not stored; 3 (embedding/kernel takes P*P*C rows)")),
+        "posemb_resample": ("bilinear_aa", why),
+        "dynamic_img_size": (True, why),
+    }
+    table = tensors.get(prefix + "pos_embedding")
+    if table is None or np.ndim(table) != 3:
+        return out, None, fields
+    gh, gw, _ = np.shape(table)
+    out[prefix + "pos_embedding"] = LazyTensor(
+        (1, gh * gw, d), dtype_of(table), lambda: np.asarray(table).reshape(1, gh * gw, d)
+    )
+    return out, (gh * p, gw * p), fields
+
+
 def read(
     tensors: TensorMap,
     *,
@@ -235,6 +279,10 @@ def read(
     """
     overrides = dict(overrides)
     prefix = next((p for p in PREFIXES if p + "embedding/kernel" in tensors), None)
+    known = {}
+    if prefix is not None and np.ndim(tensors[prefix + "embedding/kernel"]) == 2:
+        tensors, size, known = naflex_tensors(tensors, prefix, overrides, context)
+        source_image_size = size or source_image_size
     if prefix is None or np.ndim(tensors[prefix + "embedding/kernel"]) != 4:
         raise FormatError(f"{context}: no 4-D embedding/kernel under any of the prefixes {PREFIXES}")
     dropped = [(k, _outside(k, prefix)) for k in tensors if not k.startswith(prefix)]
@@ -341,13 +389,15 @@ def read(
     )
     prov["ln_eps"] = assumed(".npz files cannot hold the LayerNorm eps; flax LayerNorm's eps 1e-6")
     f["posemb_resample"] = "bilinear_corners"  # big_vision / original ViT resample with scipy zoom order 1
+    for name, (value, origin) in known.items():
+        f[name], prov[name] = value, origin
     dt = common_float_dtype(t)
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
     cfg = build_config(f, prov, overrides, context, t)
     layout = Layout(prefix, counters, posemb_key or "pos_embedding", scan)
     state = to_canonical(rules(cfg, layout), t, context)
-    return Decoded(cfg, state, layout.describe(), prov, dropped, notes)
+    return Decoded(cfg, state, layout.describe() + (", naflex_vit" if known else ""), prov, dropped, notes)
 
 
 def cannot_hold(cfg: ViTConfig) -> list[str]:

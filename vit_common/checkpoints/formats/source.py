@@ -186,30 +186,31 @@ NPZ_PREFIXES = ("", "opt/target/", "params/", "params/img/")  # the flax .npz la
 # Dimensions the flax .npz layouts (original ViT, big_vision) fix, by member name without the prefix:
 # matched in order, first match wins; under ``Transformer/encoderblock/`` (scan=True) one more, the layers.
 _NDIM = (
-    (re.compile(r"^embedding/kernel$"), 4),  # (P, P, C, D)
-    (re.compile(r"^(cls|MAPHead_0/probe)$"), 3),  # (1, 1, D)
-    (re.compile(r"(^|/)pos_embedding$"), 3),  # (1, L, D)
-    (re.compile(r"MultiHeadDotProductAttention_\d+/(query|key|value)/kernel$"), 3),  # (D, N, D/N)
-    (re.compile(r"MultiHeadDotProductAttention_\d+/(query|key|value)/bias$"), 2),  # (N, D/N)
-    (re.compile(r"MultiHeadDotProductAttention_\d+/out/kernel$"), 3),  # (N, D/N, D)
-    (re.compile(r"(MlpBlock_\d+/Dense_\d+|^pre_logits|^head)/kernel$"), 2),  # dense (in, out)
+    (re.compile(r"^embedding/kernel$"), (4, 2)),  # (P, P, C, D); naflex_vit's Dense (P*P*C, D)
+    (re.compile(r"^(cls|MAPHead_0/probe)$"), (3,)),  # (1, 1, D)
+    (re.compile(r"(^|/)pos_embedding$"), (3,)),  # (1, L, D); naflex_vit's (G, G, D)
+    (re.compile(r"MultiHeadDotProductAttention_\d+/(query|key|value)/kernel$"), (3,)),  # (D, N, D/N)
+    (re.compile(r"MultiHeadDotProductAttention_\d+/(query|key|value)/bias$"), (2,)),  # (N, D/N)
+    (re.compile(r"MultiHeadDotProductAttention_\d+/out/kernel$"), (3,)),  # (N, D/N, D)
+    (re.compile(r"(MlpBlock_\d+/Dense_\d+|^pre_logits|^head)/kernel$"), (2,)),  # dense (in, out)
     (
         re.compile(
             r"(LayerNorm_\d+|encoder_norm|MlpBlock_\d+/Dense_\d+|/out|^pre_logits|^head|^embedding)/(bias|scale)$"
         ),
-        1,
+        (1,),
     ),
 )
 
 
-def expected_ndim(name: str) -> int | None:
-    """The number of dimensions the flax .npz layouts fix for member ``name``, or None for names they do
-    not define (optimizer state, a text tower): checked from the member's header before its data is read."""
+def expected_ndims(name: str) -> tuple[int, ...] | None:
+    """The numbers of dimensions the flax .npz layouts allow for member ``name``, or None for names they
+    do not define (optimizer state, a text tower): checked from the member's header before its data is
+    read."""
     prefix = max((p for p in NPZ_PREFIXES if name.startswith(p)), key=len)
     key = name[len(prefix) :]
     for pattern, ndim in _NDIM:
         if pattern.search(key):
-            return ndim + key.startswith("Transformer/encoderblock/")
+            return tuple(n + key.startswith("Transformer/encoderblock/") for n in ndim)
     return None
 
 
@@ -218,7 +219,7 @@ def open_npz(path: str | os.PathLike) -> dict[str, Tensor]:
     guarantees) and with every declared size checked first; no data is read here.
 
     Each member's header is parsed, its dimensions compared with those the layouts fix for its name
-    (``expected_ndim``), and its declared byte size compared with the member's real size
+    (``expected_ndims``), and its declared byte size compared with the member's real size
     (the zip's declared uncompressed size: reading stops there) and with
     ``vit_common.system.validate.memory_limit()``, so a corrupt header or a compressed bomb cannot ask for
     terabytes. A stored (uncompressed, as ``np.savez`` writes) member is a read-only view of a memory map
@@ -287,10 +288,11 @@ def _npy_header(fp, path, name: str) -> tuple[tuple[int, ...], bool, np.dtype]:
     shape, fortran, dtype = read_header(fp)
     if dtype.hasobject:
         raise FormatError(f"{path}: member {name!r} holds Python objects (pickle); refused")
-    ndim = expected_ndim(name)
-    if ndim is not None and len(shape) != ndim:
+    ndims = expected_ndims(name)
+    if ndims is not None and len(shape) not in ndims:
+        want = " or ".join(f"{n}-D" for n in ndims)
         raise FormatError(
-            f"{path}: member {name!r} has shape {shape}, the format's is {ndim}-D; refused before reading its data"
+            f"{path}: member {name!r} has shape {shape}, the format's is {want}; refused before reading its data"
         )
     return tuple(shape), fortran, dtype
 

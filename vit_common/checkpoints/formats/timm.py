@@ -1,5 +1,6 @@
-"""timm ``VisionTransformer`` (and DeiT ``VisionTransformerDistilled``) state_dicts and hub folders <->
-the canonical state, which uses timm's names already: the timm format's ``FORMAT``.
+"""timm ``VisionTransformer`` (and DeiT ``VisionTransformerDistilled``, and ``NaFlexVit``: ``timm_naflex``)
+state_dicts and hub folders <-> the canonical state, which uses timm's names already: the timm format's
+``FORMAT``.
 
 A timm file stores no config: its tensors' shapes give what they can and the rest is assumed and warned
 (``timm_state.infer``, which also accepts DDP's ``module.`` prefix and DeiT III's LayerScale spelling).
@@ -20,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Reference, Source, WriteOptions, writer
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
 from vit_common.checkpoints.formats.rules import materialize_posemb, refuse, zero_head_bias
@@ -52,14 +52,18 @@ from vit_common.checkpoints.formats.timm_hub import (
     read_hub,
     timm_preprocess,
 )
-from vit_common.checkpoints.formats.timm_state import (
-    NAFLEX_KEYS,
-    infer,
-    is_timm,
-    normalise_keys,
-    timm_cannot_hold,
-    timm_load_call,
+from vit_common.checkpoints.formats.timm_naflex import (
+    canonical_to_naflex,
+    infer_naflex,
+    is_naflex,
+    is_naflex_name,
+    naflex_cannot_hold,
+    naflex_load_call,
+    naflex_name,
+    naflex_state,
+    source_name,
 )
+from vit_common.checkpoints.formats.timm_state import infer, is_timm, normalise_keys, timm_cannot_hold, timm_load_call
 from vit_common.checkpoints.hub import is_hub_id
 from vit_common.checkpoints.metadata import Declared, info_metadata
 from vit_common.config import ViTConfig
@@ -81,7 +85,8 @@ class TimmWriteOptions(WriteOptions):
     exactly the tensors to write (ours or timm's: a run's model.safetensors), whose bytes the file (a
     folder's model.safetensors) shares instead of a copy (``vit_common.system.io.share_file``); for a RoPE
     backbone (timm's ``Eva``, ``timm_eva``), ``eva_qkv`` ('fused' | 'split'; '' the source's, else fused)
-    and ``architecture`` (the timm model name; '' the source's, else its family's: ``timm_eva.eva_name``)."""
+    and ``architecture`` (the timm model name; '' the source's, else its family's: ``timm_eva.eva_name``);
+    a ``naflexvit_*`` architecture writes timm's ``NaFlexVit`` (``timm_naflex``)."""
 
     weights_from: str = field(
         default="",
@@ -106,7 +111,8 @@ class TimmWriteOptions(WriteOptions):
             "flag": "--timm-architecture",
             "help": "a RoPE backbone (timm Eva): the timm Eva model name the load call builds (every keyword is "
             "spelled out; a hub folder's name also fixes the LayerNorm eps, so it must build the model's); "
-            "default: the source hub folder's, else its family's",
+            "default: the source hub folder's, else its family's. A naflexvit_* name writes timm's NaFlexVit "
+            "(the default after a NaFlexVit source)",
         },
     )
 
@@ -135,18 +141,20 @@ def _shared(weights_from: str, tensors: TensorMap, path: Path) -> tuple[dict | N
 
 
 def _check_eva_options(options: TimmWriteOptions, eva: bool) -> None:
-    """Refuse Eva options for a model timm holds as a VisionTransformer, and an unknown Eva name.
+    """Refuse Eva options for a model timm holds as a VisionTransformer, and an unknown Eva name (a
+    ``naflexvit_*`` architecture names timm's NaFlexVit, checked by ``naflex_cannot_hold``).
 
     Raises:
         ValueError: one line naming the flag and its value.
     """
+    architecture = "" if is_naflex_name(options.architecture) else options.architecture
     if not eva:
-        for flag, value in (("--timm-eva-qkv", options.eva_qkv), ("--timm-architecture", options.architecture)):
+        for flag, value in (("--timm-eva-qkv", options.eva_qkv), ("--timm-architecture", architecture)):
             if value:
                 raise ValueError(
                     f"{flag} {value!r}: an option of RoPE backbones (timm Eva); this model is a timm VisionTransformer"
                 )
-    check_eva_name(options.architecture)
+    check_eva_name(architecture)
 
 
 class Timm(Format):
@@ -166,27 +174,25 @@ class Timm(Format):
         return src.container in ("safetensors", "torch", "hf_folder") and is_timm(src.tensors)
 
     def read(self, src: Source, opts) -> Decoded:
-        if any(k in NAFLEX_KEYS for k in src.tensors):
-            raise FormatError(
-                f"{src.context}: a timm NaFlexVit (naflexvit_*, embeds.proj.weight) is not read yet; NaFlex SigLIP 2 "
-                "loads from transformers siglip2_vision_model folders"
-            )
         if src.container == "hf_folder" and is_hub_config(src.config):
             return read_hub(src, opts)
         if src.meta.get(META_TAG[0]) == META_TAG[1] and "vit_config" in src.meta:
             cfg, notes = config_from_json(src.meta["vit_config"], src.context)
             tensors, more = normalise_keys(eva_to_canonical(src.tensors))
+            naflex = is_naflex(tensors)
+            tensors = naflex_state(tensors, cfg.patch_size, cfg.in_chans) if naflex else tensors
             dec = decode_stored(
                 cfg,
                 tensors,
-                f"timm state_dict, config in metadata{layout_note(src.tensors)}",
+                f"timm {'NaFlexVit ' if naflex else ''}state_dict, config in metadata{layout_note(src.tensors)}",
                 src.context,
                 "config in the file's metadata",
                 src.meta.get(ASSUMED_KEY),
             )
             dec.notes += notes + more
             return dec
-        return infer(
+        read = infer_naflex if is_naflex(src.tensors) else infer
+        return read(
             src.tensors, source_image_size=opts.source_image_size, overrides=opts.overrides, context=src.context
         )
 
@@ -198,11 +204,16 @@ class Timm(Format):
 
     def complete_options(self, options: TimmWriteOptions, source) -> TimmWriteOptions:
         """The q/k/v spelling and the timm Eva name of a source timm file or hub folder of a RoPE backbone
-        (its report's layout line, ``timm_eva.source_choices``) where ``options`` leave them unset."""
+        (its report's layout line, ``timm_eva.source_choices``) where ``options`` leave them unset; a
+        NaFlexVit source's ``naflexvit_*`` name (``timm_naflex.source_name``)."""
         cfg = getattr(source, "config", None)
+        layout = getattr(source, "layout", "") or ""
+        naflex = source_name(layout, cfg)
+        if naflex:
+            return replace(options, architecture=options.architecture or naflex)
         if cfg is None or not is_eva(cfg):
             return options
-        name, qkv = source_choices(getattr(source, "layout", "") or "")
+        name, qkv = source_choices(layout)
         return replace(options, eva_qkv=options.eva_qkv or qkv, architecture=options.architecture or name)
 
     def declared(self, src: Source) -> Declared:
@@ -238,7 +249,8 @@ class Timm(Format):
         return _hub_folder(path)
 
     def encode(self, cfg: ViTConfig, state, path: Path, options: TimmWriteOptions, assumed=()) -> Encoded:
-        refuse("timm", self.cannot_hold(cfg))
+        naflex = is_naflex_name(options.architecture)
+        refuse("timm", self.cannot_hold(cfg) + (naflex_cannot_hold(cfg, _hub_folder(path)) if naflex else []))
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=False)
         cfg, state, more = zero_head_bias(cfg, state)
         notes += more
@@ -251,6 +263,8 @@ class Timm(Format):
         qkv = options.eva_qkv or "fused"
         if eva:
             tensors = canonical_to_eva(cfg, tensors, EvaLayout(qkv=qkv, mlp=default_layout(cfg).mlp))
+        if naflex:
+            tensors = canonical_to_naflex(cfg, tensors)
         meta = config = shared = None
         if Path(path).suffix not in TORCH_SUFFIXES:
             meta = {"format": "pt", META_TAG[0]: META_TAG[1], "vit_config": cfg.to_json()} | assumed_meta(assumed)
@@ -260,7 +274,9 @@ class Timm(Format):
                 "(a .safetensors file or hub folder keeps the config)"
             )
         if _hub_folder(path):
-            config = hub_config_json(cfg, assumed, qkv, options.architecture)
+            config = hub_config_json(
+                cfg, assumed, qkv, naflex_name(cfg, options.architecture) if naflex else options.architecture
+            )
         if options.weights_from:
             held, why = _shared(options.weights_from, tensors, path)
             notes += [why] if why else []
@@ -271,18 +287,22 @@ class Timm(Format):
         enc.shared = shared
         if eva and not _hub_folder(path):
             enc.load_call = eva_load_call(str(path), cfg, qkv, options.architecture or eva_name(cfg))
+        if naflex and not _hub_folder(path):
+            enc.load_call = naflex_load_call(str(path), cfg, naflex_name(cfg, options.architecture))
         return enc
 
     def decode(self, enc: Encoded) -> Decoded:
         """The written tensors read back with the config in their metadata, else as a timm file that
         stores none; a RoPE backbone's .pth (which ``read`` refuses) with the config it was written with."""
         tensors = eva_to_canonical(enc.tensors)
+        naflex = is_naflex(tensors)
+        tensors = naflex_state(tensors, enc.cfg.patch_size, enc.cfg.in_chans) if naflex else tensors
         if enc.meta:
             cfg, _ = config_from_json(enc.meta["vit_config"], "timm read-back")
             return decode_stored(
                 cfg, tensors, "", "timm read-back", "config in the file's metadata", enc.meta.get(ASSUMED_KEY)
             )
-        if is_eva(enc.cfg):
+        if is_eva(enc.cfg) or naflex:
             return decode_stored(enc.cfg, tensors, "", "timm read-back", "the load call's create_model keywords")
         return infer(enc.tensors, source_image_size=enc.cfg.image_size, context="timm read-back")
 

@@ -46,6 +46,13 @@ from vit_common.checkpoints.formats.provenance import ASSUMED_KEY, common_float_
 from vit_common.checkpoints.formats.rules import refuse, unsupported
 from vit_common.checkpoints.formats.stored_config import config_from_json, decode_stored
 from vit_common.checkpoints.formats.timm_eva import eva_kwargs, eva_name, eva_to_canonical, is_eva, layout_note
+from vit_common.checkpoints.formats.timm_naflex import (
+    infer_naflex,
+    is_naflex,
+    is_naflex_name,
+    naflex_kwargs,
+    naflex_state,
+)
 from vit_common.checkpoints.formats.timm_names import architecture_config, matching_name, timm_version
 from vit_common.checkpoints.formats.timm_state import (
     GELU_TO_TIMM,
@@ -352,6 +359,8 @@ def read_hub(src: Source, opts) -> Decoded:
     check_model_args(hub, tensors, where)  # before timm builds a module per declared block
     check_rope_head_dim(hub, tensors, where)  # before timm fails inside its rotary tables
     cfg = reader(src.path) if reader is not None else None
+    if cfg is not None and is_naflex(tensors):
+        tensors = naflex_state(tensors, cfg.patch_size, cfg.in_chans)
     if cfg is not None:
         dt = common_float_dtype(tensors)
         if dt in ("float32", "float64", "bfloat16", "float16"):
@@ -363,6 +372,7 @@ def read_hub(src: Source, opts) -> Decoded:
     why = "no timm reader was given" if reader is None else "timm is not installed"
     if "vit_config" in src.meta:  # written by us: the header holds the config config.json names
         stored, more = config_from_json(src.meta["vit_config"], src.context)
+        tensors = naflex_state(tensors, stored.patch_size, stored.in_chans) if is_naflex(tensors) else tensors
         dec = decode_stored(stored, tensors, layout, src.context, f"{HUB_WEIGHTS} metadata", hub.assumed)
         dec.notes += notes + more + [f"{why}: the config was read from {HUB_WEIGHTS}'s metadata"]
         return dec
@@ -370,7 +380,7 @@ def read_hub(src: Source, opts) -> Decoded:
     known = architecture_defaults(hub.architecture, tensors, fields, keys)
     given = dict(opts.overrides)
     size = fields.pop("image_size", None) or opts.source_image_size  # load_checkpoint refuses a conflict
-    dec = infer(
+    dec = (infer_naflex if is_naflex(src.tensors) else infer)(
         src.tensors,
         source_image_size=size,
         overrides={k: v for k, v in fields.items() if k not in given} | given,
@@ -429,12 +439,15 @@ def hub_config_json(cfg: ViTConfig, assumed=(), qkv: str = "fused", architecture
     leaves them out), and a ``pretrained_cfg`` with the input size; ``assumed`` fields under
     ``ASSUMED_KEY`` (timm ignores the key). A RoPE backbone (``timm_eva.is_eva``) is timm's ``Eva``: the
     name ``timm_eva.eva_name`` picks (``architecture``, the source's, where it builds the same eps) and
-    ``timm_eva.eva_kwargs`` with ``qkv`` ('fused' | 'split') as ``model_args``.
+    ``timm_eva.eva_kwargs`` with ``qkv`` ('fused' | 'split') as ``model_args``; a NaFlexVit (a ``naflexvit_*``
+    ``architecture``) ``timm_naflex.naflex_kwargs``.
 
     Raises:
         ValueError: timm cannot build ``cfg``, or no architecture has its LayerNorm eps.
     """
-    if is_eva(cfg):
+    if is_naflex_name(architecture):
+        arch, args = architecture, naflex_kwargs(cfg)
+    elif is_eva(cfg):
         arch = eva_name(cfg, architecture)
         if arch is None:
             raise ValueError(
@@ -454,7 +467,7 @@ def hub_config_json(cfg: ViTConfig, assumed=(), qkv: str = "fused", architecture
         "input_size": [cfg.in_chans, *cfg.image_size],
         "fixed_input_size": not cfg.dynamic_img_size,
         "num_classes": cfg.num_classes,
-        "first_conv": "patch_embed.proj",
+        "first_conv": "embeds.proj" if is_naflex_name(arch) else "patch_embed.proj",
         "classifier": ["head", "head_dist"] if cfg.head_dist else "head",
         "custom_load": False,
     }

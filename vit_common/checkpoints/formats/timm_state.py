@@ -55,7 +55,7 @@ _NO_TIMM_POOL = {
 }
 
 
-# timm NaFlexVit's (``naflexvit_*``) patch embedding: recognised as timm's, then refused by name
+# timm NaFlexVit's (``naflexvit_*``) patch embedding (``timm_naflex`` reads it)
 NAFLEX_KEYS = ("embeds.proj.weight", "module.embeds.proj.weight")
 
 
@@ -135,12 +135,15 @@ def infer(
     source_image_size: tuple[int, int] | None = None,
     overrides: Mapping[str, Any] = (),
     context: str = "timm file",
+    known: Mapping[str, tuple[Any, Origin]] = (),
 ) -> Decoded:
     """Canonical state, config and provenance of a timm state_dict (numpy arrays) that stores no config.
 
     Args:
         source_image_size: (H, W) the file was trained at, when known; otherwise its grid must be square.
         overrides: ViTConfig fields that replace inferred values (num_heads, pool, gelu, ln_eps...).
+        known: fields the caller established, with their origins (a NaFlexVit's: ``timm_naflex``); the
+            overrides still replace them.
 
     Raises:
         FormatError: the shapes do not describe a ViT the twins implement (what is missing is named),
@@ -262,6 +265,8 @@ def infer(
     dt = common_float_dtype(t)
     if dt in ("float32", "float64", "bfloat16", "float16"):
         f["param_dtype"] = dt
+    for name, (value, origin) in dict(known).items():
+        f[name], prov[name] = value, origin
     cfg = build_config(f, prov, overrides, context, t)
     rules = timm_rules(cfg, split_gate)
     layout = "timm VisionTransformerDistilled state_dict" if cfg.dist_token else "timm state_dict"
@@ -292,6 +297,15 @@ def timm_cannot_hold(cfg: ViTConfig) -> list[str]:
     )
 
 
+def mlp_ratio(width: int, hidden: int) -> float:
+    """The smallest ``mlp_ratio`` from which timm builds an MLP ``hidden`` wide (timm computes
+    ``int(width * mlp_ratio)``)."""
+    ratio = hidden / width
+    while int(width * ratio) < hidden:
+        ratio = float(np.nextafter(ratio, np.inf))
+    return ratio
+
+
 def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
     """Keyword arguments of ``timm.models.vision_transformer.VisionTransformer`` (or, with head_dist,
     ``timm.models.deit.VisionTransformerDistilled``) for ``cfg``.
@@ -320,10 +334,7 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         ),
     )
     gated = cfg.mlp_type == "swiglu"
-    hidden = 2 * cfg.mlp_dim if gated else cfg.mlp_dim
-    ratio = hidden / cfg.width
-    while int(cfg.width * ratio) < hidden:  # timm computes int(width * mlp_ratio)
-        ratio = float(np.nextafter(ratio, np.inf))
+    ratio = mlp_ratio(cfg.width, 2 * cfg.mlp_dim if gated else cfg.mlp_dim)
     extra = ({"mlp_layer": "SwiGLUPacked"} if gated else {}) | ({"embed_norm": True} if cfg.patch_norm else {})
     return dict(
         img_size=tuple(cfg.image_size),

@@ -134,6 +134,8 @@ FAMILIES: dict[str, Family] = (
     | ijepa.FAMILIES
     | radio.FAMILIES
 )
+# the layout line of a style whose key names transformers 4 and 5 share (one spelling in BLOCK_KEYS)
+ONE_SPELLING = "key names of transformers 4 and 5"
 _REFUSED_ARCHITECTURES = {arch: why for fam in FAMILIES.values() for arch, why in fam.refused.items()}
 
 
@@ -282,7 +284,8 @@ def read_family(
         kept = fold_class_row(kept, prefix)
         notes.append("position embedding's class row added to cls_token (registers follow the position embedding)")
     state = to_canonical(fam.rules(cfg, spelling, prefix, layer_prefix, head), kept, context)
-    return Decoded(cfg, state, f"{arch}, {spelling} key names", prov, dropped, notes, conflicts, model_type)
+    names = f"{spelling} key names" if len(BLOCK_KEYS[fam.style]) > 1 else ONE_SPELLING
+    return Decoded(cfg, state, f"{arch}, {names}", prov, dropped, notes, conflicts, model_type)
 
 
 def _holders(cfg: ViTConfig) -> dict[str, str]:
@@ -400,9 +403,11 @@ class HfFamilies(HuggingFace):
 
     def complete_options(self, options, source) -> HfWriteOptions:
         """A source read from a folder of a model type written only on request (``Family.on_request``:
-        ``vit_mae``, ``vit_msn``) is written as its own model type where ``options`` name none and that type
-        holds the model."""
+        ``vit_mae``, ``vit_msn``, ``siglip2_vision_model``; a two-tower ``siglip2`` folder as its vision
+        model type) is written as its own model type where ``options`` name none and that type holds the
+        model."""
         mt = getattr(source, "model_type", "")
+        mt = f"{mt}_vision_model" if mt in FAMILIES and FAMILIES[mt].two_tower else mt
         on_request = mt in FAMILIES and FAMILIES[mt].on_request
         if isinstance(options, HfWriteOptions) and options.model_type is None and on_request:
             if source.config is not None and family_for(source.config, mt) is not None:

@@ -1,4 +1,4 @@
-"""NaFlex SigLIP 2 (transformers ``siglip2_vision_model`` and ``siglip2``) in the hf_family format; read only.
+"""NaFlex SigLIP 2 (transformers ``siglip2_vision_model`` and ``siglip2``) in the hf_family format.
 
 ``Siglip2VisionModel`` is SigLIP's vision tower (``siglip``) but for its input: flattened patches, a
 patch mask and each image's patch grid (``vit_common.naflex``). Its ``embeddings.patch_embedding`` is a
@@ -9,11 +9,17 @@ antialias (``Siglip2VisionEmbeddings.resize_positional_embeddings``: posemb_resa
 ``Siglip2Model`` (``siglip2``) is read as its ``vision_model.*`` tower; ``Siglip2ForImageClassification``
 classifies the masked mean of the tokens. The fixed-resolution SigLIP 2 checkpoints are plain ``siglip``
 folders (``siglip.py``).
+
+Written as ``Siglip2VisionModel`` (config.json ``num_patches`` for ``image_size``) from a source read from
+such a folder, or when ``--hf-model-type siglip2_vision_model`` asks for it (``on_request``: a SigLIP model
+is otherwise written as ``siglip_vision_model``); a model whose table resizes other than bilinearly with
+antialias is refused by name.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.hf_families.family import Family, FamilyConfig
@@ -27,10 +33,22 @@ _PATCH = "embeddings.patch_embedding.weight"
 
 
 class Siglip2(SigLIP):
-    """SigLIP's rules with NaFlex's patch embedding and position table; never written (``holds``: None)."""
+    """SigLIP's rules with NaFlex's patch embedding and position table."""
 
     def holds(self, cfg: ViTConfig) -> str | None:
-        return None
+        """``Siglip2VisionModel`` where SigLIP holds the model (``SiglipVisionModel``)."""
+        return "Siglip2VisionModel" if super().holds(cfg) else None
+
+    def checks(self, cfg: ViTConfig) -> dict[str, bool]:
+        """SigLIP's, and a table resized other than bilinearly with antialias, as transformers resizes it."""
+        resize = f"posemb_resample={cfg.posemb_resample!r} (Siglip2VisionModel resizes its table 'bilinear_aa')"
+        return super().checks(cfg) | {resize: cfg.posemb_resample != "bilinear_aa"}
+
+    def config_json(self, cfg: ViTConfig, common: dict[str, Any]) -> dict[str, Any]:
+        """SigLIP's keys, with ``num_patches`` (the table's G*G cells) instead of ``image_size``."""
+        out = super().config_json(cfg, common)
+        del out["image_size"]
+        return out | {"num_patches": cfg.grid[0] * cfg.grid[1]}
 
     def patch_dims(self, cj: FamilyConfig, shape: tuple[int, ...], key: str) -> tuple[int, int, int, int]:
         """(D, C, P, P) of the linear patch embedding [D, P*P*C], P and C from config.json."""
@@ -59,7 +77,12 @@ class Siglip2(SigLIP):
 
 FAMILIES: dict[str, Family] = {
     "siglip2_vision_model": Siglip2(
-        "clip", _SIGLIP2, {"Siglip2VisionModel": ("", "map")}, resample="bilinear_aa", class_token=False
+        "clip",
+        _SIGLIP2,
+        {"Siglip2VisionModel": ("", "map")},
+        resample="bilinear_aa",
+        class_token=False,
+        on_request=True,
     ),
     "siglip2": Siglip2(
         "clip",
@@ -68,5 +91,6 @@ FAMILIES: dict[str, Family] = {
         resample="bilinear_aa",
         two_tower=True,
         class_token=False,
+        on_request=True,
     ),
 }
