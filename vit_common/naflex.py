@@ -120,15 +120,6 @@ def position_weights(grid: tuple[int, int], spatial_shapes: np.ndarray, length: 
     return out
 
 
-def patch_side(patch_dim: int, in_chans: int) -> int:
-    """The square patch side P of flattened patches of ``patch_dim`` = P*P*C values for C = ``in_chans``
-    (a patch embedding [D, P*P*C] stores no P), or 0 where no integer P gives it."""
-    if in_chans < 1 or patch_dim % in_chans:
-        return 0
-    side = math.isqrt(patch_dim // in_chans)
-    return side if side * side * in_chans == patch_dim else 0
-
-
 def patchify(image: np.ndarray, patch_size: tuple[int, int]) -> np.ndarray:
     """One image [H, W, C] (H, W multiples of the patch) -> its patches [h*w, P*P*C], row-major, each
     flattened (P, P, C) (transformers ``convert_image_to_patches``).

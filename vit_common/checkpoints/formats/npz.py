@@ -75,10 +75,10 @@ from vit_common.checkpoints.formats.rules import (
 )
 from vit_common.checkpoints.formats.source import NPZ_PREFIXES
 from vit_common.checkpoints.formats.tensors import LazyTensor, Tensor, TensorMap, dtype_of
+from vit_common.checkpoints.formats.timm_naflex import patch_side
 from vit_common.checkpoints.formats.timm_state import timm_load_call
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
-from vit_common.naflex import patch_side
 from vit_common.system import io
 
 PREFIXES = NPZ_PREFIXES

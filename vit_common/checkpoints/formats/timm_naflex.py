@@ -25,6 +25,7 @@ projection).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -45,7 +46,6 @@ from vit_common.checkpoints.formats.timm_state import (
     normalise_keys,
 )
 from vit_common.config import ViTConfig
-from vit_common.naflex import patch_side
 
 # timm's (pos_embed_interp_mode, pos_embed_antialias, pos_embed_align_corners) -> posemb_resample
 RESAMPLE = {
@@ -67,6 +67,15 @@ _RENAMED = {
     "embeds.norm.weight": "patch_embed.norm.weight",
     "embeds.norm.bias": "patch_embed.norm.bias",
 }
+
+
+def patch_side(patch_dim: int, in_chans: int) -> int:
+    """The square patch side P of flattened patches of ``patch_dim`` = P*P*C values for C = ``in_chans``
+    (a patch embedding [D, P*P*C] stores no P), or 0 where no integer P gives it."""
+    if in_chans < 1 or patch_dim % in_chans:
+        return 0
+    side = math.isqrt(patch_dim // in_chans)
+    return side if side * side * in_chans == patch_dim else 0
 
 
 def is_naflex(keys) -> bool:
