@@ -28,6 +28,7 @@ import importlib.abc
 import importlib.util
 import json
 import os
+import runpy
 import shutil
 import statistics
 import subprocess
@@ -149,11 +150,12 @@ def phases_child(out: str, argv: list[str]) -> int:
     print(f"{MARK}+cli", file=sys.stderr, flush=True)
     timed = _Timed()
     sys.meta_path.insert(0, timed)
-    from vit_cli.main import main as vit
-
     sys.argv = ["vit", "train", *argv]  # as the `vit` script calls it, its exit included
-    try:
-        code = vit()
+    try:  # run as `python -m vit_cli.main` runs it, without importing the CLI into this package
+        runpy.run_module("vit_cli.main", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
     finally:
         record = {"spans": timed.spans, "main_start": main_start, "main_end": time.time()}
         Path(out).write_text(json.dumps(record))
