@@ -278,6 +278,7 @@ def finetune_start(spec: RunSpec, raw: Dataset, log: Callable[[str], None]) -> S
             options=spec.checkpoint_options,
             preprocess=dict(spec.preprocess),
             readers=spec.readers if torch_io else None,
+            lazy=True,
         )
     if tcfg.init_optimizer:
         if spec.read_optimizer is None:
