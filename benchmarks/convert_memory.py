@@ -2,10 +2,11 @@
 
 A timm safetensors file of random weights (float32 or bfloat16) is written by streaming (each tensor
 computed when it is written), then converted to each target format in child processes, interleaved with
-`cp` of the same file (cp, hf, big_vision, orbax, cp, hf, ...). Each child's anonymous memory (RssAnon of
-/proc/PID/status: heap and anonymous maps, not the pages of memory-mapped files, which VmRSS and VmHWM
-include) is sampled every 5 ms; a record gives its peak, the peak less what the child held after its
-imports (``rise``), both as ratios to the file size, the wall time and its ratio to the median `cp`.
+`cp` of the same file (cp, hf, big_vision, orbax, pth, cp, hf, ...; pth: timm's PyTorch pickle, written
+by `torch.save`). Each child's anonymous memory (RssAnon of /proc/PID/status: heap and anonymous maps, not
+the pages of memory-mapped files, which VmRSS and VmHWM include) is sampled every 5 ms; a record gives its
+peak, the peak less what the child held after its imports (``rise``), both as ratios to the file size, the
+wall time and its ratio to the median `cp`.
 
 Run (from the repository root):
 
@@ -41,7 +42,14 @@ from vit_common.state import canonical_shapes
 from vit_common.system import in_place
 
 SHAPES = {"7B/16": dict(patch_size=16, width=4096, depth=40, num_heads=32, mlp_dim=12288)}
-DESTINATIONS = {"hf": "out_hf", "big_vision": "out.npz", "orbax": "out_orbax", "timm": "out.safetensors"}
+# A contender: (`vit convert --to` format, destination); "pth" is timm's PyTorch pickle (torch.save).
+DESTINATIONS = {
+    "hf": ("hf", "out_hf"),
+    "big_vision": ("big_vision", "out.npz"),
+    "orbax": ("orbax", "out_orbax"),
+    "timm": ("timm", "out.safetensors"),
+    "pth": ("timm", "out.pth"),
+}
 _SAMPLE_S = 0.005
 
 # The child: import, say its anonymous memory, then run `vit convert` as the command line does.
@@ -124,7 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variant", default="L/16", help="a ViT variant (L/16) or 7B/16 (default L/16)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    p.add_argument("--to", default="hf,big_vision,orbax", help="target formats, comma-separated")
+    p.add_argument(
+        "--to",
+        default="hf,big_vision,orbax,pth",
+        help="contenders, comma-separated: hf, big_vision, orbax, timm (.safetensors), pth (timm's .pth)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="rounds of cp + every target (default 3)")
     p.add_argument("--dir", help="folder for the files (default: a temporary one, removed at the end)")
     p.add_argument("--out", help="append JSON-line records here")
@@ -160,12 +172,13 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict]] = {name: [] for name in ["cp", *targets]}
         for r in range(args.repeats):
             for name in runs:
-                dst = work / ("copy.safetensors" if name == "cp" else DESTINATIONS[name])
+                fmt, dest = DESTINATIONS.get(name, (None, "copy.safetensors"))
+                dst = work / dest
                 _remove(dst)
                 if name == "cp":
                     m = measure(["cp", str(src), str(dst)], False)
                 else:
-                    m = measure([sys.executable, "-c", _CHILD, str(src), str(dst), name], True)
+                    m = measure([sys.executable, "-c", _CHILD, str(src), str(dst), fmt], True)
                 _remove(dst)
                 runs[name].append(m)
                 print(

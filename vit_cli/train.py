@@ -192,7 +192,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument(
         "--device-memory",
-        type=arg(float_in, 0, lo_open=True),
+        type=_gib,
         default=None,
         metavar="GiB",
         help="the memory of one device for the plan's check (default: what a GPU or TPU reports; on CPU the "
@@ -376,8 +376,19 @@ def run_spec(args: argparse.Namespace, tcfg: TrainConfig, out: Path):
         writers=Adapters("torch", "WRITERS"),
         read_optimizer=_timm_optimizer,
         plan_only=args.plan,
-        device_memory=None if args.device_memory is None else int(args.device_memory * 2**30),
+        device_memory=args.device_memory,
     )
+
+
+def _gib(text: str) -> int:
+    """An amount of memory in GiB (``--device-memory``) as bytes, at least one byte."""
+    n = int(arg(float_in, 0, lo_open=True)(text) * 2**30)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected at least one byte ({2**-30:.3g} GiB)")
+    return n
+
+
+_gib.__name__ = "number"  # argparse names the type in its error
 
 
 def _timm_optimizer(path, entry: str) -> dict:

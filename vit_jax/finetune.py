@@ -73,6 +73,7 @@ def load_init(
     options: Mapping[str, Any] | None = None,
     preprocess: Mapping[str, Any] | None = None,
     readers: Mapping[str, Any] | None = None,
+    lazy: bool = False,
 ) -> Init:
     """Read the checkpoint at ``path`` once, for ``data`` (``read_dataset``'s, classes named).
 
@@ -87,6 +88,9 @@ def load_init(
             ``source_image_size``, ``strict``.
         preprocess: ``Preprocess`` fields replacing what the file declares.
         readers: container readers besides orbax's (``vit_torch.formats.READERS`` for .pth/.bin).
+        lazy: ``weights`` as the reader streams them (``load_checkpoint(lazy=True)``: memory-mapped views
+            and ``LazyTensor``s, in the file's dtype, cast to float32 as ``vit_jax.weights.from_numpy``
+            places each) instead of float32 arrays in memory: no copy of the file is held.
 
     The head: the dataset's K classes replace one of another count with a zero-initialised head
     (big_vision ``head_zeroinit``); a head of K rows is kept when the checkpoint names the same classes,
@@ -112,6 +116,7 @@ def load_init(
         readers={**READERS, **(readers or {})},
         image_size=image_size,
         num_classes=data.num_classes,
+        lazy=lazy,
         **{**dict(options or {}), **runtime},
     )
     report, state = ckpt.report, dict(ckpt.state)
@@ -127,7 +132,7 @@ def load_init(
     if info.classes is not None and len(info.classes) == data.num_classes:
         state = match_head(state, info.classes, data.classes, report)
     cfg = ckpt.cfg.replace(dtype=runtime.get("dtype", "float32"), param_dtype="float32")
-    weights = {k: np.asarray(v, np.float32) for k, v in state.items()}
+    weights = state if lazy else {k: np.asarray(v, np.float32) for k, v in state.items()}
     return Init(cfg, weights, info, report, data.fit(cfg.image_size, cfg.in_chans, info.preprocess))
 
 
@@ -206,7 +211,11 @@ def match_head(
     if sorted(have) == sorted(want):
         order = [have.index(c) for c in want]
         report.notes.append(f"head rows reordered from the checkpoint's class order {list(have)} to the dataset's")
-        return {**state, "head.weight": state["head.weight"][order], "head.bias": state["head.bias"][order]}
+        return {
+            **state,
+            "head.weight": np.asarray(state["head.weight"])[order],
+            "head.bias": np.asarray(state["head.bias"])[order],
+        }
     report.notes.append(
         f"new {len(want)}-class head, zero-initialised: the checkpoint's classes {list(have)} are not the "
         f"dataset's {list(want)}"

@@ -1,9 +1,10 @@
 """Orbax checkpoints of the JAX twin: the NNX model's state plus its ViTConfig, in one folder.
 
 Layout: ``PATH/vit_config.json`` ({"format": ..., "vit_config": ..., "rng_impl": ...}) and ``PATH/state``
-(orbax ``StandardCheckpointer``): parameters and, for models with dropout or drop path, their RNG
-streams. Typed PRNG keys are stored as their raw ``key_data`` (uint32) and wrapped again on restore, so
-restoring into an abstract model never trips over the key dtype, whatever the orbax version.
+(orbax's PyTree layout, as ``StandardCheckpointer`` writes and restores it): parameters and, for models
+with dropout or drop path, their RNG streams. Typed PRNG keys are stored as their raw ``key_data``
+(uint32) and wrapped again on restore, so restoring into an abstract model never trips over the key
+dtype, whatever the orbax version.
 ``READERS`` / ``WRITERS`` plug this into ``vit_common.checkpoints.convert``; ``READERS["timm"]`` reads a
 timm hub folder's config.json through timm in a child process (``vit_jax.torch_bridge``: vit_jax never
 imports torch).
@@ -35,7 +36,7 @@ from vit_common.system.validate import check_model_size
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
 from vit_jax.model import VisionTransformer
 from vit_jax.torch_bridge import read_timm_hub_config
-from vit_jax.weights import check_float64, from_numpy, to_numpy
+from vit_jax.weights import check_float64, host_model, to_numpy
 
 
 def _pure_dict(state: nnx.State) -> dict:
@@ -115,15 +116,26 @@ def save_orbax(path: str | os.PathLike, model: VisionTransformer, extra: Mapping
     def write(tmp: Path) -> None:
         check_free_space(tmp, sum(x.nbytes for x in jax.tree.leaves(tree)))  # before orbax starts its threads
         write_json(tmp / ORBAX_CONFIG, folder_mark(meta, [ORBAX_CONFIG, "state"]), indent=1)
-        ckptr = ocp.StandardCheckpointer()
+        ckptr = _checkpointer()
         try:
-            ckptr.save((tmp / "state").absolute(), tree)
-            ckptr.wait_until_finished()
+            ckptr.save((tmp / "state").absolute(), args=ocp.args.PyTreeSave(tree))
         finally:
             ckptr.close()
 
     with quiet_orbax():
         atomic_write_dir(path, write)
+
+
+def _checkpointer() -> ocp.Checkpointer:
+    """Orbax's synchronous PyTree checkpointer, writing ``StandardCheckpointer``'s layout (OCDBT,
+    zstd-compressed zarr), with numpy arrays written as they are: orbax's ``NumpyHandler`` deep-copies
+    each array before writing it by default, a second copy of the model in memory."""
+    th = ocp.type_handlers
+    registry = th.create_type_handler_registry(
+        (np.ndarray, th.NumpyHandler(deepcopy_host_arrays=False)),
+        (jax.Array, th.get_type_handler(jax.Array)),
+    )
+    return ocp.Checkpointer(ocp.PyTreeCheckpointHandler(type_handler_registry=registry))
 
 
 def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:
@@ -172,10 +184,14 @@ def read_orbax(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, np.ndarray
 def write_orbax(
     path: str | os.PathLike, cfg: ViTConfig, state: Mapping[str, np.ndarray], extra: Mapping[str, Any] | None = None
 ) -> None:
-    """Build the JAX twin from a canonical state and save it with ``save_orbax`` (``extra`` as there), its
-    parameters in the state's own dtype (a bfloat16 state stays bfloat16, whatever ``cfg.param_dtype`` says)."""
+    """Save a canonical state as ``save_orbax`` saves the JAX twin holding it (``extra`` as there), its
+    parameters in the state's own dtype (a bfloat16 state stays bfloat16, whatever ``cfg.param_dtype`` says).
+
+    The parameters go to orbax as numpy views of the state's tensors in the twin's layout
+    (``vit_jax.weights.host_model``): a lazily read state is written from the file's mapped pages, so the
+    host holds no copy of the model, only orbax's compressed buffers."""
     dtype = common_float_dtype(state)
-    save_orbax(path, from_numpy(cfg.replace(param_dtype=dtype) if dtype else cfg, state), extra)
+    save_orbax(path, host_model(cfg.replace(param_dtype=dtype) if dtype else cfg, state), extra)
 
 
 READERS = {"orbax": read_orbax, "timm": read_timm_hub_config}

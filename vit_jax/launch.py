@@ -62,7 +62,8 @@ class RunSpec:
     looked into; ``read_optimizer``: ``vit_torch.formats.read_timm_optimizer`` (path, weights entry) ->
     the AdamW state of a timm training checkpoint, for ``TrainConfig.init_optimizer``. vit_jax imports no
     torch: the caller passes these in. ``plan_only``: print the memory plan of the training step
-    (``vit_jax.memory_plan``) on stdout and stop, writing nothing; ``device_memory``: the bytes one device
+    (``vit_jax.memory_plan``) on stdout and stop, writing nothing (a plan over the device's memory
+    refused as a run's is); ``device_memory``: the bytes one device
     has, for the plan's check (None: what the device reports, ``memory_plan.device_memory``).
     """
 
@@ -278,6 +279,7 @@ def finetune_start(spec: RunSpec, raw: Dataset, log: Callable[[str], None]) -> S
             options=spec.checkpoint_options,
             preprocess=dict(spec.preprocess),
             readers=spec.readers if torch_io else None,
+            lazy=True,
         )
     if tcfg.init_optimizer:
         if spec.read_optimizer is None:
@@ -396,6 +398,7 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
         )
     plan = memory_plan.plan(trainer, spec.device_memory)  # compiles the step the run takes
     if spec.plan_only:
+        plan.check()
         if lead:
             print(plan.line())
         return 0, None

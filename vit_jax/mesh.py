@@ -47,6 +47,12 @@ def _name(path) -> str:
     return ".".join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
 
 
+def by_name(params) -> dict:
+    """The leaves of a params tree (arrays, shapes or shardings; ``nnx.split``'s ``nnx.Param`` state) by
+    parameter name, the names the rules match: ``blocks.0.attn.qkv.kernel``."""
+    return {_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
 def param_shardings(mesh: Mesh, rules: str, params):
     """``params`` (a tree of arrays or ``jax.ShapeDtypeStruct``, e.g. ``nnx.split``'s ``nnx.Param``
     state) with each leaf replaced by its ``NamedSharding`` under ``rules``
@@ -55,8 +61,8 @@ def param_shardings(mesh: Mesh, rules: str, params):
     Raises:
         ValueError: ``rules`` does not parse, or ``partition`` refuses it for these parameters.
     """
-    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    specs = partition(parse_rules(rules), {_name(p): tuple(x.shape) for p, x in leaves}, dict(mesh.shape))
+    shapes = {name: tuple(x.shape) for name, x in by_name(params).items()}
+    specs = partition(parse_rules(rules), shapes, dict(mesh.shape))
     return jax.tree_util.tree_map_with_path(lambda p, _: NamedSharding(mesh, P(*specs[_name(p)])), params)
 
 

@@ -43,7 +43,7 @@ from vit_common.training.train_config import TrainConfig
 from vit_jax.data import eval_batches, iterate, train_batches, transform_for
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
 from vit_jax.lora import add_lora, lora_scale, merge_lora
-from vit_jax.mesh import batch_sharding, make_mesh, state_shardings
+from vit_jax.mesh import batch_sharding, by_name, make_mesh, state_shardings
 from vit_jax.model import VisionTransformer
 from vit_jax.optim import ema_update, make_optimizer, trainable_mask
 from vit_jax.optimizer_state import with_adam_state
@@ -169,26 +169,32 @@ class Trainer:
         else a fresh one seeded by ``tcfg.seed`` (the dropout RNG streams are seeded by it either way);
         the Adam state ``moments`` if given, else a fresh one.
 
-        Built eagerly on the host side of JAX, then placed: every process computes the same values,
-        the random-initialiser kernels compile once per process and shape (XLA's threefry kernels are
-        slow to compile), and the values do not depend on the device count. With ``tcfg.ema`` the moving
-        average starts as a copy of the weights (timm's ``ModelEmaV3`` deep-copies the model).
+        Placed as it is built, so that the host holds no second copy of the parameters: ``weights`` are
+        read parameter by parameter onto their shardings, each device's block alone (``from_numpy``'s
+        ``sharding``; lazily read weights, ``load_checkpoint(lazy=True)``'s, are then read one tensor at a
+        time), and the optimizer state is created on the devices by a jitted ``tx.init`` whose outputs
+        carry their shardings. A fresh model is initialised on the host side of JAX, then placed: every
+        process computes the same values, the random-initialiser kernels compile once per process and
+        shape (XLA's threefry kernels are slow to compile), and the values do not depend on the device
+        count. With ``tcfg.ema`` the moving average starts as a copy of the weights (timm's ``ModelEmaV3``
+        deep-copies the model).
         """
+        shardings = self.state_shardings
         if self.init_weights is None:  # the state only: remat (a part of the graphdef) changes none of it
             model = build_model(self.cfg, self.tcfg.seed)
         else:
-            model = from_numpy(self.cfg, self.init_weights, seed=self.tcfg.seed)
+            where = by_name(shardings["params"])
+            model = from_numpy(self.cfg, self.init_weights, seed=self.tcfg.seed, sharding=lambda p, _: where[p])
             model.train()
-        model = with_adapters(model, self.tcfg)
-        _, params, rest = nnx.split(model, nnx.Param, ...)
-        opt_state = self.tx.init(params)
+        _, params, rest = nnx.split(with_adapters(model, self.tcfg), nnx.Param, ...)
+        params = _placed(params, shardings["params"])
+        opt_state = jax.jit(self.tx.init, out_shardings=shardings["opt_state"])(params)
         if self.init_moments is not None:
             opt_state = with_adam_state(opt_state, self.init_moments, schedule_count=0)
         state = {"step": jnp.zeros((), jnp.int32), "params": params, "rest": rest, "opt_state": opt_state}
         if self.tcfg.ema is not None:
             state["ema"] = jax.tree.map(jnp.copy, params)
-        host = jax.tree.map(np.asarray, keys_to_data(state))
-        return data_to_keys(jax.device_put(host, self.state_shardings), state, key_impl_name())
+        return data_to_keys(_placed(keys_to_data(state), shardings), state, key_impl_name())
 
     def train_iterator(self, start: int = 0):
         """This process's training batches from batch ``start`` on (``vit_jax.data.BatchIterator``, with
@@ -453,6 +459,18 @@ def _cache_events() -> dict[str, int]:
         jax.monitoring.register_event_listener(count)
         _LISTENING.append(count)
     return dict(_CACHE_COUNTS)
+
+
+def _placed(tree, shardings):
+    """``tree`` with each leaf on its sharding in ``shardings`` (same structure): an array already there
+    kept as it is, any other copied there from the host (every process holds the same values)."""
+
+    def put(x, s):
+        if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(s, x.ndim):
+            return x
+        return jax.device_put(np.asarray(x), s)
+
+    return jax.tree.map(put, tree, shardings)
 
 
 def sharded_abstract(trainer: Trainer):

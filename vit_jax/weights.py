@@ -116,16 +116,42 @@ def from_numpy(
         StateMismatchError: lists every missing, unexpected and wrong-shape tensor together.
         ValueError: float64 requested while jax_enable_x64 is off.
     """
+    pd = jnp.dtype(cfg.param_dtype)
+
+    def place(path: str, arr: np.ndarray) -> jax.Array:
+        return _place(arr, pd, sharding(path, arr.shape) if sharding is not None else None)
+
+    return _filled(cfg, state, seed, place)
+
+
+def host_model(cfg: ViTConfig, state: Mapping[str, np.ndarray], *, seed: int = 0) -> VisionTransformer:
+    """A VisionTransformer for ``cfg`` (eval mode) whose parameters are ``state``'s tensors as numpy arrays
+    in this twin's layout, not copied: views of them (of a memory-mapped file's pages when ``state`` was
+    read lazily; a ``LazyTensor`` is loaded), cast only where the dtype is not ``cfg.param_dtype``. For
+    writers that take numpy arrays (``vit_jax.formats.write_orbax``), so that the host holds no copy of
+    the file; a model to run is ``from_numpy``'s. ``seed`` as ``from_numpy``'s.
+
+    Raises:
+        as ``from_numpy``.
+    """
+    pd = np.dtype(jnp.dtype(cfg.param_dtype))
+    return _filled(cfg, state, seed, lambda _, arr: arr if arr.dtype == pd else arr.astype(pd))
+
+
+def _filled(
+    cfg: ViTConfig, state: Mapping[str, np.ndarray], seed: int, place: Callable[[str, np.ndarray], object]
+) -> VisionTransformer:
+    """The model of ``cfg`` built abstractly, each parameter ``place(path, view)`` of its canonical tensor
+    (a view in this twin's layout; ``path`` the NNX path joined by dots), the other state (RNG streams)
+    initialised from ``seed``; in eval mode."""
     check_float64(cfg)
     check_state(canonical_shapes(cfg), state)
     graphdef, params, rest = _abstract(cfg, seed)
-    pd = jnp.dtype(cfg.param_dtype)
     flat = []
     for path, var in _param_paths(params):
         name, kind = _canonical_name(path)
         arr = _from_canonical(np.asarray(state[name]), kind)  # a view: nothing is copied yet
-        where = sharding(".".join(map(str, path)), arr.shape) if sharding is not None else None
-        flat.append((path, var.replace(_place(arr, pd, where))))
+        flat.append((path, var.replace(place(".".join(map(str, path)), arr))))
     params = nnx.from_flat_state(flat)
     # RNG streams: build the model under jit and keep only the non-parameter state, so XLA drops the
     # random parameter initialisation as dead code.

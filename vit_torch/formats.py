@@ -16,16 +16,18 @@ import argparse
 import contextlib
 import os
 import pickle
+import warnings
 import zipfile
 from collections.abc import Mapping
 
+import ml_dtypes
 import numpy as np
 import torch
 
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.source import WEIGHT_ENTRIES, choose_weights
 from vit_common.system.io import atomic_write
-from vit_torch.weights import numpy_to_tensor, tensor_to_numpy
+from vit_torch.weights import tensor_to_numpy
 
 
 def _safe_globals() -> list:
@@ -205,9 +207,23 @@ def read_timm_optimizer(path: str | os.PathLike, entry: str = "state_dict") -> d
 
 
 def write_torch_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray]) -> None:
-    """Write a plain state_dict with ``torch.save``, atomically; tensors made contiguous."""
-    state = {k: numpy_to_tensor(np.ascontiguousarray(v)) for k, v in tensors.items()}
+    """Write a plain state_dict with ``torch.save``, atomically; tensors made contiguous. A contiguous
+    array (a memory-mapped view of a lazily read file's tensor) is handed to torch without a copy
+    (``torch.from_numpy`` shares its memory; ``torch.save`` only reads it)."""
+    state = {k: _shared_tensor(v) for k, v in tensors.items()}
     atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def _shared_tensor(a) -> torch.Tensor:
+    """A torch tensor over ``a``'s memory (ml_dtypes.bfloat16 as torch.bfloat16, bit-exact), copied only to
+    make it contiguous; read-only arrays included (torch warns that writing to one is undefined: nothing
+    writes to it here)."""
+    a = np.ascontiguousarray(a)
+    bf16 = a.dtype == ml_dtypes.bfloat16
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        t = torch.from_numpy(a.view(np.int16) if bf16 else a)
+    return t.view(torch.bfloat16) if bf16 else t
 
 
 def read_timm_hub_config(folder: str | os.PathLike):

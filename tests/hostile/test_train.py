@@ -171,6 +171,12 @@ def resume_without_checkpoints(what: str, damage: Callable[[Path], None]) -> Cal
     return build
 
 
+def plan_over_the_memory(tmp: Path) -> list[str]:
+    """``--plan`` of a step over ``--device-memory``: refused as the run would be, not printed as if it fit."""
+    data = npz_dataset(tmp / "d.npz", [0, 1] * 4)
+    return [*TRAIN, "--dataset", f"npz:{data}", "--plan", "--device-memory", str(10 / 2**20), *cached(tmp.parents[1])]
+
+
 def _finished_run(base: Path, data: Path) -> Path:
     """A finished run on ``data``'s images, trained once a session under ``base`` (the session's temporary
     folder) and copied by each case: a run folder copied elsewhere is the same run (config.json)."""
@@ -249,6 +255,10 @@ CASES = [
     Case(flag("train", "--lr", "inf"), r"--lr: 'inf': expected a finite number in \(0, inf\)"),
     Case(flag("train", "--val-fraction", "1"), r"--val-fraction: '1': expected a finite number in \(0, 1\)"),
     Case(flag("train", "--epochs", "0"), r"--epochs: '0': expected an integer in \[1, "),
+    Case(
+        flag("train", "--plan", "--device-memory", "0"), r"--device-memory: '0': expected a finite number in \(0, inf\)"
+    ),
+    Case(flag("train", "--plan", "--device-memory", "1e-12"), r"--device-memory: '1e-12': expected at least one byte"),
     Case(flag("train", "--depth", "1e9"), r"--depth: '1e9': expected an integer"),
     Case(
         flag("train", "--ema", "0.5", "--ema-warmup", "--ema-min-decay", "0.99"),
@@ -358,6 +368,12 @@ def test_a_resume_that_checks_no_exports_leaves_no_earlier_parity(tmp_path, caps
     assert f"vit train: {tmp_path / 'run' / 'parity.json'} of the earlier exports removed" in err, err
     assert not (tmp_path / "run" / "parity.json").exists()
     assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow  # compiles the training step for its plan (25 s on the loaded 2-core machine)
+def test_plan_beyond_the_device_memory(tmp_path, capsys, monkeypatch):
+    refused = r"the training step needs [\d.]+ KiB per device, beyond the 10 KiB of cpu \(parameters "
+    check_case(Case(plan_over_the_memory, refused), tmp_path, capsys, monkeypatch)
 
 
 # --------------------------------------------------------------------------------- a full disk
