@@ -117,13 +117,20 @@ def config(variant: str, dtype: str) -> ViTConfig:
 
 
 def random_lazy_state(cfg: ViTConfig, dtype: str, seed: int = 0) -> dict[str, LazyTensor]:
-    """Canonical tensors of uniform values in [-0.02, 0.02), each computed (the same every time, from
-    its own seed) only when asked for: a file of any size is written one tensor in memory at a time."""
+    """Canonical tensors of random values, each computed (the same every time, from its own seed) only when
+    asked for: a file of any size is written one tensor in memory at a time. float32: uniform in
+    [-0.02, 0.02); bfloat16: random sign and mantissa bits at exponent 2^-7 (|x| in [0.0078, 0.0156)),
+    drawn as raw bytes, about 5x faster than rounding float32 draws (a 7B file's writes compute every
+    tensor three times)."""
     out = {}
     for i, (name, shape) in enumerate(canonical_shapes(cfg).items()):
 
         def make(shape=shape, i=i) -> np.ndarray:
-            a = np.random.default_rng([seed, i]).random(shape, np.float32)
+            rng = np.random.default_rng([seed, i])
+            if dtype == "bfloat16":
+                bits = np.frombuffer(rng.bytes(2 * int(np.prod(shape))), np.uint16).reshape(shape)
+                return ((bits & 0x807F) | 0x3C00).view(_dtype(dtype))
+            a = rng.random(shape, np.float32)
             a -= 0.5
             a *= 0.04
             return a.astype(_dtype(dtype), copy=False)
