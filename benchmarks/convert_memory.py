@@ -12,10 +12,16 @@ Run (from the repository root):
 
     python -m benchmarks.convert_memory --variant L/16 --dtype float32 --repeats 3
     python -m benchmarks.convert_memory --variant 7B/16 --dtype bfloat16 --to hf,big_vision --repeats 1
+    python -m benchmarks.convert_memory --dinov3 --variant 7B/16 --dtype bfloat16 --to hf_dinov3,timm \
+        --shard-size 5GB --repeats 1
 
 ``7B/16`` is ViT-7B-shaped: DINOv3 ViT-7B's width 4096, depth 40 and 32 heads, its SwiGLU feed-forward
 (3 x 4096 x 8192) as a plain MLP of 12288 (the same parameter count, which every format holds): 6.7e9
-parameters, 13.4 GB in bfloat16. The files go to ``--dir`` (default: a temporary folder, removed at the
+parameters, 13.4 GB in bfloat16. With ``--dinov3`` the model is the DINOv3 backbone itself (timm
+vit_7b_patch16_dinov3's shapes: SwiGLU of gated width 8192, 4 registers, LayerScale, RoPE, no qkv bias;
+6.7e9 parameters, its count checked against timm's model built on the meta device) and the source a
+transformers dinov3_vit folder (``hf_dinov3``) written by streaming. Records also give the peak as a ratio
+to the largest tensor. The files go to ``--dir`` (default: a temporary folder, removed at the
 end). Records are JSON lines (``--out``), with the machine (CPU model and flags from /proc/cpuinfo).
 """
 
@@ -36,15 +42,22 @@ import numpy as np
 
 from benchmarks.harness import host
 from vit_common.checkpoints.convert import save_checkpoint
+from vit_common.checkpoints.formats.dinov3_original import DINOV3_FIXED
 from vit_common.checkpoints.formats.tensors import LazyTensor
 from vit_common.config import ViTConfig
 from vit_common.state import canonical_shapes
 from vit_common.system import in_place
 
 SHAPES = {"7B/16": dict(patch_size=16, width=4096, depth=40, num_heads=32, mlp_dim=12288)}
+# DINOv3 backbones (--dinov3): timm vit_7b_patch16_dinov3's arguments; the SwiGLU's gated width is
+# 2 x 4096 aligned to 64 (swiglu_align_to), 4 registers, LayerScale, no qkv bias.
+DINOV3_SHAPES = {
+    "7B/16": dict(patch_size=16, width=4096, depth=40, num_heads=32, mlp_dim=8192, timm_name="vit_7b_patch16_dinov3")
+}
 # A contender: (`vit convert --to` format, destination); "pth" is timm's PyTorch pickle (torch.save).
 DESTINATIONS = {
     "hf": ("hf", "out_hf"),
+    "hf_dinov3": ("hf_dinov3", "out_hf_dinov3"),
     "big_vision": ("big_vision", "out.npz"),
     "orbax": ("orbax", "out_orbax"),
     "timm": ("timm", "out.safetensors"),
@@ -60,8 +73,43 @@ def anon():
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
 print(anon(), flush=True)
-sys.exit(main(["convert", sys.argv[1], sys.argv[2], "--to", sys.argv[3], "--json"]))
+sys.exit(main(["convert", sys.argv[1], sys.argv[2], "--to", sys.argv[3], "--json", *sys.argv[4:]]))
 """
+
+
+def dinov3_config(variant: str, dtype: str) -> ViTConfig:
+    """The ViTConfig of DINOv3 backbone ``variant`` (a name of ``DINOV3_SHAPES``): the fields every DINOv3
+    file fixes, timm Eva's SwiGLU (mlp_dim the gated width), registers, LayerScale; no classifier."""
+    shape = {k: v for k, v in DINOV3_SHAPES[variant].items() if k != "timm_name"}
+    return ViTConfig(
+        **DINOV3_FIXED,
+        **shape,
+        image_size=224,
+        num_classes=0,
+        mlp_type="swiglu",
+        qkv_bias=False,
+        reg_tokens=4,
+        layer_scale=1e-5,
+        ln_eps=1e-5,
+        rope_temperature=100.0,
+        rope_periods="computed",
+        dynamic_img_size=True,
+        param_dtype=dtype,
+    )
+
+
+def timm_param_count(name: str) -> int:
+    """Parameters of timm model ``name``'s state_dict, built on the meta device (nothing allocated)."""
+    import timm
+    import torch
+
+    with torch.device("meta"):
+        model = timm.create_model(name, pretrained=False)
+    return sum(v.numel() for v in model.state_dict().values())
+
+
+def _bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
 
 
 def config(variant: str, dtype: str) -> ViTConfig:
@@ -72,13 +120,20 @@ def config(variant: str, dtype: str) -> ViTConfig:
 
 
 def random_lazy_state(cfg: ViTConfig, dtype: str, seed: int = 0) -> dict[str, LazyTensor]:
-    """Canonical tensors of uniform values in [-0.02, 0.02), each computed (the same every time, from
-    its own seed) only when asked for: a file of any size is written one tensor in memory at a time."""
+    """Canonical tensors of random values, each computed (the same every time, from its own seed) only when
+    asked for: a file of any size is written one tensor in memory at a time. float32: uniform in
+    [-0.02, 0.02); bfloat16: random sign and mantissa bits at exponent 2^-7 (|x| in [0.0078, 0.0156)),
+    drawn as raw bytes, about 5x faster than rounding float32 draws (a 7B file's writes compute every
+    tensor three times)."""
     out = {}
     for i, (name, shape) in enumerate(canonical_shapes(cfg).items()):
 
         def make(shape=shape, i=i) -> np.ndarray:
-            a = np.random.default_rng([seed, i]).random(shape, np.float32)
+            rng = np.random.default_rng([seed, i])
+            if dtype == "bfloat16":
+                bits = np.frombuffer(rng.bytes(2 * int(np.prod(shape))), np.uint16).reshape(shape)
+                return ((bits & 0x807F) | 0x3C00).view(_dtype(dtype))
+            a = rng.random(shape, np.float32)
             a -= 0.5
             a *= 0.04
             return a.astype(_dtype(dtype), copy=False)
@@ -135,29 +190,46 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--to",
         default="hf,big_vision,orbax,pth",
-        help="contenders, comma-separated: hf, big_vision, orbax, timm (.safetensors), pth (timm's .pth)",
+        help="contenders, comma-separated: hf, hf_dinov3, big_vision, orbax, timm (.safetensors), pth (timm's .pth)",
     )
+    p.add_argument(
+        "--dinov3",
+        action="store_true",
+        help="a DINOv3 backbone (--variant 7B/16): the source is a transformers dinov3_vit folder, not timm",
+    )
+    p.add_argument("--shard-size", help="vit convert's --shard-size for the hf and hf_dinov3 targets")
     p.add_argument("--repeats", type=int, default=3, help="rounds of cp + every target (default 3)")
     p.add_argument("--dir", help="folder for the files (default: a temporary one, removed at the end)")
     p.add_argument("--out", help="append JSON-line records here")
     args = p.parse_args(argv)
     targets = [t for t in args.to.split(",") if t]
     unknown = [t for t in targets if t not in DESTINATIONS]
-    if unknown or args.repeats < 1:
-        p.error(f"--to {args.to!r}: expected some of {', '.join(DESTINATIONS)}; --repeats at least 1")
+    if unknown or args.repeats < 1 or (args.dinov3 and args.variant not in DINOV3_SHAPES):
+        p.error(
+            f"--to {args.to!r}: expected some of {', '.join(DESTINATIONS)}; --repeats at least 1; "
+            f"--dinov3 --variant one of {', '.join(DINOV3_SHAPES)}"
+        )
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="vit_convert_memory_"))
     work.mkdir(parents=True, exist_ok=True)
-    cfg = config(args.variant, args.dtype)
-    src = work / "src.safetensors"
+    cfg = dinov3_config(args.variant, args.dtype) if args.dinov3 else config(args.variant, args.dtype)
+    name = DINOV3_SHAPES.get(args.variant, {}).get("timm_name") if args.dinov3 else None
+    if name and timm_param_count(name) != cfg.param_count():
+        raise RuntimeError(f"{args.variant}: {cfg.param_count()} parameters, timm {name} has {timm_param_count(name)}")
+    src = work / ("src_hf" if args.dinov3 else "src.safetensors")
+    state = random_lazy_state(cfg, args.dtype)
+    largest = max(t.nbytes for t in state.values())
+    shard = ["--shard-size", args.shard_size] if args.shard_size else []
     try:
         t0 = time.perf_counter()
-        save_checkpoint(src, cfg, random_lazy_state(cfg, args.dtype), "timm")
+        save_checkpoint(src, cfg, state, "hf_dinov3" if args.dinov3 else "timm")
         made_s = time.perf_counter() - t0
-        size = src.stat().st_size
+        size = _bytes(src)
         context = {
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
             "machine": host(),
-            "variant": args.variant,
+            "variant": ("dinov3 " if args.dinov3 else "") + args.variant,
+            "source_format": "hf_dinov3" if args.dinov3 else "timm",
+            "largest_tensor_bytes": largest,
             "dtype": args.dtype,
             "params": cfg.param_count(),
             "file_bytes": size,
@@ -172,13 +244,14 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict]] = {name: [] for name in ["cp", *targets]}
         for r in range(args.repeats):
             for name in runs:
-                fmt, dest = DESTINATIONS.get(name, (None, "copy.safetensors"))
+                fmt, dest = DESTINATIONS.get(name, (None, "copy" + src.suffix))
                 dst = work / dest
                 _remove(dst)
                 if name == "cp":
-                    m = measure(["cp", str(src), str(dst)], False)
+                    m = measure(["cp", "-r", str(src), str(dst)], False)
                 else:
-                    m = measure([sys.executable, "-c", _CHILD, str(src), str(dst), fmt], True)
+                    flags = shard if fmt.startswith("hf") else []
+                    m = measure([sys.executable, "-c", _CHILD, str(src), str(dst), fmt, *flags], True)
                 _remove(dst)
                 runs[name].append(m)
                 print(
@@ -200,16 +273,21 @@ def main(argv: list[str] | None = None) -> int:
                     "wall_vs_cp": wall / cp_s,
                     "peak_anon_bytes": peak,
                     "peak_anon_vs_file": peak / size,
+                    "peak_anon_vs_largest_tensor": peak / largest,
                     "rise_anon_bytes": rise,
                     "rise_anon_vs_file": rise / size,
                 }
             )
-        print("\n| contender | wall (median) | x cp | peak anon | x file | rise after imports | x file |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
+        print(
+            "\n| contender | wall (median) | x cp | peak anon | x file | x largest tensor "
+            "| rise after imports | x file |"
+        )
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for rec in records:
             print(
                 f"| {rec['contender']} | {rec['wall_median_s']:.1f} s | {rec['wall_vs_cp']:.2f} | "
                 f"{rec['peak_anon_bytes'] / 2**20:.0f} MiB | {rec['peak_anon_vs_file']:.3f} | "
+                f"{rec['peak_anon_vs_largest_tensor']:.2f} | "
                 f"{rec['rise_anon_bytes'] / 2**20:.0f} MiB | {rec['rise_anon_vs_file']:.3f} |"
             )
         print(
@@ -221,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
                 f.write("".join(json.dumps(rec) + "\n" for rec in records))
     finally:
         if args.dir:
-            _remove(src)
+            for path in [src, work / ("copy" + src.suffix), *(work / d for _, d in DESTINATIONS.values())]:
+                _remove(path)
         else:
             shutil.rmtree(work, ignore_errors=True)
     return 0

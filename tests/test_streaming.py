@@ -253,3 +253,22 @@ def test_convert_memory_benchmark_records_every_contender(tmp_path, capsys):
     assert hf["file_bytes"] == cp["file_bytes"] > 4 * 5_717_416 and cp["wall_vs_cp"] == 1
     assert 0 < hf["rise_anon_bytes"] < hf["peak_anon_bytes"] and hf["wall_vs_cp"] > 0
     assert hf["machine"]["cpu_flags"] is not None and "| hf |" in capsys.readouterr().out
+
+
+def test_convert_memory_benchmark_dinov3_source_is_removed(tmp_path, monkeypatch):
+    """--dinov3: the 7B/16 spec has timm vit_7b_patch16_dinov3's 6,716,030,976 parameters; a shrunk spec
+    is written as a dinov3_vit folder (its conversions run as the test above runs them), copied, and every
+    file is removed."""
+    from benchmarks import convert_memory
+
+    assert convert_memory.dinov3_config("7B/16", "bfloat16").param_count() == 6_716_030_976
+    monkeypatch.setitem(
+        convert_memory.DINOV3_SHAPES, "tiny", dict(patch_size=16, width=64, depth=2, num_heads=2, mlp_dim=128)
+    )
+    out, work = tmp_path / "r.jsonl", tmp_path / "work"
+    argv = ["--dinov3", "--variant", "tiny", "--dtype", "bfloat16", "--to", "", "--repeats", "1", "--dir", str(work)]
+    assert convert_memory.main([*argv, "--out", str(out)]) == 0
+    (cp,) = (json.loads(line) for line in out.read_text().splitlines())
+    assert (cp["contender"], cp["source_format"], cp["variant"]) == ("cp", "hf_dinov3", "dinov3 tiny")
+    assert cp["largest_tensor_bytes"] == 64 * 3 * 16 * 16 * 2 and cp["params"] == 133_120
+    assert list(work.iterdir()) == []
