@@ -470,6 +470,16 @@ def test_unknown_and_damaged_files_are_named(tmp_path, content, match):
         load_checkpoint(tmp_path / "x.bin")
 
 
+def test_a_safetensors_file_cut_inside_its_header_is_named_truncated(tmp_path, small_cfg, random_state):
+    save_checkpoint(tmp_path / "a.safetensors", small_cfg, random_state(small_cfg))
+    data = (tmp_path / "a.safetensors").read_bytes()
+    declared = int.from_bytes(data[:8], "little")
+    (tmp_path / "cut.safetensors").write_bytes(data[:50])
+    match = rf"cut\.safetensors: a truncated or damaged safetensors file \(.* a {declared}-byte header, and 42 bytes"
+    with pytest.raises(FormatError, match=match):
+        load_checkpoint(tmp_path / "cut.safetensors")
+
+
 def test_missing_path_and_frameworks_the_caller_did_not_give(tmp_path, small_cfg, random_state):
     with pytest.raises(FileNotFoundError):
         load_checkpoint(tmp_path / "nope.safetensors")
