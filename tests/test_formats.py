@@ -480,6 +480,16 @@ def test_a_safetensors_file_cut_inside_its_header_is_named_truncated(tmp_path, s
         load_checkpoint(tmp_path / "cut.safetensors")
 
 
+def test_an_unknown_model_type_lists_every_model_type_of_the_hf_formats(tmp_path):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    io.save_safetensors(tmp_path / "hf" / "model.safetensors", {"x": np.ones((2,), np.float32)})
+    with pytest.raises(FormatError, match="model_type='bert' is not supported; supported: vit, deit .hf. and ") as e:
+        load_checkpoint(tmp_path / "hf")
+    assert all(t in str(e.value) for t in ("siglip_vision_model", "clip_vision_model", "dinov2", "vit_mae", "ijepa"))
+    assert str(e.value).endswith("(hf_family)")
+
+
 def test_missing_path_and_frameworks_the_caller_did_not_give(tmp_path, small_cfg, random_state):
     with pytest.raises(FileNotFoundError):
         load_checkpoint(tmp_path / "nope.safetensors")
