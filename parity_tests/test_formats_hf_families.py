@@ -314,8 +314,12 @@ def test_written_folder_loads_strictly_in_transformers(case, spelling, tmp_path,
 def test_models_no_family_holds_are_refused_by_name(tmp_path, small_cfg, random_state):
     from vit_common.checkpoints.convert import save_checkpoint
 
-    with pytest.raises(ValueError, match="no SigLIP, CLIP, DINOv2 or I-JEPA model has class_token=True, pool='token'"):
+    with pytest.raises(
+        ValueError, match="no SigLIP, CLIP, DINOv2 or I-JEPA model has class_token=True, pool='token'"
+    ) as e:
         save_checkpoint(tmp_path / "a", small_cfg, random_state(small_cfg), "hf_family")
+    # callers without --hf-model-type (the Python API, `vit train`'s exports) get it too: no flag is named
+    assert "as hf_family with model type vit_mae or vit_msn" in str(e.value) and "--" not in str(e.value)
     cfg = small_cfg.replace(layer_scale=0.1, qk_norm=True, num_classes=0)
     with pytest.raises(ValueError, match="the hf_family format cannot hold this model: qk_norm"):
         save_checkpoint(tmp_path / "b", cfg, random_state(cfg), "hf_family")
