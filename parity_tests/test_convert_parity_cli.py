@@ -215,6 +215,9 @@ def test_parity_images_take_the_folder_layouts_of_training(tmp_path, capsys, sma
     assert main([*args, str(tmp_path / "r.json"), "--max-images", "2"]) == 0
     assert json.loads((tmp_path / "r.json").read_text())["images"] == ["train/cat/0.png", "train/dog/1.png"]
     capsys.readouterr()
+    image = tmp_path / "data" / "train" / "cat" / "0.png"  # a file is refused: --images takes a folder
+    assert main(["parity", str(tmp_path / "m.safetensors"), "--images", str(image)]) == 2
+    assert capsys.readouterr().err.endswith(f"{image}: a file, not a folder; expected a folder of images\n")
 
 
 def test_parity_names_a_zero_head_and_the_rows_that_carry_no_information(tmp_path, capsys, small_cfg, random_state):
