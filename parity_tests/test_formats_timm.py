@@ -23,7 +23,11 @@ def _logits(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize(
     "name, variant",
-    [("vit_tiny_patch16_224", "Ti/16"), ("vit_small_patch16_224", "S/16"), ("vit_base_patch16_224", "B/16")],
+    [
+        ("vit_tiny_patch16_224", "Ti/16"),
+        pytest.param("vit_small_patch16_224", "S/16", marks=pytest.mark.slow),
+        pytest.param("vit_base_patch16_224", "B/16", marks=pytest.mark.slow),  # 15 and 37 s: the fast loop runs Ti
+    ],
 )
 def test_timm_variants_both_ways(tmp_path, name, variant, images, perturb, assert_twins_match):
     """A timm file loads into both twins with timm's logits (1e-5 relative), and our export loads into

@@ -193,8 +193,14 @@ def test_feature_parity(feature, src, dtype, small_cfg):
 
 @pytest.mark.parametrize(
     ("variant", "src", "dtype"),
-    [(v, src, dtype) for v in ("Ti/16", "S/16") for src in TWINS for dtype in DTYPES]
-    + [("B/16", src, "float32") for src in TWINS],  # B/16 in float64 too costs a minute; float64 is Ti and S's
+    [
+        (v, src, dtype) if v == "Ti/16" else pytest.param(v, src, dtype, marks=pytest.mark.slow)
+        for v in ("Ti/16", "S/16")
+        for src in TWINS
+        for dtype in DTYPES
+    ]
+    # B/16 in float64 too costs a minute: float64 is Ti and S's; the fast loop runs Ti alone
+    + [pytest.param("B/16", src, "float32", marks=pytest.mark.slow) for src in TWINS],
 )
 def test_variant_parity_224(variant, src, dtype, record_property):
     results = _check_pair(src, ViTConfig.from_name(variant), dtype)
