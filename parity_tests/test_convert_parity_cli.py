@@ -26,6 +26,7 @@ READERS, WRITERS = {**TORCH_READERS, **JAX_READERS}, {**TORCH_WRITERS, **JAX_WRI
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_round_trips_between_every_pair_including_pth_and_orbax(tmp_path, small_cfg, random_state):
     targets = [
         ("canonical", "a.safetensors"),

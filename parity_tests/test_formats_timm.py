@@ -121,6 +121,7 @@ def test_deit3_gamma_spelling_loads(tmp_path, timm_vit, images, assert_twins_mat
     assert load_checkpoint(tmp_path / "deit3.pth", readers=READERS, num_heads=4).cfg.layer_scale is not None
 
 
+@pytest.mark.slow
 def test_a_timm_model_name_is_a_source_in_both_twins(images):
     """vit_torch.from_timm / vit_jax.from_timm go through timm.create_model (pretrained=False here: random
     weights; True downloads) and equal that model; the JAX side runs timm in a child process."""

@@ -58,6 +58,7 @@ def test_a_clip_hub_folder_loads_with_nothing_assumed(tmp_path, perturb, images,
     assert timm.create_model(f"local-dir:{tmp_path / 'clip'}", pretrained=True).num_classes == 7  # timm's own read
 
 
+@pytest.mark.slow
 def test_the_jax_sides_child_process_reads_the_same_config(tmp_path, perturb):
     _hub_folder(tmp_path / "clip", "vit_base_patch16_clip_224", perturb, global_pool="avg", **CLIP_TINY)
     torch_side = load_checkpoint(tmp_path / "clip", readers=READERS, strict=True).cfg

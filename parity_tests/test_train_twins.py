@@ -85,6 +85,7 @@ def test_drop_path_masks_are_the_numpy_draws_both_twins_take(tiny):
     np.testing.assert_array_equal(masks, drop_path_masks(tiny, seed=0, step=3, batch_size=64))
 
 
+@pytest.mark.slow
 def test_dropout_and_attention_dropout_in_parity_mode_agree_and_a_shifted_mask_is_caught(x64, data, monkeypatch, tiny):
     """Dropout 0.2 and attention dropout 0.3 (every site: position embedding, attention probabilities,
     projection, MLP, the MAP head's MLP, head) from the same numpy masks: 3 steps within 1e-10; the torch
@@ -266,6 +267,7 @@ def test_adam_state_crosses_frameworks_k_torch_then_k_jax_equals_2k_jax(x64, dat
         torch_cont.load_adam_state({**half[1], "mu": {n: v for n, v in half[1]["mu"].items() if n != "head.bias"}})
 
 
+@pytest.mark.slow
 def test_the_twins_moving_averages_agree_to_the_float64_bound_and_a_wrong_decay_shows(x64, data, tiny):
     """--ema with a warm-up in both twins (optax.incremental_update in the jitted step against the torch
     twin's ModelEma): every step's EMA within 1e-10; a torch twin with another decay agrees at step 1 (the

@@ -55,6 +55,7 @@ def _named(tree) -> dict[str, np.ndarray]:
     return {".".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(tree)}
 
 
+@pytest.mark.slow
 def test_only_adapters_and_head_train_and_base_weights_stay_bit_identical(trained):
     t, weights, state = trained
     params = _named(state["params"])
@@ -176,6 +177,7 @@ def test_bad_lora_input_exits_2_with_one_line_writing_nothing(lora_run, capsys, 
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_lora_run_resumes_and_exports_plain_weights(lora_run, capsys):
     """One epoch with checkpoints, then --resume to two: the exports are plain timm tensors, the layers
     without adapters (norms, embeddings) bit for bit the source's."""

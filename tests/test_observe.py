@@ -191,6 +191,7 @@ def wandb_records(path) -> list:
     return out
 
 
+@pytest.mark.slow
 def test_wandb_offline_gets_the_tensorboard_scalars_and_the_config_and_the_ema_is_evaluated(
     tmp_path, capsys, monkeypatch
 ):

@@ -129,6 +129,7 @@ def test_any_length_route_under_remat_and_vmap():
     assert c.ok, c
 
 
+@pytest.mark.slow
 def test_model_with_padded_fused_attention_trains_like_explicit(monkeypatch, small_cfg):
     """A whole training gradient with the fused kernel padded as cuDNN's is (XLA kernel on CPU, L=17,
     MAP head probe T=1) against the written-out softmax, every parameter at the float32 bound."""

@@ -60,6 +60,7 @@ def reference(tiny_dataset, tiny):
     return t, batch, grads_of(t, batch)
 
 
+@pytest.mark.slow
 def test_steps_compile_once_and_count_every_example_once(caplog, tiny_dataset, tiny):
     """Two epochs of 10 examples in batches of 4: the last batch of each epoch is partial (2 real rows)."""
     data = tiny_dataset(10, 7)
@@ -81,6 +82,7 @@ def test_steps_compile_once_and_count_every_example_once(caplog, tiny_dataset, t
     assert int(state["step"]) == 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mixup", [0.0, 0.4], ids=["plain", "mixup"])
 def test_compile_ahead_of_the_first_batch_is_the_program_the_steps_run(caplog, mixup, tiny_dataset, tiny):
     """``compile()`` from shapes alone (``batch_spec``) gives the program the real batches run: no step
@@ -155,6 +157,7 @@ def test_bad_batch_or_model_for_the_dataset(tiny_dataset, tiny):
         Trainer(tiny.replace(in_chans=3), TrainConfig(batch_size=4), data)
 
 
+@pytest.mark.slow
 def test_bf16_training_with_large_inputs_stays_finite():
     """Ti/16 in bfloat16 with inputs x100, a few steps: loss and gradients finite.
 
@@ -236,6 +239,7 @@ def test_fine_tuning_starts_from_the_given_weights_and_freeze_trains_the_head_on
     assert moved == ["head.bias", "head.weight"]
 
 
+@pytest.mark.slow
 def test_layer_decay_scales_each_layer_s_update(tiny):
     """The update of a parameter in layer l is the plain AdamW update times r^(depth + 1 - l): the
     embeddings r^3 (depth 2), block 0 r^2, block 1 and the final norm r (timm groups them), the head 1."""
@@ -272,6 +276,7 @@ def numpy_ema_decay(step: int, decay: float, warmup: bool, gamma: float, power: 
     return float(np.clip(1 - (1 + k / gamma) ** -power, floor, decay)) if warmup else decay
 
 
+@pytest.mark.slow
 def test_ema_after_k_steps_is_the_numpy_formula_over_the_weights_of_every_step(tiny_dataset, tiny):
     """6 steps with a warm-up that meets its floor (step 2), its curve (3-5) and its cap (6): the jitted
     step's EMA equals ema x decay + weights x (1 - decay) in float64 over each step's weights, within the
