@@ -170,6 +170,7 @@ def _check(case: str, model, folder, x: np.ndarray, **load) -> None:
             assert compare(f"{twin} {k}", out[k], v, "attention" if k.startswith("attn") else "tensor", "float32").ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_family_folder_equals_transformers(case, tmp_path, images):
     """Each family's folder (v4 names, as save_pretrained writes) loads into both twins with nothing
@@ -182,6 +183,7 @@ def test_family_folder_equals_transformers(case, tmp_path, images):
     _check(case, model, tmp_path / "hf", images(2, (32, 32)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["dinov2_classify_swiglu", "dinov2_registers_classify", "vit_mae", "ijepa_classify"])
 def test_v5_module_names(case, tmp_path, images):
     """The transformers-5 module names (``state_dict()``: ``attention.q_proj``, DINOv2's SwiGLU as
@@ -216,6 +218,7 @@ def test_clip_projection_is_the_bias_free_head(tmp_path):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case, method, hw",
     [
@@ -274,6 +277,7 @@ WRITTEN = {  # case -> the architecture our export is: the family that holds the
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case, spelling",
     [(case, "v4") for case in WRITTEN] + [("dinov2_classify_swiglu", "v5"), ("dinov2_registers_swiglu", "v5")],
@@ -376,6 +380,7 @@ def _mae_noise(x: np.ndarray) -> dict:
     return {"noise": torch.arange(x.shape[0] * n, dtype=torch.float32).reshape(x.shape[0], n)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case, arch, spelling",
     [
@@ -435,6 +440,7 @@ def test_a_plain_vit_is_written_as_msn_when_asked_and_refused_where_the_type_can
     assert not (tmp_path / "mae").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["siglip_two_tower", "clip_projection", "dinov2_registers_classify", "vit_mae"])
 def test_parity_against_transformers_of_the_folders_model_type(case, tmp_path, capsys):
     """``vit parity FOLDER --against transformers`` compares both twins with the transformers class of
@@ -470,6 +476,7 @@ TIMM_NAMES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", TIMM_NAMES)
 def test_converted_to_timm_loads_strictly_in_timms_own_architecture(case, tmp_path, images):
     """A transformers SigLIP / CLIP / DINOv2 (registers, SwiGLU) vision folder, ``vit convert --to timm``:

@@ -62,6 +62,7 @@ FAMILIES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_timm_family_loads_exactly_and_exports_load_strictly_in_timm(tmp_path, family, timm_vit, images, twin_logits):
     """The family's timm file: read with what timm files do not store (the heads, pooling, GELU, size; the
@@ -87,6 +88,7 @@ def test_timm_family_loads_exactly_and_exports_load_strictly_in_timm(tmp_path, f
     assert np.array_equal(_logits(scope["model"].eval(), x), ref)
 
 
+@pytest.mark.slow
 def test_deit_distilled_gives_the_mean_of_both_heads_and_each_head(tmp_path, timm_vit, images, twin_logits):
     """DeiT's distilled model: the distillation token is the second prefix token, head_dist reads it, the
     output is the mean of both heads (timm in eval mode); both heads' logits come out of

@@ -38,6 +38,7 @@ NUMPY_TARGETS = [
 ]
 
 
+@pytest.mark.slow
 def test_every_pair_of_formats_round_trips_bit_exact(tmp_path, small_cfg, random_state, assert_same_state):
     """canonical -> A -> B -> read: the same bytes for every ordered pair of containers."""
     cfg, state = small_cfg, random_state(small_cfg)

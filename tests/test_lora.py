@@ -73,6 +73,7 @@ def test_only_adapters_and_head_train_and_base_weights_stay_bit_identical(traine
     assert sum(np.size(x) for x in moments) == 2 * trainable
 
 
+@pytest.mark.slow
 def test_the_merged_export_is_the_adapted_forward(trained):
     """W + (alpha / r) (A B)^T in plain weights gives the adapted model's logits within the float32 row."""
     t, weights, state = trained
@@ -106,6 +107,7 @@ def test_merge_lora_is_w_plus_scaled_ab_transposed():
     np.testing.assert_array_equal(out["l.weight"], (w.astype(np.float32) + 1.5 * (a @ b).T).astype(np.float32))
 
 
+@pytest.mark.slow
 def test_targets_are_canonical_module_names(tiny_cfg):
     model = VisionTransformer(tiny_cfg.replace(depth=2), rngs=nnx.Rngs(0))
     assert add_lora(model, dataclasses.replace(LORA, lora_targets="qkv,blocks.1.mlp.fc2"), nnx.Rngs(0)) == [

@@ -110,6 +110,7 @@ def test_compile_ahead_of_the_first_batch_is_the_program_the_steps_run(caplog, m
     assert all(jax.tree.leaves(jax.tree.map(lambda a, b: np.array_equal(a, b), state["params"], again["params"])))
 
 
+@pytest.mark.slow
 def test_padding_rows_do_not_reach_the_gradient(reference):
     """Whatever the padding rows hold, loss and gradients are those of the real rows, bit for bit."""
     t, batch, (grads, loss, correct) = reference
@@ -123,6 +124,7 @@ def test_padding_rows_do_not_reach_the_gradient(reference):
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option", [dict(accum_steps=2), dict(remat=True)])
 def test_accumulation_and_remat_give_the_same_gradients(reference, option, tiny_dataset, tiny):
     _, batch, (grads, loss, correct) = reference
@@ -183,6 +185,7 @@ def test_bf16_training_with_large_inputs_stays_finite():
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state["params"]))
 
 
+@pytest.mark.slow
 def test_model_with_dropout_round_trips_through_orbax_into_an_abstract_model(tmp_path, tiny):
     cfg = tiny.replace(dropout=0.2, drop_path=0.1)
     model = VisionTransformer(cfg, rngs=nnx.Rngs(3))
@@ -216,6 +219,7 @@ def _flat(params) -> dict[str, np.ndarray]:
     return {".".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(params)}
 
 
+@pytest.mark.slow
 def test_fine_tuning_starts_from_the_given_weights_and_freeze_trains_the_head_only(reference, tiny_dataset, tiny):
     """--init: the first state holds the checkpoint's tensors; --freeze: after steps only head.* moved,
     and the frozen parameters get exactly zero gradient (stop_gradient: no backward pass through them)."""

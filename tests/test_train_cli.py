@@ -398,6 +398,7 @@ def test_a_bad_ema_decay_is_a_usage_error(extra, message, capsys):
     assert e.value.code == 2 and f"vit train: error: {message}" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_export_ema_without_ema_exits_2_with_one_line(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", *TINY, "--dataset", "digits", "--out", str(out), "--export-ema"]) == 2

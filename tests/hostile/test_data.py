@@ -481,6 +481,7 @@ def undamaged_run(tmp_path_factory, compile_cache) -> dict:
     return load_file(tmp / "run" / "model.safetensors")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "garble"), [("imagefolder", _garble_file), ("arrayrecord", _garble_record)], ids=["file", "record"]
 )

@@ -34,6 +34,7 @@ from .harness import (
     flag,
     npz_dataset,
     ours,
+    params,
     write_png,
 )
 
@@ -297,7 +298,14 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+# The cases the fast loop leaves to the full suite (docs/contributors.md): those that train or run long.
+SLOW = {
+    "deep_model_flags",
+    "train_into_a_user_folder",
+}
+
+
+@pytest.mark.parametrize("case", params(CASES, slow=SLOW))
 def test_hostile_input(case, tmp_path, capsys, monkeypatch):
     check_case(case, tmp_path, capsys, monkeypatch)
 
