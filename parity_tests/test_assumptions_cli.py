@@ -48,6 +48,7 @@ def _check_block(lines: list[str]) -> None:
     assert not any("is assumed" in line for line in lines), "no warning per field"
 
 
+@pytest.mark.slow
 def test_each_command_prints_the_assumptions_as_one_block_and_names_them_in_its_summary(timm_file, capsys):
     """convert to .npz and to an HF folder, info, predict and parity of a timm file: a header line and
     one line per assumed field (field = value (why)), the fields named in the wrote / verdict line, and

@@ -53,6 +53,7 @@ def _pixels(path) -> np.ndarray:
         return np.asarray(im.convert("RGB"), np.float64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_attention_command_same_maps_from_both_twins(case, photo, tmp_path, capsys, small_cfg):
     cfg = small_cfg.replace(**CASES[case])
@@ -129,6 +130,7 @@ def test_attention_command_all_layers_one_head_and_errors(photo, tmp_path, capsy
     assert not bad.exists()
 
 
+@pytest.mark.slow
 def test_parity_report_from_twins(tmp_path, small_cfg, images):
     cfg = small_cfg.replace(reg_tokens=2)
     state = _state(cfg)

@@ -26,6 +26,7 @@ READERS, WRITERS = {**TORCH_READERS, **JAX_READERS}, {**TORCH_WRITERS, **JAX_WRI
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_round_trips_between_every_pair_including_pth_and_orbax(tmp_path, small_cfg, random_state):
     targets = [
         ("canonical", "a.safetensors"),
@@ -90,6 +91,7 @@ def test_convert_cli_prints_the_report_and_exit_codes(tmp_path, capsys, small_cf
     assert "--to" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_convert_imports_a_framework_only_when_the_format_needs_it(tmp_path, small_cfg, random_state):
     save_checkpoint(tmp_path / "m.safetensors", small_cfg, random_state(small_cfg, scale=0.2))
     code = (
@@ -103,6 +105,7 @@ def test_convert_imports_a_framework_only_when_the_format_needs_it(tmp_path, sma
     assert out.stdout.strip().splitlines()[-1] == "0 False False"
 
 
+@pytest.mark.slow
 def test_run_parity_result_structure_float64(tmp_path, small_cfg, random_state):
     """float64 run (float32 runs in the CLI tests below): every intermediate, the float64 bounds."""
     cfg = small_cfg.replace(pool="map", class_token=False)
@@ -131,6 +134,7 @@ def test_run_parity_result_structure_float64(tmp_path, small_cfg, random_state):
     assert set(ROW_KEYS) < set(row)  # rows feed vit_compare.report.write_parity_report as they are
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("against, kw", [("timm", dict(pool="map", class_token=False)), ("transformers", {})])
 def test_parity_cli_against_a_library_with_images(tmp_path, capsys, against, kw, small_cfg, random_state):
     cfg = small_cfg.replace(**kw)
@@ -161,6 +165,7 @@ def test_parity_cli_against_a_library_with_images(tmp_path, capsys, against, kw,
     assert len(blocks) == 2 and all(r["against"] is not None for r in blocks)
 
 
+@pytest.mark.slow
 def test_parity_exits_1_beyond_tolerance(tmp_path, monkeypatch, capsys, small_cfg, random_state):
     """A twin that loaded one weight slightly wrong is caught, with the first failing tensor named."""
     save_checkpoint(tmp_path / "m.safetensors", small_cfg, random_state(small_cfg, scale=0.2))
@@ -178,6 +183,7 @@ def test_parity_exits_1_beyond_tolerance(tmp_path, monkeypatch, capsys, small_cf
     assert torch.backends.cuda.matmul.allow_tf32 is False
 
 
+@pytest.mark.slow
 def test_parity_report_pictures(tmp_path, capsys, small_cfg, random_state):
     """`vit parity --report DIR`: per-layer differences and one attention map from each twin, as PNG + html."""
     from PIL import Image
@@ -199,6 +205,7 @@ def test_parity_report_pictures(tmp_path, capsys, small_cfg, random_state):
     assert "pass --report DIR too" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_parity_images_take_the_folder_layouts_of_training(tmp_path, capsys, small_cfg, random_state):
     """--images reads a folder of class folders (or train/ + val/) as training does, in sorted order,
     the first --max-images of them, with the checkpoint's preprocessing (here declared in the file)."""
@@ -215,8 +222,12 @@ def test_parity_images_take_the_folder_layouts_of_training(tmp_path, capsys, sma
     assert main([*args, str(tmp_path / "r.json"), "--max-images", "2"]) == 0
     assert json.loads((tmp_path / "r.json").read_text())["images"] == ["train/cat/0.png", "train/dog/1.png"]
     capsys.readouterr()
+    image = tmp_path / "data" / "train" / "cat" / "0.png"  # a file is refused: --images takes a folder
+    assert main(["parity", str(tmp_path / "m.safetensors"), "--images", str(image)]) == 2
+    assert capsys.readouterr().err.endswith(f"{image}: a file, not a folder; expected a folder of images\n")
 
 
+@pytest.mark.slow
 def test_parity_names_a_zero_head_and_the_rows_that_carry_no_information(tmp_path, capsys, small_cfg, random_state):
     """After `vit convert --num-classes 5` the head is zeros and every logit 0: the verdict says the logits
     (and their top-1 agreement) prove nothing, and which rows do."""

@@ -60,6 +60,7 @@ def _timm_swiglu(small_cfg, f: int) -> TimmViT:
     return _perturbed(model)
 
 
+@pytest.mark.slow
 def test_swiglu_equals_timm_swiglu_packed_in_both_twins(small_cfg):
     """timm's SwiGLUPacked ViT (gate rows first in mlp.fc1) is our mlp_type='swiglu' tensor for tensor:
     its state_dict is the canonical state, and both twins give its logits within 1e-5 relative; the
@@ -88,6 +89,7 @@ def test_swiglu_equals_timm_swiglu_packed_in_both_twins(small_cfg):
     assert "mlp_layer=SwiGLUPacked" in timm_load_call("m.safetensors", cfg)
 
 
+@pytest.mark.slow
 def test_swiglu_equals_transformers_dinov2_swiglu_ffn(small_cfg):
     """transformers' Dinov2SwiGLUFFN (gate_proj, up_proj, down_proj) is our GluMlp with
     fc1 = [gate_proj; up_proj], fc2 = down_proj, in both twins; its hidden width is DINOv2's rounding
@@ -125,6 +127,7 @@ def test_swiglu_equals_transformers_dinov2_swiglu_ffn(small_cfg):
     assert compare("jax GluMlp", out_j, ref, "tensor", "float32").ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reg_tokens", [0, 3])
 def test_token_gap_is_the_class_token_then_the_mean_of_the_patches(reg_tokens, small_cfg):
     """pool='token_gap' (HF Dinov2ForImageClassification / Dinov2WithRegistersForImageClassification):

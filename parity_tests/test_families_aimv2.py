@@ -64,6 +64,7 @@ def timm_aimv2():
     return _normal(model)
 
 
+@pytest.mark.slow
 def test_timm_aimv2_in_both_twins(timm_aimv2, images, tmp_path):
     cfg = timm_config(timm_aimv2, "aimv2")
     assert (cfg.norm, cfg.patch_norm, cfg.proj_bias, cfg.mlp_bias, cfg.qkv_bias) == (
@@ -91,6 +92,7 @@ def test_timm_aimv2_in_both_twins(timm_aimv2, images, tmp_path):
         _assert_close("timm reload", scope["model"].eval()(torch.from_numpy(x)).numpy(), pooled)
 
 
+@pytest.mark.slow
 def test_timm_aimv2_float64(timm_aimv2, images, x64):
     cfg = timm_config(timm_aimv2, "aimv2").replace(dtype="float64", param_dtype="float64")
     state = {k: v.astype(np.float64) for k, v in canonical_from_timm(timm_aimv2, cfg).items()}
@@ -111,6 +113,7 @@ def _hf(tmp_path, name: str, **config):
     return model
 
 
+@pytest.mark.slow
 def test_transformers_probe_head_round_trip(tmp_path, images):
     import transformers
 
@@ -135,6 +138,7 @@ def test_transformers_probe_head_round_trip(tmp_path, images):
     assert read.keys() == written.keys() and all(np.array_equal(read[k], written[k]) for k in read)
 
 
+@pytest.mark.slow
 def test_transformers_native_at_other_sizes(tmp_path, images):
     model = _hf(tmp_path, "hf", image_size=56, use_head=False, is_native=True)
     ckpt = load_checkpoint(tmp_path / "hf", strict=True)
@@ -172,6 +176,7 @@ def test_timm_to_transformers(timm_aimv2, images, tmp_path):
         save_checkpoint(tmp_path / "gap", cfg, canonical_from_timm(timm_aimv2, cfg), "hf_family")
 
 
+@pytest.mark.slow
 def test_rmsnorm_twins_against_torch_and_float64():
     import jax.numpy as jnp
 
@@ -230,6 +235,7 @@ def test_bad_aimv2_folders_are_refused_naming_what(tmp_path):
             load_checkpoint(tmp_path / "hf")
 
 
+@pytest.mark.slow
 def test_aimv2_folder_without_use_head_or_head_tensors_gives_every_token(tmp_path, images):
     """config.json without ``use_head`` and no ``head.*`` tensors: pool 'none' (derived from the tensors),
     equal to transformers' every token; the probe with a q/v-only bias is refused (its kv bias is qkv_bias)."""

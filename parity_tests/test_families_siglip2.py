@@ -72,6 +72,7 @@ def _published_fixed_res(folder) -> torch.nn.Module:
     return model
 
 
+@pytest.mark.slow
 def test_fixed_resolution_siglip2_folders_and_npz_load(tmp_path, images):
     """The published fixed-resolution form (``siglip`` folder, ``SiglipModel``) loads strictly with nothing
     assumed; as a big_vision ``siglip2_*.npz`` (``params/img/`` beside a 256k-vocab text tower ``params/txt/``,
@@ -154,6 +155,7 @@ def _naflex_twins(cfg, state, batch, intermediates: bool) -> list[tuple[str, np.
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", _NAFLEX_CONFIGS)
 def test_naflex_batch_equals_each_image_alone_in_both_twins(case):
     """A NaFlex batch of four aspect ratios: both twins agree, fused and explicit; the padding gets no
@@ -195,6 +197,7 @@ def _siglip2_folder(folder) -> torch.nn.Module:
     return model
 
 
+@pytest.mark.slow
 def test_siglip2_naflex_folder_equals_transformers_in_both_twins(tmp_path, capsys):
     """A ``siglip2_vision_model`` folder loads strictly (nothing assumed; image_size 4 x 8 from num_patches,
     posemb_resample bilinear_aa declared; its key names are transformers 4's and 5's, not "v4"); on a
@@ -236,6 +239,7 @@ def test_siglip2_naflex_folder_equals_transformers_in_both_twins(tmp_path, capsy
     assert len(err) == 1 and "posemb_resample" in err[0] and "nearest" in err[0], err
 
 
+@pytest.mark.slow
 def test_siglip2_two_tower_and_classifier_folders_read_their_vision_tower(tmp_path):
     """``siglip2`` folders: ``Siglip2Model`` (the text tower reported as ignored) gives transformers' image
     features, ``Siglip2ForImageClassification`` its logits (the masked mean of the tokens), torch twin."""
@@ -410,6 +414,7 @@ def test_naflex_preprocessing_equals_transformers_siglip2_processor():
     assert np.array_equal(patches, ref["pixel_values"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_vit_predict_on_a_naflex_model_equals_transformers(framework, tmp_path, capsys):
     """``vit predict FOLDER IMAGES --max-patches 16`` on a ``Siglip2ForImageClassification`` folder: each

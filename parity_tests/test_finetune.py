@@ -114,7 +114,9 @@ def _timm_hub_folder(path: Path) -> Path:
 SOURCES = {"hf": _hf_folder, "big_vision": lambda p: _big_vision_file(p.with_suffix(".npz")), "timm": _timm_hub_folder}
 
 
-@pytest.mark.parametrize("fmt", ["hf", "big_vision", "timm"])
+@pytest.mark.parametrize(  # 15, 16 and 26 s alone: the fast loop runs hf
+    "fmt", ["hf", pytest.param("big_vision", marks=pytest.mark.slow), pytest.param("timm", marks=pytest.mark.slow)]
+)
 def test_fine_tuning_hands_back_the_checkpoint_s_format_checked_by_its_library(tmp_path, capsys, fmt, image_folder):
     src = SOURCES[fmt](tmp_path / "src")
     data = image_folder(tmp_path / "imgs", ("ant", "bee", "cat"), n=6, size=(20, 24), band=True)

@@ -22,6 +22,7 @@ def _hf_out(model, x: np.ndarray) -> np.ndarray:
     return (out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]).numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "arch, act, spelling",
     [
@@ -68,6 +69,7 @@ def test_hf_both_ways(tmp_path, arch, act, spelling, images, hf_vit, assert_twin
     assert c.ok, c
 
 
+@pytest.mark.slow
 def test_hf_folder_resampled_at_load_time(tmp_path, images, hf_vit, twin_logits):
     """image_size at load time resamples like transformers' own interpolate_pos_encoding (bicubic, no
     antialias, align_corners=False: the default method for HF folders)."""

@@ -170,6 +170,7 @@ def _check(case: str, model, folder, x: np.ndarray, **load) -> None:
             assert compare(f"{twin} {k}", out[k], v, "attention" if k.startswith("attn") else "tensor", "float32").ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_family_folder_equals_transformers(case, tmp_path, images):
     """Each family's folder (v4 names, as save_pretrained writes) loads into both twins with nothing
@@ -182,6 +183,7 @@ def test_family_folder_equals_transformers(case, tmp_path, images):
     _check(case, model, tmp_path / "hf", images(2, (32, 32)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["dinov2_classify_swiglu", "dinov2_registers_classify", "vit_mae", "ijepa_classify"])
 def test_v5_module_names(case, tmp_path, images):
     """The transformers-5 module names (``state_dict()``: ``attention.q_proj``, DINOv2's SwiGLU as
@@ -216,6 +218,7 @@ def test_clip_projection_is_the_bias_free_head(tmp_path):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case, method, hw",
     [
@@ -274,6 +277,7 @@ WRITTEN = {  # case -> the architecture our export is: the family that holds the
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case, spelling",
     [(case, "v4") for case in WRITTEN] + [("dinov2_classify_swiglu", "v5"), ("dinov2_registers_swiglu", "v5")],
@@ -314,8 +318,12 @@ def test_written_folder_loads_strictly_in_transformers(case, spelling, tmp_path,
 def test_models_no_family_holds_are_refused_by_name(tmp_path, small_cfg, random_state):
     from vit_common.checkpoints.convert import save_checkpoint
 
-    with pytest.raises(ValueError, match="no SigLIP, CLIP, DINOv2 or I-JEPA model has class_token=True, pool='token'"):
+    with pytest.raises(
+        ValueError, match="no SigLIP, CLIP, DINOv2 or I-JEPA model has class_token=True, pool='token'"
+    ) as e:
         save_checkpoint(tmp_path / "a", small_cfg, random_state(small_cfg), "hf_family")
+    # callers without --hf-model-type (the Python API, `vit train`'s exports) get it too: no flag is named
+    assert "as hf_family with model type vit_mae or vit_msn" in str(e.value) and "--" not in str(e.value)
     cfg = small_cfg.replace(layer_scale=0.1, qk_norm=True, num_classes=0)
     with pytest.raises(ValueError, match="the hf_family format cannot hold this model: qk_norm"):
         save_checkpoint(tmp_path / "b", cfg, random_state(cfg), "hf_family")
@@ -371,6 +379,7 @@ def _mae_noise(x: np.ndarray) -> dict:
     return {"noise": torch.arange(x.shape[0] * n, dtype=torch.float32).reshape(x.shape[0], n)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case, arch, spelling",
     [
@@ -430,6 +439,7 @@ def test_a_plain_vit_is_written_as_msn_when_asked_and_refused_where_the_type_can
     assert not (tmp_path / "mae").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["siglip_two_tower", "clip_projection", "dinov2_registers_classify", "vit_mae"])
 def test_parity_against_transformers_of_the_folders_model_type(case, tmp_path, capsys):
     """``vit parity FOLDER --against transformers`` compares both twins with the transformers class of
@@ -465,6 +475,7 @@ TIMM_NAMES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", TIMM_NAMES)
 def test_converted_to_timm_loads_strictly_in_timms_own_architecture(case, tmp_path, images):
     """A transformers SigLIP / CLIP / DINOv2 (registers, SwiGLU) vision folder, ``vit convert --to timm``:

@@ -23,7 +23,11 @@ def _logits(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize(
     "name, variant",
-    [("vit_tiny_patch16_224", "Ti/16"), ("vit_small_patch16_224", "S/16"), ("vit_base_patch16_224", "B/16")],
+    [
+        ("vit_tiny_patch16_224", "Ti/16"),
+        pytest.param("vit_small_patch16_224", "S/16", marks=pytest.mark.slow),
+        pytest.param("vit_base_patch16_224", "B/16", marks=pytest.mark.slow),  # 15 and 37 s: the fast loop runs Ti
+    ],
 )
 def test_timm_variants_both_ways(tmp_path, name, variant, images, perturb, assert_twins_match):
     """A timm file loads into both twins with timm's logits (1e-5 relative), and our export loads into
@@ -58,6 +62,7 @@ FAMILIES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_timm_family_loads_exactly_and_exports_load_strictly_in_timm(tmp_path, family, timm_vit, images, twin_logits):
     """The family's timm file: read with what timm files do not store (the heads, pooling, GELU, size; the
@@ -83,6 +88,7 @@ def test_timm_family_loads_exactly_and_exports_load_strictly_in_timm(tmp_path, f
     assert np.array_equal(_logits(scope["model"].eval(), x), ref)
 
 
+@pytest.mark.slow
 def test_deit_distilled_gives_the_mean_of_both_heads_and_each_head(tmp_path, timm_vit, images, twin_logits):
     """DeiT's distilled model: the distillation token is the second prefix token, head_dist reads it, the
     output is the mean of both heads (timm in eval mode); both heads' logits come out of
@@ -117,6 +123,7 @@ def test_deit3_gamma_spelling_loads(tmp_path, timm_vit, images, assert_twins_mat
     assert load_checkpoint(tmp_path / "deit3.pth", readers=READERS, num_heads=4).cfg.layer_scale is not None
 
 
+@pytest.mark.slow
 def test_a_timm_model_name_is_a_source_in_both_twins(images):
     """vit_torch.from_timm / vit_jax.from_timm go through timm.create_model (pretrained=False here: random
     weights; True downloads) and equal that model; the JAX side runs timm in a child process."""

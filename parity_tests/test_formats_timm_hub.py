@@ -45,6 +45,7 @@ def _logits(model, x):
         return model(torch.from_numpy(x)).numpy()
 
 
+@pytest.mark.slow
 def test_a_clip_hub_folder_loads_with_nothing_assumed(tmp_path, perturb, images, assert_twins_match):
     tm = _hub_folder(tmp_path / "clip", "vit_base_patch16_clip_224", perturb, **CLIP_TINY)
     ckpt = load_checkpoint(tmp_path / "clip", readers=READERS, strict=True)
@@ -58,6 +59,7 @@ def test_a_clip_hub_folder_loads_with_nothing_assumed(tmp_path, perturb, images,
     assert timm.create_model(f"local-dir:{tmp_path / 'clip'}", pretrained=True).num_classes == 7  # timm's own read
 
 
+@pytest.mark.slow
 def test_the_jax_sides_child_process_reads_the_same_config(tmp_path, perturb):
     _hub_folder(tmp_path / "clip", "vit_base_patch16_clip_224", perturb, global_pool="avg", **CLIP_TINY)
     torch_side = load_checkpoint(tmp_path / "clip", readers=READERS, strict=True).cfg
@@ -65,6 +67,7 @@ def test_the_jax_sides_child_process_reads_the_same_config(tmp_path, perturb):
     assert jax_side == torch_side and torch_side.pool == "gap" and torch_side.fc_norm
 
 
+@pytest.mark.slow
 def test_without_timm_the_architecture_table_declares_what_the_name_implies(tmp_path, perturb, images):
     """A JAX-only install (no timm): config.json states heads, pooling, size; the table of timm's
     architectures gives what vit_base_patch16_clip_224 implies (eps 1e-5, exact GELU): nothing assumed,
@@ -114,6 +117,7 @@ def test_a_hub_folder_of_a_gated_mlp_model_reads_through_timm_exactly(tmp_path, 
     assert c.ok, c
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, size",
     [
@@ -154,6 +158,7 @@ def test_pretrained_cfg_declares_the_preprocessing_and_label_names(tmp_path, per
         load_checkpoint(tmp_path / "clip", readers=READERS)
 
 
+@pytest.mark.slow
 def test_a_hub_id_of_a_timm_repo_loads_from_the_cache(tmp_path, perturb, hub_cache, monkeypatch, images):
     from huggingface_hub import constants
 
@@ -190,6 +195,7 @@ WRITTEN = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(WRITTEN))
 def test_a_hub_folder_converts_into_one_timm_loads_strictly(tmp_path, perturb, images, family):
     name, kwargs = WRITTEN[family]

@@ -85,6 +85,7 @@ def run(data, tmp_path_factory, tiny):
     return folder / "last.pth.tar", model, opt, batches[0]
 
 
+@pytest.mark.slow
 def test_one_jax_step_from_a_timm_checkpoint_equals_one_more_torch_step(x64, data, run, tiny):
     path, model, opt, batch = run
     with weights_entry(training_weights_entry(None)):  # what vit train --init-optimizer reads

@@ -25,6 +25,7 @@ LORA = TrainConfig(
 )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_lora_steps_of_both_twins_agree_and_the_base_weights_stay(x64, tiny_cfg, tiny_dataset):
     """2 steps of a 1-block float64 model from seeded weights: parameters (adapters and head) and both Adam
     moments within 1e-10 of each other; every frozen tensor bit for bit the

@@ -24,6 +24,7 @@ def _out(model, x: np.ndarray) -> np.ndarray:
     return (out.logits if hasattr(out, "logits") else out).numpy()
 
 
+@pytest.mark.slow
 def test_unused_pooler_in_a_classifier_folder_is_ignored_and_reported(tmp_path, hf_vit, images, twin_logits, capsys):
     """A ViTForImageClassification folder whose weights also hold vit.pooler.dense.*: transformers builds
     the classifier without a pooler and never reads them. The architecture config.json declares decides:
@@ -49,6 +50,7 @@ def test_unused_pooler_in_a_classifier_folder_is_ignored_and_reported(tmp_path, 
     assert "dropped  vit.pooler.dense.weight" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kw, pool, include",
     [
@@ -99,6 +101,7 @@ def test_sharded_folder_with_a_layer_missing_from_every_shard_is_refused(tmp_pat
         load_checkpoint(tmp_path / "hf")
 
 
+@pytest.mark.slow
 def test_deit_distilled_timm_file_loads_with_its_distillation_token(tmp_path, timm_vit, images, assert_twins_match):
     """A DeiT distilled timm file (dist_token, head_dist): the distillation token is read as the second
     prefix token, pos_embed rows fit without a source size, and the output is the mean of both heads."""
@@ -111,6 +114,7 @@ def test_deit_distilled_timm_file_loads_with_its_distillation_token(tmp_path, ti
     assert_twins_match(tmp_path / "deit.pth", x, _out(tm, x), num_heads=4)
 
 
+@pytest.mark.slow
 def test_parity_verdict_names_a_guessed_head_count_and_our_timm_export_needs_no_guess(
     tmp_path, timm_vit, images, twin_logits, capsys
 ):
@@ -140,6 +144,7 @@ def test_parity_verdict_names_a_guessed_head_count_and_our_timm_export_needs_no_
     assert "PASS: every tensor within its tolerance" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_training_checkpoint_with_numpy_scalars_loads_weights_only(tmp_path, timm_vit, images, assert_twins_match):
     """A timm training checkpoint whose pickle holds numpy scalars (best accuracy, epoch) and an
     argparse.Namespace: read with the weights-only loader, the extra entries reported as dropped. A

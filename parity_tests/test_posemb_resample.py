@@ -61,6 +61,7 @@ BOUND = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("src, dst", GRIDS)
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_each_method_equals_the_library_it_is_named_after(src, dst, dtype, x64):
@@ -86,6 +87,7 @@ def test_bilinear_crop_is_radios_square_resize_then_crop(src, dst):
     assert _rel(_ours(grid, dst, "bilinear_crop"), want) <= BOUND["float64", "torch"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dst", [(24, 24), (7, 7)])
 def test_bicubic_flavours_on_a_b16_pos_embed(dst, x64):
     """(1, 197, 768) resampled 14x14 -> 24x24 and -> 7x7: torch bicubic (a=-0.75, no antialias) and jax
@@ -114,6 +116,7 @@ def test_same_token_count_still_resamples_and_prefix_rows_are_kept():
     assert np.abs(out[0, 5:] - ref).max() <= 1e-12 and np.abs(out[0, 5:] - pe[0, 5:]).max() > 0.1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hw", [(48, 48), (32, 56)])
 def test_run_time_equals_load_time_equals_timm_dynamic(tmp_path, hw, images, perturb, twin_logits):
     """A dynamic_img_size model given another image size resamples at run time with the same matrices

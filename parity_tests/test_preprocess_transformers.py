@@ -66,6 +66,7 @@ def _compare(folder: Path, pp: Preprocess, photos: list[Path], backend: str) -> 
     return worst
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CONFIGS)
 def test_pixels_equal_the_transformers_processor(tmp_path, photos, name):
     (tmp_path / "preprocessor_config.json").write_text(json.dumps(CONFIGS[name]))
@@ -94,6 +95,7 @@ def test_a_written_config_builds_the_processor_that_gives_the_same_pixels(tmp_pa
     assert _compare(tmp_path, pp, photos, "pil") == 0.0
 
 
+@pytest.mark.slow
 def test_do_rescale_false_gives_the_pipeline_s_probabilities(tmp_path, photos, capsys):
     """A folder whose processor feeds 0..255 (normalised): `vit predict` gives the probabilities of
     transformers' pipeline; dividing by 255 anyway (what was read before) is far off."""

@@ -58,6 +58,7 @@ def _groups(optimizer) -> dict[str, tuple[float, float]]:
     return {n: (g.get("lr_scale", 1.0), g["weight_decay"]) for g in optimizer.param_groups for n in g["names"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer_decay", [1.0, 0.75])
 @pytest.mark.parametrize("model", list(MODELS))
 def test_timm_recipe_groups_are_timm_s(model, layer_decay, models):
@@ -149,6 +150,7 @@ def _flax_path(path) -> str:
     return "/".join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["optax", "big_vision"])
 def test_jax_recipes_update_as_optax_adamw_and_big_vision_s_chain(x64, recipe, models):
     """One update of our JAX optimizer against ``optax.adamw`` (mask None) or the chain of

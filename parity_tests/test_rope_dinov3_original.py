@@ -74,6 +74,7 @@ def _twins(cfg, state, images: torch.Tensor) -> list[np.ndarray]:
     return [out_t, out_j]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name", ["vit_small_patch16_dinov3_qkvb", pytest.param("vit_small_plus_patch16_dinov3", marks=pytest.mark.slow)]
 )
@@ -107,6 +108,7 @@ def test_meta_file_equals_timm_converter_in_both_twins(name, tmp_path):
         assert torch.equal(back[k], want), k
 
 
+@pytest.mark.slow
 def test_periods_choice_gives_the_original_or_timm(tmp_path, capsys):
     """bf16-rounded periods with peaked attention (q/k weights scaled 12x), every token compared (the class
     token alone hides most of it): 'stored' equals timm's model running the file's periods (the original's

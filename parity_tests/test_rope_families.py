@@ -70,6 +70,7 @@ def _twins(cfg, state, images: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     return t, np.asarray(j)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in FAMILIES])
 def test_family_equals_timm_in_both_twins(name):
     native, other = FAMILIES[name]
@@ -92,6 +93,7 @@ def test_family_equals_timm_in_both_twins(name):
 GRIDS = ((2, 3), (14, 14), (5, 7))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grid", GRIDS)
 @pytest.mark.parametrize(
     "kind", ["dinov3", "dinov3_min", "cat_ij", "cat_xy_offset", "cat_ref", "cat_half", "mixed_xy", "mixed_ij"]
@@ -151,6 +153,7 @@ def test_tables_equal_timm(kind, grid):
         assert np.abs(got - cos_ref).max() <= 1e-6
 
 
+@pytest.mark.slow
 def test_dinov3_periods_choice_stored_or_computed():
     """Meta's DINOv3 files hold the periods rounded to bfloat16; timm and transformers recompute them in
     float32. With peaked attention (weights N(0, 0.25)) the two choices differ visibly: the twins follow
@@ -187,6 +190,7 @@ def test_dinov3_periods_choice_stored_or_computed():
             assert c.ok, str(c)
 
 
+@pytest.mark.slow
 def test_attention_maps_of_a_rope_model_agree_across_twins():
     """The explicit path rotates as the fused one: same logits, and probabilities [B, N, L, L] equal."""
     m = _timm("eva02_tiny_patch14_224", 56)
@@ -221,6 +225,7 @@ FLOAT64_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case", [c if c == "pe_map_xy_offset_ref" else pytest.param(c, marks=pytest.mark.slow) for c in FLOAT64_CASES]
 )

@@ -24,6 +24,7 @@ TINY = dict(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kw",
     [

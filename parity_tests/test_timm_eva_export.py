@@ -58,6 +58,7 @@ def _same_state(a, b) -> bool:
     return set(a) == set(b) and all(np.asarray(a[k]).tobytes() == np.asarray(b[k]).tobytes() for k in a)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in LAYOUTS])
 def test_every_eva_layout_is_written_back_as_timm_loads_it(tmp_path, name):
     size = LAYOUTS[name]
@@ -121,6 +122,7 @@ def test_stored_dinov3_periods_are_dropped_as_timm_drops_them(tmp_path):
     assert back.cfg == ckpt.cfg and _same_state(back.state, ckpt.state)
 
 
+@pytest.mark.slow
 def test_each_eva_name_builds_the_eps_the_writer_records():
     """``EVA_NAMES``: the LayerNorm eps each timm entry point builds, which a hub folder's name fixes."""
     for name, eps in EVA_NAMES.items():

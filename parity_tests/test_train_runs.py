@@ -120,6 +120,7 @@ def assert_same_run(run: Path, ref: Path) -> None:
     assert all(p.name.isdigit() for p in ckpt.iterdir() if not p.name.startswith(".")), list(ckpt.iterdir())
 
 
+@pytest.mark.slow
 def test_export_agrees_in_pytorch_and_timm(ref, npz):
     parity = json.loads((ref / "parity.json").read_text())
     assert parity["images"] == 6 and parity["agreement"] == 1.0 and parity["rel"] <= 1e-5 and parity["ok"]
@@ -269,6 +270,7 @@ def test_a_run_stopped_before_its_first_checkpoint_is_started_again_by_the_same_
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["6", "8", "9"]  # temporary folder gone
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_config_and_fresh_runs_refuse_an_existing_folder(ref, npz, tmp_path, capsys):
     args = ["train", "--dataset", f"npz:{npz}", *TINY, "--out", str(ref)]
     assert main([*args, "--resume", "--width", "32", "--lr", "0.01"]) == 2

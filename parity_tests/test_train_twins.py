@@ -45,6 +45,7 @@ def f64_moment(monkeypatch):
     monkeypatch.setitem(RECIPES, "big_vision", dataclasses.replace(RECIPES["big_vision"], mu_dtype=None))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["twins", "timm", "torch", "optax", "big_vision"])
 def test_ten_steps_of_each_recipe_agree_to_1e_10(x64, data, recipe, request, tiny):
     if recipe == "big_vision":
@@ -76,6 +77,7 @@ def test_rope_backbones_train_alike_as_plain_vits_do(x64, data, name):
     assert all(max(row.params, row.mu, row.nu) <= 1e-10 for row in r.rows)
 
 
+@pytest.mark.slow
 def test_big_vision_bf16_first_moment_agrees_within_the_bf16_bound(x64, data, tiny):
     """The first update uses the unrounded moment in both (optax's scale_by_adam, torch before its hook):
     step 1 agrees to 1e-10; after that the stored bf16 moments part within the bf16 bound."""
@@ -86,6 +88,7 @@ def test_big_vision_bf16_first_moment_agrees_within_the_bf16_bound(x64, data, ti
     assert max(row.mu for row in r.rows[1:]) > 1e-4  # the rounding is real: not a float64 run
 
 
+@pytest.mark.slow
 def test_freeze_trains_the_head_alike_in_both_twins(x64, data, tiny):
     tcfg = dataclasses.replace(FULL, recipe="timm", init="weights", freeze=True, layer_decay=1.0, epochs=2)
     r = compare_training(tiny, tcfg, data, 3)
@@ -101,6 +104,7 @@ def test_drop_path_masks_are_the_numpy_draws_both_twins_take(tiny):
     np.testing.assert_array_equal(masks, drop_path_masks(tiny, seed=0, step=3, batch_size=64))
 
 
+@pytest.mark.slow
 def test_dropout_and_attention_dropout_in_parity_mode_agree_and_a_shifted_mask_is_caught(x64, data, monkeypatch, tiny):
     """Dropout 0.2 and attention dropout 0.3 (every site: position embedding, attention probabilities,
     projection, MLP, the MAP head's MLP, head) from the same numpy masks: 3 steps within 1e-10; the torch
@@ -125,6 +129,7 @@ def test_dropout_and_attention_dropout_in_parity_mode_agree_and_a_shifted_mask_i
     assert bad.first_bad_step == 1 and bad.rows[0].mu > 1e-3, bad.rows  # lr is 0 at step 1 (warmup): moments
 
 
+@pytest.mark.slow
 def test_bf16_compute_of_both_twins_stays_near_a_float64_run(x64, data, tiny):
     """bfloat16 compute (float32 parameters) in both twins against the torch twin in float64 from the same
     weights, batches and drop-path masks: the tolerance table's bound on ||twin - f64|| / ||f64||."""
@@ -136,6 +141,7 @@ def test_bf16_compute_of_both_twins_stays_near_a_float64_run(x64, data, tiny):
     assert r.rows[1].params > 1e-1  # per tensor the twins part (a key bias): why the verdict is against f64
 
 
+@pytest.mark.slow
 def test_timm_and_big_vision_with_the_same_numbers_part_and_meet_after_translation(x64, data, f64_moment, tiny):
     """JAX big_vision vs torch timm with weight_decay=0.05 at lr=1e-2: big_vision's decay is not scaled by
     the lr, so they part at the first step that moves; with big_vision's wd translated (5e-4) they agree
@@ -153,6 +159,7 @@ def test_timm_and_big_vision_with_the_same_numbers_part_and_meet_after_translati
     assert met.ok, met.rows
 
 
+@pytest.mark.slow
 def test_the_verdict_is_against_how_far_the_parameters_moved(x64, data, f64_moment, tiny):
     """README's case: big_vision vs timm under a 300-step warm-up, K = 3: the learning rate stays near
     zero, so the parameters differ by little against their size (params) but by more than they moved
@@ -174,6 +181,7 @@ def test_the_verdict_is_against_how_far_the_parameters_moved(x64, data, f64_mome
     assert compared["data"]["batch_size"] == base.batch_size and compared["model"]["init"].startswith("the torch")
 
 
+@pytest.mark.slow
 def test_a_wrong_optimizer_setting_on_one_side_is_caught_at_step_1(x64, data, tiny):
     tcfg = dataclasses.replace(FULL, warmup_steps=0, epochs=1)
     r = compare_training(tiny, tcfg, data, 1, torch_tcfg=dataclasses.replace(tcfg, b1=0.95))
@@ -187,6 +195,7 @@ def test_bad_requests_are_refused(data, tiny):
         compare_training(tiny, FULL, data, 1, torch_tcfg=dataclasses.replace(FULL, batch_size=4))
 
 
+@pytest.mark.slow
 def test_the_command_reports_every_step_and_exits_1_where_the_twins_part(npz, tmp_path, capsys):
     """`vit train-parity`: float64, dropout and attention dropout (parity mode), the torch twin with another
     weight decay: JSON of both steps, a plot, the verdict on stdout, exit code 1; the parting shows at step
@@ -210,6 +219,7 @@ def test_the_command_reports_every_step_and_exits_1_where_the_twins_part(npz, tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.png"]  # nothing else left beside them
 
 
+@pytest.mark.slow
 def test_train_parity_starts_from_the_users_checkpoint(npz, tmp_path, tiny_cfg, capsys):
     """`vit train-parity --init FILE`: both twins start from the file's weights (here a timm state_dict of 5
     classes: the 3-class dataset gets a new zero head, as vit train --init gives it); model flags the file
@@ -237,6 +247,7 @@ def test_train_parity_starts_from_the_users_checkpoint(npz, tmp_path, tiny_cfg, 
     assert "--width: --init" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_adam_state_crosses_frameworks_k_torch_then_k_jax_equals_2k_jax(x64, data, tiny):
     """Optimizer state by canonical names: 3 torch steps, then the JAX twin continues from torch's weights,
     moments and step for 3 more = 6 JAX steps; and 3 JAX steps continued by torch = 6 torch steps."""
@@ -282,6 +293,7 @@ def test_adam_state_crosses_frameworks_k_torch_then_k_jax_equals_2k_jax(x64, dat
         torch_cont.load_adam_state({**half[1], "mu": {n: v for n, v in half[1]["mu"].items() if n != "head.bias"}})
 
 
+@pytest.mark.slow
 def test_the_twins_moving_averages_agree_to_the_float64_bound_and_a_wrong_decay_shows(x64, data, tiny):
     """--ema with a warm-up in both twins (optax.incremental_update in the jitted step against the torch
     twin's ModelEma): every step's EMA within 1e-10; a torch twin with another decay agrees at step 1 (the

@@ -171,6 +171,7 @@ def _check_pair(src: str, cfg32: ViTConfig, dtype: str, hw=None) -> list:
 SRC_DTYPES = [("jax", "float32"), ("torch", "float32"), ("jax", "float64")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("src", "dtype"), SRC_DTYPES)
 @pytest.mark.parametrize("feature", FEATURES)
 def test_feature_parity(feature, src, dtype, small_cfg):
@@ -193,8 +194,14 @@ def test_feature_parity(feature, src, dtype, small_cfg):
 
 @pytest.mark.parametrize(
     ("variant", "src", "dtype"),
-    [(v, src, dtype) for v in ("Ti/16", "S/16") for src in TWINS for dtype in DTYPES]
-    + [("B/16", src, "float32") for src in TWINS],  # B/16 in float64 too costs a minute; float64 is Ti and S's
+    [
+        (v, src, dtype) if v == "Ti/16" else pytest.param(v, src, dtype, marks=pytest.mark.slow)
+        for v in ("Ti/16", "S/16")
+        for src in TWINS
+        for dtype in DTYPES
+    ]
+    # B/16 in float64 too costs a minute: float64 is Ti and S's; the fast loop runs Ti alone
+    + [pytest.param("B/16", src, "float32", marks=pytest.mark.slow) for src in TWINS],
 )
 def test_variant_parity_224(variant, src, dtype, record_property):
     results = _check_pair(src, ViTConfig.from_name(variant), dtype)
@@ -215,6 +222,7 @@ def _abstract_jax_count(cfg: ViTConfig) -> int:
     return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(jm, nnx.Param)))
 
 
+@pytest.mark.slow
 def test_canonical_names_and_golden_counts_in_both_twins(golden_params):
     # Built abstractly (meta device / nnx.eval_shape): names, shapes and counts without allocating. Tracing
     # the JAX twin's init costs about a second per block, so it is built with one and with two blocks: the
@@ -229,6 +237,7 @@ def test_canonical_names_and_golden_counts_in_both_twins(golden_params):
         assert c1 + (cfg.depth - 1) * (c2 - c1) == count
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("feature", FEATURES)
 def test_canonical_names_for_every_feature(feature, small_cfg):
     cfg = small_cfg.replace(**FEATURES[feature][0])
@@ -242,6 +251,7 @@ def test_canonical_names_for_every_feature(feature, small_cfg):
     assert cfg.param_count() == sum(math.prod(s) for s in expected.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("src", TWINS)
 def test_conversion_round_trip_is_bit_exact(src, small_cfg):
     cfg = small_cfg.replace(**FEATURES["everything"][0])
@@ -256,6 +266,7 @@ def test_conversion_round_trip_is_bit_exact(src, small_cfg):
 # ----------------------------------------------------------------------------------- attention
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("feature", ["token", "map", "registers"])
 def test_fused_equals_explicit_within_each_twin(feature, small_cfg):
     cfg = small_cfg.replace(**FEATURES[feature][0])
@@ -273,6 +284,7 @@ def test_fused_equals_explicit_within_each_twin(feature, small_cfg):
         assert c.ok, c
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("twin", TWINS)
 def test_maps_from_a_fused_model_are_never_empty(twin):
     """Ti/16 with the fused path on, attention maps requested -> [B, N, L, L], rows sum to 1."""
@@ -316,6 +328,7 @@ def _grads(cfg: ViTConfig, state, x: np.ndarray, labels: np.ndarray, checkpointi
     return (float(loss_j), vit_jax.weights.params_to_numpy(cfg, g)), (float(loss_t), grads_t)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("feature", ["token", "everything", "gap", "none_pre_logits", "swiglu"])
 def test_gradients_equal_in_float64(feature, x64, small_cfg):
     overrides = FEATURES[feature][0] if feature in FEATURES else dict(pool="gap", class_token=False, rep_size=8)
@@ -337,6 +350,7 @@ def test_gradients_equal_in_float64(feature, x64, small_cfg):
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_grad_checkpointing_recomputes_each_block_and_keeps_the_gradients(x64, small_cfg, monkeypatch):
     """set_grad_checkpointing (timm's name; big_vision's remat) in both twins: the backward pass runs each
     block again (JAX: a checkpoint around each block in the program; torch: each block's forward twice)
@@ -373,6 +387,7 @@ def test_grad_checkpointing_recomputes_each_block_and_keeps_the_gradients(x64, s
 # ------------------------------------------------------------------------------ mixed precision
 
 
+@pytest.mark.slow
 def test_bf16_compute_against_float64_reference(x64, record_property):
     """bfloat16 compute, float32 parameters, vs the float64 twin: reported, and <= 2e-2 relative."""
     cfg32 = ViTConfig.from_name("Ti/16")
@@ -393,6 +408,7 @@ def test_bf16_compute_against_float64_reference(x64, record_property):
         assert c.rel > 1e-4  # really computed in bf16, not silently in float32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("twin", TWINS)
 def test_bf16_training_steps_stay_finite_with_large_inputs(twin, small_cfg):
     """A few bf16 training steps with inputs x100: loss and gradients finite."""
@@ -438,6 +454,7 @@ def test_bf16_training_steps_stay_finite_with_large_inputs(twin, small_cfg):
 # ---------------------------------------------------------------------------------- known faults
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gelu", ["exact", "tanh"])
 def test_gelu_variant_comes_from_the_config(gelu):
     """Ti/16, 2 images 224x224: with either GELU both twins agree to 1e-5; mixing them does not."""
@@ -453,6 +470,7 @@ def test_gelu_variant_comes_from_the_config(gelu):
     assert not compare("logits, other GELU", lj, lo, "tensor", "float32").ok  # the choice is visible
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("eps", [1e-6, 1e-5, 1e-12, 1e-2])
 def test_every_layer_norm_uses_cfg_ln_eps(eps, small_cfg):
     cfg = small_cfg.replace(**FEATURES["everything"][0]).replace(ln_eps=eps)
@@ -472,6 +490,7 @@ def test_every_layer_norm_uses_cfg_ln_eps(eps, small_cfg):
     assert all(c.ok for c in compare_outputs(out_j, out_t, "float32"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("twin", TWINS)
 def test_valid_patch_embedding_and_clear_size_errors(twin, small_cfg):
     """Patch-14 model + 384x384, patch-16 model + 225x230: ValueError; dynamic: 27x27=729 tokens."""
@@ -528,6 +547,7 @@ def test_a_tensor_never_copied_is_an_error(twin, small_cfg):
 # ---------------------------------------------------------------------------- train-only noise
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("twin", TWINS)
 def test_drop_path_and_dropout_only_in_training(twin, small_cfg):
     noisy = small_cfg.replace(dropout=0.2, attn_dropout=0.2, drop_path=0.5)

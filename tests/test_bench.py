@@ -60,6 +60,7 @@ FIELDS = {
 CONTENDERS = ["vit_jax", "vit_torch", "timm", "hf"]
 
 
+@pytest.mark.slow
 def test_vit_bench_runs_and_records_every_field(tmp_path):
     page = tmp_path / "benchmarks.md"
     page.write_text(f"# title\n\n{report.PAGE_START}\nold table\n{report.PAGE_END}\nafter\n")
@@ -209,6 +210,7 @@ def test_flops_formula_matches_xla_cost_analysis(overrides, small_cfg):
     assert xla_matmul_flops(jaxpr) == pytest.approx(3 * cfg.flops(), rel=0.02)
 
 
+@pytest.mark.slow
 def test_a_run_killed_in_its_second_group_keeps_the_first(tmp_path):
     """`vit bench` appends each group's records when the group is measured: SIGKILL while the second
     group (training) compiles leaves the first group (inference) whole on disk."""

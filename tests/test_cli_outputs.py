@@ -97,6 +97,7 @@ def test_an_unwritable_current_folder_is_refused_before_the_evaluation(tiny_eval
     ], err
 
 
+@pytest.mark.slow
 def test_evaluate_writes_nothing_it_was_not_asked_for(tiny_eval, tmp_path, capsys, monkeypatch):
     model, data = tiny_eval
     (tmp_path / "cwd").mkdir()

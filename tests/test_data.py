@@ -115,6 +115,7 @@ def _same(a: list[dict], b: list[dict]) -> None:
             np.testing.assert_array_equal(x[k], y[k])
 
 
+@pytest.mark.slow
 def test_iterator_resumes_at_any_batch_and_workers_change_nothing():
     """Batch k is a pure function of (seed, k): starting at k gives the rest of the run, and worker
     processes (grain mp_prefetch) deliver the same batches in the same order as this process does."""

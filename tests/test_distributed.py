@@ -100,6 +100,7 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_processes_that_disagree_stop_before_any_work_naming_the_fields(tmp_path):
     out = tmp_path / "run"
     results = _processes(tmp_path, [["--out", str(out)], ["--out", str(out), "--lr", "0.01", "--seed", "3"]])
@@ -112,6 +113,7 @@ def test_processes_that_disagree_stop_before_any_work_naming_the_fields(tmp_path
     assert not out.exists()  # no work: not even the lock
 
 
+@pytest.mark.slow
 def test_a_coordinator_port_in_use_is_one_line_naming_the_address(tmp_path):
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
@@ -155,6 +157,7 @@ def _roll_call(port: int, processes: list[tuple[int, int]], timeout: int = 5) ->
     return results
 
 
+@pytest.mark.slow
 def test_the_roll_call_returns_once_every_process_came_and_ignores_strangers():
     port = _free_port()
     strangers = []

@@ -38,6 +38,7 @@ NUMPY_TARGETS = [
 ]
 
 
+@pytest.mark.slow
 def test_every_pair_of_formats_round_trips_bit_exact(tmp_path, small_cfg, random_state, assert_same_state):
     """canonical -> A -> B -> read: the same bytes for every ordered pair of containers."""
     cfg, state = small_cfg, random_state(small_cfg)
@@ -468,6 +469,26 @@ def test_unknown_and_damaged_files_are_named(tmp_path, content, match):
     (tmp_path / "x.bin").write_bytes(content)
     with pytest.raises(FormatError, match=match):
         load_checkpoint(tmp_path / "x.bin")
+
+
+def test_a_safetensors_file_cut_inside_its_header_is_named_truncated(tmp_path, small_cfg, random_state):
+    save_checkpoint(tmp_path / "a.safetensors", small_cfg, random_state(small_cfg))
+    data = (tmp_path / "a.safetensors").read_bytes()
+    declared = int.from_bytes(data[:8], "little")
+    (tmp_path / "cut.safetensors").write_bytes(data[:50])
+    match = rf"cut\.safetensors: a truncated or damaged safetensors file \(.* a {declared}-byte header, and 42 bytes"
+    with pytest.raises(FormatError, match=match):
+        load_checkpoint(tmp_path / "cut.safetensors")
+
+
+def test_an_unknown_model_type_lists_every_model_type_of_the_hf_formats(tmp_path):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    io.save_safetensors(tmp_path / "hf" / "model.safetensors", {"x": np.ones((2,), np.float32)})
+    with pytest.raises(FormatError, match="model_type='bert' is not supported; supported: vit, deit .hf. and ") as e:
+        load_checkpoint(tmp_path / "hf")
+    assert all(t in str(e.value) for t in ("siglip_vision_model", "clip_vision_model", "dinov2", "vit_mae", "ijepa"))
+    assert str(e.value).endswith("(hf_family)")
 
 
 def test_missing_path_and_frameworks_the_caller_did_not_give(tmp_path, small_cfg, random_state):

@@ -53,6 +53,7 @@ def _probe(mode: str, env: dict | None = None) -> tuple[int, str]:
     return int(faults), state
 
 
+@pytest.mark.slow
 @glibc
 def test_second_allocation_reuses_pages():
     faults, state = _probe("apply")
@@ -60,6 +61,7 @@ def test_second_allocation_reuses_pages():
     assert faults < 1_000, f"{faults} page faults on reuse (a fresh 256 MB block has 65,536 pages)"
 
 
+@pytest.mark.slow
 @glibc
 def test_without_the_settings_every_round_faults_again():
     # The fault the module exists for: glibc unmaps the freed block, the next round faults it all in.

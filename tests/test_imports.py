@@ -21,6 +21,7 @@ def _loaded_after(statement: str) -> set[str]:
     return set(out.stdout.split())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "statement, forbidden",
     [
@@ -86,6 +87,7 @@ def _compare_module(module: str) -> set[str]:
     return _imported(ast.parse(path.read_text())) if path.is_file() else set()
 
 
+@pytest.mark.slow
 def test_tests_need_one_framework_and_parity_tests_two():
     """The rule of README's Layout: a file of tests/ (its subfolders too) imports at most one framework
     (JAX's family or torch's, its twin included) at its top and in any one function; both, or a twin and
@@ -138,6 +140,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[str]:
     return cycles
 
 
+@pytest.mark.slow
 def test_no_import_cycle():
     """No module of the project imports (at its top or inside a function: a function-level import is
     how a circle hides) a module that imports it back, directly or through others."""

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import input_pipeline
 
 
+@pytest.mark.slow
 def test_benchmark_writes_one_record_per_run_of_each_format(tmp_path, capsys):
     out = tmp_path / "pipe.jsonl"
     args = ["--images", "12", "--image-size", "32", "--batch-size", "4", "--batches", "2", "--repeats", "1"]

@@ -57,6 +57,7 @@ def _named(tree) -> dict[str, np.ndarray]:
     return {".".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(tree)}
 
 
+@pytest.mark.slow
 def test_only_adapters_and_head_train_and_base_weights_stay_bit_identical(trained):
     t, weights, state = trained
     params = _named(state["params"])
@@ -74,6 +75,7 @@ def test_only_adapters_and_head_train_and_base_weights_stay_bit_identical(traine
     assert sum(np.size(x) for x in moments) == 2 * trainable
 
 
+@pytest.mark.slow
 def test_the_merged_export_is_the_adapted_forward(trained):
     """W + (alpha / r) (A B)^T in plain weights gives the adapted model's logits within the float32 row."""
     t, weights, state = trained
@@ -107,6 +109,7 @@ def test_merge_lora_is_w_plus_scaled_ab_transposed():
     np.testing.assert_array_equal(out["l.weight"], (w.astype(np.float32) + 1.5 * (a @ b).T).astype(np.float32))
 
 
+@pytest.mark.slow
 def test_targets_are_canonical_module_names(tiny_cfg):
     model = VisionTransformer(tiny_cfg.replace(depth=2), rngs=nnx.Rngs(0))
     assert add_lora(model, dataclasses.replace(LORA, lora_targets="qkv,blocks.1.mlp.fc2"), nnx.Rngs(0)) == [
@@ -179,6 +182,7 @@ def test_bad_lora_input_exits_2_with_one_line_writing_nothing(lora_run, capsys, 
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_lora_run_resumes_and_exports_plain_weights(lora_run, capsys):
     """One epoch with checkpoints, then --resume to two: the exports are plain timm tensors, the layers
     without adapters (norms, embeddings) bit for bit the source's; the summary names the adapter folder,

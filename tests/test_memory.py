@@ -10,6 +10,7 @@ from vit_common.config import ViTConfig
 from vit_jax.memory_plan import compute_capability
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["infer", "train"])
 def test_abstract_compile_gives_the_benchmarks_memory_figure(mode):
     record = memory.analyse("mu/16", 2, "bfloat16", mode, None, None)

@@ -28,6 +28,7 @@ def tiny_trainer(tiny_cfg, **train):
     return Trainer(tiny_cfg, TrainConfig(batch_size=4, **train), data)
 
 
+@pytest.mark.slow
 def test_the_plan_adds_up_to_xlas_analysis_of_the_same_compiled_step(tiny_cfg):
     import jax
 
@@ -52,6 +53,7 @@ def test_the_plan_adds_up_to_xlas_analysis_of_the_same_compiled_step(tiny_cfg):
     assert 0 < p.activations < p.total and p.fits()
 
 
+@pytest.mark.slow
 def test_activations_follow_the_micro_batch_and_remat(tiny_cfg):
     from vit_jax.memory_plan import activation_bytes
 
@@ -72,6 +74,7 @@ def test_a_plan_over_the_device_memory_is_refused_with_one_line(tiny_cfg):
     assert MemoryPlan(1, 2, 3, 4, 5, 0, 15, device_memory=None).fits()
 
 
+@pytest.mark.slow
 def test_plan_prints_the_plan_and_writes_nothing(tmp_path, capsys, image_folder):
     out = tmp_path / "run"
     data = image_folder(tmp_path / "data", "xyz")
@@ -82,6 +85,7 @@ def test_plan_prints_the_plan_and_writes_nothing(tmp_path, capsys, image_folder)
     assert "of " in captured.out.split(":")[1]  # the host's memory shared by the CPU device
 
 
+@pytest.mark.slow
 def test_a_run_over_a_fake_small_memory_exits_2_writing_nothing(tmp_path, capsys, image_folder):
     out = tmp_path / "run"
     data = image_folder(tmp_path / "data", "xyz")

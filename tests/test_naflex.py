@@ -59,6 +59,7 @@ def test_models_without_a_resizable_table_refuse_naflex():
         check_batch(cfg, patches.shape, mask, shapes)
 
 
+@pytest.mark.slow
 def test_position_weights_equal_big_vision_pos_emb_resize():
     """bilinear_aa equals big_vision's ``jax.image.scale_and_translate(method="bilinear", antialias=True)``
     with scale = image grid / table grid (``naflex_vit._pos_emb_resize``), shrinking and growing each axis;

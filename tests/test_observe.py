@@ -28,6 +28,7 @@ def scalars(folder) -> dict[str, dict[int, float]]:
     return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
 
 
+@pytest.mark.slow
 def test_event_files_hold_the_metrics_lines_and_the_profile_traces_the_steps(tmp_path, capsys):
     """Also: --eval-every in steps, top-5 accuracy, and --keep-best beside --keep 1."""
     run = tmp_path / "run"
@@ -61,6 +62,7 @@ def test_event_files_hold_the_metrics_lines_and_the_profile_traces_the_steps(tmp
     assert len(traces) == 1 and traces[0].stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_a_resume_after_a_kill_shows_each_step_once(tmp_path):
     """A run killed after its checkpoint at step 2 had logged steps 3 and 4 (simulated: 4 steps checkpointed
     every 2, the last removed), then --resume: tensorboard's EventAccumulator, which drops what a restart
@@ -191,6 +193,7 @@ def wandb_records(path) -> list:
     return out
 
 
+@pytest.mark.slow
 def test_wandb_offline_gets_the_tensorboard_scalars_and_the_config_and_the_ema_is_evaluated(
     tmp_path, capsys, monkeypatch
 ):
@@ -233,6 +236,7 @@ def test_wandb_offline_gets_the_tensorboard_scalars_and_the_config_and_the_ema_i
     assert saved["train"]["ema"] == 0.9 and saved["exports"] == {"weights": "raw"}
 
 
+@pytest.mark.slow
 def test_wandb_not_installed_is_one_line_naming_the_extra(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "wandb", None)  # import wandb raises ImportError
     assert main(["train", *TINY, "--out", str(tmp_path / "run"), "--wandb"]) == 2
@@ -241,6 +245,7 @@ def test_wandb_not_installed_is_one_line_naming_the_extra(tmp_path, capsys, monk
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_an_ema_metric_for_keep_best_needs_ema(tmp_path, capsys):
     assert main(["train", *TINY, "--out", str(tmp_path / "run"), "--keep-best", "test_ema_accuracy"]) == 2
     err = capsys.readouterr().err.splitlines()

@@ -59,6 +59,7 @@ def files(tmp_path_factory, random_state, image_folder, tiny_cfg):
     return root
 
 
+@pytest.mark.slow
 def test_predict_and_evaluate_with_torch_need_no_jax(files):
     proc = vit(JAX, "predict", files / "m.safetensors", files / "imgs", "--framework", "torch", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -83,6 +84,7 @@ def test_predict_and_evaluate_with_torch_need_no_jax(files):
     assert result["classes"] == ["a", "b", "c"] and result["images"] == 3
 
 
+@pytest.mark.slow
 def test_predict_with_jax_needs_no_torch(files):
     proc = vit(TORCH, "predict", files / "m.safetensors", files / "imgs" / "a", "--framework", "jax")
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -24,6 +24,7 @@ def _flat(model) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_model_with_dropout_restores_into_an_abstract_model(tmp_path, small_cfg, random_state):
     """Dropout and drop path give the model RNG state (typed PRNG keys); save, restore into a model
     built with nnx.eval_shape: parameters and RNG state (keys and counts) bit-equal, logits identical."""
@@ -40,6 +41,7 @@ def test_model_with_dropout_restores_into_an_abstract_model(tmp_path, small_cfg,
     assert np.asarray(forward(model, x)).tobytes() == np.asarray(forward(restored, x)).tobytes()
 
 
+@pytest.mark.slow
 def test_orbax_through_convert_round_trips_bit_exact(tmp_path, small_cfg, random_state, assert_same_state):
     cfg = small_cfg.replace(param_dtype="bfloat16", reg_tokens=2, posemb_prefix=False)
     state = random_state(cfg, dtype=jnp.bfloat16)
@@ -51,6 +53,7 @@ def test_orbax_through_convert_round_trips_bit_exact(tmp_path, small_cfg, random
     assert model.pos_embed[...].shape == (1, 36, cfg.width)
 
 
+@pytest.mark.slow
 def test_an_orbax_folder_records_what_its_source_assumed(tmp_path, small_cfg, random_state):
     """A timm file states no GELU or eps: the orbax folder converted from it keeps them assumed (no warning
     that readers take them as fact), and strict reading refuses them."""

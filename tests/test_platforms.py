@@ -58,6 +58,7 @@ def test_choose_attention(platform, kwargs, expected):
     assert choose_attention(platform, **kwargs) == expected
 
 
+@pytest.mark.slow
 def test_this_machine_is_cpu_with_its_workarounds(small_cfg):
     p = Platform.current()
     assert p == Platform("cpu") and p.linear is platforms.FlatLinear and p.residual is platforms.residual_barrier
@@ -96,6 +97,7 @@ def _check_against_explicit(fn, t: int, s: int):
         assert c.ok, c
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("t, s", [(197, 197), (1, 197), (5, 8), (8, 5)], ids=["self", "map-probe", "odd-q", "odd-kv"])
 @pytest.mark.parametrize("multiple", [2, 8, 64])
 def test_padded_attention_equals_explicit(t, s, multiple):
@@ -103,6 +105,7 @@ def test_padded_attention_equals_explicit(t, s, multiple):
     _check_against_explicit(fn, t, s)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("t, s", [(197, 197), (1, 197)])
 def test_any_length_route_pads_only_when_differentiated(t, s):
     """dot_product_attention with a multiple that t or s misses: the primal is JAX's unpadded kernel,
@@ -117,6 +120,7 @@ def test_any_length_route_pads_only_when_differentiated(t, s):
     np.testing.assert_array_equal(jax.jit(fn)(q, k, v), jax.jit(unpadded)(q, k, v))
 
 
+@pytest.mark.slow
 def test_any_length_route_under_remat_and_vmap():
     fn = functools.partial(platforms.dot_product_attention, scale=16**-0.5, implementation="xla", multiple=2)
     q, k, v, g = _qkv(7, 7)
@@ -129,6 +133,7 @@ def test_any_length_route_under_remat_and_vmap():
     assert c.ok, c
 
 
+@pytest.mark.slow
 def test_model_with_padded_fused_attention_trains_like_explicit(monkeypatch, small_cfg):
     """A whole training gradient with the fused kernel padded as cuDNN's is (XLA kernel on CPU, L=17,
     MAP head probe T=1) against the written-out softmax, every parameter at the float32 bound."""

@@ -75,6 +75,7 @@ def test_random_bytes(data):
         _expect_documented(work / "in.bin", work / "out")
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     which=st.sampled_from(FILES),
@@ -114,6 +115,7 @@ KEYS = [
 ]
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     spec=st.dictionaries(
@@ -126,6 +128,7 @@ def test_random_tensor_sets(spec):
         _expect_documented(work / "in.safetensors", work / "out")
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     edits=st.dictionaries(
@@ -162,6 +165,7 @@ def test_corrupted_hf_config(originals, edits):
         _expect_documented(work / "hf", work / "out")
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     meta=st.one_of(

@@ -73,6 +73,7 @@ def test_layers_are_numbered_as_timm_groups_them():
     assert [ids[n] for n in names] == [0, 0, 0, 0, 0, 0, 1, 3, 3, 4, 4, 4, 4]
 
 
+@pytest.mark.slow
 def test_schedule_in_python_floats_is_optax_s():
     """lr_factor (the torch twin's LambdaLR) against the JAX twin's optax schedule in float64, every step
     of a 20-step run with 5 warmup steps, and past its end."""

@@ -151,6 +151,7 @@ def opens(monkeypatch):
     counts["path"] = None  # an audit hook cannot be removed: it stops counting
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["convert", "info", "predict"])
 def test_a_command_opens_its_source_once(command, tmp_path, opens, tiny_cfg):
     from PIL import Image

@@ -37,6 +37,7 @@ def _pixels(path) -> np.ndarray:
         return np.asarray(im.convert("RGB"), np.float64)
 
 
+@pytest.mark.slow
 def test_report_files_and_numbers(tmp_path):
     rows = _synthetic_rows()
     rng = np.random.default_rng(1)
@@ -71,6 +72,7 @@ def test_report_without_maps_and_bad_input(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
 def test_diffs_picture_is_bounded_for_any_depth(tmp_path):
     """200 rows (a 100-block model) draw 4,000 px wide, not 5,800: the width stops growing at 40 inches."""
     ref = np.ones(3)

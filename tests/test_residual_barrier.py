@@ -20,6 +20,7 @@ def _loss(x):
     return jnp.sum(jnp.sin(x) ** 2 * x)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64"])
 def test_value_and_vjp_are_the_identity_bit_for_bit(dtype):
     with jax.enable_x64(dtype == "float64"):
@@ -32,6 +33,7 @@ def test_value_and_vjp_are_the_identity_bit_for_bit(dtype):
         np.testing.assert_array_equal(jax.jit(jax.grad(barred))(x), jax.jit(jax.grad(_loss))(x))
 
 
+@pytest.mark.slow
 def test_gradient_keeps_nan_and_inf():
     x = jnp.asarray([[[np.nan, np.inf, -np.inf, 1.0]]], jnp.float32)
     g = jax.grad(lambda x: jnp.sum(platforms.residual_barrier(x) * 3.0))(x)
@@ -40,6 +42,7 @@ def test_gradient_keeps_nan_and_inf():
     np.testing.assert_array_equal(g, x)
 
 
+@pytest.mark.slow
 def test_grad_of_vmap_and_vmap_of_grad_equal_no_barrier():
     x = jnp.asarray(np.random.default_rng(2).standard_normal((3, 2, 4)), jnp.float32)
     barred = lambda x: _loss(platforms.residual_barrier(x))  # noqa: E731
@@ -71,6 +74,7 @@ def _largest_fusion_operands(cfg: ViTConfig) -> tuple[int, bool]:
     return max(len(re.findall(r"%[\w.\-]+", f)) for f in fusions), " conditional(" in text
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the barrier is used on CPU only")
 def test_backward_fusions_do_not_grow_with_depth(small_cfg):
     # Without the barrier the largest fusion took 48 operands at depth 2 and 159 at depth 8

@@ -92,6 +92,7 @@ def test_ref_grid_round_trips_through_json():
     assert cfg.rope_ref_grid == (16, 16) and ViTConfig.from_json(cfg.to_json()) == cfg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rope_kw", [{}, dict(rope="cat"), dict(rope="dinov3", rope_layout="half")])
 def test_a_key_bias_gets_a_gradient_only_with_rope(rope_kw):
     """vit_common/tolerance.py's note: softmax ignores a bias added to every key, so without RoPE the key

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted(p for d in ("tests", "parity_tests") for p in (ROOT / d).rglob("test_*.py"))
 
@@ -48,6 +50,7 @@ def test_is_slow_reads_the_marker():
     assert not _is_slow(ast.parse("pytest.mark.skip", mode="eval").body)
 
 
+@pytest.mark.slow
 def test_every_test_file_keeps_a_test_outside_slow():
     counts = {p.relative_to(ROOT).as_posix(): _tests(p) for p in FILES}
     assert len(counts) > 50

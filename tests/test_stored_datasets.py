@@ -87,6 +87,7 @@ def _same_dataset(a, b) -> None:
     _same(_batches(a), _batches(b))
 
 
+@pytest.mark.slow
 def test_hf_saved_and_parquet_give_the_image_folders_batches(tmp_path):
     """One Dataset saved with save_to_disk, a DatasetDict with train/test splits, and the same as Parquet
     files in the Hub's layout: each equals the image folder of the same images, batch for batch."""
@@ -137,6 +138,7 @@ def test_hf_image_paths_and_plain_integer_labels(tmp_path, monkeypatch):
     _same(_batches(d), _batches(folder))
 
 
+@pytest.mark.slow
 def test_arrayrecord_written_by_convert_and_by_array_record_equal_the_folder(tmp_path, capsys):
     """``vit data convert`` of an image folder (train/val layout, several shards) and records written
     directly with array_record's own writer (one set, split by --val-fraction) give the folder's batches."""
@@ -206,6 +208,7 @@ def _tfds(data_dir, splits: dict[str, list[tuple[bytes, int]]]) -> str:
     return str(builder.data_dir)
 
 
+@pytest.mark.slow
 def test_tfds_prepared_as_arrayrecord_gives_the_image_folders_batches(tmp_path):
     """A tfds dataset with train and validation splits, prepared and read without TensorFlow, equals the
     image folder of the same images batch for batch: through workers, resumed, and one process's share.

@@ -170,6 +170,7 @@ def _rss_anon(pid: int) -> int:
         return 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
 @pytest.mark.parametrize("to", ["hf", "big_vision"])
 def test_converting_between_streaming_formats_holds_about_one_tensor(to, tmp_path):
@@ -240,6 +241,7 @@ def test_converting_to_orbax_holds_less_than_the_file(tmp_path):
     assert (tmp_path / "out" / "state").is_dir()
 
 
+@pytest.mark.slow
 def test_convert_memory_benchmark_records_every_contender(tmp_path, capsys):
     """benchmarks/convert_memory.py on Ti/16 (one round, cp and hf): a record per contender with its
     peak anonymous memory and wall time beside cp's, and the CPU flags."""

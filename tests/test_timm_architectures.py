@@ -4,6 +4,7 @@ names it covers are timm's, and its rows are what timm builds (a sample: buildin
 
 from __future__ import annotations
 
+import pytest
 import timm
 
 from vit_common.checkpoints.formats.timm_names import (
@@ -28,6 +29,7 @@ SAMPLE = [
 ]
 
 
+@pytest.mark.slow
 def test_the_table_is_what_timm_builds():
     import json
 

@@ -87,6 +87,7 @@ def test_pth_without_weights_is_named(tmp_path):
 _VALID = Path(tempfile.mkdtemp(prefix="vit-pth-")) / "m.pth"
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     cut=st.floats(0, 1, exclude_max=True),

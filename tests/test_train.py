@@ -60,6 +60,7 @@ def reference(tiny_dataset, tiny):
     return t, batch, grads_of(t, batch)
 
 
+@pytest.mark.slow
 def test_steps_compile_once_and_count_every_example_once(caplog, tiny_dataset, tiny):
     """Two epochs of 10 examples in batches of 4: the last batch of each epoch is partial (2 real rows)."""
     data = tiny_dataset(10, 7)
@@ -81,6 +82,7 @@ def test_steps_compile_once_and_count_every_example_once(caplog, tiny_dataset, t
     assert int(state["step"]) == 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mixup", [0.0, 0.4], ids=["plain", "mixup"])
 def test_compile_ahead_of_the_first_batch_is_the_program_the_steps_run(caplog, mixup, tiny_dataset, tiny):
     """``compile()`` from shapes alone (``batch_spec``) gives the program the real batches run: no step
@@ -108,6 +110,7 @@ def test_compile_ahead_of_the_first_batch_is_the_program_the_steps_run(caplog, m
     assert all(jax.tree.leaves(jax.tree.map(lambda a, b: np.array_equal(a, b), state["params"], again["params"])))
 
 
+@pytest.mark.slow
 def test_padding_rows_do_not_reach_the_gradient(reference):
     """Whatever the padding rows hold, loss and gradients are those of the real rows, bit for bit."""
     t, batch, (grads, loss, correct) = reference
@@ -121,6 +124,7 @@ def test_padding_rows_do_not_reach_the_gradient(reference):
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option", [dict(accum_steps=2), dict(remat=True)])
 def test_accumulation_and_remat_give_the_same_gradients(reference, option, tiny_dataset, tiny):
     _, batch, (grads, loss, correct) = reference
@@ -155,6 +159,7 @@ def test_bad_batch_or_model_for_the_dataset(tiny_dataset, tiny):
         Trainer(tiny.replace(in_chans=3), TrainConfig(batch_size=4), data)
 
 
+@pytest.mark.slow
 def test_bf16_training_with_large_inputs_stays_finite():
     """Ti/16 in bfloat16 with inputs x100, a few steps: loss and gradients finite.
 
@@ -180,6 +185,7 @@ def test_bf16_training_with_large_inputs_stays_finite():
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state["params"]))
 
 
+@pytest.mark.slow
 def test_model_with_dropout_round_trips_through_orbax_into_an_abstract_model(tmp_path, tiny):
     cfg = tiny.replace(dropout=0.2, drop_path=0.1)
     model = VisionTransformer(cfg, rngs=nnx.Rngs(3))
@@ -213,6 +219,7 @@ def _flat(params) -> dict[str, np.ndarray]:
     return {".".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(params)}
 
 
+@pytest.mark.slow
 def test_fine_tuning_starts_from_the_given_weights_and_freeze_trains_the_head_only(reference, tiny_dataset, tiny):
     """--init: the first state holds the checkpoint's tensors; --freeze: after steps only head.* moved,
     and the frozen parameters get exactly zero gradient (stop_gradient: no backward pass through them)."""
@@ -236,6 +243,7 @@ def test_fine_tuning_starts_from_the_given_weights_and_freeze_trains_the_head_on
     assert moved == ["head.bias", "head.weight"]
 
 
+@pytest.mark.slow
 def test_layer_decay_scales_each_layer_s_update(tiny):
     """The update of a parameter in layer l is the plain AdamW update times r^(depth + 1 - l): the
     embeddings r^3 (depth 2), block 0 r^2, block 1 and the final norm r (timm groups them), the head 1."""
@@ -272,6 +280,7 @@ def numpy_ema_decay(step: int, decay: float, warmup: bool, gamma: float, power: 
     return float(np.clip(1 - (1 + k / gamma) ** -power, floor, decay)) if warmup else decay
 
 
+@pytest.mark.slow
 def test_ema_after_k_steps_is_the_numpy_formula_over_the_weights_of_every_step(tiny_dataset, tiny):
     """6 steps with a warm-up that meets its floor (step 2), its curve (3-5) and its cap (6): the jitted
     step's EMA equals ema x decay + weights x (1 - decay) in float64 over each step's weights, within the

@@ -127,6 +127,7 @@ def test_checkpoint_flags_without_a_checkpoint_are_refused(extra, message, tmp_p
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_model_flags_configure_the_new_model(tmp_path):
     """From scratch, the flags made from ViTConfig fields set the model (not silently ignored), and --set
     the one field without a flag."""
@@ -164,6 +165,7 @@ def test_model_flags_come_from_the_config_fields():
     assert actions["dtype"].choices == ("float32", "bfloat16")
 
 
+@pytest.mark.slow
 def test_a_warmup_as_long_as_the_run_is_warned(tmp_path, capsys, image_folder):
     data = image_folder(tmp_path / "imgs", "xy", n=6)  # 10 training images: 3 steps of 4
     assert main(["train", "--dataset", f"imagefolder:{data}", *TINY, "--out", str(tmp_path / "run")]) == 0
@@ -238,6 +240,7 @@ def test_a_head_follows_the_class_names():
     assert "reordered" in report.notes[0] and "zero-initialised" in report.notes[1]
 
 
+@pytest.mark.slow
 def test_resume_drops_a_cut_metrics_line_and_falls_back_from_a_damaged_checkpoint(tmp_path, capsys):
     """A kill cut the last metrics line and a full disk truncated the latest checkpoint's files: --resume
     continues from the checkpoint before it, and ends with the uninterrupted run's weights, bit for bit."""
@@ -281,6 +284,7 @@ def test_a_metrics_line_without_a_step_names_the_file_and_line(tmp_path):
         _truncate_metrics(tmp_path / "m.jsonl", 3)
 
 
+@pytest.mark.slow
 def test_an_unusable_compilation_cache_is_a_warning_and_the_run_goes_on_uncached(tmp_path, capsys):
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "d.npz", x=rng.integers(0, 256, (10, 8, 8), np.uint8), y=np.arange(10) % 2)
@@ -296,6 +300,7 @@ def test_an_unusable_compilation_cache_is_a_warning_and_the_run_goes_on_uncached
     assert json.loads(out)["steps"] == 2 and (tmp_path / "cache").read_text().startswith("a file")
 
 
+@pytest.mark.slow
 def test_a_resumed_fine_tuning_needs_its_init_file_no_more(tmp_path, capsys, random_state, tiny_cfg):
     """Fine-tune a timm .safetensors with checkpoints, delete it, then --resume with one epoch more: the run
     folder's config.json and checkpoint hold everything, and the export is in the source's format again."""
@@ -329,6 +334,7 @@ def test_a_resumed_fine_tuning_needs_its_init_file_no_more(tmp_path, capsys, ran
     assert set(back) == set(ours) and all(back[k].tobytes() == ours[k].tobytes() for k in ours)
 
 
+@pytest.mark.slow
 def test_ema_resumes_bit_exactly_and_export_ema_exports_it_leaving_the_training_as_it_was(tmp_path, capsys):
     """--ema 0.5 --export-ema with a checkpoint a step (3 steps), the last removed, then --resume: the same exports
     and EMA metrics, bit for bit. The last checkpoint's EMA (restored by a Trainer of config.json) is what
@@ -392,6 +398,7 @@ def test_a_bad_ema_decay_is_a_usage_error(extra, message, capsys):
     assert e.value.code == 2 and f"vit train: error: {message}" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_export_ema_without_ema_exits_2_with_one_line(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", *TINY, "--dataset", "digits", "--out", str(out), "--export-ema"]) == 2

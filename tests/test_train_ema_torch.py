@@ -44,6 +44,7 @@ def batches(n: int) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "ema",
     [

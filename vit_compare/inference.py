@@ -151,13 +151,14 @@ def load_images(
     paths relative to ``folder``.
 
     Raises:
-        FileNotFoundError: no such folder. ValueError: no image in it, or an unreadable image (named).
+        FileNotFoundError: no such folder, or a file. ValueError: no image in it, or an unreadable image (named).
     """
     from vit_common.data.images import list_images, load_image, normalize
 
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: no such folder of images")
+        what = "a file, not a folder" if folder.exists() else "no such folder"
+        raise FileNotFoundError(f"{folder}: {what}; expected a folder of images")
     files = list_images(folder)[:max_images]
     x = normalize(np.stack([load_image(p, image_size, chans, preprocess) for p in files]), preprocess)
     return x.transpose(0, 3, 1, 2), [str(p.relative_to(folder)) for p in files]

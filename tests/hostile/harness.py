@@ -1,9 +1,10 @@
 """What the hostile-input tests share: the small model and files the inputs are built from, ``Case`` (one
 hostile input: a builder and what its error line names), ``check_case`` (run ``vit`` on a case, in this
 process or in a child under a time limit and a peak-memory bound, and check the exit code, the one error
-line naming the input, no traceback and no file changed or left behind), ``snapshot`` (a folder's entries
-and their sha256, before and after) and ``fill_disk``. Each builder makes its inputs in the folder it is
-given and returns the command's arguments."""
+line naming the input, no traceback and no file changed or left behind), ``params`` (the cases as
+parametrize values, some marked slow), ``snapshot`` (a folder's entries and their sha256, before and after)
+and ``fill_disk``. Each builder makes its inputs in the folder it is given and returns the command's
+arguments."""
 
 from __future__ import annotations
 
@@ -127,6 +128,12 @@ class Case:
     @property
     def id(self) -> str:
         return self.build.__name__
+
+
+def params(cases: list[Case], slow: set[str]) -> list:
+    """``cases`` as parametrize values named by their ids, those whose id is in ``slow`` marked slow (left to
+    the full suite: docs/contributors.md)."""
+    return [pytest.param(c, id=c.id, marks=pytest.mark.slow if c.id in slow else ()) for c in cases]
 
 
 def snapshot(folder: Path) -> dict[str, str]:

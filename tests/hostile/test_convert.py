@@ -25,7 +25,7 @@ from vit_common.checkpoints.formats.canonical import FORMAT_TAG
 from vit_common.state import random_state
 from vit_common.system import io
 
-from .harness import SMALL, Case, bare_timm, check_case, child_env, fill_disk, flag, ours, small_model, snapshot
+from .harness import SMALL, Case, bare_timm, check_case, child_env, fill_disk, flag, ours, params, small_model, snapshot
 
 
 def project_folder(tmp: Path) -> list[str]:
@@ -399,7 +399,13 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+# The cases the fast loop leaves to the full suite (docs/contributors.md): those that train or run long.
+SLOW = {
+    "deep_orbax_config",
+}
+
+
+@pytest.mark.parametrize("case", params(CASES, slow=SLOW))
 def test_hostile_input(case, tmp_path, capsys, monkeypatch):
     check_case(case, tmp_path, capsys, monkeypatch)
 
@@ -416,6 +422,7 @@ WRITE_FAULTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fmt", "name"), WRITE_FAULTS, ids=[f for f, _ in WRITE_FAULTS])
 def test_full_disk_keeps_the_old_destination_and_leaves_nothing(fmt, name, small_disk, tmp_path, capsys):
     src = small_model(tmp_path)
@@ -432,6 +439,7 @@ def test_full_disk_keeps_the_old_destination_and_leaves_nothing(fmt, name, small
     assert snapshot(small_disk) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checked", [True, False], ids=["refused-before-orbax", "orbax-fails-mid-write"])
 def test_a_disk_that_fills_during_an_orbax_write_is_one_line_and_nothing_else(checked, small_disk, tmp_path):
     """32 KiB free, less than the orbax folder needs: refused before orbax starts (statvfs), naming what it

@@ -16,7 +16,7 @@ import pytest
 
 from vit_cli.main import main
 
-from .harness import TRAIN, Case, bomb_png, cached, check_case, npz_dataset, write_png
+from .harness import TRAIN, Case, bomb_png, cached, check_case, npz_dataset, params, write_png
 
 
 def labels(name: str, y, y_test=None) -> Callable[[Path], list[str]]:
@@ -415,7 +415,13 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+# The cases the fast loop leaves to the full suite (docs/contributors.md): those that train or run long.
+SLOW = {
+    "resume_on_changed_data",
+}
+
+
+@pytest.mark.parametrize("case", params(CASES, slow=SLOW))
 def test_hostile_input(case, tmp_path, capsys, monkeypatch):
     check_case(case, tmp_path, capsys, monkeypatch)
 
@@ -475,6 +481,7 @@ def undamaged_run(tmp_path_factory, compile_cache) -> dict:
     return load_file(tmp / "run" / "model.safetensors")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "garble"), [("imagefolder", _garble_file), ("arrayrecord", _garble_record)], ids=["file", "record"]
 )

@@ -34,6 +34,7 @@ from .harness import (
     flag,
     npz_dataset,
     ours,
+    params,
     write_png,
 )
 
@@ -349,7 +350,14 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+# The cases the fast loop leaves to the full suite (docs/contributors.md): those that train or run long.
+SLOW = {
+    "deep_model_flags",
+    "train_into_a_user_folder",
+}
+
+
+@pytest.mark.parametrize("case", params(CASES, slow=SLOW))
 def test_hostile_input(case, tmp_path, capsys, monkeypatch):
     check_case(case, tmp_path, capsys, monkeypatch)
 
@@ -379,6 +387,7 @@ def test_plan_beyond_the_device_memory(tmp_path, capsys, monkeypatch):
 # --------------------------------------------------------------------------------- a full disk
 
 
+@pytest.mark.slow
 def test_a_training_checkpoint_the_disk_cannot_hold_is_one_line_before_orbax_writes(small_disk, tmp_path):
     """vit train whose run folder's disk has 64 KiB left: the config, metrics and event files fit, the
     checkpoint (orbax's folder) does not. Refused before orbax starts (before: orbax's threads failed on
@@ -426,6 +435,7 @@ def _train_child(
     )
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_during_a_training_checkpoint_is_one_line_and_the_folder_is_removed(small_disk):
     """The free-space check passed (here: turned off) and the disk fills while orbax's threads write the
     final checkpoint: the run waits for the write, then stops with one line naming the folder, the step,
@@ -445,6 +455,7 @@ def test_a_disk_that_fills_during_a_training_checkpoint_is_one_line_and_the_fold
     assert not (out / "checkpoints").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tensorboard", [True, False], ids=["tensorboard", "metrics-only"])
 def test_run_files_on_a_full_disk_are_one_line_naming_the_file_and_no_hang(tensorboard, small_disk):
     """A disk with 8 KiB left: config.json fits, then metrics.jsonl's lines or TensorBoard's event file
@@ -479,6 +490,7 @@ def test_a_run_whose_config_the_disk_cannot_hold_leaves_no_folder(small_disk):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_before_the_exports_says_the_training_is_kept_and_resume_exports(small_disk):
     """The disk fills after the last checkpoint, before the exports (here: the child fills it as the exports
     start, in front of vit_jax.finetune.export). One line naming the export, the checkpoint that holds the
@@ -517,6 +529,7 @@ def test_a_disk_that_fills_before_the_exports_says_the_training_is_kept_and_resu
 # --------------------------------------------------------------------------------- signals
 
 
+@pytest.mark.slow
 def test_sigterm_while_xla_compiles_is_the_stop_line_alone(tmp_path):
     """SIGTERM delivered while the first training step compiles, inside a garbage-collection callback of
     JAX's own (as ``jax._src.lib``'s XLA one, which Python calls at each collection and where an exception

@@ -102,7 +102,7 @@ def _architecture(config: Mapping[str, Any] | None, tensors: Mapping[str, np.nda
         raise FormatError(
             f"{context}: config.json model_type={model_type!r} is not supported"
             + (f" (the twins lack {what})" if what else "")
-            + f"; supported: {', '.join(MODEL_TYPES)}"
+            + f"; supported: {', '.join(MODEL_TYPES)} (hf) and {', '.join(FAMILY_MODEL_TYPES)} (hf_family)"
         )
     archs = (config or {}).get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None

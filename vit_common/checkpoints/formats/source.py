@@ -395,7 +395,13 @@ def open_source(path: str | os.PathLike) -> Source:
         raise FormatError(f"{path}: a zip archive that is neither .npz nor a PyTorch file")
     if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
         return Source(path, "torch", (path,))  # legacy (pre-1.6) torch.save pickle stream
-    if len(head) == 9 and 2 <= int.from_bytes(head[:8], "little") <= size - 8 and head[8:9] == b"{":
+    if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") >= 2:
+        declared = int.from_bytes(head[:8], "little")
+        if declared > size - 8:
+            raise FormatError(
+                f"{path}: a truncated or damaged safetensors file (its first 8 bytes declare a {declared}-byte "
+                f"header, and {size - 8} bytes follow)"
+            )
         parent = path.parent / "config.json"
         config = json_object(parent) if path.name in HF_WEIGHTS and parent.is_file() else None
         return Source(path, "safetensors", (path,), config)

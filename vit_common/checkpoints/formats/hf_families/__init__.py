@@ -369,7 +369,8 @@ class HfFamilies(HuggingFace):
             return [
                 f"no {which} has class_token={cfg.class_token}, pool={cfg.pool!r}, "
                 f"num_classes={cfg.num_classes}, norm_pre={cfg.norm_pre}, LayerScale={cfg.layer_scale is not None} "
-                "(write hf for a ViT, or --hf-model-type vit_mae / vit_msn; timm or canonical)"
+                "(a plain ViT is written as hf, or as hf_family with model type vit_mae or vit_msn; "
+                "other models as timm or canonical)"
             ]
         model_type, arch = found
         fam = FAMILIES[model_type]
