@@ -8,6 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
+from vit_common.data.augment import random_resized_crop
 from vit_common.data.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -18,7 +19,6 @@ from vit_common.data.images import (
     load_image,
     normalize,
     open_image,
-    random_resized_crop,
     to_array,
     to_channels,
 )
