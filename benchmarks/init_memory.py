@@ -31,6 +31,7 @@ from pathlib import Path
 
 from benchmarks.convert_memory import config, random_lazy_state, rss_anon
 from vit_common.checkpoints.convert import save_checkpoint
+from vit_common.system import in_place
 
 _SAMPLE_S = 0.005
 
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({(rise - m['state_bytes']) / size:.2f}x the file) beyond it; {m['wall_s']:.1f} s"
         )
         if args.out:
-            with open(args.out, "a") as f:
+            with in_place.open_log(args.out) as f:
                 f.write(json.dumps(rec) + "\n")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -33,6 +33,7 @@ import numpy as np
 from benchmarks import harness
 from benchmarks.contenders import Contender, build, variant_config
 from vit_common.config import ViTConfig
+from vit_common.system import io
 
 VARIANT = "dinov3-B/16"
 MODELS = ("vit_jax", "vit_torch", "timm")
@@ -162,9 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     record = measure_rope(args.variant, args.batch, args.image_size, args.warmup, args.repeats, args.block_repeats)
     print(rope_summary(record))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1, sort_keys=True)
-            f.write("\n")
+        io.write_text(args.out, json.dumps(record, indent=1, sort_keys=True) + "\n")
     return 0
 
 

@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from benchmarks.harness import host
-from vit_common.system import in_place
+from vit_common.system import in_place, io
 
 SCHEMA = "vit-startup/1"
 KINDS = ("cold", "warm", "off")
@@ -158,7 +158,7 @@ def phases_child(out: str, argv: list[str]) -> int:
         code = e.code if isinstance(e.code, int) else 1
     finally:
         record = {"spans": timed.spans, "main_start": main_start, "main_end": time.time()}
-        Path(out).write_text(json.dumps(record))
+        io.write_text(out, json.dumps(record))
     return code
 
 

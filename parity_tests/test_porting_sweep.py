@@ -491,7 +491,7 @@ def test_transformers_family_folder(case, tmp_path, perturb, images):
     ref = _family_output(model, arch, x)
     ckpt = load_checkpoint(tmp_path / "hf", strict=True, **({"image_size": size} if size != (32, 32) else {}))
     layout = "layer.{i}" if arch == "DINOv3ViTModel" else "v5" if how == "v5" else "v4"
-    names = ONE_SPELLING if arch.startswith(("Siglip", "CLIP", "Aimv2")) else f"{layout} key names"
+    names = ONE_SPELLING if arch.startswith(("Siglip", "CLIP", "Aimv2", "Radio")) else f"{layout} key names"
     fmt = "hf_dinov3" if arch == "DINOv3ViTModel" else "hf_family"
     assert ckpt.report.format == fmt and ckpt.report.layout == f"{arch}, {names}"
     assert ckpt.report.assumed == [] and _equal(_twins(ckpt, x), ref)

@@ -62,7 +62,9 @@ def test_each_format_answers_its_own_questions(tmp_path):
         "hf": PRESETS["hf_vit"],
         "hf_family": PRESETS["hf_vit"],
         "eva_original": REGISTRY["eva_original"].assumed_preprocess,
-        "hf_dinov3": Preprocess(PRESETS["imagenet"].mean, PRESETS["imagenet"].std, "bilinear", 1.0, "squash"),
+        "hf_dinov3": Preprocess(
+            PRESETS["imagenet"].mean, PRESETS["imagenet"].std, "bilinear", 1.0, "squash", rescale_before_resize=True
+        ),  # DINOv3ViTImageProcessor's defaults: it rescales, then resizes floats
         "dinov3_original": Preprocess(PRESETS["imagenet"].mean, PRESETS["imagenet"].std, "bilinear", 1.0, "squash"),
         "timm": PRESETS["imagenet"],
         "original_vit": PRESETS["big_vision"],

@@ -463,10 +463,12 @@ def _cache_events() -> dict[str, int]:
 
 def _placed(tree, shardings):
     """``tree`` with each leaf on its sharding in ``shardings`` (same structure): an array already there
-    kept as it is, any other copied there from the host (every process holds the same values)."""
+    committed there kept as it is, any other copied there from the host (every process holds the same
+    values). An uncommitted array (a fresh model's, on the default device) is placed too: the step's
+    outputs are committed, and a state of both kinds would compile the step twice."""
 
     def put(x, s):
-        if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(s, x.ndim):
+        if isinstance(x, jax.Array) and x.committed and x.sharding.is_equivalent_to(s, x.ndim):
             return x
         return jax.device_put(np.asarray(x), s)
 
