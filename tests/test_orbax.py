@@ -53,6 +53,22 @@ def test_orbax_through_convert_round_trips_bit_exact(tmp_path, small_cfg, random
     assert model.pos_embed[...].shape == (1, 36, cfg.width)
 
 
+def test_an_orbax_folder_reads_back_the_preprocessing_and_classes_it_declares(tmp_path, small_cfg, random_state):
+    """The preprocessing and class names an orbax folder stores (JSON text in vit_config.json, as a
+    safetensors header holds them) are read back as declared, equal to what was written (before: every
+    command refused the folder, parsing the text as a mapping)."""
+    from vit_common.data.images import PRESETS
+
+    cfg = small_cfg.replace(num_classes=3)
+    pre = PRESETS["imagenet"].replace(crop_pct=0.9, crop_mode="center")
+    save_checkpoint(
+        tmp_path / "o", cfg, random_state(cfg), "orbax", writers=WRITERS, preprocess=pre, classes=["a", "b", "c"]
+    )
+    info = load_checkpoint(tmp_path / "o", readers=READERS).info
+    assert info.preprocess == pre and info.preprocess_source.startswith("declared")
+    assert info.classes == ("a", "b", "c") and info.classes_source.startswith("declared")
+
+
 @pytest.mark.slow
 def test_an_orbax_folder_records_what_its_source_assumed(tmp_path, small_cfg, random_state):
     """A timm file states no GELU or eps: the orbax folder converted from it keeps them assumed (no warning

@@ -15,7 +15,7 @@ from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, So
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
 from vit_common.checkpoints.formats.source import ORBAX_CONFIG, reader
 from vit_common.checkpoints.formats.stored_config import assumed_meta, decode_stored
-from vit_common.checkpoints.metadata import Declared
+from vit_common.checkpoints.metadata import Declared, declared_in_metadata
 from vit_common.config import ViTConfig
 
 
@@ -37,9 +37,18 @@ class Orbax(Format):
         return decode_stored(cfg, state, "orbax checkpoint of the JAX twin", src.context, "stored config", stored)
 
     def declared(self, src: Source) -> Declared:
-        """The ``preprocess`` and ``classes`` entries of the folder's stored config (``src.config``)."""
+        """The ``preprocess`` and ``classes`` entries of the folder's stored config (``src.config``): JSON
+        text, as a safetensors header stores them (``declared_in_metadata``), or the values themselves.
+
+        Raises:
+            ValueError: an entry of JSON text that does not parse (names the file and the key).
+        """
         stored, where = src.config or {}, str(src.path / ORBAX_CONFIG)
-        return Declared(stored.get("preprocess"), where, stored.get("classes"), where)
+        text = {k: v for k, v in stored.items() if k in ("preprocess", "classes") and isinstance(v, str)}
+        parsed = declared_in_metadata(text, where)
+        preprocess = parsed.preprocess if "preprocess" in text else stored.get("preprocess")
+        classes = parsed.classes if "classes" in text else stored.get("classes")
+        return Declared(preprocess, where, classes, where)
 
     def encode(self, cfg: ViTConfig, state, path: Path, options: WriteOptions, assumed=()) -> Encoded:
         return Encoded(cfg, dict(state), dict(state), meta=assumed_meta(assumed))
