@@ -121,6 +121,11 @@ def test_query_weights_and_split(small_cfg):
     assert "class token" in what
     q, _ = query_weights(small_cfg.replace(pool="gap", reg_tokens=2))  # class token present, not pooled
     np.testing.assert_array_equal(q, [0.0] * 3 + [1 / 16] * 16)
+    q, what = query_weights(small_cfg.replace(pool="summary", summary_idxs=(0, 2), reg_tokens=2))  # RADIO
+    np.testing.assert_array_equal(q, [0.5, 0.0, 0.5] + [0.0] * 16)
+    assert "summary tokens" in what
+    for pool in ("probe", "token_gap"):  # each pool has its description
+        assert query_weights(small_cfg.replace(pool=pool))[1].startswith("the mean over all patch-token")
     cfg = small_cfg.replace(reg_tokens=2)
     sp = split_tokens(np.arange(19.0), cfg)
     assert sp.cls == 0.0

@@ -110,8 +110,9 @@ def rollout(attns: Sequence[np.ndarray], head: str | int = "mean", residual: flo
 def query_weights(cfg: ViTConfig, seq_len: int | None = None) -> tuple[np.ndarray, str]:
     """Weights over query tokens [L] (sum 1) that define the output a map reads, and what they are.
 
-    pool='token': one-hot on the class token; otherwise the uniform mean over patch tokens (see the
-    module docstring for why).
+    pool='token': one-hot on the class token; pool='summary' (RADIO): the uniform mean over the prefix
+    tokens ``cfg.summary_idxs`` that form the output; otherwise the uniform mean over patch tokens (see
+    the module docstring for why).
 
     Raises:
         ValueError: ``seq_len`` leaves no patch tokens after the prefix.
@@ -124,12 +125,18 @@ def query_weights(cfg: ViTConfig, seq_len: int | None = None) -> tuple[np.ndarra
     if cfg.pool == "token":
         q[0] = 1.0
         return q, "the class token's attention row (query = token 0)"
+    if cfg.pool == "summary":
+        idx = list(cfg.summary_idxs)
+        q[idx] = 1.0 / len(idx)
+        return q, f"the mean of the summary tokens' attention rows (queries = tokens {idx}, pool='summary')"
     q[npt:] = 1.0 / (length - npt)
     why = {
         "gap": "pool='gap' averages the patch tokens",
         "max": "pool='max' takes each channel's maximum over the tokens",
         "avgmax": "pool='avgmax' mixes the tokens' mean and maximum",
         "map": "pool='map' reads the tokens through its probe, not a class token",
+        "probe": "pool='probe' reads the tokens through its attention probe, not a class token",
+        "token_gap": "pool='token_gap' joins the class token to this mean",
         "none": "pool='none' has no single output token",
     }[cfg.pool]
     return q, f"the mean over all patch-token queries of their attention rows ({why})"
