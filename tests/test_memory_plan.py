@@ -114,3 +114,15 @@ def test_a_step_the_compiler_refuses_as_over_the_memory_is_one_line(tiny_cfg, mo
     with pytest.raises(ValueError, match=r"does not fit cpu: XLA's compiler says RESOURCE_EXHAUSTED") as e:
         plan(trainer)
     assert "\n" not in str(e.value) and "88.42G" in str(e.value) and "--remat" in str(e.value)
+
+
+def test_sizes_print_in_binary_units_without_exponents():
+    from vit_jax.memory_plan import size
+
+    assert [size(n) for n in (12, 3584, 1023 * 2**10, 1000 * 2**20 + 1, 2 * 2**30)] == [
+        "12 B",
+        "3.5 KiB",
+        "1023 KiB",
+        "1000 MiB",
+        "2 GiB",
+    ]

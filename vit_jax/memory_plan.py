@@ -105,10 +105,12 @@ class MemoryPlan:
 
 
 def size(n: int) -> str:
-    """``n`` bytes in binary units, 3 significant digits: '2.31 GiB', '412 MiB', '3.5 KiB', '12 B'."""
+    """``n`` bytes in binary units, 3 significant digits: '2.31 GiB', '412 MiB', '3.5 KiB', '12 B'; 1,000
+    to 1,023 of a unit in whole units ('1023 KiB', where 3 digits would print '1.02e+03')."""
     for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
-            return f"{n / scale:.3g} {unit}"
+            text = f"{n / scale:.3g}"
+            return f"{n / scale:.0f} {unit}" if "e" in text else f"{text} {unit}"
     return f"{n} B"
 
 
