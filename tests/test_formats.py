@@ -742,3 +742,11 @@ def test_a_new_head_on_a_headless_model_without_head_bias_has_its_bias(tmp_path,
     assert ckpt.cfg.num_classes == 5 and ckpt.cfg.head_bias
     assert np.asarray(ckpt.state["head.bias"]).tolist() == [0.0] * 5
     assert np.asarray(ckpt.state["head.weight"]).shape == (5, cfg.features_dim)
+
+
+def test_a_missing_framework_reader_names_the_flag_that_supplies_it(tmp_path):
+    """A .pth read where no torch reader was given (the JAX twin's commands) names `--framework torch`."""
+    from vit_common.checkpoints.formats.source import reader
+
+    with pytest.raises(FormatError, match=r"needs torch.*`--framework torch` on the command line"):
+        reader(None, "torch", tmp_path / "m.pth")

@@ -425,7 +425,8 @@ def reader(readers: Mapping[str, Reader] | None, what: str, path: Path) -> Reade
         framework = "jax" if what == "orbax" else "torch"
         raise FormatError(
             f"{path}: reading this {what} checkpoint needs {framework}, and the caller gave no "
-            f"{what} reader (use vit_{framework}.load_model or `vit convert`)"
+            f"{what} reader (use vit_{framework}.load_model, `--framework {framework}` on the command line, or "
+            "`vit convert` to a format both twins read)"
         )
     return fn
 
