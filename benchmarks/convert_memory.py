@@ -159,19 +159,30 @@ def rss_anon(pid: int) -> int | None:
         return None
 
 
-def measure(argv: list[str], reports_baseline: bool) -> dict:
-    """Run ``argv``, sampling its RssAnon; wall seconds, peak bytes and (``reports_baseline``: the child's
-    first stdout line) what it held after its imports."""
+def sampled_run(argv: list[str], every: float = _SAMPLE_S, **popen) -> tuple[float, int, str]:
+    """Run ``argv`` (``popen``: more ``subprocess.Popen`` arguments), sampling its RssAnon every ``every``
+    seconds: (wall seconds, peak anonymous bytes, its stdout).
+
+    Raises:
+        RuntimeError: the child exited non-zero (its stderr's end quoted).
+    """
     start = time.perf_counter()
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
     peak = 0
     while p.poll() is None:
         peak = max(peak, rss_anon(p.pid) or 0)
-        time.sleep(_SAMPLE_S)
+        time.sleep(every)
     wall = time.perf_counter() - start
     out, err = p.communicate()
     if p.returncode != 0:
         raise RuntimeError(f"{argv[:4]} exited {p.returncode}: {err.strip()[-2000:]}")
+    return wall, peak, out
+
+
+def measure(argv: list[str], reports_baseline: bool) -> dict:
+    """Run ``argv``, sampling its RssAnon; wall seconds, peak bytes and (``reports_baseline``: the child's
+    first stdout line) what it held after its imports."""
+    wall, peak, out = sampled_run(argv)
     baseline = int(out.split()[0]) if reports_baseline else 0
     return {"wall_s": wall, "peak_anon_bytes": peak, "baseline_anon_bytes": baseline}
 

@@ -26,14 +26,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from benchmarks.convert_memory import config, random_lazy_state, rss_anon
+from benchmarks.convert_memory import config, random_lazy_state, sampled_run
 from vit_common.checkpoints.convert import save_checkpoint
 from vit_common.system import in_place
-
-_SAMPLE_S = 0.005
 
 # The child: import and start JAX, say its anonymous memory, build the first state, say its bytes.
 _CHILD = """
@@ -67,16 +64,7 @@ def measure(argv: list[str], env: dict, cwd: Path) -> dict:
     """Run the child ``argv`` in ``cwd`` (not the repository: ``-c`` puts the folder first on the path),
     sampling its RssAnon: wall seconds, peak bytes, its anonymous bytes after
     its imports and the bytes of the state it built."""
-    start = time.perf_counter()
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
-    peak = 0
-    while p.poll() is None:
-        peak = max(peak, rss_anon(p.pid) or 0)
-        time.sleep(_SAMPLE_S)
-    wall = time.perf_counter() - start
-    out, err = p.communicate()
-    if p.returncode != 0:
-        raise RuntimeError(f"the child exited {p.returncode}: {err.strip()[-2000:]}")
+    wall, peak, out = sampled_run(argv, env=env, cwd=cwd)
     baseline, state = map(int, out.split()[-2:])
     return {"wall_s": wall, "peak_anon_bytes": peak, "baseline_anon_bytes": baseline, "state_bytes": state}
 

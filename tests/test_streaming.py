@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save as library_save
 
+from benchmarks.convert_memory import sampled_run
 from vit_cli.main import main
 from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
 from vit_common.checkpoints.formats.hf import HfWriteOptions, shard_bytes, shards
@@ -162,14 +161,6 @@ convert(sys.argv[1], sys.argv[2], to_fmt=sys.argv[3])
 """
 
 
-def _rss_anon(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:")), 0)
-    except OSError:
-        return 0
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
 @pytest.mark.parametrize("to", ["hf", "big_vision"])
@@ -184,18 +175,7 @@ def test_converting_between_streaming_formats_holds_about_one_tensor(to, tmp_pat
     save_checkpoint(tmp_path / "src.safetensors", cfg, state, "timm")
     del state
     dst = tmp_path / ("out" if to == "hf" else "out.npz")
-    p = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(tmp_path / "src.safetensors"), str(dst), to],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    peak = 0
-    while p.poll() is None:
-        peak = max(peak, _rss_anon(p.pid))
-        time.sleep(0.002)
-    out, err = p.communicate()
-    assert p.returncode == 0, err
+    _, peak, out = sampled_run([sys.executable, "-c", _CHILD, str(tmp_path / "src.safetensors"), str(dst), to], 0.002)
     rise = peak - int(out.split()[0])
     assert total > 70e6 and largest == 2**20
     assert rise <= 4 * largest + 8 * 2**20, f"peak anonymous memory rose {rise / 2**20:.1f} MiB"
@@ -224,18 +204,8 @@ def test_converting_to_orbax_holds_less_than_the_file(tmp_path):
     cfg = ViTConfig(image_size=224, patch_size=16, width=256, depth=24, num_heads=4, mlp_dim=1024, num_classes=1000)
     save_checkpoint(tmp_path / "src.safetensors", cfg, random_state(cfg), "timm")
     total = (tmp_path / "src.safetensors").stat().st_size
-    p = subprocess.Popen(
-        [sys.executable, "-c", _ORBAX_CHILD, str(tmp_path / "src.safetensors"), str(tmp_path / "out")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    peak = 0
-    while p.poll() is None:
-        peak = max(peak, _rss_anon(p.pid))
-        time.sleep(0.002)
-    out, err = p.communicate()
-    assert p.returncode == 0, err
+    child = [sys.executable, "-c", _ORBAX_CHILD, str(tmp_path / "src.safetensors"), str(tmp_path / "out")]
+    _, peak, out = sampled_run(child, 0.002)
     rise = peak - int(out.split()[0])
     assert rise <= 1.2 * total + 16 * 2**20, f"peak anonymous memory rose {rise / 2**20:.1f} MiB ({rise / total:.2f}x)"
     assert (tmp_path / "out" / "state").is_dir()
