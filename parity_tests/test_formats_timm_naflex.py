@@ -205,3 +205,16 @@ def test_naflexvit_exports_load_strictly_in_timm_and_give_its_output(tmp_path):
     ):
         save_checkpoint(tmp_path / "vit.safetensors", cfg, random_state(cfg), "timm", options=options)
     assert not (tmp_path / "vit.safetensors").exists()
+
+
+def test_a_naflexvit_export_names_an_entry_point_its_keywords_define():
+    """The names a NaFlexVit export may take are timm's own entry points; an unknown one (timm could not
+    build it) and one whose table the written keywords leave aspect-preserving or factorized are refused."""
+    from vit_common.checkpoints.formats.timm_naflex import NAFLEX_NAMES, naflex_name
+
+    assert set(NAFLEX_NAMES) <= set(timm.list_models("naflexvit_*"))
+    cfg = ViTConfig(image_size=32, patch_size=16, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
+    assert naflex_name(cfg, "naflexvit_base_patch16_map") == "naflexvit_base_patch16_map"
+    for name in ("naflexvit_bogus", "naflexvit_base_patch16_par_gap", "naflexvit_base_patch16_radio_v3"):
+        with pytest.raises(ValueError, match=f"--timm-architecture '{name}': a NaFlexVit export names one of"):
+            naflex_name(cfg, name)

@@ -202,6 +202,18 @@ def naflex_known(tensors: TensorMap, overrides: Mapping[str, Any], context: str)
     return naflex_state(tensors, patch, c), fields
 
 
+# timm 1.0.31's NaFlexVit entry points that the written model_args define whole; the others keep an
+# aspect-preserving (``_par``, ``_radio``) or factorized (``_parfac``) table the keywords do not turn off.
+NAFLEX_NAMES = (
+    "naflexvit_base_patch16_gap",
+    "naflexvit_base_patch16_map",
+    "naflexvit_base_patch16_siglip",
+    "naflexvit_so150m2_patch16_reg1_gap",
+    "naflexvit_so150m2_patch16_reg1_map",
+    "naflexvit_so400m_patch16_siglip",
+)
+
+
 def is_naflex_name(name: str) -> bool:
     """Whether a timm architecture name is a NaFlexVit entry point (``naflexvit_*``)."""
     return name.startswith("naflexvit_")
@@ -214,10 +226,13 @@ def naflex_name(cfg: ViTConfig, preferred: str = "") -> str:
     nothing timm builds.
 
     Raises:
-        ValueError: ``preferred`` is not a NaFlexVit name.
+        ValueError: ``preferred`` is not one of ``NAFLEX_NAMES`` (an unknown name, which timm cannot build,
+            or an entry point whose table the written keywords would not define).
     """
-    if preferred and not is_naflex_name(preferred):
-        raise ValueError(f"--timm-architecture {preferred!r}: a NaFlexVit export names a naflexvit_* entry point")
+    if preferred and preferred not in NAFLEX_NAMES:
+        raise ValueError(
+            f"--timm-architecture {preferred!r}: a NaFlexVit export names one of {', '.join(NAFLEX_NAMES)}"
+        )
     siglip = cfg.pool == "map" and not cfg.class_token and cfg.gelu == "tanh"
     return preferred or ("naflexvit_base_patch16_siglip" if siglip else "naflexvit_base_patch16_gap")
 
