@@ -100,21 +100,23 @@ _SHARDED = textwrap.dedent("""
 """)
 
 
+def _on_eight_devices(script: str, path: Path) -> dict:
+    """Run ``script`` on ``path`` in a child with 8 CPU devices, from the repository root (its conftest
+    importable), and return the JSON of its ``RESULT`` line."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT ") :])
+
+
 def test_jax_load_places_each_parameter_on_the_mesh(tmp_path, tiny_cfg, random_state):
     """On 8 CPU devices (a 2 x 4 mesh), ``load_model(sharding=...)`` asks for every parameter by its NNX
     path and returns arrays split as asked, bit-identical to an unsharded load."""
     cfg = tiny_cfg.replace(width=32, mlp_dim=64, num_heads=2)
     save_checkpoint(tmp_path / "m.safetensors", cfg, random_state(cfg), "timm")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _SHARDED, str(tmp_path / "m.safetensors")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    out = _on_eight_devices(_SHARDED, tmp_path / "m.safetensors")
     assert out["same"] and out["qkv_path"] and out["paths"] == out["tensors"]
     assert out["kernel_split"] and out["block_rows"] * 4 == out["rows"] == 32
 
@@ -164,17 +166,7 @@ def test_train_init_state_is_read_onto_the_mesh(tmp_path, tiny_cfg, random_state
     cfg = tiny_cfg.replace(in_chans=1, width=32, mlp_dim=64)
     state = {k: v.astype("bfloat16") for k, v in random_state(cfg, dtype="float32").items()}
     save_checkpoint(tmp_path / "m.safetensors", cfg.replace(param_dtype="bfloat16"), state, "timm")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _INIT, str(tmp_path / "m.safetensors")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    out = _on_eight_devices(_INIT, tmp_path / "m.safetensors")
     assert out == {
         "lazy": True,
         "same": True,
