@@ -28,9 +28,30 @@ def dinov2_ratio(cfg: ViTConfig) -> int | None:
     hidden = D * mlp_ratio, for SwiGLU rounded as (int(hidden * 2 / 3) + 7) // 8 * 8; None if none does."""
     for ratio in range(1, 65):
         h = cfg.width * ratio
-        if (h if cfg.mlp_type == "plain" else (int(h * 2 / 3) + 7) // 8 * 8) == cfg.mlp_dim:
+        if (h if cfg.mlp_type == "plain" else swiglu_width(h)) == cfg.mlp_dim:
             return ratio
     return None
+
+
+def swiglu_width(hidden: int) -> int:
+    """The gated width of transformers' ``Dinov2SwiGLUFFN`` (and ``RadioSwiGLUFFN``) for MLP width ``hidden``."""
+    return (int(hidden * 2 / 3) + 7) // 8 * 8
+
+
+def ratio_mlp(cj: FamilyConfig, width: int) -> tuple[dict[str, Any], dict[str, Origin]]:
+    """(mlp_dim and mlp_type, their origins) from config.json's ``mlp_ratio`` and ``use_swiglu_ffn`` at
+    ``width`` (DINOv2's and RADIO's configs).
+
+    Raises:
+        FormatError: an ``mlp_ratio`` outside (0, 64] (named with the file).
+    """
+    ratio, ratio_origin = cj.get("mlp_ratio", (int, float))
+    if not (math.isfinite(ratio) and 0 < ratio <= 64):
+        raise FormatError(f"{cj.context}: config.json mlp_ratio={ratio!r}: expected a number in (0, 64]")
+    gated, gated_origin = cj.get("use_swiglu_ffn", (bool,))
+    hidden = int(width * ratio)
+    fields = {"mlp_dim": swiglu_width(hidden) if gated else hidden, "mlp_type": "swiglu" if gated else "plain"}
+    return fields, {"mlp_type": gated_origin, "mlp_dim": ratio_origin}
 
 
 @dataclass(frozen=True)
@@ -41,17 +62,9 @@ class DINOv2(Family):
     registers: bool = False
 
     def read_mlp(self, cj: FamilyConfig, width: int, origin: Origin) -> tuple[dict[str, Any], dict[str, Origin]]:
-        ratio, ratio_origin = cj.get("mlp_ratio", (int, float))
-        if not (math.isfinite(ratio) and 0 < ratio <= 64):
-            raise FormatError(f"{cj.context}: config.json mlp_ratio={ratio!r}: expected a number in (0, 64]")
-        gated, gated_origin = cj.get("use_swiglu_ffn", (bool,))
-        hidden = int(width * ratio)
-        fields = {
-            "mlp_dim": (int(hidden * 2 / 3) + 7) // 8 * 8 if gated else hidden,  # transformers Dinov2SwiGLUFFN
-            "mlp_type": "swiglu" if gated else "plain",
-            "layer_scale": 1.0,  # transformers' layerscale_value: the init value, replaced by the loaded lambda1
-        }
-        return fields, {"mlp_type": gated_origin, "mlp_dim": ratio_origin}
+        fields, origins = ratio_mlp(cj, width)
+        # transformers' layerscale_value: the init value, replaced by the loaded lambda1
+        return fields | {"layer_scale": 1.0}, origins
 
     def read_registers(self, cj: FamilyConfig, origin: Origin) -> tuple[int, Origin]:
         return cj.get("num_register_tokens", (int,)) if self.registers else (0, origin)

@@ -37,13 +37,13 @@ transformers 5.24 ``models/radio/modeling_radio.py``, ``configuration_radio.py``
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.hf_families.dinov2 import ratio_mlp, swiglu_width
 from vit_common.checkpoints.formats.hf_families.family import Family, FamilyConfig
 from vit_common.checkpoints.formats.provenance import Origin, declared, derived
 from vit_common.checkpoints.formats.rules import Piece, Rule, copy
@@ -71,11 +71,6 @@ _TOKENS = _M + "patch_generator.cls_token.token"
 _MEAN, _STD = "input_conditioner.norm_mean", "input_conditioner.norm_std"
 
 
-def _swiglu_width(hidden: int) -> int:
-    """transformers RadioSwiGLUFFN's gated width for an MLP width ``hidden``."""
-    return (int(hidden * 2 / 3) + 7) // 8 * 8
-
-
 def radio_ratio(cfg: ViTConfig) -> float | None:
     """The smallest ``mlp_ratio`` r whose hidden width int(D * r) (rounded for SwiGLU) gives cfg.mlp_dim,
     or None if none does."""
@@ -83,7 +78,7 @@ def radio_ratio(cfg: ViTConfig) -> float | None:
     if cfg.mlp_type == "plain":
         hidden = cfg.mlp_dim
     else:
-        hidden = next((h for h in range(cfg.mlp_dim, 2 * cfg.mlp_dim + 8) if _swiglu_width(h) == cfg.mlp_dim), 0)
+        hidden = next((h for h in range(cfg.mlp_dim, 2 * cfg.mlp_dim + 8) if swiglu_width(h) == cfg.mlp_dim), 0)
     if not hidden:
         return None
     r = hidden / d
@@ -124,13 +119,7 @@ class RADIO(Family):
         return out | fixed, origins | {k: type_origin for k in fixed}
 
     def read_mlp(self, cj: FamilyConfig, width: int, origin: Origin) -> tuple[dict[str, Any], dict[str, Origin]]:
-        ratio, ratio_origin = cj.get("mlp_ratio", (int, float))
-        if not (math.isfinite(ratio) and 0 < ratio <= 64):
-            raise FormatError(f"{cj.context}: config.json mlp_ratio={ratio!r}: expected a number in (0, 64]")
-        gated, gated_origin = cj.get("use_swiglu_ffn", (bool,))
-        hidden = int(width * ratio)
-        fields = {"mlp_dim": _swiglu_width(hidden) if gated else hidden, "mlp_type": "swiglu" if gated else "plain"}
-        return fields, {"mlp_type": gated_origin, "mlp_dim": ratio_origin}
+        return ratio_mlp(cj, width)
 
     def read_registers(self, cj: FamilyConfig, origin: Origin) -> tuple[int, Origin]:
         """The class tokens after the first and the registers: ``num_cls_tokens`` + ``num_registers`` - 1."""
