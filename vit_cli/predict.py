@@ -64,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
         check_model(cfg, n, min(args.batch_size, len(files)), str(args.checkpoint))
 
     def naflex(path):
+        image = open_image(path)  # its errors name the path
         try:
-            return preprocess(open_image(path), cfg.patch_size[0], n, cfg.in_chans, info.preprocess)
+            return preprocess(image, cfg.patch_size[0], n, cfg.in_chans, info.preprocess)
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from e
 

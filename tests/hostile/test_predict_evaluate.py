@@ -68,6 +68,12 @@ def naflex_predict(*flags: str, size: tuple[int, int] = (40, 24), label: str = "
     return build
 
 
+def naflex_unreadable_image(tmp: Path) -> list[str]:
+    """A NaFlex model on a .png holding no image: the line names the path once."""
+    (tmp / "img.png").write_bytes(b"not an image")
+    return ["predict", str(naflex_model(tmp)), str(tmp / "img.png")]
+
+
 def headless_predict(tmp: Path) -> list[str]:
     cfg = SMALL.replace(num_classes=0)
     return [
@@ -145,6 +151,7 @@ CASES = [
         naflex_predict("--max-patches", "1", size=(9_000_000, 1)),
         r"{tmp}/img.png: an image of 9000000x1 pixels needs 1x2 patches at the least, more than max_patches=1",
     ),
+    Case(naflex_unreadable_image, r"error: {tmp}/img.png: unreadable image \(cannot identify image file\)$"),
     Case(fixed_size_max_patches, r"{tmp}/m.safetensors: max_patches=16 for a fixed-size model \(preprocessing"),
     Case(
         naflex_predict(preprocess={"crop_pct": 0.9}, label="crop_pct 0.9"),

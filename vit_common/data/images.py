@@ -282,7 +282,7 @@ def open_image(path: str | os.PathLike):
             im.load()
             return ImageOps.exif_transpose(im)
     except _decode_errors() as e:
-        raise ValueError(f"{path}: unreadable image ({e})") from e
+        raise ValueError(f"{path}: unreadable image ({_reason(e, path)})") from e
 
 
 def decode_image(data: bytes, name: str | None = None):
@@ -305,9 +305,11 @@ def decode_image(data: bytes, name: str | None = None):
         raise ValueError(f"{f'{name}: ' if name else ''}unreadable image ({_reason(e)})") from e
 
 
-def _reason(e: BaseException) -> str:
-    """Pillow's message without the repr of the in-memory file it was given (``<_io.BytesIO object at ...>``)."""
-    return re.sub(r" ?<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(e))
+def _reason(e: BaseException, path: str | os.PathLike | None = None) -> str:
+    """Pillow's message without the repr of the file it was given (``<_io.BytesIO object at ...>``, or
+    ``path``, which the message's prefix names already)."""
+    text = re.sub(r" ?<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(e))
+    return text.replace(f" {str(path)!r}", "") if path is not None else text
 
 
 def check_decodes(image: str | os.PathLike | bytes, name: str | None = None) -> None:
@@ -334,7 +336,9 @@ def check_decodes(image: str | os.PathLike | bytes, name: str | None = None) -> 
             im.load()
             width, height = im.size
     except _decode_errors() as e:
-        raise ValueError(f"{label}: unreadable image ({_reason(e)})") from e
+        raise ValueError(
+            f"{label}: unreadable image ({_reason(e, None if isinstance(image, bytes) else image)})"
+        ) from e
     if not width or not height:
         raise ValueError(f"{label}: an image of {width}x{height} pixels; expected at least 1x1")
 
