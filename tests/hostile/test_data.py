@@ -157,32 +157,42 @@ def damaged_tfds(what: str, damage: Callable[[Path], None]) -> Callable[[Path], 
     ArrayRecord, without TensorFlow, then ``damage(version folder)``, then training on it."""
 
     def build(tmp: Path) -> list[str]:
-        tfds = pytest.importorskip("tensorflow_datasets")
-        _folder(tmp / "imgs")
-        files = sorted((tmp / "imgs").rglob("*.png"))
-
-        class Tiny(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-            VERSION = tfds.core.Version("1.0.0")
-
-            def _info(self):
-                features = {"image": tfds.features.Image(), "label": tfds.features.ClassLabel(names=["a", "b"])}
-                return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features))
-
-            def _split_generators(self, dl_manager):
-                return {"train": self._generate_examples()}
-
-            def _generate_examples(self):
-                for i, f in enumerate(files):
-                    yield i, {"image": str(f), "label": f.parent.name}
-
-        Tiny.__module__ = "__main__"  # tfds looks for files beside a package's builder (tests.hostile is one)
-        builder = Tiny(data_dir=str(tmp / "tfds"), file_format="array_record")
-        builder.download_and_prepare()
-        damage(Path(builder.data_dir))
-        return _train_on(f"tfds:{builder.data_dir}", tmp)
+        pytest.importorskip("tensorflow_datasets")
+        version = _tfds_dataset(_folder(tmp / "imgs"), tmp / "tfds")
+        damage(version)
+        return _train_on(f"tfds:{version}", tmp)
 
     build.__name__ = f"tfds {what}"
     return build
+
+
+def _tfds_dataset(imgs: Path, data_dir: Path) -> Path:
+    """The version folder of a tfds dataset of the image folder ``imgs`` (classes a/b, its images in the
+    image folder's order: unshuffled), prepared by tfds's own builder as ArrayRecord, one train shard."""
+    import tensorflow_datasets as tfds
+
+    files = sorted(imgs.rglob("*.png"))
+
+    class Tiny(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            features = {"image": tfds.features.Image(), "label": tfds.features.ClassLabel(names=["a", "b"])}
+            return tfds.core.DatasetInfo(
+                builder=self, features=tfds.features.FeaturesDict(features), disable_shuffling=True
+            )
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples()}
+
+        def _generate_examples(self):
+            for i, f in enumerate(files):
+                yield i, {"image": str(f), "label": f.parent.name}
+
+    Tiny.__module__ = "__main__"  # tfds looks for files beside a package's builder (tests.hostile is one)
+    builder = Tiny(data_dir=str(data_dir), file_format="array_record")
+    builder.download_and_prepare()
+    return Path(builder.data_dir)
 
 
 def _claim_more(version: Path) -> None:
@@ -464,6 +474,100 @@ def _garble_record(source, i: int) -> tuple[Path, str]:
     return Path(shard), rf"{re.escape(shard)}: record {k}: unreadable image"
 
 
+def _garble_arrow_row(source, i: int) -> tuple[Path, str]:
+    """Example ``i`` of ``source`` (a split of a save_to_disk set) with its image bytes zeroed in the Arrow
+    file, in place (the memory-mapped layout kept); (the file, what the line names)."""
+    import pyarrow as pa
+
+    file, _, k = source.name(i).rpartition(": row ")
+    with pa.memory_map(file) as mapped:
+        base = mapped.read_buffer().address
+        mapped.seek(0)
+        column = pa.ipc.open_stream(mapped).read_all().column("image")
+        assert column.num_chunks == 1, column.num_chunks
+        images = column.chunk(0).field("bytes")
+        offsets = np.frombuffer(images.buffers()[1], np.int32)[images.offset + int(k) :][:2]
+        start = images.buffers()[2].address - base + int(offsets[0])
+    with open(file, "r+b") as f:
+        f.seek(start)
+        f.write(bytes(int(offsets[1] - offsets[0])))
+    return Path(file), rf"{re.escape(file)}: row {k}: unreadable image"
+
+
+def _garble_parquet_row(source, i: int) -> tuple[Path, str]:
+    """Example ``i`` of ``source`` (a split of a Parquet set of one row a row group) with the page header of
+    its row group's image column overwritten in place; (the file, what the line names)."""
+    import pyarrow.parquet as pq
+
+    file, _, k = source.name(i).rpartition(": row ")
+    meta = pq.ParquetFile(file).metadata.row_group(int(k))
+    chunk = next(meta.column(c) for c in range(meta.num_columns) if meta.column(c).path_in_schema == "image.bytes")
+    with open(file, "r+b") as f:
+        f.seek(chunk.data_page_offset + 8)
+        f.write(b"\xff" * 30)
+    return Path(file), rf"{re.escape(file)}: row {k}: a damaged Parquet file \(row group {k}, rows {k}..{k}\)"
+
+
+def _garble_tfds_record(source, i: int) -> tuple[Path, str]:
+    """Example ``i`` of ``source`` (a split of a tfds set, one record a chunk) with bytes of its record's
+    chunk overwritten in place (the layout kept: a reader opened before reads the other records as
+    they were); (the shard, what the line names)."""
+    from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+
+    shard, _, k = source.name(i).rpartition(": record ")
+    reader = ArrayRecordReader(shard)
+    records = reader.read(list(range(reader.num_records())))
+    reader.close()
+    records[int(k)] = b"another record"
+    writer = ArrayRecordWriter(f"{shard}.other", "group_size:1")  # as tfds writes its shards
+    for r in records:
+        writer.write(r)
+    writer.close()
+    data, other = Path(shard).read_bytes(), Path(f"{shard}.other").read_bytes()
+    os.remove(f"{shard}.other")
+    chunk = next(j for j, (a, b) in enumerate(zip(data, other, strict=False)) if a != b)  # record k's, the first
+    with open(shard, "r+b") as f:
+        f.seek(chunk + 48)  # past its 40-byte header: its data
+        f.write(b"\xff" * 8)
+    return Path(shard), rf"{re.escape(shard)}: record {k}: Corrupted Riegeli"
+
+
+def _image_rows(imgs: Path):
+    """The image folder ``imgs`` (classes a/b) as ``datasets`` rows in the image folder's order: (rows,
+    features)."""
+    import datasets
+
+    files = sorted(imgs.rglob("*.png"))
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])})
+    rows = {
+        "image": [{"bytes": f.read_bytes(), "path": None} for f in files],
+        "label": [features["label"].str2int(f.parent.name) for f in files],
+    }
+    return rows, features
+
+
+def _stored_as(kind: str, imgs: Path, tmp: Path) -> str:
+    """The ``--dataset`` of the images of ``imgs`` in the same order (the same split and batches) as
+    ``kind``: an ArrayRecord folder (``vit data convert``), a save_to_disk set, a Parquet folder of one
+    row a row group, a tfds dataset."""
+    import datasets
+
+    if kind == "imagefolder":
+        return f"imagefolder:{imgs}"
+    if kind == "arrayrecord":
+        assert main(["data", "convert", str(imgs), str(tmp / "rec"), "--shard-size", "4"]) == 0
+        return f"arrayrecord:{tmp / 'rec'}"
+    if kind == "tfds":
+        return f"tfds:{_tfds_dataset(imgs, tmp / 'tfds')}"
+    ds = datasets.Dataset.from_dict(*_image_rows(imgs))
+    if kind == "hf-arrow":
+        ds.save_to_disk(str(tmp / "hf"))
+    else:
+        (tmp / "hf").mkdir()
+        ds.to_parquet(str(tmp / "hf" / "train.parquet"), batch_size=1)
+    return f"hf:{tmp / 'hf'}"
+
+
 @pytest.fixture(scope="module")
 def compile_cache(tmp_path_factory) -> list[str]:
     """The flags of the compilation cache of the session's training runs: the same step compiles once."""
@@ -483,32 +587,39 @@ def undamaged_run(tmp_path_factory, compile_cache) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("kind", "garble"), [("imagefolder", _garble_file), ("arrayrecord", _garble_record)], ids=["file", "record"]
+    ("kind", "garble"),
+    [
+        ("imagefolder", _garble_file),
+        ("arrayrecord", _garble_record),
+        ("hf-arrow", _garble_arrow_row),
+        ("hf-parquet", _garble_parquet_row),
+        ("tfds", _garble_tfds_record),
+    ],
+    ids=["file", "record", "arrow-row", "parquet-row-group", "tfds-record"],
 )
 def test_damage_found_mid_run_stops_with_a_checkpoint_and_resumes(
     kind, garble, undamaged_run, compile_cache, tmp_path, capsys, monkeypatch
 ):
     """The example first read at step 3 breaks after the up-front check passed (as a failing disk or a
     copy still being written would break it in the middle of a run): the run stops after step 2 with its
-    checkpoint, one line naming the step, the file (and the record), exit 2, no export; the file restored,
-    --resume ends with the undamaged run's weights, bit for bit."""
+    checkpoint, one line naming the step, the file (and the record or row), exit 2, no export; the file
+    restored, --resume ends with the undamaged run's weights, bit for bit."""
     from safetensors.numpy import load_file
 
     import vit_common.data.datasets as datasets
     from vit_jax.checkpointing import saved_steps
 
+    if kind == "tfds":
+        pytest.importorskip("tensorflow_datasets")
     _folder(tmp_path / "imgs", n=6)
-    spec = f"imagefolder:{tmp_path / 'imgs'}"
-    if kind == "arrayrecord":  # the same images in the same order: the same split and batches
-        assert main(["data", "convert", str(tmp_path / "imgs"), str(tmp_path / "rec"), "--shard-size", "4"]) == 0
-        spec = f"arrayrecord:{tmp_path / 'rec'}"
+    spec = _stored_as(kind, tmp_path / "imgs", tmp_path)  # the same images in the same order
     argv = [*_train_on(spec, tmp_path), *compile_cache]
     read, damaged = datasets.read_dataset, {}
 
     def read_then_damage(*args, **kwargs):
         data = read(*args, **kwargs)
         i = _first_of_step(data, 3)
-        path = Path(data.train.name(i).rpartition(": record ")[0] or data.train.name(i))
+        path = Path(data.train.name(i).rpartition(": ")[0] or data.train.name(i))
         damaged["original"] = (path, path.read_bytes())
         damaged["names"] = garble(data.train, i)[1]
         return data

@@ -55,11 +55,17 @@ class DataReadError(ValueError):
 
 
 def read_error(name: str, e: BaseException) -> DataReadError:
-    """The ``DataReadError`` of the example ``name`` (a source's ``name(i)``) that raised ``e``, on one line:
-    ``e``'s message, prefixed by ``name`` unless it starts with it."""
+    """The ``DataReadError`` of the example ``name`` (a source's ``name(i)``: a file, or "FILE: row K" /
+    "FILE: record K") that raised ``e``, on one line: ``e``'s message, prefixed by ``name`` unless it
+    starts with it; a message naming FILE (a damaged file) goes after ``name``, FILE named once."""
     text = " ".join(str(e).split()) or type(e).__name__
     text = text if len(text) <= 300 else text[:300] + "..."
-    return DataReadError(text if text.startswith(name) else f"{name}: {text}")
+    if text.startswith(name):
+        return DataReadError(text)
+    file = name.rpartition(": ")[0]
+    if file and text.startswith(f"{file}: "):
+        text = text[len(file) + 2 :]
+    return DataReadError(f"{name}: {text}")
 
 
 class Subset:

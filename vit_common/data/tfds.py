@@ -65,12 +65,17 @@ class TfdsSource:
     (grain's worker processes): the data source is made where it reads.
 
     folder: the prepared folder; split: the tfds split name; image, label: feature names; labels:
-    int32 [N], every record's label, in order.
+    int32 [N], every record's label, in order; shards: the split's shard files in order, each with its
+    record count (``dataset_info.json``'s, which ``check_shards`` compared with the file).
     """
 
-    def __init__(self, folder: str, split: str, image: str, label: str, labels: np.ndarray):
+    def __init__(
+        self, folder: str, split: str, image: str, label: str, labels: np.ndarray, shards: list[tuple[str, int]]
+    ):
         self.folder, self.split, self.image, self.label = folder, split, image, label
         self.labels = np.asarray(labels, np.int32)
+        self.shards = shards
+        self._starts = np.cumsum([0] + [n for _, n in shards])
         self._source = None
 
     def __getstate__(self) -> dict:
@@ -85,7 +90,9 @@ class TfdsSource:
         return self._source
 
     def name(self, i: int) -> str:
-        return f"{self.folder}: {self.split} record {i}"
+        """Where record ``i`` is stored (shard file and record), for errors."""
+        f = int(np.searchsorted(self._starts, i, side="right") - 1)
+        return f"{self.shards[f][0]}: record {i - int(self._starts[f])}"
 
     def __getitem__(self, i: int) -> dict:
         return {"image": self._records()[int(i)][self.image], "label": self.labels[i]}
@@ -191,7 +198,9 @@ def open_tfds(path: Path) -> Stored:
         bad = [k for k, v in enumerate(labels) if not 0 <= v < min(len(classes), MAX_CLASSES)]
         if bad:
             raise ValueError(f"{where}: {split} record {bad[0]}: label {labels[bad[0]]} has no class name")
-        return TfdsSource(str(folder), split, image, label, np.asarray(labels, np.int64))
+        split_info = info.splits[split]  # check_shards: as many lengths as files
+        shards = [(str(p), int(n)) for p, n in zip(split_info.filepaths, split_info.shard_lengths, strict=True)]
+        return TfdsSource(str(folder), split, image, label, np.asarray(labels, np.int64), shards)
 
     read = sorted(p for p in folder.iterdir() if p.is_file())
     train, test_source = source("train"), source(test) if test else None
