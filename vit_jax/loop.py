@@ -41,7 +41,7 @@ from vit_jax.checkpointing import Checkpoints, _then_resume, saved_steps, write_
 from vit_jax.data import DataWorkerError
 from vit_jax.hooks import Hooks, RunState
 from vit_jax.observe import ProfileWindow, Summaries, require_wandb
-from vit_jax.preemption import Stopped, StopSignals
+from vit_jax.preemption import Stopped, StopSignals, agree_damage
 from vit_jax.resume import check_checkpoints_left, check_same_data, config_mismatch, run_config, schedule_change
 from vit_jax.trainer import Trainer, sharded_abstract
 
@@ -131,10 +131,10 @@ def fit(
     it saves that step, waits for the write and raises ``Stopped``. A data worker that dies is
     ``DataWorkerError``, and an example that cannot be read (damaged after the dataset's up-front
     check: a training batch's, or a test example at an evaluation, which a resumed run takes first)
-    ``DataReadError``, each raised after saving the step reached (one process; with
-    several, the others are stopped through ``vit_jax.distributed``), so that ``resume`` continues from
-    it once the data is repaired. The test set is evaluated (loss, top-1 and top-5 accuracy)
-    every ``eval_every`` epochs, or every ``eval_every_steps`` steps when that is set, and at the end;
+    ``DataReadError``, each raised after saving the step reached (several processes: a batch's damage in
+    all alike, ``vit_jax.preemption.DamageStop``; the rest through ``vit_jax.distributed``), so that
+    ``resume`` continues from it once the data is repaired. The test set is evaluated (loss, top-1 and
+    top-5 accuracy) every ``eval_every`` epochs, or every ``eval_every_steps`` steps when that is set, and at the end;
     ``progress`` shows a tqdm bar on process 0. metrics.jsonl gets one line when the process's first
     step is done (``time_to_first_step_s``: seconds since ``started``, a ``time.perf_counter`` value,
     default the call of ``fit``; ``compile_cache``: 'off' unless ``compile_cache`` says JAX's
@@ -176,8 +176,8 @@ def fit(
         Stopped: ``stop`` asked for it (a signal); its ``step`` is the checkpoint saved.
         DataWorkerError: an input-pipeline worker process died.
         DataReadError: an example of the training set could not be read (naming the step, the file and
-            the record), or one of the test set at the step's evaluation, after the checkpoint of the step
-            reached (one process; a resumed run takes that evaluation first).
+            the record), or one of the test set at the step's evaluation (one process: a resumed run takes
+            it first), after the checkpoint of the step reached.
         DestinationError: a fresh run's ``out`` holds a file of ``RUN_FILES`` that vit did not write
             (checked first; a resumed run's config.json proves its files are the run's).
     """
@@ -360,14 +360,7 @@ def _steps(run: RunState, it, hooks: Hooks, saver: _Saver, stop: StopSignals | N
             hooks.before(run)
             t0 = clock()
             with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
-                try:
-                    batch = next(it)
-                except (DataWorkerError, DataReadError) as e:
-                    if not many and step > run.start:  # the state of the step reached is whole: keep it
-                        saver.save(run)
-                    if isinstance(e, DataReadError):
-                        raise DataReadError(f"step {step + 1}'s batch: {e}") from None
-                    raise
+                batch = _next_batch(it, run, step, saver, many)
                 run.state, m = run.trainer.train_step(run.state, batch)
                 run.metrics = jax.device_get(m)
             run.step, run.step_seconds = step + 1, clock() - t0
@@ -378,6 +371,26 @@ def _steps(run: RunState, it, hooks: Hooks, saver: _Saver, stop: StopSignals | N
     finally:
         hooks.close()
     return seen / timed if timed else None
+
+
+def _next_batch(it, run: RunState, step: int, saver: _Saver, many: bool) -> dict:
+    """The batch of step ``step + 1``. An example that cannot be read stops the run after the checkpoint of
+    the step reached; with several processes all learn it before the step (``agree_damage``) and save it."""
+    damage = None
+    try:
+        batch = next(it)
+    except DataReadError as e:
+        damage = e
+    except DataWorkerError:
+        if not many and step > run.start:  # the state of the step reached is whole: keep it
+            saver.save(run)
+        raise
+    damage = agree_damage(damage) if many else damage
+    if damage is None:
+        return batch
+    if step > run.start:
+        saver.save(run)
+    raise type(damage)(f"step {step + 1}'s batch{'' if many else ':'} {damage}") from None
 
 
 @contextlib.contextmanager

@@ -23,6 +23,13 @@ uses the handler's own flag.
 
 The exit code of a run stopped this way is ``EXIT_STOPPED``; the same command with ``--resume``
 continues it.
+
+Damaged data found in the middle of a multi-process run stops it the same way, at one step in every
+process: each process reads its own rows of a step's batch, so before every step the processes agree
+on a damage flag (``agree_damage``, one all-gather of a flag per step), and when one could not read its
+rows every process saves the step reached (a collective orbax save) and stops with the same
+``DamageStop``. The sync point of a signal is not enough here: it lies after the step every process
+has reached, and the process that cannot read its rows cannot take that step.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from __future__ import annotations
 import signal
 import sys
 from collections.abc import Callable
+
+from vit_common.data.stored_datasets import DataReadError
 
 EXIT_STOPPED = 3  # vit train's own: stopped by a signal after saving; the same command with --resume continues
 SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -142,3 +151,34 @@ class StopSignals:
         self.phase = "finishing"
         if self.received is not None:
             raise Stopped(self.received)
+
+
+class DamageStop(DataReadError):
+    """An example of a step's batch that one process of a multi-process run could not read, agreed by every
+    process before the step (``agree_damage``): each saved the step reached and stops with this error."""
+
+
+_DAMAGE_BYTES = 4096  # the most of an error's text shared (read_error keeps 300 characters after a path)
+
+
+def agree_damage(error: DataReadError | None) -> DamageStop | None:
+    """The damage flag of a multi-process run: every process calls this before every step with the error
+    reading its rows of the step's batch (None: they were read), and gets the same answer.
+
+    Returns:
+        None when every process read its rows; else ``DamageStop``: the first such process (id and count)
+        and its error's text.
+    """
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    flags = multihost_utils.process_allgather(np.int32(error is not None))
+    if not flags.any():
+        return None
+    text = np.zeros(_DAMAGE_BYTES, np.uint8)
+    if error is not None:
+        data = str(error).encode()[:_DAMAGE_BYTES]
+        text[: len(data)] = np.frombuffer(data, np.uint8)
+    first = int(np.argmax(flags))
+    said = bytes(multihost_utils.process_allgather(text)[first]).rstrip(b"\0").decode(errors="replace")
+    return DamageStop(f"(process {first} of {len(flags)}): {said}")
