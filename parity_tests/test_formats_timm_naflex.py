@@ -218,3 +218,44 @@ def test_a_naflexvit_export_names_an_entry_point_its_keywords_define():
     for name in ("naflexvit_bogus", "naflexvit_base_patch16_par_gap", "naflexvit_base_patch16_radio_v3"):
         with pytest.raises(ValueError, match=f"--timm-architecture '{name}': a NaFlexVit export names one of"):
             naflex_name(cfg, name)
+
+
+def test_naflexvit_radio_crops_its_table_as_timm_in_both_twins_and_exports(tmp_path, capsys):
+    """``naflexvit_large_patch16_radio_v3`` (C-RADIOv3-L: the table resized bilinearly to a square of the
+    longer side, then cropped; no final norm; 7 registers): its hub folder reads with ``bilinear_crop``
+    and nothing assumed, both twins equal timm on the batch of four aspect ratios, and its timm export
+    (a file and a hub folder: a NaFlexVit with ``pos_embed_ar_preserving``) loads strictly with
+    timm's output bit for bit. The C-RADIOv3-B entry point, whose resize aligns corners, is refused
+    naming it."""
+    from vit_cli.main import main
+    from vit_common.checkpoints.convert import convert
+    from vit_torch.formats import WRITERS
+
+    name = "naflexvit_large_patch16_radio_v3"
+    model = _timm_naflex(name)
+    save_for_hf(model, tmp_path / "hub", model_config={"architecture": name})
+    patches, coord, valid, shapes = batch = _batch()
+    with torch.no_grad():
+        ref = model(patches, patch_coord=coord, patch_valid=valid).numpy()
+    hub = load_checkpoint(tmp_path / "hub", readers=READERS, strict=True)
+    cfg = hub.cfg
+    assert hub.report.assumed == []
+    assert (cfg.posemb_resample, cfg.final_norm, cfg.reg_tokens, cfg.pool) == ("bilinear_crop", False, 7, "token")
+    for twin, out in _twins(cfg, hub.state, batch):
+        _assert_close(twin, out, ref)
+    report = convert(tmp_path / "hub", tmp_path / "out.safetensors", to_fmt="timm", readers=READERS, writers=WRITERS)
+    assert "pos_embed_ar_preserving=True" in report.load_call
+    scope: dict = {}
+    exec(report.load_call, scope)  # builds the NaFlexVit and loads the file with strict=True
+    convert(tmp_path / "hub", tmp_path / "out", to_fmt="timm", readers=READERS, writers=WRITERS)
+    back = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True)  # a hub folder, strictly
+    with torch.no_grad():
+        for written in (scope["model"], back):
+            assert np.array_equal(written.eval()(patches, patch_coord=coord, patch_valid=valid).numpy(), ref)
+    assert load_checkpoint(tmp_path / "out", readers=READERS, strict=True).cfg == cfg
+    base = "naflexvit_base_patch16_radio_v3"
+    save_for_hf(_timm_naflex(base), tmp_path / "base", model_config={"architecture": base})
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "base")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "an aspect-preserving table resize ('bilinear', False, True)" in err[0], err

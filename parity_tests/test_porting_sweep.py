@@ -47,6 +47,7 @@ def _timm_cases() -> dict[str, dict]:
         "reg_tokens_4": dict(reg_tokens=4),
         "pos_embed_none": dict(pos_embed="none"),
         "layer_scale": dict(init_values=1e-5),
+        "final_norm_false": dict(final_norm=False, init_values=1e-5, reg_tokens=3, no_embed_class=True),  # RADIO
         "qk_norm": dict(qk_norm=True),
         "pre_norm_no_patch_bias": dict(pre_norm=True),
         "no_qkv_bias": dict(qkv_bias=False),
@@ -80,7 +81,6 @@ def _timm_cases() -> dict[str, dict]:
 
 # What the twins lack, and the words the refusal must use.
 TIMM_REFUSED = {
-    "final_norm_false": (dict(final_norm=False), "no final LayerNorm"),
     "scale_attn_norm": (dict(scale_attn_norm=True), "a LayerNorm inside attention or the MLP"),
     "scale_mlp_norm": (dict(scale_mlp_norm=True), "a LayerNorm inside attention or the MLP"),
     "non_square_refused": (dict(img_size=(32, 40)), "--source-image-size HxW"),  # 4x5 + 1 rows: no square
@@ -92,9 +92,10 @@ TIMM_CASES = _timm_cases() | {k: kw for k, (kw, _) in TIMM_REFUSED.items()}
 # timm hub folders (timm's save_for_hf: config.json + model.safetensors) of every timm architecture the
 # twins can build, one per distinct structure, each at test width (embed_dim 32, depth 1, 2 heads, a 2x2
 # patch grid, 3 classes where the name has a head). timm 1.0.31 registers 179 names in vision_transformer
-# and deit; built on the meta device, 156 are models the twins implement, in these 33 structures (class
+# and deit; built on the meta device, 163 are models the twins implement, in these 35 structures (class
 # and register tokens, pooling, fc_norm, pre_norm, qkv bias, qk_norm, LayerScale, GELU, SwiGLU, eps,
-# distilled, heads, RmsNorm, patch norm, no projection biases), and 23 are refused, in these 7 kinds.
+# distilled, heads, RmsNorm, patch norm, no projection biases, no final norm), and 16 are refused, in
+# these 6 kinds.
 # Name -> image size (the name's patch x 2).
 TIMM_HUB_CASES = {
     "aimv2_1b_patch14_224": 28,  # 11 more (RmsNorm, a patch norm, split SwiGLU, no biases)
@@ -118,6 +119,7 @@ TIMM_HUB_CASES = {
     "vit_base_patch16_clip_quickgelu_224": 32,  # 6 more
     "vit_base_patch16_gap_224": 32,
     "vit_base_patch16_plus_240": 32,  # 2 more
+    "vit_base_patch16_radio_v3": 32,  # 5 more (no final norm, 7 registers, a patch-only table)
     "vit_base_patch16_reg4_gap_256": 32,
     "vit_base_patch16_siglip_224": 32,  # 7 more
     "vit_base_patch16_siglip_gap_224": 32,  # 12 more
@@ -127,6 +129,7 @@ TIMM_HUB_CASES = {
     "vit_betwixt_patch16_reg1_gap_256": 32,  # 3 more
     "vit_betwixt_patch16_reg4_gap_256": 32,  # 5 more
     "vit_huge_patch14_224": 28,  # 2 more
+    "vit_intern300m_patch14_448": 28,  # no final norm, LayerScale
     "vit_so150m2_patch16_reg1_gap_256": 32,  # 2 more
     "vit_so150m_patch16_reg4_gap_256": 32,  # 1 more
     "vit_so150m_patch16_reg4_map_256": 32,
@@ -134,7 +137,6 @@ TIMM_HUB_CASES = {
 TIMM_HUB_REFUSED = {  # name -> (image size, the words of the refusal)
     "beit3_base_patch16_224": (32, "a norm inside attention or MLP"),  # 3 more
     "vit_base_patch16_18x2_224": (32, "its block ParallelThingsBlock"),  # 5 more (ParallelScalingBlock)
-    "vit_base_patch16_radio_v3": (32, "no final LayerNorm (final_norm=False)"),  # 6 more
     "vit_base_patch16_rpn_224": (32, "its block ResPostBlock"),
     "vit_dlittle_patch16_reg1_gap_256": (32, "its attention DiffAttention"),  # 1 more
     "vit_dpwee_patch16_reg1_gap_256": (32, "its block DiffParallelScalingBlock"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import re
 import subprocess
 import sys
@@ -251,3 +252,29 @@ def test_vit_jax_reaches_torch_only_through_its_bridge():
                     named.setdefault(rel, []).append((c.value, id(c) in after_m))
     assert list(commands) == [BRIDGE], commands
     assert list(named) == [BRIDGE] and all(after for _, after in named[BRIDGE]), named
+
+
+PLOTTED = """
+import importlib, json, pkgutil, sys, tempfile
+from pathlib import Path
+
+import vit_cli
+for m in pkgutil.iter_modules(vit_cli.__path__):
+    importlib.import_module(f"vit_cli.{m.name}")
+import vit_compare.training
+from vit_jax.launch import plot_curves
+
+before = sorted({m.split(".")[0] for m in sys.modules} & {"wandb", "matplotlib"})
+metrics = Path(tempfile.mkdtemp()) / "metrics.jsonl"
+metrics.write_text(json.dumps({"step": 1, "loss": 1.0, "accuracy": 0.5}))
+plot_curves(metrics, metrics.with_name("curves.png"))
+print(json.dumps([before, "matplotlib" in sys.modules, "matplotlib.pyplot" in sys.modules]))
+"""
+
+
+def test_commands_import_neither_wandb_nor_matplotlib_until_a_figure_is_drawn():
+    """Every command module (vit_cli's, the training launcher, train-parity's plot) imports neither wandb
+    (which timm's package brings) nor matplotlib; drawing curves.png imports matplotlib's ``Figure``,
+    not pyplot (which would choose a backend for the whole process)."""
+    out = subprocess.run([sys.executable, "-c", PLOTTED], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert json.loads(out.stdout.splitlines()[-1]) == [[], True, False]

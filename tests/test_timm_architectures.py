@@ -26,6 +26,7 @@ SAMPLE = [
     "deit_base_distilled_patch16_224",
     "vit_small_patch14_reg4_dinov2",  # registers, LayerScale, 518 px
     "vit_medium_patch16_gap_256",  # global average pooling, no class token
+    "vit_base_patch16_radio_v3",  # no final norm, 7 registers
 ]
 
 

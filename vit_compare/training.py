@@ -440,16 +440,14 @@ def setup_lines(result: TrainParity) -> list[str]:
 
 def plot(result: TrainParity, path: Path) -> None:
     """The largest relative differences (parameters relative to their move, mu, nu) against the step, log
-    scale, with the bound."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    scale, with the bound (matplotlib's ``Figure`` without pyplot: no backend is chosen for the process)."""
+    from matplotlib.figure import Figure
 
     from vit_common.system import io
 
     steps = [r.step for r in result.rows]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
     for key in ("params", "update", "mu", "nu", *(("ema",) if result.has_ema else ())):
         ax.plot(steps, [max(getattr(r, key), 1e-300) for r in result.rows], marker="o", ms=3, label=key)
     ax.axhline(result.bound[1], color="k", ls="--", lw=1, label=f"bound {result.bound[1]:.0e}")
@@ -460,4 +458,3 @@ def plot(result: TrainParity, path: Path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     io.atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100, metadata=io.PNG_TEXT))
-    plt.close(fig)

@@ -509,16 +509,15 @@ def _exports_of(out: Path, steps: int):
 
 
 def plot_curves(metrics: Path, png: Path) -> None:
-    """Loss and accuracy against step (train lines and test points) as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Loss and accuracy against step (train lines and test points) as a PNG (matplotlib's ``Figure``
+    without pyplot: no backend is chosen for the process)."""
+    from matplotlib.figure import Figure
 
     rows = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln.strip()]
     tr = [r for r in rows if "loss" in r]
     te = [r for r in rows if "test_loss" in r]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    a, b = fig.subplots(1, 2)
     a.plot([r["step"] for r in tr], [r["loss"] for r in tr], label="train")
     a.plot([r["step"] for r in te], [r["test_loss"] for r in te], "o-", label="test")
     a.set(xlabel="step", ylabel="cross-entropy loss", title="loss")
@@ -532,4 +531,3 @@ def plot_curves(metrics: Path, png: Path) -> None:
     from vit_common.system.io import PNG_TEXT, atomic_write
 
     atomic_write(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png", metadata=PNG_TEXT))
-    plt.close(fig)

@@ -109,8 +109,6 @@ def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
         raise FormatError(f"timm model {name!r}: global_pool={m.global_pool!r}; the twins pool {', '.join(_POOLS)}")
     if m.attn_pool is not None and (type(m.attn_pool) is not AttentionPoolLatent or m.attn_pool.latent_len != 1):
         raise FormatError(f"timm model {name!r}: attention pooling {type(m.attn_pool).__name__} other than MAP")
-    if isinstance(m.norm, nn.Identity) and isinstance(m.fc_norm, nn.Identity):
-        raise FormatError(f"timm model {name!r}: no final LayerNorm (final_norm=False)")
     gated = isinstance(b0.mlp, (GluMlp, SwiGLU))
     if gated and type(b0.mlp.act) is not nn.SiLU:
         raise FormatError(
@@ -138,6 +136,7 @@ def timm_config(model: nn.Module, name: str = "model") -> ViTConfig:
         head_dist=distilled,
         norm_pre=not isinstance(m.norm_pre, nn.Identity),
         fc_norm=not isinstance(m.fc_norm, nn.Identity),
+        final_norm=not (isinstance(m.norm, nn.Identity) and isinstance(m.fc_norm, nn.Identity)),
         layer_scale=1e-5 if not isinstance(b0.ls1, nn.Identity) else None,
         map_heads=m.attn_pool.num_heads
         if m.attn_pool is not None and m.attn_pool.num_heads != b0.attn.num_heads

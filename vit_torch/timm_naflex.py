@@ -2,9 +2,10 @@
 off its ``embeds`` module: every choice declared. ``vit_torch.timm_models.timm_config`` reads the blocks,
 norms and pooling, which are timm VisionTransformer's.
 
-What the twins lack is refused by name: a factorized or aspect-preserving table resize, a resize by
-``grid_sample`` or one ``vit_common.posemb`` does not have, a norm before the projection, patches
-flattened (C, P, P), rotary position embeddings.
+What the twins lack is refused by name: a factorized table, an aspect-preserving resize other than
+RADIO's (bilinear without antialias or corner alignment to a square, cropped: ``bilinear_crop``), a
+resize by ``grid_sample`` or one ``vit_common.posemb`` does not have, a norm before the projection,
+patches flattened (C, P, P), rotary position embeddings.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from vit_common.checkpoints.formats.errors import FormatError
-from vit_common.checkpoints.formats.timm_naflex import RESAMPLE
+from vit_common.checkpoints.formats.timm_naflex import CROP, RESAMPLE
 
 
 def naflex_embed_fields(model: nn.Module, name: str = "model") -> dict[str, Any]:
@@ -26,14 +27,14 @@ def naflex_embed_fields(model: nn.Module, name: str = "model") -> dict[str, Any]
     """
     e = model.embeds
     resize = (e.pos_embed_interp_mode, bool(e.pos_embed_antialias), bool(e.pos_embed_align_corners))
+    crop = bool(e.pos_embed_ar_preserving)  # to a square of the longer side, then the top-left crop
     lacks = {
         "a factorized position table (pos_embed='factorized')": e.pos_embed_type == "factorized",
-        "an aspect-preserving table resize (pos_embed_ar_preserving: a square of the longer side, cropped)": (
-            e.pos_embed_ar_preserving
-        ),
+        f"an aspect-preserving table resize {resize} (interp mode, antialias, align_corners); the twins' "
+        "(bilinear_crop) is ('bilinear', False, False)": crop and resize != CROP,
         "a table resize by grid_sample (pos_embed_use_grid_sample)": e.pos_embed_use_grid_sample,
         f"a table resize {resize} (interp mode, antialias, align_corners); the twins have {sorted(RESAMPLE)}": (
-            e.pos_embed_type == "learned" and resize not in RESAMPLE
+            e.pos_embed_type == "learned" and not crop and resize not in RESAMPLE
         ),
         "a norm on the flattened patches before the projection (input_norm_layer)": e.norm_input is not None,
         "patches flattened (C, P, P) (patchify_channels_last=False)": e.is_linear and not e.channels_last,
@@ -55,5 +56,5 @@ def naflex_embed_fields(model: nn.Module, name: str = "model") -> dict[str, Any]
         posemb="learn" if e.pos_embed_type == "learned" else "none",
         posemb_prefix=False,
         dynamic_img_size=True,
-        posemb_resample=RESAMPLE.get(resize, "bicubic_aa"),
+        posemb_resample="bilinear_crop" if crop else RESAMPLE.get(resize, "bicubic_aa"),
     )

@@ -53,6 +53,7 @@ from vit_common.checkpoints.formats.timm_hub import (
     timm_preprocess,
 )
 from vit_common.checkpoints.formats.timm_naflex import (
+    NAFLEX_NAMES,
     canonical_to_naflex,
     infer_naflex,
     is_naflex,
@@ -205,10 +206,13 @@ class Timm(Format):
     def complete_options(self, options: TimmWriteOptions, source) -> TimmWriteOptions:
         """The q/k/v spelling and the timm Eva name of a source timm file or hub folder of a RoPE backbone
         (its report's layout line, ``timm_eva.source_choices``) where ``options`` leave them unset; a
-        NaFlexVit source's ``naflexvit_*`` name (``timm_naflex.source_name``)."""
+        NaFlexVit source's ``naflexvit_*`` name (``timm_naflex.source_name``), or for one whose table the
+        written keywords would not define (a RADIO entry point's) ``naflex_name``'s choice."""
         cfg = getattr(source, "config", None)
         layout = getattr(source, "layout", "") or ""
         naflex = source_name(layout, cfg)
+        if naflex and naflex not in NAFLEX_NAMES and cfg is not None:
+            naflex = naflex_name(cfg)
         if naflex:
             return replace(options, architecture=options.architecture or naflex)
         if cfg is None or not is_eva(cfg):

@@ -155,8 +155,9 @@ def source_choices(layout: str) -> tuple[str, str]:
 def is_eva(cfg: ViTConfig) -> bool:
     """Whether timm holds ``cfg`` as an ``Eva`` rather than a ``VisionTransformer``: it makes a RoPE
     backbone's choices (``rules.rope_family_fields``: rotary embeddings, q/v biases without a key bias,
-    inner norms, no final norm, a MAP head of its own size)."""
-    return bool(rope_family_fields(cfg))
+    inner norms, a MAP head of its own size). No final norm alone is a ``VisionTransformer``'s
+    ``final_norm=False`` (timm's RADIO backbones)."""
+    return bool(rope_family_fields(cfg.replace(final_norm=True)))
 
 
 def drop_stored_periods(cfg: ViTConfig, state: TensorMap) -> tuple[ViTConfig, dict[str, Tensor], list[str]]:

@@ -92,6 +92,7 @@ _CHECKED = {
     "reg_tokens": "reg_tokens",
     "pre_norm": "norm_pre",
     "proj_bias": "proj_bias",
+    "final_norm": "final_norm",
 }
 # model_args read (declared or checked) without timm, or that change nothing a trained model computes.
 _KNOWN = frozenset(_CHECKED) | {

@@ -17,7 +17,10 @@ VisionTransformer's names. What is renamed:
 A NaFlexVit resizes its table to each input's patch grid (``dynamic_img_size``) with
 ``F.interpolate(mode=pos_embed_interp_mode, antialias=pos_embed_antialias, align_corners=
 pos_embed_align_corners)``: ``posemb_resample`` (``RESAMPLE``). NaFlexVitCfg's default is bicubic with
-antialias (``bicubic_aa``); its SigLIP models (``naflexvit_*_siglip``) declare bilinear (``bilinear_aa``).
+antialias (``bicubic_aa``); its SigLIP models (``naflexvit_*_siglip``) declare bilinear (``bilinear_aa``);
+its RADIO models (``naflexvit_*_radio_*``) resize bilinearly to a square of the longer side and crop
+(``pos_embed_ar_preserving``: ``bilinear_crop``, ``CROP``; the C-RADIOv3 B and H entry points align
+corners, which the twins do not).
 A bare state dict stores none of that: it is assumed and warned; a hub folder's architecture declares it.
 What the twins lack is refused by name (``REFUSED_KEYS``: a factorized table, a norm before the
 projection).
@@ -55,6 +58,8 @@ RESAMPLE = {
     ("bilinear", False, False): "bilinear",
     ("bilinear", False, True): "bilinear_corners",
 }
+# ... with pos_embed_ar_preserving (RADIO's: a square of the longer side, cropped) -> "bilinear_crop"
+CROP = ("bilinear", False, False)
 REFUSED_KEYS = {
     "embeds.pos_embed_y": "a factorized position table (pos_embed='factorized': embeds.pos_embed_y / _x)",
     "embeds.norm_input.weight": "a norm on the flattened patches before the projection (input_norm_layer)",
@@ -259,7 +264,8 @@ def naflex_kwargs(cfg: ViTConfig) -> dict[str, Any]:
     a Linear patch projection, the table's grid and resize (``RESAMPLE``), every choice spelled out.
     The norm is named by timm's string (``layernorm`` / ``rmsnorm``, eps 1e-6); a caller giving another
     eps replaces ``norm_layer``. Dropout is left at timm's defaults."""
-    mode, antialias, corners = {v: k for k, v in RESAMPLE.items()}[cfg.posemb_resample]
+    crop = cfg.posemb_resample == "bilinear_crop"
+    mode, antialias, corners = CROP if crop else {v: k for k, v in RESAMPLE.items()}[cfg.posemb_resample]
     norm = "rmsnorm" if cfg.norm == "rmsnorm" else "layernorm"
     args = dict(
         img_size=list(cfg.image_size),
@@ -291,6 +297,8 @@ def naflex_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         norm_layer=norm,
         embed_norm_layer=norm if cfg.patch_norm else None,
     )
+    if crop:
+        args["pos_embed_ar_preserving"] = True
     if cfg.pool == "map":
         args["attn_pool_num_heads"] = cfg.map_num_heads
         args["attn_pool_mlp_ratio"] = mlp_ratio(cfg.width, cfg.map_mlp_width)

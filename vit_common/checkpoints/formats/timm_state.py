@@ -164,9 +164,6 @@ def infer(
             "a distillation token together with register tokens (timm's distilled ViT has none)": (
                 "dist_token" in t and "reg_token" in t
             ),
-            "no final LayerNorm (timm final_norm=False: neither norm nor fc_norm)": (
-                "norm.weight" not in t and "fc_norm.weight" not in t and "blocks.0.norm1.weight" in t
-            ),
             _ROPE_SIGNATURE: "posemb" not in overrides and _rope_signature(tensors),
         },
     )
@@ -217,6 +214,7 @@ def infer(
         "proj_bias": "blocks.0.attn.proj.bias" in t,
         "mlp_bias": "blocks.0.mlp.fc2.bias" in t,
     }
+    flags["final_norm"] = "norm.weight" in t or "fc_norm.weight" in t  # timm final_norm=False: RADIO's
     f.update(flags)
     prov.update({k: derived("tensors present") for k in flags})
     prov["head_dist"] = derived("dist_token: timm's distilled ViT always has the distilled head")
@@ -317,7 +315,8 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
     ``embed_norm_layer``; timm's ``proj_bias`` is cfg.proj_bias (= cfg.mlp_bias). A gated MLP is returned as
     ``'mlp_layer': 'SwiGLUPacked'`` (``timm.layers.SwiGLUPacked``, for the caller to import) with
     ``act_layer='silu'`` and ``mlp_ratio`` = 2F / D, since timm's width is the packed fc1's, as
-    ``vit_giant_patch14_dinov2``. Drop rates map one to one.
+    ``vit_giant_patch14_dinov2``; ``final_norm=False`` only for a model without a final norm (timm's
+    ``vit_*_radio_*``). Drop rates map one to one.
 
     Raises:
         ValueError: timm cannot build this config (names every reason).
@@ -336,6 +335,7 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
     gated = cfg.mlp_type == "swiglu"
     ratio = mlp_ratio(cfg.width, 2 * cfg.mlp_dim if gated else cfg.mlp_dim)
     extra = ({"mlp_layer": "SwiGLUPacked"} if gated else {}) | ({"embed_norm": True} if cfg.patch_norm else {})
+    extra |= {} if cfg.final_norm else {"final_norm": False}
     return dict(
         img_size=tuple(cfg.image_size),
         patch_size=tuple(cfg.patch_size),
