@@ -157,3 +157,44 @@ def test_dinov3_processor_resizes_floats(tmp_path, photos, kw):
     assert config["image_processor_type"] == "DINOv3ViTImageProcessor"
     (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
     assert hf_preprocess_file(tmp_path) == pp
+
+
+def test_dataset_pixels_resize_floats_as_the_dinov3_processor(tmp_path):
+    """`vit evaluate`'s pipeline (``load_dataset`` + ``EvalBatches``) with a DINOv3 processor's file gives
+    transformers' pixels to the float resize's tolerance, for image files and for an npz dataset of
+    uint8 arrays; resized as uint8 (the flag off) it is a level off."""
+    from transformers import DINOv3ViTImageProcessor
+
+    from vit_common.data.augment import ImageTransform
+    from vit_common.data.batches import EvalBatches
+    from vit_common.data.datasets import load_dataset
+
+    rng = np.random.default_rng(0)
+    shapes = ((50, 70), (97, 61), (130, 130))
+    images = [rng.integers(0, 256, (*hw, 3), dtype=np.uint8) for hw in shapes]
+    for split in ("train", "val"):
+        for k, x in enumerate(images):
+            (tmp_path / "photos" / split / f"c{k}").mkdir(parents=True)
+            Image.fromarray(x).save(tmp_path / "photos" / split / f"c{k}" / "a.png")
+    square = [x[:40, :40] for x in images]
+    np.savez(tmp_path / "squares.npz", x=np.stack(square), y=np.arange(3),
+             x_test=np.stack(square), y_test=np.arange(3))  # fmt: skip
+    DINOv3ViTImageProcessor(size={"height": 64, "width": 64}).save_pretrained(tmp_path / "m")
+    pp = hf_preprocess_file(tmp_path / "m")
+    proc = AutoImageProcessor.from_pretrained(tmp_path / "m", backend="torchvision")
+
+    def worst(spec: str, originals: list[np.ndarray], pp: Preprocess) -> float:
+        data = load_dataset(spec, (64, 64), 3, preprocess=pp)
+        batch = EvalBatches(data.test, data.num_classes, 4, ImageTransform((64, 64), 3, pp))[0]
+        theirs = proc(images=[Image.fromarray(x) for x in originals], return_tensors="np")["pixel_values"]
+        assert batch["mask"].tolist() == [1, 1, 1, 0]
+        return _levels(batch["image"][:3], theirs.transpose(0, 2, 3, 1), pp)
+
+    for spec, originals in (
+        (f"imagefolder:{tmp_path / 'photos'}", images),
+        (f"npz:{tmp_path / 'squares.npz'}", square),
+    ):
+        floats = worst(spec, originals, pp)
+        assert floats <= tolerance("pixels_float_resize", "uint8")[1], (spec, floats)  # measured 6.8e-5
+        uint8 = worst(spec, originals, pp.replace(rescale_before_resize=False))
+        assert uint8 >= 0.5, (spec, uint8)  # measured 0.98, 1.0

@@ -24,8 +24,7 @@ from vit_common.data.images import (
     eval_resize_crop,
     from_array,
     open_image,
-    to_array,
-    to_channels,
+    resized_pixels,
 )
 from vit_common.system.validate import Range, check_fields
 
@@ -44,11 +43,20 @@ def random_resized_crop(
     """A random crop of area fraction in ``scale`` and aspect ratio in ``ratio`` (log-uniform), resized
     to ``size`` = (H, W): Inception-style training augmentation.
 
-    The crop is drawn as torchvision's ``RandomResizedCrop.get_params`` draws it (up to 10 tries, then
-    the centre crop of the largest allowed aspect ratio), and cut and resized by one Pillow ``resize``.
+    The crop is drawn as torchvision's ``RandomResizedCrop.get_params`` draws it (``random_crop_box``),
+    and cut and resized by one Pillow ``resize``.
     """
     h, w = _size(size)
-    iw, ih = image.size
+    return image.resize((w, h), _filter(interpolation), box=random_crop_box(image.size, rng, scale, ratio))
+
+
+def random_crop_box(
+    image_size: tuple[int, int], rng: np.random.Generator, scale: tuple[float, float], ratio: tuple[float, float]
+) -> tuple[int, int, int, int]:
+    """The (left, top, right, bottom) box of ``random_resized_crop`` in an image of ``image_size`` (W, H):
+    torchvision's ``RandomResizedCrop.get_params`` (up to 10 tries, then the centre crop of the largest
+    allowed aspect ratio)."""
+    iw, ih = image_size
     area = iw * ih
     log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
     box = None
@@ -70,14 +78,14 @@ def random_resized_crop(
             cw, ch = iw, ih
         top, left = (ih - ch) // 2, (iw - cw) // 2
         box = (left, top, left + cw, top + ch)
-    return image.resize((w, h), _filter(interpolation), box=box)
+    return box
 
 
 def _affine(x: np.ndarray, angle: float, zoom: float, dy: int, dx: int) -> np.ndarray:
     """Rotate by ``angle`` radians and zoom by ``zoom`` about the centre, then move by (dy, dx) pixels.
 
-    uint8 [H, W, C] -> uint8 [H, W, C]; Pillow maps each output pixel back to the input, so its
-    coefficients are the inverse transform.
+    uint8 [H, W, C] -> uint8 [H, W, C], or float32 -> float32 (each channel as Pillow 'F'); Pillow maps
+    each output pixel back to the input, so its coefficients are the inverse transform.
     """
     from PIL import Image
 
@@ -87,10 +95,13 @@ def _affine(x: np.ndarray, angle: float, zoom: float, dy: int, dx: int) -> np.nd
     # input = R(-angle) / zoom @ (output - centre - shift) + centre
     ox, oy = cx + dx, cy + dy
     coeffs = (cos, sin, cx - cos * ox - sin * oy, -sin, cos, cy + sin * ox - cos * oy)
-    out = np.asarray(
-        from_array(x).transform((w, h), Image.Transform.AFFINE, coeffs, resample=Image.Resampling.BILINEAR, fillcolor=0)
-    )
-    return out.reshape(h, w, c)
+
+    def move(im):
+        return np.asarray(im.transform((w, h), Image.Transform.AFFINE, coeffs, Image.Resampling.BILINEAR, fillcolor=0))
+
+    if x.dtype == np.uint8:
+        return move(from_array(x)).reshape(h, w, c)
+    return np.stack([move(Image.fromarray(np.ascontiguousarray(x[:, :, k], np.float32))) for k in range(c)], axis=-1)
 
 
 @dataclass(frozen=True)
@@ -207,7 +218,8 @@ class Augment:
         return cls(crop_scale=0.08, flip=True) if natural_images(spec) else cls(shift=2)
 
     def image(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Shift, rotate, zoom and flip one uint8 [H, W, C] image (the crop is ``ImageTransform``'s)."""
+        """Shift, rotate, zoom and flip one uint8 (or float32) [H, W, C] image (the crop is
+        ``ImageTransform``'s)."""
         h, w = x.shape[:2]
         s = self.shift
         dy, dx = (int(v) for v in rng.integers(-s, s + 1, size=2))
@@ -309,7 +321,9 @@ def cutmix_box(h: int, w: int, lam: float, cy: int, cx: int) -> tuple[tuple[int,
 
 
 class ImageTransform:
-    """One example's image -> uint8 [H, W, C] at the model's size and channels.
+    """One example's image -> uint8 [H, W, C] at the model's size and channels, or float32 [H, W, C] in
+    [0, 255] (``dtype``) where ``preprocess.rescale_before_resize``: resized in float as
+    ``images.load_image`` does (``images.resized_pixels``).
 
     The image is a file path (decoded by ``images.open_image``), encoded file bytes (a stored
     dataset's record, ``images.decode_image``) or a uint8 array. Evaluation
@@ -319,22 +333,30 @@ class ImageTransform:
 
     def __init__(self, size: tuple[int, int], channels: int, preprocess: Preprocess, augment: Augment | None = None):
         self.size, self.channels, self.preprocess, self.augment = tuple(size), channels, preprocess, augment
+        self.dtype = np.dtype(np.float32 if preprocess.rescale_before_resize else np.uint8)
 
     def __call__(self, image: str | bytes | np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
         if isinstance(image, np.ndarray):
             fits = image.shape == (*self.size, self.channels)
             if fits and (self.augment is None or not self.augment.crop_scale):
+                image = image.astype(self.dtype, copy=False)
                 return image if self.augment is None else self.augment.image(image, rng)
-            im = to_channels(from_array(image), self.channels)
+            im = from_array(image)
         elif isinstance(image, bytes):
-            im = to_channels(decode_image(image), self.channels)
+            im = decode_image(image)
         else:
-            im = to_channels(open_image(image), self.channels)
+            im = open_image(image)
         if self.augment is not None and self.augment.crop_scale:
-            im = random_resized_crop(
-                im, self.size, rng, scale=(self.augment.crop_scale, 1.0), interpolation=self.preprocess.interpolation
-            )
+            h, w = self.size
+            box = random_crop_box(im.size, rng, (self.augment.crop_scale, 1.0), (3 / 4, 4 / 3))
+            interpolation = _filter(self.preprocess.interpolation)
+
+            def resize(im):
+                return im.resize((w, h), interpolation, box=box)
         else:
-            im = eval_resize_crop(im, self.size, self.preprocess)
-        x = to_array(im, self.channels)
+
+            def resize(im):
+                return eval_resize_crop(im, self.size, self.preprocess)
+
+        x = resized_pixels(im, self.channels, self.preprocess, resize)
         return x if self.augment is None else self.augment.image(x, rng)

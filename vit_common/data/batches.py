@@ -115,7 +115,8 @@ class TrainPlan:
 
 
 def read_example(source, i: int, transform: ImageTransform, rng: np.random.Generator | None = None):
-    """(image uint8 [H, W, C] through ``transform``, label) of example ``i`` of ``source``.
+    """(image [H, W, C] through ``transform``, uint8 or float32: ``transform.dtype``, label) of example ``i``
+    of ``source``.
 
     Raises:
         DataReadError: the example cannot be read or decoded (a file damaged since the up-front check),
@@ -132,7 +133,8 @@ def read_example(source, i: int, transform: ImageTransform, rng: np.random.Gener
 
 
 class LoadExample:
-    """A ``TrainPlan`` entry -> {"image" uint8 [H, W, C], "label", "mask", "position"} (padding: zeros)."""
+    """A ``TrainPlan`` entry -> {"image" [H, W, C] of ``transform.dtype``, "label", "mask", "position"}
+    (padding: zeros)."""
 
     def __init__(self, source, transform: ImageTransform, seed: int):
         self.source, self.transform, self.seed = source, transform, seed
@@ -141,7 +143,7 @@ class LoadExample:
         h, w = self.transform.size
         if entry["index"] < 0:
             return {
-                "image": np.zeros((h, w, self.transform.channels), np.uint8),
+                "image": np.zeros((h, w, self.transform.channels), self.transform.dtype),
                 "label": np.int32(0),
                 "mask": np.float32(0.0),
                 "position": np.int64(entry["position"]),
@@ -229,7 +231,7 @@ class EvalBatches:
         lo = k * self.batch_size + self.offset
         idx = range(lo, min(lo + self.rows, len(self.source)))
         h, w = self.transform.size
-        images = np.zeros((self.rows, h, w, self.transform.channels), np.uint8)
+        images = np.zeros((self.rows, h, w, self.transform.channels), self.transform.dtype)
         labels = np.zeros(self.rows, np.int32)
         mask = np.zeros(self.rows, np.float32)
         for row, i in enumerate(idx):

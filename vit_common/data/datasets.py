@@ -18,7 +18,8 @@ Datasets (``load_dataset(spec, ...)``):
     ``npz:PATH``             arrays ``x`` [N, H, W] or [N, H, W, C] (uint8, or float in [0, 1]) and ``y``
                              [N] ints; ``x_test``/``y_test`` if present, else split by ``val_fraction``.
 
-Array datasets are resized to the model's size once, at load. The others keep where each image is (a
+Array datasets are resized to the model's size once, at load (in float when used where the
+preprocessing says ``rescale_before_resize``). The others keep where each image is (a
 file path, or a row of a file) and every example is read, decoded, cropped and augmented when it is
 used (``ImageTransform``), through ``vit_common.data.images``; at load every image is decoded once all
 through (``images.check_decodes``), so a broken file is refused before the run, not in it. A test
@@ -119,15 +120,16 @@ class Dataset:
     def fit(self, image_size: tuple[int, int], channels: int, preprocess: Preprocess | None = None) -> Dataset:
         """This dataset as the input of a model taking (H, W) = ``image_size`` and C = ``channels``:
         arrays of another size or channel count are resized now with ``preprocess``'s evaluation geometry
-        (default ``Preprocess()``: bilinear, squash); image files are decoded to that size when used.
+        (default ``Preprocess()``: bilinear, squash), but for ``preprocess.rescale_before_resize``, where
+        they stay uint8 and are resized in float when used, as image files are decoded to that size.
 
         Raises:
             ValueError: ``channels`` is not 1 or 3.
         """
         size = (int(image_size[0]), int(image_size[1]))
-        if not self.in_memory or (size, channels) == (self.image_size, self.channels):
-            return dataclasses.replace(self, image_size=size, channels=channels)
         pp = preprocess or Preprocess()
+        if not self.in_memory or (size, channels) == (self.image_size, self.channels) or pp.rescale_before_resize:
+            return dataclasses.replace(self, image_size=size, channels=channels)
 
         def prepare(images: np.ndarray) -> np.ndarray:
             resized = (eval_resize_crop(to_channels(from_array(im), channels), size, pp) for im in images)

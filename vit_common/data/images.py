@@ -25,7 +25,7 @@ import functools
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,8 +69,8 @@ class Preprocess:
             ``floor((in - out) / 2)``, zero-padded where the image is smaller (transformers
             ``image_transforms.center_crop``). The result must be the model's size. None: timm's rule.
         rescale_before_resize: resize the pixels as floats, unrounded, instead of as uint8 (transformers
-            ``DINOv3ViTImageProcessor``: rescale, resize, normalise). Applied by ``load_image``; datasets
-            hold uint8 images, within one level of it.
+            ``DINOv3ViTImageProcessor``: rescale, resize, normalise), by ``load_image`` and the
+            datasets' ``ImageTransform`` alike (``resized_pixels``).
         max_patches: NaFlex (SigLIP 2) instead of a resize and crop: each image keeps its aspect ratio,
             resized to at most this many of the model's patches (``vit_common.naflex.preprocess``;
             transformers ``Siglip2ImageProcessor``'s ``max_num_patches``). None: a fixed-size image.
@@ -535,10 +535,22 @@ def load_image(path: str | os.PathLike, size: int | Sequence[int], channels: int
     Raises:
         FileNotFoundError / ValueError: as ``open_image``; ValueError for ``channels`` not 1 or 3.
     """
-    image = to_channels(open_image(path), channels)
+    return resized_pixels(open_image(path), channels, preprocess, lambda im: eval_resize_crop(im, size, preprocess))
+
+
+def resized_pixels(image, channels: int, preprocess: Preprocess, resize: Callable) -> np.ndarray:
+    """A Pillow image (``to_channels``) through ``resize`` (a Pillow image -> a Pillow image, the same
+    geometry for every mode) as an array: uint8 [H, W, C], or float32 [H, W, C] in [0, 255] where
+    ``preprocess.rescale_before_resize``: ``resize`` then runs on each channel as Pillow 'F' (float32,
+    weights and sums in float64; ``load_image``), only then.
+
+    Raises:
+        ValueError: ``channels`` not 1 or 3.
+    """
+    image = to_channels(image, channels)
     if not preprocess.rescale_before_resize:
-        return to_array(eval_resize_crop(image, size, preprocess), channels)
-    bands = (eval_resize_crop(band.convert("F"), size, preprocess) for band in image.split())
+        return to_array(resize(image), channels)
+    bands = (resize(band.convert("F")) for band in image.split())
     return np.stack([np.asarray(band, np.float32) for band in bands], axis=-1)
 
 
