@@ -247,6 +247,42 @@ def test_train_parity_starts_from_the_users_checkpoint(npz, tmp_path, tiny_cfg, 
     assert "--width: --init" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 12 s of CPU
+def test_train_parity_runs_a_rope_backbone_from_a_timm_hub_folder(npz, tmp_path, capsys):
+    """`vit train-parity --init` on a timm DINOv3 hub folder (RoPE ``dinov3``, q/v biases, registers,
+    LayerScale; its own 3-class head, so every block's gradient flows from step 1): float64, both steps
+    within the bound, the RoPE model and where its weights came from recorded in the JSON."""
+    import json
+
+    import timm
+    import torch
+
+    from vit_cli.main import main
+
+    torch.manual_seed(0)
+    model = timm.create_model(
+        "vit_base_patch16_dinov3_qkvb", pretrained=False, img_size=8, patch_size=4, embed_dim=16, depth=1,
+        num_heads=2, in_chans=1, num_classes=3,
+    ).eval()  # fmt: skip
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # LayerScale off timm's 1e-5, so the blocks matter
+    timm.models.save_for_hf(model, tmp_path / "dino", safe_serialization=True)
+    argv = ["train-parity", "--steps", "2", "--dataset", f"npz:{npz}", "--init", str(tmp_path / "dino")]
+    assert main([*argv, "--batch-size", "8", "--warmup-steps", "0", "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "3 classes, RoPE dinov3, 3,731 parameters, float64; weights: " in out and "verdict: ok" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    model_d = report["compared"]["model"]
+    assert report["ok"] and report["first_bad_step"] is None and report["bound"] == {"kind": "rel", "value": 1e-10}
+    assert (model_d["rope"], model_d["pool"], model_d["parameters"]) == ("dinov3", "gap", 3731)
+    assert model_d["init"] == f"{tmp_path / 'dino'} (timm)" and model_d["dtype"] == "float64"
+    assert [row["step"] for row in report["steps"]] == [1, 2]
+    for row in report["steps"]:  # measured: params 8e-16, moments 1.4e-15, update 7.6e-14
+        assert max(row["params"], row["mu"], row["nu"]) <= 1e-10 and row["update"] <= report["update_bound"], row
+        assert row["loss"][0] == pytest.approx(row["loss"][1], rel=1e-10) and row["grad_norm"][0] > 0
+
+
 @pytest.mark.slow
 def test_adam_state_crosses_frameworks_k_torch_then_k_jax_equals_2k_jax(x64, data, tiny):
     """Optimizer state by canonical names: 3 torch steps, then the JAX twin continues from torch's weights,

@@ -205,10 +205,11 @@ def largest_update_difference(
 
 
 def describe(cfg: ViTConfig, tcfgs: tuple[TrainConfig, TrainConfig], data: Dataset, init: str) -> dict:
-    """What a comparison compared: the model (shape, parameter count, dtypes, ``init``: where its weights
-    came from), the data (dataset, training images, batch size, augmentation), and per twin the recipe,
-    learning rate and schedule (peak, warm-up steps, floor, ``TrainConfig.schedule_settings``) and weight
-    decay; the learning rate each step actually took goes into the rows."""
+    """What a comparison compared: the model (shape, rotary position embedding ``rope``, parameter count,
+    dtypes, ``init``: where its weights came from), the data (dataset, training images, batch size,
+    augmentation), and per twin the recipe, learning rate and schedule (peak, warm-up steps, floor,
+    ``TrainConfig.schedule_settings``) and weight decay; the learning rate each step actually took goes
+    into the rows."""
     model = {
         "width": cfg.width,
         "depth": cfg.depth,
@@ -218,6 +219,7 @@ def describe(cfg: ViTConfig, tcfgs: tuple[TrainConfig, TrainConfig], data: Datas
         "patch_size": list(cfg.patch_size),
         "num_classes": cfg.num_classes,
         "pool": cfg.pool,
+        "rope": cfg.rope,
         "parameters": cfg.param_count(),
         "dtype": cfg.dtype,
         "param_dtype": cfg.param_dtype,
@@ -429,7 +431,9 @@ def setup_lines(result: TrainParity) -> list[str]:
     )
     return [
         f"model: {m['width']}x{m['depth']}, {m['num_heads']} heads, {m['image_size'][0]}x{m['image_size'][1]} "
-        f"patch {m['patch_size'][0]}, {m['num_classes']} classes, {m['parameters']:,} parameters, "
+        f"patch {m['patch_size'][0]}, {m['num_classes']} classes, "
+        + ("" if m.get("rope", "none") == "none" else f"RoPE {m['rope']}, ")
+        + f"{m['parameters']:,} parameters, "
         f"{m['dtype']}; weights: {m['init']}",
         f"data: {d['dataset']}, {d['train_images']} training images, batch {d['batch_size']}{span}",
         f"optimizer: {twins}",
