@@ -17,6 +17,7 @@ from safetensors.numpy import load_file
 from vit_cli.main import main
 from vit_common.checkpoints.convert import convert, load_checkpoint, save_checkpoint
 from vit_common.checkpoints.formats.timm_eva import EVA_NAMES, eva_name
+from vit_common.checkpoints.formats.timm_hub import hub_config_json
 from vit_torch.formats import READERS, WRITERS
 from vit_torch.timm_eva import eva_config
 from vit_torch.weights import tensor_to_numpy
@@ -122,12 +123,45 @@ def test_stored_dinov3_periods_are_dropped_as_timm_drops_them(tmp_path):
     assert back.cfg == ckpt.cfg and _same_state(back.state, ckpt.state)
 
 
+@pytest.mark.parametrize(
+    "source, written",
+    [
+        ("vit_small_plus_patch16_dinov3", "vit_small_plus_patch16_dinov3"),  # SwiGLU: once vit_base_patch16_dinov3
+        ("vit_huge_plus_patch16_dinov3_qkvb", "vit_small_plus_patch16_dinov3_qkvb"),  # SwiGLU, q/v biases
+        ("vit_large_patch16_dinov3", "vit_base_patch16_dinov3"),  # plain MLP: the family's first
+    ],
+)
+def test_a_tiny_dinov3_export_names_an_entry_point_of_its_mlp_and_loads_strictly(tmp_path, source, written):
+    """Written with no source name to keep (a canonical file), a tiny DINOv3 hub folder names the DINOv3
+    entry point of its MLP, and timm loads it strictly into the same outputs."""
+    m = _timm(source, 32)
+    timm.models.save_for_hf(m, tmp_path / "src", safe_serialization=True)
+    src = load_checkpoint(tmp_path / "src", readers=READERS)
+    save_checkpoint(tmp_path / "m.safetensors", src.cfg, src.state)  # canonical: no timm name in it
+    ckpt = load_checkpoint(tmp_path / "m.safetensors")
+    save_checkpoint(tmp_path / "out", ckpt.cfg, ckpt.state, "timm", writers=WRITERS)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["architecture"] == written
+    back = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True)  # strict
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    assert np.array_equal(_run(back, x), _run(m, x))
+
+
+def test_a_full_size_export_names_the_entry_point_of_its_size():
+    """A 7B, an H+ or a large export (configs read off timm's meta-device builds) names its own entry point
+    in config.json, not its family's first (``vit_base_patch16_dinov3`` once named every DINOv3)."""
+    for name in ("vit_7b_patch16_dinov3", "vit_huge_plus_patch16_dinov3_qkvb", "vit_pe_core_large_patch14_336",
+                 "eva02_large_patch14_448"):  # fmt: skip
+        with torch.device("meta"):
+            model = timm.create_model(name, pretrained=False)
+        assert hub_config_json(eva_config(model, name))["architecture"] == name
+
+
 @pytest.mark.slow
 def test_each_eva_name_builds_the_eps_the_writer_records():
     """``EVA_NAMES``: the LayerNorm eps each timm entry point builds, which a hub folder's name fixes."""
     for name, eps in EVA_NAMES.items():
         with torch.device("meta"):
-            model = timm.create_model(name, pretrained=False, depth=1)
+            model = timm.create_model(name, pretrained=False)  # full size: the name depends on it
         assert model.blocks[0].norm1.eps == eps, name
         assert eva_name(eva_config(model, name)) == name, name  # each family names its own entry point
 

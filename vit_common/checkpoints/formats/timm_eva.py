@@ -117,23 +117,86 @@ def canonical_to_eva(cfg: ViTConfig, state: TensorMap, layout: EvaLayout) -> dic
 
 # -------------------------------------------------------------------------------------------- writing
 
-# timm Eva model names a written model can name, with the LayerNorm eps each builds (timm eva.py's entry
-# points: DINOv3 and PE pass partial(LayerNorm, eps=1e-5), the others timm's LayerNorm, eps 1e-6). The
-# model_args spell out every other keyword, so the name fixes the eps and tells a reader the family.
-EVA_NAMES = {
-    "vit_base_patch16_dinov3": 1e-5,
-    "vit_base_patch16_dinov3_qkvb": 1e-5,
-    "vit_pe_core_base_patch16_224": 1e-5,
-    "vit_pe_spatial_base_patch16_512": 1e-5,
-    "eva02_tiny_patch14_224": 1e-6,
-    "eva02_base_patch14_224": 1e-6,
-    "eva02_large_patch14_clip_224": 1e-6,
-    "vit_base_patch16_rope_224": 1e-6,
-    "vit_base_patch16_rope_ape_224": 1e-6,
-    "vit_base_patch16_rope_mixed_224": 1e-6,
-    "vit_base_patch16_rope_mixed_ape_224": 1e-6,
-    "vit_base_patch16_rope_reg1_gap_256": 1e-6,
-}
+# timm Eva entry points a written model can name, by family (the first of each is the family's name for a
+# model of no entry point's shape): (name, the LayerNorm eps it builds, embed_dim, depth, num_heads, patch,
+# MLP), read from timm 1.0.31 eva.py (DINOv3 and PE pass partial(LayerNorm, eps=1e-5), the others timm's
+# LayerNorm, eps 1e-6). The model_args spell out every other keyword, so the name fixes the eps and tells
+# a reader the family and the size.
+EVA_FAMILIES = (
+    (
+        ("vit_base_patch16_dinov3", 1e-5, 768, 12, 12, 16, "plain"),
+        ("vit_small_patch16_dinov3", 1e-5, 384, 12, 6, 16, "plain"),
+        ("vit_large_patch16_dinov3", 1e-5, 1024, 24, 16, 16, "plain"),
+        ("vit_small_plus_patch16_dinov3", 1e-5, 384, 12, 6, 16, "swiglu"),
+        ("vit_huge_plus_patch16_dinov3", 1e-5, 1280, 32, 20, 16, "swiglu"),
+        ("vit_7b_patch16_dinov3", 1e-5, 4096, 40, 32, 16, "swiglu"),
+    ),
+    (
+        ("vit_base_patch16_dinov3_qkvb", 1e-5, 768, 12, 12, 16, "plain"),
+        ("vit_tiny_patch16_dinov3_qkvb", 1e-5, 192, 12, 3, 16, "plain"),
+        ("vit_small_patch16_dinov3_qkvb", 1e-5, 384, 12, 6, 16, "plain"),
+        ("vit_large_patch16_dinov3_qkvb", 1e-5, 1024, 24, 16, 16, "plain"),
+        ("vit_small_plus_patch16_dinov3_qkvb", 1e-5, 384, 12, 6, 16, "swiglu"),
+        ("vit_huge_plus_patch16_dinov3_qkvb", 1e-5, 1280, 32, 20, 16, "swiglu"),
+    ),
+    (
+        ("vit_pe_core_base_patch16_224", 1e-5, 768, 12, 12, 16, "plain"),
+        ("vit_pe_core_tiny_patch16_384", 1e-5, 192, 12, 3, 16, "plain"),
+        ("vit_pe_core_small_patch16_384", 1e-5, 384, 12, 6, 16, "plain"),
+        ("vit_pe_core_large_patch14_336", 1e-5, 1024, 24, 16, 14, "plain"),
+        ("vit_pe_core_gigantic_patch14_448", 1e-5, 1536, 50, 16, 14, "plain"),
+    ),
+    (
+        ("vit_pe_spatial_base_patch16_512", 1e-5, 768, 12, 12, 16, "plain"),
+        ("vit_pe_spatial_tiny_patch16_512", 1e-5, 192, 12, 3, 16, "plain"),
+        ("vit_pe_spatial_small_patch16_512", 1e-5, 384, 12, 6, 16, "plain"),
+        ("vit_pe_spatial_large_patch14_448", 1e-5, 1024, 24, 16, 14, "plain"),
+        ("vit_pe_spatial_gigantic_patch14_448", 1e-5, 1536, 50, 16, 14, "plain"),
+    ),
+    (
+        ("eva02_tiny_patch14_224", 1e-06, 192, 12, 3, 14, "swiglu"),
+        ("eva02_small_patch14_224", 1e-06, 384, 12, 6, 14, "swiglu"),
+        ("eva02_tiny_patch14_336", 1e-06, 192, 12, 3, 14, "swiglu"),
+        ("eva02_small_patch14_336", 1e-06, 384, 12, 6, 14, "swiglu"),
+    ),
+    (
+        ("eva02_base_patch14_224", 1e-06, 768, 12, 12, 14, "swiglu"),
+        ("eva02_large_patch14_224", 1e-06, 1024, 24, 16, 14, "swiglu"),
+        ("eva02_base_patch14_448", 1e-06, 768, 12, 12, 14, "swiglu"),
+        ("eva02_large_patch14_448", 1e-06, 1024, 24, 16, 14, "swiglu"),
+    ),
+    (
+        ("eva02_large_patch14_clip_224", 1e-06, 1024, 24, 16, 14, "swiglu"),
+        ("eva02_base_patch16_clip_224", 1e-06, 768, 12, 12, 16, "swiglu"),
+        ("eva02_large_patch14_clip_336", 1e-06, 1024, 24, 16, 14, "swiglu"),
+    ),
+    (
+        ("vit_base_patch16_rope_224", 1e-06, 768, 12, 12, 16, "plain"),
+        ("vit_small_patch16_rope_224", 1e-06, 384, 12, 6, 16, "plain"),
+        ("vit_large_patch16_rope_224", 1e-06, 1024, 24, 16, 16, "plain"),
+    ),
+    (
+        ("vit_base_patch16_rope_ape_224", 1e-06, 768, 12, 12, 16, "plain"),
+        ("vit_small_patch16_rope_ape_224", 1e-06, 384, 12, 6, 16, "plain"),
+        ("vit_large_patch16_rope_ape_224", 1e-06, 1024, 24, 16, 16, "plain"),
+    ),
+    (
+        ("vit_base_patch16_rope_mixed_224", 1e-06, 768, 12, 12, 16, "plain"),
+        ("vit_small_patch16_rope_mixed_224", 1e-06, 384, 12, 6, 16, "plain"),
+        ("vit_large_patch16_rope_mixed_224", 1e-06, 1024, 24, 16, 16, "plain"),
+    ),
+    (
+        ("vit_base_patch16_rope_mixed_ape_224", 1e-06, 768, 12, 12, 16, "plain"),
+        ("vit_small_patch16_rope_mixed_ape_224", 1e-06, 384, 12, 6, 16, "plain"),
+        ("vit_large_patch16_rope_mixed_ape_224", 1e-06, 1024, 24, 16, 16, "plain"),
+    ),
+    (
+        ("vit_base_patch16_rope_reg1_gap_256", 1e-06, 768, 12, 12, 16, "plain"),
+        ("vit_medium_patch16_rope_reg1_gap_256", 1e-06, 512, 12, 8, 16, "plain"),
+        ("vit_betwixt_patch16_rope_reg4_gap_256", 1e-06, 640, 12, 10, 16, "plain"),
+    ),
+)
+EVA_NAMES = {row[0]: row[1] for family in EVA_FAMILIES for row in family}
 _EVA_POOL = {"token": "token", "gap": "avg", "max": "max", "avgmax": "avgmax", "map": "map", "none": ""}
 _SOURCE = re.compile(r"timm hub folder, architecture (\S+?)(?:,|$)")
 SPLIT_NOTE = ", Eva q/k/v split"  # what a reader appends to its layout for a file with q_proj/k_proj/v_proj
@@ -273,7 +336,9 @@ def eva_name(cfg: ViTConfig, preferred: str = "") -> str | None:
     """The timm Eva name a hub folder of ``cfg`` names, which fixes its LayerNorm eps: ``preferred`` (given,
     or the source's), else its family's (DINOv3, PE core or spatial, RoPE-ViT mixed or axial, SBB, EVA-02
     by block layout) where it builds ``cfg``'s eps, else any name of that eps (``EVA_NAMES``); None where
-    no name builds the eps.
+    no name builds the eps. Within a family (``EVA_FAMILIES``) the entry point of ``cfg``'s width, depth,
+    heads, patch and MLP (``vit_7b_patch16_dinov3`` for a 7B, the image size breaking a tie), else the
+    first of its MLP (a tiny SwiGLU DINOv3: ``vit_small_plus_patch16_dinov3``).
 
     Raises:
         ValueError: ``preferred`` is not one of ``EVA_NAMES`` building ``cfg``'s eps (named, with them).
@@ -295,6 +360,7 @@ def eva_name(cfg: ViTConfig, preferred: str = "") -> str | None:
             if cfg.mlp_inner_norm
             else "eva02_tiny_patch14_224"
         )
+    family = _sized(cfg, next(f for f in EVA_FAMILIES if f[0][0] == family))
     check_eva_name(preferred)
     if preferred and EVA_NAMES[preferred] != cfg.ln_eps:
         known = [n for n, eps in EVA_NAMES.items() if eps == cfg.ln_eps]
@@ -307,6 +373,15 @@ def eva_name(cfg: ViTConfig, preferred: str = "") -> str | None:
         if EVA_NAMES.get(name) == cfg.ln_eps:
             return name
     return None
+
+
+def _sized(cfg: ViTConfig, family: tuple) -> str:
+    """The name in ``family`` (rows of ``EVA_FAMILIES``) of ``cfg``'s shape (see ``eva_name``)."""
+    same_mlp = [row for row in family if row[6] == cfg.mlp_type] or list(family)
+    shape = (cfg.width, cfg.depth, cfg.num_heads, cfg.patch_size[0], cfg.mlp_type)
+    exact = [row[0] for row in same_mlp if row[2:] == shape]
+    at_size = [name for name in exact if name.endswith(f"_{cfg.image_size[0]}")]
+    return (at_size or exact or [same_mlp[0][0]])[0]
 
 
 def check_eva_name(name: str) -> None:
