@@ -14,6 +14,7 @@ Run (from the repository root):
     python -m benchmarks.convert_memory --variant 7B/16 --dtype bfloat16 --to hf,big_vision --repeats 1
     python -m benchmarks.convert_memory --dinov3 --variant 7B/16 --dtype bfloat16 --to hf_dinov3,timm \
         --shard-size 5GB --repeats 1
+    python -m benchmarks.convert_memory --dinov3 --variant 7B/16 --depth 2 --dtype bfloat16 --to hf_dinov3,timm
 
 ``7B/16`` is ViT-7B-shaped: DINOv3 ViT-7B's width 4096, depth 40 and 32 heads, its SwiGLU feed-forward
 (3 x 4096 x 8192) as a plain MLP of 12288 (the same parameter count, which every format holds): 6.7e9
@@ -21,8 +22,9 @@ parameters, 13.4 GB in bfloat16. With ``--dinov3`` the model is the DINOv3 backb
 vit_7b_patch16_dinov3's shapes: SwiGLU of gated width 8192, 4 registers, LayerScale, RoPE, no qkv bias;
 6.7e9 parameters, its count checked against timm's model built on the meta device) and the source a
 transformers dinov3_vit folder (``hf_dinov3``) written by streaming. Records also give the peak as a ratio
-to the largest tensor. The files go to ``--dir`` (default: a temporary folder, removed at the
-end). Records are JSON lines (``--out``), with the machine (CPU model and flags from /proc/cpuinfo).
+to the largest tensor. ``--depth`` keeps fewer blocks: a smaller file with the same largest tensor.
+The files go to ``--dir`` (default: a temporary folder, removed at the end). Records are JSON lines
+(``--out``), with the machine (CPU model and flags from /proc/cpuinfo).
 """
 
 from __future__ import annotations
@@ -209,21 +211,25 @@ def main(argv: list[str] | None = None) -> int:
         help="a DINOv3 backbone (--variant 7B/16): the source is a transformers dinov3_vit folder, not timm",
     )
     p.add_argument("--shard-size", help="vit convert's --shard-size for the hf and hf_dinov3 targets")
+    p.add_argument(
+        "--depth", type=int, help="blocks instead of the variant's (a smaller file with the same largest tensor)"
+    )
     p.add_argument("--repeats", type=int, default=3, help="rounds of cp + every target (default 3)")
     p.add_argument("--dir", help="folder for the files (default: a temporary one, removed at the end)")
     p.add_argument("--out", help="append JSON-line records here")
     args = p.parse_args(argv)
     targets = [t for t in args.to.split(",") if t]
     unknown = [t for t in targets if t not in DESTINATIONS]
-    if unknown or args.repeats < 1 or (args.dinov3 and args.variant not in DINOV3_SHAPES):
+    if unknown or args.repeats < 1 or (args.dinov3 and args.variant not in DINOV3_SHAPES) or (args.depth or 1) < 1:
         p.error(
-            f"--to {args.to!r}: expected some of {', '.join(DESTINATIONS)}; --repeats at least 1; "
+            f"--to {args.to!r}: expected some of {', '.join(DESTINATIONS)}; --repeats and --depth at least 1; "
             f"--dinov3 --variant one of {', '.join(DINOV3_SHAPES)}"
         )
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="vit_convert_memory_"))
     work.mkdir(parents=True, exist_ok=True)
     cfg = dinov3_config(args.variant, args.dtype) if args.dinov3 else config(args.variant, args.dtype)
-    name = DINOV3_SHAPES.get(args.variant, {}).get("timm_name") if args.dinov3 else None
+    name = DINOV3_SHAPES.get(args.variant, {}).get("timm_name") if args.dinov3 and not args.depth else None
+    cfg = cfg.replace(depth=args.depth) if args.depth else cfg
     if name and timm_param_count(name) != cfg.param_count():
         raise RuntimeError(f"{args.variant}: {cfg.param_count()} parameters, timm {name} has {timm_param_count(name)}")
     src = work / ("src_hf" if args.dinov3 else "src.safetensors")
@@ -238,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         context = {
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
             "machine": host(),
-            "variant": ("dinov3 " if args.dinov3 else "") + args.variant,
+            "variant": ("dinov3 " if args.dinov3 else "")
+            + args.variant
+            + (f" depth {args.depth}" if args.depth else ""),
             "source_format": "hf_dinov3" if args.dinov3 else "timm",
             "largest_tensor_bytes": largest,
             "dtype": args.dtype,

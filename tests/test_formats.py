@@ -23,7 +23,7 @@ from vit_common.checkpoints.formats.hf import HfWriteOptions
 from vit_common.checkpoints.formats.npz import NpzWriteOptions
 from vit_common.config import ViTConfig
 from vit_common.state import StateMismatchError
-from vit_common.system import io
+from vit_common.system import io, tensor_files
 
 # (format, file name, write options): every container vit_common writes without a framework.
 NUMPY_TARGETS = [
@@ -532,11 +532,11 @@ def test_failed_write_leaves_nothing_and_keeps_the_old_file(tmp_path, monkeypatc
     save_checkpoint(tmp_path / "x.npz", small_cfg, state)
     before = (tmp_path / "x.npz").read_bytes()
 
-    def boom(fh, array, **kwargs):  # the disk fills while the first member is written
+    def boom(fh, array):  # the disk fills while the first member is written
         fh.write(b"partial")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(np.lib.format, "write_array", boom)
+    monkeypatch.setattr(tensor_files, "_write_npy", boom)
     with io.overwriting(), pytest.raises(OSError, match=r"x.npz: could not be written \(No space left on device\)"):
         save_checkpoint(tmp_path / "x.npz", small_cfg, random_state(small_cfg, seed=1))
     assert (tmp_path / "x.npz").read_bytes() == before

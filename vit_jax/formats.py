@@ -127,15 +127,17 @@ def save_orbax(path: str | os.PathLike, model: VisionTransformer, extra: Mapping
 
 
 def _checkpointer() -> ocp.Checkpointer:
-    """Orbax's synchronous PyTree checkpointer, writing ``StandardCheckpointer``'s layout (OCDBT,
-    zstd-compressed zarr), with numpy arrays written as they are: orbax's ``NumpyHandler`` deep-copies
-    each array before writing it by default, a second copy of the model in memory."""
+    """Orbax's synchronous PyTree checkpointer, writing ``StandardCheckpointer``'s layout (OCDBT, zarr)
+    without its zstd compression, with numpy arrays written as they are: orbax's ``NumpyHandler``
+    deep-copies each array before writing it by default, a second copy of the model in memory.
+    Uncompressed, a B/16 float32 conversion wrote in half the time for a folder 10% larger
+    (``StandardCheckpointer`` restores either: the codec is in each array's metadata)."""
     th = ocp.type_handlers
     registry = th.create_type_handler_registry(
         (np.ndarray, th.NumpyHandler(deepcopy_host_arrays=False)),
         (jax.Array, th.get_type_handler(jax.Array)),
     )
-    return ocp.Checkpointer(ocp.PyTreeCheckpointHandler(type_handler_registry=registry))
+    return ocp.Checkpointer(ocp.PyTreeCheckpointHandler(type_handler_registry=registry, use_compression=False))
 
 
 def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:

@@ -1,10 +1,14 @@
 """PyTorch file containers (.pth, .pt, .bin) for ``vit_common.checkpoints.convert``, which cannot import torch.
 
 Files are read with ``torch.load(weights_only=True)``: tensors, containers and primitives only, never
-arbitrary pickled objects. Training checkpoints also hold a few harmless objects, which are allowed by
-name (``SAFE_GLOBALS``): ``argparse.Namespace`` (timm's 'args'), numpy scalars, dtypes and plain arrays
-(a saved best accuracy or epoch counter; numpy arrays of Python objects would need further globals and
-stay refused). A file that is still refused is named with the global that blocked it.
+arbitrary pickled objects. A zip-format file (what ``torch.save`` has written since PyTorch 1.6) is
+memory-mapped (``mmap=True``): its tensors are read-only numpy views of the file's pages, which belong
+to the page cache, not to the process, so a file larger than the free memory can be converted; a legacy
+(pre-1.6, non-zip) file cannot be mapped and is read whole. Training checkpoints also hold a few
+harmless objects, which are allowed by name (``SAFE_GLOBALS``): ``argparse.Namespace`` (timm's
+'args'), numpy scalars, dtypes and plain arrays (a saved best accuracy or epoch counter; numpy arrays
+of Python objects would need further globals and stay refused). A file that is still refused is named
+with the global that blocked it.
 ``READERS`` and ``WRITERS`` are what ``vit_common.checkpoints.convert.load_checkpoint(readers=...)`` /
 ``save_checkpoint(writers=...)`` take; ``READERS["timm"]`` is timm's own reading of a timm hub folder's
 config.json (``vit_torch.timm_models.read_hub_config``; None where timm is not installed).
@@ -63,12 +67,25 @@ def _is_state_dict(obj) -> bool:
     return isinstance(obj, Mapping) and bool(obj) and any(isinstance(v, torch.Tensor) for v in obj.values())
 
 
+_ZIP_MAGIC = b"PK\x03\x04"  # a zip file's first local header: torch.save's format since PyTorch 1.6
+
+
+def _is_zip(path: str | os.PathLike) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == _ZIP_MAGIC
+    except OSError:
+        return False  # torch.load names the error
+
+
 def _load(path: str | os.PathLike):
+    """``torch.load`` of ``path``, weights only, memory-mapped where the file is a zip (legacy files are
+    read whole)."""
     safe = getattr(torch.serialization, "safe_globals", None)
     ctx = safe(SAFE_GLOBALS) if safe is not None else contextlib.nullcontext()
     try:
         with ctx:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=_is_zip(path))
     except pickle.UnpicklingError as e:
         blocked = _blocking_globals(path)
         if blocked:
@@ -95,7 +112,8 @@ def _load(path: str | os.PathLike):
 
 
 def read_torch_file(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], list[tuple[str, str]]]:
-    """(tensors as numpy, dropped entries with reasons) of a .pth/.pt/.bin file.
+    """(tensors as numpy, dropped entries with reasons) of a .pth/.pt/.bin file: read-only views of the
+    loaded (memory-mapped: see the module) tensors, copied only where a tensor is not contiguous.
 
     A plain state_dict is returned whole; a training checkpoint's weights are taken from the entry
     ``vit_common.checkpoints.formats.source.choose_weights`` picks (``--weights-entry``; by default the
@@ -134,10 +152,19 @@ def read_torch_file(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], lis
     tensors = {}
     for k, v in obj.items():
         if isinstance(v, torch.Tensor):
-            tensors[str(k)] = tensor_to_numpy(v)
+            tensors[str(k)] = _numpy_view(v)
         else:
             dropped.append((str(k), f"not a tensor ({type(v).__name__})"))
     return tensors, dropped
+
+
+def _numpy_view(t: torch.Tensor) -> np.ndarray:
+    """A read-only numpy view of ``t``'s memory (torch.bfloat16 as ml_dtypes.bfloat16, bit-exact); a
+    non-contiguous tensor is copied first."""
+    t = t.detach().contiguous()
+    a = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
+    a.flags.writeable = False
+    return a
 
 
 def read_timm_optimizer(path: str | os.PathLike, entry: str = "state_dict") -> dict:

@@ -112,4 +112,22 @@ def write_npz(fh: IO[bytes], arrays: Mapping[str, Any]) -> None:
     with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
         for k, v in arrays.items():
             with zf.open(f"{k}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.asarray(v), allow_pickle=False)
+                _write_npy(member, np.asarray(v))
+
+
+def _write_npy(fh: IO[bytes], a: np.ndarray) -> None:
+    """``a`` as ``np.lib.format.write_array`` writes it (the same header and bytes; Fortran order kept),
+    its data handed to ``fh`` as a view, where numpy's writer copies it to bytes 16 MiB at a time.
+
+    Raises:
+        ValueError: an object array (it would need a pickle).
+    """
+    if a.dtype.hasobject:
+        raise ValueError(f"an .npz member of dtype {a.dtype} would need a pickle")
+    header = np.lib.format.header_data_from_array_1_0(a)
+    try:
+        np.lib.format.write_array_header_1_0(fh, header)
+    except ValueError:  # a header over 64 KiB
+        np.lib.format.write_array_header_2_0(fh, header)
+    data = a.T if header["fortran_order"] else np.ascontiguousarray(a)
+    fh.write(memoryview(data.reshape(-1).view(np.uint8)))

@@ -79,15 +79,92 @@ def nbytes_of(v) -> int:
     return math.prod(np.shape(v)) * dtype_of(v).itemsize
 
 
-def concat_rows(parts: list[Tensor]) -> LazyTensor:
-    """The tensors ``parts`` (same trailing shape and dtype) concatenated along axis 0, loaded on use."""
-    shape = (sum(np.shape(p)[0] for p in parts), *np.shape(parts[0])[1:])
-    return LazyTensor(shape, dtype_of(parts[0]), lambda: np.concatenate([np.asarray(p) for p in parts]))
+class RowConcat(LazyTensor):
+    """``parts`` (arrays or lazy tensors of one trailing shape and dtype) concatenated along axis 0."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[Tensor]):
+        shape = (sum(np.shape(p)[0] for p in parts), *np.shape(parts[0])[1:])
+        super().__init__(shape, dtype_of(parts[0]), lambda: np.concatenate([np.asarray(p) for p in parts]))
+        self.parts = tuple(parts)
 
 
-def row_slice(t: Tensor, lo: int, hi: int) -> LazyTensor:
-    """Rows ``lo:hi`` of ``t`` (a contiguous copy), loaded on use."""
-    return LazyTensor((hi - lo, *np.shape(t)[1:]), dtype_of(t), lambda: np.ascontiguousarray(np.asarray(t)[lo:hi]))
+class RowSlice(LazyTensor):
+    """Rows ``lo:hi`` of ``base`` (an array or a lazy tensor that is neither a ``RowSlice`` nor a
+    ``RowConcat``): a view of an array's rows, a copy of a lazy tensor's (so that the whole can go)."""
+
+    __slots__ = ("base", "hi", "lo")
+
+    def __init__(self, base: Tensor, lo: int, hi: int):
+        super().__init__((hi - lo, *np.shape(base)[1:]), dtype_of(base), self._rows)
+        self.base, self.lo, self.hi = base, lo, hi
+
+    def _rows(self) -> np.ndarray:
+        rows = np.asarray(self.base)[self.lo : self.hi]
+        return np.ascontiguousarray(rows) if isinstance(self.base, np.ndarray) else rows.copy()
+
+
+def concat_rows(parts: list[Tensor]) -> Tensor:
+    """The tensors ``parts`` (same trailing shape and dtype) concatenated along axis 0, loaded on use.
+
+    Rows sliced from one tensor and joined back in order are that tensor's rows again, loaded from it
+    directly (``gate, up = row_slice(fc1, 0, f), row_slice(fc1, f, 2 * f)`` joined is ``fc1`` itself);
+    a single part is returned as it is."""
+    flat: list[Tensor] = []
+    for p in parts:
+        for q in p.parts if isinstance(p, RowConcat) else (p,):
+            last = flat[-1] if flat else None
+            if isinstance(q, RowSlice) and isinstance(last, RowSlice) and last.base is q.base and last.hi == q.lo:
+                flat[-1] = row_slice(q.base, last.lo, q.hi)
+            else:
+                flat.append(q)
+    return flat[0] if len(flat) == 1 else RowConcat(flat)
+
+
+def row_slice(t: Tensor, lo: int, hi: int) -> Tensor:
+    """Rows ``lo:hi`` of ``t``, loaded on use: ``t`` itself for all its rows, a slice of the part it was
+    joined from for a ``concat_rows`` (nothing else of the join is loaded), a slice of the original for
+    a slice; of an array, a view."""
+    if (lo, hi) == (0, np.shape(t)[0]):
+        return t
+    if isinstance(t, RowSlice):
+        return row_slice(t.base, t.lo + lo, t.lo + hi)
+    if isinstance(t, RowConcat):
+        pieces, start = [], 0
+        for p in t.parts:
+            end = start + np.shape(p)[0]
+            if start < hi and lo < end:
+                pieces.append(row_slice(p, max(lo, start) - start, min(hi, end) - start))
+            start = end
+        return concat_rows(pieces)
+    return RowSlice(t, lo, hi)
+
+
+def row_parts(t: Tensor) -> list[Tensor]:
+    """Tensors whose rows, joined in order, are ``t``'s: a ``concat_rows``'s parts, else ``t`` alone; to
+    check a join part by part without loading it whole."""
+    return list(t.parts) if isinstance(t, RowConcat) else [t]
+
+
+def identical(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` are known to hold the same bits without loading them: the same object,
+    arrays over the same memory with the same layout, or the same rows of (or join of) such tensors.
+    False says nothing (they may still be equal)."""
+    if a is b:
+        return True
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype) == (
+            b.__array_interface__["data"][0],
+            b.shape,
+            b.strides,
+            b.dtype,
+        )
+    if isinstance(a, RowSlice) and isinstance(b, RowSlice):
+        return (a.lo, a.hi) == (b.lo, b.hi) and identical(a.base, b.base)
+    if isinstance(a, RowConcat) and isinstance(b, RowConcat):
+        return len(a.parts) == len(b.parts) and all(identical(p, q) for p, q in zip(a.parts, b.parts, strict=True))
+    return False
 
 
 def materialize(tensors: TensorMap) -> dict[str, np.ndarray]:
