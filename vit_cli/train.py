@@ -159,7 +159,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_flags(
         pre,
         Preprocess,
-        skip=("max_patches",),  # NaFlex training is not built: fixed-size images only
         given_only=True,
         defaults_help=dict.fromkeys(Preprocess.__dataclass_fields__, "see above"),
     )
