@@ -309,6 +309,7 @@ CASES = [
         naflex_init("--max-patches", "16", fixed=True),
         r"max_patches=16 for a fixed-size model \(preprocessing .*\): expected a NaFlex model",
     ),
+    Case(flag("train", "--max-patches", "16"), r"--max-patches 16 without --init: NaFlex training fine-tunes a NaFlex"),
     # cost out of proportion
     Case(
         batch_larger_than_the_data("npz", 9), r"batch_size=9: expected at most the 8 training images of npz:{tmp}/d.npz"
