@@ -121,6 +121,27 @@ def test_any_length_route_pads_only_when_differentiated(t, s):
 
 
 @pytest.mark.slow
+def test_masked_attention_pads_to_the_multiple_and_equals_the_written_out_softmax():
+    """NaFlex keys masked (rows of 7 and 3 real tokens), the token axes padded to multiples of 8 as cuDNN's
+    differentiated kernel needs (XLA's kernel on CPU): the output and the q, k, v gradients of the real
+    queries equal the written-out softmax over the real keys, and the padding shows in the program."""
+    mask = jnp.arange(7)[None, :] < jnp.array([[7], [3]])  # [2, 7]
+    fn = functools.partial(platforms.dot_product_attention, scale=16**-0.5, implementation="xla", multiple=8)
+    q, k, v, g = _qkv(7, 7)
+    g = g * mask[:, :, None, None]  # the padding queries' outputs reach no loss (the model masks them out)
+
+    def loss(attend, q, k, v):
+        return jnp.sum(attend(q, k, v, token_mask=mask) * g)
+
+    ref = lambda q, k, v, token_mask: vit_model._attend(q, k, v, 16**-0.5, token_mask=token_mask)[0]  # noqa: E731
+    got, want = (jax.jit(jax.value_and_grad(loss, (1, 2, 3)), static_argnums=0)(f, q, k, v) for f in (fn, ref))
+    for name, a, b in zip(("loss", "dq", "dk", "dv"), (got[0], *got[1]), (want[0], *want[1]), strict=True):
+        c = compare(name, a, b, "gradient", "float32")
+        assert c.ok, c
+    assert "2,8,3,16" in str(jax.make_jaxpr(lambda q: fn(q, k, v, token_mask=mask))(q)).replace(" ", "")
+
+
+@pytest.mark.slow
 def test_any_length_route_under_remat_and_vmap():
     fn = functools.partial(platforms.dot_product_attention, scale=16**-0.5, implementation="xla", multiple=2)
     q, k, v, g = _qkv(7, 7)

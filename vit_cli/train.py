@@ -159,7 +159,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_flags(
         pre,
         Preprocess,
-        skip=("max_patches",),  # NaFlex training is not built: fixed-size images only
         given_only=True,
         defaults_help=dict.fromkeys(Preprocess.__dataclass_fields__, "see above"),
     )
@@ -330,6 +329,11 @@ def run(args: argparse.Namespace) -> int:
     tcfg = train_config(args)  # framework-free: bad flags are refused before any process starts
     if tcfg.init is None and (args.source_image_size is not None or args.strict):
         raise ValueError("--source-image-size and --strict describe the checkpoint of --init; there is none")
+    if tcfg.init is None and args.max_patches is not None:
+        raise ValueError(
+            f"--max-patches {args.max_patches} without --init: NaFlex training fine-tunes a NaFlex checkpoint; "
+            "a new model trains on fixed-size images"
+        )
     out = Path(args.out or Path("runs") / args.dataset.split(":")[0])
     io.check_apart(out, {"--init": tcfg.init})  # the exports would replace the checkpoint being fine-tuned
     check_outside(tcfg.dataset, out)  # before the lock makes the folder

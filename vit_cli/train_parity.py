@@ -94,7 +94,8 @@ MODEL_FLAGS = ("variant", "patch_size", "width", "depth", "num_heads", "mlp_dim"
 
 
 def from_checkpoint(args, raw):
-    """(config, float32 weights, the dataset fit to them, where they came from) of ``--init``: the
+    """(config, float32 weights, the dataset fit to them, where they came from, the NaFlex preprocessing
+    or None) of ``--init``: the
     checkpoint read as ``vit train --init`` reads it (``vit_jax.finetune.load_init``: the dataset's head,
     the file's preprocessing, ``--image-size`` resampled to), with the run-time model flags on top.
 
@@ -116,7 +117,8 @@ def from_checkpoint(args, raw):
     )
     for line in init.report.assumption_block() + init.report.notes:
         print(f"vit train-parity: {line}", file=sys.stderr)
-    return init.cfg, init.weights, init.data, f"{args.init} ({init.report.format})"
+    naflex = init.info.preprocess if init.info.preprocess.max_patches is not None else None
+    return init.cfg, init.weights, init.data, f"{args.init} ({init.report.format})", naflex
 
 
 def run(args) -> int:
@@ -148,14 +150,14 @@ def run(args) -> int:
     raw = read_dataset(tcfg.dataset, val_fraction=tcfg.val_fraction)  # its classes and channels
     dtype = args.dtype
     if args.init is not None:
-        cfg, weights, data, init = from_checkpoint(args, raw)
+        cfg, weights, data, init, preprocess = from_checkpoint(args, raw)
     else:
         if args.settings or args.source_image_size is not None or args.strict:
             raise ValueError("--set, --source-image-size and --strict describe the checkpoint of --init")
         args.posemb = None  # what model_config reads besides these flags
         args.dtype = "float32" if dtype == "float64" else dtype
         cfg = model_config(args, num_classes=raw.num_classes, in_chans=raw.channels)
-        weights, init = None, "the torch twin's initialisation"
+        weights, init, preprocess = None, "the torch twin's initialisation", None
         data = raw.fit(cfg.image_size, cfg.in_chans)
     if dtype == "float64":
         cfg = cfg.replace(dtype="float64", param_dtype="float64")
@@ -166,7 +168,9 @@ def run(args) -> int:
     from vit_compare.training import compare_training, format_table, plot
 
     with jax.enable_x64(dtype == "float64"):  # a context: it wins over an enclosing one, and is undone after
-        result = compare_training(cfg, tcfg, data, args.steps, torch_tcfg=torch_tcfg, weights=weights, init=init)
+        result = compare_training(
+            cfg, tcfg, data, args.steps, torch_tcfg=torch_tcfg, weights=weights, init=init, preprocess=preprocess
+        )
     print(format_table(result))
     if args.json is not None:
         io.write_json(args.json, result.to_dict())

@@ -69,6 +69,47 @@ def check_batch(cfg: ViTConfig, shape: tuple[int, ...], patch_mask, spatial_shap
     return want, shapes
 
 
+def check_weights(cfg: ViTConfig, shape: tuple[int, ...], patch_mask, spatial_shapes, weights) -> None:
+    """Validate a NaFlex batch of patches of ``shape`` given as (patch_mask [B, N], ``weights`` [B, N,
+    Gh*Gw], ``position_weights``'s, made on the host) by their shapes alone: they may be traced arrays.
+
+    Raises:
+        ValueError (one line): patches not [B, N, P*P*C]; a model without a resizable table (as
+            ``check_batch``); spatial_shapes given too; a patch_mask or weights of another shape.
+    """
+    (ph, pw), c, (gh, gw) = cfg.patch_size, cfg.in_chans, cfg.grid
+    if len(shape) != 3 or shape[2] != ph * pw * c:
+        raise ValueError(f"NaFlex patches of shape {tuple(shape)}: expected [B, N, P*P*C = {ph * pw * c}]")
+    _check_table(cfg)
+    b, n = shape[:2]
+    if spatial_shapes is not None:
+        raise ValueError("spatial_shapes and position_weights both given: expected one (the weights hold the grids)")
+    if patch_mask is None or tuple(patch_mask.shape) != (b, n):
+        got = None if patch_mask is None else tuple(patch_mask.shape)
+        raise ValueError(f"patch_mask of shape {got}: expected [B={b}, N={n}] with position_weights")
+    if tuple(weights.shape) != (b, n, gh * gw):
+        raise ValueError(f"position_weights of shape {tuple(weights.shape)}: expected [B={b}, N={n}, Gh*Gw={gh * gw}]")
+
+
+def naflex_inputs(cfg: ViTConfig, shape: tuple[int, ...], patch_mask, spatial_shapes, weights=None):
+    """A NaFlex batch of patches of ``shape`` as the twins' forward takes it, from host arrays: (token_mask
+    [B, L] bool, the prefix tokens first, then ``patch_mask``; position weights [B, N, Gh*Gw]: ``weights``
+    when given (checked by ``check_weights``), else ``position_weights`` of ``spatial_shapes`` (checked by
+    ``check_batch``)).
+
+    Raises:
+        ValueError: as ``check_batch`` or ``check_weights``.
+    """
+    if weights is not None:
+        check_weights(cfg, shape, patch_mask, spatial_shapes, weights)
+        mask = np.asarray(patch_mask).astype(bool)
+    else:
+        mask, shapes = check_batch(cfg, shape, patch_mask, spatial_shapes)
+        weights = position_weights(cfg.grid, shapes, shape[1], cfg.posemb_resample)
+    prefix = np.ones((shape[0], cfg.num_prefix_tokens), bool)
+    return np.concatenate([prefix, mask], axis=1), weights
+
+
 def _check_table(cfg: ViTConfig) -> None:
     if cfg.posemb not in ("learn", "none") or cfg.rope != "none":
         raise ValueError(
@@ -165,18 +206,14 @@ def size_for_max_patches(height: int, width: int, patch: int, max_patches: int, 
     return scaled(lo, height), scaled(lo, width)
 
 
-def preprocess(image, patch: int, max_patches: int, channels: int = 3, preprocessing: Preprocess | None = None):
-    """One PIL image -> (patches [h*w, P*P*C] float32, (h, w)): resized keeping its aspect ratio to
-    ``size_for_max_patches`` with Pillow (``preprocessing.interpolation``, SigLIP 2's bilinear by default),
-    rescaled and normalised (``vit_common.data.images.normalize``; default mean = std = 0.5), patchified;
-    transformers ``Siglip2ImageProcessorPil`` bit for bit. ``stack_patches`` makes a batch of them.
+def resize(image, patch: int, max_patches: int, interpolation: str = "bilinear"):
+    """One PIL image resized keeping its aspect ratio to ``size_for_max_patches`` with Pillow's
+    ``interpolation`` (unchanged when it has that size already).
 
     Raises:
         ValueError: an image so long and thin that one patch across still needs more than ``max_patches``
             along it (transformers' processor fails on it).
     """
-    preprocessing = preprocessing or Preprocess(interpolation="bilinear")
-    image = to_channels(image, channels)
     h, w = size_for_max_patches(image.size[1], image.size[0], patch, max_patches)
     if (h // patch) * (w // patch) > max_patches:
         raise ValueError(
@@ -186,9 +223,23 @@ def preprocess(image, patch: int, max_patches: int, channels: int = 3, preproces
     if (w, h) != image.size:
         from PIL import Image
 
-        image = image.resize((w, h), getattr(Image.Resampling, preprocessing.interpolation.upper()))
+        image = image.resize((w, h), getattr(Image.Resampling, interpolation.upper()))
+    return image
+
+
+def preprocess(image, patch: int, max_patches: int, channels: int = 3, preprocessing: Preprocess | None = None):
+    """One PIL image -> (patches [h*w, P*P*C] float32, (h, w)): ``resize`` (``preprocessing.interpolation``,
+    SigLIP 2's bilinear by default), rescaled and normalised (``vit_common.data.images.normalize``; default
+    mean = std = 0.5), patchified; transformers ``Siglip2ImageProcessorPil`` bit for bit. ``stack_patches``
+    makes a batch of them.
+
+    Raises:
+        ValueError: as ``resize``.
+    """
+    preprocessing = preprocessing or Preprocess(interpolation="bilinear")
+    image = resize(to_channels(image, channels), patch, max_patches, preprocessing.interpolation)
     pixels = normalize(to_array(image, channels), preprocessing)  # [H, W, C] float32
-    return patchify(pixels, (patch, patch)), (h // patch, w // patch)
+    return patchify(pixels, (patch, patch)), (image.size[1] // patch, image.size[0] // patch)
 
 
 def stack_patches(items: list[tuple[np.ndarray, tuple[int, int]]], max_patches: int):

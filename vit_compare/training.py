@@ -272,6 +272,7 @@ def compare_training(
     torch_tcfg: TrainConfig | None = None,
     weights: dict[str, np.ndarray] | None = None,
     init: str = "given weights",
+    preprocess=None,
 ) -> TrainParity:
     """K = ``steps`` optimizer steps of the JAX twin under ``tcfg`` and of the torch twin under
     ``torch_tcfg`` (default the same), from ``weights`` (default the torch twin's initialisation with
@@ -283,6 +284,8 @@ def compare_training(
     masks, is the reference: each row's ``ref`` holds both twins' ||twin - f64|| / ||f64||, which the
     verdict holds to the tolerance table's "train_vs_float64" bound. With ``tcfg.lora`` the JAX twin
     draws the adapters (flax's initialisation from ``tcfg.seed``) and the torch twin starts from them.
+    ``preprocess`` (``vit_common.data.images.Preprocess``, default the JAX trainer's) is the batches'; a
+    NaFlex one (``max_patches``) gives both twins NaFlex batches, images of several sizes padded to it.
 
     Raises:
         ValueError: steps < 1 or more than the run has, a batch larger than the training images, configs
@@ -314,7 +317,7 @@ def compare_training(
     lora = tcfg.lora is not None  # the torch twin takes flax's adapter draws: the JAX twin starts first
     torch_trainer = None if lora else tt.Trainer(cfg, torch_tcfg, data, weights=weights)
     weights = torch_trainer.weights() if weights is None and not lora else weights
-    jax_trainer = jt.Trainer(cfg, tcfg, data, weights=weights)
+    jax_trainer = jt.Trainer(cfg, tcfg, data, weights=weights, preprocess=preprocess)
     state = jax_trainer.init_state()
     if lora:
         weights = jax_trainer.weights(state, merged=False)  # the base weights and the adapters' draws

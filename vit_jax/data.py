@@ -45,6 +45,7 @@ from vit_common.data.augment import Augment, ImageTransform
 from vit_common.data.batches import EvalBatches, FinishTrainBatch, LoadExample, TrainPlan, process_rows
 from vit_common.data.datasets import Dataset
 from vit_common.data.images import Preprocess
+from vit_common.data.naflex_batches import FinishNaFlexBatch, LoadNaFlexExample, NaFlexPaddedBatches, NaFlexTransform
 
 
 def transform_for(data: Dataset, preprocess: Preprocess, augment: Augment | None = None) -> ImageTransform:
@@ -59,7 +60,7 @@ def train_batches(
     batch_size: int,
     epochs: int,
     seed: int,
-    transform: ImageTransform,
+    transform: ImageTransform | NaFlexTransform,
     process_index: int = 0,
     process_count: int = 1,
 ) -> grain.MapDataset:
@@ -75,9 +76,22 @@ def train_batches(
     its global position, and mixup / cutmix pair images across the whole global batch, so with them on
     every process reads the whole batch and keeps its rows.
 
+    A ``NaFlexTransform`` makes NaFlex batches instead (``vit_common.data.naflex_batches``: "image" the
+    patches float32 [B/P, N, P*P*C], with "patch_mask", "spatial_shapes" and "position_weights").
+
     Raises:
         ValueError: an empty source, or ``process_count`` not dividing ``batch_size``.
     """
+    if isinstance(transform, NaFlexTransform):
+        plan = TrainPlan(
+            len(source), batch_size, epochs, seed, process_index=process_index, process_count=process_count
+        )
+        return (
+            grain.MapDataset.source(plan)
+            .map(LoadNaFlexExample(source, transform, seed))
+            .batch(plan.rows)
+            .map(FinishNaFlexBatch(num_classes, transform))
+        )
     augment = transform.augment or Augment()
     mixing = augment.mixes and process_count > 1
     plan = TrainPlan(
@@ -103,15 +117,15 @@ def eval_batches(
     num_classes: int,
     *,
     batch_size: int,
-    transform: ImageTransform,
+    transform: ImageTransform | NaFlexTransform,
     process_index: int = 0,
     process_count: int = 1,
 ) -> grain.MapDataset:
     """One pass over ``source`` in order, unaugmented, last batch padded (same dict as training); this
-    process's rows of every batch (``vit_common.data.batches.EvalBatches``)."""
-    batches = EvalBatches(
-        source, num_classes, batch_size, transform, process_index=process_index, process_count=process_count
-    )
+    process's rows of every batch (``vit_common.data.batches.EvalBatches``, or with a ``NaFlexTransform``
+    ``vit_common.data.naflex_batches.NaFlexPaddedBatches``)."""
+    kind = NaFlexPaddedBatches if isinstance(transform, NaFlexTransform) else EvalBatches
+    batches = kind(source, num_classes, batch_size, transform, process_index=process_index, process_count=process_count)
     return grain.MapDataset.source(batches)
 
 

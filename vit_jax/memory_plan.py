@@ -41,7 +41,7 @@ from vit_common.system.validate import memory_limit
 from vit_common.training.sharding import SHORT_FORMS
 from vit_jax.mesh import make_mesh
 from vit_jax.platforms import Platform
-from vit_jax.trainer import Trainer, _forward
+from vit_jax.trainer import Trainer, _forward, naflex_arguments
 
 GIB = 2**30
 
@@ -139,20 +139,19 @@ def activation_bytes(trainer: Trainer) -> int:
     t, tcfg = trainer, trainer.tcfg
     micro = tcfg.batch_size // tcfg.accum_steps
     rows = t.batch_sharding.shard_shape((micro,))[0]
-    h, w = t.cfg.image_size
-    images = jax.ShapeDtypeStruct((rows, h, w, t.cfg.in_chans), jnp.float32)
+    spec = {k: jax.ShapeDtypeStruct((rows, *v.shape[1:]), v.dtype) for k, v in t.batch_spec().items()}
     params, rest = t.abstract_state["params"], t.abstract_state["rest"]
     frozen = tcfg.freeze or tcfg.lora is not None
 
-    def residuals(params, rest, images):
+    def residuals(params, rest, batch):
         def logits(p):
             if frozen:
                 p = jax.tree.map(lambda train, x: x if train else jax.lax.stop_gradient(x), t.trainable, p)
-            return _forward(t.train_graphdef, p, rest, images)[0]
+            return _forward(t.train_graphdef, p, rest, batch["image"], naflex=naflex_arguments(batch))[0]
 
         return jax.vjp(logits, params)[1]
 
-    closed = jax.make_jaxpr(residuals)(params, rest, images)
+    closed = jax.make_jaxpr(residuals)(params, rest, spec)
     inputs = set(closed.jaxpr.invars) | set(closed.jaxpr.constvars)
     saved = {v for v in closed.jaxpr.outvars if isinstance(v, Var) and v not in inputs}
     return sum(nbytes(v.aval) for v in saved)

@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from vit_common.config import ViTConfig
-from vit_common.naflex import check_batch, position_weights
+from vit_common.naflex import check_weights, naflex_inputs
 from vit_common.posemb import SINCOS_CONVENTIONS, resample_matrices, sincos2d
 from vit_jax.layers import (
     DropPath,
@@ -388,16 +388,14 @@ class VisionTransformer(nnx.Module):
         decays is its recipe's choice (``vit_common.training.recipes.decays``)."""
         return frozenset({"pos_embed", "cls_token", "reg_token", "dist_token", "rope.freqs"})
 
-    def _embed(
-        self, x: jax.Array, spatial_shapes: np.ndarray | None = None
-    ) -> tuple[jax.Array, jax.Array, tuple[int, int] | None]:
+    def _embed(self, x: jax.Array, weights=None) -> tuple[jax.Array, jax.Array, tuple[int, int] | None]:
         """Images [B, H, W, C] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D], (h, w));
-        with ``spatial_shapes`` (checked: ``vit_common.naflex.check_batch``) NaFlex patches [B, N, P*P*C] ->
-        (patch tokens [B, N, D], tokens [B, L, D], None), the position table resized to each image's grid."""
+        with ``weights`` [B, N, Gh*Gw] (``vit_common.naflex.position_weights``) NaFlex patches [B, N, P*P*C]
+        -> (patch tokens [B, N, D], tokens [B, L, D], None), the position table resized to each image's grid."""
         cfg = self.cfg
         b = x.shape[0]
-        x = condition_input(cfg, x, spatial_shapes is not None).astype(cfg.dtype)
-        if spatial_shapes is not None:
+        x = condition_input(cfg, x, weights is not None).astype(cfg.dtype)
+        if weights is not None:
             gh, gw = None, None
             patches = self.patch_embed.embed_flat(x)  # [B, N, D]
         else:
@@ -417,8 +415,7 @@ class VisionTransformer(nnx.Module):
         if cfg.posemb == "learn":
             pe = self.pos_embed[...].astype(cfg.dtype)
             pe_prefix, pe_grid = (pe[:, :npt], pe[:, npt:]) if cfg.posemb_prefix else (None, pe)
-            if spatial_shapes is not None:  # NaFlex: each image's own grid, padding rows zero
-                weights = position_weights(cfg.grid, spatial_shapes, x.shape[1], cfg.posemb_resample)
+            if weights is not None:  # NaFlex: each image's own grid, padding rows zero
                 pe_grid = jnp.einsum("bng,gd->bnd", jnp.asarray(weights, cfg.dtype), pe_grid[0])  # [B, N, D]
                 pe_prefix = None if pe_prefix is None else jnp.broadcast_to(pe_prefix, (b,) + pe_prefix.shape[1:])
             elif (gh, gw) != cfg.grid:  # dynamic image size: the same matrices as vit_common.posemb
@@ -444,18 +441,23 @@ class VisionTransformer(nnx.Module):
         dropout_masks: dict | None = None,
         patch_mask=None,
         spatial_shapes=None,
+        position_weights=None,
     ) -> jax.Array:
         """The one forward pass; records named intermediates into ``out`` when it is a dict; ``drop_masks``
-        [B, depth, 2] the blocks' drop-path masks, ``dropout_masks`` the dropout masks, ``patch_mask`` and
-        ``spatial_shapes`` a NaFlex batch's (``__call__``)."""
+        [B, depth, 2] the blocks' drop-path masks, ``dropout_masks`` the dropout masks, ``patch_mask``,
+        ``spatial_shapes`` and ``position_weights`` a NaFlex batch's (``__call__``)."""
         cfg = self.cfg
         record = out is not None
-        token_mask = None
-        if spatial_shapes is not None or patch_mask is not None:  # NaFlex
-            patch_mask, spatial_shapes = check_batch(cfg, x.shape, patch_mask, spatial_shapes)
-            prefix = np.ones((x.shape[0], cfg.num_prefix_tokens), bool)
-            token_mask = jnp.asarray(np.concatenate([prefix, patch_mask], axis=1))  # [B, L]
-        patches, x, grid = self._embed(x, spatial_shapes)
+        token_mask = weights = None
+        if position_weights is not None:  # NaFlex, arrays that may be traced: checked by their shapes
+            check_weights(cfg, x.shape, patch_mask, spatial_shapes, position_weights)
+            prefix = jnp.ones((x.shape[0], cfg.num_prefix_tokens), bool)
+            token_mask = jnp.concatenate([prefix, jnp.asarray(patch_mask).astype(bool)], axis=1)  # [B, L]
+            weights = position_weights
+        elif spatial_shapes is not None or patch_mask is not None:  # NaFlex from host arrays
+            token_mask, weights = naflex_inputs(cfg, x.shape, patch_mask, spatial_shapes)
+            token_mask = jnp.asarray(token_mask)  # [B, L]
+        patches, x, grid = self._embed(x, weights)
         rope = self.rope(grid) if self.rope is not None else None  # (sin, cos), once per forward
         x = masked_drop(self.pos_drop, x, dropout_masks, "pos_drop")
         if record:
@@ -540,6 +542,7 @@ class VisionTransformer(nnx.Module):
         *,
         patch_mask=None,
         spatial_shapes=None,
+        position_weights=None,
         drop_masks: jax.Array | None = None,
         dropout_masks: dict | None = None,
     ) -> jax.Array:
@@ -549,6 +552,8 @@ class VisionTransformer(nnx.Module):
         arrays: numpy, not traced), ``images`` are flattened patches [B, N, P*P*C] of images of different
         sizes; the position table is resized to each image's grid with cfg.posemb_resample and padding
         patches reach no attention and no pooling. A bad batch raises ValueError (``check_batch``).
+        Or ``position_weights`` [B, N, Gh*Gw] instead of ``spatial_shapes`` (``vit_common.naflex.naflex_inputs``):
+        then it and ``patch_mask`` may be traced (one compilation for all batches of N patches).
 
         ``drop_masks`` float [B, depth, 2] (1 keep, 0 drop): in training, block i's two drop-path
         branches take rows [:, i, 0] and [:, i, 1] instead of drawing their own, so that both twins drop
@@ -558,7 +563,7 @@ class VisionTransformer(nnx.Module):
         "pos_drop", "blocks.{i}.attn.attn_drop", ..., "head_drop"); every live dropout needs its mask
         (KeyError otherwise); ignored in eval.
         """
-        return self._forward(images, None, drop_masks, dropout_masks, patch_mask, spatial_shapes)
+        return self._forward(images, None, drop_masks, dropout_masks, patch_mask, spatial_shapes, position_weights)
 
     def forward_intermediates(
         self, images: jax.Array, *, patch_mask=None, spatial_shapes=None

@@ -158,13 +158,21 @@ def padded_attention(
     query rows are sliced off the output, so neither changes the result or the gradient (padded
     rows get a zero cotangent).
     """
+    s = k.shape[1]
+    lengths = jnp.full((q.shape[0],), s, jnp.int32) if _round_up(s, multiple) != s else None
+    return _attention_padded(q, k, v, scale, implementation, multiple, lengths)
+
+
+def _attention_padded(q, k, v, scale: float, implementation: str, multiple: int, lengths) -> jax.Array:
+    """``jax.nn.dot_product_attention`` of q, k, v with zero rows appended to the token axes up to
+    multiples of ``multiple``, ``key_value_seq_lengths`` = ``lengths`` [B] (None: all keys), the padded
+    query rows sliced off."""
     t, s = q.shape[1], k.shape[1]
     tp, sp = _round_up(t, multiple), _round_up(s, multiple)
 
     def pad(x: jax.Array, n: int) -> jax.Array:
         return jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))
 
-    lengths = jnp.full((q.shape[0],), s, jnp.int32) if sp != s else None
     out = jax.nn.dot_product_attention(
         pad(q, tp), pad(k, sp), pad(v, sp), scale=scale, key_value_seq_lengths=lengths, implementation=implementation
     )
@@ -208,7 +216,9 @@ def dot_product_attention(
 
     ``token_mask`` [B, S] bool, True on each row's first keys only (NaFlex padding last:
     ``vit_common.naflex.check_batch``): the keys after them are left out, given to the kernel as
-    ``key_value_seq_lengths``, the padding mask that both XLA and cuDNN (``MaskType.PADDING``) take.
+    ``key_value_seq_lengths``, the padding mask that both XLA and cuDNN (``MaskType.PADDING``) take; the
+    token axes are then padded to multiples of ``multiple`` always (``_attention_padded``: the padded keys
+    lie past every row's length), so that a NaFlex training step differentiates cuDNN's kernel too.
 
     ``implementation`` 'xla' or 'cudnn' (``jax.nn.dot_product_attention``). cuDNN's forward-only
     kernel takes any T and S; its differentiated form needs multiples of ``multiple`` (default
@@ -216,13 +226,11 @@ def dot_product_attention(
     unpadded and differentiation goes through ``padded_attention`` (a ``custom_vjp``; so, like
     cuDNN's own kernel, reverse mode only).
     """
-    if token_mask is not None:
-        lengths = token_mask.sum(axis=-1, dtype=jnp.int32)  # [B]
-        return jax.nn.dot_product_attention(
-            q, k, v, scale=scale, key_value_seq_lengths=lengths, implementation=implementation
-        )
     if multiple is None:
         multiple = CUDNN_TRAIN_MULTIPLE if implementation == "cudnn" else 1
+    if token_mask is not None:
+        lengths = token_mask.sum(axis=-1, dtype=jnp.int32)  # [B]
+        return _attention_padded(q, k, v, scale, implementation, multiple, lengths)
     if q.shape[1] % multiple == 0 and k.shape[1] % multiple == 0:
         return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation=implementation)
     return _padded_when_differentiated(q, k, v, scale, implementation, multiple)

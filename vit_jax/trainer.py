@@ -39,6 +39,8 @@ from vit_common.config import ViTConfig
 from vit_common.data.batches import batches_per_epoch
 from vit_common.data.datasets import Dataset
 from vit_common.data.images import Preprocess
+from vit_common.data.naflex_batches import NaFlexTransform
+from vit_common.naflex import check_model
 from vit_common.training.train_config import TrainConfig
 from vit_jax.data import eval_batches, iterate, train_batches, transform_for
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
@@ -81,7 +83,9 @@ class Trainer:
     form: {"count", "mu", "nu"} by canonical names, e.g. a timm training checkpoint's through
     ``vit_torch.formats.read_timm_optimizer``): the first state holds them and their count (Adam's bias
     correction goes on), while the schedule and the data start at this run's step 0; ``workers`` the input
-    pipeline's worker processes.
+    pipeline's worker processes. A NaFlex ``preprocess`` (``max_patches``) trains and evaluates on NaFlex
+    batches (``vit_common.data.naflex_batches``: each image at its own aspect ratio, padded to
+    max_patches patches), their patch mask and position weights passed to the model.
 
     ``mesh``: default ``tcfg.mesh_spec()``'s over all devices (``vit_jax.mesh.make_mesh``).
 
@@ -89,7 +93,8 @@ class Trainer:
         ValueError: batch size not divisible by device count x accum_steps, or a config that does not
             fit the dataset (image size, channels, classes) or ``weights``, or an EMA of low-precision
             parameters (``TrainConfig.check_ema_dtype``), a mesh spec whose sizes do not multiply to the
-            device count, sharding rules ``vit_common.training.sharding.partition`` refuses for the model.
+            device count, sharding rules ``vit_common.training.sharding.partition`` refuses for the model;
+            NaFlex with a model ``vit_common.naflex.check_model`` refuses, or with mixup or cutmix.
     """
 
     def __init__(
@@ -115,8 +120,14 @@ class Trainer:
         self.cfg, self.tcfg, self.data, self.init_weights, self.workers = cfg, tcfg, data, weights, workers
         self.init_moments = moments
         self.preprocess = preprocess or Preprocess()
-        self.train_transform = transform_for(data, self.preprocess, tcfg.augment)
-        self.eval_transform = transform_for(data, self.preprocess)
+        if self.preprocess.max_patches is None:
+            self.train_transform = transform_for(data, self.preprocess, tcfg.augment)
+            self.eval_transform = transform_for(data, self.preprocess)
+        else:
+            micro = tcfg.batch_size // tcfg.accum_steps
+            check_model(cfg, self.preprocess.max_patches, micro, f"max_patches={self.preprocess.max_patches}")
+            self.train_transform = NaFlexTransform(cfg, self.preprocess, tcfg.augment)
+            self.eval_transform = NaFlexTransform(cfg, self.preprocess)
         self._test_batches = None
         self._compiled, self.cache_events = None, {"cache_hits": 0, "cache_misses": 0}
         self.mesh = mesh or make_mesh(tcfg.mesh_spec())
@@ -227,9 +238,16 @@ class Trainer:
 
     def batch_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
         """The global batch the steps take, its rows split over the mesh: image float32 [B, H, W, C], label int32
-        [B], target float32 [B, K], mask float32 [B] (what ``vit_jax.data`` makes)."""
+        [B], target float32 [B, K], mask float32 [B] (what ``vit_jax.data`` makes); NaFlex: image float32
+        [B, N, P*P*C], patch_mask bool [B, N], spatial_shapes int32 [B, 2], position_weights float32 [B, N,
+        Gh*Gw] besides (``vit_common.data.naflex_batches``)."""
         b, (h, w), c, k = self.tcfg.batch_size, self.cfg.image_size, self.cfg.in_chans, self.cfg.num_classes
         shapes = {"image": ((b, h, w, c), jnp.float32), "label": ((b,), jnp.int32)}
+        n = self.preprocess.max_patches
+        if n is not None:
+            (ph, pw), (gh, gw) = self.cfg.patch_size, self.cfg.grid
+            shapes |= {"image": ((b, n, ph * pw * c), jnp.float32), "patch_mask": ((b, n), jnp.bool_)}
+            shapes |= {"spatial_shapes": ((b, 2), jnp.int32), "position_weights": ((b, n, gh * gw), jnp.float32)}
         shapes |= {"target": ((b, k), jnp.float32), "mask": ((b,), jnp.float32)}
         return {n: jax.ShapeDtypeStruct(s, d, sharding=self.batch_sharding) for n, (s, d) in shapes.items()}
 
@@ -318,16 +336,21 @@ class Trainer:
         return merge_lora(weights, lora_scale(self.tcfg)) if self.tcfg.lora is not None and merged else weights
 
 
-def _forward(graphdef, params, rest, images, drop_masks=None, dropout_masks=None):
+def naflex_arguments(batch: dict) -> dict:
+    """The model's NaFlex arguments of a batch (``patch_mask``, ``position_weights``), or {} for images."""
+    return {k: batch[k] for k in ("patch_mask", "position_weights") if k in batch}
+
+
+def _forward(graphdef, params, rest, images, drop_masks=None, dropout_masks=None, naflex=None):
     """(logits [B, K] in at least float32 (float64 models keep float64), the model's non-parameter
     state after the call); ``drop_masks`` [B, depth, 2] and ``dropout_masks`` {module path: [B, ...]}
-    the parity mode's drop-path and dropout masks, or None.
+    the parity mode's drop-path and dropout masks, or None; ``naflex`` ``naflex_arguments``' dict.
 
     ``rest`` is rebuilt by an identity tree map so that its Variables (dropout RNG counters) belong
     to the current trace: NNX refuses to update a Variable created outside ``jax.value_and_grad``.
     """
     model = nnx.merge(graphdef, params, jax.tree.map(lambda v: v, rest))
-    logits = model(images, drop_masks=drop_masks, dropout_masks=dropout_masks)
+    logits = model(images, drop_masks=drop_masks, dropout_masks=dropout_masks, **(naflex or {}))
     logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     return logits, nnx.state(model, nnx.Not(nnx.Param))
 
@@ -347,7 +370,8 @@ def loss_and_grads(t: Trainer, params, rest, batch: dict):
     def loss_sum(p, rest, mb):
         if tcfg.freeze or tcfg.lora is not None:
             p = jax.tree.map(lambda train, x: x if train else jax.lax.stop_gradient(x), t.trainable, p)
-        logits, rest = _forward(t.train_graphdef, p, rest, mb["image"], mb.get("drop_masks"), mb.get("dropout_masks"))
+        masks = (mb.get("drop_masks"), mb.get("dropout_masks"))
+        logits, rest = _forward(t.train_graphdef, p, rest, mb["image"], *masks, naflex_arguments(mb))
         targets = mb["target"].astype(logits.dtype)
         targets = optax.smooth_labels(targets, tcfg.label_smoothing) if tcfg.label_smoothing else targets
         ce = optax.softmax_cross_entropy(logits, targets)  # [b]
@@ -401,7 +425,7 @@ def train_step_fn(t: Trainer):
 
 def eval_step_fn(t: Trainer):
     def eval_step(params, rest, batch: dict) -> dict:
-        logits, _ = _forward(t.eval_graphdef, params, rest, batch["image"])
+        logits, _ = _forward(t.eval_graphdef, params, rest, batch["image"], naflex=naflex_arguments(batch))
         ce = optax.softmax_cross_entropy(logits, batch["target"])
         mask = batch["mask"]
         top = jax.lax.top_k(logits, min(5, logits.shape[-1]))[1]  # [B, 5]: the five highest logits' classes

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from vit_common.config import ViTConfig
-from vit_common.naflex import check_batch, position_weights
+from vit_common.naflex import naflex_inputs
 from vit_common.posemb import SINCOS_CONVENTIONS, resample_matrices, sincos2d
 from vit_torch.layers import (
     DropPath,
@@ -403,17 +403,15 @@ class VisionTransformer(nn.Module):
         decays is its recipe's choice (``vit_common.training.recipes.decays``)."""
         return frozenset({"pos_embed", "cls_token", "reg_token", "dist_token", "rope.freqs"})
 
-    def _embed(
-        self, x: torch.Tensor, spatial_shapes: np.ndarray | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int] | None]:
+    def _embed(self, x: torch.Tensor, weights=None) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int] | None]:
         """Images [B, C, H, W] -> (patch tokens [B, h*w, D], tokens with prefix and posemb [B, L, D], (h, w));
-        with ``spatial_shapes`` (checked: ``vit_common.naflex.check_batch``) NaFlex patches [B, N, P*P*C] ->
-        (patch tokens [B, N, D], tokens [B, L, D], None), the position table resized to each image's grid."""
+        with ``weights`` [B, N, Gh*Gw] (``vit_common.naflex.position_weights``) NaFlex patches [B, N, P*P*C]
+        -> (patch tokens [B, N, D], tokens [B, L, D], None), the position table resized to each image's grid."""
         cfg = self.cfg
         cd = torch_dtype(cfg.dtype)
         b = x.shape[0]
-        x = condition_input(cfg, x, spatial_shapes is not None).to(cd)
-        if spatial_shapes is not None:
+        x = condition_input(cfg, x, weights is not None).to(cd)
+        if weights is not None:
             gh, gw = None, None
             patches = self.patch_embed.embed_flat(x)  # [B, N, D]
         else:
@@ -434,10 +432,8 @@ class VisionTransformer(nn.Module):
         if cfg.posemb == "learn":
             pe = self.pos_embed.to(cd)
             pe_prefix, pe_grid = (pe[:, :npt], pe[:, npt:]) if cfg.posemb_prefix else (None, pe)
-            if spatial_shapes is not None:  # NaFlex: each image's own grid, padding rows zero
-                weights = position_weights(cfg.grid, spatial_shapes, x.shape[1], cfg.posemb_resample)
-                weights = torch.as_tensor(weights, dtype=cd, device=x.device)  # [B, N, Gh*Gw]
-                pe_grid = torch.einsum("bng,gd->bnd", weights, pe_grid[0])  # [B, N, D]
+            if weights is not None:  # NaFlex: each image's own grid, padding rows zero
+                pe_grid = torch.einsum("bng,gd->bnd", torch.as_tensor(weights, dtype=cd, device=x.device), pe_grid[0])
                 pe_prefix = None if pe_prefix is None else pe_prefix.expand(b, -1, -1)
             elif (gh, gw) != cfg.grid:  # dynamic image size: the same matrices as vit_common.posemb
                 wh, ww = (
@@ -465,19 +461,19 @@ class VisionTransformer(nn.Module):
         dropout_masks: dict | None = None,
         patch_mask=None,
         spatial_shapes=None,
+        position_weights=None,
     ) -> torch.Tensor:
         """The one forward pass; records named intermediates into ``out`` when it is a dict; ``drop_masks``
-        [B, depth, 2] the blocks' drop-path masks, ``dropout_masks`` the dropout masks, ``patch_mask`` and
-        ``spatial_shapes`` a NaFlex batch's (``forward``)."""
+        [B, depth, 2] the blocks' drop-path masks, ``dropout_masks`` the dropout masks, ``patch_mask``,
+        ``spatial_shapes`` and ``position_weights`` a NaFlex batch's (``forward``)."""
         cfg = self.cfg
         record = out is not None
-        token_mask = None
-        if spatial_shapes is not None or patch_mask is not None:  # NaFlex
-            host = [t.cpu().numpy() if isinstance(t, torch.Tensor) else t for t in (patch_mask, spatial_shapes)]
-            patch_mask, spatial_shapes = check_batch(cfg, tuple(x.shape), *host)
-            prefix = np.ones((x.shape[0], cfg.num_prefix_tokens), bool)
-            token_mask = torch.as_tensor(np.concatenate([prefix, patch_mask], axis=1), device=x.device)  # [B, L]
-        patches, x, grid = self._embed(x, spatial_shapes)
+        token_mask, weights, naflex = None, None, (patch_mask, spatial_shapes, position_weights)
+        if any(t is not None for t in naflex):  # NaFlex
+            host = [t.cpu().numpy() if isinstance(t, torch.Tensor) else t for t in naflex]
+            token_mask, weights = naflex_inputs(cfg, tuple(x.shape), *host)
+            token_mask = torch.as_tensor(token_mask, device=x.device)  # [B, L]
+        patches, x, grid = self._embed(x, weights)
         rope = self.rope(grid, x.device) if self.rope is not None else None  # (sin, cos), once per forward
         x = masked_drop(self.pos_drop, x, dropout_masks, "pos_drop")
         if record:
@@ -563,6 +559,7 @@ class VisionTransformer(nn.Module):
         *,
         patch_mask=None,
         spatial_shapes=None,
+        position_weights=None,
         drop_masks: torch.Tensor | None = None,
         dropout_masks: dict | None = None,
     ) -> torch.Tensor:
@@ -572,6 +569,7 @@ class VisionTransformer(nn.Module):
         numpy; read on the host), ``images`` are flattened patches [B, N, P*P*C] of images of different
         sizes; the position table is resized to each image's grid with cfg.posemb_resample and padding
         patches reach no attention and no pooling. A bad batch raises ValueError (``check_batch``).
+        Or ``position_weights`` [B, N, Gh*Gw] instead of ``spatial_shapes`` (``vit_common.naflex.naflex_inputs``).
 
         ``drop_masks`` float [B, depth, 2] (1 keep, 0 drop): in training, block i's two drop-path
         branches take rows [:, i, 0] and [:, i, 1] instead of drawing their own, so that both twins drop
@@ -581,7 +579,7 @@ class VisionTransformer(nn.Module):
         "pos_drop", "blocks.{i}.attn.attn_drop", ..., "head_drop"); every live dropout needs its mask
         (KeyError otherwise); ignored in eval.
         """
-        return self._forward(images, None, drop_masks, dropout_masks, patch_mask, spatial_shapes)
+        return self._forward(images, None, drop_masks, dropout_masks, patch_mask, spatial_shapes, position_weights)
 
     def forward_intermediates(
         self, images: torch.Tensor, *, patch_mask=None, spatial_shapes=None

@@ -211,10 +211,13 @@ class Trainer:
         else the model draws its own.
 
         Returns metrics as the JAX step's: loss (mean over real examples), correct, count, grad_norm (of
-        the gradient before clipping), lr (this step's).
+        the gradient before clipping), lr (this step's). A NaFlex batch (``vit_common.data.naflex_batches``:
+        "image" the patches [B, N, P*P*C], "patch_mask", "position_weights") passes its mask and weights.
         """
         tcfg, a, model = self.tcfg, self.tcfg.accum_steps, self.model
-        images = self._tensor(batch["image"]).permute(0, 3, 1, 2)  # [B, H, W, C] -> [B, C, H, W]
+        naflex = {k: self._tensor(batch[k]) for k in ("patch_mask", "position_weights") if k in batch}
+        images = self._tensor(batch["image"])
+        images = images if naflex else images.permute(0, 3, 1, 2)  # [B, H, W, C] -> [B, C, H, W]
         label, target, mask = (self._tensor(batch[k]) for k in ("label", "target", "mask"))
         masks = None if drop_masks is None else self._tensor(drop_masks)
         drops = None if dropout_masks is None else {k: self._tensor(v) for k, v in dropout_masks.items()}
@@ -227,6 +230,7 @@ class Trainer:
                 images[rows],
                 drop_masks=None if masks is None else masks[rows],
                 dropout_masks=None if drops is None else {k: v[rows] for k, v in drops.items()},
+                **{k: v[rows] for k, v in naflex.items()},
             )
             logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
             ce = F.cross_entropy(

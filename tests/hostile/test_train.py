@@ -18,6 +18,7 @@ import pytest
 
 from vit_cli.main import main
 from vit_common.checkpoints.convert import save_checkpoint
+from vit_common.data.images import Preprocess
 from vit_common.state import random_state
 from vit_common.system import io
 
@@ -172,6 +173,22 @@ def resume_without_checkpoints(what: str, damage: Callable[[Path], None]) -> Cal
     return build
 
 
+def naflex_init(*flags: str, fixed: bool = False) -> Callable[[Path], list[str]]:
+    """``vit train --init`` of ``SMALL`` as a NaFlex model (no class token, its stored preprocessing a
+    budget of 16 patches), or with ``fixed`` as it is, on an npz dataset, with ``flags``."""
+
+    def build(tmp: Path) -> list[str]:
+        cfg = SMALL if fixed else SMALL.replace(class_token=False, pool="gap", posemb_resample="bilinear_aa")
+        pre = None if fixed else Preprocess(max_patches=16)
+        save_checkpoint(tmp / "n.safetensors", cfg, random_state(cfg, scale=0.2), "canonical", preprocess=pre)
+        data = npz_dataset(tmp / "d.npz", [0, 1] * 4)
+        init = ["--init", str(tmp / "n.safetensors"), "--dataset", f"npz:{data}", "--out", str(tmp / "run")]
+        return [*TRAIN[:1], *TRAIN[-4:], *init, "--batch-size", "4", *flags]
+
+    build.__name__ = f"train --init {'FIXED' if fixed else 'NAFLEX'} {' '.join(flags)}"
+    return build
+
+
 def plan_over_the_memory(tmp: Path) -> list[str]:
     """``--plan`` of a step over ``--device-memory``: refused as the run would be, not printed as if it fit."""
     data = npz_dataset(tmp / "d.npz", [0, 1] * 4)
@@ -284,6 +301,15 @@ CASES = [
         r"divide 1",
         child=True,
     ),
+    Case(
+        naflex_init("--mixup", "0.8"),
+        r"mixup=0.8, cutmix=0.0, cutmix_minmax=None with a NaFlex model: its images have grids of their own",
+    ),
+    Case(
+        naflex_init("--max-patches", "16", fixed=True),
+        r"max_patches=16 for a fixed-size model \(preprocessing .*\): expected a NaFlex model",
+    ),
+    Case(flag("train", "--max-patches", "16"), r"--max-patches 16 without --init: NaFlex training fine-tunes a NaFlex"),
     # cost out of proportion
     Case(
         batch_larger_than_the_data("npz", 9), r"batch_size=9: expected at most the 8 training images of npz:{tmp}/d.npz"
