@@ -527,7 +527,8 @@ def test_a_siglip2_folder_s_processor_config_is_its_preprocessing(tmp_path, caps
 def test_vit_parity_runs_a_naflex_model_s_images_as_a_naflex_batch(tmp_path):
     """``run_parity`` with a folder of images of three aspect ratios and a NaFlex model (its stored
     preprocessing a budget of 16 patches): one NaFlex batch through both twins, every intermediate within
-    the float32 tolerance; a reference library is refused by name (it takes fixed-size images here)."""
+    the float32 tolerance; ``max_patches`` (``vit parity --max-patches``) replaces the budget; a reference
+    library is refused by name (it takes fixed-size images here)."""
     from PIL import Image
     from safetensors.numpy import save_file
 
@@ -546,5 +547,7 @@ def test_vit_parity_runs_a_naflex_model_s_images_as_a_naflex_batch(tmp_path):
     result = run_parity(tmp_path / "n.safetensors", images=tmp_path / "images")
     assert result.ok and result.images == ["0.png", "1.png", "2.png"] and result.agreement == 1.0
     assert {r.name for r in result.rows} >= {"patch_embed", "block00", "attn01", "logits"}
+    nine = run_parity(tmp_path / "n.safetensors", images=tmp_path / "images", max_patches=9, keep_outputs=True)
+    assert nine.ok and nine.outputs["torch"]["attn01"].shape[-1] == 9  # no prefix token, N = the budget
     with pytest.raises(ValueError, match="--against transformers with a NaFlex model's images"):
         run_parity(tmp_path / "n.safetensors", images=tmp_path / "images", against="transformers")
