@@ -316,6 +316,26 @@ def check_model_args(hub: HubConfig, tensors, where: str) -> None:
         raise FormatError(str(e)) from None
 
 
+def check_naflex_grid(hub: HubConfig, tensors, grid: tuple[int, int], where: str) -> None:
+    """Refuse a NaFlexVit whose built position table's ``grid`` (Gh, Gw) is not the grid of the tensors'
+    ``embeds.pos_embed`` [1, Gh, Gw, D]: the same count of cells in another shape would read the table
+    wrongly, silently.
+
+    Raises:
+        FormatError: one line naming config.json's ``pos_embed_grid_size`` (or the architecture's), the
+            built grid and the stored one.
+    """
+    table = np.shape(tensors.get("embeds.pos_embed", np.zeros((0,))))
+    if len(table) != 4 or tuple(table[1:3]) == tuple(grid):
+        return
+    given = hub.model_args.get("pos_embed_grid_size")
+    what = f"model_args pos_embed_grid_size={given!r}" if given is not None else f"{hub.architecture}'s default table"
+    raise FormatError(
+        f"{where}: {what} builds a {grid[0]}x{grid[1]} position table, but embeds.pos_embed holds "
+        f"{table[1]}x{table[2]}: expected pos_embed_grid_size [{table[1]}, {table[2]}]"
+    )
+
+
 # timm entry points with rotary position embeddings (timm eva.py: DINOv3, PE, EVA-02, RoPE-ViT, SBB).
 _ROPE_ARCHITECTURE = re.compile(r"rope|dinov3|^vit_pe_|^eva02")
 
@@ -361,6 +381,7 @@ def read_hub(src: Source, opts) -> Decoded:
     check_rope_head_dim(hub, tensors, where)  # before timm fails inside its rotary tables
     cfg = reader(src.path) if reader is not None else None
     if cfg is not None and is_naflex(tensors):
+        check_naflex_grid(hub, tensors, cfg.grid, where)
         tensors = naflex_state(tensors, cfg.patch_size, cfg.in_chans)
     if cfg is not None:
         dt = common_float_dtype(tensors)
