@@ -47,6 +47,7 @@ from vit_common.checkpoints.formats.rules import refuse, unsupported
 from vit_common.checkpoints.formats.stored_config import config_from_json, decode_stored
 from vit_common.checkpoints.formats.timm_eva import eva_kwargs, eva_name, eva_to_canonical, is_eva, layout_note
 from vit_common.checkpoints.formats.timm_naflex import (
+    check_naflex_grid,
     infer_naflex,
     is_naflex,
     is_naflex_name,
@@ -316,26 +317,6 @@ def check_model_args(hub: HubConfig, tensors, where: str) -> None:
         raise FormatError(str(e)) from None
 
 
-def check_naflex_grid(hub: HubConfig, tensors, grid: tuple[int, int], where: str) -> None:
-    """Refuse a NaFlexVit whose built position table's ``grid`` (Gh, Gw) is not the grid of the tensors'
-    ``embeds.pos_embed`` [1, Gh, Gw, D]: the same count of cells in another shape would read the table
-    wrongly, silently.
-
-    Raises:
-        FormatError: one line naming config.json's ``pos_embed_grid_size`` (or the architecture's), the
-            built grid and the stored one.
-    """
-    table = np.shape(tensors.get("embeds.pos_embed", np.zeros((0,))))
-    if len(table) != 4 or tuple(table[1:3]) == tuple(grid):
-        return
-    given = hub.model_args.get("pos_embed_grid_size")
-    what = f"model_args pos_embed_grid_size={given!r}" if given is not None else f"{hub.architecture}'s default table"
-    raise FormatError(
-        f"{where}: {what} builds a {grid[0]}x{grid[1]} position table, but embeds.pos_embed holds "
-        f"{table[1]}x{table[2]}: expected pos_embed_grid_size [{table[1]}, {table[2]}]"
-    )
-
-
 # timm entry points with rotary position embeddings (timm eva.py: DINOv3, PE, EVA-02, RoPE-ViT, SBB).
 _ROPE_ARCHITECTURE = re.compile(r"rope|dinov3|^vit_pe_|^eva02")
 
@@ -381,7 +362,7 @@ def read_hub(src: Source, opts) -> Decoded:
     check_rope_head_dim(hub, tensors, where)  # before timm fails inside its rotary tables
     cfg = reader(src.path) if reader is not None else None
     if cfg is not None and is_naflex(tensors):
-        check_naflex_grid(hub, tensors, cfg.grid, where)
+        check_naflex_grid(hub.model_args, hub.architecture, tensors, cfg.grid, where)
         tensors = naflex_state(tensors, cfg.patch_size, cfg.in_chans)
     if cfg is not None:
         dt = common_float_dtype(tensors)
@@ -389,6 +370,10 @@ def read_hub(src: Source, opts) -> Decoded:
             cfg = cfg.replace(param_dtype=dt)
         how = f"config.json: timm.create_model('local-dir:...') builds {hub.architecture}"
         dec = decode_stored(cfg, tensors, layout, src.context, how, hub.assumed)
+        if cfg.dynamic_img_size and is_naflex(src.tensors):  # the table's size, not the inputs'
+            (gh, gw), size = cfg.grid, hub.pretrained_cfg.get("input_size")
+            inputs = f"; its inputs: any size, pretrained_cfg input_size {size}" if size else ""
+            dec.provenance["image_size"] = declared(f"{how}: its {gh}x{gw} position table x the patch{inputs}")
         dec.notes += notes
         return dec
     why = "no timm reader was given" if reader is None else "timm is not installed"
@@ -487,7 +472,7 @@ def hub_config_json(cfg: ViTConfig, assumed=(), qkv: str = "fused", architecture
         arch = hub_architecture(cfg)
     pcfg = {
         "input_size": [cfg.in_chans, *cfg.image_size],
-        "fixed_input_size": not cfg.dynamic_img_size,
+        "fixed_input_size": not (cfg.dynamic_img_size or is_naflex_name(arch)),  # a NaFlexVit takes any size
         "num_classes": cfg.num_classes,
         "first_conv": "embeds.proj" if is_naflex_name(arch) else "patch_embed.proj",
         "classifier": ["head", "head_dist"] if cfg.head_dist else "head",
