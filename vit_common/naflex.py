@@ -165,11 +165,10 @@ def size_for_max_patches(height: int, width: int, patch: int, max_patches: int, 
     return scaled(lo, height), scaled(lo, width)
 
 
-def preprocess(image, patch: int, max_patches: int, channels: int = 3, preprocessing: Preprocess | None = None):
-    """One PIL image -> (patches [h*w, P*P*C] float32, (h, w)): resized keeping its aspect ratio to
-    ``size_for_max_patches`` with Pillow (``preprocessing.interpolation``, SigLIP 2's bilinear by default),
-    rescaled and normalised (``vit_common.data.images.normalize``; default mean = std = 0.5), patchified;
-    transformers ``Siglip2ImageProcessorPil`` bit for bit. ``stack_patches`` makes a batch of them.
+def resize(image, patch: int, max_patches: int, channels: int = 3, preprocessing: Preprocess | None = None):
+    """One PIL image -> uint8 pixels [H, W, C], H and W multiples of ``patch``: resized keeping its aspect
+    ratio to ``size_for_max_patches`` with Pillow (``preprocessing.interpolation``, SigLIP 2's bilinear by
+    default); ``preprocess`` before the normalisation and patches.
 
     Raises:
         ValueError: an image so long and thin that one patch across still needs more than ``max_patches``
@@ -187,8 +186,20 @@ def preprocess(image, patch: int, max_patches: int, channels: int = 3, preproces
         from PIL import Image
 
         image = image.resize((w, h), getattr(Image.Resampling, preprocessing.interpolation.upper()))
-    pixels = normalize(to_array(image, channels), preprocessing)  # [H, W, C] float32
-    return patchify(pixels, (patch, patch)), (h // patch, w // patch)
+    return to_array(image, channels)
+
+
+def preprocess(image, patch: int, max_patches: int, channels: int = 3, preprocessing: Preprocess | None = None):
+    """One PIL image -> (patches [h*w, P*P*C] float32, (h, w)): ``resize``, rescaled and normalised
+    (``vit_common.data.images.normalize``; default mean = std = 0.5), patchified; transformers
+    ``Siglip2ImageProcessorPil`` bit for bit. ``stack_patches`` makes a batch of them.
+
+    Raises:
+        ValueError: as ``resize``.
+    """
+    preprocessing = preprocessing or Preprocess(interpolation="bilinear")
+    pixels = normalize(resize(image, patch, max_patches, channels, preprocessing), preprocessing)  # [H, W, C]
+    return patchify(pixels, (patch, patch)), (pixels.shape[0] // patch, pixels.shape[1] // patch)
 
 
 def stack_patches(items: list[tuple[np.ndarray, tuple[int, int]]], max_patches: int):
