@@ -83,3 +83,29 @@ def test_position_weights_equal_big_vision_pos_emb_resize():
         assert not ours[i, h * ww :].any()
     with pytest.raises(ValueError, match="resample method 'nearest'"):
         position_weights((4, 4), shapes, 24, "nearest")
+
+
+def test_strict_reading_refuses_a_bare_naflexvit_s_assumed_resize(tmp_path):
+    """A timm NaFlexVit state dict stores no resize: ``posemb_resample`` (which decides the function at
+    every grid but the table's own) is assumed as the other fields a state dict lacks are, so strict
+    reading refuses it by name until it is given; a file written from it keeps it assumed."""
+    from safetensors.numpy import save_file
+
+    from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
+    from vit_common.checkpoints.formats.errors import FormatError
+    from vit_common.checkpoints.formats.timm_naflex import canonical_to_naflex
+    from vit_common.state import random_state
+
+    cfg = ViTConfig(image_size=32, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=0,
+                    class_token=False, pool="gap", posemb_prefix=False, dynamic_img_size=True)  # fmt: skip
+    tensors = {k: np.ascontiguousarray(v) for k, v in canonical_to_naflex(cfg, random_state(cfg)).items()}
+    save_file(tensors, str(tmp_path / "n.safetensors"))
+    given = dict(in_chans=3, num_heads=2, ln_eps=1e-6, gelu="exact", pool="gap")
+    with pytest.raises(FormatError, match=r"does not say posemb_resample \(assumed 'bicubic_aa': pass --set"):
+        load_checkpoint(tmp_path / "n.safetensors", strict=True, **given)
+    bare = load_checkpoint(tmp_path / "n.safetensors", **given)
+    assert bare.report.assumed == ["posemb_resample"]
+    save_checkpoint(tmp_path / "ours.safetensors", bare.cfg, bare.state, assumed=bare.report.assumed)
+    assert load_checkpoint(tmp_path / "ours.safetensors").report.assumed == ["posemb_resample"]
+    ok = load_checkpoint(tmp_path / "n.safetensors", strict=True, posemb_resample="bilinear_aa", **given)
+    assert ok.cfg.posemb_resample == "bilinear_aa" and ok.report.assumed == []
