@@ -109,3 +109,32 @@ def test_strict_reading_refuses_a_bare_naflexvit_s_assumed_resize(tmp_path):
     assert load_checkpoint(tmp_path / "ours.safetensors").report.assumed == ["posemb_resample"]
     ok = load_checkpoint(tmp_path / "n.safetensors", strict=True, posemb_resample="bilinear_aa", **given)
     assert ok.cfg.posemb_resample == "bilinear_aa" and ok.report.assumed == []
+
+
+def test_big_vision_naflex_npz_is_written_and_read_back_bit_for_bit(tmp_path):
+    """A NaFlex model written as big_vision naflex_vit's ``.npz`` (``NpzWriteOptions(naflex=True)``) holds
+    ``embedding/kernel`` [P*P*C, D] and ``pos_embedding`` [G, G, D]; it reads back as naflex_vit (the
+    bilinear resize derived) with every tensor bit for bit, and written again from that read gives the same
+    file tensors. A model whose table naflex_vit cannot resize as it does is refused by name."""
+    from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
+    from vit_common.checkpoints.formats.npz import NpzWriteOptions
+    from vit_common.state import random_state
+
+    cfg = ViTConfig(image_size=(16, 32), patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=0,
+                    class_token=False, pool="map", gelu="tanh", posemb_resample="bilinear_aa")  # fmt: skip
+    state, options = random_state(cfg, seed=1), NpzWriteOptions(prefix="params/img/", naflex=True)
+    save_checkpoint(tmp_path / "a.npz", cfg, state, "big_vision", options=options)
+    with np.load(tmp_path / "a.npz") as z:
+        first = {k: z[k] for k in z.files}
+    assert first["params/img/embedding/kernel"].shape == (8 * 8 * 3, 32)
+    assert first["params/img/pos_embedding"].shape == (2, 4, 32)
+    back = load_checkpoint(tmp_path / "a.npz", gelu="tanh", ln_eps=1e-6, in_chans=3)
+    assert back.report.layout.endswith("naflex_vit") and back.cfg == cfg.replace(dynamic_img_size=True)
+    assert all(np.array_equal(back.state[k], v) for k, v in state.items())
+    save_checkpoint(tmp_path / "b.npz", back.cfg, back.state, "big_vision", options=options)
+    with np.load(tmp_path / "b.npz") as z:
+        assert z.files == list(first) and all(np.array_equal(z[k], v) for k, v in first.items())
+    bicubic = cfg.replace(posemb_resample="bicubic_aa")
+    with pytest.raises(ValueError, match=r"naflex_vit format cannot hold this model: posemb_resample='bicubic_aa'"):
+        save_checkpoint(tmp_path / "c.npz", bicubic, state, "big_vision", options=options)
+    assert not (tmp_path / "c.npz").exists()
