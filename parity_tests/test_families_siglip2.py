@@ -371,7 +371,9 @@ def test_big_vision_naflex_npz_equals_transformers_in_both_twins(tmp_path):
     """A big_vision ``naflex_vit`` ``.npz`` (built here from a tiny ``Siglip2VisionModel`` by the inverse of
     transformers' converter, beside a text tower's ``params/txt/`` and ``params/t``): read with
     ``posemb_resample`` bilinear_aa and its 4x4 table derived, what an .npz cannot hold (GELU, eps,
-    channels) assumed; given nothing, both twins equal transformers' pooled output on four aspect ratios."""
+    channels) assumed; given nothing, both twins equal transformers' pooled output on four aspect ratios.
+    Written back to big_vision (naflex_vit's layout, the source's): its image tower bit for bit; written
+    from the transformers folder: read as naflex_vit, equal to transformers."""
     model = _siglip2_folder(tmp_path / "hf")
     files = _big_vision_naflex(model, heads=4) | {
         "params/txt/Embed_0/embedding": np.zeros((64, 2), np.float32),
@@ -391,6 +393,18 @@ def test_big_vision_naflex_npz_equals_transformers_in_both_twins(tmp_path):
         got = vit_torch.from_numpy(cfg, ckpt.state)(patches, patch_mask=mask, spatial_shapes=shapes)
     _assert_close("torch", got, ref)
     _assert_close("jax", _jax(cfg, ckpt.state, batch), ref)
+    # written back: naflex_vit's layout, the source's image tower bit for bit; from the transformers folder too
+    options = NpzWriteOptions(prefix="params/img/")  # the layout from the source: naflex_vit
+    convert(tmp_path / "siglip2_naflex.npz", tmp_path / "back.npz", to_fmt="big_vision", write_options=options)
+    with np.load(tmp_path / "back.npz") as z:
+        tower = {k: v for k, v in files.items() if k.startswith("params/img/")}
+        assert set(z.files) == set(tower) and all(np.array_equal(z[k], v) for k, v in tower.items())
+    convert(tmp_path / "hf", tmp_path / "from_hf.npz", to_fmt="big_vision", write_options=options)
+    written = load_checkpoint(tmp_path / "from_hf.npz", gelu="tanh", ln_eps=1e-6, in_chans=3, strict=True)
+    assert written.report.layout.endswith("naflex_vit") and written.cfg == cfg
+    with torch.no_grad():
+        got = vit_torch.from_numpy(written.cfg, written.state)(patches, patch_mask=mask, spatial_shapes=shapes)
+    _assert_close("torch, written from transformers", got, ref)
 
 
 def test_naflex_preprocessing_equals_transformers_siglip2_processor():
@@ -527,7 +541,8 @@ def test_a_siglip2_folder_s_processor_config_is_its_preprocessing(tmp_path, caps
 def test_vit_parity_runs_a_naflex_model_s_images_as_a_naflex_batch(tmp_path):
     """``run_parity`` with a folder of images of three aspect ratios and a NaFlex model (its stored
     preprocessing a budget of 16 patches): one NaFlex batch through both twins, every intermediate within
-    the float32 tolerance; a reference library is refused by name (it takes fixed-size images here)."""
+    the float32 tolerance; ``max_patches`` (``vit parity --max-patches``) replaces the budget; a reference
+    library is refused by name (it takes fixed-size images here)."""
     from PIL import Image
     from safetensors.numpy import save_file
 
@@ -546,5 +561,7 @@ def test_vit_parity_runs_a_naflex_model_s_images_as_a_naflex_batch(tmp_path):
     result = run_parity(tmp_path / "n.safetensors", images=tmp_path / "images")
     assert result.ok and result.images == ["0.png", "1.png", "2.png"] and result.agreement == 1.0
     assert {r.name for r in result.rows} >= {"patch_embed", "block00", "attn01", "logits"}
+    nine = run_parity(tmp_path / "n.safetensors", images=tmp_path / "images", max_patches=9, keep_outputs=True)
+    assert nine.ok and nine.outputs["torch"]["attn01"].shape[-1] == 9  # no prefix token, N = the budget
     with pytest.raises(ValueError, match="--against transformers with a NaFlex model's images"):
         run_parity(tmp_path / "n.safetensors", images=tmp_path / "images", against="transformers")

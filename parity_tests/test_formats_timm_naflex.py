@@ -101,6 +101,34 @@ def test_naflexvit_siglip_hub_folder_and_file_equal_timm_in_both_twins(tmp_path)
         _assert_close("torch, bare file", got(batch[0], patch_mask=batch[2], spatial_shapes=batch[3]), ref)
 
 
+def test_naflexvit_hub_folder_preprocesses_as_timm_s_naflex_evaluation(tmp_path):
+    """A NaFlexVit hub folder's preprocessing is timm's NaFlex evaluation (``create_transform(naflex=True)``:
+    ``ResizeToSequence`` keeping the aspect ratio, then patches): mean, std and filter from
+    ``pretrained_cfg``, the patch budget its ``input_size`` (384 x 384) in the model's 8-pixel patches, each
+    stated as such; the image_size is the table's (4 x 4 patches), said to be. The patches equal timm's."""
+    from PIL import Image
+    from timm.data import create_transform, resolve_data_config
+
+    from vit_common.naflex import preprocess
+
+    name = "naflexvit_base_patch16_siglip"
+    model = _timm_naflex(name)
+    save_for_hf(model, tmp_path / "hub", model_config={"architecture": name})
+    ckpt = load_checkpoint(tmp_path / "hub", readers=READERS)
+    pre, budget = ckpt.info.preprocess, (384 // 8) ** 2
+    assert (pre.max_patches, pre.interpolation, pre.mean, pre.std) == (budget, "bicubic", (0.5,) * 3, (0.5,) * 3)
+    assert f"max_patches={budget}, its input_size 384x384 in 8-pixel patches" in ckpt.info.preprocess_source
+    assert "its 4x4 position table x the patch" in ckpt.report.provenance["image_size"].source
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (300, 500, 3), np.uint8))
+    timm_eval = create_transform(
+        **resolve_data_config(model=model), naflex=True, patch_size=8, max_seq_len=budget, patchify=True
+    )
+    ref = timm_eval(image)  # patches [N, P*P*C] (P, P, C), patch_valid
+    patches, (h, w) = preprocess(image, 8, budget, 3, pre)
+    assert len(patches) == h * w == int(ref["patch_valid"].sum()) <= budget
+    np.testing.assert_allclose(patches, ref["patches"][: h * w].numpy(), rtol=0, atol=1e-6)
+
+
 # timm NaFlexVit entry points and keywords: register tokens with avg pooling and fc_norm (bicubic resize),
 # a MAP head on the patches beside a register token, a class token with token pooling, a Conv2d projection
 _FAMILIES = {
@@ -196,6 +224,8 @@ def test_naflexvit_exports_load_strictly_in_timm_and_give_its_output(tmp_path):
             assert torch.equal(timm_model.eval()(patches, patch_coord=coord, patch_valid=valid), ref), dst
         back = load_checkpoint(tmp_path / dst, readers=READERS)
         assert "NaFlexVit" in back.report.layout or name in back.report.layout
+        if dst == "out":  # the patch budget written as the input_size it is read from
+            assert back.info.preprocess == source.info.preprocess
         assert back.report.assumed == [] if dst != "out.pth" else {"num_heads", "gelu"} <= set(back.report.assumed)
         assert all(np.array_equal(np.asarray(back.state[k]), np.asarray(v)) for k, v in source.state.items())
     cfg = ViTConfig(image_size=16, patch_size=8, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=0)

@@ -144,6 +144,30 @@ TIMM_HUB_REFUSED = {  # name -> (image size, the words of the refusal)
 }
 TIMM_HUB_ALL = TIMM_HUB_CASES | {k: size for k, (size, _) in TIMM_HUB_REFUSED.items()}
 
+# timm NaFlexVit (naflexvit_*): timm 1.0.31 registers 14 names. Their hub folders, at test width with a 2x2
+# table run on 48x32 images (the table resized to a 3x2 grid): the 10 the twins implement are exact (the
+# _radio ones with RADIO's bilinear_crop), the 4 others refused in 3 kinds, one folder each: an
+# aspect-preserving bicubic table (_par_gap), a factorized one (_parfac_gap), an aspect-preserving bilinear
+# one with align_corners (base and huge _radio_v3). The 10 as bare state dicts (no config: warned, the
+# resize among the assumed).
+NAFLEX_CASES = (
+    "naflexvit_base_patch16_gap",
+    "naflexvit_base_patch16_map",
+    "naflexvit_base_patch16_siglip",
+    "naflexvit_giant_patch16_radio_v3",
+    "naflexvit_huge_patch16_radio_v4",
+    "naflexvit_large_patch16_radio_v3",
+    "naflexvit_so150m2_patch16_reg1_gap",
+    "naflexvit_so150m2_patch16_reg1_map",
+    "naflexvit_so400m_patch16_radio_v4",
+    "naflexvit_so400m_patch16_siglip",
+)
+NAFLEX_REFUSED = {
+    "naflexvit_base_patch16_par_gap": "an aspect-preserving table resize ('bicubic', True, False)",
+    "naflexvit_base_patch16_parfac_gap": "a factorized position table",
+    "naflexvit_base_patch16_radio_v3": "an aspect-preserving table resize ('bilinear', False, True)",
+}
+
 # transformers: (architecture, config keyword arguments, how the folder is written)
 HF_CASES = {
     "vit_classify_gelu": ("ViTForImageClassification", {}, "v4"),
@@ -278,9 +302,13 @@ def counts() -> dict[str, int]:
     every supported one is 'warned'; transformers folders (ViT, DeiT and the other vision towers) declare
     everything in config.json, timm hub folders through the model timm builds from theirs."""
     return {
-        "exact": len(HF_CASES) + len(TIMM_HUB_CASES) + len(HF_FAMILY_CASES),
-        "warned": len(TIMM_CASES) - len(TIMM_REFUSED),
-        "refused": len(TIMM_REFUSED) + len(HF_REFUSED) + len(TIMM_HUB_REFUSED) + len(HF_FAMILY_REFUSED),
+        "exact": len(HF_CASES) + len(TIMM_HUB_CASES) + len(HF_FAMILY_CASES) + len(NAFLEX_CASES),
+        "warned": len(TIMM_CASES) - len(TIMM_REFUSED) + len(NAFLEX_CASES),
+        "refused": len(TIMM_REFUSED)
+        + len(HF_REFUSED)
+        + len(TIMM_HUB_REFUSED)
+        + len(HF_FAMILY_REFUSED)
+        + len(NAFLEX_REFUSED),
         "wrong": 0,
     }
 
@@ -365,6 +393,59 @@ def test_timm_hub_folder(name, tmp_path, perturb, images):
         ref = tm(torch.from_numpy(x)).numpy()
     ckpt = load_checkpoint(tmp_path / "hub", readers=READERS, strict=True)
     assert ckpt.report.assumed == [] and _equal(_twins(ckpt, x), ref)
+
+
+def _naflexvit(name: str, perturb):
+    """timm's NaFlexVit ``name`` at test width (embed_dim 32, depth 1, 2 heads, a 2x2 table), perturbed."""
+    import timm
+
+    torch.manual_seed(0)
+    kw = dict(embed_dim=32, depth=1, num_heads=2, pos_embed_grid_size=(2, 2))
+    return perturb(timm.create_model(name, pretrained=False, **kw)).eval()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", (*NAFLEX_CASES, *NAFLEX_REFUSED))
+def test_timm_naflexvit_hub_folder(name, tmp_path, perturb, images):
+    """A NaFlexVit hub folder: exact in both twins on 48x32 images (its 2x2 table resized to 3x2), nothing
+    assumed; or refused naming what the twins lack."""
+    import timm
+
+    tm = _naflexvit(name, perturb)
+    timm.models.save_for_hf(tm, tmp_path / "hub", safe_serialization=True)
+    if name in NAFLEX_REFUSED:
+        with pytest.raises(ValueError, match=re.escape(NAFLEX_REFUSED[name])):
+            load_checkpoint(tmp_path / "hub", readers=READERS)
+        return
+    x = images(1, (48, 32))
+    with torch.no_grad():
+        ref = tm(torch.from_numpy(x)).numpy()
+    ckpt = load_checkpoint(tmp_path / "hub", readers=READERS, strict=True)
+    assert ckpt.report.assumed == [] and _equal(_twins(ckpt, x), ref)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAFLEX_CASES)
+def test_timm_naflexvit_file(name, tmp_path, perturb, images):
+    """A NaFlexVit state dict (no config): every field that differs from timm's model, the table resize
+    included, is among the assumed; giving them makes it exact in strict mode."""
+    from vit_torch.timm_models import timm_config
+
+    tm = _naflexvit(name, perturb)
+    save_file({k: v.contiguous() for k, v in tm.state_dict().items()}, tmp_path / "n.safetensors")
+    truth, x = timm_config(tm, name), images(1, (48, 32))
+    with torch.no_grad():
+        ref = tm(torch.from_numpy(x)).numpy()
+    ckpt = load_checkpoint(tmp_path / "n.safetensors", readers=READERS)
+    assert "posemb_resample" in ckpt.report.assumed
+    differ = [k for k in (*FUNCTION_FIELDS, "posemb_resample") if getattr(ckpt.cfg, k) != getattr(truth, k)]
+    differ = [k for k in differ if k not in ckpt.cfg.inert_fields() | truth.inert_fields()]
+    assert set(differ) <= set(ckpt.report.assumed), (
+        f"silently different: {sorted(set(differ) - set(ckpt.report.assumed))}"
+    )
+    given = {k: getattr(truth, k) for k, o in ckpt.report.provenance.items() if o.kind == "assumed"}
+    exact = load_checkpoint(tmp_path / "n.safetensors", readers=READERS, strict=True, **given)
+    assert exact.report.assumed == [] and _equal(_twins(exact, x), ref)
 
 
 def _hf_folder(arch: str, config: dict, how: str, folder: Path, hf_vit):

@@ -83,3 +83,58 @@ def test_position_weights_equal_big_vision_pos_emb_resize():
         assert not ours[i, h * ww :].any()
     with pytest.raises(ValueError, match="resample method 'nearest'"):
         position_weights((4, 4), shapes, 24, "nearest")
+
+
+def test_strict_reading_refuses_a_bare_naflexvit_s_assumed_resize(tmp_path):
+    """A timm NaFlexVit state dict stores no resize: ``posemb_resample`` (which decides the function at
+    every grid but the table's own) is assumed as the other fields a state dict lacks are, so strict
+    reading refuses it by name until it is given; a file written from it keeps it assumed."""
+    from safetensors.numpy import save_file
+
+    from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
+    from vit_common.checkpoints.formats.errors import FormatError
+    from vit_common.checkpoints.formats.timm_naflex import canonical_to_naflex
+    from vit_common.state import random_state
+
+    cfg = ViTConfig(image_size=32, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=0,
+                    class_token=False, pool="gap", posemb_prefix=False, dynamic_img_size=True)  # fmt: skip
+    tensors = {k: np.ascontiguousarray(v) for k, v in canonical_to_naflex(cfg, random_state(cfg)).items()}
+    save_file(tensors, str(tmp_path / "n.safetensors"))
+    given = dict(in_chans=3, num_heads=2, ln_eps=1e-6, gelu="exact", pool="gap")
+    with pytest.raises(FormatError, match=r"does not say posemb_resample \(assumed 'bicubic_aa': pass --set"):
+        load_checkpoint(tmp_path / "n.safetensors", strict=True, **given)
+    bare = load_checkpoint(tmp_path / "n.safetensors", **given)
+    assert bare.report.assumed == ["posemb_resample"]
+    save_checkpoint(tmp_path / "ours.safetensors", bare.cfg, bare.state, assumed=bare.report.assumed)
+    assert load_checkpoint(tmp_path / "ours.safetensors").report.assumed == ["posemb_resample"]
+    ok = load_checkpoint(tmp_path / "n.safetensors", strict=True, posemb_resample="bilinear_aa", **given)
+    assert ok.cfg.posemb_resample == "bilinear_aa" and ok.report.assumed == []
+
+
+def test_big_vision_naflex_npz_is_written_and_read_back_bit_for_bit(tmp_path):
+    """A NaFlex model written as big_vision naflex_vit's ``.npz`` (``NpzWriteOptions(naflex=True)``) holds
+    ``embedding/kernel`` [P*P*C, D] and ``pos_embedding`` [G, G, D]; it reads back as naflex_vit (the
+    bilinear resize derived) with every tensor bit for bit, and written again from that read gives the same
+    file tensors. A model whose table naflex_vit cannot resize as it does is refused by name."""
+    from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
+    from vit_common.checkpoints.formats.npz import NpzWriteOptions
+    from vit_common.state import random_state
+
+    cfg = ViTConfig(image_size=(16, 32), patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=0,
+                    class_token=False, pool="map", gelu="tanh", posemb_resample="bilinear_aa")  # fmt: skip
+    state, options = random_state(cfg, seed=1), NpzWriteOptions(prefix="params/img/", naflex=True)
+    save_checkpoint(tmp_path / "a.npz", cfg, state, "big_vision", options=options)
+    with np.load(tmp_path / "a.npz") as z:
+        first = {k: z[k] for k in z.files}
+    assert first["params/img/embedding/kernel"].shape == (8 * 8 * 3, 32)
+    assert first["params/img/pos_embedding"].shape == (2, 4, 32)
+    back = load_checkpoint(tmp_path / "a.npz", gelu="tanh", ln_eps=1e-6, in_chans=3)
+    assert back.report.layout.endswith("naflex_vit") and back.cfg == cfg.replace(dynamic_img_size=True)
+    assert all(np.array_equal(back.state[k], v) for k, v in state.items())
+    save_checkpoint(tmp_path / "b.npz", back.cfg, back.state, "big_vision", options=options)
+    with np.load(tmp_path / "b.npz") as z:
+        assert z.files == list(first) and all(np.array_equal(z[k], v) for k, v in first.items())
+    bicubic = cfg.replace(posemb_resample="bicubic_aa")
+    with pytest.raises(ValueError, match=r"naflex_vit format cannot hold this model: posemb_resample='bicubic_aa'"):
+        save_checkpoint(tmp_path / "c.npz", bicubic, state, "big_vision", options=options)
+    assert not (tmp_path / "c.npz").exists()

@@ -86,3 +86,39 @@ def test_vit_evaluate_on_a_naflex_model_counts_what_each_image_alone_predicts(tm
     np.add.at(want, (labels, alone.argmax(-1)), 1)
     assert result["images"] == len(SIZES) and np.array_equal(result["confusion_matrix"], want)
     assert result["preprocess"]["max_patches"] == 16
+
+
+@pytest.mark.slow
+def test_vit_attention_on_a_naflex_model_maps_each_image_s_own_patches(tmp_path, capsys):
+    """``vit attention`` (torch twin, every block) runs each image of a NaFlex model at its own aspect
+    ratio: its arrays are on its own patch grid, and each block's map (the mean over patch queries) and
+    the MAP probe's equal the model's attention in a padded batch of 16 patches restricted to the image's
+    real patches, within the float32 attention tolerance: no padding reaches them."""
+    from vit_cli.main import main
+    from vit_common.naflex import stack_patches
+    from vit_common.tolerance import TOLERANCES
+
+    path, state = _folder(tmp_path)
+    images = [tmp_path / "d" / "val" / "abc"[i % 3] / f"{i}.png" for i in (0, 1, 3)]  # 1:6, 4:1, 9:5
+    capsys.readouterr()
+    argv = ["attention", *map(str, images), "--checkpoint", str(path), "--framework", "torch"]
+    assert main([*argv, "--layer", "all", "--out", str(tmp_path / "a"), "--json"]) == 0
+    reports = json.loads(capsys.readouterr().out)
+    items = [preprocess(Image.open(p), 8, 16, 3, PP) for p in images]
+    patches, mask, shapes = stack_patches(items, 16)
+    with torch.no_grad():
+        _, inter = (
+            vit_torch.from_numpy(CFG.replace(attn_impl="explicit"), state)
+            .eval()
+            .forward_intermediates(
+                torch.from_numpy(patches), patch_mask=torch.from_numpy(mask), spatial_shapes=torch.from_numpy(shapes)
+            )
+        )
+    for b, (report, (h, w)) in enumerate(zip(reports, shapes.tolist(), strict=True)):
+        n = h * w
+        raw, probe = (np.load(tmp_path / "a" / f"{images[b].stem}_{k}.npy") for k in ("raw", "probe"))
+        assert report["config"]["grid"] == [h, w] and raw.shape == (2, 2, h, w) and probe.shape == (2, h, w)
+        want = np.stack([inter[f"attn{i:02d}"][b, :, :n, :n].mean(1).numpy() for i in range(2)]).reshape(2, 2, h, w)
+        np.testing.assert_allclose(raw, want, rtol=0, atol=TOLERANCES[("attention", "float32")][1])
+        pool = inter["attn_pool"][b, :, 0, :n].numpy().reshape(2, h, w)  # [heads, 1 probe query, L]
+        np.testing.assert_allclose(probe, pool, rtol=0, atol=TOLERANCES[("attention", "float32")][1])

@@ -15,6 +15,8 @@ Per image STEM, written to --out:
   STEM_rollout.npy         [h, w] float32
   STEM_attention.json      what is shown, preprocessing, prediction, prefix-token shares, file names
 The arithmetic is ``vit_common.attention_maps`` (see its docstring for rollout and for what each pooling shows).
+A NaFlex model (a patch budget, ``--max-patches``) runs each image alone at its own aspect ratio with exactly
+its h x w patches: its input size and grid are that image's (``vit_common.naflex.resize``).
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="both",
         help="raw attention of the chosen block(s), attention rollout over all blocks, or both",
     )
-    add_image_flags(p, naflex=False)
+    add_image_flags(p)
     p.add_argument("--out", default="attention", help="output folder (default ./attention)")
     p.add_argument("--json", action="store_true", help="print one JSON list (one object per image)")
     p.set_defaults(func=run)
@@ -246,6 +248,34 @@ def _image_outputs(
     return panels, share, files
 
 
+def _naflex_runs(args, model, preprocess, files: list, layers: list[int]) -> list:
+    """A NaFlex model's images, each run alone at its own aspect ratio (``vit_common.naflex.resize``, at
+    most ``preprocess.max_patches`` patches) with exactly its h x w patches, so no padding enters its maps:
+    per image (pixels [H, W, C] float32 in [0, 1], its ``AttentionMaps``, the config whose grid is its
+    (h, w), logits [K], 0). The budget's memory is checked first (``vit_common.naflex.check_model``)."""
+    from vit_common.attention_maps import attention_maps
+    from vit_common.data.images import normalize, open_image, to_array, to_channels
+    from vit_common.naflex import check_model, patchify, resize, stack_patches
+
+    cfg, n, (p, _) = model.cfg, preprocess.max_patches, model.cfg.patch_size
+    check_model(cfg, n, 1, str(args.checkpoint))
+    runs = []
+    for path in files:
+        try:
+            image = resize(to_channels(open_image(path), cfg.in_chans), p, n, preprocess.interpolation)
+            pixels = to_array(image, cfg.in_chans)  # uint8 [H, W, C]
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from e
+        hw = (pixels.shape[0] // p, pixels.shape[1] // p)
+        batch = stack_patches([(patchify(normalize(pixels, preprocess), (p, p)), hw)], hw[0] * hw[1])
+        logits, inter = _forward(args.framework, model, batch)
+        own = cfg.replace(image_size=pixels.shape[:2])  # the maps' patch grid (h, w); the model is unchanged
+        runs.append(
+            (pixels.astype(np.float32) / 255.0, attention_maps(own, inter, layers, args.head), own, logits[0], 0)
+        )
+    return runs
+
+
 def run(args: argparse.Namespace) -> int:
     from vit_cli.flags import values
     from vit_common.attention_maps import attention_maps
@@ -267,10 +297,14 @@ def run(args: argparse.Namespace) -> int:
         layers = [args.layer % cfg.depth]
     else:
         raise ValueError(f"--layer {args.layer}: the model has blocks 0..{cfg.depth - 1}")
-    pixels = np.stack([load_image(p, cfg.image_size, cfg.in_chans, info.preprocess) for p in files])  # uint8
-    logits, inter = _forward(args.framework, model, normalize(pixels, info.preprocess))
-    images = pixels.astype(np.float32) / 255.0  # [B, H, W, C] in [0, 1], for the pictures
-    maps = attention_maps(cfg, inter, layers, args.head)
+    if info.preprocess.max_patches is None:
+        pixels = np.stack([load_image(p, cfg.image_size, cfg.in_chans, info.preprocess) for p in files])  # uint8
+        logits, inter = _forward(args.framework, model, normalize(pixels, info.preprocess))
+        maps = attention_maps(cfg, inter, layers, args.head)
+        runs = [(pixels[b].astype(np.float32) / 255.0, maps, cfg, logits[b], b) for b in range(len(files))]
+    else:
+        runs = _naflex_runs(args, model, info.preprocess, files, layers)
+    maps = runs[0][1]
     shows = {
         k: v
         for k, v in maps.shows.items()
@@ -280,7 +314,6 @@ def run(args: argparse.Namespace) -> int:
         "token": "class token's row",
         "map": "blocks: mean over patch queries; probe and rollout: MAP probe",
     }.get(cfg.pool, f"mean over patch queries (pool={cfg.pool!r})")
-    h, w = cfg.image_size
     preprocess = f"{info.preprocess.describe(cfg.image_size)} ({info.preprocess_source})"
     names = class_names(info, cfg.num_classes)
     figure_maps = {
@@ -289,10 +322,10 @@ def run(args: argparse.Namespace) -> int:
     }
     out = Path(args.out)
     reports = []
-    for b, (path, stem) in enumerate(zip(files, stems, strict=True)):
-        panels, share, files = _image_outputs(b, images[b], maps, cfg, args, out, stem, figure_maps)
+    for (image, maps, grid_cfg, row, b), path, stem in zip(runs, files, stems, strict=True):
+        panels, share, written = _image_outputs(b, image, maps, grid_cfg, args, out, stem, figure_maps)
         figure, summary = out / f"{stem}_attention.png", out / f"{stem}_attention.json"
-        write_figure(figure, images[b], panels, f"{Path(path).name}: {query}; colours scaled per panel")
+        write_figure(figure, image, panels, f"{Path(path).name}: {query}; colours scaled per panel")
         report = {
             "image": str(path),
             "checkpoint": str(args.checkpoint),
@@ -301,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
                 "pool": cfg.pool,
                 "class_token": cfg.class_token,
                 "reg_tokens": cfg.reg_tokens,
-                "grid": list(cfg.grid),
+                "grid": list(grid_cfg.grid),
                 "num_heads": cfg.num_heads,
                 "depth": cfg.depth,
             },
@@ -311,10 +344,10 @@ def run(args: argparse.Namespace) -> int:
             "head": args.head,
             "shows": shows,
             "shares": share,
-            "files": [str(f) for f in [figure, *files, summary]],
+            "files": [str(f) for f in [figure, *written, summary]],
         }
         if cfg.num_classes and cfg.pool != "none":
-            p = np.exp(logits[b] - logits[b].max())
+            p = np.exp(row - row.max())
             k = int(p.argmax())
             report["prediction"] = {"class": names[k], "index": k, "probability": float(p.max() / p.sum())}
         write_json(summary, report, indent=1)
@@ -322,10 +355,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(reports))
         return 0
+    (h, w), (gh, gw) = cfg.image_size, cfg.grid
+    size = f"{h}x{w} px in {gh}x{gw} patches" if info.preprocess.max_patches is None else "each image its own grid"
     print(
         f"vit attention: {args.framework} twin, {args.checkpoint} (pool={cfg.pool!r}, class token "
-        f"{'yes' if cfg.class_token else 'no'}, {cfg.reg_tokens} registers, {h}x{w} px in "
-        f"{cfg.grid[0]}x{cfg.grid[1]} patches)"
+        f"{'yes' if cfg.class_token else 'no'}, {cfg.reg_tokens} registers, {size})"
     )
     print(f"  input: {preprocess}")
     for k, v in shows.items():
@@ -343,7 +377,8 @@ def run(args: argparse.Namespace) -> int:
     for r in reports:
         pred = r.get("prediction")
         pred = f" predicted class {pred['class']} (p={pred['probability']:.2f})" if pred else ""
-        print(f"  {r['image']}:{pred}")
+        grid = "" if info.preprocess.max_patches is None else " {}x{} patches,".format(*r["config"]["grid"])
+        print(f"  {r['image']}:{grid}{pred}")
         for k, s in r["shares"].items():
             print(f"    {k}: {_share_text(s.get(str(args.head), s))}")
         print(f"    wrote {', '.join(Path(f).name for f in r['files'])} in {out}")

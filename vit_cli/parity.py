@@ -33,6 +33,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "preprocessing (default: 4 generated ones)",
     )
     p.add_argument("--max-images", type=arg(int_in, 1), default=16, help="with --images: use the first this many")
+    p.add_argument(
+        "--max-patches",
+        type=arg(int_in, 1),
+        help="with --images, a NaFlex model (SigLIP 2): each image keeps its aspect ratio, resized to at most this "
+        "many patches (default: the checkpoint's budget)",
+    )
     p.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
     p.add_argument(
         "--against",
@@ -58,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-images={args.max_images}: expected a positive int")
     if not args.report and (args.layer is not None or args.head is not None):
         raise ValueError("--layer and --head choose the map --report draws: pass --report DIR too")
+    if args.max_patches is not None and not args.images:
+        raise ValueError(f"--max-patches {args.max_patches} is the budget of --images: pass --images DIR too")
     if args.json:
         check_destination(args.json)  # refused before the comparison, not after it
     from vit_compare.inference import format_table, report_maps, run_parity
@@ -70,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         against=args.against,
         keep_outputs=bool(args.report),
         max_images=args.max_images,
+        max_patches=args.max_patches,
         **options,
     )
     print(format_table(result))

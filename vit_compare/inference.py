@@ -164,17 +164,19 @@ def load_images(
     return x.transpose(0, 3, 1, 2), [str(p.relative_to(folder)) for p in files]
 
 
-def _naflex_images(folder: str | Path, cfg, preprocess, max_images: int | None):
+def _naflex_images(folder: str | Path, cfg, preprocess, max_images: int | None, where: str):
     """``load_images`` for a NaFlex model (``preprocess.max_patches``): a NaFlex batch (patches float32,
-    patch_mask, spatial_shapes; ``vit_common.naflex``) of the images at their own aspect ratios."""
+    patch_mask, spatial_shapes; ``vit_common.naflex``) of the images at their own aspect ratios, its
+    memory checked (``check_model``, naming ``where``) before any image is read."""
     from vit_common.data.images import list_images, open_image
+    from vit_common.naflex import check_model, stack_patches
     from vit_common.naflex import preprocess as naflex
-    from vit_common.naflex import stack_patches
 
     folder, n = Path(folder), preprocess.max_patches
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such folder of images")
     files = list_images(folder)[:max_images]
+    check_model(cfg, n, len(files), where)
     items = [naflex(open_image(p), cfg.patch_size[0], n, cfg.in_chans, preprocess) for p in files]
     return stack_patches(items, n), [str(p.relative_to(folder)) for p in files]
 
@@ -232,6 +234,7 @@ def run_parity(
     against: str | None = None,
     keep_outputs: bool = False,
     max_images: int | None = None,
+    max_patches: int | None = None,
     **load_options: Any,
 ) -> ParityResult:
     """Load ``checkpoint`` into both twins (and ``against`` 'timm' | 'transformers'), run ``images`` with
@@ -239,21 +242,23 @@ def run_parity(
 
     ``images``: [B, C, H, W] floats at the model's image size, a folder (``load_images``: its first
     ``max_images``, with the checkpoint's preprocessing, ``vit_common.checkpoints.metadata.read_info``; a
-    NaFlex model's as one NaFlex batch, the twins alone compared), or None for ``num_generated`` seeded
-    standard-normal images.
+    NaFlex model's as one NaFlex batch of at most ``max_patches`` patches an image, default its declared
+    budget, the twins alone compared), or None for ``num_generated`` seeded standard-normal images.
 
     ``dtype`` 'float32' or 'float64' (JAX x64 is switched on for the call). ``load_options`` go to
     ``vit_common.checkpoints.convert.load_checkpoint`` (image_size, num_classes, fmt, config overrides).
 
     Raises:
         ValueError / FileNotFoundError: bad checkpoint, dtype or library name, a library with a NaFlex
-            model's images; ImportError if the --against library is not installed.
+            model's images, ``max_patches`` for a fixed-size model or beyond the memory limit
+            (``vit_common.naflex.check_model``); ImportError if the --against library is not installed.
     """
     import vit_jax
     import vit_jax.runner
     import vit_torch
     import vit_torch.runner
     from vit_common.checkpoints.convert import load_checkpoint
+    from vit_common.checkpoints.metadata import with_overrides
     from vit_jax.formats import READERS as JAX_READERS
     from vit_torch.formats import READERS as TORCH_READERS
 
@@ -269,6 +274,10 @@ def run_parity(
         image_names = [f"generated-{i}" for i in range(num_generated)]
     elif isinstance(images, (str, Path)):
         info = ckpt.info
+        try:  # refuses max_patches for a fixed-size model
+            info = with_overrides(info, {"max_patches": max_patches}, None)
+        except ValueError as e:
+            raise ValueError(f"{checkpoint}: {e}") from e
         for w in info.warnings:
             print(f"vit: warning: {checkpoint}: {w}", file=sys.stderr)
         preprocess = info.preprocess
@@ -279,7 +288,7 @@ def run_parity(
                 f"{checkpoint}: --against {against} with a NaFlex model's images: the twins alone are compared"
             )
         else:
-            images, image_names = _naflex_images(images, cfg, preprocess, max_images)
+            images, image_names = _naflex_images(images, cfg, preprocess, max_images, str(checkpoint))
     else:
         image_names = [f"image-{i}" for i in range(len(images))]
     if isinstance(images, tuple):  # NaFlex: (patches, patch_mask, spatial_shapes)

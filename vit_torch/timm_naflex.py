@@ -42,7 +42,7 @@ def naflex_embed_fields(model: nn.Module, name: str = "model") -> dict[str, Any]
     }
     if any(lacks.values()):
         raise FormatError(
-            f"timm model {name!r}: the twins do not implement its " + ", ".join(k for k, v in lacks.items() if v)
+            f"timm model {name!r} has what the twins do not implement: " + ", ".join(k for k, v in lacks.items() if v)
         )
     (gh, gw), (ph, pw) = e.pos_embed_grid_size, e.patch_size
     return dict(

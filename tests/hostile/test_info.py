@@ -1,5 +1,6 @@
 """Hostile inputs to `vit info`: FIFOs and devices where a file is read (the checkpoint, a folder's config,
-index, shard or preprocessor config), empty, truncated and lying files, objects in an .npz."""
+index, shard or preprocessor config), empty, truncated and lying files, objects in an .npz, config.json
+sizes of a position table that the tensors contradict (SigLIP 2 NaFlex, RADIO, timm NaFlexVit)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from vit_common.checkpoints.convert import save_checkpoint
+from vit_common.checkpoints.formats.hf import HfWriteOptions
+from vit_common.checkpoints.formats.timm import TimmWriteOptions
 from vit_common.state import random_state
 
 from .harness import SMALL, Case, check_case, small_model
@@ -77,6 +80,46 @@ def npz_object_member(tmp: Path) -> list[str]:
     return ["info", str(tmp / "obj.npz")]
 
 
+# SMALL as each family whose config.json sizes its position table: its table is 4x4 (image 32, patch 8)
+_TABLE_FAMILIES = {
+    "num_patches": (
+        SMALL.replace(class_token=False, pool="map", gelu="tanh", posemb_resample="bilinear_aa", num_classes=0),
+        "hf_family",
+        HfWriteOptions(model_type="siglip2_vision_model"),
+    ),
+    "max_img_size": (
+        SMALL.replace(
+            num_classes=0, pool="summary", summary_idxs=(0,), final_norm=False, input_mean=(0.5,) * 3,
+            input_std=(0.5,) * 3, patch_bias=False, posemb_prefix=False, posemb_resample="bilinear_crop",
+            dynamic_img_size=True,
+        ),
+        "hf_family",
+        None,
+    ),
+    "pos_embed_grid_size": (
+        SMALL.replace(class_token=False, pool="gap", posemb_prefix=False, dynamic_img_size=True),
+        "timm",
+        TimmWriteOptions(architecture="naflexvit_base_patch16_gap"),
+    ),
+}  # fmt: skip
+
+
+def table_size(key: str, value) -> Callable[[Path], list[str]]:
+    """A folder of the family whose config.json sizes its position table with ``key`` (``_TABLE_FAMILIES``:
+    SigLIP 2 NaFlex, RADIO, a timm NaFlexVit's ``model_args``), that key set to ``value``."""
+
+    def build(tmp: Path) -> list[str]:
+        cfg, fmt, options = _TABLE_FAMILIES[key]
+        save_checkpoint(tmp / "hf", cfg, random_state(cfg, scale=0.2), fmt, options=options)
+        config = json.loads((tmp / "hf" / "config.json").read_text())
+        (config["model_args"] if fmt == "timm" else config)[key] = value
+        (tmp / "hf" / "config.json").write_text(json.dumps(config))
+        return ["info", str(tmp / "hf")]
+
+    build.__name__ = f"{key} {value}"
+    return build
+
+
 CASES = [
     # small inputs that would exhaust the machine or hang
     Case(fifo_source, r"{tmp}/x.safetensors: .*a FIFO, expected a regular checkpoint file", child=True),
@@ -98,6 +141,18 @@ CASES = [
     Case(truncated_safetensors, r"{tmp}/t.safetensors"),
     Case(lying_header_length, r"{tmp}/l.safetensors"),
     Case(npz_object_member, r"{tmp}/obj.npz: member 'x' holds Python objects"),
+    # a table's size that the tensors contradict: one line naming it (once a shape error, or image_size=0)
+    Case(table_size("num_patches", 0), r"{tmp}/hf: config.json num_patches=0: expected a positive square G\*G"),
+    Case(
+        table_size("max_img_size", 64),
+        r"{tmp}/hf: config.json max_img_size=64 with patch_size=8 gives a 8x8 position table \(64 rows\), but "
+        r"radio_model.model.patch_generator.pos_embed has 16 rows: expected max_img_size=32",
+    ),
+    Case(
+        table_size("pos_embed_grid_size", [2, 8]),
+        r"{tmp}/hf/config.json: model_args pos_embed_grid_size=\[2, 8\] builds a 2x8 position table, but "
+        r"embeds.pos_embed holds 4x4: expected pos_embed_grid_size \[4, 4\]",
+    ),
 ]
 
 

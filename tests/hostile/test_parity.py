@@ -11,7 +11,8 @@ import pytest
 
 from vit_common.state import random_state
 
-from .harness import SMALL, Case, check_case, npz_dataset, ours, small_model
+from .harness import SMALL, Case, check_case, npz_dataset, ours, small_model, write_png
+from .test_predict_evaluate import naflex_model
 
 
 def nan_weights_parity(tmp: Path) -> list[str]:
@@ -47,6 +48,22 @@ def train_parity_lora(*extra: str, init: bool = True):
     return build
 
 
+def parity_max_patches(n: str, naflex: bool = True, images: bool = True):
+    """``vit parity --max-patches n`` of a NaFlex model (``naflex``, else a fixed-size one), with a folder of
+    one PNG as ``--images`` (``images``)."""
+
+    def build(tmp: Path) -> list[str]:
+        model = naflex_model(tmp) if naflex else small_model(tmp)
+        (tmp / "imgs").mkdir()
+        write_png(tmp / "imgs" / "a.png", (40, 24))
+        folder = ["--images", str(tmp / "imgs")] if images else []
+        return ["parity", str(model), *folder, "--max-patches", n]
+
+    kind = "NaFlex" if naflex else "fixed-size"
+    build.__name__ = f"parity {kind} --max-patches {n}{'' if images else ' without --images'}"
+    return build
+
+
 def _parity_fails(tmp: Path, out: str) -> None:
     assert "FAIL" in out and "agreement" not in out
 
@@ -69,6 +86,15 @@ CASES = [
     ),
     Case(train_parity_lora("--lora", "2", init=False), r"lora=2: expected --init too"),
     Case(train_parity_lora("--lora", "2", "--lora-dropout", "0.1"), r"lora_dropout=0.1: the parity mode has no shared"),
+    # NaFlex budgets, as predict and evaluate refuse them: memory first, before any image is read
+    Case(
+        parity_max_patches("100000"),
+        r"{tmp}/n.safetensors: max_patches=100000 at a batch of 1 images needs about 80.1 GB",
+        env={"VIT_MAX_BYTES": "4000000000"},
+    ),
+    Case(parity_max_patches("16", naflex=False), r"{tmp}/m.safetensors: max_patches=16 for a fixed-size model"),
+    Case(parity_max_patches("16", images=False), r"--max-patches 16 is the budget of --images: pass --images DIR"),
+    Case(parity_max_patches("0"), r"argument --max-patches: "),
 ]
 
 

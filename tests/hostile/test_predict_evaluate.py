@@ -1,7 +1,7 @@
 """Hostile inputs to `vit predict` and `vit evaluate`: NaN weights, a decompression-bomb image, a FIFO,
 a bad flag, a 1,000-class evaluation (its picture and counts bounded), a model without a head, and NaFlex
-patch budgets: one beyond memory, one an image cannot fit, one for a fixed-size model, a stored one
-that contradicts itself, an unknown position-table resize."""
+patch budgets (`vit attention`'s too): one beyond memory, one an image cannot fit, one for a fixed-size
+model, a stored one that contradicts itself, an unknown position-table resize."""
 
 from __future__ import annotations
 
@@ -57,14 +57,17 @@ def naflex_model(tmp: Path, preprocess: dict | None = None, cfg: ViTConfig = NAF
     return tmp / "n.safetensors"
 
 
-def naflex_predict(*flags: str, size: tuple[int, int] = (40, 24), label: str = "", **model):
-    """``vit predict`` of a NaFlex model (``naflex_model(**model)``, ``label`` saying how it differs) on one
-    PNG of (W, H) = ``size``."""
+def naflex_predict(*flags: str, size: tuple[int, int] = (40, 24), label: str = "", command="predict", **model):
+    """``vit predict`` (or ``vit attention``: ``command``) of a NaFlex model (``naflex_model(**model)``,
+    ``label`` saying how it differs) on one PNG of (W, H) = ``size``."""
 
     def build(tmp: Path) -> list[str]:
-        return ["predict", str(naflex_model(tmp, **model)), str(write_png(tmp / "img.png", size)), *flags]
+        model_path, image = str(naflex_model(tmp, **model)), str(write_png(tmp / "img.png", size))
+        if command == "attention":
+            return ["attention", image, "--checkpoint", model_path, "--out", str(tmp / "a"), *flags]
+        return ["predict", model_path, image, *flags]
 
-    build.__name__ = " ".join(filter(None, ["predict NAFLEX", label, *flags, f"{size[0]}x{size[1]}"]))
+    build.__name__ = " ".join(filter(None, [f"{command} NAFLEX", label, *flags, f"{size[0]}x{size[1]}"]))
     return build
 
 
@@ -85,6 +88,11 @@ def headless_predict(tmp: Path) -> list[str]:
 
 def fixed_size_max_patches(tmp: Path) -> list[str]:
     return ["predict", str(small_model(tmp)), str(write_png(tmp / "img.png")), "--max-patches", "16"]
+
+
+def fixed_size_attention_max_patches(tmp: Path) -> list[str]:
+    image = str(write_png(tmp / "img.png"))
+    return ["attention", image, "--checkpoint", str(small_model(tmp)), "--out", str(tmp / "a"), "--max-patches", "16"]
 
 
 def evaluate_1000_classes(tmp: Path) -> list[str]:
@@ -153,6 +161,17 @@ CASES = [
     ),
     Case(naflex_unreadable_image, r"error: {tmp}/img.png: unreadable image \(cannot identify image file\)$"),
     Case(fixed_size_max_patches, r"{tmp}/m.safetensors: max_patches=16 for a fixed-size model \(preprocessing"),
+    # vit attention runs a NaFlex model's images at their own aspect ratios: the same budgets refused
+    Case(
+        naflex_predict("--max-patches", "100000", command="attention"),
+        r"{tmp}/n.safetensors: max_patches=100000 at a batch of 1 images needs about 80.1 GB",
+        env={"VIT_MAX_BYTES": "4000000000"},
+    ),
+    Case(
+        naflex_predict("--max-patches", "1", size=(9_000_000, 1), command="attention"),
+        r"{tmp}/img.png: an image of 9000000x1 pixels needs 1x2 patches at the least, more than max_patches=1",
+    ),
+    Case(fixed_size_attention_max_patches, r"{tmp}/m.safetensors: max_patches=16 for a fixed-size model"),
     Case(
         naflex_predict(preprocess={"crop_pct": 0.9}, label="crop_pct 0.9"),
         r"{tmp}/n.safetensors metadata: the stored preprocessing .* is invalid \(max_patches=16 with resize_size=None, "

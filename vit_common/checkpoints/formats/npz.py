@@ -20,7 +20,8 @@ Keys are flax parameter paths joined with '/'. What varies between files, and is
   MlpBlock_0}`` -> MAP head; neither -> global average pooling (big_vision 'gap');
 - big_vision NaFlex (``models/proj/image_text/naflex_vit.py``, SigLIP 2 NaFlex): ``embedding/kernel`` a
   Dense [P*P*C, D] over patches flattened (P, P, C) and ``pos_embedding`` [G, G, D], read as vit.py's
-  [P, P, C, D] and [1, G*G, D] (``naflex_tensors``), resized per image bilinearly with antialias;
+  [P, P, C, D] and [1, G*G, D] and written back so (``npz_naflex``), resized per image bilinearly with
+  antialias;
 - ``pre_logits`` (original ViT ``representation_size``, big_vision ``rep_size``; dense + tanh) and
   ``head``. ImageNet-21k releases of the original ViT ship a 21,843-class head of zeros: it is dropped
   (reported), since it would make every logit zero.
@@ -37,7 +38,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,12 @@ import numpy as np
 
 from vit_common.checkpoints.formats import timm
 from vit_common.checkpoints.formats.errors import FormatError
+from vit_common.checkpoints.formats.npz_naflex import (
+    naflex_tensors,
+    naflex_vit_cannot_hold,
+    naflex_vit_load_call,
+    naflex_vit_tensors,
+)
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Reference, Source, WriteOptions
 from vit_common.checkpoints.formats.provenance import (
     assumed,
@@ -75,8 +82,8 @@ from vit_common.checkpoints.formats.rules import (
 )
 from vit_common.checkpoints.formats.source import NPZ_PREFIXES
 from vit_common.checkpoints.formats.tensors import LazyTensor, Tensor, TensorMap, dtype_of
-from vit_common.checkpoints.formats.timm_naflex import patch_side
 from vit_common.checkpoints.formats.timm_state import timm_load_call
+from vit_common.checkpoints.metadata import HF_NAFLEX_MODEL_TYPES
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
 from vit_common.system import io
@@ -218,46 +225,6 @@ def rules(cfg: ViTConfig, layout: Layout) -> list[Rule]:
 
         r = stack_layers(r, stacked)
     return r
-
-
-def naflex_tensors(tensors: TensorMap, prefix: str, overrides: Mapping[str, Any], context: str):
-    """(``tensors`` with big_vision naflex_vit's ``embedding/kernel`` [P*P*C, D] and ``pos_embedding``
-    [G, G, D] as vit.py's [P, P, C, D] and [1, G*G, D] (lazy reshapes), the image size G*P or None, the
-    fields naflex_vit fixes with their origins: C (assumed 3 unless given), ``posemb_resample``
-    'bilinear_aa' (its ``_pos_emb_resize``: ``jax.image.scale_and_translate(method="bilinear",
-    antialias=True)``) and a dynamic image size.
-
-    Raises:
-        FormatError: a LayerNorm on the patches (``patchln_pre`` / ``patchln_post``, named), or a kernel
-            whose rows are not P*P*C.
-    """
-    for name in ("patchln_pre", "patchln_post"):
-        if prefix + name + "/scale" in tensors:
-            raise FormatError(
-                f"{context}: big_vision naflex_vit's {name} (a LayerNorm on the patches) is not implemented"
-            )
-    key, c = prefix + "embedding/kernel", overrides.get("in_chans", 3)
-    kernel = tensors[key]
-    rows, d = np.shape(kernel)
-    p = patch_side(rows, c) if isinstance(c, int) else 0
-    if not p:
-        raise FormatError(f"{context}: {key} has {rows} rows, not P*P*C for square patches of C={c}; pass in_chans")
-    out = dict(tensors)
-    out[key] = LazyTensor((p, p, c, d), dtype_of(kernel), lambda: np.asarray(kernel).reshape(p, p, c, d))
-    why = derived("a 2-D embedding/kernel: big_vision naflex_vit, whose _pos_emb_resize is bilinear with antialias")
-    fields = {
-        "in_chans": (c, assumed("not stored; 3 (embedding/kernel takes P*P*C rows)")),
-        "posemb_resample": ("bilinear_aa", why),
-        "dynamic_img_size": (True, why),
-    }
-    table = tensors.get(prefix + "pos_embedding")
-    if table is None or np.ndim(table) != 3:
-        return out, None, fields
-    gh, gw, _ = np.shape(table)
-    out[prefix + "pos_embedding"] = LazyTensor(
-        (1, gh * gw, d), dtype_of(table), lambda: np.asarray(table).reshape(1, gh * gw, d)
-    )
-    return out, (gh * p, gw * p), fields
 
 
 def read(
@@ -491,6 +458,15 @@ class NpzWriteOptions(WriteOptions):
     scan: bool = field(
         default=False, metadata={"flag": "--scan", "help": "write .npz blocks scan-stacked (big_vision scan=True)"}
     )
+    naflex: bool | None = field(
+        default=None,
+        metadata={
+            "flag": "--big-vision-naflex",
+            "help": "big_vision: naflex_vit's layout (SigLIP 2 NaFlex: embedding/kernel [P*P*C, D], pos_embedding "
+            "[G, G, D]); default: a NaFlex source's (big_vision naflex_vit, transformers siglip2, timm NaFlexVit "
+            "with a bilinear resize)",
+        },
+    )
 
 
 class NpzFormat(Format):
@@ -530,14 +506,34 @@ class NpzFormat(Format):
     def cannot_hold(self, cfg: ViTConfig) -> list[str]:
         return cannot_hold(cfg)
 
+    def complete_options(self, options: NpzWriteOptions, source) -> NpzWriteOptions:
+        """big_vision: naflex_vit's layout for a NaFlex ``source`` (a big_vision naflex_vit file, a
+        transformers ``siglip2`` folder, a timm NaFlexVit resizing bilinearly) where ``options`` leave it unset."""
+        if options.naflex is not None or self.name != "big_vision":
+            return options
+        layout, cfg = getattr(source, "layout", "") or "", getattr(source, "config", None)
+        timm_naflex = ("NaFlexVit" in layout or "naflexvit_" in layout) and getattr(cfg, "posemb_resample", "")
+        naflex = layout.endswith("naflex_vit") or getattr(source, "model_type", "") in HF_NAFLEX_MODEL_TYPES
+        return replace(options, naflex=naflex or timm_naflex == "bilinear_aa")
+
     def encode(self, cfg: ViTConfig, state, path: Path, options: NpzWriteOptions, assumed=()) -> Encoded:
+        naflex = bool(options.naflex)
+        if naflex:
+            refuse("big_vision naflex_vit", naflex_vit_cannot_hold(cfg, self.name))
         cfg, state, notes = prepare(cfg, state, self.name)
         tensors = write(cfg, state, self.name, prefix=options.prefix, scan=options.scan)
+        if naflex:  # a table resized to each input's grid: what a naflex_vit file reads back as
+            cfg, tensors = cfg.replace(dynamic_img_size=True), naflex_vit_tensors(cfg, tensors)
+            return Encoded(cfg, state, tensors, None, None, notes, load_call=naflex_vit_load_call(path))
         return Encoded(cfg, state, tensors, None, None, notes)
 
     def decode(self, enc: Encoded) -> Decoded:
         return read(
-            enc.tensors, source_image_size=enc.cfg.image_size, keep_zero_head=True, context=f"{self.name} read-back"
+            enc.tensors,
+            source_image_size=enc.cfg.image_size,
+            overrides={"in_chans": enc.cfg.in_chans},  # a naflex_vit kernel's P*P*C rows name no C
+            keep_zero_head=True,
+            context=f"{self.name} read-back",
         )
 
     def write(self, path: Path, enc: Encoded, writers) -> None:

@@ -68,9 +68,13 @@ def flag_for(name: str, value: Any = _NO_VALUE) -> str:
 
 
 def assumed_fields(cfg: ViTConfig, provenance: Mapping[str, Origin]) -> list[str]:
-    """The fields of ``cfg`` that change its function, were assumed, and matter given the others."""
+    """The fields of ``cfg`` that change its function, were assumed, and matter given the others: the
+    ``FUNCTION_FIELDS``, and ``posemb_resample`` of a model that resizes its learned table to each input
+    (``dynamic_img_size``: a NaFlex model, whose output at any other grid the resize decides)."""
     inert = cfg.inert_fields()
-    return [k for k in FUNCTION_FIELDS if k not in inert and k in provenance and provenance[k].kind == ASSUMED]
+    resizes = cfg.dynamic_img_size and cfg.posemb == "learn"
+    fields = (*FUNCTION_FIELDS, "posemb_resample") if resizes else FUNCTION_FIELDS
+    return [k for k in fields if k not in inert and k in provenance and provenance[k].kind == ASSUMED]
 
 
 def shape_fields(**fields: Any) -> tuple[dict[str, Any], dict[str, Origin]]:
@@ -166,7 +170,8 @@ def carried_assumptions(stored, provenance: dict[str, Origin], context: str) -> 
         names = json.loads(stored) if isinstance(stored, str) else stored
     except ValueError as e:
         raise FormatError(f"{context}: {ASSUMED_KEY} is not JSON ({e})") from e
-    if not isinstance(names, list) or not all(isinstance(n, str) and n in FUNCTION_FIELDS for n in names):
+    fields = (*FUNCTION_FIELDS, "posemb_resample")  # a NaFlex model's resize is assumed as they are
+    if not isinstance(names, list) or not all(isinstance(n, str) and n in fields for n in names):
         raise FormatError(f"{context}: {ASSUMED_KEY}={names!r} is not a list of config field names")
     for name in names:
         provenance[name] = assumed("assumed when this file was converted: its source did not state it")

@@ -16,6 +16,7 @@ holds the state_dict reading and the one mapping from a ViTConfig to timm's keyw
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -59,6 +60,7 @@ from vit_common.checkpoints.formats.timm_naflex import (
     is_naflex,
     is_naflex_name,
     naflex_cannot_hold,
+    naflex_hub_preprocess,
     naflex_load_call,
     naflex_name,
     naflex_state,
@@ -226,12 +228,16 @@ class Timm(Format):
             return super().declared(src)
         where = str(src.path / "config.json")
         hub = hub_config(src.config, where)
-        pre = hub_preprocess(hub, where)
+        pre, pre_where = hub_preprocess(hub, where), f"{where} pretrained_cfg"
+        if pre is not None and is_naflex(src.tensors):
+            pre, how = naflex_hub_preprocess(hub.pretrained_cfg, src.tensors, pre)
+            pre_where += how
         classes = list(hub.label_names) if hub.label_names is not None else None
-        return Declared(pre, f"{where} pretrained_cfg" if pre else "", classes, where if classes else "")
+        return Declared(pre, pre_where if pre else "", classes, where if classes else "")
 
     def record_info(self, enc: Encoded, preprocess, classes) -> list[str]:
-        """A hub folder: preprocessing into config.json's ``pretrained_cfg``, class names as its
+        """A hub folder: preprocessing into config.json's ``pretrained_cfg`` (a NaFlexVit's square patch
+        budget of S x S patches as the ``input_size`` S*P x S*P it is read back from), class names as its
         ``label_names``; a file: its safetensors metadata."""
         if enc.config_json is None and enc.shared is not None:
             lacks = sorted(k for k, v in info_metadata(preprocess, classes).items() if enc.meta.get(k) != v)
@@ -240,7 +246,14 @@ class Timm(Format):
             return super().record_info(enc, preprocess, classes)
         notes: list[str] = []
         if preprocess is not None:
-            preprocess, notes = timm_preprocess(preprocess, enc.cfg.image_size)
+            side, (ph, pw) = math.isqrt(preprocess.max_patches or 0), enc.cfg.patch_size
+            if side and side * side == preprocess.max_patches and is_naflex_name(enc.config_json["architecture"]):
+                size = [enc.cfg.in_chans, side * ph, side * pw]  # the budget naflex_hub_preprocess reads back
+                enc.config_json["pretrained_cfg"]["input_size"] = size
+                notes.append(f"pretrained_cfg: input_size {size}, the NaFlex budget of {side}x{side} patches")
+                preprocess = preprocess.replace(max_patches=None)
+            preprocess, more = timm_preprocess(preprocess, enc.cfg.image_size)
+            notes += more
             enc.config_json["pretrained_cfg"] |= hub_pretrained_cfg(preprocess, enc.cfg.in_chans)
         if classes is not None and enc.cfg.num_classes:
             if len(classes) != enc.cfg.num_classes:

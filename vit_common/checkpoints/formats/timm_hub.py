@@ -47,6 +47,7 @@ from vit_common.checkpoints.formats.rules import refuse, unsupported
 from vit_common.checkpoints.formats.stored_config import config_from_json, decode_stored
 from vit_common.checkpoints.formats.timm_eva import eva_kwargs, eva_name, eva_to_canonical, is_eva, layout_note
 from vit_common.checkpoints.formats.timm_naflex import (
+    check_naflex_grid,
     infer_naflex,
     is_naflex,
     is_naflex_name,
@@ -361,6 +362,7 @@ def read_hub(src: Source, opts) -> Decoded:
     check_rope_head_dim(hub, tensors, where)  # before timm fails inside its rotary tables
     cfg = reader(src.path) if reader is not None else None
     if cfg is not None and is_naflex(tensors):
+        check_naflex_grid(hub.model_args, hub.architecture, tensors, cfg.grid, where)
         tensors = naflex_state(tensors, cfg.patch_size, cfg.in_chans)
     if cfg is not None:
         dt = common_float_dtype(tensors)
@@ -368,6 +370,10 @@ def read_hub(src: Source, opts) -> Decoded:
             cfg = cfg.replace(param_dtype=dt)
         how = f"config.json: timm.create_model('local-dir:...') builds {hub.architecture}"
         dec = decode_stored(cfg, tensors, layout, src.context, how, hub.assumed)
+        if cfg.dynamic_img_size and is_naflex(src.tensors):  # the table's size, not the inputs'
+            (gh, gw), size = cfg.grid, hub.pretrained_cfg.get("input_size")
+            inputs = f"; its inputs: any size, pretrained_cfg input_size {size}" if size else ""
+            dec.provenance["image_size"] = declared(f"{how}: its {gh}x{gw} position table x the patch{inputs}")
         dec.notes += notes
         return dec
     why = "no timm reader was given" if reader is None else "timm is not installed"
@@ -466,7 +472,7 @@ def hub_config_json(cfg: ViTConfig, assumed=(), qkv: str = "fused", architecture
         arch = hub_architecture(cfg)
     pcfg = {
         "input_size": [cfg.in_chans, *cfg.image_size],
-        "fixed_input_size": not cfg.dynamic_img_size,
+        "fixed_input_size": not (cfg.dynamic_img_size or is_naflex_name(arch)),  # a NaFlexVit takes any size
         "num_classes": cfg.num_classes,
         "first_conv": "embeds.proj" if is_naflex_name(arch) else "patch_embed.proj",
         "classifier": ["head", "head_dist"] if cfg.head_dist else "head",

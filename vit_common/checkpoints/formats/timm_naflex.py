@@ -49,6 +49,7 @@ from vit_common.checkpoints.formats.timm_state import (
     normalise_keys,
 )
 from vit_common.config import ViTConfig
+from vit_common.data.images import Preprocess
 
 # timm's (pos_embed_interp_mode, pos_embed_antialias, pos_embed_align_corners) -> posemb_resample
 RESAMPLE = {
@@ -205,6 +206,52 @@ def naflex_known(tensors: TensorMap, overrides: Mapping[str, Any], context: str)
         fields["image_size"] = ((gh * patch[0], gw * patch[1]), where)
         fields["posemb_prefix"] = (False, derived("a NaFlexVit position table has patch rows only"))
     return naflex_state(tensors, patch, c), fields
+
+
+# timm validate.py's --naflex-max-seq-len default: the patch budget of timm's NaFlex evaluation
+TIMM_NAFLEX_SEQ_LEN = 576
+
+
+def naflex_hub_preprocess(pretrained_cfg: Mapping[str, Any], tensors, preprocess: Preprocess) -> tuple[Preprocess, str]:
+    """(``preprocess``, a NaFlexVit hub folder's ``pretrained_cfg`` as ``timm_hub.hub_preprocess`` reads
+    it, made timm's NaFlex evaluation; where its budget comes from): each image keeps its aspect ratio,
+    resized with ``pretrained_cfg``'s filter to at most ``max_patches`` patches (timm ``ResizeToSequence``,
+    the bisection of ``vit_common.naflex.size_for_max_patches``), mean and std as declared. The budget is
+    ``pretrained_cfg`` ``input_size`` in the model's patches (the area timm's fixed-size pipeline feeds it:
+    384x384 in 16-pixel patches is 576, validate.py's ``--naflex-max-seq-len`` default), else that default
+    (``TIMM_NAFLEX_SEQ_LEN``). The patch side is the projection's: a Conv2d's, or a Linear's P*P*C columns
+    with C = ``input_size``'s channels (else 3)."""
+    size = pretrained_cfg.get("input_size")
+    ok = isinstance(size, list) and len(size) == 3 and all(isinstance(n, int) and n > 0 for n in size)
+    proj = next((np.shape(v) for k, v in tensors.items() if k.endswith("embeds.proj.weight")), ())
+    patch = proj[-1] if len(proj) == 4 else patch_side(proj[1], size[0] if ok else 3) if len(proj) == 2 else 0
+    if ok and patch and size[1] >= patch and size[2] >= patch:
+        n = (size[1] // patch) * (size[2] // patch)
+        how = f"input_size {size[1]}x{size[2]} in {patch}-pixel patches"
+    else:
+        n, how = TIMM_NAFLEX_SEQ_LEN, "no input_size in patches: timm validate.py's --naflex-max-seq-len default"
+    pre = Preprocess(preprocess.mean, preprocess.std, preprocess.interpolation, max_patches=n)
+    return pre, f" (mean, std, interpolation); max_patches={n}, its {how}: timm's NaFlex evaluation (ResizeToSequence)"
+
+
+def check_naflex_grid(model_args: Mapping[str, Any], arch: str, tensors, grid: tuple[int, int], where: str) -> None:
+    """Refuse a NaFlexVit hub folder (config.json ``model_args``, ``architecture`` ``arch``) whose built
+    position table's ``grid`` (Gh, Gw) is not the grid of the tensors' ``embeds.pos_embed`` [1, Gh, Gw, D]:
+    the same count of cells in another shape would read the table wrongly, silently.
+
+    Raises:
+        FormatError: one line naming config.json's ``pos_embed_grid_size`` (or the architecture's), the
+            built grid and the stored one.
+    """
+    table = np.shape(tensors.get("embeds.pos_embed", np.zeros((0,))))
+    if len(table) != 4 or tuple(table[1:3]) == tuple(grid):
+        return
+    given = model_args.get("pos_embed_grid_size")
+    what = f"model_args pos_embed_grid_size={given!r}" if given is not None else f"{arch}'s default table"
+    raise FormatError(
+        f"{where}: {what} builds a {grid[0]}x{grid[1]} position table, but embeds.pos_embed holds "
+        f"{table[1]}x{table[2]}: expected pos_embed_grid_size [{table[1]}, {table[2]}]"
+    )
 
 
 # timm 1.0.31's NaFlexVit entry points that the written model_args define whole; the others keep an

@@ -37,6 +37,7 @@ transformers 5.24 ``models/radio/modeling_radio.py``, ``configuration_radio.py``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -69,6 +70,22 @@ _M = "model."
 _PATCH = _M + "patch_generator.embedder.weight"
 _TOKENS = _M + "patch_generator.cls_token.token"
 _MEAN, _STD = "input_conditioner.norm_mean", "input_conditioner.norm_std"
+
+
+def _check_table(cj: FamilyConfig, tensors: Mapping[str, Any], key: str) -> None:
+    """Refuse a position table ``key`` [1, M*M, D] whose rows are not config.json's (``max_img_size`` // P)^2."""
+    if key not in tensors:
+        return
+    size, _ = cj.get("max_img_size", (int,))
+    p, _ = cj.get("patch_size", (int,))
+    shape, m = tuple(np.shape(tensors[key])), size // p
+    if m >= 1 and len(shape) == 3 and shape[1] != m * m:  # m = 0: read_image_size names it
+        side = math.isqrt(shape[1])
+        want = f"max_img_size={side * p} (a table of {side}x{side})" if side * side == shape[1] else "a square table"
+        raise FormatError(
+            f"{cj.context}: config.json max_img_size={size} with patch_size={p} gives a {m}x{m} position table "
+            f"({m * m} rows), but {key} has {shape[1]} rows: expected {want}"
+        )
 
 
 def radio_ratio(cfg: ViTConfig) -> float | None:
@@ -135,10 +152,16 @@ class RADIO(Family):
         self, cj: FamilyConfig, tensors: Mapping[str, Any], prefix: str
     ) -> tuple[dict[str, Any], dict[str, Origin], dict[str, str]]:
         """input_mean / input_std and summary_idxs from their buffers (transformers loads them from the file),
-        LayerScale where the file has ``lambda1`` tensors, and the video projection ignored."""
+        LayerScale where the file has ``lambda1`` tensors, and the video projection ignored.
+
+        Raises:
+            FormatError (one line): a buffer missing or malformed, a position table whose rows are not the
+                (``max_img_size`` // P)^2 cells config.json declares.
+        """
         missing = [k for k in (_MEAN, _STD, "summary_idxs") if prefix + k not in tensors]
         if missing:
             raise FormatError(f"{cj.context}: no {', '.join(prefix + k for k in missing)}, so not a RadioModel")
+        _check_table(cj, tensors, prefix + _M + "patch_generator.pos_embed")
         mean, std = (np.asarray(tensors[prefix + k], np.float32).reshape(-1) for k in (_MEAN, _STD))
         idxs = np.asarray(tensors[prefix + "summary_idxs"])
         n_cls, _ = cj.get("num_cls_tokens", (int,))

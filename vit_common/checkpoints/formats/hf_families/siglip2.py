@@ -63,8 +63,11 @@ class Siglip2(SigLIP):
         n, origin = cj.get("num_patches", (int,))
         p, _ = cj.get("patch_size", (int,))
         side = math.isqrt(n) if n > 0 else 0
-        if side * side != n:
-            raise FormatError(f"{cj.context}: config.json num_patches={n} is not a square grid G*G")
+        if side < 1 or side * side != n:
+            raise FormatError(
+                f"{cj.context}: config.json num_patches={n}: expected a positive square G*G (the position table's "
+                "G x G grid)"
+            )
         return side * p, declared(f"config.json num_patches={n} (a {side}x{side} table) x patch_size")
 
     def rules(self, cfg: ViTConfig, spelling: str, prefix: str, layer_prefix: str, head: str) -> list[Rule]:
