@@ -313,17 +313,21 @@ def test_siglip2_folders_are_written_back_and_load_strictly_in_transformers(tmp_
 def test_a_siglip2_classifier_is_written_back_as_siglip2_s_classifier(tmp_path):
     """A ``Siglip2ForImageClassification`` folder converted to hf_family is written as one (a
     ``Siglip2Config`` nesting the vision_config with ``num_patches``, ``vision_use_head`` false, the
-    default text_config, the labels), not as a fixed-size I-JEPA: transformers loads it strictly and gives
-    the source's logits on a NaFlex batch bit for bit, both twins within 1e-5; every tensor is the source's
-    bit for bit but the unused MAP head, and a second round trip is the same folder."""
+    default text_config, the labels; its processor's patch budget), not as a fixed-size I-JEPA:
+    transformers loads it strictly and gives the source's logits on a NaFlex batch bit for bit, both twins
+    within 1e-5; every tensor is the source's bit for bit but the unused MAP head, and a second round trip
+    is the same folder."""
     from safetensors.numpy import load_file
 
     vision = {**_VISION, "patch_size": 8, "num_patches": 16}
     config = transformers.Siglip2Config(vision_config=vision, num_labels=5)
     model = _normal(transformers.Siglip2ForImageClassification._from_config(config, attn_implementation="eager"))
     model.save_pretrained(tmp_path / "src")
+    transformers.Siglip2ImageProcessor(patch_size=8, max_num_patches=64).save_pretrained(tmp_path / "src")
     report = convert(tmp_path / "src", tmp_path / "out", to_fmt="hf_family")
     assert "transformers.Siglip2ForImageClassification.from_pretrained(" in report.load_call
+    processor = json.loads((tmp_path / "out" / "preprocessor_config.json").read_text())
+    assert (processor["image_processor_type"], processor["max_num_patches"]) == ("Siglip2ImageProcessor", 64)
     written_config = json.loads((tmp_path / "out" / "config.json").read_text())
     vc = written_config["vision_config"]
     assert (written_config["model_type"], written_config["architectures"], len(written_config["id2label"])) == (
