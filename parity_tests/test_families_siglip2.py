@@ -316,8 +316,10 @@ def test_a_siglip2_classifier_is_written_back_as_siglip2_s_classifier(tmp_path):
     default text_config, the labels; its processor's patch budget), not as a fixed-size I-JEPA:
     transformers loads it strictly and gives the source's logits on a NaFlex batch bit for bit, both twins
     within 1e-5; every tensor is the source's bit for bit but the unused MAP head, and a second round trip
-    is the same folder."""
+    is the same folder; so are ``vit train --init``'s exports (``vit_jax.finetune.export``)."""
     from safetensors.numpy import load_file
+
+    from vit_jax.finetune import export
 
     vision = {**_VISION, "patch_size": 8, "num_patches": 16}
     config = transformers.Siglip2Config(vision_config=vision, num_labels=5)
@@ -362,6 +364,19 @@ def test_a_siglip2_classifier_is_written_back_as_siglip2_s_classifier(tmp_path):
     again = load_file(tmp_path / "again" / "model.safetensors")
     assert set(again) == set(out) and all(np.array_equal(again[k], out[k]) for k in out)
     assert json.loads((tmp_path / "again" / "config.json").read_text()) == written_config
+    source = load_checkpoint(tmp_path / "src")  # `vit train --init`'s exports: the same class and budget
+    (tmp_path / "run").mkdir()
+    done = export(
+        tmp_path / "run",
+        source.cfg,
+        source.state,
+        preprocess=source.info.preprocess,
+        classes=None,
+        source=source.report,
+    )
+    assert "transformers.Siglip2ForImageClassification.from_pretrained(" in done.load_calls["hf_family"]
+    exported = json.loads((done.paths["hf_family"] / "preprocessor_config.json").read_text())
+    assert exported["max_num_patches"] == 64
 
 
 def _big_vision_naflex(model: torch.nn.Module, heads: int) -> dict[str, np.ndarray]:

@@ -412,7 +412,7 @@ class HfFamilies(HuggingFace):
         other two-tower folder as its vision model type) is written as its own model type where ``options``
         name none and that type holds the model."""
         mt = getattr(source, "model_type", "")
-        cfg = source.config
+        cfg = getattr(source, "config", None)
         if mt in FAMILIES and FAMILIES[mt].two_tower and (cfg is None or family_for(cfg, mt) is None):
             mt = f"{mt}_vision_model"
         on_request = mt in FAMILIES and FAMILIES[mt].on_request
