@@ -310,6 +310,75 @@ def test_siglip2_folders_are_written_back_and_load_strictly_in_transformers(tmp_
     assert not (tmp_path / "fixed2").exists()
 
 
+def test_a_siglip2_classifier_is_written_back_as_siglip2_s_classifier(tmp_path):
+    """A ``Siglip2ForImageClassification`` folder converted to hf_family is written as one (a
+    ``Siglip2Config`` nesting the vision_config with ``num_patches``, ``vision_use_head`` false, the
+    default text_config, the labels; its processor's patch budget), not as a fixed-size I-JEPA:
+    transformers loads it strictly and gives the source's logits on a NaFlex batch bit for bit, both twins
+    within 1e-5; every tensor is the source's bit for bit but the unused MAP head, and a second round trip
+    is the same folder; so are ``vit train --init``'s exports (``vit_jax.finetune.export``)."""
+    from safetensors.numpy import load_file
+
+    from vit_jax.finetune import export
+
+    vision = {**_VISION, "patch_size": 8, "num_patches": 16}
+    config = transformers.Siglip2Config(vision_config=vision, num_labels=5)
+    model = _normal(transformers.Siglip2ForImageClassification._from_config(config, attn_implementation="eager"))
+    model.save_pretrained(tmp_path / "src")
+    transformers.Siglip2ImageProcessor(patch_size=8, max_num_patches=64).save_pretrained(tmp_path / "src")
+    report = convert(tmp_path / "src", tmp_path / "out", to_fmt="hf_family")
+    assert "transformers.Siglip2ForImageClassification.from_pretrained(" in report.load_call
+    processor = json.loads((tmp_path / "out" / "preprocessor_config.json").read_text())
+    assert (processor["image_processor_type"], processor["max_num_patches"]) == ("Siglip2ImageProcessor", 64)
+    written_config = json.loads((tmp_path / "out" / "config.json").read_text())
+    vc = written_config["vision_config"]
+    assert (written_config["model_type"], written_config["architectures"], len(written_config["id2label"])) == (
+        "siglip2",
+        ["Siglip2ForImageClassification"],
+        5,
+    )
+    assert (vc["model_type"], vc["num_patches"], vc["vision_use_head"], "image_size" in vc) == (
+        "siglip2_vision_model",
+        16,
+        False,
+        False,
+    )
+    assert written_config["text_config"] == config.to_diff_dict()["text_config"]
+    written, info = transformers.Siglip2ForImageClassification.from_pretrained(
+        tmp_path / "out", output_loading_info=True, attn_implementation="eager"
+    )
+    assert not any(info.values()), info
+    _, batch = _naflex_batch(np.random.default_rng(4))
+    names = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
+    kw = dict(zip(names, (torch.from_numpy(a) for a in batch), strict=True))
+    with torch.no_grad():
+        ref = model(**kw).logits
+        assert torch.equal(written.eval()(**kw).logits, ref)
+    back = load_checkpoint(tmp_path / "out", strict=True)
+    for name, out, _ in _naflex_twins(back.cfg, back.state, batch, intermediates=False):
+        _assert_close(name, out, ref)
+    src, out = load_file(tmp_path / "src" / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    assert set(src) - set(out) == {k for k in src if k.startswith("vision_model.head.")} and set(out) <= set(src)
+    assert all(np.array_equal(out[k], src[k]) for k in out)
+    convert(tmp_path / "out", tmp_path / "again", to_fmt="hf_family")
+    again = load_file(tmp_path / "again" / "model.safetensors")
+    assert set(again) == set(out) and all(np.array_equal(again[k], out[k]) for k in out)
+    assert json.loads((tmp_path / "again" / "config.json").read_text()) == written_config
+    source = load_checkpoint(tmp_path / "src")  # `vit train --init`'s exports: the same class and budget
+    (tmp_path / "run").mkdir()
+    done = export(
+        tmp_path / "run",
+        source.cfg,
+        source.state,
+        preprocess=source.info.preprocess,
+        classes=None,
+        source=source.report,
+    )
+    assert "transformers.Siglip2ForImageClassification.from_pretrained(" in done.load_calls["hf_family"]
+    exported = json.loads((done.paths["hf_family"] / "preprocessor_config.json").read_text())
+    assert exported["max_num_patches"] == 64
+
+
 def _big_vision_naflex(model: torch.nn.Module, heads: int) -> dict[str, np.ndarray]:
     """A ``Siglip2VisionModel``'s weights under big_vision ``naflex_vit``'s names (``params/img/``), the
     inverse of transformers' ``convert_siglip2_to_hf.py``: Dense kernels [in, out], attention kernels

@@ -5,11 +5,14 @@ the output, every block's hidden state and attention map, and at sizes other tha
 
 from __future__ import annotations
 
+import json
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 import transformers
+from flax import nnx
 from safetensors.torch import save_file
 
 import vit_jax
@@ -313,6 +316,86 @@ def test_written_folder_loads_strictly_in_transformers(case, spelling, tmp_path,
     assert compare("written folder", got.numpy(), ref, "tensor", "float32").ok
     back = load_checkpoint(tmp_path / "out", strict=True)
     assert back.cfg == ckpt.cfg and all(np.array_equal(back.state[k], v) for k, v in ckpt.state.items())
+
+
+@pytest.mark.parametrize("use_head", [True, False])
+def test_a_siglip_classifier_is_written_back_as_siglip_s_classifier(use_head, tmp_path, images):
+    """A ``SiglipForImageClassification`` folder converted to hf_family is written as one: a ``SiglipConfig``
+    nesting the vision_config (``vision_use_head`` false) with transformers' default text_config and the
+    labels; transformers loads it strictly and gives the source's logits bit for bit, and the twins equal
+    them. Every tensor is the source's bit for bit; the unused MAP head alone is dropped
+    (with ``vision_use_head`` false the folder round trips whole), and a second round trip is the same."""
+    from safetensors.numpy import load_file
+
+    from vit_common.checkpoints.convert import convert
+
+    model = _build("siglip_classify")
+    model.config.vision_config.vision_use_head = use_head
+    model = transformers.SiglipForImageClassification._from_config(model.config, attn_implementation="eager")
+    model.load_state_dict(_build("siglip_classify").state_dict(), strict=False)
+    model.eval().save_pretrained(tmp_path / "src")
+    report = convert(tmp_path / "src", tmp_path / "out", to_fmt="hf_family")
+    assert "transformers.SiglipForImageClassification.from_pretrained(" in report.load_call
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (config["model_type"], config["architectures"], len(config["id2label"])) == (
+        "siglip",
+        ["SiglipForImageClassification"],
+        5,
+    )
+    assert config["vision_config"]["model_type"] == "siglip_vision_model"
+    assert config["vision_config"]["vision_use_head"] is False
+    alone = transformers.SiglipConfig(vision_config=SMALL)  # what save_pretrained writes for a vision_config alone
+    assert config["text_config"] == alone.to_diff_dict()["text_config"]
+    written, info = transformers.SiglipForImageClassification.from_pretrained(
+        tmp_path / "out", output_loading_info=True, attn_implementation="eager"
+    )
+    assert not any(info.values()), info
+    x = images(2, (32, 32))
+    with torch.no_grad():
+        assert torch.equal(written.eval()(torch.from_numpy(x)).logits, model(torch.from_numpy(x)).logits)
+    if use_head:  # the twins on the written folder, under one jit (eager dispatch would compile op by op)
+        jm, tm = vit_jax.load_model(tmp_path / "out"), vit_torch.load_model(tmp_path / "out")
+        with torch.no_grad():
+            ref, got = model(torch.from_numpy(x)).logits.numpy(), tm(torch.from_numpy(x)).numpy()
+        assert compare("torch", got, ref, "tensor", "float32").ok
+        out = nnx.jit(lambda m, a: m(a))(jm, jnp.asarray(x.transpose(0, 2, 3, 1)))
+        assert compare("jax", np.asarray(out), ref, "tensor", "float32").ok
+    src, out = load_file(tmp_path / "src" / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    assert set(src) - set(out) == {k for k in src if k.startswith("vision_model.head.")} and set(out) <= set(src)
+    assert bool([k for k in src if ".head." in k]) == use_head
+    assert all(np.array_equal(out[k], src[k]) for k in out)
+    convert(tmp_path / "out", tmp_path / "again", to_fmt="hf_family")
+    again = load_file(tmp_path / "again" / "model.safetensors")
+    assert set(again) == set(out) and all(np.array_equal(again[k], out[k]) for k in out)
+    assert json.loads((tmp_path / "again" / "config.json").read_text()) == config
+
+
+def test_a_mean_pooled_classifier_is_i_jepa_s_unless_a_siglip_classifier_is_asked_for(
+    tmp_path, small_cfg, random_state
+):
+    """Without a model type a mean-pooled classifier without a class token is written as I-JEPA's (a timm
+    gap model, an I-JEPA source); ``--hf-model-type siglip`` / ``siglip2`` writes SigLIP's classifier,
+    which reads back as the same model; a class-token model asked for as siglip is refused by name."""
+    from vit_common.checkpoints.convert import save_checkpoint
+    from vit_common.checkpoints.formats.hf import HfWriteOptions
+    from vit_common.checkpoints.formats.hf_families import family_for
+
+    cfg = small_cfg.replace(class_token=False, pool="gap", num_classes=5)
+    assert family_for(cfg) == ("ijepa", "IJepaForImageClassification")
+    state = random_state(cfg)
+    for mt, arch, c in (
+        ("siglip", "SiglipForImageClassification", cfg.replace(posemb_resample="bicubic")),
+        ("siglip2", "Siglip2ForImageClassification", cfg.replace(posemb_resample="bilinear_aa")),
+    ):
+        report = save_checkpoint(tmp_path / mt, c, state, "hf_family", options=HfWriteOptions(model_type=mt))
+        assert f"transformers.{arch}.from_pretrained(" in report.load_call
+        back = load_checkpoint(tmp_path / mt, strict=True)
+        assert back.cfg == c and all(np.array_equal(back.state[k], v) for k, v in state.items())
+    with pytest.raises(ValueError, match="no siglip model has class_token=True"):
+        save_checkpoint(
+            tmp_path / "x", small_cfg, random_state(small_cfg), "hf_family", options=HfWriteOptions(model_type="siglip")
+        )
+    assert not (tmp_path / "x").exists()
 
 
 def test_models_no_family_holds_are_refused_by_name(tmp_path, small_cfg, random_state):

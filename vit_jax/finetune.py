@@ -304,10 +304,12 @@ def export(
     save_checkpoint(out / ours.export_name(), cfg, weights, ours.name, preprocess=preprocess, classes=classes, **kept)
     done = Exported()
     for fmt, path in export_targets(out, source).items():
-        options = None
-        if fmt == "timm":  # a RoPE backbone keeps its source's q/k/v spelling and timm name
-            shared = TimmWriteOptions(weights_from=str(out / ours.export_name()))
-            options = REGISTRY[fmt].complete_options(shared, source)
+        options = REGISTRY[fmt].write_options()
+        if fmt == "timm":
+            options = TimmWriteOptions(weights_from=str(out / ours.export_name()))
+        # as ``convert``: a RoPE backbone keeps its source's q/k/v spelling and timm name, an hf_family
+        # folder its source's model type (a SigLIP classifier, a NaFlex SigLIP 2)
+        options = REGISTRY[fmt].complete_options(options, source)
         try:
             r = save_checkpoint(
                 path,

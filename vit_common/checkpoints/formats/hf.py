@@ -82,8 +82,8 @@ from vit_common.data.images import PRESETS
 from vit_common.system import io
 
 # The model types an hf_family folder is written as (``--hf-model-type``): the two-tower ones are written
-# as their vision tower's.
-WRITTEN_FAMILY_TYPES = tuple(t for t in FAMILY_MODEL_TYPES if t not in ("siglip", "siglip2", "clip", "aimv2"))
+# as their vision tower's, but SigLIP's and SigLIP 2's classifiers.
+WRITTEN_FAMILY_TYPES = tuple(t for t in FAMILY_MODEL_TYPES if t not in ("clip", "aimv2"))
 WEIGHTS = "model.safetensors"  # an unsharded folder's weights, as save_pretrained names them
 
 
@@ -106,7 +106,8 @@ class HfWriteOptions(WriteOptions):
         metadata={
             "flag": "--hf-model-type",
             "choices": WRITTEN_FAMILY_TYPES,
-            "help": "transformers model_type of an hf_family folder (a plain ViT as vit_mae or vit_msn; "
+            "help": "transformers model_type of an hf_family folder (a plain ViT as vit_mae or vit_msn, a "
+            "mean-pooled classifier as siglip or siglip2 (their ForImageClassification); "
             "default: the source folder's model_type where it holds the model, else the family that holds it)",
         },
     )

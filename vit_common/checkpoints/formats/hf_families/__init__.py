@@ -51,13 +51,16 @@ writes and the v5 module names of transformers 5 ``state_dict()``, as transforme
 ``mlp.weights_in`` [2F, D] (v4: gate rows first, as our fc1) or ``mlp.gate_proj`` + ``mlp.up_proj`` (v5),
 and ``mlp.weights_out`` / ``mlp.down_proj``. Position embeddings are resampled as transformers'
 ``interpolate_pos_encoding`` does: bicubic without antialias, but with it for dinov2_with_registers.
-Written (``family_for``): the family that holds the model, a two-tower folder as its vision tower, DINOv2
-with a zero ``mask_token`` and (registers) a zero class position row. A plain ViT (class token pooling)
-is the hf format's unless written as ``vit_mae`` (``ViTMAEModel``, ``mask_ratio`` 0) or ``vit_msn``:
-``HfWriteOptions.model_type`` (``--hf-model-type``), which ``complete_options`` sets from a source read
-from such a folder. Still refused by name: CLIPForImageClassification (a mean of
-un-normalised tokens), ViTMAEForPreTraining (its decoder), and in ``hf_vit`` relative position bias (BEiT,
-data2vec-vision) and rotary embeddings (DINOv3, Perception Encoder).
+Written (``family_for``): the family that holds the model, a two-tower folder as its vision tower (but
+SigLIP's and SigLIP 2's classifiers: ``SiglipForImageClassification`` / ``Siglip2ForImageClassification``,
+a ``siglip`` / ``siglip2`` config.json nesting the ``vision_config``), DINOv2 with a zero ``mask_token`` and
+(registers) a zero class position row. A plain ViT (class token pooling) is the hf format's unless written
+as ``vit_mae`` (``ViTMAEModel``, ``mask_ratio`` 0) or ``vit_msn``, a mean-pooled classifier without a
+class token I-JEPA's unless written as ``siglip`` or ``siglip2``: ``HfWriteOptions.model_type``
+(``--hf-model-type``), which ``complete_options`` sets from a source read from such a folder. Still
+refused by name: CLIPForImageClassification (a mean of un-normalised tokens), ViTMAEForPreTraining (its
+decoder), and in ``hf_vit`` relative position bias (BEiT, data2vec-vision) and rotary embeddings (DINOv3,
+Perception Encoder).
 
 One module per family holds its model types' rules (``siglip``, ``siglip2``, ``clip``, ``dinov2``, ``vit_mae``,
 ``vit_msn``, ``ijepa``, ``aimv2``, ``radio``: a table ``FAMILIES`` of ``family.Family`` objects); ``layout``
@@ -289,16 +292,17 @@ def read_family(
 
 
 def _holders(cfg: ViTConfig) -> dict[str, str]:
-    """model_type -> architecture of each model type that holds ``cfg``'s outputs (``Family.holds``), in
-    ``FAMILIES`` order, which ``family_for`` prefers (CLIP before DINOv2; the others exclude each other);
-    two-tower types are written as their vision tower's."""
-    return {mt: arch for mt, fam in FAMILIES.items() if not fam.two_tower and (arch := fam.holds(cfg)) is not None}
+    """model_type -> architecture of each model type that holds ``cfg``'s outputs (``Family.holds``, one of
+    its own architectures: a two-tower type only as its classifier), in ``FAMILIES`` order, which
+    ``family_for`` prefers (CLIP before DINOv2; the others exclude each other)."""
+    return {mt: arch for mt, fam in FAMILIES.items() if (arch := fam.holds(cfg)) in fam.architectures}
 
 
 def family_for(cfg: ViTConfig, model_type: str | None = None) -> tuple[str, str] | None:
     """(model_type, architecture) of the transformers family that holds ``cfg`` (``_holders``), or None:
     ``model_type`` where given and it holds the model, else the first of CLIP, SigLIP, DINOv2 and I-JEPA
-    (a plain ViT is the hf format's unless ``vit_mae`` or ``vit_msn`` is asked for: ``Family.on_request``)."""
+    (a plain ViT is the hf format's unless ``vit_mae`` or ``vit_msn`` is asked for, a mean-pooled classifier
+    I-JEPA's unless ``siglip`` or ``siglip2`` is: ``Family.on_request``)."""
     holders = _holders(cfg)
     if model_type is not None:
         return (model_type, holders[model_type]) if model_type in holders else None
@@ -404,14 +408,16 @@ class HfFamilies(HuggingFace):
 
     def complete_options(self, options, source) -> HfWriteOptions:
         """A source read from a folder of a model type written only on request (``Family.on_request``:
-        ``vit_mae``, ``vit_msn``, ``siglip2_vision_model``; a two-tower ``siglip2`` folder as its vision
-        model type) is written as its own model type where ``options`` name none and that type holds the
-        model."""
+        ``vit_mae``, ``vit_msn``, ``siglip2_vision_model``, the ``siglip`` and ``siglip2`` classifiers; any
+        other two-tower folder as its vision model type) is written as its own model type where ``options``
+        name none and that type holds the model."""
         mt = getattr(source, "model_type", "")
-        mt = f"{mt}_vision_model" if mt in FAMILIES and FAMILIES[mt].two_tower else mt
+        cfg = getattr(source, "config", None)
+        if mt in FAMILIES and FAMILIES[mt].two_tower and (cfg is None or family_for(cfg, mt) is None):
+            mt = f"{mt}_vision_model"
         on_request = mt in FAMILIES and FAMILIES[mt].on_request
         if isinstance(options, HfWriteOptions) and options.model_type is None and on_request:
-            if source.config is not None and family_for(source.config, mt) is not None:
+            if cfg is not None and family_for(cfg, mt) is not None:
                 return dataclasses.replace(options, model_type=mt)
         return options
 

@@ -12,14 +12,15 @@ folders (``siglip.py``).
 
 Written as ``Siglip2VisionModel`` (config.json ``num_patches`` for ``image_size``) from a source read from
 such a folder, or when ``--hf-model-type siglip2_vision_model`` asks for it (``on_request``: a SigLIP model
-is otherwise written as ``siglip_vision_model``); a model whose table resizes other than bilinearly with
-antialias is refused by name.
+is otherwise written as ``siglip_vision_model``); as ``Siglip2ForImageClassification`` (a ``Siglip2Config``
+nesting it, as ``siglip``'s classifier) from a source read from such a folder or with ``--hf-model-type
+siglip2``. A model whose table resizes other than bilinearly with antialias is refused by name.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.hf_families.family import Family, FamilyConfig
@@ -35,9 +36,7 @@ _PATCH = "embeddings.patch_embedding.weight"
 class Siglip2(SigLIP):
     """SigLIP's rules with NaFlex's patch embedding and position table."""
 
-    def holds(self, cfg: ViTConfig) -> str | None:
-        """``Siglip2VisionModel`` where SigLIP holds the model (``SiglipVisionModel``)."""
-        return "Siglip2VisionModel" if super().holds(cfg) else None
+    tower_types: ClassVar[tuple[str, str]] = ("siglip2_vision_model", "siglip2_text_model")
 
     def checks(self, cfg: ViTConfig) -> dict[str, bool]:
         """SigLIP's, and a table resized other than bilinearly with antialias, as transformers resizes it."""
@@ -46,9 +45,8 @@ class Siglip2(SigLIP):
 
     def config_json(self, cfg: ViTConfig, common: dict[str, Any]) -> dict[str, Any]:
         """SigLIP's keys, with ``num_patches`` (the table's G*G cells) instead of ``image_size``."""
-        out = super().config_json(cfg, common)
-        del out["image_size"]
-        return out | {"num_patches": cfg.grid[0] * cfg.grid[1]}
+        common = {k: v for k, v in common.items() if k != "image_size"} | {"num_patches": cfg.grid[0] * cfg.grid[1]}
+        return super().config_json(cfg, common)
 
     def patch_dims(self, cj: FamilyConfig, shape: tuple[int, ...], key: str) -> tuple[int, int, int, int]:
         """(D, C, P, P) of the linear patch embedding [D, P*P*C], P and C from config.json."""
