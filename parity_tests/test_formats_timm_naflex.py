@@ -250,18 +250,23 @@ def test_a_naflexvit_export_names_an_entry_point_its_keywords_define():
             naflex_name(cfg, name)
 
 
-def test_naflexvit_radio_crops_its_table_as_timm_in_both_twins_and_exports(tmp_path, capsys):
-    """``naflexvit_large_patch16_radio_v3`` (C-RADIOv3-L: the table resized bilinearly to a square of the
-    longer side, then cropped; no final norm; 7 registers): its hub folder reads with ``bilinear_crop``
-    and nothing assumed, both twins equal timm on the batch of four aspect ratios, and its timm export
-    (a file and a hub folder: a NaFlexVit with ``pos_embed_ar_preserving``) loads strictly with
-    timm's output bit for bit. The C-RADIOv3-B entry point, whose resize aligns corners, is refused
-    naming it."""
+@pytest.mark.parametrize(
+    "name, resample",
+    [
+        ("naflexvit_large_patch16_radio_v3", "bilinear_crop"),
+        ("naflexvit_base_patch16_radio_v3", "bilinear_crop_corners"),
+    ],
+)
+def test_naflexvit_radio_crops_its_table_as_timm_in_both_twins_and_exports(tmp_path, capsys, name, resample):
+    """C-RADIOv3-L (the table resized bilinearly to a square of the longer side, then cropped) and
+    C-RADIOv3-B (the same with corners aligned; no final norm; 7 registers): each hub folder reads with
+    its ``posemb_resample`` and nothing assumed, both twins equal timm on the batch of four aspect ratios,
+    and its timm export (a file and a hub folder: a NaFlexVit with ``pos_embed_ar_preserving``) loads
+    strictly with timm's output bit for bit. An aspect-preserving bicubic resize is refused naming it."""
     from vit_cli.main import main
     from vit_common.checkpoints.convert import convert
     from vit_torch.formats import WRITERS
 
-    name = "naflexvit_large_patch16_radio_v3"
     model = _timm_naflex(name)
     save_for_hf(model, tmp_path / "hub", model_config={"architecture": name})
     patches, coord, valid, shapes = batch = _batch()
@@ -270,7 +275,7 @@ def test_naflexvit_radio_crops_its_table_as_timm_in_both_twins_and_exports(tmp_p
     hub = load_checkpoint(tmp_path / "hub", readers=READERS, strict=True)
     cfg = hub.cfg
     assert hub.report.assumed == []
-    assert (cfg.posemb_resample, cfg.final_norm, cfg.reg_tokens, cfg.pool) == ("bilinear_crop", False, 7, "token")
+    assert (cfg.posemb_resample, cfg.final_norm, cfg.reg_tokens, cfg.pool) == (resample, False, 7, "token")
     for twin, out in _twins(cfg, hub.state, batch):
         _assert_close(twin, out, ref)
     report = convert(tmp_path / "hub", tmp_path / "out.safetensors", to_fmt="timm", readers=READERS, writers=WRITERS)
@@ -283,9 +288,9 @@ def test_naflexvit_radio_crops_its_table_as_timm_in_both_twins_and_exports(tmp_p
         for written in (scope["model"], back):
             assert np.array_equal(written.eval()(patches, patch_coord=coord, patch_valid=valid).numpy(), ref)
     assert load_checkpoint(tmp_path / "out", readers=READERS, strict=True).cfg == cfg
-    base = "naflexvit_base_patch16_radio_v3"
-    save_for_hf(_timm_naflex(base), tmp_path / "base", model_config={"architecture": base})
+    bicubic = {"architecture": name, "model_args": {"pos_embed_interp_mode": "bicubic"}}
+    save_for_hf(_timm_naflex(name, pos_embed_interp_mode="bicubic"), tmp_path / "bicubic", model_config=bicubic)
     capsys.readouterr()
-    assert main(["info", str(tmp_path / "base")]) == 2
+    assert main(["info", str(tmp_path / "bicubic")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "an aspect-preserving table resize ('bilinear', False, True)" in err[0], err
+    assert len(err) == 1 and "an aspect-preserving table resize ('bicubic', False," in err[0], err

@@ -145,16 +145,17 @@ TIMM_HUB_REFUSED = {  # name -> (image size, the words of the refusal)
 TIMM_HUB_ALL = TIMM_HUB_CASES | {k: size for k, (size, _) in TIMM_HUB_REFUSED.items()}
 
 # timm NaFlexVit (naflexvit_*): timm 1.0.31 registers 14 names. Their hub folders, at test width with a 2x2
-# table run on 48x32 images (the table resized to a 3x2 grid): the 10 the twins implement are exact (the
-# _radio ones with RADIO's bilinear_crop), the 4 others refused in 3 kinds, one folder each: an
-# aspect-preserving bicubic table (_par_gap), a factorized one (_parfac_gap), an aspect-preserving bilinear
-# one with align_corners (base and huge _radio_v3). The 10 as bare state dicts (no config: warned, the
-# resize among the assumed).
+# table run on 48x32 images (the table resized to a 3x2 grid): the 12 the twins implement are exact (the
+# _radio ones with RADIO's bilinear_crop, base and huge _radio_v3 with bilinear_crop_corners), the 2 others
+# refused in 2 kinds, one folder each: an aspect-preserving bicubic table (_par_gap), a factorized one
+# (_parfac_gap). The 12 as bare state dicts (no config: warned, the resize among the assumed).
 NAFLEX_CASES = (
     "naflexvit_base_patch16_gap",
     "naflexvit_base_patch16_map",
+    "naflexvit_base_patch16_radio_v3",
     "naflexvit_base_patch16_siglip",
     "naflexvit_giant_patch16_radio_v3",
+    "naflexvit_huge_patch16_radio_v3",
     "naflexvit_huge_patch16_radio_v4",
     "naflexvit_large_patch16_radio_v3",
     "naflexvit_so150m2_patch16_reg1_gap",
@@ -165,7 +166,6 @@ NAFLEX_CASES = (
 NAFLEX_REFUSED = {
     "naflexvit_base_patch16_par_gap": "an aspect-preserving table resize ('bicubic', True, False)",
     "naflexvit_base_patch16_parfac_gap": "a factorized position table",
-    "naflexvit_base_patch16_radio_v3": "an aspect-preserving table resize ('bilinear', False, True)",
 }
 
 # transformers: (architecture, config keyword arguments, how the folder is written)

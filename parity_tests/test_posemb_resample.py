@@ -75,16 +75,19 @@ def test_each_method_equals_the_library_it_is_named_after(src, dst, dtype, x64):
     assert _rel(_ours(grid.astype(np.float64), dst, "bilinear_corners"), zoom) <= BOUND[dtype, "scipy"]
 
 
+@pytest.mark.parametrize("corners", [False, True])
 @pytest.mark.parametrize("src, dst", GRIDS)
-def test_bilinear_crop_is_radios_square_resize_then_crop(src, dst):
+def test_bilinear_crop_is_radios_square_resize_then_crop(src, dst, corners):
     """'bilinear_crop' equals transformers RadioPatchEmbeddings: torch bilinear to a square of the larger
-    side of the new grid, then its top-left rows and columns."""
+    side of the new grid, then its top-left rows and columns; 'bilinear_crop_corners' the same with
+    ``align_corners=True`` (timm's C-RADIOv3 B and H)."""
     grid = np.random.default_rng(0).standard_normal((*src, 16))
     side = max(dst)
     t = torch.from_numpy(grid).permute(2, 0, 1)[None]
-    square = F.interpolate(t, size=(side, side), mode="bilinear", align_corners=False)[0]
+    square = F.interpolate(t, size=(side, side), mode="bilinear", align_corners=corners)[0]
     want = square[:, : dst[0], : dst[1]].permute(1, 2, 0).numpy()
-    assert _rel(_ours(grid, dst, "bilinear_crop"), want) <= BOUND["float64", "torch"]
+    method = "bilinear_crop_corners" if corners else "bilinear_crop"
+    assert _rel(_ours(grid, dst, method), want) <= BOUND["float64", "torch"]
 
 
 @pytest.mark.slow

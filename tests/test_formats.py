@@ -745,8 +745,17 @@ def test_a_new_head_on_a_headless_model_without_head_bias_has_its_bias(tmp_path,
 
 
 def test_a_missing_framework_reader_names_the_flag_that_supplies_it(tmp_path):
-    """A .pth read where no torch reader was given (the JAX twin's commands) names `--framework torch`."""
+    """A .pth read where no torch reader was given (the JAX twin's commands) says why (a torch pickle) and
+    names `--framework torch`; in a timm hub folder (``save_for_hf``'s default pytorch_model.bin) it names the
+    file and the conversion of the folder to a .safetensors file both twins read."""
     from vit_common.checkpoints.formats.source import reader
 
-    with pytest.raises(FormatError, match=r"needs torch.*`--framework torch` on the command line"):
+    with pytest.raises(FormatError, match=r"a torch pickle, which only torch.load reads.*`--framework torch` on"):
         reader(None, "torch", tmp_path / "m.pth")
+    (tmp_path / "hub").mkdir()
+    (tmp_path / "hub" / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch16_224"}))
+    (tmp_path / "hub" / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(FormatError) as err:
+        load_checkpoint(tmp_path / "hub", readers={})
+    assert str(err.value).startswith(f"{tmp_path / 'hub' / 'pytorch_model.bin'}: a torch pickle")
+    assert str(err.value).endswith(f"`vit convert {tmp_path / 'hub'} OUT.safetensors`")

@@ -91,6 +91,16 @@ def test_predict_with_jax_needs_no_torch(files):
     assert len(proc.stdout.splitlines()) == 2
 
 
+@pytest.mark.slow
+def test_attention_with_jax_reads_a_timm_hub_folder_without_torch(files, tiny_cfg, random_state):
+    """A timm hub folder of ``model.safetensors`` needs no torch in the JAX twin: timm's own reading of its
+    config.json is skipped where torch is blocked, not an error."""
+    save_checkpoint(files / "hub", tiny_cfg, random_state(tiny_cfg), "timm")
+    proc = vit(TORCH, "attention", "--checkpoint", files / "hub", files / "imgs" / "a", "--out", files / "att")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(list((files / "att").glob("*_attention.json"))) == 2
+
+
 @pytest.mark.parametrize("args", [["train", "--epochs", "1"], ["predict", "m.safetensors", "imgs"]])
 def test_a_missing_framework_is_one_line_naming_the_extra(files, args):
     proc = vit(JAX, *[files / a if a in ("m.safetensors", "imgs") else a for a in args])

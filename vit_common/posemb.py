@@ -22,6 +22,8 @@ Methods, each named after what it reproduces exactly (align_corners=False unless
 ``bilinear_crop``   torch bilinear (antialias=False) to a square of the larger side of the new grid,
                     then its top-left rows and columns: RADIO's cropped position embedding
                     (transformers ``RadioPatchEmbeddings``); a method of both axes (``resample_matrices``).
+``bilinear_crop_corners`` the same with corner-aligned bilinear (``align_corners=True``): timm's C-RADIOv3
+                    B and H NaFlexVits (``pos_embed_ar_preserving`` with ``pos_embed_align_corners``).
 =================== ================================================================================
 """
 
@@ -29,7 +31,17 @@ from __future__ import annotations
 
 import numpy as np
 
-METHODS = ("bicubic_aa", "bicubic", "bilinear_aa", "bilinear", "bilinear_corners", "bilinear_crop")
+METHODS = (
+    "bicubic_aa",
+    "bicubic",
+    "bilinear_aa",
+    "bilinear",
+    "bilinear_corners",
+    "bilinear_crop",
+    "bilinear_crop_corners",
+)
+# a method of both axes -> the one-axis method resizing to the square of the larger side before the crop
+CROPPED = {"bilinear_crop": "bilinear", "bilinear_crop_corners": "bilinear_corners"}
 
 
 def _keys_cubic(x: np.ndarray, a: float) -> np.ndarray:
@@ -47,13 +59,13 @@ def _triangle(x: np.ndarray) -> np.ndarray:
 
 
 def resample_matrix(n_in: int, n_out: int, method: str) -> np.ndarray:
-    """The (n_out, n_in) float64 matrix that resamples one axis from n_in to n_out samples (not
-    ``bilinear_crop``, which needs both axes: ``resample_matrices``).
+    """The (n_out, n_in) float64 matrix that resamples one axis from n_in to n_out samples (not the
+    cropped methods, ``CROPPED``, which need both axes: ``resample_matrices``).
 
     Raises:
         ValueError: unknown method or a non-positive size.
     """
-    if method not in METHODS or method == "bilinear_crop":
+    if method not in METHODS or method in CROPPED:
         raise ValueError(f"resample method {method!r}: expected one of {METHODS}")
     if n_in < 1 or n_out < 1:
         raise ValueError(f"resample sizes must be >= 1, got n_in={n_in}, n_out={n_out}")
@@ -98,14 +110,14 @@ def resample_matrices(
     src_grid: tuple[int, int], dst_grid: tuple[int, int], method: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """(Wh (H_out, H_in), Ww (W_out, W_in)) float64 for a grid change; identities if equal (for
-    ``bilinear_crop``, where the grid is square).
+    the cropped methods, ``CROPPED``, where the grid is square).
 
     Raises:
         ValueError: unknown method or a non-positive size.
     """
-    if method == "bilinear_crop":  # to a square of the larger side, then the top-left crop
+    if method in CROPPED:  # to a square of the larger side, then the top-left crop
         side = max(dst_grid)
-        wh, ww = (resample_matrix(n, side, "bilinear") for n in src_grid)
+        wh, ww = (resample_matrix(n, side, CROPPED[method]) for n in src_grid)
         return wh[: dst_grid[0]], ww[: dst_grid[1]]
     return (
         resample_matrix(src_grid[0], dst_grid[0], method),

@@ -26,6 +26,15 @@ def _child(*args: str) -> list[str]:
     return [sys.executable, "-m", "vit_torch.timm_models", *args]
 
 
+def _installed(name: str) -> bool:
+    """Whether ``name`` can be imported: False where it is absent or blocked (``sys.modules[name] = None``,
+    or an import hook refusing it), which ``importlib.util.find_spec`` reports by raising."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def read_timm_hub_config(folder: str | os.PathLike) -> ViTConfig | None:
     """The ViTConfig timm builds from a timm hub folder, read in a child process
     (``python -m vit_torch.timm_models local-dir:FOLDER --config``: timm needs torch, which vit_jax never
@@ -34,7 +43,7 @@ def read_timm_hub_config(folder: str | os.PathLike) -> ViTConfig | None:
     Raises:
         FormatError: the child's error (a model timm cannot build or the twins lack), its last line.
     """
-    if importlib.util.find_spec("timm") is None or importlib.util.find_spec("torch") is None:
+    if not (_installed("timm") and _installed("torch")):
         return None
     done = subprocess.run(_child(f"local-dir:{folder}", "--config"), capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()

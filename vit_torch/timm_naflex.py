@@ -3,7 +3,8 @@ off its ``embeds`` module: every choice declared. ``vit_torch.timm_models.timm_c
 norms and pooling, which are timm VisionTransformer's.
 
 What the twins lack is refused by name: a factorized table, an aspect-preserving resize other than
-RADIO's (bilinear without antialias or corner alignment to a square, cropped: ``bilinear_crop``), a
+RADIO's (bilinear without antialias to a square, cropped: ``bilinear_crop``, or with corners aligned as
+the C-RADIOv3 B and H entry points: ``bilinear_crop_corners``), a
 resize by ``grid_sample`` or one ``vit_common.posemb`` does not have, a norm before the projection,
 patches flattened (C, P, P), rotary position embeddings.
 """
@@ -30,8 +31,8 @@ def naflex_embed_fields(model: nn.Module, name: str = "model") -> dict[str, Any]
     crop = bool(e.pos_embed_ar_preserving)  # to a square of the longer side, then the top-left crop
     lacks = {
         "a factorized position table (pos_embed='factorized')": e.pos_embed_type == "factorized",
-        f"an aspect-preserving table resize {resize} (interp mode, antialias, align_corners); the twins' "
-        "(bilinear_crop) is ('bilinear', False, False)": crop and resize != CROP,
+        f"an aspect-preserving table resize {resize} (interp mode, antialias, align_corners); the twins have "
+        f"{sorted(CROP)}": crop and resize not in CROP,
         "a table resize by grid_sample (pos_embed_use_grid_sample)": e.pos_embed_use_grid_sample,
         f"a table resize {resize} (interp mode, antialias, align_corners); the twins have {sorted(RESAMPLE)}": (
             e.pos_embed_type == "learned" and not crop and resize not in RESAMPLE
@@ -56,5 +57,5 @@ def naflex_embed_fields(model: nn.Module, name: str = "model") -> dict[str, Any]
         posemb="learn" if e.pos_embed_type == "learned" else "none",
         posemb_prefix=False,
         dynamic_img_size=True,
-        posemb_resample="bilinear_crop" if crop else RESAMPLE.get(resize, "bicubic_aa"),
+        posemb_resample=(CROP if crop else RESAMPLE).get(resize, "bicubic_aa"),
     )

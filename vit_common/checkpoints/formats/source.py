@@ -418,22 +418,27 @@ def container_needs(src: Source) -> str | None:
     return "torch" if src.container == "torch" or any(f.suffix == ".bin" for f in src.files) else None
 
 
-def reader(readers: Mapping[str, Reader] | None, what: str, path: Path) -> Reader:
-    """The framework reader ``what`` ('torch' | 'orbax'); FormatError naming the framework if absent."""
+def reader(readers: Mapping[str, Reader] | None, what: str, path: Path, file: Path | None = None) -> Reader:
+    """The framework reader ``what`` ('torch' | 'orbax') for the checkpoint at ``path`` (``file``: the
+    torch pickle inside a folder); FormatError naming the framework, why and what to pass if absent."""
     fn = (readers or {}).get(what)
-    if fn is None:
-        framework = "jax" if what == "orbax" else "torch"
+    if fn is None and what == "torch":
         raise FormatError(
-            f"{path}: reading this {what} checkpoint needs {framework}, and the caller gave no "
-            f"{what} reader (use vit_{framework}.load_model, `--framework {framework}` on the command line, or "
-            "`vit convert` to a format both twins read)"
+            f"{file or path}: a torch pickle, which only torch.load reads, and this reader has no torch "
+            "(the JAX twin never imports it): pass `--framework torch` on the command line (vit_torch.load_model), "
+            f"or convert it once to a file both twins read: `vit convert {path} OUT.safetensors`"
+        )
+    if fn is None:
+        raise FormatError(
+            f"{path}: reading this orbax checkpoint needs jax, and the caller gave no orbax reader (use "
+            "vit_jax.load_model, `--framework jax` on the command line, or `vit convert` to a format both twins read)"
         )
     return fn
 
 
 def _read_file(src: Source, f: Path, readers) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     if f.suffix == ".bin" or src.container == "torch":
-        part, why = reader(readers, "torch", src.path)(f)
+        part, why = reader(readers, "torch", src.path, f)(f)
         src.dropped += why
         return part, {}
     if src.container == "npz":

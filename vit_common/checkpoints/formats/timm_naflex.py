@@ -19,8 +19,8 @@ A NaFlexVit resizes its table to each input's patch grid (``dynamic_img_size``) 
 pos_embed_align_corners)``: ``posemb_resample`` (``RESAMPLE``). NaFlexVitCfg's default is bicubic with
 antialias (``bicubic_aa``); its SigLIP models (``naflexvit_*_siglip``) declare bilinear (``bilinear_aa``);
 its RADIO models (``naflexvit_*_radio_*``) resize bilinearly to a square of the longer side and crop
-(``pos_embed_ar_preserving``: ``bilinear_crop``, ``CROP``; the C-RADIOv3 B and H entry points align
-corners, which the twins do not).
+(``pos_embed_ar_preserving``, ``CROP``: ``bilinear_crop``; the C-RADIOv3 B and H entry points align
+corners: ``bilinear_crop_corners``).
 A bare state dict stores none of that: it is assumed and warned; a hub folder's architecture declares it.
 What the twins lack is refused by name (``REFUSED_KEYS``: a factorized table, a norm before the
 projection).
@@ -59,8 +59,11 @@ RESAMPLE = {
     ("bilinear", False, False): "bilinear",
     ("bilinear", False, True): "bilinear_corners",
 }
-# ... with pos_embed_ar_preserving (RADIO's: a square of the longer side, cropped) -> "bilinear_crop"
-CROP = ("bilinear", False, False)
+# ... with pos_embed_ar_preserving (RADIO's: a square of the longer side, cropped) -> posemb_resample
+CROP = {
+    ("bilinear", False, False): "bilinear_crop",
+    ("bilinear", False, True): "bilinear_crop_corners",
+}
 REFUSED_KEYS = {
     "embeds.pos_embed_y": "a factorized position table (pos_embed='factorized': embeds.pos_embed_y / _x)",
     "embeds.norm_input.weight": "a norm on the flattened patches before the projection (input_norm_layer)",
@@ -311,8 +314,8 @@ def naflex_kwargs(cfg: ViTConfig) -> dict[str, Any]:
     a Linear patch projection, the table's grid and resize (``RESAMPLE``), every choice spelled out.
     The norm is named by timm's string (``layernorm`` / ``rmsnorm``, eps 1e-6); a caller giving another
     eps replaces ``norm_layer``. Dropout is left at timm's defaults."""
-    crop = cfg.posemb_resample == "bilinear_crop"
-    mode, antialias, corners = CROP if crop else {v: k for k, v in RESAMPLE.items()}[cfg.posemb_resample]
+    crop = cfg.posemb_resample in CROP.values()
+    mode, antialias, corners = {v: k for k, v in (CROP if crop else RESAMPLE).items()}[cfg.posemb_resample]
     norm = "rmsnorm" if cfg.norm == "rmsnorm" else "layernorm"
     args = dict(
         img_size=list(cfg.image_size),
