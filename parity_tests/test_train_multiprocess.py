@@ -3,8 +3,8 @@
 Two processes with one CPU device each train bit for bit as one process with two devices (data
 parallel; FSDP from a one-process checkpoint on), each output written once by process 0; a lost
 process (SIGKILL, or SIGSTOP: a process that stops answering, which leaves the others stuck in a
-collective) stops the others within the heartbeat timeout with one line; an image one process finds
-damaged stops both at one step with its checkpoint; `--resume` continues
+collective) stops the others within the heartbeat timeout with one line; an image (of a batch or of the
+test set) one process finds damaged stops both at one step with its checkpoint; `--resume` continues
 bit-exactly on the same devices and correctly on fewer (one process after two). Runs share a compilation cache and
 XLA:CPU optimisation level 0 (conftest.py's ``env``).
 """
@@ -79,7 +79,7 @@ DRIVER = textwrap.dedent("""
         import shutil
         from pathlib import Path
         import vit_common.data.datasets as datasets
-        from vit_common.data.batches import TrainPlan
+        from vit_common.data.batches import TrainPlan, process_rows
         logs, read = Path(record).parent, datasets.read_dataset
         me, n = int(os.environ["JAX_PROCESS_ID"]), int(os.environ["JAX_NUM_PROCESSES"])
         def read_then_damage(*args, **kwargs):
@@ -88,8 +88,11 @@ DRIVER = textwrap.dedent("""
             if me == n - 1:
                 while not all((logs / f"checked{k}").exists() for k in range(n)):
                     time.sleep(0.05)
-                plan = TrainPlan(len(data.train), a.batch_size, a.epochs, a.seed, process_index=me, process_count=n)
-                path = data.train.name(plan[(int(os.environ["DAMAGE_AT"]) - 1) * plan.rows]["index"])
+                if os.environ["DAMAGE_AT"] == "test":  # its first row of the test set's first batch
+                    path = data.test.name(me * process_rows(a.batch_size, me, n))
+                else:
+                    plan = TrainPlan(len(data.train), a.batch_size, a.epochs, a.seed, process_index=me, process_count=n)
+                    path = data.train.name(plan[(int(os.environ["DAMAGE_AT"]) - 1) * plan.rows]["index"])
                 shutil.copy(path, logs / "original")
                 (logs / "damaged").write_text(path)
                 with open(path, "wb") as f:
@@ -120,8 +123,8 @@ def train(
 ) -> list[Proc]:
     """Run `vit train` as ``n`` processes (one CPU device each when n > 1) into ``out``, on ``dataset``
     (default the module's npz). ``env["DAMAGE_AT"]`` = step: the last process overwrites the image it reads
-    first at that step, after every process checked the dataset (logs/damaged names it, logs/original
-    holds its bytes).
+    first at that step (= "test": at the first evaluation), after every process checked the dataset
+    (logs/damaged names it, logs/original holds its bytes).
 
     ``stop`` = (process, step, signal name): that process signals itself after dispatching that step;
     a stopped (SIGSTOP) process is killed once the others have exited.
@@ -361,36 +364,52 @@ def test_two_processes_of_four_devices_train_a_2x4_mesh_as_one_process_of_eight(
     assert "(mesh replica=2,fsdp=4)" in procs[0].stderr
 
 
-@pytest.mark.slow
-def test_an_image_one_process_finds_damaged_stops_both_at_one_step_with_a_checkpoint(menv, tmp_path):
-    """Process 1 cannot read an image of its rows of step 4 (broken after both checked the dataset): both
-    processes learn it before step 4, write the checkpoint of step 3 together, print one line naming
-    the step, the process and the file, and exit 2; the image restored, `--resume` on both ends where an
-    undamaged run ends, bit for bit."""
+@pytest.fixture(scope="module")
+def image_run(menv, tmp_path_factory):
+    """A folder of 40 8x8 images (32 train: 4 steps of 8 an epoch; 8 test) and an undamaged 2-process run
+    on it: (images, run, the run's flags)."""
     from PIL import Image
 
+    root, rng = tmp_path_factory.mktemp("images"), np.random.default_rng(0)
+    for c in ("a", "b"):
+        (root / "imgs" / c).mkdir(parents=True)
+        for i in range(20):
+            Image.fromarray(rng.integers(0, 256, (8, 8, 3), np.uint8)).save(root / "imgs" / c / f"{i}.png")
+    args = ["--cpu-devices", "1", "--no-parity", "--data-workers", "0"]
+    ok(train(menv, 2, root / "ref", *args, dataset=f"imagefolder:{root / 'imgs'}"))
+    return root / "imgs", root / "ref", args
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("at", "found", "saved"),
+    [("4", "step 4's batch", [2, 3]), ("test", "step 4's evaluation", [2, 4])],
+    ids=["batch", "evaluation"],
+)
+def test_an_image_one_process_finds_damaged_stops_both_at_one_step_with_a_checkpoint(
+    image_run, menv, tmp_path, at, found, saved
+):
+    """Process 1 cannot read an image of its rows (broken after both checked the dataset) of step 4's batch,
+    or of the test set at step 4's evaluation (the end of epoch 1): both processes learn it before that
+    batch's computation, write the checkpoint of the step reached together (3, or 4 marked so that a
+    resumed run takes its evaluation first), print one line naming the step, the process and the file,
+    and exit 2; the image restored, `--resume` on both ends where an undamaged run ends, bit for bit."""
     from vit_jax.checkpointing import saved_steps
 
-    rng = np.random.default_rng(0)
-    for c in ("a", "b"):  # 32 training images (8 go to the test split): 4 steps of 8 an epoch
-        (tmp_path / "imgs" / c).mkdir(parents=True)
-        for i in range(20):
-            Image.fromarray(rng.integers(0, 256, (8, 8, 3), np.uint8)).save(tmp_path / "imgs" / c / f"{i}.png")
-    args = ["--cpu-devices", "1", "--no-parity", "--data-workers", "0"]
-    data = f"imagefolder:{tmp_path / 'imgs'}"
-    ok(train(menv, 2, tmp_path / "ref", *args, dataset=data))
-    out = tmp_path / "damaged"
-    procs = train({**menv, "DAMAGE_AT": "4"}, 2, out, *args, dataset=data)
+    images, ref, args = image_run
+    shutil.copytree(images, tmp_path / "imgs")
+    data, out = f"imagefolder:{tmp_path / 'imgs'}", tmp_path / "damaged"
+    procs = train({**menv, "DAMAGE_AT": at}, 2, out, *args, dataset=data)
     logs = out.parent / f"{out.name}-logs"
     path = (logs / "damaged").read_text()
     for i, p in enumerate(procs):
         errors = [ln for ln in p.stderr.splitlines() if ln.startswith("vit train: error: ")]
         assert p.returncode == 2 and len(errors) == 1 and "Traceback" not in p.stderr, (i, p.stderr[-3000:])
-        assert errors[0].startswith(f"vit train: error: step 4's batch (process 1 of 2): {path}: unreadable image")
-        assert errors[0].endswith("the same command with --resume continues from the checkpoint of step 3")
-    assert saved_steps(out / "checkpoints") == [2, 3]
-    assert_checkpoints_of_two_processes(out, [3])
+        assert errors[0].startswith(f"vit train: error: {found} (process 1 of 2): {path}: unreadable image")
+        assert errors[0].endswith(f"the same command with --resume continues from the checkpoint of step {saved[-1]}")
+    assert saved_steps(out / "checkpoints") == saved
+    assert_checkpoints_of_two_processes(out, saved[-1:])
     assert not (out / "model.safetensors").exists()
     Path(path).write_bytes((logs / "original").read_bytes())  # repaired
     ok(train(menv, 2, out, *args, "--resume", dataset=data))
-    assert_same_run(out, tmp_path / "ref")
+    assert_same_run(out, ref)  # with step 4's evaluation line, taken first by the resumed run

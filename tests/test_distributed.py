@@ -298,3 +298,20 @@ def test_a_slurm_task_that_never_starts_is_named_by_the_others(tmp_path):
             f"vit train: error: process {i} of 3: process 2 did not join the coordinator 127.0.0.1:{port} within"
         ), line
     assert not (tmp_path / "run").exists()
+
+
+def test_agreed_batches_yield_each_batch_read_and_stop_at_the_one_a_process_could_not_read():
+    """The damage flag per batch (one process here: the all-gather of one); the 2-process stop at an
+    evaluation is parity_tests/test_train_multiprocess.py's."""
+    from vit_common.data.stored_datasets import DataReadError
+    from vit_jax.preemption import DamageStop, agreed_batches
+
+    def batches():
+        yield {"image": np.zeros(2)}
+        raise DataReadError("imgs/b/0.png: unreadable image")
+
+    it = agreed_batches(batches())
+    assert next(it)["image"].shape == (2,)
+    with pytest.raises(DamageStop, match=r"^\(process 0 of 1\): imgs/b/0.png: unreadable image$"):
+        next(it)
+    assert list(agreed_batches(iter([1, 2]))) == [1, 2]

@@ -41,7 +41,7 @@ from vit_jax.checkpointing import Checkpoints, _then_resume, saved_steps, write_
 from vit_jax.data import DataWorkerError
 from vit_jax.hooks import Hooks, RunState
 from vit_jax.observe import ProfileWindow, Summaries, require_wandb
-from vit_jax.preemption import Stopped, StopSignals, agree_damage
+from vit_jax.preemption import DamageStop, Stopped, StopSignals, agree_damage
 from vit_jax.resume import check_checkpoints_left, check_same_data, config_mismatch, run_config, schedule_change
 from vit_jax.trainer import Trainer, sharded_abstract
 
@@ -131,8 +131,8 @@ def fit(
     it saves that step, waits for the write and raises ``Stopped``. A data worker that dies is
     ``DataWorkerError``, and an example that cannot be read (damaged after the dataset's up-front
     check: a training batch's, or a test example at an evaluation, which a resumed run takes first)
-    ``DataReadError``, each raised after saving the step reached (several processes: a batch's damage in
-    all alike, ``vit_jax.preemption.DamageStop``; the rest through ``vit_jax.distributed``), so that
+    ``DataReadError``, each raised after saving the step reached (several processes: damage in all
+    alike, ``vit_jax.preemption.DamageStop``; a dead worker through ``vit_jax.distributed``), so that
     ``resume`` continues from it once the data is repaired. The test set is evaluated (loss, top-1 and
     top-5 accuracy) every ``eval_every`` epochs, or every ``eval_every_steps`` steps when that is set, and at the end;
     ``progress`` shows a tqdm bar on process 0. metrics.jsonl gets one line when the process's first
@@ -176,8 +176,8 @@ def fit(
         Stopped: ``stop`` asked for it (a signal); its ``step`` is the checkpoint saved.
         DataWorkerError: an input-pipeline worker process died.
         DataReadError: an example of the training set could not be read (naming the step, the file and
-            the record), or one of the test set at the step's evaluation (one process: a resumed run takes
-            it first), after the checkpoint of the step reached.
+            the record), or one of the test set at the step's evaluation (a resumed run takes it first),
+            after the checkpoint of the step reached.
         DestinationError: a fresh run's ``out`` holds a file of ``RUN_FILES`` that vit did not write
             (checked first; a resumed run's config.json proves its files are the run's).
     """
@@ -366,7 +366,7 @@ def _steps(run: RunState, it, hooks: Hooks, saver: _Saver, stop: StopSignals | N
             run.step, run.step_seconds = step + 1, clock() - t0
             if step > run.start:  # the first step of a process includes compilation
                 seen, timed = seen + float(run.metrics["count"]), timed + run.step_seconds
-            with _evaluating(run, None if many else saver):
+            with _evaluating(run, saver):
                 hooks.after(run)
     finally:
         hooks.close()
@@ -396,14 +396,14 @@ def _next_batch(it, run: RunState, step: int, saver: _Saver, many: bool) -> dict
 @contextlib.contextmanager
 def _evaluating(run: RunState, saver: _Saver | None):
     """Damage in the test set found by the evaluation of step ``run.step`` (``DataReadError``, naming the
-    step): the step's state is whole, so ``saver`` (one process) saves it, marked so that a resumed run
-    takes that evaluation first."""
+    step; several processes: ``DamageStop`` in all, ``Trainer.evaluate``): the step's state is whole, so
+    ``saver`` saves it, marked so that a resumed run takes that evaluation first."""
     try:
         yield
     except DataReadError as e:
         if saver is not None:
             saver.save(run, evaluate=True)
-        raise DataReadError(f"step {run.step}'s evaluation: {e}") from None
+        raise type(e)(f"step {run.step}'s evaluation{'' if isinstance(e, DamageStop) else ':'} {e}") from None
 
 
 def run_hooks(

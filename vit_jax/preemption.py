@@ -29,14 +29,17 @@ process: each process reads its own rows of a step's batch, so before every step
 on a damage flag (``agree_damage``, one all-gather of a flag per step), and when one could not read its
 rows every process saves the step reached (a collective orbax save) and stops with the same
 ``DamageStop``. The sync point of a signal is not enough here: it lies after the step every process
-has reached, and the process that cannot read its rows cannot take that step.
+has reached, and the process that cannot read its rows cannot take that step. An evaluation's batches
+are split the same way, and each batch's computation is a collective, so the flag is agreed before each
+of them too (``agreed_batches``): a process that cannot read its rows of the test set leaves none
+waiting in a collective.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 from vit_common.data.stored_datasets import DataReadError
 
@@ -182,3 +185,26 @@ def agree_damage(error: DataReadError | None) -> DamageStop | None:
     first = int(np.argmax(flags))
     said = bytes(multihost_utils.process_allgather(text)[first]).rstrip(b"\0").decode(errors="replace")
     return DamageStop(f"(process {first} of {len(flags)}): {said}")
+
+
+def agreed_batches(batches: Iterable[dict]) -> Iterator[dict]:
+    """``batches`` (this process's rows of each batch of a multi-process pass, as many batches in every
+    process), each yielded once every process has read its rows of it (``agree_damage`` per batch).
+
+    Raises:
+        DamageStop: a process could not read its rows of a batch (``DataReadError``), in every process
+            before that batch's computation.
+    """
+    it = iter(batches)
+    while True:
+        damage = None
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except DataReadError as e:
+            damage = e
+        damage = agree_damage(damage)
+        if damage is not None:
+            raise damage
+        yield batch

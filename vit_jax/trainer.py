@@ -49,6 +49,7 @@ from vit_jax.mesh import batch_sharding, by_name, make_mesh, state_shardings
 from vit_jax.model import VisionTransformer
 from vit_jax.optim import ema_update, make_optimizer, trainable_mask
 from vit_jax.optimizer_state import with_adam_state
+from vit_jax.preemption import agreed_batches
 from vit_jax.weights import from_numpy, to_numpy
 
 # --------------------------------------------------------------------------------- the model
@@ -284,6 +285,11 @@ class Trainer:
 
         Returns {"loss", "accuracy", "top5_accuracy", "count"} and, with ``with_logits``, "logits"
         float32 [N, K].
+
+        Raises:
+            DataReadError: an example of ``source`` cannot be read (one process), or with several processes
+                ``vit_jax.preemption.DamageStop`` in every process, before the computation of the batch
+                one of them could not read (each process reads its rows; ``agreed_batches``).
         """
         loss = correct = correct5 = count = 0.0
         logits = []
@@ -301,7 +307,7 @@ class Trainer:
             it = (next(self._test_batches) for _ in range(len(batches)))
         else:
             it = iterate(batches)
-        for batch in it:
+        for batch in agreed_batches(it) if jax.process_count() > 1 else it:
             m = jax.device_get(self.eval_step(state, batch, ema=ema))
             loss, correct, count = loss + m["loss_sum"], correct + m["correct"], count + m["count"]
             correct5 += m["correct5"]
