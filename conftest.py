@@ -2,7 +2,9 @@
 seeded images, an independent writer of the .npz layouts, and builders of timm and transformers models
 with random weights (the reference libraries: the file formats' own authors). `vit train` runs inside the
 tests compile into a per-session cache, not the user's (~/.cache/vit-twins/jax), unless
-JAX_COMPILATION_CACHE_DIR already names one.
+JAX_COMPILATION_CACHE_DIR already names one. XLA:CPU compiles at optimisation level 0 in the test processes
+and the ones they start, as the training-run tests' children always did (half the compile time, which is
+most of a tiny model's run), unless XLA_FLAGS already sets a level.
 
 Fixtures that need a framework import it inside, so numpy-only tests never import jax or torch. Helpers
 that take arguments are fixtures returning a function (``random_state(cfg, seed=1)``).
@@ -21,6 +23,10 @@ import pytest
 
 from vit_common.config import ViTConfig
 from vit_common.state import random_state as _random_state
+
+# Before any test imports JAX: XLA reads its flags when its backend starts.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
 # Class token + 1000-class head at 224 px. The ViT paper, timm and HF agree for Ti/16, S/16, B/16, L/16,
 # B/32, B/8, H/14; the other rows counted with timm's VisionTransformer (timm 1.0.31, built on the meta
