@@ -99,8 +99,13 @@ def masked_mean(x: jax.Array, keep: jax.Array | None) -> jax.Array:
 
 
 def masked_max(x: jax.Array, keep: jax.Array | None) -> jax.Array:
-    """Per-channel max over the tokens [B, L', D] -> [B, D]; with ``keep`` [B, L'], over the kept ones only."""
-    return x.max(axis=1) if keep is None else jnp.where(keep[..., None], x, -jnp.inf).max(axis=1)
+    """Per-channel max over the tokens [B, L', D] -> [B, D]; with ``keep`` [B, L'], over the kept ones only.
+
+    Taken at ``argmax``, so the gradient goes to that token. JAX's own rule for ``max`` divides by the
+    count of tokens equal to the result, which is 0 (a NaN gradient) where XLA rounds the tokens in
+    two fusions differently (seen on CPU at ``--xla_backend_optimization_level=0``)."""
+    y = x if keep is None else jnp.where(keep[..., None], x, -jnp.inf)
+    return jnp.take_along_axis(y, jnp.argmax(y, axis=1)[:, None], axis=1)[:, 0]
 
 
 def condition_input(cfg: ViTConfig, x: jax.Array, flat: bool) -> jax.Array:
