@@ -300,6 +300,29 @@ def test_an_unusable_compilation_cache_is_a_warning_and_the_run_goes_on_uncached
     assert json.loads(out)["steps"] == 2 and (tmp_path / "cache").read_text().startswith("a file")
 
 
+def test_a_resumed_fine_tuning_exports_as_the_first_run_did(tmp_path, random_state, tiny_cfg):
+    """A resume reads no checkpoint: the run's config.json keeps what the exports need of it (the model
+    type that makes a SigLIP classifier written as itself, the layout that names a timm entry point), and
+    an export folder the first run wrote (a timm hub folder's model_timm/) is written again."""
+    from vit_common.checkpoints.convert import save_checkpoint
+    from vit_common.checkpoints.formats.provenance import Report
+    from vit_common.data.datasets import ArraySource, Dataset
+    from vit_jax.finetune import check_exports, init_record, resumed_init
+
+    cfg = tiny_cfg
+    save_checkpoint(tmp_path / "hub", cfg, random_state(cfg), "timm")
+    report = Report(source=str(tmp_path / "hub"), format="timm", assumed=[], config=cfg, layout="L", model_type="M")
+    saved = json.loads(json.dumps({"model": cfg.to_dict(), "preprocess": {}, "init": init_record(report)}))
+    rng = np.random.default_rng(0)
+    src = ArraySource(rng.integers(0, 256, (4, 8, 8, 3), np.uint8), np.arange(4) % 2)
+    data = Dataset("d", src, src, ("a", "b"), (8, 8), 3)
+    back = resumed_init(saved, data).report
+    assert (back.source, back.format, back.model_type, back.layout) == (str(tmp_path / "hub"), "timm", "M", "L")
+    out = tmp_path / "run"
+    save_checkpoint(out / "model_timm", cfg, random_state(cfg), "timm")  # the first run's export
+    check_exports(out, cfg, back)  # was: "model_timm is a folder: expected a file path"
+
+
 @pytest.mark.slow
 def test_a_resumed_fine_tuning_needs_its_init_file_no_more(tmp_path, capsys, random_state, tiny_cfg):
     """Fine-tune a timm .safetensors with checkpoints, delete it, then --resume with one epoch more: the run
@@ -320,11 +343,13 @@ def test_a_resumed_fine_tuning_needs_its_init_file_no_more(tmp_path, capsys, ran
     ]
     assert main([*args, "--epochs", "1"]) == 0
     first = json.loads(capsys.readouterr().out)
-    assert json.loads((out / "config.json").read_text())["init"] == {
-        "source": str(tmp_path / "src.safetensors"),
-        "format": "timm",
-        "assumed": [],
-    }
+    init = json.loads((out / "config.json").read_text())["init"]
+    assert (init["source"], init["format"], init["assumed"], init["model_type"]) == (
+        str(tmp_path / "src.safetensors"),
+        "timm",
+        [],
+        "",
+    )
     (tmp_path / "src.safetensors").unlink()
     assert main([*args, "--epochs", "2", "--resume"]) == 0
     summary = json.loads(capsys.readouterr().out)

@@ -157,8 +157,16 @@ def naflex_budget(info: ModelInfo, report: Report, cfg: ViTConfig, max_patches: 
 def init_record(report: Report) -> dict[str, Any]:
     """What a run stores in its config.json (``init``) of the checkpoint it fine-tunes, so that a resume
     needs the checkpoint no more: its path (``source``), format name and the fields it did not state
-    (``assumed``), all the exports need (``export_targets``, ``check_exports``)."""
-    return {"source": report.source, "format": report.format, "assumed": list(report.assumed)}
+    (``assumed``), its model type and layout line (which the exports' ``complete_options`` read: a SigLIP
+    classifier's class, a RoPE or NaFlexVit source's timm name), all the exports need (``export_targets``,
+    ``check_exports``, ``export``)."""
+    return {
+        "source": report.source,
+        "format": report.format,
+        "assumed": list(report.assumed),
+        "model_type": report.model_type,
+        "layout": report.layout,
+    }
 
 
 def resumed_init(
@@ -192,7 +200,10 @@ def resumed_init(
     cfg = cfg.replace(**{"dtype": "float32", **runtime}, param_dtype="float32", image_size=image_size or cfg.image_size)
     pre = Preprocess.from_dict(dict(saved["preprocess"])).replace(**dict(preprocess or {}))
     info = ModelInfo(pre, "the run's config.json")
-    report = Report(source=record["source"], format=record["format"], assumed=list(record["assumed"]), config=cfg)
+    kept = {k: record[k] for k in ("model_type", "layout") if isinstance(record.get(k), str)}  # runs since 2026-12
+    report = Report(
+        source=record["source"], format=record["format"], assumed=list(record["assumed"]), config=cfg, **kept
+    )
     return Init(cfg, None, info, report, data.fit(cfg.image_size, cfg.in_chans, pre))
 
 
@@ -272,7 +283,7 @@ def check_exports(out: Path, cfg: ViTConfig, source: Report | None, accept_assum
         ValueError: naming the export and the fields (``vit_common.checkpoints.convert.check_assumed``).
     """
     for fmt, path in export_targets(out, source).items():
-        check_destination(path, folder=REGISTRY[fmt].folder)
+        check_destination(path, folder=REGISTRY[fmt].writes_folder(path))
         check_assumed(path, fmt, cfg, source.assumed if source is not None else (), accept_assumed)
 
 
