@@ -634,3 +634,5 @@ def test_vit_parity_runs_a_naflex_model_s_images_as_a_naflex_batch(tmp_path):
     assert nine.ok and nine.outputs["torch"]["attn01"].shape[-1] == 9  # no prefix token, N = the budget
     with pytest.raises(ValueError, match="--against transformers with a NaFlex model's images"):
         run_parity(tmp_path / "n.safetensors", images=tmp_path / "images", against="transformers")
+    with pytest.raises(ValueError, match="--against transformers on a NaFlex model with generated images"):
+        run_parity(tmp_path / "n.safetensors", against="transformers")  # was a shape error from transformers

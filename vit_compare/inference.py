@@ -269,6 +269,11 @@ def run_parity(
     ckpt = load_checkpoint(checkpoint, readers={**JAX_READERS, **TORCH_READERS}, **load_options)
     cfg = ckpt.cfg.replace(dtype=dtype, param_dtype=dtype, attn_impl="explicit")
     state = {k: np.asarray(v).astype(dtype) for k, v in ckpt.state.items()}
+    if images is None and against == "transformers" and ckpt.info.preprocess.max_patches is not None:
+        raise ValueError(
+            f"{checkpoint}: --against transformers on a NaFlex model with generated images: refused, "
+            "transformers' NaFlex model takes patches, not fixed-size images; drop --against to compare the twins"
+        )
     if images is None:
         images = np.random.default_rng(0).standard_normal((num_generated, cfg.in_chans, *cfg.image_size))
         image_names = [f"generated-{i}" for i in range(num_generated)]
@@ -285,7 +290,8 @@ def run_parity(
             images, image_names = load_images(images, cfg.image_size, cfg.in_chans, preprocess, max_images)
         elif against is not None:
             raise ValueError(
-                f"{checkpoint}: --against {against} with a NaFlex model's images: the twins alone are compared"
+                f"{checkpoint}: --against {against} with a NaFlex model's images: refused, the library check takes "
+                "fixed-size images; drop --against to compare the twins on them"
             )
         else:
             images, image_names = _naflex_images(images, cfg, preprocess, max_images, str(checkpoint))
