@@ -27,7 +27,7 @@ import numpy as np
 
 from vit_common.config import ViTConfig
 from vit_common.data.batches import read_example
-from vit_common.data.images import Preprocess, decode_image, from_array, normalize, open_image, to_array, to_channels
+from vit_common.data.images import Preprocess, as_image, normalize, to_array, to_channels
 from vit_common.posemb import resample_matrices
 from vit_common.system.validate import memory_limit, model_bytes
 
@@ -285,13 +285,9 @@ class NaFlexEvalBatches:
         return -(-len(self.source) // self.batch_size)
 
     def _example(self, image, rng=None) -> tuple[np.ndarray, tuple[int, int]]:
-        if isinstance(image, np.ndarray):
-            image = from_array(image)
-        elif isinstance(image, bytes):
-            image = decode_image(image)
-        else:
-            image = open_image(image)
-        return preprocess(image, self.patch, self.preprocessing.max_patches, self.channels, self.preprocessing)
+        return preprocess(
+            as_image(image), self.patch, self.preprocessing.max_patches, self.channels, self.preprocessing
+        )
 
     def __getitem__(self, k: int) -> dict:
         if not 0 <= k < len(self):

@@ -20,10 +20,9 @@ from vit_common.data.images import (
     Preprocess,
     _filter,
     _size,
-    decode_image,
+    as_image,
     eval_resize_crop,
     from_array,
-    open_image,
     resized_pixels,
 )
 from vit_common.system.validate import Range, check_fields
@@ -336,16 +335,11 @@ class ImageTransform:
         self.dtype = np.dtype(np.float32 if preprocess.rescale_before_resize else np.uint8)
 
     def __call__(self, image: str | bytes | np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
-        if isinstance(image, np.ndarray):
-            fits = image.shape == (*self.size, self.channels)
-            if fits and (self.augment is None or not self.augment.crop_scale):
+        if isinstance(image, np.ndarray) and image.shape == (*self.size, self.channels):
+            if self.augment is None or not self.augment.crop_scale:
                 image = image.astype(self.dtype, copy=False)
                 return image if self.augment is None else self.augment.image(image, rng)
-            im = from_array(image)
-        elif isinstance(image, bytes):
-            im = decode_image(image)
-        else:
-            im = open_image(image)
+        im = as_image(image)
         if self.augment is not None and self.augment.crop_scale:
             h, w = self.size
             box = random_crop_box(im.size, rng, (self.augment.crop_scale, 1.0), (3 / 4, 4 / 3))

@@ -391,6 +391,14 @@ def from_array(x: np.ndarray):
     return Image.fromarray(x if x.ndim == 2 or x.shape[2] == 3 else x[:, :, 0])
 
 
+def as_image(image: str | os.PathLike | bytes | np.ndarray):
+    """A dataset example's image (a file path, encoded bytes or a uint8 array) -> a Pillow image, with the
+    errors of ``open_image``, ``decode_image`` and ``from_array``."""
+    if isinstance(image, np.ndarray):
+        return from_array(image)
+    return decode_image(image) if isinstance(image, bytes) else open_image(image)
+
+
 def to_array(image, channels: int) -> np.ndarray:
     """A Pillow image -> uint8 [H, W, C] with C = ``channels`` (converted by ``to_channels``)."""
     arr = np.asarray(to_channels(image, channels), np.uint8)

@@ -24,8 +24,8 @@ import numpy as np
 
 from vit_common.config import ViTConfig
 from vit_common.data.augment import Augment, random_crop_box
-from vit_common.data.batches import example_rng, process_rows, read_example
-from vit_common.data.images import Preprocess, decode_image, from_array, normalize, open_image, to_array, to_channels
+from vit_common.data.batches import EvalBatches, example_rng, read_example
+from vit_common.data.images import Preprocess, as_image, normalize, to_array, to_channels
 from vit_common.naflex import patchify, position_weights, resize
 
 
@@ -55,13 +55,7 @@ class NaFlexTransform:
         self.preprocess, self.augment = preprocess, augment
 
     def __call__(self, image, rng: np.random.Generator | None = None) -> tuple[np.ndarray, tuple[int, int]]:
-        if isinstance(image, np.ndarray):
-            image = from_array(image)
-        elif isinstance(image, bytes):
-            image = decode_image(image)
-        else:
-            image = open_image(image)
-        image = to_channels(image, self.channels)
+        image = to_channels(as_image(image), self.channels)
         aug = self.augment
         if aug is not None and aug.crop_scale:
             image = image.crop(random_crop_box(image.size, rng, (aug.crop_scale, 1.0), (3 / 4, 4 / 3)))
@@ -123,7 +117,7 @@ class FinishNaFlexBatch:
         }
 
 
-class NaFlexPaddedBatches:
+class NaFlexPaddedBatches(EvalBatches):
     """One pass over ``source`` in order, unaugmented, in batches of B, the last one padded (mask 0): a
     sequence of ``FinishNaFlexBatch`` dicts, as ``vit_common.data.batches.EvalBatches`` (process p of P
     gets rows [p * B/P, (p + 1) * B/P) of every batch).
@@ -132,27 +126,9 @@ class NaFlexPaddedBatches:
         ValueError: an empty source, a batch size < 1, or P not dividing B.
     """
 
-    def __init__(
-        self,
-        source,
-        num_classes: int,
-        batch_size: int,
-        transform: NaFlexTransform,
-        *,
-        process_index: int = 0,
-        process_count: int = 1,
-    ):
-        if len(source) == 0:
-            raise ValueError("the evaluation set is empty")
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size}: expected an int >= 1")
-        self.rows = process_rows(batch_size, process_index, process_count)
-        self.source, self.batch_size, self.transform = source, batch_size, transform
-        self.offset = process_index * self.rows
+    def __init__(self, source, num_classes: int, batch_size: int, transform: NaFlexTransform, **processes):
+        super().__init__(source, num_classes, batch_size, transform, **processes)
         self.finish = FinishNaFlexBatch(num_classes, transform)
-
-    def __len__(self) -> int:
-        return -(-len(self.source) // self.batch_size)
 
     def __getitem__(self, k: int) -> dict:
         if not 0 <= k < len(self):
@@ -166,6 +142,3 @@ class NaFlexPaddedBatches:
             else:
                 rows.append({**self.transform.row(None), "label": 0, "mask": 0.0})
         return self.finish({key: np.stack([np.asarray(r[key]) for r in rows]) for key in rows[0]})
-
-    def __iter__(self):
-        return (self[k] for k in range(len(self)))
