@@ -65,6 +65,24 @@ def test_naflex_rows_are_naflex_preprocess_padded_to_the_budget(tmp_path):
         NaFlexTransform(CFG, PP, Augment(mixup=0.8))
 
 
+def test_train_iterator_makes_naflex_batches_for_a_naflex_preprocessing(tmp_path):
+    """``vit_jax.data.train_iterator`` with a NaFlex preprocessing and the model's config: the batches of
+    ``train_batches`` over ``NaFlexTransform``, bit for bit (patches [4, 16, 192], grids within the
+    budget); without the config, one line asking for it."""
+    from vit_jax.data import iterate, train_batches, train_iterator
+
+    data = read_dataset(_images(tmp_path)).fit(CFG.image_size, CFG.in_chans)
+    kw = dict(batch_size=4, epochs=1, seed=5)
+    got = list(train_iterator(data, preprocess=PP, augment=Augment(flip=True), cfg=CFG, **kw))
+    ds = train_batches(data.train, 3, transform=NaFlexTransform(CFG, PP, Augment(flip=True)), **kw)
+    want = list(iterate(ds))
+    assert len(got) == len(want) == 2 and got[0]["image"].shape == (4, 16, 192)
+    for g, w in zip(got, want, strict=True):
+        assert g.keys() == w.keys() and all(np.array_equal(g[k], w[k]) for k in g)
+    with pytest.raises(ValueError, match=r"^max_patches=16 \(a NaFlex preprocessing\) without the model's ViTConfig"):
+        train_iterator(data, preprocess=PP, augment=Augment(), **kw)
+
+
 @pytest.mark.slow
 def test_the_jax_trainer_compiles_one_naflex_step_equal_to_the_host_path(tmp_path):
     """The trainer on NaFlex batches (shift and flip augmentation): every training batch holds its images'

@@ -41,6 +41,7 @@ import threading
 import grain
 import numpy as np
 
+from vit_common.config import ViTConfig
 from vit_common.data.augment import Augment, ImageTransform
 from vit_common.data.batches import EvalBatches, FinishTrainBatch, LoadExample, TrainPlan, process_rows
 from vit_common.data.datasets import Dataset
@@ -48,9 +49,24 @@ from vit_common.data.images import Preprocess
 from vit_common.data.naflex_batches import FinishNaFlexBatch, LoadNaFlexExample, NaFlexPaddedBatches, NaFlexTransform
 
 
-def transform_for(data: Dataset, preprocess: Preprocess, augment: Augment | None = None) -> ImageTransform:
-    """The ``ImageTransform`` taking ``data``'s examples to its image size and channels."""
-    return ImageTransform(data.image_size, data.channels, preprocess, augment)
+def transform_for(
+    data: Dataset, preprocess: Preprocess, augment: Augment | None = None, cfg: ViTConfig | None = None
+) -> ImageTransform | NaFlexTransform:
+    """The ``ImageTransform`` taking ``data``'s examples to its image size and channels; for a NaFlex
+    ``preprocess`` (``max_patches`` set) the ``NaFlexTransform`` of the model ``cfg`` instead (each image
+    at its own aspect ratio, at most ``max_patches`` patches of the model's patch size).
+
+    Raises:
+        ValueError: a NaFlex ``preprocess`` without ``cfg``; what ``NaFlexTransform`` refuses.
+    """
+    if preprocess.max_patches is None:
+        return ImageTransform(data.image_size, data.channels, preprocess, augment)
+    if cfg is None:
+        raise ValueError(
+            f"max_patches={preprocess.max_patches} (a NaFlex preprocessing) without the model's ViTConfig: "
+            "expected cfg=, whose patch size and position table make the patches"
+        )
+    return NaFlexTransform(cfg, preprocess, augment)
 
 
 def train_batches(
@@ -312,17 +328,19 @@ def train_iterator(
     start: int = 0,
     process_index: int = 0,
     process_count: int = 1,
+    cfg: ViTConfig | None = None,
 ) -> BatchIterator:
     """Training batches of ``data`` (``train_batches``), run by ``iterate``: the batch iterator
     the trainer uses, for custom training loops. Resume a loop by passing the number of batches it has
-    consumed as ``start``."""
+    consumed as ``start``. A NaFlex ``preprocess`` (``max_patches`` set) needs the model's ``cfg`` and
+    makes NaFlex batches (``transform_for``)."""
     ds = train_batches(
         data.train,
         data.num_classes,
         batch_size=batch_size,
         epochs=epochs,
         seed=seed,
-        transform=transform_for(data, preprocess, augment),
+        transform=transform_for(data, preprocess, augment, cfg),
         process_index=process_index,
         process_count=process_count,
     )

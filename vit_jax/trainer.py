@@ -39,7 +39,6 @@ from vit_common.config import ViTConfig
 from vit_common.data.batches import batches_per_epoch
 from vit_common.data.datasets import Dataset
 from vit_common.data.images import Preprocess
-from vit_common.data.naflex_batches import NaFlexTransform
 from vit_common.naflex import check_model
 from vit_common.training.train_config import TrainConfig
 from vit_jax.data import eval_batches, iterate, train_batches, transform_for
@@ -121,14 +120,11 @@ class Trainer:
         self.cfg, self.tcfg, self.data, self.init_weights, self.workers = cfg, tcfg, data, weights, workers
         self.init_moments = moments
         self.preprocess = preprocess or Preprocess()
-        if self.preprocess.max_patches is None:
-            self.train_transform = transform_for(data, self.preprocess, tcfg.augment)
-            self.eval_transform = transform_for(data, self.preprocess)
-        else:
+        if self.preprocess.max_patches is not None:
             micro = tcfg.batch_size // tcfg.accum_steps
             check_model(cfg, self.preprocess.max_patches, micro, f"max_patches={self.preprocess.max_patches}")
-            self.train_transform = NaFlexTransform(cfg, self.preprocess, tcfg.augment)
-            self.eval_transform = NaFlexTransform(cfg, self.preprocess)
+        self.train_transform = transform_for(data, self.preprocess, tcfg.augment, cfg)
+        self.eval_transform = transform_for(data, self.preprocess, cfg=cfg)
         self._test_batches = None
         self._compiled, self.cache_events = None, {"cache_hits": 0, "cache_misses": 0}
         self.mesh = mesh or make_mesh(tcfg.mesh_spec())
