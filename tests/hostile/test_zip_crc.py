@@ -92,11 +92,11 @@ def compressed_npz(tmp: Path) -> list[str]:
     return ["convert", str(tmp / "c.npz"), str(tmp / "out.safetensors")]
 
 
-MISMATCH = r"member '{m}': CRC-32 mismatch \(stored [0-9a-f]{{8}}, computed [0-9a-f]{{8}}\); the file is damaged"
+MISMATCH = r"member {m}: CRC-32 mismatch \(stored [0-9a-f]{{8}}, computed [0-9a-f]{{8}}\); the file is damaged"
 CASES = [
     Case(
         damaged("npz flipped data byte", "m.npz", MEMBER + ".npy", lambda p, i, at: {at + i.file_size - 7: 0x10}),
-        "{tmp}/m.npz: " + MISMATCH.format(m=MEMBER),
+        "{tmp}/m.npz: " + MISMATCH.format(m=f"'{MEMBER}'"),
     ),
     Case(
         damaged("npz flipped npy header byte", "m.npz", MEMBER + ".npy", lambda p, i, at: {at + 20: 0x01}),
@@ -113,21 +113,21 @@ CASES = [
             MEMBER + ".npy",
             lambda p, i, at: {i.header_offset + 15: 2, _central(p, i) + 17: 2},
         ),
-        "{tmp}/m.npz: " + MISMATCH.format(m=MEMBER),
+        "{tmp}/m.npz: " + MISMATCH.format(m=f"'{MEMBER}'"),
     ),
     Case(
         damaged("npz local size", "m.npz", MEMBER + ".npy", lambda p, i, at: {at - 16: 0x40}),
         r"{tmp}/m.npz: member '" + MEMBER + r"': its local header declares 8384 bytes \(8320 stored\), the central "
         r"directory 8320 \(8320 stored\): a damaged zip",
     ),
-    Case(compressed_npz, "{tmp}/c.npz: " + MISMATCH.format(m=MEMBER)),
+    Case(compressed_npz, "{tmp}/c.npz: " + MISMATCH.format(m=f"'{MEMBER}'")),
     Case(
         damaged("pth flipped data byte", "m.pth", "data/*", lambda p, i, at: {at + i.file_size // 2: 0x80}),
-        "{tmp}/m.pth: " + MISMATCH.format(m=r"[^']+/data/\d+"),
+        "{tmp}/m.pth: " + MISMATCH.format(m=r"'[^']+/data/\d+' \(tensor patch_embed\.proj\.weight\)"),
     ),
     Case(
         damaged("pth flipped pickle byte", "m.pth", "data.pkl", lambda p, i, at: {at + 40: 0x01}),
-        "{tmp}/m.pth: " + MISMATCH.format(m=r"[^']+/data.pkl"),
+        "{tmp}/m.pth: " + MISMATCH.format(m=r"'[^']+/data.pkl'"),
     ),
     Case(
         damaged("pth descriptor CRC-32", "m.pth", "data/0", lambda p, i, at: {at + i.compress_size + 5: 1}),
@@ -172,3 +172,32 @@ def _nocrc_save(path, tensors) -> None:
         write_torch_file(path, tensors)
     finally:
         torch.serialization.set_crc32_options(True)
+
+
+def test_a_damaged_training_checkpoint_names_every_tensor_of_the_record(tmp_path):
+    """A timm training checkpoint (weights, EMA weights sharing a storage, args, a numpy scalar, optimizer state):
+    the damaged record is named with every tensor over it, read from data.pkl without running any of it."""
+    import argparse
+
+    from vit_common.checkpoints.formats.errors import FormatError
+    from vit_common.checkpoints.formats.zip_members import verify_zip
+
+    w = torch.arange(100, dtype=torch.float32)
+    state = {"blocks.0.w": w, "blocks.0.b": torch.zeros(100)}
+    torch.save(
+        {
+            "state_dict": state,
+            "state_dict_ema": {"blocks.0.w": w},
+            "args": argparse.Namespace(lr=0.1),
+            "best": np.float64(0.5),
+            "optimizer": {"state": {0: {"exp_avg": torch.ones(3)}}},
+        },
+        tmp_path / "t.pth",
+    )
+    assert verify_zip(tmp_path / "t.pth") == []
+    info, at = _member(tmp_path / "t.pth", _torch_record(tmp_path / "t.pth", "data/0"))
+    _edit(tmp_path / "t.pth", {at + 3: 1})
+    with pytest.raises(FormatError) as e:
+        verify_zip(tmp_path / "t.pth")
+    want = "member 't/data/0' (tensor state_dict.blocks.0.w, state_dict_ema.blocks.0.w): CRC-32 mismatch (stored "
+    assert want in str(e.value)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import pickle
 import zipfile
 import zlib
 
@@ -89,11 +90,12 @@ def zlib_crc(mapped, at: int, size: int) -> int:
     return crc
 
 
-def check_crc(path, name: str, stored: int, computed: int) -> None:
-    """FormatError naming ``path``, member ``name`` and both values where the CRC-32s differ."""
+def check_crc(path, name: str, stored: int, computed: int, what: str = "") -> None:
+    """FormatError naming ``path``, member ``name`` (``what`` after it: the tensors it holds) and both
+    values where the CRC-32s differ."""
     if stored != computed:
         raise FormatError(
-            f"{path}: member {name!r}: CRC-32 mismatch (stored {stored:08x}, computed {computed:08x}); "
+            f"{path}: member {name!r}{what}: CRC-32 mismatch (stored {stored:08x}, computed {computed:08x}); "
             "the file is damaged"
         )
 
@@ -136,7 +138,9 @@ def verify_zip(path: str | os.PathLike) -> list[str]:
                     with zf.open(unchecked(info)) as fp:
                         while chunk := fp.read(CRC_CHUNK):
                             crc = zlib.crc32(chunk, crc)
-                check_crc(path, info.filename, info.CRC, crc)
+                if crc != info.CRC:
+                    names = record_tensors(zf, info.filename)
+                    check_crc(path, info.filename, info.CRC, crc, f" (tensor {', '.join(names)})" if names else "")
         finally:
             if mapped is not None:
                 mapped.close()
@@ -146,3 +150,63 @@ def verify_zip(path: str | os.PathLike) -> list[str]:
             "its members could not be checked for damage"
         ]
     return []
+
+
+class _Record:
+    """A torch.save storage, by its record key (``ARCHIVE/data/KEY``)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: str):
+        self.key = key
+
+
+class _Stub:
+    """What every other global of a pickle read by ``_StorageKeys`` builds: nothing, whatever its arguments."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state):
+        pass
+
+
+def _first(*args, **kwargs):
+    """A tensor rebuilt (``torch._utils._rebuild_*``): its storage, the first argument."""
+    return args[0] if args else None
+
+
+class _StorageKeys(pickle.Unpickler):
+    """A torch.save ``data.pkl`` read into its containers with every tensor its storage's ``_Record``; no
+    global of the file is looked up (OrderedDict is a dict, tensor rebuilders ``_first``, the rest
+    ``_Stub``), so nothing of it runs."""
+
+    def find_class(self, module: str, name: str):
+        return dict if name == "OrderedDict" else _first if name.startswith("_rebuild") else _Stub
+
+    def persistent_load(self, pid):
+        return _Record(str(pid[2]))  # ('storage', storage type, key, location, numel)
+
+
+def record_tensors(zf: zipfile.ZipFile, record: str) -> list[str]:
+    """The names (dotted through the containers) of the tensors whose storage is the torch.save record
+    ``record`` (``ARCHIVE/data/KEY``) of ``zf``, read from its ``data.pkl`` (``_StorageKeys``); [] for
+    another member or where that cannot be read: a name for an error already found, at best."""
+    archive, _, key = record.rpartition("/data/")
+    names: list[str] = []
+
+    def walk(v, at: str) -> None:
+        if isinstance(v, _Record) and v.key == key:
+            names.append(at)
+        items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list | tuple) else ()
+        for k, x in items:
+            walk(x, f"{at}.{k}" if at else str(k))
+
+    if not archive or "/" in key:
+        return []
+    try:
+        with zf.open(f"{archive}/data.pkl") as fp:
+            walk(_StorageKeys(fp).load(), "")
+    except Exception:  # noqa: BLE001 - a damaged or unusual pickle: the record's name is said instead
+        return []
+    return names
