@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from vit_common.checkpoints.formats.errors import FormatError
-from vit_common.checkpoints.formats.source import WEIGHT_ENTRIES, choose_weights
+from vit_common.checkpoints.formats.source import WEIGHT_ENTRIES, choose_weights, verified_torch_file
 from vit_common.system.io import atomic_write
 from vit_torch.weights import tensor_to_numpy
 
@@ -119,7 +119,8 @@ def read_torch_file(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], lis
     ``vit_common.checkpoints.formats.source.choose_weights`` picks (``--weights-entry``; by default the
     first of ``WEIGHT_ENTRIES`` it has: EMA weights first, as timm's loader), its other weight entries
     are reported as dropped with the line stating the choice, and its other entries (optimizer, epoch,
-    args...) as dropped. Non-tensor values inside the state_dict are dropped and reported too.
+    args...) as dropped. Non-tensor values inside the state_dict are dropped and reported too. The
+    members' CRC-32s are checked before, by the caller (``source.load_tensors``: ``verified_torch_file``).
 
     Raises:
         FormatError: unreadable, refused by the weights-only loader, holding no state_dict, or lacking
@@ -178,7 +179,7 @@ def read_timm_optimizer(path: str | os.PathLike, entry: str = "state_dict") -> d
     ``timm.optim.create_optimizer_v2`` groups them (``vit_common.training.recipes.timm_param_groups``) with the
     checkpoint's ``args.weight_decay`` / ``args.layer_decay`` (without ``args``: layer decay where the
     groups hold ``lr_scale``, weight-decay groups where any group decays). Read with the weights-only
-    loader, as ``read_torch_file``.
+    loader, as ``read_torch_file``, after its members' CRC-32s are checked (``verified_torch_file``).
 
     Raises:
         FormatError: unreadable; no ``optimizer`` entry or weights ``entry``; an optimizer other than
@@ -190,6 +191,7 @@ def read_timm_optimizer(path: str | os.PathLike, entry: str = "state_dict") -> d
     from vit_common.training.adam_values import adam_step, check_adam_values
     from vit_common.training.recipes import timm_param_groups
 
+    verified_torch_file(path)
     obj = _load(path)
     opt = obj.get("optimizer") if isinstance(obj, Mapping) else None
     if not (isinstance(opt, Mapping) and isinstance(opt.get("state"), Mapping) and opt.get("param_groups")):

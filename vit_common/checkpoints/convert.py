@@ -305,6 +305,7 @@ def load_checkpoint(
     )
     # which of a training checkpoint's weight entries was read: a warning, so every command states it
     report.warnings += [f"{k!r}: {why}" for k, why in src.dropped if k in WEIGHT_ENTRIES]
+    report.warnings += src.warnings
     cfg, state = dec.cfg, dict(dec.state)
     if num_classes is not None:
         report.provenance["num_classes"] = Origin(GIVEN, "num_classes")

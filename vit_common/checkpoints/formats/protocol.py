@@ -54,7 +54,8 @@ class Source:
     ``config``: an HF config.json beside the weights, an orbax folder's vit_config.json, or None.
     ``weight_map``: a sharded folder's tensor -> shard file map. ``tensors`` (views or lazy tensors:
     ``formats.tensors``) and ``meta`` (safetensors header metadata) are filled by
-    ``vit_common.checkpoints.formats.source.load_tensors``; ``dropped`` lists what the container held besides weights.
+    ``vit_common.checkpoints.formats.source.load_tensors``; ``dropped`` lists what the container held besides weights;
+    ``warnings`` what its reading could not check (a torch.save file written without CRC-32s).
     ``name``: the hub model id the caller named (``hf-hub:ORG/NAME``) where ``path`` is its cached folder.
     """
 
@@ -66,6 +67,7 @@ class Source:
     tensors: dict[str, Tensor] = field(default_factory=dict)
     meta: dict[str, str] = field(default_factory=dict)
     dropped: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     name: str | None = None
 
     @property

@@ -17,6 +17,7 @@ import mmap
 import os
 import re
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from safetensors import SafetensorError, safe_open
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.protocol import Source
 from vit_common.checkpoints.formats.tensors import LazyTensor, Tensor, materialize
+from vit_common.checkpoints.formats.zip_members import check_crc, member_offset, unchecked, verify_zip, zlib_crc
 from vit_common.system.io import read_json
 from vit_common.system.validate import check_bytes, regular_file
 
@@ -216,9 +218,12 @@ def expected_ndims(name: str) -> tuple[int, ...] | None:
 
 def open_npz(path: str | os.PathLike) -> dict[str, Tensor]:
     """The arrays of an .npz file, member by member, without pickle (what ``np.load(allow_pickle=False)``
-    guarantees) and with every declared size checked first; no data is read here.
+    guarantees) and with every declared size checked first.
 
-    Each member's header is parsed, its dimensions compared with those the layouts fix for its name
+    Each member's local header is checked against the central directory and a stored member's bytes
+    against its CRC-32 (``zip_members``: read once through a memory map, a chunk at a time, nothing
+    copied; a compressed member's as it is inflated), so a damaged byte is refused, never read as a
+    weight. Then its .npy header is parsed, its dimensions compared with those the layouts fix for its name
     (``expected_ndims``), and its declared byte size compared with the member's real size
     (the zip's declared uncompressed size: reading stops there) and with
     ``vit_common.system.validate.memory_limit()``, so a corrupt header or a compressed bomb cannot ask for
@@ -227,8 +232,9 @@ def open_npz(path: str | os.PathLike) -> dict[str, Tensor]:
 
     Raises:
         FormatError: not a regular file, not a zip of .npy members, a pickled (object) array, a member
-            of the wrong number of dimensions for its name, a corrupt member, or members declaring more
-            bytes than the memory limit (a compressed member found truncated: when it is loaded).
+            of the wrong number of dimensions for its name, a corrupt member (a CRC-32 mismatch: naming
+            both values), or members declaring more bytes than the memory limit (a compressed member found
+            truncated or damaged: when it is loaded).
     """
     out: dict[str, Tensor] = {}
     total = 0
@@ -237,6 +243,11 @@ def open_npz(path: str | os.PathLike) -> dict[str, Tensor]:
             mapped = None
             for info in zf.infolist():
                 name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+                at = member_offset(fh, info, path, name)
+                stored_member = info.compress_type == zipfile.ZIP_STORED and info.file_size > 0
+                if stored_member:  # before its header is parsed: a damaged header is named as damage
+                    mapped = mapped or mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                    check_crc(path, name, info.CRC, zlib_crc(mapped, at, info.file_size))
                 with zf.open(info) as fp:
                     shape, fortran, dtype = _npy_header(fp, path, name)
                     need, have = math.prod(shape) * dtype.itemsize, info.file_size - fp.tell()
@@ -249,13 +260,8 @@ def open_npz(path: str | os.PathLike) -> dict[str, Tensor]:
                         f"but holds {have} bytes: truncated or corrupt"
                     )
                 stored = shape[::-1] if fortran else shape
-                if info.compress_type == zipfile.ZIP_STORED and need:
-                    fh.seek(info.header_offset)
-                    local = fh.read(30)
-                    at = info.header_offset + 30 + int.from_bytes(local[26:28], "little")
-                    at += int.from_bytes(local[28:30], "little") + start
-                    mapped = mapped or mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-                    arr = np.frombuffer(mapped, dtype, math.prod(shape), at).reshape(stored)
+                if stored_member and need:
+                    arr = np.frombuffer(mapped, dtype, math.prod(shape), at + start).reshape(stored)
                     out[name] = arr.T if fortran else arr
                 else:
                     load = functools.partial(_inflate, Path(path), info, name, stored, dtype, start, fortran)
@@ -298,14 +304,16 @@ def _npy_header(fp, path, name: str) -> tuple[tuple[int, ...], bool, np.dtype]:
 
 
 def _inflate(path: Path, info, name: str, stored, dtype, start: int, fortran: bool) -> np.ndarray:
-    """A compressed .npz member's array (its header at ``start`` bytes already checked by ``open_npz``)."""
+    """A compressed .npz member's array (its header at ``start`` bytes already checked by ``open_npz``),
+    its CRC-32 checked over the bytes inflated (``check_crc``)."""
     arr = np.empty(stored, dtype)
     need = arr.nbytes
     try:
-        with zipfile.ZipFile(path) as zf, zf.open(info) as fp:
-            fp.seek(start)
+        with zipfile.ZipFile(path) as zf, zf.open(unchecked(info)) as fp:
+            crc = zlib.crc32(fp.read(start))
             if need and fp.readinto(memoryview(arr.reshape(-1).view(np.uint8))) != need:
                 raise FormatError(f"{path}: member {name!r} is truncated")
+            check_crc(path, name, info.CRC, zlib.crc32(arr.reshape(-1).view(np.uint8), crc))
     except FormatError:
         raise
     except _ZIP_ERRORS as e:
@@ -438,12 +446,28 @@ def reader(readers: Mapping[str, Reader] | None, what: str, path: Path, file: Pa
 
 def _read_file(src: Source, f: Path, readers) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     if f.suffix == ".bin" or src.container == "torch":
-        part, why = reader(readers, "torch", src.path, f)(f)
+        read = reader(readers, "torch", src.path, f)
+        src.warnings += verified_torch_file(f)
+        part, why = read(f)
         src.dropped += why
         return part, {}
     if src.container == "npz":
         return open_npz(f), {}
     return read_safetensors(f)
+
+
+def verified_torch_file(path: Path) -> list[str]:
+    """``verify_zip``'s warnings for a torch.save zip file (none for a legacy pickle stream, which has no
+    checksums); FormatError where a member is damaged or the file is not a readable zip."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(4) != b"PK\x03\x04":
+                return []
+        return verify_zip(path)
+    except FormatError:
+        raise
+    except _ZIP_ERRORS as e:
+        raise FormatError(f"{path}: not a readable PyTorch weights file ({type(e).__name__}: {e})") from e
 
 
 def load_tensors(src: Source, readers: Mapping[str, Reader] | None = None) -> Source:
