@@ -29,6 +29,20 @@ def test_pth_round_trip_bit_exact(tmp_path, dtype, small_cfg, random_state, asse
     assert_same_state(ckpt.state, state)
 
 
+def test_a_written_pth_names_its_records_as_torch_save_does(tmp_path, small_cfg, random_state):
+    """The records lie under ``m/`` for ``m.pth``, as ``torch.save(state, "m.pth")`` writes them (not
+    under the temporary's name), so two writes of the same tensors are the same bytes."""
+    import zipfile
+
+    state = random_state(small_cfg)
+    for name in ("a", "b"):
+        save_checkpoint(tmp_path / name / "m.pth", small_cfg, state, writers=WRITERS)
+    names = zipfile.ZipFile(tmp_path / "a" / "m.pth").namelist()
+    assert names[0] == "m/data.pkl" and all(n.startswith("m/") for n in names)
+    assert (tmp_path / "a" / "m.pth").read_bytes() == (tmp_path / "b" / "m.pth").read_bytes()
+    assert sorted(os.listdir(tmp_path / "a")) == ["m.pth"]
+
+
 def test_training_checkpoint_entries_are_reported(tmp_path, small_cfg, random_state, assert_same_state):
     state = random_state(small_cfg)
     sd = {k: torch.from_numpy(v) for k, v in state.items()}

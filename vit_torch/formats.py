@@ -20,9 +20,11 @@ import argparse
 import contextlib
 import os
 import pickle
+import shutil
 import warnings
 import zipfile
 from collections.abc import Mapping
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -238,9 +240,22 @@ def read_timm_optimizer(path: str | os.PathLike, entry: str = "state_dict") -> d
 def write_torch_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray]) -> None:
     """Write a plain state_dict with ``torch.save``, atomically; tensors made contiguous. A contiguous
     array (a memory-mapped view of a lazily read file's tensor) is handed to torch without a copy
-    (``torch.from_numpy`` shares its memory; ``torch.save`` only reads it)."""
+    (``torch.from_numpy`` shares its memory; ``torch.save`` only reads it). The zip's records lie under
+    the folder ``torch.save(state, path)`` names (``model/`` for ``model.pth``), not the temporary's
+    name, so the same tensors give the same bytes."""
     state = {k: _shared_tensor(v) for k, v in tensors.items()}
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    name = Path(path).name
+
+    def write(tmp: str) -> None:
+        inner = Path(f"{tmp}.d")  # the temporary's prefix: removed as stale if this process dies
+        inner.mkdir()
+        try:
+            torch.save(state, inner / name)
+            os.replace(inner / name, tmp)
+        finally:
+            shutil.rmtree(inner, ignore_errors=True)
+
+    atomic_write(path, write)
 
 
 def _shared_tensor(a) -> torch.Tensor:
