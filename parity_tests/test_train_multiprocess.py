@@ -4,7 +4,8 @@ Two processes with one CPU device each train bit for bit as one process with two
 parallel; FSDP from a one-process checkpoint on), each output written once by process 0; a lost
 process (SIGKILL, or SIGSTOP: a process that stops answering, which leaves the others stuck in a
 collective) stops the others within the heartbeat timeout with one line; an image (of a batch or of the
-test set) one process finds damaged stops both at one step with its checkpoint; `--resume` continues
+test set) or an ArrayRecord shard (a record overwritten, the shard cut short; read through data worker
+processes) one process finds damaged stops both at one step with its checkpoint; `--resume` continues
 bit-exactly on the same devices and correctly on fewer (one process after two). Runs share a compilation cache and
 XLA:CPU optimisation level 0 (conftest.py's ``env``).
 """
@@ -75,7 +76,7 @@ DRIVER = textwrap.dedent("""
                         time.sleep(0.05)
             return out
         trainer.Trainer.train_step = stopping_step
-    if os.environ.get("DAMAGE_AT"):  # the last process breaks the image its rows of that step read first
+    if os.environ.get("DAMAGE_AT"):  # the last process breaks an example its rows of that step read (see train)
         import shutil
         from pathlib import Path
         import vit_common.data.datasets as datasets
@@ -88,15 +89,44 @@ DRIVER = textwrap.dedent("""
             if me == n - 1:
                 while not all((logs / f"checked{k}").exists() for k in range(n)):
                     time.sleep(0.05)
+                how = os.environ.get("DAMAGE_HOW", "file")
                 if os.environ["DAMAGE_AT"] == "test":  # its first row of the test set's first batch
-                    path = data.test.name(me * process_rows(a.batch_size, me, n))
+                    name = data.test.name(me * process_rows(a.batch_size, me, n))
                 else:
-                    plan = TrainPlan(len(data.train), a.batch_size, a.epochs, a.seed, process_index=me, process_count=n)
-                    path = data.train.name(plan[(int(os.environ["DAMAGE_AT"]) - 1) * plan.rows]["index"])
+                    at, shard = int(os.environ["DAMAGE_AT"]), lambda i: data.train.name(i).rpartition(": record ")[0]
+                    plans = [
+                        TrainPlan(len(data.train), a.batch_size, a.epochs, a.seed, process_index=k, process_count=n)
+                        for k in range(n)
+                    ]
+                    def rows(k, s):  # process k's rows of step s
+                        return [plans[k][(s - 1) * plans[k].rows + r]["index"] for r in range(plans[k].rows)]
+                    mine = rows(me, at)
+                    if how == "truncate":  # its first row of a shard that no process reads before, nor another now
+                        before = {shard(i) for s in range(1, at) for k in range(n) for i in rows(k, s)}
+                        before |= {shard(i) for k in range(n) if k != me for i in rows(k, at)}
+                        mine = [i for i in mine if shard(i) not in before]
+                    name = data.train.name(mine[0])
+                path = name.rpartition(": record ")[0] or name
                 shutil.copy(path, logs / "original")
                 (logs / "damaged").write_text(path)
-                with open(path, "wb") as f:
-                    f.write(b"not an image any more")
+                (logs / "named").write_text(name)
+                if how == "file":
+                    with open(path, "wb") as f:
+                        f.write(b"not an image any more")
+                elif how == "truncate":  # half its bytes, as a copy still being written
+                    os.truncate(path, os.path.getsize(path) // 2)
+                else:  # the record's image bytes overwritten, the shard's layout kept
+                    from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+                    from vit_common.data.arrayrecord import decode_record, encode_record
+                    k = int(name.rpartition(": record ")[2])
+                    reader = ArrayRecordReader(path)
+                    records = reader.read(list(range(reader.num_records())))
+                    reader.close()
+                    records[k] = encode_record(b"not an image any more", decode_record(records[k], name)[0])
+                    writer = ArrayRecordWriter(path, "group_size:1")
+                    for record in records:
+                        writer.write(record)
+                    writer.close()
             return data
         datasets.read_dataset = read_then_damage
     sys.exit(main(argv))
@@ -124,7 +154,10 @@ def train(
     """Run `vit train` as ``n`` processes (one CPU device each when n > 1) into ``out``, on ``dataset``
     (default the module's npz). ``env["DAMAGE_AT"]`` = step: the last process overwrites the image it reads
     first at that step (= "test": at the first evaluation), after every process checked the dataset
-    (logs/damaged names it, logs/original holds its bytes).
+    (logs/damaged names the file, logs/original holds its bytes, logs/named the example the run's line
+    names); ``env["DAMAGE_HOW"]`` = "record": that example's record of its ArrayRecord shard is overwritten
+    instead, "truncate": its first row of that step whose shard no process reads before (nor another then)
+    has its shard cut to half its bytes.
 
     ``stop`` = (process, step, signal name): that process signals itself after dispatching that step;
     a stopped (SIGSTOP) process is killed once the others have exited.
@@ -413,3 +446,60 @@ def test_an_image_one_process_finds_damaged_stops_both_at_one_step_with_a_checkp
     Path(path).write_bytes((logs / "original").read_bytes())  # repaired
     ok(train(menv, 2, out, *args, "--resume", dataset=data))
     assert_same_run(out, ref)  # with step 4's evaluation line, taken first by the resumed run
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """Ids of the live processes whose environment holds ``VIT_TEST_RUN=tag`` (a run's processes, their data
+    workers and whatever else they started)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and f"VIT_TEST_RUN={tag}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except OSError:  # ended meanwhile, or another user's
+            pass
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("how", "why"),
+    [("record", "unreadable image"), ("truncate", "a damaged ArrayRecord file")],
+    ids=["record-overwritten", "shard-truncated"],
+)
+def test_a_shard_one_process_finds_damaged_through_data_workers_stops_both_and_leaves_no_worker(
+    image_run, menv, tmp_path, how, why
+):
+    """The image folder as ArrayRecord shards of 2 records, read by 2 data worker processes per process.
+    Process 1 finds a record of its rows of step 4's batch damaged (its image bytes overwritten, or its
+    shard, first read at that step by process 1 alone, cut to half its bytes) after both checked the
+    dataset: both processes save the checkpoint of step 3 together, print one line naming the process,
+    the shard and the record, exit 2 within seconds of each other, and leave no worker process behind; the
+    shard restored, `--resume` on both ends where the undamaged run (no workers) ends, bit for bit."""
+    from vit_cli.main import main
+    from vit_jax.checkpointing import saved_steps
+
+    images, ref, args = image_run
+    assert main(["data", "convert", str(images), str(tmp_path / "rec"), "--shard-size", "2"]) == 0
+    data, out, tag = f"arrayrecord:{tmp_path / 'rec'}", tmp_path / "damaged", f"{how}-{time.time_ns()}"
+    args = [*args[: args.index("--data-workers")], "--data-workers", "2"]
+    procs = train({**menv, "DAMAGE_AT": "4", "DAMAGE_HOW": how, "VIT_TEST_RUN": tag}, 2, out, *args, dataset=data)
+    logs = out.parent / f"{out.name}-logs"
+    named = (logs / "named").read_text()
+    for i, p in enumerate(procs):
+        errors = [ln for ln in p.stderr.splitlines() if ln.startswith("vit train: error: ")]
+        assert p.returncode == 2 and len(errors) == 1 and "Traceback" not in p.stderr, (i, p.stderr[-3000:])
+        assert errors[0].startswith(f"vit train: error: step 4's batch (process 1 of 2): {named}: {why}"), errors[0]
+        assert errors[0].endswith("the same command with --resume continues from the checkpoint of step 3")
+    assert abs(procs[0].ended - procs[1].ended) < 30
+    assert saved_steps(out / "checkpoints") == [2, 3]
+    assert_checkpoints_of_two_processes(out, [3])
+    assert not (out / "model.safetensors").exists()
+    deadline = time.time() + 10  # a worker ends once it sees its parent gone (a pidfd), at once
+    while tagged_processes(tag) and time.time() < deadline:
+        time.sleep(0.1)
+    assert tagged_processes(tag) == []
+    Path((logs / "damaged").read_text()).write_bytes((logs / "original").read_bytes())  # repaired
+    ok(train({**menv, "VIT_TEST_RUN": tag}, 2, out, *args, "--resume", dataset=data))
+    assert_same_run(out, ref)
+    assert tagged_processes(tag) == []

@@ -368,3 +368,31 @@ def test_bad_stored_datasets_are_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"--out .*/pq/run lies inside the dataset"):
         check_outside(f"hf:{tmp_path / 'pq'}", tmp_path / "pq" / "run")
     check_outside(f"hf:{tmp_path / 'pq'}", tmp_path / "pq2")
+
+
+def test_an_arrayrecord_shard_cut_after_opening_fails_each_read_by_name_until_restored(tmp_path):
+    """array_record opens a file cut at a block boundary (half of a small shard: 64 KiB of 128) as one of
+    fewer records and reads b"" past its end; each read of the cut shard is refused, named, and once the
+    shard is restored the same source reads it again (its reader opened anew)."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    from vit_common.data.arrayrecord import open_arrayrecord
+
+    images = _images(2)
+    writer = ArrayRecordWriter(str(tmp_path / "train.array_record"), "group_size:1")
+    for data, label in images:
+        writer.write(encode_record(data, label))
+    writer.close()
+    shard = tmp_path / "train.array_record"
+    source = open_arrayrecord(str(shard)).train
+    whole = shard.read_bytes()
+    shard.write_bytes(whole[: len(whole) // 2])
+    for k in (0, 3):
+        with pytest.raises(
+            ValueError,
+            match=rf"^{shard}: record {k}: a damaged ArrayRecord file \(it holds 0 records, 6 when the dataset was "
+            r"opened: truncated or rewritten since\)$",
+        ):
+            source[k]
+    shard.write_bytes(whole)
+    assert [source[k]["image"] for k in range(6)] == [d for d, _ in images]

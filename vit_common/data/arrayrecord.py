@@ -20,6 +20,7 @@ more.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import threading
@@ -95,7 +96,9 @@ class RecordSource:
     """Records of ArrayRecord files: element ``{"image": bytes, "label": int32}``. Picklable (grain's
     worker processes): a file's reader (array_record's ``ArrayRecordReader``, with the random-access
     options of its ``ArrayRecordDataSource``) is opened where and when the file is first read, so a file
-    damaged after the dataset was opened fails only the records read from it, each named.
+    damaged after the dataset was opened fails only the records read from it, each named; so does a file
+    that holds another number of records than when it was opened (cut at a block boundary, array_record
+    opens it as a shorter file and reads ``b""`` past its end).
 
     files: the files in order; labels: int32 [N], every record's label, in the same order.
     """
@@ -120,9 +123,18 @@ class RecordSource:
             if f not in self._readers:
                 from array_record.python.array_record_module import ArrayRecordReader
 
-                self._readers[f] = ArrayRecordReader(
+                reader = ArrayRecordReader(
                     self.files[f], options="readahead_buffer_size:0", file_reader_buffer_size=32768
                 )
+                held = reader.num_records()
+                if held != self.counts[f]:  # a file cut at a block boundary opens, and reads b"" past its end
+                    with contextlib.suppress(RuntimeError):  # closing reports the damage too, without a message
+                        reader.close()
+                    raise RuntimeError(
+                        f"it holds {held} records, {self.counts[f]} when the dataset was opened: truncated or "
+                        "rewritten since"
+                    )
+                self._readers[f] = reader
             return self._readers[f]
 
     def _locate(self, i: int) -> tuple[int, int]:
