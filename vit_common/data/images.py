@@ -203,7 +203,7 @@ class Preprocess:
         h, w = _size(size)
         side = "shorter side" if self.crop_mode == "center" else "both sides"
         rescale = "pixel / 255" if self.rescale_factor * 255 == 1 else f"pixel * {self.rescale_factor:g}"
-        stats = f"({rescale} - mean {list(self.mean)}) / std {list(self.std)}"
+        stats = f"({rescale} - mean {_channels(self.mean)}) / std {_channels(self.std)}"
         if self.max_patches is not None:
             return f"aspect kept, resized ({self.interpolation}, Pillow) to at most {self.max_patches} patches, {stats}"
         if self.resize_size is None:
@@ -237,6 +237,11 @@ class Preprocess:
         mean = np.broadcast_to(np.asarray(self.mean, np.float32), (channels,))
         std = np.broadcast_to(np.asarray(self.std, np.float32), (channels,))
         return mean, std
+
+
+def _channels(values: tuple[float, ...]) -> str:
+    """Per-channel values in words: '0.5 (every channel)' for one value, '[0.485, 0.456, 0.406]' for several."""
+    return f"{values[0]} (every channel)" if len(values) == 1 else f"[{', '.join(map(str, values))}]"
 
 
 PRESETS = {
