@@ -638,6 +638,7 @@ def test_vit_parity_runs_a_naflex_model_s_images_as_a_naflex_batch(tmp_path):
         run_parity(tmp_path / "n.safetensors", against="transformers")  # was a shape error from transformers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["Siglip2", "Siglip"])
 def test_a_siglip_vision_model_given_classes_is_exported_as_its_family_s_classifier(family, tmp_path, capsys):
     """A ``Siglip2VisionModel`` (``SiglipVisionModel``) folder without the MAP head read with 5 classes and
