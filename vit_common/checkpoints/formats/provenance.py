@@ -108,7 +108,7 @@ def guess_num_heads(width: int) -> tuple[int, Origin]:
     if width % 64 == 0:
         return width // 64, assumed("not stored; width / 64 (head_dim 64)")
     raise FormatError(
-        f"cannot guess num_heads for width {width}: the file does not store it; pass num_heads (--set num_heads=N)"
+        f"cannot guess num_heads for width {width}: the file does not store it; pass {flag_for('num_heads')}"
     )
 
 
