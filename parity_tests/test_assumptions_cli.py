@@ -71,8 +71,8 @@ def test_each_command_prints_the_assumptions_as_one_block_and_names_them_in_its_
     assert any(line == f"wrote    {folder / 't.npz'} (big_vision); {SUMMARY}" for line in out)
     lost = [line for line in out if line.startswith("WARNING")]
     assert lost == [
-        "WARNING  big_vision files cannot hold gelu='exact' (it reads back as 'tanh'); pass --set gelu=exact "
-        "(gelu='exact') when reading the file",
+        "WARNING  big_vision files cannot hold gelu='exact' (it reads back as 'tanh'); pass --set gelu=exact when "
+        "reading the file",
         "WARNING  big_vision files cannot record that image_size, num_heads, pool, posemb_prefix were assumed (the "
         "source did not state them): readers of this file will take them as derived",
     ]

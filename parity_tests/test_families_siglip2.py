@@ -636,3 +636,49 @@ def test_vit_parity_runs_a_naflex_model_s_images_as_a_naflex_batch(tmp_path):
         run_parity(tmp_path / "n.safetensors", images=tmp_path / "images", against="transformers")
     with pytest.raises(ValueError, match="--against transformers on a NaFlex model with generated images"):
         run_parity(tmp_path / "n.safetensors", against="transformers")  # was a shape error from transformers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["Siglip2", "Siglip"])
+def test_a_siglip_vision_model_given_classes_is_exported_as_its_family_s_classifier(family, tmp_path, capsys):
+    """A ``Siglip2VisionModel`` (``SiglipVisionModel``) folder without the MAP head read with 5 classes and
+    mean pooling is written by ``vit convert`` and by ``vit train --init``'s exports
+    (``vit_jax.finetune.export``) as ``Siglip2ForImageClassification`` (``SiglipForImageClassification``)
+    with model_type ``siglip2`` (``siglip``), not as an I-JEPA; transformers loads both strictly, and with
+    a seeded head gives the torch twin's logits within 1e-5 (a NaFlex batch; 32-px images)."""
+    from vit_cli.main import main
+    from vit_jax.finetune import export
+
+    sizes = {**_VISION, "patch_size": 8, "vision_use_head": False}
+    config = getattr(transformers, f"{family}VisionConfig")(
+        **sizes, **({"num_patches": 16} if family == "Siglip2" else {})
+    )
+    _normal(getattr(transformers, f"{family}VisionModel")._from_config(config)).save_pretrained(tmp_path / "src")
+    capsys.readouterr()  # save_pretrained's progress bar
+    argv = ["convert", str(tmp_path / "src"), str(tmp_path / "cli"), "--to", "hf_family", "--num-classes", "5"]
+    assert main([*argv, "--set", "pool=gap"]) == 0, capsys.readouterr().err
+    source = load_checkpoint(tmp_path / "src", num_classes=5, pool="gap")
+    rng = np.random.default_rng(5)
+    state = {**source.state, "head.weight": rng.standard_normal((5, 32)).astype(np.float32)}
+    (tmp_path / "run").mkdir()
+    done = export(
+        tmp_path / "run", source.cfg, state, preprocess=source.info.preprocess, classes=None, source=source.report
+    )
+    arch = getattr(transformers, f"{family}ForImageClassification")
+    for folder in (tmp_path / "cli", done.paths["hf_family"]):
+        written = json.loads((folder / "config.json").read_text())
+        assert (written["architectures"], written["model_type"]) == ([arch.__name__], family.lower())
+        assert written["vision_config"]["model_type"] == f"{family.lower()}_vision_model"
+        model, info = arch.from_pretrained(folder, output_loading_info=True, attn_implementation="eager")
+        assert not any(info.values()), info
+    ours = vit_torch.from_numpy(source.cfg, state).eval()
+    if family == "Siglip2":
+        _, batch = _naflex_batch(np.random.default_rng(6))
+        names = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
+        kw = dict(zip(names, (torch.from_numpy(a) for a in batch), strict=True))
+        args = (kw["pixel_values"],), dict(patch_mask=batch[1], spatial_shapes=batch[2])
+    else:
+        kw = {"pixel_values": torch.from_numpy(rng.standard_normal((2, 3, 32, 32)).astype(np.float32))}
+        args = (kw["pixel_values"],), {}
+    with torch.no_grad():
+        _assert_close(arch.__name__, model.eval()(**kw).logits, ours(*args[0], **args[1]))

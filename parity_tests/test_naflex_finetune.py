@@ -130,3 +130,51 @@ def test_a_naflexvit_fine_tune_trains_naflex_and_exports_a_naflexvit_timm_loads(
     assert c.ok, c
     moved = exported.state_dict()["blocks.0.attn.qkv.weight"] - source.state_dict()["blocks.0.attn.qkv.weight"]
     assert float(moved.abs().max()) > 0
+
+
+@pytest.mark.slow
+def test_vit_train_parity_takes_a_patch_budget_for_a_naflex_npz(tmp_path, capsys):
+    """``vit train-parity --init`` of a big_vision NaFlex .npz (no budget declared) with ``--max-patches
+    9``: two float64 steps of both twins on NaFlex batches of 9 patches an image, within the table's bound,
+    the budget in the report. Without --max-patches the .npz is one line asking for it; --max-patches
+    without --init, or for a fixed-size model, is refused as vit train refuses it (exit 2 each)."""
+    from vit_cli.main import main
+    from vit_common.checkpoints.convert import save_checkpoint
+    from vit_common.checkpoints.formats.npz import NpzWriteOptions
+
+    spec = _images(tmp_path / "d")
+    npz = tmp_path / "n.npz"
+    cfg = CFG.replace(dynamic_img_size=True)
+    save_checkpoint(npz, cfg, random_state(cfg, seed=3, scale=0.3), "big_vision", options=NpzWriteOptions(naflex=True))
+    argv = [
+        "train-parity",
+        "--dataset",
+        spec,
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--lr",
+        "0.01",
+        "--warmup-steps",
+        "0",
+    ]
+    capsys.readouterr()
+    assert main([*argv, "--init", str(npz)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"vit train-parity: error: {npz}: a NaFlex model whose file declares no patch budget (a big_vision "
+        "naflex_vit .npz): expected max_patches (--max-patches N), the most patches each image is resized to"
+    )
+    assert main([*argv, "--max-patches", "9"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "vit train-parity: error: --max-patches 9 without --init: NaFlex training fine-tunes a NaFlex checkpoint; "
+        "a new model trains on fixed-size images"
+    )
+    save_checkpoint(tmp_path / "fixed.safetensors", CFG, random_state(CFG, seed=3, scale=0.3))
+    assert main([*argv, "--init", str(tmp_path / "fixed.safetensors"), "--max-patches", "9"]) == 2
+    assert f"error: {tmp_path / 'fixed.safetensors'}: max_patches=9 for a fixed-size model (" in capsys.readouterr().err
+    assert main([*argv, "--init", str(npz), "--max-patches", "9", "--json", str(tmp_path / "p.json")]) == 0
+    assert "NaFlex, 9 patches an image at most" in capsys.readouterr().out
+    report = json.loads((tmp_path / "p.json").read_text())
+    assert report["ok"] and len(report["steps"]) == 2 and report["compared"]["data"]["max_patches"] == 9
+    assert max(r["params"] for r in report["steps"]) < 1e-10

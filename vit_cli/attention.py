@@ -314,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
         "token": "class token's row",
         "map": "blocks: mean over patch queries; probe and rollout: MAP probe",
     }.get(cfg.pool, f"mean over patch queries (pool={cfg.pool!r})")
-    preprocess = f"{info.preprocess.describe(cfg.image_size)} ({info.preprocess_source})"
+    preprocess = f"{info.describe(cfg.image_size)} ({info.preprocess_source})"
     names = class_names(info, cfg.num_classes)
     figure_maps = {
         "blocks": [maps.layers[i] for i in spread(len(maps.layers), FIGURE_BLOCKS)],

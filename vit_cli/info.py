@@ -34,11 +34,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _summary(cfg) -> list[str]:
+def _summary(cfg, info=None) -> list[str]:
+    """Parameters, GFLOPs and tokens of an image: at a NaFlex model's patch budget (``info``'s
+    ``max_patches``: the padded batch's patches an image), else at the config's grid."""
+    n = None if info is None else info.preprocess.max_patches
+    grid, prefix = f"grid {cfg.grid[0]}x{cfg.grid[1]}", f"{cfg.num_prefix_tokens} prefix"
+    if n is not None:
+        at = f"at the patch budget, {n} patches"
+        tokens = f"{n + cfg.num_prefix_tokens}  (patch budget {n} + {prefix}; the position table's {grid})"
+    else:
+        at = f"at the {grid}" + ("; the patch budget is not declared" if info is not None and info.no_budget else "")
+        tokens = f"{cfg.seq_len}  ({grid} + {prefix})"
     return [
         f"  parameters      {cfg.param_count():,}",
-        f"  GFLOPs / image  {cfg.flops() / 1e9:.2f}  (forward, 2 x multiply-adds)",
-        f"  tokens          {cfg.seq_len}  (grid {cfg.grid[0]}x{cfg.grid[1]} + {cfg.num_prefix_tokens} prefix)",
+        f"  GFLOPs / image  {cfg.flops(patches=n) / 1e9:.2f}  (forward, 2 x multiply-adds, {at})",
+        f"  tokens          {tokens}",
     ]
 
 
@@ -52,15 +62,17 @@ def _checkpoint(args: argparse.Namespace) -> int:
     src = open_checkpoint(args.source)
     ckpt = load_checkpoint(src, readers=readers_for(src), **checkpoint_options(args))
     cfg, report = ckpt.cfg, ckpt.report
+    pp = ckpt.info
+    n = pp.preprocess.max_patches  # a NaFlex model: its patch budget
     if args.json:
-        out = report.to_dict() | {"gflops": cfg.flops() / 1e9, "seq_len": cfg.seq_len, "info": ckpt.info.to_dict()}
+        seq = cfg.seq_len if n is None else n + cfg.num_prefix_tokens
+        out = report.to_dict() | {"gflops": cfg.flops(patches=n) / 1e9, "seq_len": seq, "info": pp.to_dict()}
         print(json.dumps(out))
         return 0
     print(f"{args.source}: {report.format}" + (f" ({report.layout})" if report.layout else ""))
     print(f"  variant         {report.variant}")
-    print("\n".join(_summary(cfg)))
-    pp = ckpt.info
-    print(f"  preprocessing   {pp.preprocess.describe(cfg.image_size)}  ({pp.preprocess_source})")
+    print("\n".join(_summary(cfg, pp)))
+    print(f"  preprocessing   {pp.describe(cfg.image_size)}  ({pp.preprocess_source})")
     print("  config          (value, then where it came from)")
     for line in report.provenance_lines():
         print(f"    {line}")

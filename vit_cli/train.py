@@ -312,6 +312,19 @@ def init_fields(args: argparse.Namespace) -> dict:
     return given | {k: v for k, v in values(ViTConfig, args).items() if k != "image_size"}
 
 
+def check_budget(init: str | None, max_patches: int | None) -> None:
+    """Refuse a NaFlex patch budget ``max_patches`` (--max-patches) without a checkpoint ``init`` to fine-tune.
+
+    Raises:
+        ValueError: one line naming the budget.
+    """
+    if init is None and max_patches is not None:
+        raise ValueError(
+            f"--max-patches {max_patches} without --init: NaFlex training fine-tunes a NaFlex checkpoint; "
+            "a new model trains on fixed-size images"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     """``vit train``: the flags read into a ``vit_jax.launch.RunSpec`` (refused before any process starts
     where they can be), ``vit_jax.launch.run_training`` of it, and its summary printed.
@@ -329,11 +342,7 @@ def run(args: argparse.Namespace) -> int:
     tcfg = train_config(args)  # framework-free: bad flags are refused before any process starts
     if tcfg.init is None and (args.source_image_size is not None or args.strict):
         raise ValueError("--source-image-size and --strict describe the checkpoint of --init; there is none")
-    if tcfg.init is None and args.max_patches is not None:
-        raise ValueError(
-            f"--max-patches {args.max_patches} without --init: NaFlex training fine-tunes a NaFlex checkpoint; "
-            "a new model trains on fixed-size images"
-        )
+    check_budget(tcfg.init, args.max_patches)
     out = Path(args.out or Path("runs") / args.dataset.split(":")[0])
     io.check_apart(out, {"--init": tcfg.init})  # the exports would replace the checkpoint being fine-tuned
     check_outside(tcfg.dataset, out)  # before the lock makes the folder

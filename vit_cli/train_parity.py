@@ -2,7 +2,7 @@
 
 ``vit train-parity --steps K`` (flags of ``vit train``'s model and optimisation, ``--torch-recipe``,
 ``--json``, ``--plot``; ``--init CHECKPOINT`` to start from a checkpoint, with ``--lora RANK`` to fine-tune
-LoRA adapters of it in both twins) runs
+LoRA adapters of it in both twins, ``--max-patches N`` for a NaFlex one's patch budget, as ``vit train``'s) runs
 ``vit_compare.training.compare_training`` and prints one line a step; exit
 code 1 when the twins part, 2 on bad input.
 """
@@ -23,6 +23,7 @@ def add_parser(sub) -> None:
     from vit_cli.train import OPTIMISATION
     from vit_common.config import DEMO_MODEL
     from vit_common.data.augment import Augment
+    from vit_common.data.images import Preprocess
     from vit_common.system.validate import arg, float_in, int_in
     from vit_common.training.recipes import RECIPES
     from vit_compare.training import LORA_SETTINGS
@@ -49,6 +50,7 @@ def add_parser(sub) -> None:
         "preprocessing; --image-size resamples it, the other model flags are the file's",
     )
     add_checkpoint_arguments(m)
+    add_flags(m, Preprocess, only=("max_patches",), given_only=True, defaults_help={"max_patches": "the checkpoint's"})
     m.add_argument("--variant", default=None, help="start from a variant NAME/PATCH (e.g. Ti/16)")
     for name in ("image_size", "patch_size", "width", "depth", "num_heads", "mlp_dim"):
         demo = DEMO_MODEL.get(name)
@@ -112,8 +114,10 @@ def from_checkpoint(args, raw):
     given = {k: getattr(args, k) for k in ("dropout", "attn_dropout", "drop_path") if getattr(args, k) is not None}
     if args.dtype == "bfloat16":
         given["dtype"] = "bfloat16"
+    budget = {} if args.max_patches is None else {"max_patches": args.max_patches}  # as vit train --init's
+    options = checkpoint_options(args)
     init = load_init(
-        args.init, raw, image_size=args.image_size, given=given, options=checkpoint_options(args), readers=READERS
+        args.init, raw, image_size=args.image_size, given=given, options=options, preprocess=budget, readers=READERS
     )
     for line in init.report.assumption_block() + init.report.notes:
         print(f"vit train-parity: {line}", file=sys.stderr)
@@ -125,7 +129,7 @@ def run(args) -> int:
     import numpy as np
 
     from vit_cli.flags import values
-    from vit_cli.train import model_config
+    from vit_cli.train import check_budget, model_config
     from vit_common.data.augment import Augment
     from vit_common.data.datasets import read_dataset
     from vit_common.system import io
@@ -147,6 +151,7 @@ def run(args) -> int:
             if v is not None
         },
     )
+    check_budget(args.init, args.max_patches)
     raw = read_dataset(tcfg.dataset, val_fraction=tcfg.val_fraction)  # its classes and channels
     dtype = args.dtype
     if args.init is not None:

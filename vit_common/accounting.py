@@ -51,8 +51,9 @@ class Accounting:
             n += linear(cfg.features_dim, k, cfg.head_bias) * (2 if cfg.head_dist else 1)  # head (and head_dist)
         return n
 
-    def flops(self, image_size: tuple[int, int] | int | None = None) -> int:
-        """Forward FLOPs per image (at ``image_size`` if given), 2 per multiply-accumulate of every matmul.
+    def flops(self, image_size: tuple[int, int] | int | None = None, patches: int | None = None) -> int:
+        """Forward FLOPs per image (at ``image_size`` if given, or at ``patches`` patch tokens: a NaFlex
+        model's patch budget, whatever their grid), 2 per multiply-accumulate of every matmul.
 
         Formula (L tokens, D width, F mlp_dim, N' patches, K classes, P patch):
             patch embedding 2 N' C P^2 D
@@ -67,9 +68,12 @@ class Accounting:
         ViT, DeiT and timm/fvcore conventions; it is under 1% of the total for B/16 at 224.
         """
         cfg = self
-        size = cfg if image_size is None else cfg.replace(image_size=image_size)
-        gh, gw = size.grid
-        n_patch = gh * gw
+        if patches is None:
+            size = cfg if image_size is None else cfg.replace(image_size=image_size)
+            gh, gw = size.grid
+            n_patch = gh * gw
+        else:
+            n_patch = patches
         seq = n_patch + cfg.num_prefix_tokens
         pooled = seq if cfg.pool_include_prefix else n_patch  # tokens the MAP head attends over
         d, f = cfg.width, cfg.mlp_dim

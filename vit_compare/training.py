@@ -204,12 +204,14 @@ def largest_update_difference(
     return worst
 
 
-def describe(cfg: ViTConfig, tcfgs: tuple[TrainConfig, TrainConfig], data: Dataset, init: str) -> dict:
+def describe(
+    cfg: ViTConfig, tcfgs: tuple[TrainConfig, TrainConfig], data: Dataset, init: str, max_patches: int | None = None
+) -> dict:
     """What a comparison compared: the model (shape, rotary position embedding ``rope``, parameter count,
     dtypes, ``init``: where its weights came from), the data (dataset, training images, batch size,
-    augmentation), and per twin the recipe, learning rate and schedule (peak, warm-up steps, floor,
-    ``TrainConfig.schedule_settings``) and weight decay; the learning rate each step actually took goes
-    into the rows."""
+    augmentation, ``max_patches``: the NaFlex batches' patch budget, None for fixed-size images), and per
+    twin the recipe, learning rate and schedule (peak, warm-up steps, floor, ``TrainConfig.schedule_settings``)
+    and weight decay; the learning rate each step actually took goes into the rows."""
     model = {
         "width": cfg.width,
         "depth": cfg.depth,
@@ -231,6 +233,7 @@ def describe(cfg: ViTConfig, tcfgs: tuple[TrainConfig, TrainConfig], data: Datas
         "train_images": len(data.train),
         "batch_size": t.batch_size,
         "augment": dataclasses.asdict(t.augment),
+        "max_patches": max_patches,
     }
     twins = {
         name: {
@@ -328,7 +331,7 @@ def compare_training(
     dtype = run_dtype(cfg, tcfg, torch_tcfg)
     bound = tolerance("train_vs_float64" if reference is not None else "train", dtype)
     out = TrainParity(dtype, (tcfg.recipe, torch_tcfg.recipe), bound, compute=cfg.dtype)
-    out.setup = describe(cfg, (tcfg, torch_tcfg), data, init)
+    out.setup = describe(cfg, (tcfg, torch_tcfg), data, init, getattr(preprocess, "max_patches", None))
     if reference is None and dtype == "float64":
         out.update_bound = tolerance("train_update", "float64")[1]
     it = jax_trainer.train_iterator()
@@ -438,7 +441,9 @@ def setup_lines(result: TrainParity) -> list[str]:
         + ("" if m.get("rope", "none") == "none" else f"RoPE {m['rope']}, ")
         + f"{m['parameters']:,} parameters, "
         f"{m['dtype']}; weights: {m['init']}",
-        f"data: {d['dataset']}, {d['train_images']} training images, batch {d['batch_size']}{span}",
+        f"data: {d['dataset']}, {d['train_images']} training images, batch {d['batch_size']}"
+        + ("" if d.get("max_patches") is None else f" NaFlex, {d['max_patches']} patches an image at most")
+        + span,
         f"optimizer: {twins}",
         "params: max|JAX - torch| / max|torch|; update: the same over max|torch - step 0|; the verdict's: "
         + ("update, mu, nu" if result.update_bound is not None else "params, mu, nu"),

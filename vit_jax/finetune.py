@@ -124,7 +124,10 @@ def load_init(
     report, state = ckpt.report, dict(ckpt.state)
     check_given(ckpt.cfg, {k: v for k, v in given.items() if k not in RUNTIME_FIELDS}, str(path))
     info = naflex_budget(ckpt.info, report, ckpt.cfg, (preprocess or {}).get("max_patches"))
-    info = with_overrides(info, dict(preprocess or {}), None)
+    try:
+        info = with_overrides(info, dict(preprocess or {}), None)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
     resized = info.preprocess.at_size(ckpt.cfg.image_size)
     if resized != info.preprocess:
         report.notes.append(

@@ -86,6 +86,16 @@ def headless_predict(tmp: Path) -> list[str]:
     ]
 
 
+def naflex_npz_without_budget(tmp: Path) -> list[str]:
+    """``vit predict`` of a big_vision NaFlex .npz, which declares no patch budget, without --max-patches."""
+    from vit_common.checkpoints.convert import save_checkpoint
+    from vit_common.checkpoints.formats.npz import NpzWriteOptions
+
+    cfg, options = NAFLEX.replace(gelu="tanh"), NpzWriteOptions(naflex=True)
+    save_checkpoint(tmp / "n.npz", cfg, random_state(cfg, scale=0.2), "big_vision", options=options)
+    return ["predict", str(tmp / "n.npz"), str(write_png(tmp / "img.png"))]
+
+
 def fixed_size_max_patches(tmp: Path) -> list[str]:
     return ["predict", str(small_model(tmp)), str(write_png(tmp / "img.png")), "--max-patches", "16"]
 
@@ -161,6 +171,11 @@ CASES = [
     ),
     Case(naflex_unreadable_image, r"error: {tmp}/img.png: unreadable image \(cannot identify image file\)$"),
     Case(fixed_size_max_patches, r"{tmp}/m.safetensors: max_patches=16 for a fixed-size model \(preprocessing"),
+    Case(
+        naflex_npz_without_budget,
+        r"{tmp}/n.npz: a NaFlex model whose file declares no patch budget \(a big_vision naflex_vit \.npz\): "
+        r"expected max_patches \(--max-patches N\)",
+    ),
     # vit attention runs a NaFlex model's images at their own aspect ratios: the same budgets refused
     Case(
         naflex_predict("--max-patches", "100000", command="attention"),

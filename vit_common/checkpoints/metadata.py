@@ -104,12 +104,14 @@ OVERRIDE_FLAGS = "--mean/--std/--interpolation/--crop-pct/--crop-mode"
 class Declared:
     """What a file declares, as found: ``preprocess`` (a ``Preprocess`` or its stored dict, None if not
     declared) and ``classes`` (the stored value, checked by ``read_info``; None if not declared), each
-    with where it was found (a file, or a file's metadata)."""
+    with where it was found (a file, or a file's metadata). ``no_budget``: the file holds a NaFlex model
+    and declares no patch budget (a big_vision naflex_vit .npz)."""
 
     preprocess: Preprocess | dict | None = None
     preprocess_where: str = ""
     classes: Any = None
     classes_where: str = ""
+    no_budget: bool = False
 
 
 def declared_in_metadata(meta: dict[str, str], where: str) -> Declared:
@@ -130,7 +132,9 @@ class ModelInfo:
     """Preprocessing and class names of a checkpoint, each with where it came from.
 
     ``preprocess_source`` / ``classes_source`` start with 'declared', 'assumed' or 'given' (a flag);
-    ``classes`` is None when nothing names them. ``warnings`` say what was assumed.
+    ``classes`` is None when nothing names them. ``warnings`` say what was assumed. ``no_budget``: a
+    NaFlex model whose file declares no patch budget (a big_vision naflex_vit .npz); ``preprocess`` is
+    then the format's usual values without ``max_patches``, which ``with_overrides`` needs given.
     """
 
     preprocess: Preprocess
@@ -138,6 +142,12 @@ class ModelInfo:
     classes: tuple[str, ...] | None = None
     classes_source: str = "none: the file names no classes"
     warnings: list[str] = field(default_factory=list)
+    no_budget: bool = False
+
+    def describe(self, size: tuple[int, int]) -> str:
+        """The preprocessing in words (``Preprocess.describe``), a patch budget not declared said so."""
+        budget = "a patch budget not declared (--max-patches N)" if self.no_budget else None
+        return self.preprocess.describe(size, budget)
 
     def check(self, image_size: tuple[int, int], num_classes: int, where: str) -> None:
         """Refuse what ``vit predict`` / ``vit evaluate`` could not use with a model taking (H, W) =
@@ -183,6 +193,7 @@ class ModelInfo:
             "classes": list(self.classes) if self.classes is not None else None,
             "classes_source": self.classes_source,
             "warnings": list(self.warnings),
+            "no_budget": self.no_budget,
         }
 
 
@@ -363,6 +374,7 @@ def read_info(src, fmt) -> ModelInfo:
         info.preprocess_source = f"declared: {found.preprocess_where}"
     else:
         info.warnings.append(f"preprocessing {info.preprocess_source}; override with {OVERRIDE_FLAGS}")
+    info.no_budget = found.no_budget and info.preprocess.max_patches is None
     if found.classes is not None:
         info.classes = _classes(found.classes, found.classes_where)
         info.classes_source = f"declared: {found.classes_where}"
@@ -397,14 +409,20 @@ def hf_patch_size(config: dict | None) -> Any:
 def with_overrides(info: ModelInfo, preprocess: dict[str, Any], classes: list[str] | None) -> ModelInfo:
     """``info`` with preprocessing fields and class names given on the command line (provenance 'given').
     A crop_pct or crop_mode without resize_size/crop_size asks for timm's rule: a transformers geometry
-    the file declares is dropped for it. ``max_patches`` changes a NaFlex model's patch budget only.
+    the file declares is dropped for it. ``max_patches`` changes a NaFlex model's patch budget only, and
+    gives one to a NaFlex model whose file declares none (``ModelInfo.no_budget``).
 
     Raises:
         ValueError: an invalid field value (named); max_patches for a fixed-size model (one whose
-            preprocessing has none).
+            preprocessing has none); no max_patches for a NaFlex model whose file declares none.
     """
     given = {k: v for k, v in preprocess.items() if v is not None}
-    if given.get("max_patches") is not None and info.preprocess.max_patches is None:
+    if info.no_budget and given.get("max_patches") is None:
+        raise ValueError(
+            "a NaFlex model whose file declares no patch budget (a big_vision naflex_vit .npz): expected "
+            "max_patches (--max-patches N), the most patches each image is resized to"
+        )
+    if given.get("max_patches") is not None and info.preprocess.max_patches is None and not info.no_budget:
         raise ValueError(
             f"max_patches={given['max_patches']} for a fixed-size model (preprocessing {info.preprocess_source}): "
             "expected a NaFlex model, one whose preprocessing resizes to a patch budget (SigLIP 2 NaFlex)"

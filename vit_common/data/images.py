@@ -198,14 +198,17 @@ class Preprocess:
             resize = tuple(round(s * f) for s, f in zip(self.resize_size, scale, strict=True))
         return self.replace(resize_size=resize, crop_size=None if self.crop_size is None else (h, w))
 
-    def describe(self, size: int | Sequence[int]) -> str:
-        """What ``eval_resize_crop`` and ``normalize`` do to an image for a model of ``size`` (H, W), in words."""
+    def describe(self, size: int | Sequence[int], budget: str | None = None) -> str:
+        """What ``eval_resize_crop`` and ``normalize`` do to an image for a model of ``size`` (H, W), in words
+        (one mean or std value as '0.5 (every channel)'); ``budget`` names a NaFlex model's patch budget."""
         h, w = _size(size)
         side = "shorter side" if self.crop_mode == "center" else "both sides"
         rescale = "pixel / 255" if self.rescale_factor * 255 == 1 else f"pixel * {self.rescale_factor:g}"
-        stats = f"({rescale} - mean {list(self.mean)}) / std {list(self.std)}"
-        if self.max_patches is not None:
-            return f"aspect kept, resized ({self.interpolation}, Pillow) to at most {self.max_patches} patches, {stats}"
+        each = lambda v: f"{v[0]} (every channel)" if len(v) == 1 else f"[{', '.join(map(str, v))}]"  # noqa: E731
+        stats = f"({rescale} - mean {each(self.mean)}) / std {each(self.std)}"
+        if self.max_patches is not None or budget is not None:
+            budget = budget or f"at most {self.max_patches} patches"
+            return f"aspect kept, resized ({self.interpolation}, Pillow) to {budget}, {stats}"
         if self.resize_size is None:
             geometry = f"{side} resized ({self.interpolation}, Pillow) to {h}x{w} / {self.crop_pct}"
         else:

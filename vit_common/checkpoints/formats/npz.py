@@ -47,6 +47,7 @@ import numpy as np
 from vit_common.checkpoints.formats import timm
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.npz_naflex import (
+    is_naflex_vit,
     naflex_tensors,
     naflex_vit_cannot_hold,
     naflex_vit_load_call,
@@ -83,7 +84,7 @@ from vit_common.checkpoints.formats.rules import (
 from vit_common.checkpoints.formats.source import NPZ_PREFIXES
 from vit_common.checkpoints.formats.tensors import LazyTensor, Tensor, TensorMap, dtype_of
 from vit_common.checkpoints.formats.timm_state import timm_load_call
-from vit_common.checkpoints.metadata import HF_NAFLEX_MODEL_TYPES
+from vit_common.checkpoints.metadata import HF_NAFLEX_MODEL_TYPES, Declared
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
 from vit_common.system import io
@@ -491,6 +492,11 @@ class NpzFormat(Format):
 
     def detect(self, src: Source) -> bool:
         return src.container == "npz" and family_of(src.tensors) == self.name
+
+    def declared(self, src: Source) -> Declared:
+        """Nothing (an .npz stores no preprocessing); a big_vision naflex_vit file holds a NaFlex model
+        and declares no patch budget (``Declared.no_budget``)."""
+        return Declared(no_budget=src.container == "npz" and is_naflex_vit(src.tensors))
 
     def read(self, src: Source, opts) -> Decoded:
         if src.container != "npz":

@@ -27,6 +27,13 @@ from vit_common.checkpoints.formats.timm_naflex import patch_side
 from vit_common.config import ViTConfig
 
 
+def is_naflex_vit(tensors: TensorMap) -> bool:
+    """Whether an .npz's tensors are big_vision naflex_vit's: a 2-D ``embedding/kernel`` [P*P*C, D]
+    under one of the prefixes (vit.py's is a 4-D Conv kernel)."""
+    key = next((p + "embedding/kernel" for p in NPZ_PREFIXES if p + "embedding/kernel" in tensors), None)
+    return key is not None and np.ndim(tensors[key]) == 2
+
+
 def naflex_tensors(tensors: TensorMap, prefix: str, overrides: Mapping[str, Any], context: str):
     """(``tensors`` with big_vision naflex_vit's ``embedding/kernel`` [P*P*C, D] and ``pos_embedding``
     [G, G, D] as vit.py's [P, P, C, D] and [1, G*G, D] (lazy reshapes), the image size G*P or None, the

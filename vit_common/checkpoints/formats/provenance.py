@@ -54,17 +54,19 @@ _NO_VALUE = object()
 
 
 def flag_for(name: str, value: Any = _NO_VALUE) -> str:
-    """How a caller supplies config field ``name`` (with ``value`` if given): the CLI flag and the API
-    keyword, e.g. "--set num_heads=12 (num_heads=12)" or "--source-image-size HxW (source_image_size=(H, W))"."""
+    """How a caller supplies config field ``name`` (with ``value`` if given), said once: the CLI flag
+    "--set num_heads=12" or "--set gelu=VALUE" (in Python the same ``FIELD=VALUE`` is a keyword of
+    ``load_checkpoint``), and for the image size, whose keyword differs, "--source-image-size HxW
+    (source_image_size=(H, W))"."""
     if name == "image_size":
         if value is _NO_VALUE:
             return "--source-image-size HxW (source_image_size=(H, W))"
         h, w = value
         return f"--source-image-size {h}x{w} (source_image_size=({h}, {w}))"
     if value is _NO_VALUE:
-        return f"--set {name}=VALUE ({name}=VALUE)"
+        return f"--set {name}=VALUE"
     cli = value if isinstance(value, str) else json.dumps(list(value) if isinstance(value, tuple) else value)
-    return f"--set {name}={cli} ({name}={value!r})"
+    return f"--set {name}={cli}"
 
 
 def assumed_fields(cfg: ViTConfig, provenance: Mapping[str, Origin]) -> list[str]:
@@ -106,7 +108,7 @@ def guess_num_heads(width: int) -> tuple[int, Origin]:
     if width % 64 == 0:
         return width // 64, assumed("not stored; width / 64 (head_dim 64)")
     raise FormatError(
-        f"cannot guess num_heads for width {width}: the file does not store it; pass num_heads (--set num_heads=N)"
+        f"cannot guess num_heads for width {width}: the file does not store it; pass {flag_for('num_heads')}"
     )
 
 

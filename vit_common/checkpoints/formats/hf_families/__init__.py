@@ -57,7 +57,8 @@ a ``siglip`` / ``siglip2`` config.json nesting the ``vision_config``), DINOv2 wi
 (registers) a zero class position row. A plain ViT (class token pooling) is the hf format's unless written
 as ``vit_mae`` (``ViTMAEModel``, ``mask_ratio`` 0) or ``vit_msn``, a mean-pooled classifier without a
 class token I-JEPA's unless written as ``siglip`` or ``siglip2``: ``HfWriteOptions.model_type``
-(``--hf-model-type``), which ``complete_options`` sets from a source read from such a folder. Still
+(``--hf-model-type``), which ``complete_options`` sets from a source read from such a folder (or from its
+family's vision model folder, given classes and mean pooling). Still
 refused by name: CLIPForImageClassification (a mean of un-normalised tokens), ViTMAEForPreTraining (its
 decoder), and in ``hf_vit`` relative position bias (BEiT, data2vec-vision) and rotary embeddings (DINOv3,
 Perception Encoder).
@@ -408,13 +409,17 @@ class HfFamilies(HuggingFace):
 
     def complete_options(self, options, source) -> HfWriteOptions:
         """A source read from a folder of a model type written only on request (``Family.on_request``:
-        ``vit_mae``, ``vit_msn``, ``siglip2_vision_model``, the ``siglip`` and ``siglip2`` classifiers; any
-        other two-tower folder as its vision model type) is written as its own model type where ``options``
-        name none and that type holds the model."""
+        ``vit_mae``, ``vit_msn``, ``siglip2_vision_model``, the ``siglip`` and ``siglip2`` classifiers) is
+        written as its own model type where ``options`` name none and that type holds the model; where it
+        does not, as the other type of its family that does: a two-tower folder as its vision model type, a
+        vision model given classes and mean pooling as its two-tower type's classifier (a
+        ``Siglip2VisionModel`` as ``Siglip2ForImageClassification``, not as an I-JEPA)."""
         mt = getattr(source, "model_type", "")
         cfg = getattr(source, "config", None)
-        if mt in FAMILIES and FAMILIES[mt].two_tower and (cfg is None or family_for(cfg, mt) is None):
-            mt = f"{mt}_vision_model"
+        if mt in FAMILIES and (cfg is None or family_for(cfg, mt) is None):
+            other = f"{mt}_vision_model" if FAMILIES[mt].two_tower else mt.removesuffix("_vision_model")
+            if other in FAMILIES and (FAMILIES[mt].two_tower or (cfg is not None and family_for(cfg, other))):
+                mt = other
         on_request = mt in FAMILIES and FAMILIES[mt].on_request
         if isinstance(options, HfWriteOptions) and options.model_type is None and on_request:
             if cfg is not None and family_for(cfg, mt) is not None:
