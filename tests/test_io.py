@@ -69,6 +69,20 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
     assert not any((tmp_path / "kept").iterdir())
 
 
+def test_a_write_from_a_mapped_input_that_shrank_says_so(tmp_path):
+    """``write()`` from a memory-mapped view whose file another process truncated fails with EFAULT (the
+    kernel's "Bad address"): the line names the input's shrinking as the cause, not the destination."""
+    import errno
+
+    def fault(tmp: str) -> None:
+        raise OSError(errno.EFAULT, os.strerror(errno.EFAULT))
+
+    want = r"^\S+f\.bin: could not be written \(Bad address: an input read memory-mapped shrank while it was read\); "
+    with pytest.raises(OSError, match=want + "nothing was written$"):
+        io.atomic_write(tmp_path / "f.bin", fault)
+    assert not any(tmp_path.iterdir())
+
+
 def test_log_appends_lines(tmp_path):
     for line in ("a", "b"):
         with in_place.open_log(tmp_path / "logs" / "m.jsonl") as log:

@@ -7,22 +7,20 @@ nothing, never a partial one. New files get the usual mode (0666 / 0777 less the
 0600. Format-specific writers (safetensors, .npz, torch.save, orbax, PNG) hand a callback to
 ``atomic_write`` / ``atomic_write_dir``; JSON and text have helpers of their own.
 
-Nothing of the user's is replaced, and nothing is left beside the user's files to say what is ours: an
-existing destination is replaced only when its own content proves it ours, where its format has a place
-for that (``owned``): a ``.safetensors`` file whose header metadata says so, a PNG with our text chunk
-(``PNG_TEXT``), a JSON object with our key (``OWNER_KEY``; ``write_json`` puts it in every object it
-writes), or a checkpoint folder whose JSON file with our key lists everything the folder holds
-(``folder_mark``: an HF folder's config.json, an orbax folder's vit_config.json), or a file this process
-wrote that nobody changed since (kept in memory only, so a command may rewrite and append to its own
-outputs). Across commands a file whose format has no such place (.npz, .pth, .npy, text, a log) is never
-provably ours. Anything else raises ``DestinationError``
-naming the path, unless the caller deliberately replaces a file (``overwriting()``, the commands'
-``--overwrite``); a folder holding things we did not write is never replaced. Temporaries are named
-``TMP_PREFIX`` + the writer's process id, so the next write into a folder removes those a killed process
-left behind. A failed write (a full disk, a quota) raises ``OSError`` naming the destination, which is
-left as it was. The two files vit writes in place rather than atomically (a folder's lock, a metrics
-log) are ``vit_common.system.in_place``'s; ``check_apart`` refuses an output that is, lies inside or holds
-an input.
+Nothing of the user's is replaced, and nothing is left beside the user's files to say what is ours: an existing
+destination is replaced only when its own content proves it ours, where its format has a place for that (``owned``): a
+``.safetensors`` file whose header metadata says so, a PNG with our text chunk (``PNG_TEXT``), a JSON object with our
+key (``OWNER_KEY``; ``write_json`` puts it in every object it writes), or a checkpoint folder whose JSON file with our
+key lists everything the folder holds (``folder_mark``: an HF folder's config.json, an orbax folder's
+vit_config.json), or a file this process wrote that nobody changed since (kept in memory only, so a command may
+rewrite and append to its own outputs). Across commands a file whose format has no such place (.npz, .pth, .npy, text,
+a log) is never provably ours. Anything else raises ``DestinationError`` naming the path, unless the caller
+deliberately replaces a file (``overwriting()``, the commands' ``--overwrite``); a folder holding things we did not
+write is never replaced. Temporaries are named ``TMP_PREFIX`` + the writer's process id, so the next write into a
+folder removes those a killed process left behind. A failed write (a full disk, a quota) raises ``OSError`` naming the
+destination, which is left as it was. The two files vit writes in place rather than atomically (a folder's lock, a
+metrics log) are ``vit_common.system.in_place``'s; ``check_apart`` refuses an output that is, lies inside or holds an
+input.
 
 Reading JSON is here too, so that every JSON file is parsed the same way and every error names its path.
 """
@@ -351,9 +349,8 @@ def _size(nbytes: int) -> str:
 
 
 def _failed(path: Path, e: BaseException, existed: bool) -> BaseException:
-    """``e`` as one line naming the destination if it is an OSError (a full disk, a quota, a permission)
-    or the writing library's own error on a full disk (safetensors and torch raise their own types);
-    other errors as they are."""
+    """``e`` as one line naming the destination if it is an OSError (a full disk, a quota, a permission, a
+    mapped input that shrank) or the writing library's own error on a full disk; other errors as they are."""
     if not isinstance(e, OSError):
         try:
             full = os.statvfs(path.parent).f_bavail * os.statvfs(path.parent).f_frsize < _FULL_DISK
@@ -365,7 +362,9 @@ def _failed(path: Path, e: BaseException, existed: bool) -> BaseException:
     if isinstance(e, DestinationError) or e.errno is None:
         return e
     kept = "the old file is unchanged" if existed else "nothing was written"
-    failed = OSError(f"{path}: could not be written ({e.strerror or os.strerror(e.errno)}); {kept}")
+    why = e.strerror or os.strerror(e.errno)
+    why += ": an input read memory-mapped shrank while it was read" if e.errno == errno.EFAULT else ""
+    failed = OSError(f"{path}: could not be written ({why}); {kept}")
     failed.errno = e.errno
     return failed
 
