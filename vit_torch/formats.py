@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import os
 import pickle
-import shutil
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -33,6 +32,7 @@ import torch
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.source import WEIGHT_ENTRIES, choose_weights, verified_torch_file
 from vit_common.system.io import atomic_write
+from vit_common.system.tensor_files import save_under_name
 from vit_torch.weights import tensor_to_numpy
 
 
@@ -244,18 +244,7 @@ def write_torch_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray])
     the folder ``torch.save(state, path)`` names (``model/`` for ``model.pth``), not the temporary's
     name, so the same tensors give the same bytes."""
     state = {k: _shared_tensor(v) for k, v in tensors.items()}
-    name = Path(path).name
-
-    def write(tmp: str) -> None:
-        inner = Path(f"{tmp}.d")  # the temporary's prefix: removed as stale if this process dies
-        inner.mkdir()
-        try:
-            torch.save(state, inner / name)
-            os.replace(inner / name, tmp)
-        finally:
-            shutil.rmtree(inner, ignore_errors=True)
-
-    atomic_write(path, write)
+    atomic_write(path, lambda tmp: save_under_name(tmp, Path(path).name, lambda p: torch.save(state, p)))
 
 
 def _shared_tensor(a) -> torch.Tensor:

@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
@@ -131,3 +134,17 @@ def _write_npy(fh: IO[bytes], a: np.ndarray) -> None:
         np.lib.format.write_array_header_2_0(fh, header)
     data = a.T if header["fortran_order"] else np.ascontiguousarray(a)
     fh.write(memoryview(data.reshape(-1).view(np.uint8)))
+
+
+def save_under_name(tmp: str, name: str, save: Callable[[Path], object]) -> None:
+    """``save(path)`` with a ``path`` whose file name is ``name``, then its bytes moved to the temporary
+    file ``tmp``: for writers that record their file's name inside it (``torch.save`` names its zip's
+    archive folder after it, ``model/`` for ``model.pth``). The folder it is written in is ``tmp`` +
+    ".d", so it carries the temporary's prefix and a killed writer's is removed by the next write."""
+    inner = Path(f"{tmp}.d")
+    inner.mkdir()
+    try:
+        save(inner / name)
+        os.replace(inner / name, tmp)
+    finally:
+        shutil.rmtree(inner, ignore_errors=True)
