@@ -215,7 +215,7 @@ def test_converting_between_streaming_formats_holds_one_tensor(source, to, dst, 
     src = tmp_path / ("src.safetensors" if source == "timm" else "src")
     save_checkpoint(src, cfg, state, source)
     del state
-    _, peak, out = sampled_run([sys.executable, "-c", _CHILD, str(src), str(tmp_path / dst), to], 0.002)
+    _, peak, out, _ = sampled_run([sys.executable, "-c", _CHILD, str(src), str(tmp_path / dst), to], 0.002)
     rise = peak - int(out.split()[0])
     assert largest == 16 * 2**20
     assert rise <= copies * largest + 8 * 2**20, f"peak anonymous memory rose {rise / 2**20:.1f} MiB"
@@ -247,7 +247,7 @@ def test_a_torch_pickle_is_read_memory_mapped(tmp_path):
     save_checkpoint(tmp_path / "src.pth", cfg, state, "timm", writers=WRITERS)
     size = (tmp_path / "src.pth").stat().st_size
     child = [sys.executable, "-c", _TORCH_CHILD, str(tmp_path / "src.pth"), str(tmp_path / "out.safetensors")]
-    _, peak, out = sampled_run(child, 0.002)
+    _, peak, out, _ = sampled_run(child, 0.002)
     rise = peak - int(out.split()[0])
     assert size > 33e6 and rise <= 8 * 2**20, f"peak anonymous memory rose {rise / 2**20:.1f} MiB ({rise / size:.2f}x)"
     back = load_checkpoint(tmp_path / "out.safetensors").state
@@ -277,7 +277,7 @@ def test_converting_to_orbax_holds_less_than_the_file(tmp_path):
     save_checkpoint(tmp_path / "src.safetensors", cfg, random_state(cfg), "timm")
     total = (tmp_path / "src.safetensors").stat().st_size
     child = [sys.executable, "-c", _ORBAX_CHILD, str(tmp_path / "src.safetensors"), str(tmp_path / "out")]
-    _, peak, out = sampled_run(child, 0.002)
+    _, peak, out, _ = sampled_run(child, 0.002)
     rise = peak - int(out.split()[0])
     assert rise <= 1.2 * total + 16 * 2**20, f"peak anonymous memory rose {rise / 2**20:.1f} MiB ({rise / total:.2f}x)"
     assert (tmp_path / "out" / "state").is_dir()
