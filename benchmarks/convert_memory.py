@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--baseline",
         help="a checkout of another commit (git worktree add DIR COMMIT): each target also runs with its code, "
-        "interleaved, as TARGET@baseline",
+        "interleaved (each code first in every other round), as TARGET@baseline",
     )
     args = p.parse_args(argv)
     targets = [t for t in args.to.split(",") if t]
@@ -278,10 +278,11 @@ def main(argv: list[str] | None = None) -> int:
             f"by streaming in {made_s:.1f} s",
             flush=True,
         )
-        names = ["cp", *(t + at for t in targets for at in ["", *(["@baseline"] if baseline else [])])]
-        runs: dict[str, list[dict]] = {name: [] for name in names}
+        codes = ["", "@baseline"] if baseline else [""]
+        runs: dict[str, list[dict]] = {name: [] for name in ["cp", *(t + at for t in targets for at in codes)]}
         for r in range(args.repeats):
-            for name in runs:
+            codes.reverse()  # each code first in every other round: the run after cp or another write is slower
+            for name in ["cp", *(t + at for t in targets for at in codes)]:
                 target, at, _ = name.partition("@")
                 fmt, dest = DESTINATIONS.get(target, (None, "copy" + src.suffix))
                 dst = work / dest
