@@ -164,12 +164,10 @@ def _float_nonfinite(a: np.ndarray) -> bool:
     return not np.isfinite(a).all()
 
 
-_BF16_EXPONENT = np.uint16(0x7F80)  # bfloat16: sign 1 bit, exponent 8, mantissa 7
-
-
 def _bfloat16_nonfinite(a: np.ndarray) -> bool:
-    bits = a.view(np.uint16) & _BF16_EXPONENT
-    return bool((bits == _BF16_EXPONENT).any())
+    """bfloat16 (sign 1 bit, exponent 8, mantissa 7): NaN and Inf are the magnitudes 0x7F80 and above, the
+    largest finite one 0x7F7F: a masked maximum, one temporary and a reduction."""
+    return bool((a.view(np.uint16) & np.uint16(0x7FFF)).max() >= 0x7F80)
 
 
 def random_state(
