@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -161,9 +162,10 @@ def rss_anon(pid: int) -> int | None:
         return None
 
 
-def sampled_run(argv: list[str], every: float = _SAMPLE_S, **popen) -> tuple[float, int, str]:
+def sampled_run(argv: list[str], every: float = _SAMPLE_S, **popen) -> tuple[float, int, str, float]:
     """Run ``argv`` (``popen``: more ``subprocess.Popen`` arguments), sampling its RssAnon every ``every``
-    seconds: (wall seconds, peak anonymous bytes, its stdout).
+    seconds: (wall seconds, peak anonymous bytes, its stdout, the CPU seconds it used, user + system,
+    from ``os.wait4``: on a shared machine less loose than the wall time).
 
     Raises:
         RuntimeError: the child exited non-zero (its stderr's end quoted).
@@ -171,22 +173,31 @@ def sampled_run(argv: list[str], every: float = _SAMPLE_S, **popen) -> tuple[flo
     start = time.perf_counter()
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
     peak = 0
-    while p.poll() is None:
+    while True:
         peak = max(peak, rss_anon(p.pid) or 0)
+        pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            break
         time.sleep(every)
     wall = time.perf_counter() - start
+    p.returncode = os.waitstatus_to_exitcode(status)
     out, err = p.communicate()
     if p.returncode != 0:
         raise RuntimeError(f"{argv[:4]} exited {p.returncode}: {err.strip()[-2000:]}")
-    return wall, peak, out
+    return wall, peak, out, usage.ru_utime + usage.ru_stime
 
 
-def measure(argv: list[str], reports_baseline: bool) -> dict:
-    """Run ``argv``, sampling its RssAnon; wall seconds, peak bytes and (``reports_baseline``: the child's
-    first stdout line) what it held after its imports."""
-    wall, peak, out = sampled_run(argv)
+def measure(argv: list[str], reports_baseline: bool, **popen) -> dict:
+    """Run ``argv`` (``popen`` as ``sampled_run``'s), sampling its RssAnon; wall and CPU seconds, peak
+    bytes and (``reports_baseline``: the child's first stdout line) what it held after its imports."""
+    wall, peak, out, cpu = sampled_run(argv, **popen)
     baseline = int(out.split()[0]) if reports_baseline else 0
-    return {"wall_s": wall, "peak_anon_bytes": peak, "baseline_anon_bytes": baseline}
+    return {"wall_s": wall, "cpu_s": cpu, "peak_anon_bytes": peak, "baseline_anon_bytes": baseline}
+
+
+def _commit(tree: Path) -> str:
+    """The commit checked out at ``tree`` (``git rev-parse HEAD``)."""
+    return subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
 def _remove(path: Path) -> None:
@@ -217,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="rounds of cp + every target (default 3)")
     p.add_argument("--dir", help="folder for the files (default: a temporary one, removed at the end)")
     p.add_argument("--out", help="append JSON-line records here")
+    p.add_argument(
+        "--baseline",
+        help="a checkout of another commit (git worktree add DIR COMMIT): each target also runs with its code, "
+        "interleaved (each code first in every other round), as TARGET@baseline",
+    )
     args = p.parse_args(argv)
     targets = [t for t in args.to.split(",") if t]
     unknown = [t for t in targets if t not in DESTINATIONS]
@@ -225,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             f"--to {args.to!r}: expected some of {', '.join(DESTINATIONS)}; --repeats and --depth at least 1; "
             f"--dinov3 --variant one of {', '.join(DINOV3_SHAPES)}"
         )
-    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="vit_convert_memory_"))
+    work = Path(args.dir).resolve() if args.dir else Path(tempfile.mkdtemp(prefix="vit_convert_memory_"))
+    baseline = Path(args.baseline).resolve() if args.baseline else None
     work.mkdir(parents=True, exist_ok=True)
     cfg = dinov3_config(args.variant, args.dtype) if args.dinov3 else config(args.variant, args.dtype)
     name = DINOV3_SHAPES.get(args.variant, {}).get("timm_name") if args.dinov3 and not args.depth else None
@@ -254,23 +271,28 @@ def main(argv: list[str] | None = None) -> int:
             "file_bytes": size,
             "source_written_s": made_s,
             "sample_s": _SAMPLE_S,
+            "baseline_commit": _commit(baseline) if baseline else None,
         }
         print(
             f"# {args.variant} {args.dtype}: {cfg.param_count():,} parameters, {size / 1e9:.2f} GB, written "
             f"by streaming in {made_s:.1f} s",
             flush=True,
         )
-        runs: dict[str, list[dict]] = {name: [] for name in ["cp", *targets]}
+        codes = ["", "@baseline"] if baseline else [""]
+        runs: dict[str, list[dict]] = {name: [] for name in ["cp", *(t + at for t in targets for at in codes)]}
         for r in range(args.repeats):
-            for name in runs:
-                fmt, dest = DESTINATIONS.get(name, (None, "copy" + src.suffix))
+            codes.reverse()  # each code first in every other round: the run after cp or another write is slower
+            for name in ["cp", *(t + at for t in targets for at in codes)]:
+                target, at, _ = name.partition("@")
+                fmt, dest = DESTINATIONS.get(target, (None, "copy" + src.suffix))
                 dst = work / dest
                 _remove(dst)
                 if name == "cp":
                     m = measure(["cp", "-r", str(src), str(dst)], False)
                 else:
                     flags = shard if fmt.startswith("hf") else []
-                    m = measure([sys.executable, "-c", _CHILD, str(src), str(dst), fmt, *flags], True)
+                    code = {"cwd": baseline, "env": os.environ | {"PYTHONPATH": str(baseline)}} if at else {}
+                    m = measure([sys.executable, "-c", _CHILD, str(src), str(dst), fmt, *flags], True, **code)
                 _remove(dst)
                 runs[name].append(m)
                 print(
@@ -278,11 +300,13 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
         cp_s = statistics.median(m["wall_s"] for m in runs["cp"])
+        cp_cpu = statistics.median(m["cpu_s"] for m in runs["cp"])
         records = []
         for name, ms in runs.items():
             peak = max(m["peak_anon_bytes"] for m in ms)
             rise = max(m["peak_anon_bytes"] - m["baseline_anon_bytes"] for m in ms)
             wall = statistics.median(m["wall_s"] for m in ms)
+            cpu = statistics.median(m["cpu_s"] for m in ms)
             records.append(
                 context
                 | {
@@ -290,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
                     "runs": ms,
                     "wall_median_s": wall,
                     "wall_vs_cp": wall / cp_s,
+                    "cpu_median_s": cpu,
+                    "cpu_vs_cp": cpu / cp_cpu,
                     "peak_anon_bytes": peak,
                     "peak_anon_vs_file": peak / size,
                     "peak_anon_vs_largest_tensor": peak / largest,
@@ -298,13 +324,14 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
         print(
-            "\n| contender | wall (median) | x cp | peak anon | x file | x largest tensor "
+            "\n| contender | wall (median) | x cp | CPU (median) | x cp | peak anon | x file | x largest tensor "
             "| rise after imports | x file |"
         )
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for rec in records:
             print(
                 f"| {rec['contender']} | {rec['wall_median_s']:.1f} s | {rec['wall_vs_cp']:.2f} | "
+                f"{rec['cpu_median_s']:.2f} s | {rec['cpu_vs_cp']:.1f} | "
                 f"{rec['peak_anon_bytes'] / 2**20:.0f} MiB | {rec['peak_anon_vs_file']:.3f} | "
                 f"{rec['peak_anon_vs_largest_tensor']:.2f} | "
                 f"{rec['rise_anon_bytes'] / 2**20:.0f} MiB | {rec['rise_anon_vs_file']:.3f} |"

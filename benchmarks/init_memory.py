@@ -64,7 +64,7 @@ def measure(argv: list[str], env: dict, cwd: Path) -> dict:
     """Run the child ``argv`` in ``cwd`` (not the repository: ``-c`` puts the folder first on the path),
     sampling its RssAnon: wall seconds, peak bytes, its anonymous bytes after
     its imports and the bytes of the state it built."""
-    wall, peak, out = sampled_run(argv, env=env, cwd=cwd)
+    wall, peak, out, _ = sampled_run(argv, env=env, cwd=cwd)
     baseline, state = map(int, out.split()[-2:])
     return {"wall_s": wall, "peak_anon_bytes": peak, "baseline_anon_bytes": baseline, "state_bytes": state}
 

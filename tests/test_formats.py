@@ -12,6 +12,7 @@ import pytest
 
 from vit_common.checkpoints.convert import (
     FORMATS,
+    convert,
     load_checkpoint,
     needs,
     output_format,
@@ -455,6 +456,19 @@ def test_nonfinite_tensors_are_warned_by_name(tmp_path, small_cfg, random_state)
     save_checkpoint(tmp_path / "a.safetensors", small_cfg, state)
     warnings = load_checkpoint(tmp_path / "a.safetensors").report.warnings
     assert warnings == ["cls_token holds NaN or Inf", "blocks.1.norm2.bias holds NaN or Inf"]
+
+
+def test_nonfinite_bfloat16_tensors_are_warned_by_name(tmp_path, small_cfg, random_state):
+    import ml_dtypes
+
+    bf16 = ml_dtypes.bfloat16
+    state = random_state(small_cfg, dtype=bf16)
+    state["blocks.1.norm2.bias"][3] = np.nan
+    state["cls_token"][0, 0, 0] = -np.inf
+    state["pos_embed"][0, 1, 2] = ml_dtypes.finfo(bf16).max  # the largest finite value is not flagged
+    save_checkpoint(tmp_path / "a.safetensors", small_cfg.replace(param_dtype="bfloat16"), state)
+    report = convert(tmp_path / "a.safetensors", tmp_path / "b.safetensors")
+    assert report.warnings == ["cls_token holds NaN or Inf", "blocks.1.norm2.bias holds NaN or Inf"]
 
 
 @pytest.mark.parametrize(

@@ -140,18 +140,34 @@ def check_state(expected: Mapping[str, tuple[int, ...]], state: Mapping[str, obj
 
 
 def nonfinite(state: Mapping[str, np.ndarray]) -> list[str]:
-    """Names of tensors of a numpy floating dtype holding NaN or Inf (each loaded once, checked a block of
-    rows at a time; other dtypes, ml_dtypes.bfloat16 among them, are not loaded)."""
+    """Names of tensors holding NaN or Inf: those of a numpy floating dtype, and ``ml_dtypes.bfloat16``
+    ones through their bits as uint16 (exponent bits all ones: NaN or Inf). Each is loaded once and
+    checked a block of rows at a time; other dtypes are not loaded."""
     out = []
     for k, v in state.items():
         dtype = getattr(v, "dtype", None)
-        if not np.issubdtype(np.asarray(v).dtype if dtype is None else dtype, np.floating):
+        dtype = np.asarray(v).dtype if dtype is None else np.dtype(dtype)
+        if dtype.name == "bfloat16":
+            bad = _bfloat16_nonfinite
+        elif np.issubdtype(dtype, np.floating):
+            bad = _float_nonfinite
+        else:
             continue
         a = np.atleast_1d(np.asarray(v))
         step = max(1, (1 << 22) // max(1, a[:1].size))
-        if not all(np.isfinite(a[i : i + step]).all() for i in range(0, len(a), step)):
+        if any(bad(a[i : i + step]) for i in range(0, len(a), step)):
             out.append(k)
     return out
+
+
+def _float_nonfinite(a: np.ndarray) -> bool:
+    return not np.isfinite(a).all()
+
+
+def _bfloat16_nonfinite(a: np.ndarray) -> bool:
+    """bfloat16 (sign 1 bit, exponent 8, mantissa 7): NaN and Inf are the magnitudes 0x7F80 and above, the
+    largest finite one 0x7F7F: a masked maximum, one temporary and a reduction."""
+    return bool((a.view(np.uint16) & np.uint16(0x7FFF)).max() >= 0x7F80)
 
 
 def random_state(

@@ -370,7 +370,7 @@ def _failed(path: Path, e: BaseException, existed: bool) -> BaseException:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> None:
-    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it into place.
+    """Call ``write(tmp_path)`` (which creates the file) beside ``path``, then rename it into place.
 
     Parent folders are created; stale temporaries in the parent are removed first. Nothing is left at
     ``path``, beside it or in folders made for it if ``write`` raises; an existing file there stays as it was.
@@ -388,6 +388,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Non
     try:
         fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent)
         os.close(fd)
+        os.unlink(tmp)  # write() creates it: ext4 writes a truncated file out to disk when it is closed
         write(tmp)
         os.chmod(tmp, 0o666 & ~umask())
         os.replace(tmp, path)
@@ -574,7 +575,6 @@ def share_file(src: str | os.PathLike, path: str | os.PathLike, *, final: str | 
     src, how = Path(src), []
 
     def link(tmp: str) -> None:
-        os.unlink(tmp)
         try:
             os.link(src, tmp)
             how.append("hard link")
