@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -48,7 +49,9 @@ DRIVER = textwrap.dedent("""
             for child in multiprocessing.active_children():
                 os.kill(child.pid, signal.SIGKILL)
         if plan.get("one worker") == done:  # grain's workers are this process's only multiprocessing children
-            os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
+            pid = multiprocessing.active_children()[0].pid
+            os.kill(pid, signal.SIGKILL)
+            print(f"test: killed {pid}", file=sys.stderr)
         return out
     trainer.Trainer.train_step = signalling_step
     from orbax.checkpoint.path import atomicity
@@ -176,7 +179,9 @@ def test_a_killed_data_worker_is_one_line_and_a_killed_run_leaves_no_worker(env,
     (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("vit train: error:")]
     reached = saved(out)[-1]
     assert reached >= 3  # the step reached when the worker's death came through is kept
-    assert line.startswith("vit train: error: a data worker process was killed by SIGKILL (what the kernel's OOM")
+    assert re.match(
+        r"vit train: error: a data worker process \(pid \d+\) was killed by SIGKILL \(what the kernel's OOM", line
+    )
     assert line.endswith(f"The same command with --resume continues from the checkpoint of step {reached}")
     # SIGKILL to vit train itself: its worker ends with it (vit() asserts that no process is left)
     killed = vit(env, out, *data, "--resume", plan={"step": [reached + 1, "SIGKILL"]})
@@ -199,7 +204,8 @@ def test_one_of_two_killed_data_workers_stops_the_run_later_and_resume_is_bit_ex
     (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("vit train: error:")]
     reached = saved(out)[-1]
     assert 3 < reached < 30 and not (out / "model.safetensors").exists()
-    assert line.startswith("vit train: error: a data worker process was killed by SIGKILL")
+    killed = re.search(r"test: killed (\d+)", proc.stderr).group(1)
+    assert line.startswith(f"vit train: error: a data worker process (pid {killed}) was killed by SIGKILL ("), line
     assert line.endswith(f"The same command with --resume continues from the checkpoint of step {reached}")
     last = vit(env, out, *data, "--resume")
     assert last.returncode == 0, last.stderr[-3000:]
