@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -28,7 +29,7 @@ ARGS = [*TINY, "--log-every", "4", "--no-parity", "--data-workers", "1"]
 
 # `vit train` that signals itself at the points a plan names: {"step": [k, SIG]} after dispatching step k,
 # {"finalize": [k, SIG]} while orbax renames checkpoint k into place, {"export": [name, SIG]} while the file
-# name is written, {"worker": k} SIGKILL to its data worker after step k.
+# name is written, {"worker": k} SIGKILL to its data workers after step k ({"one worker": k}: to the first).
 DRIVER = textwrap.dedent("""
     import json, multiprocessing, os, signal, sys
     plan, argv = json.loads(sys.argv[1]), sys.argv[2:]
@@ -47,6 +48,10 @@ DRIVER = textwrap.dedent("""
         if plan.get("worker") == done:
             for child in multiprocessing.active_children():
                 os.kill(child.pid, signal.SIGKILL)
+        if plan.get("one worker") == done:  # grain's workers are this process's only multiprocessing children
+            pid = multiprocessing.active_children()[0].pid
+            os.kill(pid, signal.SIGKILL)
+            print(f"test: killed {pid}", file=sys.stderr)
         return out
     trainer.Trainer.train_step = signalling_step
     from orbax.checkpoint.path import atomicity
@@ -174,8 +179,34 @@ def test_a_killed_data_worker_is_one_line_and_a_killed_run_leaves_no_worker(env,
     (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("vit train: error:")]
     reached = saved(out)[-1]
     assert reached >= 3  # the step reached when the worker's death came through is kept
-    assert line.startswith("vit train: error: a data worker process was killed by SIGKILL (what the kernel's OOM")
+    assert re.match(
+        r"vit train: error: a data worker process \(pid \d+\) was killed by SIGKILL \(what the kernel's OOM", line
+    )
     assert line.endswith(f"The same command with --resume continues from the checkpoint of step {reached}")
     # SIGKILL to vit train itself: its worker ends with it (vit() asserts that no process is left)
     killed = vit(env, out, *data, "--resume", plan={"step": [reached + 1, "SIGKILL"]})
     assert killed.returncode == -9, killed.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_one_of_two_killed_data_workers_stops_the_run_later_and_resume_is_bit_exact(env, npz, tmp_path):
+    """SIGKILL to one of 2 data workers after step 3 of a 30-step run: the batches it had made before (in
+    grain's buffers) are still taken, the run stops at the step whose batch is the dead worker's next one
+    (13 here) with that step's checkpoint, one line and exit 75, and `--resume` ends where an undamaged
+    run ends, bit for bit (every metrics line too): the batches taken after the kill were the right ones."""
+    data = ["--dataset", f"npz:{npz}", "--epochs", "10", "--ckpt-every", "4", "--data-workers", "2"]
+    ref = tmp_path / "ref"
+    assert vit(env, ref, *data).returncode == 0
+    out = tmp_path / "run"
+    proc = vit(env, out, *data, plan={"one worker": 3})
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    assert_clean(proc)
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("vit train: error:")]
+    reached = saved(out)[-1]
+    assert 3 < reached < 30 and not (out / "model.safetensors").exists()
+    killed = re.search(r"test: killed (\d+)", proc.stderr).group(1)
+    assert line.startswith(f"vit train: error: a data worker process (pid {killed}) was killed by SIGKILL ("), line
+    assert line.endswith(f"The same command with --resume continues from the checkpoint of step {reached}")
+    last = vit(env, out, *data, "--resume")
+    assert last.returncode == 0, last.stderr[-3000:]
+    assert_same_run(out, ref)

@@ -182,19 +182,21 @@ class _WorkerInit:
 _WORKER_DIED = re.compile(r"Worker process was terminated unexpectedly with exit code (-?\d+)")
 
 
-def _worker_death(e: RuntimeError) -> DataWorkerError | None:
+def _worker_death(e: RuntimeError, workers: set) -> DataWorkerError | None:
     """The ``DataWorkerError`` for grain's report of a dead worker (its exit code: -N for signal N), else
-    None."""
+    None; it names the pid of each of ``workers`` (``multiprocessing.Process``) that ended with that code."""
     found = _WORKER_DIED.search(str(e))
     if found is None:
         return None
     code = int(found.group(1))
-    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    pids = sorted(p.pid for p in workers if p.exitcode == code)
+    who = f" (pid{'s' if len(pids) > 1 else ''} {', '.join(map(str, pids))})" if pids else ""
+    how = f"{who} was killed by {signal.Signals(-code).name}" if code < 0 else f"{who} exited with code {code}"
     if code == -signal.SIGKILL:
         how += " (what the kernel's OOM killer sends when memory runs out)"
     if code > 0:
         how += ' (its error is printed above; a script needs its code under `if __name__ == "__main__":`)'
-    return DataWorkerError(f"a data worker process {how}")
+    return DataWorkerError(f"a data worker process{how}")
 
 
 # grain starts its worker processes with multiprocessing's "spawn", which imports the main script again in
@@ -229,6 +231,8 @@ class BatchIterator:
                 worker_init_fn=_WorkerInit(os.getpid()),
             )
         self._it, self._copy, self.position = iter(it), bool(workers), start
+        self._count, self._workers = workers, set()  # grain starts them at the first requests
+        self._others = set(multiprocessing.active_children())
         self._first: concurrent.futures.Future | None = None
 
     def __iter__(self) -> BatchIterator:
@@ -242,10 +246,12 @@ class BatchIterator:
             else:
                 batch = next(self._it)
         except RuntimeError as e:
-            died = _worker_death(e)
+            died = _worker_death(e, self._workers)
             if died is None:
                 raise
             raise died from None
+        if len(self._workers) < self._count:  # known by pid once started, so that a death names its pid
+            self._workers.update(set(multiprocessing.active_children()) - self._others)
         self.position += 1
         return {k: np.array(v) for k, v in batch.items()} if self._copy else batch
 
