@@ -9,9 +9,9 @@ as the OS names it (``write_error_reason``) and where ``--resume`` continues (``
 complete checkpoints). orbax's own threads' reports of that failure are dropped
 (``_OrbaxReportsDropped``). With several processes every process calls every method.
 
-A failed orbax read or write, here or of a model folder (``vit_jax.formats``), leaves tensorstore's
-done-callbacks reporting "Event loop is closed" after the error: ``closed_loop_reports_dropped`` is the
-one place that drops them, and ``read_error_reason`` names what a failed read found wrong in one line.
+Reads of orbax folders, here and of a model folder (``vit_jax.formats``), run inside
+``orbax_reports_dropped``: a failed one leaves orbax's threads reporting the error after it was raised,
+and those reports are dropped; ``read_error_reason`` names what a failed read found wrong in one line.
 
 What the train state holds is ``vit_jax.trainer``'s; whether and where a run continues is
 ``vit_jax.resume`` and ``vit_jax.loop.fit``. The torch twin has no counterpart (see ``vit_torch.train``).
@@ -146,7 +146,7 @@ class Checkpoints:
         if step is None:
             raise FileNotFoundError(f"{self.manager.directory}: no checkpoint to resume from")
         target = keys_to_data(abstract_state)
-        with closed_loop_reports_dropped():
+        with orbax_reports_dropped(self.manager.directory):
             out = self.manager.restore(
                 step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
             )
@@ -226,8 +226,8 @@ class Checkpoints:
 
 class _OrbaxReportsDropped(logging.Filter):
     """While installed, log records of ERROR and above that mention ``folder`` (orbax's background threads
-    report a failed write of its checkpoints through absl, asyncio and concurrent.futures, with tracebacks,
-    while ``Checkpoints`` raises the same failure in one line) are dropped, and so are the
+    report a failed write or read of it through absl, asyncio and concurrent.futures, with tracebacks,
+    while vit raises the same failure in one line) are dropped, and so are the
     ``RuntimeError('Event loop is closed')`` that tensorstore's done-callbacks report after orbax closed its
     loop (``closed_loop_dropped``), asyncio's "exception was never retrieved" reports of an
     OSError (a failed write of a future orbax left unawaited: its message names no folder) and absl's
@@ -287,19 +287,17 @@ def closed_loop_dropped(hook):
 
 
 @contextlib.contextmanager
-def closed_loop_reports_dropped() -> Iterator[None]:
-    """``sys.unraisablehook`` drops ``RuntimeError('Event loop is closed')`` (``closed_loop_dropped``) while the
-    block runs, and for the rest of the process once the block raised. An orbax read or write that fails
-    closes orbax's asyncio loop at its first error while tensorstore's threads go on with the reads and
-    writes under way; their done-callbacks then call the closed loop and tensorstore's C++ reports each
-    error through ``PyErr_WriteUnraisable``, a traceback each (0 to 30 a failed read of a damaged folder,
-    as measured), some after the error has reached the caller. Other unraisable errors reach the hook
-    there was before."""
-    hook = sys.unraisablehook
-    ours = sys.unraisablehook = closed_loop_dropped(hook)
-    yield  # the block's error propagates from here, and the hook stays
-    if sys.unraisablehook is ours:
-        sys.unraisablehook = hook
+def orbax_reports_dropped(folder: str | os.PathLike) -> Iterator[None]:
+    """Orbax's reports of a failed read or write of ``folder`` (an absolute path) dropped while the block
+    runs, and for the rest of the process once the block raised (``_OrbaxReportsDropped``). An orbax
+    operation that fails closes orbax's asyncio loop at its first error while tensorstore's threads go on
+    with the reads and writes under way: their done-callbacks then call the closed loop ("Event loop is
+    closed", a traceback each through ``sys.unraisablehook``: 0 to 31 a failed read of a damaged folder, as
+    measured), and asyncio logs the tasks whose errors nobody awaited ("Task exception was never
+    retrieved", naming the folder), some after the error has reached the caller, who names it in one line."""
+    quiet = _OrbaxReportsDropped(str(folder))
+    yield  # the block's error propagates from here, and the filter and the hook stay
+    quiet.remove()
 
 
 def read_error_reason(e: BaseException) -> str:

@@ -33,7 +33,7 @@ from vit_common.checkpoints.formats.stored_config import FORMAT_TAG, stored_conf
 from vit_common.config import ViTConfig
 from vit_common.system.io import atomic_write_dir, check_free_space, folder_mark, read_json, write_json
 from vit_common.system.validate import check_model_size
-from vit_jax.checkpointing import closed_loop_reports_dropped, read_error_reason
+from vit_jax.checkpointing import closed_loop_dropped, orbax_reports_dropped, read_error_reason
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
 from vit_jax.model import VisionTransformer
 from vit_jax.torch_bridge import read_timm_hub_config
@@ -65,31 +65,34 @@ def quiet_orbax() -> Iterator[None]:
     after orbax closed its asyncio loop, report ``RuntimeError('Event loop is closed')`` through
     ``sys.unraisablehook`` (tensorstore's C++ calls ``PyErr_WriteUnraisable``). So the loggers are raised
     to CRITICAL, fd 2 points at /dev/null while the block runs, and ``sys.unraisablehook`` drops exactly
-    that error (``vit_jax.checkpointing.closed_loop_reports_dropped``); after a failure the loggers and the
-    hook stay so for the rest of the process, since those threads report on after the block."""
+    that error (``vit_jax.checkpointing.closed_loop_dropped``); after a failure the loggers and the hook
+    stay so for the rest of the process, since those threads report on after the block (other unraisable
+    errors still reach the previous hook)."""
     loggers = [logging.getLogger(name) for name in ("absl", "asyncio", "concurrent.futures")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
-    with closed_loop_reports_dropped():
+    hook = sys.unraisablehook
+    sys.unraisablehook = closed_loop_dropped(hook)
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        gc.collect()
         sys.stderr.flush()
-        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)
-        os.close(devnull)
-        failed = False
-        try:
-            yield
-        except BaseException:
-            failed = True
-            raise
-        finally:
-            gc.collect()
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            if not failed:
-                for lg, level in zip(loggers, levels, strict=True):
-                    lg.setLevel(level)
+        os.dup2(saved, 2)
+        os.close(saved)
+        if not failed:
+            sys.unraisablehook = hook
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)
 
 
 def save_orbax(path: str | os.PathLike, model: VisionTransformer, extra: Mapping[str, Any] | None = None) -> None:
@@ -151,7 +154,7 @@ def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:
     abstract = nnx.eval_shape(lambda: VisionTransformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, abstract_state = nnx.split(abstract)
     template = _pure_dict(abstract_state)
-    with closed_loop_reports_dropped():  # a damaged folder's failed read: tensorstore's late reports
+    with orbax_reports_dropped(path.absolute()):  # a damaged folder's failed read: orbax's late reports
         ckptr = ocp.StandardCheckpointer()
         try:
             restored = ckptr.restore((path / "state").absolute(), _string_keys(keys_to_data(template)))
