@@ -9,19 +9,26 @@ as the OS names it (``write_error_reason``) and where ``--resume`` continues (``
 complete checkpoints). orbax's own threads' reports of that failure are dropped
 (``_OrbaxReportsDropped``). With several processes every process calls every method.
 
+Reads of orbax folders, here and of a model folder (``vit_jax.formats``), run inside
+``orbax_reports_dropped``: a failed one leaves orbax's threads reporting the error after it was raised,
+and those reports are dropped; ``read_error_reason`` names what a failed read found wrong in one line.
+
 What the train state holds is ``vit_jax.trainer``'s; whether and where a run continues is
 ``vit_jax.resume`` and ``vit_jax.loop.fit``. The torch twin has no counterpart (see ``vit_torch.train``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import logging
 import os
 import re
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -139,34 +146,31 @@ class Checkpoints:
         if step is None:
             raise FileNotFoundError(f"{self.manager.directory}: no checkpoint to resume from")
         target = keys_to_data(abstract_state)
-        out = self.manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
-        )
+        with orbax_reports_dropped(self.manager.directory):
+            out = self.manager.restore(
+                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
+            )
         meta = dict(out["meta"])
         return data_to_keys(out["state"], abstract_state, meta["key_impl"]), meta
 
     def restore_complete(self, abstract_state, steps: list[int]):
         """(step, state, meta) of the latest of ``steps`` that restores; a checkpoint that does not (truncated or
-        damaged files, e.g. a disk that filled) is reported on stderr and the one before it is tried.
+        damaged files, e.g. a disk that filled) is reported on stderr, a line each, and the one before it is
+        tried.
 
         Raises:
-            ValueError: none restores (naming the folder and the latest one's error).
+            ValueError: none restores: one line naming the folder, the earliest step and what is wrong with it
+                (``read_error_reason``; the later ones were reported before).
         """
-        import sys
-
-        first = None
         for step in reversed(steps):
             try:
                 return (step, *self.restore(abstract_state, step=step))
             except Exception as e:  # orbax and its JSON/tensorstore readers raise many types
-                first = first or e
-                line = f"{e}".splitlines()[0] if str(e) else type(e).__name__
-                print(
-                    f"vit train: warning: {self.manager.directory}/{step}: does not restore ({line}); "
-                    "trying the checkpoint before it",
-                    file=sys.stderr,
-                )
-        raise ValueError(f"{self.manager.directory}: no checkpoint restores (the latest: {first})") from first
+                line = f"{self.manager.directory}/{step}: does not restore ({read_error_reason(e)})"
+                if step == steps[0]:
+                    raise ValueError(f"{self.manager.directory}: no checkpoint restores; {line}") from e
+                print(f"vit train: warning: {line}; trying the checkpoint before it", file=sys.stderr)
+        raise ValueError(f"{self.manager.directory}: no checkpoint to restore")
 
     def wait(self) -> None:
         """Wait for the save in flight, if any.
@@ -222,10 +226,10 @@ class Checkpoints:
 
 class _OrbaxReportsDropped(logging.Filter):
     """While installed, log records of ERROR and above that mention ``folder`` (orbax's background threads
-    report a failed write of its checkpoints through absl, asyncio and concurrent.futures, with tracebacks,
-    while ``Checkpoints`` raises the same failure in one line) are dropped, and so are the
+    report a failed write or read of it through absl, asyncio and concurrent.futures, with tracebacks,
+    while vit raises the same failure in one line) are dropped, and so are the
     ``RuntimeError('Event loop is closed')`` that tensorstore's done-callbacks report after orbax closed its
-    loop (``formats.closed_loop_dropped``), asyncio's "exception was never retrieved" reports of an
+    loop (``closed_loop_dropped``), asyncio's "exception was never retrieved" reports of an
     OSError (a failed write of a future orbax left unawaited: its message names no folder) and absl's
     reports of an OSError that a write thread raised ("_SignalingThread.run() raised an exception: [Errno
     28] No space left on device", naming no folder either); other records and unraisable errors pass."""
@@ -234,8 +238,6 @@ class _OrbaxReportsDropped(logging.Filter):
 
     def __init__(self, folder: str):
         super().__init__()
-        from vit_jax.formats import closed_loop_dropped
-
         self.folder = folder
         for name in self.LOGGERS:
             logging.getLogger(name).addFilter(self)
@@ -271,6 +273,41 @@ def _remove_incomplete(directory: Path, step: int, quiet: float = 1.0, limit: fl
         time.sleep(quiet)
         if not any(directory.glob(pattern)) or time.monotonic() > deadline:
             return
+
+
+def closed_loop_dropped(hook):
+    """``hook`` (a ``sys.unraisablehook``) except for ``RuntimeError('Event loop is closed')``."""
+
+    def drop(unraisable) -> None:
+        e = unraisable.exc_value
+        if not (isinstance(e, RuntimeError) and str(e) == "Event loop is closed"):
+            hook(unraisable)
+
+    return drop
+
+
+@contextlib.contextmanager
+def orbax_reports_dropped(folder: str | os.PathLike) -> Iterator[None]:
+    """Orbax's reports of a failed read or write of ``folder`` (an absolute path) dropped while the block
+    runs, and for the rest of the process once the block raised (``_OrbaxReportsDropped``). An orbax
+    operation that fails closes orbax's asyncio loop at its first error while tensorstore's threads go on
+    with the reads and writes under way: their done-callbacks then call the closed loop ("Event loop is
+    closed", a traceback each through ``sys.unraisablehook``: 0 to 31 a failed read of a damaged folder, as
+    measured), and asyncio logs the tasks whose errors nobody awaited ("Task exception was never
+    retrieved", naming the folder), some after the error has reached the caller, who names it in one line."""
+    quiet = _OrbaxReportsDropped(str(folder))
+    yield  # the block's error propagates from here, and the filter and the hook stay
+    quiet.remove()
+
+
+def read_error_reason(e: BaseException) -> str:
+    """What a failed orbax read found wrong, in one line: the error's first line without the specs that
+    tensorstore's errors end with (``[tensorstore_spec='{...}']``, a JSON context of 1,000 characters or
+    more each); a JSON error (a garbled ``_METADATA``, whose message names no file) says so."""
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if isinstance(e, json.JSONDecodeError):
+        return f"a metadata file of orbax's is not JSON: {text}"
+    return re.sub(r" ?\[tensorstore_spec(\[\d+\])?='[^']*'\]", "", text)
 
 
 def write_error_reason(e: BaseException) -> str:

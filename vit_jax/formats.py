@@ -33,6 +33,7 @@ from vit_common.checkpoints.formats.stored_config import FORMAT_TAG, stored_conf
 from vit_common.config import ViTConfig
 from vit_common.system.io import atomic_write_dir, check_free_space, folder_mark, read_json, write_json
 from vit_common.system.validate import check_model_size
+from vit_jax.checkpointing import closed_loop_dropped, orbax_reports_dropped, read_error_reason
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
 from vit_jax.model import VisionTransformer
 from vit_jax.torch_bridge import read_timm_hub_config
@@ -64,8 +65,9 @@ def quiet_orbax() -> Iterator[None]:
     after orbax closed its asyncio loop, report ``RuntimeError('Event loop is closed')`` through
     ``sys.unraisablehook`` (tensorstore's C++ calls ``PyErr_WriteUnraisable``). So the loggers are raised
     to CRITICAL, fd 2 points at /dev/null while the block runs, and ``sys.unraisablehook`` drops exactly
-    that error; after a failure the loggers and the hook stay so for the rest of the process, since those
-    threads report on after the block (other unraisable errors still reach the previous hook)."""
+    that error (``vit_jax.checkpointing.closed_loop_dropped``); after a failure the loggers and the hook
+    stay so for the rest of the process, since those threads report on after the block (other unraisable
+    errors still reach the previous hook)."""
     loggers = [logging.getLogger(name) for name in ("absl", "asyncio", "concurrent.futures")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
@@ -91,17 +93,6 @@ def quiet_orbax() -> Iterator[None]:
             sys.unraisablehook = hook
             for lg, level in zip(loggers, levels, strict=True):
                 lg.setLevel(level)
-
-
-def closed_loop_dropped(hook):
-    """``hook`` (a ``sys.unraisablehook``) except for ``RuntimeError('Event loop is closed')``."""
-
-    def drop(unraisable) -> None:
-        e = unraisable.exc_value
-        if not (isinstance(e, RuntimeError) and str(e) == "Event loop is closed"):
-            hook(unraisable)
-
-    return drop
 
 
 # OCDBT data files of at most about 4 MiB (orbax's default: 2 GB): tensorstore holds each data file's
@@ -171,13 +162,15 @@ def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:
     abstract = nnx.eval_shape(lambda: VisionTransformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, abstract_state = nnx.split(abstract)
     template = _pure_dict(abstract_state)
-    ckptr = ocp.StandardCheckpointer()
-    try:
-        restored = ckptr.restore((path / "state").absolute(), _string_keys(keys_to_data(template)))
-    except (ValueError, KeyError, TypeError, FileNotFoundError, OSError) as e:
-        raise FormatError(f"{path}: orbax could not restore the state for the stored config ({e})") from e
-    finally:
-        ckptr.close()
+    with orbax_reports_dropped(path.absolute()):  # a damaged folder's failed read: orbax's late reports
+        ckptr = ocp.StandardCheckpointer()
+        try:
+            restored = ckptr.restore((path / "state").absolute(), _string_keys(keys_to_data(template)))
+        except (ValueError, KeyError, TypeError, FileNotFoundError, OSError) as e:
+            reason = read_error_reason(e)
+            raise FormatError(f"{path}: orbax could not restore the state for the stored config ({reason})") from e
+        finally:
+            ckptr.close()
     restored = data_to_keys(_template_keys(template, restored), template, meta.get("rng_impl") or None)
     nnx.replace_by_pure_dict(abstract_state, restored)
     model = nnx.merge(graphdef, abstract_state)
