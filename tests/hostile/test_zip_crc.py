@@ -201,3 +201,25 @@ def test_a_damaged_training_checkpoint_names_every_tensor_of_the_record(tmp_path
         verify_zip(tmp_path / "t.pth")
     want = "member 't/data/0' (tensor state_dict.blocks.0.w, state_dict_ema.blocks.0.w): CRC-32 mismatch (stored "
     assert want in str(e.value)
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["state_dict", "training checkpoint"])
+def test_a_damaged_timm_state_dict_names_its_tensor(tmp_path, nested):
+    """torch.save(model.state_dict()) of a timm model (an OrderedDict carrying ``_metadata``), alone or in a
+    training checkpoint's dict, with a byte of its first record flipped: the refusal names the tensor."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    from vit_common.checkpoints.formats.errors import FormatError
+    from vit_common.checkpoints.formats.zip_members import verify_zip
+
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3)
+    sd = model.state_dict()
+    assert list(sd)[0] == "cls_token" and hasattr(sd, "_metadata")
+    torch.save({"state_dict": sd, "epoch": 1} if nested else sd, tmp_path / "t.pth")
+    info, at = _member(tmp_path / "t.pth", _torch_record(tmp_path / "t.pth", "data/0"))
+    _edit(tmp_path / "t.pth", {at + 5: 1})
+    with pytest.raises(FormatError) as e:
+        verify_zip(tmp_path / "t.pth")
+    tensor = "state_dict.cls_token" if nested else "cls_token"
+    assert f"member 't/data/0' (tensor {tensor}): CRC-32 mismatch (stored {info.CRC:08x}, computed " in str(e.value)

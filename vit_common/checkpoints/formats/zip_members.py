@@ -171,6 +171,13 @@ class _Stub:
         pass
 
 
+class _OrderedDict(dict):
+    """An OrderedDict of the pickle (``state_dict()``'s) as a dict: its state (``_metadata``) is dropped."""
+
+    def __setstate__(self, state):
+        pass
+
+
 def _first(*args, **kwargs):
     """A tensor rebuilt (``torch._utils._rebuild_*``): its storage, the first argument."""
     return args[0] if args else None
@@ -178,11 +185,11 @@ def _first(*args, **kwargs):
 
 class _StorageKeys(pickle.Unpickler):
     """A torch.save ``data.pkl`` read into its containers with every tensor its storage's ``_Record``; no
-    global of the file is looked up (OrderedDict is a dict, tensor rebuilders ``_first``, the rest
+    global of the file is looked up (OrderedDict is ``_OrderedDict``, tensor rebuilders ``_first``, the rest
     ``_Stub``), so nothing of it runs."""
 
     def find_class(self, module: str, name: str):
-        return dict if name == "OrderedDict" else _first if name.startswith("_rebuild") else _Stub
+        return _OrderedDict if name == "OrderedDict" else _first if name.startswith("_rebuild") else _Stub
 
     def persistent_load(self, pid):
         return _Record(str(pid[2]))  # ('storage', storage type, key, location, numel)
