@@ -92,6 +92,13 @@ def compressed_npz(tmp: Path) -> list[str]:
     return ["convert", str(tmp / "c.npz"), str(tmp / "out.safetensors")]
 
 
+def other_zip(tmp: Path) -> list[str]:
+    """A sound zip of a text file: named as what it is not, not as damaged."""
+    with zipfile.ZipFile(tmp / "notes.zip", "w") as zf:
+        zf.writestr("notes.txt", "not weights")
+    return ["convert", str(tmp / "notes.zip"), str(tmp / "out.safetensors")]
+
+
 MISMATCH = r"member {m}: CRC-32 mismatch \(stored [0-9a-f]{{8}}, computed [0-9a-f]{{8}}\); the file is damaged"
 CASES = [
     Case(
@@ -136,6 +143,17 @@ CASES = [
     Case(
         damaged("pth central size", "m.pth", "data/1", lambda p, i, at: {_central(p, i) + 24: 4}),
         r"{tmp}/m.pth: member '[^']+/data/1': its data descriptor declares \d+ bytes .* the central directory",
+    ),
+    Case(other_zip, r"{tmp}/notes.zip: a zip archive that is neither \.npz nor a PyTorch file$"),
+    Case(
+        damaged(
+            "npz central name", "m.npz", MEMBER + ".npy", lambda p, i, at: {_central(p, i) + 45 + len(MEMBER) + 4: 1}
+        ),
+        "{tmp}/m.npz: member '" + MEMBER + ".npx': its local header names b'" + MEMBER + ".npy': a damaged zip",
+    ),
+    Case(
+        damaged("pth central name", "m.pth", "data.pkl", lambda p, i, at: {_central(p, i) + 45 + len(i.filename): 1}),
+        r"{tmp}/m.pth: member '([^']+)/data\.pkm': its local header names b'\1/data\.pkl': a damaged zip",
     ),
 ]
 

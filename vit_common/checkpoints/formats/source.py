@@ -392,14 +392,16 @@ def open_source(path: str | os.PathLike) -> Source:
         raise FormatError(f"{path}: cannot read ({e})") from e
     if head[:4] == b"PK\x03\x04":
         try:
-            with zipfile.ZipFile(path) as zf:
+            with open(path, "rb") as fh, zipfile.ZipFile(fh) as zf:
                 names = zf.namelist()
+                if any(n.endswith("data.pkl") for n in names):
+                    return Source(path, "torch", (path,))
+                if names and all(n.endswith(".npy") for n in names):
+                    return Source(path, "npz", (path,))
+                for info in zf.infolist():  # a damaged name: its local header's disagrees
+                    member_offset(fh, info, path, info.filename)
         except (zipfile.BadZipFile, OSError, ValueError) as e:
             raise FormatError(f"{path}: a damaged zip archive ({e})") from e
-        if any(n.endswith("data.pkl") for n in names):
-            return Source(path, "torch", (path,))
-        if names and all(n.endswith(".npy") for n in names):
-            return Source(path, "npz", (path,))
         raise FormatError(f"{path}: a zip archive that is neither .npz nor a PyTorch file")
     if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
         return Source(path, "torch", (path,))  # legacy (pre-1.6) torch.save pickle stream
