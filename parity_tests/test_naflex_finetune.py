@@ -40,9 +40,16 @@ def _images(folder) -> str:
     return f"imagefolder:{folder}"
 
 
+BOTH = (
+    r"^spatial_shapes and position_weights both given: expected one: position_weights are the position table "
+    r"resized to spatial_shapes' grids; pass patch_mask and position_weights$"
+)
+
+
 def test_position_weights_give_what_spatial_shapes_give_in_the_torch_twin():
     """The torch twin given a NaFlex batch's ``position_weights`` (the training batches' form) gives what
-    it gives on its ``spatial_shapes``, bit for bit; a weights tensor of another shape is one line."""
+    it gives on its ``spatial_shapes``, bit for bit; a weights tensor of another shape, or both given, is one
+    line."""
     from vit_common.naflex import pad_batch, position_weights
 
     rng = np.random.default_rng(1)
@@ -57,6 +64,8 @@ def test_position_weights_give_what_spatial_shapes_give_in_the_torch_twin():
             ValueError, match=r"^position_weights of shape \(3, 16, 9\): expected \[B=3, N=16, Gh\*Gw=16\]$"
         ):
             model(torch.from_numpy(patches), patch_mask=mask, position_weights=weights[..., :9])
+        with pytest.raises(ValueError, match=BOTH):
+            model(torch.from_numpy(patches), patch_mask=mask, spatial_shapes=shapes, position_weights=weights)
 
 
 @pytest.mark.slow

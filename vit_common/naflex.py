@@ -83,7 +83,10 @@ def check_weights(cfg: ViTConfig, shape: tuple[int, ...], patch_mask, spatial_sh
     _check_table(cfg)
     b, n = shape[:2]
     if spatial_shapes is not None:
-        raise ValueError("spatial_shapes and position_weights both given: expected one (the weights hold the grids)")
+        raise ValueError(
+            "spatial_shapes and position_weights both given: expected one: position_weights are the position "
+            "table resized to spatial_shapes' grids; pass patch_mask and position_weights"
+        )
     if patch_mask is None or tuple(patch_mask.shape) != (b, n):
         got = None if patch_mask is None else tuple(patch_mask.shape)
         raise ValueError(f"patch_mask of shape {got}: expected [B={b}, N={n}] with position_weights")
