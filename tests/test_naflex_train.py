@@ -14,7 +14,7 @@ from vit_common.data.augment import Augment
 from vit_common.data.datasets import read_dataset
 from vit_common.data.images import Preprocess
 from vit_common.data.naflex_batches import NaFlexPaddedBatches, NaFlexTransform
-from vit_common.naflex import position_weights, preprocess
+from vit_common.naflex import check_weights, position_weights, preprocess
 from vit_common.state import random_state
 from vit_common.tolerance import compare
 from vit_common.training.train_config import TrainConfig
@@ -68,11 +68,8 @@ def test_naflex_rows_are_naflex_preprocess_padded_to_the_budget(tmp_path):
 def test_train_iterator_makes_naflex_batches_for_a_naflex_preprocessing(tmp_path):
     """``vit_jax.data.train_iterator`` with a NaFlex preprocessing and the model's config: the batches of
     ``train_batches`` over ``NaFlexTransform``, bit for bit (patches [4, 16, 192], grids within the
-    budget), which the model takes without spatial_shapes (with all three keys, one line naming which to
-    pass); without the config, one line asking for it."""
-    from flax import nnx
-
-    from vit_jax import VisionTransformer
+    budget); all three NaFlex keys given to the twins' check, one line naming which to pass
+    (docs/training.md runs the model on them); without the config, one line asking for it."""
     from vit_jax.data import iterate, train_batches, train_iterator
 
     data = read_dataset(_images(tmp_path)).fit(CFG.image_size, CFG.in_chans)
@@ -83,12 +80,9 @@ def test_train_iterator_makes_naflex_batches_for_a_naflex_preprocessing(tmp_path
     assert len(got) == len(want) == 2 and got[0]["image"].shape == (4, 16, 192)
     for g, w in zip(got, want, strict=True):
         assert g.keys() == w.keys() and all(np.array_equal(g[k], w[k]) for k in g)
-    model = VisionTransformer(CFG, rngs=nnx.Rngs(0))
-    naflex = {k: got[0][k] for k in ("patch_mask", "spatial_shapes", "position_weights")}
+    naflex = [got[0][k] for k in ("patch_mask", "spatial_shapes", "position_weights")]
     with pytest.raises(ValueError, match=r"expected one: .*; pass patch_mask and position_weights$"):
-        model(got[0]["image"], **naflex)
-    naflex.pop("spatial_shapes")
-    assert model(got[0]["image"], **naflex).shape == (4, 3)
+        check_weights(CFG, got[0]["image"].shape, *naflex)  # the twins' check of such a batch
     with pytest.raises(ValueError, match=r"^max_patches=16 \(a NaFlex preprocessing\) without the model's ViTConfig"):
         train_iterator(data, preprocess=PP, augment=Augment(), **kw)
 
