@@ -59,6 +59,28 @@ def test_assumed_preprocessing_is_kept_marked_assumed_in_our_files(tmp_path, fam
     )
 
 
+def test_timm_files_keep_it_marked_and_timm_hub_folders_state_it_only_when_accepted(tmp_path):
+    """A ViT folder without preprocessor_config.json written as a timm .safetensors file reads back with
+    the source's preprocessing, marked assumed; as a timm hub folder it is left out with a warning, and
+    written into pretrained_cfg with --accept-assumed preprocess."""
+    from vit_torch.formats import READERS, WRITERS
+
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(**_VISION, patch_size=8, num_labels=3, layer_norm_eps=1e-6)
+    transformers.ViTForImageClassification(config).save_pretrained(tmp_path / "vit")
+    source = load_checkpoint(tmp_path / "vit").info
+    io = dict(to_fmt="timm", readers=READERS, writers=WRITERS)
+    convert(tmp_path / "vit", tmp_path / "t.safetensors", **io)
+    back = load_checkpoint(tmp_path / "t.safetensors", readers=READERS).info
+    assert (back.preprocess, back.preprocess_source) == (source.preprocess, source.preprocess_source)
+    report = convert(tmp_path / "vit", tmp_path / "hub", **io)
+    assert any("not written (their readers assume their own)" in w for w in report.warnings)
+    assert "mean" not in json.loads((tmp_path / "hub" / "config.json").read_text())["pretrained_cfg"]
+    convert(tmp_path / "vit", tmp_path / "hub2", accept_assumed=("preprocess",), **io)
+    pretrained = json.loads((tmp_path / "hub2" / "config.json").read_text())["pretrained_cfg"]
+    assert (pretrained["mean"], pretrained["std"]) == ([0.5] * 3, [0.5] * 3)
+
+
 def _predict(path, images, capsys, framework: str = "torch") -> list[dict]:
     capsys.readouterr()
     assert main(["predict", str(path), *map(str, images), "--framework", framework, "--top-k", "3", "--json"]) == 0
