@@ -90,7 +90,7 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser, set_also: str = "", rop
 
 
 def accepted_fields(text: str) -> tuple[str, ...] | str:
-    """``--accept-assumed``'s value: "all", or comma-separated ViTConfig fields.
+    """``--accept-assumed``'s value: "all", or comma-separated ViTConfig fields and "preprocess".
 
     Raises:
         argparse.ArgumentTypeError: a name that is not a ViTConfig field.
@@ -100,9 +100,11 @@ def accepted_fields(text: str) -> tuple[str, ...] | str:
     if text.strip() == "all":
         return "all"
     names = tuple(n.strip() for n in text.split(",") if n.strip())
-    unknown = [n for n in names if n not in ViTConfig.__dataclass_fields__]
+    unknown = [n for n in names if n not in ViTConfig.__dataclass_fields__ and n != "preprocess"]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected all or ViTConfig fields, comma-separated; not {unknown}")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected all or ViTConfig fields and preprocess, comma-separated; not {unknown}"
+        )
     return names
 
 
@@ -115,8 +117,9 @@ def add_accept_assumed(p: argparse.ArgumentParser) -> None:
         type=accepted_fields,
         default=(),
         metavar="FIELD,...|all",
-        help="write these assumed config fields (or all) into formats whose readers take them as fact (an HF "
-        "config.json, the printed timm call); without it such a write is refused, naming the fields",
+        help="write these assumed config fields, preprocess (the preprocessing), or all into formats whose "
+        "readers take them as fact (an HF config.json or preprocessor_config.json, a timm hub config.json, the "
+        "printed timm call); without it such a write is refused, naming the fields",
     )
 
 

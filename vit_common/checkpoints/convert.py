@@ -451,6 +451,7 @@ def save_checkpoint(
     accept_assumed: Sequence[str] | str = (),
     preprocess: Preprocess | None = None,
     classes: Sequence[str] | None = None,
+    preprocess_assumed: str = "",
 ) -> Report:
     """Write ``state`` as ``fmt`` (default: from the suffix, see ``output_format``), atomically.
 
@@ -462,7 +463,10 @@ def save_checkpoint(
     (``Format.states_as_fact``: HF, a timm hub folder) is refused unless the fields are in
     ``accept_assumed`` (or it is "all"; ``check_assumed``). ``preprocess`` and ``classes`` (K names) are recorded
     where the format can hold them (``vit_common.checkpoints.metadata``): safetensors metadata of our and timm files,
-    an HF folder's preprocessor_config.json and id2label; other formats get a note. Nothing is written
+    an HF folder's preprocessor_config.json and id2label; other formats get a note. ``preprocess_assumed``
+    (why; empty: declared) marks ``preprocess`` assumed where the format can say so (our and timm
+    .safetensors, orbax); a file that would state it as fact (``Format.states_as_fact``) gets it only if
+    "preprocess" is in ``accept_assumed`` (or it is "all"), a warning otherwise. Nothing is written
     unless the whole conversion succeeds; an existing destination is replaced only if it is provably ours
     (``vit_common.system.io.check_destination``). ``report.load_call`` is the library code that loads the
     written file strictly (timm or transformers), where there is one.
@@ -482,8 +486,16 @@ def save_checkpoint(
     io.check_destination(path, folder=f.writes_folder(path))
     check_assumed(path, f.name, cfg, assumed, accept_assumed)
     check_canonical(cfg, state, f"writing {f.name}")
+    why, dropped = (preprocess_assumed if preprocess is not None else ""), []
+    if why and f.states_as_fact(path) and accept_assumed != "all" and "preprocess" not in accept_assumed:
+        preprocess, why = None, ""
+        dropped.append(
+            f"{path}: the preprocessing was assumed ({preprocess_assumed}) and {f.name} files would state it as "
+            "fact, so it was not written (their readers assume their own); write it with --accept-assumed preprocess"
+        )
     enc = f.encode(cfg, state, path, options, tuple(assumed))
-    report = Report(config=enc.cfg, notes=list(enc.notes) + f.record_info(enc, preprocess, classes))
+    report = Report(config=enc.cfg, notes=list(enc.notes) + f.record_info(enc, preprocess, classes, why))
+    report.warnings += dropped
     report.written, report.written_format = str(path), f.name
     report.warnings += _read_back(f, enc, assumed)
     f.write(path, enc, writers)
@@ -508,8 +520,10 @@ def convert(
     ``accept_assumed`` as its own); one report for both.
 
     Preprocessing and class names that ``src`` declares (``vit_common.checkpoints.metadata``) are written where
-    ``dst``'s format holds them; assumed ones are not (the destination would declare a guess), nor class
-    names for a replaced head. Write options left unset are completed from the source by ``dst``'s format
+    ``dst``'s format holds them (class names not for a replaced head); assumed preprocessing as
+    ``save_checkpoint``'s ``preprocess_assumed``: marked assumed in ours, orbax and timm .safetensors, not
+    stated as fact in HF or timm hub folders unless accepted.
+    Write options left unset are completed from the source by ``dst``'s format
     (``Format.complete_options``: an hf_family folder read from a ``vit_mae`` folder is written as one).
 
     Raises:
@@ -524,8 +538,10 @@ def convert(
     info = ckpt.info
     if read_options.get("num_classes") is None:  # a replaced head drops the old class names
         info.check(ckpt.cfg.image_size, ckpt.cfg.num_classes, str(src.path))
+    source = info.preprocess_source
     declared = dict(
-        preprocess=info.preprocess if info.preprocess_source.startswith("declared") else None,
+        preprocess=None if info.no_budget else info.preprocess,  # a budget not declared stays undeclared
+        preprocess_assumed="" if source.startswith("declared") else source.removeprefix("assumed: "),
         classes=info.classes if info.classes is not None and len(info.classes) == ckpt.cfg.num_classes else None,
     )
     f = _format(to_fmt or output_format(dst))

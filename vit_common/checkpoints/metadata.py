@@ -98,6 +98,8 @@ HF_KEYS_WITHOUT_EFFECT = {  # key: (whether the value changes no pixel, what the
     "crop_pct": (lambda v, c: True, ""),
 }
 OVERRIDE_FLAGS = "--mean/--std/--interpolation/--crop-pct/--crop-mode"
+# The metadata entry (our, timm .safetensors; orbax's stored config) saying the preprocessing was assumed.
+PREPROCESS_ASSUMED_KEY = "preprocess_assumed"
 
 
 @dataclass(frozen=True)
@@ -105,13 +107,16 @@ class Declared:
     """What a file declares, as found: ``preprocess`` (a ``Preprocess`` or its stored dict, None if not
     declared) and ``classes`` (the stored value, checked by ``read_info``; None if not declared), each
     with where it was found (a file, or a file's metadata). ``no_budget``: the file holds a NaFlex model
-    and declares no patch budget (a big_vision naflex_vit .npz)."""
+    and declares no patch budget (a big_vision naflex_vit .npz). ``preprocess_assumed``: why the
+    preprocessing was assumed where the file records it so (a conversion of a source that did not state it;
+    empty: the file states it)."""
 
     preprocess: Preprocess | dict | None = None
     preprocess_where: str = ""
     classes: Any = None
     classes_where: str = ""
     no_budget: bool = False
+    preprocess_assumed: str = ""
 
 
 def declared_in_metadata(meta: dict[str, str], where: str) -> Declared:
@@ -124,7 +129,8 @@ def declared_in_metadata(meta: dict[str, str], where: str) -> Declared:
     for key in ("preprocess", "classes"):
         if key in meta:
             found[key] = parse_json(meta[key], f"{where}: metadata {key!r}")  # bounded in size and depth
-    return Declared(found.get("preprocess"), where, found.get("classes"), where)
+    why = meta.get(PREPROCESS_ASSUMED_KEY, "") if "preprocess" in found else ""
+    return Declared(found.get("preprocess"), where, found.get("classes"), where, preprocess_assumed=str(why))
 
 
 @dataclass
@@ -372,7 +378,9 @@ def read_info(src, fmt) -> ModelInfo:
         except (TypeError, ValueError) as e:
             raise ValueError(f"{found.preprocess_where}: the stored preprocessing {pre!r} is invalid ({e})") from e
         info.preprocess_source = f"declared: {found.preprocess_where}"
-    else:
+    if found.preprocess_assumed:
+        info.preprocess_source = f"assumed: {found.preprocess_assumed}"
+    if not info.preprocess_source.startswith("declared"):
         info.warnings.append(f"preprocessing {info.preprocess_source}; override with {OVERRIDE_FLAGS}")
     info.no_budget = found.no_budget and info.preprocess.max_patches is None
     if found.classes is not None:
@@ -440,11 +448,17 @@ def with_overrides(info: ModelInfo, preprocess: dict[str, Any], classes: list[st
     return out
 
 
-def info_metadata(preprocess: Preprocess | None, classes: tuple[str, ...] | list[str] | None) -> dict[str, str]:
-    """Safetensors metadata entries that record preprocessing and class names (our and timm files)."""
+def info_metadata(
+    preprocess: Preprocess | None, classes: tuple[str, ...] | list[str] | None, preprocess_assumed: str = ""
+) -> dict[str, str]:
+    """Safetensors metadata entries that record preprocessing and class names (our and timm files);
+    ``preprocess_assumed`` (why the source's preprocessing was assumed) is recorded with it, so that
+    readers keep it assumed (``declared_in_metadata``)."""
     meta = {}
     if preprocess is not None:
         meta["preprocess"] = json.dumps(preprocess.to_dict(), sort_keys=True)
+        if preprocess_assumed:
+            meta[PREPROCESS_ASSUMED_KEY] = preprocess_assumed
     if classes is not None:
         meta["classes"] = json.dumps(list(classes))
     return meta

@@ -230,15 +230,17 @@ class HuggingFace(Format):
         model_type = (src.config or {}).get("model_type")
         pre = hf_preprocess_file(folder, model_type, hf_patch_size(src.config))
         pre_where = str(folder / "preprocessor_config.json")
+        why = ""
         if pre is None:
-            pre, pre_where = found.preprocess, found.preprocess_where
+            pre, pre_where, why = found.preprocess, found.preprocess_where, found.preprocess_assumed
         classes, classes_where = found.classes, found.classes_where
         if classes is None and hf_classes(src.config or {}) is not None:
             classes, classes_where = list(hf_classes(src.config)), str(folder / "config.json")
-        return Declared(pre, pre_where, classes, classes_where)
+        return Declared(pre, pre_where, classes, classes_where, preprocess_assumed=why)
 
-    def record_info(self, enc: Encoded, preprocess, classes) -> list[str]:
-        """Class names as config.json ``id2label``/``label2id``, preprocessing as preprocessor_config.json."""
+    def record_info(self, enc: Encoded, preprocess, classes, preprocess_assumed: str = "") -> list[str]:
+        """Class names as config.json ``id2label``/``label2id``, preprocessing as preprocessor_config.json
+        (which cannot say it was assumed: ``check_assumed`` refuses that unless accepted)."""
         if classes is not None and enc.cfg.num_classes:
             enc.config_json |= hf_labels(classes, enc.cfg.num_classes)
         notes: list[str] = []

@@ -15,7 +15,7 @@ from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, So
 from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
 from vit_common.checkpoints.formats.source import ORBAX_CONFIG, reader
 from vit_common.checkpoints.formats.stored_config import assumed_meta, decode_stored
-from vit_common.checkpoints.metadata import Declared, declared_in_metadata
+from vit_common.checkpoints.metadata import PREPROCESS_ASSUMED_KEY, Declared, declared_in_metadata
 from vit_common.config import ViTConfig
 
 
@@ -48,7 +48,8 @@ class Orbax(Format):
         parsed = declared_in_metadata(text, where)
         preprocess = parsed.preprocess if "preprocess" in text else stored.get("preprocess")
         classes = parsed.classes if "classes" in text else stored.get("classes")
-        return Declared(preprocess, where, classes, where)
+        why = stored.get(PREPROCESS_ASSUMED_KEY, "") if preprocess is not None else ""
+        return Declared(preprocess, where, classes, where, preprocess_assumed=str(why))
 
     def encode(self, cfg: ViTConfig, state, path: Path, options: WriteOptions, assumed=()) -> Encoded:
         return Encoded(cfg, dict(state), dict(state), meta=assumed_meta(assumed))

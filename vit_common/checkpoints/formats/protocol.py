@@ -188,10 +188,13 @@ class Format:
             return Declared()
         return declared_in_metadata(src.meta, f"{src.path} metadata")
 
-    def record_info(self, enc: Encoded, preprocess: Preprocess | None, classes) -> list[str]:
+    def record_info(
+        self, enc: Encoded, preprocess: Preprocess | None, classes, preprocess_assumed: str = ""
+    ) -> list[str]:
         """Put ``preprocess`` and ``classes`` (K names) into ``enc`` where the file holds them (safetensors
-        header metadata); returns a note for each that the format cannot record."""
-        info = info_metadata(preprocess, classes)
+        header metadata), the preprocessing marked assumed with why (``preprocess_assumed``, if not empty);
+        returns a note for each that the format cannot record."""
+        info = info_metadata(preprocess, classes, preprocess_assumed)
         if not info:
             return []
         if enc.meta is not None:

@@ -235,15 +235,16 @@ class Timm(Format):
         classes = list(hub.label_names) if hub.label_names is not None else None
         return Declared(pre, pre_where if pre else "", classes, where if classes else "")
 
-    def record_info(self, enc: Encoded, preprocess, classes) -> list[str]:
+    def record_info(self, enc: Encoded, preprocess, classes, preprocess_assumed: str = "") -> list[str]:
         """A hub folder: preprocessing into config.json's ``pretrained_cfg`` (a NaFlexVit's square patch
         budget of S x S patches as the ``input_size`` S*P x S*P it is read back from), class names as its
         ``label_names``; a file: its safetensors metadata."""
         if enc.config_json is None and enc.shared is not None:
-            lacks = sorted(k for k, v in info_metadata(preprocess, classes).items() if enc.meta.get(k) != v)
+            info = info_metadata(preprocess, classes, preprocess_assumed)
+            lacks = sorted(k for k, v in info.items() if enc.meta.get(k) != v)
             return [f"{enc.shared.name}, whose bytes this file shares, does not record {lacks}"] if lacks else []
         if enc.config_json is None:
-            return super().record_info(enc, preprocess, classes)
+            return super().record_info(enc, preprocess, classes, preprocess_assumed)
         notes: list[str] = []
         if preprocess is not None:
             side, (ph, pw) = math.isqrt(preprocess.max_patches or 0), enc.cfg.patch_size
