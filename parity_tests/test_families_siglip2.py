@@ -682,3 +682,33 @@ def test_a_siglip_vision_model_given_classes_is_exported_as_its_family_s_classif
         args = (kw["pixel_values"],), {}
     with torch.no_grad():
         _assert_close(arch.__name__, model.eval()(**kw).logits, ours(*args[0], **args[1]))
+
+
+def test_a_big_vision_naflex_npz_is_written_as_a_siglip2_folder(tmp_path, capsys):
+    """``vit convert X.npz out --to hf_family`` of a big_vision naflex_vit file (no family's folder, its
+    table resized per image bilinearly with antialias) writes a ``Siglip2VisionModel`` folder, not a
+    fixed-resolution SigLIP: transformers loads it strictly and equals the torch twin on the batch of
+    four aspect ratios within 1e-5."""
+    from vit_cli.main import main
+    from vit_common.checkpoints.convert import save_checkpoint
+
+    cfg = ViTConfig(image_size=32, patch_size=8, width=64, depth=1, num_heads=2, mlp_dim=128, num_classes=0,
+                    class_token=False, pool="map", gelu="tanh", posemb_resample="bilinear_aa")  # fmt: skip
+    state = random_state(cfg, seed=3)
+    options = NpzWriteOptions(prefix="params/img/", naflex=True)
+    save_checkpoint(tmp_path / "a.npz", cfg, state, "big_vision", options=options)
+    args = ["convert", str(tmp_path / "a.npz"), str(tmp_path / "out"), "--to", "hf_family", "--accept-assumed", "all"]
+    assert main([*args, "--set", "num_heads=2"]) == 0, capsys.readouterr().err
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["model_type"] == "siglip2_vision_model" and config["architectures"] == ["Siglip2VisionModel"]
+    written, info = transformers.Siglip2VisionModel.from_pretrained(
+        tmp_path / "out", output_loading_info=True, attn_implementation="eager"
+    )
+    assert not any(info.values()), info
+    patches, mask, shapes = _naflex_batch(np.random.default_rng(4))[1]
+    with torch.no_grad():
+        got = written.eval()(torch.from_numpy(patches), torch.from_numpy(mask), torch.from_numpy(shapes))
+        ref = vit_torch.from_numpy(cfg.replace(dynamic_img_size=True), state)(
+            torch.from_numpy(patches), patch_mask=torch.from_numpy(mask), spatial_shapes=torch.from_numpy(shapes)
+        )
+    _assert_close("siglip2", got.pooler_output.numpy(), ref.numpy())

@@ -294,3 +294,38 @@ def test_naflexvit_radio_crops_its_table_as_timm_in_both_twins_and_exports(tmp_p
     assert main(["info", str(tmp_path / "bicubic")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "an aspect-preserving table resize ('bicubic', False," in err[0], err
+
+
+def test_a_model_resizing_other_than_vision_transformer_exports_as_naflexvit(tmp_path):
+    """A dynamic-size model whose table resizes bilinearly with antialias (not read from a NaFlexVit) is
+    written to timm as a NaFlexVit, which resizes so (a VisionTransformer resizes bicubically): the file
+    and the hub folder load strictly and equal the torch twin at 48x80; where a NaFlexVit cannot hold
+    the model either (a class token's table row), the write is refused in one line, nothing written."""
+    from vit_common.checkpoints.convert import convert
+    from vit_torch.formats import WRITERS
+
+    cfg = ViTConfig(
+        image_size=32, patch_size=8, width=64, depth=1, num_heads=2, mlp_dim=128, num_classes=0,
+        class_token=False, pool="map", gelu="tanh", posemb_prefix=False, dynamic_img_size=True,
+        posemb_resample="bilinear_aa",
+    )  # fmt: skip
+    state = random_state(cfg)
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((2, 3, 48, 80)).astype(np.float32))
+    with torch.no_grad():
+        ref = vit_torch.from_numpy(cfg, state)(x).numpy()
+    save_checkpoint(tmp_path / "src.safetensors", cfg, state)
+    for dst in ("out.safetensors", "out"):
+        report = convert(tmp_path / "src.safetensors", tmp_path / dst, to_fmt="timm", readers=READERS, writers=WRITERS)
+        assert any("written as timm's NaFlexVit naflexvit_base_patch16_siglip" in n for n in report.notes), dst
+        if dst == "out":
+            model = timm.create_model(f"local-dir:{tmp_path / dst}", pretrained=True)
+        else:
+            scope: dict = {}
+            exec(report.load_call, scope)  # builds the NaFlexVit and loads the file with strict=True
+            model = scope["model"]
+        with torch.no_grad():
+            _assert_close(dst, model.eval()(x).numpy(), ref)
+    bad = cfg.replace(class_token=True, posemb_prefix=True, pool="token")
+    with pytest.raises(ValueError, match=r"posemb_resample='bilinear_aa' \(timm's VisionTransformer .*as a NaFlexVit"):
+        save_checkpoint(tmp_path / "bad.safetensors", bad, random_state(bad), "timm")
+    assert not (tmp_path / "bad.safetensors").exists()

@@ -95,7 +95,8 @@ def test_a_naflexvit_fine_tune_trains_naflex_and_exports_a_naflexvit_timm_loads(
     """``vit train --init`` of a timm NaFlexVit hub folder with ``--max-patches 12``: model.safetensors and
     the run's config.json declare the budget 12 it trained with; the timm export loads strictly in timm
     (``create_model("local-dir:...", pretrained=True)``) and gives our model.safetensors' output (torch
-    twin) on a NaFlex batch of the test images within 1e-5; its weights moved from the source's."""
+    twin) on a NaFlex batch of the test images within 1e-5; its weights moved from the source's. The start
+    line counts an image's GFLOPs at the budget (``ViTConfig.flops(patches=12)``), as ``vit info`` does."""
     import timm
     from timm.models._hub import save_for_hf
 
@@ -116,12 +117,14 @@ def test_a_naflexvit_fine_tune_trains_naflex_and_exports_a_naflexvit_timm_loads(
     save_for_hf(source, tmp_path / "hub", model_config={"architecture": name})
     out = tmp_path / "run"
     argv = ["train", "--init", str(tmp_path / "hub"), "--dataset", spec, "--epochs", "1", "--batch-size", "4"]
-    argv += ["--max-patches", "12", "--out", str(out), "--data-workers", "0", "--json"]
+    argv += ["--max-patches", "12", "--out", str(out), "--data-workers", "0"]
     assert main(argv) == 0, capsys.readouterr().err
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["parity"]["ok"]
+    printed = capsys.readouterr()
+    assert json.loads((out / "parity.json").read_text())["ok"]
     with safe_open(out / "model.safetensors", "np") as f:
         assert json.loads(f.metadata()["preprocess"])["max_patches"] == 12
+    flops = vit_torch.load_model(out / "model.safetensors").cfg.flops(patches=12) / 1e9
+    assert f"{flops:.3g} GFLOPs per image at the patch budget, 12 patches); " in printed.err
     assert json.loads((out / "config.json").read_text())["preprocess"]["max_patches"] == 12
     ours = vit_torch.load_model(out / "model.safetensors").eval()
     cfg = ours.cfg

@@ -122,3 +122,32 @@ def test_vit_attention_on_a_naflex_model_maps_each_image_s_own_patches(tmp_path,
         np.testing.assert_allclose(raw, want, rtol=0, atol=TOLERANCES[("attention", "float32")][1])
         pool = inter["attn_pool"][b, :, 0, :n].numpy().reshape(2, h, w)  # [heads, 1 probe query, L]
         np.testing.assert_allclose(probe, pool, rtol=0, atol=TOLERANCES[("attention", "float32")][1])
+
+
+def test_vit_predict_takes_a_patch_budget_for_a_timm_naflexvit_state_dict(tmp_path, capsys):
+    """``vit predict --max-patches 16`` of a bare timm NaFlexVit state dict (whose preprocessing, timm's
+    assumed ImageNet one, has no budget) runs it as a NaFlex model, as ``vit train --init`` does: the
+    probabilities equal the torch twin's on the image resized to at most 16 patches within float32."""
+    from vit_cli.main import main
+    from vit_common.checkpoints.formats.timm_naflex import canonical_to_naflex
+    from vit_common.data.images import PRESETS
+
+    state = random_state(CFG, seed=3, scale=0.3)
+    tensors = {k: np.ascontiguousarray(v) for k, v in canonical_to_naflex(CFG, state).items()}
+    save_file(tensors, str(tmp_path / "t.safetensors"))
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (41, 77, 3), np.uint8)).save(tmp_path / "i.png")
+    sets = ["--set", "num_heads=2", "--set", "gelu=tanh", "--set", "posemb_resample=bilinear_aa"]
+    argv = ["predict", str(tmp_path / "t.safetensors"), str(tmp_path / "i.png"), "--max-patches", "16", "--json"]
+    capsys.readouterr()
+    assert main([*argv, "--framework", "torch", "--top-k", "3", *sets]) == 0, capsys.readouterr().err
+    got = {t["index"]: t["probability"] for t in json.loads(capsys.readouterr().out)["top"]}
+    pp = PRESETS["imagenet"]
+    pp = Preprocess(mean=pp.mean, std=pp.std, interpolation=pp.interpolation, max_patches=16)
+    patches, (h, w) = preprocess(Image.open(tmp_path / "i.png"), 8, 16, 3, pp)
+    with torch.no_grad():
+        out = vit_torch.from_numpy(CFG.replace(dynamic_img_size=True, posemb_prefix=False), state)(
+            torch.from_numpy(patches[None]), patch_mask=torch.ones(1, h * w, dtype=torch.bool),
+            spatial_shapes=torch.tensor([[h, w]]),
+        )[0].softmax(-1).numpy()  # fmt: skip
+    c = compare("probabilities", np.array([got[i] for i in range(3)]), out, "tensor", "float32")
+    assert c.ok, c

@@ -258,6 +258,7 @@ def run_parity(
     import vit_torch
     import vit_torch.runner
     from vit_common.checkpoints.convert import load_checkpoint
+    from vit_common.checkpoints.formats.timm_naflex import source_name
     from vit_common.checkpoints.metadata import with_overrides
     from vit_jax.formats import READERS as JAX_READERS
     from vit_torch.formats import READERS as TORCH_READERS
@@ -280,7 +281,9 @@ def run_parity(
     elif isinstance(images, (str, Path)):
         info = ckpt.info
         try:  # refuses max_patches for a fixed-size model
-            info = with_overrides(info, {"max_patches": max_patches}, None)
+            info = with_overrides(
+                info, {"max_patches": max_patches}, None, bool(source_name(ckpt.report.layout, ckpt.cfg))
+            )
         except ValueError as e:
             raise ValueError(f"{checkpoint}: {e}") from e
         for w in info.warnings:

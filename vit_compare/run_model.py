@@ -64,11 +64,12 @@ def _read(path, readers, options, preprocess: dict | None, classes):
     """(``load_checkpoint``'s answer, its ``ModelInfo`` with the given ``preprocess`` and ``classes``),
     the assumption block and warnings printed to stderr (``load_with_info``)."""
     from vit_common.checkpoints.convert import load_checkpoint
+    from vit_common.checkpoints.formats.timm_naflex import source_name
     from vit_common.checkpoints.metadata import with_overrides
 
     ckpt = load_checkpoint(path, readers=readers, **dict(options))
     try:
-        info = with_overrides(ckpt.info, preprocess or {}, classes)
+        info = with_overrides(ckpt.info, preprocess or {}, classes, bool(source_name(ckpt.report.layout, ckpt.cfg)))
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
     block = ckpt.report.assumption_block()

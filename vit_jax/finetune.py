@@ -88,7 +88,7 @@ def load_init(
         options: ``load_checkpoint`` keywords: config overrides of what the file stores or lacks,
             ``source_image_size``, ``strict``.
         preprocess: ``Preprocess`` fields replacing what the file declares; ``max_patches`` for a timm
-            NaFlexVit source (``naflex_budget``) makes its preprocessing a NaFlex one.
+            NaFlexVit source (``metadata.with_overrides``) makes its preprocessing a NaFlex one.
         readers: container readers besides orbax's (``vit_torch.formats.READERS`` for .pth/.bin).
         lazy: ``weights`` as the reader streams them (``load_checkpoint(lazy=True)``: memory-mapped views
             and ``LazyTensor``s, in the file's dtype, cast to float32 as ``vit_jax.weights.from_numpy``
@@ -123,9 +123,8 @@ def load_init(
     )
     report, state = ckpt.report, dict(ckpt.state)
     check_given(ckpt.cfg, {k: v for k, v in given.items() if k not in RUNTIME_FIELDS}, str(path))
-    info = naflex_budget(ckpt.info, report, ckpt.cfg, (preprocess or {}).get("max_patches"))
     try:
-        info = with_overrides(info, dict(preprocess or {}), None)
+        info = with_overrides(ckpt.info, dict(preprocess or {}), None, bool(source_name(report.layout, ckpt.cfg)))
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
     resized = info.preprocess.at_size(ckpt.cfg.image_size)
@@ -140,21 +139,6 @@ def load_init(
     cfg = ckpt.cfg.replace(dtype=runtime.get("dtype", "float32"), param_dtype="float32")
     weights = state if lazy else {k: np.asarray(v, np.float32) for k, v in state.items()}
     return Init(cfg, weights, info, report, data.fit(cfg.image_size, cfg.in_chans, info.preprocess))
-
-
-def naflex_budget(info: ModelInfo, report: Report, cfg: ViTConfig, max_patches: int | None) -> ModelInfo:
-    """``info`` of a timm NaFlexVit source (``timm_naflex.source_name`` of its report) given a patch budget
-    ``max_patches``: its preprocessing made a NaFlex one (the declared mean, std, interpolation and
-    rescale factor; no resize or crop), for timm's ``pretrained_cfg`` has no key for the budget. Any other
-    source, or no budget, is returned as it is (``with_overrides`` refuses a budget for a fixed-size model)."""
-    if max_patches is None or info.preprocess.max_patches is not None or not source_name(report.layout, cfg):
-        return info
-    p = info.preprocess
-    naflex = Preprocess(
-        mean=p.mean, std=p.std, interpolation=p.interpolation, rescale_factor=p.rescale_factor, max_patches=max_patches
-    )
-    where = f"{info.preprocess_source}, as a NaFlexVit's (no resize or crop)"
-    return ModelInfo(naflex, where, info.classes, info.classes_source, list(info.warnings))
 
 
 def init_record(report: Report) -> dict[str, Any]:

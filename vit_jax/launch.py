@@ -410,10 +410,12 @@ def train(spec: RunSpec, started: float, stop=None, parity: Parity | None = None
             f"steps: the learning rate rises for the whole run and never decays (pass --warmup-steps < "
             f"{trainer.total_steps})"
         )
+    budget = start.preprocess.max_patches  # a NaFlex run: an image is its patch budget, whatever its grid
+    at = "" if budget is None else f" at the patch budget, {budget} patches"
     log(
         f"vit train: {data.name}: {len(data.train)} train / {len(data.test)} test images, "
         f"{data.num_classes} classes; ViT {cfg.width}x{cfg.depth} patch {cfg.patch_size[0]} "
-        f"({cfg.param_count():,} parameters, {cfg.flops() / 1e9:.3g} GFLOPs per image); "
+        f"({cfg.param_count():,} parameters, {cfg.flops(patches=budget) / 1e9:.3g} GFLOPs per image{at}); "
         f"{trainer.total_steps} steps on {trainer.mesh.size} "
         f"{jax.devices()[0].platform} device(s) (mesh {','.join(f'{a}={n}' for a, n in trainer.mesh.shape.items())}), "
         f"{workers} data worker(s); compilation cache {cache}; "

@@ -272,7 +272,14 @@ def _summaries(run: RunState, options: RunOptions, ckpts, out: Path, tensorboard
     with _written(Path(tensorboard or out), run.start, ckpts):
         wandb_dir = out if options.wandb else None
         return Summaries(
-            tensorboard, t.cfg, t.mesh.size, peak_flops, start=run.start, wandb_dir=wandb_dir, config=config
+            tensorboard,
+            t.cfg,
+            t.mesh.size,
+            peak_flops,
+            start=run.start,
+            wandb_dir=wandb_dir,
+            config=config,
+            patches=t.preprocess.max_patches,
         )
 
 

@@ -98,6 +98,8 @@ class Summaries:
             opens with the restart marker at the first step this start writes (0, or ``start`` + 1), and
             only a fresh start writes the step-0 constants to it (a wandb run is new at every start and
             gets them each time).
+        patches: a NaFlex run's patch budget: the FLOPs of an image are counted at it (``ViTConfig.flops``),
+            whatever the table's grid; None: at the grid.
 
     Raises:
         ValueError: ``wandb_dir`` given and wandb not installed (``require_wandb``).
@@ -114,9 +116,10 @@ class Summaries:
         start: int = 0,
         wandb_dir: str | os.PathLike | None = None,
         config: dict | None = None,
+        patches: int | None = None,
     ):
         self.devices, self.peak = devices, peak_flops
-        self.flops_per_image = cfg.flops()
+        self.flops_per_image = cfg.flops(patches=patches)
         self.events = self.run = None
         self.logdir, self._failed = logdir, False
         if logdir is not None:

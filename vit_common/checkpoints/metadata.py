@@ -414,17 +414,33 @@ def hf_patch_size(config: dict | None) -> Any:
     return config.get("patch_size", vision.get("patch_size") if isinstance(vision, dict) else None)
 
 
-def with_overrides(info: ModelInfo, preprocess: dict[str, Any], classes: list[str] | None) -> ModelInfo:
+def with_overrides(
+    info: ModelInfo, preprocess: dict[str, Any], classes: list[str] | None, naflexvit: bool = False
+) -> ModelInfo:
     """``info`` with preprocessing fields and class names given on the command line (provenance 'given').
     A crop_pct or crop_mode without resize_size/crop_size asks for timm's rule: a transformers geometry
     the file declares is dropped for it. ``max_patches`` changes a NaFlex model's patch budget only, and
-    gives one to a NaFlex model whose file declares none (``ModelInfo.no_budget``).
+    gives one to a NaFlex model whose file declares none (``ModelInfo.no_budget``) and to a timm NaFlexVit
+    (``naflexvit``: ``timm_naflex.source_name`` of its report), whose fixed-size preprocessing it makes a
+    NaFlex one (the declared mean, std, interpolation and rescale factor; no resize or crop), for timm's
+    ``pretrained_cfg`` has no key for the budget.
 
     Raises:
         ValueError: an invalid field value (named); max_patches for a fixed-size model (one whose
             preprocessing has none); no max_patches for a NaFlex model whose file declares none.
     """
     given = {k: v for k, v in preprocess.items() if v is not None}
+    if naflexvit and given.get("max_patches") is not None and info.preprocess.max_patches is None:
+        p = info.preprocess
+        naflex = Preprocess(
+            mean=p.mean,
+            std=p.std,
+            interpolation=p.interpolation,
+            rescale_factor=p.rescale_factor,
+            max_patches=given["max_patches"],
+        )
+        where = f"{info.preprocess_source}, as a NaFlexVit's (no resize or crop)"
+        info = ModelInfo(naflex, where, info.classes, info.classes_source, list(info.warnings))
     if info.no_budget and given.get("max_patches") is None:
         raise ValueError(
             "a NaFlex model whose file declares no patch budget (a big_vision naflex_vit .npz): expected "

@@ -64,6 +64,7 @@ from vit_common.checkpoints.formats.timm_naflex import (
     naflex_load_call,
     naflex_name,
     naflex_state,
+    resize_differs,
     source_name,
 )
 from vit_common.checkpoints.formats.timm_state import infer, is_timm, normalise_keys, timm_cannot_hold, timm_load_call
@@ -203,7 +204,8 @@ class Timm(Format):
         """``timm_cannot_hold`` (a RoPE backbone: ``timm_eva.eva_cannot_hold``), except a bias-free head,
         which ``encode`` writes with a zero bias (``rules.zero_head_bias``)."""
         cfg = cfg.replace(head_bias=True)
-        return eva_cannot_hold(cfg) if is_eva(cfg) else timm_cannot_hold(cfg)
+        differs = resize_differs(cfg)
+        return eva_cannot_hold(cfg) + ([differs] if differs else []) if is_eva(cfg) else timm_cannot_hold(cfg)
 
     def complete_options(self, options: TimmWriteOptions, source) -> TimmWriteOptions:
         """The q/k/v spelling and the timm Eva name of a source timm file or hub folder of a RoPE backbone
@@ -267,9 +269,15 @@ class Timm(Format):
         return _hub_folder(path)
 
     def encode(self, cfg: ViTConfig, state, path: Path, options: TimmWriteOptions, assumed=()) -> Encoded:
-        naflex = is_naflex_name(options.architecture)
+        naflex, differs = is_naflex_name(options.architecture), resize_differs(cfg)
         refuse("timm", self.cannot_hold(cfg) + (naflex_cannot_hold(cfg, _hub_folder(path)) if naflex else []))
+        if differs and not naflex and not is_eva(cfg):  # a VisionTransformer would compute another function
+            lacks = naflex_cannot_hold(cfg, _hub_folder(path))
+            refuse("timm", [f"{differs}, and as a NaFlexVit {'; '.join(lacks)}"] if lacks else [])
+            naflex = True
         cfg, state, notes = materialize_posemb(cfg, state, prefix_rows=False)
+        if differs and naflex and not is_naflex_name(options.architecture):
+            notes.append(f"written as timm's NaFlexVit {naflex_name(cfg)}: {differs}")
         cfg, state, more = zero_head_bias(cfg, state)
         notes += more
         eva = is_eva(cfg)

@@ -309,6 +309,18 @@ def naflex_cannot_hold(cfg: ViTConfig, hub: bool = False) -> list[str]:
     )
 
 
+def resize_differs(cfg: ViTConfig) -> str:
+    """Why timm's ``VisionTransformer`` (or ``Eva``) of ``cfg`` would compute another function at other
+    sizes: their ``dynamic_img_size`` resize is ``resample_abs_pos_embed``'s default, bicubic with antialias
+    (``bicubic_aa``); '' where ``cfg`` resizes so, or keeps its size, or has no learned table."""
+    if cfg.dynamic_img_size and cfg.posemb == "learn" and cfg.posemb_resample != "bicubic_aa":
+        return (
+            f"posemb_resample={cfg.posemb_resample!r} (timm's VisionTransformer and Eva resize the position "
+            "table bicubically with antialias)"
+        )
+    return ""
+
+
 def naflex_kwargs(cfg: ViTConfig) -> dict[str, Any]:
     """``timm.create_model`` keywords (NaFlexVitCfg fields, JSON values) building a NaFlexVit of ``cfg``:
     a Linear patch projection, the table's grid and resize (``RESAMPLE``), every choice spelled out.

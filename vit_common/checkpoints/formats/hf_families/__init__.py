@@ -413,9 +413,13 @@ class HfFamilies(HuggingFace):
         written as its own model type where ``options`` name none and that type holds the model; where it
         does not, as the other type of its family that does: a two-tower folder as its vision model type, a
         vision model given classes and mean pooling as its two-tower type's classifier (a
-        ``Siglip2VisionModel`` as ``Siglip2ForImageClassification``, not as an I-JEPA)."""
+        ``Siglip2VisionModel`` as ``Siglip2ForImageClassification``, not as an I-JEPA). A NaFlex source
+        of no family's folder (big_vision naflex_vit, timm NaFlexVit: a table resized to each input's grid
+        bilinearly with antialias) is written as ``siglip2_vision_model`` where that holds it."""
         mt = getattr(source, "model_type", "")
         cfg = getattr(source, "config", None)
+        if mt not in FAMILIES and cfg is not None and cfg.dynamic_img_size and cfg.posemb_resample == "bilinear_aa":
+            mt = "siglip2_vision_model"
         if mt in FAMILIES and (cfg is None or family_for(cfg, mt) is None):
             other = f"{mt}_vision_model" if FAMILIES[mt].two_tower else mt.removesuffix("_vision_model")
             if other in FAMILIES and (FAMILIES[mt].two_tower or (cfg is not None and family_for(cfg, other))):
