@@ -271,16 +271,8 @@ def _summaries(run: RunState, options: RunOptions, ckpts, out: Path, tensorboard
     t = run.trainer
     with _written(Path(tensorboard or out), run.start, ckpts):
         wandb_dir = out if options.wandb else None
-        return Summaries(
-            tensorboard,
-            t.cfg,
-            t.mesh.size,
-            peak_flops,
-            start=run.start,
-            wandb_dir=wandb_dir,
-            config=config,
-            patches=t.preprocess.max_patches,
-        )
+        kw = dict(start=run.start, wandb_dir=wandb_dir, config=config, patches=t.preprocess.max_patches)
+        return Summaries(tensorboard, t.cfg, t.mesh.size, peak_flops, **kw)
 
 
 def _check_options(trainer: Trainer, options: RunOptions, profile_steps: tuple[int, int] | None) -> None:
