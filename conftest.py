@@ -162,6 +162,28 @@ def images():
     return _images
 
 
+# (H, W) of the NaFlex tests' images: aspect ratios from 1:6 to 4:1, smaller and larger than their budgets
+NAFLEX_SIZES = ((20, 120), (64, 16), (33, 33), (90, 50), (8, 8), (41, 77), (100, 25))
+
+
+def _naflex_images(folder: Path, sizes=NAFLEX_SIZES) -> str:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for i, (h, w) in enumerate(sizes):
+        for split in ("train", "val"):
+            (folder / split / "abc"[i % 3]).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), np.uint8)).save(folder / split / "abc"[i % 3] / f"{i}.png")
+    return f"imagefolder:{folder}"
+
+
+@pytest.fixture
+def naflex_images():
+    """``naflex_images(folder, sizes=NAFLEX_SIZES)``: an image folder of 3 classes (image i in class i % 3),
+    each seeded random RGB image of ``sizes`` in train and val; returns its dataset spec."""
+    return _naflex_images
+
+
 # ------------------------------------------------------------------------------ .npz layouts
 
 

@@ -9,7 +9,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -26,18 +25,8 @@ CFG = ViTConfig(
     image_size=32, patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=3, class_token=False,
     pool="map", gelu="tanh", posemb_resample="bilinear_aa",
 )  # fmt: skip
-# (H, W): aspect ratios from 1:6 to 4:1, smaller and larger than the budget
+# the shared NaFlex images and one more, 1:2
 SIZES = ((20, 120), (64, 16), (33, 33), (90, 50), (8, 8), (41, 77), (100, 25), (30, 60))
-
-
-def _images(folder) -> str:
-    """An image folder of 3 classes, each image in train and val; its dataset spec."""
-    rng = np.random.default_rng(0)
-    for i, (h, w) in enumerate(SIZES):
-        for split in ("train", "val"):
-            (folder / split / "abc"[i % 3]).mkdir(parents=True, exist_ok=True)
-            Image.fromarray(rng.integers(0, 256, (h, w, 3), np.uint8)).save(folder / split / "abc"[i % 3] / f"{i}.png")
-    return f"imagefolder:{folder}"
 
 
 BOTH = (
@@ -69,13 +58,13 @@ def test_position_weights_give_what_spatial_shapes_give_in_the_torch_twin():
 
 
 @pytest.mark.slow
-def test_vit_train_parity_on_a_naflex_model_keeps_the_twins_together(tmp_path, capsys):
+def test_vit_train_parity_on_a_naflex_model_keeps_the_twins_together(tmp_path, capsys, naflex_images):
     """``vit train-parity --init`` of a NaFlex checkpoint (budget 12 declared): two float64 steps of both
     twins on batches of 4 images of several aspect ratios (flip and a random crop), each parameter and
     moment within the table's bound."""
     from vit_cli.main import main
 
-    spec = _images(tmp_path / "d")
+    spec = naflex_images(tmp_path / "d", SIZES)
     meta = {
         "format": FORMAT_TAG,
         "vit_config": CFG.to_json(),
@@ -91,7 +80,7 @@ def test_vit_train_parity_on_a_naflex_model_keeps_the_twins_together(tmp_path, c
 
 
 @pytest.mark.slow
-def test_a_naflexvit_fine_tune_trains_naflex_and_exports_a_naflexvit_timm_loads(tmp_path, capsys):
+def test_a_naflexvit_fine_tune_trains_naflex_and_exports_a_naflexvit_timm_loads(tmp_path, capsys, naflex_images):
     """``vit train --init`` of a timm NaFlexVit hub folder with ``--max-patches 12``: model.safetensors and
     the run's config.json declare the budget 12 it trained with; the timm export loads strictly in timm
     (``create_model("local-dir:...", pretrained=True)``) and gives our model.safetensors' output (torch
@@ -102,7 +91,7 @@ def test_a_naflexvit_fine_tune_trains_naflex_and_exports_a_naflexvit_timm_loads(
 
     from vit_cli.main import main
 
-    spec = _images(tmp_path / "d")
+    spec = naflex_images(tmp_path / "d", SIZES)
     name = "naflexvit_base_patch16_siglip"
     source = timm.create_model(
         name,
@@ -145,7 +134,7 @@ def test_a_naflexvit_fine_tune_trains_naflex_and_exports_a_naflexvit_timm_loads(
 
 
 @pytest.mark.slow
-def test_vit_train_parity_takes_a_patch_budget_for_a_naflex_npz(tmp_path, capsys):
+def test_vit_train_parity_takes_a_patch_budget_for_a_naflex_npz(tmp_path, capsys, naflex_images):
     """``vit train-parity --init`` of a big_vision NaFlex .npz (no budget declared) with ``--max-patches
     9``: two float64 steps of both twins on NaFlex batches of 9 patches an image, within the table's bound,
     the budget in the report. Without --max-patches the .npz is one line asking for it; --max-patches
@@ -154,7 +143,7 @@ def test_vit_train_parity_takes_a_patch_budget_for_a_naflex_npz(tmp_path, capsys
     from vit_common.checkpoints.convert import save_checkpoint
     from vit_common.checkpoints.formats.npz import NpzWriteOptions
 
-    spec = _images(tmp_path / "d")
+    spec = naflex_images(tmp_path / "d", SIZES)
     npz = tmp_path / "n.npz"
     cfg = CFG.replace(dynamic_img_size=True)
     save_checkpoint(npz, cfg, random_state(cfg, seed=3, scale=0.3), "big_vision", options=NpzWriteOptions(naflex=True))

@@ -24,26 +24,14 @@ CFG = ViTConfig(
     pool="map", gelu="tanh", posemb_resample="bilinear_aa",
 )  # fmt: skip
 PP = Preprocess(interpolation="bicubic", max_patches=16)
-# (H, W): aspect ratios from 1:6 to 4:1, smaller and larger than the budget
-SIZES = ((20, 120), (64, 16), (33, 33), (90, 50), (8, 8), (41, 77), (100, 25))
 
 
-def _images(folder) -> str:
-    """An image folder of 3 classes, each image in train and val; its dataset spec."""
-    rng = np.random.default_rng(0)
-    for i, (h, w) in enumerate(SIZES):
-        for split in ("train", "val"):
-            (folder / split / "abc"[i % 3]).mkdir(parents=True, exist_ok=True)
-            Image.fromarray(rng.integers(0, 256, (h, w, 3), np.uint8)).save(folder / split / "abc"[i % 3] / f"{i}.png")
-    return f"imagefolder:{folder}"
-
-
-def test_naflex_rows_are_naflex_preprocess_padded_to_the_budget(tmp_path):
+def test_naflex_rows_are_naflex_preprocess_padded_to_the_budget(tmp_path, naflex_images):
     """Unaugmented, a row's patches are ``preprocess``'s bit for bit; batches of 4 of the 7 images: patches
     [4, 16, 192], position weights float32 of each grid, the last batch's padding row one zero patch of a 1x1
     grid with mask 0 and a zero target. A random crop keeps the crop's aspect ratio within the budget, the
     same for the same generator. Mixup with a NaFlex model is one line naming it."""
-    source = read_dataset(_images(tmp_path)).test
+    source = read_dataset(naflex_images(tmp_path)).test
     transform = NaFlexTransform(CFG, PP)
     for i in range(len(source)):
         got, grid = transform(source[i]["image"])
@@ -65,14 +53,14 @@ def test_naflex_rows_are_naflex_preprocess_padded_to_the_budget(tmp_path):
         NaFlexTransform(CFG, PP, Augment(mixup=0.8))
 
 
-def test_train_iterator_makes_naflex_batches_for_a_naflex_preprocessing(tmp_path):
+def test_train_iterator_makes_naflex_batches_for_a_naflex_preprocessing(tmp_path, naflex_images):
     """``vit_jax.data.train_iterator`` with a NaFlex preprocessing and the model's config: the batches of
     ``train_batches`` over ``NaFlexTransform``, bit for bit (patches [4, 16, 192], grids within the
     budget); all three NaFlex keys given to the twins' check, one line naming which to pass
     (docs/training.md runs the model on them); without the config, one line asking for it."""
     from vit_jax.data import iterate, train_batches, train_iterator
 
-    data = read_dataset(_images(tmp_path)).fit(CFG.image_size, CFG.in_chans)
+    data = read_dataset(naflex_images(tmp_path)).fit(CFG.image_size, CFG.in_chans)
     kw = dict(batch_size=4, epochs=1, seed=5)
     got = list(train_iterator(data, preprocess=PP, augment=Augment(flip=True), cfg=CFG, **kw))
     ds = train_batches(data.train, 3, transform=NaFlexTransform(CFG, PP, Augment(flip=True)), **kw)
@@ -88,7 +76,7 @@ def test_train_iterator_makes_naflex_batches_for_a_naflex_preprocessing(tmp_path
 
 
 @pytest.mark.slow
-def test_the_jax_trainer_compiles_one_naflex_step_equal_to_the_host_path(tmp_path):
+def test_the_jax_trainer_compiles_one_naflex_step_equal_to_the_host_path(tmp_path, naflex_images):
     """The trainer on NaFlex batches (shift and flip augmentation): every training batch holds its images'
     own grids within the budget; two steps run one compiled program; the evaluation step's logits are the
     model's on the host's patch masks and grids (``VisionTransformer(patch_mask=, spatial_shapes=)``),
@@ -97,7 +85,7 @@ def test_the_jax_trainer_compiles_one_naflex_step_equal_to_the_host_path(tmp_pat
     from vit_jax.runner import logits
     from vit_jax.trainer import Trainer
 
-    spec = _images(tmp_path)
+    spec = naflex_images(tmp_path)
     data = read_dataset(spec).fit(CFG.image_size, CFG.in_chans)
     tcfg = TrainConfig(dataset=spec, batch_size=4, epochs=1, augment=Augment(shift=2, flip=True))
     state0 = random_state(CFG, seed=3, scale=0.3)
