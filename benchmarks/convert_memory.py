@@ -23,7 +23,9 @@ vit_7b_patch16_dinov3's shapes: SwiGLU of gated width 8192, 4 registers, LayerSc
 6.7e9 parameters, its count checked against timm's model built on the meta device) and the source a
 transformers dinov3_vit folder (``hf_dinov3``) written by streaming. Records also give the peak as a ratio
 to the largest tensor. ``--depth`` keeps fewer blocks: a smaller file with the same largest tensor.
-The files go to ``--dir`` (default: a temporary folder, removed at the end). Records are JSON lines
+The files go to ``--dir`` (default: a temporary folder, removed at the end); with ``--keep-source`` the
+source stays there, with a note of what it holds, and a later run of the same model reuses it (writing the
+7B/16 file takes about 18 minutes here). Records are JSON lines
 (``--out``), with the machine (CPU model and flags from /proc/cpuinfo).
 """
 
@@ -50,6 +52,7 @@ from vit_common.checkpoints.formats.tensors import LazyTensor
 from vit_common.config import ViTConfig
 from vit_common.state import canonical_shapes
 from vit_common.system import in_place
+from vit_common.system.io import read_json, write_json
 
 SHAPES = {"7B/16": dict(patch_size=16, width=4096, depth=40, num_heads=32, mlp_dim=12288)}
 # DINOv3 backbones (--dinov3): timm vit_7b_patch16_dinov3's arguments; the SwiGLU's gated width is
@@ -227,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--repeats", type=int, default=3, help="rounds of cp + every target (default 3)")
     p.add_argument("--dir", help="folder for the files (default: a temporary one, removed at the end)")
+    p.add_argument(
+        "--keep-source",
+        action="store_true",
+        help="with --dir: keep the source file there, and reuse one a run of the same model kept",
+    )
     p.add_argument("--out", help="append JSON-line records here")
     p.add_argument(
         "--baseline",
@@ -236,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     targets = [t for t in args.to.split(",") if t]
     unknown = [t for t in targets if t not in DESTINATIONS]
+    if args.keep_source and not args.dir:
+        p.error("--keep-source needs --dir (a temporary folder is removed at the end)")
     if unknown or args.repeats < 1 or (args.dinov3 and args.variant not in DINOV3_SHAPES) or (args.depth or 1) < 1:
         p.error(
             f"--to {args.to!r}: expected some of {', '.join(DESTINATIONS)}; --repeats and --depth at least 1; "
@@ -253,10 +263,21 @@ def main(argv: list[str] | None = None) -> int:
     state = random_lazy_state(cfg, args.dtype)
     largest = max(t.nbytes for t in state.values())
     shard = ["--shard-size", args.shard_size] if args.shard_size else []
+    kept = work / "src.json"  # what a kept source holds: reused only for the same model
+    model = {"dinov3": args.dinov3, "variant": args.variant, "depth": args.depth, "dtype": args.dtype, "seed": 0}
     try:
-        t0 = time.perf_counter()
-        save_checkpoint(src, cfg, state, "hf_dinov3" if args.dinov3 else "timm")
-        made_s = time.perf_counter() - t0
+        note = read_json(kept) if args.keep_source and src.exists() and kept.exists() else {}
+        if note.get("model") == model:
+            made_s = note["written_s"]
+            print(f"# reusing the source kept in {work}", flush=True)
+        else:
+            _remove(src)
+            kept.unlink(missing_ok=True)
+            t0 = time.perf_counter()
+            save_checkpoint(src, cfg, state, "hf_dinov3" if args.dinov3 else "timm")
+            made_s = time.perf_counter() - t0
+            if args.keep_source:
+                write_json(kept, {"model": model, "written_s": made_s})
         size = _bytes(src)
         context = {
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -345,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                 f.write("".join(json.dumps(rec) + "\n" for rec in records))
     finally:
         if args.dir:
-            for path in [src, work / ("copy" + src.suffix), *(work / d for _, d in DESTINATIONS.values())]:
+            kept_src = [] if args.keep_source else [src, kept]
+            for path in [*kept_src, work / ("copy" + src.suffix), *(work / d for _, d in DESTINATIONS.values())]:
                 _remove(path)
         else:
             shutil.rmtree(work, ignore_errors=True)
