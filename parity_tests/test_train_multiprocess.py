@@ -76,6 +76,19 @@ DRIVER = textwrap.dedent("""
                         time.sleep(0.05)
             return out
         trainer.Trainer.train_step = stopping_step
+    if os.environ.get("KILL_WORKER_AT") and os.environ["JAX_PROCESS_ID"] == "0":  # one data worker of process 0
+        import multiprocessing
+        from vit_jax import trainer
+        kill_at, step = int(os.environ["KILL_WORKER_AT"]), trainer.Trainer.train_step
+        def killing_step(self, state, batch):
+            done = int(state["step"]) + 1  # read first: the step donates the state's buffers
+            out = step(self, state, batch)
+            if done == kill_at:  # grain's workers are this process's only multiprocessing children
+                pid = multiprocessing.active_children()[0].pid
+                os.kill(pid, signal.SIGKILL)
+                print(f"test: killed {pid}", file=sys.stderr, flush=True)
+            return out
+        trainer.Trainer.train_step = killing_step
     if os.environ.get("DAMAGE_AT"):  # the last process breaks an example its rows of that step read (see train)
         import shutil
         from pathlib import Path
@@ -170,8 +183,14 @@ def train(
             penv |= {"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": str(n)}
             penv["JAX_PROCESS_ID"] = str(i)
         at, sig = (stop[1], stop[2]) if stop and stop[0] == i else (0, "SIGKILL")
-        cmd = [sys.executable, "-c", DRIVER, str(at), sig, str(logs / f"writes{i}"), "train", *map(str, args)]
-        cmd += ["--dataset", dataset or f"npz:{env['TINY_NPZ']}", *TINY, "--out", str(out)]
+        cmd = [sys.executable, "-c", DRIVER, str(at), sig, str(logs / f"writes{i}"), "train", *TINY]
+        cmd += [
+            "--dataset",
+            dataset or f"npz:{env['TINY_NPZ']}",
+            *map(str, args),
+            "--out",
+            str(out),
+        ]  # args last: they win
         with open(logs / f"out{i}", "w") as o, open(logs / f"err{i}", "w") as e:
             procs.append(subprocess.Popen(cmd, cwd=ROOT, env=penv, stdout=o, stderr=e))
     ended, deadline = {}, time.time() + 600
@@ -502,4 +521,43 @@ def test_a_shard_one_process_finds_damaged_through_data_workers_stops_both_and_l
     Path((logs / "damaged").read_text()).write_bytes((logs / "original").read_bytes())  # repaired
     ok(train({**menv, "VIT_TEST_RUN": tag}, 2, out, *args, "--resume", dataset=data))
     assert_same_run(out, ref)
+    assert tagged_processes(tag) == []
+
+
+@pytest.mark.slow
+def test_a_killed_data_worker_of_one_process_stops_both_at_one_step_with_a_checkpoint_and_resume_ends_bit_exact(
+    menv, tmp_path
+):
+    """SIGKILL to one of process 0's 2 data workers after step 3 of a 30-step run: process 0 still takes the
+    batches the worker had made (grain's buffers) and learns of the death at the worker's next batch; both
+    processes save the checkpoint of the step reached together, print the same line naming the step,
+    process 0 and the worker's pid, exit 75 (start again) within seconds of each other and leave no worker
+    behind; `--resume` on both ends bit for bit where an undamaged run ends (one process with as many
+    devices and no workers: the same run, as the first test shows)."""
+    from vit_jax.checkpointing import saved_steps
+
+    run = ["--no-parity", "--epochs", "10", "--ckpt-every", "4"]
+    args, tag, out = [*run, "--cpu-devices", "1", "--data-workers", "2"], f"worker-{time.time_ns()}", tmp_path / "run"
+    ok(train(menv, 1, tmp_path / "ref", *run, "--cpu-devices", "2", "--data-workers", "0"))
+    procs = train({**menv, "KILL_WORKER_AT": "3", "VIT_TEST_RUN": tag}, 2, out, *args)
+    killed = procs[0].stderr.split("test: killed ")[1].split()[0]
+    reached = saved_steps(out / "checkpoints")[-1]
+    assert 3 < reached < 30 and reached % 4, (reached, procs[0].stderr[-3000:])  # the step reached, not a periodic one
+    for i, p in enumerate(procs):
+        said = [ln for ln in p.stderr.splitlines() if ln.startswith("vit train: ") and " train / " not in ln]
+        assert p.returncode == 75 and len(said) == 1 and "Traceback" not in p.stderr, (i, p.stderr[-3000:])
+        assert said[0].startswith(
+            f"vit train: error: step {reached + 1}'s batch (process 0 of 2): a data worker process (pid {killed}) "
+            "was killed by SIGKILL ("
+        ), said[0]
+        assert said[0].endswith(f"The same command with --resume continues from the checkpoint of step {reached}")
+    assert abs(procs[0].ended - procs[1].ended) < 30
+    assert_checkpoints_of_two_processes(out, [reached])
+    assert not (out / "model.safetensors").exists()
+    deadline = time.time() + 10
+    while tagged_processes(tag) and time.time() < deadline:
+        time.sleep(0.1)
+    assert tagged_processes(tag) == []
+    ok(train({**menv, "VIT_TEST_RUN": tag}, 2, out, *args, "--resume"))
+    assert_same_run(out, tmp_path / "ref")
     assert tagged_processes(tag) == []

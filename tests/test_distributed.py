@@ -315,3 +315,20 @@ def test_agreed_batches_yield_each_batch_read_and_stop_at_the_one_a_process_coul
     with pytest.raises(DamageStop, match=r"^\(process 0 of 1\): imgs/b/0.png: unreadable image$"):
         next(it)
     assert list(agreed_batches(iter([1, 2]))) == [1, 2]
+
+
+def test_agree_damage_says_whether_a_process_could_not_read_its_rows_or_lost_a_data_worker():
+    """The flag's kind (one process here: the all-gather of one; the 2-process stop on a killed data worker
+    is parity_tests/test_train_multiprocess.py's)."""
+    from vit_common.data.stored_datasets import DataReadError
+    from vit_jax.data import DataWorkerError
+    from vit_jax.preemption import DamageStop, WorkerStop, agree_damage
+
+    assert agree_damage(None) is None
+    lost = agree_damage(DataWorkerError("a data worker process (pid 7) was killed by SIGKILL"))
+    assert (
+        type(lost) is WorkerStop
+        and str(lost) == "(process 0 of 1): a data worker process (pid 7) was killed by SIGKILL"
+    )
+    damaged = agree_damage(DataReadError("imgs/b/0.png: unreadable image"))
+    assert type(damaged) is DamageStop and str(damaged) == "(process 0 of 1): imgs/b/0.png: unreadable image"

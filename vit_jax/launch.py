@@ -123,7 +123,7 @@ def run_training(
     from vit_jax import distributed
     from vit_jax.data import DataWorkerError
     from vit_jax.distributed import EXIT_LOST
-    from vit_jax.preemption import EXIT_STOPPED, DamageStop, Stopped, StopSignals
+    from vit_jax.preemption import EXIT_STOPPED, DamageStop, Stopped, StopSignals, WorkerStop
 
     started = time.perf_counter() if started is None else started
     tcfg, out = spec.train, spec.out
@@ -147,7 +147,7 @@ def run_training(
             print(stopped_line(e, stop.phase, out), file=sys.stderr)
         return EXIT_STOPPED, None
     except BaseException as e:
-        if cluster and isinstance(e, DamageStop):  # every process stopped alike, after the step's checkpoint
+        if cluster and isinstance(e, (DamageStop, WorkerStop)):  # all stopped alike, after the step's checkpoint
             cluster.leave()
         elif cluster:
             cluster.check(e)  # if a process was lost, this process ends here with one line saying so

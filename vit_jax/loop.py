@@ -132,7 +132,7 @@ def fit(
     ``DataWorkerError``, and an example that cannot be read (damaged after the dataset's up-front
     check: a training batch's, or a test example at an evaluation, which a resumed run takes first)
     ``DataReadError``, each raised after saving the step reached (several processes: damage in all
-    alike, ``vit_jax.preemption.DamageStop``; a dead worker through ``vit_jax.distributed``), so that
+    alike: ``vit_jax.preemption.DamageStop``, a dead worker ``WorkerStop``), so that
     ``resume`` continues from it once the data is repaired. The test set is evaluated (loss, top-1 and
     top-5 accuracy) every ``eval_every`` epochs, or every ``eval_every_steps`` steps when that is set, and at the end;
     ``progress`` shows a tqdm bar on process 0. metrics.jsonl gets one line when the process's first
@@ -373,22 +373,21 @@ def _steps(run: RunState, it, hooks: Hooks, saver: _Saver, stop: StopSignals | N
 
 
 def _next_batch(it, run: RunState, step: int, saver: _Saver, many: bool) -> dict:
-    """The batch of step ``step + 1``. An example that cannot be read stops the run after the checkpoint of
-    the step reached; with several processes all learn it before the step (``agree_damage``) and save it."""
+    """The batch of step ``step + 1``. An example that cannot be read or a data worker's death stops the run
+    after the checkpoint of the step reached; with several processes all learn it before the step
+    (``agree_damage``) and save it."""
     damage = None
     try:
         batch = next(it)
-    except DataReadError as e:
+    except (DataReadError, DataWorkerError) as e:
         damage = e
-    except DataWorkerError:
-        if not many and step > run.start:  # the state of the step reached is whole: keep it
-            saver.save(run)
-        raise
     damage = agree_damage(damage) if many else damage
     if damage is None:
         return batch
-    if step > run.start:
+    if step > run.start:  # the state of the step reached is whole: keep it
         saver.save(run)
+    if isinstance(damage, DataWorkerError) and not many:
+        raise damage
     raise type(damage)(f"step {step + 1}'s batch{'' if many else ':'} {damage}") from None
 
 

@@ -32,7 +32,8 @@ rows every process saves the step reached (a collective orbax save) and stops wi
 has reached, and the process that cannot read its rows cannot take that step. An evaluation's batches
 are split the same way, and each batch's computation is a collective, so the flag is agreed before each
 of them too (``agreed_batches``): a process that cannot read its rows of the test set leaves none
-waiting in a collective.
+waiting in a collective. A data worker process that dies takes the same path (the flag says which):
+every process saves the step reached and stops with the same ``WorkerStop``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 
 from vit_common.data.stored_datasets import DataReadError
+from vit_jax.data import DataWorkerError
 
 EXIT_STOPPED = 3  # vit train's own: stopped by a signal after saving; the same command with --resume continues
 SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -161,30 +163,37 @@ class DamageStop(DataReadError):
     process before the step (``agree_damage``): each saved the step reached and stops with this error."""
 
 
+class WorkerStop(DataWorkerError):
+    """A data worker process of one process of a multi-process run died, agreed by every process before the
+    step (``agree_damage``): each saved the step reached and stops with this error."""
+
+
 _DAMAGE_BYTES = 4096  # the most of an error's text shared (read_error keeps 300 characters after a path)
 
 
-def agree_damage(error: DataReadError | None) -> DamageStop | None:
+def agree_damage(error: DataReadError | DataWorkerError | None) -> DamageStop | WorkerStop | None:
     """The damage flag of a multi-process run: every process calls this before every step with the error
-    reading its rows of the step's batch (None: they were read), and gets the same answer.
+    reading its rows of the step's batch (None: they were read; ``DataWorkerError``: a worker that made
+    them died), and gets the same answer.
 
     Returns:
-        None when every process read its rows; else ``DamageStop``: the first such process (id and count)
-        and its error's text.
+        None when every process read its rows; else the first such process's error (id and count, and
+        its error's text) as ``DamageStop``, or ``WorkerStop`` when its data worker died.
     """
     import numpy as np
     from jax.experimental import multihost_utils
 
-    flags = multihost_utils.process_allgather(np.int32(error is not None))
+    kind = 0 if error is None else 2 if isinstance(error, DataWorkerError) else 1
+    flags = multihost_utils.process_allgather(np.int32(kind))
     if not flags.any():
         return None
     text = np.zeros(_DAMAGE_BYTES, np.uint8)
     if error is not None:
         data = str(error).encode()[:_DAMAGE_BYTES]
         text[: len(data)] = np.frombuffer(data, np.uint8)
-    first = int(np.argmax(flags))
+    first = int(np.argmax(flags > 0))
     said = bytes(multihost_utils.process_allgather(text)[first]).rstrip(b"\0").decode(errors="replace")
-    return DamageStop(f"(process {first} of {len(flags)}): {said}")
+    return (WorkerStop if flags[first] == 2 else DamageStop)(f"(process {first} of {len(flags)}): {said}")
 
 
 def agreed_batches(batches: Iterable[dict]) -> Iterator[dict]:
