@@ -96,3 +96,51 @@ def test_damaged_orbax_folder_is_named(tmp_path, small_cfg, random_state):
     (tmp_path / "o" / "vit_config.json").write_text("not json")
     with pytest.raises(FormatError, match="vit_config.json"):
         load_checkpoint(tmp_path / "o", readers=READERS)
+
+
+def test_an_orbax_folder_records_each_arrays_crc32_and_one_without_them_still_reads(
+    tmp_path, small_cfg, random_state, assert_same_state
+):
+    """vit_config.json records the CRC-32 of every array's bytes as written (the restored arrays' bytes, by
+    zlib.crc32), the state reads back bit-exact through the check, and with the record removed (a folder of
+    an older vit) it reads back the same."""
+    import zlib
+
+    from vit_common.checkpoints.formats.state_crc import RECORD_KEY
+
+    state = random_state(small_cfg)
+    save_checkpoint(tmp_path / "o", small_cfg, state, "orbax", writers=WRITERS)
+    config = tmp_path / "o" / "vit_config.json"
+    meta = json.loads(config.read_text())
+    restored = {
+        ".".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(nnx.state(load_orbax(tmp_path / "o")))
+    }
+    assert meta[RECORD_KEY] == {
+        p: {"dtype": a.dtype.name, "shape": list(a.shape), "crc32": zlib.crc32(a.tobytes())}
+        for p, a in restored.items()
+    }
+    assert_same_state(load_checkpoint(tmp_path / "o", readers=READERS).state, state)
+    del meta[RECORD_KEY]
+    config.write_text(json.dumps(meta))
+    assert_same_state(load_checkpoint(tmp_path / "o", readers=READERS).state, state)
+
+
+@pytest.mark.parametrize(
+    "arr",
+    [
+        np.arange(24, dtype=np.float32).reshape(4, 6).T,  # a transposed view, copied a chunk at a time
+        np.arange(24, dtype=">f4").reshape(2, 3, 4),  # big-endian: its little-endian bytes
+        np.arange(6, dtype=np.float32).reshape(2, 3).astype(jnp.bfloat16),
+        np.float32(3.5),
+        np.zeros((0, 3), np.uint32),
+    ],
+    ids=["transposed", "big-endian", "bfloat16", "0-d", "empty"],
+)
+def test_array_crc32_is_that_of_the_little_endian_c_order_bytes(arr, monkeypatch):
+    import zlib
+
+    from vit_common.checkpoints.formats import state_crc
+
+    monkeypatch.setattr(state_crc, "CHUNK_BYTES", 8)  # chunks of a row or less
+    expected = zlib.crc32(np.asarray(arr, np.asarray(arr).dtype.newbyteorder("<")).tobytes())
+    assert state_crc.array_crc32(np.asarray(arr)) == expected

@@ -1,10 +1,11 @@
 """Orbax checkpoints of the JAX twin: the NNX model's state plus its ViTConfig, in one folder.
 
-Layout: ``PATH/vit_config.json`` ({"format": ..., "vit_config": ..., "rng_impl": ...}) and ``PATH/state``
-(orbax's PyTree layout, as ``StandardCheckpointer`` writes and restores it): parameters and, for models
-with dropout or drop path, their RNG streams. Typed PRNG keys are stored as their raw ``key_data``
+Layout: ``PATH/vit_config.json`` ({"format": ..., "vit_config": ..., "rng_impl": ..., "state_crc32": ...}) and
+``PATH/state`` (orbax's PyTree layout, as ``StandardCheckpointer`` writes and restores it): parameters and, for
+models with dropout or drop path, their RNG streams. Typed PRNG keys are stored as their raw ``key_data``
 (uint32) and wrapped again on restore, so restoring into an abstract model never trips over the key
-dtype, whatever the orbax version.
+dtype, whatever the orbax version. ``state_crc32`` holds each stored array's CRC-32
+(``vit_common.checkpoints.formats.state_crc``), checked on every restore: orbax checks none.
 ``READERS`` / ``WRITERS`` plug this into ``vit_common.checkpoints.convert``; ``READERS["timm"]`` reads a
 timm hub folder's config.json through timm in a child process (``vit_jax.torch_bridge``: vit_jax never
 imports torch).
@@ -29,6 +30,7 @@ from flax import nnx
 from vit_common.checkpoints.convert import ORBAX_CONFIG
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.provenance import common_float_dtype
+from vit_common.checkpoints.formats.state_crc import RECORD_KEY, check_record, record
 from vit_common.checkpoints.formats.stored_config import FORMAT_TAG, stored_config
 from vit_common.config import ViTConfig
 from vit_common.system.io import atomic_write_dir, check_free_space, folder_mark, read_json, write_json
@@ -113,7 +115,8 @@ def save_orbax(path: str | os.PathLike, model: VisionTransformer, extra: Mapping
 
     def write(tmp: Path) -> None:
         check_free_space(tmp, sum(x.nbytes for x in jax.tree.leaves(tree)))  # before orbax starts its threads
-        write_json(tmp / ORBAX_CONFIG, folder_mark(meta, [ORBAX_CONFIG, "state"]), indent=1)
+        checked = meta | {RECORD_KEY: record(tree, _host_values)}  # checked by load_orbax
+        write_json(tmp / ORBAX_CONFIG, folder_mark(checked, [ORBAX_CONFIG, "state"]), indent=1)
         ckptr = _checkpointer()
         try:
             args = ocp.args.PyTreeSave(tree, ocdbt_target_data_file_size=DATA_FILE_BYTES)
@@ -145,7 +148,8 @@ def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:
     ``overrides`` replace config fields that do not change the state (dtype, attn_impl...).
 
     Raises:
-        FormatError: not such a folder, or orbax cannot restore it into this config's structure.
+        FormatError: not such a folder, or orbax cannot restore it into this config's structure, or an array
+            restored differs from the CRC-32 recorded when it was written (a damaged or changed data file).
         ValueError: the stored config needs more memory than `vit_common.system.validate.memory_limit()`.
     """
     path = Path(path)
@@ -171,11 +175,20 @@ def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:
             raise FormatError(f"{path}: orbax could not restore the state for the stored config ({reason})") from e
         finally:
             ckptr.close()
+    if RECORD_KEY in meta:  # folders written before vit recorded checksums have none
+        check_record(meta[RECORD_KEY], restored, f"{path}/state", ORBAX_CONFIG, _host_values)
     restored = data_to_keys(_template_keys(template, restored), template, meta.get("rng_impl") or None)
     nnx.replace_by_pure_dict(abstract_state, restored)
     model = nnx.merge(graphdef, abstract_state)
     model.eval()
     return model
+
+
+def _host_values(x: np.ndarray | jax.Array) -> np.ndarray:
+    """``x``'s values on the host (a numpy array as it is). A JAX array off the CPU is copied on its device
+    first: jax keeps the values it copies to the host on the array, a second copy of the model there."""
+    off_cpu = isinstance(x, jax.Array) and any(d.platform != "cpu" for d in x.devices())
+    return np.asarray(x.copy() if off_cpu else x)
 
 
 def read_orbax(path: str | os.PathLike) -> tuple[ViTConfig, dict[str, np.ndarray]]:

@@ -1,0 +1,145 @@
+"""Orbax folders vit wrote whose data file was changed, its size kept: zero-filled, a byte flipped, or another
+model's data file of the same layout in its place. Orbax and tensorstore store no checksum, so each read back
+as other values without a word (before: `vit convert` wrote them out, exit 0); every command that reads the
+folder now checks each array against the CRC-32 vit_config.json recorded when vit wrote it, and refuses in one
+line naming the folder and the array."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vit_cli.main import main
+
+from .harness import SMALL, ours, small_model, snapshot
+from .test_orbax_reads import COMMANDS, _printing_hook, _settled_stderr
+
+
+def _data_file(folder: Path) -> Path:
+    """The folder's largest data file (the small model's arrays; the others are b-tree nodes)."""
+    return max((folder / "state" / "ocdbt.process_0" / "d").iterdir(), key=lambda f: f.stat().st_size)
+
+
+def _arrays(folder: Path) -> list[bytes]:
+    """The bytes of every array of the folder's state, in the state's order."""
+    from flax import nnx
+
+    from vit_jax.formats import load_orbax
+
+    return [np.asarray(v[...]).tobytes() for _, v in nnx.to_flat_state(nnx.state(load_orbax(folder)))]
+
+
+def _data_zeroed(folder: Path, other: Path) -> None:
+    f = _data_file(folder)
+    f.write_bytes(bytes(f.stat().st_size))
+
+
+def _data_byte_flipped(folder: Path, other: Path) -> None:
+    f = _data_file(folder)
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    f.write_bytes(bytes(data))
+
+
+def _data_of_another_model(folder: Path, other: Path) -> None:
+    """The data file as the same layout of ``other``'s arrays would be: each array whose bytes occur once in
+    the file replaced by ``other``'s (a copy of another model's file, which orbax reads without an error)."""
+    f = _data_file(folder)
+    data, replaced = f.read_bytes(), 0
+    for old, new in zip(_arrays(folder), _arrays(other), strict=True):
+        if old != new and data.count(old) == 1:
+            data, replaced = data.replace(old, new), replaced + 1
+    assert replaced >= 2 * SMALL.depth, replaced  # the kernels at least
+    f.write_bytes(data)
+
+
+DAMAGES: dict[str, Callable[[Path, Path], None]] = {
+    "zero-filled": _data_zeroed,
+    "byte flipped": _data_byte_flipped,
+    "another model's": _data_of_another_model,
+}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> Path:
+    """The small model as an orbax folder vit wrote (copied and changed by each case)."""
+    tmp = tmp_path_factory.mktemp("orbax")
+    assert main(["convert", str(small_model(tmp)), str(tmp / "ob"), "--to", "orbax"]) == 0
+    return tmp / "ob"
+
+
+@pytest.fixture(scope="module")
+def other_folder(tmp_path_factory) -> Path:
+    """An orbax folder of another model of the small model's config (other seeded weights)."""
+    from vit_common.state import random_state
+
+    tmp = tmp_path_factory.mktemp("other")
+    ours(tmp / "m.safetensors", SMALL.to_json(), random_state(SMALL, seed=1, scale=0.2))
+    assert main(["convert", str(tmp / "m.safetensors"), str(tmp / "ob"), "--to", "orbax"]) == 0
+    return tmp / "ob"
+
+
+def _changed_copy(written: Path, other_folder: Path, tmp: Path, damage: str) -> Path:
+    shutil.copytree(written, tmp / "ob")
+    DAMAGES[damage](tmp / "ob", other_folder)
+    return tmp / "ob"
+
+
+def _refusal(ob: Path) -> str:
+    """The message (a regex) naming the folder's state and an array."""
+    return (
+        f"{re.escape(str(ob))}/state: array [a-z_0-9.]+ does not match the checksum vit_config.json recorded "
+        "when vit wrote it: the data files were changed or damaged"
+    )
+
+
+# each damage to two commands (`parity`, which starts torch, left to the full suite)
+PAIRS = [
+    ("info", "zero-filled"),
+    ("convert", "byte flipped"),
+    ("predict", "another model's"),
+    ("evaluate", "zero-filled"),
+    ("parity", "another model's"),
+    ("train --init", "byte flipped"),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "damage"),
+    [pytest.param(c, d, id=f"{c}-{d}", marks=pytest.mark.slow if c == "parity" else ()) for c, d in PAIRS],
+)
+def test_a_changed_data_file_is_one_line(command, damage, written, other_folder, tmp_path, capsys, caplog, monkeypatch):
+    """Exit 2, stderr exactly one line naming the folder's state and an array, no traceback, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    _printing_hook(monkeypatch)
+    ob = _changed_copy(written, other_folder, tmp_path, damage)
+    argv = COMMANDS[command](str(ob), tmp_path)
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = _settled_stderr(capsys, caplog)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert re.fullmatch(f"vit {command.split()[0]}: error: " + _refusal(ob), lines[0]), lines[0]
+    assert snapshot(tmp_path) == before
+
+
+def test_load_model_of_another_models_data_file_raises_and_prints_nothing(
+    written, other_folder, tmp_path, capsys, caplog, monkeypatch
+):
+    """The Python API: FormatError naming the folder's state and the array, nothing on stderr."""
+    import vit_jax
+    from vit_common.checkpoints.formats.errors import FormatError
+
+    _printing_hook(monkeypatch)
+    ob = _changed_copy(written, other_folder, tmp_path, "another model's")
+    before = snapshot(tmp_path)
+    with pytest.raises(FormatError, match=f"^{_refusal(ob)}$"):
+        vit_jax.load_model(ob)
+    assert _settled_stderr(capsys, caplog) == ""
+    assert snapshot(tmp_path) == before
