@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import os
 import pickle
+import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -257,7 +258,11 @@ def write_torch_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray])
 
 def _save_filled(path: Path, tensors: Mapping[str, np.ndarray], placeholders: Mapping[str, torch.Tensor]) -> None:
     """``torch.save(placeholders)`` without their bytes, then each record filled from ``tensors``: torch
-    numbers the records of distinct storages in the order the pickle meets them (the dict's order)."""
+    numbers the records of distinct storages in the order the pickle meets them (the dict's order).
+    An older torch, without ``skip_data``, is handed every tensor at once."""
+    if not hasattr(torch.serialization, "skip_data"):
+        torch.save({k: _shared_tensor(v) for k, v in tensors.items()}, path)
+        return
     with torch.serialization.skip_data():
         torch.save(placeholders, path)
     with zipfile.ZipFile(path) as zf:
@@ -267,8 +272,21 @@ def _save_filled(path: Path, tensors: Mapping[str, np.ndarray], placeholders: Ma
     ident = f"{archive}/{_SERIALIZATION_ID}"
     with zipfile.ZipFile(path) as zf:
         crcs = [i.CRC for i in zf.infolist() if i.file_size and i.filename != ident]
-        old = zf.read(ident)
-    fill_stored_members(path, {ident: np.frombuffer(_serialization_id(old, crcs), np.uint8)})
+        old = zf.read(ident) if ident in zf.namelist() else None
+    if old is not None:
+        fill_stored_members(path, {ident: np.frombuffer(_serialization_id(old, crcs), np.uint8)})
+
+
+def _shared_tensor(a) -> torch.Tensor:
+    """A torch tensor over ``a``'s memory (ml_dtypes.bfloat16 as torch.bfloat16, bit-exact), copied only to
+    make it contiguous; read-only arrays included (torch warns that writing to one is undefined: nothing
+    writes to it here)."""
+    a = np.ascontiguousarray(a).reshape(np.shape(a))  # ascontiguousarray makes a 0-d array 1-d
+    bf16 = a.dtype == ml_dtypes.bfloat16
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        t = torch.from_numpy(a.view(np.int16) if bf16 else a)
+    return t.view(torch.bfloat16) if bf16 else t
 
 
 _SERIALIZATION_ID = ".data/serialization_id"
