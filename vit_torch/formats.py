@@ -243,7 +243,8 @@ def write_torch_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray])
     record from placeholders of its shape and dtype (``torch.empty``, whose pages are never touched),
     then each record is filled with its tensor's C-order bytes and given its CRC-32
     (``fill_stored_members``), and the ``.data/serialization_id`` record is set to what ``torch.save``
-    derives from those CRC-32s. The file's bytes equal ``torch.save``'s for the same tensors, made
+    derives from those CRC-32s (all stay 0 under ``torch.serialization.set_crc32_options(False)``, as
+    ``torch.save`` leaves them). The file's bytes equal ``torch.save``'s for the same tensors, made
     contiguous (``tests/test_torch_files.py``). The zip's records lie under the folder
     ``torch.save(state, path)`` names (``model/`` for ``model.pth``), not the temporary's name.
 
@@ -268,7 +269,10 @@ def _save_filled(path: Path, tensors: Mapping[str, np.ndarray], placeholders: Ma
     with zipfile.ZipFile(path) as zf:
         archive = zf.namelist()[0].rpartition("/")[0]  # the folder of data.pkl, torch's first record
     records = {f"{archive}/data/{i}": v for i, v in enumerate(tensors.values()) if np.size(v)}
-    fill_stored_members(path, records)
+    crc = torch.serialization.get_crc32_options()
+    fill_stored_members(path, records, crc)
+    if not crc:  # torch.save stores 0 for every CRC-32, and the serialization id skip_data wrote
+        return
     ident = f"{archive}/{_SERIALIZATION_ID}"
     with zipfile.ZipFile(path) as zf:
         crcs = [i.CRC for i in zf.infolist() if i.file_size and i.filename != ident]

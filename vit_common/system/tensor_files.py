@@ -156,18 +156,17 @@ def save_under_name(tmp: str, name: str, save: Callable[[Path], object]) -> None
 _FILL_CHUNK = 16 * 2**20  # bytes written (and added to the CRC-32) per step
 
 
-def fill_stored_members(path: str | os.PathLike, contents: Mapping[str, Any]) -> dict[str, int]:
+def fill_stored_members(path: str | os.PathLike, contents: Mapping[str, Any], crc: bool = True) -> None:
     """Write each value of ``contents`` (member name -> array or lazy tensor, asked for once) as the
-    C-order little-endian bytes of that stored member of the zip at ``path``, in place, and set the
-    member's CRC-32 in its data descriptor and its central directory entry: for a zip whose writer
+    C-order little-endian bytes of that stored member of the zip at ``path``, in place, and (``crc``) set
+    the member's CRC-32 in its data descriptor and its central directory entry: for a zip whose writer
     reserved the members' space and left their CRC-32s 0 (``torch.save`` under
-    ``torch.serialization.skip_data()``). One value in memory at a time; returns each member's CRC-32.
+    ``torch.serialization.skip_data()``). One value in memory at a time.
 
     Raises:
         ValueError: a name the zip does not hold, or a member that is compressed, has no data
             descriptor (general-purpose flag bit 3), or whose size is not the value's byte count.
     """
-    crcs = {}
     with open(path, "r+b") as fh, zipfile.ZipFile(fh) as zf:
         entries = _central_entries(fh, zf)
         for name, value in contents.items():
@@ -181,19 +180,17 @@ def fill_stored_members(path: str | os.PathLike, contents: Mapping[str, Any]) ->
                 )
             fh.seek(info.header_offset + 26)
             n, e = (int.from_bytes(fh.read(2), "little") for _ in range(2))
-            at, crc = info.header_offset + 30 + n + e, 0
+            at, value_crc = info.header_offset + 30 + n + e, 0
             fh.seek(at)
             for i in range(0, data.nbytes, _FILL_CHUNK):
                 chunk = data[i : i + _FILL_CHUNK]
                 fh.write(chunk)
-                crc = zlib.crc32(chunk, crc)
+                value_crc = zlib.crc32(chunk, value_crc) if crc else 0
             del data
             descriptor = at + info.file_size + (4 if fh.read(4) == b"PK\x07\x08" else 0)
-            for where in (descriptor, central + 16):
+            for where in (descriptor, central + 16) if crc else ():
                 fh.seek(where)
-                fh.write(crc.to_bytes(4, "little"))
-            crcs[name] = crc
-    return crcs
+                fh.write(value_crc.to_bytes(4, "little"))
 
 
 def _central_entries(fh: IO[bytes], zf: zipfile.ZipFile) -> dict[str, tuple[zipfile.ZipInfo, int]]:
