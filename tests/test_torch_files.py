@@ -17,7 +17,10 @@ from hypothesis import strategies as st
 
 from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
 from vit_common.checkpoints.formats.errors import FormatError
-from vit_torch.formats import READERS, WRITERS
+from vit_common.checkpoints.formats.tensors import LazyTensor
+from vit_common.checkpoints.formats.zip_members import verify_zip
+from vit_torch.formats import READERS, WRITERS, write_torch_file
+from vit_torch.weights import tensor_to_numpy
 
 
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
@@ -41,6 +44,38 @@ def test_a_written_pth_names_its_records_as_torch_save_does(tmp_path, small_cfg,
     assert names[0] == "m/data.pkl" and all(n.startswith("m/") for n in names)
     assert (tmp_path / "a" / "m.pth").read_bytes() == (tmp_path / "b" / "m.pth").read_bytes()
     assert sorted(os.listdir(tmp_path / "a")) == ["m.pth"]
+
+
+@pytest.mark.parametrize("skip_data", [True, False])
+def test_a_pth_written_one_record_at_a_time_is_torch_saves_bytes(tmp_path, monkeypatch, skip_data):
+    """Each record is filled after ``torch.save`` under ``skip_data`` wrote the pickle, its CRC-32 and the
+    serialization id set: the bytes are ``torch.save``'s for the same tensors (a computed transpose,
+    bfloat16, an empty and a 0-d tensor), every CRC-32 checks, and torch maps it back bit for bit; a
+    computed tensor is asked for once. A torch without ``skip_data`` is handed the whole state (an empty
+    tensor's strides then are numpy's, not torch's: other bytes, the same tensors)."""
+    if not skip_data:
+        monkeypatch.delattr(torch.serialization, "skip_data")
+    g = torch.Generator().manual_seed(0)
+    ref = {
+        "w": torch.randn(40, 30, generator=g),
+        "b": torch.randn(7, generator=g).to(torch.bfloat16),
+        "empty": torch.zeros(0, 3),
+        "scale": torch.tensor(2.5, dtype=torch.float64),
+        "index": torch.arange(5),
+    }
+    kernel, loads = tensor_to_numpy(ref["w"]).T.copy(), []
+    state = {k: tensor_to_numpy(v) for k, v in ref.items()}
+    state["w"] = LazyTensor((40, 30), np.float32, lambda: loads.append(1) or kernel.T)
+    write_torch_file(tmp_path / "m.pth", state)
+    (tmp_path / "ref").mkdir()
+    torch.save(ref, tmp_path / "ref" / "m.pth")
+    assert not skip_data or (tmp_path / "m.pth").read_bytes() == (tmp_path / "ref" / "m.pth").read_bytes()
+    assert loads == [1] and verify_zip(tmp_path / "m.pth") == []
+    back = torch.load(tmp_path / "m.pth", weights_only=True, mmap=True)
+    assert all(
+        back[k].shape == v.shape and back[k].view(-1).view(torch.uint8).equal(v.view(-1).view(torch.uint8))
+        for k, v in ref.items()
+    )
 
 
 def test_training_checkpoint_entries_are_reported(tmp_path, small_cfg, random_state, assert_same_state):

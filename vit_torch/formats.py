@@ -32,7 +32,7 @@ import torch
 from vit_common.checkpoints.formats.errors import FormatError
 from vit_common.checkpoints.formats.source import WEIGHT_ENTRIES, choose_weights, verified_torch_file
 from vit_common.system.io import atomic_write
-from vit_common.system.tensor_files import save_under_name
+from vit_common.system.tensor_files import fill_stored_members, save_under_name
 from vit_torch.weights import tensor_to_numpy
 
 
@@ -238,25 +238,84 @@ def read_timm_optimizer(path: str | os.PathLike, entry: str = "state_dict") -> d
 
 
 def write_torch_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray]) -> None:
-    """Write a plain state_dict with ``torch.save``, atomically; tensors made contiguous. A contiguous
-    array (a memory-mapped view of a lazily read file's tensor) is handed to torch without a copy
-    (``torch.from_numpy`` shares its memory; ``torch.save`` only reads it). The zip's records lie under
-    the folder ``torch.save(state, path)`` names (``model/`` for ``model.pth``), not the temporary's
-    name, so the same tensors give the same bytes."""
-    state = {k: _shared_tensor(v) for k, v in tensors.items()}
-    atomic_write(path, lambda tmp: save_under_name(tmp, Path(path).name, lambda p: torch.save(state, p)))
+    """Write a plain state_dict as ``torch.save`` writes it, atomically, one tensor in memory at a time:
+    ``torch.save`` under ``torch.serialization.skip_data()`` writes the pickle and reserves each tensor's
+    record from placeholders of its shape and dtype (``torch.empty``, whose pages are never touched),
+    then each record is filled with its tensor's C-order bytes and given its CRC-32
+    (``fill_stored_members``), and the ``.data/serialization_id`` record is set to what ``torch.save``
+    derives from those CRC-32s (all stay 0 under ``torch.serialization.set_crc32_options(False)``, as
+    ``torch.save`` leaves them). The file's bytes equal ``torch.save``'s for the same tensors, made
+    contiguous (``tests/test_torch_files.py``). The zip's records lie under the folder
+    ``torch.save(state, path)`` names (``model/`` for ``model.pth``), not the temporary's name.
+
+    Raises:
+        ValueError: a dtype torch has no tensor type for (a structured or object array).
+    """
+    placeholders = {k: torch.empty(np.shape(v), dtype=_torch_dtype(v.dtype)) for k, v in tensors.items()}
+    atomic_write(
+        path, lambda tmp: save_under_name(tmp, Path(path).name, lambda p: _save_filled(p, tensors, placeholders))
+    )
+
+
+def _save_filled(path: Path, tensors: Mapping[str, np.ndarray], placeholders: Mapping[str, torch.Tensor]) -> None:
+    """``torch.save(placeholders)`` without their bytes, then each record filled from ``tensors``: torch
+    numbers the records of distinct storages in the order the pickle meets them (the dict's order).
+    An older torch, without ``skip_data``, is handed every tensor at once."""
+    if not hasattr(torch.serialization, "skip_data"):
+        torch.save({k: _shared_tensor(v) for k, v in tensors.items()}, path)
+        return
+    with torch.serialization.skip_data():
+        torch.save(placeholders, path)
+    with zipfile.ZipFile(path) as zf:
+        archive = zf.namelist()[0].rpartition("/")[0]  # the folder of data.pkl, torch's first record
+    records = {f"{archive}/data/{i}": v for i, v in enumerate(tensors.values()) if np.size(v)}
+    crc = torch.serialization.get_crc32_options()
+    fill_stored_members(path, records, crc)
+    if not crc:  # torch.save stores 0 for every CRC-32, and the serialization id skip_data wrote
+        return
+    ident = f"{archive}/{_SERIALIZATION_ID}"
+    with zipfile.ZipFile(path) as zf:
+        crcs = [i.CRC for i in zf.infolist() if i.file_size and i.filename != ident]
+        old = zf.read(ident) if ident in zf.namelist() else None
+    if old is not None:
+        fill_stored_members(path, {ident: np.frombuffer(_serialization_id(old, crcs), np.uint8)})
 
 
 def _shared_tensor(a) -> torch.Tensor:
     """A torch tensor over ``a``'s memory (ml_dtypes.bfloat16 as torch.bfloat16, bit-exact), copied only to
     make it contiguous; read-only arrays included (torch warns that writing to one is undefined: nothing
     writes to it here)."""
-    a = np.ascontiguousarray(a)
+    a = np.ascontiguousarray(a).reshape(np.shape(a))  # ascontiguousarray makes a 0-d array 1-d
     bf16 = a.dtype == ml_dtypes.bfloat16
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
         t = torch.from_numpy(a.view(np.int16) if bf16 else a)
     return t.view(torch.bfloat16) if bf16 else t
+
+
+_SERIALIZATION_ID = ".data/serialization_id"
+_MASK64 = 2**64 - 1
+
+
+def _serialization_id(old: bytes, crcs: list[int]) -> bytes:
+    """The ``.data/serialization_id`` record ``torch.save`` writes (caffe2/serialize/inline_container.cc,
+    ``writeSerializationId``): 20 digits hashed from the record names, kept from ``old``, then 20 digits
+    of the CRC-32s of the non-empty records before it, in order, folded with ``c10::hash_combine``."""
+    combined = 0
+    for crc in crcs:
+        combined ^= (crc + 0x9E3779B9 + ((combined << 6) & _MASK64) + (combined >> 2)) & _MASK64
+    return old[:20] + b"%020d" % combined
+
+
+def _torch_dtype(dtype) -> torch.dtype:
+    """The torch dtype of numpy ``dtype`` (ml_dtypes.bfloat16 as torch.bfloat16)."""
+    dtype = np.dtype(dtype)
+    if dtype == ml_dtypes.bfloat16:
+        return torch.bfloat16
+    try:
+        return torch.from_numpy(np.empty(0, dtype.newbyteorder("="))).dtype
+    except TypeError as e:
+        raise ValueError(f"a .pth cannot hold tensors of dtype {dtype}") from e
 
 
 def read_timm_hub_config(folder: str | os.PathLike):

@@ -13,7 +13,9 @@ The header is laid out as the safetensors library (0.8) lays it out: tensors ord
 first, then by name, compact JSON, so the bytes equal ``safetensors.numpy.save_file``'s
 (``tests/test_streaming.py``), except that several metadata keys are sorted (the library writes them in
 its hash map's order, which varies from run to run). .npz: a zip of stored ``NAME.npy`` members written with
-``np.lib.format.write_array``, each opened with ``force_zip64`` as ``np.savez`` does.
+``np.lib.format.write_array``, each opened with ``force_zip64`` as ``np.savez`` does. Stored members of
+a zip whose writer reserved their space without writing them (``torch.save`` under
+``torch.serialization.skip_data()``) are filled in place, one at a time (``fill_stored_members``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import math
 import os
 import shutil
 import zipfile
+import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -148,3 +151,60 @@ def save_under_name(tmp: str, name: str, save: Callable[[Path], object]) -> None
         os.replace(inner / name, tmp)
     finally:
         shutil.rmtree(inner, ignore_errors=True)
+
+
+_FILL_CHUNK = 16 * 2**20  # bytes written (and added to the CRC-32) per step
+
+
+def fill_stored_members(path: str | os.PathLike, contents: Mapping[str, Any], crc: bool = True) -> None:
+    """Write each value of ``contents`` (member name -> array or lazy tensor, asked for once) as the
+    C-order little-endian bytes of that stored member of the zip at ``path``, in place, and (``crc``) set
+    the member's CRC-32 in its data descriptor and its central directory entry: for a zip whose writer
+    reserved the members' space and left their CRC-32s 0 (``torch.save`` under
+    ``torch.serialization.skip_data()``). One value in memory at a time.
+
+    Raises:
+        ValueError: a name the zip does not hold, or a member that is compressed, has no data
+            descriptor (general-purpose flag bit 3), or whose size is not the value's byte count.
+    """
+    with open(path, "r+b") as fh, zipfile.ZipFile(fh) as zf:
+        entries = _central_entries(fh, zf)
+        for name, value in contents.items():
+            if name not in entries:
+                raise ValueError(f"{path}: holds no member {name!r} to fill")
+            info, central = entries[name]
+            data = _le_bytes(value)
+            if info.compress_type != zipfile.ZIP_STORED or not info.flag_bits & 0x08 or info.file_size != data.nbytes:
+                raise ValueError(
+                    f"{path}: member {name!r} is not a stored member of {data.nbytes} bytes with a data descriptor"
+                )
+            fh.seek(info.header_offset + 26)
+            n, e = (int.from_bytes(fh.read(2), "little") for _ in range(2))
+            at, value_crc = info.header_offset + 30 + n + e, 0
+            fh.seek(at)
+            for i in range(0, data.nbytes, _FILL_CHUNK):
+                chunk = data[i : i + _FILL_CHUNK]
+                fh.write(chunk)
+                value_crc = zlib.crc32(chunk, value_crc) if crc else 0
+            del data
+            descriptor = at + info.file_size + (4 if fh.read(4) == b"PK\x07\x08" else 0)
+            for where in (descriptor, central + 16) if crc else ():
+                fh.seek(where)
+                fh.write(value_crc.to_bytes(4, "little"))
+
+
+def _central_entries(fh: IO[bytes], zf: zipfile.ZipFile) -> dict[str, tuple[zipfile.ZipInfo, int]]:
+    """Each member's ZipInfo and the offset of its central directory entry, walked from the start of the
+    central directory (46 fixed bytes, then the name, extra field and comment)."""
+    out, at = {}, zf.start_dir
+    for info in zf.infolist():
+        fh.seek(at)
+        fixed = fh.read(46)
+        n, e, c = (int.from_bytes(fixed[i : i + 2], "little") for i in (28, 30, 32))
+        if fixed[:4] != b"PK\x01\x02" or fh.read(n).decode("utf-8" if info.flag_bits & 0x800 else "cp437") != (
+            info.orig_filename
+        ):
+            raise ValueError(f"no central directory entry for {info.orig_filename!r} where zipfile read it")
+        out[info.orig_filename] = (info, at)
+        at += 46 + n + e + c
+    return out
