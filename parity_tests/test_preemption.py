@@ -29,7 +29,8 @@ ARGS = [*TINY, "--log-every", "4", "--no-parity", "--data-workers", "1"]
 
 # `vit train` that signals itself at the points a plan names: {"step": [k, SIG]} after dispatching step k,
 # {"finalize": [k, SIG]} while orbax renames checkpoint k into place, {"export": [name, SIG]} while the file
-# name is written, {"worker": k} SIGKILL to its data workers after step k ({"one worker": k}: to the first).
+# name is written, {"worker": k} SIGKILL to its data workers after step k ({"one worker": k}: to the first;
+# {"test worker": k}: to the first of the test set's, whose evaluations have begun).
 DRIVER = textwrap.dedent("""
     import json, multiprocessing, os, signal, sys
     plan, argv = json.loads(sys.argv[1]), sys.argv[2:]
@@ -50,6 +51,10 @@ DRIVER = textwrap.dedent("""
                 os.kill(child.pid, signal.SIGKILL)
         if plan.get("one worker") == done:  # grain's workers are this process's only multiprocessing children
             pid = multiprocessing.active_children()[0].pid
+            os.kill(pid, signal.SIGKILL)
+            print(f"test: killed {pid}", file=sys.stderr)
+        if plan.get("test worker") == done:  # the test set's worker, started at the first evaluation
+            pid = next(iter(self._test_batches._workers)).pid
             os.kill(pid, signal.SIGKILL)
             print(f"test: killed {pid}", file=sys.stderr)
         return out
@@ -210,3 +215,31 @@ def test_one_of_two_killed_data_workers_stops_the_run_later_and_resume_is_bit_ex
     last = vit(env, out, *data, "--resume")
     assert last.returncode == 0, last.stderr[-3000:]
     assert_same_run(out, ref)
+
+
+@pytest.mark.slow
+def test_a_killed_test_set_worker_stops_the_run_at_the_evaluation_with_its_step_and_resume_is_bit_exact(
+    env, npz, tmp_path
+):
+    """SIGKILL to the test set's data worker after step 2 of 9, evaluating after every step: the evaluations
+    take the batches it had made, and the one that needs its next batch stops the run with that step's
+    checkpoint (marked so that a resumed run takes the evaluation first), one line naming the step and
+    the worker's pid, and exit 75; `--resume` ends where an undamaged run ends, bit for bit."""
+    data = ["--dataset", f"npz:{npz}", "--eval-every", "1steps"]
+    ref = tmp_path / "ref"
+    assert vit(env, ref, *data).returncode == 0
+    out = tmp_path / "run"
+    proc = vit(env, out, *data, plan={"test worker": 2})
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    assert_clean(proc)
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("vit train: error:")]
+    reached = saved(out)[-1]
+    assert 2 < reached <= 9 and not (out / "model.safetensors").exists(), (reached, line)
+    killed = re.search(r"test: killed (\d+)", proc.stderr).group(1)
+    assert line.startswith(
+        f"vit train: error: step {reached}'s evaluation: a data worker process (pid {killed}) was killed by SIGKILL ("
+    ), line
+    assert line.endswith(f"The same command with --resume continues from the checkpoint of step {reached}")
+    last = vit(env, out, *data, "--resume")
+    assert last.returncode == 0, last.stderr[-3000:]
+    assert_same_run(out, ref)  # with the stopped step's evaluation line, taken first by the resumed run

@@ -84,7 +84,8 @@ DRIVER = textwrap.dedent("""
             done = int(state["step"]) + 1  # read first: the step donates the state's buffers
             out = step(self, state, batch)
             if done == kill_at:  # grain's workers are this process's only multiprocessing children
-                pid = multiprocessing.active_children()[0].pid
+                test = os.environ.get("KILL_WORKER_OF") == "test"  # the test set's, started at the first evaluation
+                pid = (list(self._test_batches._workers) if test else multiprocessing.active_children())[0].pid
                 os.kill(pid, signal.SIGKILL)
                 print(f"test: killed {pid}", file=sys.stderr, flush=True)
             return out
@@ -561,3 +562,41 @@ def test_a_killed_data_worker_of_one_process_stops_both_at_one_step_with_a_check
     ok(train({**menv, "VIT_TEST_RUN": tag}, 2, out, *args, "--resume"))
     assert_same_run(out, tmp_path / "ref")
     assert tagged_processes(tag) == []
+
+
+@pytest.mark.slow
+def test_a_killed_test_set_worker_of_one_process_stops_both_at_its_evaluation_with_a_checkpoint(menv, tmp_path):
+    """SIGKILL to process 0's test-set data worker after step 2 of 9, evaluating after every step: at the
+    evaluation that needs its next batch both processes learn it before that batch's computation, save the
+    checkpoint of that step together (marked so that a resumed run takes the evaluation first), print the
+    same line naming the step, process 0 and the worker's pid, and exit 75; `--resume` on both ends bit for
+    bit where an undamaged run ends (one process with as many devices and no workers)."""
+    from vit_jax.checkpointing import saved_steps
+
+    run = ["--no-parity", "--eval-every", "1steps"]
+    args, tag, out = (
+        [*run, "--cpu-devices", "1", "--data-workers", "1"],
+        f"test-worker-{time.time_ns()}",
+        tmp_path / "run",
+    )
+    ok(train(menv, 1, tmp_path / "ref", *run, "--cpu-devices", "2", "--data-workers", "0"))
+    procs = train({**menv, "KILL_WORKER_AT": "2", "KILL_WORKER_OF": "test", "VIT_TEST_RUN": tag}, 2, out, *args)
+    killed = procs[0].stderr.split("test: killed ")[1].split()[0]
+    reached = saved_steps(out / "checkpoints")[-1]
+    assert 2 < reached <= 9, (reached, procs[0].stderr[-3000:])
+    for i, p in enumerate(procs):
+        said = [ln for ln in p.stderr.splitlines() if ln.startswith("vit train: ") and " train / " not in ln]
+        assert p.returncode == 75 and len(said) == 1 and "Traceback" not in p.stderr, (i, p.stderr[-3000:])
+        assert said[0].startswith(
+            f"vit train: error: step {reached}'s evaluation (process 0 of 2): a data worker process (pid {killed}) "
+            "was killed by SIGKILL ("
+        ), said[0]
+        assert said[0].endswith(f"The same command with --resume continues from the checkpoint of step {reached}")
+    assert_checkpoints_of_two_processes(out, [reached])
+    assert not (out / "model.safetensors").exists()
+    deadline = time.time() + 10
+    while tagged_processes(tag) and time.time() < deadline:
+        time.sleep(0.1)
+    assert tagged_processes(tag) == []
+    ok(train({**menv, "VIT_TEST_RUN": tag}, 2, out, *args, "--resume"))
+    assert_same_run(out, tmp_path / "ref")  # with the stopped step's evaluation line, taken first by the resumed run

@@ -332,3 +332,24 @@ def test_agree_damage_says_whether_a_process_could_not_read_its_rows_or_lost_a_d
     )
     damaged = agree_damage(DataReadError("imgs/b/0.png: unreadable image"))
     assert type(damaged) is DamageStop and str(damaged) == "(process 0 of 1): imgs/b/0.png: unreadable image"
+
+
+def test_a_data_worker_dead_at_a_test_batch_stops_every_process_before_it_naming_where():
+    """A worker of the test set's batches that died: ``WorkerStop`` from the per-batch flag (one process here;
+    the stops at an evaluation are parity_tests/test_preemption.py's), its line naming the evaluation."""
+    from vit_jax.data import DataWorkerError
+    from vit_jax.preemption import WorkerStop, agreed_batches, located
+
+    def batches():
+        yield {"image": np.zeros(2)}
+        raise DataWorkerError("a data worker process (pid 7) was killed by SIGKILL")
+
+    it = agreed_batches(batches())
+    assert next(it)["image"].shape == (2,)
+    with pytest.raises(WorkerStop) as stop:
+        next(it)
+    said = located(stop.value, "step 7's evaluation")
+    assert type(said) is WorkerStop
+    assert str(said) == "step 7's evaluation (process 0 of 1): a data worker process (pid 7) was killed by SIGKILL"
+    alone = located(DataWorkerError("a data worker process (pid 7) exited"), "step 7's evaluation")
+    assert type(alone) is DataWorkerError and str(alone) == "step 7's evaluation: a data worker process (pid 7) exited"

@@ -41,7 +41,7 @@ from vit_jax.checkpointing import Checkpoints, _then_resume, saved_steps, write_
 from vit_jax.data import DataWorkerError
 from vit_jax.hooks import Hooks, RunState
 from vit_jax.observe import ProfileWindow, Summaries, require_wandb
-from vit_jax.preemption import DamageStop, Stopped, StopSignals, agree_damage
+from vit_jax.preemption import Stopped, StopSignals, agree_damage, located
 from vit_jax.resume import check_checkpoints_left, check_same_data, config_mismatch, run_config, schedule_change
 from vit_jax.trainer import Trainer, sharded_abstract
 
@@ -174,7 +174,8 @@ def fit(
             latest checkpoint that does not restore is reported and the one before it used.
         NonFiniteError: NaN or Inf in the loss or gradients; the last good checkpoint stays intact.
         Stopped: ``stop`` asked for it (a signal); its ``step`` is the checkpoint saved.
-        DataWorkerError: an input-pipeline worker process died.
+        DataWorkerError: an input-pipeline worker process died (at an evaluation: naming the step), after
+            the checkpoint of the step reached.
         DataReadError: an example of the training set could not be read (naming the step, the file and
             the record), or one of the test set at the step's evaluation (a resumed run takes it first),
             after the checkpoint of the step reached.
@@ -388,20 +389,21 @@ def _next_batch(it, run: RunState, step: int, saver: _Saver, many: bool) -> dict
         saver.save(run)
     if isinstance(damage, DataWorkerError) and not many:
         raise damage
-    raise type(damage)(f"step {step + 1}'s batch{'' if many else ':'} {damage}") from None
+    raise located(damage, f"step {step + 1}'s batch") from None
 
 
 @contextlib.contextmanager
 def _evaluating(run: RunState, saver: _Saver | None):
     """Damage in the test set found by the evaluation of step ``run.step`` (``DataReadError``, naming the
-    step; several processes: ``DamageStop`` in all, ``Trainer.evaluate``): the step's state is whole, so
-    ``saver`` saves it, marked so that a resumed run takes that evaluation first."""
+    step; several processes: ``DamageStop`` in all, ``Trainer.evaluate``) or a test data worker's death
+    (``DataWorkerError``; ``WorkerStop`` in all): the step's state is whole, so ``saver`` saves it, marked
+    so that a resumed run takes that evaluation first."""
     try:
         yield
-    except DataReadError as e:
+    except (DataReadError, DataWorkerError) as e:
         if saver is not None:
             saver.save(run, evaluate=True)
-        raise type(e)(f"step {run.step}'s evaluation{'' if isinstance(e, DamageStop) else ':'} {e}") from None
+        raise located(e, f"step {run.step}'s evaluation") from None
 
 
 def run_hooks(

@@ -32,8 +32,9 @@ rows every process saves the step reached (a collective orbax save) and stops wi
 has reached, and the process that cannot read its rows cannot take that step. An evaluation's batches
 are split the same way, and each batch's computation is a collective, so the flag is agreed before each
 of them too (``agreed_batches``): a process that cannot read its rows of the test set leaves none
-waiting in a collective. A data worker process that dies takes the same path (the flag says which):
-every process saves the step reached and stops with the same ``WorkerStop``.
+waiting in a collective. A data worker process that dies, of the training set's or at an evaluation of
+the test set's, takes the same path (the flag says which): every process saves the step reached and
+stops with the same ``WorkerStop``.
 """
 
 from __future__ import annotations
@@ -203,6 +204,7 @@ def agreed_batches(batches: Iterable[dict]) -> Iterator[dict]:
     Raises:
         DamageStop: a process could not read its rows of a batch (``DataReadError``), in every process
             before that batch's computation.
+        WorkerStop: a data worker process that made a process's rows died (``DataWorkerError``), the same.
     """
     it = iter(batches)
     while True:
@@ -211,9 +213,16 @@ def agreed_batches(batches: Iterable[dict]) -> Iterator[dict]:
             batch = next(it)
         except StopIteration:
             return
-        except DataReadError as e:
+        except (DataReadError, DataWorkerError) as e:
             damage = e
         damage = agree_damage(damage)
         if damage is not None:
             raise damage
         yield batch
+
+
+def located(error: DataReadError | DataWorkerError, where: str) -> DataReadError | DataWorkerError:
+    """``error`` of the same type, its text after ``where`` (a step's batch or evaluation): "where (process
+    i of n): ..." when the processes agreed on it (``DamageStop``, ``WorkerStop``), else "where: ..."."""
+    agreed = isinstance(error, (DamageStop, WorkerStop))
+    return type(error)(f"{where}{'' if agreed else ':'} {error}")

@@ -286,6 +286,8 @@ class Trainer:
             DataReadError: an example of ``source`` cannot be read (one process), or with several processes
                 ``vit_jax.preemption.DamageStop`` in every process, before the computation of the batch
                 one of them could not read (each process reads its rows; ``agreed_batches``).
+            vit_jax.data.DataWorkerError: a worker process of the test set's batches died (one process), or
+                with several processes ``vit_jax.preemption.WorkerStop`` in every process, the same way.
         """
         loss = correct = correct5 = count = 0.0
         logits = []
