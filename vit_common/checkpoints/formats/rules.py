@@ -54,10 +54,11 @@ class Piece:
         return tuple(s[i] for i in self.perm) if self.perm is not None else tuple(s)
 
     def from_canonical(self, a: np.ndarray) -> np.ndarray:
-        """The file tensor (C order) of canonical rows ``a``: a transpose is copied a tile at a time."""
+        """The file tensor (C order) of canonical rows ``a`` (a transposed view of them, or a view of a
+        transposed file tensor, is copied a tile at a time)."""
         if self.perm is not None:
-            a = contiguous(a.transpose(np.argsort(self.perm)))
-        return np.ascontiguousarray(a.reshape(self.shape))
+            a = a.transpose(np.argsort(self.perm))
+        return contiguous(a).reshape(self.shape)
 
 
 class PieceTensor(LazyTensor):
