@@ -22,7 +22,7 @@ from vit_common.checkpoints.formats.hf import HfWriteOptions, shard_bytes, shard
 from vit_common.checkpoints.formats.source import HF_INDEX, open_npz, read_safetensors
 from vit_common.checkpoints.formats.tensors import LazyTensor, concat_rows, identical, materialize, row_slice, same_bits
 from vit_common.config import ViTConfig
-from vit_common.state import canonical_shapes, random_state
+from vit_common.state import canonical_shapes, nonfinite, random_state
 from vit_common.system.tensor_files import write_npz, write_safetensors
 
 
@@ -69,6 +69,9 @@ def test_rows_split_and_joined_back_are_the_original_rows():
     assert same_bits(base.T, np.ascontiguousarray(base.T)) and same_bits(nan, nan.copy())
     assert not same_bits(nan, other_nan)
     assert not same_bits(np.zeros(3), -np.zeros(3)) and same_bits(np.array(2.5), np.array(2.5))
+    held = np.zeros((3, 5), np.float32)
+    held[2, 1] = np.nan
+    assert nonfinite({"t": held.T, "ok": base.T, "f": np.asfortranarray(held)}) == ["t", "f"]
 
 
 @pytest.mark.parametrize("metadata", [None, {"format": "pt"}, {"z": "1", "format": "pt", "a": "x"}])
