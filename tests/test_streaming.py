@@ -23,7 +23,7 @@ from vit_common.checkpoints.formats.source import HF_INDEX, open_npz, read_safet
 from vit_common.checkpoints.formats.tensors import LazyTensor, concat_rows, identical, materialize, row_slice, same_bits
 from vit_common.config import ViTConfig
 from vit_common.state import canonical_shapes, nonfinite, random_state
-from vit_common.system.tensor_files import write_npz, write_safetensors
+from vit_common.system.tensor_files import contiguous, write_npz, write_safetensors
 
 
 def _mixed(rng) -> dict:
@@ -102,6 +102,21 @@ def test_streamed_npz_reads_back_member_by_member(tmp_path):
     with np.load(tmp_path / "x.npz") as z:
         assert sorted(z.files) == sorted(arrays)
         assert all(z[k].dtype == v.dtype and np.array_equal(z[k], v) for k, v in arrays.items())
+
+
+@pytest.mark.parametrize(
+    "shape, perm", [((600, 300), (1, 0)), ((300, 7, 9), (2, 1, 0)), ((5, 3, 16, 16), (2, 3, 1, 0))]
+)
+def test_tiled_copies_and_comparisons_of_transposed_views(shape, perm):
+    """A transposed view (tiles across its edges, read through the staging buffer) is copied to C order
+    with its values, and compared bit for bit: one flipped bit in the first or the last tile is found."""
+    view = np.random.default_rng(4).standard_normal(shape).astype(np.float32).transpose(perm)
+    copy = contiguous(view)
+    assert copy.flags.c_contiguous and np.array_equal(copy, view) and same_bits(view, copy) and same_bits(copy, view)
+    for at in (0, -1):
+        bad = copy.copy()
+        bad.view(np.uint32).reshape(-1)[at] ^= 1
+        assert not same_bits(view, bad) and not same_bits(bad, view)
 
 
 def test_npz_tensors_are_computed_once_and_checked_as_written(tmp_path, tiny_cfg, monkeypatch):
