@@ -15,6 +15,7 @@ Run (from the repository root):
     python -m benchmarks.convert_memory --dinov3 --variant 7B/16 --dtype bfloat16 --to hf_dinov3,timm \
         --shard-size 5GB --repeats 1
     python -m benchmarks.convert_memory --dinov3 --variant 7B/16 --depth 2 --dtype bfloat16 --to hf_dinov3,timm
+    python -m benchmarks.convert_memory --source big_vision --variant B/16 --to hf,timm
 
 ``7B/16`` is ViT-7B-shaped: DINOv3 ViT-7B's width 4096, depth 40 and 32 heads, its SwiGLU feed-forward
 (3 x 4096 x 8192) as a plain MLP of 12288 (the same parameter count, which every format holds): 6.7e9
@@ -224,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a DINOv3 backbone (--variant 7B/16): the source is a transformers dinov3_vit folder, not timm",
     )
+    p.add_argument(
+        "--source",
+        default="timm",
+        choices=("timm", "big_vision"),
+        help="the source file: timm .safetensors (default) or a big_vision .npz (converted to hf with "
+        "--accept-assumed all: an .npz states no GELU or LayerNorm eps)",
+    )
     p.add_argument("--shard-size", help="vit convert's --shard-size for the hf and hf_dinov3 targets")
     p.add_argument(
         "--depth", type=int, help="blocks instead of the variant's (a smaller file with the same largest tensor)"
@@ -259,12 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = cfg.replace(depth=args.depth) if args.depth else cfg
     if name and timm_param_count(name) != cfg.param_count():
         raise RuntimeError(f"{args.variant}: {cfg.param_count()} parameters, timm {name} has {timm_param_count(name)}")
-    src = work / ("src_hf" if args.dinov3 else "src.safetensors")
+    source = "hf_dinov3" if args.dinov3 else args.source
+    src = work / {"hf_dinov3": "src_hf", "timm": "src.safetensors", "big_vision": "src.npz"}[source]
     state = random_lazy_state(cfg, args.dtype)
     largest = max(t.nbytes for t in state.values())
     shard = ["--shard-size", args.shard_size] if args.shard_size else []
     kept = work / "src.json"  # what a kept source holds: reused only for the same model
-    model = {"dinov3": args.dinov3, "variant": args.variant, "depth": args.depth, "dtype": args.dtype, "seed": 0}
+    model = {"source": source, "variant": args.variant, "depth": args.depth, "dtype": args.dtype, "seed": 0}
     try:
         note = read_json(kept) if args.keep_source and src.exists() and kept.exists() else {}
         if note.get("model") == model:
@@ -274,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             _remove(src)
             kept.unlink(missing_ok=True)
             t0 = time.perf_counter()
-            save_checkpoint(src, cfg, state, "hf_dinov3" if args.dinov3 else "timm")
+            save_checkpoint(src, cfg, state, source)
             made_s = time.perf_counter() - t0
             if args.keep_source:
                 write_json(kept, {"model": model, "written_s": made_s})
@@ -285,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             "variant": ("dinov3 " if args.dinov3 else "")
             + args.variant
             + (f" depth {args.depth}" if args.depth else ""),
-            "source_format": "hf_dinov3" if args.dinov3 else "timm",
+            "source_format": source,
             "largest_tensor_bytes": largest,
             "dtype": args.dtype,
             "params": cfg.param_count(),
@@ -312,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                     m = measure(["cp", "-r", str(src), str(dst)], False)
                 else:
                     flags = shard if fmt.startswith("hf") else []
+                    flags += ["--accept-assumed", "all"] if fmt.startswith("hf") and source == "big_vision" else []
                     code = {"cwd": baseline, "env": os.environ | {"PYTHONPATH": str(baseline)}} if at else {}
                     m = measure([sys.executable, "-c", _CHILD, str(src), str(dst), fmt, *flags], True, **code)
                 _remove(dst)

@@ -7,6 +7,7 @@ import io
 import json
 import sys
 import zipfile
+from collections import Counter
 from pathlib import Path
 
 import ml_dtypes
@@ -16,13 +17,13 @@ from safetensors.numpy import save as library_save
 
 from benchmarks.convert_memory import sampled_run
 from vit_cli.main import main
-from vit_common.checkpoints.convert import _same, load_checkpoint, save_checkpoint
+from vit_common.checkpoints.convert import load_checkpoint, save_checkpoint
 from vit_common.checkpoints.formats.hf import HfWriteOptions, shard_bytes, shards
 from vit_common.checkpoints.formats.source import HF_INDEX, open_npz, read_safetensors
-from vit_common.checkpoints.formats.tensors import LazyTensor, concat_rows, identical, materialize, row_slice
+from vit_common.checkpoints.formats.tensors import LazyTensor, concat_rows, identical, materialize, row_slice, same_bits
 from vit_common.config import ViTConfig
-from vit_common.state import canonical_shapes, random_state
-from vit_common.system.tensor_files import write_npz, write_safetensors
+from vit_common.state import canonical_shapes, nonfinite, random_state
+from vit_common.system.tensor_files import contiguous, write_npz, write_safetensors
 
 
 def _mixed(rng) -> dict:
@@ -65,8 +66,12 @@ def test_rows_split_and_joined_back_are_the_original_rows():
     nan = np.array([np.nan, 1.0], np.float32)
     other_nan = nan.copy()
     other_nan.view(np.uint32)[0] ^= 1  # another NaN payload
-    assert _same(base.T, np.ascontiguousarray(base.T)) and _same(nan, nan.copy()) and not _same(nan, other_nan)
-    assert not _same(np.zeros(3), -np.zeros(3)) and _same(np.array(2.5), np.array(2.5))
+    assert same_bits(base.T, np.ascontiguousarray(base.T)) and same_bits(nan, nan.copy())
+    assert not same_bits(nan, other_nan)
+    assert not same_bits(np.zeros(3), -np.zeros(3)) and same_bits(np.array(2.5), np.array(2.5))
+    held = np.zeros((3, 5), np.float32)
+    held[2, 1] = np.nan
+    assert nonfinite({"t": held.T, "ok": base.T, "f": np.asfortranarray(held)}) == ["t", "f"]
 
 
 @pytest.mark.parametrize("metadata", [None, {"format": "pt"}, {"z": "1", "format": "pt", "a": "x"}])
@@ -97,6 +102,55 @@ def test_streamed_npz_reads_back_member_by_member(tmp_path):
     with np.load(tmp_path / "x.npz") as z:
         assert sorted(z.files) == sorted(arrays)
         assert all(z[k].dtype == v.dtype and np.array_equal(z[k], v) for k, v in arrays.items())
+
+
+@pytest.mark.parametrize(
+    "shape, perm", [((600, 300), (1, 0)), ((300, 7, 9), (2, 1, 0)), ((5, 3, 16, 16), (2, 3, 1, 0))]
+)
+def test_tiled_copies_and_comparisons_of_transposed_views(shape, perm):
+    """A transposed view (tiles across its edges, read through the staging buffer) is copied to C order
+    with its values, and compared bit for bit: one flipped bit in the first or the last tile is found."""
+    view = np.random.default_rng(4).standard_normal(shape).astype(np.float32).transpose(perm)
+    copy = contiguous(view)
+    assert copy.flags.c_contiguous and np.array_equal(copy, view) and same_bits(view, copy) and same_bits(copy, view)
+    for at in (0, -1):
+        bad = copy.copy()
+        bad.view(np.uint32).reshape(-1)[at] ^= 1
+        assert not same_bits(view, bad) and not same_bits(bad, view)
+
+
+def test_npz_tensors_are_computed_once_and_checked_as_written(tmp_path, tiny_cfg, monkeypatch):
+    """Writing big_vision computes each transposed or reshaped file tensor once: the read-back check
+    compares the buffer the writer then writes (a byte changed in it is named, and nothing is written),
+    and the file is the one np.savez writes from the same tensors."""
+    from vit_common.checkpoints.formats.rules import Piece
+
+    state, made = random_state(tiny_cfg), Counter()
+    from_canonical = Piece.from_canonical
+
+    def counted(self, a):
+        made[self.key] += 1
+        return from_canonical(self, a)
+
+    monkeypatch.setattr(Piece, "from_canonical", counted)
+    save_checkpoint(tmp_path / "m.npz", tiny_cfg, state, "big_vision")
+    assert made and set(made.values()) == {1}
+    with np.load(tmp_path / "m.npz") as z:
+        np.savez(tmp_path / "ref.npz", **{k: z[k] for k in z.files})
+    assert (tmp_path / "m.npz").read_bytes() == (tmp_path / "ref.npz").read_bytes()
+    assert all(v.tobytes() == state[k].tobytes() for k, v in load_checkpoint(tmp_path / "m.npz").state.items())
+
+    def damaged(self, a):
+        out = from_canonical(self, a)
+        if self.key.endswith("MlpBlock_0/Dense_0/kernel"):
+            out = out.copy()
+            out.view(np.uint32).reshape(-1)[-1] ^= 1
+        return out
+
+    monkeypatch.setattr(Piece, "from_canonical", damaged)
+    with pytest.raises(AssertionError, match=r"does not read back bit-exact: \['blocks.0.mlp.fc1.weight'\]"):
+        save_checkpoint(tmp_path / "bad.npz", tiny_cfg, state, "big_vision")
+    assert not (tmp_path / "bad.npz").exists()
 
 
 def test_npz_members_are_mapped_or_inflated_lazily(tmp_path):

@@ -25,10 +25,11 @@ Every read checks that each file tensor is used exactly once and each canonical 
 where each config field came from (declared, derived, assumed, given: ``formats.provenance.Origin``), lists
 the assumed fields that change the function in one block (``Report.assumption_block``: how to supply
 them, then ``field = value (why)`` each), and with ``strict=True`` refuses them. Every write reads the
-tensors it will write back through the same format first (bit-exact, or it raises), writes atomically
-and says which library call loads the file strictly. Tensors stream (``formats.tensors``): ``convert``
-hands the reader's lazy state to the writer, so each tensor is computed when it is compared and when it
-is written, and held only meanwhile.
+tensors it will write back through the same format (``vit_common.checkpoints.readback``: bit-exact, or
+it raises before the destination is in place), writes atomically and says which library call loads the
+file strictly. Tensors stream (``formats.tensors``): ``convert`` hands the reader's lazy state to the
+writer, so each tensor is computed when it is compared and when it is written (an .npz's once, compared
+as it is written), and held only meanwhile.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from vit_common.checkpoints.formats.errors import FormatError
-from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, ReadOptions, Source, WriteOptions
+from vit_common.checkpoints.formats.protocol import Decoded, Format, ReadOptions, Source, WriteOptions
 from vit_common.checkpoints.formats.provenance import (
     ASSUMED,
     DECLARED,
@@ -66,9 +67,10 @@ from vit_common.checkpoints.formats.source import (
     load_tensors,
     open_source,
 )
-from vit_common.checkpoints.formats.tensors import Tensor, TensorMap, dtype_of, identical, materialize, row_parts
+from vit_common.checkpoints.formats.tensors import Tensor, TensorMap, dtype_of, materialize, row_parts
 from vit_common.checkpoints.hub import is_hub_id, resolve
 from vit_common.checkpoints.metadata import ModelInfo, read_info
+from vit_common.checkpoints.readback import confirm_checked, read_back
 from vit_common.checkpoints.registry import REGISTRY
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
@@ -362,58 +364,6 @@ def _caller_level() -> int:
 # --------------------------------------------------------------------------------------- writing
 
 
-_COMPARE_BYTES = 1 << 22  # rows compared at a time: numpy's elementwise result is one byte per element
-
-
-def _same(a, b) -> bool:
-    """Whether two tensors (arrays or lazy ones) are bit-identical: without loading them when they are
-    known to be (``formats.tensors.identical``), else loaded one pair at a time and compared as unsigned
-    integers of their item size, a block of rows at a time (no contiguous copies, no whole-size mask)."""
-    if dtype_of(a) != dtype_of(b) or np.shape(a) != np.shape(b):
-        return False
-    if identical(a, b):
-        return True
-    a, b = np.atleast_1d(np.asarray(a)), np.atleast_1d(np.asarray(b))
-    if a.dtype.itemsize in (1, 2, 4, 8):
-        bits = np.dtype(f"u{a.dtype.itemsize}")
-        a, b = a.view(bits), b.view(bits)
-    else:  # an item size no unsigned integer has (complex128): byte for byte
-        a, b = np.ascontiguousarray(a).reshape(-1).view(np.uint8), np.ascontiguousarray(b).reshape(-1).view(np.uint8)
-    step = max(1, _COMPARE_BYTES // max(1, a[:1].nbytes))
-    return all(np.array_equal(a[i : i + step], b[i : i + step]) for i in range(0, len(a), step))
-
-
-def _read_back(f: Format, enc: Encoded, assumed: Sequence[str]) -> list[str]:
-    """Decode the encoded tensors in memory; raise if any tensor differs, return what the format loses
-    (a field it does not record, or the fact that a field was assumed)."""
-    dec = f.decode(enc)
-    state = enc.state
-    bad = [k for k, v in state.items() if k not in dec.state or not _same(v, dec.state[k])]
-    if bad or set(dec.state) != set(state):
-        raise AssertionError(f"{f.name} writer does not read back bit-exact: {bad or set(dec.state) ^ set(state)}")
-    lost = []
-    inert = enc.cfg.inert_fields()
-    for name in (k for k in dec.provenance if k not in inert):
-        value, back = getattr(enc.cfg, name), getattr(dec.cfg, name)
-        if back != value:
-            lost.append(
-                f"{f.name} files cannot hold {name}={value!r} (it reads back as {back!r}); pass "
-                f"{flag_for(name, value)} when reading the file"
-            )
-    hardened = {}
-    for name in assumed:
-        origin = dec.provenance.get(name)
-        if origin is not None and origin.kind != ASSUMED and getattr(enc.cfg, name) == getattr(dec.cfg, name):
-            hardened.setdefault(origin.kind, []).append(name)
-    lost += [
-        f"{f.name} files cannot record that {', '.join(names)} {'was' if len(names) == 1 else 'were'} assumed "
-        f"(the source did not state {'it' if len(names) == 1 else 'them'}): readers of this file will take "
-        f"{'it' if len(names) == 1 else 'them'} as {kind}"
-        for kind, names in hardened.items()
-    ]
-    return lost
-
-
 def check_assumed(
     path: str | os.PathLike, fmt: str, cfg: ViTConfig, assumed: Sequence[str], accept: Sequence[str] | str = ()
 ) -> None:
@@ -497,8 +447,9 @@ def save_checkpoint(
     report = Report(config=enc.cfg, notes=list(enc.notes) + f.record_info(enc, preprocess, classes, why))
     report.warnings += dropped
     report.written, report.written_format = str(path), f.name
-    report.warnings += _read_back(f, enc, assumed)
+    report.warnings += read_back(f, enc, assumed)
     f.write(path, enc, writers)
+    confirm_checked(enc)
     report.load_call = enc.load_call or f.load_call(path, enc.cfg)
     return report
 

@@ -183,6 +183,7 @@ class HuggingFace(Format):
     signature = "embeddings.patch_embeddings.projection.weight, or a folder with config.json"
     reference = Reference("transformers", "from_pretrained")
     write_options = HfWriteOptions
+    checks_on_write = True  # write_folder loads each tensor once
     assumed_preprocess = PRESETS["hf_vit"]
     assumed_why = "no preprocessor_config.json; transformers ViTImageProcessor defaults"
 

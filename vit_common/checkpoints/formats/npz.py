@@ -477,6 +477,7 @@ class NpzFormat(Format):
 
     write_options = NpzWriteOptions
     reference = Reference("timm", "npz")
+    checks_on_write = True  # io.save_npz loads each tensor once
 
     def __init__(
         self,

@@ -150,7 +150,9 @@ class Format:
     ``signature`` (what ``detect`` looks for, named by the error for a file no format detects),
     ``reference`` (the library that loads its files, or None), ``write_options`` (the ``WriteOptions``
     subclass ``encode`` takes), ``assumed_preprocess`` and ``assumed_why`` (the preprocessing a file that
-    declares none is read with, and why: the format's usual choice).
+    declares none is read with, and why: the format's usual choice), ``checks_on_write`` (its ``write``
+    loads each of ``Encoded.tensors`` exactly once, inside its atomic write: the read-back check then
+    compares a computed tensor on the buffer the writer writes, ``vit_common.checkpoints.readback``).
     """
 
     name: str = ""
@@ -163,6 +165,7 @@ class Format:
     write_options: type[WriteOptions] = WriteOptions
     assumed_preprocess: Preprocess = Preprocess()
     assumed_why: str = "vit train's default before files recorded it: [-1, 1], bilinear, squash"
+    checks_on_write: bool = False
 
     def detect(self, src: Source) -> bool:
         """Whether ``src`` (tensors loaded) is this format."""

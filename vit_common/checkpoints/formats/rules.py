@@ -14,10 +14,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vit_common.checkpoints.formats.tensors import LazyTensor, Tensor, TensorMap, dtype_of
+from vit_common.checkpoints.formats.tensors import (
+    LazyTensor,
+    Tensor,
+    TensorMap,
+    concat_rows,
+    dtype_of,
+    row_slice,
+)
 from vit_common.config import ViTConfig
 from vit_common.posemb import SINCOS_CONVENTIONS, sincos2d
 from vit_common.state import canonical_shapes, check_state
+from vit_common.system.tensor_files import contiguous
 
 
 @dataclass(frozen=True)
@@ -46,9 +54,25 @@ class Piece:
         return tuple(s[i] for i in self.perm) if self.perm is not None else tuple(s)
 
     def from_canonical(self, a: np.ndarray) -> np.ndarray:
+        """The file tensor (C order) of canonical rows ``a`` (a transposed view of them, or a view of a
+        transposed file tensor, is copied a tile at a time)."""
         if self.perm is not None:
             a = a.transpose(np.argsort(self.perm))
-        return a.reshape(self.shape)
+        return contiguous(a).reshape(self.shape)
+
+
+class PieceTensor(LazyTensor):
+    """The canonical rows one ``Piece`` computes from the file tensor ``key`` of ``tensors`` (a view of it
+    where numpy allows: a transpose is not copied), loaded on use."""
+
+    __slots__ = ("_piece", "_tensors", "key")
+
+    def __init__(self, piece: Piece, tensors: TensorMap):
+        super().__init__(piece.canonical_shape(), dtype_of(tensors[piece.key]), self._rows)
+        self.key, self._piece, self._tensors = piece.key, piece, tensors
+
+    def _rows(self) -> np.ndarray:
+        return self._piece.to_canonical(np.asarray(self._tensors[self.key]))
 
 
 @dataclass(frozen=True)
@@ -120,7 +144,8 @@ def to_canonical(rules: list[Rule], tensors: TensorMap, context: str = "") -> di
     """Apply ``rules`` to file tensors: every file tensor used exactly once, every rule filled.
 
     Lazy: checked from the shapes alone; a canonical tensor stored as the file's is the file's value
-    itself, any other a ``LazyTensor`` that reshapes, transposes and concatenates its pieces when loaded.
+    itself, any other a ``PieceTensor`` per piece that reshapes and transposes it when loaded, several
+    joined by ``concat_rows`` (pieces of different dtypes: one ``LazyTensor`` that promotes them).
 
     Raises:
         StateMismatchError: lists missing, unexpected and wrong-shape file tensors together (file names).
@@ -133,13 +158,15 @@ def to_canonical(rules: list[Rule], tensors: TensorMap, context: str = "") -> di
         if len(pieces) == 1 and first.layer is None and first.reshape is None and first.perm is None:
             out[rule.dst] = tensors[first.key]
             continue
+        if len({dtype_of(tensors[p.key]) for p in pieces}) == 1:  # a join of pieces, each loaded on its own
+            out[rule.dst] = concat_rows([PieceTensor(p, tensors) for p in pieces])
+            continue
         shapes = [p.canonical_shape() for p in pieces]
         shape = (sum(s[0] for s in shapes), *shapes[0][1:])
         dtype = np.result_type(*(dtype_of(tensors[p.key]) for p in pieces))
 
         def make(pieces=pieces) -> np.ndarray:
-            parts = [p.to_canonical(np.asarray(tensors[p.key])) for p in pieces]
-            return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+            return np.concatenate([p.to_canonical(np.asarray(tensors[p.key])) for p in pieces], axis=0)
 
         out[rule.dst] = LazyTensor(shape, dtype, make)
     return out
@@ -158,8 +185,7 @@ def from_canonical(rules: list[Rule], state: TensorMap) -> dict[str, Tensor]:
         for j, p in enumerate(rule.pieces):
 
             def make(src=src, p=p, lo=int(bounds[j]), hi=int(bounds[j + 1]), whole=whole) -> np.ndarray:
-                a = np.asarray(src)
-                return p.from_canonical(a if whole else a[lo:hi])
+                return p.from_canonical(np.asarray(src if whole else row_slice(src, lo, hi)))
 
             plain = whole and p.perm is None and tuple(p.shape) == tuple(np.shape(src))
             if p.layer is not None:
@@ -168,7 +194,7 @@ def from_canonical(rules: list[Rule], state: TensorMap) -> dict[str, Tensor]:
             elif plain and isinstance(src, np.ndarray) and src.flags.c_contiguous:
                 singles[p.key] = src
             else:
-                singles[p.key] = LazyTensor(p.shape, dtype_of(src), lambda make=make: np.ascontiguousarray(make()))
+                singles[p.key] = LazyTensor(p.shape, dtype_of(src), make)
     for key, layers in stacked.items():
         parts = [layers[i] for i in range(len(layers))]
         shape, dtype = kinds[key]

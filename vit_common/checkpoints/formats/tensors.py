@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from vit_common.system.tensor_files import Stage, tiles
+
 
 class LazyTensor:
     """An array of known ``shape`` and ``dtype`` whose values ``load`` (a thunk) produces on demand.
@@ -165,6 +167,33 @@ def identical(a: Tensor, b: Tensor) -> bool:
     if isinstance(a, RowConcat) and isinstance(b, RowConcat):
         return len(a.parts) == len(b.parts) and all(identical(p, q) for p, q in zip(a.parts, b.parts, strict=True))
     return False
+
+
+def same_bits(a: Tensor, b: Tensor) -> bool:
+    """Whether two tensors (arrays or lazy ones) are bit-identical: without loading them when they are
+    known to be (``identical``), else loaded and compared as unsigned integers of their item size, a
+    tile at a time (``tiles``: no contiguous copies, no mask the size of the tensor), a transposed side's
+    tile read through a ``Stage``."""
+    if dtype_of(a) != dtype_of(b) or np.shape(a) != np.shape(b):
+        return False
+    if identical(a, b):
+        return True
+    a, b = np.atleast_1d(np.asarray(a)), np.atleast_1d(np.asarray(b))
+    if identical(a, b):  # two lazy tensors that load views of the same memory
+        return True
+    if a.dtype.itemsize in (1, 2, 4, 8):
+        bits = np.dtype(f"u{a.dtype.itemsize}")
+        a, b = a.view(bits), b.view(bits)
+    else:  # an item size no unsigned integer has (complex128): byte for byte
+        a, b = np.ascontiguousarray(a).reshape(-1).view(np.uint8), np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    if a.ndim > 1 and abs(a.strides[-1]) > min(abs(st) for st in a.strides):  # a is the transposed one
+        a, b = b, a
+    stage = Stage(b.shape, b.strides, b.dtype)
+    for i in tiles(a.shape, a.strides, b.strides):
+        held = stage(b[i])
+        if not np.array_equal(a[i], b[i] if held is None else held):
+            return False
+    return True
 
 
 def materialize(tensors: TensorMap) -> dict[str, np.ndarray]:
