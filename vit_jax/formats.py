@@ -39,7 +39,7 @@ from vit_jax.checkpointing import closed_loop_dropped, orbax_reports_dropped, re
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
 from vit_jax.model import VisionTransformer
 from vit_jax.torch_bridge import read_timm_hub_config
-from vit_jax.weights import check_float64, host_model, to_numpy
+from vit_jax.weights import abstract_model, check_float64, host_model, to_numpy
 
 
 def _pure_dict(state: nnx.State) -> dict:
@@ -163,8 +163,7 @@ def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:
     cfg = cfg.replace(**overrides) if overrides else cfg
     check_model_size(cfg, str(path))
     check_float64(cfg)
-    abstract = nnx.eval_shape(lambda: VisionTransformer(cfg, rngs=nnx.Rngs(0)))
-    graphdef, abstract_state = nnx.split(abstract)
+    graphdef, abstract_state = nnx.split(abstract_model(cfg))
     template = _pure_dict(abstract_state)
     with orbax_reports_dropped(path.absolute()):  # a damaged folder's failed read: orbax's late reports
         ckptr = ocp.StandardCheckpointer()
