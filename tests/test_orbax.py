@@ -24,6 +24,21 @@ def _flat(model) -> dict:
     return out
 
 
+def test_abstract_model_is_the_traced_constructor(small_cfg):
+    """vit_jax.weights.abstract_model (the RNG counters in numpy while tracing) gives the graphdef, shapes
+    and dtypes of nnx.eval_shape of the constructor itself, RNG streams of a model with dropout included."""
+    from vit_jax.model import VisionTransformer
+    from vit_jax.weights import abstract_model
+
+    cfg = small_cfg.replace(dropout=0.1, drop_path=0.1)
+    graphdef, state = nnx.split(abstract_model(cfg))
+    want_graphdef, want = nnx.split(nnx.eval_shape(lambda: VisionTransformer(cfg, rngs=nnx.Rngs(0))))
+    flat = jax.tree_util.tree_flatten_with_path
+    shapes = lambda st: [(jax.tree_util.keystr(p), x.shape, x.dtype) for p, x in flat(nnx.to_pure_dict(st))[0]]  # noqa: E731
+    assert graphdef == want_graphdef and shapes(state) == shapes(want)
+    assert any("rngs" in p for p, *_ in shapes(state))
+
+
 @pytest.mark.slow
 def test_model_with_dropout_restores_into_an_abstract_model(tmp_path, small_cfg, random_state):
     """Dropout and drop path give the model RNG state (typed PRNG keys); save, restore into a model
