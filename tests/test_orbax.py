@@ -17,14 +17,18 @@ from vit_jax.formats import READERS, WRITERS, load_orbax, save_orbax
 
 
 def _flat(model) -> dict:
+    return _flat_state(nnx.state(model))
+
+
+def _flat_state(state) -> dict:
     out = {}
-    for path, v in nnx.to_flat_state(nnx.state(model)):
+    for path, v in nnx.to_flat_state(state):
         x = v[...]
         out[path] = np.asarray(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
     return out
 
 
-def test_abstract_model_is_the_traced_constructor(small_cfg):
+def test_abstract_model_is_the_traced_constructor(small_cfg, random_state):
     """vit_jax.weights.abstract_model (the RNG counters in numpy while tracing) gives the graphdef, shapes
     and dtypes of nnx.eval_shape of the constructor itself, RNG streams of a model with dropout included."""
     from vit_jax.model import VisionTransformer
@@ -37,6 +41,12 @@ def test_abstract_model_is_the_traced_constructor(small_cfg):
     shapes = lambda st: [(jax.tree_util.keystr(p), x.shape, x.dtype) for p, x in flat(nnx.to_pure_dict(st))[0]]  # noqa: E731
     assert graphdef == want_graphdef and shapes(state) == shapes(want)
     assert any("rngs" in p for p, *_ in shapes(state))
+    # from_numpy's RNG state (built under jit the same way) holds the keys and counts of the constructor's
+    rest = nnx.state(vit_jax.from_numpy(cfg, random_state(cfg), seed=3), nnx.Not(nnx.Param))
+    want_rest = nnx.state(VisionTransformer(cfg, rngs=nnx.Rngs(3)), nnx.Not(nnx.Param))
+    assert {p: v.tobytes() for p, v in _flat_state(rest).items()} == {
+        p: v.tobytes() for p, v in _flat_state(want_rest).items()
+    }
 
 
 @pytest.mark.slow

@@ -80,7 +80,9 @@ def abstract_model(cfg: ViTConfig, seed: int = 0) -> VisionTransformer:
 
     While tracing, the streams count their draws in host numpy: flax's update of a traced counter asks the
     tracer for its ``sharding``, whose ``AttributeError`` message JAX builds by walking the whole trace so
-    far, once per initialiser (quadratic in the model's size: 0.6 of the 1.1 s a float32 L/16 took)."""
+    far, once per initialiser (quadratic in the model's size: 0.6 of the 1.1 s a float32 L/16 took). For
+    shapes only: flax bumps such a counter in place, so a computation traced from it (``jax.jit``) would
+    draw every key from its last count."""
 
     def build() -> VisionTransformer:
         rngs = nnx.Rngs(seed)
