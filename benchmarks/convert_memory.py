@@ -33,7 +33,6 @@ source stays there, with a note of what it holds, and a later run of the same mo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -46,13 +45,13 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import report
 from benchmarks.harness import host
 from vit_common.checkpoints.convert import save_checkpoint
 from vit_common.checkpoints.formats.dinov3_original import DINOV3_FIXED
 from vit_common.checkpoints.formats.tensors import LazyTensor
 from vit_common.config import ViTConfig
 from vit_common.state import canonical_shapes
-from vit_common.system import in_place
 from vit_common.system.io import read_json, write_json
 
 SHAPES = {"7B/16": dict(patch_size=16, width=4096, depth=40, num_heads=32, mlp_dim=12288)}
@@ -375,8 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             f"cores: {context['machine']['cores']}"
         )
         if args.out:
-            with in_place.open_log(args.out) as f:
-                f.write("".join(json.dumps(rec) + "\n" for rec in records))
+            report.append_jsonl(records, args.out)
     finally:
         if args.dir:
             kept_src = [] if args.keep_source else [src, kept]

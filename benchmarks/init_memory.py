@@ -20,7 +20,6 @@ commit's worktree, to compare):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -28,9 +27,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks import report
 from benchmarks.convert_memory import config, random_lazy_state, sampled_run
 from vit_common.checkpoints.convert import save_checkpoint
-from vit_common.system import in_place
 
 # The child: import and start JAX, say its anonymous memory, build the first state, say its bytes.
 _CHILD = """
@@ -113,8 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({(rise - m['state_bytes']) / size:.2f}x the file) beyond it; {m['wall_s']:.1f} s"
         )
         if args.out:
-            with in_place.open_log(args.out) as f:
-                f.write(json.dumps(rec) + "\n")
+            report.append_jsonl([rec], args.out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

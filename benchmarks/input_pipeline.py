@@ -22,7 +22,6 @@ worker count)'s median rate, its ratio to the first count's, and ArrayRecord's r
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -33,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import report
 from benchmarks.harness import host
-from vit_common.system import in_place
 
 SCHEMA = "vit-input-pipeline/2"
 FORMATS = ("imagefolder", "arrayrecord")
@@ -194,8 +193,7 @@ def main(argv=None) -> int:
                     assert set(record) == set(RECORD_FIELDS)
                     print(f"{fmt}, workers {w}: {rate:7.1f} images/s (start-up {startup:.1f} s)", file=sys.stderr)
                     if args.out:
-                        with in_place.open_log(args.out) as f:
-                            f.write(json.dumps(record) + "\n")
+                        report.append_jsonl([record], args.out)
     med = {k: statistics.median(v) for k, v in rates.items()}
     for (fmt, w), m in med.items():
         line = (

@@ -118,8 +118,9 @@ def write_jsonl(records: Sequence[dict], path: str | Path) -> None:
 
 def append_jsonl(records: Sequence[dict], path: str | Path) -> None:
     """Append one JSON object per line (sorted keys) to ``path`` (parents made) in one write, and
-    flush it to disk: records appended as each benchmark group finishes survive a run stopped later."""
-    with in_place.open_log(path) as f:
+    flush it to disk: records appended as each benchmark group finishes survive a run stopped later. An
+    existing file is appended to, whoever wrote it: a benchmark's ``--out`` asks for that."""
+    with io.overwriting(), in_place.open_log(path) as f:
         f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
         f.flush()
         os.fsync(f.fileno())

@@ -38,8 +38,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from benchmarks import report
 from benchmarks.harness import host
-from vit_common.system import in_place, io
+from vit_common.system import io
 
 SCHEMA = "vit-startup/1"
 KINDS = ("cold", "warm", "off")
@@ -360,8 +361,7 @@ def main(argv=None, command: list[str] | None = None) -> int:
             for record in batch:
                 records.append(record)
                 if args.out:
-                    with in_place.open_log(args.out) as f:
-                        f.write(json.dumps(record) + "\n")
+                    report.append_jsonl([record], args.out)
     print("\n".join(phases_summary(records) if args.phases else summary(records)))
     return 0 if all(r["exit_code"] == 0 for r in records) else 1
 

@@ -321,3 +321,10 @@ def test_rope_speed_records_the_models_and_the_block_shares(tmp_path, capsys):
         assert share["op_share"] == pytest.approx(record["block"][f"{twin}/op"]["median_s"] / rope)
     assert record["machine"]["cpu_flags"] == harness.host()["cpu_flags"]
     assert "speed vs timm's Eva: vit_jax" in capsys.readouterr().out
+
+
+def test_records_are_appended_to_a_results_file_another_process_wrote(tmp_path):
+    out = tmp_path / "results.jsonl"
+    out.write_text('{"run": 1}\n')  # a committed records file: not this process's
+    report.append_jsonl([{"run": 2}], out)
+    assert report.read_jsonl(out) == [{"run": 1}, {"run": 2}]
