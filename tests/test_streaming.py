@@ -119,6 +119,23 @@ def test_tiled_copies_and_comparisons_of_transposed_views(shape, perm):
         assert not same_bits(view, bad) and not same_bits(bad, view)
 
 
+def test_a_bfloat16_transposed_view_is_widened_in_one_c_order_copy(monkeypatch):
+    """Writing a bfloat16 model to .npz widens each tensor to float32 in C order in one copy: the tiles
+    are cast as they are stored (numpy's astype keeps the view's order, and made contiguous it is a second
+    float32 copy). Values exact."""
+    from vit_common.checkpoints.formats import npz
+
+    view = np.random.default_rng(5).standard_normal((300, 700)).astype(ml_dtypes.bfloat16).T
+    made = []
+    empty = np.empty
+    monkeypatch.setattr(
+        np, "empty", lambda shape, dtype=float, **kw: made.append(np.dtype(dtype)) or empty(shape, dtype)
+    )
+    wide = npz._widen(view)
+    assert wide.flags.c_contiguous and wide.dtype == np.float32 and np.array_equal(wide, view.astype(np.float32))
+    assert made.count(np.dtype(np.float32)) == 1
+
+
 def test_npz_tensors_are_computed_once_and_checked_as_written(tmp_path, tiny_cfg, monkeypatch):
     """Writing big_vision computes each transposed or reshaped file tensor once: the read-back check
     compares the buffer the writer then writes (a byte changed in it is named, and nothing is written),

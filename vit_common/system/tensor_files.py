@@ -117,14 +117,16 @@ class Stage:
 _STAGE_BYTES = 4 << 20  # the most bytes of a Stage's buffer
 
 
-def contiguous(a: np.ndarray) -> np.ndarray:
-    """``a`` in C order: ``a`` itself where it is, else a copy made a tile at a time (``tiles``), each tile
-    read in ``a``'s memory order through a ``Stage``: numpy's own copy of a transposed kernel reads one
-    element per cache line (measured on the B/16 and L/16 float32 kernels, 2 to 16 MiB, CPU time: numpy
-    0.7 to 1.4 GB/s, this 3.0 to 3.2 GB/s; AVX-512, 2 cores)."""
+def contiguous(a: np.ndarray, dtype: np.dtype | type | None = None) -> np.ndarray:
+    """``a`` in C order (cast to ``dtype`` if given): ``a`` itself where it is, else a copy made a tile at a
+    time (``tiles``), each tile read in ``a``'s memory order through a ``Stage`` and cast as it is stored:
+    numpy's own copy of a transposed kernel reads one element per cache line (measured on the B/16 and
+    L/16 float32 kernels, 2 to 16 MiB, CPU time: numpy 0.7 to 1.4 GB/s, this 3.0 to 3.2 GB/s; AVX-512,
+    2 cores). A cast of a transposed view is one copy, not a cast in ``a``'s order and then a reorder."""
+    dtype = a.dtype if dtype is None else np.dtype(dtype)
     if a.flags.c_contiguous:
-        return a
-    out = np.empty(a.shape, a.dtype)
+        return a if a.dtype == dtype else a.astype(dtype)
+    out = np.empty(a.shape, dtype)
     stage = Stage(a.shape, a.strides, a.dtype)
     for index in tiles(a.shape, a.strides, out.strides):
         held = stage(a[index])

@@ -88,6 +88,7 @@ from vit_common.checkpoints.metadata import HF_NAFLEX_MODEL_TYPES, Declared
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
 from vit_common.system import io
+from vit_common.system.tensor_files import contiguous
 
 PREFIXES = NPZ_PREFIXES
 POSEMB_KEYS = ("pos_embedding", "Transformer/posembed_input/pos_embedding", "Transformer/pos_embedding")
@@ -395,7 +396,7 @@ def cannot_hold(cfg: ViTConfig) -> list[str]:
 
 
 def _widen(v) -> np.ndarray:
-    return np.asarray(v).astype(np.float32)
+    return contiguous(np.asarray(v), np.float32)  # one float32 copy, in C order, of a transposed view too
 
 
 def prepare(cfg: ViTConfig, state: TensorMap, family: str) -> tuple[ViTConfig, dict[str, Tensor], list[str]]:
