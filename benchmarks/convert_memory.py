@@ -16,17 +16,21 @@ Run (from the repository root):
         --shard-size 5GB --repeats 1
     python -m benchmarks.convert_memory --dinov3 --variant 7B/16 --depth 2 --dtype bfloat16 --to hf_dinov3,timm
     python -m benchmarks.convert_memory --source big_vision --variant B/16 --to hf,timm
+    python -m benchmarks.convert_memory --dinov3 --variant 7B/16 --depth 2 --dtype bfloat16 \
+        --source dinov3_original --to hf_dinov3,timm
 
 ``7B/16`` is ViT-7B-shaped: DINOv3 ViT-7B's width 4096, depth 40 and 32 heads, its SwiGLU feed-forward
 (3 x 4096 x 8192) as a plain MLP of 12288 (the same parameter count, which every format holds): 6.7e9
 parameters, 13.4 GB in bfloat16. With ``--dinov3`` the model is the DINOv3 backbone itself (timm
 vit_7b_patch16_dinov3's shapes: SwiGLU of gated width 8192, 4 registers, LayerScale, RoPE, no qkv bias;
 6.7e9 parameters, its count checked against timm's model built on the meta device) and the source a
-transformers dinov3_vit folder (``hf_dinov3``) written by streaming. Records also give the peak as a ratio
-to the largest tensor. ``--depth`` keeps fewer blocks: a smaller file with the same largest tensor.
-The files go to ``--dir`` (default: a temporary folder, removed at the end); with ``--keep-source`` the
-source stays there, with a note of what it holds, and a later run of the same model reuses it (writing the
-7B/16 file takes about 18 minutes here). Records are JSON lines
+transformers dinov3_vit folder (``hf_dinov3``) written by streaming, or with ``--source dinov3_original``
+a Meta DINOv3 ``.pth`` (torch.hub keys), written by streaming too (one computed tensor at a time); ``--to
+dinov3_original`` makes one a contender. Records also give the peak as a ratio to the largest tensor.
+``--depth`` keeps fewer blocks: a smaller file with the same largest tensor. The files go to ``--dir``
+(default: a temporary folder, removed at the end); with ``--keep-source`` the source stays there, with a
+note of what it holds (one per source file), and a later run of the same model and source format reuses
+it (writing the 7B/16 file takes about 18 minutes here). Records are JSON lines
 (``--out``), with the machine (CPU model and flags from /proc/cpuinfo).
 """
 
@@ -68,7 +72,12 @@ DESTINATIONS = {
     "orbax": ("orbax", "out_orbax"),
     "timm": ("timm", "out.safetensors"),
     "pth": ("timm", "out.pth"),
+    "dinov3_original": ("dinov3_original", "out_meta.pth"),
 }
+# A source format and its file: timm and big_vision for a plain ViT, the DINOv3 formats for a DINOv3
+# backbone (--dinov3), which the DINOv3 contenders need too.
+SOURCES = {"timm": "src.safetensors", "big_vision": "src.npz", "hf_dinov3": "src_hf", "dinov3_original": "src_meta.pth"}
+DINOV3_FORMATS = {"hf_dinov3", "dinov3_original"}
 _SAMPLE_S = 0.005
 
 # The child: import, say its anonymous memory, then run `vit convert` as the command line does (its
@@ -201,6 +210,13 @@ def measure(argv: list[str], reports_baseline: bool, **popen) -> dict:
     return {"wall_s": wall, "cpu_s": cpu, "peak_anon_bytes": peak, "baseline_anon_bytes": baseline}
 
 
+def _torch_writers() -> dict:
+    """vit_torch's file writers (torch imported only for a .pth source)."""
+    from vit_torch.formats import WRITERS
+
+    return WRITERS
+
+
 def _commit(tree: Path) -> str:
     """The commit checked out at ``tree`` (``git rev-parse HEAD``)."""
     return subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -220,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--to",
         default="hf,big_vision,orbax,pth",
-        help="contenders, comma-separated: hf, hf_dinov3, big_vision, orbax, timm (.safetensors), pth (timm's .pth)",
+        help="contenders, comma-separated: hf, hf_dinov3, big_vision, orbax, timm (.safetensors), pth (timm's .pth), "
+        "dinov3_original (Meta's DINOv3 .pth)",
     )
     p.add_argument(
         "--dinov3",
@@ -229,10 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--source",
-        default="timm",
-        choices=("timm", "big_vision"),
-        help="the source file: timm .safetensors (default) or a big_vision .npz (converted to hf with "
-        "--accept-assumed all: an .npz states no GELU or LayerNorm eps)",
+        choices=tuple(SOURCES),
+        help="the source file: timm .safetensors (the default) or a big_vision .npz (converted to hf with "
+        "--accept-assumed all: an .npz states no GELU or LayerNorm eps); with --dinov3 a dinov3_vit folder "
+        "(hf_dinov3, the default) or Meta's DINOv3 .pth (dinov3_original)",
     )
     p.add_argument("--shard-size", help="vit convert's --shard-size for the hf and hf_dinov3 targets")
     p.add_argument(
@@ -256,6 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [t for t in targets if t not in DESTINATIONS]
     if args.keep_source and not args.dir:
         p.error("--keep-source needs --dir (a temporary folder is removed at the end)")
+    source = args.source or ("hf_dinov3" if args.dinov3 else "timm")
+    if (source in DINOV3_FORMATS) != args.dinov3 or (not args.dinov3 and DINOV3_FORMATS & set(targets)):
+        p.error(
+            f"--source {source!r} --to {args.to!r}: with --dinov3 the source is hf_dinov3 or dinov3_original, "
+            f"without it timm or big_vision; --to {' and '.join(sorted(DINOV3_FORMATS))} need --dinov3"
+        )
     if unknown or args.repeats < 1 or (args.dinov3 and args.variant not in DINOV3_SHAPES) or (args.depth or 1) < 1:
         p.error(
             f"--to {args.to!r}: expected some of {', '.join(DESTINATIONS)}; --repeats and --depth at least 1; "
@@ -269,12 +292,15 @@ def main(argv: list[str] | None = None) -> int:
     cfg = cfg.replace(depth=args.depth) if args.depth else cfg
     if name and timm_param_count(name) != cfg.param_count():
         raise RuntimeError(f"{args.variant}: {cfg.param_count()} parameters, timm {name} has {timm_param_count(name)}")
-    source = "hf_dinov3" if args.dinov3 else args.source
-    src = work / {"hf_dinov3": "src_hf", "timm": "src.safetensors", "big_vision": "src.npz"}[source]
+    src = work / SOURCES[source]
     state = random_lazy_state(cfg, args.dtype)
     largest = max(t.nbytes for t in state.values())
     shard = ["--shard-size", args.shard_size] if args.shard_size else []
-    kept = work / "src.json"  # what a kept source holds: reused only for the same model
+    # what a user gives for a Meta .pth: the image size it does not state (the HF and timm files state it),
+    # and its RoPE periods recomputed (as transformers and timm compute them)
+    meta = ["--source-image-size", "x".join(map(str, cfg.image_size)), "--rope-periods", "recomputed"]
+    given = meta if source == "dinov3_original" else []
+    kept = work / (src.name + ".json")  # what a kept source holds: reused only for the same model
     model = {"source": source, "variant": args.variant, "depth": args.depth, "dtype": args.dtype, "seed": 0}
     try:
         note = read_json(kept) if args.keep_source and src.exists() and kept.exists() else {}
@@ -285,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             _remove(src)
             kept.unlink(missing_ok=True)
             t0 = time.perf_counter()
-            save_checkpoint(src, cfg, state, source)
+            save_checkpoint(src, cfg, state, source, writers=_torch_writers() if source == "dinov3_original" else None)
             made_s = time.perf_counter() - t0
             if args.keep_source:
                 write_json(kept, {"model": model, "written_s": made_s})
@@ -322,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                 if name == "cp":
                     m = measure(["cp", "-r", str(src), str(dst)], False)
                 else:
-                    flags = shard if fmt.startswith("hf") else []
+                    flags = [*given, *(shard if fmt.startswith("hf") else [])]
                     flags += ["--accept-assumed", "all"] if fmt.startswith("hf") and source == "big_vision" else []
                     code = {"cwd": baseline, "env": os.environ | {"PYTHONPATH": str(baseline)}} if at else {}
                     m = measure([sys.executable, "-c", _CHILD, str(src), str(dst), fmt, *flags], True, **code)
