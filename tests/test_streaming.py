@@ -414,3 +414,33 @@ def test_convert_memory_benchmark_dinov3_source_is_removed(tmp_path, monkeypatch
     assert (cp["contender"], cp["source_format"], cp["variant"]) == ("cp", "hf_dinov3", "dinov3 tiny")
     assert cp["largest_tensor_bytes"] == 64 * 3 * 16 * 16 * 2 and cp["params"] == 133_120
     assert list(work.iterdir()) == []
+
+
+def test_convert_memory_benchmark_meta_pth_source_is_kept_and_reused(tmp_path, monkeypatch, capsys):
+    """--source dinov3_original: a shrunk DINOv3 spec written as a Meta .pth by streaming, which reads
+    back (torch's reader) bit for bit as the benchmark's tensors; with --keep-source it stays beside its
+    note and the next run reuses it. The DINOv3 formats without --dinov3 are refused in one line."""
+    from benchmarks import convert_memory
+    from vit_torch.formats import READERS
+
+    monkeypatch.setitem(
+        convert_memory.DINOV3_SHAPES, "tiny", dict(patch_size=16, width=64, depth=2, num_heads=2, mlp_dim=128)
+    )
+    for bad in (["--source", "dinov3_original"], ["--to", "dinov3_original"]):
+        with pytest.raises(SystemExit) as e:
+            convert_memory.main([*bad, "--variant", "Ti/16"])
+        assert e.value.code == 2 and "need --dinov3" in capsys.readouterr().err
+    out, work = tmp_path / "r.jsonl", tmp_path / "work"
+    argv = ["--dinov3", "--variant", "tiny", "--dtype", "bfloat16", "--source", "dinov3_original", "--to", ""]
+    argv += ["--repeats", "1", "--dir", str(work), "--keep-source"]
+    assert convert_memory.main([*argv, "--out", str(out)]) == 0
+    (cp,) = (json.loads(line) for line in out.read_text().splitlines())
+    assert (cp["source_format"], cp["params"]) == ("dinov3_original", 133_120)
+    assert sorted(p.name for p in work.iterdir()) == ["src_meta.json", "src_meta.pth"]
+    cfg = convert_memory.dinov3_config("tiny", "bfloat16")
+    got = materialize(load_checkpoint(work / "src_meta.pth", readers=READERS, source_image_size=224).state)
+    want = materialize(convert_memory.random_lazy_state(cfg, "bfloat16"))
+    assert got.keys() == want.keys() | {"rope.periods"} and all(
+        np.array_equal(got[k].view(np.uint16), want[k].view(np.uint16)) for k in want
+    )
+    assert convert_memory.main(argv) == 0 and "# reusing the source kept in" in capsys.readouterr().out
