@@ -426,9 +426,9 @@ def test_convert_memory_benchmark_meta_pth_source_is_kept_and_reused(tmp_path, m
     monkeypatch.setitem(
         convert_memory.DINOV3_SHAPES, "tiny", dict(patch_size=16, width=64, depth=2, num_heads=2, mlp_dim=128)
     )
-    for bad in (["--source", "dinov3_original"], ["--to", "dinov3_original"]):
+    for bad in (["--source", "dinov3_original"], ["--to", "dinov3_original"], ["--dinov3", "--source", "timm"]):
         with pytest.raises(SystemExit) as e:
-            convert_memory.main([*bad, "--variant", "Ti/16"])
+            convert_memory.main([*bad, "--variant", "7B/16"])
         assert e.value.code == 2 and "need --dinov3" in capsys.readouterr().err
     out, work = tmp_path / "r.jsonl", tmp_path / "work"
     argv = ["--dinov3", "--variant", "tiny", "--dtype", "bfloat16", "--source", "dinov3_original", "--to", ""]
@@ -436,7 +436,7 @@ def test_convert_memory_benchmark_meta_pth_source_is_kept_and_reused(tmp_path, m
     assert convert_memory.main([*argv, "--out", str(out)]) == 0
     (cp,) = (json.loads(line) for line in out.read_text().splitlines())
     assert (cp["source_format"], cp["params"]) == ("dinov3_original", 133_120)
-    assert sorted(p.name for p in work.iterdir()) == ["src_meta.json", "src_meta.pth"]
+    assert sorted(p.name for p in work.iterdir()) == ["src_meta.pth", "src_meta.pth.json"]
     cfg = convert_memory.dinov3_config("tiny", "bfloat16")
     got = materialize(load_checkpoint(work / "src_meta.pth", readers=READERS, source_image_size=224).state)
     want = materialize(convert_memory.random_lazy_state(cfg, "bfloat16"))
