@@ -119,21 +119,28 @@ def test_tiled_copies_and_comparisons_of_transposed_views(shape, perm):
         assert not same_bits(view, bad) and not same_bits(bad, view)
 
 
-def test_a_bfloat16_transposed_view_is_widened_in_one_c_order_copy(monkeypatch):
-    """Writing a bfloat16 model to .npz widens each tensor to float32 in C order in one copy: the tiles
-    are cast as they are stored (numpy's astype keeps the view's order, and made contiguous it is a second
-    float32 copy). Values exact."""
-    from vit_common.checkpoints.formats import npz
+def test_a_widened_bfloat16_view_is_cast_once_and_compared_a_tile_at_a_time(monkeypatch):
+    """Writing a bfloat16 model to .npz widens it to float32 (``Widened``): loaded, one C-order float32
+    copy of a transposed view; its rows, only theirs; compared with the written float32 buffer, tile by
+    tile from the bfloat16 base (no float32 copy of the whole), a flipped low bit found."""
+    from vit_common.checkpoints.formats.tensors import Widened, row_slice
 
     view = np.random.default_rng(5).standard_normal((300, 700)).astype(ml_dtypes.bfloat16).T
-    made = []
-    empty = np.empty
-    monkeypatch.setattr(
-        np, "empty", lambda shape, dtype=float, **kw: made.append(np.dtype(dtype)) or empty(shape, dtype)
-    )
-    wide = npz._widen(view)
-    assert wide.flags.c_contiguous and wide.dtype == np.float32 and np.array_equal(wide, view.astype(np.float32))
-    assert made.count(np.dtype(np.float32)) == 1
+    wide = Widened(view)
+    made, empty = [], np.empty
+    monkeypatch.setattr(np, "empty", lambda shape, dtype=float, **kw: made.append(empty(shape, dtype)) or made[-1])
+    buffer = np.asarray(wide)
+    assert buffer.flags.c_contiguous and buffer.dtype == np.float32 and np.array_equal(buffer, view.astype(np.float32))
+    assert [a.nbytes for a in made if a.dtype == np.float32] == [buffer.nbytes]  # the rest: tile-sized stages
+    made.clear()
+    rows = np.asarray(row_slice(wide, 100, 164))
+    assert rows.shape == (64, 300) and np.array_equal(rows, buffer[100:164])
+    assert [a.nbytes for a in made if a.dtype == np.float32] == [rows.nbytes]
+    monkeypatch.setattr(np, "empty", empty)
+    assert same_bits(wide, buffer) and same_bits(buffer, wide)
+    bad = buffer.copy()
+    bad.view(np.uint32)[-1, -1] ^= 1  # a low bit no bfloat16 value has
+    assert not same_bits(wide, bad) and not same_bits(bad, wide)
 
 
 def test_npz_tensors_are_computed_once_and_checked_as_written(tmp_path, tiny_cfg, monkeypatch):
@@ -145,9 +152,9 @@ def test_npz_tensors_are_computed_once_and_checked_as_written(tmp_path, tiny_cfg
     state, made = random_state(tiny_cfg), Counter()
     from_canonical = Piece.from_canonical
 
-    def counted(self, a):
+    def counted(self, a, dtype=None):
         made[self.key] += 1
-        return from_canonical(self, a)
+        return from_canonical(self, a, dtype)
 
     monkeypatch.setattr(Piece, "from_canonical", counted)
     save_checkpoint(tmp_path / "m.npz", tiny_cfg, state, "big_vision")
@@ -157,8 +164,8 @@ def test_npz_tensors_are_computed_once_and_checked_as_written(tmp_path, tiny_cfg
     assert (tmp_path / "m.npz").read_bytes() == (tmp_path / "ref.npz").read_bytes()
     assert all(v.tobytes() == state[k].tobytes() for k, v in load_checkpoint(tmp_path / "m.npz").state.items())
 
-    def damaged(self, a):
-        out = from_canonical(self, a)
+    def damaged(self, a, dtype=None):
+        out = from_canonical(self, a, dtype)
         if self.key.endswith("MlpBlock_0/Dense_0/kernel"):
             out = out.copy()
             out.view(np.uint32).reshape(-1)[-1] ^= 1

@@ -35,7 +35,6 @@ warned, since files written from other models exist. ``NpzFormat`` is the format
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -82,13 +81,12 @@ from vit_common.checkpoints.formats.rules import (
     zero_head_bias,
 )
 from vit_common.checkpoints.formats.source import NPZ_PREFIXES
-from vit_common.checkpoints.formats.tensors import LazyTensor, Tensor, TensorMap, dtype_of
+from vit_common.checkpoints.formats.tensors import Tensor, TensorMap, Widened, dtype_of
 from vit_common.checkpoints.formats.timm_state import timm_load_call
 from vit_common.checkpoints.metadata import HF_NAFLEX_MODEL_TYPES, Declared
 from vit_common.config import ViTConfig
 from vit_common.data.images import Preprocess
 from vit_common.system import io
-from vit_common.system.tensor_files import contiguous
 
 PREFIXES = NPZ_PREFIXES
 POSEMB_KEYS = ("pos_embedding", "Transformer/posembed_input/pos_embedding", "Transformer/pos_embedding")
@@ -395,10 +393,6 @@ def cannot_hold(cfg: ViTConfig) -> list[str]:
     )
 
 
-def _widen(v) -> np.ndarray:
-    return contiguous(np.asarray(v), np.float32)  # one float32 copy, in C order, of a transposed view too
-
-
 def prepare(cfg: ViTConfig, state: TensorMap, family: str) -> tuple[ViTConfig, dict[str, Tensor], list[str]]:
     """Config and tensors as ``family`` ('original_vit' | 'big_vision') holds them.
 
@@ -419,7 +413,7 @@ def prepare(cfg: ViTConfig, state: TensorMap, family: str) -> tuple[ViTConfig, d
         notes += posemb_notes
     state = dict(state)
     if any(dtype_of(v).name == "bfloat16" for v in state.values()):
-        state = {k: LazyTensor(np.shape(v), np.float32, functools.partial(_widen, v)) for k, v in state.items()}
+        state = {k: Widened(v) for k, v in state.items()}
         cfg = cfg.replace(param_dtype="float32")
         notes.append("bfloat16 tensors written as float32 (exact; .npz has no portable bfloat16)")
     return cfg, state, notes

@@ -18,6 +18,7 @@ from vit_common.checkpoints.formats.tensors import (
     LazyTensor,
     Tensor,
     TensorMap,
+    Widened,
     concat_rows,
     dtype_of,
     row_slice,
@@ -53,12 +54,12 @@ class Piece:
         s = self.reshape if self.reshape is not None else self.shape
         return tuple(s[i] for i in self.perm) if self.perm is not None else tuple(s)
 
-    def from_canonical(self, a: np.ndarray) -> np.ndarray:
-        """The file tensor (C order) of canonical rows ``a`` (a transposed view of them, or a view of a
-        transposed file tensor, is copied a tile at a time)."""
+    def from_canonical(self, a: np.ndarray, dtype: np.dtype | type | None = None) -> np.ndarray:
+        """The file tensor (C order, cast to ``dtype`` if given) of canonical rows ``a`` (a transposed view
+        of them, or a view of a transposed file tensor, is copied a tile at a time, cast as it is copied)."""
         if self.perm is not None:
             a = a.transpose(np.argsort(self.perm))
-        return contiguous(a).reshape(self.shape)
+        return contiguous(a, dtype).reshape(self.shape)
 
 
 class PieceTensor(LazyTensor):
@@ -185,7 +186,9 @@ def from_canonical(rules: list[Rule], state: TensorMap) -> dict[str, Tensor]:
         for j, p in enumerate(rule.pieces):
 
             def make(src=src, p=p, lo=int(bounds[j]), hi=int(bounds[j + 1]), whole=whole) -> np.ndarray:
-                return p.from_canonical(np.asarray(src if whole else row_slice(src, lo, hi)))
+                # a widened tensor is cast as the layout copies it: one float32 copy, in the file's order
+                base, dtype = (src.base, np.float32) if isinstance(src, Widened) else (src, None)
+                return p.from_canonical(np.asarray(base if whole else row_slice(base, lo, hi)), dtype)
 
             plain = whole and p.perm is None and tuple(p.shape) == tuple(np.shape(src))
             if p.layer is not None:

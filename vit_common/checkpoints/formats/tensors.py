@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from vit_common.system.tensor_files import Stage, tiles
+from vit_common.system.tensor_files import Stage, contiguous, tiles
 
 
 class LazyTensor:
@@ -81,6 +81,18 @@ def nbytes_of(v) -> int:
     return math.prod(np.shape(v)) * dtype_of(v).itemsize
 
 
+class Widened(LazyTensor):
+    """``base`` (a bfloat16 or float16 array or lazy tensor) as float32, which holds every such value
+    exactly: loaded whole in one C-order copy (``contiguous``), while ``RowSlice`` casts only its rows and
+    ``same_bits`` a tile at a time, so that nothing holds the whole float32 tensor to compare or split it."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: Tensor):
+        super().__init__(np.shape(base), np.float32, lambda: contiguous(np.asarray(base), np.float32))
+        self.base = base
+
+
 class RowConcat(LazyTensor):
     """``parts`` (arrays or lazy tensors of one trailing shape and dtype) concatenated along axis 0."""
 
@@ -103,6 +115,8 @@ class RowSlice(LazyTensor):
         self.base, self.lo, self.hi = base, lo, hi
 
     def _rows(self) -> np.ndarray:
+        if isinstance(self.base, Widened):
+            return contiguous(np.asarray(self.base.base)[self.lo : self.hi], np.float32)
         rows = np.asarray(self.base)[self.lo : self.hi]
         return np.ascontiguousarray(rows) if isinstance(self.base, np.ndarray) else rows.copy()
 
@@ -173,25 +187,28 @@ def same_bits(a: Tensor, b: Tensor) -> bool:
     """Whether two tensors (arrays or lazy ones) are bit-identical: without loading them when they are
     known to be (``identical``), else loaded and compared as unsigned integers of their item size, a
     tile at a time (``tiles``: no contiguous copies, no mask the size of the tensor), a transposed side's
-    tile read through a ``Stage``."""
-    if dtype_of(a) != dtype_of(b) or np.shape(a) != np.shape(b):
+    tile read through a ``Stage``; a ``Widened`` side is read as its base, each tile cast as it is
+    compared."""
+    dtype = dtype_of(a)
+    if dtype != dtype_of(b) or np.shape(a) != np.shape(b):
         return False
     if identical(a, b):
         return True
-    a, b = np.atleast_1d(np.asarray(a)), np.atleast_1d(np.asarray(b))
+    a, b = (np.atleast_1d(np.asarray(t.base if isinstance(t, Widened) else t)) for t in (a, b))
     if identical(a, b):  # two lazy tensors that load views of the same memory
         return True
-    if a.dtype.itemsize in (1, 2, 4, 8):
-        bits = np.dtype(f"u{a.dtype.itemsize}")
-        a, b = a.view(bits), b.view(bits)
-    else:  # an item size no unsigned integer has (complex128): byte for byte
+    if dtype.itemsize not in (1, 2, 4, 8):  # an item size no unsigned integer has (complex128): byte for byte
         a, b = np.ascontiguousarray(a).reshape(-1).view(np.uint8), np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    bits = np.dtype(f"u{a.dtype.itemsize}") if a.dtype == b.dtype else np.dtype(f"u{dtype.itemsize}")
     if a.ndim > 1 and abs(a.strides[-1]) > min(abs(st) for st in a.strides):  # a is the transposed one
         a, b = b, a
     stage = Stage(b.shape, b.strides, b.dtype)
     for i in tiles(a.shape, a.strides, b.strides):
         held = stage(b[i])
-        if not np.array_equal(a[i], b[i] if held is None else held):
+        x, y = a[i], b[i] if held is None else held
+        if x.dtype != y.dtype:  # one side Widened: its tile cast to the other's dtype
+            x, y = x.astype(dtype, copy=False), y.astype(dtype, copy=False)
+        if not np.array_equal(x.view(bits), y.view(bits)):
             return False
     return True
 
