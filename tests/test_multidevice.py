@@ -1,5 +1,6 @@
 """Every 2-D mesh of 8 simulated CPU devices (1x8, 2x4, 8x1: replica x fsdp) trains as one device does,
-step for step, and a checkpoint written on one mesh restores exactly on another (2x4 -> 8x1 -> 1x1).
+step for step, and a checkpoint written on one mesh restores exactly on another (2x4 -> 8x1 -> 1x1), its
+checksums (vit_jax.state_checksums, recorded on one mesh and checked on the next) the same on each.
 
 XLA_FLAGS must be set before jax is imported, so the comparison runs in a subprocess.
 """
@@ -27,6 +28,7 @@ SCRIPT = textwrap.dedent("""
     from vit_jax.data import iterate, train_batches
     from vit_jax.keys import keys_to_data
     from vit_jax.mesh import make_mesh
+    from vit_jax.state_checksums import checksums
     from vit_common.training.train_config import TrainConfig
     from vit_jax.trainer import Trainer, sharded_abstract
 
@@ -73,6 +75,7 @@ SCRIPT = textwrap.dedent("""
         return jax.tree.map(np.asarray, jax.device_get(keys_to_data(state)))
 
     saved, chain = host(states["replica=2,fsdp=4"]), []
+    recorded = checksums(states["replica=2,fsdp=4"])  # also what each save records and each restore checks
     state, folder = states["replica=2,fsdp=4"], tempfile.mkdtemp()
     for i, (spec, devices) in enumerate([("replica=8,fsdp=1", None), ("replica=1,fsdp=1", jax.devices()[:1])]):
         ckpt = Checkpoints(f"{folder}/{i}")
@@ -82,7 +85,8 @@ SCRIPT = textwrap.dedent("""
         state, _ = ckpt.restore(sharded_abstract(t))
         exact = all(jax.tree.leaves(jax.tree.map(np.array_equal, host(state), saved)))
         placed = jax.tree.leaves(jax.tree.map(lambda x, s: x.sharding == s, state, t.state_shardings))
-        chain.append({"mesh": spec, "exact": exact, "placed": all(placed), "devices": len(state["step"].devices())})
+        devices, same = len(state["step"].devices()), checksums(state) == recorded
+        chain.append({"mesh": spec, "exact": exact, "placed": all(placed), "devices": devices, "checksums": same})
     out["restore"] = chain
     print("RESULT " + json.dumps(out))
 """)
@@ -110,6 +114,6 @@ def test_every_mesh_of_8_devices_matches_one_device_and_restores_on_another():
     assert out["replica=8,fsdp=1"]["sharded"] == 0 and out["replica=2,fsdp=4"]["sharded"] > 10, out
     assert [out[spec]["split"] for spec in MESHES] == [1, 2, 8], out
     assert out["restore"] == [
-        {"mesh": "replica=8,fsdp=1", "exact": True, "placed": True, "devices": 8},
-        {"mesh": "replica=1,fsdp=1", "exact": True, "placed": True, "devices": 1},
+        {"mesh": "replica=8,fsdp=1", "exact": True, "placed": True, "devices": 8, "checksums": True},
+        {"mesh": "replica=1,fsdp=1", "exact": True, "placed": True, "devices": 1, "checksums": True},
     ]

@@ -36,6 +36,7 @@ import orbax.checkpoint as ocp
 
 from vit_common.system import io
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
+from vit_jax.state_checksums import RECORD_KEY, ChecksumError, check, checksums
 
 
 class Checkpoints:
@@ -85,15 +86,18 @@ class Checkpoints:
 
     def save(self, step: int, state, meta: dict, metrics: dict | None = None) -> None:
         """Save ``state`` (any pytree; PRNG keys stored as key data) and JSON ``meta`` at ``step``, with
-        the evaluation ``metrics`` of that step for ``best``."""
-        meta = {**meta, "key_impl": key_impl_name(state) or key_impl_name()}
+        the evaluation ``metrics`` of that step for ``best``. ``meta`` also records the state's checksums
+        (``vit_jax.state_checksums``, computed on the devices before the write starts), which ``restore``
+        checks."""
+        data = keys_to_data(state)
+        meta = {**meta, "key_impl": key_impl_name(state) or key_impl_name(), RECORD_KEY: checksums(data)}
         self.wait()  # the save before this one (orbax waits for it too): its failure is raised as its own
         self._check_space(step, state)
         if metrics is not None and self.best is not None:
             self._scores[step] = metrics[self.best]
         self.manager.save(
             step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(keys_to_data(state)), meta=ocp.args.JsonSave(meta)),
+            args=ocp.args.Composite(state=ocp.args.StandardSave(data), meta=ocp.args.JsonSave(meta)),
             metrics=metrics,
             force=True,
         )
@@ -138,9 +142,13 @@ class Checkpoints:
 
     def restore(self, abstract_state, step: int | None = None):
         """(state shaped like ``abstract_state``, with its shardings; meta dict) at ``step`` or the latest.
+        The state is checked against the checksums its save recorded (a checkpoint without them, of an
+        earlier version, restores unchecked).
 
         Raises:
             FileNotFoundError: no checkpoint in the directory.
+            ChecksumError: a leaf differs from its recorded checksum (a data file changed or damaged): one
+                line naming the step's folder and the leaf's path.
         """
         step = self.latest_step() if step is None else step
         if step is None:
@@ -151,20 +159,26 @@ class Checkpoints:
                 step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
             )
         meta = dict(out["meta"])
+        if RECORD_KEY in meta:
+            check(meta.pop(RECORD_KEY), out["state"], f"{self.manager.directory}/{step}")
         return data_to_keys(out["state"], abstract_state, meta["key_impl"]), meta
 
     def restore_complete(self, abstract_state, steps: list[int]):
         """(step, state, meta) of the latest of ``steps`` that restores; a checkpoint that does not (truncated or
         damaged files, e.g. a disk that filled) is reported on stderr, a line each, and the one before it is
-        tried.
+        tried. A checkpoint that restores but differs from its checksums is refused, not passed over: the
+        files of a complete checkpoint were changed after it was written, and which others were is unknown.
 
         Raises:
+            ChecksumError: the latest that restores differs from its checksums (``restore``).
             ValueError: none restores: one line naming the folder, the earliest step and what is wrong with it
                 (``read_error_reason``; the later ones were reported before).
         """
         for step in reversed(steps):
             try:
                 return (step, *self.restore(abstract_state, step=step))
+            except ChecksumError:
+                raise
             except Exception as e:  # orbax and its JSON/tensorstore readers raise many types
                 line = f"{self.manager.directory}/{step}: does not restore ({read_error_reason(e)})"
                 if step == steps[0]:

@@ -6,6 +6,7 @@ the exports)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from vit_cli.main import main
@@ -173,6 +175,21 @@ def resume_without_checkpoints(what: str, damage: Callable[[Path], None]) -> Cal
     return build
 
 
+def resume_changed(what: str, damage: Callable[[Path], None]) -> Callable[[Path], list[str]]:
+    """A finished run whose latest checkpoint ``damage(run)`` changed, resumed on the run's own data: it
+    would go on from other values."""
+
+    def build(tmp: Path) -> list[str]:
+        done = _finished_run(tmp.parents[1], npz_dataset(tmp / "d.npz", [0, 1] * 4))
+        shutil.copytree(done, tmp / "run", symlinks=True)
+        damage(tmp / "run")
+        dataset = json.loads((done / "config.json").read_text())["train"]["dataset"]
+        return [*TRAIN, "--dataset", dataset, "--out", str(tmp / "run"), "--resume"]
+
+    build.__name__ = f"--resume with {what}"
+    return build
+
+
 def naflex_init(*flags: str, fixed: bool = False) -> Callable[[Path], list[str]]:
     """``vit train --init`` of ``SMALL`` as a NaFlex model (no class token, its stored preprocessing a
     budget of 16 patches), or with ``fixed`` as it is, on an npz dataset, with ``flags``."""
@@ -216,6 +233,68 @@ def _checkpoints_half_written(run: Path) -> None:
     """Every step folder renamed as orbax names one still being written."""
     for step in (run / "checkpoints").iterdir():
         step.rename(step.with_name(f"{step.name}.orbax-checkpoint-tmp-1"))
+
+
+def _data_file(run: Path) -> Path:
+    """The latest checkpoint's data file of the arrays (the largest; the others are b-tree nodes)."""
+    step = max((run / "checkpoints").iterdir(), key=lambda p: int(p.name))
+    return max((step / "state" / "ocdbt.process_0" / "d").iterdir(), key=lambda f: f.stat().st_size)
+
+
+def _restored(step: Path) -> list:
+    """The arrays of a checkpoint's state folder as orbax reads them (onto one device), in the state's order."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    with ocp.StandardCheckpointer() as ckptr:
+        target = jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), ckptr.metadata(step).item_metadata
+        )
+        return [np.asarray(x) for x in jax.tree.leaves(ckptr.restore(step, target))]
+
+
+def _changed_in_place(change: Callable[[bytearray, int], None]) -> Callable[[Path], None]:
+    """``change(data, at)`` of the data file's bytes at the first of its sixteenths where orbax still reads
+    the checkpoint, and reads other values, without an error (where zstd left stored floats as they are: the
+    layout varies from run to run; each try in a copy of its own, tensorstore caching what it read)."""
+
+    def damage(run: Path) -> None:
+        f = _data_file(run)
+        data, step = f.read_bytes(), f.parents[3]
+        before = _restored((step / "state").absolute())
+        for i in range(1, 16):
+            changed = bytearray(data)
+            change(changed, len(data) * i // 16)
+            trial = run.parent / f"trial-{i}"
+            shutil.copytree(step, trial)
+            (trial / f.relative_to(step)).write_bytes(bytes(changed))
+            try:
+                after = _restored(trial.absolute() / "state")
+            except Exception:  # the zstd frame no longer decodes: orbax refuses it without a checksum
+                continue
+            finally:
+                shutil.rmtree(trial)
+            if any(not np.array_equal(a, b) for a, b in zip(after, before, strict=True)):
+                f.write_bytes(bytes(changed))
+                return
+        raise AssertionError(f"{f}: no change of one sixteenth that orbax reads as other values")
+
+    return damage
+
+
+def _zeroed(data: bytearray, at: int) -> None:
+    data[at : at + 8] = bytes(8)
+
+
+def _flipped(data: bytearray, at: int) -> None:
+    data[at] ^= 0x01
+
+
+CHANGED = (
+    r"{tmp}/run/checkpoints/\d+: the state's [\w.]+ does not match the checksum recorded when the checkpoint "
+    "was written: its data files were changed or damaged"
+)
 
 
 def batch_larger_than_the_data(spec: str, batch: int) -> Callable[[Path], list[str]]:
@@ -369,6 +448,8 @@ CASES = [
         resume_without_checkpoints("only half-written checkpoints", _checkpoints_half_written),
         r"{tmp}/run: nothing to resume from: .*{tmp}/run/checkpoints holds no complete checkpoint\)",
     ),
+    Case(resume_changed("8 data bytes zeroed", _changed_in_place(_zeroed)), CHANGED),
+    Case(resume_changed("a data byte flipped", _changed_in_place(_flipped)), CHANGED),
     Case(
         assumed_into_train_exports,
         r"{tmp}/run/model_hf: its config.json states every field as fact to transformers, and .*--accept-assumed",
