@@ -2,11 +2,12 @@
 
 ``Checkpoints`` is one ``orbax.checkpoint.CheckpointManager`` over a run's checkpoints/ folder: at each
 saved step the train state (any pytree, its PRNG keys stored as key data: ``vit_jax.keys``) and a JSON
-metadata item. Saves are asynchronous and atomic (a temporary folder renamed into place), the last
-``keep`` kept and optionally the best by an evaluation metric; the free space is checked before a save
-starts, and a save that fails is raised once, as one OSError line naming the folder, the step, the cause
-as the OS names it (``write_error_reason``) and where ``--resume`` continues (``saved_steps``: a folder's
-complete checkpoints). orbax's own threads' reports of that failure are dropped
+metadata item, which records the state's checksums computed on the devices; every restore checks them
+(``vit_jax.state_checksums``). Saves are asynchronous and atomic (a temporary folder renamed into place),
+the last ``keep`` kept and optionally the best by an evaluation metric; the free space is checked before a
+save starts, and a save that fails is raised once, as one OSError line naming the folder, the step, the
+cause as the OS names it (``write_error_reason``) and where ``--resume`` continues (``saved_steps``: a
+folder's complete checkpoints). orbax's own threads' reports of that failure are dropped
 (``_OrbaxReportsDropped``). With several processes every process calls every method.
 
 Reads of orbax folders, here and of a model folder (``vit_jax.formats``), run inside
