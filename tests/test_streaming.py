@@ -451,3 +451,29 @@ def test_convert_memory_benchmark_meta_pth_source_is_kept_and_reused(tmp_path, m
         np.array_equal(got[k].view(np.uint16), want[k].view(np.uint16)) for k in want
     )
     assert convert_memory.main(argv) == 0 and "# reusing the source kept in" in capsys.readouterr().out
+
+
+def test_a_conversion_streams_a_model_larger_than_the_memory_limit_that_loading_refuses(tmp_path, monkeypatch):
+    """The memory check of a conversion counts the activations its config declares, not its parameters,
+    which pass through one tensor at a time: a model whose float32 parameters exceed VIT_MAX_BYTES converts
+    (bit for bit) while loading it into memory is refused, and a declared image size that would not fit
+    is still refused in the conversion."""
+    from vit_common.system.validate import model_bytes
+
+    cfg = ViTConfig(image_size=32, patch_size=8, width=64, depth=2, num_heads=2, mlp_dim=128, num_classes=5)
+    state = random_state(cfg)
+    save_checkpoint(tmp_path / "m.safetensors", cfg, state, "timm")
+    limit = (model_bytes(cfg) + model_bytes(cfg, parameters=False)) // 2
+    monkeypatch.setenv("VIT_MAX_BYTES", str(limit))
+    with pytest.raises(ValueError, match="parameters and activations"):
+        load_checkpoint(tmp_path / "m.safetensors")
+    assert main(["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "o.safetensors")]) == 0
+    monkeypatch.delenv("VIT_MAX_BYTES")
+    out = load_checkpoint(tmp_path / "o.safetensors").state
+    assert all(same_bits(out[k], v) for k, v in state.items())
+    monkeypatch.setenv("VIT_MAX_BYTES", str(limit))
+    with pytest.raises(SystemExit) as e:
+        main(
+            ["convert", str(tmp_path / "m.safetensors"), str(tmp_path / "big.safetensors"), "--set", "image_size=4096"]
+        )
+    assert e.value.code == 2 and not (tmp_path / "big.safetensors").exists()

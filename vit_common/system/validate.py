@@ -215,29 +215,33 @@ def check_bytes(what: str, need: int) -> None:
         )
 
 
-def model_bytes(cfg, batch: int = 1, seq: int | None = None) -> int:
-    """An estimate of the bytes a model needs: its parameters in ``cfg.param_dtype`` plus one forward
-    pass's largest activations in float32 at ``batch`` images (the qkv or MLP hidden tensor of one
-    block, and one block's attention logits) of ``seq`` tokens (None: those of ``cfg.image_size``)."""
+def model_bytes(cfg, batch: int = 1, seq: int | None = None, parameters: bool = True) -> int:
+    """An estimate of the bytes a model needs: its parameters in ``cfg.param_dtype`` (unless
+    ``parameters`` is False: a conversion streams them from the file) plus one forward pass's largest
+    activations in float32 at ``batch`` images (the qkv or MLP hidden tensor of one block, and one block's
+    attention logits) of ``seq`` tokens (None: those of ``cfg.image_size``)."""
     itemsize = _ITEMSIZE[cfg.param_dtype]
     if seq is None:
         grid = math.prod(-(-s // p) for s, p in zip(cfg.image_size, cfg.patch_size, strict=True))
         seq = cfg.num_prefix_tokens + grid
     activations = batch * (seq * max(3 * cfg.width, cfg.mlp_dim) + cfg.num_heads * seq * seq) * 4
-    return cfg.param_count() * itemsize + activations
+    return (cfg.param_count() * itemsize if parameters else 0) + activations
 
 
-def check_model_size(cfg, context: str, batch: int = 1, training: bool = False) -> None:
-    """Raise unless ``model_bytes(cfg, batch)`` fits ``memory_limit()``; with ``training``, also the
-    gradients and AdamW's two moments (3 float32 values per parameter).
+def check_model_size(cfg, context: str, batch: int = 1, training: bool = False, parameters: bool = True) -> None:
+    """Raise unless ``model_bytes(cfg, batch, parameters=parameters)`` fits ``memory_limit()``; with
+    ``training``, also the gradients and AdamW's two moments (3 float32 values per parameter). Without
+    ``parameters`` (a conversion, which holds about one tensor at a time) only the activations its
+    config declares are counted, so that a declared image size is still bounded.
 
     Raises:
         ValueError: naming ``context``, the config's size fields, the estimate and the limit.
     """
     sizes = f"depth={cfg.depth}, width={cfg.width}, mlp_dim={cfg.mlp_dim}, image_size={tuple(cfg.image_size)}"
     what = "parameters, gradients, optimizer state and activations" if training else "parameters and activations"
+    what = what if parameters else "activations"
     extra = 3 * 4 * cfg.param_count() if training else 0
-    check_bytes(f"{context}: a model with {sizes} ({what})", model_bytes(cfg, batch) + extra)
+    check_bytes(f"{context}: a model with {sizes} ({what})", model_bytes(cfg, batch, parameters=parameters) + extra)
 
 
 def check_declared_sizes(context: str, tensors: Mapping[str, Any], depth: int, width: int, mlp_dim: int) -> None:
