@@ -525,6 +525,25 @@ def test_a_shard_one_process_finds_damaged_through_data_workers_stops_both_and_l
     assert tagged_processes(tag) == []
 
 
+def assert_both_stopped_for_a_lost_worker(procs, where: str, killed: str, reached: int, out, tag: str) -> None:
+    """Both processes exited 75 with the same one line (``where``, process 0 and the killed worker's pid,
+    the checkpoint of step ``reached`` to resume from), no traceback, that checkpoint written by both, no
+    model export, and no worker of the run left after 10 s."""
+    for i, p in enumerate(procs):
+        said = [ln for ln in p.stderr.splitlines() if ln.startswith("vit train: ") and " train / " not in ln]
+        assert p.returncode == 75 and len(said) == 1 and "Traceback" not in p.stderr, (i, p.stderr[-3000:])
+        assert said[0].startswith(
+            f"vit train: error: {where} (process 0 of 2): a data worker process (pid {killed}) was killed by SIGKILL ("
+        ), said[0]
+        assert said[0].endswith(f"The same command with --resume continues from the checkpoint of step {reached}")
+    assert_checkpoints_of_two_processes(out, [reached])
+    assert not (out / "model.safetensors").exists()
+    deadline = time.time() + 10
+    while tagged_processes(tag) and time.time() < deadline:
+        time.sleep(0.1)
+    assert tagged_processes(tag) == []
+
+
 @pytest.mark.slow
 def test_a_killed_data_worker_of_one_process_stops_both_at_one_step_with_a_checkpoint_and_resume_ends_bit_exact(
     menv, tmp_path
@@ -544,21 +563,8 @@ def test_a_killed_data_worker_of_one_process_stops_both_at_one_step_with_a_check
     killed = procs[0].stderr.split("test: killed ")[1].split()[0]
     reached = saved_steps(out / "checkpoints")[-1]
     assert 3 < reached < 30 and reached % 4, (reached, procs[0].stderr[-3000:])  # the step reached, not a periodic one
-    for i, p in enumerate(procs):
-        said = [ln for ln in p.stderr.splitlines() if ln.startswith("vit train: ") and " train / " not in ln]
-        assert p.returncode == 75 and len(said) == 1 and "Traceback" not in p.stderr, (i, p.stderr[-3000:])
-        assert said[0].startswith(
-            f"vit train: error: step {reached + 1}'s batch (process 0 of 2): a data worker process (pid {killed}) "
-            "was killed by SIGKILL ("
-        ), said[0]
-        assert said[0].endswith(f"The same command with --resume continues from the checkpoint of step {reached}")
     assert abs(procs[0].ended - procs[1].ended) < 30
-    assert_checkpoints_of_two_processes(out, [reached])
-    assert not (out / "model.safetensors").exists()
-    deadline = time.time() + 10
-    while tagged_processes(tag) and time.time() < deadline:
-        time.sleep(0.1)
-    assert tagged_processes(tag) == []
+    assert_both_stopped_for_a_lost_worker(procs, f"step {reached + 1}'s batch", killed, reached, out, tag)
     ok(train({**menv, "VIT_TEST_RUN": tag}, 2, out, *args, "--resume"))
     assert_same_run(out, tmp_path / "ref")
     assert tagged_processes(tag) == []
@@ -584,19 +590,6 @@ def test_a_killed_test_set_worker_of_one_process_stops_both_at_its_evaluation_wi
     killed = procs[0].stderr.split("test: killed ")[1].split()[0]
     reached = saved_steps(out / "checkpoints")[-1]
     assert 2 < reached <= 9, (reached, procs[0].stderr[-3000:])
-    for i, p in enumerate(procs):
-        said = [ln for ln in p.stderr.splitlines() if ln.startswith("vit train: ") and " train / " not in ln]
-        assert p.returncode == 75 and len(said) == 1 and "Traceback" not in p.stderr, (i, p.stderr[-3000:])
-        assert said[0].startswith(
-            f"vit train: error: step {reached}'s evaluation (process 0 of 2): a data worker process (pid {killed}) "
-            "was killed by SIGKILL ("
-        ), said[0]
-        assert said[0].endswith(f"The same command with --resume continues from the checkpoint of step {reached}")
-    assert_checkpoints_of_two_processes(out, [reached])
-    assert not (out / "model.safetensors").exists()
-    deadline = time.time() + 10
-    while tagged_processes(tag) and time.time() < deadline:
-        time.sleep(0.1)
-    assert tagged_processes(tag) == []
+    assert_both_stopped_for_a_lost_worker(procs, f"step {reached}'s evaluation", killed, reached, out, tag)
     ok(train({**menv, "VIT_TEST_RUN": tag}, 2, out, *args, "--resume"))
     assert_same_run(out, tmp_path / "ref")  # with the stopped step's evaluation line, taken first by the resumed run
