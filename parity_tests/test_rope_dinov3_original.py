@@ -170,3 +170,21 @@ def test_vit_parity_against_timm_on_a_meta_file_in_both_periods_modes(tmp_path, 
         timm_rows = [r["against"] for r in report["rows"] if r["against"] is not None]
         assert report["ok"] and len(timm_rows) == 4 and all(r["ok"] for r in timm_rows), report["rows"]
         assert report["conversion"]["config"]["rope_periods"] == {"stored": "stored"}.get(mode, "computed")
+
+
+def test_a_model_without_registers_is_written_without_storage_tokens(tmp_path):
+    """A transformers DINOv3 of num_register_tokens=0 written as Meta's file holds no ``storage_tokens``
+    (Meta's ``DinoVisionTransformer`` of ``n_storage_tokens=0`` has none) and reads back bit-exact, with the
+    periods it stores."""
+    import transformers
+
+    tiny = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, image_size=64)
+    config = transformers.DINOv3ViTConfig(**tiny, patch_size=16, num_register_tokens=0)
+    transformers.DINOv3ViTModel(config).save_pretrained(tmp_path / "hf")
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "d3.pth"), "--to", "dinov3_original"]) == 0
+    written = torch.load(tmp_path / "d3.pth", weights_only=True)
+    assert "storage_tokens" not in written and "mask_token" in written
+    want, got = load_checkpoint(tmp_path / "hf"), load_checkpoint(tmp_path / "d3.pth", readers=READERS)
+    assert got.report.format == "dinov3_original" and got.cfg.reg_tokens == 0
+    assert set(got.state) - set(want.state) == {"rope.periods"}  # stored by Meta's files, not by transformers'
+    assert all(np.array_equal(np.asarray(got.state[k]), np.asarray(want.state[k])) for k in want.state)

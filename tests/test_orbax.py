@@ -169,3 +169,19 @@ def test_array_crc32_is_that_of_the_little_endian_c_order_bytes(arr, monkeypatch
     monkeypatch.setattr(state_crc, "CHUNK_BYTES", 8)  # chunks of a row or less
     expected = zlib.crc32(np.asarray(arr, np.asarray(arr).dtype.newbyteorder("<")).tobytes())
     assert state_crc.array_crc32(np.asarray(arr)) == expected
+
+
+def test_a_malformed_checksum_entry_is_named_as_the_json_file_s_not_as_damaged_data():
+    """Each malformed value of an entry is refused as vit_config.json's entry, before any array is compared."""
+    from vit_common.checkpoints.formats.errors import FormatError
+    from vit_common.checkpoints.formats.state_crc import check_record, record
+
+    tree = {"a": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3)}}
+    good = record(tree)["a.kernel"]
+    for field, value in [("crc32", v) for v in (-1, 2**40, True, "abc", 1.5, None)] + [
+        ("dtype", "object"),
+        ("shape", "64"),
+    ]:
+        with pytest.raises(FormatError, match=r"^F: vit_config.json's state_crc32 entry is malformed: a.kernel has "):
+            check_record({"a.kernel": good | {field: value}}, tree, "F", "vit_config.json")
+    check_record({"a.kernel": good}, tree, "F", "vit_config.json")

@@ -223,3 +223,26 @@ def test_an_assumption_warning_points_at_the_callers_line_and_names_keywords(tmp
     with pytest.warns(UserWarning, match=r"give each with the keyword FIELD=VALUE .*strict=True") as record:
         vit_torch.load_model(tmp_path / "bare.safetensors")
     assert [Path(w.filename).name for w in record] == [Path(__file__).name]
+
+
+def test_a_pth_of_a_width_no_rule_guesses_heads_for_is_written_with_the_given_heads(tmp_path):
+    """timm's ViT of width 264 and 3 heads (bf16, in a .safetensors file): converted to a timm .pth with
+    num_heads=3 given, the read-back check reads it with 3 heads, says readers must pass them, and the
+    file reads back bit-exact with them."""
+    import timm
+    from safetensors.torch import save_file
+
+    from vit_common.checkpoints.convert import convert
+
+    model = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=16, embed_dim=264, num_heads=3, depth=1, mlp_ratio=1.0, num_classes=3
+    ).to(torch.bfloat16)
+    want = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(want, tmp_path / "odd_bf16.safetensors")
+    report = convert(
+        tmp_path / "odd_bf16.safetensors", tmp_path / "odd2.pth", to_fmt="timm", writers=WRITERS, num_heads=3
+    )
+    assert any("cannot hold num_heads=3" in w and "--set num_heads=3" in w for w in report.warnings), report.warnings
+    got = torch.load(tmp_path / "odd2.pth", weights_only=True)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert load_checkpoint(tmp_path / "odd2.pth", readers=READERS, num_heads=3).cfg.num_heads == 3

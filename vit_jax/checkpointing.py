@@ -318,11 +318,16 @@ def orbax_reports_dropped(folder: str | os.PathLike) -> Iterator[None]:
 def read_error_reason(e: BaseException) -> str:
     """What a failed orbax read found wrong, in one line: the error's first line without the specs that
     tensorstore's errors end with (``[tensorstore_spec='{...}']``, a JSON context of 1,000 characters or
-    more each); a JSON error (a garbled ``_METADATA``, whose message names no file) says so."""
+    more each); a JSON error (a garbled ``_METADATA``, whose message names no file) says so. A reason that
+    starts with one of ``DAMAGED_DATA`` is damaged data files'."""
     text = str(e).splitlines()[0] if str(e) else type(e).__name__
     if isinstance(e, json.JSONDecodeError):
         return f"a metadata file of orbax's is not JSON: {text}"
     return re.sub(r" ?\[tensorstore_spec(\[\d+\])?='[^']*'\]", "", text)
+
+
+# tensorstore's codes for data files whose bytes are not what their b-tree says (cut short, overwritten)
+DAMAGED_DATA = ("OUT_OF_RANGE: ", "DATA_LOSS: ")
 
 
 def write_error_reason(e: BaseException) -> str:

@@ -35,7 +35,7 @@ from vit_common.checkpoints.formats.stored_config import FORMAT_TAG, stored_conf
 from vit_common.config import ViTConfig
 from vit_common.system.io import atomic_write_dir, check_free_space, folder_mark, read_json, write_json
 from vit_common.system.validate import check_model_size
-from vit_jax.checkpointing import closed_loop_dropped, orbax_reports_dropped, read_error_reason
+from vit_jax.checkpointing import DAMAGED_DATA, closed_loop_dropped, orbax_reports_dropped, read_error_reason
 from vit_jax.keys import data_to_keys, key_impl_name, keys_to_data
 from vit_jax.model import VisionTransformer
 from vit_jax.torch_bridge import read_timm_hub_config
@@ -171,6 +171,8 @@ def load_orbax(path: str | os.PathLike, **overrides) -> VisionTransformer:
             restored = ckptr.restore((path / "state").absolute(), _string_keys(keys_to_data(template)))
         except (ValueError, KeyError, TypeError, FileNotFoundError, OSError) as e:
             reason = read_error_reason(e)
+            if reason.startswith(DAMAGED_DATA):
+                raise FormatError(f"{path}: the data files were changed or damaged (tensorstore: {reason})") from e
             raise FormatError(f"{path}: orbax could not restore the state for the stored config ({reason})") from e
         finally:
             ckptr.close()

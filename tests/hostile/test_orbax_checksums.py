@@ -143,3 +143,33 @@ def test_load_model_of_another_models_data_file_raises_and_prints_nothing(
         vit_jax.load_model(ob)
     assert _settled_stderr(capsys, caplog) == ""
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("command", "field", "value"), [("info", "crc32", -1), ("convert", "dtype", "object")], ids=["crc32", "dtype"]
+)
+def test_a_malformed_checksum_entry_is_one_line_naming_it(
+    command, field, value, written, tmp_path, capsys, caplog, monkeypatch
+):
+    """An entry of vit_config.json's state_crc32 of a value no array has (before: refused as damaged data
+    files): exit 2, one line naming the JSON file's entry as malformed, nothing written."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    _printing_hook(monkeypatch)
+    ob = tmp_path / "ob"
+    shutil.copytree(written, ob)
+    config = json.loads((ob / "vit_config.json").read_text())
+    path = next(iter(config["state_crc32"]))
+    config["state_crc32"][path][field] = value
+    (ob / "vit_config.json").write_text(json.dumps(config))
+    argv = COMMANDS[command](str(ob), tmp_path)
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = _settled_stderr(capsys, caplog)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    want = f"vit {command}: error: {ob}/state: vit_config.json's state_crc32 entry is malformed: {path} has {field} "
+    assert lines[0].startswith(want), lines[0]
+    assert snapshot(tmp_path) == before

@@ -61,6 +61,17 @@ DAMAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "sub-folder missing": (_sub_folder_missing, r"Not enough data"),
 }
 
+DATA_DAMAGES = {"data truncated", "b-tree zero-filled"}  # named as damaged data files, tensorstore's reason after
+
+
+def _refused_as(ob: Path, damage: str) -> str:
+    """The start of the refusal (a regex) of folder ``ob`` with ``damage``: damaged data files, or what orbax
+    could not restore."""
+    if damage in DATA_DAMAGES:
+        return f"{re.escape(str(ob))}: the data files were changed or damaged \\(tensorstore: "
+    return f"{re.escape(str(ob))}: orbax could not restore the state for the stored config \\("
+
+
 COMMANDS = {
     "info": lambda ob, tmp: ["info", ob],
     "convert": lambda ob, tmp: ["convert", ob, str(tmp / "out.safetensors")],
@@ -125,7 +136,7 @@ def test_a_damaged_orbax_folder_is_one_line(command, damage, orbax_folder, tmp_p
     ob = _damaged(orbax_folder, tmp_path, damage)
     argv = COMMANDS[command](str(ob), tmp_path)
     before = snapshot(tmp_path)
-    prefix = f"vit {command.split()[0]}: error: {ob}: orbax could not restore the state for the stored config \\("
+    prefix = f"vit {command.split()[0]}: error: " + _refused_as(ob, damage)
     for _ in range(2):
         capsys.readouterr()
         assert main(argv) == 2
@@ -148,7 +159,7 @@ def test_load_model_of_a_damaged_orbax_folder_raises_and_prints_nothing(
     ob = _damaged(orbax_folder, tmp_path, damage)
     before = snapshot(tmp_path)
     for _ in range(2):
-        with pytest.raises(FormatError, match=f"^{re.escape(str(ob))}: orbax could not .*{DAMAGES[damage][1]}"):
+        with pytest.raises(FormatError, match=f"^{_refused_as(ob, damage)}.*{DAMAGES[damage][1]}"):
             vit_jax.load_model(ob)
         assert _settled_stderr(capsys, caplog) == ""
     assert snapshot(tmp_path) == before

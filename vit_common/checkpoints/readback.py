@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from vit_common.checkpoints.formats.protocol import Encoded, Format
-from vit_common.checkpoints.formats.provenance import ASSUMED, flag_for
+from vit_common.checkpoints.formats.provenance import ASSUMED, WRITTEN, flag_for
 from vit_common.checkpoints.formats.rules import PieceTensor
 from vit_common.checkpoints.formats.tensors import (
     LazyTensor,
@@ -131,7 +131,12 @@ def _lost(f: Format, enc: Encoded, dec, assumed: Sequence[str]) -> list[str]:
     inert = enc.cfg.inert_fields()
     for name in (k for k in dec.provenance if k not in inert):
         value, back = getattr(enc.cfg, name), getattr(dec.cfg, name)
-        if back != value:
+        if dec.provenance[name] == WRITTEN:
+            lost.append(
+                f"{f.name} files cannot hold {name}={value!r} (no rule reads it back); pass "
+                f"{flag_for(name, value)} when reading the file"
+            )
+        elif back != value:
             lost.append(
                 f"{f.name} files cannot hold {name}={value!r} (it reads back as {back!r}); pass "
                 f"{flag_for(name, value)} when reading the file"
@@ -139,7 +144,11 @@ def _lost(f: Format, enc: Encoded, dec, assumed: Sequence[str]) -> list[str]:
     hardened = {}
     for name in assumed:
         origin = dec.provenance.get(name)
-        if origin is not None and origin.kind != ASSUMED and getattr(enc.cfg, name) == getattr(dec.cfg, name):
+        if (
+            origin not in (None, WRITTEN)
+            and origin.kind != ASSUMED
+            and getattr(enc.cfg, name) == getattr(dec.cfg, name)
+        ):
             hardened.setdefault(origin.kind, []).append(name)
     lost += [
         f"{f.name} files cannot record that {', '.join(names)} {'was' if len(names) == 1 else 'were'} assumed "

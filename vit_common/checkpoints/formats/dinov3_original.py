@@ -7,7 +7,7 @@ Keys, as timm's converter (``timm.models.eva.checkpoint_filter_fn``, the Meta DI
 Meta                           canonical                                 how
 ============================== ========================================= ==================================
 cls_token [1, 1, D]            cls_token
-storage_tokens [1, R, D]       reg_token                                 registers ("storage tokens")
+storage_tokens [1, R, D]       reg_token                                 registers (none: R = 0)
 mask_token [1, D]              -                                         training only: ignored, reported
 patch_embed.proj.*             patch_embed.proj.*
 rope_embed.periods [hd/4]      rope.periods (``--rope-periods stored``)  gives the head dimension
@@ -106,8 +106,9 @@ _FIXED: dict[str, Any] = dinov3_fixed("rope", {"rope_temperature": TEMPERATURE})
 
 
 def is_dinov3_original(keys) -> bool:
-    """True if the key names are a Meta DINOv3 state_dict (storage tokens and RoPE periods)."""
-    return "storage_tokens" in keys and PERIODS in keys
+    """True if the key names are a Meta DINOv3 state_dict (RoPE periods, with storage tokens or a mask token:
+    a model of ``n_storage_tokens=0`` has no ``storage_tokens``)."""
+    return PERIODS in keys and ("storage_tokens" in keys or "mask_token" in keys)
 
 
 def bias_kind(mask: np.ndarray, context: str) -> bool:
@@ -184,7 +185,7 @@ def read_original(
         patch_size=(ph, pw),
         depth=depth,
         num_heads=d // hd,
-        reg_tokens=int(np.shape(tensors["storage_tokens"])[1]),
+        reg_tokens=int(np.shape(tensors["storage_tokens"])[1]) if "storage_tokens" in tensors else 0,
         mlp_type="swiglu" if swiglu else "plain",
         mlp_dim=int(np.shape(tensors[fc1])[0]),
         qkv_bias="blocks.0.attn.qkv.bias" in tensors,
@@ -225,7 +226,7 @@ def to_canonical(cfg: ViTConfig, tensors: TensorMap) -> dict[str, Tensor]:
     """A Meta DINOv3 state (bias masks and ignored tensors removed) -> the canonical state of ``cfg``; the
     caller checks it against ``canonical_shapes``."""
     t = dict(tensors)
-    out: dict[str, Tensor] = {"reg_token": t.pop("storage_tokens")} if cfg.reg_tokens else {}
+    out: dict[str, Tensor] = {"reg_token": t.pop("storage_tokens")} if "storage_tokens" in t and cfg.reg_tokens else {}
     periods = t.pop(PERIODS)
     if cfg.rope_periods == "stored":
         out["rope.periods"] = periods
@@ -261,7 +262,8 @@ def from_canonical(cfg: ViTConfig, state: TensorMap) -> dict[str, Tensor]:
             out[k.replace(".fc2.", ".w3.")] = v
         else:
             out[k] = v
-    out["storage_tokens"] = state["reg_token"] if cfg.reg_tokens else np.zeros((1, 0, d), dtype)
+    if cfg.reg_tokens:  # Meta's model of n_storage_tokens=0 holds no storage_tokens
+        out["storage_tokens"] = state["reg_token"]
     out["mask_token"] = np.zeros((1, d), dtype)
     periods = state.get("rope.periods")
     if periods is None:
@@ -311,7 +313,7 @@ class Dinov3Original(Format):
     name = "dinov3_original"
     description = "Meta's original DINOv3 state_dict (.pth, torch.hub keys)"
     framework = "torch"  # no suffix of its own: a .pth is timm's unless --to dinov3_original
-    signature = f"storage_tokens and {PERIODS}"
+    signature = f"{PERIODS} with storage_tokens or mask_token"
     assumed_preprocess = Preprocess(IMAGENET_MEAN, IMAGENET_STD, "bilinear", 1.0, "squash")
     assumed_why = "Meta's DINOv3 evaluation transform: ImageNet mean/std, a bilinear resize"
 

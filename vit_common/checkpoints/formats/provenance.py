@@ -97,16 +97,33 @@ def common_float_dtype(tensors: Mapping[str, Any]) -> str | None:
     return names.pop() if len(names) == 1 else None
 
 
-def guess_num_heads(width: int) -> tuple[int, Origin]:
-    """num_heads for a width when the file stores none: the VARIANTS row of that width, else width/64.
+# The origin a read-back check gives a field the file does not hold and no rule guesses: the value of
+# the config being written, which a reader of the file must be given (``readback``'s note says how).
+WRITTEN = Origin(GIVEN, "the config being written; the file does not hold it")
 
-    Returns (num_heads, assumed origin). Raises FormatError if no rule gives a divisor.
-    """
+
+def _heads_rule(width: int) -> tuple[int, Origin] | None:
     for name, row in VARIANTS.items():
         if row["width"] == width:
             return row["num_heads"], assumed(f"not stored; the variant table's {name} row for width {width}")
     if width % 64 == 0:
         return width // 64, assumed("not stored; width / 64 (head_dim 64)")
+    return None
+
+
+def guesses_num_heads(width: int) -> bool:
+    """Whether ``guess_num_heads`` has a rule for ``width``."""
+    return _heads_rule(width) is not None
+
+
+def guess_num_heads(width: int) -> tuple[int, Origin]:
+    """num_heads for a width when the file stores none: the VARIANTS row of that width, else width/64.
+
+    Returns (num_heads, assumed origin). Raises FormatError if no rule gives a divisor.
+    """
+    rule = _heads_rule(width)
+    if rule is not None:
+        return rule
     raise FormatError(
         f"cannot guess num_heads for width {width}: the file does not store it; pass {flag_for('num_heads')}"
     )

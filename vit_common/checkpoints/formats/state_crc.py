@@ -55,6 +55,36 @@ def record(tree: Mapping[str, Any], to_host: Callable[[Any], np.ndarray] = np.as
     return {path: _entry(to_host(arr)) for path, arr in leaves(tree)}
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _dtype_name(name: str) -> bool:
+    """Whether ``name`` is the name of a numeric numpy dtype (``ml_dtypes``' too: bfloat16)."""
+    import ml_dtypes
+
+    try:
+        dtype = np.dtype(getattr(ml_dtypes, name, name))
+    except TypeError:
+        return False
+    return dtype.name == name and (dtype.kind in "biufc" or hasattr(ml_dtypes, name))
+
+
+def _malformed(entry: Any) -> str:
+    """What is wrong with one entry of ``RECORD_KEY`` (a mapping of a dtype name, a shape of non-negative
+    ints and a CRC-32 in [0, 2**32)), '' if nothing."""
+    if not isinstance(entry, Mapping) or set(entry) != {"dtype", "shape", "crc32"}:
+        return f"{entry!r} (expected dtype, shape and crc32)"
+    dtype, shape, crc = entry["dtype"], entry["shape"], entry["crc32"]
+    if not _is_int(crc) or not 0 <= crc < 2**32:
+        return f"crc32 {crc!r} (expected an integer in [0, 2**32))"
+    if not isinstance(dtype, str) or not _dtype_name(dtype):
+        return f"dtype {dtype!r} (expected a numeric dtype name)"
+    if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape):
+        return f"shape {shape!r} (expected a list of non-negative integers)"
+    return ""
+
+
 def check_record(
     recorded: Any,
     tree: Mapping[str, Any],
@@ -66,14 +96,17 @@ def check_record(
     turn) with its entry in ``recorded`` (``record``'s value, as read from the JSON file ``source``).
 
     Raises:
-        FormatError: ``recorded`` is not such a mapping; or an array whose dtype, shape or CRC-32 differs from
-            its entry, or that has none, or an entry whose array is missing: one line naming ``where`` (the
-            folder holding the arrays) and the array's path.
+        FormatError: ``recorded`` is not such a mapping, or an entry of it is malformed (a crc32 that is no
+            integer in [0, 2**32), a dtype that is no numeric dtype name, a shape that is no list of
+            non-negative integers: named as the JSON file's entry, not as damaged data); or an array whose
+            dtype, shape or CRC-32 differs from its entry, or that has none, or an entry whose array is
+            missing: one line naming ``where`` (the folder holding the arrays) and the array's path.
     """
-    if not isinstance(recorded, Mapping) or not all(
-        isinstance(e, Mapping) and isinstance(e.get("crc32"), int) for e in recorded.values()
-    ):
+    if not isinstance(recorded, Mapping):
         raise FormatError(f"{where}: {source}'s {RECORD_KEY} entry is not a mapping of paths to dtype, shape and crc32")
+    for path, entry in recorded.items():
+        if bad := _malformed(entry):
+            raise FormatError(f"{where}: {source}'s {RECORD_KEY} entry is malformed: {path} has {bad}")
     seen = set()
     for path, arr in leaves(tree):
         seen.add(path)

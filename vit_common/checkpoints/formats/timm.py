@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from vit_common.checkpoints.formats.protocol import Decoded, Encoded, Format, Reference, Source, WriteOptions, writer
-from vit_common.checkpoints.formats.provenance import ASSUMED_KEY
+from vit_common.checkpoints.formats.provenance import ASSUMED_KEY, WRITTEN, guesses_num_heads
 from vit_common.checkpoints.formats.rules import materialize_posemb, refuse, zero_head_bias
 from vit_common.checkpoints.formats.source import TORCH_SUFFIXES, read_safetensors
 from vit_common.checkpoints.formats.stored_config import assumed_meta, config_from_json, decode_stored
@@ -319,7 +319,8 @@ class Timm(Format):
 
     def decode(self, enc: Encoded) -> Decoded:
         """The written tensors read back with the config in their metadata, else as a timm file that
-        stores none; a RoPE backbone's .pth (which ``read`` refuses) with the config it was written with."""
+        stores none (with the written num_heads where no rule guesses it: ``provenance.WRITTEN``); a RoPE
+        backbone's .pth (which ``read`` refuses) with the config it was written with."""
         tensors = eva_to_canonical(enc.tensors)
         naflex = is_naflex(tensors)
         tensors = naflex_state(tensors, enc.cfg.patch_size, enc.cfg.in_chans) if naflex else tensors
@@ -330,7 +331,9 @@ class Timm(Format):
             )
         if is_eva(enc.cfg) or naflex:
             return decode_stored(enc.cfg, tensors, "", "timm read-back", "the load call's create_model keywords")
-        return infer(enc.tensors, source_image_size=enc.cfg.image_size, context="timm read-back")
+        heads = enc.cfg.qk_norm or guesses_num_heads(enc.cfg.width)
+        known = {} if heads else {"num_heads": (enc.cfg.num_heads, WRITTEN)}
+        return infer(enc.tensors, source_image_size=enc.cfg.image_size, context="timm read-back", known=known)
 
     def write(self, path: Path, enc: Encoded, writers) -> None:
         if enc.config_json is not None:

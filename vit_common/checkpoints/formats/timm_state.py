@@ -223,7 +223,9 @@ def infer(
     if f["qk_norm"]:
         f["num_heads"] = d // max(1, np.shape(t["blocks.0.attn.q_norm.weight"])[0])
         prov["num_heads"] = derived("width / q_norm size")
-    elif "num_heads" not in overrides:  # given: no guess, and no refusal where no rule guesses one
+    elif "num_heads" not in overrides and "num_heads" not in dict(
+        known
+    ):  # given: no guess, and no refusal where no rule guesses one
         f["num_heads"], prov["num_heads"] = guess_num_heads(d)
     if "blocks.0.ls1.gamma" in t:
         f["layer_scale"] = 1e-5  # the init value is not stored and changes nothing once gamma is loaded
