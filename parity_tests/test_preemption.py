@@ -2,7 +2,8 @@
 random step, a second signal during the stop's checkpoint, SIGTERM during a periodic checkpoint's write
 and during the final export; each stop exits 3 with one line, and `--resume` ends bit-exactly where the
 uninterrupted run ends, metrics lines included (the checkpoint holds the sums behind the next line). A
-data worker killed is one line with the resume line; no process of a run outlives it, SIGKILL included.
+data worker killed is one line with the resume line (also one killed as it starts); no process of a run
+outlives it, SIGKILL included.
 
 Each run's processes are found by a marker in their environment (grain's workers and Python's
 resource tracker inherit it), read from /proc.
@@ -10,9 +11,12 @@ resource tracker inherit it), read from /proc.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -20,6 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_train_runs import TINY, assert_same_run
 
@@ -191,6 +196,44 @@ def test_a_killed_data_worker_is_one_line_and_a_killed_run_leaves_no_worker(env,
     # SIGKILL to vit train itself: its worker ends with it (vit() asserts that no process is left)
     killed = vit(env, out, *data, "--resume", plan={"step": [reached + 1, "SIGKILL"]})
     assert killed.returncode == -9, killed.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_data_worker_killed_as_it_appears_is_one_line_and_exit_75_within_seconds(env, tmp_path):
+    """SIGKILL to a data worker the moment it appears, while multiprocessing still writes its start-up data
+    (the pickled pipeline with its 2000 images, over a pipe's 64 KiB) and before any batch: exit 75 within
+    30 s with one line naming its pid, and no process left; the write used to block for ever (CPython
+    gh-118981), the run hanging with it."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "big.npz", x=rng.integers(0, 256, (2000, 8, 8), dtype=np.uint8), y=np.arange(2000) % 3)
+    marker = uuid.uuid4().hex
+    args = ["train", *ARGS, "--data-workers", "2", "--epochs", "1", "--dataset", f"npz:{tmp_path / 'big.npz'}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, "{}", *args, "--out", str(tmp_path / "run")],
+        cwd=ROOT,
+        env={**env, "VIT_TEST_RUN": marker},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    workers = []
+    while not workers and proc.poll() is None:  # grain's workers: spawned, their command line spawn_main's
+        for p in marked(marker):
+            with contextlib.suppress(OSError):  # ended meanwhile
+                workers += [p] if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes() else []
+    pid = workers[0]
+    os.kill(pid, signal.SIGKILL)
+    killed = time.time()
+    try:
+        stderr = proc.communicate(timeout=30)[1]
+    finally:
+        proc.kill()
+    assert time.time() - killed < 30 and proc.returncode == 75, stderr[-3000:]
+    assert "Traceback" not in stderr and "leaked shared_memory" not in stderr, stderr[-3000:]
+    (line,) = [ln for ln in stderr.splitlines() if ln.startswith("vit train: error:")]
+    assert line.startswith(f"vit train: error: a data worker process (pid {pid}) was killed by SIGKILL ("), line
+    # the other worker's first batch may make step 1 (round-robin) before the dead one's is wanted
+    assert re.search(r"continues from (step 0 \(no checkpoint was written yet\)|the checkpoint of step 1)$", line)
+    assert_none_left(marker)
 
 
 @pytest.mark.slow

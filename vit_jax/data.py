@@ -30,7 +30,9 @@ For your own training loop, ``train_iterator`` builds and runs the whole thing (
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import multiprocessing
+import multiprocessing.util
 import os
 import re
 import select
@@ -182,21 +184,79 @@ class _WorkerInit:
 _WORKER_DIED = re.compile(r"Worker process was terminated unexpectedly with exit code (-?\d+)")
 
 
-def _worker_death(e: RuntimeError, workers: set) -> DataWorkerError | None:
+def _worker_death(e: RuntimeError, workers: set, ended: set) -> DataWorkerError | None:
     """The ``DataWorkerError`` for grain's report of a dead worker (its exit code: -N for signal N), else
-    None; it names the pid of each of ``workers`` (``multiprocessing.Process``) that ended with that code."""
+    None; it names the pid of each of ``workers`` (``multiprocessing.Process``) that ended with that code,
+    or where none did (a worker that died before the first batch) of each pid in ``_ENDED`` but not in
+    ``ended`` (those noted before the iterator began) that did."""
     found = _WORKER_DIED.search(str(e))
     if found is None:
         return None
     code = int(found.group(1))
-    pids = sorted(p.pid for p in workers if p.exitcode == code)
-    who = f" (pid{'s' if len(pids) > 1 else ''} {', '.join(map(str, pids))})" if pids else ""
+    pids = {p.pid for p in workers if p.exitcode == code} or {p for p, c in _ENDED.items() if c == code} - ended
+    who = f" (pid{'s' if len(pids) > 1 else ''} {', '.join(map(str, sorted(pids)))})" if pids else ""
     how = f"{who} was killed by {signal.Signals(-code).name}" if code < 0 else f"{who} exited with code {code}"
     if code == -signal.SIGKILL:
         how += " (what the kernel's OOM killer sends when memory runs out)"
     if code > 0:
         how += ' (its error is printed above; a script needs its code under `if __name__ == "__main__":`)'
     return DataWorkerError(f"a data worker process{how}")
+
+
+# Exit codes of worker processes that ended, by pid, noted at their end by _drain (grain reaps a dead worker
+# before reporting it, and a worker that died before the first batch was not yet known to its iterator).
+_ENDED: dict[int, int] = {}
+
+
+def _read_out_dead_spawns() -> None:
+    """Make a worker that dies while it is being started an error instead of a hang.
+
+    multiprocessing's spawn writes a new process's start-up data (grain's pickled pipeline, the
+    dataset's arrays with it) into a pipe whose reading end the parent itself keeps open until the
+    write is done, so a child killed before reading it all leaves that write blocked for ever, and
+    grain's start of the worker with it (CPython gh-118981). This wraps
+    ``multiprocessing.util.spawnv_passfds``: a daemon thread per spawned worker waits for its end (a
+    pidfd), notes its exit code in ``_ENDED`` and reads what is left of its start-up data, so that the
+    write completes; grain then finds the dead worker as it finds any other (its exit code). Installed
+    once; other spawns (the resource tracker's) are left alone.
+    """
+    spawn = multiprocessing.util.spawnv_passfds
+    if getattr(spawn, "drains", False):
+        return
+
+    def spawnv_passfds(path, args, passfds):
+        pid = spawn(path, args, passfds)
+        named = re.search(r"pipe_handle=(\d+)", " ".join(map(str, args)))
+        if "--multiprocessing-fork" in args and named:
+            reader = os.dup(int(named.group(1)))  # the stdlib closes its own after the write
+            threading.Thread(target=_drain, args=(pid, reader), name="vit-spawn-drain", daemon=True).start()
+        return pid
+
+    spawnv_passfds.drains = True
+    multiprocessing.util.spawnv_passfds = spawnv_passfds
+
+
+def _drain(pid: int, reader: int) -> None:
+    """Wait for worker ``pid``'s end, note its exit code, then read its start-up pipe until every writer
+    has closed it (the parent's end closes with its ``Popen``)."""
+    try:
+        ended = os.pidfd_open(pid)
+    except ProcessLookupError:  # reaped already
+        ended = None
+    if ended is not None:
+        select.select([ended], [], [])
+        try:
+            dead = os.waitid(os.P_PIDFD, ended, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped meanwhile
+            dead = None
+        os.close(ended)
+        if dead is not None:
+            killed = dead.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+            _ENDED[pid] = -dead.si_status if killed else dead.si_status
+    with contextlib.suppress(OSError):
+        while os.read(reader, 1 << 16):
+            pass
+    os.close(reader)
 
 
 # grain starts its worker processes with multiprocessing's "spawn", which imports the main script again in
@@ -226,13 +286,14 @@ class BatchIterator:
         if workers:
             _absl_flags_parsed()
             _quiet_resource_tracker()
+            _read_out_dead_spawns()
             it = it.mp_prefetch(
                 grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2),
                 worker_init_fn=_WorkerInit(os.getpid()),
             )
         self._it, self._copy, self.position = iter(it), bool(workers), start
         self._count, self._workers = workers, set()  # grain starts them at the first requests
-        self._others = set(multiprocessing.active_children())
+        self._others, self._ended = set(multiprocessing.active_children()), set(_ENDED)
         self._first: concurrent.futures.Future | None = None
 
     def __iter__(self) -> BatchIterator:
@@ -246,7 +307,7 @@ class BatchIterator:
             else:
                 batch = next(self._it)
         except RuntimeError as e:
-            died = _worker_death(e, self._workers)
+            died = _worker_death(e, self._workers, self._ended)
             if died is None:
                 raise
             raise died from None
