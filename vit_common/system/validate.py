@@ -182,7 +182,8 @@ def check_radio(cfg: Any) -> None:
 
 def memory_limit() -> int:
     """The most bytes one model, dataset or file member may need: ``VIT_MAX_BYTES`` if set (a number
-    of bytes, or with a K/M/G/T suffix), else the machine's physical memory.
+    of bytes, or with a K/M/G/T suffix, binary: 10M and 10MiB are 10 x 2**20), else the machine's
+    physical memory.
 
     Raises:
         ValueError: ``VIT_MAX_BYTES`` is not a positive size.
@@ -190,15 +191,19 @@ def memory_limit() -> int:
     text = os.environ.get(LIMIT_ENV, "").strip()
     if not text:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    m = re.fullmatch(r"(\d+(?:\.\d*)?)\s*([KMGT]?)B?", text.upper())
-    n = int(float(m.group(1)) * _UNITS[m.group(2)]) if m else 0
+    m = re.fullmatch(r"(\d+(?:\.\d*)?)\s*(?:([KMGT])I?)?B?", text.upper())
+    n = int(float(m.group(1)) * _UNITS[m.group(2) or ""]) if m else 0
     if n <= 0:
         raise ValueError(f"{LIMIT_ENV}={text!r}: expected a positive size such as 32G or 1000000")
     return n
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:.3g} GB"
+    """``n`` bytes in decimal units (GB, MB, kB), three significant digits."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} bytes"
 
 
 def check_bytes(what: str, need: int) -> None:
