@@ -109,6 +109,20 @@ PAIRS = [
 ]
 
 
+def _one_line_refusal(command: str, ob, tmp_path, capsys, caplog) -> str:
+    """Run ``command`` on the folder ``ob``: exit 2, stderr exactly one line (returned), no traceback,
+    nothing written under ``tmp_path``."""
+    argv = COMMANDS[command](str(ob), tmp_path)
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = _settled_stderr(capsys, caplog)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert snapshot(tmp_path) == before
+    return lines[0]
+
+
 @pytest.mark.parametrize(
     ("command", "damage"),
     [pytest.param(c, d, id=f"{c}-{d}", marks=pytest.mark.slow if c == "parity" else ()) for c, d in PAIRS],
@@ -118,15 +132,8 @@ def test_a_changed_data_file_is_one_line(command, damage, written, other_folder,
     monkeypatch.chdir(tmp_path)
     _printing_hook(monkeypatch)
     ob = _changed_copy(written, other_folder, tmp_path, damage)
-    argv = COMMANDS[command](str(ob), tmp_path)
-    before = snapshot(tmp_path)
-    capsys.readouterr()
-    assert main(argv) == 2
-    err = _settled_stderr(capsys, caplog)
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert re.fullmatch(f"vit {command.split()[0]}: error: " + _refusal(ob), lines[0]), lines[0]
-    assert snapshot(tmp_path) == before
+    line = _one_line_refusal(command, ob, tmp_path, capsys, caplog)
+    assert re.fullmatch(f"vit {command.split()[0]}: error: " + _refusal(ob), line), line
 
 
 def test_load_model_of_another_models_data_file_raises_and_prints_nothing(
@@ -163,13 +170,6 @@ def test_a_malformed_checksum_entry_is_one_line_naming_it(
     path = next(iter(config["state_crc32"]))
     config["state_crc32"][path][field] = value
     (ob / "vit_config.json").write_text(json.dumps(config))
-    argv = COMMANDS[command](str(ob), tmp_path)
-    before = snapshot(tmp_path)
-    capsys.readouterr()
-    assert main(argv) == 2
-    err = _settled_stderr(capsys, caplog)
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
+    line = _one_line_refusal(command, ob, tmp_path, capsys, caplog)
     want = f"vit {command}: error: {ob}/state: vit_config.json's state_crc32 entry is malformed: {path} has {field} "
-    assert lines[0].startswith(want), lines[0]
-    assert snapshot(tmp_path) == before
+    assert line.startswith(want), line
