@@ -236,6 +236,16 @@ def test_a_data_worker_killed_as_it_appears_is_one_line_and_exit_75_within_secon
     assert_none_left(marker)
 
 
+def _lost_worker_run(env, out, data: list[str], plan: dict) -> tuple[str, int, str]:
+    """Run ``vit train`` into ``out`` with ``plan``'s worker kill: exit 75, clean (``assert_clean``), one
+    error line. Returns (that line, the last saved step, the killed worker's pid)."""
+    proc = vit(env, out, *data, plan=plan)
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    assert_clean(proc)
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("vit train: error:")]
+    return line, saved(out)[-1], re.search(r"test: killed (\d+)", proc.stderr).group(1)
+
+
 @pytest.mark.slow
 def test_one_of_two_killed_data_workers_stops_the_run_later_and_resume_is_bit_exact(env, npz, tmp_path):
     """SIGKILL to one of 2 data workers after step 3 of a 30-step run: the batches it had made before (in
@@ -246,13 +256,8 @@ def test_one_of_two_killed_data_workers_stops_the_run_later_and_resume_is_bit_ex
     ref = tmp_path / "ref"
     assert vit(env, ref, *data).returncode == 0
     out = tmp_path / "run"
-    proc = vit(env, out, *data, plan={"one worker": 3})
-    assert proc.returncode == 75, proc.stderr[-3000:]
-    assert_clean(proc)
-    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("vit train: error:")]
-    reached = saved(out)[-1]
+    line, reached, killed = _lost_worker_run(env, out, data, {"one worker": 3})
     assert 3 < reached < 30 and not (out / "model.safetensors").exists()
-    killed = re.search(r"test: killed (\d+)", proc.stderr).group(1)
     assert line.startswith(f"vit train: error: a data worker process (pid {killed}) was killed by SIGKILL ("), line
     assert line.endswith(f"The same command with --resume continues from the checkpoint of step {reached}")
     last = vit(env, out, *data, "--resume")
@@ -272,13 +277,8 @@ def test_a_killed_test_set_worker_stops_the_run_at_the_evaluation_with_its_step_
     ref = tmp_path / "ref"
     assert vit(env, ref, *data).returncode == 0
     out = tmp_path / "run"
-    proc = vit(env, out, *data, plan={"test worker": 2})
-    assert proc.returncode == 75, proc.stderr[-3000:]
-    assert_clean(proc)
-    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("vit train: error:")]
-    reached = saved(out)[-1]
+    line, reached, killed = _lost_worker_run(env, out, data, {"test worker": 2})
     assert 2 < reached <= 9 and not (out / "model.safetensors").exists(), (reached, line)
-    killed = re.search(r"test: killed (\d+)", proc.stderr).group(1)
     assert line.startswith(
         f"vit train: error: step {reached}'s evaluation: a data worker process (pid {killed}) was killed by SIGKILL ("
     ), line
