@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ from vit_common.data.augment import Augment, ImageTransform
 from vit_common.data.datasets import check_outside, load_dataset, open_stored
 from vit_common.data.fingerprint import fingerprint_changes
 from vit_common.data.images import Preprocess
+from vit_common.data.tfds import import_tfds
 from vit_jax.data import iterate, train_batches
 
 CLASSES = ("cat", "dog", "emu")
@@ -175,7 +178,7 @@ def _tfds(data_dir, splits: dict[str, list[tuple[bytes, int]]]) -> str:
     """A tfds dataset ``tiny`` prepared by tfds's own builder in ArrayRecord format, without TensorFlow
     (images given as files: tfds encodes arrays with TensorFlow); in the generator's order
     (``disable_shuffling``). Returns its version folder."""
-    tfds = pytest.importorskip("tensorflow_datasets")
+    tfds = import_tfds()  # the collector paused (its docstring says why)
     files = {}
     for split, images in splits.items():
         (data_dir / "src" / split).mkdir(parents=True)
@@ -224,6 +227,27 @@ def test_tfds_prepared_as_arrayrecord_gives_the_image_folders_batches(tmp_path):
     by_name = load_dataset(f"tfds:{tmp_path / 'tfds' / 'tiny'}", (8, 8), 3)  # NAME folder of one version
     np.testing.assert_array_equal(by_name.train.labels, d.train.labels)
     assert sorted(d.fingerprint["files"]) == sorted(os.listdir(version))
+
+
+def test_grain_and_tfds_are_imported_with_no_garbage_collection_while_import_is_replaced():
+    """grain and tfds replace ``builtins.__import__`` while they import parts of themselves (etils
+    lazy_imports); a collection there runs finalizers whose imports fail. With a collection due at every
+    allocation, none runs while the import is replaced, and the collector is on afterwards (a fresh
+    interpreter; without the pause each import counts hundreds)."""
+    code = (
+        "import builtins, gc\n"
+        "original, during = builtins.__import__, []\n"
+        "gc.callbacks.append(lambda phase, _: phase == 'start' and builtins.__import__ is not original"
+        " and during.append(phase))\n"
+        "gc.set_threshold(1)\n"
+        "import vit_jax.data\n"
+        "print(len(during))\n"
+        "from vit_common.data.tfds import import_tfds\n"
+        "import_tfds()\n"
+        "print(len(during), gc.isenabled())\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == ["0", "0", "True"], run.stdout + run.stderr
 
 
 def test_bad_tfds_datasets_are_refused_by_name(tmp_path, capsys):

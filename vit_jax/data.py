@@ -40,7 +40,6 @@ import signal
 import sys
 import threading
 
-import grain
 import numpy as np
 
 from vit_common.config import ViTConfig
@@ -49,6 +48,10 @@ from vit_common.data.batches import EvalBatches, FinishTrainBatch, LoadExample, 
 from vit_common.data.datasets import Dataset
 from vit_common.data.images import Preprocess
 from vit_common.data.naflex_batches import FinishNaFlexBatch, LoadNaFlexExample, NaFlexPaddedBatches, NaFlexTransform
+from vit_common.system.imports import gc_paused
+
+with gc_paused():  # grain imports its Parquet source with Python's import replaced (that module says why)
+    import grain
 
 
 def transform_for(

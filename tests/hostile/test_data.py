@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from vit_cli.main import main
+from vit_common.data.tfds import import_tfds
 
 from .harness import TRAIN, Case, bomb_png, cached, check_case, npz_dataset, params, write_png
 
@@ -157,7 +158,6 @@ def damaged_tfds(what: str, damage: Callable[[Path], None]) -> Callable[[Path], 
     ArrayRecord, without TensorFlow, then ``damage(version folder)``, then training on it."""
 
     def build(tmp: Path) -> list[str]:
-        pytest.importorskip("tensorflow_datasets")
         version = _tfds_dataset(_folder(tmp / "imgs"), tmp / "tfds")
         damage(version)
         return _train_on(f"tfds:{version}", tmp)
@@ -169,7 +169,7 @@ def damaged_tfds(what: str, damage: Callable[[Path], None]) -> Callable[[Path], 
 def _tfds_dataset(imgs: Path, data_dir: Path) -> Path:
     """The version folder of a tfds dataset of the image folder ``imgs`` (classes a/b, its images in the
     image folder's order: unshuffled), prepared by tfds's own builder as ArrayRecord, one train shard."""
-    import tensorflow_datasets as tfds
+    tfds = import_tfds()  # the collector paused (its docstring says why)
 
     files = sorted(imgs.rglob("*.png"))
 
@@ -609,8 +609,6 @@ def test_damage_found_mid_run_stops_with_a_checkpoint_and_resumes(
     import vit_common.data.datasets as datasets
     from vit_jax.checkpointing import saved_steps
 
-    if kind == "tfds":
-        pytest.importorskip("tensorflow_datasets")
     _folder(tmp_path / "imgs", n=6)
     spec = _stored_as(kind, tmp_path / "imgs", tmp_path)  # the same images in the same order
     argv = [*_train_on(spec, tmp_path), *compile_cache]

@@ -25,14 +25,22 @@ import numpy as np
 
 from vit_common.data.stored_datasets import MAX_CLASSES, TEST_SPLITS, Stored, Subset, check_classes, file_stats
 from vit_common.system.extras import install_hint
+from vit_common.system.imports import gc_paused
 
 INFO = "dataset_info.json"
 _READ_BATCH = 256  # records read at once when every record is read in order
 
 
-def _tfds():
+def import_tfds():
+    """The ``tensorflow_datasets`` module, imported with the garbage collector paused
+    (``vit_common.system.imports`` says why).
+
+    Raises:
+        ValueError: tensorflow-datasets is not installed (names the extra that installs it).
+    """
     try:
-        import tensorflow_datasets as tfds
+        with gc_paused():
+            import tensorflow_datasets as tfds
     except ImportError:
         raise ValueError(f"tfds: needs tensorflow-datasets (the optional extra: {install_hint('tfds')})") from None
     return tfds
@@ -107,14 +115,14 @@ class TfdsSource:
 
 
 def _data_source(folder: Path, split: str, image: str):
-    tfds = _tfds()
+    tfds = import_tfds()
     builder = tfds.builder_from_directory(str(folder))
     return builder.as_data_source(split, decoders={image: tfds.decode.SkipDecoding()})
 
 
 def _features(info, where: str) -> tuple[str, str, list[str]]:
     """(image feature, label feature, class names) of a tfds ``DatasetInfo``."""
-    tfds = _tfds()
+    tfds = import_tfds()
     feats = info.features
     keys = list(info.supervised_keys or ())[:2] if isinstance(info.supervised_keys, tuple) else []
     images = [k for k, f in feats.items() if isinstance(f, tfds.features.Image)]
@@ -168,7 +176,7 @@ def open_tfds(path: Path) -> Stored:
     """
     folder = version_folder(path)
     where = f"tfds:{path}"
-    tfds = _tfds()
+    tfds = import_tfds()
     try:
         builder = tfds.builder_from_directory(str(folder))
         info = builder.info
